@@ -1,0 +1,1 @@
+"""fusekit's cross-domain benchmark suite: ``python -m benchmarks`` (or ``fusekit-bench``)."""

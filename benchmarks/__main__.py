@@ -1,0 +1,124 @@
+"""``python -m benchmarks``: every fused kernel against its baseline and peers, one table.
+
+    python -m benchmarks --quick                 # small sizes; CPU: an interpreter smoke run
+    python -m benchmarks --domain gnn --out DIR  # full sizes of one domain, JSON + PNG in DIR
+    python -m benchmarks --compare OLD.jsonl     # flag regressions against an earlier run
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from fusecore import backend
+from fusecore.report import Record, format_table, read_jsonl, set_speedups, write_jsonl
+
+from . import cases as case_pkg
+from .plots import write_plots
+from .registry import CheckFailed, Context, cases
+
+DOMAIN_ALIASES = {"core": "core", "gnn": "gnn", "sim": "sim", "llm": "llm"}
+
+
+def _progress(items, desc: str):
+    try:
+        from tqdm import tqdm
+
+        return tqdm(items, desc=desc, file=sys.stderr, leave=False)
+    except ImportError:
+        return items
+
+
+def compare(new: list[Record], old: list[Record], threshold: float = 0.10) -> tuple[str, int]:
+    """Lines comparing medians of matching (domain, case, implementation); count regressions."""
+    index = {(r.domain, r.case, r.implementation): r for r in old}
+    lines, regressions = [], 0
+    for r in new:
+        prev = index.get((r.domain, r.case, r.implementation))
+        if prev is None or prev.median_ms <= 0:
+            continue
+        change = r.median_ms / prev.median_ms - 1.0
+        flag = ""
+        if r.gpu_time == prev.gpu_time and change > threshold:
+            flag, regressions = "  REGRESSION", regressions + 1
+        lines.append(
+            f"{r.domain}/{r.case} {r.implementation}: {prev.median_ms:.4f} -> {r.median_ms:.4f} ms "
+            f"({100 * change:+.1f}%){flag}"
+        )
+    return "\n".join(lines), regressions
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="small sizes (CPU: interpreter smoke run)")
+    parser.add_argument("--domain", action="append", choices=sorted(DOMAIN_ALIASES),
+                        help="run only these domains (repeatable); default: all")
+    parser.add_argument("--case", action="append", help="run only cases whose name contains this")
+    parser.add_argument("--out", type=Path, help="directory for results.jsonl and PNG plots")
+    parser.add_argument("--compare", type=Path, help="earlier results.jsonl to compare against")
+    args = parser.parse_args(argv)
+
+    case_pkg.load_all()
+    for name, reason in case_pkg.SKIPPED.items():
+        print(f"[skip] domain {name}: {reason}")
+    selected = [
+        c for c in cases()
+        if (not args.domain or c.domain in {DOMAIN_ALIASES[d] for d in args.domain})
+        and (not args.case or any(s in c.name for s in args.case))
+    ]
+    device = backend.default_device()
+    print(f"fusekit benchmarks: {len(selected)} cases, {'quick' if args.quick else 'full'} sizes, "
+          f"{backend.describe()}, device {device}")
+    if not backend.COMPILED:
+        print("NOTE: no GPU: kernels run through the Triton interpreter; times below are CPU "
+              "interpreter times, not GPU times — this run checks correctness.")
+
+    records: list[Record] = []
+    failures: list[str] = []
+    started = time.perf_counter()
+    for c in _progress(selected, "cases"):
+        ctx = Context(quick=args.quick, device=device, case=c)
+        t0 = time.perf_counter()
+        try:
+            c.run(ctx)
+            status = "ok"
+        except CheckFailed as exc:
+            status, _ = "CHECK FAILED", failures.append(str(exc))
+        except Exception as exc:  # a broken case must not hide the others' results
+            status, _ = "ERROR", failures.append(f"{c.domain}/{c.name}: {type(exc).__name__}: {exc}")
+            traceback.print_exc()
+        set_speedups(ctx.records, c.baseline)
+        records.extend(ctx.records)
+        worst = max((err / tol for _, err, tol in ctx.checks), default=0.0)
+        print(f"[{status}] {c.domain}/{c.name}: {len(ctx.records)} records, {len(ctx.checks)} checks "
+              f"(worst error {worst:.2g} of tolerance), {time.perf_counter() - t0:.1f} s")
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    print()
+    print(format_table(records))
+    print(f"\n{len(records)} records in {time.perf_counter() - started:.1f} s")
+
+    if args.out:
+        path = write_jsonl(records, args.out / "results.jsonl", append=False)
+        pngs = write_plots(records, args.out)
+        print(f"wrote {path} and {len(pngs)} plots to {args.out}")
+    if args.compare:
+        text, regressions = compare(records, read_jsonl(args.compare))
+        print("\ncompared with", args.compare, "\n" + text)
+        if regressions:
+            failures.append(f"{regressions} regressions against {args.compare}")
+    if failures:
+        print("\nFAILED:\n  " + "\n  ".join(failures))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

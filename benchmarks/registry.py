@@ -1,0 +1,142 @@
+"""The one registration interface through which each domain contributes benchmark cases.
+
+A case is a function ``run(ctx: Context) -> None`` registered with :func:`case`.  It builds
+its inputs (small when ``ctx.quick``), checks the fused output against its baseline with
+``ctx.check`` and times each implementation with ``ctx.time``; the harness collects the
+records, computes speedups over the case's baseline, prints the table and writes JSON and
+plots.  Cases never time or format anything themselves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from fusecore import backend
+from fusecore.report import Record
+from fusecore.testing import rel_error
+from fusecore.timing import measure, peak_memory
+
+DOMAINS = ("core", "gnn", "sim", "llm")
+
+
+@dataclass
+class Case:
+    domain: str
+    name: str
+    baseline: str
+    run: Callable[[Context], None]
+    description: str = ""
+
+
+_CASES: list[Case] = []
+
+
+def case(domain: str, name: str, *, baseline: str, description: str = ""):
+    """Decorator registering ``run(ctx)`` as benchmark case ``domain/name``.
+
+    ``baseline`` names the implementation speedups are computed against (the unfused
+    PyTorch reference, usually).
+    """
+    if domain not in DOMAINS:
+        raise ValueError(f"domain must be one of {DOMAINS}, got {domain!r}")
+
+    def register(fn: Callable[[Context], None]) -> Callable[[Context], None]:
+        if any(c.domain == domain and c.name == name for c in _CASES):
+            raise ValueError(f"benchmark case {domain}/{name} registered twice")
+        _CASES.append(Case(domain, name, baseline, fn, description or (fn.__doc__ or "").strip()))
+        return fn
+
+    return register
+
+
+def cases() -> list[Case]:
+    return list(_CASES)
+
+
+class CheckFailed(AssertionError):
+    pass
+
+
+@dataclass
+class Context:
+    """What a case gets: the size mode, the device, and the timing / checking services."""
+
+    quick: bool
+    device: torch.device
+    case: Case
+    records: list[Record] = field(default_factory=list)
+    checks: list[tuple[str, float, float]] = field(default_factory=list)
+    # Under the interpreter each timed call is slow; keep the budget small there.
+    rep_ms: float = 100.0
+
+    @property
+    def gpu(self) -> bool:
+        return self.device.type == "cuda" and backend.COMPILED
+
+    def time(
+        self,
+        implementation: str,
+        fn: Callable[[], object],
+        *,
+        bytes_moved: float | None = None,
+        flops: float | None = None,
+        flop_dtype: str = "bfloat16",
+        cuda_graph: bool = False,
+        memory: bool = False,
+        params: dict | None = None,
+        variant: str | None = None,
+    ) -> Record:
+        """Time ``fn`` (median of many runs) and add a record for ``implementation``.
+
+        ``variant`` extends the case name (for example a size or dtype) so one case can emit
+        several rows; records of one (case, variant) share a baseline.
+        """
+        on_gpu = self.device.type == "cuda"
+        timing = measure(
+            fn,
+            device=self.device,
+            rep_ms=self.rep_ms if on_gpu else min(self.rep_ms, 20.0),
+            warmup_ms=25.0 if on_gpu else 0.0,
+            cuda_graph=cuda_graph and on_gpu,
+            min_cpu_reps=1 if self.quick else 3,
+        )
+        peak = peak_memory(fn, self.device) if (memory and on_gpu) else None
+        name = self.case.name if variant is None else f"{self.case.name}[{variant}]"
+        record = Record.from_timing(
+            self.case.domain, name, implementation, timing,
+            device=self.device, bytes_moved=bytes_moved, flops=flops, flop_dtype=flop_dtype,
+            peak_memory_bytes=peak, params=params,
+        )
+        self.records.append(record)
+        return record
+
+    def check(self, what: str, out: torch.Tensor, ref: torch.Tensor, tol: float) -> float:
+        """Assert ``rel_error(out, ref) <= tol``; failures stop the case and are reported."""
+        err = rel_error(out, ref)
+        self.checks.append((what, err, tol))
+        if not err <= tol:
+            raise CheckFailed(f"{self.case.domain}/{self.case.name}: {what}: relative error {err:.3e} > {tol:.1e}")
+        return err
+
+
+PlotFn = Callable[[list[Record], "object"], list]
+_PLOTS: list[tuple[str, PlotFn]] = []
+
+
+def plot(domain: str):
+    """Decorator registering ``fn(records, out_dir) -> [paths]``, a domain's own plot
+    (the simfuse complexity curve, llmfuse ms/token against batch).  It receives all records
+    of the run and draws from those of its domain; matplotlib is imported by the caller."""
+
+    def register(fn: PlotFn) -> PlotFn:
+        _PLOTS.append((domain, fn))
+        return fn
+
+    return register
+
+
+def plots() -> list[tuple[str, PlotFn]]:
+    return list(_PLOTS)

@@ -1,0 +1,34 @@
+"""fusecore: the shared Triton kernel-building core of fusekit.
+
+Importing fusecore fixes the kernel mode (compiled on a CUDA GPU, Triton interpreter on the
+CPU) before any kernel is defined; see :mod:`fusecore.backend`.
+"""
+
+from . import backend, testing
+from .backend import (
+    COMPILED,
+    INTERPRET,
+    KERNEL_MODE,
+    BackendError,
+    autotune,
+    check_devices,
+    default_device,
+    jit,
+    reference_enabled,
+    set_reference,
+    use_reference,
+)
+from .device import DeviceFacts, device_facts
+from .plan import PlanCache, WorkPlan, cdiv, make_work_plan, persistent_grid, tensor_signature
+from .report import Record, environment, floor_ms, format_table, read_jsonl, set_speedups, write_jsonl
+from .rng import PhiloxStream
+from .timing import Timing, measure, peak_memory
+
+__all__ = [
+    "backend", "COMPILED", "INTERPRET", "KERNEL_MODE", "BackendError", "autotune", "check_devices",
+    "default_device", "jit", "reference_enabled", "set_reference", "use_reference",
+    "DeviceFacts", "device_facts", "PlanCache", "WorkPlan", "cdiv", "make_work_plan",
+    "persistent_grid", "tensor_signature", "Record", "environment", "floor_ms", "format_table",
+    "read_jsonl", "set_speedups", "write_jsonl", "PhiloxStream", "Timing", "measure", "peak_memory",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,252 @@
+"""Backend dispatch: where fusekit's Triton kernels run, decided once, before any kernel exists.
+
+fusekit's kernels have one source.  It runs in one of two *kernel modes*:
+
+``compiled``
+    Triton compiles the kernels for the CUDA GPU.  Chosen automatically when
+    ``torch.cuda.is_available()`` and ``triton`` imports.
+``interpret``
+    The same kernel source runs through Triton's interpreter on the CPU (numpy
+    semantics, programs of a grid executed one after another).  Chosen
+    automatically on machines without a GPU, or on request.
+
+The mode is fixed when :mod:`fusecore` is first imported, because Triton decides at
+decoration time whether a ``@jit`` function is compiled or interpreted.  Users and tests
+never set ``TRITON_INTERPRET`` themselves; they may set ``FUSEKIT_BACKEND`` before the
+first import:
+
+====================  =====================================================================
+``FUSEKIT_BACKEND``   effect
+====================  =====================================================================
+unset / ``auto``      ``compiled`` with a CUDA GPU, ``interpret`` without
+``compiled``          compiled; an error at import if there is no CUDA GPU
+``interpret``         interpreter even where a GPU exists (debugging)
+``reference``         the automatic kernel mode, but every op takes its pure-PyTorch
+                      reference path (the unfused baseline) until told otherwise
+====================  =====================================================================
+
+Independently of the kernel mode, every public op can be switched at run time to its
+pure-PyTorch reference implementation with :func:`use_reference` (a context manager) or
+:func:`set_reference` — the same math, unfused, for comparison and debugging.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+ENV_VAR = "FUSEKIT_BACKEND"
+_VALID = ("auto", "compiled", "interpret", "reference")
+MIN_TRITON = (3, 2)
+
+
+class BackendError(RuntimeError):
+    """Raised when the requested backend cannot be used (no GPU, Triton missing or too old)."""
+
+
+def _parse_version(text: str) -> tuple[int, int]:
+    parts = []
+    for piece in text.split(".")[:2]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    while len(parts) < 2:
+        parts.append(0)
+    return parts[0], parts[1]
+
+
+def _requested() -> str:
+    value = os.environ.get(ENV_VAR, "auto").strip().lower() or "auto"
+    if value not in _VALID:
+        raise BackendError(
+            f"{ENV_VAR}={value!r} is not a known backend; expected one of {', '.join(_VALID)}"
+        )
+    return value
+
+
+def _decide_mode(requested: str) -> str:
+    has_cuda = torch.cuda.is_available()
+    if requested == "compiled":
+        if not has_cuda:
+            raise BackendError(
+                f"{ENV_VAR}=compiled needs a CUDA GPU, but torch.cuda.is_available() is False; "
+                f"unset {ENV_VAR} to run the kernels through the Triton interpreter on the CPU"
+            )
+        return "compiled"
+    if requested == "interpret":
+        return "interpret"
+    return "compiled" if has_cuda else "interpret"
+
+
+def _import_triton():
+    try:
+        triton = importlib.import_module("triton")
+    except ImportError as exc:  # pragma: no cover - exercised only without triton
+        raise BackendError(
+            "fusekit needs Triton (>= 3.2) for its kernels: `pip install triton` "
+            "(Linux; it is installed with torch's CUDA builds)"
+        ) from exc
+    if _parse_version(triton.__version__) < MIN_TRITON:
+        raise BackendError(
+            f"fusekit needs triton >= {MIN_TRITON[0]}.{MIN_TRITON[1]}, found {triton.__version__}: "
+            "`pip install -U triton`"
+        )
+    return triton
+
+
+def _reinterpret_loaded_triton_language() -> None:
+    """Turn Triton's own library functions (``tl.rand``, ``tl.cdiv`` ...) into interpreted ones.
+
+    When ``triton.language`` was imported before ``TRITON_INTERPRET`` was set (another
+    library imported it first), its ``@jit`` helpers are compiled-mode objects that the
+    interpreter cannot call.  Re-wrapping them in place makes the interpreter work no
+    matter who imported Triton first.
+    """
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    names = [name for name in list(sys.modules) if name == "triton.language" or name.startswith("triton.language.")]
+    for name in names:
+        module = sys.modules.get(name)
+        if module is None:
+            continue
+        for attr, value in list(vars(module).items()):
+            if isinstance(value, JITFunction):
+                setattr(module, attr, InterpretedFunction(value.fn))
+
+
+REQUESTED = _requested()
+KERNEL_MODE = _decide_mode(REQUESTED)
+if KERNEL_MODE == "interpret":
+    # One place in the project sets this, before any fusekit kernel is defined.
+    os.environ["TRITON_INTERPRET"] = "1"
+triton = _import_triton()
+if KERNEL_MODE == "interpret":
+    _reinterpret_loaded_triton_language()
+
+INTERPRET = KERNEL_MODE == "interpret"
+COMPILED = KERNEL_MODE == "compiled"
+
+_state = threading.local()
+_default_reference = REQUESTED == "reference"
+
+
+def jit(fn: Callable | None = None, **kwargs: Any):
+    """``triton.jit`` for fusekit kernels and the helpers they call (works in both modes)."""
+    if fn is None:
+        return lambda f: jit(f, **kwargs)
+    if INTERPRET:
+        from triton.runtime.interpreter import InterpretedFunction
+
+        return InterpretedFunction(fn)
+    return triton.jit(fn, **kwargs)
+
+
+def autotune(configs: list, key: list[str], **kwargs: Any):
+    """``triton.autotune`` when compiled; under the interpreter the first config is used as is.
+
+    Autotuning times candidates on the GPU, which the interpreter cannot do; the first
+    config must therefore be a good, valid default everywhere.
+    """
+    if COMPILED:
+        return triton.autotune(configs=configs, key=key, **kwargs)
+    first = configs[0]
+
+    def wrap(kernel):
+        return _FixedConfig(kernel, dict(first.kwargs))
+
+    return wrap
+
+
+class _FixedConfig:
+    """Interpreter stand-in for an autotuner: launches with one fixed config."""
+
+    def __init__(self, kernel, config_kwargs: dict[str, Any]):
+        self.kernel = kernel
+        self.config_kwargs = config_kwargs
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            merged = {**self.config_kwargs, **kwargs}
+            return self.kernel[grid](*args, **merged)
+
+        return launch
+
+
+def kernel_devices() -> tuple[str, ...]:
+    """Device types whose tensors the fused kernels accept in this kernel mode."""
+    return ("cuda",) if COMPILED else ("cpu", "cuda")
+
+
+def default_device() -> torch.device:
+    """The device fusekit places new tensors on: the GPU when compiled, else the CPU."""
+    return torch.device("cuda") if COMPILED else torch.device("cpu")
+
+
+def check_devices(**tensors: torch.Tensor | None) -> torch.device:
+    """Check that the named tensors share one device the kernels support; return it.
+
+    Raises ``ValueError`` naming the argument and its device: mixed devices, or a device
+    the kernels cannot run on in this kernel mode (CPU tensors on a GPU machine, say).
+    ``None`` values are skipped.
+    """
+    device = None
+    first = None
+    for name, tensor in tensors.items():
+        if tensor is None:
+            continue
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+        if device is None:
+            device, first = tensor.device, name
+            if device.type not in kernel_devices():
+                hint = (
+                    "move it to the GPU (.cuda()), or use the reference path (fusecore.use_reference())"
+                    if COMPILED
+                    else "fusekit kernels run on 'cpu' (interpreter) or 'cuda'"
+                )
+                raise ValueError(
+                    f"{name} is on device '{device}', which the {KERNEL_MODE} Triton backend does not run "
+                    f"on (supported: {', '.join(kernel_devices())}); {hint}"
+                )
+        elif tensor.device != device:
+            raise ValueError(
+                f"{name} is on device '{tensor.device}' but {first} is on '{device}': "
+                "all tensors of one call must be on the same device"
+            )
+    if device is None:
+        raise ValueError("no tensor given to check_devices")
+    return device
+
+
+def reference_enabled() -> bool:
+    """Whether ops should run their pure-PyTorch reference path instead of the kernels."""
+    return getattr(_state, "reference", _default_reference)
+
+
+def set_reference(enabled: bool) -> None:
+    """Switch this thread's ops to (True) or away from (False) the pure-PyTorch reference path."""
+    _state.reference = bool(enabled)
+
+
+@contextlib.contextmanager
+def use_reference(enabled: bool = True) -> Iterator[None]:
+    """Context manager: run ops through their unfused PyTorch reference inside the block."""
+    previous = reference_enabled()
+    set_reference(enabled)
+    try:
+        yield
+    finally:
+        set_reference(previous)
+
+
+def describe() -> str:
+    """One line saying which backend is active, for logs and benchmark records."""
+    ref = ", reference ops" if reference_enabled() else ""
+    return f"triton {triton.__version__} ({KERNEL_MODE}{ref}), torch {torch.__version__}"

@@ -1,0 +1,1 @@
+"""fusecore's own kernels: the demonstration of the kernel-building core."""

@@ -1,0 +1,166 @@
+"""Counter-based random numbers: Philox-4x32-10, identical compiled and interpreted.
+
+Convention (one for the whole project)
+--------------------------------------
+A random number is a pure function of ``(seed, stream, position)``:
+
+* ``seed``     — a 64-bit key chosen on the host (``0 <= seed < 2**63``);
+* ``stream``   — which element draws (an env id, an edge id, an element index), int64;
+* ``position`` — how many draws that element made before (a step number), int64.
+
+The Philox counter is ``(lo32(stream), hi32(stream), lo32(position), hi32(position))`` and
+the key is ``(lo32(seed), hi32(seed))``; one call yields four independent 32-bit words.
+Kernels never keep generator state: a host-side :class:`PhiloxStream` hands each launch a
+``(seed, offset)`` pair and advances its offset by the number of positions the launch used,
+so consecutive launches never reuse numbers and a launch can be replayed exactly (the
+backward pass of dropout regenerates its mask this way instead of storing it).
+
+Because the generator is integer arithmetic only, the compiled kernel, the interpreter and
+the numpy oracle :func:`philox_reference` give bit-identical words and uniforms.  Normal
+deviates go through ``log``/``cos``/``sin`` and agree to a few float32 ulps.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .backend import jit, triton  # noqa: F401  (triton re-exported for kernels' tl import order)
+
+import triton.language as tl  # noqa: E402  (after backend: the kernel mode is fixed first)
+
+TWO_POW_M24 = 1.0 / (1 << 24)
+TWO_PI = 2.0 * math.pi
+_MASK32 = 0xFFFFFFFF
+
+
+@jit
+def philox_words(seed, stream, position):
+    """Four uint32 Philox-4x32-10 words for counter (stream, position) under key ``seed``."""
+    stream = stream.to(tl.int64)
+    position = position.to(tl.int64)
+    c0 = (stream & 0xFFFFFFFF).to(tl.uint32)
+    c1 = ((stream >> 32) & 0xFFFFFFFF).to(tl.uint32)
+    c2 = (position & 0xFFFFFFFF).to(tl.uint32)
+    c3 = ((position >> 32) & 0xFFFFFFFF).to(tl.uint32)
+    return tl.philox(seed, c0, c1, c2, c3)
+
+
+@jit
+def word_to_uniform(word):
+    """uint32 -> float32 uniform in [0, 1): the top 24 bits, exactly representable."""
+    return (word >> 8).to(tl.float32) * 5.9604644775390625e-08
+
+
+@jit
+def word_to_open_uniform(word):
+    """uint32 -> float32 uniform in (0, 1): safe for log()."""
+    return ((word >> 8).to(tl.float32) + 0.5) * 5.9604644775390625e-08
+
+
+@jit
+def uniform4(seed, stream, position):
+    """Four float32 uniforms in [0, 1) for (seed, stream, position)."""
+    w0, w1, w2, w3 = philox_words(seed, stream, position)
+    return word_to_uniform(w0), word_to_uniform(w1), word_to_uniform(w2), word_to_uniform(w3)
+
+
+@jit
+def normal4(seed, stream, position):
+    """Four float32 standard normals for (seed, stream, position) by Box-Muller."""
+    w0, w1, w2, w3 = philox_words(seed, stream, position)
+    r0 = tl.sqrt(-2.0 * tl.log(word_to_open_uniform(w0)))
+    r1 = tl.sqrt(-2.0 * tl.log(word_to_open_uniform(w2)))
+    t0 = 6.283185307179586 * word_to_uniform(w1)
+    t1 = 6.283185307179586 * word_to_uniform(w3)
+    return r0 * tl.cos(t0), r0 * tl.sin(t0), r1 * tl.cos(t1), r1 * tl.sin(t1)
+
+
+# ----------------------------------------------------------------------------- host side
+
+
+def _check_seed(seed: int) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+    seed = int(seed)
+    if not 0 <= seed < 2**63:
+        raise ValueError(f"seed must be in [0, 2**63), got {seed}")
+    return seed
+
+
+@dataclass
+class PhiloxStream:
+    """Host-side owner of one ``(seed, offset)`` sequence.
+
+    ``take(n)`` returns the ``(seed, offset)`` pair a launch passes to its kernel and
+    advances the offset by ``n`` positions, so the next launch draws fresh numbers.
+    """
+
+    seed: int
+    offset: int = 0
+
+    def __post_init__(self) -> None:
+        self.seed = _check_seed(self.seed)
+        if self.offset < 0:
+            raise ValueError(f"offset must be >= 0, got {self.offset}")
+
+    def take(self, positions: int) -> tuple[int, int]:
+        if positions < 0:
+            raise ValueError(f"positions must be >= 0, got {positions}")
+        pair = (self.seed, self.offset)
+        self.offset += int(positions)
+        return pair
+
+    @classmethod
+    def from_torch(cls) -> PhiloxStream:
+        """A stream seeded from torch's default generator (respects ``torch.manual_seed``)."""
+        return cls(int(torch.randint(0, 2**62, (1,)).item()))
+
+
+def _mulhilo(a: np.ndarray, b: int) -> tuple[np.ndarray, np.ndarray]:
+    product = a.astype(np.uint64) * np.uint64(b)
+    return (product >> np.uint64(32)) & np.uint64(_MASK32), product & np.uint64(_MASK32)
+
+
+def philox_reference(seed: int, stream, position, rounds: int = 10) -> np.ndarray:
+    """Numpy oracle for :func:`philox_words`: uint32 array of shape ``broadcast + (4,)``."""
+    seed = _check_seed(seed)
+    stream = np.asarray(stream, dtype=np.int64).astype(np.uint64)
+    position = np.asarray(position, dtype=np.int64).astype(np.uint64)
+    stream, position = np.broadcast_arrays(stream, position)
+    m32 = np.uint64(_MASK32)
+    c0 = stream & m32
+    c1 = (stream >> np.uint64(32)) & m32
+    c2 = position & m32
+    c3 = (position >> np.uint64(32)) & m32
+    k0 = np.uint64(seed & _MASK32)
+    k1 = np.uint64((seed >> 32) & _MASK32)
+    for _ in range(rounds):
+        hi0, lo0 = _mulhilo(c0, 0xD2511F53)
+        hi1, lo1 = _mulhilo(c2, 0xCD9E8D57)
+        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+        k0 = (k0 + np.uint64(0x9E3779B9)) & m32
+        k1 = (k1 + np.uint64(0xBB67AE85)) & m32
+    return np.stack([c0, c1, c2, c3], axis=-1).astype(np.uint32)
+
+
+def uniform_reference(seed: int, stream, position) -> np.ndarray:
+    """Numpy oracle for :func:`uniform4`: float32 array ``broadcast + (4,)``, bit-identical."""
+    words = philox_reference(seed, stream, position)
+    return (words >> np.uint32(8)).astype(np.float32) * np.float32(TWO_POW_M24)
+
+
+def normal_reference(seed: int, stream, position) -> np.ndarray:
+    """Float64 oracle for :func:`normal4` (the kernel agrees to float32 rounding)."""
+    words = philox_reference(seed, stream, position).astype(np.float64)
+    top = np.floor(words / 256.0)
+    uniform = top * TWO_POW_M24
+    open_uniform = (top + 0.5) * TWO_POW_M24
+    r0 = np.sqrt(-2.0 * np.log(open_uniform[..., 0]))
+    r1 = np.sqrt(-2.0 * np.log(open_uniform[..., 2]))
+    t0 = TWO_PI * uniform[..., 1]
+    t1 = TWO_PI * uniform[..., 3]
+    return np.stack([r0 * np.cos(t0), r0 * np.sin(t0), r1 * np.cos(t1), r1 * np.sin(t1)], axis=-1)

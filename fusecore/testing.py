@@ -1,0 +1,113 @@
+"""Numeric test helpers shared by every domain's tests.
+
+* :data:`TOLERANCES` — the one table of relative-error tolerances per dtype;
+* :func:`rel_error` — ``‖out − ref‖ / ‖ref‖`` computed in float64;
+* :func:`assert_close` — rel_error against the dtype's tolerance, NaN never passes;
+* :func:`poisoned` / :func:`assert_all_written` — outputs filled with a sentinel before a
+  kernel writes them, and the check that every element was overwritten;
+* :func:`fresh_generator` — a torch generator with a new random seed per call, the seed
+  recorded so a failure can be replayed;
+* :func:`test_device` — the device kernel tests run on in this kernel mode.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from . import backend
+
+# Relative error ‖out − ref‖ / ‖ref‖ allowed for outputs computed in each dtype against a
+# float64 reference.  float32 kernels may use tf32 matrix units (Triton's default for a
+# float32 dot on the GPU), hence 2e-3 rather than 1e-5.
+TOLERANCES: dict[torch.dtype, float] = {
+    torch.float64: 1e-9,
+    torch.float32: 2e-3,
+    torch.float16: 1e-2,
+    torch.bfloat16: 2e-2,
+}
+
+# float32 arithmetic without matrix units (elementwise kernels, scans).
+STRICT_FLOAT32 = 1e-5
+
+
+def tolerance(dtype: torch.dtype) -> float:
+    try:
+        return TOLERANCES[dtype]
+    except KeyError:
+        raise ValueError(f"no tolerance defined for dtype {dtype}") from None
+
+
+def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """‖out − ref‖₂ / ‖ref‖₂ in float64 (absolute error when ref is all zeros); NaN → inf."""
+    if out.shape != ref.shape:
+        raise ValueError(f"shape mismatch: out {tuple(out.shape)} vs ref {tuple(ref.shape)}")
+    o = out.detach().to("cpu", torch.float64)
+    r = ref.detach().to("cpu", torch.float64)
+    if not torch.isfinite(o).all() and not torch.equal(torch.isfinite(o), torch.isfinite(r)):
+        return float("inf")
+    finite = torch.isfinite(r)
+    if not torch.equal(o[~finite], r[~finite]):
+        return float("inf")
+    o, r = o[finite], r[finite]
+    denom = torch.linalg.vector_norm(r).item()
+    num = torch.linalg.vector_norm(o - r).item()
+    if denom == 0.0:
+        return num
+    return num / denom
+
+
+def assert_close(
+    out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype | None = None, tol: float | None = None, name: str = "output"
+) -> float:
+    """Assert rel_error(out, ref) <= tol (default: the tolerance of ``dtype`` or out's dtype)."""
+    tol = tol if tol is not None else tolerance(dtype or out.dtype)
+    err = rel_error(out, ref)
+    if not err <= tol:
+        raise AssertionError(f"{name}: relative error {err:.3e} exceeds {tol:.1e} (shape {tuple(out.shape)})")
+    return err
+
+
+def poison_value(dtype: torch.dtype):
+    """The sentinel written into outputs before a kernel runs: NaN, or the integer maximum."""
+    if dtype.is_floating_point:
+        return float("nan")
+    if dtype == torch.bool:
+        return True
+    return torch.iinfo(dtype).max
+
+
+def poisoned(shape, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """A new tensor filled with :func:`poison_value` (pass it as a kernel's output)."""
+    return torch.full(tuple(shape), poison_value(dtype), dtype=dtype, device=device)
+
+
+def assert_all_written(tensor: torch.Tensor, name: str = "output") -> None:
+    """Assert no element still holds the poison value (floats: no NaN left)."""
+    if tensor.dtype.is_floating_point:
+        left = torch.isnan(tensor)
+    elif tensor.dtype == torch.bool:
+        return
+    else:
+        left = tensor == poison_value(tensor.dtype)
+    count = int(left.sum())
+    if count:
+        raise AssertionError(f"{name}: {count} of {tensor.numel()} elements were never written")
+
+
+def fresh_generator(device: torch.device | str = "cpu") -> torch.Generator:
+    """A generator seeded from the OS (``FUSEKIT_TEST_SEED`` fixes it); ``.seed_used`` holds the seed."""
+    seed = int(os.environ.get("FUSEKIT_TEST_SEED", int.from_bytes(os.urandom(4), "little")))
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    gen.seed_used = seed  # type: ignore[attr-defined]
+    return gen
+
+
+def test_device() -> torch.device:
+    """Where kernel tests put their tensors: the GPU when compiled, the CPU under the interpreter."""
+    return backend.default_device()
+
+
+test_device.__test__ = False  # type: ignore[attr-defined]  (not a pytest test)

@@ -1,0 +1,1 @@
+"""llmfuse: fused Llama decoder kernels and a looped persistent decode kernel."""

@@ -1,0 +1,1 @@
+"""simfuse: fused multi-step GPU simulators for RL data collection, as Gymnasium vector envs."""
