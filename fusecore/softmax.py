@@ -1,0 +1,50 @@
+"""Online-softmax / logsumexp helpers shared by every split-and-merge attention kernel.
+
+Attention over a set that is processed in pieces — the incoming edges of a graph's heavy
+node split over several programs, a long KV cache split along the sequence — keeps per
+piece the running maximum ``m``, the sum ``s = Σ exp(score − m)`` and the weighted sum
+``acc = Σ exp(score − m) v``.  Pieces merge exactly through their logsumexp
+``lse = m + log s``:  ``out = Σ_p exp(lse_p − lse) out_p`` with ``lse = logsumexp_p lse_p``.
+
+Kernel helpers (elementwise, any shape) and the host-side merge used by launchers and as
+the tests' oracle live here once.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton.language as tl
+
+from .backend import jit
+
+NEG_INF = float("-inf")
+
+
+@jit
+def lse_add(a, b):
+    """log(exp(a) + exp(b)), stable, with -inf meaning 'empty' on either side."""
+    hi = tl.maximum(a, b)
+    lo = tl.minimum(a, b)
+    safe_hi = tl.where(hi == float("-inf"), 0.0, hi)
+    return tl.where(hi == float("-inf"), float("-inf"), safe_hi + tl.log(1.0 + tl.exp(lo - safe_hi)))
+
+
+@jit
+def online_rescale(m_old, m_new):
+    """exp(m_old − m_new) with the empty state (m_old = −inf) giving 0 instead of NaN."""
+    return tl.where(m_old == float("-inf"), 0.0, tl.exp(m_old - m_new))
+
+
+def merge_partials(out: torch.Tensor, lse: torch.Tensor, dim: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge normalized partial attention outputs along ``dim`` by their logsumexp.
+
+    ``out``: [..., P, ..., D] partial outputs, each already divided by its own sum;
+    ``lse``: the same shape without the trailing D.  Pieces with ``lse = -inf`` (empty) get
+    zero weight; a row whose pieces are all empty gives zeros and ``lse = -inf``.
+    Returns ``(merged_out, merged_lse)`` with ``dim`` reduced.
+    """
+    total = torch.logsumexp(lse, dim=dim, keepdim=True)
+    weight = torch.exp(lse - total)
+    weight = torch.where(torch.isfinite(total), weight, torch.zeros_like(weight))
+    merged = (weight.unsqueeze(-1) * out).sum(dim=dim)
+    return merged, total.squeeze(dim)
