@@ -14,7 +14,7 @@ import torch
 
 from . import backend
 from .plan import cdiv
-from .rng import normal_reference
+from .rng import check_seed, normal_reference
 
 BLOCK = 1024
 
@@ -44,21 +44,33 @@ def langevin(
     sigma: float = 0.5,
     seed: int = 0,
     offset: int = 0,
+    out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Integrate ``steps`` noisy oscillator steps for every element in one kernel launch.
 
     ``x``, ``v``: float32 tensors of one shape (any), on the kernel device.  Noise for element
-    ``i`` at step ``t`` is Philox ``(seed, stream=i, position=offset + t)``.
+    ``i`` at step ``t`` is Philox ``(seed, stream=i, position=offset + t)``, so running K1 steps
+    and then K2 steps with ``offset=K1`` gives exactly the result of K1 + K2 steps.
+    ``out``: optional contiguous float32 tensors ``(x_K, v_K, mean_energy)`` to write into.
     Returns ``(x_K, v_K, mean_energy)``, each shaped like ``x``.
     """
     _check(x, v, steps, dt)
+    check_seed(seed)
+    if offset < 0:
+        raise ValueError(f"offset must be >= 0, got {offset}")
     if backend.reference_enabled():
         return langevin_reference(x, v, steps, dt=dt, omega=omega, gamma=gamma, sigma=sigma, seed=seed, offset=offset)
-    backend.check_devices(x=x, v=v)
+    backend.check_devices(x=x, v=v, **({} if out is None else dict(zip(("out_x", "out_v", "out_energy"), out))))
     from .kernels.langevin import langevin_kernel
 
     xc, vc = x.contiguous(), v.contiguous()
-    x_out, v_out, energy = torch.empty_like(xc), torch.empty_like(xc), torch.empty_like(xc)
+    if out is None:
+        x_out, v_out, energy = torch.empty_like(xc), torch.empty_like(xc), torch.empty_like(xc)
+    else:
+        x_out, v_out, energy = out
+        for name, t in zip(("x", "v", "energy"), out):
+            if t.shape != x.shape or t.dtype != torch.float32 or not t.is_contiguous():
+                raise ValueError(f"out {name} must be a contiguous float32 tensor of shape {tuple(x.shape)}")
     n = xc.numel()
     if n:
         langevin_kernel[(cdiv(n, BLOCK),)](

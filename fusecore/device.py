@@ -113,7 +113,7 @@ def lookup_peak(name: str) -> Peak | None:
     return None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cuda_facts(index: int) -> DeviceFacts:
     props = torch.cuda.get_device_properties(index)
     smem = getattr(props, "shared_memory_per_block_optin", 0) or getattr(props, "shared_memory_per_block", 0)
@@ -128,7 +128,7 @@ def _cuda_facts(index: int) -> DeviceFacts:
     )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cpu_facts() -> DeviceFacts:
     name = platform.processor() or platform.machine() or "cpu"
     return DeviceFacts(

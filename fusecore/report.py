@@ -38,7 +38,7 @@ def floor_ms(
     return max(terms) * 1e3 if terms else None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _git_commit() -> str:
     try:
         root = Path(__file__).resolve().parent.parent
@@ -57,7 +57,7 @@ def _git_commit() -> str:
     return os.environ.get("FUSEKIT_COMMIT", "unknown")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _driver_version() -> str:
     if not torch.cuda.is_available():
         return "none"

@@ -27,10 +27,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import triton.language as tl  # noqa: E402  (after backend: the kernel mode is fixed first)
 
 from .backend import jit, triton  # noqa: F401  (triton re-exported for kernels' tl import order)
-
-import triton.language as tl  # noqa: E402  (after backend: the kernel mode is fixed first)
 
 TWO_POW_M24 = 1.0 / (1 << 24)
 TWO_PI = 2.0 * math.pi
@@ -82,7 +81,7 @@ def normal4(seed, stream, position):
 # ----------------------------------------------------------------------------- host side
 
 
-def _check_seed(seed: int) -> int:
+def check_seed(seed: int) -> int:
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise TypeError(f"seed must be an int, got {type(seed).__name__}")
     seed = int(seed)
@@ -103,7 +102,7 @@ class PhiloxStream:
     offset: int = 0
 
     def __post_init__(self) -> None:
-        self.seed = _check_seed(self.seed)
+        self.seed = check_seed(self.seed)
         if self.offset < 0:
             raise ValueError(f"offset must be >= 0, got {self.offset}")
 
@@ -125,19 +124,24 @@ def _mulhilo(a: np.ndarray, b: int) -> tuple[np.ndarray, np.ndarray]:
     return (product >> np.uint64(32)) & np.uint64(_MASK32), product & np.uint64(_MASK32)
 
 
-def philox_reference(seed: int, stream, position, rounds: int = 10) -> np.ndarray:
+def philox_reference(seed: int, stream, position) -> np.ndarray:
     """Numpy oracle for :func:`philox_words`: uint32 array of shape ``broadcast + (4,)``."""
-    seed = _check_seed(seed)
+    seed = check_seed(seed)
     stream = np.asarray(stream, dtype=np.int64).astype(np.uint64)
     position = np.asarray(position, dtype=np.int64).astype(np.uint64)
     stream, position = np.broadcast_arrays(stream, position)
     m32 = np.uint64(_MASK32)
-    c0 = stream & m32
-    c1 = (stream >> np.uint64(32)) & m32
-    c2 = position & m32
-    c3 = (position >> np.uint64(32)) & m32
-    k0 = np.uint64(seed & _MASK32)
-    k1 = np.uint64((seed >> 32) & _MASK32)
+    return philox4x32(
+        (stream & m32, (stream >> np.uint64(32)) & m32, position & m32, (position >> np.uint64(32)) & m32),
+        (seed & _MASK32, (seed >> 32) & _MASK32),
+    )
+
+
+def philox4x32(counter, key, rounds: int = 10) -> np.ndarray:
+    """Plain Philox-4x32 on numpy: counter = 4 arrays of uint32 words, key = 2 ints."""
+    m32 = np.uint64(_MASK32)
+    c0, c1, c2, c3 = (np.asarray(c, dtype=np.uint64) for c in counter)
+    k0, k1 = np.uint64(key[0]), np.uint64(key[1])
     for _ in range(rounds):
         hi0, lo0 = _mulhilo(c0, 0xD2511F53)
         hi1, lo1 = _mulhilo(c2, 0xCD9E8D57)

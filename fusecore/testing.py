@@ -59,7 +59,11 @@ def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def assert_close(
-    out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype | None = None, tol: float | None = None, name: str = "output"
+    out: torch.Tensor,
+    ref: torch.Tensor,
+    dtype: torch.dtype | None = None,
+    tol: float | None = None,
+    name: str = "output",
 ) -> float:
     """Assert rel_error(out, ref) <= tol (default: the tolerance of ``dtype`` or out's dtype)."""
     tol = tol if tol is not None else tolerance(dtype or out.dtype)
@@ -97,11 +101,13 @@ def assert_all_written(tensor: torch.Tensor, name: str = "output") -> None:
 
 
 def fresh_generator(device: torch.device | str = "cpu") -> torch.Generator:
-    """A generator seeded from the OS (``FUSEKIT_TEST_SEED`` fixes it); ``.seed_used`` holds the seed."""
+    """A generator seeded from the OS, fresh inputs on every run; ``FUSEKIT_TEST_SEED`` fixes it.
+
+    ``gen.initial_seed()`` gives the seed to put in failure messages for replay.
+    """
     seed = int(os.environ.get("FUSEKIT_TEST_SEED", int.from_bytes(os.urandom(4), "little")))
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
-    gen.seed_used = seed  # type: ignore[attr-defined]
     return gen
 
 

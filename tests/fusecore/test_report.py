@@ -1,0 +1,88 @@
+"""fusecore.timing and fusecore.report: timing, records, floors, JSON lines, the table."""
+
+import json
+
+import pytest
+import torch
+
+from benchmarks.__main__ import compare
+from fusecore.device import DeviceFacts, Peak, device_facts, lookup_peak
+from fusecore.report import Record, environment, floor_ms, format_table, read_jsonl, set_speedups, write_jsonl
+from fusecore.timing import Timing, measure, peak_memory
+
+FAKE = DeviceFacts("fake", "cuda", 100, 0, 0, (9, 0), Peak(2e12, {"bfloat16": 1e15}, "test"))
+
+
+def test_floor_is_the_larger_of_memory_and_compute_time():
+    assert floor_ms(FAKE, bytes_moved=2e9) == pytest.approx(1.0)
+    assert floor_ms(FAKE, flops=1e12) == pytest.approx(1.0)
+    assert floor_ms(FAKE, bytes_moved=2e9, flops=4e12) == pytest.approx(4.0)
+    assert floor_ms(FAKE, flops=1e12, flop_dtype="float64") is None
+    assert floor_ms(device_facts("cpu"), bytes_moved=1e9) is None
+
+
+def test_peak_table_lookup():
+    assert lookup_peak("NVIDIA H200").bandwidth == pytest.approx(4.28e12)
+    assert "measured" in lookup_peak("NVIDIA H100 80GB HBM3").source
+    assert lookup_peak("NVIDIA H100 PCIe").source == "datasheet"
+    assert lookup_peak("Some Future GPU") is None
+    assert FAKE.flops(torch.bfloat16) == 1e15
+    with pytest.raises(ValueError):
+        device_facts("meta")
+
+
+def test_measure_on_cpu_is_labelled_not_gpu():
+    calls = []
+    timing = measure(lambda: calls.append(1), device="cpu", rep_ms=5)
+    assert not timing.gpu_time and timing.method.endswith("(cpu)")
+    assert len(calls) >= 4  # warm-up plus at least three timed runs
+    assert 0 <= timing.p20_ms <= timing.median_ms <= timing.p80_ms
+    assert peak_memory(lambda: None, "cpu") is None
+    with pytest.raises(ValueError, match="cuda_graph"):
+        measure(lambda: None, device="cpu", cuda_graph=True)
+
+
+def _record(case, impl, ms, gpu=True):
+    return Record.from_timing("core", case, impl, Timing(ms, ms * 0.9, ms * 1.1, gpu, "test"), device="cpu",
+                              bytes_moved=1e6, params={"n": 3})
+
+
+def test_record_roundtrip_speedups_table_and_compare(tmp_path):
+    records = [_record("a", "base", 2.0), _record("a", "fused", 0.5), _record("b", "fused", 1.0)]
+    set_speedups(records, "base")
+    assert records[1].speedup == pytest.approx(4.0) and records[1].baseline == "base"
+    assert records[2].speedup is None
+    env = records[0].env
+    for key in ("gpu", "driver", "torch", "triton", "commit", "date", "kernel_mode"):
+        assert key in env
+    path = write_jsonl(records, tmp_path / "r.jsonl", append=False)
+    back = read_jsonl(path)
+    assert [r.case for r in back] == ["a", "a", "b"] and back[1].speedup == pytest.approx(4.0)
+    assert json.loads(path.read_text().splitlines()[0])["params"] == {"n": 3}
+    table = format_table(records)
+    assert "4.00x" in table and "fused" in table and len(table.splitlines()) == 5
+    slower = [_record("a", "fused", 0.8)]
+    text, regressions = compare(slower, back)
+    assert regressions == 1 and "REGRESSION" in text
+    (tmp_path / "bad.jsonl").write_text("{not json}\n")
+    with pytest.raises(ValueError, match="bad.jsonl:1"):
+        read_jsonl(tmp_path / "bad.jsonl")
+
+
+def test_environment_names_versions():
+    env = environment("cpu")
+    assert env["torch"] == torch.__version__
+    assert env["gpu"].startswith("cpu")
+
+
+@pytest.mark.gpu
+def test_gpu_timing_and_peak_memory():
+    x = torch.randn(1 << 24, device="cuda")
+    timing = measure(lambda: x.mul(2.0), rep_ms=20)
+    assert timing.gpu_time and timing.median_ms > 0
+    graphed = measure(lambda: x.mul(2.0), rep_ms=20, cuda_graph=True)
+    assert graphed.gpu_time and graphed.method == "do_bench_cudagraph"
+    peak = peak_memory(lambda: x.mul(2.0))
+    assert peak >= x.numel() * 4
+    facts = device_facts()
+    assert facts.sm_count > 0 and facts.l2_bytes > 0 and facts.smem_per_block_bytes > 0

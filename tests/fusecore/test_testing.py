@@ -1,0 +1,63 @@
+"""fusecore.testing: the numeric helpers every domain's tests rely on."""
+
+import math
+
+import pytest
+import torch
+
+from fusecore.testing import (
+    TOLERANCES,
+    assert_all_written,
+    assert_close,
+    fresh_generator,
+    poisoned,
+    rel_error,
+    tolerance,
+)
+
+
+def test_rel_error_basics():
+    ref = torch.tensor([3.0, 4.0])
+    assert rel_error(ref, ref) == 0.0
+    assert rel_error(ref + torch.tensor([0.0, 0.5]), ref) == pytest.approx(0.1)
+    assert rel_error(torch.tensor([0.0, 1e-3]), torch.zeros(2)) == pytest.approx(1e-3)
+    assert math.isinf(rel_error(torch.tensor([float("nan"), 4.0]), ref))
+    inf = torch.tensor([float("inf"), 1.0])
+    assert rel_error(inf, inf) == 0.0
+    assert math.isinf(rel_error(torch.tensor([float("-inf"), 1.0]), inf))
+    with pytest.raises(ValueError, match="shape mismatch"):
+        rel_error(torch.zeros(2), torch.zeros(3))
+
+
+def test_assert_close_uses_dtype_tolerance():
+    ref = torch.ones(100, dtype=torch.float64)
+    assert_close((ref * (1 + 1e-3)).to(torch.bfloat16), ref)
+    with pytest.raises(AssertionError, match="relative error"):
+        assert_close((ref * 1.1).to(torch.float32), ref)
+    with pytest.raises(AssertionError):
+        assert_close(torch.full((100,), float("nan")), ref)
+    assert set(TOLERANCES) >= {torch.float32, torch.float16, torch.bfloat16}
+    with pytest.raises(ValueError):
+        tolerance(torch.int32)
+
+
+def test_poison_and_written_check():
+    t = poisoned((4,), torch.float32, "cpu")
+    with pytest.raises(AssertionError, match="4 of 4"):
+        assert_all_written(t)
+    t[:3] = 1.0
+    with pytest.raises(AssertionError, match="1 of 4"):
+        assert_all_written(t)
+    t[3] = 0.0
+    assert_all_written(t)
+    i = poisoned((2,), torch.int32, "cpu")
+    with pytest.raises(AssertionError):
+        assert_all_written(i)
+
+
+def test_fresh_generator_is_fresh_unless_fixed(monkeypatch):
+    monkeypatch.delenv("FUSEKIT_TEST_SEED", raising=False)
+    seeds = {fresh_generator().initial_seed() for _ in range(5)}
+    assert len(seeds) > 1
+    monkeypatch.setenv("FUSEKIT_TEST_SEED", "42")
+    assert fresh_generator().initial_seed() == 42
