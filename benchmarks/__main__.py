@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compare", type=Path, help="earlier results.jsonl to compare against")
     args = parser.parse_args(argv)
 
-    case_pkg.load_all()
+    case_pkg.load_all(sorted({DOMAIN_ALIASES[d] for d in args.domain}) if args.domain else None)
     for name, reason in case_pkg.SKIPPED.items():
         print(f"[skip] domain {name}: {reason}")
     selected = [

@@ -50,9 +50,9 @@ def test_check_devices_accepts_kernel_device_and_skips_none(device):
     assert backend.check_devices(a=a, b=None, c=a) == a.device
 
 
-def test_check_devices_rejects_mixed_and_unsupported():
+def test_check_devices_rejects_mixed_and_unsupported(device):
     with pytest.raises(TypeError, match="y must be a torch.Tensor"):
-        backend.check_devices(x=torch.zeros(1), y=[1.0])
+        backend.check_devices(x=torch.zeros(1, device=device), y=[1.0])
     meta = torch.empty(2, device="meta")
     with pytest.raises(ValueError, match="m is on device 'meta'"):
         backend.check_devices(m=meta)

@@ -1,15 +1,14 @@
 """The demonstration kernel: K fused Langevin steps against the float64 step-by-step oracle."""
 
-import os
-import subprocess
-import sys
-import textwrap
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 import fusecore
 from fusecore.demo import langevin, langevin_reference, langevin_unfused
+from fusecore.rng import normal_reference
 from fusecore.testing import STRICT_FLOAT32, assert_all_written, assert_close, poisoned
 
 
@@ -88,32 +87,41 @@ def test_bad_input_is_rejected(args, kwargs, error, match, device):
         langevin(*args, **kwargs)
 
 
+FIXTURE = Path(__file__).parent / "data" / "langevin_interpreted.pt"
+FIXTURE_N, FIXTURE_STEPS, FIXTURE_SEED, FIXTURE_OFFSET = 4099, 16, 123, 7
+
+
+def _fixture_inputs():
+    """Inputs every machine reproduces exactly: Philox normals from the numpy oracle."""
+    z = torch.from_numpy(normal_reference(1, np.arange(FIXTURE_N), 0)).to(torch.float32)
+    return z[:, 0].contiguous(), z[:, 1].contiguous()
+
+
+def _fixture_run(device):
+    x, v = _fixture_inputs()
+    return langevin(x.to(device), v.to(device), FIXTURE_STEPS, seed=FIXTURE_SEED, offset=FIXTURE_OFFSET)
+
+
+@pytest.mark.skipif(not fusecore.INTERPRET, reason="the fixture holds interpreter output")
+def test_interpreter_reproduces_fixture():
+    """The committed interpreter output is what the interpreter computes today."""
+    got = _fixture_run("cpu")
+    want = torch.load(FIXTURE)
+    for a, b in zip(got, want):
+        assert_close(a, b, tol=STRICT_FLOAT32)
+
+
 @pytest.mark.gpu
 def test_compiled_equals_interpreted():
-    """The same kernel source, compiled here and interpreted in a fresh process, agrees."""
-    n, steps = 4099, 16
-    x = torch.randn(n)
-    v = torch.randn(n)
-    compiled = langevin(x.cuda(), v.cuda(), steps, seed=123, offset=7)
-    code = textwrap.dedent(
-        f"""
-        import sys, torch
-        from fusecore import backend
-        assert backend.INTERPRET
-        from fusecore.demo import langevin
-        x, v = torch.load(sys.argv[1])
-        torch.save(langevin(x, v, {steps}, seed=123, offset=7), sys.argv[2])
-        """
-    )
-    tmp = os.environ.get("TMPDIR", "/tmp")
-    inp, outp = os.path.join(tmp, "fusekit_demo_in.pt"), os.path.join(tmp, "fusekit_demo_out.pt")
-    torch.save((x, v), inp)
-    env = dict(os.environ, FUSEKIT_BACKEND="interpret", CUDA_VISIBLE_DEVICES="")
-    root = os.path.dirname(os.path.dirname(fusecore.__file__))
-    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
-    result = subprocess.run([sys.executable, "-c", code, inp, outp], env=env, capture_output=True, text=True,
-                            timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
-    interpreted = torch.load(outp)
-    for a, b in zip(compiled, interpreted):
+    """The kernel compiled on the GPU gives the interpreter's results (committed from a CPU run)."""
+    got = _fixture_run("cuda")
+    want = torch.load(FIXTURE)
+    for a, b in zip(got, want):
         assert_close(a.cpu(), b, tol=STRICT_FLOAT32)
+
+
+if __name__ == "__main__":  # regenerate the fixture: PYTHONPATH=. python tests/fusecore/test_demo.py
+    assert fusecore.INTERPRET, "run with the interpreter (FUSEKIT_BACKEND=interpret) to write the fixture"
+    FIXTURE.parent.mkdir(exist_ok=True)
+    torch.save(tuple(t.clone() for t in _fixture_run("cpu")), FIXTURE)
+    print("wrote", FIXTURE)
