@@ -12,6 +12,7 @@ from .backend import (
     BackendError,
     autotune,
     check_devices,
+    check_dtypes,
     default_device,
     jit,
     reference_enabled,
@@ -25,7 +26,8 @@ from .rng import PhiloxStream
 from .timing import Timing, measure, peak_memory
 
 __all__ = [
-    "backend", "testing", "COMPILED", "INTERPRET", "KERNEL_MODE", "BackendError", "autotune", "check_devices",
+    "backend", "testing", "COMPILED", "INTERPRET", "KERNEL_MODE", "BackendError", "autotune",
+    "check_devices", "check_dtypes",
     "default_device", "jit", "reference_enabled", "set_reference", "use_reference",
     "DeviceFacts", "device_facts", "PlanCache", "WorkPlan", "cdiv", "make_work_plan",
     "persistent_grid", "tensor_signature", "Record", "environment", "floor_ms", "format_table",

@@ -225,6 +225,34 @@ def check_devices(**tensors: torch.Tensor | None) -> torch.device:
     return device
 
 
+def check_dtypes(allowed: tuple[torch.dtype, ...], same: bool = True, **tensors: torch.Tensor | None) -> torch.dtype:
+    """Check that the named tensors have a dtype in ``allowed`` (and, if ``same``, all one dtype).
+
+    Raises ``TypeError`` naming the argument, its dtype and what was expected; returns the dtype.
+    ``None`` values are skipped.
+    """
+    dtype = None
+    first = None
+    names = ", ".join(str(d).replace("torch.", "") for d in allowed)
+    for name, tensor in tensors.items():
+        if tensor is None:
+            continue
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+        if tensor.dtype not in allowed:
+            raise TypeError(f"{name} has dtype {str(tensor.dtype).replace('torch.', '')}; expected one of {names}")
+        if dtype is None:
+            dtype, first = tensor.dtype, name
+        elif same and tensor.dtype != dtype:
+            raise TypeError(
+                f"{name} has dtype {str(tensor.dtype).replace('torch.', '')} but {first} has "
+                f"{str(dtype).replace('torch.', '')}: the tensors of one call must share a dtype"
+            )
+    if dtype is None:
+        raise ValueError("no tensor given to check_dtypes")
+    return dtype
+
+
 def reference_enabled() -> bool:
     """Whether ops should run their pure-PyTorch reference path instead of the kernels."""
     return getattr(_state, "reference", _default_reference)

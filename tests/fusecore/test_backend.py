@@ -66,6 +66,38 @@ def test_check_devices_rejects_mixed_and_unsupported(device):
         backend.check_devices(a=None)
 
 
+def test_check_dtypes():
+    f32, f16 = torch.zeros(1), torch.zeros(1, dtype=torch.float16)
+    allowed = (torch.float32, torch.float16)
+    assert backend.check_dtypes(allowed, a=f32, b=None) == torch.float32
+    with pytest.raises(TypeError, match="b has dtype float16 but a has float32"):
+        backend.check_dtypes(allowed, a=f32, b=f16)
+    assert backend.check_dtypes(allowed, same=False, a=f32, b=f16) == torch.float32
+    with pytest.raises(TypeError, match="c has dtype int64; expected one of float32, float16"):
+        backend.check_dtypes(allowed, c=torch.zeros(1, dtype=torch.int64))
+    with pytest.raises(ValueError):
+        backend.check_dtypes(allowed)
+
+
+def test_missing_or_old_triton_says_what_to_install(monkeypatch):
+    import importlib
+    import types
+
+    real_import = importlib.import_module
+
+    def no_triton(name, *args):
+        if name == "triton":
+            raise ImportError("No module named 'triton'")
+        return real_import(name, *args)
+
+    monkeypatch.setattr(importlib, "import_module", no_triton)
+    with pytest.raises(backend.BackendError, match="pip install triton"):
+        backend._import_triton()
+    monkeypatch.setattr(importlib, "import_module", lambda name, *a: types.SimpleNamespace(__version__="2.1.0"))
+    with pytest.raises(backend.BackendError, match="found 2.1.0.*pip install -U triton"):
+        backend._import_triton()
+
+
 def test_reference_switch_is_scoped():
     assert not fusecore.reference_enabled()
     with fusecore.use_reference():
