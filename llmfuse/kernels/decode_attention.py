@@ -1,0 +1,84 @@
+"""Instruction 2: decode attention over the KV cache, split along the sequence (GQA).
+
+A tile is (row b, KV head h, split s).  It reads K and V of slots
+``[s·split_len, (s+1)·split_len) ∩ [kv_start[b], t]`` of head h **once** for all
+``G = Hq / Hkv`` query heads of its group (the G queries are the rows of a ``tl.dot``) and
+keeps the online-softmax state per query head::
+
+    m  = max_j score_j,   l = Σ_j exp(score_j − m),   acc = Σ_j exp(score_j − m) v_j
+    score_j = q · k_j / sqrt(D)
+
+It writes the normalized partial ``acc / l`` and its logsumexp ``m + log l`` (−inf for an
+empty split); instruction 3 merges the splits by logsumexp (fusecore.softmax math).
+Bytes: 2 · B · Hkv · (t + 1) · D cache elements, plus q and the partials.
+"""
+
+import triton.language as tl
+
+from fusecore.backend import jit
+from fusecore.softmax import online_rescale
+
+
+@jit
+def decode_attention_tile(
+    tile, layer, q_ptr, k_cache_ptr, v_cache_ptr, kv_start_ptr, slot_ptr, out_ptr, lse_ptr,
+    B, HQ, HKV, D, S, n_splits, split_len, sm_scale,
+    BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    split = tile % n_splits
+    bh = tile // n_splits
+    kv_head = bh % HKV
+    b = bh // HKV
+    G = HQ // HKV
+    slot = tl.load(slot_ptr)
+    start = tl.load(kv_start_ptr + b)
+    lo = tl.maximum(split * split_len, start)
+    hi = tl.minimum((split + 1) * split_len, slot + 1)
+
+    g = tl.arange(0, BLOCK_G)
+    gmask = g < G
+    d = tl.arange(0, BLOCK_D)
+    dmask = d < D
+    q_heads = kv_head * G + g
+    q = tl.load(q_ptr + (b * HQ + q_heads)[:, None] * D + d[None, :], mask=gmask[:, None] & dmask[None, :],
+                other=0.0, cache_modifier=".cg")
+    layer64 = tl.full([], 0, tl.int64) + layer
+    base = ((layer64 * B + b) * HKV + kv_head) * S
+
+    m = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
+    l = tl.zeros([BLOCK_G], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+    for s0 in range(lo, hi, BLOCK_S):
+        s = s0 + tl.arange(0, BLOCK_S)
+        smask = s < hi
+        kv_off = (base + s)[:, None] * D + d[None, :]
+        kv_mask = smask[:, None] & dmask[None, :]
+        k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0, cache_modifier=".cg")
+        scores = tl.dot(q.to(k.dtype), tl.trans(k), input_precision=DOT_PREC) * sm_scale
+        scores = tl.where(smask[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, axis=1))
+        alpha = online_rescale(m, m_new)
+        p = tl.exp(scores - m_new[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0, cache_modifier=".cg")
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
+        m = m_new
+
+    nonempty = l > 0.0
+    out = acc / tl.where(nonempty, l, 1.0)[:, None]
+    lse = tl.where(nonempty, m + tl.log(tl.where(nonempty, l, 1.0)), float("-inf"))
+    row = (b * HQ + q_heads) * n_splits + split
+    tl.store(out_ptr + row[:, None] * D + d[None, :], out, mask=gmask[:, None] & dmask[None, :])
+    tl.store(lse_ptr + row, lse, mask=gmask)
+
+
+@jit
+def decode_attention_kernel(
+    layer, q_ptr, k_cache_ptr, v_cache_ptr, kv_start_ptr, slot_ptr, out_ptr, lse_ptr,
+    B, HQ, HKV, D, S, n_splits, split_len, sm_scale,
+    BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    decode_attention_tile(
+        tl.program_id(0), layer, q_ptr, k_cache_ptr, v_cache_ptr, kv_start_ptr, slot_ptr, out_ptr, lse_ptr,
+        B, HQ, HKV, D, S, n_splits, split_len, sm_scale, BLOCK_G, BLOCK_S, BLOCK_D, DOT_PREC,
+    )

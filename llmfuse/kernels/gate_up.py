@@ -1,0 +1,44 @@
+"""Instruction 4: RMSNorm → gate and up projections → SiLU(gate) · up.
+
+For a tile of BLOCK_N MLP features n::
+
+    x̂        = x_b / sqrt(mean(x_b²) + eps) · g_mlp
+    h[b, n]  = SiLU(x̂ · W_gate[n]) · (x̂ · W_up[n]),   SiLU(z) = z / (1 + e^{−z})
+
+``W_gate_up`` is [2I, H] (gate rows, then up rows).  Bytes: 2 I H weight elements once,
+x from L2, h written (B I elements, weight dtype).
+"""
+
+import triton.language as tl
+
+from fusecore.backend import jit
+
+from .matvec import inv_rms, rows_dot
+
+
+@jit
+def gate_up_tile(
+    tile, layer, x_ptr, norm_ptr, w_ptr, h_ptr, B, H, I, eps,
+    BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = n < I
+    layer64 = tl.full([], 0, tl.int64) + layer
+    w_layer = w_ptr + layer64 * 2 * I * H
+    g_layer = norm_ptr + layer64 * H
+    scale = inv_rms(x_ptr, B, H, eps, BLOCK_B, BLOCK_K)
+    gate = rows_dot(x_ptr, B, H, scale, g_layer, w_layer, n, nmask, True, BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC)
+    up = rows_dot(x_ptr, B, H, scale, g_layer, w_layer, n + I, nmask, True, BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC)
+    h = gate / (1.0 + tl.exp(-gate)) * up
+    b = tl.arange(0, BLOCK_B)
+    tl.store(h_ptr + b[:, None] * I + n[None, :], h.to(h_ptr.dtype.element_ty),
+             mask=(b < B)[:, None] & nmask[None, :])
+
+
+@jit
+def gate_up_kernel(
+    layer, x_ptr, norm_ptr, w_ptr, h_ptr, B, H, I, eps,
+    BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    gate_up_tile(tl.program_id(0), layer, x_ptr, norm_ptr, w_ptr, h_ptr, B, H, I, eps,
+                 BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC)

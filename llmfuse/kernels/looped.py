@@ -1,0 +1,87 @@
+"""The looped persistent decode kernel: every layer's five instructions and the LM head in
+one launch ("kernel looping").
+
+Schedule (stage numbers are global, ``5 · layer + k``)::
+
+    for layer in 0 .. L-1:
+        k=0  qkv_rope_tile          over (Hq + 2 Hkv) · ceil(D/2 / BLOCK_P) tiles   → q, cache
+        k=1  decode_attention_tile  over B · Hkv · n_splits tiles                   → partials
+        k=2  o_proj_tile            over ceil(H / BLOCK_N) tiles                    → x
+        k=3  gate_up_tile           over ceil(I / BLOCK_N) tiles                    → h
+        k=4  down_proj_tile         over ceil(H / BLOCK_N) tiles                    → x
+    stage 5L: lm_head_tile          over ceil(V / BLOCK_V) tiles                    → winners (+ logits)
+
+Program ``p`` of ``P`` runs tiles ``p, p + P, p + 2P, ...`` of each stage, then waits at a
+grid barrier (a counter in device memory, :mod:`.grid_barrier`) before the next stage: the
+kernel boundaries of the per-layer path become counter waits and the weights stay stacked
+[L, ...] behind one pointer each.  The tiles are the same ``@jit`` functions the per-layer
+kernels launch, so both paths compute identical values.  Stages ``>= stop_stage`` are
+skipped, which lets the tests compare the kernel with the Python interpreter of this
+schedule (:mod:`llmfuse.looped`) after any stage.  With ``P = 1`` (the interpreter, where
+programs run one after another) every barrier is passed at once.
+Bytes: the sum of the six instructions' bytes over all layers — the whole model once.
+"""
+
+import triton.language as tl
+
+from fusecore.backend import jit
+
+from .decode_attention import decode_attention_tile
+from .down_proj import down_proj_tile
+from .gate_up import gate_up_tile
+from .grid_barrier import grid_barrier
+from .lm_head import lm_head_tile
+from .o_proj import o_proj_tile
+from .qkv_rope import qkv_rope_tile
+
+STAGES_PER_LAYER = 5
+
+
+@jit
+def looped_decode_kernel(
+    x_ptr, attn_norm_ptr, wqkv_ptr, bqkv_ptr, inv_freq_ptr, kv_start_ptr, slot_ptr,
+    q_ptr, k_cache_ptr, v_cache_ptr, part_ptr, lse_ptr, wo_ptr, mlp_norm_ptr, w_gate_up_ptr, h_ptr,
+    w_down_ptr, final_norm_ptr, head_ptr, logits_ptr, best_ptr, best_idx_ptr, counter_ptr,
+    L, B, H, HQ, HKV, D, S, I, V, eps, n_splits, split_len, sm_scale, n_vocab_tiles, stop_stage,
+    HAS_BIAS: tl.constexpr, WRITE_LOGITS: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_P: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_SPLIT: tl.constexpr, BLOCK_V: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    qkv_tiles = (HQ + 2 * HKV) * tl.cdiv(D // 2, BLOCK_P)
+    attn_tiles = B * HKV * n_splits
+    hidden_tiles = tl.cdiv(H, BLOCK_N)
+    mlp_tiles = tl.cdiv(I, BLOCK_N)
+    for layer in range(L):
+        stage = layer * 5
+        if stage < stop_stage:
+            for tile in range(pid, qkv_tiles, nprog):
+                qkv_rope_tile(tile, layer, x_ptr, attn_norm_ptr, wqkv_ptr, bqkv_ptr, inv_freq_ptr, kv_start_ptr,
+                              slot_ptr, q_ptr, k_cache_ptr, v_cache_ptr, B, H, HQ, HKV, D, S, eps,
+                              HAS_BIAS, BLOCK_B, BLOCK_P, BLOCK_K, DOT_PREC)
+            grid_barrier(counter_ptr, stage, nprog)
+        if stage + 1 < stop_stage:
+            for tile in range(pid, attn_tiles, nprog):
+                decode_attention_tile(tile, layer, q_ptr, k_cache_ptr, v_cache_ptr, kv_start_ptr, slot_ptr,
+                                      part_ptr, lse_ptr, B, HQ, HKV, D, S, n_splits, split_len, sm_scale,
+                                      BLOCK_G, BLOCK_S, BLOCK_D, DOT_PREC)
+            grid_barrier(counter_ptr, stage + 1, nprog)
+        if stage + 2 < stop_stage:
+            for tile in range(pid, hidden_tiles, nprog):
+                o_proj_tile(tile, layer, part_ptr, lse_ptr, wo_ptr, x_ptr, B, H, HQ, D, n_splits,
+                            BLOCK_B, BLOCK_N, BLOCK_D, BLOCK_SPLIT, DOT_PREC)
+            grid_barrier(counter_ptr, stage + 2, nprog)
+        if stage + 3 < stop_stage:
+            for tile in range(pid, mlp_tiles, nprog):
+                gate_up_tile(tile, layer, x_ptr, mlp_norm_ptr, w_gate_up_ptr, h_ptr, B, H, I, eps,
+                             BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC)
+            grid_barrier(counter_ptr, stage + 3, nprog)
+        if stage + 4 < stop_stage:
+            for tile in range(pid, hidden_tiles, nprog):
+                down_proj_tile(tile, layer, h_ptr, w_down_ptr, x_ptr, B, H, I, BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC)
+            grid_barrier(counter_ptr, stage + 4, nprog)
+    if L * 5 < stop_stage:
+        for tile in range(pid, n_vocab_tiles, nprog):
+            lm_head_tile(tile, x_ptr, final_norm_ptr, head_ptr, logits_ptr, best_ptr, best_idx_ptr, B, H, V,
+                         n_vocab_tiles, eps, WRITE_LOGITS, BLOCK_B, BLOCK_V, BLOCK_K, DOT_PREC)

@@ -1,0 +1,91 @@
+"""Instruction 1: RMSNorm → fused Q/K/V projection → RoPE → KV-cache append.
+
+For row ``b`` at cache slot ``t`` (RoPE position ``p_b = t − kv_start[b]``)::
+
+    x̂      = x_b / sqrt(mean(x_b²) + eps) · g_attn
+    y      = x̂ W_qkvᵀ (+ b_qkv)                 W_qkv [(Hq + 2 Hkv) D, H]
+    head h of y, pair j ∈ [0, D/2):  (y_j, y_{j+D/2}) rotated by angle p_b · inv_freq_j for
+    Q and K heads; V heads are copied.
+    q[b, h]            ← rotated query heads (float32 [B, Hq, D])
+    k_cache[l, b, h, t] ← rotated key heads;  v_cache[l, b, h, t] ← value heads
+
+A tile is (head, block of BLOCK_P pairs): the program owns both halves of every pair it
+rotates, so RoPE needs no exchange between programs.  Bytes: W_qkv once
+((Hq + 2 Hkv) D H elements), x (B H float32, per program from L2), q and the new K/V rows.
+"""
+
+import triton.language as tl
+
+from fusecore.backend import jit
+
+from .matvec import inv_rms, rows_dot
+
+
+@jit
+def qkv_rope_tile(
+    tile, layer, x_ptr, norm_ptr, w_ptr, bias_ptr, inv_freq_ptr, kv_start_ptr, slot_ptr,
+    q_ptr, k_cache_ptr, v_cache_ptr,
+    B, H, HQ, HKV, D, S, eps,
+    HAS_BIAS: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
+    half = D // 2
+    pair_tiles = tl.cdiv(half, BLOCK_P)
+    head = tile // pair_tiles
+    j = (tile % pair_tiles) * BLOCK_P + tl.arange(0, BLOCK_P)
+    jmask = j < half
+    rows_lo = head * D + j
+    rows_hi = rows_lo + half
+    layer64 = tl.full([], 0, tl.int64) + layer
+    n_rows = (HQ + 2 * HKV) * D
+    w_layer = w_ptr + layer64 * n_rows * H
+    g_layer = norm_ptr + layer64 * H
+    scale = inv_rms(x_ptr, B, H, eps, BLOCK_B, BLOCK_K)
+    lo = rows_dot(x_ptr, B, H, scale, g_layer, w_layer, rows_lo, jmask, True, BLOCK_B, BLOCK_P, BLOCK_K, DOT_PREC)
+    hi = rows_dot(x_ptr, B, H, scale, g_layer, w_layer, rows_hi, jmask, True, BLOCK_B, BLOCK_P, BLOCK_K, DOT_PREC)
+    if HAS_BIAS:
+        b_layer = bias_ptr + layer64 * n_rows
+        lo += tl.load(b_layer + rows_lo, mask=jmask, other=0.0).to(tl.float32)[None, :]
+        hi += tl.load(b_layer + rows_hi, mask=jmask, other=0.0).to(tl.float32)[None, :]
+
+    b = tl.arange(0, BLOCK_B)
+    bmask = b < B
+    slot = tl.load(slot_ptr)
+    pos = (slot - tl.load(kv_start_ptr + b, mask=bmask, other=0)).to(tl.float32)
+    freq = tl.load(inv_freq_ptr + j, mask=jmask, other=0.0)
+    angle = pos[:, None] * freq[None, :]
+    cos = tl.cos(angle)
+    sin = tl.sin(angle)
+    rotate = head < HQ + HKV
+    out_lo = tl.where(rotate, lo * cos - hi * sin, lo)
+    out_hi = tl.where(rotate, hi * cos + lo * sin, hi)
+
+    mask = bmask[:, None] & jmask[None, :]
+    q_off = b[:, None] * (HQ * D) + head * D + j[None, :]
+    head_vec = head + tl.zeros([BLOCK_P], dtype=tl.int32)  # per-lane copy: masks stay tensors
+    is_q = (head_vec < HQ)[None, :]
+    tl.store(q_ptr + q_off, out_lo, mask=mask & is_q)
+    tl.store(q_ptr + q_off + half, out_hi, mask=mask & is_q)
+    is_k = ((head_vec >= HQ) & (head_vec < HQ + HKV))[None, :]
+    is_v = (head_vec >= HQ + HKV)[None, :]
+    kv_head = tl.where(head < HQ + HKV, head - HQ, head - HQ - HKV)
+    c_off = (((layer64 * B + b[:, None]) * HKV + kv_head) * S + slot) * D + j[None, :]
+    tl.store(k_cache_ptr + c_off, out_lo.to(k_cache_ptr.dtype.element_ty), mask=mask & is_k)
+    tl.store(k_cache_ptr + c_off + half, out_hi.to(k_cache_ptr.dtype.element_ty), mask=mask & is_k)
+    tl.store(v_cache_ptr + c_off, out_lo.to(v_cache_ptr.dtype.element_ty), mask=mask & is_v)
+    tl.store(v_cache_ptr + c_off + half, out_hi.to(v_cache_ptr.dtype.element_ty), mask=mask & is_v)
+
+
+@jit
+def qkv_rope_kernel(
+    layer, x_ptr, norm_ptr, w_ptr, bias_ptr, inv_freq_ptr, kv_start_ptr, slot_ptr,
+    q_ptr, k_cache_ptr, v_cache_ptr,
+    B, H, HQ, HKV, D, S, eps,
+    HAS_BIAS: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
+    qkv_rope_tile(
+        tl.program_id(0), layer, x_ptr, norm_ptr, w_ptr, bias_ptr, inv_freq_ptr, kv_start_ptr, slot_ptr,
+        q_ptr, k_cache_ptr, v_cache_ptr, B, H, HQ, HKV, D, S, eps,
+        HAS_BIAS, BLOCK_B, BLOCK_P, BLOCK_K, DOT_PREC,
+    )

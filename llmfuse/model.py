@@ -1,0 +1,240 @@
+"""The user-facing engine: :func:`from_pretrained` and :class:`LlamaModel`'s generate loop.
+
+``prefill`` runs the prompt through the reference decoder (matrix products and
+``scaled_dot_product_attention``) and fills the static KV cache; every following token is
+one fused decode step — five fused launches per layer plus the LM head (``looped=False``)
+or one looped persistent launch (``looped=True``).  Greedy decoding takes the argmax
+fused into the LM head; sampling (temperature, top-k, top-p) runs on the logits with a
+seeded torch generator.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fusecore import backend
+
+from . import ops
+from . import reference as ref
+from .config import LlamaConfig
+from .weights import LlamaWeights, weights_from_checkpoint, weights_from_hf_model
+
+ENGINE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _check_int(name: str, value: Any, lo: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+        raise ValueError(f"{name} must be an int >= {lo}, got {value!r}")
+    return value
+
+
+def sample_tokens(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None,
+                  generator: torch.Generator | None) -> torch.Tensor:
+    """Draw one token per row of float logits [B, V] (temperature > 0), top-k then top-p filtered."""
+    scores = logits.float() / temperature
+    if top_k is not None and top_k < scores.shape[-1]:
+        kth = torch.topk(scores, top_k, dim=-1).values[..., -1:]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_scores, order = torch.sort(scores, descending=True, dim=-1)
+        cum = torch.softmax(sorted_scores, dim=-1).cumsum(-1)
+        drop = cum - torch.softmax(sorted_scores, dim=-1) >= top_p  # keep the smallest prefix reaching top_p
+        sorted_scores = sorted_scores.masked_fill(drop, float("-inf"))
+        scores = torch.full_like(scores, float("-inf")).scatter(-1, order, sorted_scores)
+    probs = torch.softmax(scores, dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+class LlamaModel:
+    """A Llama-family decoder with a static KV cache of ``max_seq_len`` slots and fused decode.
+
+    ``looped`` selects the looped persistent kernel (one launch per step) instead of the
+    per-layer fused launches.  The cache holds ``max_batch_size`` rows; it is re-created
+    (same length) when a call uses another batch size.
+    """
+
+    def __init__(self, config: LlamaConfig, weights: LlamaWeights, *, max_seq_len: int | None = None,
+                 max_batch_size: int = 1, looped: bool = False):
+        self.config = config
+        self.weights = weights
+        self.device = weights.device
+        self.dtype = weights.dtype
+        if self.dtype not in ENGINE_DTYPES:
+            raise TypeError(f"dtype must be one of {ENGINE_DTYPES}, got {self.dtype}")
+        self.max_seq_len = _check_int("max_seq_len", max_seq_len or min(config.max_position_embeddings, 4096), 1)
+        self.looped = bool(looped)
+        self.inv_freq = config.rope_inv_freq().to(self.device)
+        self._setup(_check_int("max_batch_size", max_batch_size, 1))
+
+    def _setup(self, batch: int) -> None:
+        self.batch = batch
+        self.cache = ref.KVCache.empty(self.config, batch, self.max_seq_len, dtype=self.dtype, device=self.device)
+        self.plan = ops.make_plan(self.config, batch, self.max_seq_len, self.dtype, self.device)
+        self.buffers = ops.DecodeBuffers.allocate(self.config, self.plan, self.dtype, self.device)
+        self.position = 0  # host copy of buffers.slot: the next slot to fill
+
+    # ------------------------------------------------------------------ input checks
+    def _check_ids(self, name: str, ids: Any, dims: int) -> torch.Tensor:
+        if not isinstance(ids, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(ids).__name__}")
+        if ids.dtype not in (torch.int64, torch.int32):
+            raise TypeError(f"{name} must be an integer (int64) tensor, got {ids.dtype}")
+        if ids.dim() != dims:
+            raise ValueError(f"{name} must have {dims} dimensions, got shape {tuple(ids.shape)}")
+        if ids.numel():
+            lo, hi = int(ids.min()), int(ids.max())
+            if lo < 0 or hi >= self.config.vocab_size:
+                bad = lo if lo < 0 else hi
+                raise ValueError(f"{name} holds token id {bad}, outside the vocabulary [0, {self.config.vocab_size})")
+        return ids.to(device=self.device, dtype=torch.int64)
+
+    def _kv_start(self, attention_mask: torch.Tensor | None, shape: torch.Size) -> torch.Tensor:
+        B, T = shape
+        if attention_mask is None:
+            return torch.zeros(B, dtype=torch.int64, device=self.device)
+        if not isinstance(attention_mask, torch.Tensor) or tuple(attention_mask.shape) != (B, T):
+            raise ValueError(f"attention_mask must be a tensor of shape {(B, T)} like input_ids, got "
+                             f"{getattr(attention_mask, 'shape', type(attention_mask).__name__)}")
+        mask = attention_mask.to("cpu", torch.int64)
+        if not ((mask == 0) | (mask == 1)).all():
+            raise ValueError("attention_mask must hold only 0 and 1")
+        pads = (mask == 0).sum(1)
+        left = torch.arange(T)[None, :] < pads[:, None]
+        if not torch.equal(mask == 0, left):
+            raise ValueError("attention_mask must be left-padded (zeros only before the first 1 of each row)")
+        if bool((pads == T).any()):
+            raise ValueError("attention_mask has a row with no token (all zeros)")
+        return pads.to(self.device)
+
+    # ------------------------------------------------------------------ steps
+    @torch.no_grad()
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Reset the cache, run the prompt [B, T] (left-padded per ``attention_mask``); last logits [B, V].
+
+        Uses the unfused reference path (matrix products, SDPA) and fills the same cache the
+        fused decode steps read.  Returns float32 logits of each row's last prompt token.
+        """
+        ids = self._check_ids("input_ids", input_ids, 2)
+        B, T = ids.shape
+        if T < 1:
+            raise ValueError("input_ids must hold at least one token per row")
+        if T > self.max_seq_len:
+            raise ValueError(f"prompt of {T} tokens is longer than the cache (max_seq_len={self.max_seq_len})")
+        kv_start = self._kv_start(attention_mask, ids.shape)
+        if B != self.batch:
+            self._setup(B)
+        self.cache.k.zero_()
+        self.cache.v.zero_()
+        logits = ref.forward(self.weights, self.config, ids, self.cache, 0, kv_start, self.inv_freq)
+        self.buffers.kv_start.copy_(kv_start)
+        self.buffers.slot.fill_(T)
+        self.position = T
+        return logits[:, -1].float()
+
+    def _step(self, tokens: torch.Tensor, write_logits: bool) -> torch.Tensor:
+        if self.position >= self.max_seq_len:
+            raise ValueError(f"the cache is full: {self.position} of max_seq_len={self.max_seq_len} slots used; "
+                             "create the model with a larger max_seq_len")
+        if backend.reference_enabled():
+            logits = ref.forward(self.weights, self.config, tokens[:, None], self.cache, self.position,
+                                 self.buffers.kv_start, self.inv_freq)[:, 0].float()
+            self.buffers.logits.copy_(logits)
+            greedy = logits.argmax(-1)
+        else:
+            greedy = ops.fused_step(self.weights, self.config, self.cache, self.buffers, self.plan, self.inv_freq,
+                                    tokens, looped=self.looped, write_logits=write_logits)
+        self.buffers.slot.add_(1)
+        self.position += 1
+        return greedy
+
+    @torch.no_grad()
+    def decode_step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Feed one token per row (after :meth:`prefill`); float32 logits [B, V] of the next token."""
+        ids = self._check_ids("tokens", tokens, 1)
+        if self.position == 0:
+            raise ValueError("call prefill(input_ids) before decode_step")
+        if ids.shape[0] != self.batch:
+            raise ValueError(f"tokens must have {self.batch} rows (the prefill batch), got {ids.shape[0]}")
+        self._step(ids, write_logits=True)
+        return self.buffers.logits.clone()
+
+    @torch.no_grad()
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, temperature: float = 0.0,
+                 top_k: int | None = None, top_p: float | None = None, eos_token_id: int | list[int] | None = None,
+                 seed: int | None = None, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Prompt [B, T] followed by up to ``max_new_tokens`` new tokens: LongTensor [B, T + new].
+
+        Greedy when ``temperature == 0``.  Rows that produced an ``eos_token_id`` are padded
+        with it afterwards; generation stops early when every row has finished (as
+        transformers does).  ``seed`` fixes the sampling generator.
+        """
+        _check_int("max_new_tokens", max_new_tokens, 0)
+        if not (isinstance(temperature, (int, float)) and temperature >= 0):
+            raise ValueError(f"temperature must be a float >= 0, got {temperature!r}")
+        if top_k is not None:
+            _check_int("top_k", top_k, 1)
+        if top_p is not None and not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
+            raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
+        ids = self._check_ids("input_ids", input_ids, 2)
+        T = ids.shape[1]
+        if T + max_new_tokens > self.max_seq_len:
+            raise ValueError(f"prompt ({T}) + max_new_tokens ({max_new_tokens}) = {T + max_new_tokens} exceeds the "
+                             f"cache (max_seq_len={self.max_seq_len})")
+        eos = [] if eos_token_id is None else ([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id))
+        eos_t = torch.tensor(eos, dtype=torch.int64, device=self.device)
+        gen = None
+        if temperature > 0:
+            gen = torch.Generator(device=self.device)
+            gen.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, (1,)).item()))
+        if max_new_tokens == 0:
+            return ids.clone()
+        logits = self.prefill(ids, attention_mask)
+        out = [ids]
+        finished = torch.zeros(ids.shape[0], dtype=torch.bool, device=self.device)
+        token = logits.argmax(-1) if temperature == 0 else sample_tokens(logits, temperature, top_k, top_p, gen)
+        for step in range(max_new_tokens):
+            if eos:
+                token = torch.where(finished, eos_t[0], token)
+                finished |= torch.isin(token, eos_t)
+            out.append(token[:, None])
+            if step + 1 == max_new_tokens or (eos and bool(finished.all())):
+                break
+            greedy = self._step(token, write_logits=temperature > 0)
+            if temperature == 0:
+                token = greedy
+            else:
+                token = sample_tokens(self.buffers.logits, temperature, top_k, top_p, gen)
+        return torch.cat(out, dim=1)
+
+
+def from_pretrained(path_or_hf_model: str | Path | torch.nn.Module, *, device: torch.device | str | None = None,
+                    dtype: torch.dtype | None = None, max_seq_len: int | None = None, max_batch_size: int = 1,
+                    looped: bool = False) -> LlamaModel:
+    """Load a Llama-family model from a checkpoint directory or an in-memory transformers model.
+
+    ``device`` defaults to fusekit's kernel device; ``dtype`` to bfloat16 on the GPU and float32
+    on the CPU.  ``max_seq_len`` sizes the static KV cache (default min(max_position_embeddings, 4096)).
+    """
+    device = torch.device(device) if device is not None else backend.default_device()
+    if dtype is None:
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in ENGINE_DTYPES:
+        raise TypeError(f"dtype must be one of {ENGINE_DTYPES}, got {dtype}")
+    if isinstance(path_or_hf_model, torch.nn.Module):
+        if not hasattr(path_or_hf_model, "config"):
+            raise TypeError("path_or_hf_model must be a transformers model (with .config) or a directory path")
+        config = LlamaConfig.from_hf(path_or_hf_model.config)
+        weights = weights_from_hf_model(path_or_hf_model, config, dtype=dtype, device=device)
+    elif isinstance(path_or_hf_model, (str, Path)):
+        directory = Path(path_or_hf_model)
+        if not directory.is_dir():
+            raise FileNotFoundError(f"checkpoint directory {directory} does not exist")
+        config = LlamaConfig.from_json(directory / "config.json")
+        weights = weights_from_checkpoint(directory, config, dtype=dtype, device=device)
+    else:
+        raise TypeError("path_or_hf_model must be a path or a transformers model, "
+                        f"got {type(path_or_hf_model).__name__}")
+    return LlamaModel(config, weights, max_seq_len=max_seq_len, max_batch_size=max_batch_size, looped=looped)

@@ -1,0 +1,283 @@
+"""Launchers of the fused decode kernels: block sizes and grids chosen, shapes checked.
+
+A :class:`DecodePlan` fixes every block size, the number of attention splits and the
+looped kernel's grid once per (config, batch, cache length, dtype, device); a
+:class:`DecodeBuffers` holds the static activations one decode step reads and writes
+(the residual ``x`` in float32, ``q``, attention partials, the MLP activation ``h``,
+logits and greedy winners, the cache slot and per-row first valid slot on the device),
+so a whole step — per-layer launches or the looped launch — is capturable in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from fusecore import backend
+from fusecore.device import device_facts
+from fusecore.plan import cdiv, persistent_grid
+
+from .config import LlamaConfig
+from .kernels.decode_attention import decode_attention_kernel
+from .kernels.down_proj import down_proj_kernel
+from .kernels.gate_up import gate_up_kernel
+from .kernels.lm_head import lm_head_kernel
+from .kernels.looped import STAGES_PER_LAYER, looped_decode_kernel
+from .kernels.o_proj import o_proj_kernel
+from .kernels.qkv_rope import qkv_rope_kernel
+from .reference import KVCache
+from .weights import LlamaWeights
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(n, 1))))
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    """Block sizes, attention split and looped grid of one decode configuration."""
+
+    batch: int
+    max_slots: int
+    block_b: int
+    block_p: int
+    block_n: int
+    block_k: int
+    block_v: int
+    block_g: int
+    block_s: int
+    block_d: int
+    block_split: int
+    n_splits: int
+    split_len: int
+    dot_prec: str
+    looped_programs: int
+
+    def tiles(self, cfg: LlamaConfig) -> dict[str, int]:
+        """Tiles of each instruction (the grid of its per-layer launch)."""
+        return {
+            "qkv": (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cdiv(cfg.head_dim // 2, self.block_p),
+            "attention": self.batch * cfg.num_key_value_heads * self.n_splits,
+            "o_proj": cdiv(cfg.hidden_size, self.block_n),
+            "gate_up": cdiv(cfg.intermediate_size, self.block_n),
+            "down": cdiv(cfg.hidden_size, self.block_n),
+            "lm_head": cdiv(cfg.vocab_size, self.block_v),
+        }
+
+
+def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, device: torch.device,
+              n_splits: int | None = None, looped_programs: int | None = None) -> DecodePlan:
+    """Choose block sizes for ``batch`` rows and a cache of ``max_slots`` slots.
+
+    On the GPU tiles are small enough that every instruction has about one tile per
+    multiprocessor or more (decode is bandwidth-bound: all SMs must stream weights); under
+    the interpreter tiles are large, because each program costs Python time.
+    ``n_splits`` overrides the number of attention splits (tests); ``looped_programs`` the
+    looped kernel's grid (the interpreter always uses 1).
+    """
+    if batch < 1:
+        raise ValueError(f"batch must be >= 1, got {batch}")
+    if max_slots < 1:
+        raise ValueError(f"max_slots must be >= 1, got {max_slots}")
+    compiled = device.type == "cuda"
+    sms = device_facts(device).sm_count if compiled else 1
+    block_b = 1 if batch == 1 else max(16, _pow2(batch))
+    half = cfg.head_dim // 2
+    if compiled:
+        block_k = 256 if batch == 1 else 128
+        block_n, block_v, block_s = 16, 32 if batch == 1 else 64, 64
+        block_p = min(16, _pow2(half))
+    else:
+        block_k = min(128, max(16, _pow2(cfg.hidden_size)))
+        block_n, block_v, block_s = 64, 128, 32
+        block_p = min(32, _pow2(half))
+    block_d = max(16, _pow2(cfg.head_dim))
+    block_g = max(16, _pow2(cfg.group_size))
+    pairs = batch * cfg.num_key_value_heads
+    most_splits = cdiv(max_slots, block_s)
+    if n_splits is None:
+        n_splits = max(1, min(cdiv(2 * sms, pairs), most_splits, max(1, 64 // block_b)))
+    n_splits = max(1, min(n_splits, max_slots))
+    split_len = cdiv(max_slots, n_splits)
+    n_splits = cdiv(max_slots, split_len)
+    plan = DecodePlan(
+        batch=batch, max_slots=max_slots, block_b=block_b, block_p=block_p, block_n=block_n, block_k=block_k,
+        block_v=block_v, block_g=block_g, block_s=block_s, block_d=block_d, block_split=_pow2(n_splits),
+        n_splits=n_splits, split_len=split_len, dot_prec="ieee" if dtype == torch.float32 else "tf32",
+        looped_programs=1,
+    )
+    if looped_programs is None:
+        looped_programs = persistent_grid(max(plan.tiles(cfg).values()), device) if compiled else 1
+    return DecodePlan(**{**plan.__dict__, "looped_programs": looped_programs})
+
+
+@dataclass
+class DecodeBuffers:
+    """Static per-step state (see the module docstring); float32 except ``h`` (weight dtype)."""
+
+    x: torch.Tensor  # [B, H] residual stream
+    q: torch.Tensor  # [B, Hq, D] rotated queries
+    part: torch.Tensor  # [B, Hq, n_splits, D] normalized attention partials
+    lse: torch.Tensor  # [B, Hq, n_splits] their logsumexp
+    h: torch.Tensor  # [B, I] SiLU(gate) * up
+    logits: torch.Tensor  # [B, V]
+    best: torch.Tensor  # [B, vocab tiles] tile maxima
+    best_idx: torch.Tensor  # [B, vocab tiles] int32 tile argmaxes
+    slot: torch.Tensor  # 0-d int64: the cache slot the next token is written to
+    kv_start: torch.Tensor  # [B] int64: first valid slot of each row (left padding)
+    counter: torch.Tensor  # [1] int32: the looped kernel's barrier counter
+
+    @classmethod
+    def allocate(cls, cfg: LlamaConfig, plan: DecodePlan, dtype: torch.dtype, device: torch.device) -> DecodeBuffers:
+        B, f32 = plan.batch, torch.float32
+        hq, d = cfg.num_attention_heads, cfg.head_dim
+        vt = plan.tiles(cfg)["lm_head"]
+        return cls(
+            x=torch.zeros(B, cfg.hidden_size, dtype=f32, device=device),
+            q=torch.zeros(B, hq, d, dtype=f32, device=device),
+            part=torch.zeros(B, hq, plan.n_splits, d, dtype=f32, device=device),
+            lse=torch.zeros(B, hq, plan.n_splits, dtype=f32, device=device),
+            h=torch.zeros(B, cfg.intermediate_size, dtype=dtype, device=device),
+            logits=torch.zeros(B, cfg.vocab_size, dtype=f32, device=device),
+            best=torch.zeros(B, vt, dtype=f32, device=device),
+            best_idx=torch.zeros(B, vt, dtype=torch.int32, device=device),
+            slot=torch.zeros((), dtype=torch.int64, device=device),
+            kv_start=torch.zeros(B, dtype=torch.int64, device=device),
+            counter=torch.zeros(1, dtype=torch.int32, device=device),
+        )
+
+
+def check_step_inputs(w: LlamaWeights, cache: KVCache, buf: DecodeBuffers, plan: DecodePlan) -> None:
+    """Device and shape checks shared by the launchers (cheap; no device sync)."""
+    backend.check_devices(wqkv=w.wqkv, k_cache=cache.k, v_cache=cache.v, x=buf.x)
+    if cache.batch != plan.batch or buf.x.shape[0] != plan.batch:
+        raise ValueError(f"cache batch {cache.batch} and buffers batch {buf.x.shape[0]} must equal plan batch "
+                         f"{plan.batch}")
+    if cache.max_slots != plan.max_slots:
+        raise ValueError(f"cache has {cache.max_slots} slots but the plan was made for {plan.max_slots}")
+
+
+def embed(w: LlamaWeights, tokens: torch.Tensor, buf: DecodeBuffers) -> None:
+    """x ← embedding rows of ``tokens`` [B] (float32)."""
+    buf.x.copy_(w.embed.index_select(0, tokens))
+
+
+def qkv_rope(w: LlamaWeights, cfg: LlamaConfig, layer: int, cache: KVCache, buf: DecodeBuffers, plan: DecodePlan,
+             inv_freq: torch.Tensor) -> None:
+    grid = (plan.tiles(cfg)["qkv"],)
+    qkv_rope_kernel[grid](
+        layer, buf.x, w.attn_norm, w.wqkv, w.bqkv if w.bqkv is not None else w.wqkv, inv_freq, buf.kv_start,
+        buf.slot, buf.q, cache.k, cache.v,
+        plan.batch, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
+        plan.max_slots, cfg.rms_norm_eps,
+        HAS_BIAS=w.bqkv is not None, BLOCK_B=plan.block_b, BLOCK_P=plan.block_p, BLOCK_K=plan.block_k,
+        DOT_PREC=plan.dot_prec,
+    )
+
+
+def decode_attention(cfg: LlamaConfig, layer: int, cache: KVCache, buf: DecodeBuffers, plan: DecodePlan) -> None:
+    grid = (plan.tiles(cfg)["attention"],)
+    decode_attention_kernel[grid](
+        layer, buf.q, cache.k, cache.v, buf.kv_start, buf.slot, buf.part, buf.lse,
+        plan.batch, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, plan.max_slots,
+        plan.n_splits, plan.split_len, 1.0 / math.sqrt(cfg.head_dim),
+        BLOCK_G=plan.block_g, BLOCK_S=plan.block_s, BLOCK_D=plan.block_d, DOT_PREC=plan.dot_prec,
+    )
+
+
+def o_proj(w: LlamaWeights, cfg: LlamaConfig, layer: int, buf: DecodeBuffers, plan: DecodePlan) -> None:
+    grid = (plan.tiles(cfg)["o_proj"],)
+    o_proj_kernel[grid](
+        layer, buf.part, buf.lse, w.wo, buf.x, plan.batch, cfg.hidden_size, cfg.num_attention_heads,
+        cfg.head_dim, plan.n_splits,
+        BLOCK_B=plan.block_b, BLOCK_N=plan.block_n, BLOCK_D=plan.block_d, BLOCK_SPLIT=plan.block_split,
+        DOT_PREC=plan.dot_prec,
+    )
+
+
+def gate_up(w: LlamaWeights, cfg: LlamaConfig, layer: int, buf: DecodeBuffers, plan: DecodePlan) -> None:
+    grid = (plan.tiles(cfg)["gate_up"],)
+    gate_up_kernel[grid](
+        layer, buf.x, w.mlp_norm, w.w_gate_up, buf.h, plan.batch, cfg.hidden_size, cfg.intermediate_size,
+        cfg.rms_norm_eps,
+        BLOCK_B=plan.block_b, BLOCK_N=plan.block_n, BLOCK_K=plan.block_k, DOT_PREC=plan.dot_prec,
+    )
+
+
+def down_proj(w: LlamaWeights, cfg: LlamaConfig, layer: int, buf: DecodeBuffers, plan: DecodePlan) -> None:
+    grid = (plan.tiles(cfg)["down"],)
+    down_proj_kernel[grid](
+        layer, buf.h, w.w_down, buf.x, plan.batch, cfg.hidden_size, cfg.intermediate_size,
+        BLOCK_B=plan.block_b, BLOCK_N=plan.block_n, BLOCK_K=min(plan.block_k, _pow2(cfg.intermediate_size)),
+        DOT_PREC=plan.dot_prec,
+    )
+
+
+def lm_head(w: LlamaWeights, cfg: LlamaConfig, buf: DecodeBuffers, plan: DecodePlan, write_logits: bool) -> None:
+    tiles = plan.tiles(cfg)["lm_head"]
+    lm_head_kernel[(tiles,)](
+        buf.x, w.final_norm, w.lm_head, buf.logits, buf.best, buf.best_idx, plan.batch, cfg.hidden_size,
+        cfg.vocab_size, tiles, cfg.rms_norm_eps,
+        WRITE_LOGITS=write_logits, BLOCK_B=plan.block_b, BLOCK_N=plan.block_v, BLOCK_K=plan.block_k,
+        DOT_PREC=plan.dot_prec,
+    )
+
+
+def greedy_tokens(buf: DecodeBuffers) -> torch.Tensor:
+    """[B] int64 argmax of the logits from the LM head's tile winners (first index on ties)."""
+    tile = buf.best.argmax(dim=1, keepdim=True)
+    return buf.best_idx.gather(1, tile).squeeze(1).to(torch.int64)
+
+
+def decode_layers(w: LlamaWeights, cfg: LlamaConfig, cache: KVCache, buf: DecodeBuffers, plan: DecodePlan,
+                  inv_freq: torch.Tensor) -> None:
+    """The per-layer path: five fused launches per layer on the embedded ``buf.x``."""
+    for layer in range(cfg.num_hidden_layers):
+        qkv_rope(w, cfg, layer, cache, buf, plan, inv_freq)
+        decode_attention(cfg, layer, cache, buf, plan)
+        o_proj(w, cfg, layer, buf, plan)
+        gate_up(w, cfg, layer, buf, plan)
+        down_proj(w, cfg, layer, buf, plan)
+
+
+def looped_decode(w: LlamaWeights, cfg: LlamaConfig, cache: KVCache, buf: DecodeBuffers, plan: DecodePlan,
+                  inv_freq: torch.Tensor, write_logits: bool, stop_stage: int | None = None) -> None:
+    """The looped path: all layers and the LM head in one persistent launch.
+
+    ``stop_stage`` (tests) stops after that many stages of the schedule in
+    :mod:`llmfuse.kernels.looped` (default: all ``5 L + 1``).
+    """
+    total = STAGES_PER_LAYER * cfg.num_hidden_layers + 1
+    stop = total if stop_stage is None else stop_stage
+    if not 0 <= stop <= total:
+        raise ValueError(f"stop_stage must be in [0, {total}], got {stop_stage}")
+    tiles = plan.tiles(cfg)
+    buf.counter.zero_()
+    looped_decode_kernel[(plan.looped_programs,)](
+        buf.x, w.attn_norm, w.wqkv, w.bqkv if w.bqkv is not None else w.wqkv, inv_freq, buf.kv_start, buf.slot,
+        buf.q, cache.k, cache.v, buf.part, buf.lse, w.wo, w.mlp_norm, w.w_gate_up, buf.h, w.w_down,
+        w.final_norm, w.lm_head, buf.logits, buf.best, buf.best_idx, buf.counter,
+        cfg.num_hidden_layers, plan.batch, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads,
+        cfg.head_dim, plan.max_slots, cfg.intermediate_size, cfg.vocab_size, cfg.rms_norm_eps,
+        plan.n_splits, plan.split_len, 1.0 / math.sqrt(cfg.head_dim), tiles["lm_head"], stop,
+        HAS_BIAS=w.bqkv is not None, WRITE_LOGITS=write_logits, BLOCK_B=plan.block_b, BLOCK_P=plan.block_p,
+        BLOCK_N=plan.block_n, BLOCK_K=plan.block_k, BLOCK_G=plan.block_g, BLOCK_S=plan.block_s,
+        BLOCK_D=plan.block_d, BLOCK_SPLIT=plan.block_split, BLOCK_V=plan.block_v, DOT_PREC=plan.dot_prec,
+    )
+
+
+def fused_step(w: LlamaWeights, cfg: LlamaConfig, cache: KVCache, buf: DecodeBuffers, plan: DecodePlan,
+               inv_freq: torch.Tensor, tokens: torch.Tensor, *, looped: bool, write_logits: bool) -> torch.Tensor:
+    """One decode step at slot ``buf.slot`` (not advanced); returns the greedy tokens [B].
+
+    Host-sync free and shape-static: capturable in a CUDA graph.
+    """
+    embed(w, tokens, buf)
+    if looped:
+        looped_decode(w, cfg, cache, buf, plan, inv_freq, write_logits)
+    else:
+        decode_layers(w, cfg, cache, buf, plan, inv_freq)
+        lm_head(w, cfg, buf, plan, write_logits)
+    return greedy_tokens(buf)

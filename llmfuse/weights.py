@@ -1,0 +1,287 @@
+"""Weights of a Llama-family model, stacked per layer, and loading them from checkpoints.
+
+:class:`LlamaWeights` holds every parameter stacked along a leading layer axis so that one
+kernel (the looped decode kernel) can walk all layers through one pointer per matrix:
+
+=================  ==========================  =========================================
+field              shape                       Hugging Face tensor(s)
+=================  ==========================  =========================================
+``embed``          [V, H]                      ``model.embed_tokens.weight``
+``wqkv``           [L, (Hq + 2 Hkv) D, H]      ``q_proj``, ``k_proj``, ``v_proj`` rows stacked
+``bqkv``           [L, (Hq + 2 Hkv) D] / None  their biases (Qwen2)
+``wo``             [L, H, Hq D]                ``o_proj``
+``attn_norm``      [L, H]                      ``input_layernorm``
+``w_gate_up``      [L, 2 I, H]                 ``gate_proj`` rows then ``up_proj`` rows
+``w_down``         [L, H, I]                   ``down_proj``
+``mlp_norm``       [L, H]                      ``post_attention_layernorm``
+``final_norm``     [H]                         ``model.norm.weight``
+``lm_head``        [V, H]                      ``lm_head.weight`` (``embed`` itself when tied)
+=================  ==========================  =========================================
+
+Sources: a checkpoint directory (``config.json`` + ``model.safetensors`` or a sharded
+``model.safetensors.index.json``) or an in-memory transformers model.  Every missing,
+mis-shaped, corrupt or unreadable tensor raises an error naming the file and the tensor.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import torch
+
+from .config import LlamaConfig
+
+SAFETENSORS_FILE = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+SUPPORTED_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)  # float64: oracles
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is missing a tensor, has one of the wrong shape, or cannot be read."""
+
+
+@dataclass
+class LlamaWeights:
+    """All parameters of the decoder, stacked per layer (see the module docstring)."""
+
+    embed: torch.Tensor
+    wqkv: torch.Tensor
+    bqkv: torch.Tensor | None
+    wo: torch.Tensor
+    attn_norm: torch.Tensor
+    w_gate_up: torch.Tensor
+    w_down: torch.Tensor
+    mlp_norm: torch.Tensor
+    final_norm: torch.Tensor
+    lm_head: torch.Tensor
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.wqkv.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.wqkv.device
+
+    def nbytes(self) -> int:
+        """Bytes of distinct parameter storage (a tied LM head counted once)."""
+        seen, total = set(), 0
+        for f in fields(self):
+            t = getattr(self, f.name)
+            if t is None or t.data_ptr() in seen:
+                continue
+            seen.add(t.data_ptr())
+            total += t.numel() * t.element_size()
+        return total
+
+    def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> LlamaWeights:
+        tied = self.lm_head.data_ptr() == self.embed.data_ptr()
+        moved = {
+            f.name: None if getattr(self, f.name) is None else getattr(self, f.name).to(device=device, dtype=dtype)
+            for f in fields(self)
+        }
+        if tied:
+            moved["lm_head"] = moved["embed"]
+        return LlamaWeights(**moved)
+
+
+def random_weights(
+    config: LlamaConfig,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    generator: torch.Generator | None = None,
+    std: float = 0.02,
+) -> LlamaWeights:
+    """Random weights of the config's shapes (normal(0, std) matrices, norms near 1)."""
+    c = config
+    L, H, Iw, V = c.num_hidden_layers, c.hidden_size, c.intermediate_size, c.vocab_size
+
+    def normal(*shape: int, scale: float = std) -> torch.Tensor:
+        t = torch.empty(shape, dtype=torch.float32, device=device)
+        t.normal_(0.0, scale, generator=generator)
+        return t.to(dtype)
+
+    def norm(*shape: int) -> torch.Tensor:
+        return (1.0 + normal(*shape, scale=0.1).float()).to(dtype)
+
+    embed = normal(V, H)
+    return LlamaWeights(
+        embed=embed,
+        wqkv=normal(L, c.qkv_rows, H),
+        bqkv=normal(L, c.qkv_rows) if c.attention_bias else None,
+        wo=normal(L, H, c.num_attention_heads * c.head_dim),
+        attn_norm=norm(L, H),
+        w_gate_up=normal(L, 2 * Iw, H),
+        w_down=normal(L, H, Iw),
+        mlp_norm=norm(L, H),
+        final_norm=norm(H),
+        lm_head=embed if c.tie_word_embeddings else normal(V, H),
+    )
+
+
+TensorGetter = Callable[[str], torch.Tensor]
+
+
+def _expected_tensors(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
+    """Hugging Face tensor names and shapes that a checkpoint of ``config`` must hold."""
+    c = config
+    H, D, Iw = c.hidden_size, c.head_dim, c.intermediate_size
+    hq, hkv = c.num_attention_heads, c.num_key_value_heads
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (c.vocab_size, H), "model.norm.weight": (H,)}
+    for i in range(c.num_hidden_layers):
+        p = f"model.layers.{i}."
+        shapes[p + "self_attn.q_proj.weight"] = (hq * D, H)
+        shapes[p + "self_attn.k_proj.weight"] = (hkv * D, H)
+        shapes[p + "self_attn.v_proj.weight"] = (hkv * D, H)
+        if c.attention_bias:
+            shapes[p + "self_attn.q_proj.bias"] = (hq * D,)
+            shapes[p + "self_attn.k_proj.bias"] = (hkv * D,)
+            shapes[p + "self_attn.v_proj.bias"] = (hkv * D,)
+        shapes[p + "self_attn.o_proj.weight"] = (H, hq * D)
+        shapes[p + "mlp.gate_proj.weight"] = (Iw, H)
+        shapes[p + "mlp.up_proj.weight"] = (Iw, H)
+        shapes[p + "mlp.down_proj.weight"] = (H, Iw)
+        shapes[p + "input_layernorm.weight"] = (H,)
+        shapes[p + "post_attention_layernorm.weight"] = (H,)
+    if not c.tie_word_embeddings:
+        shapes["lm_head.weight"] = (c.vocab_size, H)
+    return shapes
+
+
+def assemble_weights(
+    config: LlamaConfig,
+    get: TensorGetter,
+    *,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    where: Callable[[str], str] = lambda name: "the model",
+) -> LlamaWeights:
+    """Build :class:`LlamaWeights` from a name -> tensor getter, checking every shape.
+
+    ``where(name)`` says where tensor ``name`` comes from (a file), for error messages.
+    """
+    if dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"dtype must be one of {SUPPORTED_DTYPES}, got {dtype}")
+    expected = _expected_tensors(config)
+
+    def load(name: str) -> torch.Tensor:
+        tensor = get(name)
+        if tuple(tensor.shape) != expected[name]:
+            raise CheckpointError(
+                f"tensor {name!r} in {where(name)} has shape {tuple(tensor.shape)}, "
+                f"expected {expected[name]} for this config"
+            )
+        if not tensor.dtype.is_floating_point:
+            raise CheckpointError(f"tensor {name!r} in {where(name)} has dtype {tensor.dtype}, expected a float")
+        return tensor.to(device=device, dtype=dtype)
+
+    c = config
+    L = c.num_hidden_layers
+
+    def stacked(rows_of: Callable[[int], list[str]]) -> torch.Tensor:
+        first = torch.cat([load(n) for n in rows_of(0)], 0)
+        out = torch.empty((L, *first.shape), dtype=dtype, device=device)
+        out[0] = first
+        for i in range(1, L):
+            out[i] = torch.cat([load(n) for n in rows_of(i)], 0)
+        return out
+
+    attn = "model.layers.{}.self_attn.{}_proj.{}"
+    mlp = "model.layers.{}.mlp.{}_proj.weight"
+    embed = load("model.embed_tokens.weight")
+    return LlamaWeights(
+        embed=embed,
+        wqkv=stacked(lambda i: [attn.format(i, p, "weight") for p in "qkv"]),
+        bqkv=stacked(lambda i: [attn.format(i, p, "bias") for p in "qkv"]) if c.attention_bias else None,
+        wo=stacked(lambda i: [attn.format(i, "o", "weight")]),
+        attn_norm=stacked(lambda i: [f"model.layers.{i}.input_layernorm.weight"]),
+        w_gate_up=stacked(lambda i: [mlp.format(i, "gate"), mlp.format(i, "up")]),
+        w_down=stacked(lambda i: [mlp.format(i, "down")]),
+        mlp_norm=stacked(lambda i: [f"model.layers.{i}.post_attention_layernorm.weight"]),
+        final_norm=load("model.norm.weight"),
+        lm_head=embed if c.tie_word_embeddings else load("lm_head.weight"),
+    )
+
+
+def weights_from_hf_model(model: torch.nn.Module, config: LlamaConfig, *, dtype: torch.dtype,
+                          device: torch.device | str) -> LlamaWeights:
+    """Weights of an in-memory transformers ``*ForCausalLM`` model."""
+    state = dict(model.state_dict())
+
+    def get(name: str) -> torch.Tensor:
+        if name not in state:
+            raise CheckpointError(f"tensor {name!r} is missing from the model's state_dict {_near(name, state)}")
+        return state[name].detach()
+
+    return assemble_weights(config, get, dtype=dtype, device=device)
+
+
+def _near(name: str, names) -> str:
+    """A hint listing stored names that share the missing name's last component."""
+    tail = name.rsplit(".", 2)[-2:]
+    similar = sorted(n for n in names if n.endswith(".".join(tail)))[:3]
+    return f"(similar names present: {similar})" if similar else ""
+
+
+def weights_from_checkpoint(directory: str | Path, config: LlamaConfig, *, dtype: torch.dtype,
+                            device: torch.device | str) -> LlamaWeights:
+    """Weights from a ``save_pretrained`` directory of safetensors files, sharded or not."""
+    try:
+        from safetensors import safe_open
+    except ImportError as exc:  # pragma: no cover - safetensors is a declared extra
+        raise ImportError("loading checkpoints needs safetensors: pip install 'fusekit[hf]'") from exc
+    directory = Path(directory)
+    index_path = directory / SAFETENSORS_INDEX
+    single = directory / SAFETENSORS_FILE
+    if index_path.is_file():
+        try:
+            weight_map = json.loads(index_path.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise CheckpointError(f"shard index {index_path} is not a valid safetensors index: {exc}") from exc
+        file_of = {name: directory / fname for name, fname in weight_map.items()}
+    elif single.is_file():
+        file_of = None
+    else:
+        raise FileNotFoundError(
+            f"no {SAFETENSORS_FILE} or {SAFETENSORS_INDEX} in checkpoint directory {directory}"
+        )
+
+    handles: dict[Path, object] = {}
+
+    def open_file(path: Path, name: str):
+        if path not in handles:
+            if not path.is_file():
+                raise FileNotFoundError(f"checkpoint file {path} (holding tensor {name!r}) does not exist")
+            try:
+                handles[path] = safe_open(str(path), framework="pt", device="cpu")
+            except Exception as exc:  # safetensors raises its own error types for corrupt headers
+                raise CheckpointError(f"checkpoint file {path} cannot be read (corrupt?): {exc}") from exc
+        return handles[path]
+
+    def where(name: str) -> str:
+        return str(file_of.get(name, index_path) if file_of is not None else single)
+
+    def get(name: str) -> torch.Tensor:
+        if file_of is not None:
+            if name not in file_of:
+                raise CheckpointError(f"tensor {name!r} is missing from shard index {index_path} "
+                                      f"{_near(name, file_of)}")
+            path = file_of[name]
+        else:
+            path = single
+        handle = open_file(path, name)
+        keys = set(handle.keys())
+        if name not in keys:
+            raise CheckpointError(f"tensor {name!r} is missing from checkpoint file {path} {_near(name, keys)}")
+        try:
+            return handle.get_tensor(name)
+        except Exception as exc:
+            raise CheckpointError(
+                f"tensor {name!r} in checkpoint file {path} cannot be read (corrupt?): {exc}"
+            ) from exc
+
+    return assemble_weights(config, get, dtype=dtype, device=device, where=where)
