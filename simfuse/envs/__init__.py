@@ -1,0 +1,14 @@
+"""The simfuse environments: Gymnasium's classic-control set and the coupled-pendulum chain."""
+
+from .classic import (
+    AcrobotVectorEnv,
+    CartPoleVectorEnv,
+    MountainCarContinuousVectorEnv,
+    MountainCarVectorEnv,
+    PendulumVectorEnv,
+)
+
+__all__ = [
+    "AcrobotVectorEnv", "CartPoleVectorEnv", "MountainCarContinuousVectorEnv", "MountainCarVectorEnv",
+    "PendulumVectorEnv",
+]

@@ -1,0 +1,225 @@
+"""The fused rollout: K environment steps, the policy, the random numbers and the auto-reset in one launch.
+
+Program p owns envs ``[p BLOCK, (p + 1) BLOCK)``.  It loads each env's state (four float32),
+step counter, "done at the previous step" flag and running episode return once, runs
+``num_steps`` steps with everything in registers, and stores them back once.  Step t of env
+i, at global random position p = offset + t:
+
+1. o_t = observe(s_t); the action a_t is the caller's (POLICY 1), uniform (0) or sampled
+   from the MLP (2) with Philox (seed, POLICY_TAG + i, p);
+2. (s', r_t, terminated_t) = step(s_t, a_t); steps += 1; truncated_t = steps >= max_episode_steps;
+3. auto-reset with a start state drawn from Philox (seed, RESET_TAG + i, p):
+   NEXT_STEP (0): an env done at step t − 1 is reset instead of stepped (r = 0, flags False);
+   SAME_STEP (1): an env done at step t is reset after the step, its final observation
+   optionally written; DISABLED (2): no reset.
+
+Written per env-step (each optional): o_t [K, N, OBS_DIM] (4 OBS_DIM B), a_t [K, N] (4 B),
+r_t (4 B), terminated_t and truncated_t (1 B each), log π(a_t | o_t) and V(o_t) (4 B each),
+the final observation (SAME_STEP); per env once: 24 B of state read and written, the next
+observation, and the episode statistics (completed episodes, their returns and lengths).
+With only statistics written the kernel moves O(N) bytes whatever K: compute-bound.
+
+The single-step launcher is this kernel with K = 1 and the caller's actions, so ``step()``
+and ``rollout()`` share every line of the dynamics and agree bit for bit on one random stream.
+"""
+
+import triton.language as tl
+
+from fusecore.backend import jit
+from fusecore.rng import normal4, uniform4
+
+from .dispatch import POLICY_TAG, env_observe, env_reset, env_step, obs_tile
+from .policy import first_column, load_matrix, mlp_forward, sample_categorical, sample_gaussian
+
+RANDOM: tl.constexpr = tl.constexpr(0)
+GIVEN: tl.constexpr = tl.constexpr(1)
+MLP: tl.constexpr = tl.constexpr(2)
+NEXT_STEP: tl.constexpr = tl.constexpr(0)
+SAME_STEP: tl.constexpr = tl.constexpr(1)
+DISABLED: tl.constexpr = tl.constexpr(2)
+
+
+@jit
+def store_obs(ptr, row, mask, o0, o1, o2, o3, o4, o5, OBS_DIM: tl.constexpr, OBS_PAD: tl.constexpr):
+    """Write observations of rows ``row`` (int64 [BLOCK]) into a row-major [*, OBS_DIM] tensor."""
+    col = tl.arange(0, OBS_PAD)[None, :]
+    tile = obs_tile(o0, o1, o2, o3, o4, o5, OBS_PAD)
+    tl.store(ptr + row[:, None] * OBS_DIM + col, tile, mask=mask[:, None] & (col < OBS_DIM))
+
+
+@jit
+def rollout_kernel(
+    state_ptr, steps_ptr, done_ptr, ep_return_ptr,
+    given_actions_ptr,
+    obs_out_ptr, action_out_ptr, reward_out_ptr, terminated_out_ptr, truncated_out_ptr,
+    log_prob_out_ptr, value_out_ptr, final_obs_out_ptr, next_obs_out_ptr,
+    episodes_ptr, return_sum_ptr, length_sum_ptr,
+    actor_w_in_ptr, actor_b_in_ptr, actor_w_hid_ptr, actor_b_hid_ptr, actor_w_out_ptr, actor_b_out_ptr,
+    critic_w_in_ptr, critic_b_in_ptr, critic_w_hid_ptr, critic_b_hid_ptr, critic_w_out_ptr, critic_b_out_ptr,
+    log_std, action_low, action_high,
+    n, num_steps, max_episode_steps, seed, offset,
+    ENV: tl.constexpr, OBS_DIM: tl.constexpr, NUM_ACTIONS: tl.constexpr,
+    POLICY: tl.constexpr, AUTORESET: tl.constexpr,
+    WRITE_OBS: tl.constexpr, WRITE_STEP: tl.constexpr, WRITE_FINAL: tl.constexpr, WRITE_STATS: tl.constexpr,
+    HAS_CRITIC: tl.constexpr, TWO_HIDDEN: tl.constexpr, ACTIVATION: tl.constexpr,
+    D_PAD: tl.constexpr, H_PAD: tl.constexpr, A_PAD: tl.constexpr, OBS_PAD: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    idx = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = idx < n
+    s0 = tl.load(state_ptr + idx, mask=mask, other=0.0)
+    s1 = tl.load(state_ptr + n + idx, mask=mask, other=0.0)
+    s2 = tl.load(state_ptr + 2 * n + idx, mask=mask, other=0.0)
+    s3 = tl.load(state_ptr + 3 * n + idx, mask=mask, other=0.0)
+    steps = tl.load(steps_ptr + idx, mask=mask, other=0)
+    done_prev = tl.load(done_ptr + idx, mask=mask, other=0) != 0
+    ep_return = tl.load(ep_return_ptr + idx, mask=mask, other=0.0)
+    episodes = tl.zeros([BLOCK], dtype=tl.int32)
+    return_sum = tl.zeros([BLOCK], dtype=tl.float32)
+    length_sum = tl.zeros([BLOCK], dtype=tl.int32)
+
+    if POLICY == MLP:
+        actor_w_in = load_matrix(actor_w_in_ptr, D_PAD, H_PAD)
+        actor_b_in = tl.load(actor_b_in_ptr + tl.arange(0, H_PAD))
+        actor_w_hid = load_matrix(actor_w_hid_ptr, H_PAD, H_PAD)
+        actor_b_hid = tl.load(actor_b_hid_ptr + tl.arange(0, H_PAD))
+        actor_w_out = load_matrix(actor_w_out_ptr, H_PAD, A_PAD)
+        actor_b_out = tl.load(actor_b_out_ptr + tl.arange(0, A_PAD))
+        if HAS_CRITIC:
+            critic_w_in = load_matrix(critic_w_in_ptr, D_PAD, H_PAD)
+            critic_b_in = tl.load(critic_b_in_ptr + tl.arange(0, H_PAD))
+            critic_w_hid = load_matrix(critic_w_hid_ptr, H_PAD, H_PAD)
+            critic_b_hid = tl.load(critic_b_hid_ptr + tl.arange(0, H_PAD))
+            critic_w_out = load_matrix(critic_w_out_ptr, H_PAD, A_PAD)
+            critic_b_out = tl.load(critic_b_out_ptr + tl.arange(0, A_PAD))
+
+    for t in range(num_steps):
+        position = offset + t
+        row = t * n + idx
+        o0, o1, o2, o3, o4, o5 = env_observe(s0, s1, s2, s3, ENV)
+        log_prob = tl.zeros([BLOCK], dtype=tl.float32)
+        if POLICY == GIVEN:
+            action = tl.load(given_actions_ptr + row, mask=mask, other=0).to(tl.float32)
+            if NUM_ACTIONS > 0:
+                action = tl.minimum(tl.maximum(action, 0.0), NUM_ACTIONS - 1.0)
+        elif POLICY == RANDOM:
+            u0, u1, u2, u3 = uniform4(seed, idx + POLICY_TAG, position)
+            if NUM_ACTIONS > 0:
+                action = tl.minimum(tl.floor(u0 * NUM_ACTIONS), NUM_ACTIONS - 1.0)
+            else:
+                action = action_low + u0 * (action_high - action_low)
+        else:
+            x = obs_tile(o0, o1, o2, o3, o4, o5, D_PAD)
+            out = mlp_forward(x, actor_w_in, actor_b_in, actor_w_hid, actor_b_hid, actor_w_out, actor_b_out,
+                              TWO_HIDDEN, ACTIVATION)
+            if NUM_ACTIONS > 0:
+                u0, u1, u2, u3 = uniform4(seed, idx + POLICY_TAG, position)
+                action, log_prob = sample_categorical(out, u0, u1, u2, u3, NUM_ACTIONS, A_PAD)
+            else:
+                z, _z1, _z2, _z3 = normal4(seed, idx + POLICY_TAG, position)
+                action, log_prob = sample_gaussian(out, log_std, z, A_PAD)
+            tl.store(log_prob_out_ptr + row, log_prob, mask=mask)
+            if HAS_CRITIC:
+                value = first_column(
+                    mlp_forward(x, critic_w_in, critic_b_in, critic_w_hid, critic_b_hid, critic_w_out,
+                                critic_b_out, TWO_HIDDEN, ACTIVATION),
+                    A_PAD,
+                )
+                tl.store(value_out_ptr + row, value, mask=mask)
+        if WRITE_OBS:
+            store_obs(obs_out_ptr, row, mask, o0, o1, o2, o3, o4, o5, OBS_DIM, OBS_PAD)
+            tl.store(action_out_ptr + row, action, mask=mask)
+
+        n0, n1, n2, n3, reward, terminated = env_step(s0, s1, s2, s3, action, ENV)
+        length = steps + 1
+        truncated = length >= max_episode_steps
+        if AUTORESET == NEXT_STEP:
+            resetting = done_prev
+            reward = tl.where(resetting, 0.0, reward)
+            terminated = terminated & (resetting == 0)
+            truncated = truncated & (resetting == 0)
+            steps = tl.where(resetting, 0, length)
+            done_prev = terminated | truncated
+        elif AUTORESET == SAME_STEP:
+            resetting = terminated | truncated
+            if WRITE_FINAL:
+                f0, f1, f2, f3, f4, f5 = env_observe(n0, n1, n2, n3, ENV)
+                store_obs(final_obs_out_ptr, row, mask, f0, f1, f2, f3, f4, f5, OBS_DIM, OBS_PAD)
+            steps = tl.where(resetting, 0, length)
+            done_prev = resetting
+        else:
+            steps = length
+            done_prev = terminated | truncated
+        if AUTORESET == DISABLED:
+            s0, s1, s2, s3 = n0, n1, n2, n3
+        else:
+            r0, r1, r2, r3 = n0, n1, n2, n3
+            # Start states are drawn only when some env of the block resets (most steps none does).
+            if tl.max((resetting & mask).to(tl.int32), axis=0) > 0:
+                r0, r1, r2, r3 = env_reset(seed, idx, position, ENV)
+            s0 = tl.where(resetting, r0, n0)
+            s1 = tl.where(resetting, r1, n1)
+            s2 = tl.where(resetting, r2, n2)
+            s3 = tl.where(resetting, r3, n3)
+
+        ended = terminated | truncated
+        ep_return = ep_return + reward
+        if WRITE_STATS:
+            episodes += ended.to(tl.int32)
+            return_sum += tl.where(ended, ep_return, 0.0)
+            length_sum += tl.where(ended, length, 0)
+        ep_return = tl.where(ended, 0.0, ep_return)
+        if WRITE_STEP:
+            tl.store(reward_out_ptr + row, reward, mask=mask)
+            tl.store(terminated_out_ptr + row, terminated.to(tl.uint8), mask=mask)
+            tl.store(truncated_out_ptr + row, truncated.to(tl.uint8), mask=mask)
+
+    tl.store(state_ptr + idx, s0, mask=mask)
+    tl.store(state_ptr + n + idx, s1, mask=mask)
+    tl.store(state_ptr + 2 * n + idx, s2, mask=mask)
+    tl.store(state_ptr + 3 * n + idx, s3, mask=mask)
+    tl.store(steps_ptr + idx, steps, mask=mask)
+    tl.store(done_ptr + idx, done_prev.to(tl.uint8), mask=mask)
+    tl.store(ep_return_ptr + idx, ep_return, mask=mask)
+    o0, o1, o2, o3, o4, o5 = env_observe(s0, s1, s2, s3, ENV)
+    store_obs(next_obs_out_ptr, idx, mask, o0, o1, o2, o3, o4, o5, OBS_DIM, OBS_PAD)
+    if WRITE_STATS:
+        tl.store(episodes_ptr + idx, episodes, mask=mask)
+        tl.store(return_sum_ptr + idx, return_sum, mask=mask)
+        tl.store(length_sum_ptr + idx, length_sum, mask=mask)
+
+
+@jit
+def reset_kernel(
+    state_ptr, steps_ptr, done_ptr, ep_return_ptr, reset_mask_ptr, obs_out_ptr,
+    n, seed, position,
+    ENV: tl.constexpr, OBS_DIM: tl.constexpr, OBS_PAD: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """Draw start states (all envs, or those with ``reset_mask`` set) and write every env's observation."""
+    pid = tl.program_id(0)
+    idx = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = idx < n
+    r0, r1, r2, r3 = env_reset(seed, idx, position, ENV)
+    if HAS_MASK:
+        chosen = tl.load(reset_mask_ptr + idx, mask=mask, other=0) != 0
+        r0 = tl.where(chosen, r0, tl.load(state_ptr + idx, mask=mask, other=0.0))
+        r1 = tl.where(chosen, r1, tl.load(state_ptr + n + idx, mask=mask, other=0.0))
+        r2 = tl.where(chosen, r2, tl.load(state_ptr + 2 * n + idx, mask=mask, other=0.0))
+        r3 = tl.where(chosen, r3, tl.load(state_ptr + 3 * n + idx, mask=mask, other=0.0))
+        steps = tl.where(chosen, 0, tl.load(steps_ptr + idx, mask=mask, other=0))
+        done = tl.where(chosen, 0, tl.load(done_ptr + idx, mask=mask, other=0))
+        ep_return = tl.where(chosen, 0.0, tl.load(ep_return_ptr + idx, mask=mask, other=0.0))
+    else:
+        steps = tl.zeros([BLOCK], dtype=tl.int32)
+        done = tl.zeros([BLOCK], dtype=tl.uint8)
+        ep_return = tl.zeros([BLOCK], dtype=tl.float32)
+    tl.store(state_ptr + idx, r0, mask=mask)
+    tl.store(state_ptr + n + idx, r1, mask=mask)
+    tl.store(state_ptr + 2 * n + idx, r2, mask=mask)
+    tl.store(state_ptr + 3 * n + idx, r3, mask=mask)
+    tl.store(steps_ptr + idx, steps, mask=mask)
+    tl.store(done_ptr + idx, done, mask=mask)
+    tl.store(ep_return_ptr + idx, ep_return, mask=mask)
+    o0, o1, o2, o3, o4, o5 = env_observe(r0, r1, r2, r3, ENV)
+    store_obs(obs_out_ptr, idx, mask, o0, o1, o2, o3, o4, o5, OBS_DIM, OBS_PAD)

@@ -1,0 +1,187 @@
+"""Launchers of the simfuse kernels: shapes and dtypes checked, outputs allocated, grid chosen.
+
+:func:`rollout` launches :func:`simfuse.kernels.rollout.rollout_kernel` (K steps, one launch)
+and :func:`reset` the reset kernel; under ``fusecore.use_reference()`` both run the unfused
+PyTorch semantics of :mod:`simfuse.reference` instead.  Compiled kernels are built with
+floating-point contraction off (``enable_fp_fusion=False``) so that start states, drawn as
+``u * width + low`` from Philox uniforms, are bit-identical on the GPU, under the
+interpreter and in the numpy oracle.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fusecore import backend
+from fusecore.device import device_facts
+from fusecore.plan import cdiv
+
+from . import reference
+from .specs import EnvDef
+
+OBS_PAD = 8
+POLICY_IDS = {"random": 0, "given": 1, "mlp": 2}
+
+
+def block_size(num_envs: int, device: torch.device, mlp: bool = False) -> int:
+    """Envs per program: small enough that the grid covers every multiprocessor at least twice.
+
+    The K steps of one env are sequential, so small env counts need small blocks to use the
+    whole GPU; large counts use 128-env blocks (one env per thread, 4 warps).  The MLP policy
+    needs at least 16 rows for ``tl.dot``.
+    """
+    floor = 16 if mlp else 32
+    if device.type != "cuda":
+        return max(floor, min(128, 1 << max(0, (num_envs - 1).bit_length())))
+    sms = device_facts(device).sm_count
+    block = 128
+    while block > floor and cdiv(num_envs, block) < 2 * sms:
+        block //= 2
+    return block
+
+
+def _launch_options(block: int) -> dict:
+    return {"num_warps": max(1, min(4, block // 32)), "enable_fp_fusion": False}
+
+
+def reset(env: EnvDef, state: torch.Tensor, steps: torch.Tensor, done: torch.Tensor, ep_return: torch.Tensor,
+          *, seed: int, position: int, reset_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Draw start states for all envs (or where ``reset_mask``), in place; return observations [N, obs_dim]."""
+    n = state.shape[1]
+    if backend.reference_enabled():
+        import numpy as np
+
+        fresh = reference.philox_start_state(env, seed, np.arange(n), position).to(state.device)
+        chosen = torch.ones(n, dtype=torch.bool, device=state.device) if reset_mask is None else reset_mask.bool()
+        state.copy_(torch.where(chosen[None, :], fresh, state))
+        steps.masked_fill_(chosen, 0)
+        done.masked_fill_(chosen, 0)
+        ep_return.masked_fill_(chosen, 0.0)
+        return reference.env_observe(env, state)
+    from .kernels.rollout import reset_kernel
+
+    obs = torch.empty((n, env.obs_dim), dtype=torch.float32, device=state.device)
+    block = block_size(n, state.device)
+    reset_kernel[(cdiv(n, block),)](
+        state, steps, done, ep_return, reset_mask if reset_mask is not None else done, obs,
+        n, seed, position,
+        ENV=env.kernel_id, OBS_DIM=env.obs_dim, OBS_PAD=OBS_PAD, HAS_MASK=reset_mask is not None,
+        BLOCK=block, **_launch_options(block),
+    )
+    return obs
+
+
+def rollout(
+    env: EnvDef,
+    state: torch.Tensor,
+    steps: torch.Tensor,
+    done: torch.Tensor,
+    ep_return: torch.Tensor,
+    *,
+    seed: int,
+    offset: int,
+    num_steps: int,
+    autoreset: int,
+    max_episode_steps: int,
+    policy,
+    write_obs: bool = True,
+    write_step: bool = True,
+    write_final: bool = False,
+    write_stats: bool = False,
+) -> reference.RolloutOutputs:
+    """Run ``num_steps`` steps of every env in one launch; env buffers are updated in place.
+
+    ``state`` [4, N] float32, ``steps`` [N] int32, ``done`` [N] uint8, ``ep_return`` [N] float32.
+    ``policy``: ``"random"``; a [K, N] action tensor (int for discrete envs, float32 for
+    continuous ones); or a :class:`simfuse.policy.MLPPolicy`.  Returns a
+    :class:`~simfuse.reference.RolloutOutputs` whose trajectory fields are ``None`` unless
+    asked for; flags are ``torch.bool``.
+    """
+    n, device = state.shape[1], state.device
+    if backend.reference_enabled():
+        out = reference.rollout(env, state, steps, done, ep_return, seed=seed, offset=offset, num_steps=num_steps,
+                                autoreset=autoreset, max_episode_steps=max_episode_steps, policy=policy,
+                                dtype=torch.float32)
+        return _select_reference(out, env, write_obs, write_step, write_final, write_stats)
+    from .kernels.rollout import rollout_kernel
+
+    k = num_steps
+    f32 = {"dtype": torch.float32, "device": device}
+    if isinstance(policy, str):
+        kind, given, mlp = "random", state, None
+    elif isinstance(policy, torch.Tensor):
+        kind, given, mlp = "given", policy.contiguous(), None
+    else:
+        kind, given, mlp = "mlp", state, policy
+    action_dtype = torch.int32 if env.discrete else torch.float32
+    obs = torch.empty((k, n, env.obs_dim), **f32) if write_obs else None
+    actions = torch.empty((k, n), dtype=action_dtype, device=device) if write_obs else None
+    rewards = torch.empty((k, n), **f32) if write_step else None
+    terminated = torch.empty((k, n), dtype=torch.uint8, device=device) if write_step else None
+    truncated = torch.empty((k, n), dtype=torch.uint8, device=device) if write_step else None
+    log_probs = torch.empty((k, n), **f32) if mlp is not None else None
+    values = torch.empty((k, n), **f32) if mlp is not None and mlp.critic is not None else None
+    final_obs = torch.empty((k, n, env.obs_dim), **f32) if write_final else None
+    next_obs = torch.empty((n, env.obs_dim), **f32)
+    episodes = torch.empty(n, dtype=torch.int32, device=device) if write_stats else None
+    return_sum = torch.empty(n, **f32) if write_stats else None
+    length_sum = torch.empty(n, dtype=torch.int32, device=device) if write_stats else None
+
+    if mlp is not None:
+        actor, critic = mlp.packed(device)
+        critic = critic if critic is not None else actor
+        dims = {"TWO_HIDDEN": mlp.two_hidden, "ACTIVATION": mlp.activation_id,
+                "D_PAD": mlp.d_pad, "H_PAD": mlp.h_pad, "A_PAD": mlp.a_pad}
+        log_std = mlp.log_std_value() if not env.discrete else 0.0
+    else:
+        actor = critic = (state,) * 6
+        dims = {"TWO_HIDDEN": False, "ACTIVATION": 0, "D_PAD": 16, "H_PAD": 16, "A_PAD": 16}
+        log_std = 0.0
+    dummy = state
+    if n:
+        block = block_size(n, device, mlp=mlp is not None)
+        rollout_kernel[(cdiv(n, block),)](
+            state, steps, done, ep_return,
+            given,
+            _or(obs, dummy), _or(actions, dummy), _or(rewards, dummy), _or(terminated, dummy), _or(truncated, dummy),
+            _or(log_probs, dummy), _or(values, dummy), _or(final_obs, dummy), next_obs,
+            _or(episodes, dummy), _or(return_sum, dummy), _or(length_sum, dummy),
+            *actor, *critic,
+            float(log_std), float(env.action_low), float(env.action_high),
+            n, k, max_episode_steps, seed, offset,
+            ENV=env.kernel_id, OBS_DIM=env.obs_dim, NUM_ACTIONS=env.num_actions,
+            POLICY=POLICY_IDS[kind], AUTORESET=autoreset,
+            WRITE_OBS=write_obs, WRITE_STEP=write_step, WRITE_FINAL=write_final, WRITE_STATS=write_stats,
+            HAS_CRITIC=mlp is not None and mlp.critic is not None, OBS_PAD=OBS_PAD, BLOCK=block,
+            **dims, **_launch_options(block),
+        )
+    as_bool = (lambda t: None if t is None else t.view(torch.bool))
+    return reference.RolloutOutputs(
+        obs=obs, actions=actions, rewards=rewards, terminated=as_bool(terminated), truncated=as_bool(truncated),
+        log_probs=log_probs, values=values, final_obs=final_obs, next_obs=next_obs,
+        episodes=episodes, return_sum=return_sum, length_sum=length_sum,
+    )
+
+
+def _or(tensor: torch.Tensor | None, dummy: torch.Tensor) -> torch.Tensor:
+    return dummy if tensor is None else tensor
+
+
+def _select_reference(out: reference.RolloutOutputs, env: EnvDef, write_obs: bool, write_step: bool,
+                      write_final: bool, write_stats: bool) -> reference.RolloutOutputs:
+    """Give the reference's outputs the kernel's dtypes and drop what was not asked for."""
+    action_dtype = torch.int32 if env.discrete else torch.float32
+    f32 = (lambda t: None if t is None else t.to(torch.float32))
+    return reference.RolloutOutputs(
+        obs=f32(out.obs) if write_obs else None,
+        actions=out.actions.to(action_dtype) if write_obs else None,
+        rewards=f32(out.rewards) if write_step else None,
+        terminated=out.terminated if write_step else None,
+        truncated=out.truncated if write_step else None,
+        log_probs=f32(out.log_probs), values=f32(out.values),
+        final_obs=f32(out.final_obs) if write_final else None,
+        next_obs=f32(out.next_obs),
+        episodes=out.episodes if write_stats else None,
+        return_sum=f32(out.return_sum) if write_stats else None,
+        length_sum=out.length_sum if write_stats else None,
+    )

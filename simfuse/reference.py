@@ -1,0 +1,338 @@
+"""Unfused PyTorch versions of the simfuse environments: the test oracle and the timing baseline.
+
+* :func:`env_step`, :func:`env_observe`, :func:`start_state` — each env's dynamics on a
+  ``[4, N]`` state tensor in any float dtype (float64 for the oracle), the same equations as
+  the kernels in :mod:`simfuse.kernels` and Gymnasium's classic-control sources;
+* :func:`rollout` — the fused rollout's exact semantics (policies, Philox draws from the
+  numpy oracle of :mod:`fusecore.rng`, auto-reset modes, statistics) one step at a time: what
+  the kernel must reproduce;
+* :func:`unfused_step` / :func:`unfused_random_rollout` — what a user writes without fusion:
+  one launch sequence per step, ``torch.rand`` for actions and start states.  The baseline.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from fusecore.rng import normal_reference, uniform_reference
+
+from .specs import EnvDef
+
+RESET_TAG = 1 << 32
+POLICY_TAG = 2 << 32
+NEXT_STEP, SAME_STEP, DISABLED = 0, 1, 2
+
+
+def start_state(env: EnvDef, u: torch.Tensor) -> torch.Tensor:
+    """Start states [4, N] from uniforms ``u`` [4, N] in [0, 1) (Gymnasium's reset distributions)."""
+    zero = torch.zeros_like(u[0])
+    if env.kernel_id == 0:
+        return u * 0.1 - 0.05
+    if env.kernel_id == 1:
+        return torch.stack([u[0] * (2 * math.pi) - math.pi, u[1] * 2.0 - 1.0, zero, zero])
+    if env.kernel_id == 4:
+        return u * 0.2 - 0.1
+    return torch.stack([u[0] * 0.2 - 0.6, zero, zero, zero])
+
+
+def philox_start_state(env: EnvDef, seed: int, env_ids: np.ndarray, position: int) -> torch.Tensor:
+    """Start states [4, len(env_ids)] float32, bit-identical to the kernels' draws."""
+    u = uniform_reference(seed, np.asarray(env_ids, dtype=np.int64) + RESET_TAG, position)
+    u32 = torch.from_numpy(np.ascontiguousarray(u.T))
+    # float32 arithmetic in the kernel's order: u * width + low, each rounded to float32
+    if env.kernel_id == 0:
+        return u32 * np.float32(0.1) - np.float32(0.05)
+    if env.kernel_id == 1:
+        zero = torch.zeros_like(u32[0])
+        return torch.stack([u32[0] * np.float32(2 * math.pi) - np.float32(math.pi),
+                            u32[1] * np.float32(2.0) - np.float32(1.0), zero, zero])
+    if env.kernel_id == 4:
+        return u32 * np.float32(0.2) - np.float32(0.1)
+    zero = torch.zeros_like(u32[0])
+    return torch.stack([u32[0] * np.float32(0.2) - np.float32(0.6), zero, zero, zero])
+
+
+def _cartpole(s: torch.Tensor, a: torch.Tensor):
+    x, x_dot, theta, theta_dot = s
+    force = torch.where(a > 0.5, 10.0, -10.0).to(s.dtype)
+    costheta, sintheta = torch.cos(theta), torch.sin(theta)
+    temp = (force + 0.05 * theta_dot**2 * sintheta) / 1.1
+    thetaacc = (9.8 * sintheta - costheta * temp) / (0.5 * (4.0 / 3.0 - 0.1 * costheta**2 / 1.1))
+    xacc = temp - 0.05 * thetaacc * costheta / 1.1
+    new = torch.stack([x + 0.02 * x_dot, x_dot + 0.02 * xacc, theta + 0.02 * theta_dot, theta_dot + 0.02 * thetaacc])
+    limit = 12 * 2 * math.pi / 360
+    terminated = (new[0].abs() > 2.4) | (new[2].abs() > limit)
+    return new, torch.ones_like(x), terminated
+
+
+def _pendulum(s: torch.Tensor, a: torch.Tensor):
+    th, thdot = s[0], s[1]
+    u = a.clamp(-2.0, 2.0)
+    normalized = torch.remainder(th + math.pi, 2 * math.pi) - math.pi
+    costs = normalized**2 + 0.1 * thdot**2 + 0.001 * u**2
+    newthdot = (thdot + (15.0 * torch.sin(th) + 3.0 * u) * 0.05).clamp(-8.0, 8.0)
+    new = torch.stack([th + newthdot * 0.05, newthdot, s[2], s[3]])
+    return new, -costs, torch.zeros_like(th, dtype=torch.bool)
+
+
+def _move(position, velocity, accel):
+    velocity = (velocity + accel).clamp(-0.07, 0.07)
+    position = (position + velocity).clamp(-1.2, 0.6)
+    velocity = torch.where((position == -1.2) & (velocity < 0), torch.zeros_like(velocity), velocity)
+    return position, velocity
+
+
+def _mountain_car(s: torch.Tensor, a: torch.Tensor):
+    position, velocity = _move(s[0], s[1], (a - 1.0) * 0.001 + torch.cos(3 * s[0]) * -0.0025)
+    terminated = (position >= 0.5) & (velocity >= 0)
+    return torch.stack([position, velocity, s[2], s[3]]), -torch.ones_like(position), terminated
+
+
+def _mountain_car_continuous(s: torch.Tensor, a: torch.Tensor):
+    force = a.clamp(-1.0, 1.0)
+    position, velocity = _move(s[0], s[1], force * 0.0015 - 0.0025 * torch.cos(3 * s[0]))
+    terminated = (position >= 0.45) & (velocity >= 0)
+    reward = torch.where(terminated, 100.0, 0.0).to(s.dtype) - a * a * 0.1
+    return torch.stack([position, velocity, s[2], s[3]]), reward, terminated
+
+
+def _acrobot_dsdt(y: torch.Tensor, torque: torch.Tensor) -> torch.Tensor:
+    theta1, theta2, dtheta1, dtheta2 = y
+    d1 = 3.5 + torch.cos(theta2)
+    d2 = 1.25 + 0.5 * torch.cos(theta2)
+    phi2 = 4.9 * torch.cos(theta1 + theta2 - math.pi / 2)
+    phi1 = (-0.5 * dtheta2**2 * torch.sin(theta2) - dtheta2 * dtheta1 * torch.sin(theta2)
+            + 14.7 * torch.cos(theta1 - math.pi / 2) + phi2)
+    ddtheta2 = (torque + d2 / d1 * phi1 - 0.5 * dtheta1**2 * torch.sin(theta2) - phi2) / (1.25 - d2**2 / d1)
+    ddtheta1 = -(d2 * ddtheta2 + phi1) / d1
+    return torch.stack([dtheta1, dtheta2, ddtheta1, ddtheta2])
+
+
+def _wrap(x: torch.Tensor) -> torch.Tensor:
+    for _ in range(2):
+        x = torch.where(x > math.pi, x - 2 * math.pi, x)
+    for _ in range(2):
+        x = torch.where(x < -math.pi, x + 2 * math.pi, x)
+    return x
+
+
+def _acrobot(s: torch.Tensor, a: torch.Tensor):
+    torque, dt = a - 1.0, 0.2
+    k1 = _acrobot_dsdt(s, torque)
+    k2 = _acrobot_dsdt(s + dt / 2 * k1, torque)
+    k3 = _acrobot_dsdt(s + dt / 2 * k2, torque)
+    k4 = _acrobot_dsdt(s + dt * k3, torque)
+    y = s + dt / 6.0 * (k1 + 2 * k2 + 2 * k3 + k4)
+    new = torch.stack([_wrap(y[0]), _wrap(y[1]), y[2].clamp(-4 * math.pi, 4 * math.pi),
+                       y[3].clamp(-9 * math.pi, 9 * math.pi)])
+    terminated = -torch.cos(new[0]) - torch.cos(new[1] + new[0]) > 1.0
+    reward = torch.where(terminated, 0.0, -1.0).to(s.dtype)
+    return new, reward, terminated
+
+
+_STEPS = {0: _cartpole, 1: _pendulum, 2: _mountain_car, 3: _mountain_car_continuous, 4: _acrobot}
+
+
+def env_step(env: EnvDef, state: torch.Tensor, action: torch.Tensor):
+    """One step of every env: ``state`` [4, N], ``action`` [N] (float; discrete as the index).
+
+    Returns ``(new_state [4, N], reward [N], terminated [N] bool)`` in ``state``'s dtype.
+    """
+    return _STEPS[env.kernel_id](state, action.to(state.dtype))
+
+
+def env_observe(env: EnvDef, state: torch.Tensor) -> torch.Tensor:
+    """Observations [N, obs_dim] of a state [4, N]."""
+    if env.kernel_id == 0:
+        return state.T.clone()
+    if env.kernel_id == 1:
+        return torch.stack([torch.cos(state[0]), torch.sin(state[0]), state[1]], dim=1)
+    if env.kernel_id == 4:
+        s = state
+        return torch.stack([torch.cos(s[0]), torch.sin(s[0]), torch.cos(s[1]), torch.sin(s[1]), s[2], s[3]], dim=1)
+    return state[:2].T.clone()
+
+
+@dataclass
+class RolloutOutputs:
+    """What one rollout produced: trajectory [K, N(, obs_dim)], next observation, statistics."""
+
+    obs: torch.Tensor | None
+    actions: torch.Tensor | None
+    rewards: torch.Tensor | None
+    terminated: torch.Tensor | None
+    truncated: torch.Tensor | None
+    log_probs: torch.Tensor | None
+    values: torch.Tensor | None
+    final_obs: torch.Tensor | None
+    next_obs: torch.Tensor
+    episodes: torch.Tensor | None
+    return_sum: torch.Tensor | None
+    length_sum: torch.Tensor | None
+
+
+def mlp_forward(layers: list[tuple[torch.Tensor, torch.Tensor]], activation: str, x: torch.Tensor) -> torch.Tensor:
+    """Linear layers ``(W [out, in], b [out])`` with ``activation`` between them."""
+    act = torch.tanh if activation == "tanh" else torch.relu
+    for i, (w, b) in enumerate(layers):
+        x = x @ w.T.to(x.dtype) + b.to(x.dtype)
+        if i < len(layers) - 1:
+            x = act(x)
+    return x
+
+
+def rollout(
+    env: EnvDef,
+    state: torch.Tensor,
+    steps: torch.Tensor,
+    done: torch.Tensor,
+    ep_return: torch.Tensor,
+    *,
+    seed: int,
+    offset: int,
+    num_steps: int,
+    autoreset: int,
+    max_episode_steps: int,
+    policy,
+    dtype: torch.dtype = torch.float64,
+) -> RolloutOutputs:
+    """The fused rollout's semantics step by step (see :mod:`simfuse.kernels.rollout`).
+
+    ``state`` [4, N], ``steps`` [N] int32, ``done`` [N] uint8 and ``ep_return`` [N] float32 are
+    updated in place.  ``policy``: ``"random"``, an action tensor [K, N] (or [K, N, 1]), or a
+    :class:`simfuse.policy.MLPPolicy`.  Draws come from the numpy Philox oracle.
+    """
+    n, device = state.shape[1], state.device
+    ids = np.arange(n, dtype=np.int64)
+    s = state.to(dtype)
+    cnt = steps.clone()
+    done_prev = done.bool().clone()
+    ret = ep_return.to(dtype)
+    obs_l, act_l, rew_l, term_l, trunc_l, lp_l, val_l, fin_l = [], [], [], [], [], [], [], []
+    episodes = torch.zeros(n, dtype=torch.int32, device=device)
+    return_sum = torch.zeros(n, dtype=dtype, device=device)
+    length_sum = torch.zeros(n, dtype=torch.int32, device=device)
+    for t in range(num_steps):
+        position = offset + t
+        o = env_observe(env, s)
+        log_prob = value = None
+        if isinstance(policy, str):
+            u = torch.from_numpy(uniform_reference(seed, ids + POLICY_TAG, position)[:, 0]).to(device)
+            if env.discrete:
+                a = torch.clamp(torch.floor(u * env.num_actions), max=env.num_actions - 1).to(dtype)
+            else:
+                a = (np.float32(env.action_low) + u * np.float32(env.action_high - env.action_low)).to(dtype)
+        elif isinstance(policy, torch.Tensor):
+            a = policy[t].reshape(n).to(dtype)
+            if env.discrete:
+                a = a.clamp(0, env.num_actions - 1)
+        else:
+            out = mlp_forward(policy.actor_layers(), policy.activation, o)
+            if env.discrete:
+                u = torch.from_numpy(uniform_reference(seed, ids + POLICY_TAG, position)).to(device, dtype)
+                logits = out[:, : env.num_actions]
+                gumbel = -torch.log(-torch.log(u[:, : env.num_actions]))
+                a = torch.argmax(logits + gumbel, dim=1)
+                log_prob = torch.log_softmax(logits, dim=1).gather(1, a[:, None])[:, 0]
+                a = a.to(dtype)
+            else:
+                z = torch.from_numpy(normal_reference(seed, ids + POLICY_TAG, position)[:, 0]).to(device, dtype)
+                a = out[:, 0] + math.exp(policy.log_std_value()) * z
+                log_prob = -0.5 * z * z - policy.log_std_value() - 0.5 * math.log(2 * math.pi)
+            if policy.critic is not None:
+                value = mlp_forward(policy.critic_layers(), policy.activation, o)[:, 0]
+        obs_l.append(o)
+        act_l.append(a)
+        lp_l.append(log_prob)
+        val_l.append(value)
+        new, reward, terminated = env_step(env, s, a)
+        length = cnt + 1
+        truncated = length >= max_episode_steps
+        if autoreset == NEXT_STEP:
+            resetting = done_prev
+            reward = torch.where(resetting, torch.zeros_like(reward), reward)
+            terminated = terminated & ~resetting
+            truncated = truncated & ~resetting
+            cnt = torch.where(resetting, torch.zeros_like(length), length)
+            done_prev = terminated | truncated
+        elif autoreset == SAME_STEP:
+            resetting = terminated | truncated
+            fin_l.append(env_observe(env, new))
+            cnt = torch.where(resetting, torch.zeros_like(length), length)
+            done_prev = resetting
+        else:
+            resetting = torch.zeros_like(terminated)
+            cnt = length
+            done_prev = terminated | truncated
+        if bool(resetting.any()):
+            fresh = philox_start_state(env, seed, ids, position).to(device, dtype)
+            new = torch.where(resetting[None, :], fresh, new)
+        s = new
+        ended = terminated | truncated
+        ret = ret + reward
+        episodes += ended.to(torch.int32)
+        return_sum += torch.where(ended, ret, torch.zeros_like(ret))
+        length_sum += torch.where(ended, length, torch.zeros_like(length))
+        ret = torch.where(ended, torch.zeros_like(ret), ret)
+        rew_l.append(reward)
+        term_l.append(terminated)
+        trunc_l.append(truncated)
+    state.copy_(s.to(state.dtype))
+    steps.copy_(cnt)
+    done.copy_(done_prev.to(done.dtype))
+    ep_return.copy_(ret.to(ep_return.dtype))
+
+    def stack(items):
+        return torch.stack(items) if items and items[0] is not None else None
+
+    return RolloutOutputs(
+        obs=stack(obs_l), actions=stack(act_l), rewards=stack(rew_l), terminated=stack(term_l),
+        truncated=stack(trunc_l), log_probs=stack(lp_l), values=stack(val_l), final_obs=stack(fin_l),
+        next_obs=env_observe(env, s), episodes=episodes, return_sum=return_sum, length_sum=length_sum,
+    )
+
+
+def unfused_step(env: EnvDef, state: torch.Tensor, steps: torch.Tensor, action: torch.Tensor,
+                 max_episode_steps: int, generator: torch.Generator | None = None):
+    """One unfused SAME_STEP step as a user writes it in PyTorch: dynamics, flags, ``torch.rand`` resets.
+
+    Returns ``(state, steps, obs [N, obs_dim], reward, terminated, truncated)``.
+    """
+    new, reward, terminated = env_step(env, state, action)
+    steps = steps + 1
+    truncated = steps >= max_episode_steps
+    done = terminated | truncated
+    fresh = start_state(env, torch.rand(state.shape, device=state.device, dtype=state.dtype, generator=generator))
+    new = torch.where(done[None, :], fresh, new)
+    steps = torch.where(done, torch.zeros_like(steps), steps)
+    return new, steps, env_observe(env, new), reward, terminated, truncated
+
+
+def unfused_random_rollout(env: EnvDef, state: torch.Tensor, steps: torch.Tensor, num_steps: int,
+                           max_episode_steps: int, generator: torch.Generator | None = None):
+    """K unfused steps with uniform random actions, the trajectory written as the fused kernel writes it.
+
+    Returns ``(obs [K, N, obs_dim], actions [K, N], rewards, terminated, truncated)``.
+    """
+    n = state.shape[1]
+    obs = torch.empty((num_steps, n, env.obs_dim), device=state.device, dtype=state.dtype)
+    actions = torch.empty((num_steps, n), device=state.device, dtype=state.dtype)
+    rewards = torch.empty((num_steps, n), device=state.device, dtype=state.dtype)
+    terminated = torch.empty((num_steps, n), device=state.device, dtype=torch.bool)
+    truncated = torch.empty((num_steps, n), device=state.device, dtype=torch.bool)
+    current = env_observe(env, state)
+    for t in range(num_steps):
+        u = torch.rand(n, device=state.device, dtype=state.dtype, generator=generator)
+        if env.discrete:
+            a = torch.floor(u * env.num_actions)
+        else:
+            a = env.action_low + u * (env.action_high - env.action_low)
+        obs[t] = current
+        actions[t] = a
+        state, steps, current, rewards[t], terminated[t], truncated[t] = unfused_step(
+            env, state, steps, a, max_episode_steps, generator)
+    return obs, actions, rewards, terminated, truncated
