@@ -105,7 +105,7 @@ def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, 
     plan = DecodePlan(
         batch=batch, max_slots=max_slots, block_b=block_b, block_p=block_p, block_n=block_n, block_k=block_k,
         block_v=block_v, block_g=block_g, block_s=block_s, block_d=block_d, block_split=_pow2(n_splits),
-        n_splits=n_splits, split_len=split_len, dot_prec="ieee" if dtype == torch.float32 else "tf32",
+        n_splits=n_splits, split_len=split_len, dot_prec="ieee" if dtype == torch.float32 or not compiled else "tf32",
         looped_programs=1,
     )
     if looped_programs is None:

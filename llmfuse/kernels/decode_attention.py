@@ -18,6 +18,8 @@ import triton.language as tl
 from fusecore.backend import jit
 from fusecore.softmax import online_rescale
 
+from .matvec import mma
+
 
 @jit
 def decode_attention_tile(
@@ -54,14 +56,14 @@ def decode_attention_tile(
         kv_off = (base + s)[:, None] * D + d[None, :]
         kv_mask = smask[:, None] & dmask[None, :]
         k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0, cache_modifier=".cg")
-        scores = tl.dot(q.to(k.dtype), tl.trans(k), input_precision=DOT_PREC) * sm_scale
+        scores = mma(q, tl.trans(k), DOT_PREC) * sm_scale
         scores = tl.where(smask[None, :], scores, float("-inf"))
         m_new = tl.maximum(m, tl.max(scores, axis=1))
         alpha = online_rescale(m, m_new)
         p = tl.exp(scores - m_new[:, None])
         l = l * alpha + tl.sum(p, axis=1)
         v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0, cache_modifier=".cg")
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
+        acc = acc * alpha[:, None] + mma(p, v, DOT_PREC)
         m = m_new
 
     nonempty = l > 0.0

@@ -9,7 +9,8 @@ row-major [N, K]), with ``x̂ = x · r_b · g_k`` when an RMSNorm is fused (``HA
 Decode is memory-bound: each weight element is read exactly once by one program, so the
 whole launch moves N·K·bytes(W) plus the tiny activations.  Batch 1 reduces with an
 elementwise multiply and row sums in fp32; batches > 1 pad the batch to ``BLOCK_B`` ≥ 16
-and use ``tl.dot`` (fp32 accumulation, ``DOT_PREC`` = "ieee" for float32 weights).
+and use ``tl.dot`` through :func:`mma` (fp32 accumulation; ``DOT_PREC`` = "ieee" runs the
+product in float32: float32 weights, and the interpreter, whose dot cannot take bf16).
 Activations are loaded with ``.cg`` (bypassing L1) because in the looped kernel other
 multiprocessors wrote them during the same launch.
 """
@@ -17,6 +18,16 @@ multiprocessors wrote them during the same launch.
 import triton.language as tl
 
 from fusecore.backend import jit
+
+
+@jit
+def mma(a, b, DOT_PREC: tl.constexpr):
+    """a @ b with float32 accumulation: in float32 for DOT_PREC "ieee", else in b's dtype (tensor cores)."""
+    if DOT_PREC == "ieee":
+        out = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        out = tl.dot(a.to(b.dtype), b)
+    return out
 
 
 @jit
@@ -56,5 +67,5 @@ def rows_dot(
         if BLOCK_B == 1:
             acc += tl.sum(wv.to(tl.float32) * xv, axis=1)[None, :]
         else:
-            acc += tl.dot(xv.to(wv.dtype), tl.trans(wv), input_precision=DOT_PREC)
+            acc += mma(xv, tl.trans(wv), DOT_PREC)
     return acc

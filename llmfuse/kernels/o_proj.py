@@ -15,6 +15,8 @@ import triton.language as tl
 
 from fusecore.backend import jit
 
+from .matvec import mma
+
 
 @jit
 def o_proj_tile(
@@ -51,7 +53,7 @@ def o_proj_tile(
         if BLOCK_B == 1:
             acc += tl.sum(wv.to(tl.float32) * a, axis=1)[None, :]
         else:
-            acc += tl.dot(a.to(wv.dtype), tl.trans(wv), input_precision=DOT_PREC)
+            acc += mma(a, tl.trans(wv), DOT_PREC)
     x_off = b[:, None] * H + n[None, :]
     mask = bmask[:, None] & nmask[None, :]
     x_old = tl.load(x_ptr + x_off, mask=mask, other=0.0, cache_modifier=".cg")

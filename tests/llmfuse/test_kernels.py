@@ -1,0 +1,124 @@
+"""Each fused decode instruction against the step of llmfuse.reference it replaces (float64
+oracle), at odd sizes, batch 1 (row-sum path) and batch 3 (tl.dot path), outputs poisoned."""
+
+import math
+
+import pytest
+import torch
+
+from fusecore.softmax import merge_partials
+from fusecore.testing import assert_all_written, assert_close, poison_value, test_device
+from llmfuse import ops
+from llmfuse import reference as ref
+from llmfuse.config import LlamaConfig
+from llmfuse.weights import random_weights
+
+CFG = LlamaConfig(vocab_size=97, hidden_size=48, intermediate_size=88, num_hidden_layers=2,
+                  num_attention_heads=6, num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-5,
+                  rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                "high_freq_factor": 4.0, "original_max_position_embeddings": 16})
+SLOTS = 21
+LAYER = 1
+
+
+def _setup(batch, dtype, gen, bias=False):
+    device = test_device()
+    cfg = CFG if not bias else LlamaConfig(**{**CFG.__dict__, "attention_bias": True, "model_type": "qwen2"})
+    w = random_weights(cfg, dtype=dtype, device="cpu", generator=gen, std=0.1)
+    w64 = w.to(dtype=torch.float64)
+    wk = w.to(device=device)
+    plan = ops.make_plan(cfg, batch, SLOTS, dtype, torch.device(device), n_splits=3)
+    buf = ops.DecodeBuffers.allocate(cfg, plan, dtype, torch.device(device))
+    cache = ref.KVCache.empty(cfg, batch, SLOTS, dtype=dtype, device=device)
+    cache.k.normal_(generator=None)
+    cache.v.normal_()
+    slot = 13
+    kv_start = torch.tensor([0, 4, 13, 2, 7][:batch])
+    buf.slot.fill_(slot)
+    buf.kv_start.copy_(kv_start)
+    buf.x.copy_(torch.randn(batch, cfg.hidden_size, generator=gen))
+    return cfg, w64, wk, plan, buf, cache, slot, kv_start
+
+
+CASES = [(1, torch.float32), (3, torch.float32), (3, torch.bfloat16)]
+
+
+@pytest.mark.parametrize("batch, dtype", CASES)
+def test_qkv_rope_append(batch, dtype, gen):
+    cfg, w64, wk, plan, buf, cache, slot, kv_start = _setup(batch, dtype, gen, bias=batch == 3)
+    buf.q.fill_(poison_value(torch.float32))
+    cache.k[LAYER, :, :, slot] = float("nan")
+    cache.v[LAYER, :, :, slot] = float("nan")
+    before = cache.k.clone()
+    inv_freq = cfg.rope_inv_freq().to(buf.x.device)
+    ops.qkv_rope(wk, cfg, LAYER, cache, buf, plan, inv_freq)
+    positions = (slot - kv_start)[:, None]
+    q, k, v = ref.qkv_step(w64, cfg, LAYER, buf.x.cpu().double()[:, None], positions, cfg.rope_inv_freq())
+    assert_all_written(buf.q, "q")
+    assert_all_written(cache.k[LAYER, :, :, slot], "k row")
+    assert_close(buf.q.cpu(), q[:, 0].float(), dtype, name="q")
+    assert_close(cache.k[LAYER, :, :, slot].cpu(), k[:, 0].to(dtype), dtype, name="k")
+    assert_close(cache.v[LAYER, :, :, slot].cpu(), v[:, 0].to(dtype), dtype, name="v")
+    other = torch.ones(SLOTS, dtype=torch.bool)
+    other[slot] = False
+    assert torch.equal(cache.k[:, :, :, other].cpu(), before[:, :, :, other].cpu())
+
+
+@pytest.mark.parametrize("batch, dtype", CASES)
+def test_decode_attention_splits_merge_to_attention(batch, dtype, gen):
+    cfg, w64, wk, plan, buf, cache, slot, kv_start = _setup(batch, dtype, gen)
+    buf.q.copy_(torch.randn(buf.q.shape, generator=gen))
+    buf.part.fill_(float("nan"))
+    buf.lse.fill_(float("nan"))
+    ops.decode_attention(cfg, LAYER, cache, buf, plan)
+    assert_all_written(buf.part, "partials")
+    assert_all_written(buf.lse, "lse")
+    # empty splits (past the slot, or before the row's first valid slot) are marked by lse = -inf
+    for b in range(batch):
+        for s in range(plan.n_splits):
+            lo, hi = max(s * plan.split_len, int(kv_start[b])), min((s + 1) * plan.split_len, slot + 1)
+            assert bool(torch.isinf(buf.lse[b, :, s]).all()) == (hi <= lo)
+    merged, _ = merge_partials(buf.part.cpu().double(), buf.lse.cpu().double(), dim=2)
+    expected = ref.attention_step(buf.q.cpu().double()[:, None], cache.k[LAYER].cpu().double(),
+                                  cache.v[LAYER].cpu().double(), torch.tensor([slot]), kv_start)
+    assert_close(merged.reshape(batch, -1), expected[:, 0], dtype, name="attention")
+
+
+@pytest.mark.parametrize("batch, dtype", CASES)
+def test_o_proj_merges_and_adds_residual(batch, dtype, gen):
+    cfg, w64, wk, plan, buf, cache, slot, kv_start = _setup(batch, dtype, gen)
+    buf.part.copy_(torch.randn(buf.part.shape, generator=gen))
+    lse = torch.randn(buf.lse.shape, generator=gen)
+    lse[:, :, -1] = float("-inf")  # an empty split takes no weight
+    buf.lse.copy_(lse)
+    x0 = buf.x.cpu().double()
+    ops.o_proj(wk, cfg, LAYER, buf, plan)
+    attn, _ = merge_partials(buf.part.cpu().double(), lse.double(), dim=2)
+    expected = ref.o_proj_step(w64, LAYER, attn.reshape(batch, -1), x0)
+    assert_close(buf.x.cpu() - x0, expected - x0, dtype, name="o_proj update")
+
+
+@pytest.mark.parametrize("batch, dtype", CASES)
+def test_gate_up_silu_and_down_residual(batch, dtype, gen):
+    cfg, w64, wk, plan, buf, cache, slot, kv_start = _setup(batch, dtype, gen)
+    buf.h.fill_(float("nan"))
+    x0 = buf.x.cpu().double()
+    ops.gate_up(wk, cfg, LAYER, buf, plan)
+    assert_all_written(buf.h, "h")
+    assert_close(buf.h.cpu(), ref.mlp_step(w64, cfg, LAYER, x0).to(dtype), dtype, name="h")
+    h = buf.h.cpu().double()
+    ops.down_proj(wk, cfg, LAYER, buf, plan)
+    expected = ref.down_step(w64, LAYER, h, x0)
+    assert_close(buf.x.cpu() - x0, expected - x0, dtype, name="down update")
+
+
+@pytest.mark.parametrize("batch, dtype", CASES)
+def test_lm_head_logits_and_fused_argmax(batch, dtype, gen):
+    cfg, w64, wk, plan, buf, cache, slot, kv_start = _setup(batch, dtype, gen)
+    buf.logits.fill_(float("nan"))
+    ops.lm_head(wk, cfg, buf, plan, write_logits=True)
+    assert_all_written(buf.logits, "logits")
+    expected = ref.lm_head_step(w64, cfg, buf.x.cpu().double())
+    assert_close(buf.logits.cpu(), expected, dtype, name="logits")
+    assert torch.equal(ops.greedy_tokens(buf).cpu(), buf.logits.cpu().argmax(-1))
+    assert math.isfinite(float(buf.best.max()))
