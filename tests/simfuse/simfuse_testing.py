@@ -48,12 +48,17 @@ def wide_states(name: str, n: int, rng: np.random.Generator) -> np.ndarray:
     """Start states [n, 4] spread over the whole state space, so episodes end within a few steps."""
     u = rng.uniform(-1.0, 1.0, size=(n, 4))
     if name == "CartPole-v1":
-        return u * np.array([2.4, 2.0, 0.2, 2.0])
+        # velocities pointing outwards: most episodes terminate within a few steps
+        x, theta = 2.4 * u[:, 0], 0.22 * u[:, 2]
+        return np.stack([x, np.sign(x) * np.abs(u[:, 1]) * 3, theta, np.sign(theta) * np.abs(u[:, 3]) * 3], axis=1)
     if name == "Pendulum-v1":
         return np.stack([u[:, 0] * 3 * math.pi, u[:, 1] * 8.0, 0 * u[:, 2], 0 * u[:, 3]], axis=1)
     if name in ("MountainCar-v0", "MountainCarContinuous-v0"):
-        pos = np.where(u[:, 0] > 0, 0.35 + 0.25 * u[:, 0], -1.2 - 0.05 * u[:, 0])
-        return np.stack([np.clip(pos, -1.2, 0.6), u[:, 1] * 0.07, 0 * u[:, 2], 0 * u[:, 3]], axis=1)
+        # half near the goal moving right, half at the left wall moving left
+        right = np.arange(n) % 2 == 0
+        pos = np.where(right, 0.5 + 0.1 * u[:, 0], -1.2 + 0.05 * np.abs(u[:, 0]))
+        vel = np.where(right, 1.0, -1.0) * np.abs(u[:, 1]) * 0.07
+        return np.stack([np.clip(pos, -1.2, 0.6), vel, 0 * u[:, 2], 0 * u[:, 3]], axis=1)
     return u * np.array([math.pi, math.pi, 4 * math.pi, 9 * math.pi])
 
 
