@@ -25,10 +25,10 @@ def _pad(size: int) -> int:
 
 def _layers(net: nn.Sequential, name: str) -> tuple[list[nn.Linear], str]:
     if not isinstance(net, nn.Sequential):
-        raise TypeError(f"{name} must be a torch.nn.Sequential of Linear and Tanh/ReLU layers, got {type(net).__name__}")
+        raise TypeError(f"{name} must be a torch.nn.Sequential of Linear and Tanh/ReLU layers, "
+                        f"got {type(net).__name__}")
     modules = list(net)
-    linears = [m for m in modules[0::2]]
-    acts = [m for m in modules[1::2]]
+    linears, acts = modules[0::2], modules[1::2]
     if not all(isinstance(m, nn.Linear) for m in linears) or len(linears) != len(acts) + 1:
         raise ValueError(f"{name} must alternate Linear and activation layers, starting and ending with Linear; "
                          f"got {[type(m).__name__ for m in modules]}")
@@ -40,10 +40,12 @@ def _layers(net: nn.Sequential, name: str) -> tuple[list[nn.Linear], str]:
     elif kinds == {nn.ReLU}:
         activation = "relu"
     else:
-        raise ValueError(f"{name}'s activations must be all nn.Tanh or all nn.ReLU, got {sorted(k.__name__ for k in kinds)}")
+        raise ValueError(f"{name}'s activations must be all nn.Tanh or all nn.ReLU, "
+                         f"got {sorted(k.__name__ for k in kinds)}")
     width = linears[0].out_features
     if len(linears) == 3 and (linears[1].in_features != width or linears[1].out_features != width):
-        raise ValueError(f"{name}'s hidden layers must have equal width, got {[(m.in_features, m.out_features) for m in linears]}")
+        shapes = [(m.in_features, m.out_features) for m in linears]
+        raise ValueError(f"{name}'s hidden layers must have equal width, got {shapes}")
     return linears, activation
 
 

@@ -1,0 +1,193 @@
+"""The fused K-step rollout: equal to K single steps, to the unfused reference, and its policies."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from gymnasium.vector import AutoresetMode
+from torch import nn
+
+import fusecore
+from fusecore.testing import STRICT_FLOAT32, assert_all_written, assert_close, fresh_generator
+from simfuse import MLPPolicy
+from simfuse.specs import ENV_DEFS
+
+from simfuse_testing import ENV_NAMES, MODES, make, to_numpy
+
+
+def _step_by_step(env, actions: torch.Tensor):
+    """Step ``env`` through ``actions`` [K, N(, 1)]; return the trajectory as rollout() records it."""
+    obs_seq, rew, term, trunc = [], [], [], []
+    obs = env.rollout(actions[:0]).next_obs  # the current observation, no step taken
+    for a in actions:
+        obs_seq.append(obs)
+        obs, r, te, tr, _ = env.step(a)
+        rew.append(r)
+        term.append(te)
+        trunc.append(tr)
+    return torch.stack(obs_seq), torch.stack(rew), torch.stack(term), torch.stack(trunc), obs
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
+@pytest.mark.parametrize("name", ["CartPole-v1", "Pendulum-v1", "Acrobot-v1"])
+def test_rollout_equals_steps_bitwise(name, mode, device):
+    """A K-step random rollout, replayed with step() from the same state and seed, is bit-identical."""
+    seed = fresh_generator().initial_seed()
+    fused = make(name, 5, max_episode_steps=4, autoreset_mode=mode, device=device)
+    stepped = make(name, 5, max_episode_steps=4, autoreset_mode=mode, device=device)
+    fused.reset(seed=seed)
+    stepped.reset(seed=seed)
+    traj = fused.rollout("random", num_steps=7)
+    if mode == AutoresetMode.DISABLED:
+        # without auto-reset the envs simply keep stepping past the end of an episode
+        assert traj.truncated[3:].all()
+    obs, rew, term, trunc, next_obs = _step_by_step(stepped, traj.actions)
+    assert torch.equal(traj.obs, obs)
+    assert torch.equal(traj.rewards, rew)
+    assert torch.equal(traj.terminated, term) and torch.equal(traj.truncated, trunc)
+    assert torch.equal(traj.next_obs, next_obs)
+    assert torch.equal(fused.get_state(), stepped.get_state())
+    # and the envs continue identically afterwards
+    more = fused.rollout("random", num_steps=3)
+    assert torch.equal(more.obs[0], next_obs)
+
+
+@pytest.mark.parametrize("name", ENV_NAMES)
+def test_rollout_matches_reference(name, device):
+    """The kernel's rollout against the unfused float64 reference with the same Philox draws."""
+    seed = fresh_generator().initial_seed()
+    env = make(name, 13, max_episode_steps=6, autoreset_mode="SameStep", device=device)
+    env.reset(seed=seed)
+    traj = env.rollout("random", num_steps=9, record_final_obs=True)
+    ref_env = make(name, 13, max_episode_steps=6, autoreset_mode="SameStep", device=device)
+    ref_env.reset(seed=seed)
+    with fusecore.use_reference():
+        ref = ref_env.rollout("random", num_steps=9, record_final_obs=True)
+    assert torch.equal(traj.actions, ref.actions)
+    assert torch.equal(traj.terminated, ref.terminated) and torch.equal(traj.truncated, ref.truncated)
+    assert_close(traj.obs, ref.obs, tol=1e-4, name="obs")
+    assert_close(traj.rewards, ref.rewards, tol=STRICT_FLOAT32, name="rewards")
+    ended = traj.terminated | traj.truncated
+    assert ended.any()
+    assert_close(traj.final_obs[ended], ref.final_obs[ended], tol=1e-4, name="final_obs")
+
+
+def test_given_actions_and_trajectory_fully_written(device):
+    """Actions from the caller are used as given; every trajectory element is written."""
+    env = make("MountainCarContinuous-v0", 17, device=device)
+    env.reset(seed=3)
+    gen = fresh_generator()
+    actions = (torch.rand((6, 17, 1), generator=gen) * 2 - 1).to(device)
+    traj = env.rollout(actions)
+    assert torch.equal(traj.actions, actions)
+    for field in ("obs", "rewards"):
+        assert_all_written(getattr(traj, field), field)
+    assert traj.obs.shape == (6, 17, 2) and traj.rewards.shape == (6, 17)
+    expected = -0.1 * actions[..., 0] ** 2  # no env reaches the goal within 6 steps of the start
+    assert_close(traj.rewards, expected, tol=STRICT_FLOAT32, name="rewards")
+
+
+def test_random_policy_covers_the_action_space(device):
+    env = make("Acrobot-v1", 64, device=device)
+    env.reset(seed=11)
+    actions = env.rollout("random", num_steps=4).actions
+    counts = torch.bincount(actions.flatten().long().cpu(), minlength=3)
+    assert counts.sum() == 256 and (counts > 50).all(), counts
+    cont = make("Pendulum-v1", 64, device=device)
+    cont.reset(seed=11)
+    a = cont.rollout("random", num_steps=4).actions
+    assert a.shape == (4, 64, 1) and a.min() >= -2.0 and a.max() <= 2.0 and a.std() > 0.8
+
+
+def _mlp(obs_dim: int, out: int, hidden: int, act=nn.Tanh, layers: int = 2) -> nn.Sequential:
+    mods: list[nn.Module] = [nn.Linear(obs_dim, hidden), act()]
+    if layers == 2:
+        mods += [nn.Linear(hidden, hidden), act()]
+    return nn.Sequential(*mods, nn.Linear(hidden, out))
+
+
+@pytest.mark.parametrize("name,layers,act", [("CartPole-v1", 2, nn.Tanh), ("Acrobot-v1", 1, nn.ReLU),
+                                             ("Pendulum-v1", 2, nn.Tanh)])
+def test_mlp_policy_log_probs_and_values(name, layers, act, device):
+    """In-kernel MLP: log-probs and values equal PyTorch's on the recorded obs; samples equal the oracle."""
+    torch.manual_seed(fresh_generator().initial_seed())
+    spec = ENV_DEFS[name]
+    out = spec.num_actions if spec.discrete else 1
+    actor, critic = _mlp(spec.obs_dim, out, 24, act, layers), _mlp(spec.obs_dim, 1, 24, act, layers)
+    policy = MLPPolicy(actor.to(device), critic.to(device), log_std=-0.5)
+    env = make(name, 19, max_episode_steps=5, autoreset_mode="SameStep", device=device)
+    env.reset(seed=5)
+    traj = env.rollout(policy, num_steps=6)
+    assert_all_written(traj.log_probs, "log_probs")
+    assert_all_written(traj.values, "values")
+    with torch.no_grad():
+        obs = traj.obs.double().cpu()
+        dist_out = actor.double().cpu()(obs)
+        values = critic.double().cpu()(obs)[..., 0]
+    if spec.discrete:
+        logp = torch.log_softmax(dist_out, -1).gather(-1, traj.actions.long().cpu()[..., None])[..., 0]
+    else:
+        z = (traj.actions.double().cpu()[..., 0] - dist_out[..., 0]) / math.exp(-0.5)
+        logp = -0.5 * z * z + 0.5 - 0.5 * math.log(2 * math.pi)
+    assert_close(traj.log_probs.cpu(), logp, tol=1e-4, name="log_probs")
+    assert_close(traj.values.cpu(), values, tol=1e-5, name="values")
+    # the same rollout through the unfused reference draws the same samples
+    ref_env = make(name, 19, max_episode_steps=5, autoreset_mode="SameStep", device=device)
+    ref_env.reset(seed=5)
+    with fusecore.use_reference():
+        ref = ref_env.rollout(policy, num_steps=6)
+    if spec.discrete:
+        agree = (traj.actions == ref.actions).float().mean().item()
+        assert agree > 0.97, agree  # Gumbel-max ties within float32 rounding may flip a rare sample
+    else:
+        assert_close(traj.actions, ref.actions, tol=1e-4, name="actions")
+
+
+def test_categorical_sampling_distribution(device):
+    """Actions sampled in the kernel follow softmax(logits) (a fixed-logit policy, many draws)."""
+    actor = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3))
+    with torch.no_grad():
+        for p in actor.parameters():
+            p.zero_()
+        actor[2].bias.copy_(torch.tensor([0.0, 1.0, -1.0]))
+    env = make("Acrobot-v1", 256, device=device)
+    env.reset(seed=1)
+    traj = env.rollout(actor.to(device), num_steps=8)
+    freq = torch.bincount(traj.actions.flatten().long().cpu(), minlength=3).double() / traj.actions.numel()
+    want = torch.softmax(torch.tensor([0.0, 1.0, -1.0], dtype=torch.float64), 0)
+    assert (freq - want).abs().max() < 0.03, (freq, want)
+
+
+@pytest.mark.parametrize("mode", ["NextStep", "SameStep"])
+def test_stats_only_matches_trajectory(mode, device):
+    """Statistics-only rollouts count the episodes, returns and lengths the full trajectory shows."""
+    a = make("CartPole-v1", 9, max_episode_steps=12, autoreset_mode=mode, device=device)
+    b = make("CartPole-v1", 9, max_episode_steps=12, autoreset_mode=mode, device=device)
+    a.reset(seed=21)
+    b.reset(seed=21)
+    stats = a.rollout("random", num_steps=30, stats_only=True)
+    traj = b.rollout("random", num_steps=30)
+    ended = to_numpy(traj.terminated | traj.truncated)
+    rewards = to_numpy(traj.rewards)
+    episodes = np.zeros(9, dtype=np.int64)
+    return_sum = np.zeros(9)
+    length_sum = np.zeros(9, dtype=np.int64)
+    running = np.zeros(9)
+    running_len = np.zeros(9, dtype=np.int64)
+    pending = np.zeros(9, dtype=bool)
+    for t in range(30):
+        running += rewards[t]
+        running_len += ~pending
+        pending = ended[t] if mode == "NextStep" else np.zeros(9, dtype=bool)
+        episodes += ended[t]
+        return_sum += np.where(ended[t], running, 0)
+        length_sum += np.where(ended[t], running_len, 0)
+        running[ended[t]] = 0
+        running_len[ended[t]] = 0
+    assert np.array_equal(to_numpy(stats.episodes), episodes)
+    assert np.allclose(to_numpy(stats.return_sum), return_sum)
+    assert np.array_equal(to_numpy(stats.length_sum), length_sum)
+    assert episodes.sum() > 0
+    assert torch.equal(stats.next_obs, traj.next_obs)
+    assert abs(stats.mean_return().item() - return_sum.sum() / episodes.sum()) < 1e-9
