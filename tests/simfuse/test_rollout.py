@@ -6,14 +6,13 @@ import numpy as np
 import pytest
 import torch
 from gymnasium.vector import AutoresetMode
+from simfuse_testing import ENV_NAMES, MODES, make, to_numpy
 from torch import nn
 
 import fusecore
 from fusecore.testing import STRICT_FLOAT32, assert_all_written, assert_close, fresh_generator
 from simfuse import MLPPolicy
 from simfuse.specs import ENV_DEFS
-
-from simfuse_testing import ENV_NAMES, MODES, make, to_numpy
 
 
 def _step_by_step(env, actions: torch.Tensor):
