@@ -1,0 +1,120 @@
+"""The whole engine against transformers' LlamaForCausalLM on the same random weights:
+logits, ≥ 32 greedy tokens identical (GQA, llama3 RoPE scaling, tied and untied, ragged
+left-padded batches), sampling, and the errors a user can cause."""
+
+import pytest
+import torch
+from conftest import tiny_hf_model
+
+import llmfuse
+from fusecore import use_reference
+from fusecore.testing import assert_close, test_device
+
+NEW_TOKENS = 32
+
+
+def _hf_greedy(model, ids, mask, new):
+    with torch.no_grad():
+        return model.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False, pad_token_id=0,
+                              eos_token_id=None)
+
+
+@pytest.mark.parametrize("looped", [False, True])
+def test_greedy_tokens_match_transformers(hf_llama, looped):
+    """Untied, GQA 6/2, llama3 RoPE; a ragged batch: row 0 left-padded by 3."""
+    gen = torch.Generator().manual_seed(7)
+    ids = torch.randint(3, 97, (2, 6), generator=gen)
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    expected = _hf_greedy(hf_llama, ids, mask, NEW_TOKENS)
+    model = llmfuse.from_pretrained(hf_llama, dtype=torch.float32, max_seq_len=6 + NEW_TOKENS, looped=looped)
+    out = model.generate(ids.to(test_device()), NEW_TOKENS, attention_mask=mask)
+    assert out.dtype == torch.int64 and out.shape == (2, 6 + NEW_TOKENS)
+    assert torch.equal(out.cpu(), expected)
+    assert len(set(out[1, 6:].tolist())) > 3  # the test model does not collapse onto one token
+
+
+def test_decode_logits_match_transformers_tied(hf_llama_tied):
+    """Tied embeddings, GQA 6/3, default RoPE, batch 1: prefill + 3 fused steps vs HF logits."""
+    ids = torch.tensor([[5, 17, 33, 2, 90]])
+    model = llmfuse.from_pretrained(hf_llama_tied, dtype=torch.float32, max_seq_len=12)
+    seq = ids.clone()
+    logits = model.prefill(ids.to(test_device()))
+    for _ in range(3):
+        with torch.no_grad():
+            expected = hf_llama_tied(seq).logits[:, -1]
+        assert_close(logits.cpu(), expected, torch.float32, name=f"logits at length {seq.shape[1]}")
+        token = expected.argmax(-1)
+        seq = torch.cat([seq, token[:, None]], 1)
+        logits = model.decode_step(token.to(test_device()))
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "mistral"])
+def test_qwen2_and_mistral_architectures(arch):
+    hf = tiny_hf_model(arch=arch, layers=1, seed=3)
+    ids = torch.tensor([[4, 8, 15, 16, 23, 42]])
+    expected = _hf_greedy(hf, ids, torch.ones_like(ids), 8)
+    model = llmfuse.from_pretrained(hf, dtype=torch.float32, max_seq_len=16)
+    assert torch.equal(model.generate(ids.to(test_device()), 8).cpu(), expected)
+
+
+def test_reference_path_and_batch_of_one_row_equal_fused(hf_llama):
+    ids = torch.tensor([[9, 8, 7, 6]])
+    model = llmfuse.from_pretrained(hf_llama, dtype=torch.float32, max_seq_len=16)
+    fused = model.generate(ids.to(test_device()), 6)
+    with use_reference():
+        unfused = model.generate(ids.to(test_device()), 6)
+    assert torch.equal(fused, unfused)
+
+
+def test_sampling_is_seeded_and_top_k_one_is_greedy(hf_llama):
+    ids = torch.tensor([[11, 12, 13], [14, 15, 16]]).to(test_device())
+    model = llmfuse.from_pretrained(hf_llama, dtype=torch.float32, max_seq_len=12)
+    a = model.generate(ids, 5, temperature=0.8, top_p=0.9, seed=123)
+    b = model.generate(ids, 5, temperature=0.8, top_p=0.9, seed=123)
+    assert torch.equal(a, b)
+    assert torch.equal(model.generate(ids, 5, temperature=1.3, top_k=1, seed=5), model.generate(ids, 5))
+
+
+def test_sample_tokens_respects_top_k_and_top_p():
+    logits = torch.tensor([[5.0, 4.0, 0.0, -1.0, -9.0]]).repeat(200, 1)
+    gen = torch.Generator().manual_seed(0)
+    assert set(llmfuse.sample_tokens(logits, 1.0, 2, None, gen).tolist()) <= {0, 1}
+    assert set(llmfuse.sample_tokens(logits, 1.0, None, 0.5, gen).tolist()) == {0}
+
+
+def test_eos_pads_finished_rows_and_stops(hf_llama):
+    ids = torch.tensor([[20, 21, 22]]).to(test_device())
+    model = llmfuse.from_pretrained(hf_llama, dtype=torch.float32, max_seq_len=40)
+    free = model.generate(ids, 8)
+    eos = int(free[0, 5])  # the third new token
+    out = model.generate(ids, 8, eos_token_id=eos)
+    assert out.shape[1] == 6 and int(out[0, -1]) == eos
+
+
+def test_user_errors_are_clear(hf_llama):
+    model = llmfuse.from_pretrained(hf_llama, dtype=torch.float32, max_seq_len=8)
+    dev = test_device()
+    with pytest.raises(ValueError, match="token id 97.*vocabulary"):
+        model.generate(torch.tensor([[1, 97]], device=dev), 2)
+    with pytest.raises(ValueError, match="token id -1"):
+        model.generate(torch.tensor([[-1, 3]], device=dev), 2)
+    with pytest.raises(ValueError, match="longer than the cache"):
+        model.prefill(torch.ones(1, 9, dtype=torch.int64, device=dev))
+    with pytest.raises(ValueError, match="exceeds the cache"):
+        model.generate(torch.ones(1, 5, dtype=torch.int64, device=dev), 4)
+    with pytest.raises(TypeError, match="input_ids must be an integer"):
+        model.generate(torch.ones(1, 5, device=dev), 2)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        model.generate(torch.ones(1, 5, dtype=torch.int64, device=dev), -1)
+    with pytest.raises(ValueError, match="left-padded"):
+        model.generate(torch.ones(1, 3, dtype=torch.int64, device=dev), 1, attention_mask=torch.tensor([[1, 0, 1]]))
+    with pytest.raises(ValueError, match="prefill"):
+        llmfuse.from_pretrained(hf_llama, dtype=torch.float32, max_seq_len=8).decode_step(
+            torch.tensor([1], device=dev))
+    model.prefill(torch.ones(1, 7, dtype=torch.int64, device=dev))
+    model.decode_step(torch.tensor([3], device=dev))
+    with pytest.raises(ValueError, match="cache is full"):
+        model.decode_step(torch.tensor([3], device=dev))
+    with pytest.raises(TypeError, match="dtype"):
+        llmfuse.from_pretrained(hf_llama, dtype=torch.int8)
