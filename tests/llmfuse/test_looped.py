@@ -1,0 +1,113 @@
+"""The looped persistent kernel against the Python interpreter of its schedule, stopped after
+every stage; on the GPU, the full persistent grid and CUDA-graph capture of both paths."""
+
+import pytest
+import torch
+
+from fusecore.testing import assert_close, test_device
+from llmfuse import ops
+from llmfuse import reference as ref
+from llmfuse.config import LlamaConfig
+from llmfuse.kernels.looped import STAGES_PER_LAYER
+from llmfuse.looped import interpret_schedule, stage_name
+from llmfuse.weights import random_weights
+
+CFG = LlamaConfig(vocab_size=97, hidden_size=48, intermediate_size=88, num_hidden_layers=2,
+                  num_attention_heads=6, num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-5)
+
+
+def _state(cfg, w, batch, slots, dtype, gen, device, looped_programs=None, n_splits=3):
+    plan = ops.make_plan(cfg, batch, slots, dtype, torch.device(device), n_splits=n_splits,
+                         looped_programs=looped_programs)
+    buf = ops.DecodeBuffers.allocate(cfg, plan, dtype, torch.device(device))
+    cache = ref.KVCache.empty(cfg, batch, slots, dtype=dtype, device=device)
+    prompt = torch.randint(0, cfg.vocab_size, (batch, slots - 3), generator=gen).to(device)
+    kv_start = torch.tensor([0, 3, 1, 5][:batch], device=device)
+    ref.forward(w, cfg, prompt, cache, 0, kv_start)
+    buf.kv_start.copy_(kv_start)
+    buf.slot.fill_(slots - 3)
+    tokens = torch.randint(0, cfg.vocab_size, (batch,), generator=gen).to(device)
+    ops.embed(w, tokens, buf)
+    return plan, buf, cache, tokens
+
+
+def _snapshot(buf, cache):
+    return {"x": buf.x, "q": buf.q, "part": buf.part, "lse": buf.lse, "h": buf.h, "logits": buf.logits,
+            "k_cache": cache.k, "v_cache": cache.v}
+
+
+def test_looped_kernel_matches_interpreter_after_every_stage(gen):
+    device = test_device()
+    w = random_weights(CFG, dtype=torch.float32, device=device, generator=gen, std=0.1)
+    plan, buf0, cache0, _ = _state(CFG, w, 2, 19, torch.float32, gen, device, looped_programs=1)
+    inv_freq = CFG.rope_inv_freq().to(device)
+    total = STAGES_PER_LAYER * CFG.num_hidden_layers + 1
+    for stop in range(total + 1):
+        kbuf = ops.DecodeBuffers(**{k: v.clone() for k, v in buf0.__dict__.items()})
+        ibuf = ops.DecodeBuffers(**{k: v.clone() for k, v in buf0.__dict__.items()})
+        kcache, icache = (ref.KVCache(cache0.k.clone(), cache0.v.clone()) for _ in range(2))
+        ops.looped_decode(w, CFG, kcache, kbuf, plan, inv_freq, write_logits=True, stop_stage=stop)
+        interpret_schedule(w, CFG, icache, ibuf, plan, inv_freq, stop_stage=stop)
+        where = "nothing run" if stop == 0 else f"after {stage_name(stop - 1, CFG.num_hidden_layers)}"
+        for name, got in _snapshot(kbuf, kcache).items():
+            assert_close(got, _snapshot(ibuf, icache)[name], torch.float32, tol=1e-4, name=f"{name} {where}")
+    assert torch.equal(kbuf.best_idx, ibuf.best_idx)
+    assert torch.equal(ops.greedy_tokens(kbuf), ibuf.logits.argmax(-1))
+
+
+def test_looped_rejects_bad_stop_stage(gen):
+    device = test_device()
+    w = random_weights(CFG, dtype=torch.float32, device=device, generator=gen)
+    plan, buf, cache, _ = _state(CFG, w, 1, 8, torch.float32, gen, device)
+    with pytest.raises(ValueError, match="stop_stage"):
+        ops.looped_decode(w, CFG, cache, buf, plan, CFG.rope_inv_freq(), True, stop_stage=99)
+
+
+GPU_CFG = LlamaConfig(vocab_size=1003, hidden_size=256, intermediate_size=688, num_hidden_layers=3,
+                      num_attention_heads=8, num_key_value_heads=2, head_dim=32, rms_norm_eps=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", [1, 5, 64])
+def test_gpu_full_grid_looped_equals_per_layer_and_reference(batch, gen):
+    """The full persistent grid (all SMs, real barriers) against per-layer launches and the reference."""
+    device = test_device()
+    dtype = torch.bfloat16
+    w = random_weights(GPU_CFG, dtype=dtype, device=device, generator=torch.Generator(device).manual_seed(0))
+    plan, buf, cache, tokens = _state(GPU_CFG, w, batch, 300, dtype, gen, device, n_splits=None)
+    assert plan.looped_programs > 1
+    inv_freq = GPU_CFG.rope_inv_freq().to(device)
+    lbuf = ops.DecodeBuffers(**{k: v.clone() for k, v in buf.__dict__.items()})
+    lcache = ref.KVCache(cache.k.clone(), cache.v.clone())
+    ops.fused_step(w, GPU_CFG, cache, buf, plan, inv_freq, tokens, looped=False, write_logits=True)
+    for _ in range(3):  # repeated launches reuse the barrier counter
+        ops.fused_step(w, GPU_CFG, lcache, lbuf, plan, inv_freq, tokens, looped=True, write_logits=True)
+    assert_close(lbuf.logits, buf.logits, torch.float32, tol=1e-5, name="looped vs per-layer logits")
+    rcache = ref.KVCache(cache.k.clone(), cache.v.clone())
+    expected = ref.forward(w.to(dtype=torch.float32), GPU_CFG, tokens[:, None], rcache, 297,
+                           buf.kv_start)[:, 0]
+    assert_close(buf.logits, expected, dtype, name="fused vs reference logits")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("looped", [False, True])
+def test_gpu_decode_step_is_cuda_graph_capturable(looped, gen):
+    device = test_device()
+    w = random_weights(GPU_CFG, dtype=torch.bfloat16, device=device, generator=torch.Generator(device).manual_seed(1))
+    plan, buf, cache, tokens = _state(GPU_CFG, w, 4, 64, torch.bfloat16, gen, device, n_splits=None)
+    inv_freq = GPU_CFG.rope_inv_freq().to(device)
+    eager = ops.fused_step(w, GPU_CFG, cache, buf, plan, inv_freq, tokens, looped=looped, write_logits=True)
+    eager_logits = buf.logits.clone()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        ops.fused_step(w, GPU_CFG, cache, buf, plan, inv_freq, tokens, looped=looped, write_logits=True)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = ops.fused_step(w, GPU_CFG, cache, buf, plan, inv_freq, tokens, looped=looped, write_logits=True)
+    buf.logits.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager)
+    assert torch.equal(buf.logits, eager_logits)
