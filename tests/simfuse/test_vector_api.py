@@ -1,0 +1,164 @@
+"""The Gymnasium contract of the simfuse vector envs, seeding, and errors at the API boundary."""
+
+import gymnasium
+import numpy as np
+import pytest
+import torch
+from gymnasium.vector import AutoresetMode
+from simfuse_testing import ENV_NAMES, make, random_actions, to_numpy
+
+import simfuse
+from fusecore.testing import fresh_generator
+from simfuse import reference
+from simfuse.specs import ENV_DEFS
+
+
+@pytest.mark.parametrize("name", ENV_NAMES)
+def test_gymnasium_vector_contract(name, device):
+    """make_vec through Gymnasium's registry; spaces, metadata, shapes, dtypes, observations in space."""
+    env = gymnasium.make_vec(f"simfuse/{name}", num_envs=3, vectorization_mode="vector_entry_point", device=device)
+    spec = ENV_DEFS[name]
+    reference_env = gymnasium.make(name)
+    assert isinstance(env, gymnasium.vector.VectorEnv) and env.num_envs == 3
+    assert env.spec.id == f"simfuse/{name}" and env.max_episode_steps == spec.max_episode_steps
+    assert env.metadata["autoreset_mode"] == AutoresetMode.NEXT_STEP
+    assert env.single_observation_space == reference_env.observation_space
+    assert env.single_action_space == reference_env.action_space
+    assert env.observation_space.shape == (3, spec.obs_dim)
+    assert env.action_space == gymnasium.vector.utils.batch_space(env.single_action_space, 3)
+    obs, info = env.reset(seed=0)
+    assert info == {} and obs.shape == (3, spec.obs_dim) and obs.dtype == torch.float32
+    assert env.observation_space.contains(to_numpy(obs))
+    env.action_space.seed(0)
+    for _ in range(3):
+        obs, reward, terminated, truncated, info = env.step(env.action_space.sample())
+        assert reward.shape == terminated.shape == truncated.shape == (3,)
+        assert obs.device.type == device.type
+    assert repr(env).startswith(f"{type(env).__name__}(simfuse/{name}")
+    env.close()
+    assert env.closed
+
+
+def test_make_vec_shortcut_and_kwargs(device):
+    env = simfuse.make_vec("Pendulum-v1", num_envs=2, autoreset_mode="SameStep", max_episode_steps=7, device=device)
+    assert env.metadata["autoreset_mode"] == AutoresetMode.SAME_STEP and env.max_episode_steps == 7
+    assert simfuse.make_vec("simfuse/Acrobot-v1", 1, device=device).num_envs == 1
+    with pytest.raises(ValueError, match="unknown simfuse env"):
+        simfuse.make_vec("LunarLander-v3")
+
+
+def test_seeding_reproducible_and_device_independent(device):
+    """The same seed gives the same episodes; env i's start state depends only on (seed, i)."""
+    seed = fresh_generator().initial_seed()
+    a, b = make("CartPole-v1", 6, device=device), make("CartPole-v1", 11, device=device)
+    obs_a, _ = a.reset(seed=seed)
+    obs_b, _ = b.reset(seed=seed)
+    assert torch.equal(obs_a, obs_b[:6])
+    expected = reference.philox_start_state(ENV_DEFS["CartPole-v1"], seed, np.arange(6), 0).T
+    assert torch.equal(obs_a.cpu(), expected)  # the CPU numpy oracle: the same bits as the kernel
+    assert torch.equal(a.rollout("random", num_steps=20).obs, b.rollout("random", num_steps=20).obs[:, :6])
+    other, _ = a.reset(seed=seed + 1)
+    assert not torch.equal(other, obs_a)
+    again, _ = a.reset(seed=seed)
+    assert torch.equal(again, obs_a)
+
+
+def test_step_accepts_numpy_and_torch_of_any_int_dtype(device):
+    env = make("MountainCar-v0", 4, device=device)
+    env.reset(seed=2)
+    out_np = env.step(np.array([0, 1, 2, 1]))[0]
+    env.reset(seed=2)
+    out_t = env.step(torch.tensor([0, 1, 2, 1], dtype=torch.int8, device=device))[0]
+    assert torch.equal(out_np, out_t)
+
+
+def test_bad_input_raises_clear_errors(device):
+    with pytest.raises(ValueError, match="num_envs must be >= 1"):
+        make("CartPole-v1", 0, device=device)
+    with pytest.raises(TypeError, match="num_envs must be an int"):
+        simfuse.CartPoleVectorEnv(num_envs=2.0)
+    with pytest.raises(ValueError, match="autoreset_mode must be one of"):
+        make("CartPole-v1", 2, autoreset_mode="sometimes", device=device)
+    with pytest.raises(ValueError, match="max_episode_steps"):
+        make("CartPole-v1", 2, max_episode_steps=0, device=device)
+    with pytest.raises(ValueError, match="render_mode"):
+        make("CartPole-v1", 2, render_mode="human", device=device)
+    env = make("CartPole-v1", 4, device=device)
+    with pytest.raises(gymnasium.error.ResetNeeded):
+        env.step(np.zeros(4, dtype=np.int64))
+    with pytest.raises(gymnasium.error.ResetNeeded):
+        env.rollout("random", num_steps=2)
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match=r"shape \(4,\)"):
+        env.step(np.zeros(5, dtype=np.int64))
+    with pytest.raises(TypeError, match="integer tensor"):
+        env.step(np.zeros(4, dtype=np.float32))
+    with pytest.raises(ValueError, match="outside the Discrete"):
+        env.step(np.array([0, 1, 2, 0]))
+    with pytest.raises(TypeError, match="torch.Tensor or numpy array"):
+        env.step([0, 1, 0, 1])
+    with pytest.raises(ValueError, match="num_steps must be an int"):
+        env.rollout("random", num_steps=-1)
+    with pytest.raises(ValueError, match="policy must be 'random'"):
+        env.rollout("greedy", num_steps=1)
+    with pytest.raises(ValueError, match="does not match"):
+        env.rollout(torch.zeros((3, 4), dtype=torch.int64, device=device), num_steps=2)
+    with pytest.raises(ValueError, match="record_final_obs"):
+        env.rollout("random", num_steps=1, record_final_obs=True)
+    with pytest.raises(ValueError, match="unknown reset options"):
+        env.reset(options={"low": -0.1})
+    with pytest.raises(TypeError, match="dtype bool"):
+        env.reset(options={"reset_mask": np.ones(4, dtype=np.int64)})
+    with pytest.raises(ValueError, match=r"shape \(4,\)"):
+        env.reset(options={"reset_mask": np.ones(3, dtype=bool)})
+    with pytest.raises(ValueError, match="at least one True"):
+        env.reset(options={"reset_mask": np.zeros(4, dtype=bool)})
+    with pytest.raises(ValueError, match="seed must be in"):
+        env.reset(seed=-1)
+    with pytest.raises(ValueError, match="policy expects observations of size 3"):
+        env.rollout(torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2)), 1)
+    with pytest.raises(ValueError, match="alternate Linear"):
+        env.rollout(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2)), 1)
+    cont = make("Pendulum-v1", 2, device=device)
+    cont.reset(seed=0)
+    with pytest.raises(ValueError, match=r"shape \(2, 1\)"):
+        cont.step(np.zeros(2, dtype=np.float32))
+    with pytest.raises(TypeError, match="floating-point"):
+        cont.step(np.zeros((2, 1), dtype=np.int64))
+    with pytest.raises(ValueError, match="NaN"):
+        cont.step(np.full((2, 1), np.nan, dtype=np.float32))
+
+
+def test_validation_switch_and_clamping(device):
+    """With validate=False (the GPU default) action values are not read; the kernel clamps them."""
+    loose = make("Acrobot-v1", 3, validate=False, device=device)
+    strict = make("Acrobot-v1", 3, device=device)
+    loose.reset(seed=4)
+    strict.reset(seed=4)
+    out = loose.step(torch.tensor([7, -3, 1], device=device))[0]
+    assert torch.equal(out, strict.step(torch.tensor([2, 0, 1], device=device))[0])
+
+
+def test_reset_mask_resets_only_masked_envs(device):
+    env = make("Acrobot-v1", 5, autoreset_mode="Disabled", device=device)
+    env.reset(seed=9)
+    env.rollout("random", num_steps=3)
+    before = env.get_state()
+    mask = torch.tensor([True, False, True, False, False], device=device)
+    obs, _ = env.reset(options={"reset_mask": mask})
+    after = env.get_state()
+    assert torch.equal(after[~mask], before[~mask])
+    fresh = reference.philox_start_state(ENV_DEFS["Acrobot-v1"], 9, np.arange(5), 4).T
+    assert torch.equal(after[mask].cpu(), fresh[mask.cpu()])
+    assert obs.shape == (5, 6)
+
+
+def test_set_state_validates(device):
+    env = make("CartPole-v1", 3, device=device)
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match=r"shape \(3, 4\)"):
+        env.set_state(torch.zeros(3, 2))
+    actions = random_actions("CartPole-v1", 3, np.random.default_rng(0))
+    env.set_state(np.zeros((3, 4)))
+    obs = env.step(actions)[0]
+    assert torch.isfinite(obs).all()
