@@ -1,0 +1,165 @@
+"""simfuse: env-steps per second of fused rollouts against per-step loops and Gymnasium.
+
+Each implementation does the same work, K steps of N CartPole-v1 envs with the trajectory
+(obs, action, reward, terminated, truncated) written to device memory, except where its
+name says otherwise ("stats only": episode statistics; Gymnasium: numpy on the CPU).
+``params["env_steps_per_s"]`` is N K / median time.  The floor counts 26 B per env-step
+(16 B observation, 4 B action, 4 B reward, 2 B flags).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+import simfuse
+from benchmarks.registry import Context, case
+from fusecore import use_reference
+from simfuse import reference
+from simfuse.specs import CARTPOLE, ENV_DEFS
+
+TRAJECTORY_BYTES = {name: 4 * d.obs_dim + 10 for name, d in ENV_DEFS.items()}
+
+
+def _rate(record, n: int, k: int) -> None:
+    record.params["env_steps_per_s"] = n * k / (record.median_ms / 1e3)
+
+
+def _check_against_reference(ctx: Context, name: str, variant: str) -> None:
+    """Fused rollout vs the unfused float64 reference with the same Philox draws (small slice)."""
+    n, k = 67, 16
+    fused = simfuse.make_vec(name, n, max_episode_steps=10, device=ctx.device)
+    oracle = simfuse.make_vec(name, n, max_episode_steps=10, device=ctx.device)
+    fused.reset(seed=5)
+    oracle.reset(seed=5)
+    traj = fused.rollout("random", num_steps=k)
+    with use_reference():
+        ref = oracle.rollout("random", num_steps=k)
+    ctx.check(f"{variant} obs", traj.obs.cpu(), ref.obs.cpu(), 1e-4)
+    ctx.check(f"{variant} rewards", traj.rewards.cpu(), ref.rewards.cpu(), 1e-5)
+    flags = (traj.terminated != ref.terminated) | (traj.truncated != ref.truncated)
+    ctx.check(f"{variant} flags", flags.float().cpu(), torch.zeros(flags.shape), 1e-9)  # any mismatch fails
+
+
+@case("sim", "cartpole", baseline="torch per-step loop")
+def cartpole_case(ctx: Context) -> None:
+    """CartPole-v1 K-step rollouts: fused (random / given / 2x64 MLP / stats only) vs per-step loops."""
+    sizes = [(257, 8)] if ctx.quick else [(4096, 512), (65536, 256), (1 << 20, 64)]
+    _check_against_reference(ctx, "CartPole-v1", "reference")
+    for n, k in sizes:
+        variant = f"n={n},K={k}"
+        env = simfuse.make_vec("CartPole-v1", n, device=ctx.device)
+        env.reset(seed=0)
+        gen = torch.Generator(device=ctx.device).manual_seed(n)
+        actions = torch.randint(0, 2, (k, n), device=ctx.device, dtype=torch.int32, generator=gen)
+        actor = torch.nn.Sequential(torch.nn.Linear(4, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64), torch.nn.Tanh(),
+                                    torch.nn.Linear(64, 2)).to(ctx.device)
+        critic = torch.nn.Sequential(torch.nn.Linear(4, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64),
+                                     torch.nn.Tanh(), torch.nn.Linear(64, 1)).to(ctx.device)
+        mlp = simfuse.MLPPolicy(actor, critic)
+        state = reference.start_state(CARTPOLE, torch.rand((4, n), device=ctx.device, generator=gen))
+        steps = torch.zeros(n, dtype=torch.int32, device=ctx.device)
+
+        def step_loop():
+            for t in range(k):
+                env.step(actions[t])
+
+        traj_bytes = n * k * TRAJECTORY_BYTES["CartPole-v1"]
+        runs = [
+            ("torch per-step loop", lambda: reference.unfused_random_rollout(CARTPOLE, state, steps, k, 500),
+             traj_bytes),
+            ("step() python loop", step_loop, n * k * (TRAJECTORY_BYTES["CartPole-v1"] - 4)),
+            ("fused rollout, random", lambda: env.rollout("random", num_steps=k), traj_bytes),
+            ("fused rollout, given actions", lambda: env.rollout(actions), traj_bytes + 4 * n * k),
+            ("fused rollout, 2x64 MLP + critic", lambda: env.rollout(mlp, num_steps=k), traj_bytes + 8 * n * k),
+            ("fused stats only, random", lambda: env.rollout("random", num_steps=k, stats_only=True), 28 * n),
+        ]
+        if ctx.gpu and n == 65536:
+            compiled = torch.compile(reference.unfused_random_rollout, dynamic=False)
+            runs.append(("torch.compile per-step loop",
+                         lambda: compiled(CARTPOLE, state, steps, k, 500), traj_bytes))
+        for impl, fn, nbytes in runs:
+            try:
+                record = ctx.time(impl, fn, bytes_moved=nbytes, params={"num_envs": n, "steps": k}, variant=variant)
+            except Exception as exc:  # torch.compile may be unavailable; the others must still run
+                if impl.startswith("torch.compile"):
+                    print(f"[sim] {impl} skipped: {type(exc).__name__}: {exc}")
+                    continue
+                raise
+            _rate(record, n, k)
+    _gymnasium_baseline(ctx)
+    _gymnax_baseline(ctx)
+
+
+def _gymnasium_baseline(ctx: Context) -> None:
+    """Gymnasium's own numpy CartPoleVectorEnv on the CPU at the sizes of TARGETS.md."""
+    import gymnasium
+
+    for n in ([64] if ctx.quick else [1024, 16384]):
+        k = 8 if ctx.quick else 64
+        env = gymnasium.make_vec("CartPole-v1", num_envs=n, vectorization_mode="vector_entry_point")
+        env.reset(seed=0)
+        actions = np.random.default_rng(0).integers(0, 2, size=(k, n))
+
+        def loop():
+            for t in range(k):
+                env.step(actions[t])
+
+        record = ctx.time("Gymnasium CartPoleVectorEnv (numpy, CPU)", loop, params={"num_envs": n, "steps": k},
+                          variant=f"gymnasium n={n},K={k}")
+        _rate(record, n, k)
+
+
+def _gymnax_baseline(ctx: Context) -> None:
+    """gymnax (JAX) when installed: jit + lax.scan random rollout, no trajectory kept."""
+    try:
+        import gymnax  # noqa: F401
+        import jax
+    except ImportError:
+        print("[sim] gymnax not installed: its baseline is skipped")
+        return
+    env, params = gymnax.make("CartPole-v1")
+    n, k = (256, 8) if ctx.quick else (65536, 256)
+
+    @jax.jit
+    def run(key):
+        keys = jax.random.split(key, n)
+        obs, state = jax.vmap(env.reset, in_axes=(0, None))(keys, params)
+
+        def body(carry, _):
+            state, key = carry
+            key, k_act, k_step = jax.random.split(key, 3)
+            acts = jax.random.randint(k_act, (n,), 0, 2)
+            _, state, reward, done, _ = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
+                jax.random.split(k_step, n), state, acts, params)
+            return (state, key), reward.sum()
+
+        return jax.lax.scan(body, (state, key), None, length=k)[1].sum()
+
+    key = jax.random.PRNGKey(0)
+    run(key).block_until_ready()
+    record = ctx.time("gymnax (JAX scan, no trajectory)", lambda: run(key).block_until_ready(),
+                      params={"num_envs": n, "steps": k}, variant=f"n={n},K={k}")
+    _rate(record, n, k)
+
+
+@case("sim", "classic", baseline="torch per-step loop")
+def classic_case(ctx: Context) -> None:
+    """Every classic-control env: fused random rollout vs the unfused torch loop (65,536 envs)."""
+    n, k = (129, 8) if ctx.quick else (65536, 128)
+    for name, spec in ENV_DEFS.items():
+        _check_against_reference(ctx, name, name)
+        env = simfuse.make_vec(name, n, device=ctx.device)
+        env.reset(seed=1)
+        gen = torch.Generator(device=ctx.device).manual_seed(1)
+        state = reference.start_state(spec, torch.rand((4, n), device=ctx.device, generator=gen))
+        steps = torch.zeros(n, dtype=torch.int32, device=ctx.device)
+        nbytes = n * k * TRAJECTORY_BYTES[name]
+        params = {"num_envs": n, "steps": k}
+        variant = f"{name},n={n},K={k}"
+        for impl, fn in (
+            ("torch per-step loop",
+             lambda: reference.unfused_random_rollout(spec, state, steps, k, spec.max_episode_steps)),
+            ("fused rollout, random", lambda: env.rollout("random", num_steps=k)),
+        ):
+            _rate(ctx.time(impl, fn, bytes_moved=nbytes, params=dict(params), variant=variant), n, k)
