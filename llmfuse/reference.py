@@ -149,13 +149,17 @@ class ReferenceDecoder:
     """The reference decoder as a stateful object (the benchmark's unfused baseline).
 
     ``step(tokens [B])`` runs one decode step at the next slot and returns logits [B, V];
-    ``compiled()`` wraps the step in ``torch.compile(mode="reduce-overhead", fullgraph=True)``
-    with the slot held in a device tensor so that one CUDA graph serves every step.
+    ``step_at(tokens, slot)`` takes the slot as a 0-d device tensor, so that
+    ``torch.compile(step_at, mode="reduce-overhead", fullgraph=True)`` serves every step
+    with one CUDA graph.  ``cache`` lets it share another decoder's cache.
     """
 
-    def __init__(self, weights: LlamaWeights, config: LlamaConfig, batch: int, max_slots: int):
+    def __init__(self, weights: LlamaWeights, config: LlamaConfig, batch: int, max_slots: int,
+                 cache: KVCache | None = None):
         self.w, self.cfg = weights, config
-        self.cache = KVCache.empty(config, batch, max_slots, dtype=weights.dtype, device=weights.device)
+        if cache is None:
+            cache = KVCache.empty(config, batch, max_slots, dtype=weights.dtype, device=weights.device)
+        self.cache = cache
         self.inv_freq = config.rope_inv_freq().to(weights.device)
         self.kv_start = torch.zeros(batch, dtype=torch.int64, device=weights.device)
         self.slot = torch.zeros((), dtype=torch.int64, device=weights.device)

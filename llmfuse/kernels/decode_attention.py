@@ -74,7 +74,8 @@ def decode_attention_tile(
     tl.store(lse_ptr + row, lse, mask=gmask)
 
 
-@jit
+# Sizes that change from call to call are not specialized: one compile serves them all.
+@jit(do_not_specialize=["layer", "S", "n_splits", "split_len"])
 def decode_attention_kernel(
     layer, q_ptr, k_cache_ptr, v_cache_ptr, kv_start_ptr, slot_ptr, out_ptr, lse_ptr,
     B, HQ, HKV, D, S, n_splits, split_len, sm_scale,

@@ -28,7 +28,8 @@ def down_proj_tile(
     tl.store(x_ptr + x_off, x_old + acc, mask=mask)
 
 
-@jit
+# Sizes that change from call to call are not specialized: one compile serves them all.
+@jit(do_not_specialize=["layer"])
 def down_proj_kernel(
     layer, h_ptr, w_ptr, x_ptr, B, H, I,
     BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr,

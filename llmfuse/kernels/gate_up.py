@@ -35,7 +35,8 @@ def gate_up_tile(
              mask=(b < B)[:, None] & nmask[None, :])
 
 
-@jit
+# Sizes that change from call to call are not specialized: one compile serves them all.
+@jit(do_not_specialize=["layer"])
 def gate_up_kernel(
     layer, x_ptr, norm_ptr, w_ptr, h_ptr, B, H, I, eps,
     BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr,

@@ -37,7 +37,8 @@ from .qkv_rope import qkv_rope_tile
 STAGES_PER_LAYER = 5
 
 
-@jit
+# Sizes that change from call to call are not specialized: one compile serves them all.
+@jit(do_not_specialize=["B", "S", "n_splits", "split_len", "stop_stage"])
 def looped_decode_kernel(
     x_ptr, attn_norm_ptr, wqkv_ptr, bqkv_ptr, inv_freq_ptr, kv_start_ptr, slot_ptr,
     q_ptr, k_cache_ptr, v_cache_ptr, part_ptr, lse_ptr, wo_ptr, mlp_norm_ptr, w_gate_up_ptr, h_ptr,

@@ -60,7 +60,8 @@ def o_proj_tile(
     tl.store(x_ptr + x_off, x_old + acc, mask=mask)
 
 
-@jit
+# Sizes that change from call to call are not specialized: one compile serves them all.
+@jit(do_not_specialize=["layer", "n_splits"])
 def o_proj_kernel(
     layer, part_ptr, lse_ptr, w_ptr, x_ptr, B, H, HQ, D, n_splits,
     BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SPLIT: tl.constexpr,

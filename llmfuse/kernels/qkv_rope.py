@@ -76,7 +76,8 @@ def qkv_rope_tile(
     tl.store(v_cache_ptr + c_off + half, out_hi.to(v_cache_ptr.dtype.element_ty), mask=mask & is_v)
 
 
-@jit
+# Sizes that change from call to call are not specialized: one compile serves them all.
+@jit(do_not_specialize=["layer", "S"])
 def qkv_rope_kernel(
     layer, x_ptr, norm_ptr, w_ptr, bias_ptr, inv_freq_ptr, kv_start_ptr, slot_ptr,
     q_ptr, k_cache_ptr, v_cache_ptr,

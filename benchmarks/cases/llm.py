@@ -1,0 +1,171 @@
+"""llmfuse: ms per decode step (one token per row) of Llama-3.2-1B and Llama-3.1-8B shapes.
+
+Random bf16 weights of the real shapes, batch 1 / 8 / 64, context 512 / 4096 (the cache
+holds random keys and values up to the context; the step writes slot ``context``).
+Implementations: HF transformers eager (1B, batch ≤ 8, context 512 only: it needs its
+own copy of the weights and a dynamic cache), the reference decoder eager, the reference
+decoder under ``torch.compile(mode="reduce-overhead", fullgraph=True)`` (CUDA graphs;
+compiled only at context 512 for batch 1 and 8 — each compile of the unrolled decoder
+takes tens of seconds), the fused per-layer kernels under a CUDA graph and the looped
+persistent kernel under a CUDA graph.  Floor: the weight bytes plus the KV-cache bytes one
+step must read.  Quick mode: a tiny config through the interpreter.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from benchmarks.registry import Context, case, plot
+from llmfuse import ops
+from llmfuse import reference as ref
+from llmfuse.config import LlamaConfig
+from llmfuse.weights import LlamaWeights, random_weights
+
+LLAMA_3_2_1B = LlamaConfig(
+    vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+    num_key_value_heads=8, head_dim=64, rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=True,
+    rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                  "original_max_position_embeddings": 8192},
+    max_position_embeddings=131072,
+)
+LLAMA_3_1_8B = LlamaConfig(
+    vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+    num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=False,
+    rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                  "original_max_position_embeddings": 8192},
+    max_position_embeddings=131072,
+)
+TINY = LlamaConfig(vocab_size=97, hidden_size=48, intermediate_size=88, num_hidden_layers=2,
+                   num_attention_heads=6, num_key_value_heads=2, head_dim=8)
+
+COMPILED_AT = {(1, 512), (8, 512)}  # (batch, context) where the torch.compile baseline is built
+HF_AT = {("Llama-3.2-1B", 1, 512), ("Llama-3.2-1B", 8, 512)}
+
+
+def step_bytes(cfg: LlamaConfig, w: LlamaWeights, batch: int, context: int) -> int:
+    """Fewest bytes one decode step moves: every weight once + the K and V of context + 1 slots."""
+    kv = 2 * cfg.num_hidden_layers * batch * cfg.num_key_value_heads * (context + 1) * cfg.head_dim
+    return w.nbytes() + kv * w.wqkv.element_size()
+
+
+def _hf_model(cfg: LlamaConfig, device: torch.device, dtype: torch.dtype):
+    import transformers
+
+    hf_cfg = transformers.LlamaConfig(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=cfg.num_attention_heads,
+        num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim, rms_norm_eps=cfg.rms_norm_eps,
+        rope_theta=cfg.rope_theta, rope_scaling=cfg.rope_scaling, tie_word_embeddings=cfg.tie_word_embeddings,
+        max_position_embeddings=cfg.max_position_embeddings,
+    )
+    with torch.device(device):
+        return transformers.LlamaForCausalLM(hf_cfg).to(dtype).eval()
+
+
+def _time_hf(ctx: Context, cfg: LlamaConfig, batch: int, context: int, nbytes: int, params: dict, variant: str):
+    try:
+        model = _hf_model(cfg, ctx.device, torch.bfloat16)
+    except ImportError:
+        return
+    gen = torch.Generator(device=ctx.device).manual_seed(3)
+    prompt = torch.randint(0, cfg.vocab_size, (batch, context), device=ctx.device, generator=gen)
+    token = torch.randint(0, cfg.vocab_size, (batch, 1), device=ctx.device, generator=gen)
+    with torch.no_grad():
+        past = model(prompt, use_cache=True).past_key_values
+
+        def hf_step():
+            model(token, past_key_values=past, use_cache=True)
+            past.crop(context)
+
+        ctx.time("HF transformers eager", hf_step, bytes_moved=nbytes, params=params, variant=variant)
+
+
+@case("llm", "decode", baseline="reference decoder eager")
+def decode_case(ctx: Context) -> None:
+    """ms per decode step: HF eager, reference eager / compiled, fused per-layer and looped kernels."""
+    dtype = torch.bfloat16 if ctx.gpu else torch.float32
+    if ctx.quick:
+        models = [("tiny", TINY, [1, 3], [16])]
+    else:
+        models = [("Llama-3.2-1B", LLAMA_3_2_1B, [1, 8, 64], [512, 4096]),
+                  ("Llama-3.1-8B", LLAMA_3_1_8B, [1, 8, 64], [512, 4096])]
+    for name, cfg, batches, contexts in models:
+        gen = torch.Generator(device=ctx.device).manual_seed(0)
+        w = random_weights(cfg, dtype=dtype, device=ctx.device, generator=gen)
+        inv_freq = cfg.rope_inv_freq().to(ctx.device)
+        for context in contexts:
+            for batch in batches:
+                _decode_variant(ctx, name, cfg, w, inv_freq, batch, context, gen)
+        del w
+        if ctx.gpu:
+            torch.cuda.empty_cache()
+
+
+def _decode_variant(ctx: Context, name: str, cfg: LlamaConfig, w: LlamaWeights, inv_freq: torch.Tensor,
+                    batch: int, context: int, gen: torch.Generator) -> None:
+    slots = context + 8
+    variant = f"{name},B={batch},ctx={context}"
+    params = {"model": name, "batch": batch, "context": context, "dtype": str(w.dtype)}
+    nbytes = step_bytes(cfg, w, batch, context)
+    cache = ref.KVCache.empty(cfg, batch, slots, dtype=w.dtype, device=ctx.device)
+    cache.k.normal_(0.0, 0.5, generator=gen)
+    cache.v.normal_(0.0, 0.5, generator=gen)
+    tokens = torch.randint(0, cfg.vocab_size, (batch,), device=ctx.device, generator=gen)
+    plan = ops.make_plan(cfg, batch, slots, w.dtype, ctx.device)
+    buf = ops.DecodeBuffers.allocate(cfg, plan, w.dtype, ctx.device)
+    buf.slot.fill_(context)
+    decoder = ref.ReferenceDecoder(w, cfg, batch, slots, cache=cache)
+    slot = torch.full((), context, dtype=torch.int64, device=ctx.device)
+
+    with torch.no_grad():
+        expected = decoder.step_at(tokens, slot).float()
+        for looped in (False, True):
+            ops.fused_step(w, cfg, cache, buf, plan, inv_freq, tokens, looped=looped, write_logits=True)
+            ctx.check(f"{variant} {'looped' if looped else 'per-layer'} logits", buf.logits, expected,
+                      2e-2 if w.dtype == torch.bfloat16 else 1e-3)
+
+        if ctx.gpu and (name, batch, context) in HF_AT:
+            _time_hf(ctx, cfg, batch, context, nbytes, params, variant)
+        ctx.time("reference decoder eager", lambda: decoder.step_at(tokens, slot), bytes_moved=nbytes,
+                 params=params, variant=variant)
+        if ctx.gpu and (batch, context) in COMPILED_AT:
+            compiled = torch.compile(decoder.step_at, mode="reduce-overhead", fullgraph=True)
+            for _ in range(3):  # compile, record the CUDA graph, replay
+                compiled(tokens, slot)
+            ctx.time("reference decoder torch.compile (CUDA graphs)", lambda: compiled(tokens, slot),
+                     bytes_moved=nbytes, params=params, variant=variant)
+            del compiled
+            torch._dynamo.reset()
+        for looped, label in ((False, "fused per-layer kernels"), (True, "looped persistent kernel")):
+            label += " (CUDA graph)" if ctx.gpu else ""
+            ctx.time(label, lambda looped=looped: ops.fused_step(w, cfg, cache, buf, plan, inv_freq, tokens,
+                                                                 looped=looped, write_logits=False),
+                     bytes_moved=nbytes, cuda_graph=True, params=params, variant=variant)
+
+
+@plot("llm")
+def ms_per_token_plot(records, out_dir):
+    """ms per decode step against batch, one panel per (model, context), one line per implementation."""
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in records if r.domain == "llm" and r.params.get("batch")]
+    panels = sorted({(r.params["model"], r.params["context"]) for r in rows})
+    if not panels:
+        return []
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 4), squeeze=False)
+    for ax, (model, context) in zip(axes[0], panels):
+        mine = [r for r in rows if r.params["model"] == model and r.params["context"] == context]
+        for impl in sorted({r.implementation for r in mine}):
+            pts = sorted((r.params["batch"], r.median_ms) for r in mine if r.implementation == impl)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("batch")
+        ax.set_ylabel("ms per decode step")
+        ax.set_title(f"{model}, context {context}", fontsize=9)
+    axes[0][0].legend(fontsize=6)
+    fig.tight_layout()
+    path = out_dir / "llm_ms_per_token.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return [path]
