@@ -130,12 +130,12 @@ def rollout(
     if mlp is not None:
         actor, critic = mlp.packed(device)
         critic = critic if critic is not None else actor
-        dims = {"TWO_HIDDEN": mlp.two_hidden, "ACTIVATION": mlp.activation_id,
+        dims = {"TWO_HIDDEN": mlp.two_hidden, "ACTIVATION": mlp.activation_id, "PRECISION": mlp.precision,
                 "D_PAD": mlp.d_pad, "H_PAD": mlp.h_pad, "A_PAD": mlp.a_pad}
         log_std = mlp.log_std_value() if not env.discrete else 0.0
     else:
         actor = critic = (state,) * 6
-        dims = {"TWO_HIDDEN": False, "ACTIVATION": 0, "D_PAD": 16, "H_PAD": 16, "A_PAD": 16}
+        dims = {"TWO_HIDDEN": False, "ACTIVATION": 0, "PRECISION": "ieee", "D_PAD": 16, "H_PAD": 16, "A_PAD": 16}
         log_std = 0.0
     dummy = state
     if n:

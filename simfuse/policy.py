@@ -58,10 +58,15 @@ class MLPPolicy:
         critic: optional ``nn.Sequential`` of the same layer structure mapping observations
             to values [B, 1]; when given, rollouts also return V(o_t).
         log_std: log standard deviation of the Gaussian head (continuous envs).
+        precision: ``"ieee"`` (float32 products, log-probabilities exact to ~1e-6) or
+            ``"tf32"`` (tensor cores, ~8x faster on the GPU, log-probabilities within ~1e-3).
     """
 
     def __init__(self, actor: nn.Sequential, critic: nn.Sequential | None = None,
-                 log_std: float | torch.Tensor = 0.0):
+                 log_std: float | torch.Tensor = 0.0, precision: str = "ieee"):
+        if precision not in ("ieee", "tf32"):
+            raise ValueError(f"precision must be 'ieee' or 'tf32', got {precision!r}")
+        self.precision = precision
         actor_layers, self.activation = _layers(actor, "actor")
         self.actor, self.critic = actor, critic
         self.two_hidden = len(actor_layers) == 3

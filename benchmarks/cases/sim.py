@@ -56,7 +56,8 @@ def cartpole_case(ctx: Context) -> None:
                                     torch.nn.Linear(64, 2)).to(ctx.device)
         critic = torch.nn.Sequential(torch.nn.Linear(4, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64),
                                      torch.nn.Tanh(), torch.nn.Linear(64, 1)).to(ctx.device)
-        mlp = simfuse.MLPPolicy(actor, critic)
+        mlp_exact = simfuse.MLPPolicy(actor, critic, precision="ieee")
+        mlp_fast = simfuse.MLPPolicy(actor, precision="tf32")
         state = reference.start_state(CARTPOLE, torch.rand((4, n), device=ctx.device, generator=gen))
         steps = torch.zeros(n, dtype=torch.int32, device=ctx.device)
 
@@ -71,7 +72,10 @@ def cartpole_case(ctx: Context) -> None:
             ("step() python loop", step_loop, n * k * (TRAJECTORY_BYTES["CartPole-v1"] - 4)),
             ("fused rollout, random", lambda: env.rollout("random", num_steps=k), traj_bytes),
             ("fused rollout, given actions", lambda: env.rollout(actions), traj_bytes + 4 * n * k),
-            ("fused rollout, 2x64 MLP + critic", lambda: env.rollout(mlp, num_steps=k), traj_bytes + 8 * n * k),
+            ("fused rollout, 2x64 MLP actor (tf32)", lambda: env.rollout(mlp_fast, num_steps=k),
+             traj_bytes + 4 * n * k),
+            ("fused rollout, 2x64 MLP actor+critic (fp32)", lambda: env.rollout(mlp_exact, num_steps=k),
+             traj_bytes + 8 * n * k),
             ("fused stats only, random", lambda: env.rollout("random", num_steps=k, stats_only=True), 28 * n),
         ]
         if ctx.gpu and n == 65536:

@@ -61,7 +61,7 @@ def rollout_kernel(
     ENV: tl.constexpr, OBS_DIM: tl.constexpr, NUM_ACTIONS: tl.constexpr,
     POLICY: tl.constexpr, AUTORESET: tl.constexpr,
     WRITE_OBS: tl.constexpr, WRITE_STEP: tl.constexpr, WRITE_FINAL: tl.constexpr, WRITE_STATS: tl.constexpr,
-    HAS_CRITIC: tl.constexpr, TWO_HIDDEN: tl.constexpr, ACTIVATION: tl.constexpr,
+    HAS_CRITIC: tl.constexpr, TWO_HIDDEN: tl.constexpr, ACTIVATION: tl.constexpr, PRECISION: tl.constexpr,
     D_PAD: tl.constexpr, H_PAD: tl.constexpr, A_PAD: tl.constexpr, OBS_PAD: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
@@ -112,7 +112,7 @@ def rollout_kernel(
         else:
             x = obs_tile(o0, o1, o2, o3, o4, o5, D_PAD)
             out = mlp_forward(x, actor_w_in, actor_b_in, actor_w_hid, actor_b_hid, actor_w_out, actor_b_out,
-                              TWO_HIDDEN, ACTIVATION)
+                              TWO_HIDDEN, ACTIVATION, PRECISION)
             if NUM_ACTIONS > 0:
                 u0, u1, u2, u3 = uniform4(seed, idx + POLICY_TAG, position)
                 action, log_prob = sample_categorical(out, u0, u1, u2, u3, NUM_ACTIONS, A_PAD)
@@ -123,13 +123,13 @@ def rollout_kernel(
             if HAS_CRITIC:
                 value = first_column(
                     mlp_forward(x, critic_w_in, critic_b_in, critic_w_hid, critic_b_hid, critic_w_out,
-                                critic_b_out, TWO_HIDDEN, ACTIVATION),
+                                critic_b_out, TWO_HIDDEN, ACTIVATION, PRECISION),
                     A_PAD,
                 )
                 tl.store(value_out_ptr + row, value, mask=mask)
         if WRITE_OBS:
             store_obs(obs_out_ptr, row, mask, o0, o1, o2, o3, o4, o5, OBS_DIM, OBS_PAD)
-            tl.store(action_out_ptr + row, action, mask=mask)
+            tl.store(action_out_ptr + row, action.to(action_out_ptr.dtype.element_ty), mask=mask)
 
         n0, n1, n2, n3, reward, terminated = env_step(s0, s1, s2, s3, action, ENV)
         length = steps + 1
