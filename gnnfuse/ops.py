@@ -1,0 +1,311 @@
+"""Launchers and autograd for the fused GAT attention: shapes checked, schedule applied.
+
+Two public functions, for users with their own projections:
+
+* :func:`gat_attention` ``(graph, wh, el, er)`` — the fused attention given the per-node
+  terms ``el = a_l · Wh`` (source side) and ``er = a_r · Wh`` (destination side);
+* :func:`gat` ``(graph, wh, attn_l, attn_r)`` — computes ``el`` / ``er`` once per node and calls
+  :func:`gat_attention`.
+
+Both return ``out [N, H, D]`` in the dtype of ``wh`` with ``out_i = Σ_{j->i} α_ij Wh_j`` and
+``α_i· = softmax_j LeakyReLU(el_j + er_i)`` per head, and are differentiable in every tensor
+argument.  Under :func:`fusecore.use_reference` they run :mod:`gnnfuse.reference` instead.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from fusecore import PhiloxStream, backend, cdiv
+
+from .graph import Graph, as_graph
+from .schedule import Buckets, Schedule, ScheduleOptions, light_rows_per_program
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float64 for float64 features, float32 for everything else."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _new_output(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Allocate a tensor the kernels fill completely (tests replace this with a poisoned fill)."""
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def _row_launches(schedule: Schedule, buckets: Buckets):
+    """(rows, piece_start, piece_stop, count, pieces) for the medium rows and the super pieces."""
+    if buckets.medium_rows.numel():
+        rows = buckets.medium_rows
+        yield rows, rows, rows, rows.numel(), False
+    if buckets.num_pieces:
+        yield buckets.piece_row, buckets.piece_start, buckets.piece_stop, buckets.num_pieces, True
+
+
+def _dropout_args(dropout_p: float) -> tuple[float, bool]:
+    return (1.0 / (1.0 - dropout_p) if dropout_p > 0 else 1.0), dropout_p > 0
+
+
+def gat_forward(
+    graph: Graph, wh: torch.Tensor, el: torch.Tensor, er: torch.Tensor, negative_slope: float,
+    dropout_p: float, seed: int, offset: int, options: ScheduleOptions | None, out_dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch the fused forward on checked, contiguous inputs; returns ``(out, lse)``.
+
+    ``out`` is written in ``out_dtype`` (default: ``wh``'s dtype; the backward asks for the
+    accumulation dtype so that ``δ = <g, out>`` is not computed from a rounded output).
+    """
+    from .kernels.gat_forward import gat_forward_light_kernel, gat_forward_rows_kernel
+    from .kernels.merge import lse_merge_kernel
+
+    num_nodes, heads, head_dim = wh.shape
+    acc = el.dtype
+    out = _new_output(tuple(wh.shape), out_dtype or wh.dtype, wh.device)
+    lse = _new_output((num_nodes, heads), acc, wh.device)
+    if num_nodes == 0:
+        return out, lse
+    schedule = graph.schedule(heads, head_dim, wh.dtype, options)
+    block_h, block_d = schedule.block_h, schedule.block_d
+    keep_scale, use_dropout = _dropout_args(dropout_p)
+    rng_args = (negative_slope, dropout_p, keep_scale, seed, offset)
+    buckets = schedule.incoming
+    for width, rows in buckets.light:
+        per_program = light_rows_per_program(width, block_h, block_d)
+        gat_forward_light_kernel[(cdiv(rows.numel(), per_program),)](
+            graph.indptr, graph.csr_src, rows, el, er, wh, out, lse, rows.numel(), heads, head_dim, *rng_args,
+            ROWS=per_program, BLOCK_E=width, BLOCK_H=block_h, BLOCK_D=block_d, DROPOUT=use_dropout,
+        )
+    for rows, starts, stops, count, pieces in _row_launches(schedule, buckets):
+        if pieces:
+            target_out = _new_output((count, heads, head_dim), acc, wh.device)
+            target_lse = _new_output((count, heads), acc, wh.device)
+        else:
+            target_out, target_lse = out, lse
+        gat_forward_rows_kernel[(count,)](
+            graph.indptr, graph.csr_src, rows, starts, stops, el, er, wh, target_out, target_lse,
+            heads, head_dim, *rng_args,
+            BLOCK_E=schedule.medium_block_e, BLOCK_H=block_h, BLOCK_D=block_d, PIECES=pieces, DROPOUT=use_dropout,
+        )
+        if pieces:
+            lse_merge_kernel[(buckets.super_rows.numel(),)](
+                buckets.super_piece_ptr, buckets.super_rows, target_out, target_lse, out, lse, heads, head_dim,
+                BLOCK_H=block_h, BLOCK_D=block_d,
+            )
+    return out, lse
+
+
+def _merge_sums(buckets: Buckets, part: torch.Tensor, out: torch.Tensor) -> None:
+    from .kernels.merge import sum_merge_kernel
+
+    width = part[0].numel()
+    sum_merge_kernel[(buckets.super_rows.numel(),)](
+        buckets.super_piece_ptr, buckets.super_rows, part, out, width,
+        BLOCK_W=min(1024, 1 << (width - 1).bit_length()),
+    )
+
+
+def gat_backward(
+    graph: Graph, wh: torch.Tensor, el: torch.Tensor, er: torch.Tensor, lse: torch.Tensor, out: torch.Tensor,
+    grad_out: torch.Tensor, negative_slope: float, dropout_p: float, seed: int, offset: int,
+    options: ScheduleOptions | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients ``(∂wh, ∂el, ∂er)`` of the fused attention, without atomics."""
+    from .kernels.gat_backward import (
+        gat_backward_src_kernel,
+        gat_backward_src_light_kernel,
+        row_sum_kernel,
+        row_sum_light_kernel,
+    )
+
+    num_nodes, heads, head_dim = wh.shape
+    acc = el.dtype
+    grad_wh = _new_output(tuple(wh.shape), wh.dtype, wh.device)
+    grad_el = _new_output((num_nodes, heads), acc, wh.device)
+    grad_er = _new_output((num_nodes, heads), acc, wh.device)
+    if num_nodes == 0:
+        return grad_wh, grad_el, grad_er
+    schedule = graph.schedule(heads, head_dim, wh.dtype, options)
+    block_h, block_d = schedule.block_h, schedule.block_d
+    keep_scale, use_dropout = _dropout_args(dropout_p)
+    rng_args = (negative_slope, dropout_p, keep_scale, seed, offset)
+    # δ_i = <g_i, out_i> per head: one pass over node rows instead of one over edges.
+    delta = (grad_out.to(acc) * out.to(acc)).sum(-1).contiguous()
+    grad_z = _new_output((max(graph.num_edges, 1), heads), acc, wh.device)
+    src_tensors = (el, er, wh, lse, grad_out, delta)
+    outgoing = schedule.outgoing
+    for width, rows in outgoing.light:
+        per_program = light_rows_per_program(width, block_h, block_d)
+        gat_backward_src_light_kernel[(cdiv(rows.numel(), per_program),)](
+            graph.rev_indptr, graph.rev_dst, graph.rev_pos, rows, *src_tensors, grad_wh, grad_el, grad_z,
+            rows.numel(), heads, head_dim, *rng_args,
+            ROWS=per_program, BLOCK_E=width, BLOCK_H=block_h, BLOCK_D=block_d, DROPOUT=use_dropout,
+        )
+    for rows, starts, stops, count, pieces in _row_launches(schedule, outgoing):
+        if pieces:
+            target_wh = _new_output((count, heads, head_dim), acc, wh.device)
+            target_el = _new_output((count, heads), acc, wh.device)
+        else:
+            target_wh, target_el = grad_wh, grad_el
+        gat_backward_src_kernel[(count,)](
+            graph.rev_indptr, graph.rev_dst, graph.rev_pos, rows, starts, stops, *src_tensors,
+            target_wh, target_el, grad_z, heads, head_dim, *rng_args,
+            BLOCK_E=schedule.medium_block_e, BLOCK_H=block_h, BLOCK_D=block_d, PIECES=pieces, DROPOUT=use_dropout,
+        )
+        if pieces:
+            _merge_sums(outgoing, target_wh, grad_wh)
+            _merge_sums(outgoing, target_el, grad_el)
+    incoming = schedule.incoming
+    for width, rows in incoming.light:
+        per_program = light_rows_per_program(width, block_h, 1)
+        row_sum_light_kernel[(cdiv(rows.numel(), per_program),)](
+            graph.indptr, rows, grad_z, grad_er, rows.numel(), heads,
+            ROWS=per_program, BLOCK_E=width, BLOCK_W=block_h,
+        )
+    for rows, starts, stops, count, pieces in _row_launches(schedule, incoming):
+        target_er = _new_output((count, heads), acc, wh.device) if pieces else grad_er
+        row_sum_kernel[(count,)](
+            graph.indptr, rows, starts, stops, grad_z, target_er, heads,
+            BLOCK_E=max(schedule.medium_block_e, 16), BLOCK_W=block_h, PIECES=pieces,
+        )
+        if pieces:
+            _merge_sums(incoming, target_er, grad_er)
+    return grad_wh, grad_el, grad_er
+
+
+class GATAttentionFunction(torch.autograd.Function):
+    """Autograd wrapper: forward saves ``wh, el, er, out, lse`` (no per-edge tensor).
+
+    When gradients are needed, ``out`` is kept in the accumulation dtype for the backward's
+    ``δ = <g, out>`` (float16 / bfloat16 rounding of ``out`` would be amplified by the
+    softmax-gradient cancellation); the returned output is cast to ``wh``'s dtype.
+    """
+
+    @staticmethod
+    def forward(ctx, wh, el, er, graph, negative_slope, dropout_p, seed, offset, options):  # type: ignore[override]
+        training = any(ctx.needs_input_grad[:3])
+        out_dtype = el.dtype if training else wh.dtype
+        out, lse = gat_forward(graph, wh, el, er, negative_slope, dropout_p, seed, offset, options, out_dtype)
+        ctx.save_for_backward(wh, el, er, out, lse)
+        ctx.graph = graph
+        ctx.config = (negative_slope, dropout_p, seed, offset, options)
+        return out.to(wh.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_out):  # type: ignore[override]
+        wh, el, er, out, lse = ctx.saved_tensors
+        negative_slope, dropout_p, seed, offset, options = ctx.config
+        grad_wh, grad_el, grad_er = gat_backward(
+            ctx.graph, wh, el, er, lse, out, grad_out.contiguous(), negative_slope, dropout_p, seed, offset, options
+        )
+        return grad_wh, grad_el, grad_er, None, None, None, None, None, None
+
+
+def _check_features(graph: Graph, wh: torch.Tensor, el: torch.Tensor, er: torch.Tensor) -> None:
+    for name, t in (("wh", wh), ("el", el), ("er", er)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in FLOAT_DTYPES:
+            raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, got {t.dtype}")
+    if wh.dim() != 3:
+        raise ValueError(f"wh must have shape [num_nodes, heads, head_dim], got {tuple(wh.shape)}")
+    num_nodes, heads, head_dim = wh.shape
+    if num_nodes != graph.num_nodes:
+        raise ValueError(f"wh has {num_nodes} rows but the graph has num_nodes={graph.num_nodes}")
+    if heads < 1 or head_dim < 1:
+        raise ValueError(f"wh must have at least one head and head_dim >= 1, got shape {tuple(wh.shape)}")
+    for name, t in (("el", el), ("er", er)):
+        if tuple(t.shape) != (num_nodes, heads):
+            raise ValueError(f"{name} must have shape [num_nodes, heads] = {[num_nodes, heads]}, got {list(t.shape)}")
+
+
+def _check_dropout(dropout: float) -> float:
+    if not (isinstance(dropout, (int, float)) and 0.0 <= dropout < 1.0 and math.isfinite(dropout)):
+        raise ValueError(f"dropout must be a float in [0, 1), got {dropout!r}")
+    return float(dropout)
+
+
+def gat_attention(
+    graph,
+    wh: torch.Tensor,
+    el: torch.Tensor,
+    er: torch.Tensor,
+    *,
+    negative_slope: float = 0.2,
+    dropout: float = 0.0,
+    rng: PhiloxStream | None = None,
+    schedule: ScheduleOptions | None = None,
+) -> torch.Tensor:
+    """Fused GAT attention over ``graph`` given per-node scores.
+
+    ``wh``: ``[N, H, D]`` projected features (float16 / bfloat16 / float32 / float64);
+    ``el``, ``er``: ``[N, H]`` source and destination terms (``a_l · Wh``, ``a_r · Wh``),
+    cast to the accumulation dtype (float32, float64 for float64 features).
+    ``dropout``: attention dropout probability; the mask for the edge at CSR position ``p``
+    and head ``h`` is ``uniform(seed, p, offset + h) >= dropout`` where ``(seed, offset) =
+    rng.take(H)`` (``rng`` default: a stream seeded from torch's generator).
+    ``schedule``: :class:`~gnnfuse.schedule.ScheduleOptions` forcing the degree buckets.
+    Returns ``out [N, H, D]`` in ``wh``'s dtype; nodes without incoming edges get zeros.
+    """
+    graph = as_graph(graph)
+    _check_features(graph, wh, el, er)
+    dropout = _check_dropout(dropout)
+    acc = accumulation_dtype(wh.dtype)
+    el = el.to(acc).contiguous()
+    er = er.to(acc).contiguous()
+    wh = wh.contiguous()
+    seed, offset = 0, 0
+    if dropout > 0:
+        rng = rng or PhiloxStream.from_torch()
+        seed, offset = rng.take(wh.shape[1])
+    if backend.reference_enabled():
+        from .reference import gat_attention_reference
+
+        return gat_attention_reference(
+            graph, wh, el, er, negative_slope=negative_slope, dropout=dropout, seed=seed, offset=offset
+        )[0].to(wh.dtype)
+    backend.check_devices(wh=wh, el=el, er=er, graph=graph.indptr)
+    return GATAttentionFunction.apply(wh, el, er, graph, float(negative_slope), dropout, seed, offset, schedule)
+
+
+def node_scores(wh: torch.Tensor, attn_l: torch.Tensor, attn_r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``el = Σ_d wh · attn_l``, ``er = Σ_d wh · attn_r`` per (node, head), in the accumulation dtype."""
+    acc = accumulation_dtype(wh.dtype)
+    heads, head_dim = wh.shape[1], wh.shape[2]
+    for name, a in (("attn_l", attn_l), ("attn_r", attn_r)):
+        if not isinstance(a, torch.Tensor) or a.numel() != heads * head_dim:
+            shape = tuple(a.shape) if isinstance(a, torch.Tensor) else type(a).__name__
+            raise ValueError(f"{name} must have {heads} x {head_dim} elements (shape (1, H, D)), got {shape}")
+    wh_acc = wh.to(acc)
+    el = (wh_acc * attn_l.reshape(1, heads, head_dim).to(acc)).sum(-1)
+    er = (wh_acc * attn_r.reshape(1, heads, head_dim).to(acc)).sum(-1)
+    return el, er
+
+
+def gat(
+    graph,
+    wh: torch.Tensor,
+    attn_l: torch.Tensor,
+    attn_r: torch.Tensor,
+    *,
+    negative_slope: float = 0.2,
+    dropout: float = 0.0,
+    rng: PhiloxStream | None = None,
+    schedule: ScheduleOptions | None = None,
+) -> torch.Tensor:
+    """GAT attention from projected features and attention vectors ``attn_l``, ``attn_r`` ``(1, H, D)``.
+
+    Same as :func:`gat_attention` with ``el``, ``er`` computed by :func:`node_scores`.
+    """
+    graph = as_graph(graph)
+    if not isinstance(wh, torch.Tensor) or wh.dim() != 3:
+        shape = tuple(wh.shape) if isinstance(wh, torch.Tensor) else type(wh).__name__
+        raise ValueError(f"wh must be a tensor of shape [num_nodes, heads, head_dim], got {shape}")
+    if wh.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"wh must be float16, bfloat16, float32 or float64, got {wh.dtype}")
+    el, er = node_scores(wh, attn_l, attn_r)
+    return gat_attention(
+        graph, wh, el, er, negative_slope=negative_slope, dropout=dropout, rng=rng, schedule=schedule
+    )

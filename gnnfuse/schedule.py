@@ -1,0 +1,181 @@
+"""Degree-bucketed schedules: which program handles which rows of a CSR.
+
+Rows (destination nodes of the CSR, or source nodes of the reverse CSR) fall in three kinds
+by degree ``d``:
+
+``light``   ``d <= light_max_degree`` (at most 64): grouped by ``width``, the power of two
+            at or above ``d``; a program takes many rows of one width, all their edges in
+            one ``[rows, width]`` tile (no loop, no masked waste beyond the rounding).
+            Rows of degree 0 are light: their program writes the zeros (and ``lse = -inf``).
+``medium``  ``light_max_degree < d <= split_degree``: one program per row, looping over its
+            edges in blocks of ``medium_block_e``; rows sorted by decreasing degree so the
+            longest start first.
+``super``   ``d > split_degree``: the row is cut into pieces of at most ``piece_edges`` edges
+            (:func:`fusecore.plan.make_work_plan`); one program per piece writes a partial
+            result (normalized output + logsumexp in the forward, partial sums in the
+            backward) and a merge kernel combines the pieces of each row.
+
+Block sizes follow the feature tile: heads and head size are padded to powers of two
+(``block_h × block_d``) and the edge block is sized so one tile of gathered features stays
+near 4096 elements.  ``split_degree`` defaults to about ``E / (8 · multiprocessors)``, so no
+single row takes longer than an even share of the graph, whatever its degree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from fusecore import cdiv, device_facts, make_work_plan
+
+TILE_ELEMENTS = 4096
+MAX_EDGE_BLOCK = 64
+MAX_LIGHT_DEGREE = 64
+DEFAULT_LIGHT_MAX = 16
+MAX_LIGHT_ROWS = 64
+PROGRAMS_PER_SM = 8
+
+
+def next_power_of_two(n: int) -> int:
+    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
+@dataclass(frozen=True)
+class ScheduleOptions:
+    """Thresholds forcing a schedule (None: chosen from the graph and the feature shape).
+
+    ``light_max_degree``: rows up to this degree are light (0 .. 64; rows of degree 0 are
+    always light);
+    ``split_degree``: rows above this degree are split across programs (>= light_max_degree);
+    ``piece_edges``: edges per piece of a split row (default ``split_degree``, >= 1).
+    """
+
+    light_max_degree: int | None = None
+    split_degree: int | None = None
+    piece_edges: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("light_max_degree", "split_degree", "piece_edges"):
+            value = getattr(self, name)
+            low = 1 if name == "piece_edges" else 0
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
+                raise ValueError(f"ScheduleOptions.{name} must be None or an int >= {low}, got {value!r}")
+        if self.light_max_degree is not None and self.light_max_degree > MAX_LIGHT_DEGREE:
+            raise ValueError(
+                f"ScheduleOptions.light_max_degree must be <= {MAX_LIGHT_DEGREE}, got {self.light_max_degree}"
+            )
+
+
+@dataclass(frozen=True)
+class Buckets:
+    """The rows of one CSR by kind (index tensors on the graph's device).
+
+    ``light``: ``(width, rows)`` pairs, rows of degree <= width (and > width / 2);
+    ``piece_row[p]``, ``piece_start[p]``, ``piece_stop[p]``: super row and absolute edge range
+    of piece ``p``; the pieces of ``super_rows[s]`` are ``super_piece_ptr[s] :
+    super_piece_ptr[s + 1]``.
+    """
+
+    light: tuple[tuple[int, torch.Tensor], ...]
+    medium_rows: torch.Tensor
+    super_rows: torch.Tensor
+    piece_row: torch.Tensor
+    piece_start: torch.Tensor
+    piece_stop: torch.Tensor
+    super_piece_ptr: torch.Tensor
+
+    @property
+    def num_pieces(self) -> int:
+        return int(self.piece_row.numel())
+
+    def counts(self) -> dict[str, int]:
+        return {
+            "light": sum(int(rows.numel()) for _, rows in self.light),
+            "medium": int(self.medium_rows.numel()),
+            "super": int(self.super_rows.numel()),
+            "pieces": self.num_pieces,
+        }
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """How the GAT kernels cover one graph for one feature shape, dtype and device.
+
+    ``incoming`` buckets the destination rows (forward pass, per-destination backward
+    reductions); ``outgoing`` buckets the source rows of the reverse CSR (backward pass
+    over sources).
+    """
+
+    incoming: Buckets
+    outgoing: Buckets
+    block_h: int
+    block_d: int
+    medium_block_e: int
+    light_max_degree: int
+    split_degree: int
+    piece_edges: int
+
+
+def _buckets(
+    degree: torch.Tensor, indptr: torch.Tensor, light_max: int, split: int, piece_edges: int,
+    node_dtype: torch.dtype,
+) -> Buckets:
+    device = indptr.device
+    degree = degree.to(device)
+    light = []
+    width, low = 1, -1
+    while low < light_max:
+        high = min(width, light_max)
+        rows = torch.nonzero((degree > low) & (degree <= high)).flatten()
+        if rows.numel():
+            light.append((width, rows.to(node_dtype)))
+        width, low = width * 2, high
+    medium_mask = (degree > light_max) & (degree <= split)
+    medium_rows = torch.nonzero(medium_mask).flatten()
+    medium_rows = medium_rows[torch.argsort(degree[medium_rows], descending=True, stable=True)]
+    super_rows = torch.nonzero(degree > split).flatten()
+    super_rows = super_rows[torch.argsort(degree[super_rows], descending=True, stable=True)]
+    plan = make_work_plan(degree[super_rows].cpu(), max_piece_cost=piece_edges, num_chunks=1)
+    piece_row = super_rows.cpu()[plan.piece_item]
+    row_start = indptr.cpu().to(torch.int64)[piece_row]
+    super_piece_ptr = torch.zeros(super_rows.numel() + 1, dtype=torch.int64)
+    super_piece_ptr[1:] = torch.cumsum(plan.item_pieces, 0)
+    return Buckets(
+        light=tuple(light),
+        medium_rows=medium_rows.to(node_dtype),
+        super_rows=super_rows.to(node_dtype),
+        piece_row=piece_row.to(device=device, dtype=node_dtype),
+        piece_start=(row_start + plan.piece_start).to(device),
+        piece_stop=(row_start + plan.piece_stop).to(device),
+        super_piece_ptr=super_piece_ptr.to(device),
+    )
+
+
+def build_schedule(graph, num_heads: int, head_dim: int, dtype: torch.dtype, options: ScheduleOptions) -> Schedule:
+    """Choose the buckets of ``graph`` for features ``[N, num_heads, head_dim]`` (see module doc)."""
+    block_h, block_d = next_power_of_two(num_heads), next_power_of_two(head_dim)
+    edge_tile = max(1, min(MAX_EDGE_BLOCK, TILE_ELEMENTS // (block_h * block_d)))
+    light_max = options.light_max_degree
+    if light_max is None:
+        light_max = min(DEFAULT_LIGHT_MAX, edge_tile)
+    split = options.split_degree
+    if split is None:
+        sm_count = device_facts(graph.device).sm_count
+        split = max(4 * edge_tile, cdiv(graph.num_edges, PROGRAMS_PER_SM * sm_count))
+    split = max(split, light_max)
+    piece_edges = options.piece_edges or max(split, 1)
+    node_dtype = graph.csr_src.dtype
+    incoming = _buckets(graph.in_degree, graph.indptr, light_max, split, piece_edges, node_dtype)
+    outgoing = _buckets(graph.out_degree, graph.rev_indptr, light_max, split, piece_edges, node_dtype)
+    return Schedule(
+        incoming=incoming, outgoing=outgoing, block_h=block_h, block_d=block_d,
+        medium_block_e=edge_tile,
+        light_max_degree=light_max, split_degree=split, piece_edges=piece_edges,
+    )
+
+
+def light_rows_per_program(width: int, block_h: int, block_d: int) -> int:
+    """Rows per program for light rows of ``width``: one ``[rows·width, H, D]`` tile near
+    :data:`TILE_ELEMENTS` elements, at most :data:`MAX_LIGHT_ROWS` rows (a power of two)."""
+    return max(1, min(MAX_LIGHT_ROWS, TILE_ELEMENTS // (width * block_h * block_d)))

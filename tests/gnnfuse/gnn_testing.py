@@ -1,0 +1,44 @@
+"""Shared pieces of the gnnfuse tests: corner-case graphs, forced schedules, Planetoid data."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from gnnfuse import ScheduleOptions
+from gnnfuse.datasets import load_planetoid
+
+ROOT = Path(__file__).resolve().parents[2]
+PLANETOID = Path(os.environ.get("FUSEKIT_DATASETS", ROOT.parent / "shared" / "datasets")) / "planetoid"
+
+# Every bucket kind forced on its own, and the automatic choice.
+SCHEDULES = {
+    "auto": None,
+    "light": ScheduleOptions(light_max_degree=64, split_degree=64),
+    "medium": ScheduleOptions(light_max_degree=0, split_degree=10_000),
+    "super": ScheduleOptions(light_max_degree=0, split_degree=2, piece_edges=3),
+    "mixed": ScheduleOptions(light_max_degree=2, split_degree=6, piece_edges=4),
+}
+
+
+def corner_case_edges(gen: torch.Generator, num_nodes: int = 29, num_edges: int = 120) -> torch.Tensor:
+    """Random edges plus: a super node (node 3 receives a third of the edges), self loops,
+    duplicate edges, and isolated nodes (the last three ids receive and send nothing)."""
+    active = num_nodes - 3
+    src = torch.randint(0, active, (num_edges,), generator=gen)
+    dst = torch.randint(0, active, (num_edges,), generator=gen)
+    dst[: num_edges // 3] = 3
+    loops = torch.arange(0, active, 4)
+    src = torch.cat([src, loops, src[:7]])
+    dst = torch.cat([dst, loops, dst[:7]])
+    return torch.stack([src, dst])
+
+
+def planetoid(name: str):
+    """The real Planetoid dataset, or skip when the shared datasets folder is absent."""
+    if not (PLANETOID / f"ind.{name}.graph").exists():
+        pytest.skip(f"Planetoid {name} not found under {PLANETOID}")
+    return load_planetoid(name, PLANETOID)

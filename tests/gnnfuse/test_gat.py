@@ -1,0 +1,168 @@
+"""The fused GAT attention (gnnfuse.ops) against the unfused float64 reference."""
+
+import pytest
+import torch
+from gnn_testing import SCHEDULES, corner_case_edges, planetoid
+
+from fusecore import PhiloxStream
+from fusecore.testing import TOLERANCES, assert_all_written, assert_close, poisoned
+from gnnfuse import Graph, ops
+from gnnfuse.reference import dropout_keep_mask, gat_attention_reference
+
+
+def random_inputs(gen, n, heads, dim, dtype, device, scale=1.0):
+    wh = (torch.randn(n, heads, dim, generator=gen) * scale).to(device=device, dtype=dtype)
+    el = (torch.randn(n, heads, generator=gen) * 2).to(device)
+    er = (torch.randn(n, heads, generator=gen) * 2).to(device)
+    return wh, el, er
+
+
+def check_against_reference(graph, wh, el, er, gen, *, schedule=None, dropout=0.0, rng_seed=0, tol=None):
+    """Forward, lse and the three gradients of the fused op against the float64 reference."""
+    leaves = [t.detach().clone().requires_grad_(True) for t in (wh, el, er)]
+    rng = PhiloxStream(rng_seed, offset=5)
+    out = ops.gat_attention(graph, *leaves, dropout=dropout, rng=rng, schedule=schedule)
+    assert out.dtype == wh.dtype and out.shape == wh.shape
+    grad_out = torch.randn(out.shape, generator=gen).to(out.device, out.dtype)
+    grads = torch.autograd.grad(out, leaves, grad_out)
+    refs = [t.detach().cpu().double().requires_grad_(True) for t in (wh, el, er)]
+    ref_out, _ = gat_attention_reference(
+        graph.to("cpu"), *refs, dropout=dropout, seed=rng_seed, offset=5
+    )
+    ref_grads = torch.autograd.grad(ref_out, refs, grad_out.cpu().double())
+    tol = tol or TOLERANCES[wh.dtype]
+    assert_close(out, ref_out, tol=tol, name="out")
+    for name, g, r in zip(("wh", "el", "er"), grads, ref_grads):
+        assert_close(g, r, tol=tol, name=f"grad {name}")
+
+
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+def test_every_schedule_matches_reference(gen, device, schedule):
+    graph = Graph(corner_case_edges(gen).to(device), 29)
+    wh, el, er = random_inputs(gen, 29, 3, 5, torch.float32, device)
+    check_against_reference(graph, wh, el, er, gen, schedule=SCHEDULES[schedule])
+
+
+@pytest.mark.parametrize("heads, dim", [(1, 1), (2, 16), (5, 3)])
+def test_any_head_count_and_size(gen, device, heads, dim):
+    graph = Graph(corner_case_edges(gen).to(device), 29)
+    wh, el, er = random_inputs(gen, 29, heads, dim, torch.float32, device)
+    check_against_reference(graph, wh, el, er, gen, schedule=SCHEDULES["mixed"])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_inputs_accumulate_in_float32(gen, device, dtype):
+    graph = Graph(corner_case_edges(gen).to(device), 29)
+    wh, el, er = random_inputs(gen, 29, 4, 8, dtype, device)
+    check_against_reference(graph, wh, el, er, gen, schedule=SCHEDULES["mixed"])
+
+
+def test_float64_gradcheck(gen, device):
+    graph = Graph(corner_case_edges(gen, num_nodes=9, num_edges=20).to(device), 9)
+    wh, el, er = random_inputs(gen, 9, 2, 3, torch.float64, device)
+    inputs = [t.double().requires_grad_(True) for t in (wh, el, er)]
+    for schedule in (SCHEDULES["light"], SCHEDULES["super"]):
+        def fused(w, a, b, schedule=schedule):
+            return ops.gat_attention(graph, w, a, b, schedule=schedule)
+
+        assert torch.autograd.gradcheck(fused, inputs, eps=1e-6, atol=1e-7, fast_mode=True)
+
+
+def test_attention_dropout_mask_is_regenerated_not_stored(gen, device):
+    graph = Graph(corner_case_edges(gen).to(device), 29)
+    wh, el, er = random_inputs(gen, 29, 3, 4, torch.float32, device)
+    check_against_reference(graph, wh, el, er, gen, dropout=0.4, rng_seed=123, schedule=SCHEDULES["mixed"])
+    keep = dropout_keep_mask(graph.to("cpu"), 3, 0.4, 123, 5)
+    assert 0.45 < keep.float().mean().item() < 0.75
+    a = ops.gat_attention(graph, wh, el, er, dropout=0.4, rng=PhiloxStream(123, offset=5))
+    b = ops.gat_attention(graph, wh, el, er, dropout=0.4, rng=PhiloxStream(123, offset=8))
+    assert not torch.equal(a, b)
+
+
+def test_every_output_and_scratch_element_is_written(gen, device, monkeypatch):
+    created = []
+
+    def poisoned_output(shape, dtype, device):
+        created.append(poisoned(shape, dtype, device))
+        return created[-1]
+
+    monkeypatch.setattr(ops, "_new_output", poisoned_output)
+    graph = Graph(corner_case_edges(gen).to(device), 29)
+    wh, el, er = random_inputs(gen, 29, 3, 5, torch.float32, device)
+    leaves = [t.requires_grad_(True) for t in (wh, el, er)]
+    out = ops.gat_attention(graph, *leaves, schedule=SCHEDULES["mixed"])
+    out.sum().backward()
+    assert len(created) >= 8  # out, lse, partials, three gradients, ∂z and backward partials
+    for i, t in enumerate(created):
+        if t.dtype == torch.float32 and t.dim() == 2 and t.shape[0] == 29:
+            t = torch.where(torch.isneginf(t), 0.0, t)  # lse is -inf for rows without edges
+        assert_all_written(t, name=f"buffer {i} {tuple(t.shape)}")
+
+
+def test_zero_in_degree_rows_single_node_and_edgeless_graphs(gen, device):
+    wh, el, er = random_inputs(gen, 4, 2, 3, torch.float32, device)
+    graph = Graph(torch.tensor([[0, 1], [1, 1]]).to(device), 4)  # nodes 0, 2, 3 receive nothing
+    out, lse = ops.gat_forward(graph, wh, el, er, 0.2, 0.0, 0, 0, None)
+    assert torch.all(out[[0, 2, 3]] == 0) and torch.all(torch.isneginf(lse[[0, 2, 3]]))
+    alpha = torch.softmax(torch.nn.functional.leaky_relu(el[[0, 1]] + er[1], 0.2), 0)
+    assert_close(out[1], (alpha[:, :, None] * wh[[0, 1]]).sum(0), tol=1e-5)
+    single = Graph(torch.tensor([[0], [0]]).to(device), 1)
+    assert_close(ops.gat_attention(single, wh[:1], el[:1], er[:1]), wh[:1], tol=1e-6)
+    edgeless = Graph(torch.zeros(2, 0, dtype=torch.long, device=device), 4)
+    x = wh.clone().requires_grad_(True)
+    out = ops.gat_attention(edgeless, x, el, er)
+    out.sum().backward()
+    assert torch.all(out == 0) and torch.all(x.grad == 0)
+    empty = Graph(torch.zeros(2, 0, dtype=torch.long, device=device), 0)
+    assert ops.gat_attention(empty, wh[:0], el[:0], er[:0]).shape == (0, 2, 3)
+
+
+def test_int64_index_path_gives_identical_results(gen, device):
+    edges = corner_case_edges(gen).to(device)
+    wh, el, er = random_inputs(gen, 29, 2, 4, torch.float32, device)
+    narrow = ops.gat_attention(Graph(edges, 29), wh, el, er, schedule=SCHEDULES["mixed"])
+    wide_graph = Graph(edges, 29, index_dtype=torch.int64)
+    assert wide_graph.indptr.dtype == torch.int64
+    wide = ops.gat_attention(wide_graph, wh, el, er, schedule=SCHEDULES["mixed"])
+    assert torch.equal(narrow, wide)
+
+
+def test_gat_with_attention_vectors_and_noncontiguous_inputs(gen, device):
+    graph = Graph(corner_case_edges(gen).to(device), 29)
+    base = torch.randn(29, 5, 3, generator=gen).to(device)
+    wh = base.transpose(1, 2)  # [29, 3, 5], not contiguous
+    attn_l = torch.randn(1, 3, 5, generator=gen).to(device)
+    attn_r = torch.randn(1, 3, 5, generator=gen).to(device)
+    out = ops.gat(graph, wh, attn_l, attn_r, negative_slope=0.1)
+    el, er = (wh * attn_l).sum(-1), (wh * attn_r).sum(-1)
+    ref, _ = gat_attention_reference(graph, wh.double(), el.double(), er.double(), negative_slope=0.1)
+    assert_close(out, ref)
+
+
+def test_bad_inputs_raise_clear_errors(gen, device):
+    graph = Graph(corner_case_edges(gen).to(device), 29)
+    wh, el, er = random_inputs(gen, 29, 3, 5, torch.float32, device)
+    with pytest.raises(ValueError, match="num_nodes=29"):
+        ops.gat_attention(graph, wh[:28], el[:28], er[:28])
+    with pytest.raises(ValueError, match="heads, head_dim"):
+        ops.gat_attention(graph, wh.reshape(29, 15), el, er)
+    with pytest.raises(ValueError, match="el must have shape"):
+        ops.gat_attention(graph, wh, el[:, :2], er)
+    with pytest.raises(TypeError, match="float16, bfloat16"):
+        ops.gat_attention(graph, wh.int(), el, er)
+    with pytest.raises(ValueError, match="dropout"):
+        ops.gat_attention(graph, wh, el, er, dropout=1.0)
+    with pytest.raises(ValueError, match="attn_l"):
+        ops.gat(graph, wh, torch.ones(1, 3, 4), torch.ones(1, 3, 5))
+    if device.type == "cpu":
+        return
+    with pytest.raises(ValueError, match="device"):
+        ops.gat_attention(graph, wh.cpu(), el.cpu(), er.cpu())
+
+
+@pytest.mark.parametrize("name", ["cora", "citeseer"])
+def test_real_planetoid_graphs(gen, device, name):
+    data = planetoid(name)
+    graph = Graph(data.edge_index.to(device), data.num_nodes).add_self_loops()
+    wh, el, er = random_inputs(gen, data.num_nodes, 2, 4, torch.float32, device)
+    check_against_reference(graph, wh, el, er, gen)
