@@ -23,6 +23,7 @@ from .envs import (
     CartPoleVectorEnv,
     MountainCarContinuousVectorEnv,
     MountainCarVectorEnv,
+    PendulumChainVectorEnv,
     PendulumVectorEnv,
 )
 from .policy import MLPPolicy
@@ -35,6 +36,7 @@ ENV_CLASSES: dict[str, type] = {
     "MountainCar-v0": MountainCarVectorEnv,
     "MountainCarContinuous-v0": MountainCarContinuousVectorEnv,
     "Acrobot-v1": AcrobotVectorEnv,
+    "PendulumChain-v0": PendulumChainVectorEnv,
 }
 
 
@@ -46,8 +48,8 @@ def _register() -> None:
         gymnasium.register(
             id=env_id,
             vector_entry_point=f"{cls.__module__}:{cls.__name__}",
-            max_episode_steps=cls.env_def.max_episode_steps,
-            reward_threshold=cls.env_def.reward_threshold,
+            max_episode_steps=200 if cls is PendulumChainVectorEnv else cls.env_def.max_episode_steps,
+            reward_threshold=None if cls is PendulumChainVectorEnv else cls.env_def.reward_threshold,
         )
 
 
@@ -55,7 +57,8 @@ def make_vec(env_id: str, num_envs: int = 1, **kwargs: Any) -> FusedVectorEnv:
     """``gymnasium.make_vec("simfuse/<env_id>", num_envs, vectorization_mode="vector_entry_point", **kwargs)``.
 
     ``env_id`` with or without the ``simfuse/`` namespace; ``kwargs`` go to the env
-    (``device``, ``autoreset_mode``, ``max_episode_steps``, ``validate``).
+    (``device``, ``autoreset_mode``, ``max_episode_steps``, ``validate``; ``num_links`` for
+    PendulumChain-v0).
     """
     name = env_id.split("/", 1)[1] if env_id.startswith(f"{NAMESPACE}/") else env_id
     if name not in ENV_CLASSES:
@@ -68,5 +71,6 @@ _register()
 
 __all__ = [
     "ENV_CLASSES", "AcrobotVectorEnv", "CartPoleVectorEnv", "EpisodeStats", "FusedVectorEnv", "MLPPolicy",
-    "MountainCarContinuousVectorEnv", "MountainCarVectorEnv", "PendulumVectorEnv", "Trajectory", "make_vec",
+    "MountainCarContinuousVectorEnv", "MountainCarVectorEnv", "PendulumChainVectorEnv", "PendulumVectorEnv",
+    "Trajectory", "make_vec",
 ]

@@ -185,3 +185,94 @@ def _select_reference(out: reference.RolloutOutputs, env: EnvDef, write_obs: boo
         return_sum=f32(out.return_sum) if write_stats else None,
         length_sum=out.length_sum if write_stats else None,
     )
+
+
+def _next_pow2(x: int) -> int:
+    return 1 << max(0, (x - 1).bit_length())
+
+
+def chain_block_size(num_envs: int, num_links: int, device: torch.device) -> int:
+    """Chains per program: the [BLOCK, L] tiles stay within ~4096 elements each (registers)."""
+    return max(16, min(block_size(num_envs, device), 4096 // _next_pow2(num_links)))
+
+
+def _chain_launch_options(block: int, links: int) -> dict:
+    # about 8 tile elements per thread for each of the [BLOCK, L] tiles
+    return {"num_warps": max(1, min(8, block * _next_pow2(links) // 256)), "enable_fp_fusion": False}
+
+
+def chain_reset(state: torch.Tensor, steps: torch.Tensor, done: torch.Tensor, ep_return: torch.Tensor, *,
+                seed: int, position: int, reset_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Draw chain start states (all, or where ``reset_mask``) in place; return observations [N, 2L]."""
+    n, links = state.shape[0], state.shape[1] // 2
+    if backend.reference_enabled():
+        import numpy as np
+
+        chosen = torch.ones(n, dtype=torch.bool, device=state.device) if reset_mask is None else reset_mask.bool()
+        fresh = reference.chain_start_angles(seed, np.arange(n), position, links).to(state.device)
+        fresh = torch.cat([fresh, torch.zeros_like(fresh)], 1)
+        state.copy_(torch.where(chosen[:, None], fresh, state))
+        steps.masked_fill_(chosen, 0)
+        done.masked_fill_(chosen, 0)
+        ep_return.masked_fill_(chosen, 0.0)
+        return state.clone()
+    from .kernels.chain import chain_reset_kernel
+
+    block = chain_block_size(n, links, state.device)
+    chain_reset_kernel[(cdiv(n, block),)](
+        state, steps, done, ep_return, reset_mask if reset_mask is not None else done, n, seed, position,
+        L=links, L_PAD=_next_pow2(links), HAS_MASK=reset_mask is not None, BLOCK=block,
+        **_chain_launch_options(block, links),
+    )
+    return state.clone()
+
+
+def chain_rollout(state: torch.Tensor, steps: torch.Tensor, done: torch.Tensor, ep_return: torch.Tensor, *,
+                  seed: int, offset: int, num_steps: int, autoreset: int, max_episode_steps: int, policy,
+                  write_obs: bool = True, write_step: bool = True, write_final: bool = False,
+                  write_stats: bool = False) -> reference.RolloutOutputs:
+    """K steps of every pendulum chain in one launch (``state`` [N, 2L] float32, updated in place).
+
+    ``policy``: ``"random"`` or float32 torques [K, N]; outputs as for :func:`rollout`.
+    """
+    n, links = state.shape[0], state.shape[1] // 2
+    device, k = state.device, num_steps
+    if backend.reference_enabled():
+        out = reference.chain_rollout(state, steps, done, ep_return, seed=seed, offset=offset, num_steps=k,
+                                      autoreset=autoreset, max_episode_steps=max_episode_steps, policy=policy,
+                                      dtype=torch.float32)
+        return _select_reference(out, _CHAIN_LIKE, write_obs, write_step, write_final, write_stats)
+    from .kernels.chain import chain_rollout_kernel
+
+    f32 = {"dtype": torch.float32, "device": device}
+    obs = torch.empty((k, n, 2 * links), **f32) if write_obs else None
+    actions = torch.empty((k, n), **f32) if write_obs else None
+    rewards = torch.empty((k, n), **f32) if write_step else None
+    terminated = torch.empty((k, n), dtype=torch.uint8, device=device) if write_step else None
+    truncated = torch.empty((k, n), dtype=torch.uint8, device=device) if write_step else None
+    final_obs = torch.empty((k, n, 2 * links), **f32) if write_final else None
+    next_obs = torch.empty((n, 2 * links), **f32)
+    episodes = torch.empty(n, dtype=torch.int32, device=device) if write_stats else None
+    return_sum = torch.empty(n, **f32) if write_stats else None
+    length_sum = torch.empty(n, dtype=torch.int32, device=device) if write_stats else None
+    given = isinstance(policy, torch.Tensor)
+    if n:
+        block = chain_block_size(n, links, device)
+        chain_rollout_kernel[(cdiv(n, block),)](
+            state, steps, done, ep_return, policy.contiguous() if given else state,
+            _or(obs, state), _or(actions, state), _or(rewards, state), _or(terminated, state), _or(truncated, state),
+            _or(final_obs, state), next_obs, _or(episodes, state), _or(return_sum, state), _or(length_sum, state),
+            n, k, max_episode_steps, seed, offset,
+            L=links, L_PAD=_next_pow2(links), GIVEN=given, AUTORESET=autoreset, WRITE_OBS=write_obs,
+            WRITE_STEP=write_step, WRITE_FINAL=write_final, WRITE_STATS=write_stats, BLOCK=block,
+            **_chain_launch_options(block, links),
+        )
+    as_bool = (lambda t: None if t is None else t.view(torch.bool))
+    return reference.RolloutOutputs(
+        obs=obs, actions=actions, rewards=rewards, terminated=as_bool(terminated), truncated=as_bool(truncated),
+        log_probs=None, values=None, final_obs=final_obs, next_obs=next_obs,
+        episodes=episodes, return_sum=return_sum, length_sum=length_sum,
+    )
+
+
+_CHAIN_LIKE = EnvDef("PendulumChain", -1, 0, (), (), 0, -1.0, 1.0, 0, None)

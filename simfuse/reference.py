@@ -336,3 +336,117 @@ def unfused_random_rollout(env: EnvDef, state: torch.Tensor, steps: torch.Tensor
         state, steps, current, rewards[t], terminated[t], truncated[t] = unfused_step(
             env, state, steps, a, max_episode_steps, generator)
     return obs, actions, rewards, terminated, truncated
+
+
+# ----------------------------------------------------------------------------- the pendulum chain
+
+CHAIN_RESET_STREAM = 16
+
+
+def chain_start_angles(seed: int, env_ids: np.ndarray, position: int, num_links: int) -> torch.Tensor:
+    """Start angles [len(env_ids), num_links] float32, bit-identical to the chain kernel's draws."""
+    ids = np.asarray(env_ids, dtype=np.int64)[:, None]
+    links = np.arange(num_links, dtype=np.int64)[None, :]
+    u = uniform_reference(seed, ids + ((CHAIN_RESET_STREAM + links) << 32), position)[..., 0]
+    return torch.from_numpy(u) * np.float32(1.0) - np.float32(0.5)
+
+
+def chain_step(theta: torch.Tensor, omega: torch.Tensor, action: torch.Tensor):
+    """One step of every chain (see :mod:`simfuse.kernels.chain`): θ, ω [N, L], action [N]."""
+    torque = torch.zeros_like(theta)
+    torque[:, 0] = 2.0 * action.to(theta.dtype).clamp(-1.0, 1.0)
+    alpha = -10.0 * torch.sin(theta) + 2.0 * (theta.mean(1, keepdim=True) - theta) - 0.05 * omega + torque
+    omega = omega + 0.05 * alpha
+    theta = theta + 0.05 * omega
+    normalized = torch.remainder(theta + math.pi, 2 * math.pi) - math.pi
+    return theta, omega, -(normalized**2).mean(1)
+
+
+def chain_rollout(state: torch.Tensor, steps: torch.Tensor, done: torch.Tensor, ep_return: torch.Tensor, *,
+                  seed: int, offset: int, num_steps: int, autoreset: int, max_episode_steps: int, policy,
+                  dtype: torch.dtype = torch.float64) -> RolloutOutputs:
+    """The chain kernel's rollout semantics step by step; ``state`` [N, 2L] etc. updated in place."""
+    n, links = state.shape[0], state.shape[1] // 2
+    device = state.device
+    ids = np.arange(n, dtype=np.int64)
+    theta, omega = state[:, :links].to(dtype), state[:, links:].to(dtype)
+    cnt, done_prev, ret = steps.clone(), done.bool().clone(), ep_return.to(dtype)
+    obs_l, act_l, rew_l, trunc_l, fin_l = [], [], [], [], []
+    episodes = torch.zeros(n, dtype=torch.int32, device=device)
+    return_sum = torch.zeros(n, dtype=dtype, device=device)
+    length_sum = torch.zeros(n, dtype=torch.int32, device=device)
+    for t in range(num_steps):
+        position = offset + t
+        if isinstance(policy, torch.Tensor):
+            a = policy[t].reshape(n).to(dtype)
+        else:
+            u = torch.from_numpy(uniform_reference(seed, ids + POLICY_TAG, position)[:, 0]).to(device)
+            a = (u * np.float32(2.0) - np.float32(1.0)).to(dtype)
+        obs_l.append(torch.cat([theta, omega], 1))
+        act_l.append(a)
+        new_theta, new_omega, reward = chain_step(theta, omega, a)
+        length = cnt + 1
+        truncated = length >= max_episode_steps
+        if autoreset == NEXT_STEP:
+            resetting = done_prev
+            reward = torch.where(resetting, torch.zeros_like(reward), reward)
+            truncated = truncated & ~resetting
+        else:
+            resetting = truncated if autoreset == SAME_STEP else torch.zeros_like(truncated)
+        if autoreset == SAME_STEP:
+            fin_l.append(torch.cat([new_theta, new_omega], 1))
+        cnt = torch.where(resetting, torch.zeros_like(length), length)
+        done_prev = truncated
+        if bool(resetting.any()):
+            fresh = chain_start_angles(seed, ids, position, links).to(device, dtype)
+            new_theta = torch.where(resetting[:, None], fresh, new_theta)
+            new_omega = torch.where(resetting[:, None], torch.zeros_like(new_omega), new_omega)
+        theta, omega = new_theta, new_omega
+        ret = ret + reward
+        episodes += truncated.to(torch.int32)
+        return_sum += torch.where(truncated, ret, torch.zeros_like(ret))
+        length_sum += torch.where(truncated, length, torch.zeros_like(length))
+        ret = torch.where(truncated, torch.zeros_like(ret), ret)
+        rew_l.append(reward)
+        trunc_l.append(truncated)
+    state.copy_(torch.cat([theta, omega], 1).to(state.dtype))
+    steps.copy_(cnt)
+    done.copy_(done_prev.to(done.dtype))
+    ep_return.copy_(ret.to(ep_return.dtype))
+
+    def stack(items):
+        return torch.stack(items) if items else None
+
+    truncated_all = stack(trunc_l)
+    return RolloutOutputs(
+        obs=stack(obs_l), actions=stack(act_l), rewards=stack(rew_l),
+        terminated=None if truncated_all is None else torch.zeros_like(truncated_all), truncated=truncated_all,
+        log_probs=None, values=None, final_obs=stack(fin_l), next_obs=torch.cat([theta, omega], 1),
+        episodes=episodes, return_sum=return_sum, length_sum=length_sum,
+    )
+
+
+def chain_unfused_random_rollout(state: torch.Tensor, steps: torch.Tensor, num_steps: int, max_episode_steps: int,
+                                 write_obs: bool = True, generator: torch.Generator | None = None):
+    """The unfused baseline for the chain: K steps of PyTorch ops, ``torch.rand`` actions and resets.
+
+    ``state`` [N, 2L]; returns the observations [K, N, 2L] (or None), rewards and truncation flags [K, N].
+    """
+    n, links = state.shape[0], state.shape[1] // 2
+    theta, omega = state[:, :links], state[:, links:]
+    obs = torch.empty((num_steps, n, 2 * links), device=state.device, dtype=state.dtype) if write_obs else None
+    rewards = torch.empty((num_steps, n), device=state.device, dtype=state.dtype)
+    truncated = torch.empty((num_steps, n), device=state.device, dtype=torch.bool)
+    for t in range(num_steps):
+        a = torch.rand(n, device=state.device, dtype=state.dtype, generator=generator) * 2 - 1
+        if obs is not None:
+            obs[t, :, :links] = theta
+            obs[t, :, links:] = omega
+        theta, omega, rewards[t] = chain_step(theta, omega, a)
+        steps = steps + 1
+        truncated[t] = steps >= max_episode_steps
+        fresh = torch.rand(theta.shape, device=state.device, dtype=state.dtype, generator=generator) - 0.5
+        theta = torch.where(truncated[t, :, None], fresh, theta)
+        omega = torch.where(truncated[t, :, None], torch.zeros_like(omega), omega)
+        steps = torch.where(truncated[t], torch.zeros_like(steps), steps)
+    return obs, rewards, truncated

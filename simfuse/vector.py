@@ -185,9 +185,7 @@ class FusedVectorEnv(VectorEnv):
         elif self._rng is None:
             self._rng = PhiloxStream.from_torch()
         key, position = self._rng.take(1)
-        obs = ops.reset(self.env_def, self._state, self._steps, self._done, self._ep_return,
-                        seed=key, position=position, reset_mask=mask)
-        return obs, {}
+        return self._draw_start_states(key, position, mask), {}
 
     def step(self, actions):
         """One step of every env: ``(obs, rewards, terminated, truncated, infos)`` as device tensors.
@@ -277,9 +275,18 @@ class FusedVectorEnv(VectorEnv):
 
     # ------------------------------------------------------------------ helpers
 
+    def _draw_start_states(self, key: int, position: int, mask: torch.Tensor | None) -> torch.Tensor:
+        """Launch the reset kernel; return the observations of all envs."""
+        return ops.reset(self.env_def, self._state, self._steps, self._done, self._ep_return,
+                         seed=key, position=position, reset_mask=mask)
+
     def _launch(self, policy, num_steps: int, **writes: bool):
         key, offset = self._rng.take(num_steps)
         limit = NO_LIMIT if self.max_episode_steps is None else self.max_episode_steps
+        return self._run_kernel(policy, num_steps, key, offset, limit, **writes)
+
+    def _run_kernel(self, policy, num_steps: int, key: int, offset: int, limit: int, **writes: bool):
+        """Launch the rollout kernel (the single-step path is K = 1)."""
         return ops.rollout(self.env_def, self._state, self._steps, self._done, self._ep_return,
                            seed=key, offset=offset, num_steps=num_steps,
                            autoreset=AUTORESET_IDS[self.autoreset_mode], max_episode_steps=limit,

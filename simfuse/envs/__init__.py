@@ -1,5 +1,6 @@
 """The simfuse environments: Gymnasium's classic-control set and the coupled-pendulum chain."""
 
+from .chain import PendulumChainVectorEnv
 from .classic import (
     AcrobotVectorEnv,
     CartPoleVectorEnv,
@@ -10,5 +11,5 @@ from .classic import (
 
 __all__ = [
     "AcrobotVectorEnv", "CartPoleVectorEnv", "MountainCarContinuousVectorEnv", "MountainCarVectorEnv",
-    "PendulumVectorEnv",
+    "PendulumChainVectorEnv", "PendulumVectorEnv",
 ]

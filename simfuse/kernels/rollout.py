@@ -47,7 +47,8 @@ def store_obs(ptr, row, mask, o0, o1, o2, o3, o4, o5, OBS_DIM: tl.constexpr, OBS
     tl.store(ptr + row[:, None] * OBS_DIM + col, tile, mask=mask[:, None] & (col < OBS_DIM))
 
 
-@jit
+# Integer arguments equal to 1 would be specialised into constants: keep them runtime values.
+@jit(do_not_specialize=["n", "num_steps", "max_episode_steps", "seed", "offset"])
 def rollout_kernel(
     state_ptr, steps_ptr, done_ptr, ep_return_ptr,
     given_actions_ptr,
@@ -190,7 +191,7 @@ def rollout_kernel(
         tl.store(length_sum_ptr + idx, length_sum, mask=mask)
 
 
-@jit
+@jit(do_not_specialize=["n", "seed", "position"])
 def reset_kernel(
     state_ptr, steps_ptr, done_ptr, ep_return_ptr, reset_mask_ptr, obs_out_ptr,
     n, seed, position,

@@ -1,0 +1,169 @@
+"""The configurable-complexity simulator: a chain of L pendulums coupled through their mean angle.
+
+Env i holds L angles θ_j and angular velocities ω_j (state size 2L, set by the caller) and
+one action a ∈ [−1, 1], a torque 2a on pendulum 0.  One semi-implicit Euler step (dt = 0.05)::
+
+    θ̄   = (1/L) Σ_j θ_j
+    α_j = −10 sin θ_j + 2 (θ̄ − θ_j) − 0.05 ω_j + 2 a [j = 0]
+    ω_j' = ω_j + dt α_j,    θ_j' = θ_j + dt ω_j'
+    r   = −(1/L) Σ_j norm(θ_j')²,   norm(θ) = ((θ + π) mod 2π) − π
+
+No termination (truncation by the step limit).  Start state θ_j ~ U[−0.5, 0.5), ω_j = 0, with
+θ_j of env i drawn from Philox (seed, stream i + ((16 + j) << 32), position).  Observation:
+(θ_0..θ_{L−1}, ω_0..ω_{L−1}).
+
+The arithmetic and the bytes per step both grow with L: an unfused step reads and writes the
+[N, 2L] state several times (one kernel per operation), the fused rollout keeps the
+[BLOCK, L] tiles in registers and writes 8L B of observation (or nothing but statistics) per
+env-step.  That is the knob for Gleeson et al.'s curve of fusion speedup against memory traffic.
+"""
+
+import triton.language as tl
+
+from fusecore.backend import jit
+from fusecore.rng import uniform4
+
+RESET_STREAM: tl.constexpr = tl.constexpr(16)
+POLICY_TAG: tl.constexpr = tl.constexpr(2 << 32)
+PI: tl.constexpr = tl.constexpr(3.141592653589793)
+TWO_PI: tl.constexpr = tl.constexpr(6.283185307179586)
+NEXT_STEP: tl.constexpr = tl.constexpr(0)
+SAME_STEP: tl.constexpr = tl.constexpr(1)
+DISABLED: tl.constexpr = tl.constexpr(2)
+
+
+@jit
+def chain_reset(seed, idx, position, L: tl.constexpr, L_PAD: tl.constexpr):
+    """Start angles [BLOCK, L_PAD]: U[−0.5, 0.5) per pendulum, one Philox stream per pendulum."""
+    col = tl.arange(0, L_PAD)[None, :].to(tl.int64)
+    stream = idx[:, None] + ((RESET_STREAM + col) << 32)
+    u, _u1, _u2, _u3 = uniform4(seed, stream, position + tl.zeros_like(stream))
+    return u * 1.0 - 0.5
+
+
+@jit
+def chain_step(theta, omega, action, L: tl.constexpr, L_PAD: tl.constexpr):
+    """One step of every chain: θ, ω [BLOCK, L_PAD], action [BLOCK]; returns (θ', ω', reward)."""
+    col = tl.arange(0, L_PAD)[None, :]
+    valid = col < L
+    mean = tl.sum(tl.where(valid, theta, 0.0), axis=1) / L
+    torque = tl.where(col == 0, 2.0 * tl.minimum(tl.maximum(action, -1.0), 1.0)[:, None], 0.0)
+    alpha = -10.0 * tl.sin(theta) + 2.0 * (mean[:, None] - theta) - 0.05 * omega + torque
+    omega = tl.where(valid, omega + 0.05 * alpha, 0.0)
+    theta = tl.where(valid, theta + 0.05 * omega, 0.0)
+    shifted = theta + PI
+    normalized = shifted - tl.floor(shifted / TWO_PI) * TWO_PI - PI
+    reward = -tl.sum(tl.where(valid, normalized * normalized, 0.0), axis=1) / L
+    return theta, omega, reward
+
+
+@jit(do_not_specialize=["n", "num_steps", "max_episode_steps", "seed", "offset"])
+def chain_rollout_kernel(
+    state_ptr, steps_ptr, done_ptr, ep_return_ptr, given_actions_ptr,
+    obs_out_ptr, action_out_ptr, reward_out_ptr, terminated_out_ptr, truncated_out_ptr, final_obs_out_ptr,
+    next_obs_out_ptr,
+    episodes_ptr, return_sum_ptr, length_sum_ptr,
+    n, num_steps, max_episode_steps, seed, offset,
+    L: tl.constexpr, L_PAD: tl.constexpr, GIVEN: tl.constexpr, AUTORESET: tl.constexpr,
+    WRITE_OBS: tl.constexpr, WRITE_STEP: tl.constexpr, WRITE_FINAL: tl.constexpr, WRITE_STATS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """K steps of BLOCK chains; state [N, 2L] row-major (θ then ω), the same semantics as the classic rollout."""
+    pid = tl.program_id(0)
+    idx = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = idx < n
+    col = tl.arange(0, L_PAD)[None, :]
+    tile_mask = mask[:, None] & (col < L)
+    base = idx[:, None] * (2 * L) + col
+    theta = tl.load(state_ptr + base, mask=tile_mask, other=0.0)
+    omega = tl.load(state_ptr + base + L, mask=tile_mask, other=0.0)
+    steps = tl.load(steps_ptr + idx, mask=mask, other=0)
+    done_prev = tl.load(done_ptr + idx, mask=mask, other=0) != 0
+    ep_return = tl.load(ep_return_ptr + idx, mask=mask, other=0.0)
+    episodes = tl.zeros([BLOCK], dtype=tl.int32)
+    return_sum = tl.zeros([BLOCK], dtype=tl.float32)
+    length_sum = tl.zeros([BLOCK], dtype=tl.int32)
+    for t in range(num_steps):
+        position = offset + t
+        row = t * n + idx
+        if GIVEN:
+            action = tl.load(given_actions_ptr + row, mask=mask, other=0.0)
+        else:
+            u0, _u1, _u2, _u3 = uniform4(seed, idx + POLICY_TAG, position)
+            action = u0 * 2.0 - 1.0
+        if WRITE_OBS:
+            obs_at = row[:, None] * (2 * L) + col
+            tl.store(obs_out_ptr + obs_at, theta, mask=tile_mask)
+            tl.store(obs_out_ptr + obs_at + L, omega, mask=tile_mask)
+            tl.store(action_out_ptr + row, action, mask=mask)
+        new_theta, new_omega, reward = chain_step(theta, omega, action, L, L_PAD)
+        length = steps + 1
+        truncated = length >= max_episode_steps
+        terminated = tl.zeros([BLOCK], dtype=tl.int1)  # the chain never terminates
+        if AUTORESET == NEXT_STEP:
+            resetting = done_prev
+            reward = tl.where(resetting, 0.0, reward)
+            truncated = truncated & (resetting == 0)
+            steps = tl.where(resetting, 0, length)
+            done_prev = truncated
+        elif AUTORESET == SAME_STEP:
+            resetting = truncated
+            if WRITE_FINAL:
+                final_at = row[:, None] * (2 * L) + col
+                tl.store(final_obs_out_ptr + final_at, new_theta, mask=tile_mask)
+                tl.store(final_obs_out_ptr + final_at + L, new_omega, mask=tile_mask)
+            steps = tl.where(resetting, 0, length)
+            done_prev = truncated
+        else:
+            resetting = terminated
+            steps = length
+            done_prev = truncated
+        fresh = new_theta
+        if tl.max((resetting & mask).to(tl.int32), axis=0) > 0:
+            fresh = chain_reset(seed, idx, position, L, L_PAD)
+        theta = tl.where(resetting[:, None], fresh, new_theta)
+        omega = tl.where(resetting[:, None], 0.0, new_omega)
+        ep_return = ep_return + reward
+        if WRITE_STATS:
+            episodes += truncated.to(tl.int32)
+            return_sum += tl.where(truncated, ep_return, 0.0)
+            length_sum += tl.where(truncated, length, 0)
+        ep_return = tl.where(truncated, 0.0, ep_return)
+        if WRITE_STEP:
+            tl.store(reward_out_ptr + row, reward, mask=mask)
+            tl.store(terminated_out_ptr + row, terminated.to(tl.uint8), mask=mask)
+            tl.store(truncated_out_ptr + row, truncated.to(tl.uint8), mask=mask)
+    tl.store(state_ptr + base, theta, mask=tile_mask)
+    tl.store(state_ptr + base + L, omega, mask=tile_mask)
+    tl.store(steps_ptr + idx, steps, mask=mask)
+    tl.store(done_ptr + idx, done_prev.to(tl.uint8), mask=mask)
+    tl.store(ep_return_ptr + idx, ep_return, mask=mask)
+    next_at = idx[:, None] * (2 * L) + col
+    tl.store(next_obs_out_ptr + next_at, theta, mask=tile_mask)
+    tl.store(next_obs_out_ptr + next_at + L, omega, mask=tile_mask)
+    if WRITE_STATS:
+        tl.store(episodes_ptr + idx, episodes, mask=mask)
+        tl.store(return_sum_ptr + idx, return_sum, mask=mask)
+        tl.store(length_sum_ptr + idx, length_sum, mask=mask)
+
+
+@jit(do_not_specialize=["n", "seed", "position"])
+def chain_reset_kernel(state_ptr, steps_ptr, done_ptr, ep_return_ptr, reset_mask_ptr, n, seed, position,
+                       L: tl.constexpr, L_PAD: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK: tl.constexpr):
+    """Draw start states (all chains, or those with ``reset_mask`` set)."""
+    pid = tl.program_id(0)
+    idx = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = idx < n
+    col = tl.arange(0, L_PAD)[None, :]
+    tile_mask = mask[:, None] & (col < L)
+    base = idx[:, None] * (2 * L) + col
+    chosen = mask
+    if HAS_MASK:
+        chosen = mask & (tl.load(reset_mask_ptr + idx, mask=mask, other=0) != 0)
+    theta = chain_reset(seed, idx, position, L, L_PAD)
+    write = tile_mask & chosen[:, None]
+    tl.store(state_ptr + base, theta, mask=write)
+    tl.store(state_ptr + base + L, tl.zeros_like(theta), mask=write)
+    tl.store(steps_ptr + idx, tl.zeros([BLOCK], dtype=tl.int32), mask=chosen)
+    tl.store(done_ptr + idx, tl.zeros([BLOCK], dtype=tl.uint8), mask=chosen)
+    tl.store(ep_return_ptr + idx, tl.zeros([BLOCK], dtype=tl.float32), mask=chosen)
