@@ -5,8 +5,8 @@
 ``5 L`` — with PyTorch ops, on the same :class:`~llmfuse.ops.DecodeBuffers` and cache the
 kernel uses, and can stop after any stage.  The math of each stage comes from
 :mod:`llmfuse.reference`; the attention stage reproduces the kernel's sequence splits
-(normalized partial outputs and their logsumexp, −inf for empty splits) and the o_proj
-stage merges them with :func:`fusecore.softmax.merge_partials`.  Tests run kernel and
+(normalized partial outputs and their logsumexp, −inf for empty splits) and merges them
+with :func:`fusecore.softmax.merge_partials` into ``attn``, which the o_proj stage reads.  Tests run kernel and
 interpreter to the same stop stage and compare every buffer.
 """
 
@@ -88,9 +88,10 @@ def interpret_schedule(w: LlamaWeights, cfg: LlamaConfig, cache: ref.KVCache, bu
             part, lse = _attention_partials(buf.q, cache.k[layer], cache.v[layer], kv_start, slot, plan)
             buf.part.copy_(part)
             buf.lse.copy_(lse)
+            buf.attn.copy_(merge_partials(part, lse, dim=2)[0])
         elif k == 2:
-            attn, _ = merge_partials(buf.part, buf.lse, dim=2)  # [B, Hq, D]
-            buf.x.copy_(ref.o_proj_step(w, layer, attn.reshape(B, -1).to(w.dtype), buf.x.to(w.dtype)).float())
+            attn = buf.attn.reshape(B, -1).to(w.dtype)
+            buf.x.copy_(ref.o_proj_step(w, layer, attn, buf.x.to(w.dtype)).float())
         elif k == 3:
             buf.h.copy_(ref.mlp_step(w, cfg, layer, buf.x.to(w.dtype)).to(buf.h.dtype))
         else:

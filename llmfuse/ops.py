@@ -49,7 +49,6 @@ class DecodePlan:
     block_g: int
     block_s: int
     block_d: int
-    block_split: int
     n_splits: int
     split_len: int
     dot_prec: str
@@ -85,27 +84,31 @@ def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, 
     sms = device_facts(device).sm_count if compiled else 1
     block_b = 1 if batch == 1 else max(16, _pow2(batch))
     half = cfg.head_dim // 2
-    if compiled:
-        block_k = 256 if batch == 1 else 128
-        block_n, block_v, block_s = 16, 32 if batch == 1 else 64, 64
-        block_p = min(16, _pow2(half))
+    if compiled and batch == 1:
+        # Row sums, no tensor cores: narrow tiles, long k chunks (16 KB of bf16 weights per
+        # load per program, two or more programs per SM) keep enough bytes in flight.
+        block_k, block_n, block_p, block_v, block_s = 1024, 8, 8, 32, 64
+    elif compiled:
+        # tl.dot needs every dimension >= 16; wider batches get shorter k chunks (registers).
+        block_k = 256 if block_b <= 16 else 128
+        block_n, block_p, block_v, block_s = 16, 16, 64, 64
     else:
         block_k = min(128, max(16, _pow2(cfg.hidden_size)))
         block_n, block_v, block_s = 64, 128, 32
-        block_p = min(32, _pow2(half))
+        block_p = min(32, max(16, _pow2(half)))
     block_d = max(16, _pow2(cfg.head_dim))
     block_g = max(16, _pow2(cfg.group_size))
     pairs = batch * cfg.num_key_value_heads
     most_splits = cdiv(max_slots, block_s)
     if n_splits is None:
-        n_splits = max(1, min(cdiv(2 * sms, pairs), most_splits, max(1, 64 // block_b)))
+        n_splits = max(1, min(cdiv(2 * sms, pairs), most_splits, 32))
     n_splits = max(1, min(n_splits, max_slots))
     split_len = cdiv(max_slots, n_splits)
     n_splits = cdiv(max_slots, split_len)
     plan = DecodePlan(
         batch=batch, max_slots=max_slots, block_b=block_b, block_p=block_p, block_n=block_n, block_k=block_k,
-        block_v=block_v, block_g=block_g, block_s=block_s, block_d=block_d, block_split=_pow2(n_splits),
-        n_splits=n_splits, split_len=split_len, dot_prec="ieee" if dtype == torch.float32 or not compiled else "tf32",
+        block_v=block_v, block_g=block_g, block_s=block_s, block_d=block_d, n_splits=n_splits,
+        split_len=split_len, dot_prec="ieee" if dtype == torch.float32 or not compiled else "tf32",
         looped_programs=1,
     )
     if looped_programs is None:
@@ -121,6 +124,8 @@ class DecodeBuffers:
     q: torch.Tensor  # [B, Hq, D] rotated queries
     part: torch.Tensor  # [B, Hq, n_splits, D] normalized attention partials
     lse: torch.Tensor  # [B, Hq, n_splits] their logsumexp
+    attn: torch.Tensor  # [B, Hq, D] merged attention
+    sem: torch.Tensor  # [B, Hkv] int32: splits finished per group (0 between launches)
     h: torch.Tensor  # [B, I] SiLU(gate) * up
     logits: torch.Tensor  # [B, V]
     best: torch.Tensor  # [B, vocab tiles] tile maxima
@@ -139,6 +144,8 @@ class DecodeBuffers:
             q=torch.zeros(B, hq, d, dtype=f32, device=device),
             part=torch.zeros(B, hq, plan.n_splits, d, dtype=f32, device=device),
             lse=torch.zeros(B, hq, plan.n_splits, dtype=f32, device=device),
+            attn=torch.zeros(B, hq, d, dtype=f32, device=device),
+            sem=torch.zeros(B, cfg.num_key_value_heads, dtype=torch.int32, device=device),
             h=torch.zeros(B, cfg.intermediate_size, dtype=dtype, device=device),
             logits=torch.zeros(B, cfg.vocab_size, dtype=f32, device=device),
             best=torch.zeros(B, vt, dtype=f32, device=device),
@@ -180,7 +187,7 @@ def qkv_rope(w: LlamaWeights, cfg: LlamaConfig, layer: int, cache: KVCache, buf:
 def decode_attention(cfg: LlamaConfig, layer: int, cache: KVCache, buf: DecodeBuffers, plan: DecodePlan) -> None:
     grid = (plan.tiles(cfg)["attention"],)
     decode_attention_kernel[grid](
-        layer, buf.q, cache.k, cache.v, buf.kv_start, buf.slot, buf.part, buf.lse,
+        layer, buf.q, cache.k, cache.v, buf.kv_start, buf.slot, buf.part, buf.lse, buf.attn, buf.sem,
         plan.batch, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, plan.max_slots,
         plan.n_splits, plan.split_len, 1.0 / math.sqrt(cfg.head_dim),
         BLOCK_G=plan.block_g, BLOCK_S=plan.block_s, BLOCK_D=plan.block_d, DOT_PREC=plan.dot_prec,
@@ -190,10 +197,8 @@ def decode_attention(cfg: LlamaConfig, layer: int, cache: KVCache, buf: DecodeBu
 def o_proj(w: LlamaWeights, cfg: LlamaConfig, layer: int, buf: DecodeBuffers, plan: DecodePlan) -> None:
     grid = (plan.tiles(cfg)["o_proj"],)
     o_proj_kernel[grid](
-        layer, buf.part, buf.lse, w.wo, buf.x, plan.batch, cfg.hidden_size, cfg.num_attention_heads,
-        cfg.head_dim, plan.n_splits,
-        BLOCK_B=plan.block_b, BLOCK_N=plan.block_n, BLOCK_D=plan.block_d, BLOCK_SPLIT=plan.block_split,
-        DOT_PREC=plan.dot_prec,
+        layer, buf.attn, w.wo, buf.x, plan.batch, cfg.hidden_size, cfg.num_attention_heads * cfg.head_dim,
+        BLOCK_B=plan.block_b, BLOCK_N=plan.block_n, BLOCK_K=plan.block_k, DOT_PREC=plan.dot_prec,
     )
 
 
@@ -210,7 +215,7 @@ def down_proj(w: LlamaWeights, cfg: LlamaConfig, layer: int, buf: DecodeBuffers,
     grid = (plan.tiles(cfg)["down"],)
     down_proj_kernel[grid](
         layer, buf.h, w.w_down, buf.x, plan.batch, cfg.hidden_size, cfg.intermediate_size,
-        BLOCK_B=plan.block_b, BLOCK_N=plan.block_n, BLOCK_K=min(plan.block_k, _pow2(cfg.intermediate_size)),
+        BLOCK_B=plan.block_b, BLOCK_N=plan.block_n, BLOCK_K=plan.block_k,
         DOT_PREC=plan.dot_prec,
     )
 
@@ -257,14 +262,14 @@ def looped_decode(w: LlamaWeights, cfg: LlamaConfig, cache: KVCache, buf: Decode
     buf.counter.zero_()
     looped_decode_kernel[(plan.looped_programs,)](
         buf.x, w.attn_norm, w.wqkv, w.bqkv if w.bqkv is not None else w.wqkv, inv_freq, buf.kv_start, buf.slot,
-        buf.q, cache.k, cache.v, buf.part, buf.lse, w.wo, w.mlp_norm, w.w_gate_up, buf.h, w.w_down,
+        buf.q, cache.k, cache.v, buf.part, buf.lse, buf.attn, buf.sem, w.wo, w.mlp_norm, w.w_gate_up, buf.h, w.w_down,
         w.final_norm, w.lm_head, buf.logits, buf.best, buf.best_idx, buf.counter,
         cfg.num_hidden_layers, plan.batch, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads,
         cfg.head_dim, plan.max_slots, cfg.intermediate_size, cfg.vocab_size, cfg.rms_norm_eps,
         plan.n_splits, plan.split_len, 1.0 / math.sqrt(cfg.head_dim), tiles["lm_head"], stop,
         HAS_BIAS=w.bqkv is not None, WRITE_LOGITS=write_logits, BLOCK_B=plan.block_b, BLOCK_P=plan.block_p,
         BLOCK_N=plan.block_n, BLOCK_K=plan.block_k, BLOCK_G=plan.block_g, BLOCK_S=plan.block_s,
-        BLOCK_D=plan.block_d, BLOCK_SPLIT=plan.block_split, BLOCK_V=plan.block_v, DOT_PREC=plan.dot_prec,
+        BLOCK_D=plan.block_d, BLOCK_V=plan.block_v, DOT_PREC=plan.dot_prec,
     )
 
 

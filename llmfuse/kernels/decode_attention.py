@@ -1,4 +1,5 @@
-"""Instruction 2: decode attention over the KV cache, split along the sequence (GQA).
+"""Instruction 2: decode attention over the KV cache, split along the sequence (GQA), with
+the splits merged by the last program of each group.
 
 A tile is (row b, KV head h, split s).  It reads K and V of slots
 ``[s·split_len, (s+1)·split_len) ∩ [kv_start[b], t]`` of head h **once** for all
@@ -9,8 +10,16 @@ keeps the online-softmax state per query head::
     score_j = q · k_j / sqrt(D)
 
 It writes the normalized partial ``acc / l`` and its logsumexp ``m + log l`` (−inf for an
-empty split); instruction 3 merges the splits by logsumexp (fusecore.softmax math).
-Bytes: 2 · B · Hkv · (t + 1) · D cache elements, plus q and the partials.
+empty split), then counts itself done on the group's semaphore (an atomic add with
+acquire-release order).  The program that finishes last merges the group's splits by
+logsumexp (the math of :func:`fusecore.softmax.merge_partials`)::
+
+    attn = Σ_s exp(lse_s − lse) out_s,   lse = log Σ_s exp(lse_s)
+
+writes ``attn`` [B, Hq, D] and resets the semaphore to 0 for the next use.  No other
+program waits, so the scheme is correct in any execution order (the interpreter's
+sequential one included).
+Bytes: 2 · B · Hkv · (t + 1) · D cache elements, plus q, the partials and attn.
 """
 
 import triton.language as tl
@@ -23,7 +32,7 @@ from .matvec import mma
 
 @jit
 def decode_attention_tile(
-    tile, layer, q_ptr, k_cache_ptr, v_cache_ptr, kv_start_ptr, slot_ptr, out_ptr, lse_ptr,
+    tile, layer, q_ptr, k_cache_ptr, v_cache_ptr, kv_start_ptr, slot_ptr, part_ptr, lse_ptr, attn_ptr, sem_ptr,
     B, HQ, HKV, D, S, n_splits, split_len, sm_scale,
     BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
@@ -42,8 +51,9 @@ def decode_attention_tile(
     d = tl.arange(0, BLOCK_D)
     dmask = d < D
     q_heads = kv_head * G + g
-    q = tl.load(q_ptr + (b * HQ + q_heads)[:, None] * D + d[None, :], mask=gmask[:, None] & dmask[None, :],
-                other=0.0, cache_modifier=".cg")
+    gd_mask = gmask[:, None] & dmask[None, :]
+    q = tl.load(q_ptr + (b * HQ + q_heads)[:, None] * D + d[None, :], mask=gd_mask, other=0.0,
+                cache_modifier=".cg")
     layer64 = tl.full([], 0, tl.int64) + layer
     base = ((layer64 * B + b) * HKV + kv_head) * S
 
@@ -69,19 +79,41 @@ def decode_attention_tile(
     nonempty = l > 0.0
     out = acc / tl.where(nonempty, l, 1.0)[:, None]
     lse = tl.where(nonempty, m + tl.log(tl.where(nonempty, l, 1.0)), float("-inf"))
-    row = (b * HQ + q_heads) * n_splits + split
-    tl.store(out_ptr + row[:, None] * D + d[None, :], out, mask=gmask[:, None] & dmask[None, :])
-    tl.store(lse_ptr + row, lse, mask=gmask)
+    row = (b * HQ + q_heads) * n_splits
+    tl.store(part_ptr + (row + split)[:, None] * D + d[None, :], out, mask=gd_mask)
+    tl.store(lse_ptr + row + split, lse, mask=gmask)
+
+    # The last split of this (row, KV head) to finish merges all of them.
+    tl.debug_barrier()
+    finished = tl.atomic_add(sem_ptr + bh, 1, sem="acq_rel", scope="gpu")
+    if finished == n_splits - 1:
+        top = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
+        denom = tl.zeros([BLOCK_G], dtype=tl.float32)
+        merged = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+        for sp in range(n_splits):
+            lse_s = tl.load(lse_ptr + row + sp, mask=gmask, other=float("-inf"), cache_modifier=".cg")
+            part_s = tl.load(part_ptr + (row + sp)[:, None] * D + d[None, :], mask=gd_mask, other=0.0,
+                             cache_modifier=".cg")
+            top_new = tl.maximum(top, lse_s)
+            safe = tl.where(top_new == float("-inf"), 0.0, top_new)
+            rescale = online_rescale(top, safe)
+            weight = tl.where(lse_s == float("-inf"), 0.0, tl.exp(lse_s - safe))
+            merged = merged * rescale[:, None] + weight[:, None] * part_s
+            denom = denom * rescale + weight
+            top = top_new
+        merged = merged / tl.where(denom > 0.0, denom, 1.0)[:, None]
+        tl.store(attn_ptr + (b * HQ + q_heads)[:, None] * D + d[None, :], merged, mask=gd_mask)
+        tl.atomic_xchg(sem_ptr + bh, 0, sem="relaxed", scope="gpu")
 
 
 # Sizes that change from call to call are not specialized: one compile serves them all.
 @jit(do_not_specialize=["layer", "S", "n_splits", "split_len"])
 def decode_attention_kernel(
-    layer, q_ptr, k_cache_ptr, v_cache_ptr, kv_start_ptr, slot_ptr, out_ptr, lse_ptr,
+    layer, q_ptr, k_cache_ptr, v_cache_ptr, kv_start_ptr, slot_ptr, part_ptr, lse_ptr, attn_ptr, sem_ptr,
     B, HQ, HKV, D, S, n_splits, split_len, sm_scale,
     BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
     decode_attention_tile(
-        tl.program_id(0), layer, q_ptr, k_cache_ptr, v_cache_ptr, kv_start_ptr, slot_ptr, out_ptr, lse_ptr,
-        B, HQ, HKV, D, S, n_splits, split_len, sm_scale, BLOCK_G, BLOCK_S, BLOCK_D, DOT_PREC,
+        tl.program_id(0), layer, q_ptr, k_cache_ptr, v_cache_ptr, kv_start_ptr, slot_ptr, part_ptr, lse_ptr,
+        attn_ptr, sem_ptr, B, HQ, HKV, D, S, n_splits, split_len, sm_scale, BLOCK_G, BLOCK_S, BLOCK_D, DOT_PREC,
     )

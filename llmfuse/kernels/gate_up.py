@@ -13,7 +13,7 @@ import triton.language as tl
 
 from fusecore.backend import jit
 
-from .matvec import inv_rms, rows_dot
+from .matvec import rows_dot_pair
 
 
 @jit
@@ -26,9 +26,8 @@ def gate_up_tile(
     layer64 = tl.full([], 0, tl.int64) + layer
     w_layer = w_ptr + layer64 * 2 * I * H
     g_layer = norm_ptr + layer64 * H
-    scale = inv_rms(x_ptr, B, H, eps, BLOCK_B, BLOCK_K)
-    gate = rows_dot(x_ptr, B, H, scale, g_layer, w_layer, n, nmask, True, BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC)
-    up = rows_dot(x_ptr, B, H, scale, g_layer, w_layer, n + I, nmask, True, BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC)
+    gate, up = rows_dot_pair(x_ptr, B, H, eps, g_layer, w_layer, n, n + I, nmask, True,
+                             BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC)
     h = gate / (1.0 + tl.exp(-gate)) * up
     b = tl.arange(0, BLOCK_B)
     tl.store(h_ptr + b[:, None] * I + n[None, :], h.to(h_ptr.dtype.element_ty),

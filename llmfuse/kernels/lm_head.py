@@ -15,7 +15,7 @@ import triton.language as tl
 
 from fusecore.backend import jit
 
-from .matvec import inv_rms, rows_dot
+from .matvec import rows_dot
 
 
 @jit
@@ -26,8 +26,7 @@ def lm_head_tile(
 ):
     n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = n < V
-    scale = inv_rms(x_ptr, B, H, eps, BLOCK_B, BLOCK_K)
-    logits = rows_dot(x_ptr, B, H, scale, norm_ptr, w_ptr, n, nmask, True, BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC)
+    logits = rows_dot(x_ptr, B, H, eps, norm_ptr, w_ptr, n, nmask, True, BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC)
     b = tl.arange(0, BLOCK_B)
     bmask = b < B
     if WRITE_LOGITS:

@@ -5,7 +5,7 @@ Schedule (stage numbers are global, ``5 · layer + k``)::
 
     for layer in 0 .. L-1:
         k=0  qkv_rope_tile          over (Hq + 2 Hkv) · ceil(D/2 / BLOCK_P) tiles   → q, cache
-        k=1  decode_attention_tile  over B · Hkv · n_splits tiles                   → partials
+        k=1  decode_attention_tile  over B · Hkv · n_splits tiles                   → attn
         k=2  o_proj_tile            over ceil(H / BLOCK_N) tiles                    → x
         k=3  gate_up_tile           over ceil(I / BLOCK_N) tiles                    → h
         k=4  down_proj_tile         over ceil(H / BLOCK_N) tiles                    → x
@@ -41,12 +41,12 @@ STAGES_PER_LAYER = 5
 @jit(do_not_specialize=["B", "S", "n_splits", "split_len", "stop_stage"])
 def looped_decode_kernel(
     x_ptr, attn_norm_ptr, wqkv_ptr, bqkv_ptr, inv_freq_ptr, kv_start_ptr, slot_ptr,
-    q_ptr, k_cache_ptr, v_cache_ptr, part_ptr, lse_ptr, wo_ptr, mlp_norm_ptr, w_gate_up_ptr, h_ptr,
-    w_down_ptr, final_norm_ptr, head_ptr, logits_ptr, best_ptr, best_idx_ptr, counter_ptr,
+    q_ptr, k_cache_ptr, v_cache_ptr, part_ptr, lse_ptr, attn_ptr, sem_ptr, wo_ptr, mlp_norm_ptr, w_gate_up_ptr,
+    h_ptr, w_down_ptr, final_norm_ptr, head_ptr, logits_ptr, best_ptr, best_idx_ptr, counter_ptr,
     L, B, H, HQ, HKV, D, S, I, V, eps, n_splits, split_len, sm_scale, n_vocab_tiles, stop_stage,
     HAS_BIAS: tl.constexpr, WRITE_LOGITS: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_SPLIT: tl.constexpr, BLOCK_V: tl.constexpr, DOT_PREC: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -65,13 +65,13 @@ def looped_decode_kernel(
         if stage + 1 < stop_stage:
             for tile in range(pid, attn_tiles, nprog):
                 decode_attention_tile(tile, layer, q_ptr, k_cache_ptr, v_cache_ptr, kv_start_ptr, slot_ptr,
-                                      part_ptr, lse_ptr, B, HQ, HKV, D, S, n_splits, split_len, sm_scale,
+                                      part_ptr, lse_ptr, attn_ptr, sem_ptr, B, HQ, HKV, D, S, n_splits,
+                                      split_len, sm_scale,
                                       BLOCK_G, BLOCK_S, BLOCK_D, DOT_PREC)
             grid_barrier(counter_ptr, stage + 1, nprog)
         if stage + 2 < stop_stage:
             for tile in range(pid, hidden_tiles, nprog):
-                o_proj_tile(tile, layer, part_ptr, lse_ptr, wo_ptr, x_ptr, B, H, HQ, D, n_splits,
-                            BLOCK_B, BLOCK_N, BLOCK_D, BLOCK_SPLIT, DOT_PREC)
+                o_proj_tile(tile, layer, attn_ptr, wo_ptr, x_ptr, B, H, HQ * D, BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC)
             grid_barrier(counter_ptr, stage + 2, nprog)
         if stage + 3 < stop_stage:
             for tile in range(pid, mlp_tiles, nprog):

@@ -1,18 +1,25 @@
-"""Shared building blocks of the decode kernels: RMS scale of the residual, a row-tile GEMV.
+"""Shared building blocks of the decode kernels: a row-tile GEMV with the RMSNorm folded in.
 
-``inv_rms``: ``r_b = 1 / sqrt(mean_k x[b, k]² + eps)`` for the rows of a [B, K] float32
-residual — every program that fuses an RMSNorm recomputes it (B·K·4 bytes, L2-resident)
-instead of waiting for another launch.
+``rows_dot`` computes, for one tile of weight rows (W row-major [N, K]) and the B rows of a
+contiguous activation x [B, K]::
 
-``rows_dot``: ``acc[b, n] = Σ_k x̂[b, k] W[rows[n], k]`` for one tile of weight rows (W
-row-major [N, K]), with ``x̂ = x · r_b · g_k`` when an RMSNorm is fused (``HAS_NORM``).
-Decode is memory-bound: each weight element is read exactly once by one program, so the
-whole launch moves N·K·bytes(W) plus the tiny activations.  Batch 1 reduces with an
-elementwise multiply and row sums in fp32; batches > 1 pad the batch to ``BLOCK_B`` ≥ 16
-and use ``tl.dot`` through :func:`mma` (fp32 accumulation; ``DOT_PREC`` = "ieee" runs the
-product in float32: float32 weights, and the interpreter, whose dot cannot take bf16).
-Activations are loaded with ``.cg`` (bypassing L1) because in the looped kernel other
-multiprocessors wrote them during the same launch.
+    acc[b, n] = Σ_k x̂[b, k] W[rows[n], k]
+    x̂[b, k]  = x[b, k] · g_k · r_b,   r_b = 1 / sqrt(mean_k x[b, k]² + eps)   (HAS_NORM)
+              = x[b, k]                                                       (otherwise)
+
+The RMS scale ``r_b`` is constant along k, so it factors out of the sum: the loop
+accumulates ``Σ x g W`` and ``Σ x²`` in the same pass over x and multiplies by ``r_b`` at
+the end — every program reads its x rows once and waits for no other program.
+``rows_dot_pair`` does the same for two row sets sharing one pass over x (gate and up
+rows; the two halves of the RoPE pairs of a head).
+
+Decode is memory-bound: each weight element is read exactly once by one program, so a
+launch moves N·K·bytes(W) plus the activations (from L2).  Batch 1 reduces with an
+elementwise multiply and row sums in fp32 (any BLOCK_N); batches > 1 pad the batch to
+``BLOCK_B`` ≥ 16 and use ``tl.dot`` through :func:`mma` (fp32 accumulation; ``DOT_PREC``
+"ieee" runs the product in float32: float32 weights, and the interpreter, whose dot cannot
+take bf16).  Activations are loaded with ``.cg`` (bypassing L1) because in the looped
+kernel other multiprocessors wrote them during the same launch.
 """
 
 import triton.language as tl
@@ -31,41 +38,68 @@ def mma(a, b, DOT_PREC: tl.constexpr):
 
 
 @jit
-def inv_rms(x_ptr, B, K, eps, BLOCK_B: tl.constexpr, BLOCK_K: tl.constexpr):
-    """[BLOCK_B] float32 1/sqrt(mean(x²) + eps) of rows 0..B-1 of a contiguous [B, K] float32 x."""
+def _x_chunk(x_ptr, B, K, g_ptr, k0, HAS_NORM: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_K: tl.constexpr):
+    """x[:, k0:k0+BLOCK_K] as float32 (raw, and times g when HAS_NORM) plus the k mask."""
     b = tl.arange(0, BLOCK_B)
-    bmask = b < B
-    sumsq = tl.zeros([BLOCK_B], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        k = k0 + tl.arange(0, BLOCK_K)
-        xv = tl.load(x_ptr + b[:, None] * K + k[None, :], mask=bmask[:, None] & (k[None, :] < K), other=0.0,
-                     cache_modifier=".cg").to(tl.float32)
-        sumsq += tl.sum(xv * xv, axis=1)
-    return 1.0 / tl.sqrt(sumsq / K + eps)
+    k = k0 + tl.arange(0, BLOCK_K)
+    kmask = k < K
+    xv = tl.load(x_ptr + b[:, None] * K + k[None, :], mask=(b < B)[:, None] & kmask[None, :], other=0.0,
+                 cache_modifier=".cg").to(tl.float32)
+    xg = xv
+    if HAS_NORM:
+        xg = xv * tl.load(g_ptr + k, mask=kmask, other=0.0).to(tl.float32)[None, :]
+    return xv, xg, k, kmask
+
+
+@jit
+def _accumulate(acc, xg, wv, BLOCK_B: tl.constexpr, DOT_PREC: tl.constexpr):
+    if BLOCK_B == 1:
+        acc += tl.sum(wv.to(tl.float32) * xg, axis=1)[None, :]
+    else:
+        acc += mma(xg, tl.trans(wv), DOT_PREC)
+    return acc
 
 
 @jit
 def rows_dot(
-    x_ptr, B, K, scale, g_ptr, w_ptr, rows, row_mask,
+    x_ptr, B, K, eps, g_ptr, w_ptr, rows, row_mask,
     HAS_NORM: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_PREC: tl.constexpr,
 ):
-    """[BLOCK_B, BLOCK_N] float32 x̂ · W[rows]ᵀ for contiguous x [B, K] and W [N, K] (see module doc)."""
-    b = tl.arange(0, BLOCK_B)
-    bmask = b < B
+    """[BLOCK_B, BLOCK_N] float32 x̂ · W[rows]ᵀ (see the module docstring)."""
     acc = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)
+    sumsq = tl.zeros([BLOCK_B], dtype=tl.float32)
     w_rows = w_ptr + rows.to(tl.int64)[:, None] * K
     for k0 in range(0, K, BLOCK_K):
-        k = k0 + tl.arange(0, BLOCK_K)
-        kmask = k < K
-        xv = tl.load(x_ptr + b[:, None] * K + k[None, :], mask=bmask[:, None] & kmask[None, :], other=0.0,
-                     cache_modifier=".cg").to(tl.float32)
-        if HAS_NORM:
-            g = tl.load(g_ptr + k, mask=kmask, other=0.0).to(tl.float32)
-            xv = xv * scale[:, None] * g[None, :]
+        xv, xg, k, kmask = _x_chunk(x_ptr, B, K, g_ptr, k0, HAS_NORM, BLOCK_B, BLOCK_K)
         wv = tl.load(w_rows + k[None, :], mask=row_mask[:, None] & kmask[None, :], other=0.0)
-        if BLOCK_B == 1:
-            acc += tl.sum(wv.to(tl.float32) * xv, axis=1)[None, :]
-        else:
-            acc += mma(xv, tl.trans(wv), DOT_PREC)
+        acc = _accumulate(acc, xg, wv, BLOCK_B, DOT_PREC)
+        sumsq += tl.sum(xv * xv, axis=1)
+    if HAS_NORM:
+        acc = acc * (1.0 / tl.sqrt(sumsq / K + eps))[:, None]
     return acc
+
+
+@jit
+def rows_dot_pair(
+    x_ptr, B, K, eps, g_ptr, w_ptr, rows_a, rows_b, row_mask,
+    HAS_NORM: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
+    """(x̂ · W[rows_a]ᵀ, x̂ · W[rows_b]ᵀ), both [BLOCK_B, BLOCK_N] float32, in one pass over x."""
+    acc_a = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)
+    acc_b = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)
+    sumsq = tl.zeros([BLOCK_B], dtype=tl.float32)
+    w_a = w_ptr + rows_a.to(tl.int64)[:, None] * K
+    w_b = w_ptr + rows_b.to(tl.int64)[:, None] * K
+    for k0 in range(0, K, BLOCK_K):
+        xv, xg, k, kmask = _x_chunk(x_ptr, B, K, g_ptr, k0, HAS_NORM, BLOCK_B, BLOCK_K)
+        wmask = row_mask[:, None] & kmask[None, :]
+        acc_a = _accumulate(acc_a, xg, tl.load(w_a + k[None, :], mask=wmask, other=0.0), BLOCK_B, DOT_PREC)
+        acc_b = _accumulate(acc_b, xg, tl.load(w_b + k[None, :], mask=wmask, other=0.0), BLOCK_B, DOT_PREC)
+        sumsq += tl.sum(xv * xv, axis=1)
+    if HAS_NORM:
+        scale = (1.0 / tl.sqrt(sumsq / K + eps))[:, None]
+        acc_a = acc_a * scale
+        acc_b = acc_b * scale
+    return acc_a, acc_b

@@ -18,7 +18,7 @@ import triton.language as tl
 
 from fusecore.backend import jit
 
-from .matvec import inv_rms, rows_dot
+from .matvec import rows_dot_pair
 
 
 @jit
@@ -40,9 +40,8 @@ def qkv_rope_tile(
     n_rows = (HQ + 2 * HKV) * D
     w_layer = w_ptr + layer64 * n_rows * H
     g_layer = norm_ptr + layer64 * H
-    scale = inv_rms(x_ptr, B, H, eps, BLOCK_B, BLOCK_K)
-    lo = rows_dot(x_ptr, B, H, scale, g_layer, w_layer, rows_lo, jmask, True, BLOCK_B, BLOCK_P, BLOCK_K, DOT_PREC)
-    hi = rows_dot(x_ptr, B, H, scale, g_layer, w_layer, rows_hi, jmask, True, BLOCK_B, BLOCK_P, BLOCK_K, DOT_PREC)
+    lo, hi = rows_dot_pair(x_ptr, B, H, eps, g_layer, w_layer, rows_lo, rows_hi, jmask, True,
+                           BLOCK_B, BLOCK_P, BLOCK_K, DOT_PREC)
     if HAS_BIAS:
         b_layer = bias_ptr + layer64 * n_rows
         lo += tl.load(b_layer + rows_lo, mask=jmask, other=0.0).to(tl.float32)[None, :]

@@ -32,7 +32,8 @@ def _state(cfg, w, batch, slots, dtype, gen, device, looped_programs=None, n_spl
 
 
 def _snapshot(buf, cache):
-    return {"x": buf.x, "q": buf.q, "part": buf.part, "lse": buf.lse, "h": buf.h, "logits": buf.logits,
+    return {"x": buf.x, "q": buf.q, "part": buf.part, "lse": buf.lse, "attn": buf.attn, "h": buf.h,
+            "logits": buf.logits,
             "k_cache": cache.k, "v_cache": cache.v}
 
 
