@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 import simfuse
-from benchmarks.registry import Context, case
+from benchmarks.registry import Context, case, plot
 from fusecore import use_reference
 from simfuse import reference
 from simfuse.specs import CARTPOLE, ENV_DEFS
@@ -167,3 +167,65 @@ def classic_case(ctx: Context) -> None:
             ("fused rollout, random", lambda: env.rollout("random", num_steps=k)),
         ):
             _rate(ctx.time(impl, fn, bytes_moved=nbytes, params=dict(params), variant=variant), n, k)
+
+
+@case("sim", "chain", baseline="torch per-step loop")
+def chain_case(ctx: Context) -> None:
+    """PendulumChain-v0 with L links: fused vs unfused speedup as the state (2L floats) grows."""
+    n, k = (67, 4) if ctx.quick else (16384, 32)
+    links_list = [1, 4] if ctx.quick else [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    for links in links_list:
+        env = simfuse.make_vec("PendulumChain-v0", n, num_links=links, device=ctx.device)
+        env.reset(seed=2)
+        oracle = simfuse.make_vec("PendulumChain-v0", min(n, 67), num_links=links, device=ctx.device)
+        check = simfuse.make_vec("PendulumChain-v0", min(n, 67), num_links=links, device=ctx.device)
+        oracle.reset(seed=2)
+        check.reset(seed=2)
+        with use_reference():
+            ref = oracle.rollout("random", num_steps=8)
+        ctx.check(f"L={links} obs", check.rollout("random", num_steps=8).obs.cpu(), ref.obs.cpu(), 1e-5)
+        gen = torch.Generator(device=ctx.device).manual_seed(links)
+        state = torch.cat([torch.rand((n, links), device=ctx.device, generator=gen) - 0.5,
+                           torch.zeros((n, links), device=ctx.device)], 1)
+        steps = torch.zeros(n, dtype=torch.int32, device=ctx.device)
+        params = {"num_envs": n, "steps": k, "num_links": links, "state_floats": 2 * links}
+        for kind, write_obs, nbytes in (("trajectory", True, n * k * (8 * links + 10)),
+                                        ("stats only", False, n * (16 * links + 24))):
+            variant = f"L={links},{kind}"
+            runs = (
+                ("torch per-step loop",
+                 lambda w=write_obs: reference.chain_unfused_random_rollout(state, steps, k, 200, write_obs=w)),
+                ("fused rollout", lambda w=write_obs: env.rollout("random", num_steps=k, stats_only=not w)),
+            )
+            for impl, fn in runs:
+                record = ctx.time(impl, fn, bytes_moved=nbytes, params={**params, "kind": kind}, variant=variant)
+                _rate(record, n, k)
+
+
+@plot("sim")
+def complexity_plot(records: list, out_dir) -> list:
+    """Gleeson's curve: fused-over-unfused speedup of PendulumChain-v0 against its state size."""
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in records if r.domain == "sim" and r.case.startswith("chain[") and r.speedup is not None
+            and r.implementation == "fused rollout"]
+    if not rows:
+        return []
+    fig, ax = plt.subplots(figsize=(6, 4.2))
+    for kind, marker in (("trajectory", "o"), ("stats only", "s")):
+        points = sorted((r.params["state_floats"], r.speedup) for r in rows if r.params.get("kind") == kind)
+        if points:
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker=marker, label=f"fused, {kind}")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("state size per env (float32 values, 2L)")
+    ax.set_ylabel("speedup over the unfused torch loop (x)")
+    gpu = "GPU" if any(r.gpu_time for r in rows) else "CPU interpreter, not GPU times"
+    ax.set_title(f"PendulumChain-v0: fusion speedup vs state size\n({gpu})", fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path = out_dir / "sim-complexity.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return [path]
