@@ -19,7 +19,6 @@ from fusecore.plan import cdiv
 from . import reference
 from .specs import EnvDef
 
-OBS_PAD = 8
 POLICY_IDS = {"random": 0, "given": 1, "mlp": 2}
 
 
@@ -38,6 +37,10 @@ def block_size(num_envs: int, device: torch.device, mlp: bool = False) -> int:
     while block > floor and cdiv(num_envs, block) < 2 * sms:
         block //= 2
     return block
+
+
+def _obs_pad(env: EnvDef) -> int:
+    return 1 << max(0, (env.obs_dim - 1).bit_length())
 
 
 def _launch_options(block: int) -> dict:
@@ -65,7 +68,7 @@ def reset(env: EnvDef, state: torch.Tensor, steps: torch.Tensor, done: torch.Ten
     reset_kernel[(cdiv(n, block),)](
         state, steps, done, ep_return, reset_mask if reset_mask is not None else done, obs,
         n, seed, position,
-        ENV=env.kernel_id, OBS_DIM=env.obs_dim, OBS_PAD=OBS_PAD, HAS_MASK=reset_mask is not None,
+        ENV=env.kernel_id, OBS_DIM=env.obs_dim, OBS_PAD=_obs_pad(env), HAS_MASK=reset_mask is not None,
         BLOCK=block, **_launch_options(block),
     )
     return obs
@@ -152,7 +155,7 @@ def rollout(
             ENV=env.kernel_id, OBS_DIM=env.obs_dim, NUM_ACTIONS=env.num_actions,
             POLICY=POLICY_IDS[kind], AUTORESET=autoreset,
             WRITE_OBS=write_obs, WRITE_STEP=write_step, WRITE_FINAL=write_final, WRITE_STATS=write_stats,
-            HAS_CRITIC=mlp is not None and mlp.critic is not None, OBS_PAD=OBS_PAD, BLOCK=block,
+            HAS_CRITIC=mlp is not None and mlp.critic is not None, OBS_PAD=_obs_pad(env), BLOCK=block,
             **dims, **_launch_options(block),
         )
     as_bool = (lambda t: None if t is None else t.view(torch.bool))

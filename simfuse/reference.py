@@ -221,7 +221,7 @@ def rollout(
         o = env_observe(env, s)
         log_prob = value = None
         if isinstance(policy, str):
-            u = torch.from_numpy(uniform_reference(seed, ids + POLICY_TAG, position)[:, 0]).to(device)
+            u = torch.from_numpy(uniform_reference(seed, ids + POLICY_TAG, position // 4)[:, position % 4]).to(device)
             if env.discrete:
                 a = torch.clamp(torch.floor(u * env.num_actions), max=env.num_actions - 1).to(dtype)
             else:

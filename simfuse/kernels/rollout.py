@@ -5,8 +5,9 @@ step counter, "done at the previous step" flag and running episode return once, 
 ``num_steps`` steps with everything in registers, and stores them back once.  Step t of env
 i, at global random position p = offset + t:
 
-1. o_t = observe(s_t); the action a_t is the caller's (POLICY 1), uniform (0) or sampled
-   from the MLP (2) with Philox (seed, POLICY_TAG + i, p);
+1. o_t = observe(s_t); the action a_t is the caller's (POLICY 1), uniform (0: word p % 4 of
+   Philox (seed, POLICY_TAG + i, p // 4), one call per four steps) or sampled from the MLP
+   (2) with Philox (seed, POLICY_TAG + i, p);
 2. (s', r_t, terminated_t) = step(s_t, a_t); steps += 1; truncated_t = steps >= max_episode_steps;
 3. auto-reset with a start state drawn from Philox (seed, RESET_TAG + i, p):
    NEXT_STEP (0): an env done at step t − 1 is reset instead of stepped (r = 0, flags False);
@@ -44,7 +45,11 @@ def store_obs(ptr, row, mask, o0, o1, o2, o3, o4, o5, OBS_DIM: tl.constexpr, OBS
     """Write observations of rows ``row`` (int64 [BLOCK]) into a row-major [*, OBS_DIM] tensor."""
     col = tl.arange(0, OBS_PAD)[None, :]
     tile = obs_tile(o0, o1, o2, o3, o4, o5, OBS_PAD)
-    tl.store(ptr + row[:, None] * OBS_DIM + col, tile, mask=mask[:, None] & (col < OBS_DIM))
+    if OBS_PAD == OBS_DIM:
+        # a row-uniform mask keeps each env's observation one vector store
+        tl.store(ptr + row[:, None] * OBS_DIM + col, tile, mask=mask[:, None])
+    else:
+        tl.store(ptr + row[:, None] * OBS_DIM + col, tile, mask=mask[:, None] & (col < OBS_DIM))
 
 
 # Integer arguments equal to 1 would be specialised into constants: keep them runtime values.
@@ -79,6 +84,10 @@ def rollout_kernel(
     episodes = tl.zeros([BLOCK], dtype=tl.int32)
     return_sum = tl.zeros([BLOCK], dtype=tl.float32)
     length_sum = tl.zeros([BLOCK], dtype=tl.int32)
+    w0 = tl.zeros([BLOCK], dtype=tl.float32)
+    w1 = w0
+    w2 = w0
+    w3 = w0
 
     if POLICY == MLP:
         actor_w_in = load_matrix(actor_w_in_ptr, D_PAD, H_PAD)
@@ -105,11 +114,16 @@ def rollout_kernel(
             if NUM_ACTIONS > 0:
                 action = tl.minimum(tl.maximum(action, 0.0), NUM_ACTIONS - 1.0)
         elif POLICY == RANDOM:
-            u0, u1, u2, u3 = uniform4(seed, idx + POLICY_TAG, position)
+            # One Philox call serves four consecutive positions: the uniform of position p is
+            # word p % 4 of Philox (seed, POLICY_TAG + i, p // 4).
+            if (t == 0) | (position % 4 == 0):
+                w0, w1, w2, w3 = uniform4(seed, idx + POLICY_TAG, position // 4)
+            lane = position % 4
+            u = tl.where(lane == 0, w0, tl.where(lane == 1, w1, tl.where(lane == 2, w2, w3)))
             if NUM_ACTIONS > 0:
-                action = tl.minimum(tl.floor(u0 * NUM_ACTIONS), NUM_ACTIONS - 1.0)
+                action = tl.minimum(tl.floor(u * NUM_ACTIONS), NUM_ACTIONS - 1.0)
             else:
-                action = action_low + u0 * (action_high - action_low)
+                action = action_low + u * (action_high - action_low)
         else:
             x = obs_tile(o0, o1, o2, o3, o4, o5, D_PAD)
             out = mlp_forward(x, actor_w_in, actor_b_in, actor_w_hid, actor_b_hid, actor_w_out, actor_b_out,
