@@ -313,11 +313,13 @@ def unfused_step(env: EnvDef, state: torch.Tensor, steps: torch.Tensor, action: 
 
 
 def unfused_random_rollout(env: EnvDef, state: torch.Tensor, steps: torch.Tensor, num_steps: int,
-                           max_episode_steps: int, generator: torch.Generator | None = None):
+                           max_episode_steps: int, generator: torch.Generator | None = None, step_fn=None):
     """K unfused steps with uniform random actions, the trajectory written as the fused kernel writes it.
 
+    ``step_fn`` replaces :func:`unfused_step` (for example by its ``torch.compile``'d version).
     Returns ``(obs [K, N, obs_dim], actions [K, N], rewards, terminated, truncated)``.
     """
+    step_fn = step_fn or unfused_step
     n = state.shape[1]
     obs = torch.empty((num_steps, n, env.obs_dim), device=state.device, dtype=state.dtype)
     actions = torch.empty((num_steps, n), device=state.device, dtype=state.dtype)
@@ -333,7 +335,7 @@ def unfused_random_rollout(env: EnvDef, state: torch.Tensor, steps: torch.Tensor
             a = env.action_low + u * (env.action_high - env.action_low)
         obs[t] = current
         actions[t] = a
-        state, steps, current, rewards[t], terminated[t], truncated[t] = unfused_step(
+        state, steps, current, rewards[t], terminated[t], truncated[t] = step_fn(
             env, state, steps, a, max_episode_steps, generator)
     return obs, actions, rewards, terminated, truncated
 

@@ -79,9 +79,11 @@ def cartpole_case(ctx: Context) -> None:
             ("fused stats only, random", lambda: env.rollout("random", num_steps=k, stats_only=True), 28 * n),
         ]
         if ctx.gpu and n == 65536:
-            compiled = torch.compile(reference.unfused_random_rollout, dynamic=False)
-            runs.append(("torch.compile per-step loop",
-                         lambda: compiled(CARTPOLE, state, steps, k, 500), traj_bytes))
+            compiled_step = torch.compile(reference.unfused_step, dynamic=False)
+            runs.append(("torch.compile'd step, per-step loop",
+                         lambda: reference.unfused_random_rollout(CARTPOLE, state, steps, k, 500,
+                                                                  step_fn=compiled_step),
+                         traj_bytes))
         for impl, fn, nbytes in runs:
             try:
                 record = ctx.time(impl, fn, bytes_moved=nbytes, params={"num_envs": n, "steps": k}, variant=variant)
