@@ -85,7 +85,7 @@ def chain_rollout_kernel(
     length_sum = tl.zeros([BLOCK], dtype=tl.int32)
     for t in range(num_steps):
         position = offset + t
-        row = t * n + idx
+        row = tl.cast(t, tl.int64) * n + idx  # int64: K N may exceed 2**31
         if GIVEN:
             action = tl.load(given_actions_ptr + row, mask=mask, other=0.0)
         else:

@@ -106,7 +106,7 @@ def rollout_kernel(
 
     for t in range(num_steps):
         position = offset + t
-        row = t * n + idx
+        row = tl.cast(t, tl.int64) * n + idx  # int64: K N may exceed 2**31
         o0, o1, o2, o3, o4, o5 = env_observe(s0, s1, s2, s3, ENV)
         log_prob = tl.zeros([BLOCK], dtype=tl.float32)
         if POLICY == GIVEN:
