@@ -42,6 +42,8 @@ from .specs import EnvDef
 
 AUTORESET_IDS = {AutoresetMode.NEXT_STEP: 0, AutoresetMode.SAME_STEP: 1, AutoresetMode.DISABLED: 2}
 NO_LIMIT = 2**31 - 1
+INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 @dataclass
@@ -310,15 +312,12 @@ class FusedVectorEnv(VectorEnv):
             raise ValueError(f"{name} must have shape {shape} for {self.num_envs} {spec.name} envs, "
                              f"got {tuple(actions.shape)}")
         if spec.discrete:
-            if actions.dtype.is_floating_point or actions.dtype.is_complex or actions.dtype == torch.bool:
-                raise TypeError(f"{name} must be an integer tensor for the Discrete({spec.num_actions}) action "
-                                f"space, got {actions.dtype}")
+            backend.check_dtypes(INT_DTYPES, **{name: actions})
             if self.validate and actions.numel() and bool(((actions < 0) | (actions >= spec.num_actions)).any()):
                 bad = actions[(actions < 0) | (actions >= spec.num_actions)][0].item()
                 raise ValueError(f"{name} contains {bad}, outside the Discrete({spec.num_actions}) action space")
             return actions.contiguous()
-        if not actions.dtype.is_floating_point:
-            raise TypeError(f"{name} must be a floating-point tensor for the Box action space, got {actions.dtype}")
+        backend.check_dtypes(FLOAT_DTYPES, **{name: actions})
         actions = actions.to(torch.float32)
         if self.validate and actions.numel() and not bool(torch.isfinite(actions).all()):
             raise ValueError(f"{name} contains NaN or infinite values")
@@ -329,8 +328,7 @@ class FusedVectorEnv(VectorEnv):
             mask = torch.from_numpy(np.ascontiguousarray(mask)).to(self.device)
         if not isinstance(mask, torch.Tensor):
             raise TypeError(f"options['reset_mask'] must be a bool tensor or numpy array, got {type(mask).__name__}")
-        if mask.dtype != torch.bool:
-            raise TypeError(f"options['reset_mask'] must have dtype bool, got {mask.dtype}")
+        backend.check_dtypes((torch.bool,), **{"options['reset_mask']": mask})
         if tuple(mask.shape) != (self.num_envs,):
             raise ValueError(f"options['reset_mask'] must have shape ({self.num_envs},), got {tuple(mask.shape)}")
         if mask.device != self.device:
