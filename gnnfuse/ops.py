@@ -21,7 +21,7 @@ import torch
 from fusecore import PhiloxStream, backend, cdiv
 
 from .graph import Graph, as_graph
-from .schedule import Buckets, Schedule, ScheduleOptions, light_rows_per_program
+from .schedule import Buckets, Schedule, ScheduleOptions
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -73,7 +73,7 @@ def gat_forward(
     rng_args = (negative_slope, dropout_p, keep_scale, seed, offset)
     buckets = schedule.incoming
     for width, rows in buckets.light:
-        per_program = light_rows_per_program(width, block_h, block_d)
+        per_program = schedule.light_rows_per_program(width, block_h * block_d)
         gat_forward_light_kernel[(cdiv(rows.numel(), per_program),)](
             graph.indptr, graph.csr_src, rows, el, er, wh, out, lse, rows.numel(), heads, head_dim, *rng_args,
             ROWS=per_program, BLOCK_E=width, BLOCK_H=block_h, BLOCK_D=block_d, DROPOUT=use_dropout,
@@ -137,7 +137,7 @@ def gat_backward(
     src_tensors = (el, er, wh, lse, grad_out, delta)
     outgoing = schedule.outgoing
     for width, rows in outgoing.light:
-        per_program = light_rows_per_program(width, block_h, block_d)
+        per_program = schedule.light_rows_per_program(width, block_h * block_d)
         gat_backward_src_light_kernel[(cdiv(rows.numel(), per_program),)](
             graph.rev_indptr, graph.rev_dst, graph.rev_pos, rows, *src_tensors, grad_wh, grad_el, grad_z,
             rows.numel(), heads, head_dim, *rng_args,
@@ -159,7 +159,7 @@ def gat_backward(
             _merge_sums(outgoing, target_el, grad_el)
     incoming = schedule.incoming
     for width, rows in incoming.light:
-        per_program = light_rows_per_program(width, block_h, 1)
+        per_program = schedule.light_rows_per_program(width, block_h)
         row_sum_light_kernel[(cdiv(rows.numel(), per_program),)](
             graph.indptr, rows, grad_z, grad_er, rows.numel(), heads,
             ROWS=per_program, BLOCK_E=width, BLOCK_W=block_h,
@@ -309,3 +309,17 @@ def gat(
     return gat_attention(
         graph, wh, el, er, negative_slope=negative_slope, dropout=dropout, rng=rng, schedule=schedule
     )
+
+
+def gat_floor_bytes(graph: Graph, heads: int, head_dim: int, dtype: torch.dtype, backward: bool = False) -> int:
+    """The gather floor of TARGETS.md: fewest bytes a GAT attention must move.
+
+    Forward: ``E·H·D`` gathered feature elements + the CSR index (``E`` source ids and
+    ``N + 1`` offsets) + the ``N·H·D`` output.  With ``backward``: twice that (the backward
+    gathers ``E·H·D`` output gradients over the reverse CSR and writes ``N·H·D`` input
+    gradients) — the per-node score vectors are lower-order terms and left out.
+    """
+    element = torch.empty((), dtype=dtype).element_size()
+    index = graph.csr_src.element_size() * graph.num_edges + graph.indptr.element_size() * (graph.num_nodes + 1)
+    forward = graph.num_edges * heads * head_dim * element + index + graph.num_nodes * heads * head_dim * element
+    return 2 * forward if backward else forward

@@ -17,8 +17,9 @@ by degree ``d``:
 
 Block sizes follow the feature tile: heads and head size are padded to powers of two
 (``block_h × block_d``) and the edge block is sized so one tile of gathered features stays
-near 4096 elements.  ``split_degree`` defaults to about ``E / (8 · multiprocessors)``, so no
-single row takes longer than an even share of the graph, whatever its degree.
+near 4096 elements on the GPU (larger under the interpreter, see :class:`TileLimits`).
+``split_degree`` defaults to about ``E / (8 · multiprocessors)``, so no single row takes
+longer than an even share of the graph, whatever its degree.
 """
 
 from __future__ import annotations
@@ -29,12 +30,24 @@ import torch
 
 from fusecore import cdiv, device_facts, make_work_plan
 
-TILE_ELEMENTS = 4096
-MAX_EDGE_BLOCK = 64
 MAX_LIGHT_DEGREE = 64
 DEFAULT_LIGHT_MAX = 16
-MAX_LIGHT_ROWS = 64
 PROGRAMS_PER_SM = 8
+
+
+@dataclass(frozen=True)
+class TileLimits:
+    """Tile sizes per kernel mode: registers bound them on the GPU; under the interpreter,
+    where programs run one after another and each op costs a fixed overhead, larger tiles
+    (fewer programs, fewer loop trips) are what makes the CPU path usable."""
+
+    tile_elements: int
+    max_edge_block: int
+    max_light_rows: int
+
+
+GPU_TILES = TileLimits(tile_elements=4096, max_edge_block=64, max_light_rows=64)
+INTERPRETER_TILES = TileLimits(tile_elements=32768, max_edge_block=256, max_light_rows=512)
 
 
 def next_power_of_two(n: int) -> int:
@@ -115,6 +128,12 @@ class Schedule:
     light_max_degree: int
     split_degree: int
     piece_edges: int
+    tiles: TileLimits
+
+    def light_rows_per_program(self, width: int, row_elements: int) -> int:
+        """Rows per program for light rows of ``width`` edges with ``row_elements`` values per
+        edge: one ``[rows · width, row_elements]`` tile near the tile budget (a power of two)."""
+        return max(1, min(self.tiles.max_light_rows, self.tiles.tile_elements // (width * row_elements)))
 
 
 def _buckets(
@@ -155,7 +174,8 @@ def _buckets(
 def build_schedule(graph, num_heads: int, head_dim: int, dtype: torch.dtype, options: ScheduleOptions) -> Schedule:
     """Choose the buckets of ``graph`` for features ``[N, num_heads, head_dim]`` (see module doc)."""
     block_h, block_d = next_power_of_two(num_heads), next_power_of_two(head_dim)
-    edge_tile = max(1, min(MAX_EDGE_BLOCK, TILE_ELEMENTS // (block_h * block_d)))
+    tiles = GPU_TILES if graph.device.type == "cuda" else INTERPRETER_TILES
+    edge_tile = max(1, min(tiles.max_edge_block, tiles.tile_elements // (block_h * block_d)))
     light_max = options.light_max_degree
     if light_max is None:
         light_max = min(DEFAULT_LIGHT_MAX, edge_tile)
@@ -171,11 +191,6 @@ def build_schedule(graph, num_heads: int, head_dim: int, dtype: torch.dtype, opt
     return Schedule(
         incoming=incoming, outgoing=outgoing, block_h=block_h, block_d=block_d,
         medium_block_e=edge_tile,
-        light_max_degree=light_max, split_degree=split, piece_edges=piece_edges,
+        light_max_degree=light_max, split_degree=split, piece_edges=piece_edges, tiles=tiles,
     )
 
-
-def light_rows_per_program(width: int, block_h: int, block_d: int) -> int:
-    """Rows per program for light rows of ``width``: one ``[rows·width, H, D]`` tile near
-    :data:`TILE_ELEMENTS` elements, at most :data:`MAX_LIGHT_ROWS` rows (a power of two)."""
-    return max(1, min(MAX_LIGHT_ROWS, TILE_ELEMENTS // (width * block_h * block_d)))

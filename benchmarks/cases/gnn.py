@@ -1,0 +1,197 @@
+"""gnnfuse: GATConv forward and forward+backward on citation graphs and power-law graphs.
+
+Graphs (TARGETS.md): the real Cora, CiteSeer and PubMed structures (../shared/datasets;
+PubMed with synthetic width-500 features), an arxiv-like power-law graph (169,343 nodes,
+1.35 M edges with self loops, 128 input features, 8 heads × 16) and a Reddit-scale one
+(233,000 nodes, 23.5 M edges, top in-degree ~425 k, 602 inputs, 4 × 16), generated with a
+fixed seed.  Every graph gets one self loop per node, and every implementation runs on the
+same edge set (PyG with ``add_self_loops=False``).
+
+Implementations, each the whole layer (projection, scores, softmax, aggregation, bias):
+the unfused PyTorch reference (``gnnfuse.reference`` through ``use_reference``), PyG's
+GATConv eager, PyG's GATConv under ``torch.compile(dynamic=False)`` (Cora and arxiv-like
+only: each compile takes tens of seconds), and gnnfuse's fused GATConv.  fp32 and bf16;
+forward under ``no_grad`` and a training step (forward + backward).  Floor: the gather
+floor of :func:`gnnfuse.ops.gat_floor_bytes`; peak memory is recorded for every run.
+
+``gat_super_node`` checks the TARGETS.md rule that a node of in-degree 10⁶ costs no more
+per edge than a uniform graph (within 2×): both graphs have ~1 M edges.
+
+Quick mode: a 300-node power-law graph with a heavy node, fp32, no torch.compile.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from benchmarks.registry import Context, case
+from fusecore import use_reference
+from gnnfuse import Graph
+from gnnfuse.datasets import load_planetoid, power_law_graph
+from gnnfuse.nn import GATConv
+from gnnfuse.ops import gat_floor_bytes
+
+PLANETOID = Path(__file__).resolve().parents[2].parent / "shared" / "datasets" / "planetoid"
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    name: str
+    in_feats: int
+    heads: int
+    head_dim: int
+    compile_pyg: bool
+
+
+FULL = [
+    GraphSpec("cora", 1433, 8, 8, True),
+    GraphSpec("citeseer", 3703, 8, 8, False),
+    GraphSpec("pubmed", 500, 8, 8, False),
+    GraphSpec("arxiv-like", 128, 8, 16, True),
+    GraphSpec("reddit-scale", 602, 4, 16, False),
+]
+QUICK = [GraphSpec("tiny-power-law", 16, 2, 8, False)]
+
+
+def _edges(name: str, device: torch.device) -> tuple[torch.Tensor, int]:
+    """Edges with exactly one self loop per node, and the node count."""
+    if name == "arxiv-like":
+        edges, n = power_law_graph(169_343, 1_350_000, 13_000, self_loops=False, seed=0), 169_343
+    elif name == "reddit-scale":
+        edges, n = power_law_graph(233_000, 23_500_000, 425_000, self_loops=False, seed=0), 233_000
+    elif name == "tiny-power-law":
+        edges, n = power_law_graph(300, 2_400, 400, self_loops=False, seed=0), 300
+    else:
+        data = load_planetoid(name, PLANETOID)
+        edges, n = data.edge_index, data.num_nodes
+    graph = Graph(edges.to(device), n).remove_self_loops().add_self_loops()
+    return graph.edge_index, n
+
+
+def _pyg_twin(layer: GATConv, spec: GraphSpec, dtype: torch.dtype, device: torch.device):
+    import torch_geometric
+
+    pyg = torch_geometric.nn.GATConv(spec.in_feats, spec.head_dim, heads=spec.heads, add_self_loops=False)
+    with torch.no_grad():
+        pyg.lin.weight.copy_(layer.fc.weight)
+        pyg.att_src.copy_(layer.attn_l)
+        pyg.att_dst.copy_(layer.attn_r)
+        pyg.bias.copy_(layer.bias)
+    return pyg.to(device=device, dtype=dtype)
+
+
+def _forward(module_call):
+    def run():
+        with torch.no_grad():
+            return module_call()
+    return run
+
+
+def _train_step(module_call, params, grad):
+    def run():
+        for p in params:
+            p.grad = None
+        module_call().backward(grad)
+    return run
+
+
+def _gatconv_runs(ctx: Context, spec: GraphSpec, graph: Graph, dtype: torch.dtype, gen: torch.Generator) -> None:
+    """Check and time every implementation on one graph in one dtype."""
+    n, edges = graph.num_nodes, graph.edge_index
+    torch.manual_seed(0)
+    layer = GATConv(spec.in_feats, spec.head_dim, spec.heads).to(device=ctx.device, dtype=dtype)
+    with torch.no_grad():
+        layer.bias.copy_(torch.randn(layer.bias.shape, generator=gen))
+    pyg = _pyg_twin(layer, spec, dtype, ctx.device)
+    x = torch.randn(n, spec.in_feats, generator=gen).to(device=ctx.device, dtype=dtype)
+    grad = torch.randn(n, spec.heads * spec.head_dim, generator=gen).to(device=ctx.device, dtype=dtype)
+    tag = "fp32" if dtype == torch.float32 else "bf16"
+    floor_fwd = gat_floor_bytes(graph, spec.heads, spec.head_dim, dtype)
+    floor_train = gat_floor_bytes(graph, spec.heads, spec.head_dim, dtype, backward=True)
+    params = {"graph": spec.name, "nodes": n, "edges": graph.num_edges, "in_feats": spec.in_feats,
+              "heads": spec.heads, "head_dim": spec.head_dim, "dtype": tag}
+
+    def fused():
+        return layer(graph, x).view(n, -1)
+
+    def reference():
+        with use_reference():
+            return layer(graph, x).view(n, -1)
+
+    def pyg_eager():
+        return pyg(x, edges)
+
+    implementations = [("unfused torch (gnnfuse.reference)", reference), ("PyG GATConv eager", pyg_eager)]
+    if spec.compile_pyg and ctx.gpu:
+        compiled = torch.compile(pyg, dynamic=False)
+        implementations.append(("PyG GATConv torch.compile", lambda: compiled(x, edges)))
+    implementations.append(("fused (gnnfuse)", fused))
+
+    tol = 2e-3 if dtype == torch.float32 else 2e-2
+    with torch.no_grad():
+        expected = reference().float()
+        ctx.check(f"{spec.name} {tag} forward vs reference", fused().float(), expected, tol)
+        ctx.check(f"{spec.name} {tag} PyG vs reference", pyg_eager().float(), expected, tol)
+    layer_params, pyg_params = list(layer.parameters()), list(pyg.parameters())
+    _train_step(reference, layer_params, grad)()
+    ref_grad = layer.fc.weight.grad.float().clone()
+    _train_step(fused, layer_params, grad)()
+    ctx.check(f"{spec.name} {tag} grad fc.weight vs reference", layer.fc.weight.grad.float(), ref_grad, tol)
+
+    for impl, call in implementations:
+        own = pyg_params if "PyG" in impl else layer_params
+        ctx.time(impl, _forward(call), bytes_moved=floor_fwd, memory=True, params=params,
+                 variant=f"{spec.name},{tag},fwd")
+        ctx.time(impl, _train_step(call, own, grad), bytes_moved=floor_train, memory=True, params=params,
+                 variant=f"{spec.name},{tag},fwd+bwd")
+
+
+@case("gnn", "gatconv", baseline="PyG GATConv eager")
+def gatconv_case(ctx: Context) -> None:
+    """GATConv forward / forward+backward: fused vs unfused reference vs PyG eager / compiled."""
+    specs = QUICK if ctx.quick else FULL
+    dtypes = [torch.float32] if ctx.quick else [torch.float32, torch.bfloat16]
+    for spec in specs:
+        if spec.name in ("cora", "citeseer", "pubmed") and not (PLANETOID / f"ind.{spec.name}.graph").exists():
+            continue
+        edges, n = _edges(spec.name, ctx.device)
+        graph = Graph(edges, n)
+        gen = torch.Generator(device="cpu").manual_seed(0)
+        for dtype in dtypes:
+            _gatconv_runs(ctx, spec, graph, dtype, gen)
+            if ctx.gpu:
+                torch.cuda.empty_cache()
+
+
+@case("gnn", "gat_super_node", baseline="uniform graph")
+def super_node_case(ctx: Context) -> None:
+    """Fused GATConv per edge: one node receiving every edge vs the same number of uniform edges."""
+    n, num_edges, heads, head_dim = (1_000, 3_000, 2, 8) if ctx.quick else (100_000, 1_000_000, 8, 16)
+    gen = torch.Generator().manual_seed(2)
+    uniform = torch.randint(0, n, (2, num_edges), generator=gen)
+    heavy = torch.stack([torch.randint(0, n, (num_edges,), generator=gen), torch.zeros(num_edges, dtype=torch.long)])
+    torch.manual_seed(0)
+    layer = GATConv(heads * head_dim, head_dim, heads, allow_zero_in_degree=True).to(ctx.device)
+    x = torch.randn(n, heads * head_dim, generator=gen).to(ctx.device)
+    grad = torch.randn(n, heads, head_dim, generator=gen).to(ctx.device)
+    layer_params = list(layer.parameters())
+    for impl, edges in (("uniform graph", uniform), ("one node of in-degree E", heavy)):
+        graph = Graph(edges.to(ctx.device), n)
+
+        def call(graph=graph):
+            return layer(graph, x)
+
+        with torch.no_grad():
+            out = call()
+            with use_reference():
+                ctx.check(f"{impl} forward vs reference", out, call(), 2e-3)
+        params = {"nodes": n, "edges": num_edges, "heads": heads, "head_dim": head_dim,
+                  "max_in_degree": int(graph.in_degree.max())}
+        ctx.time(impl, _forward(call), bytes_moved=gat_floor_bytes(graph, heads, head_dim, torch.float32),
+                 params=params, variant="fwd")
+        ctx.time(impl, _train_step(call, layer_params, grad),
+                 bytes_moved=gat_floor_bytes(graph, heads, head_dim, torch.float32, backward=True),
+                 params=params, variant="fwd+bwd")
