@@ -137,6 +137,9 @@ class FusedVectorEnv(VectorEnv):
         if render_mode is not None:
             raise ValueError(f"simfuse envs do not render; render_mode must be None, got {render_mode!r}")
         self.device = torch.device(device) if device is not None else backend.default_device()
+        if self.device.type == "cuda" and self.device.index is None:
+            # tensors report "cuda:0", never "cuda": compare devices with the index filled in
+            self.device = torch.device("cuda", torch.cuda.current_device())
         if self.device.type not in backend.kernel_devices():
             raise ValueError(f"device must be one of {backend.kernel_devices()} in the {backend.KERNEL_MODE} "
                              f"Triton backend, got '{self.device}'")

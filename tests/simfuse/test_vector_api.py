@@ -97,6 +97,8 @@ def test_bad_input_raises_clear_errors(device):
         env.step(np.array([0, 1, 2, 0]))
     with pytest.raises(TypeError, match="torch.Tensor or numpy array"):
         env.step([0, 1, 0, 1])
+    with pytest.raises(ValueError, match="is on device 'meta'"):
+        env.step(torch.zeros(4, dtype=torch.int64, device="meta"))
     with pytest.raises(ValueError, match="num_steps must be an int"):
         env.rollout("random", num_steps=-1)
     with pytest.raises(ValueError, match="policy must be 'random'"):
