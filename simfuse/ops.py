@@ -106,6 +106,8 @@ def rollout(
                                 autoreset=autoreset, max_episode_steps=max_episode_steps, policy=policy,
                                 dtype=torch.float32)
         return _select_reference(out, env, write_obs, write_step, write_final, write_stats)
+    backend.check_devices(state=state, steps=steps, done=done, ep_return=ep_return,
+                          actions=policy if isinstance(policy, torch.Tensor) else None)
     from .kernels.rollout import rollout_kernel
 
     k = num_steps
@@ -245,6 +247,8 @@ def chain_rollout(state: torch.Tensor, steps: torch.Tensor, done: torch.Tensor, 
                                       autoreset=autoreset, max_episode_steps=max_episode_steps, policy=policy,
                                       dtype=torch.float32)
         return _select_reference(out, _CHAIN_LIKE, write_obs, write_step, write_final, write_stats)
+    backend.check_devices(state=state, steps=steps, done=done, ep_return=ep_return,
+                          actions=policy if isinstance(policy, torch.Tensor) else None)
     from .kernels.chain import chain_rollout_kernel
 
     f32 = {"dtype": torch.float32, "device": device}

@@ -1,5 +1,6 @@
 """The fused K-step rollout: equal to K single steps, to the unfused reference, and its policies."""
 
+import copy
 import math
 
 import numpy as np
@@ -122,8 +123,8 @@ def test_mlp_policy_log_probs_and_values(name, layers, act, device):
     assert_all_written(traj.values, "values")
     with torch.no_grad():
         obs = traj.obs.double().cpu()
-        dist_out = actor.double().cpu()(obs)
-        values = critic.double().cpu()(obs)[..., 0]
+        dist_out = copy.deepcopy(actor).double().cpu()(obs)
+        values = copy.deepcopy(critic).double().cpu()(obs)[..., 0]
     if spec.discrete:
         logp = torch.log_softmax(dist_out, -1).gather(-1, traj.actions.long().cpu()[..., None])[..., 0]
     else:

@@ -83,7 +83,7 @@ def test_bad_input_raises_clear_errors(device):
         make("CartPole-v1", 2, max_episode_steps=0, device=device)
     with pytest.raises(ValueError, match="render_mode"):
         make("CartPole-v1", 2, render_mode="human", device=device)
-    env = make("CartPole-v1", 4, device=device)
+    env = make("CartPole-v1", 4, device=device, validate=True)  # value checks also on the GPU
     with pytest.raises(gymnasium.error.ResetNeeded):
         env.step(np.zeros(4, dtype=np.int64))
     with pytest.raises(gymnasium.error.ResetNeeded):
@@ -121,7 +121,7 @@ def test_bad_input_raises_clear_errors(device):
         env.rollout(torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2)), 1)
     with pytest.raises(ValueError, match="alternate Linear"):
         env.rollout(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2)), 1)
-    cont = make("Pendulum-v1", 2, device=device)
+    cont = make("Pendulum-v1", 2, device=device, validate=True)
     cont.reset(seed=0)
     with pytest.raises(ValueError, match=r"shape \(2, 1\)"):
         cont.step(np.zeros(2, dtype=np.float32))
