@@ -53,6 +53,8 @@ class DecodePlan:
     split_len: int
     dot_prec: str
     looped_programs: int
+    prefetch: int = 0  # weight elements each looped program prefetches per barrier (0: none)
+    prefetch_block: int = 1024
 
     def tiles(self, cfg: LlamaConfig) -> dict[str, int]:
         """Tiles of each instruction (the grid of its per-layer launch)."""
@@ -113,7 +115,9 @@ def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, 
     )
     if looped_programs is None:
         looped_programs = persistent_grid(max(plan.tiles(cfg).values()), device) if compiled else 1
-    return DecodePlan(**{**plan.__dict__, "looped_programs": looped_programs})
+    # 16 K elements (32 KB of bf16) per program and barrier: a few µs of a waiting SM's time.
+    prefetch = 16384 if compiled and looped_programs > 1 else 0
+    return DecodePlan(**{**plan.__dict__, "looped_programs": looped_programs, "prefetch": prefetch})
 
 
 @dataclass
@@ -132,7 +136,7 @@ class DecodeBuffers:
     best_idx: torch.Tensor  # [B, vocab tiles] int32 tile argmaxes
     slot: torch.Tensor  # 0-d int64: the cache slot the next token is written to
     kv_start: torch.Tensor  # [B] int64: first valid slot of each row (left padding)
-    counter: torch.Tensor  # [1] int32: the looped kernel's barrier counter
+    counter: torch.Tensor  # [2] int32: the looped kernel's barrier counter (and a never-written sink)
 
     @classmethod
     def allocate(cls, cfg: LlamaConfig, plan: DecodePlan, dtype: torch.dtype, device: torch.device) -> DecodeBuffers:
@@ -152,7 +156,7 @@ class DecodeBuffers:
             best_idx=torch.zeros(B, vt, dtype=torch.int32, device=device),
             slot=torch.zeros((), dtype=torch.int64, device=device),
             kv_start=torch.zeros(B, dtype=torch.int64, device=device),
-            counter=torch.zeros(1, dtype=torch.int32, device=device),
+            counter=torch.zeros(2, dtype=torch.int32, device=device),
         )
 
 
@@ -270,6 +274,7 @@ def looped_decode(w: LlamaWeights, cfg: LlamaConfig, cache: KVCache, buf: Decode
         HAS_BIAS=w.bqkv is not None, WRITE_LOGITS=write_logits, BLOCK_B=plan.block_b, BLOCK_P=plan.block_p,
         BLOCK_N=plan.block_n, BLOCK_K=plan.block_k, BLOCK_G=plan.block_g, BLOCK_S=plan.block_s,
         BLOCK_D=plan.block_d, BLOCK_V=plan.block_v, DOT_PREC=plan.dot_prec,
+        PREFETCH=plan.prefetch, PREFETCH_BLOCK=plan.prefetch_block,
     )
 
 

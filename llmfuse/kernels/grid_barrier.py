@@ -1,13 +1,21 @@
 """Grid-wide barrier through a counter in device memory, for the looped persistent kernel.
 
-Every program arrives by adding 1 to ``counter`` (release, GPU scope) after a CTA barrier
-(so the stores of all its threads are ordered before the arrival), then spins reading the
-counter (acquire) until all ``num_programs`` programs have arrived at barrier number
-``index`` — the counter only grows within a launch, so the target is
-``(index + 1) · num_programs`` and no reset between barriers is needed.  Correct only when
-all programs are co-resident (grid ≤ what the device holds at once; see
-``fusecore.plan.persistent_grid``).  Under the interpreter programs run one after another,
-so the looped kernel is run there with a single program, for which the wait is empty.
+The barrier is split in two so that a program can do independent work in between
+(prefetching the next stage's weights while slower programs finish the current stage):
+
+* :func:`grid_arrive` — a CTA barrier (so the stores of all the program's threads are
+  ordered before the arrival), then one atomic add of 1 to ``counter`` with release order
+  at GPU scope; it returns the count before, so the last program to arrive knows it need
+  not wait (nor prefetch);
+* :func:`grid_wait` — spin reading the counter with acquire order until all
+  ``num_programs`` programs have arrived at barrier number ``index``, then a CTA barrier.
+
+The counter only grows within a launch (the host zeroes it before each launch), so the
+target of barrier ``index`` is ``(index + 1) · num_programs`` and no reset between barriers
+is needed.  Correct only when all programs are co-resident (grid ≤ what the device holds
+at once; see ``fusecore.plan.persistent_grid``).  Under the interpreter programs run one
+after another, so the looped kernel runs there with a single program, whose waits end at
+once.
 """
 
 import triton.language as tl
@@ -16,10 +24,15 @@ from fusecore.backend import jit
 
 
 @jit
-def grid_barrier(counter_ptr, index, num_programs):
-    """Wait until all ``num_programs`` programs reached barrier ``index`` (0, 1, 2, ...)."""
+def grid_arrive(counter_ptr):
+    """Count this program as arrived (after all its threads' stores); the count before it."""
     tl.debug_barrier()
-    tl.atomic_add(counter_ptr, 1, sem="release", scope="gpu")
+    return tl.atomic_add(counter_ptr, 1, sem="release", scope="gpu")
+
+
+@jit
+def grid_wait(counter_ptr, index, num_programs):
+    """Wait until all ``num_programs`` programs arrived at barrier ``index`` (0, 1, 2, ...)."""
     target = (index + 1) * num_programs
     seen = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
     while seen < target:
