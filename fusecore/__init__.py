@@ -20,7 +20,7 @@ from .backend import (
     use_reference,
 )
 from .device import DeviceFacts, device_facts
-from .plan import PlanCache, WorkPlan, cdiv, make_work_plan, persistent_grid, tensor_signature
+from .plan import PlanCache, WorkPlan, cdiv, make_work_plan, next_power_of_2, persistent_grid, tensor_signature
 from .report import Record, environment, floor_ms, format_table, read_jsonl, set_speedups, write_jsonl
 from .rng import PhiloxStream
 from .timing import Timing, measure, peak_memory
@@ -29,7 +29,7 @@ __all__ = [
     "backend", "testing", "COMPILED", "INTERPRET", "KERNEL_MODE", "BackendError", "autotune",
     "check_devices", "check_dtypes",
     "default_device", "jit", "reference_enabled", "set_reference", "use_reference",
-    "DeviceFacts", "device_facts", "PlanCache", "WorkPlan", "cdiv", "make_work_plan",
+    "DeviceFacts", "device_facts", "PlanCache", "WorkPlan", "cdiv", "make_work_plan", "next_power_of_2",
     "persistent_grid", "tensor_signature", "Record", "environment", "floor_ms", "format_table",
     "read_jsonl", "set_speedups", "write_jsonl", "PhiloxStream", "Timing", "measure", "peak_memory",
 ]

@@ -34,6 +34,11 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def next_power_of_2(n: int) -> int:
+    """Smallest power of two >= n (1 for n <= 1): block sizes for ``tl.arange`` over n elements."""
+    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
 def persistent_grid(num_work: int, device: torch.device | str | None = None, programs_per_sm: int = 1) -> int:
     """Number of programs for a persistent kernel: enough to fill the device, no more than the work.
 

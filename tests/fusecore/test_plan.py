@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fusecore.device import device_facts
-from fusecore.plan import PlanCache, cdiv, make_work_plan, persistent_grid, tensor_signature
+from fusecore.plan import PlanCache, cdiv, make_work_plan, next_power_of_2, persistent_grid, tensor_signature
 
 
 def _check_plan(costs, plan, max_piece, num_chunks, keep_empty):
@@ -85,6 +85,7 @@ def test_persistent_grid():
     with pytest.raises(ValueError):
         persistent_grid(5, programs_per_sm=0)
     assert cdiv(10, 3) == 4 and cdiv(0, 3) == 0
+    assert [next_power_of_2(n) for n in (0, 1, 2, 3, 64, 65)] == [1, 1, 2, 4, 64, 128]
 
 
 def test_plan_cache_builds_once_and_evicts_lru():
