@@ -43,6 +43,11 @@ def _obs_pad(env: EnvDef) -> int:
     return 1 << max(0, (env.obs_dim - 1).bit_length())
 
 
+def _use_reference(tensor: torch.Tensor) -> bool:
+    """The reference path when asked for, or when the kernels cannot run on the tensor's device."""
+    return backend.reference_enabled() or tensor.device.type not in backend.kernel_devices()
+
+
 def _launch_options(block: int) -> dict:
     return {"num_warps": max(1, min(4, block // 32)), "enable_fp_fusion": False}
 
@@ -51,7 +56,7 @@ def reset(env: EnvDef, state: torch.Tensor, steps: torch.Tensor, done: torch.Ten
           *, seed: int, position: int, reset_mask: torch.Tensor | None = None) -> torch.Tensor:
     """Draw start states for all envs (or where ``reset_mask``), in place; return observations [N, obs_dim]."""
     n = state.shape[1]
-    if backend.reference_enabled():
+    if _use_reference(state):
         import numpy as np
 
         fresh = reference.philox_start_state(env, seed, np.arange(n), position).to(state.device)
@@ -101,7 +106,7 @@ def rollout(
     asked for; flags are ``torch.bool``.
     """
     n, device = state.shape[1], state.device
-    if backend.reference_enabled():
+    if _use_reference(state):
         out = reference.rollout(env, state, steps, done, ep_return, seed=seed, offset=offset, num_steps=num_steps,
                                 autoreset=autoreset, max_episode_steps=max_episode_steps, policy=policy,
                                 dtype=torch.float32)
@@ -210,7 +215,7 @@ def chain_reset(state: torch.Tensor, steps: torch.Tensor, done: torch.Tensor, ep
                 seed: int, position: int, reset_mask: torch.Tensor | None = None) -> torch.Tensor:
     """Draw chain start states (all, or where ``reset_mask``) in place; return observations [N, 2L]."""
     n, links = state.shape[0], state.shape[1] // 2
-    if backend.reference_enabled():
+    if _use_reference(state):
         import numpy as np
 
         chosen = torch.ones(n, dtype=torch.bool, device=state.device) if reset_mask is None else reset_mask.bool()
@@ -242,7 +247,7 @@ def chain_rollout(state: torch.Tensor, steps: torch.Tensor, done: torch.Tensor, 
     """
     n, links = state.shape[0], state.shape[1] // 2
     device, k = state.device, num_steps
-    if backend.reference_enabled():
+    if _use_reference(state):
         out = reference.chain_rollout(state, steps, done, ep_return, seed=seed, offset=offset, num_steps=k,
                                       autoreset=autoreset, max_episode_steps=max_episode_steps, policy=policy,
                                       dtype=torch.float32)

@@ -59,3 +59,20 @@ def test_large_rollout_matches_small_one(device):
     b = small.rollout("random", num_steps=20)
     assert torch.equal(a.actions[:, :37], b.actions)
     assert torch.equal(a.obs[:, :37], b.obs) and torch.equal(a.rewards[:, :37], b.rewards)
+
+
+@pytest.mark.gpu
+def test_same_seed_same_episodes_on_cpu_and_gpu(device):
+    """A GPU rollout and the CPU reference of the same seed: identical actions and flags, obs to float32."""
+    import fusecore
+
+    gpu = simfuse.make_vec("CartPole-v1", 512, max_episode_steps=40, device=device)
+    cpu = simfuse.make_vec("CartPole-v1", 512, max_episode_steps=40, device="cpu")
+    gpu.reset(seed=77)
+    cpu.reset(seed=77)
+    traj = gpu.rollout("random", num_steps=30)
+    with fusecore.use_reference():
+        ref = cpu.rollout("random", num_steps=30)
+    assert torch.equal(traj.actions.cpu(), ref.actions)
+    assert torch.equal(traj.terminated.cpu(), ref.terminated) and torch.equal(traj.truncated.cpu(), ref.truncated)
+    fusecore.testing.assert_close(traj.obs.cpu(), ref.obs, tol=1e-4, name="obs")
