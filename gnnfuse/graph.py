@@ -155,6 +155,7 @@ class Graph:
         self._src = src
         self._dst = dst
         self.schedules = PlanCache(maxsize=16)
+        self._zero_in_degree: bool | None = None
 
     # ------------------------------------------------------------------ construction helpers
 
@@ -187,7 +188,10 @@ class Graph:
     # ------------------------------------------------------------------ statistics
 
     def has_zero_in_degree(self) -> bool:
-        return bool((self.in_degree == 0).any()) if self.num_nodes else False
+        """Whether some node has no incoming edge (computed once: no device sync per layer call)."""
+        if self._zero_in_degree is None:
+            self._zero_in_degree = bool((self.in_degree == 0).any()) if self.num_nodes else False
+        return self._zero_in_degree
 
     def degree_stats(self) -> dict[str, float]:
         """Mean and max in-degree / out-degree (what the schedule is chosen from)."""

@@ -21,7 +21,7 @@ import torch
 from fusecore import PhiloxStream, backend, cdiv
 
 from .graph import Graph, as_graph
-from .schedule import Buckets, Schedule, ScheduleOptions
+from .schedule import Buckets, Schedule, ScheduleOptions, next_power_of_two
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -270,18 +270,59 @@ def gat_attention(
     return GATAttentionFunction.apply(wh, el, er, graph, float(negative_slope), dropout, seed, offset, schedule)
 
 
+class NodeScoresFunction(torch.autograd.Function):
+    """``(el, er)`` from ``wh [N, H, D]`` and ``attn_l``, ``attn_r`` ``(1, H, D)`` in one kernel."""
+
+    @staticmethod
+    def forward(ctx, wh, attn_l, attn_r):  # type: ignore[override]
+        from .kernels.node_scores import node_scores_kernel
+
+        num_nodes, heads, head_dim = wh.shape
+        acc = accumulation_dtype(wh.dtype)
+        el = _new_output((num_nodes, heads), acc, wh.device)
+        er = _new_output((num_nodes, heads), acc, wh.device)
+        block_h, block_d = next_power_of_two(heads), next_power_of_two(head_dim)
+        rows = max(1, min(256, 4096 // (block_h * block_d)))
+        if num_nodes:
+            node_scores_kernel[(cdiv(num_nodes, rows),)](
+                wh, attn_l.contiguous(), attn_r.contiguous(), el, er, num_nodes, heads, head_dim,
+                ROWS=rows, BLOCK_H=block_h, BLOCK_D=block_d,
+            )
+        ctx.save_for_backward(wh, attn_l, attn_r)
+        return el, er
+
+    @staticmethod
+    def backward(ctx, grad_el, grad_er):  # type: ignore[override]
+        wh, attn_l, attn_r = ctx.saved_tensors
+        acc = accumulation_dtype(wh.dtype)
+        grad_el = torch.zeros(wh.shape[:2], dtype=acc, device=wh.device) if grad_el is None else grad_el
+        grad_er = torch.zeros(wh.shape[:2], dtype=acc, device=wh.device) if grad_er is None else grad_er
+        grad_wh = grad_el[..., None] * attn_l.to(acc) + grad_er[..., None] * attn_r.to(acc)
+        wh_acc = wh.to(acc)
+        grad_attn_l = (grad_el[..., None] * wh_acc).sum(0, keepdim=True)
+        grad_attn_r = (grad_er[..., None] * wh_acc).sum(0, keepdim=True)
+        return grad_wh.to(wh.dtype), grad_attn_l.to(attn_l.dtype), grad_attn_r.to(attn_r.dtype)
+
+
 def node_scores(wh: torch.Tensor, attn_l: torch.Tensor, attn_r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``el = Σ_d wh · attn_l``, ``er = Σ_d wh · attn_r`` per (node, head), in the accumulation dtype."""
+    """``el = Σ_d wh · attn_l``, ``er = Σ_d wh · attn_r`` per (node, head), in the accumulation dtype.
+
+    One kernel reads ``wh`` once (:mod:`gnnfuse.kernels.node_scores`); under
+    :func:`fusecore.use_reference` the same sums in PyTorch.
+    """
     acc = accumulation_dtype(wh.dtype)
     heads, head_dim = wh.shape[1], wh.shape[2]
     for name, a in (("attn_l", attn_l), ("attn_r", attn_r)):
         if not isinstance(a, torch.Tensor) or a.numel() != heads * head_dim:
             shape = tuple(a.shape) if isinstance(a, torch.Tensor) else type(a).__name__
             raise ValueError(f"{name} must have {heads} x {head_dim} elements (shape (1, H, D)), got {shape}")
-    wh_acc = wh.to(acc)
-    el = (wh_acc * attn_l.reshape(1, heads, head_dim).to(acc)).sum(-1)
-    er = (wh_acc * attn_r.reshape(1, heads, head_dim).to(acc)).sum(-1)
-    return el, er
+    attn_l = attn_l.reshape(1, heads, head_dim)
+    attn_r = attn_r.reshape(1, heads, head_dim)
+    if backend.reference_enabled():
+        wh_acc = wh.to(acc)
+        return (wh_acc * attn_l.to(acc)).sum(-1), (wh_acc * attn_r.to(acc)).sum(-1)
+    backend.check_devices(wh=wh, attn_l=attn_l, attn_r=attn_r)
+    return NodeScoresFunction.apply(wh.contiguous(), attn_l, attn_r)
 
 
 def gat(

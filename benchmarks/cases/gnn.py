@@ -127,7 +127,13 @@ def _gatconv_runs(ctx: Context, spec: GraphSpec, graph: Graph, dtype: torch.dtyp
     implementations = [("unfused torch (gnnfuse.reference)", reference), ("PyG GATConv eager", pyg_eager)]
     if spec.compile_pyg and ctx.gpu:
         compiled = torch.compile(pyg, dynamic=False)
-        implementations.append(("PyG GATConv torch.compile", lambda: compiled(x, edges)))
+        try:  # compile (forward and training graphs) up front; a failure drops only this baseline
+            with torch.no_grad():
+                compiled(x, edges)
+            _train_step(lambda: compiled(x, edges), list(pyg.parameters()), grad)()
+            implementations.append(("PyG GATConv torch.compile", lambda: compiled(x, edges)))
+        except Exception as exc:  # noqa: BLE001 - report and keep the other implementations
+            print(f"[gnn] torch.compile of PyG GATConv failed on {spec.name} {dtype}: {type(exc).__name__}: {exc}")
     implementations.append(("fused (gnnfuse)", fused))
 
     tol = 2e-3 if dtype == torch.float32 else 2e-2
