@@ -23,18 +23,18 @@ POLICY_IDS = {"random": 0, "given": 1, "mlp": 2}
 
 
 def block_size(num_envs: int, device: torch.device, mlp: bool = False) -> int:
-    """Envs per program: small enough that the grid covers every multiprocessor at least twice.
+    """Envs per program: 128 (one per thread, 4 warps) unless that leaves schedulers idle.
 
-    The K steps of one env are sequential, so small env counts need small blocks to use the
-    whole GPU; large counts use 128-env blocks (one env per thread, 4 warps).  The MLP policy
-    needs at least 16 rows for ``tl.dot``.
+    The K steps of one env are sequential, so with few envs the kernel is latency-bound: the
+    block shrinks (down to 8 envs, a partly idle warp) until there are about four programs
+    per multiprocessor, one per warp scheduler.  The MLP policy needs 16 rows for ``tl.dot``.
     """
-    floor = 16 if mlp else 32
+    floor = 16 if mlp else 8
     if device.type != "cuda":
         return max(floor, min(128, 1 << max(0, (num_envs - 1).bit_length())))
     sms = device_facts(device).sm_count
     block = 128
-    while block > floor and cdiv(num_envs, block) < 2 * sms:
+    while block > floor and cdiv(num_envs, block) < 4 * sms:
         block //= 2
     return block
 
