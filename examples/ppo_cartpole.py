@@ -35,11 +35,11 @@ def mlp(out: int, hidden: int, std: float) -> nn.Sequential:
     return net
 
 
-def evaluate(policy: simfuse.MLPPolicy, num_envs: int, seed: int, device: torch.device) -> float:
-    """Mean return of the first episode of ``num_envs`` envs under the sampling policy."""
+def evaluate(policy: simfuse.MLPPolicy, num_envs: int, num_steps: int, seed: int, device: torch.device) -> float:
+    """Mean return of the first episode of ``num_envs`` envs under the sampling policy (``num_steps`` at most)."""
     env = simfuse.make_vec("CartPole-v1", num_envs, device=device, autoreset_mode="SameStep")
     env.reset(seed=seed)
-    traj = env.rollout(policy, num_steps=500)
+    traj = env.rollout(policy, num_steps=num_steps)
     done = (traj.terminated | traj.truncated).int()
     in_first_episode = (torch.cumsum(done, 0) - done) == 0
     return (traj.rewards * in_first_episode).sum(0).mean().item()
@@ -59,6 +59,7 @@ def main(argv: list[str] | None = None) -> float:
     parser.add_argument("--clip", type=float, default=0.2)
     parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--eval-envs", type=int, default=1024)
+    parser.add_argument("--eval-steps", type=int, default=500, help="evaluation horizon (500: a whole episode)")
     parser.add_argument("--target", type=float, default=475.0, help="stop once the evaluation return reaches it")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cpu-small", action="store_true",
@@ -115,7 +116,7 @@ def main(argv: list[str] | None = None) -> float:
                 nn.utils.clip_grad_norm_([*actor.parameters(), *critic.parameters()], 0.5)
                 optimizer.step()
         if update % args.eval_every == 0 or update == args.updates:
-            score = evaluate(policy, args.eval_envs, seed=10_000 + update, device=device)
+            score = evaluate(policy, args.eval_envs, args.eval_steps, seed=10_000 + update, device=device)
             elapsed = time.perf_counter() - started
             print(f"update {update:4d}  env-steps {env_steps:>11,}  eval return {score:7.1f}  "
                   f"{elapsed:7.1f} s  ({env_steps / elapsed:,.0f} env-steps/s incl. training)")
