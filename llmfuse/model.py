@@ -10,6 +10,7 @@ seeded torch generator.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,12 +53,13 @@ class LlamaModel:
     """A Llama-family decoder with a static KV cache of ``max_seq_len`` slots and fused decode.
 
     ``looped`` selects the looped persistent kernel (one launch per step) instead of the
-    per-layer fused launches.  The cache holds ``max_batch_size`` rows; it is re-created
+    per-layer fused launches; ``cuda_graph`` (default: on for CUDA weights) replays each
+    step from a CUDA graph.  The cache holds ``max_batch_size`` rows; it is re-created
     (same length) when a call uses another batch size.
     """
 
     def __init__(self, config: LlamaConfig, weights: LlamaWeights, *, max_seq_len: int | None = None,
-                 max_batch_size: int = 1, looped: bool = False):
+                 max_batch_size: int = 1, looped: bool = False, cuda_graph: bool | None = None):
         self.config = config
         self.weights = weights
         self.device = weights.device
@@ -66,6 +68,9 @@ class LlamaModel:
             raise TypeError(f"dtype must be one of {ENGINE_DTYPES}, got {self.dtype}")
         self.max_seq_len = _check_int("max_seq_len", max_seq_len or min(config.max_position_embeddings, 4096), 1)
         self.looped = bool(looped)
+        self.cuda_graph = self.device.type == "cuda" if cuda_graph is None else bool(cuda_graph)
+        if self.cuda_graph and self.device.type != "cuda":
+            raise ValueError(f"cuda_graph=True needs a CUDA device, the weights are on {self.device}")
         self.inv_freq = config.rope_inv_freq().to(self.device)
         self._setup(_check_int("max_batch_size", max_batch_size, 1))
 
@@ -75,6 +80,8 @@ class LlamaModel:
         self.plan = ops.make_plan(self.config, batch, self.max_seq_len, self.dtype, self.device)
         self.buffers = ops.DecodeBuffers.allocate(self.config, self.plan, self.dtype, self.device)
         self.position = 0  # host copy of buffers.slot: the next slot to fill
+        self._tokens_in = torch.zeros(batch, dtype=torch.int64, device=self.device)
+        self._graphs: dict[bool, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
 
     # ------------------------------------------------------------------ input checks
     def _check_ids(self, name: str, ids: Any, dims: int) -> torch.Tensor:
@@ -144,11 +151,37 @@ class LlamaModel:
             self.buffers.logits.copy_(logits)
             greedy = logits.argmax(-1)
         else:
-            greedy = ops.fused_step(self.weights, self.config, self.cache, self.buffers, self.plan, self.inv_freq,
-                                    tokens, looped=self.looped, write_logits=write_logits)
+            greedy = self._fused(tokens, write_logits)
         self.buffers.slot.add_(1)
         self.position += 1
         return greedy
+
+    def _run_fused(self, tokens: torch.Tensor, write_logits: bool) -> torch.Tensor:
+        return ops.fused_step(self.weights, self.config, self.cache, self.buffers, self.plan, self.inv_freq,
+                              tokens, looped=self.looped, write_logits=write_logits)
+
+    def _fused(self, tokens: torch.Tensor, write_logits: bool) -> torch.Tensor:
+        """One fused step; on the GPU replayed from a CUDA graph captured at first use.
+
+        The step reads its slot from ``buffers.slot`` on the device and is idempotent at a
+        given slot, so the warm-up run before capture leaves the same state as the replay.
+        """
+        if not self.cuda_graph:
+            return self._run_fused(tokens, write_logits)
+        self._tokens_in.copy_(tokens)
+        if write_logits not in self._graphs:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):  # compiles the kernels outside the capture
+                self._run_fused(self._tokens_in, write_logits)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                greedy = self._run_fused(self._tokens_in, write_logits)
+            self._graphs[write_logits] = (graph, greedy)
+        graph, greedy = self._graphs[write_logits]
+        graph.replay()
+        return greedy.clone()
 
     @torch.no_grad()
     def decode_step(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -161,16 +194,8 @@ class LlamaModel:
         self._step(ids, write_logits=True)
         return self.buffers.logits.clone()
 
-    @torch.no_grad()
-    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, temperature: float = 0.0,
-                 top_k: int | None = None, top_p: float | None = None, eos_token_id: int | list[int] | None = None,
-                 seed: int | None = None, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Prompt [B, T] followed by up to ``max_new_tokens`` new tokens: LongTensor [B, T + new].
-
-        Greedy when ``temperature == 0``.  Rows that produced an ``eos_token_id`` are padded
-        with it afterwards; generation stops early when every row has finished (as
-        transformers does).  ``seed`` fixes the sampling generator.
-        """
+    def _check_generation(self, input_ids: torch.Tensor, max_new_tokens: int, temperature: float,
+                          top_k: int | None, top_p: float | None) -> torch.Tensor:
         _check_int("max_new_tokens", max_new_tokens, 0)
         if not (isinstance(temperature, (int, float)) and temperature >= 0):
             raise ValueError(f"temperature must be a float >= 0, got {temperature!r}")
@@ -183,6 +208,14 @@ class LlamaModel:
         if T + max_new_tokens > self.max_seq_len:
             raise ValueError(f"prompt ({T}) + max_new_tokens ({max_new_tokens}) = {T + max_new_tokens} exceeds the "
                              f"cache (max_seq_len={self.max_seq_len})")
+        return ids
+
+    @torch.no_grad()
+    def stream(self, input_ids: torch.Tensor, max_new_tokens: int, temperature: float = 0.0,
+               top_k: int | None = None, top_p: float | None = None, eos_token_id: int | list[int] | None = None,
+               seed: int | None = None, attention_mask: torch.Tensor | None = None) -> Iterator[torch.Tensor]:
+        """Yield the new tokens one step at a time, each a LongTensor [B] (arguments as :meth:`generate`)."""
+        ids = self._check_generation(input_ids, max_new_tokens, temperature, top_k, top_p)
         eos = [] if eos_token_id is None else ([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id))
         eos_t = torch.tensor(eos, dtype=torch.int64, device=self.device)
         gen = None
@@ -190,33 +223,48 @@ class LlamaModel:
             gen = torch.Generator(device=self.device)
             gen.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, (1,)).item()))
         if max_new_tokens == 0:
-            return ids.clone()
+            return
         logits = self.prefill(ids, attention_mask)
-        out = [ids]
         finished = torch.zeros(ids.shape[0], dtype=torch.bool, device=self.device)
         token = logits.argmax(-1) if temperature == 0 else sample_tokens(logits, temperature, top_k, top_p, gen)
         for step in range(max_new_tokens):
             if eos:
                 token = torch.where(finished, eos_t[0], token)
                 finished |= torch.isin(token, eos_t)
-            out.append(token[:, None])
+            yield token
             if step + 1 == max_new_tokens or (eos and bool(finished.all())):
-                break
+                return
             greedy = self._step(token, write_logits=temperature > 0)
             if temperature == 0:
                 token = greedy
             else:
                 token = sample_tokens(self.buffers.logits, temperature, top_k, top_p, gen)
-        return torch.cat(out, dim=1)
+
+    @torch.no_grad()
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, temperature: float = 0.0,
+                 top_k: int | None = None, top_p: float | None = None, eos_token_id: int | list[int] | None = None,
+                 seed: int | None = None, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Prompt [B, T] followed by up to ``max_new_tokens`` new tokens: LongTensor [B, T + new].
+
+        Greedy when ``temperature == 0``, else sampled (temperature, then top-k, then top-p)
+        with a generator seeded by ``seed``.  ``attention_mask`` [B, T] marks left padding.
+        Rows that produced an ``eos_token_id`` are padded with it afterwards; generation
+        stops early when every row has finished (as transformers does).
+        """
+        ids = self._check_generation(input_ids, max_new_tokens, temperature, top_k, top_p)
+        new = list(self.stream(ids, max_new_tokens, temperature, top_k, top_p, eos_token_id, seed, attention_mask))
+        return torch.cat([ids, *(t[:, None] for t in new)], dim=1)
 
 
 def from_pretrained(path_or_hf_model: str | Path | torch.nn.Module, *, device: torch.device | str | None = None,
                     dtype: torch.dtype | None = None, max_seq_len: int | None = None, max_batch_size: int = 1,
-                    looped: bool = False) -> LlamaModel:
+                    looped: bool = False, cuda_graph: bool | None = None) -> LlamaModel:
     """Load a Llama-family model from a checkpoint directory or an in-memory transformers model.
 
     ``device`` defaults to fusekit's kernel device; ``dtype`` to bfloat16 on the GPU and float32
     on the CPU.  ``max_seq_len`` sizes the static KV cache (default min(max_position_embeddings, 4096)).
+    ``looped`` picks the looped persistent kernel; ``cuda_graph`` (default: on for CUDA) replays
+    each decode step from a CUDA graph.
     """
     device = torch.device(device) if device is not None else backend.default_device()
     if dtype is None:
@@ -237,4 +285,5 @@ def from_pretrained(path_or_hf_model: str | Path | torch.nn.Module, *, device: t
     else:
         raise TypeError("path_or_hf_model must be a path or a transformers model, "
                         f"got {type(path_or_hf_model).__name__}")
-    return LlamaModel(config, weights, max_seq_len=max_seq_len, max_batch_size=max_batch_size, looped=looped)
+    return LlamaModel(config, weights, max_seq_len=max_seq_len, max_batch_size=max_batch_size, looped=looped,
+                      cuda_graph=cuda_graph)

@@ -1,0 +1,23 @@
+"""examples/generate.py streams the same tokens as LlamaModel.generate from a saved checkpoint."""
+
+import importlib.util
+from pathlib import Path
+
+import torch
+from conftest import tiny_hf_model
+
+import llmfuse
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "generate.py"
+
+
+def test_generate_example_streams_token_ids(tmp_path, capsys):
+    tiny_hf_model(seed=4).save_pretrained(tmp_path)
+    spec = importlib.util.spec_from_file_location("generate_example", EXAMPLE)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    assert example.main([str(tmp_path), "--ids", "5,6,7", "--new", "5"]) == 0
+    streamed = [int(tok) for tok in capsys.readouterr().out.split()]
+    model = llmfuse.from_pretrained(tmp_path)
+    expected = model.generate(torch.tensor([[5, 6, 7]], device=model.device), 5, eos_token_id=1)
+    assert streamed == expected[0, 3:].tolist()
