@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.registry import Context, case
+from benchmarks.registry import CheckFailed, Context, case
 from fusecore import use_reference
 from gnnfuse import Graph
 from gnnfuse.datasets import load_planetoid, power_law_graph
@@ -140,7 +140,8 @@ def _gatconv_runs(ctx: Context, spec: GraphSpec, graph: Graph, dtype: torch.dtyp
     with torch.no_grad():
         expected = reference().float()
         ctx.check(f"{spec.name} {tag} forward vs reference", fused().float(), expected, tol)
-        ctx.check(f"{spec.name} {tag} PyG vs reference", pyg_eager().float(), expected, tol)
+        if dtype == torch.float32:  # PyG sums its softmax in the input dtype: a check of the copied weights only
+            ctx.check(f"{spec.name} {tag} PyG vs reference", pyg_eager().float(), expected, tol)
     layer_params, pyg_params = list(layer.parameters()), list(pyg.parameters())
     _train_step(reference, layer_params, grad)()
     ref_grad = layer.fc.weight.grad.float().clone()
@@ -160,6 +161,7 @@ def gatconv_case(ctx: Context) -> None:
     """GATConv forward / forward+backward: fused vs unfused reference vs PyG eager / compiled."""
     specs = QUICK if ctx.quick else FULL
     dtypes = [torch.float32] if ctx.quick else [torch.float32, torch.bfloat16]
+    failures: list[str] = []
     for spec in specs:
         if spec.name in ("cora", "citeseer", "pubmed") and not (PLANETOID / f"ind.{spec.name}.graph").exists():
             continue
@@ -167,9 +169,14 @@ def gatconv_case(ctx: Context) -> None:
         graph = Graph(edges, n)
         gen = torch.Generator(device="cpu").manual_seed(0)
         for dtype in dtypes:
-            _gatconv_runs(ctx, spec, graph, dtype, gen)
+            try:
+                _gatconv_runs(ctx, spec, graph, dtype, gen)
+            except Exception as exc:  # noqa: BLE001 - keep measuring the other graphs, fail at the end
+                failures.append(f"{spec.name} {dtype}: {type(exc).__name__}: {exc}")
             if ctx.gpu:
                 torch.cuda.empty_cache()
+    if failures:
+        raise CheckFailed("; ".join(failures))
 
 
 @case("gnn", "gat_super_node", baseline="uniform graph")
