@@ -22,7 +22,7 @@ def _state(cfg, w, batch, slots, dtype, gen, device, looped_programs=None, n_spl
     buf = ops.DecodeBuffers.allocate(cfg, plan, dtype, torch.device(device))
     cache = ref.KVCache.empty(cfg, batch, slots, dtype=dtype, device=device)
     prompt = torch.randint(0, cfg.vocab_size, (batch, slots - 3), generator=gen).to(device)
-    kv_start = torch.tensor([0, 3, 1, 5][:batch], device=device)
+    kv_start = ((torch.arange(batch) * 3) % 7).to(device)  # rows left-padded by 0..6 slots
     ref.forward(w, cfg, prompt, cache, 0, kv_start)
     buf.kv_start.copy_(kv_start)
     buf.slot.fill_(slots - 3)

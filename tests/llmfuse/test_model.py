@@ -118,3 +118,14 @@ def test_user_errors_are_clear(hf_llama):
         model.decode_step(torch.tensor([3], device=dev))
     with pytest.raises(TypeError, match="dtype"):
         llmfuse.from_pretrained(hf_llama, dtype=torch.int8)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("looped", [False, True])
+def test_gpu_cuda_graph_generation_equals_eager_launches(hf_llama, looped):
+    ids = torch.randint(3, 97, (3, 7), generator=torch.Generator().manual_seed(2)).cuda()
+    graphed = llmfuse.from_pretrained(hf_llama, dtype=torch.bfloat16, max_seq_len=64, looped=looped, cuda_graph=True)
+    eager = llmfuse.from_pretrained(hf_llama, dtype=torch.bfloat16, max_seq_len=64, looped=looped, cuda_graph=False)
+    assert torch.equal(graphed.generate(ids, 40), eager.generate(ids, 40))
+    logits = graphed.decode_step(torch.tensor([1, 2, 3], device="cuda"))
+    assert torch.equal(logits, eager.decode_step(torch.tensor([1, 2, 3], device="cuda")))
