@@ -105,7 +105,8 @@ def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, 
     if n_splits is None:
         n_splits = max(1, min(cdiv(2 * sms, pairs), most_splits, 32))
     n_splits = max(1, min(n_splits, max_slots))
-    split_len = cdiv(max_slots, n_splits)
+    # whole BLOCK_S blocks per split: no split ends in a half-empty block
+    split_len = cdiv(cdiv(max_slots, n_splits), block_s) * block_s
     n_splits = cdiv(max_slots, split_len)
     plan = DecodePlan(
         batch=batch, max_slots=max_slots, block_b=block_b, block_p=block_p, block_n=block_n, block_k=block_k,

@@ -179,6 +179,17 @@ class ReferenceDecoder:
             x = down_step(w, layer, mlp_step(w, cfg, layer, x), x)
         return lm_head_step(w, cfg, x)[:, 0]
 
+    def compiled_step_at(self):
+        """``step_at`` under ``torch.compile(mode="reduce-overhead", fullgraph=True)`` (CUDA graphs).
+
+        Weights and cache are marked as static addresses, as gpt-fast's module buffers are,
+        so that the CUDA graph reads them in place instead of copying them in every call.
+        """
+        for t in (*(t for t in self.w.__dict__.values() if t is not None), self.cache.k, self.cache.v,
+                  self.inv_freq, self.kv_start):
+            torch._dynamo.mark_static_address(t)
+        return torch.compile(self.step_at, mode="reduce-overhead", fullgraph=True)
+
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         logits = self.step_at(tokens, self.slot)
         self.slot.add_(1)
