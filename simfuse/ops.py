@@ -20,6 +20,8 @@ from . import reference
 from .specs import EnvDef
 
 POLICY_IDS = {"random": 0, "given": 1, "mlp": 2}
+# Blocks this large mean many envs (throughput-bound): start states are drawn only on demand.
+LAZY_RESET_BLOCK = 64
 
 
 def block_size(num_envs: int, device: torch.device, mlp: bool = False) -> int:
@@ -162,7 +164,8 @@ def rollout(
             ENV=env.kernel_id, OBS_DIM=env.obs_dim, NUM_ACTIONS=env.num_actions,
             POLICY=POLICY_IDS[kind], AUTORESET=autoreset,
             WRITE_OBS=write_obs, WRITE_STEP=write_step, WRITE_FINAL=write_final, WRITE_STATS=write_stats,
-            HAS_CRITIC=mlp is not None and mlp.critic is not None, OBS_PAD=_obs_pad(env), BLOCK=block,
+            HAS_CRITIC=mlp is not None and mlp.critic is not None, OBS_PAD=_obs_pad(env),
+            LAZY_RESET=block >= LAZY_RESET_BLOCK, BLOCK=block,
             **dims, **_launch_options(block),
         )
     as_bool = (lambda t: None if t is None else t.view(torch.bool))

@@ -69,7 +69,7 @@ def rollout_kernel(
     WRITE_OBS: tl.constexpr, WRITE_STEP: tl.constexpr, WRITE_FINAL: tl.constexpr, WRITE_STATS: tl.constexpr,
     HAS_CRITIC: tl.constexpr, TWO_HIDDEN: tl.constexpr, ACTIVATION: tl.constexpr, PRECISION: tl.constexpr,
     D_PAD: tl.constexpr, H_PAD: tl.constexpr, A_PAD: tl.constexpr, OBS_PAD: tl.constexpr,
-    BLOCK: tl.constexpr,
+    LAZY_RESET: tl.constexpr, BLOCK: tl.constexpr,
 ):
     pid = tl.program_id(0)
     idx = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -169,9 +169,15 @@ def rollout_kernel(
         if AUTORESET == DISABLED:
             s0, s1, s2, s3 = n0, n1, n2, n3
         else:
-            r0, r1, r2, r3 = n0, n1, n2, n3
-            # Start states are drawn only when some env of the block resets (most steps none does).
-            if tl.max((resetting & mask).to(tl.int32), axis=0) > 0:
+            if LAZY_RESET:
+                # Throughput-bound (many envs): draw start states only when some env of the
+                # block resets, which most steps none does.
+                r0, r1, r2, r3 = n0, n1, n2, n3
+                if tl.max((resetting & mask).to(tl.int32), axis=0) > 0:
+                    r0, r1, r2, r3 = env_reset(seed, idx, position, ENV)
+            else:
+                # Latency-bound (few envs): the draw is independent of the step's dynamics and
+                # overlaps with them, cheaper than a block-wide reduction on the critical path.
                 r0, r1, r2, r3 = env_reset(seed, idx, position, ENV)
             s0 = tl.where(resetting, r0, n0)
             s1 = tl.where(resetting, r1, n1)
