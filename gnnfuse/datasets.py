@@ -14,6 +14,7 @@ Reddit-scale graphs of TARGETS.md).
 
 from __future__ import annotations
 
+import os
 import pickle
 import warnings
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ import numpy as np
 import torch
 
 PLANETOID_NAMES = ("cora", "citeseer", "pubmed")
+DATASETS_ENV = "FUSEKIT_DATASETS"
 PUBMED_FEATURES = 500
 
 
@@ -47,6 +49,19 @@ class Planetoid:
         return int(self.y.numel())
 
 
+def default_planetoid_root() -> Path:
+    """Where the raw Planetoid files are looked for: ``$FUSEKIT_DATASETS/planetoid`` when that
+    variable is set, else ``<repository>/../shared/datasets/planetoid``."""
+    datasets = os.environ.get(DATASETS_ENV)
+    base = Path(datasets) if datasets else Path(__file__).resolve().parents[2] / "shared" / "datasets"
+    return base / "planetoid"
+
+
+def planetoid_available(name: str, root: str | Path | None = None) -> bool:
+    """Whether the raw files of ``name`` are present under ``root`` (default: the default root)."""
+    return (Path(root or default_planetoid_root()) / f"ind.{name.lower()}.graph").exists()
+
+
 def _read(folder: Path, name: str, part: str):
     path = folder / f"ind.{name}.{part}"
     if part == "test.index":
@@ -61,12 +76,13 @@ def _dense(matrix) -> np.ndarray:
     return np.asarray(matrix.todense() if hasattr(matrix, "todense") else matrix, dtype=np.float32)
 
 
-def load_planetoid(name: str, root: str | Path) -> Planetoid:
-    """Load ``name`` (cora, citeseer, pubmed) from the folder ``root`` holding the raw files."""
+def load_planetoid(name: str, root: str | Path | None = None) -> Planetoid:
+    """Load ``name`` (cora, citeseer, pubmed) from the folder ``root`` holding the raw files
+    (default: :func:`default_planetoid_root`)."""
     name = name.lower()
     if name not in PLANETOID_NAMES:
         raise ValueError(f"name must be one of {PLANETOID_NAMES}, got {name!r}")
-    folder = Path(root)
+    folder = Path(root or default_planetoid_root())
     if not (folder / f"ind.{name}.graph").exists():
         raise FileNotFoundError(f"no Planetoid files for {name!r} in {folder}")
     y, ty, ally = (np.asarray(_read(folder, name, p)) for p in ("y", "ty", "ally"))

@@ -18,10 +18,10 @@ import math
 
 import torch
 
-from fusecore import PhiloxStream, backend, cdiv
+from fusecore import PhiloxStream, backend, cdiv, next_power_of_2
 
 from .graph import Graph, as_graph
-from .schedule import Buckets, Schedule, ScheduleOptions, next_power_of_two
+from .schedule import Buckets, Schedule, ScheduleOptions
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -103,7 +103,7 @@ def _merge_sums(buckets: Buckets, part: torch.Tensor, out: torch.Tensor) -> None
     width = part[0].numel()
     sum_merge_kernel[(buckets.super_rows.numel(),)](
         buckets.super_piece_ptr, buckets.super_rows, part, out, width,
-        BLOCK_W=min(1024, 1 << (width - 1).bit_length()),
+        BLOCK_W=min(1024, next_power_of_2(width)),
     )
 
 
@@ -281,7 +281,7 @@ class NodeScoresFunction(torch.autograd.Function):
         acc = accumulation_dtype(wh.dtype)
         el = _new_output((num_nodes, heads), acc, wh.device)
         er = _new_output((num_nodes, heads), acc, wh.device)
-        block_h, block_d = next_power_of_two(heads), next_power_of_two(head_dim)
+        block_h, block_d = next_power_of_2(heads), next_power_of_2(head_dim)
         rows = max(1, min(256, 4096 // (block_h * block_d)))
         if num_nodes:
             node_scores_kernel[(cdiv(num_nodes, rows),)](

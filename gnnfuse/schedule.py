@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fusecore import cdiv, device_facts, make_work_plan
+from fusecore import cdiv, device_facts, make_work_plan, next_power_of_2
 
 MAX_LIGHT_DEGREE = 64
 DEFAULT_LIGHT_MAX = 16
@@ -48,10 +48,6 @@ class TileLimits:
 
 GPU_TILES = TileLimits(tile_elements=4096, max_edge_block=64, max_light_rows=64)
 INTERPRETER_TILES = TileLimits(tile_elements=32768, max_edge_block=256, max_light_rows=512)
-
-
-def next_power_of_two(n: int) -> int:
-    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
 
 
 @dataclass(frozen=True)
@@ -173,7 +169,7 @@ def _buckets(
 
 def build_schedule(graph, num_heads: int, head_dim: int, dtype: torch.dtype, options: ScheduleOptions) -> Schedule:
     """Choose the buckets of ``graph`` for features ``[N, num_heads, head_dim]`` (see module doc)."""
-    block_h, block_d = next_power_of_two(num_heads), next_power_of_two(head_dim)
+    block_h, block_d = next_power_of_2(num_heads), next_power_of_2(head_dim)
     tiles = GPU_TILES if graph.device.type == "cuda" else INTERPRETER_TILES
     edge_tile = max(1, min(tiles.max_edge_block, tiles.tile_elements // (block_h * block_d)))
     light_max = options.light_max_degree

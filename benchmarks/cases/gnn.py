@@ -1,6 +1,6 @@
 """gnnfuse: GATConv forward and forward+backward on citation graphs and power-law graphs.
 
-Graphs (TARGETS.md): the real Cora, CiteSeer and PubMed structures (../shared/datasets;
+Graphs (TARGETS.md): the real Cora, CiteSeer and PubMed structures (:func:`gnnfuse.datasets.default_planetoid_root`;
 PubMed with synthetic width-500 features), an arxiv-like power-law graph (169,343 nodes,
 1.35 M edges with self loops, 128 input features, 8 heads × 16) and a Reddit-scale one
 (233,000 nodes, 23.5 M edges, top in-degree ~425 k, 602 inputs, 4 × 16), generated with a
@@ -23,18 +23,15 @@ Quick mode: a 300-node power-law graph with a heavy node, fp32, no torch.compile
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from benchmarks.registry import CheckFailed, Context, case
 from fusecore import use_reference
 from gnnfuse import Graph
-from gnnfuse.datasets import load_planetoid, power_law_graph
+from gnnfuse.datasets import load_planetoid, planetoid_available, power_law_graph
 from gnnfuse.nn import GATConv
 from gnnfuse.ops import gat_floor_bytes
-
-PLANETOID = Path(__file__).resolve().parents[2].parent / "shared" / "datasets" / "planetoid"
 
 
 @dataclass(frozen=True)
@@ -65,7 +62,7 @@ def _edges(name: str, device: torch.device) -> tuple[torch.Tensor, int]:
     elif name == "tiny-power-law":
         edges, n = power_law_graph(300, 2_400, 400, self_loops=False, seed=0), 300
     else:
-        data = load_planetoid(name, PLANETOID)
+        data = load_planetoid(name)
         edges, n = data.edge_index, data.num_nodes
     graph = Graph(edges.to(device), n).remove_self_loops().add_self_loops()
     return graph.edge_index, n
@@ -163,7 +160,7 @@ def gatconv_case(ctx: Context) -> None:
     dtypes = [torch.float32] if ctx.quick else [torch.float32, torch.bfloat16]
     failures: list[str] = []
     for spec in specs:
-        if spec.name in ("cora", "citeseer", "pubmed") and not (PLANETOID / f"ind.{spec.name}.graph").exists():
+        if spec.name in ("cora", "citeseer", "pubmed") and not planetoid_available(spec.name):
             continue
         edges, n = _edges(spec.name, ctx.device)
         graph = Graph(edges, n)

@@ -25,6 +25,8 @@ import triton.language as tl
 from fusecore.backend import jit
 from fusecore.rng import uniform4
 
+from .tiles import flat_head_tile, head_tile, item_edges, light_edges
+
 
 @jit
 def gat_backward_src_kernel(
@@ -37,22 +39,10 @@ def gat_backward_src_kernel(
 ):
     acc_dtype = el_ptr.dtype.element_ty
     pid = tl.program_id(0).to(tl.int64)
-    offs_h = tl.arange(0, BLOCK_H)
-    offs_d = tl.arange(0, BLOCK_D)
     offs_e = tl.arange(0, BLOCK_E)
-    h_mask = offs_h < H
-    hd_mask = h_mask[:, None] & (offs_d[None, :] < D)
-    hd_offs = offs_h[:, None] * D + offs_d[None, :]
+    offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
     HD = H * D
-    row = tl.load(rows_ptr + pid).to(tl.int64)
-    if PIECES:
-        start = tl.load(piece_start_ptr + pid).to(tl.int64)
-        stop = tl.load(piece_stop_ptr + pid).to(tl.int64)
-        out_index = pid
-    else:
-        start = tl.load(rev_indptr_ptr + row).to(tl.int64)
-        stop = tl.load(rev_indptr_ptr + row + 1).to(tl.int64)
-        out_index = row
+    row, start, stop, out_index = item_edges(pid, rows_ptr, rev_indptr_ptr, piece_start_ptr, piece_stop_ptr, PIECES)
     wh_j = tl.load(wh_ptr + row * HD + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)
     el_j = tl.load(el_ptr + row * H + offs_h, mask=h_mask, other=0.0).to(acc_dtype)
     acc_wh = tl.zeros([BLOCK_H, BLOCK_D], dtype=acc_dtype)
@@ -104,15 +94,7 @@ def row_sum_kernel(
     offs_w = tl.arange(0, BLOCK_W)
     offs_e = tl.arange(0, BLOCK_E)
     w_mask = offs_w < W
-    row = tl.load(rows_ptr + pid).to(tl.int64)
-    if PIECES:
-        start = tl.load(piece_start_ptr + pid).to(tl.int64)
-        stop = tl.load(piece_stop_ptr + pid).to(tl.int64)
-        out_index = pid
-    else:
-        start = tl.load(indptr_ptr + row).to(tl.int64)
-        stop = tl.load(indptr_ptr + row + 1).to(tl.int64)
-        out_index = row
+    _, start, stop, out_index = item_edges(pid, rows_ptr, indptr_ptr, piece_start_ptr, piece_stop_ptr, PIECES)
     acc = tl.zeros([BLOCK_W], dtype=values_ptr.dtype.element_ty)
     for e0 in range(start, stop, BLOCK_E):
         pos = e0 + offs_e
@@ -133,23 +115,10 @@ def gat_backward_src_light_kernel(
     """The source pass for ``ROWS`` light source rows per program, edges in one tile."""
     acc_dtype = el_ptr.dtype.element_ty
     pid = tl.program_id(0).to(tl.int64)
-    offs_r = pid * ROWS + tl.arange(0, ROWS)
-    offs_e = tl.arange(0, BLOCK_E)
-    offs_h = tl.arange(0, BLOCK_H)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_c = tl.arange(0, BLOCK_H * BLOCK_D)
-    h_mask = offs_h < H
-    hd_mask = h_mask[:, None] & (offs_d[None, :] < D)
-    hd_offs = offs_h[:, None] * D + offs_d[None, :]
-    c_mask = ((offs_c // BLOCK_D) < H) & ((offs_c % BLOCK_D) < D)
-    c_offs = (offs_c // BLOCK_D) * D + offs_c % BLOCK_D
+    offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
+    c_offs, c_mask = flat_head_tile(H, D, BLOCK_H, BLOCK_D)
     HD = H * D
-    r_mask = offs_r < num_rows
-    rows = tl.load(rows_ptr + offs_r, mask=r_mask, other=0).to(tl.int64)
-    start = tl.load(rev_indptr_ptr + rows, mask=r_mask, other=0).to(tl.int64)
-    degree = tl.load(rev_indptr_ptr + rows + 1, mask=r_mask, other=0).to(tl.int64) - start
-    q = start[:, None] + offs_e[None, :]                                      # [ROWS, BLOCK_E]
-    e_mask = offs_e[None, :] < degree[:, None]
+    rows, r_mask, q, e_mask = light_edges(pid, rows_ptr, rev_indptr_ptr, num_rows, ROWS, BLOCK_E)  # q: [ROWS, BLOCK_E]
     dst = tl.load(rev_dst_ptr + q, mask=e_mask, other=0).to(tl.int64)
     pos = tl.load(rev_pos_ptr + q, mask=e_mask, other=0).to(tl.int64)
     eh_mask = e_mask[:, :, None] & h_mask[None, None, :]                      # [ROWS, BLOCK_E, BLOCK_H]
@@ -197,15 +166,9 @@ def row_sum_light_kernel(
 ):
     """out[row, :W] = Σ over the row's CSR range of values[p, :W], ``ROWS`` light rows per program."""
     pid = tl.program_id(0).to(tl.int64)
-    offs_r = pid * ROWS + tl.arange(0, ROWS)
-    offs_e = tl.arange(0, BLOCK_E)
     offs_w = tl.arange(0, BLOCK_W)
-    r_mask = offs_r < num_rows
-    rows = tl.load(rows_ptr + offs_r, mask=r_mask, other=0).to(tl.int64)
-    start = tl.load(indptr_ptr + rows, mask=r_mask, other=0).to(tl.int64)
-    degree = tl.load(indptr_ptr + rows + 1, mask=r_mask, other=0).to(tl.int64) - start
-    pos = start[:, None] + offs_e[None, :]
-    mask = (offs_e[None, :] < degree[:, None])[:, :, None] & (offs_w < W)[None, None, :]
+    rows, r_mask, pos, e_mask = light_edges(pid, rows_ptr, indptr_ptr, num_rows, ROWS, BLOCK_E)
+    mask = e_mask[:, :, None] & (offs_w < W)[None, None, :]
     values = tl.load(values_ptr + pos[:, :, None] * W + offs_w[None, None, :], mask=mask, other=0.0)
     tl.store(out_ptr + rows[:, None] * W + offs_w[None, :], tl.sum(values, axis=1).to(out_ptr.dtype.element_ty),
              mask=r_mask[:, None] & (offs_w < W)[None, :])

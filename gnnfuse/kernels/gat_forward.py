@@ -36,6 +36,8 @@ import triton.language as tl
 from fusecore.backend import jit
 from fusecore.rng import uniform4
 
+from .tiles import flat_head_tile, head_tile, item_edges, light_edges
+
 
 @jit
 def gat_forward_rows_kernel(
@@ -47,22 +49,10 @@ def gat_forward_rows_kernel(
 ):
     acc_dtype = el_ptr.dtype.element_ty
     pid = tl.program_id(0).to(tl.int64)
-    offs_h = tl.arange(0, BLOCK_H)
-    offs_d = tl.arange(0, BLOCK_D)
     offs_e = tl.arange(0, BLOCK_E)
-    h_mask = offs_h < H
-    hd_mask = h_mask[:, None] & (offs_d[None, :] < D)
-    hd_offs = offs_h[:, None] * D + offs_d[None, :]
+    offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
     HD = H * D
-    row = tl.load(rows_ptr + pid).to(tl.int64)
-    if PIECES:
-        start = tl.load(piece_start_ptr + pid).to(tl.int64)
-        stop = tl.load(piece_stop_ptr + pid).to(tl.int64)
-        out_index = pid
-    else:
-        start = tl.load(indptr_ptr + row).to(tl.int64)
-        stop = tl.load(indptr_ptr + row + 1).to(tl.int64)
-        out_index = row
+    row, start, stop, out_index = item_edges(pid, rows_ptr, indptr_ptr, piece_start_ptr, piece_stop_ptr, PIECES)
     er_i = tl.load(er_ptr + row * H + offs_h, mask=h_mask, other=0.0).to(acc_dtype)
     m = tl.full([BLOCK_H], float("-inf"), dtype=acc_dtype)
     l = tl.zeros([BLOCK_H], dtype=acc_dtype)
@@ -107,23 +97,10 @@ def gat_forward_light_kernel(
 ):
     acc_dtype = el_ptr.dtype.element_ty
     pid = tl.program_id(0).to(tl.int64)
-    offs_r = pid * ROWS + tl.arange(0, ROWS)
-    offs_e = tl.arange(0, BLOCK_E)
-    offs_h = tl.arange(0, BLOCK_H)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_c = tl.arange(0, BLOCK_H * BLOCK_D)
-    h_mask = offs_h < H
-    hd_mask = h_mask[:, None] & (offs_d[None, :] < D)
-    hd_offs = offs_h[:, None] * D + offs_d[None, :]
-    c_mask = ((offs_c // BLOCK_D) < H) & ((offs_c % BLOCK_D) < D)
-    c_offs = (offs_c // BLOCK_D) * D + offs_c % BLOCK_D
+    offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
+    c_offs, c_mask = flat_head_tile(H, D, BLOCK_H, BLOCK_D)
     HD = H * D
-    r_mask = offs_r < num_rows
-    rows = tl.load(rows_ptr + offs_r, mask=r_mask, other=0).to(tl.int64)
-    start = tl.load(indptr_ptr + rows, mask=r_mask, other=0).to(tl.int64)
-    degree = tl.load(indptr_ptr + rows + 1, mask=r_mask, other=0).to(tl.int64) - start
-    pos = start[:, None] + offs_e[None, :]                                    # [ROWS, BLOCK_E]
-    e_mask = offs_e[None, :] < degree[:, None]
+    rows, r_mask, pos, e_mask = light_edges(pid, rows_ptr, indptr_ptr, num_rows, ROWS, BLOCK_E)  # pos: [ROWS, BLOCK_E]
     src = tl.load(src_ptr + pos, mask=e_mask, other=0).to(tl.int64)
     eh_mask = e_mask[:, :, None] & h_mask[None, None, :]                      # [ROWS, BLOCK_E, BLOCK_H]
     el_j = tl.load(el_ptr + src[:, :, None] * H + offs_h[None, None, :], mask=eh_mask, other=0.0).to(acc_dtype)

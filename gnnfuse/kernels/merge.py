@@ -15,6 +15,8 @@ import triton.language as tl
 from fusecore.backend import jit
 from fusecore.softmax import lse_add
 
+from .tiles import head_tile
+
 
 @jit
 def lse_merge_kernel(
@@ -25,11 +27,7 @@ def lse_merge_kernel(
     row = tl.load(rows_ptr + pid).to(tl.int64)
     first = tl.load(piece_ptr + pid).to(tl.int64)
     last = tl.load(piece_ptr + pid + 1).to(tl.int64)
-    offs_h = tl.arange(0, BLOCK_H)
-    offs_d = tl.arange(0, BLOCK_D)
-    h_mask = offs_h < H
-    hd_mask = h_mask[:, None] & (offs_d[None, :] < D)
-    hd_offs = offs_h[:, None] * D + offs_d[None, :]
+    offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
     HD = H * D
     acc_dtype = part_lse_ptr.dtype.element_ty
     total = tl.full([BLOCK_H], float("-inf"), dtype=acc_dtype)

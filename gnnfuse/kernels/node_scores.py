@@ -14,6 +14,8 @@ import triton.language as tl
 
 from fusecore.backend import jit
 
+from .tiles import head_tile
+
 
 @jit
 def node_scores_kernel(
@@ -23,11 +25,7 @@ def node_scores_kernel(
     acc_dtype = el_ptr.dtype.element_ty
     pid = tl.program_id(0).to(tl.int64)
     offs_r = pid * ROWS + tl.arange(0, ROWS)
-    offs_h = tl.arange(0, BLOCK_H)
-    offs_d = tl.arange(0, BLOCK_D)
-    h_mask = offs_h < H
-    hd_mask = h_mask[:, None] & (offs_d[None, :] < D)
-    hd_offs = offs_h[:, None] * D + offs_d[None, :]
+    offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
     r_mask = offs_r < num_nodes
     attn_l = tl.load(attn_l_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)
     attn_r = tl.load(attn_r_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)

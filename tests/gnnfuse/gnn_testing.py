@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 import torch
 
 from gnnfuse import ScheduleOptions
-from gnnfuse.datasets import load_planetoid
+from gnnfuse.datasets import default_planetoid_root, load_planetoid, planetoid_available
 
-ROOT = Path(__file__).resolve().parents[2]
-PLANETOID = Path(os.environ.get("FUSEKIT_DATASETS", ROOT.parent / "shared" / "datasets")) / "planetoid"
+PLANETOID = default_planetoid_root()
 
 # Every bucket kind forced on its own, and the automatic choice.
 SCHEDULES = {
@@ -39,6 +35,6 @@ def corner_case_edges(gen: torch.Generator, num_nodes: int = 29, num_edges: int 
 
 def planetoid(name: str):
     """The real Planetoid dataset, or skip when the shared datasets folder is absent."""
-    if not (PLANETOID / f"ind.{name}.graph").exists():
+    if not planetoid_available(name, PLANETOID):
         pytest.skip(f"Planetoid {name} not found under {PLANETOID}")
     return load_planetoid(name, PLANETOID)

@@ -1,0 +1,68 @@
+"""Index helpers every gnnfuse kernel shares: which edges a program owns, and feature tiles.
+
+* :func:`head_tile` — offsets and masks of one node's ``[BLOCK_H, BLOCK_D]`` feature tile
+  (features stored row-major ``[H, D]`` per node, heads and head size padded to powers of two);
+* :func:`flat_head_tile` — the same tile flattened to ``[BLOCK_H · BLOCK_D]`` columns, for
+  results folded per row as ``[ROWS, BLOCK_H · BLOCK_D]``;
+* :func:`item_edges` — the row, CSR edge range and output slot of one program's item: a whole
+  row (``indptr[row] : indptr[row + 1]``) or one piece of a split row;
+* :func:`light_edges` — the ``ROWS`` light rows of one program and the ``[ROWS, BLOCK_E]`` tile
+  of their CSR positions (``BLOCK_E`` >= every row's degree).
+
+All positions and ids come back as int64, so address arithmetic never overflows int32.
+"""
+
+import triton.language as tl
+
+from fusecore.backend import jit
+
+
+@jit
+def head_tile(H, D, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+    """(offs_h, h_mask, hd_offs, hd_mask) of a node's [BLOCK_H, BLOCK_D] feature tile."""
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    h_mask = offs_h < H
+    hd_mask = h_mask[:, None] & (offs_d[None, :] < D)
+    hd_offs = offs_h[:, None] * D + offs_d[None, :]
+    return offs_h, h_mask, hd_offs, hd_mask
+
+
+@jit
+def flat_head_tile(H, D, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+    """(c_offs, c_mask): column c = head c // BLOCK_D, lane c % BLOCK_D of the flattened tile."""
+    offs_c = tl.arange(0, BLOCK_H * BLOCK_D)
+    c_mask = ((offs_c // BLOCK_D) < H) & ((offs_c % BLOCK_D) < D)
+    c_offs = (offs_c // BLOCK_D) * D + offs_c % BLOCK_D
+    return c_offs, c_mask
+
+
+@jit
+def item_edges(pid, rows_ptr, indptr_ptr, piece_start_ptr, piece_stop_ptr, PIECES: tl.constexpr):
+    """(row, start, stop, out_index) of item ``pid``: its row and edge range, and where its
+    result goes (the row itself, or the piece index for a partial result)."""
+    row = tl.load(rows_ptr + pid).to(tl.int64)
+    if PIECES:
+        start = tl.load(piece_start_ptr + pid).to(tl.int64)
+        stop = tl.load(piece_stop_ptr + pid).to(tl.int64)
+        out_index = pid
+    else:
+        start = tl.load(indptr_ptr + row).to(tl.int64)
+        stop = tl.load(indptr_ptr + row + 1).to(tl.int64)
+        out_index = row
+    return row, start, stop, out_index
+
+
+@jit
+def light_edges(pid, rows_ptr, indptr_ptr, num_rows, ROWS: tl.constexpr, BLOCK_E: tl.constexpr):
+    """(rows, r_mask, pos, e_mask): the program's rows [ROWS] and their CSR positions
+    [ROWS, BLOCK_E] with the mask of real edges."""
+    offs_r = pid * ROWS + tl.arange(0, ROWS)
+    offs_e = tl.arange(0, BLOCK_E)
+    r_mask = offs_r < num_rows
+    rows = tl.load(rows_ptr + offs_r, mask=r_mask, other=0).to(tl.int64)
+    start = tl.load(indptr_ptr + rows, mask=r_mask, other=0).to(tl.int64)
+    degree = tl.load(indptr_ptr + rows + 1, mask=r_mask, other=0).to(tl.int64) - start
+    pos = start[:, None] + offs_e[None, :]
+    e_mask = offs_e[None, :] < degree[:, None]
+    return rows, r_mask, pos, e_mask
