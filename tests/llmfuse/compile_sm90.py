@@ -1,0 +1,103 @@
+"""Compile every llmfuse decode kernel for an H100/H200 (sm_90) on a machine without a GPU.
+
+Run as a script (``python tests/llmfuse/compile_sm90.py [--all]``): it makes torch report a CUDA
+device *before* fusecore is imported, so ``fusecore.jit`` hands out compiled-mode kernels;
+the launchers of :mod:`llmfuse.ops` then run against recorders that compile each kernel
+with ``triton.compile`` for ``GPUTarget("cuda", 90, 32)`` (frontend, LLVM and ptxas) with
+the exact arguments and constexprs a decode step passes, instead of launching it.  A
+failure prints the kernel and the compiler's error and exits non-zero.
+"""
+
+import sys
+
+import torch
+
+torch.cuda.is_available = lambda: True  # must precede the first fusecore import
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+import fusecore  # noqa: E402
+import llmfuse.ops as ops  # noqa: E402
+from fusecore.device import DeviceFacts  # noqa: E402
+from llmfuse import reference as ref  # noqa: E402
+from llmfuse.config import LlamaConfig  # noqa: E402
+from llmfuse.weights import random_weights  # noqa: E402
+
+TARGET = GPUTarget("cuda", 90, 32)
+POINTER = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.int64: "*i64",
+           torch.int32: "*i32"}
+KERNELS = ("qkv_rope_kernel", "decode_attention_kernel", "o_proj_kernel", "gate_up_kernel", "down_proj_kernel",
+           "lm_head_kernel", "looped_decode_kernel")
+
+
+class CompileInsteadOfLaunch:
+    """Stands in for a kernel in llmfuse.ops: ``kernel[grid](*args)`` compiles for sm_90."""
+
+    compiled: set = set()
+
+    def __init__(self, kernel, name: str):
+        self.kernel, self.name = kernel, name
+
+    def __getitem__(self, grid):
+        def compile_only(*args, **kwargs):
+            values = dict(zip(self.kernel.arg_names, args))
+            values.update(kwargs)
+            signature, constexprs = {}, {}
+            for index, (name, param) in enumerate(zip(self.kernel.arg_names, self.kernel.params)):
+                value = values[name]
+                if param.is_constexpr:
+                    signature[name], constexprs[(index,)] = "constexpr", value
+                elif isinstance(value, torch.Tensor):
+                    signature[name] = POINTER[value.dtype]
+                elif isinstance(value, float):
+                    signature[name] = "fp32"
+                else:
+                    signature[name] = "i64" if abs(int(value)) >= 2**31 else "i32"
+            key = (self.name, tuple(signature.items()), tuple(constexprs.items()))
+            if key not in self.compiled:
+                triton.compile(ASTSource(fn=self.kernel, signature=signature, constexprs=constexprs), target=TARGET)
+                self.compiled.add(key)
+
+        return compile_only
+
+
+def main(argv: list[str]) -> int:
+    """Default: the looped kernel (it inlines every instruction's tile function) in bf16 at batch 1
+    (row-sum GEMV) and 8 (tensor cores); ``--all``: also every per-layer kernel, batch 64 and float32."""
+    full = "--all" in argv
+    assert fusecore.COMPILED, "fusecore was imported before torch.cuda.is_available was patched"
+    for name in KERNELS:
+        setattr(ops, name, CompileInsteadOfLaunch(getattr(ops, name), name))
+    h100 = DeviceFacts("NVIDIA H100 80GB HBM3", "cuda", 132, 50 << 20, 227 << 10, (9, 0))
+    ops.device_facts = lambda device: h100
+    ops.persistent_grid = lambda work, device: max(1, min(work, h100.sm_count))
+    configs = [
+        (LlamaConfig(vocab_size=1003, hidden_size=256, intermediate_size=688, num_hidden_layers=2,
+                     num_attention_heads=8, num_key_value_heads=2, head_dim=64), torch.bfloat16,
+         (1, 8, 64) if full else (1, 8)),
+        (LlamaConfig(vocab_size=97, hidden_size=48, intermediate_size=88, num_hidden_layers=2,
+                     num_attention_heads=6, num_key_value_heads=2, head_dim=8, attention_bias=True,
+                     model_type="qwen2"), torch.float32, (1, 3)),
+    ]
+    for cfg, dtype, batches in configs if full else configs[:1]:
+        w = random_weights(cfg, dtype=dtype)
+        for batch in batches:
+            plan = ops.make_plan(cfg, batch, 40, dtype, torch.device("cuda"))
+            buf = ops.DecodeBuffers.allocate(cfg, plan, dtype, torch.device("cpu"))
+            cache = ref.KVCache.empty(cfg, batch, 40, dtype=dtype, device="cpu")
+            tokens = torch.zeros(batch, dtype=torch.int64)
+            for looped in (False, True) if full else (True,):
+                try:
+                    ops.fused_step(w, cfg, cache, buf, plan, cfg.rope_inv_freq(), tokens, looped=looped,
+                                   write_logits=True)
+                except Exception as exc:
+                    print(f"FAILED: {dtype} batch {batch} looped={looped}: {type(exc).__name__}: {exc}")
+                    return 1
+    print(f"compiled {len(CompileInsteadOfLaunch.compiled)} kernel variants for sm_90")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
