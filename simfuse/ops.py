@@ -14,7 +14,7 @@ import torch
 
 from fusecore import backend
 from fusecore.device import device_facts
-from fusecore.plan import cdiv
+from fusecore.plan import cdiv, next_power_of_2
 
 from . import reference
 from .specs import EnvDef
@@ -33,16 +33,12 @@ def block_size(num_envs: int, device: torch.device, mlp: bool = False) -> int:
     """
     floor = 16 if mlp else 8
     if device.type != "cuda":
-        return max(floor, min(128, 1 << max(0, (num_envs - 1).bit_length())))
+        return max(floor, min(128, next_power_of_2(num_envs)))
     sms = device_facts(device).sm_count
     block = 128
     while block > floor and cdiv(num_envs, block) < 4 * sms:
         block //= 2
     return block
-
-
-def _obs_pad(env: EnvDef) -> int:
-    return 1 << max(0, (env.obs_dim - 1).bit_length())
 
 
 def _use_reference(tensor: torch.Tensor) -> bool:
@@ -75,7 +71,7 @@ def reset(env: EnvDef, state: torch.Tensor, steps: torch.Tensor, done: torch.Ten
     reset_kernel[(cdiv(n, block),)](
         state, steps, done, ep_return, reset_mask if reset_mask is not None else done, obs,
         n, seed, position,
-        ENV=env.kernel_id, OBS_DIM=env.obs_dim, OBS_PAD=_obs_pad(env), HAS_MASK=reset_mask is not None,
+        ENV=env.kernel_id, OBS_DIM=env.obs_dim, OBS_PAD=next_power_of_2(env.obs_dim), HAS_MASK=reset_mask is not None,
         BLOCK=block, **_launch_options(block),
     )
     return obs
@@ -164,7 +160,7 @@ def rollout(
             ENV=env.kernel_id, OBS_DIM=env.obs_dim, NUM_ACTIONS=env.num_actions,
             POLICY=POLICY_IDS[kind], AUTORESET=autoreset,
             WRITE_OBS=write_obs, WRITE_STEP=write_step, WRITE_FINAL=write_final, WRITE_STATS=write_stats,
-            HAS_CRITIC=mlp is not None and mlp.critic is not None, OBS_PAD=_obs_pad(env),
+            HAS_CRITIC=mlp is not None and mlp.critic is not None, OBS_PAD=next_power_of_2(env.obs_dim),
             LAZY_RESET=block >= LAZY_RESET_BLOCK, BLOCK=block,
             **dims, **_launch_options(block),
         )
@@ -200,18 +196,14 @@ def _select_reference(out: reference.RolloutOutputs, env: EnvDef, write_obs: boo
     )
 
 
-def _next_pow2(x: int) -> int:
-    return 1 << max(0, (x - 1).bit_length())
-
-
 def chain_block_size(num_envs: int, num_links: int, device: torch.device) -> int:
     """Chains per program: the [BLOCK, L] tiles stay within ~4096 elements each (registers)."""
-    return max(16, min(block_size(num_envs, device), 4096 // _next_pow2(num_links)))
+    return max(16, min(block_size(num_envs, device), 4096 // next_power_of_2(num_links)))
 
 
 def _chain_launch_options(block: int, links: int) -> dict:
     # about 8 tile elements per thread for each of the [BLOCK, L] tiles
-    return {"num_warps": max(1, min(8, block * _next_pow2(links) // 256)), "enable_fp_fusion": False}
+    return {"num_warps": max(1, min(8, block * next_power_of_2(links) // 256)), "enable_fp_fusion": False}
 
 
 def chain_reset(state: torch.Tensor, steps: torch.Tensor, done: torch.Tensor, ep_return: torch.Tensor, *,
@@ -234,7 +226,7 @@ def chain_reset(state: torch.Tensor, steps: torch.Tensor, done: torch.Tensor, ep
     block = chain_block_size(n, links, state.device)
     chain_reset_kernel[(cdiv(n, block),)](
         state, steps, done, ep_return, reset_mask if reset_mask is not None else done, n, seed, position,
-        L=links, L_PAD=_next_pow2(links), HAS_MASK=reset_mask is not None, BLOCK=block,
+        L=links, L_PAD=next_power_of_2(links), HAS_MASK=reset_mask is not None, BLOCK=block,
         **_chain_launch_options(block, links),
     )
     return state.clone()
@@ -278,7 +270,7 @@ def chain_rollout(state: torch.Tensor, steps: torch.Tensor, done: torch.Tensor, 
             _or(obs, state), _or(actions, state), _or(rewards, state), _or(terminated, state), _or(truncated, state),
             _or(final_obs, state), next_obs, _or(episodes, state), _or(return_sum, state), _or(length_sum, state),
             n, k, max_episode_steps, seed, offset,
-            L=links, L_PAD=_next_pow2(links), GIVEN=given, AUTORESET=autoreset, WRITE_OBS=write_obs,
+            L=links, L_PAD=next_power_of_2(links), GIVEN=given, AUTORESET=autoreset, WRITE_OBS=write_obs,
             WRITE_STEP=write_step, WRITE_FINAL=write_final, WRITE_STATS=write_stats, BLOCK=block,
             **_chain_launch_options(block, links),
         )

@@ -16,11 +16,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from fusecore.plan import next_power_of_2
+
 MAX_DISCRETE_ACTIONS = 4
 
 
 def _pad(size: int) -> int:
-    return max(16, 1 << max(0, (size - 1).bit_length()))
+    """Padded size of an MLP dimension: a power of two, at least 16 (``tl.dot``'s minimum)."""
+    return max(16, next_power_of_2(size))
 
 
 def _layers(net: nn.Sequential, name: str) -> tuple[list[nn.Linear], str]:

@@ -157,6 +157,30 @@ def env_observe(env: EnvDef, state: torch.Tensor) -> torch.Tensor:
     return state[:2].T.clone()
 
 
+def autoreset_flags(reward, terminated, truncated, length, done_prev, autoreset: int):
+    """The auto-reset modes (see :mod:`simfuse.kernels.episode`); returns
+    ``(reward, terminated, truncated, steps, done_prev, resetting)``."""
+    if autoreset == NEXT_STEP:
+        resetting = done_prev
+        reward = torch.where(resetting, torch.zeros_like(reward), reward)
+        terminated, truncated = terminated & ~resetting, truncated & ~resetting
+    elif autoreset == SAME_STEP:
+        resetting = terminated | truncated
+    else:
+        resetting = torch.zeros_like(terminated)
+    steps = torch.where(resetting, torch.zeros_like(length), length)
+    return reward, terminated, truncated, steps, terminated | truncated, resetting
+
+
+def track_episode(ep_return, episodes, return_sum, length_sum, reward, ended, length) -> torch.Tensor:
+    """Accumulate the return; count ended episodes into the statistics (in place); return the new running return."""
+    ep_return = ep_return + reward
+    episodes += ended.to(torch.int32)
+    return_sum += torch.where(ended, ep_return, torch.zeros_like(ep_return))
+    length_sum += torch.where(ended, length, torch.zeros_like(length))
+    return torch.where(ended, torch.zeros_like(ep_return), ep_return)
+
+
 @dataclass
 class RolloutOutputs:
     """What one rollout produced: trajectory [K, N(, obs_dim)], next observation, statistics."""
@@ -251,33 +275,15 @@ def rollout(
         val_l.append(value)
         new, reward, terminated = env_step(env, s, a)
         length = cnt + 1
-        truncated = length >= max_episode_steps
-        if autoreset == NEXT_STEP:
-            resetting = done_prev
-            reward = torch.where(resetting, torch.zeros_like(reward), reward)
-            terminated = terminated & ~resetting
-            truncated = truncated & ~resetting
-            cnt = torch.where(resetting, torch.zeros_like(length), length)
-            done_prev = terminated | truncated
-        elif autoreset == SAME_STEP:
-            resetting = terminated | truncated
+        reward, terminated, truncated, cnt, done_prev, resetting = autoreset_flags(
+            reward, terminated, length >= max_episode_steps, length, done_prev, autoreset)
+        if autoreset == SAME_STEP:
             fin_l.append(env_observe(env, new))
-            cnt = torch.where(resetting, torch.zeros_like(length), length)
-            done_prev = resetting
-        else:
-            resetting = torch.zeros_like(terminated)
-            cnt = length
-            done_prev = terminated | truncated
         if bool(resetting.any()):
             fresh = philox_start_state(env, seed, ids, position).to(device, dtype)
             new = torch.where(resetting[None, :], fresh, new)
         s = new
-        ended = terminated | truncated
-        ret = ret + reward
-        episodes += ended.to(torch.int32)
-        return_sum += torch.where(ended, ret, torch.zeros_like(ret))
-        length_sum += torch.where(ended, length, torch.zeros_like(length))
-        ret = torch.where(ended, torch.zeros_like(ret), ret)
+        ret = track_episode(ret, episodes, return_sum, length_sum, reward, terminated | truncated, length)
         rew_l.append(reward)
         term_l.append(terminated)
         trunc_l.append(truncated)
@@ -388,27 +394,17 @@ def chain_rollout(state: torch.Tensor, steps: torch.Tensor, done: torch.Tensor, 
         act_l.append(a)
         new_theta, new_omega, reward = chain_step(theta, omega, a)
         length = cnt + 1
-        truncated = length >= max_episode_steps
-        if autoreset == NEXT_STEP:
-            resetting = done_prev
-            reward = torch.where(resetting, torch.zeros_like(reward), reward)
-            truncated = truncated & ~resetting
-        else:
-            resetting = truncated if autoreset == SAME_STEP else torch.zeros_like(truncated)
+        never = torch.zeros_like(length, dtype=torch.bool)
+        reward, _, truncated, cnt, done_prev, resetting = autoreset_flags(
+            reward, never, length >= max_episode_steps, length, done_prev, autoreset)
         if autoreset == SAME_STEP:
             fin_l.append(torch.cat([new_theta, new_omega], 1))
-        cnt = torch.where(resetting, torch.zeros_like(length), length)
-        done_prev = truncated
         if bool(resetting.any()):
             fresh = chain_start_angles(seed, ids, position, links).to(device, dtype)
             new_theta = torch.where(resetting[:, None], fresh, new_theta)
             new_omega = torch.where(resetting[:, None], torch.zeros_like(new_omega), new_omega)
         theta, omega = new_theta, new_omega
-        ret = ret + reward
-        episodes += truncated.to(torch.int32)
-        return_sum += torch.where(truncated, ret, torch.zeros_like(ret))
-        length_sum += torch.where(truncated, length, torch.zeros_like(length))
-        ret = torch.where(truncated, torch.zeros_like(ret), ret)
+        ret = track_episode(ret, episodes, return_sum, length_sum, reward, truncated, length)
         rew_l.append(reward)
         trunc_l.append(truncated)
     state.copy_(torch.cat([theta, omega], 1).to(state.dtype))

@@ -23,13 +23,22 @@ import triton.language as tl
 from fusecore.backend import jit
 from fusecore.rng import uniform4
 
+from .episode import autoreset_flags, load_counters, store_counters, store_step, track_episode
+
 RESET_STREAM: tl.constexpr = tl.constexpr(16)
 POLICY_TAG: tl.constexpr = tl.constexpr(2 << 32)
 PI: tl.constexpr = tl.constexpr(3.141592653589793)
 TWO_PI: tl.constexpr = tl.constexpr(6.283185307179586)
-NEXT_STEP: tl.constexpr = tl.constexpr(0)
-SAME_STEP: tl.constexpr = tl.constexpr(1)
 DISABLED: tl.constexpr = tl.constexpr(2)
+
+
+@jit
+def chain_tile(n, L: tl.constexpr, L_PAD: tl.constexpr, BLOCK: tl.constexpr):
+    """This program's chains: (env ids, env mask, link ids [1, L_PAD], tile mask, offsets of θ in [N, 2L])."""
+    idx = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = idx < n
+    col = tl.arange(0, L_PAD)[None, :]
+    return idx, mask, col, mask[:, None] & (col < L), idx[:, None] * (2 * L) + col
 
 
 @jit
@@ -69,20 +78,11 @@ def chain_rollout_kernel(
     BLOCK: tl.constexpr,
 ):
     """K steps of BLOCK chains; state [N, 2L] row-major (θ then ω), the same semantics as the classic rollout."""
-    pid = tl.program_id(0)
-    idx = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = idx < n
-    col = tl.arange(0, L_PAD)[None, :]
-    tile_mask = mask[:, None] & (col < L)
-    base = idx[:, None] * (2 * L) + col
+    idx, mask, col, tile_mask, base = chain_tile(n, L, L_PAD, BLOCK)
     theta = tl.load(state_ptr + base, mask=tile_mask, other=0.0)
     omega = tl.load(state_ptr + base + L, mask=tile_mask, other=0.0)
-    steps = tl.load(steps_ptr + idx, mask=mask, other=0)
-    done_prev = tl.load(done_ptr + idx, mask=mask, other=0) != 0
-    ep_return = tl.load(ep_return_ptr + idx, mask=mask, other=0.0)
-    episodes = tl.zeros([BLOCK], dtype=tl.int32)
-    return_sum = tl.zeros([BLOCK], dtype=tl.float32)
-    length_sum = tl.zeros([BLOCK], dtype=tl.int32)
+    steps, done_prev, ep_return, episodes, return_sum, length_sum = load_counters(
+        steps_ptr, done_ptr, ep_return_ptr, idx, mask, BLOCK)
     for t in range(num_steps):
         position = offset + t
         row = tl.cast(t, tl.int64) * n + idx  # int64: K N may exceed 2**31
@@ -98,65 +98,35 @@ def chain_rollout_kernel(
             tl.store(action_out_ptr + row, action, mask=mask)
         new_theta, new_omega, reward = chain_step(theta, omega, action, L, L_PAD)
         length = steps + 1
-        truncated = length >= max_episode_steps
-        terminated = tl.zeros([BLOCK], dtype=tl.int1)  # the chain never terminates
-        if AUTORESET == NEXT_STEP:
-            resetting = done_prev
-            reward = tl.where(resetting, 0.0, reward)
-            truncated = truncated & (resetting == 0)
-            steps = tl.where(resetting, 0, length)
-            done_prev = truncated
-        elif AUTORESET == SAME_STEP:
-            resetting = truncated
-            if WRITE_FINAL:
-                final_at = row[:, None] * (2 * L) + col
-                tl.store(final_obs_out_ptr + final_at, new_theta, mask=tile_mask)
-                tl.store(final_obs_out_ptr + final_at + L, new_omega, mask=tile_mask)
-            steps = tl.where(resetting, 0, length)
-            done_prev = truncated
-        else:
-            resetting = terminated
-            steps = length
-            done_prev = truncated
+        never = tl.zeros([BLOCK], dtype=tl.int1)  # the chain never terminates
+        reward, terminated, truncated, steps, done_prev, resetting = autoreset_flags(
+            reward, never, length >= max_episode_steps, length, done_prev, AUTORESET)
+        if WRITE_FINAL:
+            final_at = row[:, None] * (2 * L) + col
+            tl.store(final_obs_out_ptr + final_at, new_theta, mask=tile_mask)
+            tl.store(final_obs_out_ptr + final_at + L, new_omega, mask=tile_mask)
         fresh = new_theta
         if tl.max((resetting & mask).to(tl.int32), axis=0) > 0:
             fresh = chain_reset(seed, idx, position, L, L_PAD)
         theta = tl.where(resetting[:, None], fresh, new_theta)
         omega = tl.where(resetting[:, None], 0.0, new_omega)
-        ep_return = ep_return + reward
-        if WRITE_STATS:
-            episodes += truncated.to(tl.int32)
-            return_sum += tl.where(truncated, ep_return, 0.0)
-            length_sum += tl.where(truncated, length, 0)
-        ep_return = tl.where(truncated, 0.0, ep_return)
+        ep_return, episodes, return_sum, length_sum = track_episode(
+            ep_return, episodes, return_sum, length_sum, reward, truncated, length, WRITE_STATS)
         if WRITE_STEP:
-            tl.store(reward_out_ptr + row, reward, mask=mask)
-            tl.store(terminated_out_ptr + row, terminated.to(tl.uint8), mask=mask)
-            tl.store(truncated_out_ptr + row, truncated.to(tl.uint8), mask=mask)
+            store_step(reward_out_ptr, terminated_out_ptr, truncated_out_ptr, row, mask, reward, terminated, truncated)
     tl.store(state_ptr + base, theta, mask=tile_mask)
     tl.store(state_ptr + base + L, omega, mask=tile_mask)
-    tl.store(steps_ptr + idx, steps, mask=mask)
-    tl.store(done_ptr + idx, done_prev.to(tl.uint8), mask=mask)
-    tl.store(ep_return_ptr + idx, ep_return, mask=mask)
-    next_at = idx[:, None] * (2 * L) + col
-    tl.store(next_obs_out_ptr + next_at, theta, mask=tile_mask)
-    tl.store(next_obs_out_ptr + next_at + L, omega, mask=tile_mask)
-    if WRITE_STATS:
-        tl.store(episodes_ptr + idx, episodes, mask=mask)
-        tl.store(return_sum_ptr + idx, return_sum, mask=mask)
-        tl.store(length_sum_ptr + idx, length_sum, mask=mask)
+    store_counters(steps_ptr, done_ptr, ep_return_ptr, episodes_ptr, return_sum_ptr, length_sum_ptr, idx, mask,
+                   steps, done_prev, ep_return, episodes, return_sum, length_sum, WRITE_STATS)
+    tl.store(next_obs_out_ptr + base, theta, mask=tile_mask)
+    tl.store(next_obs_out_ptr + base + L, omega, mask=tile_mask)
 
 
 @jit(do_not_specialize=["n", "seed", "position"])
 def chain_reset_kernel(state_ptr, steps_ptr, done_ptr, ep_return_ptr, reset_mask_ptr, n, seed, position,
                        L: tl.constexpr, L_PAD: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK: tl.constexpr):
     """Draw start states (all chains, or those with ``reset_mask`` set)."""
-    pid = tl.program_id(0)
-    idx = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = idx < n
-    col = tl.arange(0, L_PAD)[None, :]
-    tile_mask = mask[:, None] & (col < L)
-    base = idx[:, None] * (2 * L) + col
+    idx, mask, col, tile_mask, base = chain_tile(n, L, L_PAD, BLOCK)
     chosen = mask
     if HAS_MASK:
         chosen = mask & (tl.load(reset_mask_ptr + idx, mask=mask, other=0) != 0)

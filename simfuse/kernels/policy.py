@@ -50,6 +50,15 @@ def load_matrix(ptr, ROWS: tl.constexpr, COLS: tl.constexpr):
 
 
 @jit
+def load_mlp(w_in_ptr, b_in_ptr, w_hid_ptr, b_hid_ptr, w_out_ptr, b_out_ptr,
+             D_PAD: tl.constexpr, H_PAD: tl.constexpr, A_PAD: tl.constexpr):
+    """All weights of one packed MLP as register tiles: (W_in, b_in, W_hid, b_hid, W_out, b_out)."""
+    return (load_matrix(w_in_ptr, D_PAD, H_PAD), tl.load(b_in_ptr + tl.arange(0, H_PAD)),
+            load_matrix(w_hid_ptr, H_PAD, H_PAD), tl.load(b_hid_ptr + tl.arange(0, H_PAD)),
+            load_matrix(w_out_ptr, H_PAD, A_PAD), tl.load(b_out_ptr + tl.arange(0, A_PAD)))
+
+
+@jit
 def mlp_forward(x, w_in, b_in, w_hid, b_hid, w_out, b_out, TWO_HIDDEN: tl.constexpr, ACTIVATION: tl.constexpr,
                 PRECISION: tl.constexpr):
     """MLP output [BLOCK, A_PAD] for inputs ``x`` [BLOCK, D_PAD] (weights as loaded tiles)."""

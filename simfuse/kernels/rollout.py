@@ -30,13 +30,12 @@ from fusecore.backend import jit
 from fusecore.rng import normal4, uniform4
 
 from .dispatch import POLICY_TAG, env_observe, env_reset, env_step, obs_tile
-from .policy import first_column, load_matrix, mlp_forward, sample_categorical, sample_gaussian
+from .episode import autoreset_flags, load_counters, store_counters, store_step, track_episode
+from .policy import first_column, load_mlp, mlp_forward, sample_categorical, sample_gaussian
 
 RANDOM: tl.constexpr = tl.constexpr(0)
 GIVEN: tl.constexpr = tl.constexpr(1)
 MLP: tl.constexpr = tl.constexpr(2)
-NEXT_STEP: tl.constexpr = tl.constexpr(0)
-SAME_STEP: tl.constexpr = tl.constexpr(1)
 DISABLED: tl.constexpr = tl.constexpr(2)
 
 
@@ -78,31 +77,21 @@ def rollout_kernel(
     s1 = tl.load(state_ptr + n + idx, mask=mask, other=0.0)
     s2 = tl.load(state_ptr + 2 * n + idx, mask=mask, other=0.0)
     s3 = tl.load(state_ptr + 3 * n + idx, mask=mask, other=0.0)
-    steps = tl.load(steps_ptr + idx, mask=mask, other=0)
-    done_prev = tl.load(done_ptr + idx, mask=mask, other=0) != 0
-    ep_return = tl.load(ep_return_ptr + idx, mask=mask, other=0.0)
-    episodes = tl.zeros([BLOCK], dtype=tl.int32)
-    return_sum = tl.zeros([BLOCK], dtype=tl.float32)
-    length_sum = tl.zeros([BLOCK], dtype=tl.int32)
+    steps, done_prev, ep_return, episodes, return_sum, length_sum = load_counters(
+        steps_ptr, done_ptr, ep_return_ptr, idx, mask, BLOCK)
     w0 = tl.zeros([BLOCK], dtype=tl.float32)
     w1 = w0
     w2 = w0
     w3 = w0
 
     if POLICY == MLP:
-        actor_w_in = load_matrix(actor_w_in_ptr, D_PAD, H_PAD)
-        actor_b_in = tl.load(actor_b_in_ptr + tl.arange(0, H_PAD))
-        actor_w_hid = load_matrix(actor_w_hid_ptr, H_PAD, H_PAD)
-        actor_b_hid = tl.load(actor_b_hid_ptr + tl.arange(0, H_PAD))
-        actor_w_out = load_matrix(actor_w_out_ptr, H_PAD, A_PAD)
-        actor_b_out = tl.load(actor_b_out_ptr + tl.arange(0, A_PAD))
+        actor_w_in, actor_b_in, actor_w_hid, actor_b_hid, actor_w_out, actor_b_out = load_mlp(
+            actor_w_in_ptr, actor_b_in_ptr, actor_w_hid_ptr, actor_b_hid_ptr, actor_w_out_ptr, actor_b_out_ptr,
+            D_PAD, H_PAD, A_PAD)
         if HAS_CRITIC:
-            critic_w_in = load_matrix(critic_w_in_ptr, D_PAD, H_PAD)
-            critic_b_in = tl.load(critic_b_in_ptr + tl.arange(0, H_PAD))
-            critic_w_hid = load_matrix(critic_w_hid_ptr, H_PAD, H_PAD)
-            critic_b_hid = tl.load(critic_b_hid_ptr + tl.arange(0, H_PAD))
-            critic_w_out = load_matrix(critic_w_out_ptr, H_PAD, A_PAD)
-            critic_b_out = tl.load(critic_b_out_ptr + tl.arange(0, A_PAD))
+            critic_w_in, critic_b_in, critic_w_hid, critic_b_hid, critic_w_out, critic_b_out = load_mlp(
+                critic_w_in_ptr, critic_b_in_ptr, critic_w_hid_ptr, critic_b_hid_ptr, critic_w_out_ptr,
+                critic_b_out_ptr, D_PAD, H_PAD, A_PAD)
 
     for t in range(num_steps):
         position = offset + t
@@ -149,23 +138,11 @@ def rollout_kernel(
         n0, n1, n2, n3, reward, terminated = env_step(s0, s1, s2, s3, action, ENV)
         length = steps + 1
         truncated = length >= max_episode_steps
-        if AUTORESET == NEXT_STEP:
-            resetting = done_prev
-            reward = tl.where(resetting, 0.0, reward)
-            terminated = terminated & (resetting == 0)
-            truncated = truncated & (resetting == 0)
-            steps = tl.where(resetting, 0, length)
-            done_prev = terminated | truncated
-        elif AUTORESET == SAME_STEP:
-            resetting = terminated | truncated
-            if WRITE_FINAL:
-                f0, f1, f2, f3, f4, f5 = env_observe(n0, n1, n2, n3, ENV)
-                store_obs(final_obs_out_ptr, row, mask, f0, f1, f2, f3, f4, f5, OBS_DIM, OBS_PAD)
-            steps = tl.where(resetting, 0, length)
-            done_prev = resetting
-        else:
-            steps = length
-            done_prev = terminated | truncated
+        reward, terminated, truncated, steps, done_prev, resetting = autoreset_flags(
+            reward, terminated, truncated, length, done_prev, AUTORESET)
+        if WRITE_FINAL:
+            f0, f1, f2, f3, f4, f5 = env_observe(n0, n1, n2, n3, ENV)
+            store_obs(final_obs_out_ptr, row, mask, f0, f1, f2, f3, f4, f5, OBS_DIM, OBS_PAD)
         if AUTORESET == DISABLED:
             s0, s1, s2, s3 = n0, n1, n2, n3
         else:
@@ -184,31 +161,19 @@ def rollout_kernel(
             s2 = tl.where(resetting, r2, n2)
             s3 = tl.where(resetting, r3, n3)
 
-        ended = terminated | truncated
-        ep_return = ep_return + reward
-        if WRITE_STATS:
-            episodes += ended.to(tl.int32)
-            return_sum += tl.where(ended, ep_return, 0.0)
-            length_sum += tl.where(ended, length, 0)
-        ep_return = tl.where(ended, 0.0, ep_return)
+        ep_return, episodes, return_sum, length_sum = track_episode(
+            ep_return, episodes, return_sum, length_sum, reward, terminated | truncated, length, WRITE_STATS)
         if WRITE_STEP:
-            tl.store(reward_out_ptr + row, reward, mask=mask)
-            tl.store(terminated_out_ptr + row, terminated.to(tl.uint8), mask=mask)
-            tl.store(truncated_out_ptr + row, truncated.to(tl.uint8), mask=mask)
+            store_step(reward_out_ptr, terminated_out_ptr, truncated_out_ptr, row, mask, reward, terminated, truncated)
 
     tl.store(state_ptr + idx, s0, mask=mask)
     tl.store(state_ptr + n + idx, s1, mask=mask)
     tl.store(state_ptr + 2 * n + idx, s2, mask=mask)
     tl.store(state_ptr + 3 * n + idx, s3, mask=mask)
-    tl.store(steps_ptr + idx, steps, mask=mask)
-    tl.store(done_ptr + idx, done_prev.to(tl.uint8), mask=mask)
-    tl.store(ep_return_ptr + idx, ep_return, mask=mask)
+    store_counters(steps_ptr, done_ptr, ep_return_ptr, episodes_ptr, return_sum_ptr, length_sum_ptr, idx, mask,
+                   steps, done_prev, ep_return, episodes, return_sum, length_sum, WRITE_STATS)
     o0, o1, o2, o3, o4, o5 = env_observe(s0, s1, s2, s3, ENV)
     store_obs(next_obs_out_ptr, idx, mask, o0, o1, o2, o3, o4, o5, OBS_DIM, OBS_PAD)
-    if WRITE_STATS:
-        tl.store(episodes_ptr + idx, episodes, mask=mask)
-        tl.store(return_sum_ptr + idx, return_sum, mask=mask)
-        tl.store(length_sum_ptr + idx, length_sum, mask=mask)
 
 
 @jit(do_not_specialize=["n", "seed", "position"])
