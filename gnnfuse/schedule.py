@@ -5,7 +5,9 @@ by degree ``d``:
 
 ``light``   ``d <= light_max_degree`` (at most 64): grouped by ``width``, the power of two
             at or above ``d``; a program takes many rows of one width, all their edges in
-            one ``[rows, width]`` tile (no loop, no masked waste beyond the rounding).
+            one ``[rows, width]`` tile (no loop, no masked waste beyond the rounding).  A
+            width class too small to fill the device joins the next wider one (one launch
+            fewer, which is what small graphs such as Cora are bound by).
             Rows of degree 0 are light: their program writes the zeros (and ``lse = -inf``).
 ``medium``  ``light_max_degree < d <= split_degree``: one program per row, looping over its
             edges in blocks of ``medium_block_e``; rows sorted by decreasing degree so the
@@ -127,25 +129,45 @@ class Schedule:
     tiles: TileLimits
 
     def light_rows_per_program(self, width: int, row_elements: int) -> int:
-        """Rows per program for light rows of ``width`` edges with ``row_elements`` values per
-        edge: one ``[rows · width, row_elements]`` tile near the tile budget (a power of two)."""
-        return max(1, min(self.tiles.max_light_rows, self.tiles.tile_elements // (width * row_elements)))
+        """Rows per program for light rows of ``width`` edges with ``row_elements`` values per edge."""
+        return light_rows_per_program(self.tiles, width, row_elements)
+
+
+def light_rows_per_program(tiles: TileLimits, width: int, row_elements: int) -> int:
+    """One ``[rows · width, row_elements]`` tile near the tile budget (a power of two of rows)."""
+    return max(1, min(tiles.max_light_rows, tiles.tile_elements // (width * row_elements)))
+
+
+def _light_classes(degree: torch.Tensor, light_max: int, min_rows) -> list[tuple[int, torch.Tensor]]:
+    """Light rows by power-of-two width; a class too small to fill the device on its own
+    (fewer than ``min_rows(width)`` rows) joins the next wider one, saving a launch."""
+    bounds = []
+    width, low = 1, -1
+    while low < light_max:
+        high = min(width, light_max)
+        bounds.append((width, low, high))
+        width, low = width * 2, high
+    classes, carried = [], None
+    for k, (width, low, high) in enumerate(bounds):
+        rows = torch.nonzero((degree > low) & (degree <= high)).flatten()
+        if carried is not None:
+            rows, carried = torch.cat([carried, rows]), None
+        if rows.numel() == 0:
+            continue
+        if k < len(bounds) - 1 and rows.numel() < min_rows(width):
+            carried = rows
+            continue
+        classes.append((width, rows))
+    return classes
 
 
 def _buckets(
     degree: torch.Tensor, indptr: torch.Tensor, light_max: int, split: int, piece_edges: int,
-    node_dtype: torch.dtype,
+    node_dtype: torch.dtype, min_rows,
 ) -> Buckets:
     device = indptr.device
     degree = degree.to(device)
-    light = []
-    width, low = 1, -1
-    while low < light_max:
-        high = min(width, light_max)
-        rows = torch.nonzero((degree > low) & (degree <= high)).flatten()
-        if rows.numel():
-            light.append((width, rows.to(node_dtype)))
-        width, low = width * 2, high
+    light = [(width, rows.to(node_dtype)) for width, rows in _light_classes(degree, light_max, min_rows)]
     medium_mask = (degree > light_max) & (degree <= split)
     medium_rows = torch.nonzero(medium_mask).flatten()
     medium_rows = medium_rows[torch.argsort(degree[medium_rows], descending=True, stable=True)]
@@ -172,18 +194,22 @@ def build_schedule(graph, num_heads: int, head_dim: int, dtype: torch.dtype, opt
     block_h, block_d = next_power_of_2(num_heads), next_power_of_2(head_dim)
     tiles = GPU_TILES if graph.device.type == "cuda" else INTERPRETER_TILES
     edge_tile = max(1, min(tiles.max_edge_block, tiles.tile_elements // (block_h * block_d)))
+    sm_count = device_facts(graph.device).sm_count
     light_max = options.light_max_degree
     if light_max is None:
         light_max = min(DEFAULT_LIGHT_MAX, edge_tile)
     split = options.split_degree
     if split is None:
-        sm_count = device_facts(graph.device).sm_count
         split = max(4 * edge_tile, cdiv(graph.num_edges, PROGRAMS_PER_SM * sm_count))
     split = max(split, light_max)
     piece_edges = options.piece_edges or max(split, 1)
     node_dtype = graph.csr_src.dtype
-    incoming = _buckets(graph.in_degree, graph.indptr, light_max, split, piece_edges, node_dtype)
-    outgoing = _buckets(graph.out_degree, graph.rev_indptr, light_max, split, piece_edges, node_dtype)
+
+    def min_rows(width: int) -> int:
+        return light_rows_per_program(tiles, width, block_h * block_d) * sm_count
+
+    incoming = _buckets(graph.in_degree, graph.indptr, light_max, split, piece_edges, node_dtype, min_rows)
+    outgoing = _buckets(graph.out_degree, graph.rev_indptr, light_max, split, piece_edges, node_dtype, min_rows)
     return Schedule(
         incoming=incoming, outgoing=outgoing, block_h=block_h, block_d=block_d,
         medium_block_e=edge_tile,

@@ -159,3 +159,15 @@ def test_as_graph_caches_by_tensor_and_sees_in_place_edits():
     edges[0, 0] = 2
     rebuilt = as_graph(edges)
     assert rebuilt is not first and rebuilt.csr_src.tolist() == [2, 2, 1]
+
+
+def test_light_width_classes_split_by_degree_and_merge_when_small():
+    from gnnfuse.schedule import _light_classes
+
+    degree = torch.tensor([0, 1, 2, 3, 4, 5, 9, 16, 17])
+    separate = _light_classes(degree, 16, lambda width: 1)
+    assert [(w, sorted(r.tolist())) for w, r in separate] == [
+        (1, [0, 1]), (2, [2]), (4, [3, 4]), (8, [5]), (16, [6, 7])
+    ]
+    merged = _light_classes(degree, 16, lambda width: 3)
+    assert [(w, sorted(r.tolist())) for w, r in merged] == [(2, [0, 1, 2]), (8, [3, 4, 5]), (16, [6, 7])]
