@@ -10,7 +10,8 @@ same edge set (PyG with ``add_self_loops=False``).
 Implementations, each the whole layer (projection, scores, softmax, aggregation, bias):
 the unfused PyTorch reference (``gnnfuse.reference`` through ``use_reference``), PyG's
 GATConv eager, PyG's GATConv under ``torch.compile(dynamic=False)`` (Cora and arxiv-like
-only: each compile takes tens of seconds), and gnnfuse's fused GATConv.  fp32 and bf16;
+only: each compile takes tens of seconds), and gnnfuse's fused GATConv (on the small
+Planetoid graphs also its forward replayed as a CUDA graph, which removes launch overhead).  fp32 and bf16;
 forward under ``no_grad`` and a training step (forward + backward).  Floor: the gather
 floor of :func:`gnnfuse.ops.gat_floor_bytes`; peak memory is recorded for every run.
 
@@ -51,6 +52,7 @@ FULL = [
     GraphSpec("reddit-scale", 602, 4, 16, False),
 ]
 QUICK = [GraphSpec("tiny-power-law", 16, 2, 8, False)]
+CUDA_GRAPH_MAX_EDGES = 200_000  # the Planetoid graphs
 
 
 def _edges(name: str, device: torch.device) -> tuple[torch.Tensor, int]:
@@ -151,6 +153,10 @@ def _gatconv_runs(ctx: Context, spec: GraphSpec, graph: Graph, dtype: torch.dtyp
                  variant=f"{spec.name},{tag},fwd")
         ctx.time(impl, _train_step(call, own, grad), bytes_moved=floor_train, memory=True, params=params,
                  variant=f"{spec.name},{tag},fwd+bwd")
+    if ctx.gpu and graph.num_edges < CUDA_GRAPH_MAX_EDGES:
+        # Small graphs are bound by launch overhead: the same fused forward replayed as a CUDA graph.
+        ctx.time("fused (gnnfuse), CUDA graph", _forward(fused), bytes_moved=floor_fwd, cuda_graph=True,
+                 params=params, variant=f"{spec.name},{tag},fwd")
 
 
 @case("gnn", "gatconv", baseline="PyG GATConv eager")
