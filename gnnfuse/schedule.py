@@ -13,6 +13,8 @@ by degree ``d``:
             edges in blocks of ``medium_block_e``; rows sorted by decreasing degree so the
             longest start first.
 ``super``   ``d > split_degree``: the row is cut into pieces of at most ``piece_edges`` edges
+            (default: small enough that the split rows give about four programs per
+            multiprocessor, so their launch is short)
             (:func:`fusecore.plan.make_work_plan`); one program per piece writes a partial
             result (normalized output + logsumexp in the forward, partial sums in the
             backward) and a merge kernel combines the pieces of each row.
@@ -35,6 +37,7 @@ from fusecore import cdiv, device_facts, make_work_plan, next_power_of_2
 MAX_LIGHT_DEGREE = 64
 DEFAULT_LIGHT_MAX = 16
 PROGRAMS_PER_SM = 8
+PIECES_PER_SM = 4
 
 
 @dataclass(frozen=True)
@@ -59,7 +62,8 @@ class ScheduleOptions:
     ``light_max_degree``: rows up to this degree are light (0 .. 64; rows of degree 0 are
     always light);
     ``split_degree``: rows above this degree are split across programs (>= light_max_degree);
-    ``piece_edges``: edges per piece of a split row (default ``split_degree``, >= 1).
+    ``piece_edges``: edges per piece of a split row (>= 1; default: the split rows' edges
+    over ``4 · multiprocessors``, between ``8 · medium_block_e`` and ``split_degree``).
     """
 
     light_max_degree: int | None = None
@@ -83,6 +87,7 @@ class Buckets:
     """The rows of one CSR by kind (index tensors on the graph's device).
 
     ``light``: ``(width, rows)`` pairs, rows of degree <= width (and > width / 2);
+    ``piece_edges``: the most edges one piece of a split row holds;
     ``piece_row[p]``, ``piece_start[p]``, ``piece_stop[p]``: super row and absolute edge range
     of piece ``p``; the pieces of ``super_rows[s]`` are ``super_piece_ptr[s] :
     super_piece_ptr[s + 1]``.
@@ -95,6 +100,7 @@ class Buckets:
     piece_start: torch.Tensor
     piece_stop: torch.Tensor
     super_piece_ptr: torch.Tensor
+    piece_edges: int
 
     @property
     def num_pieces(self) -> int:
@@ -125,7 +131,6 @@ class Schedule:
     medium_block_e: int
     light_max_degree: int
     split_degree: int
-    piece_edges: int
     tiles: TileLimits
 
     def light_rows_per_program(self, width: int, row_elements: int) -> int:
@@ -162,8 +167,8 @@ def _light_classes(degree: torch.Tensor, light_max: int, min_rows) -> list[tuple
 
 
 def _buckets(
-    degree: torch.Tensor, indptr: torch.Tensor, light_max: int, split: int, piece_edges: int,
-    node_dtype: torch.dtype, min_rows,
+    degree: torch.Tensor, indptr: torch.Tensor, light_max: int, split: int, piece_edges: int | None,
+    min_piece_edges: int, pieces_wanted: int, node_dtype: torch.dtype, min_rows,
 ) -> Buckets:
     device = indptr.device
     degree = degree.to(device)
@@ -173,7 +178,11 @@ def _buckets(
     medium_rows = medium_rows[torch.argsort(degree[medium_rows], descending=True, stable=True)]
     super_rows = torch.nonzero(degree > split).flatten()
     super_rows = super_rows[torch.argsort(degree[super_rows], descending=True, stable=True)]
-    plan = make_work_plan(degree[super_rows].cpu(), max_piece_cost=piece_edges, num_chunks=1)
+    super_degree = degree[super_rows].cpu()
+    if piece_edges is None:
+        wanted = cdiv(int(super_degree.sum()), pieces_wanted)
+        piece_edges = max(1, min(split, max(min_piece_edges, wanted)))
+    plan = make_work_plan(super_degree, max_piece_cost=piece_edges, num_chunks=1)
     piece_row = super_rows.cpu()[plan.piece_item]
     row_start = indptr.cpu().to(torch.int64)[piece_row]
     super_piece_ptr = torch.zeros(super_rows.numel() + 1, dtype=torch.int64)
@@ -186,6 +195,7 @@ def _buckets(
         piece_start=(row_start + plan.piece_start).to(device),
         piece_stop=(row_start + plan.piece_stop).to(device),
         super_piece_ptr=super_piece_ptr.to(device),
+        piece_edges=piece_edges,
     )
 
 
@@ -202,17 +212,17 @@ def build_schedule(graph, num_heads: int, head_dim: int, dtype: torch.dtype, opt
     if split is None:
         split = max(4 * edge_tile, cdiv(graph.num_edges, PROGRAMS_PER_SM * sm_count))
     split = max(split, light_max)
-    piece_edges = options.piece_edges or max(split, 1)
     node_dtype = graph.csr_src.dtype
 
     def min_rows(width: int) -> int:
         return light_rows_per_program(tiles, width, block_h * block_d) * sm_count
 
-    incoming = _buckets(graph.in_degree, graph.indptr, light_max, split, piece_edges, node_dtype, min_rows)
-    outgoing = _buckets(graph.out_degree, graph.rev_indptr, light_max, split, piece_edges, node_dtype, min_rows)
+    pieces = (options.piece_edges, 8 * edge_tile, PIECES_PER_SM * sm_count, node_dtype, min_rows)
+    incoming = _buckets(graph.in_degree, graph.indptr, light_max, split, *pieces)
+    outgoing = _buckets(graph.out_degree, graph.rev_indptr, light_max, split, *pieces)
     return Schedule(
         incoming=incoming, outgoing=outgoing, block_h=block_h, block_d=block_d,
         medium_block_e=edge_tile,
-        light_max_degree=light_max, split_degree=split, piece_edges=piece_edges, tiles=tiles,
+        light_max_degree=light_max, split_degree=split, tiles=tiles,
     )
 

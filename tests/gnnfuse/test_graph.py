@@ -138,7 +138,7 @@ def test_buckets_cover_every_row_once(gen, name):
             stops = buckets.piece_stop[first:last].tolist()
             assert starts[0] == int(indptr[row]) and stops[-1] == int(indptr[row + 1])
             assert starts[1:] == stops[:-1]
-            assert max(b - a for a, b in zip(starts, stops)) <= schedule.piece_edges
+            assert max(b - a for a, b in zip(starts, stops)) <= buckets.piece_edges
     if name == "super":
         assert schedule.incoming.counts()["super"] > 0 and schedule.incoming.counts()["medium"] > 0
     if name == "light":
