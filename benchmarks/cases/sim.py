@@ -26,7 +26,7 @@ def _rate(record, n: int, k: int) -> None:
 
 
 def _check_against_reference(ctx: Context, name: str, variant: str) -> None:
-    """Fused rollout vs the unfused float64 reference with the same Philox draws (small slice)."""
+    """Fused rollout vs the unfused PyTorch reference (same Philox draws, same math) on a small batch."""
     n, k = 67, 16
     fused = simfuse.make_vec(name, n, max_episode_steps=10, device=ctx.device)
     oracle = simfuse.make_vec(name, n, max_episode_steps=10, device=ctx.device)
