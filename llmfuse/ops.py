@@ -17,22 +17,17 @@ import torch
 
 from fusecore import backend
 from fusecore.device import device_facts
-from fusecore.plan import cdiv, persistent_grid
+from fusecore.plan import cdiv, next_power_of_2, persistent_grid
 
 from .config import LlamaConfig
 from .kernels.decode_attention import decode_attention_kernel
-from .kernels.down_proj import down_proj_kernel
 from .kernels.gate_up import gate_up_kernel
 from .kernels.lm_head import lm_head_kernel
 from .kernels.looped import STAGES_PER_LAYER, looped_decode_kernel
-from .kernels.o_proj import o_proj_kernel
 from .kernels.qkv_rope import qkv_rope_kernel
+from .kernels.residual_proj import residual_proj_kernel
 from .reference import KVCache
 from .weights import LlamaWeights
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(0, math.ceil(math.log2(max(n, 1))))
 
 
 @dataclass(frozen=True)
@@ -84,7 +79,7 @@ def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, 
         raise ValueError(f"max_slots must be >= 1, got {max_slots}")
     compiled = device.type == "cuda"
     sms = device_facts(device).sm_count if compiled else 1
-    block_b = 1 if batch == 1 else max(16, _pow2(batch))
+    block_b = 1 if batch == 1 else max(16, next_power_of_2(batch))
     half = cfg.head_dim // 2
     if compiled and batch == 1:
         # Row sums, no tensor cores: narrow tiles, long k chunks (16 KB of bf16 weights per
@@ -95,11 +90,11 @@ def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, 
         block_k = 256 if block_b <= 16 else 128
         block_n, block_p, block_v, block_s = 16, 16, 64, 64
     else:
-        block_k = min(128, max(16, _pow2(cfg.hidden_size)))
+        block_k = min(128, max(16, next_power_of_2(cfg.hidden_size)))
         block_n, block_v, block_s = 64, 128, 32
-        block_p = min(32, max(16, _pow2(half)))
-    block_d = max(16, _pow2(cfg.head_dim))
-    block_g = max(16, _pow2(cfg.group_size))
+        block_p = min(32, max(16, next_power_of_2(half)))
+    block_d = max(16, next_power_of_2(cfg.head_dim))
+    block_g = max(16, next_power_of_2(cfg.group_size))
     pairs = batch * cfg.num_key_value_heads
     most_splits = cdiv(max_slots, block_s)
     if n_splits is None:
@@ -200,8 +195,8 @@ def decode_attention(cfg: LlamaConfig, layer: int, cache: KVCache, buf: DecodeBu
 
 
 def o_proj(w: LlamaWeights, cfg: LlamaConfig, layer: int, buf: DecodeBuffers, plan: DecodePlan) -> None:
-    grid = (plan.tiles(cfg)["o_proj"],)
-    o_proj_kernel[grid](
+    """x += attn W_oᵀ (instruction 3)."""
+    residual_proj_kernel[(plan.tiles(cfg)["o_proj"],)](
         layer, buf.attn, w.wo, buf.x, plan.batch, cfg.hidden_size, cfg.num_attention_heads * cfg.head_dim,
         BLOCK_B=plan.block_b, BLOCK_N=plan.block_n, BLOCK_K=plan.block_k, DOT_PREC=plan.dot_prec,
     )
@@ -217,11 +212,10 @@ def gate_up(w: LlamaWeights, cfg: LlamaConfig, layer: int, buf: DecodeBuffers, p
 
 
 def down_proj(w: LlamaWeights, cfg: LlamaConfig, layer: int, buf: DecodeBuffers, plan: DecodePlan) -> None:
-    grid = (plan.tiles(cfg)["down"],)
-    down_proj_kernel[grid](
+    """x += h W_downᵀ (instruction 5)."""
+    residual_proj_kernel[(plan.tiles(cfg)["down"],)](
         layer, buf.h, w.w_down, buf.x, plan.batch, cfg.hidden_size, cfg.intermediate_size,
-        BLOCK_B=plan.block_b, BLOCK_N=plan.block_n, BLOCK_K=plan.block_k,
-        DOT_PREC=plan.dot_prec,
+        BLOCK_B=plan.block_b, BLOCK_N=plan.block_n, BLOCK_K=plan.block_k, DOT_PREC=plan.dot_prec,
     )
 
 

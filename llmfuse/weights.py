@@ -100,10 +100,13 @@ def random_weights(
     c = config
     L, H, Iw, V = c.num_hidden_layers, c.hidden_size, c.intermediate_size, c.vocab_size
 
+    # drawn where the generator lives (CPU by default), then moved
+    draw_on = generator.device if generator is not None else torch.device(device)
+
     def normal(*shape: int, scale: float = std) -> torch.Tensor:
-        t = torch.empty(shape, dtype=torch.float32, device=device)
+        t = torch.empty(shape, dtype=torch.float32, device=draw_on)
         t.normal_(0.0, scale, generator=generator)
-        return t.to(dtype)
+        return t.to(device=device, dtype=dtype)
 
     def norm(*shape: int) -> torch.Tensor:
         return (1.0 + normal(*shape, scale=0.1).float()).to(dtype)

@@ -7,8 +7,8 @@ The barrier is split in two so that a program can do independent work in between
   ordered before the arrival), then one atomic add of 1 to ``counter`` with release order
   at GPU scope; it returns the count before, so the last program to arrive knows it need
   not wait (nor prefetch);
-* :func:`grid_wait` — spin reading the counter with acquire order until all
-  ``num_programs`` programs have arrived at barrier number ``index``, then a CTA barrier.
+* :func:`grid_wait` — spin reading the counter (volatile loads) until all ``num_programs``
+  programs have arrived at barrier number ``index``, then one acquire read and a CTA barrier.
 
 The counter only grows within a launch (the host zeroes it before each launch), so the
 target of barrier ``index`` is ``(index + 1) · num_programs`` and no reset between barriers
@@ -34,7 +34,11 @@ def grid_arrive(counter_ptr):
 def grid_wait(counter_ptr, index, num_programs):
     """Wait until all ``num_programs`` programs arrived at barrier ``index`` (0, 1, 2, ...)."""
     target = (index + 1) * num_programs
-    seen = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
+    # Poll with plain volatile loads (served by L2) rather than atomics, which would queue
+    # behind each other and behind the arrivals on the one counter; one acquire RMW after
+    # the count is reached orders this program's later loads after the other programs' stores.
+    seen = tl.load(counter_ptr, volatile=True)
     while seen < target:
-        seen = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
+        seen = tl.load(counter_ptr, volatile=True)
+    tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
     tl.debug_barrier()

@@ -6,9 +6,9 @@ Schedule (stage numbers are global, ``5 · layer + k``)::
     for layer in 0 .. L-1:
         k=0  qkv_rope_tile          over (Hq + 2 Hkv) · ceil(D/2 / BLOCK_P) tiles   → q, cache
         k=1  decode_attention_tile  over B · Hkv · n_splits tiles                   → attn
-        k=2  o_proj_tile            over ceil(H / BLOCK_N) tiles                    → x
+        k=2  residual_proj_tile     over ceil(H / BLOCK_N) tiles (attn, W_o)        → x
         k=3  gate_up_tile           over ceil(I / BLOCK_N) tiles                    → h
-        k=4  down_proj_tile         over ceil(H / BLOCK_N) tiles                    → x
+        k=4  residual_proj_tile     over ceil(H / BLOCK_N) tiles (h, W_down)        → x
     stage 5L: lm_head_tile          over ceil(V / BLOCK_V) tiles                    → winners (+ logits)
 
 Program ``p`` of ``P`` runs tiles ``p, p + P, p + 2P, ...`` of each stage and then passes
@@ -33,13 +33,12 @@ import triton.language as tl
 from fusecore.backend import jit
 
 from .decode_attention import decode_attention_tile
-from .down_proj import down_proj_tile
 from .gate_up import gate_up_tile
 from .grid_barrier import grid_arrive, grid_wait
 from .lm_head import lm_head_tile
-from .o_proj import o_proj_tile
 from .prefetch import prefetch_flat
 from .qkv_rope import qkv_rope_tile
+from .residual_proj import residual_proj_tile
 
 STAGES_PER_LAYER = 5
 
@@ -99,7 +98,8 @@ def looped_decode_kernel(
                             gate_up_size, 0, PREFETCH, PREFETCH_BLOCK)
         if stage + 2 < stop_stage:
             for tile in range(pid, hidden_tiles, nprog):
-                o_proj_tile(tile, layer, attn_ptr, wo_ptr, x_ptr, B, H, HQ * D, BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC)
+                residual_proj_tile(tile, layer, attn_ptr, wo_ptr, x_ptr, B, H, HQ * D,
+                                   BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC)
             sink = _barrier(counter_ptr, stage + 2, pid, nprog, sink, w_gate_up_ptr + layer64 * gate_up_size,
                             gate_up_size, slice_size, PREFETCH, PREFETCH_BLOCK)
         if stage + 3 < stop_stage:
@@ -110,7 +110,7 @@ def looped_decode_kernel(
                             PREFETCH, PREFETCH_BLOCK)
         if stage + 4 < stop_stage:
             for tile in range(pid, hidden_tiles, nprog):
-                down_proj_tile(tile, layer, h_ptr, w_down_ptr, x_ptr, B, H, I, BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC)
+                residual_proj_tile(tile, layer, h_ptr, w_down_ptr, x_ptr, B, H, I, BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC)
             if layer + 1 < L:
                 sink = _barrier(counter_ptr, stage + 4, pid, nprog, sink, wqkv_ptr + (layer64 + 1) * qkv_size,
                                 qkv_size, 0, PREFETCH, PREFETCH_BLOCK)

@@ -28,7 +28,7 @@ from llmfuse.weights import random_weights  # noqa: E402
 TARGET = GPUTarget("cuda", 90, 32)
 POINTER = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.int64: "*i64",
            torch.int32: "*i32"}
-KERNELS = ("qkv_rope_kernel", "decode_attention_kernel", "o_proj_kernel", "gate_up_kernel", "down_proj_kernel",
+KERNELS = ("qkv_rope_kernel", "decode_attention_kernel", "residual_proj_kernel", "gate_up_kernel",
            "lm_head_kernel", "looped_decode_kernel")
 
 
