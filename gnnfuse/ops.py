@@ -204,11 +204,8 @@ class GATAttentionFunction(torch.autograd.Function):
 
 
 def _check_features(graph: Graph, wh: torch.Tensor, el: torch.Tensor, er: torch.Tensor) -> None:
-    for name, t in (("wh", wh), ("el", el), ("er", er)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dtype not in FLOAT_DTYPES:
-            raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, got {t.dtype}")
+    # el / er may differ from wh (they are cast to the accumulation dtype), so no "same" check.
+    backend.check_dtypes(FLOAT_DTYPES, same=False, wh=wh, el=el, er=er)
     if wh.dim() != 3:
         raise ValueError(f"wh must have shape [num_nodes, heads, head_dim], got {tuple(wh.shape)}")
     num_nodes, heads, head_dim = wh.shape
@@ -344,8 +341,7 @@ def gat(
     if not isinstance(wh, torch.Tensor) or wh.dim() != 3:
         shape = tuple(wh.shape) if isinstance(wh, torch.Tensor) else type(wh).__name__
         raise ValueError(f"wh must be a tensor of shape [num_nodes, heads, head_dim], got {shape}")
-    if wh.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"wh must be float16, bfloat16, float32 or float64, got {wh.dtype}")
+    backend.check_dtypes(FLOAT_DTYPES, same=False, wh=wh, attn_l=attn_l, attn_r=attn_r)
     el, er = node_scores(wh, attn_l, attn_r)
     return gat_attention(
         graph, wh, el, er, negative_slope=negative_slope, dropout=dropout, rng=rng, schedule=schedule
