@@ -23,8 +23,8 @@ Bytes: the source pass gathers ``E·H·D`` elements of g plus ``E·H`` of er, ls
 import triton.language as tl
 
 from fusecore.backend import jit
-from fusecore.rng import uniform4
 
+from .dropout import attention_dropout
 from .tiles import flat_head_tile, head_tile, item_edges, light_edges
 
 
@@ -61,10 +61,8 @@ def gat_backward_src_kernel(
         s = tl.where(z > 0, z, z * negative_slope)
         alpha = tl.where(eh_mask, tl.exp(s - lse_i), 0.0)
         if DROPOUT:
-            stream = pos[:, None] + tl.zeros([BLOCK_E, BLOCK_H], dtype=tl.int64)
-            position = rng_offset + offs_h[None, :] + tl.zeros([BLOCK_E, BLOCK_H], dtype=tl.int64)
-            u, _, _, _ = uniform4(seed, stream, position)
-            alpha_kept = tl.where(u >= dropout_p, alpha * keep_scale, 0.0)
+            alpha_kept = attention_dropout(alpha, pos[:, None], rng_offset + offs_h[None, :], seed, dropout_p,
+                                           keep_scale)
         else:
             alpha_kept = alpha
         g_i = tl.load(
@@ -132,9 +130,8 @@ def gat_backward_src_light_kernel(
     s = tl.where(z > 0, z, z * negative_slope)
     alpha = tl.where(eh_mask, tl.exp(s - lse_i), 0.0)
     if DROPOUT:
-        zeros = tl.zeros([ROWS, BLOCK_E, BLOCK_H], dtype=tl.int64)
-        u, _, _, _ = uniform4(seed, pos[:, :, None] + zeros, rng_offset + offs_h[None, None, :] + zeros)
-        alpha_kept = tl.where(u >= dropout_p, alpha * keep_scale, 0.0)
+        alpha_kept = attention_dropout(alpha, pos[:, :, None], rng_offset + offs_h[None, None, :], seed, dropout_p,
+                                       keep_scale)
     else:
         alpha_kept = alpha
     # Flatten (row, edge) for the feature tiles [ROWS * BLOCK_E, BLOCK_H, BLOCK_D].

@@ -34,8 +34,8 @@ Bytes per launch (the gather floor): ``E·H·D`` feature elements gathered, ``E`
 import triton.language as tl
 
 from fusecore.backend import jit
-from fusecore.rng import uniform4
 
+from .dropout import attention_dropout
 from .tiles import flat_head_tile, head_tile, item_edges, light_edges
 
 
@@ -71,10 +71,7 @@ def gat_forward_rows_kernel(
         p = tl.exp(s - m_new[None, :])
         l = l * rescale + tl.sum(p, axis=0)
         if DROPOUT:
-            stream = pos[:, None] + tl.zeros([BLOCK_E, BLOCK_H], dtype=tl.int64)
-            position = rng_offset + offs_h[None, :] + tl.zeros([BLOCK_E, BLOCK_H], dtype=tl.int64)
-            u, _, _, _ = uniform4(seed, stream, position)
-            p = tl.where(u >= dropout_p, p * keep_scale, 0.0)
+            p = attention_dropout(p, pos[:, None], rng_offset + offs_h[None, :], seed, dropout_p, keep_scale)
         wh_j = tl.load(
             wh_ptr + src[:, None, None] * HD + hd_offs[None, :, :],
             mask=e_mask[:, None, None] & hd_mask[None, :, :], other=0.0,
@@ -117,9 +114,8 @@ def gat_forward_light_kernel(
     l_safe = tl.where(has_edges, l, 1.0)
     alpha = p / l_safe[:, None, :]
     if DROPOUT:
-        zeros = tl.zeros([ROWS, BLOCK_E, BLOCK_H], dtype=tl.int64)
-        u, _, _, _ = uniform4(seed, pos[:, :, None] + zeros, rng_offset + offs_h[None, None, :] + zeros)
-        alpha = tl.where(u >= dropout_p, alpha * keep_scale, 0.0)
+        alpha = attention_dropout(alpha, pos[:, :, None], rng_offset + offs_h[None, None, :], seed, dropout_p,
+                                  keep_scale)
     # Flatten (row, edge) to gather the features as a 3-D tile, then fold back per row.
     src_flat = tl.reshape(src, [ROWS * BLOCK_E])
     e_flat = tl.reshape(e_mask, [ROWS * BLOCK_E])
