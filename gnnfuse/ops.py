@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from fusecore import PhiloxStream, backend, cdiv, next_power_of_2
 
@@ -194,6 +195,7 @@ class GATAttentionFunction(torch.autograd.Function):
         return out.to(wh.dtype)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_out):  # type: ignore[override]
         wh, el, er, out, lse = ctx.saved_tensors
         negative_slope, dropout_p, seed, offset, options = ctx.config
@@ -289,6 +291,7 @@ class NodeScoresFunction(torch.autograd.Function):
         return el, er
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_el, grad_er):  # type: ignore[override]
         wh, attn_l, attn_r = ctx.saved_tensors
         acc = accumulation_dtype(wh.dtype)
