@@ -185,6 +185,38 @@ class Graph:
         keep = self._src != self._dst
         return Graph((self._src[keep], self._dst[keep]), self.num_nodes)
 
+    def reordered(self, method: str = "rcm") -> tuple[Graph, torch.Tensor]:
+        """A relabelled copy laid out for gather locality, and the permutation ``perm``.
+
+        New node ``k`` is old node ``perm[k]``: features follow as ``x[perm]`` and results map
+        back as ``out[inverse]`` with ``inverse[perm] = arange(N)``.  ``method``:
+
+        ``"rcm"``     reverse Cuthill-McKee on the symmetrized graph (scipy): neighbours get
+                      nearby ids, so the rows one program gathers share cache lines and L2;
+        ``"degree"``  by decreasing in-degree: the most gathered rows are packed together.
+
+        Whether it helps depends on the graph (real citation graphs: yes; random power-law
+        graphs have no locality to recover); the ``gnn/gat_reorder`` benchmark measures it.
+        """
+        if method == "rcm":
+            import numpy as np
+            import scipy.sparse as sp
+            from scipy.sparse.csgraph import reverse_cuthill_mckee
+
+            src, dst = self._src.cpu().numpy(), self._dst.cpu().numpy()
+            ones = np.ones(src.shape[0], dtype=np.int8)
+            adjacency = sp.csr_matrix((ones, (src, dst)), shape=(self.num_nodes, self.num_nodes))
+            order = reverse_cuthill_mckee((adjacency + adjacency.T).tocsr(), symmetric_mode=True)
+            perm = torch.from_numpy(order.astype(np.int64)).to(self.device)
+        elif method == "degree":
+            perm = torch.argsort(self.in_degree, descending=True, stable=True)
+        else:
+            raise ValueError(f"method must be 'rcm' or 'degree', got {method!r}")
+        inverse = torch.empty_like(perm)
+        inverse[perm] = torch.arange(self.num_nodes, device=self.device)
+        relabelled = Graph((inverse[self._src], inverse[self._dst]), self.num_nodes, index_dtype=self.index_dtype)
+        return relabelled, perm
+
     # ------------------------------------------------------------------ statistics
 
     def has_zero_in_degree(self) -> bool:

@@ -171,3 +171,21 @@ def test_light_width_classes_split_by_degree_and_merge_when_small():
     ]
     merged = _light_classes(degree, 16, lambda width: 3)
     assert [(w, sorted(r.tolist())) for w, r in merged] == [(2, [0, 1, 2]), (8, [3, 4, 5]), (16, [6, 7])]
+
+
+@pytest.mark.parametrize("method", ["rcm", "degree"])
+def test_reordered_graph_gives_the_same_results_relabelled(gen, method):
+    from gnnfuse.reference import gat_attention_reference
+
+    graph = Graph(corner_case_edges(gen), 29)
+    relabelled, perm = graph.reordered(method)
+    assert torch.equal(torch.sort(perm).values, torch.arange(29))
+    wh = torch.randn(29, 2, 3, generator=gen, dtype=torch.float64)
+    el, er = torch.randn(2, 29, 2, generator=gen, dtype=torch.float64)
+    out, _ = gat_attention_reference(graph, wh, el, er)
+    moved, _ = gat_attention_reference(relabelled, wh[perm], el[perm], er[perm])
+    assert torch.allclose(moved, out[perm])
+    if method == "degree":
+        assert torch.all(relabelled.in_degree[:-1] >= relabelled.in_degree[1:])
+    with pytest.raises(ValueError, match="method"):
+        graph.reordered("random")
