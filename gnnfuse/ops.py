@@ -138,7 +138,8 @@ def gat_backward(
     src_tensors = (el, er, wh, lse, grad_out, delta)
     outgoing = schedule.outgoing
     for width, rows in outgoing.light:
-        per_program = schedule.light_rows_per_program(width, block_h * block_d)
+        # two feature tiles live at once (output gradients and own features): half the rows
+        per_program = schedule.light_rows_per_program(width, 2 * block_h * block_d)
         gat_backward_src_light_kernel[(cdiv(rows.numel(), per_program),)](
             graph.rev_indptr, graph.rev_dst, graph.rev_pos, rows, *src_tensors, grad_wh, grad_el, grad_z,
             rows.numel(), heads, head_dim, *rng_args,
