@@ -8,6 +8,18 @@
 * :mod:`gnnfuse.nn` — :class:`~gnnfuse.nn.GATConv`, DGL's layer and state_dict;
 * :mod:`gnnfuse.reference` — the same math unfused in PyTorch (baseline and oracle);
 * :mod:`gnnfuse.datasets` — Planetoid loader and reproducible power-law graphs.
+
+Example::
+
+    import gnnfuse
+    from gnnfuse.nn import GATConv
+
+    graph = gnnfuse.Graph(edge_index, num_nodes).add_self_loops()   # CSR + reverse CSR, once
+    conv = GATConv(in_feats=1433, out_feats=8, num_heads=8).cuda()   # DGL's parameters
+    out = conv(graph, x)                                             # [N, 8, 8]
+
+    # functional form, own projections: wh [N, H, D], attn_l / attn_r (1, H, D)
+    out = gnnfuse.ops.gat(graph, wh, attn_l, attn_r, negative_slope=0.2, dropout=0.1)
 """
 
 import fusecore  # noqa: F401  (fixes the kernel mode before any gnnfuse kernel is defined)
