@@ -22,7 +22,7 @@ from torch.autograd.function import once_differentiable
 from fusecore import PhiloxStream, backend, cdiv, next_power_of_2
 
 from .graph import Graph, as_graph
-from .schedule import Buckets, Schedule, ScheduleOptions
+from .schedule import Buckets, ScheduleOptions
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -37,7 +37,7 @@ def _new_output(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
     return torch.empty(shape, dtype=dtype, device=device)
 
 
-def _row_launches(schedule: Schedule, buckets: Buckets):
+def _row_launches(buckets: Buckets):
     """(rows, piece_start, piece_stop, count, pieces) for the medium rows and the super pieces."""
     if buckets.medium_rows.numel():
         rows = buckets.medium_rows
@@ -79,7 +79,7 @@ def gat_forward(
             graph.indptr, graph.csr_src, rows, el, er, wh, out, lse, rows.numel(), heads, head_dim, *rng_args,
             ROWS=per_program, BLOCK_E=width, BLOCK_H=block_h, BLOCK_D=block_d, DROPOUT=use_dropout,
         )
-    for rows, starts, stops, count, pieces in _row_launches(schedule, buckets):
+    for rows, starts, stops, count, pieces in _row_launches(buckets):
         if pieces:
             target_out = _new_output((count, heads, head_dim), acc, wh.device)
             target_lse = _new_output((count, heads), acc, wh.device)
@@ -145,7 +145,7 @@ def gat_backward(
             rows.numel(), heads, head_dim, *rng_args,
             ROWS=per_program, BLOCK_E=width, BLOCK_H=block_h, BLOCK_D=block_d, DROPOUT=use_dropout,
         )
-    for rows, starts, stops, count, pieces in _row_launches(schedule, outgoing):
+    for rows, starts, stops, count, pieces in _row_launches(outgoing):
         if pieces:
             target_wh = _new_output((count, heads, head_dim), acc, wh.device)
             target_el = _new_output((count, heads), acc, wh.device)
@@ -166,7 +166,7 @@ def gat_backward(
             graph.indptr, rows, grad_z, grad_er, rows.numel(), heads,
             ROWS=per_program, BLOCK_E=width, BLOCK_W=block_h,
         )
-    for rows, starts, stops, count, pieces in _row_launches(schedule, incoming):
+    for rows, starts, stops, count, pieces in _row_launches(incoming):
         target_er = _new_output((count, heads), acc, wh.device) if pieces else grad_er
         row_sum_kernel[(count,)](
             graph.indptr, rows, starts, stops, grad_z, target_er, heads,
