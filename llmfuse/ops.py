@@ -17,7 +17,7 @@ import torch
 
 from fusecore import backend
 from fusecore.device import device_facts
-from fusecore.plan import cdiv, next_power_of_2, persistent_grid
+from fusecore.plan import PlanCache, cdiv, next_power_of_2, persistent_grid
 
 from .config import LlamaConfig
 from .kernels.decode_attention import decode_attention_kernel
@@ -50,6 +50,7 @@ class DecodePlan:
     looped_programs: int
     prefetch: int = 0  # weight elements each looped program prefetches per barrier (0: none)
     prefetch_block: int = 1024
+    num_warps: int = 4  # 8 for batch 64: the [64, n] accumulators need the registers of 256 threads
 
     def tiles(self, cfg: LlamaConfig) -> dict[str, int]:
         """Tiles of each instruction (the grid of its per-layer launch)."""
@@ -71,7 +72,8 @@ def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, 
     multiprocessor or more (decode is bandwidth-bound: all SMs must stream weights); under
     the interpreter tiles are large, because each program costs Python time.
     ``n_splits`` overrides the number of attention splits (tests); ``looped_programs`` the
-    looped kernel's grid (the interpreter always uses 1).
+    looped kernel's grid (default: 1 under the interpreter, where programs run one after
+    another; on the GPU 0, meaning all co-resident programs, see :func:`looped_decode`).
     """
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}")
@@ -83,12 +85,13 @@ def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, 
     half = cfg.head_dim // 2
     if compiled and batch == 1:
         # Row sums, no tensor cores: narrow tiles, long k chunks (16 KB of bf16 weights per
-        # load per program, two or more programs per SM) keep enough bytes in flight.
-        block_k, block_n, block_p, block_v, block_s = 1024, 8, 8, 32, 64
+        # load per program, several programs per SM) keep enough bytes in flight; an
+        # [8, 1024] tile is 64 elements per thread (ptxas: ~120 registers, no spills).
+        block_k, block_n, block_p, block_v, block_s = 1024, 8, 8, 8, 64
     elif compiled:
-        # tl.dot needs every dimension >= 16; wider batches get shorter k chunks (registers).
-        block_k = 256 if block_b <= 16 else 128
-        block_n, block_p, block_v, block_s = 16, 16, 64, 64
+        # tl.dot needs every dimension >= 16; short k chunks keep the dot operands in
+        # registers without spills, the software pipeline keeps the loads in flight.
+        block_k, block_n, block_p, block_v, block_s = 64, 16, 16, 16, 64
     else:
         block_k = min(128, max(16, next_power_of_2(cfg.hidden_size)))
         block_n, block_v, block_s = 64, 128, 32
@@ -110,10 +113,12 @@ def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, 
         looped_programs=1,
     )
     if looped_programs is None:
-        looped_programs = persistent_grid(max(plan.tiles(cfg).values()), device) if compiled else 1
+        looped_programs = 0 if compiled else 1  # 0: as many as are co-resident (decided at launch)
     # 16 K elements (32 KB of bf16) per program and barrier: a few µs of a waiting SM's time.
-    prefetch = 16384 if compiled and looped_programs > 1 else 0
-    return DecodePlan(**{**plan.__dict__, "looped_programs": looped_programs, "prefetch": prefetch})
+    prefetch = 16384 if compiled and looped_programs != 1 else 0
+    num_warps = 8 if compiled and block_b >= 64 else 4
+    return DecodePlan(**{**plan.__dict__, "looped_programs": looped_programs, "prefetch": prefetch,
+                         "num_warps": num_warps})
 
 
 @dataclass
@@ -180,7 +185,7 @@ def qkv_rope(w: LlamaWeights, cfg: LlamaConfig, layer: int, cache: KVCache, buf:
         plan.batch, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
         plan.max_slots, cfg.rms_norm_eps,
         HAS_BIAS=w.bqkv is not None, BLOCK_B=plan.block_b, BLOCK_P=plan.block_p, BLOCK_K=plan.block_k,
-        DOT_PREC=plan.dot_prec,
+        DOT_PREC=plan.dot_prec, num_warps=plan.num_warps,
     )
 
 
@@ -190,7 +195,8 @@ def decode_attention(cfg: LlamaConfig, layer: int, cache: KVCache, buf: DecodeBu
         layer, buf.q, cache.k, cache.v, buf.kv_start, buf.slot, buf.part, buf.lse, buf.attn, buf.sem,
         plan.batch, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, plan.max_slots,
         plan.n_splits, plan.split_len, 1.0 / math.sqrt(cfg.head_dim),
-        BLOCK_G=plan.block_g, BLOCK_S=plan.block_s, BLOCK_D=plan.block_d, DOT_PREC=plan.dot_prec,
+        BLOCK_G=plan.block_g, BLOCK_S=plan.block_s, BLOCK_D=plan.block_d,
+        DOT_PREC=plan.dot_prec, num_warps=plan.num_warps,
     )
 
 
@@ -198,7 +204,8 @@ def o_proj(w: LlamaWeights, cfg: LlamaConfig, layer: int, buf: DecodeBuffers, pl
     """x += attn W_oᵀ (instruction 3)."""
     residual_proj_kernel[(plan.tiles(cfg)["o_proj"],)](
         layer, buf.attn, w.wo, buf.x, plan.batch, cfg.hidden_size, cfg.num_attention_heads * cfg.head_dim,
-        BLOCK_B=plan.block_b, BLOCK_N=plan.block_n, BLOCK_K=plan.block_k, DOT_PREC=plan.dot_prec,
+        BLOCK_B=plan.block_b, BLOCK_N=plan.block_n, BLOCK_K=plan.block_k,
+        DOT_PREC=plan.dot_prec, num_warps=plan.num_warps,
     )
 
 
@@ -207,7 +214,8 @@ def gate_up(w: LlamaWeights, cfg: LlamaConfig, layer: int, buf: DecodeBuffers, p
     gate_up_kernel[grid](
         layer, buf.x, w.mlp_norm, w.w_gate_up, buf.h, plan.batch, cfg.hidden_size, cfg.intermediate_size,
         cfg.rms_norm_eps,
-        BLOCK_B=plan.block_b, BLOCK_N=plan.block_n, BLOCK_K=plan.block_k, DOT_PREC=plan.dot_prec,
+        BLOCK_B=plan.block_b, BLOCK_N=plan.block_n, BLOCK_K=plan.block_k,
+        DOT_PREC=plan.dot_prec, num_warps=plan.num_warps,
     )
 
 
@@ -215,7 +223,8 @@ def down_proj(w: LlamaWeights, cfg: LlamaConfig, layer: int, buf: DecodeBuffers,
     """x += h W_downᵀ (instruction 5)."""
     residual_proj_kernel[(plan.tiles(cfg)["down"],)](
         layer, buf.h, w.w_down, buf.x, plan.batch, cfg.hidden_size, cfg.intermediate_size,
-        BLOCK_B=plan.block_b, BLOCK_N=plan.block_n, BLOCK_K=plan.block_k, DOT_PREC=plan.dot_prec,
+        BLOCK_B=plan.block_b, BLOCK_N=plan.block_n, BLOCK_K=plan.block_k,
+        DOT_PREC=plan.dot_prec, num_warps=plan.num_warps,
     )
 
 
@@ -225,7 +234,7 @@ def lm_head(w: LlamaWeights, cfg: LlamaConfig, buf: DecodeBuffers, plan: DecodeP
         buf.x, w.final_norm, w.lm_head, buf.logits, buf.best, buf.best_idx, plan.batch, cfg.hidden_size,
         cfg.vocab_size, tiles, cfg.rms_norm_eps,
         WRITE_LOGITS=write_logits, BLOCK_B=plan.block_b, BLOCK_N=plan.block_v, BLOCK_K=plan.block_k,
-        DOT_PREC=plan.dot_prec,
+        DOT_PREC=plan.dot_prec, num_warps=plan.num_warps,
     )
 
 
@@ -246,31 +255,77 @@ def decode_layers(w: LlamaWeights, cfg: LlamaConfig, cache: KVCache, buf: Decode
         down_proj(w, cfg, layer, buf, plan)
 
 
-def looped_decode(w: LlamaWeights, cfg: LlamaConfig, cache: KVCache, buf: DecodeBuffers, plan: DecodePlan,
-                  inv_freq: torch.Tensor, write_logits: bool, stop_stage: int | None = None) -> None:
-    """The looped path: all layers and the LM head in one persistent launch.
+MAX_PROGRAMS_PER_SM = 4
 
-    ``stop_stage`` (tests) stops after that many stages of the schedule in
-    :mod:`llmfuse.kernels.looped` (default: all ``5 L + 1``).
+
+def resident_programs_per_sm(kernel, device: torch.device) -> int:
+    """How many programs of a compiled kernel one SM holds at once (registers, shared memory, threads).
+
+    Conservative: registers are rounded up to the allocation granularity (8 per thread) and
+    1 KB of shared memory per program is reserved for the driver.  1 if unknown.
+    """
+    init = getattr(kernel, "_init_handles", None)
+    if init is not None:
+        init()
+    n_regs = getattr(kernel, "n_regs", None)
+    if not n_regs:
+        return 1
+    props = torch.cuda.get_device_properties(device)
+    threads = 32 * kernel.metadata.num_warps
+    regs_per_sm = getattr(props, "regs_per_multiprocessor", 65536)
+    smem_per_sm = getattr(props, "shared_memory_per_multiprocessor", 228 * 1024)
+    threads_per_sm = getattr(props, "max_threads_per_multi_processor", 2048)
+    by_regs = regs_per_sm // (-(-n_regs // 8) * 8 * threads)
+    by_smem = smem_per_sm // (kernel.metadata.shared + 1024)
+    return max(1, min(by_regs, by_smem, threads_per_sm // threads))
+
+
+_LOOPED_GRIDS = PlanCache(maxsize=64)
+
+
+def looped_decode(w: LlamaWeights, cfg: LlamaConfig, cache: KVCache, buf: DecodeBuffers, plan: DecodePlan,
+                  inv_freq: torch.Tensor, write_logits: bool, stop_stage: int | None = None) -> int:
+    """The looped path: all layers and the LM head in one persistent launch; returns its grid.
+
+    The grid is ``plan.looped_programs`` when set, else (on the GPU) as many programs as are
+    co-resident — up to ``MAX_PROGRAMS_PER_SM`` per SM, from the compiled kernel's
+    registers and shared memory — and no more than the largest stage has tiles: the grid
+    barriers need every program resident at once.  ``stop_stage`` (tests) stops after that
+    many stages of the schedule in :mod:`llmfuse.kernels.looped` (default: all ``5 L + 1``).
     """
     total = STAGES_PER_LAYER * cfg.num_hidden_layers + 1
     stop = total if stop_stage is None else stop_stage
     if not 0 <= stop <= total:
         raise ValueError(f"stop_stage must be in [0, {total}], got {stop_stage}")
     tiles = plan.tiles(cfg)
-    buf.counter.zero_()
-    looped_decode_kernel[(plan.looped_programs,)](
+    args = (
         buf.x, w.attn_norm, w.wqkv, w.bqkv if w.bqkv is not None else w.wqkv, inv_freq, buf.kv_start, buf.slot,
         buf.q, cache.k, cache.v, buf.part, buf.lse, buf.attn, buf.sem, w.wo, w.mlp_norm, w.w_gate_up, buf.h, w.w_down,
         w.final_norm, w.lm_head, buf.logits, buf.best, buf.best_idx, buf.counter,
         cfg.num_hidden_layers, plan.batch, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads,
         cfg.head_dim, plan.max_slots, cfg.intermediate_size, cfg.vocab_size, cfg.rms_norm_eps,
         plan.n_splits, plan.split_len, 1.0 / math.sqrt(cfg.head_dim), tiles["lm_head"], stop,
+    )
+    constexprs = dict(
         HAS_BIAS=w.bqkv is not None, WRITE_LOGITS=write_logits, BLOCK_B=plan.block_b, BLOCK_P=plan.block_p,
         BLOCK_N=plan.block_n, BLOCK_K=plan.block_k, BLOCK_G=plan.block_g, BLOCK_S=plan.block_s,
         BLOCK_D=plan.block_d, BLOCK_V=plan.block_v, DOT_PREC=plan.dot_prec,
-        PREFETCH=plan.prefetch, PREFETCH_BLOCK=plan.prefetch_block,
+        PREFETCH=plan.prefetch, PREFETCH_BLOCK=plan.prefetch_block, num_warps=plan.num_warps,
     )
+    programs = plan.looped_programs
+    if programs == 0:
+        device = buf.x.device
+
+        def occupancy_grid() -> int:
+            compiled = looped_decode_kernel.warmup(*args, grid=(1,), **constexprs)
+            per_sm = min(MAX_PROGRAMS_PER_SM, resident_programs_per_sm(compiled, device))
+            return persistent_grid(max(tiles.values()), device, programs_per_sm=per_sm)
+
+        key = (tuple(constexprs.items()), str(w.dtype), str(device), max(tiles.values()))
+        programs = _LOOPED_GRIDS.get(key, occupancy_grid)
+    buf.counter.zero_()
+    looped_decode_kernel[(programs,)](*args, **constexprs)
+    return programs
 
 
 def fused_step(w: LlamaWeights, cfg: LlamaConfig, cache: KVCache, buf: DecodeBuffers, plan: DecodePlan,

@@ -55,9 +55,10 @@ class CompileInsteadOfLaunch:
                     signature[name] = "fp32"
                 else:
                     signature[name] = "i64" if abs(int(value)) >= 2**31 else "i32"
-            key = (self.name, tuple(signature.items()), tuple(constexprs.items()))
+            key = (self.name, tuple(signature.items()), tuple(constexprs.items()), values.get("num_warps", 4))
             if key not in self.compiled:
-                triton.compile(ASTSource(fn=self.kernel, signature=signature, constexprs=constexprs), target=TARGET)
+                triton.compile(ASTSource(fn=self.kernel, signature=signature, constexprs=constexprs), target=TARGET,
+                               options={"num_warps": values.get("num_warps", 4)})
                 self.compiled.add(key)
 
         return compile_only
@@ -72,7 +73,6 @@ def main(argv: list[str]) -> int:
         setattr(ops, name, CompileInsteadOfLaunch(getattr(ops, name), name))
     h100 = DeviceFacts("NVIDIA H100 80GB HBM3", "cuda", 132, 50 << 20, 227 << 10, (9, 0))
     ops.device_facts = lambda device: h100
-    ops.persistent_grid = lambda work, device: max(1, min(work, h100.sm_count))
     configs = [
         (LlamaConfig(vocab_size=1003, hidden_size=256, intermediate_size=688, num_hidden_layers=2,
                      num_attention_heads=8, num_key_value_heads=2, head_dim=64), torch.bfloat16,
@@ -84,7 +84,7 @@ def main(argv: list[str]) -> int:
     for cfg, dtype, batches in configs if full else configs[:1]:
         w = random_weights(cfg, dtype=dtype)
         for batch in batches:
-            plan = ops.make_plan(cfg, batch, 40, dtype, torch.device("cuda"))
+            plan = ops.make_plan(cfg, batch, 40, dtype, torch.device("cuda"), looped_programs=h100.sm_count)
             buf = ops.DecodeBuffers.allocate(cfg, plan, dtype, torch.device("cpu"))
             cache = ref.KVCache.empty(cfg, batch, 40, dtype=dtype, device="cpu")
             tokens = torch.zeros(batch, dtype=torch.int64)

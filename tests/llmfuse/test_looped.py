@@ -84,8 +84,11 @@ def test_gpu_full_grid_looped_equals_per_layer_and_reference(batch, dtype, gen):
     device = test_device()
     w = random_weights(GPU_CFG, dtype=dtype, device=device, generator=torch.Generator(device).manual_seed(0))
     plan, buf, cache, tokens = _state(GPU_CFG, w, batch, 300, dtype, gen, device, n_splits=None)
-    assert plan.looped_programs > 1
     inv_freq = GPU_CFG.rope_inv_freq().to(device)
+    scratch = ops.DecodeBuffers(**{k: v.clone() for k, v in buf.__dict__.items()})
+    programs = ops.looped_decode(w, GPU_CFG, ref.KVCache(cache.k.clone(), cache.v.clone()), scratch, plan, inv_freq,
+                                 write_logits=True)
+    assert programs > 1, "the GPU runs the full persistent grid"
     lbuf = ops.DecodeBuffers(**{k: v.clone() for k, v in buf.__dict__.items()})
     lcache = ref.KVCache(cache.k.clone(), cache.v.clone())
     ops.fused_step(w, GPU_CFG, cache, buf, plan, inv_freq, tokens, looped=False, write_logits=True)
