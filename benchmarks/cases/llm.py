@@ -7,8 +7,9 @@ own copy of the weights and a dynamic cache), the reference decoder eager, the r
 decoder under ``torch.compile(mode="reduce-overhead", fullgraph=True)`` (CUDA graphs; 1B,
 batch 1 and 8, context 512 only — the TARGETS.md reference points — because each compile
 of the unrolled decoder takes tens of seconds of the ~5 minute budget), the fused
-per-layer kernels under a CUDA graph and the looped persistent kernel under a CUDA graph.  Floor: the weight bytes plus the KV-cache bytes one
-step must read.  Quick mode: a tiny config through the interpreter.
+per-layer kernels under a CUDA graph and the looped persistent kernel under a CUDA graph.
+Floor: the weight bytes plus the KV-cache bytes one step must read.  Quick mode: a tiny
+config through the interpreter.
 """
 
 from __future__ import annotations
