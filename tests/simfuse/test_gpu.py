@@ -66,8 +66,8 @@ def test_same_seed_same_episodes_on_cpu_and_gpu(device):
     """A GPU rollout and the CPU reference of the same seed: identical actions and flags, obs to float32."""
     import fusecore
 
-    gpu = simfuse.make_vec("CartPole-v1", 512, max_episode_steps=40, device=device)
-    cpu = simfuse.make_vec("CartPole-v1", 512, max_episode_steps=40, device="cpu")
+    gpu = simfuse.make_vec("CartPole-v1", 64, max_episode_steps=40, device=device)
+    cpu = simfuse.make_vec("CartPole-v1", 64, max_episode_steps=40, device="cpu")
     gpu.reset(seed=77)
     cpu.reset(seed=77)
     traj = gpu.rollout("random", num_steps=30)
