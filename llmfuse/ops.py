@@ -137,7 +137,7 @@ class DecodeBuffers:
     best_idx: torch.Tensor  # [B, vocab tiles] int32 tile argmaxes
     slot: torch.Tensor  # 0-d int64: the cache slot the next token is written to
     kv_start: torch.Tensor  # [B] int64: first valid slot of each row (left padding)
-    counter: torch.Tensor  # [2] int32: the looped kernel's barrier counter (and a never-written sink)
+    counter: torch.Tensor  # [3] int32: looped kernel's barrier count, timeout flag, never-written sink
 
     @classmethod
     def allocate(cls, cfg: LlamaConfig, plan: DecodePlan, dtype: torch.dtype, device: torch.device) -> DecodeBuffers:
@@ -157,7 +157,7 @@ class DecodeBuffers:
             best_idx=torch.zeros(B, vt, dtype=torch.int32, device=device),
             slot=torch.zeros((), dtype=torch.int64, device=device),
             kv_start=torch.zeros(B, dtype=torch.int64, device=device),
-            counter=torch.zeros(2, dtype=torch.int32, device=device),
+            counter=torch.zeros(3, dtype=torch.int32, device=device),
         )
 
 
@@ -256,6 +256,9 @@ def decode_layers(w: LlamaWeights, cfg: LlamaConfig, cache: KVCache, buf: Decode
 
 
 MAX_PROGRAMS_PER_SM = 4
+# A barrier wait takes microseconds; after this many reads of its counter (seconds) the
+# looped kernel gives up and raises its timeout flag (see looped_timed_out).
+BARRIER_MAX_POLLS = 1 << 22
 
 
 def resident_programs_per_sm(kernel, device: torch.device) -> int:
@@ -304,7 +307,7 @@ def looped_decode(w: LlamaWeights, cfg: LlamaConfig, cache: KVCache, buf: Decode
         w.final_norm, w.lm_head, buf.logits, buf.best, buf.best_idx, buf.counter,
         cfg.num_hidden_layers, plan.batch, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads,
         cfg.head_dim, plan.max_slots, cfg.intermediate_size, cfg.vocab_size, cfg.rms_norm_eps,
-        plan.n_splits, plan.split_len, 1.0 / math.sqrt(cfg.head_dim), tiles["lm_head"], stop,
+        plan.n_splits, plan.split_len, 1.0 / math.sqrt(cfg.head_dim), tiles["lm_head"], stop, BARRIER_MAX_POLLS,
     )
     constexprs = dict(
         HAS_BIAS=w.bqkv is not None, WRITE_LOGITS=write_logits, BLOCK_B=plan.block_b, BLOCK_P=plan.block_p,
@@ -323,9 +326,15 @@ def looped_decode(w: LlamaWeights, cfg: LlamaConfig, cache: KVCache, buf: Decode
 
         key = (tuple(constexprs.items()), str(w.dtype), str(device), max(tiles.values()))
         programs = _LOOPED_GRIDS.get(key, occupancy_grid)
-    buf.counter.zero_()
+    buf.counter[0].zero_()  # the timeout flag counter[1] stays raised until the buffers are remade
     looped_decode_kernel[(programs,)](*args, **constexprs)
     return programs
+
+
+def looped_timed_out(buf: DecodeBuffers) -> bool:
+    """Whether a looped launch since the buffers were made gave up waiting at a grid barrier
+    (a grid that was not co-resident; its outputs are then wrong).  Synchronizes with the device."""
+    return bool(buf.counter[1].item())
 
 
 def fused_step(w: LlamaWeights, cfg: LlamaConfig, cache: KVCache, buf: DecodeBuffers, plan: DecodePlan,

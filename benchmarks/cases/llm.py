@@ -126,6 +126,8 @@ def _decode_variant(ctx: Context, name: str, cfg: LlamaConfig, w: LlamaWeights, 
             ops.fused_step(w, cfg, cache, buf, plan, inv_freq, tokens, looped=looped, write_logits=True)
             ctx.check(f"{variant} {'looped' if looped else 'per-layer'} logits", buf.logits, expected,
                       2e-2 if w.dtype == torch.bfloat16 else 1e-3)
+        if ops.looped_timed_out(buf):
+            raise RuntimeError(f"{variant}: the looped kernel timed out at a grid barrier")
 
         if ctx.gpu and (name, batch, context) in HF_AT:
             _time_hf(ctx, cfg, batch, context, nbytes, params, variant)

@@ -44,24 +44,24 @@ STAGES_PER_LAYER = 5
 
 
 @jit
-def _barrier(counter_ptr, index, pid, nprog, sink, w_ptr, n, start,
+def _barrier(counter_ptr, index, pid, nprog, sink, w_ptr, n, start, max_polls,
              PREFETCH: tl.constexpr, PREFETCH_BLOCK: tl.constexpr):
     """Arrive at barrier ``index``, prefetch w[start + pid·PREFETCH ...] unless last, wait; the new sink."""
     before = grid_arrive(counter_ptr)
     if PREFETCH > 0:
         if before + 1 < (index + 1) * nprog:
             sink += prefetch_flat(w_ptr, n, start, pid, PREFETCH, PREFETCH_BLOCK)
-    grid_wait(counter_ptr, index, nprog)
+    grid_wait(counter_ptr, index, nprog, max_polls)
     return sink
 
 
 # Sizes that change from call to call are not specialized: one compile serves them all.
-@jit(do_not_specialize=["B", "S", "n_splits", "split_len", "stop_stage"])
+@jit(do_not_specialize=["B", "S", "n_splits", "split_len", "stop_stage", "max_polls"])
 def looped_decode_kernel(
     x_ptr, attn_norm_ptr, wqkv_ptr, bqkv_ptr, inv_freq_ptr, kv_start_ptr, slot_ptr,
     q_ptr, k_cache_ptr, v_cache_ptr, part_ptr, lse_ptr, attn_ptr, sem_ptr, wo_ptr, mlp_norm_ptr, w_gate_up_ptr,
     h_ptr, w_down_ptr, final_norm_ptr, head_ptr, logits_ptr, best_ptr, best_idx_ptr, counter_ptr,
-    L, B, H, HQ, HKV, D, S, I, V, eps, n_splits, split_len, sm_scale, n_vocab_tiles, stop_stage,
+    L, B, H, HQ, HKV, D, S, I, V, eps, n_splits, split_len, sm_scale, n_vocab_tiles, stop_stage, max_polls,
     HAS_BIAS: tl.constexpr, WRITE_LOGITS: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, DOT_PREC: tl.constexpr,
@@ -88,38 +88,38 @@ def looped_decode_kernel(
                               slot_ptr, q_ptr, k_cache_ptr, v_cache_ptr, B, H, HQ, HKV, D, S, eps,
                               HAS_BIAS, BLOCK_B, BLOCK_P, BLOCK_K, DOT_PREC)
             sink = _barrier(counter_ptr, stage, pid, nprog, sink, wo_ptr + layer64 * wo_size, wo_size, 0,
-                            PREFETCH, PREFETCH_BLOCK)
+                            max_polls, PREFETCH, PREFETCH_BLOCK)
         if stage + 1 < stop_stage:
             for tile in range(pid, attn_tiles, nprog):
                 decode_attention_tile(tile, layer, q_ptr, k_cache_ptr, v_cache_ptr, kv_start_ptr, slot_ptr,
                                       part_ptr, lse_ptr, attn_ptr, sem_ptr, B, HQ, HKV, D, S, n_splits,
                                       split_len, sm_scale, BLOCK_G, BLOCK_S, BLOCK_D, DOT_PREC)
             sink = _barrier(counter_ptr, stage + 1, pid, nprog, sink, w_gate_up_ptr + layer64 * gate_up_size,
-                            gate_up_size, 0, PREFETCH, PREFETCH_BLOCK)
+                            gate_up_size, 0, max_polls, PREFETCH, PREFETCH_BLOCK)
         if stage + 2 < stop_stage:
             for tile in range(pid, hidden_tiles, nprog):
                 residual_proj_tile(tile, layer, attn_ptr, wo_ptr, x_ptr, B, H, HQ * D,
                                    BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC)
             sink = _barrier(counter_ptr, stage + 2, pid, nprog, sink, w_gate_up_ptr + layer64 * gate_up_size,
-                            gate_up_size, slice_size, PREFETCH, PREFETCH_BLOCK)
+                            gate_up_size, slice_size, max_polls, PREFETCH, PREFETCH_BLOCK)
         if stage + 3 < stop_stage:
             for tile in range(pid, mlp_tiles, nprog):
                 gate_up_tile(tile, layer, x_ptr, mlp_norm_ptr, w_gate_up_ptr, h_ptr, B, H, I, eps,
                              BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC)
-            sink = _barrier(counter_ptr, stage + 3, pid, nprog, sink, w_down_ptr + layer64 * down_size, down_size, 0,
-                            PREFETCH, PREFETCH_BLOCK)
+            sink = _barrier(counter_ptr, stage + 3, pid, nprog, sink, w_down_ptr + layer64 * down_size, down_size,
+                            0, max_polls, PREFETCH, PREFETCH_BLOCK)
         if stage + 4 < stop_stage:
             for tile in range(pid, hidden_tiles, nprog):
                 residual_proj_tile(tile, layer, h_ptr, w_down_ptr, x_ptr, B, H, I, BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC)
             if layer + 1 < L:
                 sink = _barrier(counter_ptr, stage + 4, pid, nprog, sink, wqkv_ptr + (layer64 + 1) * qkv_size,
-                                qkv_size, 0, PREFETCH, PREFETCH_BLOCK)
+                                qkv_size, 0, max_polls, PREFETCH, PREFETCH_BLOCK)
             else:
-                sink = _barrier(counter_ptr, stage + 4, pid, nprog, sink, head_ptr, V * H, 0,
+                sink = _barrier(counter_ptr, stage + 4, pid, nprog, sink, head_ptr, V * H, 0, max_polls,
                                 PREFETCH, PREFETCH_BLOCK)
     if L * 5 < stop_stage:
         for tile in range(pid, n_vocab_tiles, nprog):
             lm_head_tile(tile, x_ptr, final_norm_ptr, head_ptr, logits_ptr, best_ptr, best_idx_ptr, B, H, V,
                          n_vocab_tiles, eps, WRITE_LOGITS, BLOCK_B, BLOCK_V, BLOCK_K, DOT_PREC)
     if stop_stage < 0:  # never true: keeps the prefetch loads from being optimized away
-        tl.store(counter_ptr + 1, sink.to(tl.int32))
+        tl.store(counter_ptr + 2, sink.to(tl.int32))

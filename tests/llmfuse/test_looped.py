@@ -4,6 +4,7 @@ every stage; on the GPU, the full persistent grid and CUDA-graph capture of both
 import pytest
 import torch
 
+import fusecore
 from fusecore.testing import assert_close, test_device
 from llmfuse import ops
 from llmfuse import reference as ref
@@ -54,6 +55,21 @@ def test_looped_kernel_matches_interpreter_after_every_stage(gen):
             assert_close(got, _snapshot(ibuf, icache)[name], torch.float32, tol=1e-4, name=f"{name} {where}")
     assert torch.equal(kbuf.best_idx, ibuf.best_idx)
     assert torch.equal(ops.greedy_tokens(kbuf), ibuf.logits.argmax(-1))
+    assert not ops.looped_timed_out(kbuf)
+
+
+@pytest.mark.skipif(fusecore.COMPILED, reason="needs the interpreter's one-program-after-another order")
+def test_barrier_that_cannot_complete_raises_the_timeout_flag(gen, monkeypatch):
+    """Two programs under the interpreter run one after another: the first can never see the
+    second arrive.  Instead of hanging, each wait gives up after BARRIER_MAX_POLLS reads and the
+    launch reports it."""
+    device = test_device()
+    w = random_weights(CFG, dtype=torch.float32, device=device, generator=gen)
+    plan, buf, cache, _ = _state(CFG, w, 1, 8, torch.float32, gen, device, looped_programs=2)
+    monkeypatch.setattr(ops, "BARRIER_MAX_POLLS", 3)
+    assert not ops.looped_timed_out(buf)
+    ops.looped_decode(w, CFG, cache, buf, plan, CFG.rope_inv_freq().to(device), True, stop_stage=2)
+    assert ops.looped_timed_out(buf)
 
 
 def test_looped_rejects_bad_stop_stage(gen):
@@ -98,6 +114,7 @@ def test_gpu_full_grid_looped_equals_per_layer_and_reference(batch, dtype, gen):
         runs.append(lbuf.logits.clone())
     for i, again in enumerate(runs[1:], 1):
         assert torch.equal(again, runs[0]), f"looped launch {i} differs from launch 0: a race"
+    assert not ops.looped_timed_out(lbuf)
     tol = 1e-5 if dtype == torch.float32 else 4e-3
     assert_close(lbuf.logits, buf.logits, torch.float32, tol=tol, name="looped vs per-layer logits")
     rcache = ref.KVCache(cache.k.clone(), cache.v.clone())
