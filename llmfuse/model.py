@@ -81,7 +81,7 @@ class LlamaModel:
         self.buffers = ops.DecodeBuffers.allocate(self.config, self.plan, self.dtype, self.device)
         self.position = 0  # host copy of buffers.slot: the next slot to fill
         self._tokens_in = torch.zeros(batch, dtype=torch.int64, device=self.device)
-        self._graphs: dict[bool, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._graphs: dict[tuple[bool, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
 
     # ------------------------------------------------------------------ input checks
     def _check_ids(self, name: str, ids: Any, dims: int) -> torch.Tensor:
@@ -141,7 +141,8 @@ class LlamaModel:
         self.position = T
         return logits[:, -1].float()
 
-    def _step(self, tokens: torch.Tensor, write_logits: bool) -> torch.Tensor:
+    def _step(self, tokens: torch.Tensor, write_logits: bool, sample: bool = False) -> torch.Tensor:
+        """Feed ``tokens`` at the next slot; the next tokens (greedy, or Gumbel-max sampled)."""
         if self.position >= self.max_seq_len:
             raise ValueError(f"the cache is full: {self.position} of max_seq_len={self.max_seq_len} slots used; "
                              "create the model with a larger max_seq_len")
@@ -149,39 +150,44 @@ class LlamaModel:
             logits = ref.forward(self.weights, self.config, tokens[:, None], self.cache, self.position,
                                  self.buffers.kv_start, self.inv_freq)[:, 0].float()
             self.buffers.logits.copy_(logits)
-            greedy = logits.argmax(-1)
+            if sample:
+                nxt = ref.gumbel_sample(logits, 1.0 / float(self.buffers.inv_temperature), int(self.buffers.seed),
+                                        self.position)
+            else:
+                nxt = logits.argmax(-1)
         else:
-            greedy = self._fused(tokens, write_logits)
+            nxt = self._fused(tokens, write_logits, sample)
         self.buffers.slot.add_(1)
         self.position += 1
-        return greedy
+        return nxt
 
-    def _run_fused(self, tokens: torch.Tensor, write_logits: bool) -> torch.Tensor:
+    def _run_fused(self, tokens: torch.Tensor, write_logits: bool, sample: bool) -> torch.Tensor:
         return ops.fused_step(self.weights, self.config, self.cache, self.buffers, self.plan, self.inv_freq,
-                              tokens, looped=self.looped, write_logits=write_logits)
+                              tokens, looped=self.looped, write_logits=write_logits, sample=sample)
 
-    def _fused(self, tokens: torch.Tensor, write_logits: bool) -> torch.Tensor:
+    def _fused(self, tokens: torch.Tensor, write_logits: bool, sample: bool) -> torch.Tensor:
         """One fused step; on the GPU replayed from a CUDA graph captured at first use.
 
         The step reads its slot from ``buffers.slot`` on the device and is idempotent at a
         given slot, so the warm-up run before capture leaves the same state as the replay.
         """
         if not self.cuda_graph:
-            return self._run_fused(tokens, write_logits)
+            return self._run_fused(tokens, write_logits, sample)
         self._tokens_in.copy_(tokens)
-        if write_logits not in self._graphs:
+        key = (write_logits, sample)
+        if key not in self._graphs:
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):  # compiles the kernels outside the capture
-                self._run_fused(self._tokens_in, write_logits)
+                self._run_fused(self._tokens_in, write_logits, sample)
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
-                greedy = self._run_fused(self._tokens_in, write_logits)
-            self._graphs[write_logits] = (graph, greedy)
-        graph, greedy = self._graphs[write_logits]
+                nxt = self._run_fused(self._tokens_in, write_logits, sample)
+            self._graphs[key] = (graph, nxt)
+        graph, nxt = self._graphs[key]
         graph.replay()
-        return greedy.clone()
+        return nxt.clone()
 
     @torch.no_grad()
     def decode_step(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -195,8 +201,10 @@ class LlamaModel:
         return self.buffers.logits.clone()
 
     def _check_generation(self, input_ids: torch.Tensor, max_new_tokens: int, temperature: float,
-                          top_k: int | None, top_p: float | None) -> torch.Tensor:
+                          top_k: int | None, top_p: float | None, seed: int | None = None) -> torch.Tensor:
         _check_int("max_new_tokens", max_new_tokens, 0)
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
+            raise ValueError(f"seed must be an int in [0, 2**63), got {seed!r}")
         if not (isinstance(temperature, (int, float)) and temperature >= 0):
             raise ValueError(f"temperature must be a float >= 0, got {temperature!r}")
         if top_k is not None:
@@ -215,18 +223,30 @@ class LlamaModel:
                top_k: int | None = None, top_p: float | None = None, eos_token_id: int | list[int] | None = None,
                seed: int | None = None, attention_mask: torch.Tensor | None = None) -> Iterator[torch.Tensor]:
         """Yield the new tokens one step at a time, each a LongTensor [B] (arguments as :meth:`generate`)."""
-        ids = self._check_generation(input_ids, max_new_tokens, temperature, top_k, top_p)
+        ids = self._check_generation(input_ids, max_new_tokens, temperature, top_k, top_p, seed)
         eos = [] if eos_token_id is None else ([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id))
         eos_t = torch.tensor(eos, dtype=torch.int64, device=self.device)
+        # Temperature-only sampling is fused into the LM head (Gumbel-max, Philox); top-k / top-p
+        # need the whole distribution and sample the written logits on the host.
+        fused_sampling = temperature > 0 and top_k is None and (top_p is None or top_p >= 1)
+        if seed is None:
+            seed = int(torch.randint(0, 2**62, (1,)).item())
         gen = None
-        if temperature > 0:
+        if temperature > 0 and not fused_sampling:
             gen = torch.Generator(device=self.device)
-            gen.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, (1,)).item()))
+            gen.manual_seed(seed)
         if max_new_tokens == 0:
             return
         logits = self.prefill(ids, attention_mask)
+        self.buffers.seed.fill_(seed)
+        self.buffers.inv_temperature.fill_(1.0 / temperature if temperature > 0 else 1.0)
         finished = torch.zeros(ids.shape[0], dtype=torch.bool, device=self.device)
-        token = logits.argmax(-1) if temperature == 0 else sample_tokens(logits, temperature, top_k, top_p, gen)
+        if temperature == 0:
+            token = logits.argmax(-1)
+        elif fused_sampling:
+            token = ref.gumbel_sample(logits, temperature, seed, self.position - 1)
+        else:
+            token = sample_tokens(logits, temperature, top_k, top_p, gen)
         for step in range(max_new_tokens):
             if eos:
                 token = torch.where(finished, eos_t[0], token)
@@ -234,11 +254,9 @@ class LlamaModel:
             yield token
             if step + 1 == max_new_tokens or (eos and bool(finished.all())):
                 return
-            greedy = self._step(token, write_logits=temperature > 0)
-            if temperature == 0:
-                token = greedy
-            else:
-                token = sample_tokens(self.buffers.logits, temperature, top_k, top_p, gen)
+            nxt = self._step(token, write_logits=temperature > 0 and not fused_sampling, sample=fused_sampling)
+            token = nxt if temperature == 0 or fused_sampling else sample_tokens(
+                self.buffers.logits, temperature, top_k, top_p, gen)
 
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int, temperature: float = 0.0,
@@ -246,12 +264,14 @@ class LlamaModel:
                  seed: int | None = None, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Prompt [B, T] followed by up to ``max_new_tokens`` new tokens: LongTensor [B, T + new].
 
-        Greedy when ``temperature == 0``, else sampled (temperature, then top-k, then top-p)
-        with a generator seeded by ``seed``.  ``attention_mask`` [B, T] marks left padding.
+        Greedy when ``temperature == 0``.  Sampling with temperature only is fused into the
+        LM head (Gumbel-max with Philox noise keyed by ``seed``: no logits leave the kernel);
+        with ``top_k`` / ``top_p`` the logits are written and sampled on the host (temperature,
+        then top-k, then top-p) with a generator seeded by ``seed``.  ``attention_mask`` [B, T] marks left padding.
         Rows that produced an ``eos_token_id`` are padded with it afterwards; generation
         stops early when every row has finished (as transformers does).
         """
-        ids = self._check_generation(input_ids, max_new_tokens, temperature, top_k, top_p)
+        ids = self._check_generation(input_ids, max_new_tokens, temperature, top_k, top_p, seed)
         new = list(self.stream(ids, max_new_tokens, temperature, top_k, top_p, eos_token_id, seed, attention_mask))
         return torch.cat([ids, *(t[:, None] for t in new)], dim=1)
 

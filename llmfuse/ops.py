@@ -137,6 +137,8 @@ class DecodeBuffers:
     best_idx: torch.Tensor  # [B, vocab tiles] int32 tile argmaxes
     slot: torch.Tensor  # 0-d int64: the cache slot the next token is written to
     kv_start: torch.Tensor  # [B] int64: first valid slot of each row (left padding)
+    seed: torch.Tensor  # 0-d int64: Philox key of fused sampling
+    inv_temperature: torch.Tensor  # 0-d float32: 1 / temperature of fused sampling
     counter: torch.Tensor  # [3] int32: looped kernel's barrier count, timeout flag, never-written sink
 
     @classmethod
@@ -157,6 +159,8 @@ class DecodeBuffers:
             best_idx=torch.zeros(B, vt, dtype=torch.int32, device=device),
             slot=torch.zeros((), dtype=torch.int64, device=device),
             kv_start=torch.zeros(B, dtype=torch.int64, device=device),
+            seed=torch.zeros((), dtype=torch.int64, device=device),
+            inv_temperature=torch.ones((), dtype=f32, device=device),
             counter=torch.zeros(3, dtype=torch.int32, device=device),
         )
 
@@ -228,18 +232,22 @@ def down_proj(w: LlamaWeights, cfg: LlamaConfig, layer: int, buf: DecodeBuffers,
     )
 
 
-def lm_head(w: LlamaWeights, cfg: LlamaConfig, buf: DecodeBuffers, plan: DecodePlan, write_logits: bool) -> None:
+def lm_head(w: LlamaWeights, cfg: LlamaConfig, buf: DecodeBuffers, plan: DecodePlan, write_logits: bool,
+            sample: bool = False) -> None:
+    """Tile winners of the logits (greedy) or of logits / T + Gumbel noise (``sample``; seed and
+    1/T from ``buf.seed`` and ``buf.inv_temperature``); the logits themselves when ``write_logits``."""
     tiles = plan.tiles(cfg)["lm_head"]
     lm_head_kernel[(tiles,)](
-        buf.x, w.final_norm, w.lm_head, buf.logits, buf.best, buf.best_idx, plan.batch, cfg.hidden_size,
-        cfg.vocab_size, tiles, cfg.rms_norm_eps,
-        WRITE_LOGITS=write_logits, BLOCK_B=plan.block_b, BLOCK_N=plan.block_v, BLOCK_K=plan.block_k,
+        buf.x, w.final_norm, w.lm_head, buf.logits, buf.best, buf.best_idx, buf.seed, buf.inv_temperature, buf.slot,
+        plan.batch, cfg.hidden_size, cfg.vocab_size, tiles, cfg.rms_norm_eps,
+        WRITE_LOGITS=write_logits, SAMPLE=sample, BLOCK_B=plan.block_b, BLOCK_N=plan.block_v, BLOCK_K=plan.block_k,
         DOT_PREC=plan.dot_prec, num_warps=plan.num_warps,
     )
 
 
 def greedy_tokens(buf: DecodeBuffers) -> torch.Tensor:
-    """[B] int64 argmax of the logits from the LM head's tile winners (first index on ties)."""
+    """[B] int64 tokens from the LM head's tile winners: the argmax of the logits (first index on
+    ties), or the sampled token after a ``sample`` step."""
     tile = buf.best.argmax(dim=1, keepdim=True)
     return buf.best_idx.gather(1, tile).squeeze(1).to(torch.int64)
 
@@ -287,7 +295,8 @@ _LOOPED_GRIDS = PlanCache(maxsize=64)
 
 
 def looped_decode(w: LlamaWeights, cfg: LlamaConfig, cache: KVCache, buf: DecodeBuffers, plan: DecodePlan,
-                  inv_freq: torch.Tensor, write_logits: bool, stop_stage: int | None = None) -> int:
+                  inv_freq: torch.Tensor, write_logits: bool, stop_stage: int | None = None,
+                  sample: bool = False) -> int:
     """The looped path: all layers and the LM head in one persistent launch; returns its grid.
 
     The grid is ``plan.looped_programs`` when set, else (on the GPU) as many programs as are
@@ -304,13 +313,14 @@ def looped_decode(w: LlamaWeights, cfg: LlamaConfig, cache: KVCache, buf: Decode
     args = (
         buf.x, w.attn_norm, w.wqkv, w.bqkv if w.bqkv is not None else w.wqkv, inv_freq, buf.kv_start, buf.slot,
         buf.q, cache.k, cache.v, buf.part, buf.lse, buf.attn, buf.sem, w.wo, w.mlp_norm, w.w_gate_up, buf.h, w.w_down,
-        w.final_norm, w.lm_head, buf.logits, buf.best, buf.best_idx, buf.counter,
+        w.final_norm, w.lm_head, buf.logits, buf.best, buf.best_idx, buf.seed, buf.inv_temperature, buf.counter,
         cfg.num_hidden_layers, plan.batch, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads,
         cfg.head_dim, plan.max_slots, cfg.intermediate_size, cfg.vocab_size, cfg.rms_norm_eps,
         plan.n_splits, plan.split_len, 1.0 / math.sqrt(cfg.head_dim), tiles["lm_head"], stop, BARRIER_MAX_POLLS,
     )
     constexprs = dict(
-        HAS_BIAS=w.bqkv is not None, WRITE_LOGITS=write_logits, BLOCK_B=plan.block_b, BLOCK_P=plan.block_p,
+        HAS_BIAS=w.bqkv is not None, WRITE_LOGITS=write_logits, SAMPLE=sample, BLOCK_B=plan.block_b,
+        BLOCK_P=plan.block_p,
         BLOCK_N=plan.block_n, BLOCK_K=plan.block_k, BLOCK_G=plan.block_g, BLOCK_S=plan.block_s,
         BLOCK_D=plan.block_d, BLOCK_V=plan.block_v, DOT_PREC=plan.dot_prec,
         PREFETCH=plan.prefetch, PREFETCH_BLOCK=plan.prefetch_block, num_warps=plan.num_warps,
@@ -338,15 +348,17 @@ def looped_timed_out(buf: DecodeBuffers) -> bool:
 
 
 def fused_step(w: LlamaWeights, cfg: LlamaConfig, cache: KVCache, buf: DecodeBuffers, plan: DecodePlan,
-               inv_freq: torch.Tensor, tokens: torch.Tensor, *, looped: bool, write_logits: bool) -> torch.Tensor:
-    """One decode step at slot ``buf.slot`` (not advanced); returns the greedy tokens [B].
+               inv_freq: torch.Tensor, tokens: torch.Tensor, *, looped: bool, write_logits: bool,
+               sample: bool = False) -> torch.Tensor:
+    """One decode step at slot ``buf.slot`` (not advanced); returns the next tokens [B]:
+    greedy, or sampled with the Gumbel-max trick when ``sample``.
 
     Host-sync free and shape-static: capturable in a CUDA graph.
     """
     embed(w, tokens, buf)
     if looped:
-        looped_decode(w, cfg, cache, buf, plan, inv_freq, write_logits)
+        looped_decode(w, cfg, cache, buf, plan, inv_freq, write_logits, sample=sample)
     else:
         decode_layers(w, cfg, cache, buf, plan, inv_freq)
-        lm_head(w, cfg, buf, plan, write_logits)
+        lm_head(w, cfg, buf, plan, write_logits, sample=sample)
     return greedy_tokens(buf)

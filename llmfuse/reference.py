@@ -24,8 +24,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
+
+from fusecore.rng import philox_reference
 
 from .config import LlamaConfig
 from .weights import LlamaWeights
@@ -122,6 +125,20 @@ def down_step(w: LlamaWeights, layer: int, h: torch.Tensor, x: torch.Tensor) -> 
 def lm_head_step(w: LlamaWeights, cfg: LlamaConfig, x: torch.Tensor) -> torch.Tensor:
     """Logits: RMSNorm(x) W_headᵀ, in x's dtype."""
     return rms_norm(x, w.final_norm, cfg.rms_norm_eps) @ w.lm_head.to(x.dtype).T
+
+
+def gumbel_sample(logits: torch.Tensor, temperature: float, seed: int, position: int) -> torch.Tensor:
+    """Draw one token per row of logits [B, V] from softmax(logits / T) by the Gumbel-max trick.
+
+    ``argmax_v logits / T − log(−log u_v)`` with ``u`` the open uniform of Philox word 0 at
+    key ``seed``, stream ``b·V + v``, ``position`` — the noise the fused LM head draws.
+    """
+    B, V = logits.shape
+    stream = np.arange(B * V, dtype=np.int64).reshape(B, V)
+    word = philox_reference(seed, stream, position)[..., 0].astype(np.float64)
+    uniform = (np.floor(word / 256.0) + 0.5) * 2.0**-24
+    gumbel = torch.from_numpy(-np.log(-np.log(uniform))).to(logits.device)
+    return (logits.double() / temperature + gumbel).argmax(-1)
 
 
 def forward(w: LlamaWeights, cfg: LlamaConfig, tokens: torch.Tensor, cache: KVCache, start_slot: int,

@@ -1,28 +1,38 @@
-"""Instruction 6: final RMSNorm → LM head → (optionally) logits, and a per-tile greedy argmax.
+"""Instruction 6: final RMSNorm → LM head → per-tile winner for greedy decoding or for
+sampling (Gumbel-max), and optionally the logits.
 
 For a tile of BLOCK_N vocabulary rows v::
 
     logits[b, v]   = (x_b / sqrt(mean(x_b²) + eps) · g_final) · W_head[v]
-    best[b, tile]  = max_v logits[b, v],   best_idx[b, tile] = its first argmax
+    score[b, v]    = logits[b, v]                                   greedy
+                   = logits[b, v] / T − log(−log u[b, v])           SAMPLE (temperature T)
+    best[b, tile]  = max_v score[b, v],   best_idx[b, tile] = its first argmax
 
-Greedy decoding then needs only an argmax over the ``ceil(V / BLOCK_N)`` tile winners
-(ties resolve to the lowest index, as ``torch.argmax``).  Logits are written only when
-``WRITE_LOGITS`` (sampling, tests), saving B·V·4 bytes on greedy steps.
+With ``u`` uniform on (0, 1), ``argmax_v score`` is an exact draw from softmax(logits / T)
+(the Gumbel-max trick), so sampling needs no softmax, no sort and no logits in memory:
+only an argmax over the ``ceil(V / BLOCK_N)`` tile winners (ties resolve to the lowest
+index, as ``torch.argmax``).  ``u`` is Philox (fusecore.rng) at key ``seed``, stream
+``b·V + v`` and position = the cache slot of the step, so every row, token and step draws
+fresh numbers and a step can be replayed; seed, 1/T and slot are read from device memory
+so one CUDA graph serves any of them.  Logits are written only when ``WRITE_LOGITS``
+(top-k / top-p sampling on the host, tests), saving B·V·4 bytes.
 Bytes: V H weight elements once, x from L2, winners B·tiles·8.
 """
 
 import triton.language as tl
 
 from fusecore.backend import jit
+from fusecore.rng import philox_words, word_to_open_uniform
 
 from .matvec import rows_dot
 
 
 @jit
 def lm_head_tile(
-    tile, x_ptr, norm_ptr, w_ptr, logits_ptr, best_ptr, best_idx_ptr, B, H, V, n_tiles, eps,
-    WRITE_LOGITS: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    DOT_PREC: tl.constexpr,
+    tile, x_ptr, norm_ptr, w_ptr, logits_ptr, best_ptr, best_idx_ptr, seed_ptr, inv_temp_ptr, slot_ptr,
+    B, H, V, n_tiles, eps,
+    WRITE_LOGITS: tl.constexpr, SAMPLE: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
     n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = n < V
@@ -32,7 +42,13 @@ def lm_head_tile(
     if WRITE_LOGITS:
         tl.store(logits_ptr + b[:, None].to(tl.int64) * V + n[None, :], logits,
                  mask=bmask[:, None] & nmask[None, :])
-    masked = tl.where(nmask[None, :], logits, float("-inf"))
+    score = logits
+    if SAMPLE:
+        stream = b[:, None].to(tl.int64) * V + n[None, :]
+        position = tl.load(slot_ptr) + tl.zeros_like(stream)
+        word, _, _, _ = philox_words(tl.load(seed_ptr), stream, position)
+        score = logits * tl.load(inv_temp_ptr) - tl.log(-tl.log(word_to_open_uniform(word)))
+    masked = tl.where(nmask[None, :], score, float("-inf"))
     best = tl.max(masked, axis=1)
     best_idx = tl.argmax(masked, axis=1)
     tl.store(best_ptr + b * n_tiles + tile, best, mask=bmask)
@@ -41,9 +57,11 @@ def lm_head_tile(
 
 @jit
 def lm_head_kernel(
-    x_ptr, norm_ptr, w_ptr, logits_ptr, best_ptr, best_idx_ptr, B, H, V, n_tiles, eps,
-    WRITE_LOGITS: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    DOT_PREC: tl.constexpr,
+    x_ptr, norm_ptr, w_ptr, logits_ptr, best_ptr, best_idx_ptr, seed_ptr, inv_temp_ptr, slot_ptr,
+    B, H, V, n_tiles, eps,
+    WRITE_LOGITS: tl.constexpr, SAMPLE: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
-    lm_head_tile(tl.program_id(0), x_ptr, norm_ptr, w_ptr, logits_ptr, best_ptr, best_idx_ptr, B, H, V, n_tiles,
-                 eps, WRITE_LOGITS, BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC)
+    lm_head_tile(tl.program_id(0), x_ptr, norm_ptr, w_ptr, logits_ptr, best_ptr, best_idx_ptr, seed_ptr,
+                 inv_temp_ptr, slot_ptr, B, H, V, n_tiles, eps, WRITE_LOGITS, SAMPLE, BLOCK_B, BLOCK_N, BLOCK_K,
+                 DOT_PREC)

@@ -9,7 +9,7 @@ Schedule (stage numbers are global, ``5 · layer + k``)::
         k=2  residual_proj_tile     over ceil(H / BLOCK_N) tiles (attn, W_o)        → x
         k=3  gate_up_tile           over ceil(I / BLOCK_N) tiles                    → h
         k=4  residual_proj_tile     over ceil(H / BLOCK_N) tiles (h, W_down)        → x
-    stage 5L: lm_head_tile          over ceil(V / BLOCK_V) tiles                    → winners (+ logits)
+    stage 5L: lm_head_tile          over ceil(V / BLOCK_V) tiles          → greedy or sampled winners (+ logits)
 
 Program ``p`` of ``P`` runs tiles ``p, p + P, p + 2P, ...`` of each stage and then passes
 a grid barrier (a counter in device memory, :mod:`.grid_barrier`) before the next stage:
@@ -60,10 +60,11 @@ def _barrier(counter_ptr, index, pid, nprog, sink, w_ptr, n, start, max_polls,
 def looped_decode_kernel(
     x_ptr, attn_norm_ptr, wqkv_ptr, bqkv_ptr, inv_freq_ptr, kv_start_ptr, slot_ptr,
     q_ptr, k_cache_ptr, v_cache_ptr, part_ptr, lse_ptr, attn_ptr, sem_ptr, wo_ptr, mlp_norm_ptr, w_gate_up_ptr,
-    h_ptr, w_down_ptr, final_norm_ptr, head_ptr, logits_ptr, best_ptr, best_idx_ptr, counter_ptr,
+    h_ptr, w_down_ptr, final_norm_ptr, head_ptr, logits_ptr, best_ptr, best_idx_ptr, seed_ptr, inv_temp_ptr,
+    counter_ptr,
     L, B, H, HQ, HKV, D, S, I, V, eps, n_splits, split_len, sm_scale, n_vocab_tiles, stop_stage, max_polls,
-    HAS_BIAS: tl.constexpr, WRITE_LOGITS: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_P: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr,
+    HAS_BIAS: tl.constexpr, WRITE_LOGITS: tl.constexpr, SAMPLE: tl.constexpr, BLOCK_B: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, DOT_PREC: tl.constexpr,
     PREFETCH: tl.constexpr, PREFETCH_BLOCK: tl.constexpr,
 ):
@@ -119,7 +120,8 @@ def looped_decode_kernel(
                                 PREFETCH, PREFETCH_BLOCK)
     if L * 5 < stop_stage:
         for tile in range(pid, n_vocab_tiles, nprog):
-            lm_head_tile(tile, x_ptr, final_norm_ptr, head_ptr, logits_ptr, best_ptr, best_idx_ptr, B, H, V,
-                         n_vocab_tiles, eps, WRITE_LOGITS, BLOCK_B, BLOCK_V, BLOCK_K, DOT_PREC)
+            lm_head_tile(tile, x_ptr, final_norm_ptr, head_ptr, logits_ptr, best_ptr, best_idx_ptr, seed_ptr,
+                         inv_temp_ptr, slot_ptr, B, H, V, n_vocab_tiles, eps, WRITE_LOGITS, SAMPLE, BLOCK_B, BLOCK_V,
+                         BLOCK_K, DOT_PREC)
     if stop_stage < 0:  # never true: keeps the prefetch loads from being optimized away
         tl.store(counter_ptr + 2, sink.to(tl.int32))

@@ -90,8 +90,9 @@ def main(argv: list[str]) -> int:
             tokens = torch.zeros(batch, dtype=torch.int64)
             for looped in (False, True) if full else (True,):
                 try:
+                    # batch 1 compiles the greedy LM head, other batches the sampling one
                     ops.fused_step(w, cfg, cache, buf, plan, cfg.rope_inv_freq(), tokens, looped=looped,
-                                   write_logits=True)
+                                   write_logits=True, sample=batch > 1)
                 except Exception as exc:
                     print(f"FAILED: {dtype} batch {batch} looped={looped}: {type(exc).__name__}: {exc}")
                     return 1

@@ -122,3 +122,27 @@ def test_lm_head_logits_and_fused_argmax(batch, dtype, gen):
     assert_close(buf.logits.cpu(), expected, dtype, name="logits")
     assert torch.equal(ops.greedy_tokens(buf).cpu(), buf.logits.cpu().argmax(-1))
     assert math.isfinite(float(buf.best.max()))
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_lm_head_fused_sampling_is_the_gumbel_max_of_the_reference(batch, gen):
+    cfg, w64, wk, plan, buf, cache, slot, kv_start = _setup(batch, torch.float32, gen)
+    seed, temperature = 987654321, 0.7
+    buf.seed.fill_(seed)
+    buf.inv_temperature.fill_(1.0 / temperature)
+    ops.lm_head(wk, cfg, buf, plan, write_logits=True, sample=True)
+    expected = ref.gumbel_sample(buf.logits.cpu(), temperature, seed, slot)
+    assert torch.equal(ops.greedy_tokens(buf).cpu(), expected)
+    buf.slot.fill_(slot + 1)  # the next step draws new noise
+    ops.lm_head(wk, cfg, buf, plan, write_logits=True, sample=True)
+    assert torch.equal(ops.greedy_tokens(buf).cpu(), ref.gumbel_sample(buf.logits.cpu(), temperature, seed, slot + 1))
+
+
+def test_gumbel_sample_draws_from_the_softmax():
+    """20 000 draws (rows of one logit vector, each its own Philox stream) against softmax(logits / T)."""
+    logits = torch.tensor([2.0, 1.0, 0.5, -1.0, 0.0])
+    temperature, rows = 0.8, 20000
+    tokens = ref.gumbel_sample(logits.repeat(rows, 1), temperature, seed=5, position=11)
+    freq = torch.bincount(tokens, minlength=5).double() / rows
+    probs = torch.softmax(logits.double() / temperature, 0)
+    assert float((freq - probs).abs().max()) < 4 * math.sqrt(0.25 / rows)  # 4 standard errors

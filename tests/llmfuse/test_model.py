@@ -67,6 +67,18 @@ def test_reference_path_and_batch_of_one_row_equal_fused(hf_llama):
     assert torch.equal(fused, unfused)
 
 
+def test_fused_sampling_is_seeded_and_matches_the_reference_path(hf_llama):
+    ids = torch.tensor([[11, 12, 13], [14, 15, 16]]).to(test_device())
+    model = llmfuse.from_pretrained(hf_llama, dtype=torch.float32, max_seq_len=12)
+    a = model.generate(ids, 6, temperature=0.9, seed=123)
+    assert torch.equal(a, model.generate(ids, 6, temperature=0.9, seed=123))
+    assert not torch.equal(a, model.generate(ids, 6, temperature=0.9, seed=124))
+    with use_reference():
+        assert torch.equal(a, model.generate(ids, 6, temperature=0.9, seed=123))
+    with pytest.raises(ValueError, match="seed"):
+        model.generate(ids, 2, temperature=0.9, seed=-1)
+
+
 def test_sampling_is_seeded_and_top_k_one_is_greedy(hf_llama):
     ids = torch.tensor([[11, 12, 13], [14, 15, 16]]).to(test_device())
     model = llmfuse.from_pretrained(hf_llama, dtype=torch.float32, max_seq_len=12)
