@@ -85,10 +85,7 @@ class LlamaModel:
 
     # ------------------------------------------------------------------ input checks
     def _check_ids(self, name: str, ids: Any, dims: int) -> torch.Tensor:
-        if not isinstance(ids, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(ids).__name__}")
-        if ids.dtype not in (torch.int64, torch.int32):
-            raise TypeError(f"{name} must be an integer (int64) tensor, got {ids.dtype}")
+        backend.check_dtypes((torch.int64, torch.int32), **{name: ids})
         if ids.dim() != dims:
             raise ValueError(f"{name} must have {dims} dimensions, got shape {tuple(ids.shape)}")
         if ids.numel():

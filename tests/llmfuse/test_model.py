@@ -115,7 +115,7 @@ def test_user_errors_are_clear(hf_llama):
         model.prefill(torch.ones(1, 9, dtype=torch.int64, device=dev))
     with pytest.raises(ValueError, match="exceeds the cache"):
         model.generate(torch.ones(1, 5, dtype=torch.int64, device=dev), 4)
-    with pytest.raises(TypeError, match="input_ids must be an integer"):
+    with pytest.raises(TypeError, match="input_ids has dtype float32; expected one of int64, int32"):
         model.generate(torch.ones(1, 5, device=dev), 2)
     with pytest.raises(ValueError, match="max_new_tokens"):
         model.generate(torch.ones(1, 5, dtype=torch.int64, device=dev), -1)
