@@ -139,7 +139,8 @@ class DecodeBuffers:
     kv_start: torch.Tensor  # [B] int64: first valid slot of each row (left padding)
     seed: torch.Tensor  # 0-d int64: Philox key of fused sampling
     inv_temperature: torch.Tensor  # 0-d float32: 1 / temperature of fused sampling
-    counter: torch.Tensor  # [3] int32: looped kernel's barrier count, timeout flag, never-written sink
+    counter: torch.Tensor  # [1 + Hkv] int32: looped kernel's barrier count, per-KV-head Q/K/V tile counts
+    timeout: torch.Tensor  # [2] int32: looped kernel's barrier timeout flag, never-written prefetch sink
 
     @classmethod
     def allocate(cls, cfg: LlamaConfig, plan: DecodePlan, dtype: torch.dtype, device: torch.device) -> DecodeBuffers:
@@ -161,7 +162,8 @@ class DecodeBuffers:
             kv_start=torch.zeros(B, dtype=torch.int64, device=device),
             seed=torch.zeros((), dtype=torch.int64, device=device),
             inv_temperature=torch.ones((), dtype=f32, device=device),
-            counter=torch.zeros(3, dtype=torch.int32, device=device),
+            counter=torch.zeros(1 + cfg.num_key_value_heads, dtype=torch.int32, device=device),
+            timeout=torch.zeros(2, dtype=torch.int32, device=device),
         )
 
 
@@ -314,6 +316,7 @@ def looped_decode(w: LlamaWeights, cfg: LlamaConfig, cache: KVCache, buf: Decode
         buf.x, w.attn_norm, w.wqkv, w.bqkv if w.bqkv is not None else w.wqkv, inv_freq, buf.kv_start, buf.slot,
         buf.q, cache.k, cache.v, buf.part, buf.lse, buf.attn, buf.sem, w.wo, w.mlp_norm, w.w_gate_up, buf.h, w.w_down,
         w.final_norm, w.lm_head, buf.logits, buf.best, buf.best_idx, buf.seed, buf.inv_temperature, buf.counter,
+        buf.timeout,
         cfg.num_hidden_layers, plan.batch, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads,
         cfg.head_dim, plan.max_slots, cfg.intermediate_size, cfg.vocab_size, cfg.rms_norm_eps,
         plan.n_splits, plan.split_len, 1.0 / math.sqrt(cfg.head_dim), tiles["lm_head"], stop, BARRIER_MAX_POLLS,
@@ -336,7 +339,7 @@ def looped_decode(w: LlamaWeights, cfg: LlamaConfig, cache: KVCache, buf: Decode
 
         key = (tuple(constexprs.items()), str(w.dtype), str(device), max(tiles.values()))
         programs = _LOOPED_GRIDS.get(key, occupancy_grid)
-    buf.counter[0].zero_()  # the timeout flag counter[1] stays raised until the buffers are remade
+    buf.counter.zero_()  # the timeout flag stays raised until the buffers are remade
     looped_decode_kernel[(programs,)](*args, **constexprs)
     return programs
 
@@ -344,7 +347,7 @@ def looped_decode(w: LlamaWeights, cfg: LlamaConfig, cache: KVCache, buf: Decode
 def looped_timed_out(buf: DecodeBuffers) -> bool:
     """Whether a looped launch since the buffers were made gave up waiting at a grid barrier
     (a grid that was not co-resident; its outputs are then wrong).  Synchronizes with the device."""
-    return bool(buf.counter[1].item())
+    return bool(buf.timeout[0].item())
 
 
 def fused_step(w: LlamaWeights, cfg: LlamaConfig, cache: KVCache, buf: DecodeBuffers, plan: DecodePlan,
