@@ -77,7 +77,7 @@ def _time_hf(ctx: Context, cfg: LlamaConfig, batch: int, context: int, nbytes: i
 
         def hf_step():
             model(token, past_key_values=past, use_cache=True)
-            past.crop(context)
+            past.crop(-1)  # drop the token just appended: every call sees the same context
 
         ctx.time("HF transformers eager", hf_step, bytes_moved=nbytes, params=params, variant=variant)
 
