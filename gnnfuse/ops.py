@@ -111,9 +111,10 @@ def _merge_sums(buckets: Buckets, part: torch.Tensor, out: torch.Tensor) -> None
 def gat_backward(
     graph: Graph, wh: torch.Tensor, el: torch.Tensor, er: torch.Tensor, lse: torch.Tensor, out: torch.Tensor,
     grad_out: torch.Tensor, negative_slope: float, dropout_p: float, seed: int, offset: int,
-    options: ScheduleOptions | None,
+    options: ScheduleOptions | None, grad_wh_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients ``(∂wh, ∂el, ∂er)`` of the fused attention, without atomics."""
+    """Gradients ``(∂wh, ∂el, ∂er)`` of the fused attention, without atomics (``∂wh`` in
+    ``grad_wh_dtype``, default ``wh``'s dtype)."""
     from .kernels.gat_backward import (
         gat_backward_src_kernel,
         gat_backward_src_light_kernel,
@@ -123,7 +124,7 @@ def gat_backward(
 
     num_nodes, heads, head_dim = wh.shape
     acc = el.dtype
-    grad_wh = _new_output(tuple(wh.shape), wh.dtype, wh.device)
+    grad_wh = _new_output(tuple(wh.shape), grad_wh_dtype or wh.dtype, wh.device)
     grad_el = _new_output((num_nodes, heads), acc, wh.device)
     grad_er = _new_output((num_nodes, heads), acc, wh.device)
     if num_nodes == 0:
@@ -206,9 +207,7 @@ class GATAttentionFunction(torch.autograd.Function):
         return grad_wh, grad_el, grad_er, None, None, None, None, None, None
 
 
-def _check_features(graph: Graph, wh: torch.Tensor, el: torch.Tensor, er: torch.Tensor) -> None:
-    # el / er may differ from wh (they are cast to the accumulation dtype), so no "same" check.
-    backend.check_dtypes(FLOAT_DTYPES, same=False, wh=wh, el=el, er=er)
+def _check_wh(graph: Graph, wh: torch.Tensor) -> None:
     if wh.dim() != 3:
         raise ValueError(f"wh must have shape [num_nodes, heads, head_dim], got {tuple(wh.shape)}")
     num_nodes, heads, head_dim = wh.shape
@@ -216,6 +215,13 @@ def _check_features(graph: Graph, wh: torch.Tensor, el: torch.Tensor, er: torch.
         raise ValueError(f"wh has {num_nodes} rows but the graph has num_nodes={graph.num_nodes}")
     if heads < 1 or head_dim < 1:
         raise ValueError(f"wh must have at least one head and head_dim >= 1, got shape {tuple(wh.shape)}")
+
+
+def _check_features(graph: Graph, wh: torch.Tensor, el: torch.Tensor, er: torch.Tensor) -> None:
+    # el / er may differ from wh (they are cast to the accumulation dtype), so no "same" check.
+    backend.check_dtypes(FLOAT_DTYPES, same=False, wh=wh, el=el, er=er)
+    _check_wh(graph, wh)
+    num_nodes, heads = wh.shape[0], wh.shape[1]
     for name, t in (("el", el), ("er", er)):
         if tuple(t.shape) != (num_nodes, heads):
             raise ValueError(f"{name} must have shape [num_nodes, heads] = {[num_nodes, heads]}, got {list(t.shape)}")
@@ -256,10 +262,7 @@ def gat_attention(
     el = el.to(acc).contiguous()
     er = er.to(acc).contiguous()
     wh = wh.contiguous()
-    seed, offset = 0, 0
-    if dropout > 0:
-        rng = rng or PhiloxStream.from_torch()
-        seed, offset = rng.take(wh.shape[1])
+    seed, offset = _rng_pair(rng, dropout, wh.shape[1])
     if backend.reference_enabled():
         from .reference import gat_attention_reference
 
@@ -270,39 +273,107 @@ def gat_attention(
     return GATAttentionFunction.apply(wh, el, er, graph, float(negative_slope), dropout, seed, offset, schedule)
 
 
+def _node_tile_rows(heads: int, head_dim: int) -> tuple[int, int, int]:
+    """(block_h, block_d, rows per program) of the per-node kernels: ~4096-element tiles."""
+    block_h, block_d = next_power_of_2(heads), next_power_of_2(head_dim)
+    return block_h, block_d, max(1, min(256, 4096 // (block_h * block_d)))
+
+
+def _node_scores_forward(wh: torch.Tensor, attn_l: torch.Tensor, attn_r: torch.Tensor):
+    from .kernels.node_scores import node_scores_kernel
+
+    num_nodes, heads, head_dim = wh.shape
+    acc = accumulation_dtype(wh.dtype)
+    el = _new_output((num_nodes, heads), acc, wh.device)
+    er = _new_output((num_nodes, heads), acc, wh.device)
+    block_h, block_d, rows = _node_tile_rows(heads, head_dim)
+    if num_nodes:
+        node_scores_kernel[(cdiv(num_nodes, rows),)](
+            wh, attn_l.contiguous(), attn_r.contiguous(), el, er, num_nodes, heads, head_dim,
+            ROWS=rows, BLOCK_H=block_h, BLOCK_D=block_d,
+        )
+    return el, er
+
+
+def _node_scores_backward(wh, attn_l, attn_r, grad_el, grad_er, grad_agg):
+    """(grad_wh, grad_attn_l, grad_attn_r): ``grad_agg`` plus the node scores' share, in one kernel."""
+    from .kernels.node_scores import node_scores_backward_kernel
+
+    num_nodes, heads, head_dim = wh.shape
+    acc = accumulation_dtype(wh.dtype)
+    block_h, block_d, rows = _node_tile_rows(heads, head_dim)
+    programs = cdiv(num_nodes, rows)
+    grad_wh = grad_agg if grad_agg.dtype == wh.dtype else _new_output(tuple(wh.shape), wh.dtype, wh.device)
+    part_l = _new_output((programs, heads, head_dim), acc, wh.device)
+    part_r = _new_output((programs, heads, head_dim), acc, wh.device)
+    if programs:
+        node_scores_backward_kernel[(programs,)](
+            wh, attn_l.contiguous(), attn_r.contiguous(), grad_el.contiguous(), grad_er.contiguous(), grad_agg,
+            grad_wh, part_l, part_r, num_nodes, heads, head_dim, ROWS=rows, BLOCK_H=block_h, BLOCK_D=block_d,
+        )
+    grad_attn_l = part_l.sum(0, keepdim=True).to(attn_l.dtype)
+    grad_attn_r = part_r.sum(0, keepdim=True).to(attn_r.dtype)
+    return grad_wh, grad_attn_l, grad_attn_r
+
+
 class NodeScoresFunction(torch.autograd.Function):
     """``(el, er)`` from ``wh [N, H, D]`` and ``attn_l``, ``attn_r`` ``(1, H, D)`` in one kernel."""
 
     @staticmethod
     def forward(ctx, wh, attn_l, attn_r):  # type: ignore[override]
-        from .kernels.node_scores import node_scores_kernel
-
-        num_nodes, heads, head_dim = wh.shape
-        acc = accumulation_dtype(wh.dtype)
-        el = _new_output((num_nodes, heads), acc, wh.device)
-        er = _new_output((num_nodes, heads), acc, wh.device)
-        block_h, block_d = next_power_of_2(heads), next_power_of_2(head_dim)
-        rows = max(1, min(256, 4096 // (block_h * block_d)))
-        if num_nodes:
-            node_scores_kernel[(cdiv(num_nodes, rows),)](
-                wh, attn_l.contiguous(), attn_r.contiguous(), el, er, num_nodes, heads, head_dim,
-                ROWS=rows, BLOCK_H=block_h, BLOCK_D=block_d,
-            )
         ctx.save_for_backward(wh, attn_l, attn_r)
-        return el, er
+        return _node_scores_forward(wh, attn_l, attn_r)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_el, grad_er):  # type: ignore[override]
         wh, attn_l, attn_r = ctx.saved_tensors
         acc = accumulation_dtype(wh.dtype)
-        grad_el = torch.zeros(wh.shape[:2], dtype=acc, device=wh.device) if grad_el is None else grad_el
-        grad_er = torch.zeros(wh.shape[:2], dtype=acc, device=wh.device) if grad_er is None else grad_er
-        grad_wh = grad_el[..., None] * attn_l.to(acc) + grad_er[..., None] * attn_r.to(acc)
-        wh_acc = wh.to(acc)
-        grad_attn_l = (grad_el[..., None] * wh_acc).sum(0, keepdim=True)
-        grad_attn_r = (grad_er[..., None] * wh_acc).sum(0, keepdim=True)
-        return grad_wh.to(wh.dtype), grad_attn_l.to(attn_l.dtype), grad_attn_r.to(attn_r.dtype)
+        grad_el = torch.zeros(wh.shape[:2], dtype=acc, device=wh.device) if grad_el is None else grad_el.to(acc)
+        grad_er = torch.zeros(wh.shape[:2], dtype=acc, device=wh.device) if grad_er is None else grad_er.to(acc)
+        return _node_scores_backward(wh, attn_l, attn_r, grad_el, grad_er, torch.zeros_like(wh))
+
+
+class GATFunction(torch.autograd.Function):
+    """The whole GAT op from ``(wh, attn_l, attn_r)``: node scores, fused attention, and in the
+    backward the attention gradients and the node scores' share merged in one epilogue kernel."""
+
+    @staticmethod
+    def forward(ctx, wh, attn_l, attn_r, graph, negative_slope, dropout_p, seed, offset, options):  # type: ignore[override]
+        el, er = _node_scores_forward(wh, attn_l, attn_r)
+        training = any(ctx.needs_input_grad[:3])
+        out_dtype = el.dtype if training else wh.dtype
+        out, lse = gat_forward(graph, wh, el, er, negative_slope, dropout_p, seed, offset, options, out_dtype)
+        ctx.save_for_backward(wh, attn_l, attn_r, el, er, out, lse)
+        ctx.graph = graph
+        ctx.config = (negative_slope, dropout_p, seed, offset, options)
+        return out.to(wh.dtype)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):  # type: ignore[override]
+        wh, attn_l, attn_r, el, er, out, lse = ctx.saved_tensors
+        negative_slope, dropout_p, seed, offset, options = ctx.config
+        grad_agg, grad_el, grad_er = gat_backward(
+            ctx.graph, wh, el, er, lse, out, grad_out.contiguous(), negative_slope, dropout_p, seed, offset, options,
+            grad_wh_dtype=el.dtype,
+        )
+        grad_wh, grad_attn_l, grad_attn_r = _node_scores_backward(wh, attn_l, attn_r, grad_el, grad_er, grad_agg)
+        return grad_wh, grad_attn_l, grad_attn_r, None, None, None, None, None, None
+
+
+def _check_attention_vectors(heads: int, head_dim: int, attn_l, attn_r) -> None:
+    for name, a in (("attn_l", attn_l), ("attn_r", attn_r)):
+        if not isinstance(a, torch.Tensor) or a.numel() != heads * head_dim:
+            shape = tuple(a.shape) if isinstance(a, torch.Tensor) else type(a).__name__
+            raise ValueError(f"{name} must have {heads} x {head_dim} elements (shape (1, H, D)), got {shape}")
+
+
+def _rng_pair(rng: PhiloxStream | None, dropout: float, heads: int) -> tuple[int, int]:
+    """(seed, offset) of one launch: ``heads`` positions taken from ``rng`` when dropout is on."""
+    if dropout <= 0:
+        return 0, 0
+    return (rng or PhiloxStream.from_torch()).take(heads)
 
 
 def node_scores(wh: torch.Tensor, attn_l: torch.Tensor, attn_r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -313,10 +384,7 @@ def node_scores(wh: torch.Tensor, attn_l: torch.Tensor, attn_r: torch.Tensor) ->
     """
     acc = accumulation_dtype(wh.dtype)
     heads, head_dim = wh.shape[1], wh.shape[2]
-    for name, a in (("attn_l", attn_l), ("attn_r", attn_r)):
-        if not isinstance(a, torch.Tensor) or a.numel() != heads * head_dim:
-            shape = tuple(a.shape) if isinstance(a, torch.Tensor) else type(a).__name__
-            raise ValueError(f"{name} must have {heads} x {head_dim} elements (shape (1, H, D)), got {shape}")
+    _check_attention_vectors(heads, head_dim, attn_l, attn_r)
     attn_l = attn_l.reshape(1, heads, head_dim)
     attn_r = attn_r.reshape(1, heads, head_dim)
     if backend.reference_enabled():
@@ -339,16 +407,25 @@ def gat(
 ) -> torch.Tensor:
     """GAT attention from projected features and attention vectors ``attn_l``, ``attn_r`` ``(1, H, D)``.
 
-    Same as :func:`gat_attention` with ``el``, ``er`` computed by :func:`node_scores`.
+    Same result as :func:`gat_attention` with ``el``, ``er`` from :func:`node_scores`, as one
+    autograd op: the node scores' backward is folded into the feature gradient's epilogue.
     """
     graph = as_graph(graph)
-    if not isinstance(wh, torch.Tensor) or wh.dim() != 3:
-        shape = tuple(wh.shape) if isinstance(wh, torch.Tensor) else type(wh).__name__
-        raise ValueError(f"wh must be a tensor of shape [num_nodes, heads, head_dim], got {shape}")
     backend.check_dtypes(FLOAT_DTYPES, same=False, wh=wh, attn_l=attn_l, attn_r=attn_r)
-    el, er = node_scores(wh, attn_l, attn_r)
-    return gat_attention(
-        graph, wh, el, er, negative_slope=negative_slope, dropout=dropout, rng=rng, schedule=schedule
+    _check_wh(graph, wh)
+    if backend.reference_enabled():
+        el, er = node_scores(wh, attn_l, attn_r)
+        return gat_attention(
+            graph, wh, el, er, negative_slope=negative_slope, dropout=dropout, rng=rng, schedule=schedule
+        )
+    heads, head_dim = wh.shape[1], wh.shape[2]
+    _check_attention_vectors(heads, head_dim, attn_l, attn_r)
+    dropout = _check_dropout(dropout)
+    seed, offset = _rng_pair(rng, dropout, heads)
+    backend.check_devices(wh=wh, attn_l=attn_l, attn_r=attn_r, graph=graph.indptr)
+    return GATFunction.apply(
+        wh.contiguous(), attn_l.reshape(1, heads, head_dim), attn_r.reshape(1, heads, head_dim), graph,
+        float(negative_slope), dropout, seed, offset, schedule,
     )
 
 

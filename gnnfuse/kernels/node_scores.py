@@ -1,5 +1,7 @@
 """Per-node attention terms of GAT, both sides in one read of the projected features.
 
+(:func:`node_scores_kernel`, and its backward :func:`node_scores_backward_kernel`.)
+
 For every node ``n`` and head ``h``::
 
     el[n, h] = Σ_d Wh[n, h, d] · attn_l[h, d]        (the node as an edge source)
@@ -37,3 +39,40 @@ def node_scores_kernel(
     rh_mask = r_mask[:, None] & h_mask[None, :]
     tl.store(el_ptr + rh_offs, tl.sum(wh * attn_l[None, :, :], axis=2), mask=rh_mask)
     tl.store(er_ptr + rh_offs, tl.sum(wh * attn_r[None, :, :], axis=2), mask=rh_mask)
+
+
+@jit
+def node_scores_backward_kernel(
+    wh_ptr, attn_l_ptr, attn_r_ptr, grad_el_ptr, grad_er_ptr, grad_agg_ptr, grad_wh_ptr,
+    part_attn_l_ptr, part_attn_r_ptr, num_nodes, H, D,
+    ROWS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """Backward of the node scores, folded into the feature gradient of the whole GAT op::
+
+        grad_wh[n]     = grad_agg[n] + grad_el[n, h] · attn_l[h] + grad_er[n, h] · attn_r[h]
+        part_attn_l[p] = Σ_{n in program p} grad_el[n, h] · Wh[n, h]      (likewise attn_r)
+
+    ``grad_agg`` is the aggregation gradient (it may be ``grad_wh`` itself: each element is
+    read before it is written by the same program); the launcher sums the per-program
+    partials.  Bytes: ``Wh`` and ``grad_agg`` read once, ``grad_wh`` written once.
+    """
+    acc_dtype = grad_el_ptr.dtype.element_ty
+    pid = tl.program_id(0).to(tl.int64)
+    offs_r = pid * ROWS + tl.arange(0, ROWS)
+    offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
+    r_mask = offs_r < num_nodes
+    attn_l = tl.load(attn_l_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)
+    attn_r = tl.load(attn_r_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)
+    feat_offs = offs_r[:, None, None] * (H * D) + hd_offs[None, :, :]
+    feat_mask = r_mask[:, None, None] & hd_mask[None, :, :]
+    wh = tl.load(wh_ptr + feat_offs, mask=feat_mask, other=0.0).to(acc_dtype)
+    grad = tl.load(grad_agg_ptr + feat_offs, mask=feat_mask, other=0.0).to(acc_dtype)
+    rh_offs = offs_r[:, None] * H + offs_h[None, :]
+    rh_mask = r_mask[:, None] & h_mask[None, :]
+    grad_el = tl.load(grad_el_ptr + rh_offs, mask=rh_mask, other=0.0)[:, :, None]
+    grad_er = tl.load(grad_er_ptr + rh_offs, mask=rh_mask, other=0.0)[:, :, None]
+    grad += grad_el * attn_l[None, :, :] + grad_er * attn_r[None, :, :]
+    tl.store(grad_wh_ptr + feat_offs, grad.to(grad_wh_ptr.dtype.element_ty), mask=feat_mask)
+    part_offs = pid * (H * D) + hd_offs
+    tl.store(part_attn_l_ptr + part_offs, tl.sum(grad_el * wh, axis=0), mask=hd_mask)
+    tl.store(part_attn_r_ptr + part_offs, tl.sum(grad_er * wh, axis=0), mask=hd_mask)
