@@ -22,20 +22,22 @@ from llmfuse import reference as ref
 from llmfuse.config import LlamaConfig
 from llmfuse.weights import LlamaWeights, random_weights
 
-LLAMA_3_2_1B = LlamaConfig(
-    vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
-    num_key_value_heads=8, head_dim=64, rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=True,
-    rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                  "original_max_position_embeddings": 8192},
-    max_position_embeddings=131072,
-)
-LLAMA_3_1_8B = LlamaConfig(
-    vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-    num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=False,
-    rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                  "original_max_position_embeddings": 8192},
-    max_position_embeddings=131072,
-)
+
+
+def _llama3(factor: float, **shape) -> LlamaConfig:
+    """A Llama 3.x config: 128 256-token vocabulary, 32 query / 8 KV heads, llama3 RoPE scaling."""
+    return LlamaConfig(
+        vocab_size=128256, num_attention_heads=32, num_key_value_heads=8, rms_norm_eps=1e-5, rope_theta=500000.0,
+        rope_scaling={"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                      "original_max_position_embeddings": 8192},
+        max_position_embeddings=131072, **shape,
+    )
+
+
+LLAMA_3_2_1B = _llama3(32.0, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, head_dim=64,
+                       tie_word_embeddings=True)
+LLAMA_3_1_8B = _llama3(8.0, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, head_dim=128,
+                       tie_word_embeddings=False)
 TINY = LlamaConfig(vocab_size=97, hidden_size=48, intermediate_size=88, num_hidden_layers=2,
                    num_attention_heads=6, num_key_value_heads=2, head_dim=8)
 
