@@ -23,7 +23,6 @@ from llmfuse.config import LlamaConfig
 from llmfuse.weights import LlamaWeights, random_weights
 
 
-
 def _llama3(factor: float, **shape) -> LlamaConfig:
     """A Llama 3.x config: 128 256-token vocabulary, 32 query / 8 KV heads, llama3 RoPE scaling."""
     return LlamaConfig(
