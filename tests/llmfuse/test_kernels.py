@@ -40,7 +40,7 @@ def _setup(batch, dtype, gen, bias=False):
     return cfg, w64, wk, plan, buf, cache, slot, kv_start
 
 
-CASES = [(1, torch.float32), (3, torch.float32), (3, torch.bfloat16)]
+CASES = [(1, torch.float32), (3, torch.float32), (3, torch.bfloat16), (2, torch.float16)]
 
 
 @pytest.mark.parametrize("batch, dtype", CASES)
