@@ -19,7 +19,9 @@ elementwise multiply and row sums in fp32 (any BLOCK_N); batches > 1 pad the bat
 ``BLOCK_B`` ≥ 16 and use ``tl.dot`` through :func:`mma` (fp32 accumulation; ``DOT_PREC``
 "ieee" runs the product in float32: float32 weights, and the interpreter, whose dot cannot
 take bf16).  Activations are loaded with ``.cg`` (bypassing L1) because in the looped
-kernel other multiprocessors wrote them during the same launch.
+kernel other multiprocessors wrote them during the same launch; weights, read exactly
+once per step, with ``evict_first`` so they do not push the activations (and the looped
+kernel's prefetched weights) out of L2.
 """
 
 import triton.language as tl
@@ -72,7 +74,8 @@ def rows_dot(
     w_rows = w_ptr + rows.to(tl.int64)[:, None] * K
     for k0 in range(0, K, BLOCK_K):
         xv, xg, k, kmask = _x_chunk(x_ptr, B, K, g_ptr, k0, HAS_NORM, BLOCK_B, BLOCK_K)
-        wv = tl.load(w_rows + k[None, :], mask=row_mask[:, None] & kmask[None, :], other=0.0)
+        wv = tl.load(w_rows + k[None, :], mask=row_mask[:, None] & kmask[None, :], other=0.0,
+                     eviction_policy="evict_first")
         acc = _accumulate(acc, xg, wv, BLOCK_B, DOT_PREC)
         sumsq += tl.sum(xv * xv, axis=1)
     if HAS_NORM:
@@ -95,8 +98,10 @@ def rows_dot_pair(
     for k0 in range(0, K, BLOCK_K):
         xv, xg, k, kmask = _x_chunk(x_ptr, B, K, g_ptr, k0, HAS_NORM, BLOCK_B, BLOCK_K)
         wmask = row_mask[:, None] & kmask[None, :]
-        acc_a = _accumulate(acc_a, xg, tl.load(w_a + k[None, :], mask=wmask, other=0.0), BLOCK_B, DOT_PREC)
-        acc_b = _accumulate(acc_b, xg, tl.load(w_b + k[None, :], mask=wmask, other=0.0), BLOCK_B, DOT_PREC)
+        wa = tl.load(w_a + k[None, :], mask=wmask, other=0.0, eviction_policy="evict_first")
+        wb = tl.load(w_b + k[None, :], mask=wmask, other=0.0, eviction_policy="evict_first")
+        acc_a = _accumulate(acc_a, xg, wa, BLOCK_B, DOT_PREC)
+        acc_b = _accumulate(acc_b, xg, wb, BLOCK_B, DOT_PREC)
         sumsq += tl.sum(xv * xv, axis=1)
     if HAS_NORM:
         scale = (1.0 / tl.sqrt(sumsq / K + eps))[:, None]
