@@ -25,6 +25,7 @@ from .graph import Graph, as_graph
 from .schedule import Buckets, ScheduleOptions
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+MERGE_TILE = 4096  # elements of partial results a merge program reads per loop trip
 
 
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -93,7 +94,7 @@ def gat_forward(
         if pieces:
             lse_merge_kernel[(buckets.super_rows.numel(),)](
                 buckets.super_piece_ptr, buckets.super_rows, target_out, target_lse, out, lse, heads, head_dim,
-                BLOCK_H=block_h, BLOCK_D=block_d,
+                BLOCK_P=max(1, MERGE_TILE // (block_h * block_d)), BLOCK_H=block_h, BLOCK_D=block_d,
             )
     return out, lse
 
@@ -102,9 +103,10 @@ def _merge_sums(buckets: Buckets, part: torch.Tensor, out: torch.Tensor) -> None
     from .kernels.merge import sum_merge_kernel
 
     width = part[0].numel()
+    block_w = min(1024, next_power_of_2(width))
     sum_merge_kernel[(buckets.super_rows.numel(),)](
         buckets.super_piece_ptr, buckets.super_rows, part, out, width,
-        BLOCK_W=min(1024, next_power_of_2(width)),
+        BLOCK_P=max(1, MERGE_TILE // block_w), BLOCK_W=block_w,
     )
 
 

@@ -13,8 +13,8 @@ by degree ``d``:
             edges in blocks of ``medium_block_e``; rows sorted by decreasing degree so the
             longest start first.
 ``super``   ``d > split_degree``: the row is cut into pieces of at most ``piece_edges`` edges
-            (default: small enough that the split rows give about four programs per
-            multiprocessor, so their launch is short)
+            (default: small enough that the split rows give about 16 programs per
+            multiprocessor, so their launch is short and latency is hidden)
             (:func:`fusecore.plan.make_work_plan`); one program per piece writes a partial
             result (normalized output + logsumexp in the forward, partial sums in the
             backward) and a merge kernel combines the pieces of each row.
@@ -37,7 +37,7 @@ from fusecore import cdiv, device_facts, make_work_plan, next_power_of_2
 MAX_LIGHT_DEGREE = 64
 DEFAULT_LIGHT_MAX = 16
 PROGRAMS_PER_SM = 8
-PIECES_PER_SM = 4
+PIECES_PER_SM = 16
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ class ScheduleOptions:
     always light);
     ``split_degree``: rows above this degree are split across programs (>= light_max_degree);
     ``piece_edges``: edges per piece of a split row (>= 1; default: the split rows' edges
-    over ``4 · multiprocessors``, between ``8 · medium_block_e`` and ``split_degree``).
+    over ``16 · multiprocessors``, between ``4 · medium_block_e`` and ``split_degree``).
     """
 
     light_max_degree: int | None = None
@@ -217,7 +217,7 @@ def build_schedule(graph, num_heads: int, head_dim: int, dtype: torch.dtype, opt
     def min_rows(width: int) -> int:
         return light_rows_per_program(tiles, width, block_h * block_d) * sm_count
 
-    pieces = (options.piece_edges, 8 * edge_tile, PIECES_PER_SM * sm_count, node_dtype, min_rows)
+    pieces = (options.piece_edges, 4 * edge_tile, PIECES_PER_SM * sm_count, node_dtype, min_rows)
     incoming = _buckets(graph.in_degree, graph.indptr, light_max, split, *pieces)
     outgoing = _buckets(graph.out_degree, graph.rev_indptr, light_max, split, *pieces)
     return Schedule(

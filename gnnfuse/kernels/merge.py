@@ -6,14 +6,16 @@ piece_ptr[s + 1]`` for the ``s``-th super row), each with a normalized partial o
 
     lse_i = logsumexp_k lse_k,      out_i = Σ_k exp(lse_k − lse_i) o_k
 
-(:mod:`fusecore.softmax`).  Backward partials are plain sums: ``g_i = Σ_k g_k``.
-One program per super row; bytes: the partials read once, one row written.
+(:mod:`fusecore.softmax`), here computed online over blocks of ``BLOCK_P`` pieces (running
+maximum and rescaled sums, as in the forward kernel) so a row split into thousands of pieces
+takes a few dozen loop trips.  Backward partials are plain sums: ``g_i = Σ_k g_k``.  One
+program per super row; bytes: the partials read once, one row written.
 """
 
 import triton.language as tl
 
 from fusecore.backend import jit
-from fusecore.softmax import lse_add
+from fusecore.softmax import online_rescale
 
 from .tiles import head_tile
 
@@ -21,42 +23,56 @@ from .tiles import head_tile
 @jit
 def lse_merge_kernel(
     piece_ptr, rows_ptr, part_out_ptr, part_lse_ptr, out_ptr, lse_ptr, H, D,
-    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
+    """One super row per program; its pieces read ``BLOCK_P`` at a time with an online rescale."""
     pid = tl.program_id(0).to(tl.int64)
     row = tl.load(rows_ptr + pid).to(tl.int64)
     first = tl.load(piece_ptr + pid).to(tl.int64)
     last = tl.load(piece_ptr + pid + 1).to(tl.int64)
     offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
+    offs_p = tl.arange(0, BLOCK_P)
     HD = H * D
     acc_dtype = part_lse_ptr.dtype.element_ty
-    total = tl.full([BLOCK_H], float("-inf"), dtype=acc_dtype)
-    for k in range(first, last):
-        lse_k = tl.load(part_lse_ptr + k * H + offs_h, mask=h_mask, other=float("-inf"))
-        total = lse_add(total, lse_k)
-    finite = total > float("-inf")
-    safe_total = tl.where(finite, total, 0.0)
+    m = tl.full([BLOCK_H], float("-inf"), dtype=acc_dtype)
+    total = tl.zeros([BLOCK_H], dtype=acc_dtype)
     acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=acc_dtype)
-    for k in range(first, last):
-        lse_k = tl.load(part_lse_ptr + k * H + offs_h, mask=h_mask, other=float("-inf"))
-        weight = tl.where(finite, tl.exp(lse_k - safe_total), 0.0)
-        part = tl.load(part_out_ptr + k * HD + hd_offs, mask=hd_mask, other=0.0)
-        acc += weight[:, None] * part
-    tl.store(out_ptr + row * HD + hd_offs, acc.to(out_ptr.dtype.element_ty), mask=hd_mask)
-    tl.store(lse_ptr + row * H + offs_h, total.to(lse_ptr.dtype.element_ty), mask=h_mask)
+    for k0 in range(first, last, BLOCK_P):
+        k = k0 + offs_p
+        p_mask = k < last
+        lse_k = tl.load(part_lse_ptr + k[:, None] * H + offs_h[None, :],
+                        mask=p_mask[:, None] & h_mask[None, :], other=float("-inf"))
+        m_new = tl.maximum(m, tl.max(lse_k, axis=0))
+        m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)
+        rescale = online_rescale(m, m_safe)
+        weight = online_rescale(lse_k, m_safe[None, :])
+        part = tl.load(part_out_ptr + k[:, None, None] * HD + hd_offs[None, :, :],
+                       mask=p_mask[:, None, None] & hd_mask[None, :, :], other=0.0)
+        total = total * rescale + tl.sum(weight, axis=0)
+        acc = acc * rescale[:, None] + tl.sum(weight[:, :, None] * part, axis=0)
+        m = m_new
+    has_pieces = total > 0
+    out = acc / tl.where(has_pieces, total, 1.0)[:, None]
+    lse = tl.where(has_pieces, m + tl.log(tl.where(has_pieces, total, 1.0)), float("-inf"))
+    tl.store(out_ptr + row * HD + hd_offs, out.to(out_ptr.dtype.element_ty), mask=hd_mask)
+    tl.store(lse_ptr + row * H + offs_h, lse.to(lse_ptr.dtype.element_ty), mask=h_mask)
 
 
 @jit
-def sum_merge_kernel(piece_ptr, rows_ptr, part_ptr, out_ptr, W, BLOCK_W: tl.constexpr):
-    """out[row, :W] = Σ over the row's pieces of part[piece, :W] (accumulated in part's dtype)."""
+def sum_merge_kernel(piece_ptr, rows_ptr, part_ptr, out_ptr, W, BLOCK_P: tl.constexpr, BLOCK_W: tl.constexpr):
+    """out[row, :W] = Σ over the row's pieces of part[piece, :W], ``BLOCK_P`` pieces at a time."""
     pid = tl.program_id(0).to(tl.int64)
     row = tl.load(rows_ptr + pid).to(tl.int64)
     first = tl.load(piece_ptr + pid).to(tl.int64)
     last = tl.load(piece_ptr + pid + 1).to(tl.int64)
+    offs_p = tl.arange(0, BLOCK_P)
     for w0 in range(0, W, BLOCK_W):
-        offs = w0 + tl.arange(0, BLOCK_W)
-        mask = offs < W
+        offs_w = w0 + tl.arange(0, BLOCK_W)
+        w_mask = offs_w < W
         acc = tl.zeros([BLOCK_W], dtype=part_ptr.dtype.element_ty)
-        for k in range(first, last):
-            acc += tl.load(part_ptr + k * W + offs, mask=mask, other=0.0)
-        tl.store(out_ptr + row * W + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+        for k0 in range(first, last, BLOCK_P):
+            k = k0 + offs_p
+            values = tl.load(part_ptr + k[:, None] * W + offs_w[None, :],
+                             mask=(k < last)[:, None] & w_mask[None, :], other=0.0)
+            acc += tl.sum(values, axis=0)
+        tl.store(out_ptr + row * W + offs_w, acc.to(out_ptr.dtype.element_ty), mask=w_mask)
