@@ -1,0 +1,60 @@
+"""The cross-domain suite end to end: the quick run, JSON records, plots, --compare, the README section."""
+
+import json
+
+import pytest
+
+from benchmarks import readme
+from benchmarks.__main__ import main
+from benchmarks.registry import DOMAINS, cases
+from fusecore.report import read_jsonl
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    code = main(["--quick", "--out", str(out)])
+    return code, out
+
+
+def test_quick_suite_passes_and_covers_every_domain(quick_run, capsys):
+    code, out = quick_run
+    assert code == 0
+    records = read_jsonl(out / "results.jsonl")
+    assert {r.domain for r in records} == set(DOMAINS)
+    registered = {(c.domain, c.name) for c in cases()}
+    assert {(r.domain, r.case.split("[")[0]) for r in records} == registered
+    for r in records:
+        assert r.median_ms > 0 and r.p20_ms <= r.median_ms <= r.p80_ms
+        assert r.env["torch"] and r.env["triton"] and r.env["date"] and r.env["gpu"]
+    # every case compares something against its baseline (peers timed at their own sizes may stand alone)
+    for domain, name in registered:
+        rows = [r for r in records if r.domain == domain and r.case.split("[")[0] == name]
+        assert any(r.speedup is not None and r.implementation != r.baseline for r in rows), f"{domain}/{name}"
+    try:
+        import matplotlib  # noqa: F401
+
+        assert (out / "speedup.png").stat().st_size > 0
+        assert (out / "floor_fraction.png").stat().st_size > 0
+    except ImportError:
+        pass
+
+
+def test_compare_flags_a_regression(quick_run, tmp_path):
+    _, out = quick_run
+    lines = (out / "results.jsonl").read_text().splitlines()
+    faster = []
+    for line in lines:
+        row = json.loads(line)
+        if row["domain"] == "core":
+            row["median_ms"] /= 100.0  # an old run 100x faster: today is a regression
+        faster.append(json.dumps(row))
+    old = tmp_path / "old.jsonl"
+    old.write_text("\n".join(faster) + "\n")
+    assert main(["--quick", "--domain", "core", "--compare", str(old)]) == 1
+
+
+def test_readme_results_section_is_generated_from_committed_results():
+    text = readme.render()
+    assert text.startswith(readme.BEGIN) and text.endswith(readme.END)
+    assert readme.main(["--check"]) == 0, "README.md is stale: run python -m benchmarks.readme"
