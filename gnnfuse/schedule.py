@@ -37,6 +37,8 @@ from fusecore import cdiv, device_facts, make_work_plan, next_power_of_2
 MAX_LIGHT_DEGREE = 64
 DEFAULT_LIGHT_MAX = 16
 PROGRAMS_PER_SM = 8
+NO_LIGHT_ROWS = -1  # light_max_degree that sends every row, degree 0 included, to the row kernel
+SMALL_GRAPH_EDGES = 1 << 18
 PIECES_PER_SM = 16
 
 
@@ -60,7 +62,8 @@ class ScheduleOptions:
     """Thresholds forcing a schedule (None: chosen from the graph and the feature shape).
 
     ``light_max_degree``: rows up to this degree are light (0 .. 64; rows of degree 0 are
-    always light);
+    light too), or -1 for no light rows at all (every row in the row kernel: one launch per
+    pass, the default for graphs under ``SMALL_GRAPH_EDGES`` edges on the GPU);
     ``split_degree``: rows above this degree are split across programs (>= light_max_degree);
     ``piece_edges``: edges per piece of a split row (>= 1; default: the split rows' edges
     over ``16 · multiprocessors``, between ``4 · medium_block_e`` and ``split_degree``).
@@ -73,7 +76,7 @@ class ScheduleOptions:
     def __post_init__(self) -> None:
         for name in ("light_max_degree", "split_degree", "piece_edges"):
             value = getattr(self, name)
-            low = 1 if name == "piece_edges" else 0
+            low = {"piece_edges": 1, "light_max_degree": NO_LIGHT_ROWS}.get(name, 0)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
                 raise ValueError(f"ScheduleOptions.{name} must be None or an int >= {low}, got {value!r}")
         if self.light_max_degree is not None and self.light_max_degree > MAX_LIGHT_DEGREE:
@@ -207,7 +210,10 @@ def build_schedule(graph, num_heads: int, head_dim: int, dtype: torch.dtype, opt
     sm_count = device_facts(graph.device).sm_count
     light_max = options.light_max_degree
     if light_max is None:
-        light_max = min(DEFAULT_LIGHT_MAX, edge_tile)
+        # A small graph on the GPU is bound by launches, not bytes: every row goes to the one
+        # row kernel (one launch per pass) instead of several light width classes.
+        small = tiles is GPU_TILES and graph.num_edges < SMALL_GRAPH_EDGES
+        light_max = NO_LIGHT_ROWS if small else min(DEFAULT_LIGHT_MAX, edge_tile)
     split = options.split_degree
     if split is None:
         split = max(4 * edge_tile, cdiv(graph.num_edges, PROGRAMS_PER_SM * sm_count))

@@ -15,6 +15,7 @@ SCHEDULES = {
     "auto": None,
     "light": ScheduleOptions(light_max_degree=64, split_degree=64),
     "medium": ScheduleOptions(light_max_degree=0, split_degree=10_000),
+    "rows only": ScheduleOptions(light_max_degree=-1, split_degree=10_000),
     "super": ScheduleOptions(light_max_degree=0, split_degree=2, piece_edges=3),
     "mixed": ScheduleOptions(light_max_degree=2, split_degree=6, piece_edges=4),
 }
