@@ -13,7 +13,9 @@ GATConv eager, PyG's GATConv under ``torch.compile(dynamic=False)`` (Cora fp32 a
 arxiv-like, the graphs TARGETS.md has compiled baselines for: each compile takes tens of
 seconds), and gnnfuse's fused GATConv (on the small
 Planetoid graphs also its forward replayed as a CUDA graph, which removes launch overhead).  fp32 and bf16;
-forward under ``no_grad`` and a training step (forward + backward).  Floor: the gather
+forward under ``no_grad`` and a training step (forward + backward).  A further row times
+the attention op alone (``gnnfuse.ops.gat`` on precomputed projections, no GEMM): the part
+the gather floor describes.  Floor: the gather
 floor of :func:`gnnfuse.ops.gat_floor_bytes`; peak memory is recorded for every run.
 
 ``gat_reorder`` measures whether relabelling nodes for locality (:meth:`gnnfuse.Graph.reordered`:
@@ -33,7 +35,7 @@ import torch
 
 from benchmarks.registry import CheckFailed, Context, case
 from fusecore import use_reference
-from gnnfuse import Graph
+from gnnfuse import Graph, ops
 from gnnfuse.datasets import load_planetoid, planetoid_available, power_law_graph
 from gnnfuse.nn import GATConv
 from gnnfuse.ops import gat_floor_bytes
@@ -158,6 +160,19 @@ def _gatconv_runs(ctx: Context, spec: GraphSpec, graph: Graph, dtype: torch.dtyp
                  variant=f"{spec.name},{tag},fwd")
         ctx.time(impl, _train_step(call, own, grad), bytes_moved=floor_train, memory=True, params=params,
                  variant=f"{spec.name},{tag},fwd+bwd")
+    # The attention op alone (gnnfuse.ops.gat on precomputed projections): what the gather floor
+    # fraction of TARGETS.md is about, without the projection GEMM every implementation shares.
+    wh = layer.fc(x).detach().view(n, spec.heads, spec.head_dim).requires_grad_(True)
+    attention_params = [wh, layer.attn_l, layer.attn_r]
+
+    def attention_only():
+        return ops.gat(graph, wh, layer.attn_l, layer.attn_r)
+
+    ctx.time("fused attention op only (no projection)", _forward(attention_only), bytes_moved=floor_fwd,
+             memory=True, params=params, variant=f"{spec.name},{tag},fwd")
+    ctx.time("fused attention op only (no projection)", _train_step(attention_only, attention_params,
+             grad.view(n, spec.heads, spec.head_dim)), bytes_moved=floor_train, memory=True, params=params,
+             variant=f"{spec.name},{tag},fwd+bwd")
     if ctx.gpu and graph.num_edges < CUDA_GRAPH_MAX_EDGES:
         # Small graphs are bound by launch overhead: the same fused forward replayed as a CUDA graph.
         ctx.time("fused (gnnfuse), CUDA graph", _forward(fused), bytes_moved=floor_fwd, cuda_graph=True,
