@@ -84,15 +84,6 @@ def rollout_kernel(
     w2 = w0
     w3 = w0
 
-    if POLICY == MLP:
-        actor_w_in, actor_b_in, actor_w_hid, actor_b_hid, actor_w_out, actor_b_out = load_mlp(
-            actor_w_in_ptr, actor_b_in_ptr, actor_w_hid_ptr, actor_b_hid_ptr, actor_w_out_ptr, actor_b_out_ptr,
-            D_PAD, H_PAD, A_PAD)
-        if HAS_CRITIC:
-            critic_w_in, critic_b_in, critic_w_hid, critic_b_hid, critic_w_out, critic_b_out = load_mlp(
-                critic_w_in_ptr, critic_b_in_ptr, critic_w_hid_ptr, critic_b_hid_ptr, critic_w_out_ptr,
-                critic_b_out_ptr, D_PAD, H_PAD, A_PAD)
-
     for t in range(num_steps):
         position = offset + t
         row = tl.cast(t, tl.int64) * n + idx  # int64: K N may exceed 2**31
@@ -114,7 +105,12 @@ def rollout_kernel(
             else:
                 action = action_low + u * (action_high - action_low)
         else:
+            # Weights are (re)read every step from L1/L2 rather than held in registers for the
+            # whole loop: kept live, two 2x64 MLPs spill registers to local memory.
             x = obs_tile(o0, o1, o2, o3, o4, o5, D_PAD)
+            actor_w_in, actor_b_in, actor_w_hid, actor_b_hid, actor_w_out, actor_b_out = load_mlp(
+                actor_w_in_ptr, actor_b_in_ptr, actor_w_hid_ptr, actor_b_hid_ptr, actor_w_out_ptr, actor_b_out_ptr,
+                D_PAD, H_PAD, A_PAD)
             out = mlp_forward(x, actor_w_in, actor_b_in, actor_w_hid, actor_b_hid, actor_w_out, actor_b_out,
                               TWO_HIDDEN, ACTIVATION, PRECISION)
             if NUM_ACTIONS > 0:
@@ -125,6 +121,9 @@ def rollout_kernel(
                 action, log_prob = sample_gaussian(out, log_std, z, A_PAD)
             tl.store(log_prob_out_ptr + row, log_prob, mask=mask)
             if HAS_CRITIC:
+                critic_w_in, critic_b_in, critic_w_hid, critic_b_hid, critic_w_out, critic_b_out = load_mlp(
+                    critic_w_in_ptr, critic_b_in_ptr, critic_w_hid_ptr, critic_b_hid_ptr, critic_w_out_ptr,
+                    critic_b_out_ptr, D_PAD, H_PAD, A_PAD)
                 value = first_column(
                     mlp_forward(x, critic_w_in, critic_b_in, critic_w_hid, critic_b_hid, critic_w_out,
                                 critic_b_out, TWO_HIDDEN, ACTIVATION, PRECISION),
