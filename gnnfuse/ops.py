@@ -26,6 +26,7 @@ from .schedule import Buckets, ScheduleOptions
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 MERGE_TILE = 4096  # elements of partial results a merge program reads per loop trip
+ROW_SUM_MAX_EDGES = 256  # edges per loop trip of the ∂er row sum (its rows are only H wide)
 
 
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -136,7 +137,7 @@ def gat_backward(
     keep_scale, use_dropout = _dropout_args(dropout_p)
     rng_args = (negative_slope, dropout_p, keep_scale, seed, offset)
     # δ_i = <g_i, out_i> per head: one pass over node rows instead of one over edges.
-    delta = (grad_out.to(acc) * out.to(acc)).sum(-1).contiguous()
+    delta = _head_dot(grad_out, out, acc)
     grad_z = _new_output((max(graph.num_edges, 1), heads), acc, wh.device)
     src_tensors = (el, er, wh, lse, grad_out, delta)
     outgoing = schedule.outgoing
@@ -173,7 +174,8 @@ def gat_backward(
         target_er = _new_output((count, heads), acc, wh.device) if pieces else grad_er
         row_sum_kernel[(count,)](
             graph.indptr, rows, starts, stops, grad_z, target_er, heads,
-            BLOCK_E=max(schedule.medium_block_e, 16), BLOCK_W=block_h, PIECES=pieces,
+            BLOCK_E=max(16, min(ROW_SUM_MAX_EDGES, schedule.tiles.tile_elements // block_h)), BLOCK_W=block_h,
+            PIECES=pieces,
         )
         if pieces:
             _merge_sums(incoming, target_er, grad_er)
@@ -279,6 +281,20 @@ def _node_tile_rows(heads: int, head_dim: int) -> tuple[int, int, int]:
     """(block_h, block_d, rows per program) of the per-node kernels: ~4096-element tiles."""
     block_h, block_d = next_power_of_2(heads), next_power_of_2(head_dim)
     return block_h, block_d, max(1, min(256, 4096 // (block_h * block_d)))
+
+
+def _head_dot(a: torch.Tensor, b: torch.Tensor, acc: torch.dtype) -> torch.Tensor:
+    """``Σ_d a · b`` per (node, head) of two contiguous ``[N, H, D]`` tensors, in ``acc``."""
+    from .kernels.node_scores import head_dot_kernel
+
+    num_nodes, heads, head_dim = a.shape
+    out = _new_output((num_nodes, heads), acc, a.device)
+    block_h, block_d, rows = _node_tile_rows(heads, head_dim)
+    if num_nodes:
+        head_dot_kernel[(cdiv(num_nodes, rows),)](
+            a, b, out, num_nodes, heads, head_dim, ROWS=rows, BLOCK_H=block_h, BLOCK_D=block_d,
+        )
+    return out
 
 
 def _node_scores_forward(wh: torch.Tensor, attn_l: torch.Tensor, attn_r: torch.Tensor):

@@ -76,3 +76,20 @@ def node_scores_backward_kernel(
     part_offs = pid * (H * D) + hd_offs
     tl.store(part_attn_l_ptr + part_offs, tl.sum(grad_el * wh, axis=0), mask=hd_mask)
     tl.store(part_attn_r_ptr + part_offs, tl.sum(grad_er * wh, axis=0), mask=hd_mask)
+
+
+@jit
+def head_dot_kernel(a_ptr, b_ptr, out_ptr, num_nodes, H, D, ROWS: tl.constexpr, BLOCK_H: tl.constexpr,
+                    BLOCK_D: tl.constexpr):
+    """``out[n, h] = Σ_d a[n, h, d] · b[n, h, d]`` (the backward's ``δ = <g, out>`` per node and head)."""
+    acc_dtype = out_ptr.dtype.element_ty
+    pid = tl.program_id(0).to(tl.int64)
+    offs_r = pid * ROWS + tl.arange(0, ROWS)
+    offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
+    r_mask = offs_r < num_nodes
+    feat_offs = offs_r[:, None, None] * (H * D) + hd_offs[None, :, :]
+    feat_mask = r_mask[:, None, None] & hd_mask[None, :, :]
+    a = tl.load(a_ptr + feat_offs, mask=feat_mask, other=0.0).to(acc_dtype)
+    b = tl.load(b_ptr + feat_offs, mask=feat_mask, other=0.0).to(acc_dtype)
+    tl.store(out_ptr + offs_r[:, None] * H + offs_h[None, :], tl.sum(a * b, axis=2),
+             mask=r_mask[:, None] & h_mask[None, :])
