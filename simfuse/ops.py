@@ -20,8 +20,10 @@ from . import reference
 from .specs import EnvDef
 
 POLICY_IDS = {"random": 0, "given": 1, "mlp": 2}
-# Blocks this large mean many envs (throughput-bound): start states are drawn only on demand.
-LAZY_RESET_BLOCK = 64
+# Blocks this large mean many envs (throughput-bound): start states and random actions are
+# drawn only on demand.  Smaller blocks mean few envs (latency-bound): draws are computed
+# unconditionally, off the critical path, instead of behind a branch on it.
+LAZY_DRAWS_BLOCK = 64
 
 
 def block_size(num_envs: int, device: torch.device, mlp: bool = False) -> int:
@@ -161,7 +163,7 @@ def rollout(
             POLICY=POLICY_IDS[kind], AUTORESET=autoreset,
             WRITE_OBS=write_obs, WRITE_STEP=write_step, WRITE_FINAL=write_final, WRITE_STATS=write_stats,
             HAS_CRITIC=mlp is not None and mlp.critic is not None, OBS_PAD=next_power_of_2(env.obs_dim),
-            LAZY_RESET=block >= LAZY_RESET_BLOCK, BLOCK=block,
+            LAZY_DRAWS=block >= LAZY_DRAWS_BLOCK, BLOCK=block,
             **dims, **_launch_options(block),
         )
     as_bool = (lambda t: None if t is None else t.view(torch.bool))

@@ -17,6 +17,7 @@ from fusecore.backend import jit
 
 PI: tl.constexpr = tl.constexpr(3.141592653589793)
 TWO_PI: tl.constexpr = tl.constexpr(6.283185307179586)
+INV_TWO_PI: tl.constexpr = tl.constexpr(1.0 / 6.283185307179586)
 
 
 @jit
@@ -31,7 +32,7 @@ def pendulum_step(th, thdot, s2, s3, action):
     """One step for torque ``action`` (float); returns (θ, θ̇, -, -, reward, terminated)."""
     u = tl.minimum(tl.maximum(action, -2.0), 2.0)
     shifted = th + PI
-    normalized = shifted - tl.floor(shifted / TWO_PI) * TWO_PI - PI
+    normalized = shifted - tl.floor(shifted * INV_TWO_PI) * TWO_PI - PI
     costs = normalized * normalized + 0.1 * (thdot * thdot) + 0.001 * (u * u)
     newthdot = thdot + (15.0 * tl.sin(th) + 3.0 * u) * 0.05
     newthdot = tl.minimum(tl.maximum(newthdot, -8.0), 8.0)

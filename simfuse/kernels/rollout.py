@@ -68,7 +68,7 @@ def rollout_kernel(
     WRITE_OBS: tl.constexpr, WRITE_STEP: tl.constexpr, WRITE_FINAL: tl.constexpr, WRITE_STATS: tl.constexpr,
     HAS_CRITIC: tl.constexpr, TWO_HIDDEN: tl.constexpr, ACTIVATION: tl.constexpr, PRECISION: tl.constexpr,
     D_PAD: tl.constexpr, H_PAD: tl.constexpr, A_PAD: tl.constexpr, OBS_PAD: tl.constexpr,
-    LAZY_RESET: tl.constexpr, BLOCK: tl.constexpr,
+    LAZY_DRAWS: tl.constexpr, BLOCK: tl.constexpr,
 ):
     pid = tl.program_id(0)
     idx = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -83,6 +83,10 @@ def rollout_kernel(
     w1 = w0
     w2 = w0
     w3 = w0
+    pending_action = w0
+    if POLICY == GIVEN:
+        has_first = (tl.zeros([BLOCK], dtype=tl.int32) + num_steps) > 0
+        pending_action = tl.load(given_actions_ptr + idx, mask=mask & has_first, other=0).to(tl.float32)
 
     for t in range(num_steps):
         position = offset + t
@@ -90,13 +94,21 @@ def rollout_kernel(
         o0, o1, o2, o3, o4, o5 = env_observe(s0, s1, s2, s3, ENV)
         log_prob = tl.zeros([BLOCK], dtype=tl.float32)
         if POLICY == GIVEN:
-            action = tl.load(given_actions_ptr + row, mask=mask, other=0).to(tl.float32)
+            action = pending_action
+            # The next step's action is loaded one step ahead, so that its memory latency
+            # overlaps this step's dynamics instead of stalling the next one.
+            has_next = (tl.zeros([BLOCK], dtype=tl.int32) + t + 1) < num_steps
+            pending_action = tl.load(given_actions_ptr + row + n, mask=mask & has_next, other=0).to(tl.float32)
             if NUM_ACTIONS > 0:
                 action = tl.minimum(tl.maximum(action, 0.0), NUM_ACTIONS - 1.0)
         elif POLICY == RANDOM:
             # One Philox call serves four consecutive positions: the uniform of position p is
             # word p % 4 of Philox (seed, POLICY_TAG + i, p // 4).
-            if (t == 0) | (position % 4 == 0):
+            if LAZY_DRAWS:
+                if (t == 0) | (position % 4 == 0):
+                    w0, w1, w2, w3 = uniform4(seed, idx + POLICY_TAG, position // 4)
+            else:
+                # latency-bound: recomputing off the critical path beats a branch on it
                 w0, w1, w2, w3 = uniform4(seed, idx + POLICY_TAG, position // 4)
             lane = position % 4
             u = tl.where(lane == 0, w0, tl.where(lane == 1, w1, tl.where(lane == 2, w2, w3)))
@@ -145,7 +157,7 @@ def rollout_kernel(
         if AUTORESET == DISABLED:
             s0, s1, s2, s3 = n0, n1, n2, n3
         else:
-            if LAZY_RESET:
+            if LAZY_DRAWS:
                 # Throughput-bound (many envs): draw start states only when some env of the
                 # block resets, which most steps none does.
                 r0, r1, r2, r3 = n0, n1, n2, n3
