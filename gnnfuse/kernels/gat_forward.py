@@ -36,7 +36,7 @@ import triton.language as tl
 from fusecore.backend import jit
 
 from .dropout import attention_dropout
-from .tiles import flat_head_tile, head_tile, item_edges, light_edges
+from .tiles import finish_softmax, flat_head_tile, head_tile, item_edges, light_edges
 
 
 @jit
@@ -78,9 +78,7 @@ def gat_forward_rows_kernel(
         ).to(acc_dtype)
         acc = acc * rescale[:, None] + tl.sum(p[:, :, None] * wh_j, axis=0)
         m = m_new
-    has_edges = l > 0
-    out = acc / tl.where(has_edges, l, 1.0)[:, None]
-    lse = tl.where(has_edges, m + tl.log(tl.where(has_edges, l, 1.0)), float("-inf"))
+    out, lse = finish_softmax(acc, m, l)
     tl.store(out_ptr + out_index * HD + hd_offs, out.to(out_ptr.dtype.element_ty), mask=hd_mask)
     tl.store(lse_ptr + out_index * H + offs_h, lse.to(lse_ptr.dtype.element_ty), mask=h_mask)
 

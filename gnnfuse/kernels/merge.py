@@ -17,7 +17,7 @@ import triton.language as tl
 from fusecore.backend import jit
 from fusecore.softmax import online_rescale
 
-from .tiles import head_tile
+from .tiles import finish_softmax, head_tile
 
 
 @jit
@@ -51,9 +51,7 @@ def lse_merge_kernel(
         total = total * rescale + tl.sum(weight, axis=0)
         acc = acc * rescale[:, None] + tl.sum(weight[:, :, None] * part, axis=0)
         m = m_new
-    has_pieces = total > 0
-    out = acc / tl.where(has_pieces, total, 1.0)[:, None]
-    lse = tl.where(has_pieces, m + tl.log(tl.where(has_pieces, total, 1.0)), float("-inf"))
+    out, lse = finish_softmax(acc, m, total)
     tl.store(out_ptr + row * HD + hd_offs, out.to(out_ptr.dtype.element_ty), mask=hd_mask)
     tl.store(lse_ptr + row * H + offs_h, lse.to(lse_ptr.dtype.element_ty), mask=h_mask)
 

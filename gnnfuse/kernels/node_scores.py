@@ -16,7 +16,7 @@ import triton.language as tl
 
 from fusecore.backend import jit
 
-from .tiles import head_tile
+from .tiles import head_tile, node_rows
 
 
 @jit
@@ -26,17 +26,11 @@ def node_scores_kernel(
 ):
     acc_dtype = el_ptr.dtype.element_ty
     pid = tl.program_id(0).to(tl.int64)
-    offs_r = pid * ROWS + tl.arange(0, ROWS)
-    offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
-    r_mask = offs_r < num_nodes
+    _, _, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
+    _, _, feat_offs, feat_mask, rh_offs, rh_mask = node_rows(pid, num_nodes, H, D, ROWS, BLOCK_H, BLOCK_D)
     attn_l = tl.load(attn_l_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)
     attn_r = tl.load(attn_r_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)
-    wh = tl.load(
-        wh_ptr + offs_r[:, None, None] * (H * D) + hd_offs[None, :, :],
-        mask=r_mask[:, None, None] & hd_mask[None, :, :], other=0.0,
-    ).to(acc_dtype)
-    rh_offs = offs_r[:, None] * H + offs_h[None, :]
-    rh_mask = r_mask[:, None] & h_mask[None, :]
+    wh = tl.load(wh_ptr + feat_offs, mask=feat_mask, other=0.0).to(acc_dtype)
     tl.store(el_ptr + rh_offs, tl.sum(wh * attn_l[None, :, :], axis=2), mask=rh_mask)
     tl.store(er_ptr + rh_offs, tl.sum(wh * attn_r[None, :, :], axis=2), mask=rh_mask)
 
@@ -58,17 +52,12 @@ def node_scores_backward_kernel(
     """
     acc_dtype = grad_el_ptr.dtype.element_ty
     pid = tl.program_id(0).to(tl.int64)
-    offs_r = pid * ROWS + tl.arange(0, ROWS)
-    offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
-    r_mask = offs_r < num_nodes
+    _, _, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
+    _, _, feat_offs, feat_mask, rh_offs, rh_mask = node_rows(pid, num_nodes, H, D, ROWS, BLOCK_H, BLOCK_D)
     attn_l = tl.load(attn_l_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)
     attn_r = tl.load(attn_r_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)
-    feat_offs = offs_r[:, None, None] * (H * D) + hd_offs[None, :, :]
-    feat_mask = r_mask[:, None, None] & hd_mask[None, :, :]
     wh = tl.load(wh_ptr + feat_offs, mask=feat_mask, other=0.0).to(acc_dtype)
     grad = tl.load(grad_agg_ptr + feat_offs, mask=feat_mask, other=0.0).to(acc_dtype)
-    rh_offs = offs_r[:, None] * H + offs_h[None, :]
-    rh_mask = r_mask[:, None] & h_mask[None, :]
     grad_el = tl.load(grad_el_ptr + rh_offs, mask=rh_mask, other=0.0)[:, :, None]
     grad_er = tl.load(grad_er_ptr + rh_offs, mask=rh_mask, other=0.0)[:, :, None]
     grad += grad_el * attn_l[None, :, :] + grad_er * attn_r[None, :, :]
@@ -84,12 +73,7 @@ def head_dot_kernel(a_ptr, b_ptr, out_ptr, num_nodes, H, D, ROWS: tl.constexpr, 
     """``out[n, h] = Σ_d a[n, h, d] · b[n, h, d]`` (the backward's ``δ = <g, out>`` per node and head)."""
     acc_dtype = out_ptr.dtype.element_ty
     pid = tl.program_id(0).to(tl.int64)
-    offs_r = pid * ROWS + tl.arange(0, ROWS)
-    offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
-    r_mask = offs_r < num_nodes
-    feat_offs = offs_r[:, None, None] * (H * D) + hd_offs[None, :, :]
-    feat_mask = r_mask[:, None, None] & hd_mask[None, :, :]
+    _, _, feat_offs, feat_mask, rh_offs, rh_mask = node_rows(pid, num_nodes, H, D, ROWS, BLOCK_H, BLOCK_D)
     a = tl.load(a_ptr + feat_offs, mask=feat_mask, other=0.0).to(acc_dtype)
     b = tl.load(b_ptr + feat_offs, mask=feat_mask, other=0.0).to(acc_dtype)
-    tl.store(out_ptr + offs_r[:, None] * H + offs_h[None, :], tl.sum(a * b, axis=2),
-             mask=r_mask[:, None] & h_mask[None, :])
+    tl.store(out_ptr + rh_offs, tl.sum(a * b, axis=2), mask=rh_mask)

@@ -7,7 +7,10 @@
 * :func:`item_edges` — the row, CSR edge range and output slot of one program's item: a whole
   row (``indptr[row] : indptr[row + 1]``) or one piece of a split row;
 * :func:`light_edges` — the ``ROWS`` light rows of one program and the ``[ROWS, BLOCK_E]`` tile
-  of their CSR positions (``BLOCK_E`` >= every row's degree).
+  of their CSR positions (``BLOCK_E`` >= every row's degree);
+* :func:`node_rows` — ``ROWS`` consecutive nodes of one program and their feature tile
+  ``[ROWS, BLOCK_H, BLOCK_D]`` (per-node kernels);
+* :func:`finish_softmax` — output and logsumexp from an online softmax's running state.
 
 All positions and ids come back as int64, so address arithmetic never overflows int32.
 """
@@ -66,3 +69,26 @@ def light_edges(pid, rows_ptr, indptr_ptr, num_rows, ROWS: tl.constexpr, BLOCK_E
     pos = start[:, None] + offs_e[None, :]
     e_mask = offs_e[None, :] < degree[:, None]
     return rows, r_mask, pos, e_mask
+
+
+@jit
+def node_rows(pid, num_nodes, H, D, ROWS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+    """(offs_r, r_mask, feat_offs, feat_mask, rh_offs, rh_mask) for nodes ``pid·ROWS ...``:
+    offsets of their ``[ROWS, BLOCK_H, BLOCK_D]`` features and ``[ROWS, BLOCK_H]`` per-head values."""
+    offs_r = pid * ROWS + tl.arange(0, ROWS)
+    offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
+    r_mask = offs_r < num_nodes
+    feat_offs = offs_r[:, None, None] * (H * D) + hd_offs[None, :, :]
+    feat_mask = r_mask[:, None, None] & hd_mask[None, :, :]
+    rh_offs = offs_r[:, None] * H + offs_h[None, :]
+    rh_mask = r_mask[:, None] & h_mask[None, :]
+    return offs_r, r_mask, feat_offs, feat_mask, rh_offs, rh_mask
+
+
+@jit
+def finish_softmax(acc, m, total):
+    """(out, lse) = (acc / total, m + log total) per head; a head with ``total == 0`` (no edges)
+    gives zeros and ``-inf``."""
+    has_edges = total > 0
+    safe_total = tl.where(has_edges, total, 1.0)
+    return acc / safe_total[:, None], tl.where(has_edges, m + tl.log(safe_total), float("-inf"))
