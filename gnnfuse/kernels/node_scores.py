@@ -20,17 +20,26 @@ from .tiles import head_tile, node_rows
 
 
 @jit
-def node_scores_kernel(
-    wh_ptr, attn_l_ptr, attn_r_ptr, el_ptr, er_ptr, num_nodes, H, D,
-    ROWS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-):
-    acc_dtype = el_ptr.dtype.element_ty
+def _load_node_tile(wh_ptr, attn_l_ptr, attn_r_ptr, num_nodes, H, D, acc_dtype: tl.constexpr,
+                    ROWS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+    """This program's features ``[ROWS, BLOCK_H, BLOCK_D]``, both attention vectors and the offsets."""
     pid = tl.program_id(0).to(tl.int64)
     _, _, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
     _, _, feat_offs, feat_mask, rh_offs, rh_mask = node_rows(pid, num_nodes, H, D, ROWS, BLOCK_H, BLOCK_D)
     attn_l = tl.load(attn_l_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)
     attn_r = tl.load(attn_r_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)
     wh = tl.load(wh_ptr + feat_offs, mask=feat_mask, other=0.0).to(acc_dtype)
+    return wh, attn_l, attn_r, feat_offs, feat_mask, rh_offs, rh_mask
+
+
+@jit
+def node_scores_kernel(
+    wh_ptr, attn_l_ptr, attn_r_ptr, el_ptr, er_ptr, num_nodes, H, D,
+    ROWS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    wh, attn_l, attn_r, _, _, rh_offs, rh_mask = _load_node_tile(
+        wh_ptr, attn_l_ptr, attn_r_ptr, num_nodes, H, D, el_ptr.dtype.element_ty, ROWS, BLOCK_H, BLOCK_D
+    )
     tl.store(el_ptr + rh_offs, tl.sum(wh * attn_l[None, :, :], axis=2), mask=rh_mask)
     tl.store(er_ptr + rh_offs, tl.sum(wh * attn_r[None, :, :], axis=2), mask=rh_mask)
 
@@ -52,16 +61,15 @@ def node_scores_backward_kernel(
     """
     acc_dtype = grad_el_ptr.dtype.element_ty
     pid = tl.program_id(0).to(tl.int64)
-    _, _, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
-    _, _, feat_offs, feat_mask, rh_offs, rh_mask = node_rows(pid, num_nodes, H, D, ROWS, BLOCK_H, BLOCK_D)
-    attn_l = tl.load(attn_l_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)
-    attn_r = tl.load(attn_r_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)
-    wh = tl.load(wh_ptr + feat_offs, mask=feat_mask, other=0.0).to(acc_dtype)
+    wh, attn_l, attn_r, feat_offs, feat_mask, rh_offs, rh_mask = _load_node_tile(
+        wh_ptr, attn_l_ptr, attn_r_ptr, num_nodes, H, D, acc_dtype, ROWS, BLOCK_H, BLOCK_D
+    )
     grad = tl.load(grad_agg_ptr + feat_offs, mask=feat_mask, other=0.0).to(acc_dtype)
     grad_el = tl.load(grad_el_ptr + rh_offs, mask=rh_mask, other=0.0)[:, :, None]
     grad_er = tl.load(grad_er_ptr + rh_offs, mask=rh_mask, other=0.0)[:, :, None]
     grad += grad_el * attn_l[None, :, :] + grad_er * attn_r[None, :, :]
     tl.store(grad_wh_ptr + feat_offs, grad.to(grad_wh_ptr.dtype.element_ty), mask=feat_mask)
+    _, _, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
     part_offs = pid * (H * D) + hd_offs
     tl.store(part_attn_l_ptr + part_offs, tl.sum(grad_el * wh, axis=0), mask=hd_mask)
     tl.store(part_attn_r_ptr + part_offs, tl.sum(grad_er * wh, axis=0), mask=hd_mask)
