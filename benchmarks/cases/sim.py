@@ -192,13 +192,14 @@ def chain_case(ctx: Context) -> None:
     growth curve needs a simulator whose per-step memory traffic grows faster than the work
     fusion cannot remove; here the gain is largest for small simulators and settles, at large
     L, near the ratio of the unfused loop's traffic (~0.5 kB per link-step) to the fused
-    kernel's arithmetic per link-step.
+    kernel's arithmetic per link-step.  The third series keeps the footprint N L fixed
+    (2**21 links in all): the unfused loop then costs the same at every L, and the fused
+    kernel's per-env work (action draw, reward, flags) is amortised over more links as L grows.
     """
     n, k = (67, 4) if ctx.quick else (16384, 32)
+    total_links = 1 << 8 if ctx.quick else 1 << 21  # the fixed-footprint series: N L constant
     links_list = [1, 4] if ctx.quick else [1, 2, 4, 16, 64, 256]
     for links in links_list:
-        env = simfuse.make_vec("PendulumChain-v0", n, num_links=links, device=ctx.device)
-        env.reset(seed=2)
         oracle = simfuse.make_vec("PendulumChain-v0", min(n, 67), num_links=links, device=ctx.device)
         check = simfuse.make_vec("PendulumChain-v0", min(n, 67), num_links=links, device=ctx.device)
         oracle.reset(seed=2)
@@ -206,22 +207,27 @@ def chain_case(ctx: Context) -> None:
         with use_reference():
             ref = oracle.rollout("random", num_steps=8)
         ctx.check(f"L={links} obs", check.rollout("random", num_steps=8).obs.cpu(), ref.obs.cpu(), 1e-5)
-        gen = torch.Generator(device=ctx.device).manual_seed(links)
-        state = torch.cat([torch.rand((n, links), device=ctx.device, generator=gen) - 0.5,
-                           torch.zeros((n, links), device=ctx.device)], 1)
-        steps = torch.zeros(n, dtype=torch.int32, device=ctx.device)
-        params = {"num_envs": n, "steps": k, "num_links": links, "state_floats": 2 * links}
-        for kind, write_obs, nbytes in (("trajectory", True, n * k * (8 * links + 10)),
-                                        ("stats only", False, n * (16 * links + 24))):
-            variant = f"L={links},{kind}"
+        series = (("trajectory", n, True), ("stats only", n, False),
+                  ("stats only, fixed N*L", total_links // links, False))
+        for kind, envs, write_obs in series:
+            env = simfuse.make_vec("PendulumChain-v0", envs, num_links=links, device=ctx.device)
+            env.reset(seed=2)
+            gen = torch.Generator(device=ctx.device).manual_seed(links)
+            state = torch.cat([torch.rand((envs, links), device=ctx.device, generator=gen) - 0.5,
+                               torch.zeros((envs, links), device=ctx.device)], 1)
+            steps = torch.zeros(envs, dtype=torch.int32, device=ctx.device)
+            nbytes = envs * k * (8 * links + 10) if write_obs else envs * (16 * links + 24)
+            params = {"num_envs": envs, "steps": k, "num_links": links, "state_floats": 2 * links, "kind": kind}
             runs = (
                 ("torch per-step loop",
-                 lambda w=write_obs: reference.chain_unfused_random_rollout(state, steps, k, 200, write_obs=w)),
-                ("fused rollout", lambda w=write_obs: env.rollout("random", num_steps=k, stats_only=not w)),
+                 lambda w=write_obs, st=state, sp=steps: reference.chain_unfused_random_rollout(st, sp, k, 200,
+                                                                                              write_obs=w)),
+                ("fused rollout", lambda w=write_obs, e=env: e.rollout("random", num_steps=k, stats_only=not w)),
             )
             for impl, fn in runs:
-                record = ctx.time(impl, fn, bytes_moved=nbytes, params={**params, "kind": kind}, variant=variant)
-                _rate(record, n, k)
+                record = ctx.time(impl, fn, bytes_moved=nbytes, params=dict(params),
+                                  variant=f"L={links},{kind}")
+                _rate(record, envs, k)
 
 
 @plot("sim")
@@ -234,10 +240,12 @@ def complexity_plot(records: list, out_dir) -> list:
     if not rows:
         return []
     fig, ax = plt.subplots(figsize=(6, 4.2))
-    for kind, marker in (("trajectory", "o"), ("stats only", "s")):
+    series = (("trajectory", "o", "trajectory, fixed N"), ("stats only", "s", "stats only, fixed N"),
+              ("stats only, fixed N*L", "^", "stats only, fixed footprint N L"))
+    for kind, marker, label in series:
         points = sorted((r.params["state_floats"], r.speedup) for r in rows if r.params.get("kind") == kind)
         if points:
-            ax.plot([p[0] for p in points], [p[1] for p in points], marker=marker, label=f"fused, {kind}")
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker=marker, label=label)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("state size per env (float32 values, 2L)")
