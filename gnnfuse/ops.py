@@ -40,10 +40,10 @@ def _new_output(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
 
 
 def _row_launches(buckets: Buckets):
-    """(rows, piece_start, piece_stop, count, pieces) for the medium rows and the super pieces."""
-    if buckets.medium_rows.numel():
-        rows = buckets.medium_rows
-        yield rows, rows, rows, rows.numel(), False
+    """(rows, starts, stops, count, pieces) for the medium rows and the super pieces."""
+    rows, starts, stops = buckets.medium
+    if rows.numel():
+        yield rows, starts, stops, rows.numel(), False
     if buckets.num_pieces:
         yield buckets.piece_row, buckets.piece_start, buckets.piece_stop, buckets.num_pieces, True
 
@@ -75,10 +75,10 @@ def gat_forward(
     keep_scale, use_dropout = _dropout_args(dropout_p)
     rng_args = (negative_slope, dropout_p, keep_scale, seed, offset)
     buckets = schedule.incoming
-    for width, rows in buckets.light:
+    for width, rows, starts, stops in buckets.light:
         per_program = schedule.light_rows_per_program(width, block_h * block_d)
         gat_forward_light_kernel[(cdiv(rows.numel(), per_program),)](
-            graph.indptr, graph.csr_src, rows, el, er, wh, out, lse, rows.numel(), heads, head_dim, *rng_args,
+            graph.csr_src, rows, starts, stops, el, er, wh, out, lse, rows.numel(), heads, head_dim, *rng_args,
             ROWS=per_program, BLOCK_E=width, BLOCK_H=block_h, BLOCK_D=block_d, DROPOUT=use_dropout,
         )
     for rows, starts, stops, count, pieces in _row_launches(buckets):
@@ -88,7 +88,7 @@ def gat_forward(
         else:
             target_out, target_lse = out, lse
         gat_forward_rows_kernel[(count,)](
-            graph.indptr, graph.csr_src, rows, starts, stops, el, er, wh, target_out, target_lse,
+            graph.csr_src, rows, starts, stops, el, er, wh, target_out, target_lse,
             heads, head_dim, *rng_args,
             BLOCK_E=schedule.medium_block_e, BLOCK_H=block_h, BLOCK_D=block_d, PIECES=pieces, DROPOUT=use_dropout,
         )
@@ -141,11 +141,11 @@ def gat_backward(
     grad_z = _new_output((max(graph.num_edges, 1), heads), acc, wh.device)
     src_tensors = (el, er, wh, lse, grad_out, delta)
     outgoing = schedule.outgoing
-    for width, rows in outgoing.light:
+    for width, rows, starts, stops in outgoing.light:
         # two feature tiles live at once (output gradients and own features): half the rows
         per_program = schedule.light_rows_per_program(width, 2 * block_h * block_d)
         gat_backward_src_light_kernel[(cdiv(rows.numel(), per_program),)](
-            graph.rev_indptr, graph.rev_dst, graph.rev_pos, rows, *src_tensors, grad_wh, grad_el, grad_z,
+            graph.rev_dst, graph.rev_pos, rows, starts, stops, *src_tensors, grad_wh, grad_el, grad_z,
             rows.numel(), heads, head_dim, *rng_args,
             ROWS=per_program, BLOCK_E=width, BLOCK_H=block_h, BLOCK_D=block_d, DROPOUT=use_dropout,
         )
@@ -156,7 +156,7 @@ def gat_backward(
         else:
             target_wh, target_el = grad_wh, grad_el
         gat_backward_src_kernel[(count,)](
-            graph.rev_indptr, graph.rev_dst, graph.rev_pos, rows, starts, stops, *src_tensors,
+            graph.rev_dst, graph.rev_pos, rows, starts, stops, *src_tensors,
             target_wh, target_el, grad_z, heads, head_dim, *rng_args,
             BLOCK_E=schedule.medium_block_e, BLOCK_H=block_h, BLOCK_D=block_d, PIECES=pieces, DROPOUT=use_dropout,
         )
@@ -164,16 +164,16 @@ def gat_backward(
             _merge_sums(outgoing, target_wh, grad_wh)
             _merge_sums(outgoing, target_el, grad_el)
     incoming = schedule.incoming
-    for width, rows in incoming.light:
+    for width, rows, starts, stops in incoming.light:
         per_program = schedule.light_rows_per_program(width, block_h)
         row_sum_light_kernel[(cdiv(rows.numel(), per_program),)](
-            graph.indptr, rows, grad_z, grad_er, rows.numel(), heads,
+            rows, starts, stops, grad_z, grad_er, rows.numel(), heads,
             ROWS=per_program, BLOCK_E=width, BLOCK_W=block_h,
         )
     for rows, starts, stops, count, pieces in _row_launches(incoming):
         target_er = _new_output((count, heads), acc, wh.device) if pieces else grad_er
         row_sum_kernel[(count,)](
-            graph.indptr, rows, starts, stops, grad_z, target_er, heads,
+            rows, starts, stops, grad_z, target_er, heads,
             BLOCK_E=max(16, min(ROW_SUM_MAX_EDGES, schedule.tiles.tile_elements // block_h)), BLOCK_W=block_h,
             PIECES=pieces,
         )

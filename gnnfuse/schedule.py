@@ -89,15 +89,19 @@ class ScheduleOptions:
 class Buckets:
     """The rows of one CSR by kind (index tensors on the graph's device).
 
-    ``light``: ``(width, rows)`` pairs, rows of degree <= width (and > width / 2);
+    Every list of rows comes as ``(rows, starts, stops)``: the rows and their CSR edge ranges
+    side by side, so a program reads both at once instead of through ``indptr``.
+
+    ``light``: ``(width, rows, starts, stops)``, rows of degree <= width (and > width / 2);
+    ``medium``: ``(rows, starts, stops)``;
     ``piece_edges``: the most edges one piece of a split row holds;
     ``piece_row[p]``, ``piece_start[p]``, ``piece_stop[p]``: super row and absolute edge range
     of piece ``p``; the pieces of ``super_rows[s]`` are ``super_piece_ptr[s] :
     super_piece_ptr[s + 1]``.
     """
 
-    light: tuple[tuple[int, torch.Tensor], ...]
-    medium_rows: torch.Tensor
+    light: tuple[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor], ...]
+    medium: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
     super_rows: torch.Tensor
     piece_row: torch.Tensor
     piece_start: torch.Tensor
@@ -111,8 +115,8 @@ class Buckets:
 
     def counts(self) -> dict[str, int]:
         return {
-            "light": sum(int(rows.numel()) for _, rows in self.light),
-            "medium": int(self.medium_rows.numel()),
+            "light": sum(int(rows.numel()) for _, rows, _, _ in self.light),
+            "medium": int(self.medium[0].numel()),
             "super": int(self.super_rows.numel()),
             "pieces": self.num_pieces,
         }
@@ -175,7 +179,12 @@ def _buckets(
 ) -> Buckets:
     device = indptr.device
     degree = degree.to(device)
-    light = [(width, rows.to(node_dtype)) for width, rows in _light_classes(degree, light_max, min_rows)]
+
+    def with_ranges(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        rows = rows.to(device=device, dtype=torch.int64)
+        return rows.to(node_dtype), indptr[rows], indptr[rows + 1]
+
+    light = [(width, *with_ranges(rows)) for width, rows in _light_classes(degree, light_max, min_rows)]
     medium_mask = (degree > light_max) & (degree <= split)
     medium_rows = torch.nonzero(medium_mask).flatten()
     medium_rows = medium_rows[torch.argsort(degree[medium_rows], descending=True, stable=True)]
@@ -192,7 +201,7 @@ def _buckets(
     super_piece_ptr[1:] = torch.cumsum(plan.item_pieces, 0)
     return Buckets(
         light=tuple(light),
-        medium_rows=medium_rows.to(node_dtype),
+        medium=with_ranges(medium_rows),
         super_rows=super_rows.to(node_dtype),
         piece_row=piece_row.to(device=device, dtype=node_dtype),
         piece_start=(row_start + plan.piece_start).to(device),

@@ -30,7 +30,7 @@ from .tiles import flat_head_tile, head_tile, item_edges, light_edges
 
 @jit
 def gat_backward_src_kernel(
-    rev_indptr_ptr, rev_dst_ptr, rev_pos_ptr, rows_ptr, piece_start_ptr, piece_stop_ptr,
+    rev_dst_ptr, rev_pos_ptr, rows_ptr, starts_ptr, stops_ptr,
     el_ptr, er_ptr, wh_ptr, lse_ptr, grad_out_ptr, delta_ptr,
     grad_wh_ptr, grad_el_ptr, grad_z_ptr,
     H, D, negative_slope, dropout_p, keep_scale, seed, rng_offset,
@@ -42,7 +42,7 @@ def gat_backward_src_kernel(
     offs_e = tl.arange(0, BLOCK_E)
     offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
     HD = H * D
-    row, start, stop, out_index = item_edges(pid, rows_ptr, rev_indptr_ptr, piece_start_ptr, piece_stop_ptr, PIECES)
+    row, start, stop, out_index = item_edges(pid, rows_ptr, starts_ptr, stops_ptr, PIECES)
     wh_j = tl.load(wh_ptr + row * HD + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)
     el_j = tl.load(el_ptr + row * H + offs_h, mask=h_mask, other=0.0).to(acc_dtype)
     acc_wh = tl.zeros([BLOCK_H, BLOCK_D], dtype=acc_dtype)
@@ -84,7 +84,7 @@ def gat_backward_src_kernel(
 
 @jit
 def row_sum_kernel(
-    indptr_ptr, rows_ptr, piece_start_ptr, piece_stop_ptr, values_ptr, out_ptr, W,
+    rows_ptr, starts_ptr, stops_ptr, values_ptr, out_ptr, W,
     BLOCK_E: tl.constexpr, BLOCK_W: tl.constexpr, PIECES: tl.constexpr,
 ):
     """out[row, :W] = Σ_{p in the row's CSR range} values[p, :W] (or per piece when PIECES)."""
@@ -92,7 +92,7 @@ def row_sum_kernel(
     offs_w = tl.arange(0, BLOCK_W)
     offs_e = tl.arange(0, BLOCK_E)
     w_mask = offs_w < W
-    _, start, stop, out_index = item_edges(pid, rows_ptr, indptr_ptr, piece_start_ptr, piece_stop_ptr, PIECES)
+    _, start, stop, out_index = item_edges(pid, rows_ptr, starts_ptr, stops_ptr, PIECES)
     acc = tl.zeros([BLOCK_W], dtype=values_ptr.dtype.element_ty)
     for e0 in range(start, stop, BLOCK_E):
         pos = e0 + offs_e
@@ -103,7 +103,7 @@ def row_sum_kernel(
 
 @jit
 def gat_backward_src_light_kernel(
-    rev_indptr_ptr, rev_dst_ptr, rev_pos_ptr, rows_ptr,
+    rev_dst_ptr, rev_pos_ptr, rows_ptr, starts_ptr, stops_ptr,
     el_ptr, er_ptr, wh_ptr, lse_ptr, grad_out_ptr, delta_ptr,
     grad_wh_ptr, grad_el_ptr, grad_z_ptr,
     num_rows, H, D, negative_slope, dropout_p, keep_scale, seed, rng_offset,
@@ -116,7 +116,8 @@ def gat_backward_src_light_kernel(
     offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
     c_offs, c_mask = flat_head_tile(H, D, BLOCK_H, BLOCK_D)
     HD = H * D
-    rows, r_mask, q, e_mask = light_edges(pid, rows_ptr, rev_indptr_ptr, num_rows, ROWS, BLOCK_E)  # q: [ROWS, BLOCK_E]
+    # q: reverse-CSR positions [ROWS, BLOCK_E]
+    rows, r_mask, q, e_mask = light_edges(pid, rows_ptr, starts_ptr, stops_ptr, num_rows, ROWS, BLOCK_E)
     dst = tl.load(rev_dst_ptr + q, mask=e_mask, other=0).to(tl.int64)
     pos = tl.load(rev_pos_ptr + q, mask=e_mask, other=0).to(tl.int64)
     eh_mask = e_mask[:, :, None] & h_mask[None, None, :]                      # [ROWS, BLOCK_E, BLOCK_H]
@@ -158,13 +159,13 @@ def gat_backward_src_light_kernel(
 
 @jit
 def row_sum_light_kernel(
-    indptr_ptr, rows_ptr, values_ptr, out_ptr, num_rows, W,
+    rows_ptr, starts_ptr, stops_ptr, values_ptr, out_ptr, num_rows, W,
     ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_W: tl.constexpr,
 ):
     """out[row, :W] = Σ over the row's CSR range of values[p, :W], ``ROWS`` light rows per program."""
     pid = tl.program_id(0).to(tl.int64)
     offs_w = tl.arange(0, BLOCK_W)
-    rows, r_mask, pos, e_mask = light_edges(pid, rows_ptr, indptr_ptr, num_rows, ROWS, BLOCK_E)
+    rows, r_mask, pos, e_mask = light_edges(pid, rows_ptr, starts_ptr, stops_ptr, num_rows, ROWS, BLOCK_E)
     mask = e_mask[:, :, None] & (offs_w < W)[None, None, :]
     values = tl.load(values_ptr + pos[:, :, None] * W + offs_w[None, None, :], mask=mask, other=0.0)
     tl.store(out_ptr + rows[:, None] * W + offs_w[None, :], tl.sum(values, axis=1).to(out_ptr.dtype.element_ty),

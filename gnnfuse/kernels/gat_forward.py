@@ -19,10 +19,9 @@ Two kernels, by row kind (:mod:`gnnfuse.schedule`):
   no loop;
 * :func:`gat_forward_rows_kernel` — one item per program, its edges in blocks of
   ``BLOCK_E`` with an online softmax.  An item is a whole medium row (``PIECES=False``:
-  edges ``indptr[row] : indptr[row + 1]``, final output written at the row) or one piece of
-  a split super row (``PIECES=True``: edges ``piece_start : piece_stop``, the normalized
-  partial output and its logsumexp written at the piece index, merged later by
-  :mod:`gnnfuse.kernels.merge`).
+  final output written at the row) or one piece of a split super row (``PIECES=True``: the
+  normalized partial output and its logsumexp written at the piece index, merged later by
+  :mod:`gnnfuse.kernels.merge`).  Edge ranges ``starts[i] : stops[i]`` come from the schedule.
 
 Heads and head size are padded to powers of two (``BLOCK_H``, ``BLOCK_D``) and masked;
 accumulation is in the dtype of ``el`` (float32, or float64 for float64 inputs).
@@ -41,7 +40,7 @@ from .tiles import finish_softmax, flat_head_tile, head_tile, item_edges, light_
 
 @jit
 def gat_forward_rows_kernel(
-    indptr_ptr, src_ptr, rows_ptr, piece_start_ptr, piece_stop_ptr,
+    src_ptr, rows_ptr, starts_ptr, stops_ptr,
     el_ptr, er_ptr, wh_ptr, out_ptr, lse_ptr,
     H, D, negative_slope, dropout_p, keep_scale, seed, rng_offset,
     BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -52,7 +51,7 @@ def gat_forward_rows_kernel(
     offs_e = tl.arange(0, BLOCK_E)
     offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
     HD = H * D
-    row, start, stop, out_index = item_edges(pid, rows_ptr, indptr_ptr, piece_start_ptr, piece_stop_ptr, PIECES)
+    row, start, stop, out_index = item_edges(pid, rows_ptr, starts_ptr, stops_ptr, PIECES)
     er_i = tl.load(er_ptr + row * H + offs_h, mask=h_mask, other=0.0).to(acc_dtype)
     m = tl.full([BLOCK_H], float("-inf"), dtype=acc_dtype)
     l = tl.zeros([BLOCK_H], dtype=acc_dtype)
@@ -85,7 +84,7 @@ def gat_forward_rows_kernel(
 
 @jit
 def gat_forward_light_kernel(
-    indptr_ptr, src_ptr, rows_ptr, el_ptr, er_ptr, wh_ptr, out_ptr, lse_ptr,
+    src_ptr, rows_ptr, starts_ptr, stops_ptr, el_ptr, er_ptr, wh_ptr, out_ptr, lse_ptr,
     num_rows, H, D, negative_slope, dropout_p, keep_scale, seed, rng_offset,
     ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     DROPOUT: tl.constexpr,
@@ -95,7 +94,8 @@ def gat_forward_light_kernel(
     offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
     c_offs, c_mask = flat_head_tile(H, D, BLOCK_H, BLOCK_D)
     HD = H * D
-    rows, r_mask, pos, e_mask = light_edges(pid, rows_ptr, indptr_ptr, num_rows, ROWS, BLOCK_E)  # pos: [ROWS, BLOCK_E]
+    # pos: CSR positions [ROWS, BLOCK_E]
+    rows, r_mask, pos, e_mask = light_edges(pid, rows_ptr, starts_ptr, stops_ptr, num_rows, ROWS, BLOCK_E)
     src = tl.load(src_ptr + pos, mask=e_mask, other=0).to(tl.int64)
     eh_mask = e_mask[:, :, None] & h_mask[None, None, :]                      # [ROWS, BLOCK_E, BLOCK_H]
     el_j = tl.load(el_ptr + src[:, :, None] * H + offs_h[None, None, :], mask=eh_mask, other=0.0).to(acc_dtype)

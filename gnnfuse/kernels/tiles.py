@@ -5,7 +5,7 @@
 * :func:`flat_head_tile` — the same tile flattened to ``[BLOCK_H · BLOCK_D]`` columns, for
   results folded per row as ``[ROWS, BLOCK_H · BLOCK_D]``;
 * :func:`item_edges` — the row, CSR edge range and output slot of one program's item: a whole
-  row (``indptr[row] : indptr[row + 1]``) or one piece of a split row;
+  row or one piece of a split row (ranges precomputed by the schedule);
 * :func:`light_edges` — the ``ROWS`` light rows of one program and the ``[ROWS, BLOCK_E]`` tile
   of their CSR positions (``BLOCK_E`` >= every row's degree);
 * :func:`node_rows` — ``ROWS`` consecutive nodes of one program and their feature tile
@@ -41,31 +41,30 @@ def flat_head_tile(H, D, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
 
 
 @jit
-def item_edges(pid, rows_ptr, indptr_ptr, piece_start_ptr, piece_stop_ptr, PIECES: tl.constexpr):
-    """(row, start, stop, out_index) of item ``pid``: its row and edge range, and where its
+def item_edges(pid, rows_ptr, starts_ptr, stops_ptr, PIECES: tl.constexpr):
+    """(row, start, stop, out_index) of item ``pid``: its row and CSR edge range, read from
+    the schedule's arrays side by side (no dependent load through ``indptr``), and where its
     result goes (the row itself, or the piece index for a partial result)."""
     row = tl.load(rows_ptr + pid).to(tl.int64)
+    start = tl.load(starts_ptr + pid).to(tl.int64)
+    stop = tl.load(stops_ptr + pid).to(tl.int64)
     if PIECES:
-        start = tl.load(piece_start_ptr + pid).to(tl.int64)
-        stop = tl.load(piece_stop_ptr + pid).to(tl.int64)
         out_index = pid
     else:
-        start = tl.load(indptr_ptr + row).to(tl.int64)
-        stop = tl.load(indptr_ptr + row + 1).to(tl.int64)
         out_index = row
     return row, start, stop, out_index
 
 
 @jit
-def light_edges(pid, rows_ptr, indptr_ptr, num_rows, ROWS: tl.constexpr, BLOCK_E: tl.constexpr):
+def light_edges(pid, rows_ptr, starts_ptr, stops_ptr, num_rows, ROWS: tl.constexpr, BLOCK_E: tl.constexpr):
     """(rows, r_mask, pos, e_mask): the program's rows [ROWS] and their CSR positions
     [ROWS, BLOCK_E] with the mask of real edges."""
     offs_r = pid * ROWS + tl.arange(0, ROWS)
     offs_e = tl.arange(0, BLOCK_E)
     r_mask = offs_r < num_rows
     rows = tl.load(rows_ptr + offs_r, mask=r_mask, other=0).to(tl.int64)
-    start = tl.load(indptr_ptr + rows, mask=r_mask, other=0).to(tl.int64)
-    degree = tl.load(indptr_ptr + rows + 1, mask=r_mask, other=0).to(tl.int64) - start
+    start = tl.load(starts_ptr + offs_r, mask=r_mask, other=0).to(tl.int64)
+    degree = tl.load(stops_ptr + offs_r, mask=r_mask, other=0).to(tl.int64) - start
     pos = start[:, None] + offs_e[None, :]
     e_mask = offs_e[None, :] < degree[:, None]
     return rows, r_mask, pos, e_mask

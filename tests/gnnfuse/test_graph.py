@@ -127,9 +127,13 @@ def test_buckets_cover_every_row_once(gen, name):
     schedule = g.schedule(3, 5, torch.float32, SCHEDULES[name])
     for buckets, degree, indptr in ((schedule.incoming, g.in_degree, g.indptr),
                                     (schedule.outgoing, g.out_degree, g.rev_indptr)):
-        rows = [r.long() for _, r in buckets.light] + [buckets.medium_rows.long(), buckets.super_rows.long()]
+        lists = [(r, a, b) for _, r, a, b in buckets.light] + [buckets.medium]
+        rows = [r.long() for r, _, _ in lists] + [buckets.super_rows.long()]
         assert torch.equal(torch.sort(torch.cat(rows)).values, torch.arange(29))
-        for width, light in buckets.light:
+        for r, starts, stops in lists:  # the ranges beside the rows are the rows' CSR ranges
+            assert torch.equal(starts.long(), indptr[r.long()].long())
+            assert torch.equal(stops.long(), indptr[r.long() + 1].long())
+        for width, light, _, _ in buckets.light:
             assert int(degree[light.long()].max()) <= width
         # pieces of each super row are contiguous and tile its edge range exactly
         for s, row in enumerate(buckets.super_rows.long().tolist()):
