@@ -51,27 +51,30 @@ class DecodePlan:
     prefetch: int = 0  # weight elements each looped program prefetches per barrier (0: none)
     prefetch_block: int = 1024
     num_warps: int = 4  # 8 for batch 64: the [64, n] accumulators need the registers of 256 threads
+    split_k: int = 1  # parts of K per residual-projection tile (> 1: float32 atomic adds into x)
 
     def tiles(self, cfg: LlamaConfig) -> dict[str, int]:
         """Tiles of each instruction (the grid of its per-layer launch)."""
         return {
             "qkv": (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cdiv(cfg.head_dim // 2, self.block_p),
             "attention": self.batch * cfg.num_key_value_heads * self.n_splits,
-            "o_proj": cdiv(cfg.hidden_size, self.block_n),
+            "o_proj": cdiv(cfg.hidden_size, self.block_n) * self.split_k,
             "gate_up": cdiv(cfg.intermediate_size, self.block_n),
-            "down": cdiv(cfg.hidden_size, self.block_n),
+            "down": cdiv(cfg.hidden_size, self.block_n) * self.split_k,
             "lm_head": cdiv(cfg.vocab_size, self.block_v),
         }
 
 
 def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, device: torch.device,
-              n_splits: int | None = None, looped_programs: int | None = None) -> DecodePlan:
+              n_splits: int | None = None, looped_programs: int | None = None,
+              split_k: int | None = None) -> DecodePlan:
     """Choose block sizes for ``batch`` rows and a cache of ``max_slots`` slots.
 
     On the GPU tiles are small enough that every instruction has about one tile per
     multiprocessor or more (decode is bandwidth-bound: all SMs must stream weights); under
     the interpreter tiles are large, because each program costs Python time.
-    ``n_splits`` overrides the number of attention splits (tests); ``looped_programs`` the
+    ``n_splits`` overrides the number of attention splits and ``split_k`` the K-split of the
+    residual projections (tests); ``looped_programs`` the
     looped kernel's grid (default: 1 under the interpreter, where programs run one after
     another; on the GPU 0, meaning all co-resident programs, see :func:`looped_decode`).
     """
@@ -117,8 +120,13 @@ def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, 
     # 16 K elements (32 KB of bf16) per program and barrier: a few µs of a waiting SM's time.
     prefetch = 16384 if compiled and looped_programs != 1 else 0
     num_warps = 8 if compiled and block_b >= 64 else 4
+    if split_k is None:
+        # Tensor-core tiles are 16 rows: W_o and W_down alone would give H / 16 tiles, about one
+        # per SM; split K until there are about four per SM (row-sum tiles of batch 1 are 8 rows).
+        hidden_tiles = cdiv(cfg.hidden_size, block_n)
+        split_k = max(1, min(8, (4 * sms) // hidden_tiles)) if compiled and batch > 1 else 1
     return DecodePlan(**{**plan.__dict__, "looped_programs": looped_programs, "prefetch": prefetch,
-                         "num_warps": num_warps})
+                         "num_warps": num_warps, "split_k": split_k})
 
 
 @dataclass
@@ -210,7 +218,7 @@ def o_proj(w: LlamaWeights, cfg: LlamaConfig, layer: int, buf: DecodeBuffers, pl
     """x += attn W_oᵀ (instruction 3)."""
     residual_proj_kernel[(plan.tiles(cfg)["o_proj"],)](
         layer, buf.attn, w.wo, buf.x, plan.batch, cfg.hidden_size, cfg.num_attention_heads * cfg.head_dim,
-        BLOCK_B=plan.block_b, BLOCK_N=plan.block_n, BLOCK_K=plan.block_k,
+        plan.split_k, BLOCK_B=plan.block_b, BLOCK_N=plan.block_n, BLOCK_K=plan.block_k,
         DOT_PREC=plan.dot_prec, num_warps=plan.num_warps,
     )
 
@@ -228,7 +236,7 @@ def gate_up(w: LlamaWeights, cfg: LlamaConfig, layer: int, buf: DecodeBuffers, p
 def down_proj(w: LlamaWeights, cfg: LlamaConfig, layer: int, buf: DecodeBuffers, plan: DecodePlan) -> None:
     """x += h W_downᵀ (instruction 5)."""
     residual_proj_kernel[(plan.tiles(cfg)["down"],)](
-        layer, buf.h, w.w_down, buf.x, plan.batch, cfg.hidden_size, cfg.intermediate_size,
+        layer, buf.h, w.w_down, buf.x, plan.batch, cfg.hidden_size, cfg.intermediate_size, plan.split_k,
         BLOCK_B=plan.block_b, BLOCK_N=plan.block_n, BLOCK_K=plan.block_k,
         DOT_PREC=plan.dot_prec, num_warps=plan.num_warps,
     )
@@ -320,6 +328,7 @@ def looped_decode(w: LlamaWeights, cfg: LlamaConfig, cache: KVCache, buf: Decode
         cfg.num_hidden_layers, plan.batch, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads,
         cfg.head_dim, plan.max_slots, cfg.intermediate_size, cfg.vocab_size, cfg.rms_norm_eps,
         plan.n_splits, plan.split_len, 1.0 / math.sqrt(cfg.head_dim), tiles["lm_head"], stop, BARRIER_MAX_POLLS,
+        plan.split_k,
     )
     constexprs = dict(
         HAS_BIAS=w.bqkv is not None, WRITE_LOGITS=write_logits, SAMPLE=sample, BLOCK_B=plan.block_b,

@@ -36,7 +36,7 @@ def lm_head_tile(
 ):
     n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = n < V
-    logits = rows_dot(x_ptr, B, H, eps, norm_ptr, w_ptr, n, nmask, True, BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC)
+    logits = rows_dot(x_ptr, B, H, eps, norm_ptr, w_ptr, n, nmask, 0, H, True, BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC)
     b = tl.arange(0, BLOCK_B)
     bmask = b < B
     if WRITE_LOGITS:

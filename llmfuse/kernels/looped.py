@@ -6,9 +6,9 @@ Schedule (stage numbers are global, ``5 · layer + k``)::
     for layer in 0 .. L-1:
         k=0  qkv_rope_tile          over (Hq + 2 Hkv) · ceil(D/2 / BLOCK_P) tiles   → q, cache
         k=1  decode_attention_tile  over B · Hkv · n_splits tiles                   → attn
-        k=2  residual_proj_tile     over ceil(H / BLOCK_N) tiles (attn, W_o)        → x
-        k=3  gate_up_tile           over ceil(I / BLOCK_N) tiles                    → h
-        k=4  residual_proj_tile     over ceil(H / BLOCK_N) tiles (h, W_down)        → x
+        k=2  residual_proj_tile     over ceil(H / BLOCK_N) · split_k tiles (attn, W_o)  → x
+        k=3  gate_up_tile           over ceil(I / BLOCK_N) tiles                        → h
+        k=4  residual_proj_tile     over ceil(H / BLOCK_N) · split_k tiles (h, W_down)  → x
     stage 5L: lm_head_tile          over ceil(V / BLOCK_V) tiles          → greedy or sampled winners (+ logits)
 
 Program ``p`` of ``P`` runs tiles ``p, p + P, p + 2P, ...`` of each stage.  The kernel
@@ -68,6 +68,7 @@ def looped_decode_kernel(
     h_ptr, w_down_ptr, final_norm_ptr, head_ptr, logits_ptr, best_ptr, best_idx_ptr, seed_ptr, inv_temp_ptr,
     counter_ptr, timeout_ptr,
     L, B, H, HQ, HKV, D, S, I, V, eps, n_splits, split_len, sm_scale, n_vocab_tiles, stop_stage, max_polls,
+    split_k,
     HAS_BIAS: tl.constexpr, WRITE_LOGITS: tl.constexpr, SAMPLE: tl.constexpr, BLOCK_B: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, DOT_PREC: tl.constexpr,
@@ -77,7 +78,7 @@ def looped_decode_kernel(
     nprog = tl.num_programs(0)
     qkv_tiles = (HQ + 2 * HKV) * tl.cdiv(D // 2, BLOCK_P)
     attn_tiles = B * HKV * n_splits
-    hidden_tiles = tl.cdiv(H, BLOCK_N)
+    hidden_tiles = tl.cdiv(H, BLOCK_N) * split_k
     mlp_tiles = tl.cdiv(I, BLOCK_N)
     qkv_size = (HQ + 2 * HKV) * D * H  # elements of one layer's matrices
     wo_size = H * HQ * D
@@ -109,7 +110,7 @@ def looped_decode_kernel(
                             max_polls, timeout_ptr, PREFETCH, PREFETCH_BLOCK)
         if stage + 2 < stop_stage:
             for tile in range(pid, hidden_tiles, nprog):
-                residual_proj_tile(tile, layer, attn_ptr, wo_ptr, x_ptr, B, H, HQ * D,
+                residual_proj_tile(tile, layer, attn_ptr, wo_ptr, x_ptr, B, H, HQ * D, split_k,
                                    BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC)
             sink = _barrier(counter_ptr, layer * 4 + 1, pid, nprog, sink, w_gate_up_ptr + layer64 * gate_up_size,
                             gate_up_size, 0, max_polls, timeout_ptr, PREFETCH, PREFETCH_BLOCK)
@@ -121,7 +122,8 @@ def looped_decode_kernel(
                             down_size, 0, max_polls, timeout_ptr, PREFETCH, PREFETCH_BLOCK)
         if stage + 4 < stop_stage:
             for tile in range(pid, hidden_tiles, nprog):
-                residual_proj_tile(tile, layer, h_ptr, w_down_ptr, x_ptr, B, H, I, BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC)
+                residual_proj_tile(tile, layer, h_ptr, w_down_ptr, x_ptr, B, H, I, split_k,
+                                   BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC)
             if layer + 1 < L:
                 sink = _barrier(counter_ptr, layer * 4 + 3, pid, nprog, sink, wqkv_ptr + (layer64 + 1) * qkv_size,
                                 qkv_size, 0, max_polls, timeout_ptr, PREFETCH, PREFETCH_BLOCK)

@@ -40,11 +40,12 @@ def mma(a, b, DOT_PREC: tl.constexpr):
 
 
 @jit
-def _x_chunk(x_ptr, B, K, g_ptr, k0, HAS_NORM: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_K: tl.constexpr):
-    """x[:, k0:k0+BLOCK_K] as float32 (raw, and times g when HAS_NORM) plus the k mask."""
+def _x_chunk(x_ptr, B, K, g_ptr, k0, k_stop, HAS_NORM: tl.constexpr, BLOCK_B: tl.constexpr,
+             BLOCK_K: tl.constexpr):
+    """x[:, k0:min(k0+BLOCK_K, k_stop)] of a [B, K] x as float32 (raw, and times g when HAS_NORM) plus the k mask."""
     b = tl.arange(0, BLOCK_B)
     k = k0 + tl.arange(0, BLOCK_K)
-    kmask = k < K
+    kmask = k < k_stop
     xv = tl.load(x_ptr + b[:, None] * K + k[None, :], mask=(b < B)[:, None] & kmask[None, :], other=0.0,
                  cache_modifier=".cg").to(tl.float32)
     xg = xv
@@ -64,16 +65,17 @@ def _accumulate(acc, xg, wv, BLOCK_B: tl.constexpr, DOT_PREC: tl.constexpr):
 
 @jit
 def rows_dot(
-    x_ptr, B, K, eps, g_ptr, w_ptr, rows, row_mask,
+    x_ptr, B, K, eps, g_ptr, w_ptr, rows, row_mask, k_start, k_stop,
     HAS_NORM: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_PREC: tl.constexpr,
 ):
-    """[BLOCK_B, BLOCK_N] float32 x̂ · W[rows]ᵀ (see the module docstring)."""
+    """[BLOCK_B, BLOCK_N] float32 x̂ · W[rows]ᵀ over columns [k_start, k_stop) of K (see the module
+    docstring); a part of K (split-K) only without HAS_NORM, whose scale needs all of x."""
     acc = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)
     sumsq = tl.zeros([BLOCK_B], dtype=tl.float32)
     w_rows = w_ptr + rows.to(tl.int64)[:, None] * K
-    for k0 in range(0, K, BLOCK_K):
-        xv, xg, k, kmask = _x_chunk(x_ptr, B, K, g_ptr, k0, HAS_NORM, BLOCK_B, BLOCK_K)
+    for k0 in range(k_start, k_stop, BLOCK_K):
+        xv, xg, k, kmask = _x_chunk(x_ptr, B, K, g_ptr, k0, k_stop, HAS_NORM, BLOCK_B, BLOCK_K)
         wv = tl.load(w_rows + k[None, :], mask=row_mask[:, None] & kmask[None, :], other=0.0,
                      eviction_policy="evict_first")
         acc = _accumulate(acc, xg, wv, BLOCK_B, DOT_PREC)
@@ -96,7 +98,7 @@ def rows_dot_pair(
     w_a = w_ptr + rows_a.to(tl.int64)[:, None] * K
     w_b = w_ptr + rows_b.to(tl.int64)[:, None] * K
     for k0 in range(0, K, BLOCK_K):
-        xv, xg, k, kmask = _x_chunk(x_ptr, B, K, g_ptr, k0, HAS_NORM, BLOCK_B, BLOCK_K)
+        xv, xg, k, kmask = _x_chunk(x_ptr, B, K, g_ptr, k0, K, HAS_NORM, BLOCK_B, BLOCK_K)
         wmask = row_mask[:, None] & kmask[None, :]
         wa = tl.load(w_a + k[None, :], mask=wmask, other=0.0, eviction_policy="evict_first")
         wb = tl.load(w_b + k[None, :], mask=wmask, other=0.0, eviction_policy="evict_first")

@@ -55,10 +55,11 @@ class CompileInsteadOfLaunch:
                     signature[name] = "fp32"
                 else:
                     signature[name] = "i64" if abs(int(value)) >= 2**31 else "i32"
-            key = (self.name, tuple(signature.items()), tuple(constexprs.items()), values.get("num_warps", 4))
+            key = (self.name, tuple(signature.items()), tuple(constexprs.items()), values.get("num_warps"),
+                   values.get("num_stages"))
             if key not in self.compiled:
                 triton.compile(ASTSource(fn=self.kernel, signature=signature, constexprs=constexprs), target=TARGET,
-                               options={"num_warps": values.get("num_warps", 4)})
+                               options={k: values[k] for k in ("num_warps", "num_stages") if k in values})
                 self.compiled.add(key)
 
         return compile_only

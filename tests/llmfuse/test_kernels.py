@@ -21,13 +21,13 @@ SLOTS = 21
 LAYER = 1
 
 
-def _setup(batch, dtype, gen, bias=False):
+def _setup(batch, dtype, gen, bias=False, split_k=None):
     device = test_device()
     cfg = CFG if not bias else LlamaConfig(**{**CFG.__dict__, "attention_bias": True, "model_type": "qwen2"})
     w = random_weights(cfg, dtype=dtype, device="cpu", generator=gen, std=0.1)
     w64 = w.to(dtype=torch.float64)
     wk = w.to(device=device)
-    plan = ops.make_plan(cfg, batch, SLOTS, dtype, torch.device(device), n_splits=3)
+    plan = ops.make_plan(cfg, batch, SLOTS, dtype, torch.device(device), n_splits=3, split_k=split_k)
     buf = ops.DecodeBuffers.allocate(cfg, plan, dtype, torch.device(device))
     cache = ref.KVCache.empty(cfg, batch, SLOTS, dtype=dtype, device=device)
     cache.k.normal_(generator=None)
@@ -88,9 +88,11 @@ def test_decode_attention_splits_merge_to_attention(batch, dtype, gen):
     assert_close(buf.attn.cpu().reshape(batch, -1), expected[:, 0], dtype, name="kernel-merged attention")
 
 
-@pytest.mark.parametrize("batch, dtype", CASES)
-def test_o_proj_adds_residual(batch, dtype, gen):
-    cfg, w64, wk, plan, buf, cache, slot, kv_start = _setup(batch, dtype, gen)
+@pytest.mark.parametrize("batch, dtype, split_k", [(*case, 1) for case in CASES] + [(3, torch.float32, 3)])
+def test_o_proj_adds_residual(batch, dtype, split_k, gen):
+    """split_k > 1: parts of K add into x with atomics."""
+    cfg, w64, wk, plan, buf, cache, slot, kv_start = _setup(batch, dtype, gen, split_k=split_k)
+    assert plan.split_k == split_k
     buf.attn.copy_(torch.randn(buf.attn.shape, generator=gen))
     x0 = buf.x.cpu().double()
     ops.o_proj(wk, cfg, LAYER, buf, plan)
@@ -98,9 +100,9 @@ def test_o_proj_adds_residual(batch, dtype, gen):
     assert_close(buf.x.cpu() - x0, expected - x0, dtype, name="o_proj update")
 
 
-@pytest.mark.parametrize("batch, dtype", CASES)
-def test_gate_up_silu_and_down_residual(batch, dtype, gen):
-    cfg, w64, wk, plan, buf, cache, slot, kv_start = _setup(batch, dtype, gen)
+@pytest.mark.parametrize("batch, dtype, split_k", [(*case, 1) for case in CASES] + [(2, torch.bfloat16, 2)])
+def test_gate_up_silu_and_down_residual(batch, dtype, split_k, gen):
+    cfg, w64, wk, plan, buf, cache, slot, kv_start = _setup(batch, dtype, gen, split_k=split_k)
     buf.h.fill_(float("nan"))
     x0 = buf.x.cpu().double()
     ops.gate_up(wk, cfg, LAYER, buf, plan)
