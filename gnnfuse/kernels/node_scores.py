@@ -20,9 +20,11 @@ from .tiles import head_tile, node_rows
 
 
 @jit
-def _load_node_tile(wh_ptr, attn_l_ptr, attn_r_ptr, num_nodes, H, D, acc_dtype: tl.constexpr,
+def _load_node_tile(wh_ptr, attn_l_ptr, attn_r_ptr, acc_ptr, num_nodes, H, D,
                     ROWS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
-    """This program's features ``[ROWS, BLOCK_H, BLOCK_D]``, both attention vectors and the offsets."""
+    """This program's features ``[ROWS, BLOCK_H, BLOCK_D]``, both attention vectors and the
+    offsets, in the dtype of ``acc_ptr``'s elements."""
+    acc_dtype = acc_ptr.dtype.element_ty
     pid = tl.program_id(0).to(tl.int64)
     _, _, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
     _, _, feat_offs, feat_mask, rh_offs, rh_mask = node_rows(pid, num_nodes, H, D, ROWS, BLOCK_H, BLOCK_D)
@@ -38,7 +40,7 @@ def node_scores_kernel(
     ROWS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     wh, attn_l, attn_r, _, _, rh_offs, rh_mask = _load_node_tile(
-        wh_ptr, attn_l_ptr, attn_r_ptr, num_nodes, H, D, el_ptr.dtype.element_ty, ROWS, BLOCK_H, BLOCK_D
+        wh_ptr, attn_l_ptr, attn_r_ptr, el_ptr, num_nodes, H, D, ROWS, BLOCK_H, BLOCK_D
     )
     tl.store(el_ptr + rh_offs, tl.sum(wh * attn_l[None, :, :], axis=2), mask=rh_mask)
     tl.store(er_ptr + rh_offs, tl.sum(wh * attn_r[None, :, :], axis=2), mask=rh_mask)
@@ -62,7 +64,7 @@ def node_scores_backward_kernel(
     acc_dtype = grad_el_ptr.dtype.element_ty
     pid = tl.program_id(0).to(tl.int64)
     wh, attn_l, attn_r, feat_offs, feat_mask, rh_offs, rh_mask = _load_node_tile(
-        wh_ptr, attn_l_ptr, attn_r_ptr, num_nodes, H, D, acc_dtype, ROWS, BLOCK_H, BLOCK_D
+        wh_ptr, attn_l_ptr, attn_r_ptr, grad_el_ptr, num_nodes, H, D, ROWS, BLOCK_H, BLOCK_D
     )
     grad = tl.load(grad_agg_ptr + feat_offs, mask=feat_mask, other=0.0).to(acc_dtype)
     grad_el = tl.load(grad_el_ptr + rh_offs, mask=rh_mask, other=0.0)[:, :, None]
