@@ -4,8 +4,15 @@ Two public functions, for users with their own projections:
 
 * :func:`gat_attention` ``(graph, wh, el, er)`` — the fused attention given the per-node
   terms ``el = a_l · Wh`` (source side) and ``er = a_r · Wh`` (destination side);
-* :func:`gat` ``(graph, wh, attn_l, attn_r)`` — computes ``el`` / ``er`` once per node and calls
-  :func:`gat_attention`.
+* :func:`gat` ``(graph, wh, attn_l, attn_r)`` — the same with ``el`` / ``er`` computed once per
+  node by a kernel, as one autograd op whose backward folds the node scores' gradient into
+  the feature gradient (one epilogue kernel).
+
+Launch sequence of one forward: node scores (``gat`` only), the light width classes, the
+medium rows, the super-row pieces and their logsumexp merge.  Backward: ``δ = <g, out>``,
+the source pass over the reverse CSR (light, medium, pieces + sums), the per-destination
+sum of ``∂z`` (light, medium, pieces + sums) and, for ``gat``, the node-score epilogue.
+Small graphs on the GPU use the row kernel alone: one launch per pass.
 
 Both return ``out [N, H, D]`` in the dtype of ``wh`` with ``out_i = Σ_{j->i} α_ij Wh_j`` and
 ``α_i· = softmax_j LeakyReLU(el_j + er_i)`` per head, and are differentiable in every tensor

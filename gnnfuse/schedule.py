@@ -9,6 +9,8 @@ by degree ``d``:
             width class too small to fill the device joins the next wider one (one launch
             fewer, which is what small graphs such as Cora are bound by).
             Rows of degree 0 are light: their program writes the zeros (and ``lse = -inf``).
+            Graphs under ``SMALL_GRAPH_EDGES`` edges on the GPU get no light rows at all:
+            every row goes to the row kernel, one launch per pass (they are launch-bound).
 ``medium``  ``light_max_degree < d <= split_degree``: one program per row, looping over its
             edges in blocks of ``medium_block_e``; rows sorted by decreasing degree so the
             longest start first.
