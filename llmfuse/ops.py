@@ -367,6 +367,10 @@ def fused_step(w: LlamaWeights, cfg: LlamaConfig, cache: KVCache, buf: DecodeBuf
 
     Host-sync free and shape-static: capturable in a CUDA graph.
     """
+    check_step_inputs(w, cache, buf, plan)
+    if tokens.shape != (plan.batch,) or tokens.dtype != torch.int64 or tokens.device != buf.x.device:
+        raise ValueError(f"tokens must be an int64 tensor of shape ({plan.batch},) on {buf.x.device}, got "
+                         f"{tokens.dtype} {tuple(tokens.shape)} on {tokens.device}")
     embed(w, tokens, buf)
     if looped:
         looped_decode(w, cfg, cache, buf, plan, inv_freq, write_logits, sample=sample)

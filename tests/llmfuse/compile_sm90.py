@@ -72,6 +72,7 @@ def main(argv: list[str]) -> int:
     assert fusecore.COMPILED, "fusecore was imported before torch.cuda.is_available was patched"
     for name in KERNELS:
         setattr(ops, name, CompileInsteadOfLaunch(getattr(ops, name), name))
+    ops.check_step_inputs = lambda *tensors: None  # the tensors stay on the CPU: nothing is launched
     h100 = DeviceFacts("NVIDIA H100 80GB HBM3", "cuda", 132, 50 << 20, 227 << 10, (9, 0))
     ops.device_facts = lambda device: h100
     configs = [
