@@ -4,7 +4,7 @@ left-padded batches), sampling, and the errors a user can cause."""
 
 import pytest
 import torch
-from conftest import tiny_hf_model
+from llm_testing import tiny_hf_model
 
 import llmfuse
 from fusecore import use_reference

@@ -5,7 +5,7 @@ import json
 
 import pytest
 import torch
-from conftest import LLAMA3_ROPE, tiny_hf_model
+from llm_testing import LLAMA3_ROPE, tiny_hf_model
 
 import llmfuse
 from llmfuse.config import LlamaConfig

@@ -4,7 +4,7 @@ import importlib.util
 from pathlib import Path
 
 import torch
-from conftest import tiny_hf_model
+from llm_testing import tiny_hf_model
 
 import llmfuse
 
