@@ -39,10 +39,9 @@ def _dsdt(theta1, theta2, dtheta1, dtheta2, torque):
     d2 = 1.25 + 0.5 * cos2
     phi2 = 4.9 * tl.cos(theta1 + theta2 - HALF_PI)
     phi1 = -0.5 * (dtheta2 * dtheta2) * sin2 - dtheta2 * dtheta1 * sin2 + 14.7 * tl.cos(theta1 - HALF_PI) + phi2
-    # one reciprocal of d1 and one non-IEEE division instead of four divisions (RK4 calls this 4x)
-    inv_d1 = tl.fdiv(1.0, d1, ieee_rounding=False)
-    ddtheta2 = tl.fdiv(torque + d2 * inv_d1 * phi1 - 0.5 * (dtheta1 * dtheta1) * sin2 - phi2,
-                       1.25 - d2 * d2 * inv_d1, ieee_rounding=False)
+    # two divisions (a reciprocal of d1 and one quotient) instead of four; RK4 calls this 4x
+    inv_d1 = 1.0 / d1
+    ddtheta2 = (torque + d2 * inv_d1 * phi1 - 0.5 * (dtheta1 * dtheta1) * sin2 - phi2) / (1.25 - d2 * d2 * inv_d1)
     ddtheta1 = -(d2 * ddtheta2 + phi1) * inv_d1
     return dtheta1, dtheta2, ddtheta1, ddtheta2
 
