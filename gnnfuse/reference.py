@@ -62,24 +62,3 @@ def gat_attention_reference(
     lse = torch.where(row_sum > 0, row_max + torch.log(row_sum.clamp_min(1e-300)), torch.full_like(row_sum, -torch.inf))
     return out, lse.detach()
 
-
-def gat_conv_reference(
-    graph,
-    feat: torch.Tensor,
-    fc_weight: torch.Tensor,
-    attn_l: torch.Tensor,
-    attn_r: torch.Tensor,
-    *,
-    bias: torch.Tensor | None = None,
-    negative_slope: float = 0.2,
-) -> torch.Tensor:
-    """A whole GATConv layer unfused (projection, scores, softmax, aggregation, bias): ``[N, H, D]``."""
-    heads, head_dim = attn_l.shape[-2], attn_l.shape[-1]
-    wh = (feat @ fc_weight.t()).view(-1, heads, head_dim)
-    dtype = torch.float64 if wh.dtype == torch.float64 else torch.float32
-    el = (wh.to(dtype) * attn_l.to(dtype)).sum(-1)
-    er = (wh.to(dtype) * attn_r.to(dtype)).sum(-1)
-    out = gat_attention_reference(graph, wh, el, er, negative_slope=negative_slope)[0].to(wh.dtype)
-    if bias is not None:
-        out = out + bias.view(1, heads, head_dim)
-    return out
