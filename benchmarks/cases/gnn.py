@@ -15,7 +15,7 @@ seconds), and gnnfuse's fused GATConv (on the small
 Planetoid graphs also its forward replayed as a CUDA graph, which removes launch overhead).  fp32 and bf16;
 forward under ``no_grad`` and a training step (forward + backward).  A further row times
 the attention op alone (``gnnfuse.ops.gat`` on precomputed projections, no GEMM): the part
-the gather floor describes.  Floor: the gather
+the gather floor describes; another the projection GEMM alone.  Floor: the gather
 floor of :func:`gnnfuse.ops.gat_floor_bytes`; peak memory is recorded for every run.
 
 ``gat_reorder`` measures whether relabelling nodes for locality (:meth:`gnnfuse.Graph.reordered`:
@@ -173,6 +173,10 @@ def _gatconv_runs(ctx: Context, spec: GraphSpec, graph: Graph, dtype: torch.dtyp
     ctx.time("fused attention op only (no projection)", _train_step(attention_only, attention_params,
              grad.view(n, spec.heads, spec.head_dim)), bytes_moved=floor_train, memory=True, params=params,
              variant=f"{spec.name},{tag},fwd+bwd")
+    # The projection GEMM alone (shared by every implementation): separates the layer's time
+    # into GEMM and attention, e.g. for in_feats not a multiple of 8 in 16-bit types.
+    ctx.time("projection GEMM only (fc)", _forward(lambda: layer.fc(x)), params=params,
+             variant=f"{spec.name},{tag},fwd")
     if ctx.gpu and graph.num_edges < CUDA_GRAPH_MAX_EDGES:
         # Small graphs are bound by launch overhead: the same fused forward replayed as a CUDA graph.
         ctx.time("fused (gnnfuse), CUDA graph", _forward(fused), bytes_moved=floor_fwd, cuda_graph=True,
