@@ -168,15 +168,16 @@ def _gatconv_runs(ctx: Context, spec: GraphSpec, graph: Graph, dtype: torch.dtyp
     def attention_only():
         return ops.gat(graph, wh, layer.attn_l, layer.attn_r)
 
+    # Component rows get their own variant: no layer baseline there, so no misleading speedup.
     ctx.time("fused attention op only (no projection)", _forward(attention_only), bytes_moved=floor_fwd,
-             memory=True, params=params, variant=f"{spec.name},{tag},fwd")
+             memory=True, params=params, variant=f"{spec.name},{tag},fwd,parts")
     ctx.time("fused attention op only (no projection)", _train_step(attention_only, attention_params,
              grad.view(n, spec.heads, spec.head_dim)), bytes_moved=floor_train, memory=True, params=params,
-             variant=f"{spec.name},{tag},fwd+bwd")
+             variant=f"{spec.name},{tag},fwd+bwd,parts")
     # The projection GEMM alone (shared by every implementation): separates the layer's time
     # into GEMM and attention, e.g. for in_feats not a multiple of 8 in 16-bit types.
     ctx.time("projection GEMM only (fc)", _forward(lambda: layer.fc(x)), params=params,
-             variant=f"{spec.name},{tag},fwd")
+             variant=f"{spec.name},{tag},fwd,parts")
     if ctx.gpu and graph.num_edges < CUDA_GRAPH_MAX_EDGES:
         # Small graphs are bound by launch overhead: the same fused forward replayed as a CUDA graph.
         ctx.time("fused (gnnfuse), CUDA graph", _forward(fused), bytes_moved=floor_fwd, cuda_graph=True,
