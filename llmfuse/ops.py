@@ -51,7 +51,7 @@ class DecodePlan:
     prefetch: int = 0  # weight elements each looped program prefetches per barrier (0: none)
     prefetch_block: int = 1024
     num_warps: int = 4  # 8 for batch 64: the [64, n] accumulators need the registers of 256 threads
-    split_k: int = 1  # parts of K per residual-projection tile (> 1: float32 atomic adds into x)
+    split_k: int = 1  # K parts per residual-projection tile (> 1, opt-in: atomic adds, not bitwise reproducible)
 
     def tiles(self, cfg: LlamaConfig) -> dict[str, int]:
         """Tiles of each instruction (the grid of its per-layer launch)."""
@@ -73,8 +73,9 @@ def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, 
     On the GPU tiles are small enough that every instruction has about one tile per
     multiprocessor or more (decode is bandwidth-bound: all SMs must stream weights); under
     the interpreter tiles are large, because each program costs Python time.
-    ``n_splits`` overrides the number of attention splits and ``split_k`` the K-split of the
-    residual projections (tests); ``looped_programs`` the
+    ``n_splits`` overrides the number of attention splits; ``split_k > 1`` (opt-in) splits
+    the K of the residual projections over programs that add with atomics — more tiles for
+    tensor-core batches, but no longer bitwise reproducible; ``looped_programs`` the
     looped kernel's grid (default: 1 under the interpreter, where programs run one after
     another; on the GPU 0, meaning all co-resident programs, see :func:`looped_decode`).
     """
@@ -121,10 +122,9 @@ def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, 
     prefetch = 16384 if compiled and looped_programs != 1 else 0
     num_warps = 8 if compiled and block_b >= 64 else 4
     if split_k is None:
-        # Tensor-core tiles are 16 rows: W_o and W_down alone would give H / 16 tiles, about one
-        # per SM; split K until there are about four per SM (row-sum tiles of batch 1 are 8 rows).
-        hidden_tiles = cdiv(cfg.hidden_size, block_n)
-        split_k = max(1, min(8, (4 * sms) // hidden_tiles)) if compiled and batch > 1 else 1
+        # Deterministic by default: the K parts of a split add into x with float32 atomics in
+        # any order, so results (and greedy or seeded tokens) could differ run to run.
+        split_k = 1
     return DecodePlan(**{**plan.__dict__, "looped_programs": looped_programs, "prefetch": prefetch,
                          "num_warps": num_warps, "split_k": split_k})
 

@@ -43,6 +43,7 @@ TINY = LlamaConfig(vocab_size=97, hidden_size=48, intermediate_size=88, num_hidd
 # (model, batch, context) where the slow-to-build baselines run: the TARGETS.md reference points.
 COMPILED_AT = {("Llama-3.2-1B", 1, 512), ("Llama-3.2-1B", 8, 512)}
 HF_AT = {("Llama-3.2-1B", 1, 512), ("Llama-3.2-1B", 8, 512)}
+ORACLE_AT = {(1, 512), (8, 512), (1, 16), (3, 16)}  # (batch, context) checked against float32
 
 
 def step_bytes(cfg: LlamaConfig, w: LlamaWeights, batch: int, context: int) -> int:
@@ -125,14 +126,29 @@ def _decode_variant(ctx: Context, name: str, cfg: LlamaConfig, w: LlamaWeights, 
     slot = torch.full((), context, dtype=torch.int64, device=ctx.device)
 
     with torch.no_grad():
-        expected = decoder.step_at(tokens, slot).float()
+        logits = {}
         for looped in (False, True):
             buf.logits.fill_(float("nan"))
             ops.fused_step(w, cfg, cache, buf, plan, inv_freq, tokens, looped=looped, write_logits=True)
-            ctx.check(f"{variant} {'looped' if looped else 'per-layer'} logits", buf.logits, expected,
-                      2e-2 if w.dtype == torch.bfloat16 else 1e-3)
+            logits[looped] = buf.logits.clone()
         if ops.looped_timed_out(buf):
             raise RuntimeError(f"{variant}: the looped kernel timed out at a grid barrier")
+        # Same tile functions, compiled in two kernels: only the summation order may differ, which
+        # can flip the rounding of bf16-stored activations (unit roundoff 2^-8): 4e-3.
+        ctx.check(f"{variant} looped vs per-layer logits", logits[True], logits[False],
+                  4e-3 if w.dtype == torch.bfloat16 else 1e-5)
+        if (batch, context) in ORACLE_AT:
+            # Oracle: the reference decoder in float32 on the same (bf16-valued) weights and cache.
+            # The fused path rounds a few activations per layer to bf16 (h, cache, attention
+            # operands, batch > 1 dot operands): independent roundings of relative size <= 2^-8
+            # add in quadrature, sqrt(4 L) 2^-8 for 4 per layer.  (The bf16 reference decoder,
+            # which also rounds its residual stream, is itself 3e-2 (1B) to 6e-2 (8B) off.)
+            tol = (4 * cfg.num_hidden_layers) ** 0.5 * 2.0**-8 if w.dtype == torch.bfloat16 else 1e-3
+            w32 = w.to(dtype=torch.float32)
+            cache32 = ref.KVCache(cache.k.float(), cache.v.float())
+            oracle = ref.ReferenceDecoder(w32, cfg, batch, slots, cache=cache32).step_at(tokens, slot).float()
+            ctx.check(f"{variant} per-layer logits vs float32 reference", logits[False], oracle, tol)
+            del w32, cache32
 
         if ctx.gpu and (name, batch, context) in HF_AT:
             _time_hf(ctx, cfg, batch, context, nbytes, params, variant)

@@ -8,10 +8,10 @@ Instruction 3 (output projection): ``a`` = the merged attention [B, Hq·D], ``W`
 Instruction 5 (down projection):   ``a`` = the MLP activation h [B, I],   ``W`` = W_down.
 The two differ only in their operands, so they share this one tile function and kernel.
 A tile is (BLOCK_N features, one of ``split_k`` parts of K).  With ``split_k = 1`` each
-program owns its features and adds in place (deterministic); with ``split_k > 1`` — for
-batches > 1, whose tensor-core tiles are 16 rows wide, so an H-row matrix alone gives too
-few tiles to keep every SM streaming — the parts add into x with float32 atomics (the
-summation order, hence the last bits, may vary between runs).
+program owns its features and adds in place (deterministic, the default); with
+``split_k > 1`` (opt-in: more tiles for the 16-row tensor-core tiles of large batches) the
+parts add into x with float32 atomics, whose order — hence the last bits — may vary
+between runs.
 Bytes: H·K weight elements once, ``a`` (B·K/split_k, from L2) per program, x read and written.
 """
 

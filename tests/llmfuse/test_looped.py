@@ -131,6 +131,23 @@ def test_gpu_full_grid_looped_equals_per_layer_and_reference(batch, dtype, gen):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("looped", [False, True])
+@pytest.mark.parametrize("batch", [3, 8, 64])
+def test_gpu_default_plan_is_bitwise_reproducible(looped, batch, gen):
+    """Issue 8: the same step twice gives identical logits (no atomics in the default plan)."""
+    device = test_device()
+    w = random_weights(GPU_CFG, dtype=torch.bfloat16, device=device, generator=torch.Generator(device).manual_seed(2))
+    plan, buf, cache, tokens = _state(GPU_CFG, w, batch, 200, torch.bfloat16, gen, device, n_splits=None)
+    assert plan.split_k == 1
+    inv_freq = GPU_CFG.rope_inv_freq().to(device)
+    logits = []
+    for _ in range(2):
+        ops.fused_step(w, GPU_CFG, cache, buf, plan, inv_freq, tokens, looped=looped, write_logits=True)
+        logits.append(buf.logits.clone())
+    assert torch.equal(logits[0], logits[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("looped", [False, True])
 def test_gpu_decode_step_is_cuda_graph_capturable(looped, gen):
     device = test_device()
     w = random_weights(GPU_CFG, dtype=torch.bfloat16, device=device, generator=torch.Generator(device).manual_seed(1))
