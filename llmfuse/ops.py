@@ -24,6 +24,7 @@ from .kernels.decode_attention import decode_attention_kernel
 from .kernels.gate_up import gate_up_kernel
 from .kernels.lm_head import lm_head_kernel
 from .kernels.looped import STAGES_PER_LAYER, looped_decode_kernel
+from .kernels.matvec import SMALL_BATCH
 from .kernels.qkv_rope import qkv_rope_kernel
 from .kernels.residual_proj import residual_proj_kernel
 from .reference import KVCache
@@ -85,9 +86,10 @@ def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, 
         raise ValueError(f"max_slots must be >= 1, got {max_slots}")
     compiled = device.type == "cuda"
     sms = device_facts(device).sm_count if compiled else 1
-    block_b = 1 if batch == 1 else max(16, next_power_of_2(batch))
+    # up to SMALL_BATCH rows: row sums (no padding); more: tensor-core tiles of >= 16 rows
+    block_b = next_power_of_2(batch) if batch <= SMALL_BATCH else max(16, next_power_of_2(batch))
     half = cfg.head_dim // 2
-    if compiled and batch == 1:
+    if compiled and batch <= SMALL_BATCH:
         # Row sums, no tensor cores: narrow tiles, long k chunks (16 KB of bf16 weights per
         # load per program, several programs per SM) keep enough bytes in flight; an
         # [8, 1024] tile is 64 elements per thread (ptxas: ~120 registers, no spills).

@@ -14,19 +14,22 @@ the end — every program reads its x rows once and waits for no other program.
 rows; the two halves of the RoPE pairs of a head).
 
 Decode is memory-bound: each weight element is read exactly once by one program, so a
-launch moves N·K·bytes(W) plus the activations (from L2).  Batch 1 reduces with an
-elementwise multiply and row sums in fp32 (any BLOCK_N); batches > 1 pad the batch to
-``BLOCK_B`` ≥ 16 and use ``tl.dot`` through :func:`mma` (fp32 accumulation; ``DOT_PREC``
-"ieee" runs the product in float32: float32 weights, and the interpreter, whose dot cannot
-take bf16).  Activations are loaded with ``.cg`` (bypassing L1) because in the looped
-kernel other multiprocessors wrote them during the same launch; weights, read exactly
-once per step, with ``evict_first`` so they do not push the activations (and the looped
-kernel's prefetched weights) out of L2.
+launch moves N·K·bytes(W) plus the activations (from L2).  Batches up to ``SMALL_BATCH``
+reduce with elementwise multiplies and row sums in fp32 (any BLOCK_N, so narrow tiles and
+many programs): the weight tile is loaded once and every batch row of x meets it in
+registers.  Larger batches pad the batch to ``BLOCK_B`` ≥ 16 and use ``tl.dot`` through
+:func:`mma` (fp32 accumulation; ``DOT_PREC`` "ieee" runs the product in float32: float32
+weights, and the interpreter, whose dot cannot take bf16).  Activations are loaded with
+``.cg`` (bypassing L1) because in the looped kernel other multiprocessors wrote them
+during the same launch; weights, read exactly once per step, with ``evict_first`` so they
+do not push the activations (and the looped kernel's prefetched weights) out of L2.
 """
 
 import triton.language as tl
 
 from fusecore.backend import jit
+
+SMALL_BATCH = tl.constexpr(8)  # batches up to this use row sums (CUDA cores), larger ones tl.dot
 
 
 @jit
@@ -55,6 +58,25 @@ def _x_chunk(x_ptr, B, K, g_ptr, k0, k_stop, HAS_NORM: tl.constexpr, BLOCK_B: tl
 
 
 @jit
+def _small_batch_rows(acc_a, acc_b, sumsq, x_ptr, B, K, g, k, kmask, wa, wb,
+                      HAS_NORM: tl.constexpr, PAIR: tl.constexpr, BLOCK_B: tl.constexpr):
+    """Row sums for 2..8 batch rows: each row of x is read from L2 and meets the weight tile(s)
+    ``wa`` (and ``wb`` when PAIR) already in registers, so the weights are read once for all rows."""
+    rows_of_batch = tl.arange(0, BLOCK_B)
+    for b in tl.static_range(BLOCK_B):
+        in_batch = (tl.zeros_like(k) + b) < B  # per lane: the mask stays a tensor of booleans
+        xb = tl.load(x_ptr + b * K + k, mask=kmask & in_batch, other=0.0, cache_modifier=".cg").to(tl.float32)
+        sumsq = tl.where(rows_of_batch == b, sumsq + tl.sum(xb * xb, axis=0), sumsq)
+        if HAS_NORM:
+            xb = xb * g
+        hit = rows_of_batch[:, None] == b
+        acc_a = tl.where(hit, acc_a + tl.sum(wa * xb[None, :], axis=1)[None, :], acc_a)
+        if PAIR:
+            acc_b = tl.where(hit, acc_b + tl.sum(wb * xb[None, :], axis=1)[None, :], acc_b)
+    return acc_a, acc_b, sumsq
+
+
+@jit
 def _accumulate(acc, xg, wv, BLOCK_B: tl.constexpr, DOT_PREC: tl.constexpr):
     if BLOCK_B == 1:
         acc += tl.sum(wv.to(tl.float32) * xg, axis=1)[None, :]
@@ -75,11 +97,20 @@ def rows_dot(
     sumsq = tl.zeros([BLOCK_B], dtype=tl.float32)
     w_rows = w_ptr + rows.to(tl.int64)[:, None] * K
     for k0 in range(k_start, k_stop, BLOCK_K):
-        xv, xg, k, kmask = _x_chunk(x_ptr, B, K, g_ptr, k0, k_stop, HAS_NORM, BLOCK_B, BLOCK_K)
-        wv = tl.load(w_rows + k[None, :], mask=row_mask[:, None] & kmask[None, :], other=0.0,
-                     eviction_policy="evict_first")
-        acc = _accumulate(acc, xg, wv, BLOCK_B, DOT_PREC)
-        sumsq += tl.sum(xv * xv, axis=1)
+        if (BLOCK_B > 1) and (BLOCK_B <= SMALL_BATCH):
+            k = k0 + tl.arange(0, BLOCK_K)
+            kmask = k < k_stop
+            wv = tl.load(w_rows + k[None, :], mask=row_mask[:, None] & kmask[None, :], other=0.0,
+                         eviction_policy="evict_first").to(tl.float32)
+            g = tl.load(g_ptr + k, mask=kmask, other=0.0).to(tl.float32)
+            acc, unused, sumsq = _small_batch_rows(acc, acc, sumsq, x_ptr, B, K, g, k, kmask, wv, wv,
+                                                   HAS_NORM, False, BLOCK_B)
+        else:
+            xv, xg, k, kmask = _x_chunk(x_ptr, B, K, g_ptr, k0, k_stop, HAS_NORM, BLOCK_B, BLOCK_K)
+            wv = tl.load(w_rows + k[None, :], mask=row_mask[:, None] & kmask[None, :], other=0.0,
+                         eviction_policy="evict_first")
+            acc = _accumulate(acc, xg, wv, BLOCK_B, DOT_PREC)
+            sumsq += tl.sum(xv * xv, axis=1)
     if HAS_NORM:
         acc = acc * (1.0 / tl.sqrt(sumsq / K + eps))[:, None]
     return acc
@@ -98,13 +129,23 @@ def rows_dot_pair(
     w_a = w_ptr + rows_a.to(tl.int64)[:, None] * K
     w_b = w_ptr + rows_b.to(tl.int64)[:, None] * K
     for k0 in range(0, K, BLOCK_K):
-        xv, xg, k, kmask = _x_chunk(x_ptr, B, K, g_ptr, k0, K, HAS_NORM, BLOCK_B, BLOCK_K)
-        wmask = row_mask[:, None] & kmask[None, :]
-        wa = tl.load(w_a + k[None, :], mask=wmask, other=0.0, eviction_policy="evict_first")
-        wb = tl.load(w_b + k[None, :], mask=wmask, other=0.0, eviction_policy="evict_first")
-        acc_a = _accumulate(acc_a, xg, wa, BLOCK_B, DOT_PREC)
-        acc_b = _accumulate(acc_b, xg, wb, BLOCK_B, DOT_PREC)
-        sumsq += tl.sum(xv * xv, axis=1)
+        if (BLOCK_B > 1) and (BLOCK_B <= SMALL_BATCH):
+            k = k0 + tl.arange(0, BLOCK_K)
+            kmask = k < K
+            wmask = row_mask[:, None] & kmask[None, :]
+            wa = tl.load(w_a + k[None, :], mask=wmask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+            wb = tl.load(w_b + k[None, :], mask=wmask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+            g = tl.load(g_ptr + k, mask=kmask, other=0.0).to(tl.float32)
+            acc_a, acc_b, sumsq = _small_batch_rows(acc_a, acc_b, sumsq, x_ptr, B, K, g, k, kmask, wa, wb,
+                                                    HAS_NORM, True, BLOCK_B)
+        else:
+            xv, xg, k, kmask = _x_chunk(x_ptr, B, K, g_ptr, k0, K, HAS_NORM, BLOCK_B, BLOCK_K)
+            wmask = row_mask[:, None] & kmask[None, :]
+            wa = tl.load(w_a + k[None, :], mask=wmask, other=0.0, eviction_policy="evict_first")
+            wb = tl.load(w_b + k[None, :], mask=wmask, other=0.0, eviction_policy="evict_first")
+            acc_a = _accumulate(acc_a, xg, wa, BLOCK_B, DOT_PREC)
+            acc_b = _accumulate(acc_b, xg, wb, BLOCK_B, DOT_PREC)
+            sumsq += tl.sum(xv * xv, axis=1)
     if HAS_NORM:
         scale = (1.0 / tl.sqrt(sumsq / K + eps))[:, None]
         acc_a = acc_a * scale

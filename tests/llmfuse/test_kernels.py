@@ -33,14 +33,16 @@ def _setup(batch, dtype, gen, bias=False, split_k=None):
     cache.k.normal_(generator=None)
     cache.v.normal_()
     slot = 13
-    kv_start = torch.tensor([0, 4, 13, 2, 7][:batch])
+    kv_start = torch.tensor([0, 4, 13, 2, 7] * 4)[:batch]
     buf.slot.fill_(slot)
     buf.kv_start.copy_(kv_start)
     buf.x.copy_(torch.randn(batch, cfg.hidden_size, generator=gen))
     return cfg, w64, wk, plan, buf, cache, slot, kv_start
 
 
-CASES = [(1, torch.float32), (3, torch.float32), (3, torch.bfloat16), (2, torch.float16)]
+# batch 1 and 2..8: row sums (one tile of weights meets every row of x); 9: tensor-core tiles
+CASES = [(1, torch.float32), (3, torch.float32), (3, torch.bfloat16), (2, torch.float16), (9, torch.float32),
+         (9, torch.bfloat16)]
 
 
 @pytest.mark.parametrize("batch, dtype", CASES)
@@ -88,7 +90,7 @@ def test_decode_attention_splits_merge_to_attention(batch, dtype, gen):
     assert_close(buf.attn.cpu().reshape(batch, -1), expected[:, 0], dtype, name="kernel-merged attention")
 
 
-@pytest.mark.parametrize("batch, dtype, split_k", [(*case, 1) for case in CASES] + [(3, torch.float32, 3)])
+@pytest.mark.parametrize("batch, dtype, split_k", [(*case, 1) for case in CASES] + [(9, torch.float32, 3)])
 def test_o_proj_adds_residual(batch, dtype, split_k, gen):
     """split_k > 1: parts of K add into x with atomics."""
     cfg, w64, wk, plan, buf, cache, slot, kv_start = _setup(batch, dtype, gen, split_k=split_k)
@@ -100,7 +102,7 @@ def test_o_proj_adds_residual(batch, dtype, split_k, gen):
     assert_close(buf.x.cpu() - x0, expected - x0, dtype, name="o_proj update")
 
 
-@pytest.mark.parametrize("batch, dtype, split_k", [(*case, 1) for case in CASES] + [(2, torch.bfloat16, 2)])
+@pytest.mark.parametrize("batch, dtype, split_k", [(*case, 1) for case in CASES] + [(9, torch.bfloat16, 2)])
 def test_gate_up_silu_and_down_residual(batch, dtype, split_k, gen):
     cfg, w64, wk, plan, buf, cache, slot, kv_start = _setup(batch, dtype, gen, split_k=split_k)
     buf.h.fill_(float("nan"))
@@ -126,7 +128,7 @@ def test_lm_head_logits_and_fused_argmax(batch, dtype, gen):
     assert math.isfinite(float(buf.best.max()))
 
 
-@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("batch", [1, 3, 9])
 def test_lm_head_fused_sampling_is_the_gumbel_max_of_the_reference(batch, gen):
     cfg, w64, wk, plan, buf, cache, slot, kv_start = _setup(batch, torch.float32, gen)
     seed, temperature = 987654321, 0.7
