@@ -140,3 +140,19 @@ def test_layer_errors_are_clear(gen, device):
         GATConv(6, 4, 0)
     with pytest.raises(ValueError, match="attn_drop"):
         GATConv(6, 4, 2, attn_drop=1.5)
+
+
+@pytest.mark.gpu
+def test_forward_is_capturable_in_a_cuda_graph(gen, device):
+    edges = corner_case_edges(gen).to(device)
+    graph = Graph(edges, 29)
+    layer = GATConv(6, 4, 2, allow_zero_in_degree=True).to(device)
+    x = torch.randn(29, 6, generator=gen).to(device)
+    with torch.no_grad():
+        expected = layer(graph, x)  # first call builds the schedule (host work) outside the capture
+        cuda_graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(cuda_graph):
+            captured = layer(graph, x)
+        cuda_graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, expected)
