@@ -150,6 +150,11 @@ def test_forward_is_capturable_in_a_cuda_graph(gen, device):
     x = torch.randn(29, 6, generator=gen).to(device)
     with torch.no_grad():
         expected = layer(graph, x)  # first call builds the schedule (host work) outside the capture
+        side = torch.cuda.Stream()  # warm-up on a side stream, as torch.cuda.graph asks
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            layer(graph, x)
+        torch.cuda.current_stream().wait_stream(side)
         cuda_graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(cuda_graph):
             captured = layer(graph, x)
