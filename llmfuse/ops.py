@@ -52,7 +52,7 @@ class DecodePlan:
     prefetch: int = 0  # weight elements each looped program prefetches per barrier (0: none)
     prefetch_block: int = 1024
     num_warps: int = 4  # 8 for batch 64: the [64, n] accumulators need the registers of 256 threads
-    split_k: int = 1  # K parts per residual-projection tile (> 1, opt-in: atomic adds, not bitwise reproducible)
+    split_k: int = 1  # K parts per residual-projection tile (summed in order by the last part to finish)
 
     def tiles(self, cfg: LlamaConfig) -> dict[str, int]:
         """Tiles of each instruction (the grid of its per-layer launch)."""
@@ -74,9 +74,8 @@ def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, 
     On the GPU tiles are small enough that every instruction has about one tile per
     multiprocessor or more (decode is bandwidth-bound: all SMs must stream weights); under
     the interpreter tiles are large, because each program costs Python time.
-    ``n_splits`` overrides the number of attention splits; ``split_k > 1`` (opt-in) splits
-    the K of the residual projections over programs that add with atomics — more tiles for
-    tensor-core batches, but no longer bitwise reproducible; ``looped_programs`` the
+    ``n_splits`` overrides the number of attention splits and ``split_k`` the number of K
+    parts of the residual projections (tests); ``looped_programs`` the
     looped kernel's grid (default: 1 under the interpreter, where programs run one after
     another; on the GPU 0, meaning all co-resident programs, see :func:`looped_decode`).
     """
@@ -124,9 +123,10 @@ def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, 
     prefetch = 16384 if compiled and looped_programs != 1 else 0
     num_warps = 8 if compiled and block_b >= 64 else 4
     if split_k is None:
-        # Deterministic by default: the K parts of a split add into x with float32 atomics in
-        # any order, so results (and greedy or seeded tokens) could differ run to run.
-        split_k = 1
+        # Row-sum tiles stream their K in 1024-wide chunks one after another: split K so that
+        # no residual-projection tile has more than a few (1B: W_down 8 chunks -> 4).
+        shortest_k = min(cfg.num_attention_heads * cfg.head_dim, cfg.intermediate_size)
+        split_k = max(1, min(4, shortest_k // block_k)) if compiled and batch <= SMALL_BATCH else 1
     return DecodePlan(**{**plan.__dict__, "looped_programs": looped_programs, "prefetch": prefetch,
                          "num_warps": num_warps, "split_k": split_k})
 
@@ -141,6 +141,8 @@ class DecodeBuffers:
     lse: torch.Tensor  # [B, Hq, n_splits] their logsumexp
     attn: torch.Tensor  # [B, Hq, D] merged attention
     sem: torch.Tensor  # [B, Hkv] int32: splits finished per group (0 between launches)
+    proj_part: torch.Tensor  # [split_k, B, H] float32: K-part partial sums of the residual projections
+    proj_sem: torch.Tensor  # [H tiles] int32: K parts finished per feature tile (0 between launches)
     h: torch.Tensor  # [B, I] SiLU(gate) * up
     logits: torch.Tensor  # [B, V]
     best: torch.Tensor  # [B, vocab tiles] tile maxima
@@ -164,6 +166,8 @@ class DecodeBuffers:
             lse=torch.zeros(B, hq, plan.n_splits, dtype=f32, device=device),
             attn=torch.zeros(B, hq, d, dtype=f32, device=device),
             sem=torch.zeros(B, cfg.num_key_value_heads, dtype=torch.int32, device=device),
+            proj_part=torch.zeros(plan.split_k, B, cfg.hidden_size, dtype=f32, device=device),
+            proj_sem=torch.zeros(cdiv(cfg.hidden_size, plan.block_n), dtype=torch.int32, device=device),
             h=torch.zeros(B, cfg.intermediate_size, dtype=dtype, device=device),
             logits=torch.zeros(B, cfg.vocab_size, dtype=f32, device=device),
             best=torch.zeros(B, vt, dtype=f32, device=device),
@@ -219,7 +223,8 @@ def decode_attention(cfg: LlamaConfig, layer: int, cache: KVCache, buf: DecodeBu
 def o_proj(w: LlamaWeights, cfg: LlamaConfig, layer: int, buf: DecodeBuffers, plan: DecodePlan) -> None:
     """x += attn W_oᵀ (instruction 3)."""
     residual_proj_kernel[(plan.tiles(cfg)["o_proj"],)](
-        layer, buf.attn, w.wo, buf.x, plan.batch, cfg.hidden_size, cfg.num_attention_heads * cfg.head_dim,
+        layer, buf.attn, w.wo, buf.x, buf.proj_part, buf.proj_sem, plan.batch, cfg.hidden_size,
+        cfg.num_attention_heads * cfg.head_dim,
         plan.split_k, BLOCK_B=plan.block_b, BLOCK_N=plan.block_n, BLOCK_K=plan.block_k,
         DOT_PREC=plan.dot_prec, num_warps=plan.num_warps,
     )
@@ -238,7 +243,8 @@ def gate_up(w: LlamaWeights, cfg: LlamaConfig, layer: int, buf: DecodeBuffers, p
 def down_proj(w: LlamaWeights, cfg: LlamaConfig, layer: int, buf: DecodeBuffers, plan: DecodePlan) -> None:
     """x += h W_downᵀ (instruction 5)."""
     residual_proj_kernel[(plan.tiles(cfg)["down"],)](
-        layer, buf.h, w.w_down, buf.x, plan.batch, cfg.hidden_size, cfg.intermediate_size, plan.split_k,
+        layer, buf.h, w.w_down, buf.x, buf.proj_part, buf.proj_sem, plan.batch, cfg.hidden_size,
+        cfg.intermediate_size, plan.split_k,
         BLOCK_B=plan.block_b, BLOCK_N=plan.block_n, BLOCK_K=plan.block_k,
         DOT_PREC=plan.dot_prec, num_warps=plan.num_warps,
     )
@@ -324,7 +330,8 @@ def looped_decode(w: LlamaWeights, cfg: LlamaConfig, cache: KVCache, buf: Decode
     tiles = plan.tiles(cfg)
     args = (
         buf.x, w.attn_norm, w.wqkv, w.bqkv if w.bqkv is not None else w.wqkv, inv_freq, buf.kv_start, buf.slot,
-        buf.q, cache.k, cache.v, buf.part, buf.lse, buf.attn, buf.sem, w.wo, w.mlp_norm, w.w_gate_up, buf.h, w.w_down,
+        buf.q, cache.k, cache.v, buf.part, buf.lse, buf.attn, buf.sem, buf.proj_part, buf.proj_sem, w.wo,
+        w.mlp_norm, w.w_gate_up, buf.h, w.w_down,
         w.final_norm, w.lm_head, buf.logits, buf.best, buf.best_idx, buf.seed, buf.inv_temperature, buf.counter,
         buf.timeout,
         cfg.num_hidden_layers, plan.batch, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads,

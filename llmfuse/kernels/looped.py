@@ -64,7 +64,8 @@ def _barrier(counter_ptr, index, pid, nprog, sink, w_ptr, n, start, max_polls, t
 @jit(do_not_specialize=["B", "S", "n_splits", "split_len", "stop_stage", "max_polls"])
 def looped_decode_kernel(
     x_ptr, attn_norm_ptr, wqkv_ptr, bqkv_ptr, inv_freq_ptr, kv_start_ptr, slot_ptr,
-    q_ptr, k_cache_ptr, v_cache_ptr, part_ptr, lse_ptr, attn_ptr, sem_ptr, wo_ptr, mlp_norm_ptr, w_gate_up_ptr,
+    q_ptr, k_cache_ptr, v_cache_ptr, part_ptr, lse_ptr, attn_ptr, sem_ptr, proj_part_ptr, proj_sem_ptr, wo_ptr,
+    mlp_norm_ptr, w_gate_up_ptr,
     h_ptr, w_down_ptr, final_norm_ptr, head_ptr, logits_ptr, best_ptr, best_idx_ptr, seed_ptr, inv_temp_ptr,
     counter_ptr, timeout_ptr,
     L, B, H, HQ, HKV, D, S, I, V, eps, n_splits, split_len, sm_scale, n_vocab_tiles, stop_stage, max_polls,
@@ -110,7 +111,8 @@ def looped_decode_kernel(
                             max_polls, timeout_ptr, PREFETCH, PREFETCH_BLOCK)
         if stage + 2 < stop_stage:
             for tile in range(pid, hidden_tiles, nprog):
-                residual_proj_tile(tile, layer, attn_ptr, wo_ptr, x_ptr, B, H, HQ * D, split_k,
+                residual_proj_tile(tile, layer, attn_ptr, wo_ptr, x_ptr, proj_part_ptr, proj_sem_ptr, B, H, HQ * D,
+                                   split_k,
                                    BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC)
             sink = _barrier(counter_ptr, layer * 4 + 1, pid, nprog, sink, w_gate_up_ptr + layer64 * gate_up_size,
                             gate_up_size, 0, max_polls, timeout_ptr, PREFETCH, PREFETCH_BLOCK)
@@ -122,7 +124,8 @@ def looped_decode_kernel(
                             down_size, 0, max_polls, timeout_ptr, PREFETCH, PREFETCH_BLOCK)
         if stage + 4 < stop_stage:
             for tile in range(pid, hidden_tiles, nprog):
-                residual_proj_tile(tile, layer, h_ptr, w_down_ptr, x_ptr, B, H, I, split_k,
+                residual_proj_tile(tile, layer, h_ptr, w_down_ptr, x_ptr, proj_part_ptr, proj_sem_ptr, B, H, I,
+                                   split_k,
                                    BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC)
             if layer + 1 < L:
                 sink = _barrier(counter_ptr, layer * 4 + 3, pid, nprog, sink, wqkv_ptr + (layer64 + 1) * qkv_size,

@@ -8,10 +8,11 @@ Instruction 3 (output projection): ``a`` = the merged attention [B, Hq·D], ``W`
 Instruction 5 (down projection):   ``a`` = the MLP activation h [B, I],   ``W`` = W_down.
 The two differ only in their operands, so they share this one tile function and kernel.
 A tile is (BLOCK_N features, one of ``split_k`` parts of K).  With ``split_k = 1`` each
-program owns its features and adds in place (deterministic, the default); with
-``split_k > 1`` (opt-in: more tiles for the 16-row tensor-core tiles of large batches) the
-parts add into x with float32 atomics, whose order — hence the last bits — may vary
-between runs.
+program owns its features and adds in place.  With ``split_k > 1`` (more, shorter tiles:
+the K loop of a tile is a chain of dependent loads, so W_down's long rows are split) each
+part stores its partial sum; the last part of a feature tile to finish (a semaphore count
+with acquire-release order, reset by that program) adds the parts in their fixed order to
+x — deterministic, and no program waits.
 Bytes: H·K weight elements once, ``a`` (B·K/split_k, from L2) per program, x read and written.
 """
 
@@ -24,7 +25,7 @@ from .matvec import rows_dot
 
 @jit
 def residual_proj_tile(
-    tile, layer, a_ptr, w_ptr, x_ptr, B, H, K, split_k,
+    tile, layer, a_ptr, w_ptr, x_ptr, part_ptr, sem_ptr, B, H, K, split_k,
     BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
     n_tile = tile // split_k
@@ -44,14 +45,25 @@ def residual_proj_tile(
         x_old = tl.load(x_ptr + x_off, mask=mask, other=0.0, cache_modifier=".cg")
         tl.store(x_ptr + x_off, x_old + acc, mask=mask)
     else:
-        tl.atomic_add(x_ptr + x_off, acc, mask=mask, sem="relaxed", scope="gpu")
+        # The last of the tile's K parts to finish adds all parts in their fixed order:
+        # deterministic, and no program waits.
+        tl.store(part_ptr + k_part * B * H + x_off, acc, mask=mask)
+        tl.debug_barrier()
+        finished = tl.atomic_add(sem_ptr + n_tile, 1, sem="acq_rel", scope="gpu")
+        if finished == split_k - 1:
+            total = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)
+            for p in range(split_k):
+                total += tl.load(part_ptr + p * B * H + x_off, mask=mask, other=0.0, cache_modifier=".cg")
+            x_old = tl.load(x_ptr + x_off, mask=mask, other=0.0, cache_modifier=".cg")
+            tl.store(x_ptr + x_off, x_old + total, mask=mask)
+            tl.atomic_xchg(sem_ptr + n_tile, 0, sem="relaxed", scope="gpu")
 
 
 # Sizes that change from call to call are not specialized: one compile serves them all.
 @jit(do_not_specialize=["layer"])
 def residual_proj_kernel(
-    layer, a_ptr, w_ptr, x_ptr, B, H, K, split_k,
+    layer, a_ptr, w_ptr, x_ptr, part_ptr, sem_ptr, B, H, K, split_k,
     BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
-    residual_proj_tile(tl.program_id(0), layer, a_ptr, w_ptr, x_ptr, B, H, K, split_k,
+    residual_proj_tile(tl.program_id(0), layer, a_ptr, w_ptr, x_ptr, part_ptr, sem_ptr, B, H, K, split_k,
                        BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC)

@@ -92,12 +92,13 @@ def test_decode_attention_splits_merge_to_attention(batch, dtype, gen):
 
 @pytest.mark.parametrize("batch, dtype, split_k", [(*case, 1) for case in CASES] + [(9, torch.float32, 3)])
 def test_o_proj_adds_residual(batch, dtype, split_k, gen):
-    """split_k > 1: parts of K add into x with atomics."""
+    """split_k > 1: the last K part of each feature tile sums all parts into x."""
     cfg, w64, wk, plan, buf, cache, slot, kv_start = _setup(batch, dtype, gen, split_k=split_k)
     assert plan.split_k == split_k
     buf.attn.copy_(torch.randn(buf.attn.shape, generator=gen))
     x0 = buf.x.cpu().double()
     ops.o_proj(wk, cfg, LAYER, buf, plan)
+    assert int(buf.proj_sem.abs().sum()) == 0, "the last K part of each tile resets its semaphore"
     expected = ref.o_proj_step(w64, LAYER, buf.attn.cpu().double().reshape(batch, -1), x0)
     assert_close(buf.x.cpu() - x0, expected - x0, dtype, name="o_proj update")
 
