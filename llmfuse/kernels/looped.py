@@ -112,8 +112,7 @@ def looped_decode_kernel(
         if stage + 2 < stop_stage:
             for tile in range(pid, hidden_tiles, nprog):
                 residual_proj_tile(tile, layer, attn_ptr, wo_ptr, x_ptr, proj_part_ptr, proj_sem_ptr, B, H, HQ * D,
-                                   split_k,
-                                   BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC)
+                                   split_k, BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC)
             sink = _barrier(counter_ptr, layer * 4 + 1, pid, nprog, sink, w_gate_up_ptr + layer64 * gate_up_size,
                             gate_up_size, 0, max_polls, timeout_ptr, PREFETCH, PREFETCH_BLOCK)
         if stage + 3 < stop_stage:
@@ -125,8 +124,7 @@ def looped_decode_kernel(
         if stage + 4 < stop_stage:
             for tile in range(pid, hidden_tiles, nprog):
                 residual_proj_tile(tile, layer, h_ptr, w_down_ptr, x_ptr, proj_part_ptr, proj_sem_ptr, B, H, I,
-                                   split_k,
-                                   BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC)
+                                   split_k, BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC)
             if layer + 1 < L:
                 sink = _barrier(counter_ptr, layer * 4 + 3, pid, nprog, sink, wqkv_ptr + (layer64 + 1) * qkv_size,
                                 qkv_size, 0, max_polls, timeout_ptr, PREFETCH, PREFETCH_BLOCK)
