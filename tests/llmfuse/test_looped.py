@@ -127,7 +127,7 @@ def test_gpu_full_grid_looped_equals_per_layer_and_reference(batch, dtype, gen):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("looped", [False, True])
-@pytest.mark.parametrize("batch", [3, 8, 64])
+@pytest.mark.parametrize("batch", [5, 64])  # the row-sum and the tensor-core tiles (compiles shared with above)
 def test_gpu_default_plan_is_bitwise_reproducible(looped, batch, gen):
     """Issue 8: the same step twice gives identical logits (no order-dependent atomics anywhere)."""
     device = test_device()
