@@ -38,13 +38,9 @@ _MASK32 = 0xFFFFFFFF
 
 @jit
 def philox_words(seed, stream, position):
-    """Four uint32 Philox-4x32-10 words for counter (stream, position) under key ``seed``.
-
-    ``stream`` and ``position`` may be tensors or scalars, constants included (Triton turns an
-    integer argument equal to 1 into a constant).
-    """
-    stream = tl.to_tensor(stream).to(tl.int64)
-    position = tl.to_tensor(position).to(tl.int64)
+    """Four uint32 Philox-4x32-10 words for counter (stream, position) under key ``seed``."""
+    stream = stream.to(tl.int64)
+    position = position.to(tl.int64)
     c0 = (stream & 0xFFFFFFFF).to(tl.uint32)
     c1 = ((stream >> 32) & 0xFFFFFFFF).to(tl.uint32)
     c2 = (position & 0xFFFFFFFF).to(tl.uint32)

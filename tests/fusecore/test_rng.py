@@ -122,16 +122,6 @@ def test_uniforms_exact_and_normals_close(gen, device):
     assert float(u.min()) >= 0.0 and float(u.max()) < 1.0
 
 
-@pytest.mark.parametrize("position", [0, 1, 2**33 + 5])
-def test_constant_positions_are_accepted(position, device):
-    """Integer arguments equal to 1 become compile-time constants in Triton; the helpers take them."""
-    n, seed = 5, 77
-    u = poisoned((n, 4), torch.float32, device)
-    z = poisoned((n, 4), torch.float32, device)
-    _draw_kernel[(1,)](u, z, n, seed, position, BLOCK=8)
-    np.testing.assert_array_equal(u.cpu().numpy(), uniform_reference(seed, np.arange(n), position))
-
-
 def test_distribution_moments():
     draws = uniform_reference(7, np.arange(20000), 3).ravel()
     assert abs(draws.mean() - 0.5) < 0.01
