@@ -24,6 +24,9 @@ def _ms(value: float) -> str:
     return f"{value:.3f}" if value < 100 else f"{value:.1f}"
 
 
+UNLIKE_QUALIFIERS = ("cuda graph", "stats only")
+
+
 def _is_fusekit(r: Record) -> bool:
     """Rows of fusekit's own kernels (implementation names start with 'fused' or say 'looped')."""
     name = r.implementation.lower()
@@ -42,8 +45,9 @@ def _headline(records: list[Record]) -> list[str]:
     ]
     for (domain, case), group in groups.items():
         ours = [r for r in group if _is_fusekit(r)]
-        # like for like: a CUDA-graph replay is the headline only where every fusekit row is one
-        plain = [r for r in ours if "cuda graph" not in r.implementation.lower()]
+        # like for like: a CUDA-graph replay, or a run that skips the trajectory, is the headline
+        # only where every fusekit row is one
+        plain = [r for r in ours if not any(q in r.implementation.lower() for q in UNLIKE_QUALIFIERS)]
         ours = plain or ours
         if not ours:
             continue
