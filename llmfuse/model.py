@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from fusecore import backend
+from fusecore import PhiloxStream, backend
 
 from . import ops
 from . import reference as ref
@@ -227,7 +227,7 @@ class LlamaModel:
         # need the whole distribution and sample the written logits on the host.
         fused_sampling = temperature > 0 and top_k is None and (top_p is None or top_p >= 1)
         if seed is None:
-            seed = int(torch.randint(0, 2**62, (1,)).item())
+            seed = PhiloxStream.from_torch().seed
         gen = None
         if temperature > 0 and not fused_sampling:
             gen = torch.Generator(device=self.device)
