@@ -6,7 +6,7 @@ piece the running maximum ``m``, the sum ``s = Σ exp(score − m)`` and the wei
 ``acc = Σ exp(score − m) v``.  Pieces merge exactly through their logsumexp
 ``lse = m + log s``:  ``out = Σ_p exp(lse_p − lse) out_p`` with ``lse = logsumexp_p lse_p``.
 
-Kernel helpers (elementwise, any shape) and the host-side merge used by launchers and as
+The kernel helper (elementwise, any shape) and the host-side merge used by launchers and as
 the tests' oracle live here once.
 """
 
@@ -18,15 +18,6 @@ import triton.language as tl
 from .backend import jit
 
 NEG_INF = float("-inf")
-
-
-@jit
-def lse_add(a, b):
-    """log(exp(a) + exp(b)), stable, with -inf meaning 'empty' on either side."""
-    hi = tl.maximum(a, b)
-    lo = tl.minimum(a, b)
-    safe_hi = tl.where(hi == float("-inf"), 0.0, hi)
-    return tl.where(hi == float("-inf"), float("-inf"), safe_hi + tl.log(1.0 + tl.exp(lo - safe_hi)))
 
 
 @jit
