@@ -22,6 +22,7 @@ argument.  Under :func:`fusecore.use_reference` they run :mod:`gnnfuse.reference
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -29,6 +30,7 @@ from torch.autograd.function import once_differentiable
 from fusecore import PhiloxStream, backend, cdiv, next_power_of_2
 
 from .graph import Graph, as_graph
+from .kernels.scores import SCORE_DOT, SCORE_GAT, SCORE_GATV2
 from .schedule import Buckets, ScheduleOptions
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -59,45 +61,76 @@ def _dropout_args(dropout_p: float) -> tuple[float, bool]:
     return (1.0 / (1.0 - dropout_p) if dropout_p > 0 else 1.0), dropout_p > 0
 
 
-def gat_forward(
-    graph: Graph, wh: torch.Tensor, el: torch.Tensor, er: torch.Tensor, negative_slope: float,
-    dropout_p: float, seed: int, offset: int, options: ScheduleOptions | None, out_dtype: torch.dtype | None = None,
+@dataclass(frozen=True)
+class AttentionInputs:
+    """The tensors of one fused attention call by role (contiguous, on one device).
+
+    ``score`` is :data:`~gnnfuse.kernels.scores.SCORE_GAT`, ``SCORE_GATV2`` or ``SCORE_DOT``;
+    ``src_term`` / ``dst_term`` are the score's two sides (``el`` / ``er`` ``[N, H]``; ``fs`` /
+    ``fd``; ``k`` / ``q`` ``[N, H, D]``); ``value`` the aggregated features (``Wh``, ``fs``,
+    ``v``); ``attn`` GATv2's ``[H, D]`` vector; ``edge`` the dot score's projected edge
+    features ``[E, H, D]`` in CSR order (added to keys and values).
+    """
+
+    score: int
+    src_term: torch.Tensor
+    dst_term: torch.Tensor
+    value: torch.Tensor
+    attn: torch.Tensor | None = None
+    edge: torch.Tensor | None = None
+    negative_slope: float = 0.2
+    scale: float = 1.0
+
+    def pointers(self) -> tuple[torch.Tensor, ...]:
+        """(src_term, dst_term, attn, value, edge) kernel arguments; unused roles get a
+        tensor the kernel never reads."""
+        unused = self.dst_term
+        attn = unused if self.attn is None else self.attn
+        edge = unused if self.edge is None else self.edge
+        return self.src_term, self.dst_term, attn, self.value, edge
+
+
+def attention_forward(
+    graph: Graph, inputs: AttentionInputs, dropout_p: float, seed: int, offset: int,
+    options: ScheduleOptions | None, out_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the fused forward on checked, contiguous inputs; returns ``(out, lse)``.
 
-    ``out`` is written in ``out_dtype`` (default: ``wh``'s dtype; the backward asks for the
-    accumulation dtype so that ``δ = <g, out>`` is not computed from a rounded output).
+    ``out`` is written in ``out_dtype`` (default: the values' dtype; the backward asks for
+    the accumulation dtype so that ``δ = <g, out>`` is not computed from a rounded output).
     """
-    from .kernels.gat_forward import gat_forward_light_kernel, gat_forward_rows_kernel
+    from .kernels.attention_forward import attention_forward_light_kernel, attention_forward_rows_kernel
     from .kernels.merge import lse_merge_kernel
 
-    num_nodes, heads, head_dim = wh.shape
-    acc = el.dtype
-    out = _new_output(tuple(wh.shape), out_dtype or wh.dtype, wh.device)
-    lse = _new_output((num_nodes, heads), acc, wh.device)
+    value = inputs.value
+    num_nodes, heads, head_dim = value.shape
+    acc = accumulation_dtype(value.dtype)
+    out = _new_output(tuple(value.shape), out_dtype or value.dtype, value.device)
+    lse = _new_output((num_nodes, heads), acc, value.device)
     if num_nodes == 0:
         return out, lse
-    schedule = graph.schedule(heads, head_dim, wh.dtype, options)
+    schedule = graph.schedule(heads, head_dim, value.dtype, options)
     block_h, block_d = schedule.block_h, schedule.block_d
     keep_scale, use_dropout = _dropout_args(dropout_p)
-    rng_args = (negative_slope, dropout_p, keep_scale, seed, offset)
+    scalars = (inputs.negative_slope, inputs.scale, dropout_p, keep_scale, seed, offset)
+    flags = {"DROPOUT": use_dropout, "SCORE": inputs.score, "EDGE": inputs.edge is not None}
+    tensors = inputs.pointers()
     buckets = schedule.incoming
     for width, rows, starts, stops in buckets.light:
         per_program = schedule.light_rows_per_program(width, block_h * block_d)
-        gat_forward_light_kernel[(cdiv(rows.numel(), per_program),)](
-            graph.csr_src, rows, starts, stops, el, er, wh, out, lse, rows.numel(), heads, head_dim, *rng_args,
-            ROWS=per_program, BLOCK_E=width, BLOCK_H=block_h, BLOCK_D=block_d, DROPOUT=use_dropout,
+        attention_forward_light_kernel[(cdiv(rows.numel(), per_program),)](
+            graph.csr_src, rows, starts, stops, *tensors, out, lse, rows.numel(), heads, head_dim, *scalars,
+            ROWS=per_program, BLOCK_E=width, BLOCK_H=block_h, BLOCK_D=block_d, **flags,
         )
     for rows, starts, stops, count, pieces in _row_launches(buckets):
         if pieces:
-            target_out = _new_output((count, heads, head_dim), acc, wh.device)
-            target_lse = _new_output((count, heads), acc, wh.device)
+            target_out = _new_output((count, heads, head_dim), acc, value.device)
+            target_lse = _new_output((count, heads), acc, value.device)
         else:
             target_out, target_lse = out, lse
-        gat_forward_rows_kernel[(count,)](
-            graph.csr_src, rows, starts, stops, el, er, wh, target_out, target_lse,
-            heads, head_dim, *rng_args,
-            BLOCK_E=schedule.medium_block_e, BLOCK_H=block_h, BLOCK_D=block_d, PIECES=pieces, DROPOUT=use_dropout,
+        attention_forward_rows_kernel[(count,)](
+            graph.csr_src, rows, starts, stops, *tensors, target_out, target_lse, heads, head_dim, *scalars,
+            BLOCK_E=schedule.medium_block_e, BLOCK_H=block_h, BLOCK_D=block_d, PIECES=pieces, **flags,
         )
         if pieces:
             lse_merge_kernel[(buckets.super_rows.numel(),)](
@@ -105,6 +138,15 @@ def gat_forward(
                 BLOCK_P=max(1, MERGE_TILE // (block_h * block_d)), BLOCK_H=block_h, BLOCK_D=block_d,
             )
     return out, lse
+
+
+def gat_forward(
+    graph: Graph, wh: torch.Tensor, el: torch.Tensor, er: torch.Tensor, negative_slope: float,
+    dropout_p: float, seed: int, offset: int, options: ScheduleOptions | None, out_dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`attention_forward` with the GAT score (``el``, ``er`` in the accumulation dtype)."""
+    inputs = AttentionInputs(SCORE_GAT, el, er, wh, negative_slope=negative_slope)
+    return attention_forward(graph, inputs, dropout_p, seed, offset, options, out_dtype)
 
 
 def _merge_sums(buckets: Buckets, part: torch.Tensor, out: torch.Tensor) -> None:
@@ -118,74 +160,118 @@ def _merge_sums(buckets: Buckets, part: torch.Tensor, out: torch.Tensor) -> None
     )
 
 
+def attention_backward(
+    graph: Graph, inputs: AttentionInputs, lse: torch.Tensor, out: torch.Tensor, grad_out: torch.Tensor,
+    dropout_p: float, seed: int, offset: int, options: ScheduleOptions | None,
+    grad_value_dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Gradients of the fused attention, without atomics: ``(∂value, ∂src-side, ∂dst_term, ∂edge)``.
+
+    ``∂value`` in ``grad_value_dtype`` (default: the values' dtype), the rest in the
+    accumulation dtype.  The source-side output is ``∂el [N, H]`` (GAT), ``∂k`` (dot) or, for
+    GATv2, the per-source-row partial sums of ``∂attn`` ``[N, H, D]`` (the score's share of
+    ``∂fs`` is already in ``∂value``); ``∂edge [E, H, D]`` (CSR order) only with edge features.
+    """
+    from .kernels.attention_backward import (
+        attention_backward_dst_kernel,
+        attention_backward_src_kernel,
+        attention_backward_src_light_kernel,
+        row_sum_kernel,
+        row_sum_light_kernel,
+    )
+
+    value = inputs.value
+    num_nodes, heads, head_dim = value.shape
+    device = value.device
+    acc = accumulation_dtype(value.dtype)
+    src_shape = (num_nodes, heads) if inputs.score == SCORE_GAT else (num_nodes, heads, head_dim)
+    grad_value = _new_output(tuple(value.shape), grad_value_dtype or value.dtype, device)
+    grad_src = _new_output(src_shape, acc, device)
+    grad_dst = _new_output(src_shape, acc, device)
+    has_edge = inputs.edge is not None
+    grad_edge = _new_output(tuple(inputs.edge.shape), acc, device) if has_edge else None
+    if num_nodes == 0:
+        return grad_value, grad_src, grad_dst, grad_edge
+    schedule = graph.schedule(heads, head_dim, value.dtype, options)
+    block_h, block_d = schedule.block_h, schedule.block_d
+    keep_scale, use_dropout = _dropout_args(dropout_p)
+    scalars = (inputs.negative_slope, inputs.scale, dropout_p, keep_scale, seed, offset)
+    flags = {"DROPOUT": use_dropout, "SCORE": inputs.score, "EDGE": has_edge}
+    # δ_i = <g_i, out_i> per head: one pass over node rows instead of one over edges.
+    delta = _head_dot(grad_out, out, acc)
+    grad_s = _new_output((max(graph.num_edges, 1), heads), acc, device)
+    src_tensors = (*inputs.pointers(), lse, grad_out, delta)
+    edge_out = grad_s if grad_edge is None else grad_edge
+    outgoing = schedule.outgoing
+    for width, rows, starts, stops in outgoing.light:
+        # two feature tiles live at once (output gradients and own features): half the rows
+        per_program = schedule.light_rows_per_program(width, 2 * block_h * block_d)
+        attention_backward_src_light_kernel[(cdiv(rows.numel(), per_program),)](
+            graph.rev_dst, graph.rev_pos, rows, starts, stops, *src_tensors, grad_value, grad_src, edge_out, grad_s,
+            rows.numel(), heads, head_dim, *scalars,
+            ROWS=per_program, BLOCK_E=width, BLOCK_H=block_h, BLOCK_D=block_d, **flags,
+        )
+    for rows, starts, stops, count, pieces in _row_launches(outgoing):
+        if pieces:
+            target_value = _new_output((count, heads, head_dim), acc, device)
+            target_src = _new_output((count, *src_shape[1:]), acc, device)
+        else:
+            target_value, target_src = grad_value, grad_src
+        attention_backward_src_kernel[(count,)](
+            graph.rev_dst, graph.rev_pos, rows, starts, stops, *src_tensors,
+            target_value, target_src, edge_out, grad_s, heads, head_dim, *scalars,
+            BLOCK_E=schedule.medium_block_e, BLOCK_H=block_h, BLOCK_D=block_d, PIECES=pieces, **flags,
+        )
+        if pieces:
+            _merge_sums(outgoing, target_value, grad_value)
+            _merge_sums(outgoing, target_src, grad_src)
+    incoming = schedule.incoming
+    if inputs.score == SCORE_GAT:
+        for width, rows, starts, stops in incoming.light:
+            per_program = schedule.light_rows_per_program(width, block_h)
+            row_sum_light_kernel[(cdiv(rows.numel(), per_program),)](
+                rows, starts, stops, grad_s, grad_dst, rows.numel(), heads,
+                ROWS=per_program, BLOCK_E=width, BLOCK_W=block_h,
+            )
+        for rows, starts, stops, count, pieces in _row_launches(incoming):
+            target_dst = _new_output((count, heads), acc, device) if pieces else grad_dst
+            row_sum_kernel[(count,)](
+                rows, starts, stops, grad_s, target_dst, heads,
+                BLOCK_E=max(16, min(ROW_SUM_MAX_EDGES, schedule.tiles.tile_elements // block_h)), BLOCK_W=block_h,
+                PIECES=pieces,
+            )
+            if pieces:
+                _merge_sums(incoming, target_dst, grad_dst)
+        return grad_value, grad_src, grad_dst, grad_edge
+    # GATv2 / dot: every destination row through the row kernel, light rows included (one
+    # program per row; their degree fits one BLOCK_E block).
+    dst_tensors = (graph.csr_src,)
+    dst_args = (inputs.src_term, inputs.dst_term, inputs.pointers()[2], inputs.pointers()[4], grad_s)
+    launches = [(rows, starts, stops, rows.numel(), False) for _, rows, starts, stops in incoming.light]
+    for rows, starts, stops, count, pieces in [*launches, *_row_launches(incoming)]:
+        target_dst = _new_output((count, heads, head_dim), acc, device) if pieces else grad_dst
+        attention_backward_dst_kernel[(count,)](
+            *dst_tensors, rows, starts, stops, *dst_args, target_dst, heads, head_dim,
+            inputs.negative_slope, inputs.scale,
+            BLOCK_E=schedule.medium_block_e, BLOCK_H=block_h, BLOCK_D=block_d, PIECES=pieces,
+            SCORE=inputs.score, EDGE=has_edge,
+        )
+        if pieces:
+            _merge_sums(incoming, target_dst, grad_dst)
+    return grad_value, grad_src, grad_dst, grad_edge
+
+
 def gat_backward(
     graph: Graph, wh: torch.Tensor, el: torch.Tensor, er: torch.Tensor, lse: torch.Tensor, out: torch.Tensor,
     grad_out: torch.Tensor, negative_slope: float, dropout_p: float, seed: int, offset: int,
     options: ScheduleOptions | None, grad_wh_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients ``(∂wh, ∂el, ∂er)`` of the fused attention, without atomics (``∂wh`` in
+    """Gradients ``(∂wh, ∂el, ∂er)`` of the fused GAT attention, without atomics (``∂wh`` in
     ``grad_wh_dtype``, default ``wh``'s dtype)."""
-    from .kernels.gat_backward import (
-        gat_backward_src_kernel,
-        gat_backward_src_light_kernel,
-        row_sum_kernel,
-        row_sum_light_kernel,
+    inputs = AttentionInputs(SCORE_GAT, el, er, wh, negative_slope=negative_slope)
+    grad_wh, grad_el, grad_er, _ = attention_backward(
+        graph, inputs, lse, out, grad_out, dropout_p, seed, offset, options, grad_wh_dtype
     )
-
-    num_nodes, heads, head_dim = wh.shape
-    acc = el.dtype
-    grad_wh = _new_output(tuple(wh.shape), grad_wh_dtype or wh.dtype, wh.device)
-    grad_el = _new_output((num_nodes, heads), acc, wh.device)
-    grad_er = _new_output((num_nodes, heads), acc, wh.device)
-    if num_nodes == 0:
-        return grad_wh, grad_el, grad_er
-    schedule = graph.schedule(heads, head_dim, wh.dtype, options)
-    block_h, block_d = schedule.block_h, schedule.block_d
-    keep_scale, use_dropout = _dropout_args(dropout_p)
-    rng_args = (negative_slope, dropout_p, keep_scale, seed, offset)
-    # δ_i = <g_i, out_i> per head: one pass over node rows instead of one over edges.
-    delta = _head_dot(grad_out, out, acc)
-    grad_z = _new_output((max(graph.num_edges, 1), heads), acc, wh.device)
-    src_tensors = (el, er, wh, lse, grad_out, delta)
-    outgoing = schedule.outgoing
-    for width, rows, starts, stops in outgoing.light:
-        # two feature tiles live at once (output gradients and own features): half the rows
-        per_program = schedule.light_rows_per_program(width, 2 * block_h * block_d)
-        gat_backward_src_light_kernel[(cdiv(rows.numel(), per_program),)](
-            graph.rev_dst, graph.rev_pos, rows, starts, stops, *src_tensors, grad_wh, grad_el, grad_z,
-            rows.numel(), heads, head_dim, *rng_args,
-            ROWS=per_program, BLOCK_E=width, BLOCK_H=block_h, BLOCK_D=block_d, DROPOUT=use_dropout,
-        )
-    for rows, starts, stops, count, pieces in _row_launches(outgoing):
-        if pieces:
-            target_wh = _new_output((count, heads, head_dim), acc, wh.device)
-            target_el = _new_output((count, heads), acc, wh.device)
-        else:
-            target_wh, target_el = grad_wh, grad_el
-        gat_backward_src_kernel[(count,)](
-            graph.rev_dst, graph.rev_pos, rows, starts, stops, *src_tensors,
-            target_wh, target_el, grad_z, heads, head_dim, *rng_args,
-            BLOCK_E=schedule.medium_block_e, BLOCK_H=block_h, BLOCK_D=block_d, PIECES=pieces, DROPOUT=use_dropout,
-        )
-        if pieces:
-            _merge_sums(outgoing, target_wh, grad_wh)
-            _merge_sums(outgoing, target_el, grad_el)
-    incoming = schedule.incoming
-    for width, rows, starts, stops in incoming.light:
-        per_program = schedule.light_rows_per_program(width, block_h)
-        row_sum_light_kernel[(cdiv(rows.numel(), per_program),)](
-            rows, starts, stops, grad_z, grad_er, rows.numel(), heads,
-            ROWS=per_program, BLOCK_E=width, BLOCK_W=block_h,
-        )
-    for rows, starts, stops, count, pieces in _row_launches(incoming):
-        target_er = _new_output((count, heads), acc, wh.device) if pieces else grad_er
-        row_sum_kernel[(count,)](
-            rows, starts, stops, grad_z, target_er, heads,
-            BLOCK_E=max(16, min(ROW_SUM_MAX_EDGES, schedule.tiles.tile_elements // block_h)), BLOCK_W=block_h,
-            PIECES=pieces,
-        )
-        if pieces:
-            _merge_sums(incoming, target_er, grad_er)
     return grad_wh, grad_el, grad_er
 
 
@@ -218,14 +304,14 @@ class GATAttentionFunction(torch.autograd.Function):
         return grad_wh, grad_el, grad_er, None, None, None, None, None, None
 
 
-def _check_wh(graph: Graph, wh: torch.Tensor) -> None:
+def _check_wh(graph: Graph, wh: torch.Tensor, name: str = "wh") -> None:
     if wh.dim() != 3:
-        raise ValueError(f"wh must have shape [num_nodes, heads, head_dim], got {tuple(wh.shape)}")
+        raise ValueError(f"{name} must have shape [num_nodes, heads, head_dim], got {tuple(wh.shape)}")
     num_nodes, heads, head_dim = wh.shape
     if num_nodes != graph.num_nodes:
-        raise ValueError(f"wh has {num_nodes} rows but the graph has num_nodes={graph.num_nodes}")
+        raise ValueError(f"{name} has {num_nodes} rows but the graph has num_nodes={graph.num_nodes}")
     if heads < 1 or head_dim < 1:
-        raise ValueError(f"wh must have at least one head and head_dim >= 1, got shape {tuple(wh.shape)}")
+        raise ValueError(f"{name} must have at least one head and head_dim >= 1, got shape {tuple(wh.shape)}")
 
 
 def _check_features(graph: Graph, wh: torch.Tensor, el: torch.Tensor, er: torch.Tensor) -> None:
@@ -452,6 +538,204 @@ def gat(
         wh.contiguous(), attn_l.reshape(1, heads, head_dim), attn_r.reshape(1, heads, head_dim), graph,
         float(negative_slope), dropout, seed, offset, schedule,
     )
+
+
+class GATv2Function(torch.autograd.Function):
+    """GATv2 attention from ``(fs, fd, attn)``: forward saves ``fs, fd, attn, out, lse``; the
+    backward's source pass adds the score's share into ``∂fs`` and writes per-row partial
+    sums of ``∂attn`` (summed here), the destination pass gives ``∂fd``."""
+
+    @staticmethod
+    def forward(ctx, fs, fd, attn, graph, negative_slope, dropout_p, seed, offset, options):  # type: ignore[override]
+        inputs = AttentionInputs(SCORE_GATV2, fs, fd, fs, attn=attn, negative_slope=negative_slope)
+        training = any(ctx.needs_input_grad[:3])
+        out_dtype = accumulation_dtype(fs.dtype) if training else fs.dtype
+        out, lse = attention_forward(graph, inputs, dropout_p, seed, offset, options, out_dtype)
+        ctx.save_for_backward(fs, fd, attn, out, lse)
+        ctx.graph = graph
+        ctx.config = (negative_slope, dropout_p, seed, offset, options)
+        return out.to(fs.dtype)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):  # type: ignore[override]
+        fs, fd, attn, out, lse = ctx.saved_tensors
+        negative_slope, dropout_p, seed, offset, options = ctx.config
+        inputs = AttentionInputs(SCORE_GATV2, fs, fd, fs, attn=attn, negative_slope=negative_slope)
+        grad_fs, attn_parts, grad_fd, _ = attention_backward(
+            ctx.graph, inputs, lse, out, grad_out.contiguous(), dropout_p, seed, offset, options
+        )
+        grad_attn = attn_parts.sum(0).reshape(attn.shape).to(attn.dtype)
+        return grad_fs, grad_fd.to(fd.dtype), grad_attn, None, None, None, None, None, None
+
+
+class TransformerAttentionFunction(torch.autograd.Function):
+    """Scaled dot-product graph attention from ``(q, k, v[, e])`` (``e`` ``[E, H, D]`` in CSR
+    order): forward saves the inputs, ``out`` and ``lse``; backward is FlashAttention's over
+    the graph — ``∂v``, ``∂k`` (and ``∂e``) in the source pass, ``∂q`` in the destination pass."""
+
+    @staticmethod
+    def forward(ctx, query, key, value, edge, graph, scale, dropout_p, seed, offset, options):  # type: ignore[override]
+        inputs = AttentionInputs(SCORE_DOT, key, query, value, edge=edge, scale=scale)
+        training = any(ctx.needs_input_grad[:4])
+        out_dtype = accumulation_dtype(value.dtype) if training else value.dtype
+        out, lse = attention_forward(graph, inputs, dropout_p, seed, offset, options, out_dtype)
+        ctx.save_for_backward(query, key, value, edge, out, lse)
+        ctx.graph = graph
+        ctx.config = (scale, dropout_p, seed, offset, options)
+        return out.to(value.dtype)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):  # type: ignore[override]
+        query, key, value, edge, out, lse = ctx.saved_tensors
+        scale, dropout_p, seed, offset, options = ctx.config
+        inputs = AttentionInputs(SCORE_DOT, key, query, value, edge=edge, scale=scale)
+        grad_v, grad_k, grad_q, grad_e = attention_backward(
+            ctx.graph, inputs, lse, out, grad_out.contiguous(), dropout_p, seed, offset, options
+        )
+        grad_e = None if grad_e is None else grad_e.to(edge.dtype)
+        return (grad_q.to(query.dtype), grad_k.to(key.dtype), grad_v, grad_e,
+                None, None, None, None, None, None)
+
+
+def _check_same_shape(graph: Graph, reference_name: str, reference: torch.Tensor, **others: torch.Tensor) -> None:
+    _check_wh(graph, reference, reference_name)
+    for name, t in others.items():
+        if t.shape != reference.shape:
+            raise ValueError(
+                f"{name} must have the shape of {reference_name} {list(reference.shape)}, got {list(t.shape)}"
+            )
+
+
+def gatv2(
+    graph,
+    feat_src: torch.Tensor,
+    feat_dst: torch.Tensor,
+    attn: torch.Tensor,
+    *,
+    negative_slope: float = 0.2,
+    dropout: float = 0.0,
+    rng: PhiloxStream | None = None,
+    schedule: ScheduleOptions | None = None,
+) -> torch.Tensor:
+    """Fused GATv2 attention (Brody et al., 2022) over ``graph``.
+
+    ``feat_src``, ``feat_dst``: ``[N, H, D]`` projected features as source and as destination
+    (pass the same tensor twice for shared weights); ``attn``: ``H·D`` elements (DGL's
+    ``(1, H, D)``).  Per head::
+
+        s_ij = Σ_d attn_d · LeakyReLU(fs_j + fd_i)_d,   α_i· = softmax_j s_i·,   out_i = Σ_j α_ij fs_j
+
+    The ``[E, H, D]`` edge vectors exist only in registers; ``∂attn`` is reduced over
+    per-source-row partials (deterministic).  ``dropout``, ``rng``, ``schedule`` as in
+    :func:`gat_attention`.  Returns ``[N, H, D]`` in ``feat_src``'s dtype.
+    """
+    graph = as_graph(graph)
+    backend.check_dtypes(FLOAT_DTYPES, feat_src=feat_src, feat_dst=feat_dst)
+    backend.check_dtypes(FLOAT_DTYPES, same=False, attn=attn)
+    _check_same_shape(graph, "feat_src", feat_src, feat_dst=feat_dst)
+    heads, head_dim = feat_src.shape[1], feat_src.shape[2]
+    if attn.numel() != heads * head_dim:
+        raise ValueError(f"attn must have {heads} x {head_dim} elements (shape (1, H, D)), got {tuple(attn.shape)}")
+    dropout = _check_dropout(dropout)
+    seed, offset = _rng_pair(rng, dropout, heads)
+    if backend.reference_enabled():
+        from .reference import gatv2_reference
+
+        return gatv2_reference(
+            graph, feat_src, feat_dst, attn, negative_slope=negative_slope, dropout=dropout, seed=seed, offset=offset
+        )[0].to(feat_src.dtype)
+    backend.check_devices(feat_src=feat_src, feat_dst=feat_dst, attn=attn, graph=graph.indptr)
+    return GATv2Function.apply(
+        feat_src.contiguous(), feat_dst.contiguous(), attn.reshape(heads, head_dim).contiguous(), graph,
+        float(negative_slope), dropout, seed, offset, schedule,
+    )
+
+
+def transformer_attention(
+    graph,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    edge: torch.Tensor | None = None,
+    *,
+    scale: float | None = None,
+    dropout: float = 0.0,
+    rng: PhiloxStream | None = None,
+    schedule: ScheduleOptions | None = None,
+) -> torch.Tensor:
+    """Fused Graph Transformer attention (PyG TransformerConv's message and aggregation).
+
+    ``query``, ``key``, ``value``: ``[N, H, D]`` (one dtype); ``edge``: optional projected
+    edge features ``[E, H, D]`` in the graph's input edge order (``edge_index`` order, like
+    PyG's ``edge_attr``), added to keys and values.  Per head::
+
+        s_ij = scale · q_i · (k_j + e_ij),   α_i· = softmax_j s_i·,   out_i = Σ_j α_ij (v_j + e_ij)
+
+    ``scale`` defaults to ``1/√D``.  First version for edge features: ``edge`` is a
+    materialized ``[E, H, D]`` tensor (permuted once to CSR order) and its gradient is one
+    too; without edge features nothing per edge beyond ``[E, H]`` is stored.  ``dropout``,
+    ``rng``, ``schedule`` as in :func:`gat_attention`.  Returns ``[N, H, D]`` in ``value``'s dtype.
+    """
+    graph = as_graph(graph)
+    backend.check_dtypes(FLOAT_DTYPES, query=query, key=key, value=value, edge=edge)
+    _check_same_shape(graph, "value", value, query=query, key=key)
+    if edge is not None and tuple(edge.shape) != (graph.num_edges, *value.shape[1:]):
+        raise ValueError(
+            f"edge must have shape [num_edges, heads, head_dim] = {[graph.num_edges, *value.shape[1:]]}, "
+            f"got {list(edge.shape)}"
+        )
+    scale = value.shape[-1] ** -0.5 if scale is None else scale
+    if not (isinstance(scale, (int, float)) and math.isfinite(scale)):
+        raise ValueError(f"scale must be a finite float, got {scale!r}")
+    dropout = _check_dropout(dropout)
+    seed, offset = _rng_pair(rng, dropout, value.shape[1])
+    if backend.reference_enabled():
+        from .reference import transformer_attention_reference
+
+        return transformer_attention_reference(
+            graph, query, key, value, edge, scale=scale, dropout=dropout, seed=seed, offset=offset
+        )[0].to(value.dtype)
+    backend.check_devices(query=query, key=key, value=value, edge=edge, graph=graph.indptr)
+    edge_csr = None if edge is None else edge[graph.csr_eid.long()].contiguous()
+    return TransformerAttentionFunction.apply(
+        query.contiguous(), key.contiguous(), value.contiguous(), edge_csr, graph, float(scale), dropout, seed,
+        offset, schedule,
+    )
+
+
+def agnn(
+    graph,
+    feat: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    schedule: ScheduleOptions | None = None,
+) -> torch.Tensor:
+    """Fused AGNN propagation (Thekumparampil et al., 2018): ``out_i = Σ_{j->i} α_ij h_j`` with
+    ``α_i· = softmax_j β cos(h_i, h_j)``.
+
+    ``feat``: ``[N, D]`` (or ``[N, H, D]``, one attention per head); ``beta``: a one-element
+    tensor.  The cosine is the dot product of unit rows ``ĥ = h / max(‖h‖, 1e-12)``, so this is
+    the fused dot-product attention with ``q = β ĥ``, ``k = ĥ``, ``v = h`` and scale 1; the
+    normalization and ``β`` are per-node PyTorch ops whose gradients autograd takes through
+    ``∂q`` and ``∂k``.  Returns ``feat``'s shape and dtype.
+    """
+    graph = as_graph(graph)
+    backend.check_dtypes(FLOAT_DTYPES, same=False, feat=feat, beta=beta)
+    if feat.dim() not in (2, 3):
+        raise ValueError(f"feat must have shape [num_nodes, D] or [num_nodes, H, D], got {tuple(feat.shape)}")
+    if beta.numel() != 1:
+        raise ValueError(f"beta must have exactly one element, got shape {tuple(beta.shape)}")
+    h = feat.reshape(feat.shape[0], -1, feat.shape[-1])
+    _check_wh(graph, h, "feat")
+    if backend.reference_enabled():
+        from .reference import agnn_reference
+
+        return agnn_reference(graph, feat, beta).to(feat.dtype)
+    unit = torch.nn.functional.normalize(h, p=2, dim=-1)
+    query = beta.reshape(()).to(unit.dtype) * unit
+    return transformer_attention(graph, query, unit, h, scale=1.0, schedule=schedule).reshape(feat.shape)
 
 
 def gat_floor_bytes(graph: Graph, heads: int, head_dim: int, dtype: torch.dtype, backward: bool = False) -> int:

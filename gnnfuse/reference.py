@@ -1,4 +1,4 @@
-"""Unfused PyTorch GAT: the same math as the fused kernels, one op at a time.
+"""Unfused PyTorch attention layers (GAT, GATv2, Graph Transformer, AGNN), one op at a time.
 
 It is the benchmarks' baseline (what a user writes with gather / scatter in PyTorch) and,
 in float64, the tests' oracle.  It materializes the per-edge scores ``[E, H]`` and the
@@ -26,6 +26,36 @@ def dropout_keep_mask(graph: Graph, heads: int, dropout: float, seed: int, offse
     return torch.from_numpy(uniform >= dropout).to(graph.device)
 
 
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float64 stays float64; everything else is computed in float32 (as the kernels accumulate)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def edge_softmax_aggregate(
+    graph: Graph, scores: torch.Tensor, messages: torch.Tensor, *, dropout: float = 0.0, seed: int = 0,
+    offset: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(out [N, H, D], lse [N, H])`` from per-edge ``scores [E, H]`` and ``messages [E, H, D]``
+    in CSR order: ``α = softmax`` of the scores over each row's incoming edges (then dropout
+    with scale ``1 / (1 − dropout)``), ``out_i = Σ_j α_ij m_ij``.  Rows without incoming edges
+    give zeros and ``lse = -inf``.  Differentiable in both tensors."""
+    num_nodes, heads = graph.num_nodes, scores.shape[1]
+    dtype, device = scores.dtype, scores.device
+    dst = graph.csr_dst.long()
+    row_max = torch.full((num_nodes, heads), float("-inf"), dtype=dtype, device=device)
+    row_max = row_max.scatter_reduce(0, dst[:, None].expand_as(scores), scores.detach(), "amax")
+    exp_scores = torch.exp(scores - row_max[dst])
+    row_sum = torch.zeros(num_nodes, heads, dtype=dtype, device=device).index_add(0, dst, exp_scores)
+    alpha = exp_scores / row_sum[dst]
+    if dropout > 0:
+        keep = dropout_keep_mask(graph, heads, dropout, seed, offset)
+        alpha = torch.where(keep, alpha / (1.0 - dropout), torch.zeros_like(alpha))
+    weighted = alpha[:, :, None] * messages  # [E, H, D]
+    out = torch.zeros(num_nodes, *messages.shape[1:], dtype=dtype, device=device).index_add(0, dst, weighted)
+    lse = torch.where(row_sum > 0, row_max + torch.log(row_sum.clamp_min(1e-300)), torch.full_like(row_sum, -torch.inf))
+    return out, lse.detach()
+
+
 def gat_attention_reference(
     graph,
     wh: torch.Tensor,
@@ -44,21 +74,80 @@ def gat_attention_reference(
     ``lse = -inf``.
     """
     graph = as_graph(graph)
-    num_nodes, heads, _ = wh.shape
-    dtype = el.dtype
     src = graph.csr_src.long()
     dst = graph.csr_dst.long()
     scores = torch.nn.functional.leaky_relu(el[src] + er[dst], negative_slope)  # [E, H]
-    row_max = torch.full((num_nodes, heads), float("-inf"), dtype=dtype, device=wh.device)
-    row_max = row_max.scatter_reduce(0, dst[:, None].expand_as(scores), scores.detach(), "amax")
-    exp_scores = torch.exp(scores - row_max[dst])
-    row_sum = torch.zeros(num_nodes, heads, dtype=dtype, device=wh.device).index_add(0, dst, exp_scores)
-    alpha = exp_scores / row_sum[dst]
-    if dropout > 0:
-        keep = dropout_keep_mask(graph, heads, dropout, seed, offset)
-        alpha = torch.where(keep, alpha / (1.0 - dropout), torch.zeros_like(alpha))
-    messages = alpha[:, :, None] * wh.to(dtype)[src]  # [E, H, D]
-    out = torch.zeros(num_nodes, *wh.shape[1:], dtype=dtype, device=wh.device).index_add(0, dst, messages)
-    lse = torch.where(row_sum > 0, row_max + torch.log(row_sum.clamp_min(1e-300)), torch.full_like(row_sum, -torch.inf))
-    return out, lse.detach()
+    messages = wh.to(el.dtype)[src]  # [E, H, D]
+    return edge_softmax_aggregate(graph, scores, messages, dropout=dropout, seed=seed, offset=offset)
 
+
+def gatv2_reference(
+    graph,
+    feat_src: torch.Tensor,
+    feat_dst: torch.Tensor,
+    attn: torch.Tensor,
+    *,
+    negative_slope: float = 0.2,
+    dropout: float = 0.0,
+    seed: int = 0,
+    offset: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GATv2 (Brody et al., 2022): ``(out, lse)`` with ``out_i = Σ_{j->i} α_ij fs_j`` and
+    ``α_i· = softmax_j Σ_d attn_hd · LeakyReLU(fs_j + fd_i)_hd``; ``feat_src``, ``feat_dst``
+    ``[N, H, D]``, ``attn`` ``H·D`` elements.  Computed in float32 (float64 for float64 inputs),
+    materializing the ``[E, H, D]`` edge vectors the fused kernel never stores."""
+    graph = as_graph(graph)
+    dtype = _compute_dtype(feat_src.dtype)
+    fs, fd = feat_src.to(dtype), feat_dst.to(dtype)
+    src = graph.csr_src.long()
+    dst = graph.csr_dst.long()
+    heads, head_dim = fs.shape[1], fs.shape[2]
+    z = torch.nn.functional.leaky_relu(fs[src] + fd[dst], negative_slope)  # [E, H, D]
+    scores = (z * attn.to(dtype).reshape(1, heads, head_dim)).sum(-1)
+    return edge_softmax_aggregate(graph, scores, fs[src], dropout=dropout, seed=seed, offset=offset)
+
+
+def transformer_attention_reference(
+    graph,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    edge: torch.Tensor | None = None,
+    *,
+    scale: float | None = None,
+    dropout: float = 0.0,
+    seed: int = 0,
+    offset: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Graph Transformer attention (PyG TransformerConv's message): ``(out, lse)`` with
+    ``s_ij = scale · q_i · (k_j + e_ij)``, ``α = softmax_j s``, ``out_i = Σ_j α_ij (v_j + e_ij)``.
+
+    ``query``, ``key``, ``value`` ``[N, H, D]``; ``edge`` ``[E, H, D]`` in the graph's input edge
+    order (``edge_index`` order, as PyG's ``edge_attr``) or None; ``scale`` default ``1/√D``.
+    """
+    graph = as_graph(graph)
+    dtype = _compute_dtype(value.dtype)
+    scale = query.shape[-1] ** -0.5 if scale is None else scale
+    src = graph.csr_src.long()
+    dst = graph.csr_dst.long()
+    keys, values = key.to(dtype)[src], value.to(dtype)[src]
+    if edge is not None:
+        edge_csr = edge.to(dtype)[graph.csr_eid.long()]
+        keys, values = keys + edge_csr, values + edge_csr
+    scores = scale * (query.to(dtype)[dst] * keys).sum(-1)
+    return edge_softmax_aggregate(graph, scores, values, dropout=dropout, seed=seed, offset=offset)
+
+
+def agnn_reference(graph, feat: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+    """AGNN propagation (Thekumparampil et al., 2018; DGL's AGNNConv): ``out_i = Σ_{j->i} α_ij h_j``
+    with ``α_i· = softmax_j β cos(h_i, h_j)``; ``feat`` ``[N, D]`` (or ``[N, H, D]``: per head),
+    ``beta`` one element.  Returns ``feat``'s shape in the compute dtype."""
+    graph = as_graph(graph)
+    dtype = _compute_dtype(feat.dtype)
+    h = feat.to(dtype).reshape(feat.shape[0], -1, feat.shape[-1])
+    unit = torch.nn.functional.normalize(h, p=2, dim=-1)
+    src = graph.csr_src.long()
+    dst = graph.csr_dst.long()
+    scores = beta.to(dtype).reshape(()) * (unit[dst] * unit[src]).sum(-1)  # [E, H]
+    out, _ = edge_softmax_aggregate(graph, scores, h[src])
+    return out.reshape(feat.shape)

@@ -1,0 +1,293 @@
+"""Fused attention backward without atomics: a pass over sources, then a per-destination pass.
+
+With ``α_ij`` recomputed from the saved ``lse`` (no attention matrix stored), dropout
+``keep_ij / (1 − p)`` regenerated from the counter-based RNG (stream = CSR position),
+``α'_ij = α_ij keep_ij / (1 − p)``, ``g = ∂L/∂out``, values ``val_j (+ e_p)`` and the score
+``s_ij`` of :mod:`gnnfuse.kernels.scores` (``src_j``, ``dst_i`` its two sides)::
+
+    ∂L/∂val_j  = Σ_{i: j->i} α'_ij g_i                                    (aggregation)
+    δ_i        = Σ_j α'_ij <g_i, val_j + e_p> = <g_i, out_i>   per head   (given, like FlashAttention's D)
+    ∂L/∂s_ij   = α'_ij <g_i, val_j + e_p> − α_ij δ_i
+    ∂L/∂src_j  = Σ_{i: j->i} ∂s/∂src · ∂L/∂s_ij          ∂L/∂dst_i = Σ_{j: j->i} ∂s/∂dst · ∂L/∂s_ij
+    ∂L/∂e_p    = α'_ij g_i + ∂s/∂src · ∂L/∂s_ij                        (dot score with edge features)
+    ∂L/∂a      = Σ_edges ∂L/∂s_ij · LeakyReLU(fs_j + fd_i)              (GATv2)
+
+:func:`attention_backward_src_kernel` (and its light form) walks the reverse CSR: each
+program owns source rows (or pieces of split ones), so ``∂L/∂val_j`` and the per-source
+second output are written once, without atomics.  That second output is ``∂L/∂el`` ``[N, H]``
+for GAT, ``∂L/∂k`` for the dot score and, for GATv2 (whose values are its source terms, so
+the score's share is added into ``∂L/∂fs``), the source row's partial sum of ``∂L/∂a``
+(summed over rows by the launcher: deterministic, no atomics).  The pass also writes a
+per-(edge, head) value at the edge's CSR position — ``∂L/∂z`` for GAT, ``∂L/∂s`` otherwise,
+an E×H buffer, never E×H×D — which the destination pass reduces per row: a plain
+:func:`row_sum_kernel` for GAT (``∂L/∂er``), :func:`attention_backward_dst_kernel` for GATv2
+(``∂L/∂fd``) and the dot score (``∂L/∂q``, gathering the keys again).
+
+Bytes: the source pass gathers ``E·H·D`` elements of g (and of ``dst`` for GATv2 / dot) plus
+``E·H`` of lse and δ, writes ``E·H`` of ∂s and ``N·H·D`` gradients (and ``E·H·D`` edge-feature
+gradients with ``EDGE``); the destination pass reads ``E·H`` (GAT) or ``E·H·(D + 1)``.
+"""
+
+import triton.language as tl
+
+from fusecore.backend import jit
+
+from .dropout import attention_dropout
+from .scores import attn_grad_terms, edge_scores, score_grad
+from .tiles import flat_head_tile, head_tile, item_edges, light_edges
+
+
+@jit
+def attention_backward_src_kernel(
+    rev_dst_ptr, rev_pos_ptr, rows_ptr, starts_ptr, stops_ptr,
+    src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, edge_ptr, lse_ptr, grad_out_ptr, delta_ptr,
+    grad_value_ptr, grad_src_ptr, grad_edge_ptr, grad_s_ptr,
+    H, D, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
+    BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    PIECES: tl.constexpr, DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr,
+):
+    acc_dtype = lse_ptr.dtype.element_ty
+    pid = tl.program_id(0).to(tl.int64)
+    offs_e = tl.arange(0, BLOCK_E)
+    offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
+    HD = H * D
+    row, start, stop, out_index = item_edges(pid, rows_ptr, starts_ptr, stops_ptr, PIECES)
+    val_j = tl.load(value_ptr + row * HD + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)
+    if SCORE == 0:
+        src_j = tl.load(src_term_ptr + row * H + offs_h, mask=h_mask, other=0.0).to(acc_dtype)[None, :]
+        acc_src = tl.zeros([BLOCK_H], dtype=acc_dtype)
+        attn = src_j
+    else:
+        src_j = tl.load(src_term_ptr + row * HD + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
+        acc_src = tl.zeros([BLOCK_H, BLOCK_D], dtype=acc_dtype)
+        attn = tl.load(attn_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
+    acc_val = tl.zeros([BLOCK_H, BLOCK_D], dtype=acc_dtype)
+    for q0 in range(start, stop, BLOCK_E):
+        q = q0 + offs_e
+        e_mask = q < stop
+        dst = tl.load(rev_dst_ptr + q, mask=e_mask, other=0).to(tl.int64)
+        pos = tl.load(rev_pos_ptr + q, mask=e_mask, other=0).to(tl.int64)
+        eh_mask = e_mask[:, None] & h_mask[None, :]
+        eh_offs = dst[:, None] * H + offs_h[None, :]
+        feat_mask = e_mask[:, None, None] & hd_mask[None, :, :]
+        lse_i = tl.load(lse_ptr + eh_offs, mask=eh_mask, other=0.0).to(acc_dtype)
+        delta_i = tl.load(delta_ptr + eh_offs, mask=eh_mask, other=0.0).to(acc_dtype)
+        if SCORE == 0:
+            dst_i = tl.load(dst_term_ptr + eh_offs, mask=eh_mask, other=0.0).to(acc_dtype)
+            src_e = src_j
+        else:
+            dst_i = tl.load(dst_term_ptr + dst[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
+                            other=0.0).to(acc_dtype)
+            if SCORE == 2:
+                dst_i = dst_i * scale
+            if EDGE:
+                edge_e = tl.load(edge_ptr + pos[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
+                                 other=0.0).to(acc_dtype)
+                src_e = src_j + edge_e
+            else:
+                src_e = src_j
+        s = edge_scores(src_e, dst_i, attn, negative_slope, SCORE)
+        alpha = tl.where(eh_mask, tl.exp(s - lse_i), 0.0)
+        if DROPOUT:
+            alpha_kept = attention_dropout(alpha, pos[:, None], rng_offset + offs_h[None, :], seed, dropout_p,
+                                           keep_scale)
+        else:
+            alpha_kept = alpha
+        g_i = tl.load(grad_out_ptr + dst[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
+                      other=0.0).to(acc_dtype)
+        kept_g = alpha_kept[:, :, None] * g_i
+        acc_val += tl.sum(kept_g, axis=0)
+        if EDGE:
+            g_dot_val = tl.sum(g_i * (val_j[None, :, :] + edge_e), axis=2)
+        else:
+            g_dot_val = tl.sum(g_i * val_j[None, :, :], axis=2)
+        grad_s = alpha_kept * g_dot_val - alpha * delta_i
+        grad_src = score_grad(grad_s, src_e, dst_i, attn, negative_slope, SCORE)
+        if SCORE == 0:
+            acc_src += tl.sum(tl.where(eh_mask, grad_src, 0.0), axis=0)
+            grad_edge_head = grad_src
+        else:
+            if SCORE == 1:
+                acc_val += tl.sum(grad_src, axis=0)
+                acc_src += tl.sum(attn_grad_terms(grad_s, src_e, dst_i, negative_slope), axis=0)
+            else:
+                acc_src += tl.sum(grad_src, axis=0)
+            if EDGE:
+                tl.store(grad_edge_ptr + pos[:, None, None] * HD + hd_offs[None, :, :],
+                         (kept_g + grad_src).to(grad_edge_ptr.dtype.element_ty), mask=feat_mask)
+            grad_edge_head = grad_s
+        tl.store(grad_s_ptr + pos[:, None] * H + offs_h[None, :], grad_edge_head.to(grad_s_ptr.dtype.element_ty),
+                 mask=eh_mask)
+    tl.store(grad_value_ptr + out_index * HD + hd_offs, acc_val.to(grad_value_ptr.dtype.element_ty),
+             mask=hd_mask)
+    if SCORE == 0:
+        tl.store(grad_src_ptr + out_index * H + offs_h, acc_src.to(grad_src_ptr.dtype.element_ty), mask=h_mask)
+    else:
+        tl.store(grad_src_ptr + out_index * HD + hd_offs, acc_src.to(grad_src_ptr.dtype.element_ty), mask=hd_mask)
+
+
+@jit
+def attention_backward_src_light_kernel(
+    rev_dst_ptr, rev_pos_ptr, rows_ptr, starts_ptr, stops_ptr,
+    src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, edge_ptr, lse_ptr, grad_out_ptr, delta_ptr,
+    grad_value_ptr, grad_src_ptr, grad_edge_ptr, grad_s_ptr,
+    num_rows, H, D, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
+    ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr,
+):
+    """The source pass for ``ROWS`` light source rows per program, edges in one tile."""
+    acc_dtype = lse_ptr.dtype.element_ty
+    pid = tl.program_id(0).to(tl.int64)
+    offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
+    c_offs, c_mask = flat_head_tile(H, D, BLOCK_H, BLOCK_D)
+    HD = H * D
+    # q: reverse-CSR positions [ROWS, BLOCK_E]
+    rows, r_mask, q, e_mask = light_edges(pid, rows_ptr, starts_ptr, stops_ptr, num_rows, ROWS, BLOCK_E)
+    dst = tl.load(rev_dst_ptr + q, mask=e_mask, other=0).to(tl.int64)
+    pos = tl.load(rev_pos_ptr + q, mask=e_mask, other=0).to(tl.int64)
+    eh_mask = e_mask[:, :, None] & h_mask[None, None, :]                      # [ROWS, BLOCK_E, BLOCK_H]
+    eh_offs = dst[:, :, None] * H + offs_h[None, None, :]
+    lse_i = tl.load(lse_ptr + eh_offs, mask=eh_mask, other=0.0).to(acc_dtype)
+    delta_i = tl.load(delta_ptr + eh_offs, mask=eh_mask, other=0.0).to(acc_dtype)
+    rh_mask = r_mask[:, None] & h_mask[None, :]
+    # Flatten (row, edge) for the feature tiles [ROWS * BLOCK_E, BLOCK_H, BLOCK_D].
+    dst_flat = tl.reshape(dst, [ROWS * BLOCK_E])
+    e_flat = tl.reshape(e_mask, [ROWS * BLOCK_E])
+    rows_flat = tl.reshape(rows[:, None] + tl.zeros([ROWS, BLOCK_E], dtype=tl.int64), [ROWS * BLOCK_E])
+    feat_mask = e_flat[:, None, None] & hd_mask[None, :, :]
+    val_j = tl.load(value_ptr + rows_flat[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
+                    other=0.0).to(acc_dtype)
+    if SCORE == 0:
+        dst_i = tl.load(dst_term_ptr + eh_offs, mask=eh_mask, other=0.0).to(acc_dtype)
+        src_e = tl.load(src_term_ptr + rows[:, None] * H + offs_h[None, :], mask=rh_mask,
+                        other=0.0).to(acc_dtype)[:, None, :]
+        s = edge_scores(src_e, dst_i, negative_slope, negative_slope, SCORE)
+        attn = s
+    else:
+        dst_i = tl.load(dst_term_ptr + dst_flat[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
+                        other=0.0).to(acc_dtype)
+        if SCORE == 2:
+            dst_i = dst_i * scale
+        if SCORE == 1:
+            src_e = val_j
+        else:
+            src_e = tl.load(src_term_ptr + rows_flat[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
+                            other=0.0).to(acc_dtype)
+        if EDGE:
+            pos_flat = tl.reshape(pos, [ROWS * BLOCK_E])
+            edge_e = tl.load(edge_ptr + pos_flat[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
+                             other=0.0).to(acc_dtype)
+            src_e += edge_e
+        attn = tl.load(attn_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
+        s = tl.reshape(edge_scores(src_e, dst_i, attn, negative_slope, SCORE), [ROWS, BLOCK_E, BLOCK_H])
+    alpha = tl.where(eh_mask, tl.exp(s - lse_i), 0.0)
+    if DROPOUT:
+        alpha_kept = attention_dropout(alpha, pos[:, :, None], rng_offset + offs_h[None, None, :], seed, dropout_p,
+                                       keep_scale)
+    else:
+        alpha_kept = alpha
+    g_i = tl.load(grad_out_ptr + dst_flat[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
+                  other=0.0).to(acc_dtype)
+    kept_g = tl.reshape(alpha_kept, [ROWS * BLOCK_E, BLOCK_H])[:, :, None] * g_i
+    if EDGE:
+        val_e = val_j + edge_e
+    else:
+        val_e = val_j
+    g_dot_val = tl.reshape(tl.sum(g_i * val_e, axis=2), [ROWS, BLOCK_E, BLOCK_H])
+    grad_s = alpha_kept * g_dot_val - alpha * delta_i
+    if SCORE == 0:
+        grad_edge_head = tl.where(eh_mask, score_grad(grad_s, src_e, dst_i, attn, negative_slope, SCORE), 0.0)
+        tl.store(grad_src_ptr + rows[:, None] * H + offs_h[None, :],
+                 tl.sum(grad_edge_head, axis=1).to(grad_src_ptr.dtype.element_ty), mask=rh_mask)
+        grad_val = kept_g
+    else:
+        grad_edge_head = grad_s
+        grad_s_flat = tl.reshape(grad_s, [ROWS * BLOCK_E, BLOCK_H])
+        grad_src = score_grad(grad_s_flat, src_e, dst_i, attn, negative_slope, SCORE)
+        if SCORE == 1:
+            grad_val = kept_g + grad_src
+            src_terms = attn_grad_terms(grad_s_flat, src_e, dst_i, negative_slope)
+        else:
+            grad_val = kept_g
+            src_terms = grad_src
+        if EDGE:
+            tl.store(grad_edge_ptr + pos_flat[:, None, None] * HD + hd_offs[None, :, :],
+                     (kept_g + grad_src).to(grad_edge_ptr.dtype.element_ty), mask=feat_mask)
+        acc_src = tl.sum(tl.reshape(src_terms, [ROWS, BLOCK_E, BLOCK_H * BLOCK_D]), axis=1)
+        tl.store(grad_src_ptr + rows[:, None] * HD + c_offs[None, :], acc_src.to(grad_src_ptr.dtype.element_ty),
+                 mask=r_mask[:, None] & c_mask[None, :])
+    tl.store(grad_s_ptr + pos[:, :, None] * H + offs_h[None, None, :],
+             grad_edge_head.to(grad_s_ptr.dtype.element_ty), mask=eh_mask)
+    acc_val = tl.sum(tl.reshape(grad_val, [ROWS, BLOCK_E, BLOCK_H * BLOCK_D]), axis=1)
+    tl.store(grad_value_ptr + rows[:, None] * HD + c_offs[None, :], acc_val.to(grad_value_ptr.dtype.element_ty),
+             mask=r_mask[:, None] & c_mask[None, :])
+
+
+@jit
+def attention_backward_dst_kernel(
+    src_ptr, rows_ptr, starts_ptr, stops_ptr, src_term_ptr, dst_term_ptr, attn_ptr, edge_ptr, grad_s_ptr,
+    grad_dst_ptr, H, D, negative_slope, scale,
+    BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    PIECES: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr,
+):
+    """``∂L/∂dst_i = Σ_{j->i} ∂s/∂dst · ∂L/∂s_ij`` for GATv2 (``∂L/∂fd``) and the dot score
+    (``∂L/∂q``, the keys gathered again), from the source pass's ``∂L/∂s`` at CSR positions."""
+    acc_dtype = grad_s_ptr.dtype.element_ty
+    pid = tl.program_id(0).to(tl.int64)
+    offs_e = tl.arange(0, BLOCK_E)
+    offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
+    HD = H * D
+    row, start, stop, out_index = item_edges(pid, rows_ptr, starts_ptr, stops_ptr, PIECES)
+    dst_i = tl.load(dst_term_ptr + row * HD + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
+    attn = tl.load(attn_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
+    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=acc_dtype)
+    for e0 in range(start, stop, BLOCK_E):
+        pos = e0 + offs_e
+        e_mask = pos < stop
+        src = tl.load(src_ptr + pos, mask=e_mask, other=0).to(tl.int64)
+        feat_mask = e_mask[:, None, None] & hd_mask[None, :, :]
+        grad_s = tl.load(grad_s_ptr + pos[:, None] * H + offs_h[None, :], mask=e_mask[:, None] & h_mask[None, :],
+                         other=0.0)
+        src_j = tl.load(src_term_ptr + src[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
+                        other=0.0).to(acc_dtype)
+        if EDGE:
+            src_j += tl.load(edge_ptr + pos[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
+                             other=0.0).to(acc_dtype)
+        if SCORE == 2:
+            src_j = src_j * scale
+        acc += tl.sum(score_grad(grad_s, dst_i, src_j, attn, negative_slope, SCORE), axis=0)
+    tl.store(grad_dst_ptr + out_index * HD + hd_offs, acc.to(grad_dst_ptr.dtype.element_ty), mask=hd_mask)
+
+
+@jit
+def row_sum_kernel(
+    rows_ptr, starts_ptr, stops_ptr, values_ptr, out_ptr, W,
+    BLOCK_E: tl.constexpr, BLOCK_W: tl.constexpr, PIECES: tl.constexpr,
+):
+    """out[row, :W] = Σ_{p in the row's CSR range} values[p, :W] (or per piece when PIECES)."""
+    pid = tl.program_id(0).to(tl.int64)
+    offs_w = tl.arange(0, BLOCK_W)
+    offs_e = tl.arange(0, BLOCK_E)
+    w_mask = offs_w < W
+    _, start, stop, out_index = item_edges(pid, rows_ptr, starts_ptr, stops_ptr, PIECES)
+    acc = tl.zeros([BLOCK_W], dtype=values_ptr.dtype.element_ty)
+    for e0 in range(start, stop, BLOCK_E):
+        pos = e0 + offs_e
+        mask = (pos < stop)[:, None] & w_mask[None, :]
+        acc += tl.sum(tl.load(values_ptr + pos[:, None] * W + offs_w[None, :], mask=mask, other=0.0), axis=0)
+    tl.store(out_ptr + out_index * W + offs_w, acc.to(out_ptr.dtype.element_ty), mask=w_mask)
+
+
+@jit
+def row_sum_light_kernel(
+    rows_ptr, starts_ptr, stops_ptr, values_ptr, out_ptr, num_rows, W,
+    ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_W: tl.constexpr,
+):
+    """out[row, :W] = Σ over the row's CSR range of values[p, :W], ``ROWS`` light rows per program."""
+    pid = tl.program_id(0).to(tl.int64)
+    offs_w = tl.arange(0, BLOCK_W)
+    rows, r_mask, pos, e_mask = light_edges(pid, rows_ptr, starts_ptr, stops_ptr, num_rows, ROWS, BLOCK_E)
+    mask = e_mask[:, :, None] & (offs_w < W)[None, None, :]
+    values = tl.load(values_ptr + pos[:, :, None] * W + offs_w[None, None, :], mask=mask, other=0.0)
+    tl.store(out_ptr + rows[:, None] * W + offs_w[None, :], tl.sum(values, axis=1).to(out_ptr.dtype.element_ty),
+             mask=r_mask[:, None] & (offs_w < W)[None, :])

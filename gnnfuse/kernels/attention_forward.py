@@ -1,0 +1,175 @@
+"""Fused attention forward: edge scores, softmax over incoming edges and aggregation in one pass.
+
+For destination row ``i`` with incoming edges ``j -> i`` (CSR positions ``p``), all heads ``h``,
+the score ``s_ijh`` selected by the constexpr ``SCORE`` (:mod:`gnnfuse.kernels.scores`: GAT,
+GATv2 or scaled dot product) and values ``val_j`` (``Wh_j``, ``fs_j`` or ``v_j``)::
+
+    lse_ih = log Σ_j exp(s_ijh)                    (online: running max m and sum l)
+    α_ijh  = exp(s_ijh − lse_ih) · keep_ph / (1 − p_drop)
+    out_i  = Σ_j α_ijh (val_j + e_p)[h, :]
+
+``e_p`` (``EDGE``, dot score only) is the projected edge feature at CSR position ``p``; it is
+added to the key and to the value, as in PyG's TransformerConv.  ``keep_ph = uniform(seed,
+stream=p, position=offset + h) >= p_drop`` is attention dropout, regenerated in the backward
+pass from the same counter, never stored.  Only ``lse [N, H]`` is written beside the output.
+
+Two kernels, by row kind (:mod:`gnnfuse.schedule`):
+
+* :func:`attention_forward_light_kernel` — ``ROWS`` light rows per program, all their edges
+  in one ``[ROWS, BLOCK_E]`` tile (``BLOCK_E >=`` the rows' degree): an exact softmax per
+  row, no loop;
+* :func:`attention_forward_rows_kernel` — one item per program, its edges in blocks of
+  ``BLOCK_E`` with an online softmax.  An item is a whole medium row (``PIECES=False``:
+  final output written at the row) or one piece of a split super row (``PIECES=True``: the
+  normalized partial output and its logsumexp written at the piece index, merged later by
+  :mod:`gnnfuse.kernels.merge`).  Edge ranges ``starts[i] : stops[i]`` come from the schedule.
+
+Heads and head size are padded to powers of two (``BLOCK_H``, ``BLOCK_D``) and masked;
+accumulation is in the dtype of ``lse`` (float32, or float64 for float64 inputs).  Pointer
+arguments a score does not use (``attn`` outside GATv2, ``value`` for GATv2, ``edge`` without
+``EDGE``) are never read.
+
+Bytes per launch (the gather floor): ``E·H·D`` value elements gathered (GATv2: the same tile
+scores and aggregates; dot: keys and values, ``2·E·H·D``; GAT: ``E·H`` node scores), ``E``
+source ids, ``N·H·D`` outputs and ``N·H`` lse written; with ``EDGE`` another ``E·H·D``.
+"""
+
+import triton.language as tl
+
+from fusecore.backend import jit
+
+from .dropout import attention_dropout
+from .scores import edge_scores
+from .tiles import finish_softmax, flat_head_tile, head_tile, item_edges, light_edges
+
+
+@jit
+def attention_forward_rows_kernel(
+    src_ptr, rows_ptr, starts_ptr, stops_ptr,
+    src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, edge_ptr, out_ptr, lse_ptr,
+    H, D, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
+    BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    PIECES: tl.constexpr, DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr,
+):
+    acc_dtype = lse_ptr.dtype.element_ty
+    pid = tl.program_id(0).to(tl.int64)
+    offs_e = tl.arange(0, BLOCK_E)
+    offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
+    HD = H * D
+    row, start, stop, out_index = item_edges(pid, rows_ptr, starts_ptr, stops_ptr, PIECES)
+    if SCORE == 0:
+        dst_i = tl.load(dst_term_ptr + row * H + offs_h, mask=h_mask, other=0.0).to(acc_dtype)[None, :]
+        attn = dst_i
+    else:
+        dst_i = tl.load(dst_term_ptr + row * HD + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)
+        if SCORE == 2:
+            dst_i = dst_i * scale
+        dst_i = dst_i[None, :, :]
+        attn = tl.load(attn_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
+    m = tl.full([BLOCK_H], float("-inf"), dtype=acc_dtype)
+    l = tl.zeros([BLOCK_H], dtype=acc_dtype)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=acc_dtype)
+    for e0 in range(start, stop, BLOCK_E):
+        pos = e0 + offs_e
+        e_mask = pos < stop
+        src = tl.load(src_ptr + pos, mask=e_mask, other=0).to(tl.int64)
+        feat_mask = e_mask[:, None, None] & hd_mask[None, :, :]
+        if SCORE == 0:
+            eh_mask = e_mask[:, None] & h_mask[None, :]
+            src_j = tl.load(src_term_ptr + src[:, None] * H + offs_h[None, :], mask=eh_mask, other=0.0).to(acc_dtype)
+        else:
+            src_j = tl.load(src_term_ptr + src[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
+                            other=0.0).to(acc_dtype)
+            if EDGE:
+                edge_j = tl.load(edge_ptr + pos[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
+                                 other=0.0).to(acc_dtype)
+                src_j += edge_j
+        s = edge_scores(src_j, dst_i, attn, negative_slope, SCORE)
+        s = tl.where(e_mask[:, None], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=0))
+        rescale = tl.exp(m - m_new)
+        p = tl.exp(s - m_new[None, :])
+        l = l * rescale + tl.sum(p, axis=0)
+        if DROPOUT:
+            p = attention_dropout(p, pos[:, None], rng_offset + offs_h[None, :], seed, dropout_p, keep_scale)
+        if SCORE == 1:
+            val_j = src_j
+        else:
+            val_j = tl.load(value_ptr + src[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
+                            other=0.0).to(acc_dtype)
+            if EDGE:
+                val_j += edge_j
+        acc = acc * rescale[:, None] + tl.sum(p[:, :, None] * val_j, axis=0)
+        m = m_new
+    out, lse = finish_softmax(acc, m, l)
+    tl.store(out_ptr + out_index * HD + hd_offs, out.to(out_ptr.dtype.element_ty), mask=hd_mask)
+    tl.store(lse_ptr + out_index * H + offs_h, lse.to(lse_ptr.dtype.element_ty), mask=h_mask)
+
+
+@jit
+def attention_forward_light_kernel(
+    src_ptr, rows_ptr, starts_ptr, stops_ptr,
+    src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, edge_ptr, out_ptr, lse_ptr,
+    num_rows, H, D, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
+    ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr,
+):
+    acc_dtype = lse_ptr.dtype.element_ty
+    pid = tl.program_id(0).to(tl.int64)
+    offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
+    c_offs, c_mask = flat_head_tile(H, D, BLOCK_H, BLOCK_D)
+    HD = H * D
+    # pos: CSR positions [ROWS, BLOCK_E]
+    rows, r_mask, pos, e_mask = light_edges(pid, rows_ptr, starts_ptr, stops_ptr, num_rows, ROWS, BLOCK_E)
+    src = tl.load(src_ptr + pos, mask=e_mask, other=0).to(tl.int64)
+    rh_mask = r_mask[:, None] & h_mask[None, :]
+    # Flatten (row, edge) to gather feature tiles [ROWS * BLOCK_E, BLOCK_H, BLOCK_D], fold back per row.
+    src_flat = tl.reshape(src, [ROWS * BLOCK_E])
+    e_flat = tl.reshape(e_mask, [ROWS * BLOCK_E])
+    feat_mask = e_flat[:, None, None] & hd_mask[None, :, :]
+    if SCORE == 0:
+        eh_mask = e_mask[:, :, None] & h_mask[None, None, :]                  # [ROWS, BLOCK_E, BLOCK_H]
+        src_j = tl.load(src_term_ptr + src[:, :, None] * H + offs_h[None, None, :], mask=eh_mask,
+                        other=0.0).to(acc_dtype)
+        dst_i = tl.load(dst_term_ptr + rows[:, None] * H + offs_h[None, :], mask=rh_mask, other=0.0).to(acc_dtype)
+        s = edge_scores(src_j, dst_i[:, None, :], negative_slope, negative_slope, SCORE)
+    else:
+        src_j = tl.load(src_term_ptr + src_flat[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
+                        other=0.0).to(acc_dtype)
+        if EDGE:
+            pos_flat = tl.reshape(pos, [ROWS * BLOCK_E])
+            edge_j = tl.load(edge_ptr + pos_flat[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
+                             other=0.0).to(acc_dtype)
+            src_j += edge_j
+        # The row's own term, read per edge (cache hits) to stay in the flat edge layout.
+        rows_flat = tl.reshape(rows[:, None] + tl.zeros([ROWS, BLOCK_E], dtype=tl.int64), [ROWS * BLOCK_E])
+        dst_i = tl.load(dst_term_ptr + rows_flat[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
+                        other=0.0).to(acc_dtype)
+        if SCORE == 2:
+            dst_i = dst_i * scale
+        attn = tl.load(attn_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
+        s = tl.reshape(edge_scores(src_j, dst_i, attn, negative_slope, SCORE), [ROWS, BLOCK_E, BLOCK_H])
+    s = tl.where(e_mask[:, :, None], s, float("-inf"))
+    m = tl.max(s, axis=1)                                                     # [ROWS, BLOCK_H]
+    has_edges = m > float("-inf")
+    m_safe = tl.where(has_edges, m, 0.0)
+    p = tl.exp(s - m_safe[:, None, :])
+    l = tl.sum(p, axis=1)
+    l_safe = tl.where(has_edges, l, 1.0)
+    alpha = p / l_safe[:, None, :]
+    if DROPOUT:
+        alpha = attention_dropout(alpha, pos[:, :, None], rng_offset + offs_h[None, None, :], seed, dropout_p,
+                                  keep_scale)
+    if SCORE == 1:
+        val_j = src_j
+    else:
+        val_j = tl.load(value_ptr + src_flat[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
+                        other=0.0).to(acc_dtype)
+        if EDGE:
+            val_j += edge_j
+    messages = tl.reshape(alpha, [ROWS * BLOCK_E, BLOCK_H])[:, :, None] * val_j
+    out = tl.sum(tl.reshape(messages, [ROWS, BLOCK_E, BLOCK_H * BLOCK_D]), axis=1)
+    lse = tl.where(has_edges, m_safe + tl.log(l_safe), float("-inf"))
+    tl.store(out_ptr + rows[:, None] * HD + c_offs[None, :], out.to(out_ptr.dtype.element_ty),
+             mask=r_mask[:, None] & c_mask[None, :])
+    tl.store(lse_ptr + rows[:, None] * H + offs_h[None, :], lse.to(lse_ptr.dtype.element_ty), mask=rh_mask)

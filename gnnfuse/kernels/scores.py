@@ -1,0 +1,68 @@
+"""The edge score of every attention layer, and its gradients, selected by a constexpr ``SCORE``.
+
+The fused forward and backward kernels are one code path (schedule, tiles, online softmax,
+super-row pieces, logsumexp merge) for three scores.  Per edge ``j -> i`` and head ``h``,
+with a *source term* ``src_j`` gathered per edge and a *destination term* ``dst_i`` owned by
+the row::
+
+    SCORE_GAT   (0)  s = LeakyReLU(el_j + er_i)                 src = el [N, H],  dst = er [N, H]
+    SCORE_GATV2 (1)  s = Σ_d a_d · LeakyReLU(fs_j + fd_i)_d     src = fs [N, H, D], dst = fd [N, H, D]
+    SCORE_DOT   (2)  s = Σ_d k_jd · q̃_id,   q̃ = scale · q       src = k [N, H, D],  dst = q [N, H, D]
+
+(the dot product is the Graph Transformer's ``q·k/√d``, and AGNN's ``β cos(h_i, h_j)`` with
+``q = β ĥ``, ``k = ĥ``, scale 1).  Values aggregated are ``Wh`` (GAT), ``fs`` itself (GATv2)
+and ``v`` (+ the projected edge feature for the Graph Transformer).
+
+The gradient of ``s`` with respect to one side, given the other (:func:`score_grad`), is
+symmetric in the two sides for GAT and GATv2 (``s`` depends on ``src + dst`` only); for the
+dot product it is ``∂s · other`` with the scale folded into ``other``.  Each helper takes
+tensors whose last axis is the head axis (GAT) or ``[..., BLOCK_H, BLOCK_D]`` feature tiles
+with the edge axis first (GATv2, dot: 3-D ``[edges, BLOCK_H, BLOCK_D]``).
+"""
+
+import triton.language as tl
+
+from fusecore.backend import jit
+
+SCORE_GAT = 0
+SCORE_GATV2 = 1
+SCORE_DOT = 2
+
+
+@jit
+def leaky_relu(z, negative_slope):
+    return tl.where(z > 0, z, z * negative_slope)
+
+
+@jit
+def edge_scores(src_term, dst_term, attn, negative_slope, SCORE: tl.constexpr):
+    """Scores ``[..., BLOCK_H]``: GAT on per-head terms, GATv2 and dot on ``[E, BLOCK_H,
+    BLOCK_D]`` tiles (``dst_term`` and ``attn`` broadcast to them; dot: ``dst`` pre-scaled)."""
+    if SCORE == 0:
+        score = leaky_relu(src_term + dst_term, negative_slope)
+    elif SCORE == 1:
+        score = tl.sum(attn * leaky_relu(src_term + dst_term, negative_slope), axis=2)
+    else:
+        score = tl.sum(src_term * dst_term, axis=2)
+    return score
+
+
+@jit
+def score_grad(grad_s, this_term, other_term, attn, negative_slope, SCORE: tl.constexpr):
+    """``∂L/∂this`` per edge from ``∂L/∂s`` ``[E, BLOCK_H]`` (GAT: any shape), ``this`` being
+    either side of the score and ``other`` the opposite one (dot: ``other`` pre-scaled)."""
+    if SCORE == 0:
+        grad = tl.where(this_term + other_term > 0, grad_s, grad_s * negative_slope)
+    elif SCORE == 1:
+        slope = tl.where(this_term + other_term > 0, 1.0, negative_slope)
+        grad = grad_s[:, :, None] * attn * slope
+    else:
+        grad = grad_s[:, :, None] * other_term
+    return grad
+
+
+@jit
+def attn_grad_terms(grad_s, src_term, dst_term, negative_slope):
+    """GATv2: ``∂L/∂s_e · LeakyReLU(fs_j + fd_i)`` per edge ``[E, BLOCK_H, BLOCK_D]``, whose sum
+    over all edges is ``∂L/∂a``."""
+    return grad_s[:, :, None] * leaky_relu(src_term + dst_term, negative_slope)
