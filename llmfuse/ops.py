@@ -11,7 +11,7 @@ so a whole step — per-layer launches or the looped launch — is capturable in
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import torch
 
@@ -53,6 +53,25 @@ class DecodePlan:
     prefetch_block: int = 1024
     num_warps: int = 4  # 8 for batch 64: the [64, n] accumulators need the registers of 256 threads
     split_k: int = 1  # K parts per residual-projection tile (summed in order by the last part to finish)
+    num_stages: int | None = None  # software-pipeline depth of the K loops (None: Triton's default)
+
+    @property
+    def row_sums(self) -> bool:
+        """Whether the matrix-vector tiles reduce with row sums in float32 (batch <= SMALL_BATCH
+        rows, no padding) rather than tensor-core products on ``block_b`` >= 16 padded rows."""
+        return self.block_b <= SMALL_BATCH
+
+    @property
+    def roundings_per_layer(self) -> int:
+        """Activations a decode layer rounds to the weight dtype: the new K and V cache entries,
+        the query and the softmax weights (operands of the attention products) and the MLP
+        activation h; with tensor-core tiles also the normalized x before W_qkv and W_gate_up
+        and the attention output before W_o."""
+        return 5 if self.row_sums else 8
+
+    def launch_options(self) -> dict[str, int]:
+        """Keyword arguments of every launch: warps per program and, when set, pipeline stages."""
+        return {"num_warps": self.num_warps, **({"num_stages": self.num_stages} if self.num_stages else {})}
 
     def tiles(self, cfg: LlamaConfig) -> dict[str, int]:
         """Tiles of each instruction (the grid of its per-layer launch)."""
@@ -68,7 +87,7 @@ class DecodePlan:
 
 def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, device: torch.device,
               n_splits: int | None = None, looped_programs: int | None = None,
-              split_k: int | None = None) -> DecodePlan:
+              split_k: int | None = None, **tuning: int) -> DecodePlan:
     """Choose block sizes for ``batch`` rows and a cache of ``max_slots`` slots.
 
     On the GPU tiles are small enough that every instruction has about one tile per
@@ -78,6 +97,8 @@ def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, 
     parts of the residual projections (tests); ``looped_programs`` the
     looped kernel's grid (default: 1 under the interpreter, where programs run one after
     another; on the GPU 0, meaning all co-resident programs, see :func:`looped_decode`).
+    ``tuning`` replaces any other field of the plan (``block_b=16`` sends batches of 2..8
+    through the tensor-core tiles; the benchmarks' plan sweep), checked for consistency.
     """
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}")
@@ -127,8 +148,48 @@ def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, 
         # no residual-projection tile has more than a few (1B: W_down 8 chunks -> 4).
         shortest_k = min(cfg.num_attention_heads * cfg.head_dim, cfg.intermediate_size)
         split_k = max(1, min(4, shortest_k // block_k)) if compiled and batch <= SMALL_BATCH else 1
-    return DecodePlan(**{**plan.__dict__, "looped_programs": looped_programs, "prefetch": prefetch,
+    plan = DecodePlan(**{**plan.__dict__, "looped_programs": looped_programs, "prefetch": prefetch,
                          "num_warps": num_warps, "split_k": split_k})
+    return _tuned(plan, tuning) if tuning else plan
+
+
+def _tuned(plan: DecodePlan, tuning: dict[str, int]) -> DecodePlan:
+    """``plan`` with the fields in ``tuning`` replaced; a TypeError names an unknown field, a
+    ValueError a value the kernels cannot run."""
+    known = {f.name for f in fields(DecodePlan)} - {"batch", "max_slots"}
+    for name, value in tuning.items():
+        if name not in known:
+            raise TypeError(f"make_plan got an unknown tuning field {name!r}; expected one of {sorted(known)}")
+        if name != "dot_prec" and not (isinstance(value, int) and value >= 0):
+            raise ValueError(f"tuning field {name} must be an int >= 0, got {value!r}")
+    plan = replace(plan, **tuning)
+    blocks = ("block_p", "block_n", "block_k", "block_v", "block_s")
+    if any(getattr(plan, b) & (getattr(plan, b) - 1) or getattr(plan, b) < 1 for b in ("block_b", *blocks)):
+        raise ValueError(f"block sizes must be powers of two: {plan}")
+    if plan.block_b < plan.batch:
+        raise ValueError(f"block_b = {plan.block_b} must be >= the batch {plan.batch}")
+    if not plan.row_sums and min(plan.block_b, *(getattr(plan, b) for b in blocks)) < 16:
+        raise ValueError(f"tensor-core tiles (block_b = {plan.block_b} > {SMALL_BATCH}) need every block >= 16: "
+                         f"{plan}")
+    if plan.split_k < 1:
+        raise ValueError(f"split_k must be >= 1, got {plan.split_k}")
+    return plan
+
+
+def rounding_tolerance(cfg: LlamaConfig, plan: DecodePlan, dtype: torch.dtype) -> float:
+    """Relative error of a fused step's logits that rounding activations to ``dtype`` explains.
+
+    Each of the plan's ``roundings_per_layer`` roundings per layer changes a value by a relative
+    ``δ`` with ``|δ| <= u`` (unit roundoff, ``eps / 2``: 2^-8 in bfloat16).  Independent
+    roundings add in quadrature; a layer's branch adds its output to the float32 residual
+    stream, so a relative error in the branch reaches the stream at most at its own relative
+    size: over ``L`` layers ``sqrt(roundings_per_layer · L) · u``.  Two fused paths that round
+    at the same points but may see last-bit different float32 sums (another reduction order)
+    round independently, so they differ by at most ``sqrt(2)`` times this.
+    """
+    if dtype not in (torch.float16, torch.bfloat16):
+        raise ValueError(f"rounding_tolerance is for 16-bit weights, got {dtype}")
+    return math.sqrt(plan.roundings_per_layer * cfg.num_hidden_layers) * torch.finfo(dtype).eps / 2
 
 
 @dataclass
@@ -205,7 +266,7 @@ def qkv_rope(w: LlamaWeights, cfg: LlamaConfig, layer: int, cache: KVCache, buf:
         plan.batch, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
         plan.max_slots, cfg.rms_norm_eps,
         HAS_BIAS=w.bqkv is not None, BLOCK_B=plan.block_b, BLOCK_P=plan.block_p, BLOCK_K=plan.block_k,
-        DOT_PREC=plan.dot_prec, num_warps=plan.num_warps,
+        DOT_PREC=plan.dot_prec, **plan.launch_options(),
     )
 
 
@@ -216,7 +277,7 @@ def decode_attention(cfg: LlamaConfig, layer: int, cache: KVCache, buf: DecodeBu
         plan.batch, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, plan.max_slots,
         plan.n_splits, plan.split_len, 1.0 / math.sqrt(cfg.head_dim),
         BLOCK_G=plan.block_g, BLOCK_S=plan.block_s, BLOCK_D=plan.block_d,
-        DOT_PREC=plan.dot_prec, num_warps=plan.num_warps,
+        DOT_PREC=plan.dot_prec, **plan.launch_options(),
     )
 
 
@@ -226,7 +287,7 @@ def o_proj(w: LlamaWeights, cfg: LlamaConfig, layer: int, buf: DecodeBuffers, pl
         layer, buf.attn, w.wo, buf.x, buf.proj_part, buf.proj_sem, plan.batch, cfg.hidden_size,
         cfg.num_attention_heads * cfg.head_dim,
         plan.split_k, BLOCK_B=plan.block_b, BLOCK_N=plan.block_n, BLOCK_K=plan.block_k,
-        DOT_PREC=plan.dot_prec, num_warps=plan.num_warps,
+        DOT_PREC=plan.dot_prec, **plan.launch_options(),
     )
 
 
@@ -236,7 +297,7 @@ def gate_up(w: LlamaWeights, cfg: LlamaConfig, layer: int, buf: DecodeBuffers, p
         layer, buf.x, w.mlp_norm, w.w_gate_up, buf.h, plan.batch, cfg.hidden_size, cfg.intermediate_size,
         cfg.rms_norm_eps,
         BLOCK_B=plan.block_b, BLOCK_N=plan.block_n, BLOCK_K=plan.block_k,
-        DOT_PREC=plan.dot_prec, num_warps=plan.num_warps,
+        DOT_PREC=plan.dot_prec, **plan.launch_options(),
     )
 
 
@@ -246,7 +307,7 @@ def down_proj(w: LlamaWeights, cfg: LlamaConfig, layer: int, buf: DecodeBuffers,
         layer, buf.h, w.w_down, buf.x, buf.proj_part, buf.proj_sem, plan.batch, cfg.hidden_size,
         cfg.intermediate_size, plan.split_k,
         BLOCK_B=plan.block_b, BLOCK_N=plan.block_n, BLOCK_K=plan.block_k,
-        DOT_PREC=plan.dot_prec, num_warps=plan.num_warps,
+        DOT_PREC=plan.dot_prec, **plan.launch_options(),
     )
 
 
@@ -259,7 +320,7 @@ def lm_head(w: LlamaWeights, cfg: LlamaConfig, buf: DecodeBuffers, plan: DecodeP
         buf.x, w.final_norm, w.lm_head, buf.logits, buf.best, buf.best_idx, buf.seed, buf.inv_temperature, buf.slot,
         plan.batch, cfg.hidden_size, cfg.vocab_size, tiles, cfg.rms_norm_eps,
         WRITE_LOGITS=write_logits, SAMPLE=sample, BLOCK_B=plan.block_b, BLOCK_N=plan.block_v, BLOCK_K=plan.block_k,
-        DOT_PREC=plan.dot_prec, num_warps=plan.num_warps,
+        DOT_PREC=plan.dot_prec, **plan.launch_options(),
     )
 
 
@@ -344,7 +405,7 @@ def looped_decode(w: LlamaWeights, cfg: LlamaConfig, cache: KVCache, buf: Decode
         BLOCK_P=plan.block_p,
         BLOCK_N=plan.block_n, BLOCK_K=plan.block_k, BLOCK_G=plan.block_g, BLOCK_S=plan.block_s,
         BLOCK_D=plan.block_d, BLOCK_V=plan.block_v, DOT_PREC=plan.dot_prec,
-        PREFETCH=plan.prefetch, PREFETCH_BLOCK=plan.prefetch_block, num_warps=plan.num_warps,
+        PREFETCH=plan.prefetch, PREFETCH_BLOCK=plan.prefetch_block, **plan.launch_options(),
     )
     programs = plan.looped_programs
     if programs == 0:

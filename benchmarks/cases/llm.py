@@ -17,6 +17,8 @@ from __future__ import annotations
 import torch
 
 from benchmarks.registry import Context, case, plot
+from fusecore.device import device_facts
+from fusecore.testing import STRICT_FLOAT32
 from llmfuse import ops
 from llmfuse import reference as ref
 from llmfuse.config import LlamaConfig
@@ -43,7 +45,7 @@ TINY = LlamaConfig(vocab_size=97, hidden_size=48, intermediate_size=88, num_hidd
 # (model, batch, context) where the slow-to-build baselines run: the TARGETS.md reference points.
 COMPILED_AT = {("Llama-3.2-1B", 1, 512), ("Llama-3.2-1B", 8, 512)}
 HF_AT = {("Llama-3.2-1B", 1, 512), ("Llama-3.2-1B", 8, 512)}
-ORACLE_AT = {(1, 512), (8, 512), (1, 16), (3, 16)}  # (batch, context) checked against float32
+ORACLE_AT = {(1, 512), (8, 512), (64, 512), (1, 16), (3, 16)}  # (batch, context) checked against float32
 
 
 def step_bytes(cfg: LlamaConfig, w: LlamaWeights, batch: int, context: int) -> int:
@@ -54,6 +56,22 @@ def step_bytes(cfg: LlamaConfig, w: LlamaWeights, batch: int, context: int) -> i
     size = w.wqkv.element_size()
     unread_embedding = 0 if cfg.tie_word_embeddings else (cfg.vocab_size - batch) * cfg.hidden_size * size
     return w.nbytes() - unread_embedding + kv * size
+
+
+def _tolerances(cfg: LlamaConfig, plan: ops.DecodePlan, dtype: torch.dtype) -> tuple[float, float]:
+    """(fused vs float32 reference, looped vs per-layer) relative logits tolerances.
+
+    bf16: the rounding bound of :func:`llmfuse.ops.rounding_tolerance`, and sqrt(2) times it
+    between the two fused paths.  They run the same tile functions in the same order (bitwise
+    equal under the interpreter, tests/llmfuse/test_looped.py), but each kernel is compiled on
+    its own, so float32 sums may come out in another order and a last-bit difference flips the
+    rounding of a bf16 activation (which later layers amplify into independent roundings).
+    float32 (quick mode, the interpreter): no activation is rounded below float32.
+    """
+    if dtype == torch.float32:
+        return 1e-3, STRICT_FLOAT32
+    bound = ops.rounding_tolerance(cfg, plan, dtype)
+    return bound, 2**0.5 * bound
 
 
 def _hf_model(cfg: LlamaConfig, device: torch.device, dtype: torch.dtype):
@@ -133,22 +151,16 @@ def _decode_variant(ctx: Context, name: str, cfg: LlamaConfig, w: LlamaWeights, 
             logits[looped] = buf.logits.clone()
         if ops.looped_timed_out(buf):
             raise RuntimeError(f"{variant}: the looped kernel timed out at a grid barrier")
-        # Same tile functions, compiled in two kernels: only the summation order may differ, which
-        # can flip the rounding of bf16-stored activations (unit roundoff 2^-8): 4e-3.
-        ctx.check(f"{variant} looped vs per-layer logits", logits[True], logits[False],
-                  4e-3 if w.dtype == torch.bfloat16 else 1e-5)
+        oracle_tol, paths_tol = _tolerances(cfg, plan, w.dtype)
+        ctx.check(f"{variant} looped vs per-layer logits", logits[True], logits[False], paths_tol)
         if (batch, context) in ORACLE_AT:
             # Oracle: the reference decoder in float32 on the same (bf16-valued) weights and cache.
-            # The fused path rounds a few activations per layer to bf16 (h, cache, attention
-            # operands, batch > 1 dot operands): independent roundings of relative size <= 2^-8
-            # add in quadrature, sqrt(4 L) 2^-8 for 4 per layer.  (The bf16 reference decoder,
-            # which also rounds its residual stream, is itself 3e-2 (1B) to 6e-2 (8B) off.)
-            tol = (4 * cfg.num_hidden_layers) ** 0.5 * 2.0**-8 if w.dtype == torch.bfloat16 else 1e-3
             w32 = w.to(dtype=torch.float32)
             cache32 = ref.KVCache(cache.k.float(), cache.v.float())
             oracle = ref.ReferenceDecoder(w32, cfg, batch, slots, cache=cache32).step_at(tokens, slot).float()
-            ctx.check(f"{variant} per-layer logits vs float32 reference", logits[False], oracle, tol)
-            del w32, cache32
+            for looped, path in ((False, "per-layer"), (True, "looped")):
+                ctx.check(f"{variant} {path} logits vs float32 reference", logits[looped], oracle, oracle_tol)
+            del w32, cache32, oracle
 
         if ctx.gpu and (name, batch, context) in HF_AT:
             _time_hf(ctx, cfg, batch, context, nbytes, params, variant)
@@ -169,6 +181,73 @@ def _decode_variant(ctx: Context, name: str, cfg: LlamaConfig, w: LlamaWeights, 
             ctx.time(label, lambda looped=looped: ops.fused_step(w, cfg, cache, buf, plan, inv_freq, tokens,
                                                                  looped=looped, write_logits=True),
                      bytes_moved=nbytes, cuda_graph=True, params=params, variant=variant)
+
+
+# Plan variants timed against the default plan (Llama-3.2-1B, context 512), per batch: the K
+# split and tile shape of the batch-1 row sums; batch 8 through tensor-core tiles (padded to 16
+# rows) of growing width; batch 64 with wider tiles, so that each program's activation reads
+# (B·K floats from L2) shrink next to its weight reads (block_n·K bf16 from HBM); the looped
+# kernel at batch 1 without the barrier prefetch and with one program per SM (fewer arrivals
+# per barrier).  ``programs_per_sm`` sets ``looped_programs`` to that many per SM.
+PLAN_SWEEP: dict[int, list[tuple[bool, dict[str, int]]]] = {
+    1: [(False, {"split_k": 4, "block_k": 512}),
+        (False, {"block_n": 16, "block_p": 16, "block_v": 16, "block_k": 512}),
+        (False, {"num_warps": 8}),
+        (True, {}), (True, {"prefetch": 0}), (True, {"programs_per_sm": 1}),
+        (True, {"programs_per_sm": 1, "prefetch": 0})],
+    8: [(False, {"block_b": 16, "block_n": 16, "block_p": 16, "block_v": 32, "block_k": 256, "split_k": 2}),
+        (False, {"block_b": 16, "block_n": 32, "block_p": 16, "block_v": 64, "block_k": 128, "split_k": 4}),
+        (False, {"block_b": 16, "block_n": 64, "block_p": 16, "block_v": 128, "block_k": 128, "split_k": 4})],
+    64: [(False, {"block_n": 32, "block_v": 64, "block_k": 128, "split_k": 4}),
+         (False, {"block_n": 64, "block_v": 128, "split_k": 4}),
+         (False, {"block_n": 128, "block_p": 32, "block_v": 256, "split_k": 4})],
+}
+QUICK_PLAN_SWEEP = {3: [(False, {"block_b": 16}), (True, {})]}
+
+
+@case("llm", "plan_sweep", baseline="per-layer, default plan")
+def plan_sweep_case(ctx: Context) -> None:
+    """ms per decode step under other plans than the default (A/B tuning of block sizes and splits)."""
+    dtype = torch.bfloat16 if ctx.gpu else torch.float32
+    name, cfg, context, sweep = ("tiny", TINY, 16, QUICK_PLAN_SWEEP) if ctx.quick else (
+        "Llama-3.2-1B", LLAMA_3_2_1B, 512, PLAN_SWEEP)
+    gen = torch.Generator(device=ctx.device).manual_seed(0)
+    w = random_weights(cfg, dtype=dtype, device=ctx.device, generator=gen)
+    inv_freq = cfg.rope_inv_freq().to(ctx.device)
+    slots = context + 8
+    sms = device_facts(ctx.device).sm_count
+    for batch, variants in sweep.items():
+        params = {"model": name, "batch": batch, "context": context, "dtype": str(dtype)}
+        nbytes = step_bytes(cfg, w, batch, context)
+        cache = ref.KVCache.empty(cfg, batch, slots, dtype=dtype, device=ctx.device)
+        cache.k.normal_(0.0, 0.5, generator=gen)
+        cache.v.normal_(0.0, 0.5, generator=gen)
+        tokens = torch.randint(0, cfg.vocab_size, (batch,), device=ctx.device, generator=gen)
+        default_logits, default_tol = None, 0.0
+        with torch.no_grad():
+            for looped, tuning in [(False, {}), *variants]:
+                label = ("looped" if looped else "per-layer") + ", " + (
+                    " ".join(f"{k}={v}" for k, v in tuning.items()) or "default plan")
+                tuning = dict(tuning)
+                if "programs_per_sm" in tuning:
+                    tuning["looped_programs"] = tuning.pop("programs_per_sm") * sms
+                plan = ops.make_plan(cfg, batch, slots, dtype, ctx.device, **tuning)
+                buf = ops.DecodeBuffers.allocate(cfg, plan, dtype, ctx.device)
+                buf.slot.fill_(context)
+                buf.logits.fill_(float("nan"))
+                ops.fused_step(w, cfg, cache, buf, plan, inv_freq, tokens, looped=looped, write_logits=True)
+                if ops.looped_timed_out(buf):
+                    raise RuntimeError(f"B={batch} {label}: the looped kernel timed out at a grid barrier")
+                tol = _tolerances(cfg, plan, dtype)[0]
+                if default_logits is None:
+                    default_logits, default_tol = buf.logits.clone(), tol
+                else:
+                    # two plans round at different points: independent errors, added in quadrature
+                    ctx.check(f"B={batch} {label} vs default plan", buf.logits, default_logits,
+                              (tol**2 + default_tol**2) ** 0.5 if dtype != torch.float32 else STRICT_FLOAT32)
+                ctx.time(label, lambda plan=plan, buf=buf, looped=looped: ops.fused_step(
+                    w, cfg, cache, buf, plan, inv_freq, tokens, looped=looped, write_logits=True),
+                    bytes_moved=nbytes, cuda_graph=True, params={**params, "plan": label}, variant=f"B={batch}")
 
 
 @plot("llm")

@@ -151,3 +151,18 @@ def test_gumbel_sample_draws_from_the_softmax():
     freq = torch.bincount(tokens, minlength=5).double() / rows
     probs = torch.softmax(logits.double() / temperature, 0)
     assert float((freq - probs).abs().max()) < 4 * math.sqrt(0.25 / rows)  # 4 standard errors
+
+
+def test_plan_tuning_is_checked():
+    cpu = torch.device("cpu")
+    tuned = ops.make_plan(CFG, 3, SLOTS, torch.float32, cpu, block_b=16, num_stages=3)
+    assert not tuned.row_sums and tuned.roundings_per_layer == 8
+    assert tuned.launch_options() == {"num_warps": tuned.num_warps, "num_stages": 3}
+    with pytest.raises(TypeError, match="block_q"):
+        ops.make_plan(CFG, 3, SLOTS, torch.float32, cpu, block_q=16)
+    with pytest.raises(ValueError, match="powers of two"):
+        ops.make_plan(CFG, 3, SLOTS, torch.float32, cpu, block_n=48)
+    with pytest.raises(ValueError, match="block_b = 2 must be >= the batch 3"):
+        ops.make_plan(CFG, 3, SLOTS, torch.float32, cpu, block_b=2)
+    with pytest.raises(ValueError, match="need every block >= 16"):
+        ops.make_plan(CFG, 3, SLOTS, torch.float32, cpu, block_b=16, block_n=8)

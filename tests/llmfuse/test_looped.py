@@ -60,6 +60,35 @@ def test_looped_kernel_matches_interpreter_after_every_stage(batch, split_k, gen
     assert not ops.looped_timed_out(kbuf)
 
 
+DEEP_CFG = LlamaConfig(**{**CFG.__dict__, "num_hidden_layers": 6})
+
+
+@pytest.mark.parametrize("batch, split_k", [(3, 1), (9, 2)])  # row-sum tiles; tensor-core tiles with split K
+def test_looped_equals_per_layer_over_many_layers(batch, split_k, gen):
+    """Both paths run the same tile functions on the same values in the same order, so under the
+    interpreter they agree bit for bit after every layer of a deep model at batch > 1.  Compiled,
+    each kernel gets its own code and may order float32 sums differently: then they may differ
+    by what independent bf16 roundings explain (sqrt(2) times ops.rounding_tolerance)."""
+    device = test_device()
+    dtype = torch.bfloat16
+    w = random_weights(DEEP_CFG, dtype=dtype, device=device, generator=gen, std=0.1)
+    plan, buf0, cache0, tokens = _state(DEEP_CFG, w, batch, 19, dtype, gen, device, split_k=split_k)
+    inv_freq = DEEP_CFG.rope_inv_freq().to(device)
+    results = {}
+    for looped in (False, True):
+        buf = ops.DecodeBuffers(**{k: v.clone() for k, v in buf0.__dict__.items()})
+        buf.logits.fill_(float("nan"))
+        cache = ref.KVCache(cache0.k.clone(), cache0.v.clone())
+        ops.fused_step(w, DEEP_CFG, cache, buf, plan, inv_freq, tokens, looped=looped, write_logits=True)
+        results[looped] = {"logits": buf.logits, "x": buf.x, "h": buf.h, "k_cache": cache.k, "v_cache": cache.v}
+    if fusecore.COMPILED:
+        tol = 2**0.5 * ops.rounding_tolerance(DEEP_CFG, plan, dtype)
+        assert_close(results[True]["logits"], results[False]["logits"], tol=tol, name="looped vs per-layer")
+    else:
+        for name, per_layer in results[False].items():
+            assert torch.equal(results[True][name], per_layer), f"looped {name} differs from per-layer"
+
+
 @pytest.mark.skipif(fusecore.COMPILED, reason="needs the interpreter's one-program-after-another order")
 def test_barrier_that_cannot_complete_raises_the_timeout_flag(gen, monkeypatch):
     """Two programs under the interpreter run one after another: the first can never see the
