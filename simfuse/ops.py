@@ -10,6 +10,10 @@ interpreter and in the numpy oracle.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+from collections.abc import Iterator
+
 import torch
 
 from fusecore import backend
@@ -20,10 +24,38 @@ from . import reference
 from .specs import EnvDef
 
 POLICY_IDS = {"random": 0, "given": 1, "mlp": 2}
-# Blocks this large mean many envs (throughput-bound): start states and random actions are
-# drawn only on demand.  Smaller blocks mean few envs (latency-bound): draws are computed
-# unconditionally, off the critical path, instead of behind a branch on it.
-LAZY_DRAWS_BLOCK = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class Tuning:
+    """Launch choices of the classic rollout kernel (the benchmark compares variants).
+
+    ``lazy_draws_block``: blocks at least this large (many envs, throughput-bound) draw start
+    states only when some env of the block resets and policy draws once per four steps
+    behind a uniform branch; smaller blocks (few envs, latency-bound) compute both every
+    step, off the critical path.  ``env_block``: envs per program for the other policies;
+    ``mlp_block`` / ``mlp_warps``: envs per program and warps for MLP policies (None: automatic).
+    """
+
+    lazy_draws_block: int = 64
+    env_block: int | None = None
+    mlp_block: int | None = None
+    mlp_warps: int | None = None
+
+
+_tuning = Tuning()
+
+
+@contextlib.contextmanager
+def tuned(**overrides) -> Iterator[Tuning]:
+    """Context manager: launch with some :class:`Tuning` fields replaced (benchmark variants)."""
+    global _tuning
+    previous = _tuning
+    _tuning = dataclasses.replace(previous, **overrides)
+    try:
+        yield _tuning
+    finally:
+        _tuning = previous
 
 
 def block_size(num_envs: int, device: torch.device, mlp: bool = False) -> int:
@@ -33,6 +65,9 @@ def block_size(num_envs: int, device: torch.device, mlp: bool = False) -> int:
     block shrinks (down to 8 envs, a partly idle warp) until there are about four programs
     per multiprocessor, one per warp scheduler.  The MLP policy needs 16 rows for ``tl.dot``.
     """
+    chosen = _tuning.mlp_block if mlp else _tuning.env_block
+    if chosen is not None:
+        return chosen
     floor = 16 if mlp else 8
     if device.type != "cuda":
         return max(floor, min(128, next_power_of_2(num_envs)))
@@ -48,8 +83,9 @@ def _use_reference(tensor: torch.Tensor) -> bool:
     return backend.reference_enabled() or tensor.device.type not in backend.kernel_devices()
 
 
-def _launch_options(block: int) -> dict:
-    return {"num_warps": max(1, min(4, block // 32)), "enable_fp_fusion": False}
+def _launch_options(block: int, mlp: bool = False) -> dict:
+    warps = _tuning.mlp_warps if mlp and _tuning.mlp_warps is not None else max(1, min(4, block // 32))
+    return {"num_warps": warps, "enable_fp_fusion": False}
 
 
 def reset(env: EnvDef, state: torch.Tensor, steps: torch.Tensor, done: torch.Tensor, ep_return: torch.Tensor,
@@ -73,7 +109,7 @@ def reset(env: EnvDef, state: torch.Tensor, steps: torch.Tensor, done: torch.Ten
     reset_kernel[(cdiv(n, block),)](
         state, steps, done, ep_return, reset_mask if reset_mask is not None else done, obs,
         n, seed, position,
-        ENV=env.kernel_id, OBS_DIM=env.obs_dim, OBS_PAD=next_power_of_2(env.obs_dim), HAS_MASK=reset_mask is not None,
+        ENV=env.kernel_id, OBS_DIM=env.obs_dim, HAS_MASK=reset_mask is not None,
         BLOCK=block, **_launch_options(block),
     )
     return obs
@@ -92,6 +128,7 @@ def rollout(
     autoreset: int,
     max_episode_steps: int,
     policy,
+    env_param: float | None = None,
     write_obs: bool = True,
     write_step: bool = True,
     write_final: bool = False,
@@ -101,15 +138,17 @@ def rollout(
 
     ``state`` [4, N] float32, ``steps`` [N] int32, ``done`` [N] uint8, ``ep_return`` [N] float32.
     ``policy``: ``"random"``; a [K, N] action tensor (int for discrete envs, float32 for
-    continuous ones); or a :class:`simfuse.policy.MLPPolicy`.  Returns a
-    :class:`~simfuse.reference.RolloutOutputs` whose trajectory fields are ``None`` unless
-    asked for; flags are ``torch.bool``.
+    continuous ones); or a :class:`simfuse.policy.MLPPolicy`.  ``env_param``: the env's
+    constructor parameter (:func:`simfuse.reference.env_param`; None: Gymnasium's default).
+    Returns a :class:`~simfuse.reference.RolloutOutputs` whose trajectory fields are ``None``
+    unless asked for; flags are ``torch.bool``.
     """
     n, device = state.shape[1], state.device
+    param = reference.env_param(env, env_param)
     if _use_reference(state):
         out = reference.rollout(env, state, steps, done, ep_return, seed=seed, offset=offset, num_steps=num_steps,
                                 autoreset=autoreset, max_episode_steps=max_episode_steps, policy=policy,
-                                dtype=torch.float32)
+                                env_param=env_param, dtype=torch.float32)
         return _select_reference(out, env, write_obs, write_step, write_final, write_stats)
     backend.check_devices(state=state, steps=steps, done=done, ep_return=ep_return,
                           actions=policy if isinstance(policy, torch.Tensor) else None)
@@ -139,13 +178,17 @@ def rollout(
 
     if mlp is not None:
         actor, critic = mlp.packed(device)
+        a_shape, c_shape = mlp.actor_shape, mlp.critic_shape or mlp.actor_shape
         critic = critic if critic is not None else actor
-        dims = {"TWO_HIDDEN": mlp.two_hidden, "ACTIVATION": mlp.activation_id, "PRECISION": mlp.precision,
-                "D_PAD": mlp.d_pad, "H_PAD": mlp.h_pad, "A_PAD": mlp.a_pad}
+        dims = {"D_PAD": a_shape.in_pad, "A_HIDDEN": a_shape.hidden, "A_ACTS": a_shape.activations,
+                "A_WIDTH": a_shape.width, "A_PAD": a_shape.out_pad, "C_HIDDEN": c_shape.hidden,
+                "C_ACTS": c_shape.activations, "C_WIDTH": c_shape.width, "C_PAD": c_shape.out_pad,
+                "DOT_PRECISION": mlp.dot_precision, "FAST": mlp.fast}
         log_std = mlp.log_std_value() if not env.discrete else 0.0
     else:
         actor = critic = (state,) * 6
-        dims = {"TWO_HIDDEN": False, "ACTIVATION": 0, "PRECISION": "ieee", "D_PAD": 16, "H_PAD": 16, "A_PAD": 16}
+        dims = {"D_PAD": 16, "A_HIDDEN": 0, "A_ACTS": 0, "A_WIDTH": 16, "A_PAD": 16, "C_HIDDEN": 0, "C_ACTS": 0,
+                "C_WIDTH": 16, "C_PAD": 16, "DOT_PRECISION": "ieee", "FAST": False}
         log_std = 0.0
     dummy = state
     if n:
@@ -157,14 +200,14 @@ def rollout(
             _or(log_probs, dummy), _or(values, dummy), _or(final_obs, dummy), next_obs,
             _or(episodes, dummy), _or(return_sum, dummy), _or(length_sum, dummy),
             *actor, *critic,
-            float(log_std), float(env.action_low), float(env.action_high),
+            float(log_std), float(env.action_low), float(env.action_high), param,
             n, k, max_episode_steps, seed, offset,
             ENV=env.kernel_id, OBS_DIM=env.obs_dim, NUM_ACTIONS=env.num_actions,
             POLICY=POLICY_IDS[kind], AUTORESET=autoreset,
             WRITE_OBS=write_obs, WRITE_STEP=write_step, WRITE_FINAL=write_final, WRITE_STATS=write_stats,
-            HAS_CRITIC=mlp is not None and mlp.critic is not None, OBS_PAD=next_power_of_2(env.obs_dim),
-            LAZY_DRAWS=block >= LAZY_DRAWS_BLOCK, BLOCK=block,
-            **dims, **_launch_options(block),
+            HAS_CRITIC=mlp is not None and mlp.critic is not None,
+            LAZY_DRAWS=block >= _tuning.lazy_draws_block, BLOCK=block,
+            **dims, **_launch_options(block, mlp=mlp is not None),
         )
     as_bool = (lambda t: None if t is None else t.view(torch.bool))
     return reference.RolloutOutputs(

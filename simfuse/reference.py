@@ -25,6 +25,23 @@ from .specs import EnvDef
 RESET_TAG = 1 << 32
 POLICY_TAG = 2 << 32
 NEXT_STEP, SAME_STEP, DISABLED = 0, 1, 2
+# Gymnasium's defaults of the constructor parameters: CartPole's sutton_barto_reward, Pendulum's g.
+DEFAULT_PARAMS = {0: False, 1: 10.0}
+
+
+def env_param(env: EnvDef, value: float | bool | None = None) -> float:
+    """The one float the kernels take for an env's constructor parameter.
+
+    CartPole-v1: 1.0 with ``sutton_barto_reward``, else 0.0; Pendulum-v1: the coefficient
+    3 g / (2 l) = 1.5 g of its dynamics (``g``, default 10); other envs: 0.0.  ``None`` means
+    Gymnasium's default.
+    """
+    value = DEFAULT_PARAMS.get(env.kernel_id) if value is None else value
+    if env.kernel_id == 0:
+        return 1.0 if value else 0.0
+    if env.kernel_id == 1:
+        return 1.5 * float(value)
+    return 0.0
 
 
 def start_state(env: EnvDef, u: torch.Tensor) -> torch.Tensor:
@@ -56,7 +73,7 @@ def philox_start_state(env: EnvDef, seed: int, env_ids: np.ndarray, position: in
     return torch.stack([u32[0] * np.float32(0.2) - np.float32(0.6), zero, zero, zero])
 
 
-def _cartpole(s: torch.Tensor, a: torch.Tensor):
+def _cartpole(s: torch.Tensor, a: torch.Tensor, sutton_barto_reward: float):
     x, x_dot, theta, theta_dot = s
     force = torch.where(a > 0.5, 10.0, -10.0).to(s.dtype)
     costheta, sintheta = torch.cos(theta), torch.sin(theta)
@@ -66,15 +83,17 @@ def _cartpole(s: torch.Tensor, a: torch.Tensor):
     new = torch.stack([x + 0.02 * x_dot, x_dot + 0.02 * xacc, theta + 0.02 * theta_dot, theta_dot + 0.02 * thetaacc])
     limit = 12 * 2 * math.pi / 360
     terminated = (new[0].abs() > 2.4) | (new[2].abs() > limit)
+    if sutton_barto_reward:
+        return new, -terminated.to(s.dtype), terminated
     return new, torch.ones_like(x), terminated
 
 
-def _pendulum(s: torch.Tensor, a: torch.Tensor):
+def _pendulum(s: torch.Tensor, a: torch.Tensor, gravity_coef: float):
     th, thdot = s[0], s[1]
     u = a.clamp(-2.0, 2.0)
     normalized = torch.remainder(th + math.pi, 2 * math.pi) - math.pi
     costs = normalized**2 + 0.1 * thdot**2 + 0.001 * u**2
-    newthdot = (thdot + (15.0 * torch.sin(th) + 3.0 * u) * 0.05).clamp(-8.0, 8.0)
+    newthdot = (thdot + (gravity_coef * torch.sin(th) + 3.0 * u) * 0.05).clamp(-8.0, 8.0)
     new = torch.stack([th + newthdot * 0.05, newthdot, s[2], s[3]])
     return new, -costs, torch.zeros_like(th, dtype=torch.bool)
 
@@ -86,13 +105,13 @@ def _move(position, velocity, accel):
     return position, velocity
 
 
-def _mountain_car(s: torch.Tensor, a: torch.Tensor):
+def _mountain_car(s: torch.Tensor, a: torch.Tensor, _param: float):
     position, velocity = _move(s[0], s[1], (a - 1.0) * 0.001 + torch.cos(3 * s[0]) * -0.0025)
     terminated = (position >= 0.5) & (velocity >= 0)
     return torch.stack([position, velocity, s[2], s[3]]), -torch.ones_like(position), terminated
 
 
-def _mountain_car_continuous(s: torch.Tensor, a: torch.Tensor):
+def _mountain_car_continuous(s: torch.Tensor, a: torch.Tensor, _param: float):
     force = a.clamp(-1.0, 1.0)
     position, velocity = _move(s[0], s[1], force * 0.0015 - 0.0025 * torch.cos(3 * s[0]))
     terminated = (position >= 0.45) & (velocity >= 0)
@@ -120,7 +139,7 @@ def _wrap(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def _acrobot(s: torch.Tensor, a: torch.Tensor):
+def _acrobot(s: torch.Tensor, a: torch.Tensor, _param: float):
     torque, dt = a - 1.0, 0.2
     k1 = _acrobot_dsdt(s, torque)
     k2 = _acrobot_dsdt(s + dt / 2 * k1, torque)
@@ -137,12 +156,13 @@ def _acrobot(s: torch.Tensor, a: torch.Tensor):
 _STEPS = {0: _cartpole, 1: _pendulum, 2: _mountain_car, 3: _mountain_car_continuous, 4: _acrobot}
 
 
-def env_step(env: EnvDef, state: torch.Tensor, action: torch.Tensor):
+def env_step(env: EnvDef, state: torch.Tensor, action: torch.Tensor, param: float | bool | None = None):
     """One step of every env: ``state`` [4, N], ``action`` [N] (float; discrete as the index).
 
+    ``param``: the env's constructor parameter (see :func:`env_param`; None: the default).
     Returns ``(new_state [4, N], reward [N], terminated [N] bool)`` in ``state``'s dtype.
     """
-    return _STEPS[env.kernel_id](state, action.to(state.dtype))
+    return _STEPS[env.kernel_id](state, action.to(state.dtype), env_param(env, param))
 
 
 def env_observe(env: EnvDef, state: torch.Tensor) -> torch.Tensor:
@@ -199,14 +219,31 @@ class RolloutOutputs:
     length_sum: torch.Tensor | None
 
 
-def mlp_forward(layers: list[tuple[torch.Tensor, torch.Tensor]], activation: str, x: torch.Tensor) -> torch.Tensor:
-    """Linear layers ``(W [out, in], b [out])`` with ``activation`` between them."""
-    act = torch.tanh if activation == "tanh" else torch.relu
-    for i, (w, b) in enumerate(layers):
-        x = x @ w.T.to(x.dtype) + b.to(x.dtype)
-        if i < len(layers) - 1:
-            x = act(x)
+_ACTIVATIONS = {0: torch.tanh, 1: torch.relu, 2: lambda x: x}
+
+
+def mlp_forward(shape, x: torch.Tensor) -> torch.Tensor:
+    """An MLP described by a :class:`simfuse.policy.MLPShape` evaluated in ``x``'s dtype."""
+    for i, layer in enumerate(shape.linears):
+        x = x @ layer.weight.detach().T.to(x.dtype)
+        if layer.bias is not None:
+            x = x + layer.bias.detach().to(x.dtype)
+        if i < shape.hidden:
+            x = _ACTIVATIONS[(shape.activations >> (2 * i)) & 3](x)
     return x
+
+
+def sample_categorical(logits: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse-CDF samples of softmax(``logits``) [N, n] with uniforms ``u`` [N] (the kernel's rule).
+
+    a = #{j < n − 1 : F_j ≤ u F_{n−1}} with F the running sum of exp(logits − max);
+    returns (actions [N] int64, log-probabilities [N]).
+    """
+    weights = torch.exp(logits - logits.max(1, keepdim=True).values)
+    cdf = torch.cumsum(weights, 1)
+    target = u.to(logits.dtype) * cdf[:, -1]
+    action = (cdf[:, :-1] <= target[:, None]).sum(1)
+    return action, torch.log_softmax(logits, 1).gather(1, action[:, None])[:, 0]
 
 
 def rollout(
@@ -222,13 +259,15 @@ def rollout(
     autoreset: int,
     max_episode_steps: int,
     policy,
+    env_param: float | bool | None = None,
     dtype: torch.dtype = torch.float64,
 ) -> RolloutOutputs:
     """The fused rollout's semantics step by step (see :mod:`simfuse.kernels.rollout`).
 
     ``state`` [4, N], ``steps`` [N] int32, ``done`` [N] uint8 and ``ep_return`` [N] float32 are
     updated in place.  ``policy``: ``"random"``, an action tensor [K, N] (or [K, N, 1]), or a
-    :class:`simfuse.policy.MLPPolicy`.  Draws come from the numpy Philox oracle.
+    :class:`simfuse.policy.MLPPolicy`.  ``env_param``: the env's constructor parameter (None:
+    the default).  Draws come from the numpy Philox oracle.
     """
     n, device = state.shape[1], state.device
     ids = np.arange(n, dtype=np.int64)
@@ -255,25 +294,23 @@ def rollout(
             if env.discrete:
                 a = a.clamp(0, env.num_actions - 1)
         else:
-            out = mlp_forward(policy.actor_layers(), policy.activation, o)
+            out = mlp_forward(policy.actor_shape, o)
             if env.discrete:
-                u = torch.from_numpy(uniform_reference(seed, ids + POLICY_TAG, position)).to(device, dtype)
-                logits = out[:, : env.num_actions]
-                gumbel = -torch.log(-torch.log(u[:, : env.num_actions]))
-                a = torch.argmax(logits + gumbel, dim=1)
-                log_prob = torch.log_softmax(logits, dim=1).gather(1, a[:, None])[:, 0]
+                u = torch.from_numpy(uniform_reference(seed, ids + POLICY_TAG, position // 4)[:, position % 4])
+                a, log_prob = sample_categorical(out[:, : env.num_actions], u.to(device))
                 a = a.to(dtype)
             else:
-                z = torch.from_numpy(normal_reference(seed, ids + POLICY_TAG, position)[:, 0]).to(device, dtype)
+                z = normal_reference(seed, ids + POLICY_TAG, position // 4)[:, position % 4]
+                z = torch.from_numpy(z).to(device, dtype)
                 a = out[:, 0] + math.exp(policy.log_std_value()) * z
                 log_prob = -0.5 * z * z - policy.log_std_value() - 0.5 * math.log(2 * math.pi)
-            if policy.critic is not None:
-                value = mlp_forward(policy.critic_layers(), policy.activation, o)[:, 0]
+            if policy.critic_shape is not None:
+                value = mlp_forward(policy.critic_shape, o)[:, 0]
         obs_l.append(o)
         act_l.append(a)
         lp_l.append(log_prob)
         val_l.append(value)
-        new, reward, terminated = env_step(env, s, a)
+        new, reward, terminated = env_step(env, s, a, env_param)
         length = cnt + 1
         reward, terminated, truncated, cnt, done_prev, resetting = autoreset_flags(
             reward, terminated, length >= max_episode_steps, length, done_prev, autoreset)

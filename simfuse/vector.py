@@ -116,6 +116,8 @@ class FusedVectorEnv(VectorEnv):
 
     env_def: EnvDef
     metadata: dict[str, Any] = {"autoreset_mode": AutoresetMode.NEXT_STEP, "render_modes": []}
+    # the env's constructor parameter as the kernels take it (see simfuse.reference.env_param)
+    env_param: float | bool | None = None
 
     def __init__(
         self,
@@ -295,7 +297,7 @@ class FusedVectorEnv(VectorEnv):
         return ops.rollout(self.env_def, self._state, self._steps, self._done, self._ep_return,
                            seed=key, offset=offset, num_steps=num_steps,
                            autoreset=AUTORESET_IDS[self.autoreset_mode], max_episode_steps=limit,
-                           policy=policy, **writes)
+                           policy=policy, env_param=self.env_param, **writes)
 
     def _require_reset(self) -> None:
         if self._rng is None:

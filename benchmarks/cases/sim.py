@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from torch import nn
 
 import simfuse
 from benchmarks.registry import Context, case, plot
@@ -61,6 +62,8 @@ def cartpole_case(ctx: Context) -> None:
                                      torch.nn.Tanh(), torch.nn.Linear(64, 1)).to(ctx.device)
         mlp_fast = simfuse.MLPPolicy(actor, precision="tf32")
         mlp_fast_critic = simfuse.MLPPolicy(actor, critic, precision="tf32")
+        mlp_half = simfuse.MLPPolicy(actor, precision="bf16")
+        mlp_half_critic = simfuse.MLPPolicy(actor, critic, precision="bf16")
         mlp_exact = simfuse.MLPPolicy(actor, precision="ieee")
         state = reference.start_state(CARTPOLE, torch.rand((4, n), device=ctx.device, generator=gen))
         steps = torch.zeros(n, dtype=torch.int32, device=ctx.device)
@@ -79,6 +82,10 @@ def cartpole_case(ctx: Context) -> None:
             ("fused rollout, 2x64 MLP actor (tf32)", lambda: env.rollout(mlp_fast, num_steps=k),
              traj_bytes + 4 * n * k),
             ("fused rollout, 2x64 MLP actor+critic (tf32)", lambda: env.rollout(mlp_fast_critic, num_steps=k),
+             traj_bytes + 8 * n * k),
+            ("fused rollout, 2x64 MLP actor (bf16)", lambda: env.rollout(mlp_half, num_steps=k),
+             traj_bytes + 4 * n * k),
+            ("fused rollout, 2x64 MLP actor+critic (bf16)", lambda: env.rollout(mlp_half_critic, num_steps=k),
              traj_bytes + 8 * n * k),
             # IEEE float32 products run on the CUDA cores: bounded near 5e9 env-steps/s on an H200
             ("fused rollout, 2x64 MLP actor (fp32)", lambda: env.rollout(mlp_exact, num_steps=k),
@@ -154,6 +161,77 @@ def _gymnax_baseline(ctx: Context) -> None:
     record = ctx.time("gymnax (JAX scan, no trajectory)", lambda: run(key).block_until_ready(),
                       params={"num_envs": n, "steps": k}, variant=f"n={n},K={k}")
     _rate(record, n, k)
+
+
+def _cartpole_mlp(device: torch.device, hidden: int = 64, critic: bool = False) -> tuple[nn.Sequential, ...]:
+    """A 2 x ``hidden`` tanh actor for CartPole-v1 (and its critic)."""
+    gen = torch.Generator().manual_seed(hidden)
+
+    def net(out: int) -> nn.Sequential:
+        layers = nn.Sequential(nn.Linear(4, hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh(),
+                               nn.Linear(hidden, out))
+        with torch.no_grad():
+            for p in layers.parameters():
+                p.copy_(torch.randn(p.shape, generator=gen) / p.shape[-1] ** 0.5)
+        return layers.to(device)
+
+    return (net(2), net(1)) if critic else (net(2),)
+
+
+@case("sim", "tuning", baseline="default launch")
+def tuning_case(ctx: Context) -> None:
+    """Launch variants of the CartPole rollout kernel, each against the default choice.
+
+    * random policy, 4,096 envs x 512 steps (latency-bound): envs per program (8 / 16 / 32)
+      and draws computed every step vs only when needed (``lazy_draws_block``);
+    * 2x64 MLP actor+critic, 1 M envs x 64 steps (bf16 and tf32): envs per program and warps.
+    """
+    from simfuse import ops
+
+    n, k = (129, 8) if ctx.quick else (4096, 512)
+    env = simfuse.make_vec("CartPole-v1", n, device=ctx.device)
+    env.reset(seed=0)
+    traj_bytes = n * k * TRAJECTORY_BYTES["CartPole-v1"]
+    variants = [("default launch", {})] + [
+        (f"envs/program {block}, {'lazy' if lazy else 'eager'} draws",
+         {"env_block": block, "lazy_draws_block": block if lazy else block * 2})
+        for block in ((8, 16) if ctx.quick else (8, 16, 32)) for lazy in (False, True)
+    ]
+    env.reset(seed=0)
+    expected = env.rollout("random", num_steps=8).obs
+    for impl, overrides in variants:
+        with ops.tuned(**overrides):
+            env.reset(seed=0)  # the launch choice must not change a single bit
+            ctx.check(f"{impl}: obs", env.rollout("random", num_steps=8).obs.cpu(), expected.cpu(), 1e-9)
+
+            def run(o=overrides):
+                with ops.tuned(**o):
+                    env.rollout("random", num_steps=k)
+
+            _rate(ctx.time(impl, run, bytes_moved=traj_bytes, params={"num_envs": n, "steps": k, **overrides},
+                           variant=f"random,n={n},K={k}"), n, k)
+
+    n, k = (129, 4) if ctx.quick else (1 << 20, 64)
+    env = simfuse.make_vec("CartPole-v1", n, device=ctx.device)
+    env.reset(seed=0)
+    actor, critic = _cartpole_mlp(ctx.device, critic=True)
+    shapes = [(128, 4), (64, 4), (64, 2), (32, 1)] if not ctx.quick else [(32, 1)]
+    for precision in ("bf16", "tf32"):
+        policy = simfuse.MLPPolicy(actor, critic, precision=precision)
+        env.reset(seed=0)
+        first = env.rollout(policy, num_steps=1)
+        for impl, overrides in [("default launch", {})] + [
+                (f"envs/program {b}, {w} warps", {"mlp_block": b, "mlp_warps": w}) for b, w in shapes]:
+            def run(o=overrides, p=policy):
+                with ops.tuned(**o):
+                    return env.rollout(p, num_steps=k)
+
+            env.reset(seed=0)
+            # the same first observations: values agree up to the products' summation order
+            ctx.check(f"{precision} {impl}: values", run().values[0].cpu(), first.values[0].cpu(), 1e-2)
+            _rate(ctx.time(impl, run, bytes_moved=n * k * (TRAJECTORY_BYTES["CartPole-v1"] + 8),
+                           params={"num_envs": n, "steps": k, **overrides},
+                           variant=f"2x64 actor+critic {precision},n={n},K={k}"), n, k)
 
 
 @case("sim", "classic", baseline="torch per-step loop")

@@ -10,6 +10,9 @@ NEXT_STEP, SAME_STEP and DISABLED.
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 from .. import specs
 from ..vector import FusedVectorEnv
 
@@ -29,7 +32,9 @@ class CartPoleVectorEnv(FusedVectorEnv):
     (see :mod:`simfuse.kernels.cartpole`).
 
     ## Reward
-    +1 for every step, including the terminating one.
+    +1 for every step, including the terminating one.  With ``sutton_barto_reward=True``
+    (as Gymnasium 1.x's ``CartPoleEnv(sutton_barto_reward=True)``): 0 for every step and −1
+    for the terminating one.
 
     ## Starting state
     All four components uniform in [-0.05, 0.05).
@@ -37,9 +42,19 @@ class CartPoleVectorEnv(FusedVectorEnv):
     ## Episode end
     Termination: |pole angle| > 12° (0.2095 rad) or |cart position| > 2.4.
     Truncation: 500 steps (``max_episode_steps`` of the registration).  Reward threshold 475.
+
+    ## Arguments
+    ``sutton_barto_reward`` (bool, default False), then those of every simfuse env
+    (:class:`~simfuse.vector.FusedVectorEnv`).
     """
 
     env_def = specs.CARTPOLE
+
+    def __init__(self, num_envs: int = 1, *args: Any, sutton_barto_reward: bool = False, **kwargs: Any):
+        if not isinstance(sutton_barto_reward, bool):
+            raise TypeError(f"sutton_barto_reward must be a bool, got {type(sutton_barto_reward).__name__}")
+        super().__init__(num_envs, *args, **kwargs)
+        self.env_param = sutton_barto_reward
 
 
 class PendulumVectorEnv(FusedVectorEnv):
@@ -52,8 +67,8 @@ class PendulumVectorEnv(FusedVectorEnv):
     ``Box([-1, -1, -8], [1, 1, 8], (3,), float32)``: cos θ, sin θ, angular velocity θ̇.
 
     ## Dynamics
-    θ̇' = clip(θ̇ + (3 g / (2 l) sin θ + 3 / (m l²) u) dt, -8, 8), θ' = θ + θ̇' dt with g = 10,
-    m = l = 1, dt = 0.05 (see :mod:`simfuse.kernels.pendulum`).
+    θ̇' = clip(θ̇ + (3 g / (2 l) sin θ + 3 / (m l²) u) dt, -8, 8), θ' = θ + θ̇' dt with g = 10
+    (the ``g`` argument), m = l = 1, dt = 0.05 (see :mod:`simfuse.kernels.pendulum`).
 
     ## Reward
     −(norm(θ)² + 0.1 θ̇² + 0.001 u²), norm(θ) the angle in [−π, π); in [−16.27, 0].
@@ -63,9 +78,19 @@ class PendulumVectorEnv(FusedVectorEnv):
 
     ## Episode end
     No termination; truncation at 200 steps.
+
+    ## Arguments
+    ``g`` (float, default 10.0): the acceleration of gravity, as Gymnasium's
+    ``PendulumEnv(g=...)``; then those of every simfuse env (:class:`~simfuse.vector.FusedVectorEnv`).
     """
 
     env_def = specs.PENDULUM
+
+    def __init__(self, num_envs: int = 1, *args: Any, g: float = 10.0, **kwargs: Any):
+        if isinstance(g, bool) or not isinstance(g, (int, float)) or not math.isfinite(g):
+            raise ValueError(f"g must be a finite number, got {g!r}")
+        super().__init__(num_envs, *args, **kwargs)
+        self.env_param = float(g)
 
 
 class MountainCarVectorEnv(FusedVectorEnv):

@@ -7,8 +7,10 @@ State ``(x, x_dot, theta, theta_dot)``; action 0 pushes left (force -10 N), 1 ri
     ẍ         = temp − m_p l θ̈ cos θ / (m_c + m_p)
     x' = x + τ ẋ,  ẋ' = ẋ + τ ẍ,  θ' = θ + τ θ̇,  θ̇' = θ̇ + τ θ̈          (τ = 0.02 s)
 
-with g = 9.8, m_c = 1.0, m_p = 0.1, l = 0.5 (half the pole), reward +1 every step, and
-termination when |x'| > 2.4 or |θ'| > 12° (0.2094 rad).  Start state: four independent
+with g = 9.8, m_c = 1.0, m_p = 0.1, l = 0.5 (half the pole), and termination when
+|x'| > 2.4 or |θ'| > 12° (0.2094 rad).  Reward +1 every step; with ``sutton_barto_reward``
+(Gymnasium 1.x ``CartPoleEnv(sutton_barto_reward=True)``, as its ``CartPoleVectorEnv``
+computes it) 0 every step and −1 on the terminating one.  Start state: four independent
 uniforms in [-0.05, 0.05).  Per env-step the rollout moves 16 B of observation + 4 B reward
 + 2 B flags (+ 4 B action): the state itself stays in registers.
 """
@@ -28,8 +30,11 @@ def cartpole_reset(u0, u1, u2, u3):
 
 
 @jit
-def cartpole_step(x, x_dot, theta, theta_dot, action):
-    """One Euler step for action in {0, 1} (float); returns (x, x_dot, theta, theta_dot, reward, terminated)."""
+def cartpole_step(x, x_dot, theta, theta_dot, action, sutton_barto_reward):
+    """One Euler step for action in {0, 1} (float); returns (x, x_dot, theta, theta_dot, reward, terminated).
+
+    ``sutton_barto_reward`` (float 0 or 1) selects the Sutton-Barto reward.
+    """
     force = tl.where(action > 0.5, 10.0, -10.0)
     costheta = tl.cos(theta)
     sintheta = tl.sin(theta)
@@ -43,7 +48,7 @@ def cartpole_step(x, x_dot, theta, theta_dot, action):
     theta_new = theta + 0.02 * theta_dot
     theta_dot_new = theta_dot + 0.02 * thetaacc
     terminated = (x_new < -2.4) | (x_new > 2.4) | (theta_new < -THETA_THRESHOLD) | (theta_new > THETA_THRESHOLD)
-    reward = tl.zeros_like(x) + 1.0
+    reward = tl.where(sutton_barto_reward != 0.0, tl.where(terminated, -1.0, 0.0), 1.0)
     return x_new, x_dot_new, theta_new, theta_dot_new, reward, terminated
 
 

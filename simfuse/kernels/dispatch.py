@@ -50,12 +50,16 @@ def env_reset(seed, env_index, position, ENV: tl.constexpr):
 
 
 @jit
-def env_step(s0, s1, s2, s3, action, ENV: tl.constexpr):
-    """One step of the dynamics; returns (s0, s1, s2, s3, reward, terminated)."""
+def env_step(s0, s1, s2, s3, action, env_param, ENV: tl.constexpr):
+    """One step of the dynamics; returns (s0, s1, s2, s3, reward, terminated).
+
+    ``env_param``: CartPole's Sutton-Barto reward switch (0 / 1), Pendulum's 3 g / (2 l);
+    unused by the other envs.
+    """
     if ENV == CARTPOLE:
-        s0, s1, s2, s3, reward, terminated = cartpole_step(s0, s1, s2, s3, action)
+        s0, s1, s2, s3, reward, terminated = cartpole_step(s0, s1, s2, s3, action, env_param)
     elif ENV == PENDULUM:
-        s0, s1, s2, s3, reward, terminated = pendulum_step(s0, s1, s2, s3, action)
+        s0, s1, s2, s3, reward, terminated = pendulum_step(s0, s1, s2, s3, action, env_param)
     elif ENV == MOUNTAIN_CAR:
         s0, s1, s2, s3, reward, terminated = mountain_car_step(s0, s1, s2, s3, action)
     elif ENV == MOUNTAIN_CAR_CONTINUOUS:

@@ -1,97 +1,117 @@
-"""Policies evaluated inside the rollout kernel: an MLP and its action heads.
+"""Policies evaluated inside the rollout kernel: an MLP of any depth and its action heads.
 
 MLP (weights zero-padded on the host, see :mod:`simfuse.policy`), for an observation tile
-``x`` [BLOCK, D_PAD]::
+``x`` [BLOCK, D_PAD] and HIDDEN hidden layers of (padded) width P::
 
-    h1  = act(x W_in + b_in)                       W_in  [D_PAD, H_PAD]
-    h2  = act(h1 W_hid + b_hid)   (TWO_HIDDEN)     W_hid [H_PAD, H_PAD]
-    out = h W_out + b_out                          W_out [H_PAD, A_PAD]
+    h_1 = act_1(x W_in + b_in)                         W_in  [D_PAD, P]
+    h_l = act_l(h_{l-1} W_hid[l-2] + b_hid[l-2])       W_hid [HIDDEN - 1, P, P],  l = 2..HIDDEN
+    out = h_HIDDEN W_out + b_out                       W_out [P, A_PAD]
 
-with act = tanh (ACTIVATION 0) or ReLU (1).  PRECISION "ieee" computes the products in
-float32 on the CUDA cores (log-probabilities agree with PyTorch's float32 forward to ~1e-6);
-"tf32" uses the tensor cores (about 8x the throughput, products rounded to 10-bit
-mantissas: log-probabilities within ~1e-3).  Heads:
+(HIDDEN = 0, a linear policy: out = x W_out + b_out with W_out [D_PAD, A_PAD].)  Layers of
+unequal widths are zero-padded to the widest: a padded unit has zero weights and bias, so it
+stays 0 under tanh, ReLU and the identity and adds nothing downstream.  ``ACTS`` holds the
+activation of hidden layer l in bits 2(l−1)..2(l−1)+1: 0 tanh, 1 ReLU, 2 identity (two Linear
+layers in a row).  The loop over layers is unrolled at compile time.
 
-* categorical (discrete, n <= 4 actions): log π(a) = out_a − logsumexp(out); the action is
-  sampled by the Gumbel-max trick, a = argmax_a(out_a − log(−log u_a)), with the four
-  Philox uniforms of the step;
+Precision: "ieee" multiplies in float32 on the CUDA cores (log-probabilities agree with
+PyTorch's float32 forward to ~1e-6) with an exact tanh; "tf32" uses the tensor cores with
+float32 operands rounded to 10-bit mantissas; "bf16" / "fp16" store the weights and cast the
+activations to 16 bits (twice the tensor-core rate of tf32, half the bytes), accumulating in
+float32.  The three fast modes compute tanh with the hardware's ``tanh.approx.f32`` (one
+special-function instruction, relative error ~5e-4) when compiled.  Heads:
+
+* categorical (discrete, n ≤ 64 actions): log π(a) = out_a − logsumexp(out); the action by
+  inverse-CDF sampling with one Philox uniform u: a = #{j < n − 1 : F_j ≤ u F_{n−1}},
+  F_j = Σ_{k≤j} exp(out_k − max out);
 * Gaussian (continuous, one dimension): a = μ + σ z with z the Philox normal of the step,
   log π(a) = −z²/2 − log σ − log(2π)/2.
 
-Weights are read from L1/L2 every step (24 KiB per 2x64 MLP and program; keeping them in
-registers for the whole loop spills): an MLP policy adds no device-memory traffic per step
+Weights are read from L1/L2 every step (a 2x64 float32 MLP is 24 KiB per program; held in
+registers for the whole loop it spills): an MLP policy adds no device-memory traffic per step
 beyond the log-probability (and value) it writes.
 """
 
 import triton.language as tl
 
-from fusecore.backend import jit
+from fusecore.backend import INTERPRET, jit
 
 HALF_LOG_TWO_PI: tl.constexpr = tl.constexpr(0.9189385332046727)
+TANH: tl.constexpr = tl.constexpr(0)
+RELU: tl.constexpr = tl.constexpr(1)
+# The interpreter cannot execute PTX: it takes the formula path of the fast tanh.
+HARDWARE_TANH: tl.constexpr = tl.constexpr(not INTERPRET)
 
 
 @jit
-def activate(x, ACTIVATION: tl.constexpr, FAST: tl.constexpr):
-    """tanh (ACTIVATION == 0) or ReLU.
+def activate(x, CODE: tl.constexpr, FAST: tl.constexpr):
+    """tanh (CODE 0), ReLU (1) or the identity (2).
 
-    Exact mode: tanh from exp(-2|x|), accurate to float32 rounding for every x (no
-    cancellation near 0).  FAST (with TF32 products, whose rounding is larger anyway):
-    1 - 2 / (exp(2x) + 1), fewer instructions, absolute error ~1e-7, saturating to ±1.
+    Exact tanh: from exp(-2|x|), accurate to float32 rounding for every x (no cancellation
+    near 0).  FAST: the hardware tanh.approx.f32 when compiled (the interpreter evaluates
+    1 − 2 / (exp(2x) + 1)).
     """
-    if ACTIVATION == 0:
+    if CODE == TANH:
         if FAST:
-            y = 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
+            if HARDWARE_TANH:
+                y = tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
+                                              is_pure=True, pack=1)
+            else:
+                y = 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
         else:
             e = tl.exp(-2.0 * tl.abs(x))
             t = (1.0 - e) / (1.0 + e)
             y = tl.where(x >= 0.0, t, -t)
-    else:
+    elif CODE == RELU:
         y = tl.maximum(x, 0.0)
+    else:
+        y = x
     return y
 
 
 @jit
-def load_matrix(ptr, ROWS: tl.constexpr, COLS: tl.constexpr):
-    """A row-major [ROWS, COLS] float32 matrix (already padded on the host)."""
+def dense(x, w_ptr, b_ptr, ROWS: tl.constexpr, COLS: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """x [BLOCK, ROWS] @ W [ROWS, COLS] + b, W row-major in the packed dtype, float32 result."""
     rows = tl.arange(0, ROWS)[:, None]
-    cols = tl.arange(0, COLS)[None, :]
-    return tl.load(ptr + rows * COLS + cols)
+    cols = tl.arange(0, COLS)
+    w = tl.load(w_ptr + rows * COLS + cols[None, :])
+    acc = tl.dot(x.to(w.dtype), w, input_precision=DOT_PRECISION, out_dtype=tl.float32)
+    return acc + tl.load(b_ptr + cols)[None, :]
 
 
 @jit
-def load_mlp(w_in_ptr, b_in_ptr, w_hid_ptr, b_hid_ptr, w_out_ptr, b_out_ptr,
-             D_PAD: tl.constexpr, H_PAD: tl.constexpr, A_PAD: tl.constexpr):
-    """All weights of one packed MLP as register tiles: (W_in, b_in, W_hid, b_hid, W_out, b_out)."""
-    return (load_matrix(w_in_ptr, D_PAD, H_PAD), tl.load(b_in_ptr + tl.arange(0, H_PAD)),
-            load_matrix(w_hid_ptr, H_PAD, H_PAD), tl.load(b_hid_ptr + tl.arange(0, H_PAD)),
-            load_matrix(w_out_ptr, H_PAD, A_PAD), tl.load(b_out_ptr + tl.arange(0, A_PAD)))
+def mlp_forward(x, w_in_ptr, b_in_ptr, w_hid_ptr, b_hid_ptr, w_out_ptr, b_out_ptr,
+                HIDDEN: tl.constexpr, ACTS: tl.constexpr, D_PAD: tl.constexpr, P: tl.constexpr,
+                A_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr, FAST: tl.constexpr):
+    """MLP output [BLOCK, A_PAD] (float32) for inputs ``x`` [BLOCK, D_PAD] (float32)."""
+    if HIDDEN == 0:
+        h = x
+    else:
+        h = activate(dense(x, w_in_ptr, b_in_ptr, D_PAD, P, DOT_PRECISION), ACTS & 3, FAST)
+        for layer in tl.static_range(1, HIDDEN):
+            h = activate(dense(h, w_hid_ptr + (layer - 1) * P * P, b_hid_ptr + (layer - 1) * P, P, P, DOT_PRECISION),
+                         (ACTS >> (2 * layer)) & 3, FAST)
+    return dense(h, w_out_ptr, b_out_ptr, P, A_PAD, DOT_PRECISION)
 
 
 @jit
-def mlp_forward(x, w_in, b_in, w_hid, b_hid, w_out, b_out, TWO_HIDDEN: tl.constexpr, ACTIVATION: tl.constexpr,
-                PRECISION: tl.constexpr):
-    """MLP output [BLOCK, A_PAD] for inputs ``x`` [BLOCK, D_PAD] (weights as loaded tiles)."""
-    h = activate(tl.dot(x, w_in, input_precision=PRECISION) + b_in[None, :], ACTIVATION, PRECISION == "tf32")
-    if TWO_HIDDEN:
-        h = activate(tl.dot(h, w_hid, input_precision=PRECISION) + b_hid[None, :], ACTIVATION, PRECISION == "tf32")
-    return tl.dot(h, w_out, input_precision=PRECISION) + b_out[None, :]
+def sample_categorical(logits, u, NUM_ACTIONS: tl.constexpr, A_PAD: tl.constexpr):
+    """Inverse-CDF sample from ``logits`` [BLOCK, A_PAD] with uniforms ``u`` [BLOCK] in [0, 1).
 
-
-@jit
-def sample_categorical(logits, u0, u1, u2, u3, NUM_ACTIONS: tl.constexpr, A_PAD: tl.constexpr):
-    """Gumbel-max sample from ``logits`` [BLOCK, A_PAD]; returns (action as float32, log-prob)."""
+    Returns (action as float32, log-probability).  Only the first NUM_ACTIONS columns count.
+    """
     col = tl.arange(0, A_PAD)[None, :]
     valid = col < NUM_ACTIONS
     logits = tl.where(valid, logits, float("-inf"))
     peak = tl.max(logits, axis=1)
-    lse = peak + tl.log(tl.sum(tl.exp(logits - peak[:, None]), axis=1))
-    u = tl.where(col == 0, u0[:, None], tl.where(col == 1, u1[:, None], tl.where(col == 2, u2[:, None], u3[:, None])))
-    # u in [0, 1): u = 0 gives a Gumbel of -inf (never chosen), never NaN.
-    gumbel = -tl.log(-tl.log(u))
-    perturbed = tl.where(valid, logits + gumbel, float("-inf"))
-    action = tl.argmax(perturbed, axis=1)
+    weights = tl.exp(logits - peak[:, None])  # 0 in the padded columns
+    cdf = tl.cumsum(weights, axis=1)
+    total = tl.sum(weights, axis=1)
+    target = u * total
+    # the last action takes whatever rounding leaves above F_{n-2}
+    below = valid & (col < NUM_ACTIONS - 1) & (cdf <= target[:, None])
+    action = tl.sum(below.to(tl.int32), axis=1)
     chosen = tl.sum(tl.where(col == action[:, None], logits, 0.0), axis=1)
-    return action.to(tl.float32), chosen - lse
+    return action.to(tl.float32), chosen - peak - tl.log(total)
 
 
 @jit

@@ -5,9 +5,9 @@ step counter, "done at the previous step" flag and running episode return once, 
 ``num_steps`` steps with everything in registers, and stores them back once.  Step t of env
 i, at global random position p = offset + t:
 
-1. o_t = observe(s_t); the action a_t is the caller's (POLICY 1), uniform (0: word p % 4 of
-   Philox (seed, POLICY_TAG + i, p // 4), one call per four steps) or sampled from the MLP
-   (2) with Philox (seed, POLICY_TAG + i, p);
+1. o_t = observe(s_t); the action a_t is the caller's (POLICY 1), uniform (0) or sampled from
+   the MLP (2).  Both draw lane p % 4 of Philox (seed, POLICY_TAG + i, p // 4) (uniforms, or
+   Box-Muller normals for a Gaussian head): one Philox call per four steps;
 2. (s', r_t, terminated_t) = step(s_t, a_t); steps += 1; truncated_t = steps >= max_episode_steps;
 3. auto-reset with a start state drawn from Philox (seed, RESET_TAG + i, p):
    NEXT_STEP (0): an env done at step t − 1 is reset instead of stepped (r = 0, flags False);
@@ -31,7 +31,7 @@ from fusecore.rng import normal4, uniform4
 
 from .dispatch import POLICY_TAG, env_observe, env_reset, env_step, obs_tile
 from .episode import autoreset_flags, load_counters, store_counters, store_step, track_episode
-from .policy import first_column, load_mlp, mlp_forward, sample_categorical, sample_gaussian
+from .policy import first_column, mlp_forward, sample_categorical, sample_gaussian
 
 RANDOM: tl.constexpr = tl.constexpr(0)
 GIVEN: tl.constexpr = tl.constexpr(1)
@@ -40,15 +40,53 @@ DISABLED: tl.constexpr = tl.constexpr(2)
 
 
 @jit
-def store_obs(ptr, row, mask, o0, o1, o2, o3, o4, o5, OBS_DIM: tl.constexpr, OBS_PAD: tl.constexpr):
-    """Write observations of rows ``row`` (int64 [BLOCK]) into a row-major [*, OBS_DIM] tensor."""
-    col = tl.arange(0, OBS_PAD)[None, :]
-    tile = obs_tile(o0, o1, o2, o3, o4, o5, OBS_PAD)
-    if OBS_PAD == OBS_DIM:
-        # a row-uniform mask keeps each env's observation one vector store
-        tl.store(ptr + row[:, None] * OBS_DIM + col, tile, mask=mask[:, None])
+def store_pair(at, a, b, mask):
+    """Write (a, b) to ``at`` and ``at + 1``: joined, each env's pair is one 8-byte store."""
+    col = tl.arange(0, 2)[None, :]
+    tl.store(at[:, None] + col, tl.join(a, b), mask=mask[:, None])
+
+
+@jit
+def store_obs(ptr, row, mask, o0, o1, o2, o3, o4, o5, OBS_DIM: tl.constexpr, BLOCK: tl.constexpr):
+    """Write observations of rows ``row`` (int64 [BLOCK]) into a row-major [*, OBS_DIM] float32 tensor.
+
+    The components are joined along a new innermost axis, which keeps each env's values in
+    its own thread: one 16-byte (OBS_DIM 4) or 8-byte (2, 6) store per env and pair, with
+    no shuffle of the tile through shared memory.  Odd sizes store component by component.
+    """
+    at = ptr + row * OBS_DIM
+    if OBS_DIM == 4:
+        tile = tl.reshape(tl.join(tl.join(o0, o2), tl.join(o1, o3)), [BLOCK, 4])
+        tl.store(at[:, None] + tl.arange(0, 4)[None, :], tile, mask=mask[:, None])
+    elif OBS_DIM == 2:
+        store_pair(at, o0, o1, mask)
+    elif OBS_DIM == 6:
+        store_pair(at, o0, o1, mask)
+        store_pair(at + 2, o2, o3, mask)
+        store_pair(at + 4, o4, o5, mask)
     else:
-        tl.store(ptr + row[:, None] * OBS_DIM + col, tile, mask=mask[:, None] & (col < OBS_DIM))
+        tl.store(at, o0, mask=mask)
+        if OBS_DIM > 1:
+            tl.store(at + 1, o1, mask=mask)
+        if OBS_DIM > 2:
+            tl.store(at + 2, o2, mask=mask)
+        if OBS_DIM > 3:
+            tl.store(at + 3, o3, mask=mask)
+        if OBS_DIM > 4:
+            tl.store(at + 4, o4, mask=mask)
+
+
+@jit
+def policy_draws(seed, idx, group, NORMAL: tl.constexpr):
+    """The four policy draws of positions 4 group .. 4 group + 3: Philox (seed, POLICY_TAG + i, group).
+
+    Uniforms in [0, 1), or standard normals (Box-Muller) for a Gaussian head.
+    """
+    if NORMAL:
+        d0, d1, d2, d3 = normal4(seed, idx + POLICY_TAG, group)
+    else:
+        d0, d1, d2, d3 = uniform4(seed, idx + POLICY_TAG, group)
+    return d0, d1, d2, d3
 
 
 # Integer arguments equal to 1 would be specialised into constants: keep them runtime values.
@@ -61,13 +99,15 @@ def rollout_kernel(
     episodes_ptr, return_sum_ptr, length_sum_ptr,
     actor_w_in_ptr, actor_b_in_ptr, actor_w_hid_ptr, actor_b_hid_ptr, actor_w_out_ptr, actor_b_out_ptr,
     critic_w_in_ptr, critic_b_in_ptr, critic_w_hid_ptr, critic_b_hid_ptr, critic_w_out_ptr, critic_b_out_ptr,
-    log_std, action_low, action_high,
+    log_std, action_low, action_high, env_param,
     n, num_steps, max_episode_steps, seed, offset,
     ENV: tl.constexpr, OBS_DIM: tl.constexpr, NUM_ACTIONS: tl.constexpr,
     POLICY: tl.constexpr, AUTORESET: tl.constexpr,
     WRITE_OBS: tl.constexpr, WRITE_STEP: tl.constexpr, WRITE_FINAL: tl.constexpr, WRITE_STATS: tl.constexpr,
-    HAS_CRITIC: tl.constexpr, TWO_HIDDEN: tl.constexpr, ACTIVATION: tl.constexpr, PRECISION: tl.constexpr,
-    D_PAD: tl.constexpr, H_PAD: tl.constexpr, A_PAD: tl.constexpr, OBS_PAD: tl.constexpr,
+    HAS_CRITIC: tl.constexpr, D_PAD: tl.constexpr,
+    A_HIDDEN: tl.constexpr, A_ACTS: tl.constexpr, A_WIDTH: tl.constexpr, A_PAD: tl.constexpr,
+    C_HIDDEN: tl.constexpr, C_ACTS: tl.constexpr, C_WIDTH: tl.constexpr, C_PAD: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, FAST: tl.constexpr,
     LAZY_DRAWS: tl.constexpr, BLOCK: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -79,11 +119,13 @@ def rollout_kernel(
     s3 = tl.load(state_ptr + 3 * n + idx, mask=mask, other=0.0)
     steps, done_prev, ep_return, episodes, return_sum, length_sum = load_counters(
         steps_ptr, done_ptr, ep_return_ptr, idx, mask, BLOCK)
-    w0 = tl.zeros([BLOCK], dtype=tl.float32)
-    w1 = w0
-    w2 = w0
-    w3 = w0
-    pending_action = w0
+    # Gaussian heads draw normals, every other policy uniforms.
+    normal_draws: tl.constexpr = (POLICY == MLP) & (NUM_ACTIONS == 0)
+    d0 = tl.zeros([BLOCK], dtype=tl.float32)
+    d1 = d0
+    d2 = d0
+    d3 = d0
+    pending_action = d0
     if POLICY == GIVEN:
         has_first = (tl.zeros([BLOCK], dtype=tl.int32) + num_steps) > 0
         pending_action = tl.load(given_actions_ptr + idx, mask=mask & has_first, other=0).to(tl.float32)
@@ -101,65 +143,58 @@ def rollout_kernel(
             pending_action = tl.load(given_actions_ptr + row + n, mask=mask & has_next, other=0).to(tl.float32)
             if NUM_ACTIONS > 0:
                 action = tl.minimum(tl.maximum(action, 0.0), NUM_ACTIONS - 1.0)
-        elif POLICY == RANDOM:
-            # One Philox call serves four consecutive positions: the uniform of position p is
-            # word p % 4 of Philox (seed, POLICY_TAG + i, p // 4).
+        else:
+            # One Philox call serves four consecutive positions: the draw of position p is
+            # lane p % 4 of Philox (seed, POLICY_TAG + i, p // 4).
             if LAZY_DRAWS:
                 if (t == 0) | (position % 4 == 0):
-                    w0, w1, w2, w3 = uniform4(seed, idx + POLICY_TAG, position // 4)
+                    d0, d1, d2, d3 = policy_draws(seed, idx, position // 4, normal_draws)
             else:
                 # latency-bound: recomputing off the critical path beats a branch on it
-                w0, w1, w2, w3 = uniform4(seed, idx + POLICY_TAG, position // 4)
+                d0, d1, d2, d3 = policy_draws(seed, idx, position // 4, normal_draws)
             lane = position % 4
-            u = tl.where(lane == 0, w0, tl.where(lane == 1, w1, tl.where(lane == 2, w2, w3)))
-            if NUM_ACTIONS > 0:
-                action = tl.minimum(tl.floor(u * NUM_ACTIONS), NUM_ACTIONS - 1.0)
+            draw = tl.where(lane == 0, d0, tl.where(lane == 1, d1, tl.where(lane == 2, d2, d3)))
+            if POLICY == RANDOM:
+                if NUM_ACTIONS > 0:
+                    action = tl.minimum(tl.floor(draw * NUM_ACTIONS), NUM_ACTIONS - 1.0)
+                else:
+                    action = action_low + draw * (action_high - action_low)
             else:
-                action = action_low + u * (action_high - action_low)
-        else:
-            # Weights are (re)read every step from L1/L2 rather than held in registers for the
-            # whole loop: kept live, two 2x64 MLPs spill registers to local memory.
-            x = obs_tile(o0, o1, o2, o3, o4, o5, D_PAD)
-            actor_w_in, actor_b_in, actor_w_hid, actor_b_hid, actor_w_out, actor_b_out = load_mlp(
-                actor_w_in_ptr, actor_b_in_ptr, actor_w_hid_ptr, actor_b_hid_ptr, actor_w_out_ptr, actor_b_out_ptr,
-                D_PAD, H_PAD, A_PAD)
-            out = mlp_forward(x, actor_w_in, actor_b_in, actor_w_hid, actor_b_hid, actor_w_out, actor_b_out,
-                              TWO_HIDDEN, ACTIVATION, PRECISION)
-            if NUM_ACTIONS > 0:
-                u0, u1, u2, u3 = uniform4(seed, idx + POLICY_TAG, position)
-                action, log_prob = sample_categorical(out, u0, u1, u2, u3, NUM_ACTIONS, A_PAD)
-            else:
-                z, _z1, _z2, _z3 = normal4(seed, idx + POLICY_TAG, position)
-                action, log_prob = sample_gaussian(out, log_std, z, A_PAD)
-            tl.store(log_prob_out_ptr + row, log_prob, mask=mask)
-            if HAS_CRITIC:
-                critic_w_in, critic_b_in, critic_w_hid, critic_b_hid, critic_w_out, critic_b_out = load_mlp(
-                    critic_w_in_ptr, critic_b_in_ptr, critic_w_hid_ptr, critic_b_hid_ptr, critic_w_out_ptr,
-                    critic_b_out_ptr, D_PAD, H_PAD, A_PAD)
-                value = first_column(
-                    mlp_forward(x, critic_w_in, critic_b_in, critic_w_hid, critic_b_hid, critic_w_out,
-                                critic_b_out, TWO_HIDDEN, ACTIVATION, PRECISION),
-                    A_PAD,
-                )
-                tl.store(value_out_ptr + row, value, mask=mask)
+                x = obs_tile(o0, o1, o2, o3, o4, o5, D_PAD)
+                out = mlp_forward(x, actor_w_in_ptr, actor_b_in_ptr, actor_w_hid_ptr, actor_b_hid_ptr,
+                                  actor_w_out_ptr, actor_b_out_ptr, A_HIDDEN, A_ACTS, D_PAD, A_WIDTH, A_PAD,
+                                  DOT_PRECISION, FAST)
+                if NUM_ACTIONS > 0:
+                    action, log_prob = sample_categorical(out, draw, NUM_ACTIONS, A_PAD)
+                else:
+                    action, log_prob = sample_gaussian(out, log_std, draw, A_PAD)
+                tl.store(log_prob_out_ptr + row, log_prob, mask=mask)
+                if HAS_CRITIC:
+                    value = first_column(
+                        mlp_forward(x, critic_w_in_ptr, critic_b_in_ptr, critic_w_hid_ptr, critic_b_hid_ptr,
+                                    critic_w_out_ptr, critic_b_out_ptr, C_HIDDEN, C_ACTS, D_PAD, C_WIDTH, C_PAD,
+                                    DOT_PRECISION, FAST),
+                        C_PAD,
+                    )
+                    tl.store(value_out_ptr + row, value, mask=mask)
         if WRITE_OBS:
-            store_obs(obs_out_ptr, row, mask, o0, o1, o2, o3, o4, o5, OBS_DIM, OBS_PAD)
+            store_obs(obs_out_ptr, row, mask, o0, o1, o2, o3, o4, o5, OBS_DIM, BLOCK)
             tl.store(action_out_ptr + row, action.to(action_out_ptr.dtype.element_ty), mask=mask)
 
-        n0, n1, n2, n3, reward, terminated = env_step(s0, s1, s2, s3, action, ENV)
+        n0, n1, n2, n3, reward, terminated = env_step(s0, s1, s2, s3, action, env_param, ENV)
         length = steps + 1
         truncated = length >= max_episode_steps
         reward, terminated, truncated, steps, done_prev, resetting = autoreset_flags(
             reward, terminated, truncated, length, done_prev, AUTORESET)
         if WRITE_FINAL:
             f0, f1, f2, f3, f4, f5 = env_observe(n0, n1, n2, n3, ENV)
-            store_obs(final_obs_out_ptr, row, mask, f0, f1, f2, f3, f4, f5, OBS_DIM, OBS_PAD)
+            store_obs(final_obs_out_ptr, row, mask, f0, f1, f2, f3, f4, f5, OBS_DIM, BLOCK)
         if AUTORESET == DISABLED:
             s0, s1, s2, s3 = n0, n1, n2, n3
         else:
             if LAZY_DRAWS:
                 # Throughput-bound (many envs): draw start states only when some env of the
-                # block resets, which most steps none does.
+                # block resets.
                 r0, r1, r2, r3 = n0, n1, n2, n3
                 if tl.max((resetting & mask).to(tl.int32), axis=0) > 0:
                     r0, r1, r2, r3 = env_reset(seed, idx, position, ENV)
@@ -184,14 +219,14 @@ def rollout_kernel(
     store_counters(steps_ptr, done_ptr, ep_return_ptr, episodes_ptr, return_sum_ptr, length_sum_ptr, idx, mask,
                    steps, done_prev, ep_return, episodes, return_sum, length_sum, WRITE_STATS)
     o0, o1, o2, o3, o4, o5 = env_observe(s0, s1, s2, s3, ENV)
-    store_obs(next_obs_out_ptr, idx, mask, o0, o1, o2, o3, o4, o5, OBS_DIM, OBS_PAD)
+    store_obs(next_obs_out_ptr, idx, mask, o0, o1, o2, o3, o4, o5, OBS_DIM, BLOCK)
 
 
 @jit(do_not_specialize=["n", "seed", "position"])
 def reset_kernel(
     state_ptr, steps_ptr, done_ptr, ep_return_ptr, reset_mask_ptr, obs_out_ptr,
     n, seed, position,
-    ENV: tl.constexpr, OBS_DIM: tl.constexpr, OBS_PAD: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK: tl.constexpr,
+    ENV: tl.constexpr, OBS_DIM: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK: tl.constexpr,
 ):
     """Draw start states (all envs, or those with ``reset_mask`` set) and write every env's observation."""
     pid = tl.program_id(0)
@@ -219,4 +254,4 @@ def reset_kernel(
     tl.store(done_ptr + idx, done, mask=mask)
     tl.store(ep_return_ptr + idx, ep_return, mask=mask)
     o0, o1, o2, o3, o4, o5 = env_observe(r0, r1, r2, r3, ENV)
-    store_obs(obs_out_ptr, idx, mask, o0, o1, o2, o3, o4, o5, OBS_DIM, OBS_PAD)
+    store_obs(obs_out_ptr, idx, mask, o0, o1, o2, o3, o4, o5, OBS_DIM, BLOCK)

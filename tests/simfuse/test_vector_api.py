@@ -119,8 +119,8 @@ def test_bad_input_raises_clear_errors(device):
         env.reset(seed=-1)
     with pytest.raises(ValueError, match="policy expects observations of size 3"):
         env.rollout(torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2)), 1)
-    with pytest.raises(ValueError, match="alternate Linear"):
-        env.rollout(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2)), 1)
+    with pytest.raises(ValueError, match=r"actor\[1\] is a Dropout; the in-kernel MLP takes only"):
+        env.rollout(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(), torch.nn.Linear(8, 2)), 1)
     cont = make("Pendulum-v1", 2, device=device, validate=True)
     cont.reset(seed=0)
     with pytest.raises(ValueError, match=r"shape \(2, 1\)"):
