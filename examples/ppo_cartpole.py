@@ -7,6 +7,7 @@ The PPO update is plain PyTorch on the same device; nothing goes through the hos
 printed numbers.
 
     PYTHONPATH=. python examples/ppo_cartpole.py                 # GPU: 4,096 envs, stops at 475
+    PYTHONPATH=. python examples/ppo_cartpole.py --max-seconds 120   # ... or after 2 minutes
     PYTHONPATH=. python examples/ppo_cartpole.py --cpu-small     # CPU (Triton interpreter): small, slow
 
 Evaluation: ``--eval-envs`` fresh envs run 500 steps with the current (stochastic) policy; the
@@ -62,6 +63,10 @@ def main(argv: list[str] | None = None) -> float:
     parser.add_argument("--eval-steps", type=int, default=500, help="evaluation horizon (500: a whole episode)")
     parser.add_argument("--target", type=float, default=475.0, help="stop once the evaluation return reaches it")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--precision", default="tf32", choices=["ieee", "tf32", "bf16", "fp16"],
+                        help="in-kernel MLP products (PPO's ratio tolerates the rounding of the fast modes)")
+    parser.add_argument("--max-seconds", type=float, default=None,
+                        help="stop after the first evaluation past this wall-clock budget")
     parser.add_argument("--cpu-small", action="store_true",
                         help="the small CPU configuration: 32 envs x 32 steps, 40 updates, 32 eval envs")
     args = parser.parse_args(argv)
@@ -72,7 +77,7 @@ def main(argv: list[str] | None = None) -> float:
     device = fusecore.default_device()
     torch.manual_seed(args.seed)
     actor, critic = mlp(2, args.hidden, 0.01).to(device), mlp(1, args.hidden, 1.0).to(device)
-    policy = simfuse.MLPPolicy(actor, critic)
+    policy = simfuse.MLPPolicy(actor, critic, precision=args.precision)
     optimizer = torch.optim.Adam([*actor.parameters(), *critic.parameters()], lr=args.lr, eps=1e-5)
     env = simfuse.make_vec("CartPole-v1", args.num_envs, device=device, autoreset_mode="SameStep")
     env.reset(seed=args.seed)
@@ -122,6 +127,9 @@ def main(argv: list[str] | None = None) -> float:
                   f"{elapsed:7.1f} s  ({env_steps / elapsed:,.0f} env-steps/s incl. training)")
             if score >= args.target:
                 print(f"reached {score:.1f} >= {args.target} after {env_steps:,} env-steps in {elapsed:.1f} s")
+                break
+            if args.max_seconds is not None and elapsed > args.max_seconds:
+                print(f"stopped at the time budget ({args.max_seconds:.0f} s) with eval return {score:.1f}")
                 break
     return score
 
