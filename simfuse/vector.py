@@ -176,17 +176,20 @@ class FusedVectorEnv(VectorEnv):
 
         Env i's start state is drawn from Philox ``(seed, stream i)``, identical on every device.
         """
+        # Everything is checked before any state changes, so a rejected call leaves the env as it was.
         if seed is not None:
             seed = check_seed(seed)
+        if options is not None and not isinstance(options, dict):
+            raise TypeError(f"options must be a dict or None, got {type(options).__name__}")
         options = dict(options or {})
         mask = options.pop("reset_mask", None)
         if options:
             raise ValueError(f"unknown reset options {sorted(options)}; simfuse envs accept only 'reset_mask'")
-        super().reset(seed=seed)
         if mask is not None:
             mask = self._reset_mask(mask)
             if self._rng is None and seed is None:
                 raise error.ResetNeeded("reset(options={'reset_mask': ...}) needs a full reset() first")
+        super().reset(seed=seed)
         if seed is not None:
             self._rng = PhiloxStream(seed)
         elif self._rng is None:

@@ -16,9 +16,9 @@ MODES = [gymnasium.vector.AutoresetMode.NEXT_STEP, gymnasium.vector.AutoresetMod
          gymnasium.vector.AutoresetMode.DISABLED]
 
 
-def gym_env(name: str):
-    """Gymnasium's own (float64 numpy) environment, unwrapped: the oracle."""
-    return gymnasium.make(name).unwrapped
+def gym_env(name: str, **kwargs):
+    """Gymnasium's own (float64 numpy) environment, unwrapped, built with ``kwargs``: the oracle."""
+    return gymnasium.make(name, **kwargs).unwrapped
 
 
 def gym_step(name: str, env, state: np.ndarray, action):

@@ -76,3 +76,21 @@ def test_same_seed_same_episodes_on_cpu_and_gpu(device):
     assert torch.equal(traj.actions.cpu(), ref.actions)
     assert torch.equal(traj.terminated.cpu(), ref.terminated) and torch.equal(traj.truncated.cpu(), ref.truncated)
     fusecore.testing.assert_close(traj.obs.cpu(), ref.obs, tol=1e-4, name="obs")
+
+
+@pytest.mark.gpu
+def test_validate_switch_reads_actions_on_the_gpu(device):
+    """validate=True checks action values on the GPU (one host synchronisation, which sync-debug mode reports)."""
+    env = simfuse.make_vec("MountainCar-v0", 256, device=device, validate=True)
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match="outside the Discrete"):
+        env.step(torch.full((256,), 3, device=device))
+    actions = torch.ones(256, dtype=torch.int64, device=device)
+    env.step(actions)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with pytest.raises(RuntimeError, match="synchroniz"):
+            env.step(actions)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)

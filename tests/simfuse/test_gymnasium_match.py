@@ -33,10 +33,21 @@ def reset_obs(name: str, seed: int, env_ids: np.ndarray, position: int) -> np.nd
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
 @pytest.mark.parametrize("name", ENV_NAMES)
 def test_steps_match_gymnasium(name, mode, device):
-    rng = np.random.default_rng(zlib.crc32(f"{name}/{mode.name}".encode()))
+    _match_gymnasium(name, mode, device, {})
+
+
+@pytest.mark.parametrize("name,kwargs", [("CartPole-v1", {"sutton_barto_reward": True}),
+                                         ("Pendulum-v1", {"g": 9.81}), ("Pendulum-v1", {"g": 3.7})])
+def test_constructor_arguments_match_gymnasium(name, kwargs, device):
+    """Gymnasium's non-default constructor arguments: CartPoleEnv(sutton_barto_reward), PendulumEnv(g)."""
+    _match_gymnasium(name, AutoresetMode.SAME_STEP, device, kwargs)
+
+
+def _match_gymnasium(name, mode, device, kwargs):
+    rng = np.random.default_rng(zlib.crc32(f"{name}/{mode.name}/{sorted(kwargs.items())}".encode()))
     seed = int(rng.integers(2**31))
-    env = make(name, NUM_ENVS, max_episode_steps=MAX_STEPS, autoreset_mode=mode, device=device)
-    oracle = gym_env(name)
+    env = make(name, NUM_ENVS, max_episode_steps=MAX_STEPS, autoreset_mode=mode, device=device, **kwargs)
+    oracle = gym_env(name, **kwargs)
     obs, _ = env.reset(seed=seed)
     spec = ENV_DEFS[name]
     # start states bit-identical to the numpy Philox oracle; observations to float32 accuracy

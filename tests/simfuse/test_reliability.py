@@ -1,0 +1,142 @@
+"""Issue 8 for simfuse: rejected calls leave the env untouched, determinism, and properties over sizes and modes."""
+
+import gymnasium
+import numpy as np
+import pytest
+import torch
+from gymnasium.vector import AutoresetMode
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from simfuse_testing import ENV_NAMES, MODES, make
+from torch import nn
+
+import simfuse
+from fusecore.testing import test_device
+
+
+def _trajectory_fields(traj) -> list[torch.Tensor]:
+    return [t for t in (traj.obs, traj.actions, traj.rewards, traj.terminated, traj.truncated, traj.next_obs,
+                        traj.log_probs, traj.values, traj.final_obs) if t is not None]
+
+
+def _assert_same(a, b) -> None:
+    for x, y in zip(_trajectory_fields(a), _trajectory_fields(b), strict=True):
+        assert torch.equal(x, y)
+
+
+def test_rejected_calls_leave_the_env_untouched(device):
+    """Every bad call raises before any state or random position changes: the env continues as if none was made."""
+    env = make("Acrobot-v1", 5, autoreset_mode="Disabled", device=device, validate=True)
+    twin = make("Acrobot-v1", 5, autoreset_mode="Disabled", device=device, validate=True)
+    for e in (env, twin):
+        e.reset(seed=31)
+        e.rollout("random", num_steps=3)
+    state = env.get_state()
+    bad_calls = [
+        (ValueError, lambda: env.step(np.array([0, 1, 3, 0, 1]))),                       # outside Discrete(3)
+        (ValueError, lambda: env.step(np.array([0, 1, -1, 0, 1]))),
+        (ValueError, lambda: env.step(np.zeros(4, dtype=np.int64))),                     # shape
+        (TypeError, lambda: env.step(np.zeros(5, dtype=np.float32))),                    # dtype
+        (ValueError, lambda: env.step(torch.zeros(5, dtype=torch.int64, device="meta"))),  # device
+        (TypeError, lambda: env.step([0, 1, 2, 0, 1])),
+        (ValueError, lambda: env.rollout(torch.full((4, 5), 9, dtype=torch.int32, device=device))),
+        (ValueError, lambda: env.rollout("random", num_steps=-2)),
+        (ValueError, lambda: env.rollout(nn.Sequential(nn.Linear(6, 4)), num_steps=2)),  # 4 logits for 3 actions
+        (ValueError, lambda: env.reset(seed=4, options={"reset_mask": np.ones(4, dtype=bool)})),
+        (ValueError, lambda: env.reset(seed=4, options={"reset_mask": np.zeros(5, dtype=bool)})),
+        (TypeError, lambda: env.reset(seed=4, options={"reset_mask": np.ones(5, dtype=np.int8)})),
+        (ValueError, lambda: env.reset(seed=4, options={"mask": np.ones(5, dtype=bool)})),
+        (TypeError, lambda: env.reset(seed=4, options=["reset_mask"])),
+        (TypeError, lambda: env.reset(seed=2.5)),
+        (ValueError, lambda: env.reset(seed=2**63)),
+    ]
+    for exc, call in bad_calls:
+        with pytest.raises(exc):
+            call()
+        assert torch.equal(env.get_state(), state)
+    _assert_same(env.rollout("random", num_steps=4), twin.rollout("random", num_steps=4))
+    obs, _ = env.reset(options={"reset_mask": np.array([True, False, True, False, False])})
+    twin_obs, _ = twin.reset(options={"reset_mask": np.array([True, False, True, False, False])})
+    assert torch.equal(obs, twin_obs)
+
+
+def test_step_before_reset_and_bad_construction():
+    with pytest.raises(gymnasium.error.ResetNeeded, match="call reset"):
+        make("CartPole-v1", 2).step(np.zeros(2, dtype=np.int64))
+    with pytest.raises(gymnasium.error.ResetNeeded, match="needs a full reset"):
+        make("CartPole-v1", 2).reset(options={"reset_mask": np.ones(2, dtype=bool)})
+    for bad in (0, -3):
+        with pytest.raises(ValueError, match=f"num_envs must be >= 1, got {bad}"):
+            make("Pendulum-v1", bad)
+    with pytest.raises(TypeError, match="num_envs must be an int, got str"):
+        simfuse.PendulumVectorEnv(num_envs="8")
+    with pytest.raises(ValueError, match="autoreset_mode must be one of"):
+        make("Pendulum-v1", 2, autoreset_mode=3)
+    with pytest.raises(ValueError, match="device must be 'cpu' or 'cuda'"):
+        make("Pendulum-v1", 2, device="meta")
+    with pytest.raises(TypeError, match="sutton_barto_reward must be a bool"):
+        make("CartPole-v1", 2, sutton_barto_reward="yes")
+    with pytest.raises(ValueError, match="g must be a finite number"):
+        make("Pendulum-v1", 2, g=float("nan"))
+
+
+def test_same_seed_same_mlp_rollouts(device):
+    """Two envs, one seed: identical trajectories (actions, log-probs, values) run to run."""
+    torch.manual_seed(0)
+    actor = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 2)).to(device)
+    critic = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 1)).to(device)
+    policy = simfuse.MLPPolicy(actor, critic, precision="tf32")
+    runs = []
+    for _ in range(2):
+        env = make("CartPole-v1", 21, max_episode_steps=6, autoreset_mode="SameStep", device=device)
+        env.reset(seed=99)
+        runs.append(env.rollout(policy, num_steps=9, record_final_obs=True))
+    _assert_same(*runs)
+
+
+# A handful of examples per run: each costs a few interpreted kernel launches.
+@settings(max_examples=12, deadline=None)
+@given(name=st.sampled_from(ENV_NAMES), num_envs=st.sampled_from([1, 2, 3, 5, 7, 13, 31, 64, 67]),
+       extra_envs=st.integers(1, 9), num_steps=st.integers(0, 6), limit=st.integers(1, 5),
+       mode=st.sampled_from(MODES), seed=st.integers(0, 2**63 - 1))
+def test_rollout_properties(name, num_envs, extra_envs, num_steps, limit, mode, seed):
+    """For any env count, K, step limit, autoreset mode and seed:
+
+    * a fused rollout equals K calls of step() with its actions, bit for bit;
+    * env i's trajectory depends only on (seed, i): a larger batch with the same seed starts
+      with the same trajectories (so the same seed gives the same episodes run to run);
+    * the flags follow the autoreset mode (NEXT_STEP: the step after an episode end is a reset
+      with reward 0 and no flags; truncation exactly when the episode reaches the limit).
+    """
+    device = test_device()
+    kwargs = {"max_episode_steps": limit, "autoreset_mode": mode, "device": device}
+    fused, stepped, bigger = make(name, num_envs, **kwargs), make(name, num_envs, **kwargs), \
+        make(name, num_envs + extra_envs, **kwargs)
+    for e in (fused, stepped, bigger):
+        e.reset(seed=seed)
+    traj = fused.rollout("random", num_steps=num_steps)
+    wide = bigger.rollout("random", num_steps=num_steps)
+    assert traj.obs.shape == (num_steps, num_envs, fused.env_def.obs_dim)
+    for field in ("obs", "actions", "rewards", "terminated", "truncated"):
+        assert torch.equal(getattr(wide, field)[:, :num_envs], getattr(traj, field)), field
+    assert torch.equal(wide.next_obs[:num_envs], traj.next_obs)
+    obs = stepped.rollout(traj.actions[:0]).next_obs
+    length = torch.zeros(num_envs, dtype=torch.int64)
+    pending = torch.zeros(num_envs, dtype=torch.bool)
+    for t in range(num_steps):
+        assert torch.equal(obs, traj.obs[t])
+        obs, reward, terminated, truncated, _ = stepped.step(traj.actions[t])
+        assert torch.equal(reward, traj.rewards[t])
+        assert torch.equal(terminated, traj.terminated[t]) and torch.equal(truncated, traj.truncated[t])
+        terminated, truncated = terminated.cpu(), truncated.cpu()
+        if mode == AutoresetMode.NEXT_STEP:
+            assert not (terminated | truncated)[pending].any() and (reward.cpu()[pending] == 0).all()
+            length = torch.where(pending, 0, length + 1)
+            assert torch.equal(truncated, ~pending & (length >= limit))
+            pending = terminated | truncated
+        else:
+            length += 1
+            assert torch.equal(truncated, length >= limit)
+            if mode == AutoresetMode.SAME_STEP:
+                length[terminated | truncated] = 0
+    assert torch.equal(obs, traj.next_obs)
