@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -98,22 +99,43 @@ class LlamaConfig:
 
     @classmethod
     def from_dict(cls, cfg: dict[str, Any], source: str = "config") -> LlamaConfig:
-        """Validate a config.json dictionary; unsupported features name the field."""
+        """Validate a config.json dictionary; every unsupported or malformed field is named.
 
-        def need(name: str) -> Any:
-            if name not in cfg or cfg[name] is None:
+        Unsupported features raise ``ValueError``; a field of the wrong type ``TypeError``; a
+        missing required field or a value out of range ``ValueError``.
+        """
+        if not isinstance(cfg, dict):
+            raise TypeError(f"{source}: a config must be a JSON object (dict), got {type(cfg).__name__}")
+
+        def integer(name: str, lo: int = 1, default: int | None = None) -> int:
+            value = cfg.get(name)
+            value = default if value is None else value
+            if value is None:
                 raise ValueError(f"{source}: required field {name!r} is missing")
-            return cfg[name]
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{source}: field {name!r} = {value!r} must be an integer")
+            if value < lo:
+                raise ValueError(f"{source}: field {name!r} = {value} must be >= {lo}")
+            return value
+
+        def positive(name: str, value: Any) -> float:
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"{source}: field {name!r} = {value!r} must be a number")
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{source}: field {name!r} = {value!r} must be a finite number > 0")
+            return float(value)
 
         archs = cfg.get("architectures") or []
+        if not isinstance(archs, list):
+            raise TypeError(f"{source}: field 'architectures' = {archs!r} must be a list of class names")
         for arch in archs:
-            if arch not in SUPPORTED_ARCHITECTURES:
+            if not isinstance(arch, str) or arch not in SUPPORTED_ARCHITECTURES:
                 raise ValueError(
                     f"{source}: field 'architectures' = {archs!r} is not supported; "
                     f"llmfuse runs {sorted(SUPPORTED_ARCHITECTURES)}"
                 )
         model_type = cfg.get("model_type", "llama")
-        if model_type not in SUPPORTED_MODEL_TYPES:
+        if not isinstance(model_type, str) or model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(
                 f"{source}: field 'model_type' = {model_type!r} is not supported; "
                 f"expected one of {sorted(SUPPORTED_MODEL_TYPES)}"
@@ -138,10 +160,10 @@ class LlamaConfig:
                     f"{source}: field 'sliding_window' = {window!r} is not supported "
                     "(llmfuse attends over the whole cache); set it to null"
                 )
-        hidden = int(need("hidden_size"))
-        heads = int(need("num_attention_heads"))
-        kv_heads = int(cfg.get("num_key_value_heads") or heads)
-        head_dim = int(cfg.get("head_dim") or hidden // heads)
+        hidden = integer("hidden_size")
+        heads = integer("num_attention_heads")
+        kv_heads = integer("num_key_value_heads", default=heads)
+        head_dim = integer("head_dim", default=hidden // heads)
         if heads % kv_heads:
             raise ValueError(
                 f"{source}: field 'num_key_value_heads' = {kv_heads} must divide num_attention_heads = {heads}"
@@ -151,38 +173,39 @@ class LlamaConfig:
 
         # transformers 5 writes 'rope_parameters'; older configs 'rope_theta' + 'rope_scaling'.
         params = cfg.get("rope_parameters") or {}
-        theta = float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+        if not isinstance(params, dict):
+            raise TypeError(f"{source}: field 'rope_parameters' = {params!r} must be an object")
+        theta = positive("rope_theta", params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
         scaling = cfg.get("rope_scaling") or {k: v for k, v in params.items() if k != "rope_theta"} or None
         if scaling is not None:
-            rope_type = scaling.get("rope_type", scaling.get("type", "default"))
             field_name = "rope_scaling" if cfg.get("rope_scaling") else "rope_parameters"
-            if rope_type not in SUPPORTED_ROPE_TYPES:
-                raise ValueError(
-                    f"{source}: field {field_name!r} has rope_type {rope_type!r}, which is not supported; "
-                    f"expected one of {SUPPORTED_ROPE_TYPES}"
-                )
-            if float(scaling.get("partial_rotary_factor", 1.0)) != 1.0:
-                raise ValueError(f"{source}: field {field_name!r}: partial_rotary_factor != 1 is not supported")
-            if rope_type == "default":
-                scaling = None
+            scaling = _check_rope_scaling(scaling, f"{source}: field {field_name!r}", positive)
         eos = cfg.get("eos_token_id")
-        eos_ids = () if eos is None else tuple(int(e) for e in (eos if isinstance(eos, list) else [eos]))
+        eos_list = [] if eos is None else (eos if isinstance(eos, list) else [eos])
+        if any(isinstance(e, bool) or not isinstance(e, int) for e in eos_list):
+            raise TypeError(f"{source}: field 'eos_token_id' = {eos!r} must be an integer or a list of integers")
+        vocab = integer("vocab_size")
+        if any(not 0 <= e < vocab for e in eos_list):
+            raise ValueError(f"{source}: field 'eos_token_id' = {eos!r} is outside the vocabulary [0, {vocab})")
+        tie = cfg.get("tie_word_embeddings", False)
+        if not isinstance(tie, bool):
+            raise TypeError(f"{source}: field 'tie_word_embeddings' = {tie!r} must be true or false")
         return cls(
-            vocab_size=int(need("vocab_size")),
+            vocab_size=vocab,
             hidden_size=hidden,
-            intermediate_size=int(need("intermediate_size")),
-            num_hidden_layers=int(need("num_hidden_layers")),
+            intermediate_size=integer("intermediate_size"),
+            num_hidden_layers=integer("num_hidden_layers"),
             num_attention_heads=heads,
             num_key_value_heads=kv_heads,
             head_dim=head_dim,
-            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rms_norm_eps=positive("rms_norm_eps", cfg.get("rms_norm_eps", 1e-6)),
             rope_theta=theta,
-            rope_scaling=dict(scaling) if scaling else None,
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            rope_scaling=scaling,
+            tie_word_embeddings=tie,
             attention_bias=model_type == "qwen2",
-            max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
+            max_position_embeddings=integer("max_position_embeddings", default=2048),
             model_type=model_type,
-            eos_token_id=eos_ids,
+            eos_token_id=tuple(eos_list),
         )
 
     @classmethod
@@ -191,8 +214,8 @@ class LlamaConfig:
         if not path.is_file():
             raise FileNotFoundError(f"config file {path} does not exist")
         try:
-            cfg = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
+            cfg = json.loads(path.read_bytes())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ValueError(f"config file {path} is not valid JSON: {exc}") from exc
         return cls.from_dict(cfg, source=str(path))
 
@@ -200,3 +223,27 @@ class LlamaConfig:
     def from_hf(cls, hf_config: Any) -> LlamaConfig:
         """From a transformers ``PretrainedConfig`` object."""
         return cls.from_dict(hf_config.to_dict(), source=f"{type(hf_config).__name__}")
+
+
+def _check_rope_scaling(scaling: Any, where: str, positive: Callable[[str, Any], float]) -> dict[str, Any] | None:
+    """The RoPE scaling dictionary, checked: a supported type with every parameter it needs."""
+    if not isinstance(scaling, dict):
+        raise TypeError(f"{where} = {scaling!r} must be an object")
+    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    if not isinstance(rope_type, str) or rope_type not in SUPPORTED_ROPE_TYPES:
+        raise ValueError(f"{where} has rope_type {rope_type!r}, which is not supported; "
+                         f"expected one of {SUPPORTED_ROPE_TYPES}")
+    if positive("partial_rotary_factor", scaling.get("partial_rotary_factor", 1.0)) != 1.0:
+        raise ValueError(f"{where}: partial_rotary_factor != 1 is not supported")
+    if rope_type == "default":
+        return None
+    needed = {"linear": ("factor",),
+              "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
+    for name in needed[rope_type]:
+        if name not in scaling:
+            raise ValueError(f"{where}: rope_type {rope_type!r} needs {name!r}, which is missing")
+        positive(name, scaling[name])
+    if rope_type == "llama3" and not float(scaling["high_freq_factor"]) > float(scaling["low_freq_factor"]):
+        raise ValueError(f"{where}: high_freq_factor = {scaling['high_freq_factor']!r} must be greater than "
+                         f"low_freq_factor = {scaling['low_freq_factor']!r}")
+    return dict(scaling)

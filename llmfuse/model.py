@@ -10,6 +10,7 @@ seeded torch generator.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -102,9 +103,10 @@ class LlamaModel:
         if not isinstance(attention_mask, torch.Tensor) or tuple(attention_mask.shape) != (B, T):
             raise ValueError(f"attention_mask must be a tensor of shape {(B, T)} like input_ids, got "
                              f"{getattr(attention_mask, 'shape', type(attention_mask).__name__)}")
-        mask = attention_mask.to("cpu", torch.int64)
+        mask = attention_mask.to("cpu")
         if not ((mask == 0) | (mask == 1)).all():
             raise ValueError("attention_mask must hold only 0 and 1")
+        mask = mask.to(torch.int64)
         pads = (mask == 0).sum(1)
         left = torch.arange(T)[None, :] < pads[:, None]
         if not torch.equal(mask == 0, left):
@@ -198,16 +200,23 @@ class LlamaModel:
         return self.buffers.logits.clone()
 
     def _check_generation(self, input_ids: torch.Tensor, max_new_tokens: int, temperature: float,
-                          top_k: int | None, top_p: float | None, seed: int | None = None) -> torch.Tensor:
+                          top_k: int | None, top_p: float | None, seed: int | None = None,
+                          eos_token_id: int | list[int] | None = None) -> torch.Tensor:
         _check_int("max_new_tokens", max_new_tokens, 0)
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
             raise ValueError(f"seed must be an int in [0, 2**63), got {seed!r}")
-        if not (isinstance(temperature, (int, float)) and temperature >= 0):
-            raise ValueError(f"temperature must be a float >= 0, got {temperature!r}")
+        if isinstance(temperature, bool) or not (isinstance(temperature, (int, float)) and 0 <= temperature < math.inf):
+            raise ValueError(f"temperature must be a finite float >= 0, got {temperature!r}")
         if top_k is not None:
             _check_int("top_k", top_k, 1)
-        if top_p is not None and not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
+        if top_p is not None and (isinstance(top_p, bool) or not (isinstance(top_p, (int, float)) and 0 < top_p <= 1)):
             raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
+        if eos_token_id is not None:
+            eos = [eos_token_id] if not isinstance(eos_token_id, (list, tuple)) else list(eos_token_id)
+            if not eos or any(isinstance(e, bool) or not isinstance(e, int) or not 0 <= e < self.config.vocab_size
+                              for e in eos):
+                raise ValueError(f"eos_token_id must be a token id or a non-empty list of token ids in "
+                                 f"[0, {self.config.vocab_size}), got {eos_token_id!r}")
         ids = self._check_ids("input_ids", input_ids, 2)
         T = ids.shape[1]
         if T + max_new_tokens > self.max_seq_len:
@@ -220,7 +229,7 @@ class LlamaModel:
                top_k: int | None = None, top_p: float | None = None, eos_token_id: int | list[int] | None = None,
                seed: int | None = None, attention_mask: torch.Tensor | None = None) -> Iterator[torch.Tensor]:
         """Yield the new tokens one step at a time, each a LongTensor [B] (arguments as :meth:`generate`)."""
-        ids = self._check_generation(input_ids, max_new_tokens, temperature, top_k, top_p, seed)
+        ids = self._check_generation(input_ids, max_new_tokens, temperature, top_k, top_p, seed, eos_token_id)
         eos = [] if eos_token_id is None else ([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id))
         eos_t = torch.tensor(eos, dtype=torch.int64, device=self.device)
         # Temperature-only sampling is fused into the LM head (Gumbel-max, Philox); top-k / top-p
@@ -268,7 +277,7 @@ class LlamaModel:
         Rows that produced an ``eos_token_id`` are padded with it afterwards; generation
         stops early when every row has finished (as transformers does).
         """
-        ids = self._check_generation(input_ids, max_new_tokens, temperature, top_k, top_p, seed)
+        ids = self._check_generation(input_ids, max_new_tokens, temperature, top_k, top_p, seed, eos_token_id)
         new = list(self.stream(ids, max_new_tokens, temperature, top_k, top_p, eos_token_id, seed, attention_mask))
         return torch.cat([ids, *(t[:, None] for t in new)], dim=1)
 

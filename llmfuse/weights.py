@@ -26,7 +26,7 @@ mis-shaped, corrupt or unreadable tensor raises an error naming the file and the
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -162,14 +162,27 @@ def assemble_weights(
     dtype: torch.dtype,
     device: torch.device | str,
     where: Callable[[str], str] = lambda name: "the model",
+    names: Iterable[str] | None = None,
+    shape_of: Callable[[str], tuple[int, ...]] | None = None,
 ) -> LlamaWeights:
     """Build :class:`LlamaWeights` from a name -> tensor getter, checking every shape.
 
     ``where(name)`` says where tensor ``name`` comes from (a file), for error messages.
+    ``names`` (every stored tensor name) lets the layer count be checked against the config,
+    and ``shape_of`` (a shape without reading the data) every name and shape, before
+    anything is read or allocated.
     """
     if dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"dtype must be one of {SUPPORTED_DTYPES}, got {dtype}")
+    if names is not None:
+        _check_layer_count(config, names, where)
     expected = _expected_tensors(config)
+    if shape_of is not None:
+        for name, shape in expected.items():
+            found = tuple(shape_of(name))
+            if found != shape:
+                raise CheckpointError(f"tensor {name!r} in {where(name)} has shape {found}, "
+                                      f"expected {shape} for this config")
 
     def load(name: str) -> torch.Tensor:
         tensor = get(name)
@@ -180,7 +193,12 @@ def assemble_weights(
             )
         if not tensor.dtype.is_floating_point:
             raise CheckpointError(f"tensor {name!r} in {where(name)} has dtype {tensor.dtype}, expected a float")
-        return tensor.to(device=device, dtype=dtype)
+        converted = tensor.to(device=device, dtype=dtype)
+        if not bool(torch.isfinite(converted).all()):
+            where_bad = "" if torch.isfinite(tensor).all() else " (already in the file)"
+            raise CheckpointError(f"tensor {name!r} in {where(name)} holds NaN or infinite values in {dtype}"
+                                  f"{where_bad}: the checkpoint is corrupt or does not fit this dtype")
+        return converted
 
     c = config
     L = c.num_hidden_layers
@@ -220,7 +238,8 @@ def weights_from_hf_model(model: torch.nn.Module, config: LlamaConfig, *, dtype:
             raise CheckpointError(f"tensor {name!r} is missing from the model's state_dict {_near(name, state)}")
         return state[name].detach()
 
-    return assemble_weights(config, get, dtype=dtype, device=device)
+    return assemble_weights(config, get, dtype=dtype, device=device, names=state,
+                            shape_of=lambda name: tuple(get(name).shape))
 
 
 def _near(name: str, names) -> str:
@@ -241,11 +260,7 @@ def weights_from_checkpoint(directory: str | Path, config: LlamaConfig, *, dtype
     index_path = directory / SAFETENSORS_INDEX
     single = directory / SAFETENSORS_FILE
     if index_path.is_file():
-        try:
-            weight_map = json.loads(index_path.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise CheckpointError(f"shard index {index_path} is not a valid safetensors index: {exc}") from exc
-        file_of = {name: directory / fname for name, fname in weight_map.items()}
+        file_of = _read_shard_index(index_path)
     elif single.is_file():
         file_of = None
     else:
@@ -268,23 +283,69 @@ def weights_from_checkpoint(directory: str | Path, config: LlamaConfig, *, dtype
     def where(name: str) -> str:
         return str(file_of.get(name, index_path) if file_of is not None else single)
 
-    def get(name: str) -> torch.Tensor:
-        if file_of is not None:
-            if name not in file_of:
-                raise CheckpointError(f"tensor {name!r} is missing from shard index {index_path} "
-                                      f"{_near(name, file_of)}")
-            path = file_of[name]
-        else:
-            path = single
+    def handle_of(name: str):
+        """The open file that holds tensor ``name`` (a CheckpointError naming file and tensor if none)."""
+        if file_of is not None and name not in file_of:
+            raise CheckpointError(f"tensor {name!r} is missing from shard index {index_path} {_near(name, file_of)}")
+        path = single if file_of is None else file_of[name]
         handle = open_file(path, name)
-        keys = set(handle.keys())
-        if name not in keys:
-            raise CheckpointError(f"tensor {name!r} is missing from checkpoint file {path} {_near(name, keys)}")
-        try:
-            return handle.get_tensor(name)
-        except Exception as exc:
-            raise CheckpointError(
-                f"tensor {name!r} in checkpoint file {path} cannot be read (corrupt?): {exc}"
-            ) from exc
+        if name not in handle.keys():
+            raise CheckpointError(f"tensor {name!r} is missing from checkpoint file {path} "
+                                  f"{_near(name, handle.keys())}")
+        return handle
 
-    return assemble_weights(config, get, dtype=dtype, device=device, where=where)
+    def read(name: str, what: Callable):
+        handle = handle_of(name)
+        try:
+            return what(handle)
+        except Exception as exc:  # safetensors' own error types: a corrupt file
+            raise CheckpointError(f"tensor {name!r} in checkpoint file {where(name)} cannot be read (corrupt?): "
+                                  f"{exc}") from exc
+
+    def get(name: str) -> torch.Tensor:
+        return read(name, lambda handle: handle.get_tensor(name))
+
+    def shape_of(name: str) -> tuple[int, ...]:
+        return read(name, lambda handle: tuple(handle.get_slice(name).get_shape()))
+
+    stored = file_of if file_of is not None else open_file(single, "model.embed_tokens.weight").keys()
+    return assemble_weights(config, get, dtype=dtype, device=device, where=where, names=stored, shape_of=shape_of)
+
+
+def _read_shard_index(index_path: Path) -> dict[str, Path]:
+    """Tensor name -> shard file of a ``model.safetensors.index.json``, every entry checked."""
+    try:
+        weight_map = json.loads(index_path.read_bytes())["weight_map"]
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"shard index {index_path} is not a valid safetensors index: {exc!r}") from exc
+    if not isinstance(weight_map, dict):
+        raise CheckpointError(f"shard index {index_path}: 'weight_map' must map tensor names to file names, "
+                              f"got {type(weight_map).__name__}")
+    directory = index_path.parent
+    file_of = {}
+    for name, fname in weight_map.items():
+        if not isinstance(fname, str) or Path(fname).name != fname or fname in ("", ".", ".."):
+            raise CheckpointError(f"shard index {index_path}: tensor {name!r} maps to {fname!r}, "
+                                  "expected the name of a file in the checkpoint directory")
+        file_of[name] = directory / fname
+    return file_of
+
+
+def _check_layer_count(config: LlamaConfig, names: Iterable[str], where: Callable[[str], str]) -> None:
+    """The decoder layers stored must be those of the config: more are refused (not silently
+    dropped), fewer are named before anything is allocated for the config's layer count."""
+    layers = set()
+    for name in names:
+        parts = name.split(".")
+        if len(parts) > 3 and parts[:2] == ["model", "layers"] and parts[2].isdigit():
+            layers.add(int(parts[2]))
+            if int(parts[2]) >= config.num_hidden_layers:
+                raise CheckpointError(
+                    f"tensor {name!r} in {where(name)} belongs to layer {parts[2]}, but the config has "
+                    f"num_hidden_layers = {config.num_hidden_layers}"
+                )
+    missing = min(set(range(min(config.num_hidden_layers, len(layers) + 1))) - layers, default=None)
+    if missing is not None:
+        name = f"model.layers.{missing}.input_layernorm.weight"
+        raise CheckpointError(f"tensor {name!r} is missing: the checkpoint holds no tensor of layer {missing}, "
+                              f"but the config has num_hidden_layers = {config.num_hidden_layers}")

@@ -4,6 +4,8 @@ left-padded batches), sampling, and the errors a user can cause."""
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from llm_testing import tiny_hf_model
 
 import llmfuse
@@ -105,8 +107,11 @@ def test_eos_pads_finished_rows_and_stops(hf_llama):
 
 
 def test_user_errors_are_clear(hf_llama):
+    """Every mistake raises before anything runs, and the model keeps working afterwards."""
     model = llmfuse.from_pretrained(hf_llama, dtype=torch.float32, max_seq_len=8)
     dev = test_device()
+    prompt = torch.tensor([[4, 5, 6]], device=dev)
+    before = model.generate(prompt, 2)
     with pytest.raises(ValueError, match="token id 97.*vocabulary"):
         model.generate(torch.tensor([[1, 97]], device=dev), 2)
     with pytest.raises(ValueError, match="token id -1"):
@@ -130,6 +135,47 @@ def test_user_errors_are_clear(hf_llama):
         model.decode_step(torch.tensor([3], device=dev))
     with pytest.raises(TypeError, match="dtype"):
         llmfuse.from_pretrained(hf_llama, dtype=torch.int8)
+    for bad in (97, -1, [], [1, "2"], "1"):
+        with pytest.raises(ValueError, match="eos_token_id"):
+            model.generate(prompt, 2, eos_token_id=bad)
+    for bad in (float("nan"), float("inf"), -0.5):
+        with pytest.raises(ValueError, match="temperature"):
+            model.generate(prompt, 2, temperature=bad)
+    with pytest.raises(ValueError, match="only 0 and 1"):
+        model.generate(prompt, 1, attention_mask=torch.tensor([[0.5, 1.0, 1.0]]))
+    with pytest.raises(ValueError, match="2 dimensions"):
+        model.generate(prompt[0], 1)
+    assert torch.equal(model.generate(prompt, 2), before)
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batch=st.integers(1, 4), prompt=st.integers(1, 5), new=st.integers(1, 3), data=st.data())
+def test_any_batch_and_prompt_length_generate_like_the_reference_path(hf_llama, batch, prompt, new, data):
+    """Property over batch sizes, prompt lengths and left paddings: the fused steps produce the
+    tokens of the unfused reference path (float32, greedy)."""
+    pads = data.draw(st.lists(st.integers(0, prompt - 1), min_size=batch, max_size=batch), label="left pads")
+    ids = torch.tensor(data.draw(st.lists(st.lists(st.integers(0, 96), min_size=prompt, max_size=prompt),
+                                          min_size=batch, max_size=batch), label="ids"), device=test_device())
+    mask = (torch.arange(prompt)[None, :] >= torch.tensor(pads)[:, None]).to(torch.int64)
+    model = llmfuse.from_pretrained(hf_llama, dtype=torch.float32, max_seq_len=prompt + new)
+    fused = model.generate(ids, new, attention_mask=mask)
+    with use_reference():
+        unfused = model.generate(ids, new, attention_mask=mask)
+    assert fused.shape == (batch, prompt + new)
+    assert torch.equal(fused, unfused)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("looped", [False, True])
+def test_gpu_seeded_sampling_is_identical_run_to_run(hf_llama, looped):
+    """Issue 8 determinism on the GPU: the same seed gives the same tokens, fused (temperature only)
+    and host-sampled (top-p), at batch 5 in bf16 under CUDA graphs."""
+    ids = torch.randint(3, 97, (5, 6), generator=torch.Generator().manual_seed(4)).cuda()
+    model = llmfuse.from_pretrained(hf_llama, dtype=torch.bfloat16, max_seq_len=40, looped=looped)
+    for kwargs in ({"temperature": 0.8}, {"temperature": 0.8, "top_p": 0.9}):
+        runs = [model.generate(ids, 24, seed=11, **kwargs) for _ in range(2)]
+        assert torch.equal(runs[0], runs[1]), kwargs
+        assert not torch.equal(runs[0], model.generate(ids, 24, seed=12, **kwargs)), kwargs
 
 
 @pytest.mark.gpu
