@@ -1,4 +1,12 @@
-"""User-facing layers: :class:`GATConv`, a drop-in for DGL's GATConv on the fused kernels."""
+"""User-facing layers on the fused attention kernels.
+
+* :class:`GATConv` and :class:`GATv2Conv` — DGL's layers, parameters and state_dict;
+* :class:`GraphTransformerConv` — PyG's TransformerConv (a PyG state_dict loads unchanged);
+* :class:`AGNNConv` — DGL's AGNNConv (parameter ``beta``).
+
+All take the same graph inputs: a :class:`gnnfuse.Graph`, an ``edge_index [2, E]`` tensor (its
+Graph cached while the tensor lives), a PyG ``Data`` or a DGL graph.
+"""
 
 from __future__ import annotations
 
@@ -31,6 +39,35 @@ def _probability(name: str, value: Any) -> float:
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 <= value < 1.0:
         raise ValueError(f"{name} must be a float in [0, 1), got {value!r}")
     return float(value)
+
+
+def _graph_and_features(
+    graph: Any, feat: Any, in_feats: int | None, param_dtype: torch.dtype | None, allow_zero_in_degree: bool,
+    feat_name: str = "feat",
+) -> Graph:
+    """Check ``feat [N, in_feats]`` (any width when ``in_feats`` is None) against the layer's
+    dtype and the graph; return the graph as a :class:`Graph` (cached for edge tensors)."""
+    if not isinstance(feat, torch.Tensor):
+        raise TypeError(f"{feat_name} must be a torch.Tensor, got {type(feat).__name__}")
+    if in_feats is not None and (feat.dim() != 2 or feat.shape[1] != in_feats):
+        raise ValueError(f"{feat_name} must have shape [num_nodes, in_feats={in_feats}], got {tuple(feat.shape)}")
+    if param_dtype is not None and feat.dtype != param_dtype:
+        raise TypeError(
+            f"{feat_name} has dtype {feat.dtype} but the layer's parameters are {param_dtype}; "
+            f"convert one of them (e.g. layer.to({feat.dtype}))"
+        )
+    num_nodes = feat.shape[0]
+    if isinstance(graph, torch.Tensor):
+        graph = as_graph(graph, num_nodes)
+    else:
+        graph = as_graph(graph)
+        if graph.num_nodes != num_nodes:
+            raise ValueError(f"{feat_name} has {num_nodes} rows but the graph has num_nodes={graph.num_nodes}")
+    if feat.device != graph.device:
+        raise ValueError(f"{feat_name} is on device '{feat.device}' but the graph is on '{graph.device}'")
+    if not allow_zero_in_degree and graph.has_zero_in_degree():
+        raise ValueError(ZERO_IN_DEGREE_MESSAGE)
+    return graph
 
 
 class GATConv(nn.Module):
@@ -114,29 +151,8 @@ class GATConv(nn.Module):
     def set_allow_zero_in_degree(self, set_value: bool) -> None:
         self._allow_zero_in_degree = bool(set_value)
 
-    def _graph_for(self, graph: Any, num_nodes: int) -> Graph:
-        if isinstance(graph, torch.Tensor):
-            return as_graph(graph, num_nodes)
-        graph = as_graph(graph)
-        if graph.num_nodes != num_nodes:
-            raise ValueError(f"feat has {num_nodes} rows but the graph has num_nodes={graph.num_nodes}")
-        return graph
-
     def forward(self, graph: Any, feat: torch.Tensor, *, schedule: ScheduleOptions | None = None) -> torch.Tensor:
-        if not isinstance(feat, torch.Tensor):
-            raise TypeError(f"feat must be a torch.Tensor, got {type(feat).__name__}")
-        if feat.dim() != 2 or feat.shape[1] != self._in_feats:
-            raise ValueError(f"feat must have shape [num_nodes, in_feats={self._in_feats}], got {tuple(feat.shape)}")
-        if feat.dtype != self.fc.weight.dtype:
-            raise TypeError(
-                f"feat has dtype {feat.dtype} but the layer's parameters are {self.fc.weight.dtype}; "
-                f"convert one of them (e.g. layer.to({feat.dtype}))"
-            )
-        graph = self._graph_for(graph, feat.shape[0])
-        if feat.device != graph.device:
-            raise ValueError(f"feat is on device '{feat.device}' but the graph is on '{graph.device}'")
-        if not self._allow_zero_in_degree and graph.has_zero_in_degree():
-            raise ValueError(ZERO_IN_DEGREE_MESSAGE)
+        graph = _graph_and_features(graph, feat, self._in_feats, self.fc.weight.dtype, self._allow_zero_in_degree)
         num_nodes = feat.shape[0]
         h = self.feat_drop(feat)
         wh = self.fc(h).view(num_nodes, self._num_heads, self._out_feats)
@@ -158,3 +174,242 @@ class GATConv(nn.Module):
             f"in_feats={self._in_feats}, out_feats={self._out_feats}, num_heads={self._num_heads}, "
             f"attn_drop={self.attn_drop_p}, negative_slope={self.negative_slope}"
         )
+
+
+class GATv2Conv(nn.Module):
+    r"""GATv2 (Brody et al., 2022, "How Attentive are Graph Attention Networks?"), fused; DGL's
+    GATv2Conv interface.
+
+    For node ``i`` with incoming edges ``j -> i`` and heads ``h``::
+
+        fs_j    = fc_src(feat_drop(x_j)).view(H, D)        fd_i = fc_dst(feat_drop(x_i)).view(H, D)
+        e_ijh   = attn[h] · LeakyReLU(fs_j[h] + fd_i[h])
+        α_ijh   = attn_drop(softmax_j e_ijh)
+        out_i   = Σ_j α_ijh fs_j[h]  (+ res_fc(x_i)), then activation
+
+    Parameters are DGL's (its state_dict loads unchanged): ``fc_src`` / ``fc_dst``
+    (``Linear(in_feats, H·D, bias=bias)``; with ``share_weights`` one module under both
+    names), ``attn (1, H, D)``, ``res_fc`` (``Linear(in_feats, H·D, bias=bias)`` when
+    ``residual`` and ``in_feats != H·D``, else identity).  As in DGL, ``bias`` is the bias of
+    the projections; there is no separate output bias.
+
+    ``forward(graph, feat)``: ``feat`` ``[N, in_feats]``; returns ``[N, H, D]``.  The ``[E, H, D]``
+    edge vectors of the score exist only in registers; only the logsumexp per (node, head) is
+    stored, attention dropout is regenerated in backward from the counter-based RNG.
+    """
+
+    def __init__(
+        self,
+        in_feats: int,
+        out_feats: int,
+        num_heads: int,
+        feat_drop: float = 0.0,
+        attn_drop: float = 0.0,
+        negative_slope: float = 0.2,
+        residual: bool = False,
+        activation: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        allow_zero_in_degree: bool = False,
+        bias: bool = True,
+        share_weights: bool = False,
+    ) -> None:
+        super().__init__()
+        self._in_feats = _positive_int("in_feats", in_feats)
+        self._out_feats = _positive_int("out_feats", out_feats)
+        self._num_heads = _positive_int("num_heads", num_heads)
+        self.attn_drop_p = _probability("attn_drop", attn_drop)
+        self.negative_slope = float(negative_slope)
+        self._allow_zero_in_degree = bool(allow_zero_in_degree)
+        self.share_weights = bool(share_weights)
+        self.bias = bool(bias)
+        width = out_feats * num_heads
+        self.fc_src = nn.Linear(in_feats, width, bias=bias)
+        self.fc_dst = self.fc_src if share_weights else nn.Linear(in_feats, width, bias=bias)
+        self.attn = nn.Parameter(torch.empty(1, num_heads, out_feats))
+        self.feat_drop = nn.Dropout(_probability("feat_drop", feat_drop))
+        if residual:
+            self.res_fc = nn.Linear(in_feats, width, bias=bias) if in_feats != width else nn.Identity()
+        else:
+            self.register_buffer("res_fc", None)
+        self.activation = activation
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """DGL's initialization: Xavier-normal with the ReLU gain, zero biases."""
+        gain = nn.init.calculate_gain("relu")
+        linears = [self.fc_src] if self.share_weights else [self.fc_src, self.fc_dst]
+        if isinstance(self.res_fc, nn.Linear):
+            linears.append(self.res_fc)
+        for linear in linears:
+            nn.init.xavier_normal_(linear.weight, gain=gain)
+            if linear.bias is not None:
+                nn.init.constant_(linear.bias, 0)
+        nn.init.xavier_normal_(self.attn, gain=gain)
+
+    def set_allow_zero_in_degree(self, set_value: bool) -> None:
+        self._allow_zero_in_degree = bool(set_value)
+
+    def forward(self, graph: Any, feat: torch.Tensor, *, schedule: ScheduleOptions | None = None) -> torch.Tensor:
+        graph = _graph_and_features(graph, feat, self._in_feats, self.fc_src.weight.dtype, self._allow_zero_in_degree)
+        shape = (feat.shape[0], self._num_heads, self._out_feats)
+        h = self.feat_drop(feat)
+        feat_src = self.fc_src(h).view(shape)
+        feat_dst = feat_src if self.share_weights else self.fc_dst(h).view(shape)
+        dropout = self.attn_drop_p if self.training else 0.0
+        out = ops.gatv2(
+            graph, feat_src, feat_dst, self.attn, negative_slope=self.negative_slope, dropout=dropout,
+            schedule=schedule,
+        )
+        if self.res_fc is not None:
+            out = out + self.res_fc(h).view(shape)
+        if self.activation is not None:
+            out = self.activation(out)
+        return out
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_feats={self._in_feats}, out_feats={self._out_feats}, num_heads={self._num_heads}, "
+            f"attn_drop={self.attn_drop_p}, negative_slope={self.negative_slope}, share_weights={self.share_weights}"
+        )
+
+
+class GraphTransformerConv(nn.Module):
+    r"""Graph Transformer layer (Shi et al., 2021), fused; PyG TransformerConv's interface.
+
+    For node ``i`` with incoming edges ``j -> i`` and heads ``h`` (``C = out_channels``)::
+
+        q_i = lin_query(x_i),  k_j = lin_key(x_j),  v_j = lin_value(x_j)    each viewed [H, C]
+        e_ij = lin_edge(edge_attr_ij)                                        (when edge_dim is set)
+        α_ijh = dropout(softmax_j (q_i[h] · (k_j[h] + e_ij[h]) / √C))
+        m_i = Σ_j α_ijh (v_j[h] + e_ij[h])             concatenated [H·C] (concat) or head mean [C]
+        out_i = m_i + lin_skip(x_i)                      (root_weight, no beta)
+        out_i = β_i lin_skip(x_i) + (1 − β_i) m_i,  β_i = sigmoid(lin_beta([m_i, r_i, m_i − r_i]))   (beta)
+
+    Parameter names and shapes are PyG's, so a ``torch_geometric.nn.TransformerConv``
+    state_dict loads unchanged: ``lin_query``, ``lin_key``, ``lin_value`` (``bias=bias``),
+    ``lin_edge`` (no bias, when ``edge_dim``), ``lin_skip`` (``[H·C or C, in]``, ``bias=bias``;
+    created even when ``root_weight`` is False, as in PyG), ``lin_beta`` (``[1, 3·(H·C or C)]``,
+    when ``beta`` and ``root_weight``).  Like PyG's, the layer adds no self loops.
+
+    ``forward(graph, feat, edge_feat=None)``: ``feat [N, in_channels]``; ``edge_feat
+    [E, edge_dim]`` in the order of the graph's input edges (required when ``edge_dim`` is
+    set); returns ``[N, H·C]`` (concat) or ``[N, C]``.  Edge features, first version: the
+    projection ``lin_edge(edge_feat)`` is materialized as one ``[E, H·C]`` tensor (and its
+    gradient); everything else is fused, storing only the logsumexp per (node, head).
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        heads: int = 1,
+        concat: bool = True,
+        beta: bool = False,
+        dropout: float = 0.0,
+        edge_dim: int | None = None,
+        bias: bool = True,
+        root_weight: bool = True,
+    ) -> None:
+        super().__init__()
+        self.in_channels = _positive_int("in_channels", in_channels)
+        self.out_channels = _positive_int("out_channels", out_channels)
+        self.heads = _positive_int("heads", heads)
+        self.beta = bool(beta) and bool(root_weight)
+        self.root_weight = bool(root_weight)
+        self.concat = bool(concat)
+        self.dropout = _probability("dropout", dropout)
+        self.edge_dim = None if edge_dim is None else _positive_int("edge_dim", edge_dim)
+        width = heads * out_channels
+        self.lin_key = nn.Linear(in_channels, width, bias=bias)
+        self.lin_query = nn.Linear(in_channels, width, bias=bias)
+        self.lin_value = nn.Linear(in_channels, width, bias=bias)
+        if edge_dim is not None:
+            self.lin_edge = nn.Linear(edge_dim, width, bias=False)
+        else:
+            self.register_parameter("lin_edge", None)
+        out_width = width if concat else out_channels
+        self.lin_skip = nn.Linear(in_channels, out_width, bias=bias)
+        if self.beta:
+            self.lin_beta = nn.Linear(3 * out_width, 1, bias=False)
+        else:
+            self.register_parameter("lin_beta", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """PyTorch's default Linear initialization (PyG's Linear default is the same Kaiming-uniform)."""
+        for linear in (self.lin_key, self.lin_query, self.lin_value, self.lin_edge, self.lin_skip, self.lin_beta):
+            if linear is not None:
+                linear.reset_parameters()
+
+    def forward(
+        self, graph: Any, feat: torch.Tensor, edge_feat: torch.Tensor | None = None, *,
+        schedule: ScheduleOptions | None = None,
+    ) -> torch.Tensor:
+        graph = _graph_and_features(graph, feat, self.in_channels, self.lin_query.weight.dtype, True)
+        shape = (feat.shape[0], self.heads, self.out_channels)
+        edge = None
+        if self.lin_edge is not None:
+            if not isinstance(edge_feat, torch.Tensor):
+                raise ValueError(f"edge_feat must be a [num_edges, edge_dim={self.edge_dim}] tensor, got {edge_feat!r}")
+            if tuple(edge_feat.shape) != (graph.num_edges, self.edge_dim):
+                raise ValueError(
+                    f"edge_feat must have shape [num_edges, edge_dim] = {[graph.num_edges, self.edge_dim]}, "
+                    f"got {list(edge_feat.shape)}"
+                )
+            edge = self.lin_edge(edge_feat).view(graph.num_edges, self.heads, self.out_channels)
+        elif edge_feat is not None:
+            raise ValueError("edge_feat was given but the layer has no edge_dim (construct it with edge_dim=...)")
+        dropout = self.dropout if self.training else 0.0
+        out = ops.transformer_attention(
+            graph, self.lin_query(feat).view(shape), self.lin_key(feat).view(shape), self.lin_value(feat).view(shape),
+            edge, dropout=dropout, schedule=schedule,
+        )
+        out = out.reshape(feat.shape[0], -1) if self.concat else out.mean(dim=1)
+        if self.root_weight:
+            root = self.lin_skip(feat)
+            if self.lin_beta is not None:
+                gate = torch.sigmoid(self.lin_beta(torch.cat([out, root, out - root], dim=-1)))
+                out = gate * root + (1 - gate) * out
+            else:
+                out = out + root
+        return out
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.in_channels}, {self.out_channels}, heads={self.heads}, concat={self.concat}, beta={self.beta}, "
+            f"dropout={self.dropout}, edge_dim={self.edge_dim}, root_weight={self.root_weight}"
+        )
+
+
+class AGNNConv(nn.Module):
+    r"""Attention-based graph neural network propagation (Thekumparampil et al., 2018), fused;
+    DGL's AGNNConv interface::
+
+        out_i = Σ_{j->i} α_ij h_j,     α_i· = softmax_j (β · cos(h_i, h_j))
+
+    ``beta``: a learnable parameter of shape ``[1]`` (``learn_beta``) or a buffer, initialized
+    to ``init_beta``.  Like DGL's (and unlike PyG's, which adds self loops), the layer uses the
+    graph as given.  ``forward(graph, feat)``: ``feat [N, D]`` (or ``[N, H, D]``); returns the
+    same shape.  The cosine is a dot product of unit rows, so the fused kernel is the Graph
+    Transformer's with ``q = β ĥ``, ``k = ĥ``, ``v = h``.
+    """
+
+    def __init__(self, init_beta: float = 1.0, learn_beta: bool = True, allow_zero_in_degree: bool = False) -> None:
+        super().__init__()
+        if isinstance(init_beta, bool) or not isinstance(init_beta, (int, float)):
+            raise ValueError(f"init_beta must be a float, got {init_beta!r}")
+        self._allow_zero_in_degree = bool(allow_zero_in_degree)
+        self.init_beta = float(init_beta)
+        if learn_beta:
+            self.beta = nn.Parameter(torch.tensor([self.init_beta]))
+        else:
+            self.register_buffer("beta", torch.tensor([self.init_beta]))
+
+    def set_allow_zero_in_degree(self, set_value: bool) -> None:
+        self._allow_zero_in_degree = bool(set_value)
+
+    def forward(self, graph: Any, feat: torch.Tensor, *, schedule: ScheduleOptions | None = None) -> torch.Tensor:
+        graph = _graph_and_features(graph, feat, None, None, self._allow_zero_in_degree)
+        return ops.agnn(graph, feat, self.beta, schedule=schedule)
+
+    def extra_repr(self) -> str:
+        return f"init_beta={self.init_beta}, learn_beta={isinstance(self.beta, nn.Parameter)}"

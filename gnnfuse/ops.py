@@ -174,6 +174,7 @@ def attention_backward(
     """
     from .kernels.attention_backward import (
         attention_backward_dst_kernel,
+        attention_backward_dst_light_kernel,
         attention_backward_src_kernel,
         attention_backward_src_light_kernel,
         row_sum_kernel,
@@ -243,18 +244,22 @@ def attention_backward(
             if pieces:
                 _merge_sums(incoming, target_dst, grad_dst)
         return grad_value, grad_src, grad_dst, grad_edge
-    # GATv2 / dot: every destination row through the row kernel, light rows included (one
-    # program per row; their degree fits one BLOCK_E block).
-    dst_tensors = (graph.csr_src,)
-    dst_args = (inputs.src_term, inputs.dst_term, inputs.pointers()[2], inputs.pointers()[4], grad_s)
-    launches = [(rows, starts, stops, rows.numel(), False) for _, rows, starts, stops in incoming.light]
-    for rows, starts, stops, count, pieces in [*launches, *_row_launches(incoming)]:
+    # GATv2 / dot: ∂dst gathers the source terms again, weighted by the source pass's ∂s.
+    dst_args = (graph.csr_src,)
+    dst_tensors = (inputs.src_term, inputs.dst_term, inputs.pointers()[2], inputs.pointers()[4], grad_s)
+    dst_scalars = (inputs.negative_slope, inputs.scale)
+    dst_flags = {"SCORE": inputs.score, "EDGE": has_edge}
+    for width, rows, starts, stops in incoming.light:
+        per_program = schedule.light_rows_per_program(width, 2 * block_h * block_d)
+        attention_backward_dst_light_kernel[(cdiv(rows.numel(), per_program),)](
+            *dst_args, rows, starts, stops, *dst_tensors, grad_dst, rows.numel(), heads, head_dim, *dst_scalars,
+            ROWS=per_program, BLOCK_E=width, BLOCK_H=block_h, BLOCK_D=block_d, **dst_flags,
+        )
+    for rows, starts, stops, count, pieces in _row_launches(incoming):
         target_dst = _new_output((count, heads, head_dim), acc, device) if pieces else grad_dst
         attention_backward_dst_kernel[(count,)](
-            *dst_tensors, rows, starts, stops, *dst_args, target_dst, heads, head_dim,
-            inputs.negative_slope, inputs.scale,
-            BLOCK_E=schedule.medium_block_e, BLOCK_H=block_h, BLOCK_D=block_d, PIECES=pieces,
-            SCORE=inputs.score, EDGE=has_edge,
+            *dst_args, rows, starts, stops, *dst_tensors, target_dst, heads, head_dim, *dst_scalars,
+            BLOCK_E=schedule.medium_block_e, BLOCK_H=block_h, BLOCK_D=block_d, PIECES=pieces, **dst_flags,
         )
         if pieces:
             _merge_sums(incoming, target_dst, grad_dst)
@@ -599,6 +604,39 @@ class TransformerAttentionFunction(torch.autograd.Function):
                 None, None, None, None, None, None)
 
 
+class AGNNFunction(torch.autograd.Function):
+    """AGNN's attention from unit rows ``ĥ``, features ``h`` and ``β``: the dot-product kernels
+    with ``q = β ĥ``, ``k = ĥ``, ``v = h``; backward gives ``∂ĥ = β ∂q + ∂k`` and
+    ``∂β = Σ ∂q · ĥ``, reduced in the accumulation dtype (the sum cancels strongly: softmax
+    gradients sum to zero per row, so half-precision ``∂q`` would lose it)."""
+
+    @staticmethod
+    def forward(ctx, unit, h, beta, graph, dropout_p, seed, offset, options):  # type: ignore[override]
+        query = (beta.reshape(()).to(accumulation_dtype(unit.dtype)) * unit).to(unit.dtype)
+        inputs = AttentionInputs(SCORE_DOT, unit, query, h)
+        training = any(ctx.needs_input_grad[:3])
+        out_dtype = accumulation_dtype(h.dtype) if training else h.dtype
+        out, lse = attention_forward(graph, inputs, dropout_p, seed, offset, options, out_dtype)
+        ctx.save_for_backward(unit, query, h, beta, out, lse)
+        ctx.graph = graph
+        ctx.config = (dropout_p, seed, offset, options)
+        return out.to(h.dtype)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):  # type: ignore[override]
+        unit, query, h, beta, out, lse = ctx.saved_tensors
+        dropout_p, seed, offset, options = ctx.config
+        inputs = AttentionInputs(SCORE_DOT, unit, query, h)
+        grad_h, grad_key, grad_query, _ = attention_backward(
+            ctx.graph, inputs, lse, out, grad_out.contiguous(), dropout_p, seed, offset, options
+        )
+        beta_acc = beta.reshape(()).to(grad_query.dtype)
+        grad_unit = (beta_acc * grad_query + grad_key).to(unit.dtype)
+        grad_beta = (grad_query * unit.to(grad_query.dtype)).sum().reshape(beta.shape).to(beta.dtype)
+        return grad_unit, grad_h, grad_beta, None, None, None, None, None
+
+
 def _check_same_shape(graph: Graph, reference_name: str, reference: torch.Tensor, **others: torch.Tensor) -> None:
     _check_wh(graph, reference, reference_name)
     for name, t in others.items():
@@ -717,9 +755,9 @@ def agnn(
 
     ``feat``: ``[N, D]`` (or ``[N, H, D]``, one attention per head); ``beta``: a one-element
     tensor.  The cosine is the dot product of unit rows ``ĥ = h / max(‖h‖, 1e-12)``, so this is
-    the fused dot-product attention with ``q = β ĥ``, ``k = ĥ``, ``v = h`` and scale 1; the
-    normalization and ``β`` are per-node PyTorch ops whose gradients autograd takes through
-    ``∂q`` and ``∂k``.  Returns ``feat``'s shape and dtype.
+    the fused dot-product attention with ``q = β ĥ``, ``k = ĥ``, ``v = h`` and scale 1
+    (:class:`AGNNFunction`); the normalization is a per-node PyTorch op.  Returns ``feat``'s
+    shape and dtype.
     """
     graph = as_graph(graph)
     backend.check_dtypes(FLOAT_DTYPES, same=False, feat=feat, beta=beta)
@@ -727,15 +765,16 @@ def agnn(
         raise ValueError(f"feat must have shape [num_nodes, D] or [num_nodes, H, D], got {tuple(feat.shape)}")
     if beta.numel() != 1:
         raise ValueError(f"beta must have exactly one element, got shape {tuple(beta.shape)}")
-    h = feat.reshape(feat.shape[0], -1, feat.shape[-1])
+    h = feat if feat.dim() == 3 else feat.unsqueeze(1)
     _check_wh(graph, h, "feat")
     if backend.reference_enabled():
         from .reference import agnn_reference
 
         return agnn_reference(graph, feat, beta).to(feat.dtype)
+    backend.check_devices(feat=feat, beta=beta, graph=graph.indptr)
     unit = torch.nn.functional.normalize(h, p=2, dim=-1)
-    query = beta.reshape(()).to(unit.dtype) * unit
-    return transformer_attention(graph, query, unit, h, scale=1.0, schedule=schedule).reshape(feat.shape)
+    out = AGNNFunction.apply(unit.contiguous(), h.contiguous(), beta, graph, 0.0, 0, 0, schedule)  # no dropout
+    return out.reshape(feat.shape)
 
 
 def gat_floor_bytes(graph: Graph, heads: int, head_dim: int, dtype: torch.dtype, backward: bool = False) -> int:

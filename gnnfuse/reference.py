@@ -144,7 +144,7 @@ def agnn_reference(graph, feat: torch.Tensor, beta: torch.Tensor) -> torch.Tenso
     ``beta`` one element.  Returns ``feat``'s shape in the compute dtype."""
     graph = as_graph(graph)
     dtype = _compute_dtype(feat.dtype)
-    h = feat.to(dtype).reshape(feat.shape[0], -1, feat.shape[-1])
+    h = feat.to(dtype) if feat.dim() == 3 else feat.to(dtype).unsqueeze(1)
     unit = torch.nn.functional.normalize(h, p=2, dim=-1)
     src = graph.csr_src.long()
     dst = graph.csr_dst.long()

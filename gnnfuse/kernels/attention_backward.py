@@ -20,8 +20,8 @@ the score's share is added into ``∂L/∂fs``), the source row's partial sum of
 (summed over rows by the launcher: deterministic, no atomics).  The pass also writes a
 per-(edge, head) value at the edge's CSR position — ``∂L/∂z`` for GAT, ``∂L/∂s`` otherwise,
 an E×H buffer, never E×H×D — which the destination pass reduces per row: a plain
-:func:`row_sum_kernel` for GAT (``∂L/∂er``), :func:`attention_backward_dst_kernel` for GATv2
-(``∂L/∂fd``) and the dot score (``∂L/∂q``, gathering the keys again).
+:func:`row_sum_kernel` for GAT (``∂L/∂er``), :func:`attention_backward_dst_kernel` (and its
+light form) for GATv2 (``∂L/∂fd``) and the dot score (``∂L/∂q``, gathering the keys again).
 
 Bytes: the source pass gathers ``E·H·D`` elements of g (and of ``dst`` for GATv2 / dot) plus
 ``E·H`` of lse and δ, writes ``E·H`` of ∂s and ``N·H·D`` gradients (and ``E·H·D`` edge-feature
@@ -257,6 +257,45 @@ def attention_backward_dst_kernel(
             src_j = src_j * scale
         acc += tl.sum(score_grad(grad_s, dst_i, src_j, attn, negative_slope, SCORE), axis=0)
     tl.store(grad_dst_ptr + out_index * HD + hd_offs, acc.to(grad_dst_ptr.dtype.element_ty), mask=hd_mask)
+
+
+@jit
+def attention_backward_dst_light_kernel(
+    src_ptr, rows_ptr, starts_ptr, stops_ptr, src_term_ptr, dst_term_ptr, attn_ptr, edge_ptr, grad_s_ptr,
+    grad_dst_ptr, num_rows, H, D, negative_slope, scale,
+    ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    SCORE: tl.constexpr, EDGE: tl.constexpr,
+):
+    """The destination pass for ``ROWS`` light rows per program, edges in one tile."""
+    acc_dtype = grad_s_ptr.dtype.element_ty
+    pid = tl.program_id(0).to(tl.int64)
+    offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
+    c_offs, c_mask = flat_head_tile(H, D, BLOCK_H, BLOCK_D)
+    HD = H * D
+    rows, r_mask, pos, e_mask = light_edges(pid, rows_ptr, starts_ptr, stops_ptr, num_rows, ROWS, BLOCK_E)
+    src = tl.load(src_ptr + pos, mask=e_mask, other=0).to(tl.int64)
+    # Flatten (row, edge) for the feature tiles [ROWS * BLOCK_E, BLOCK_H, BLOCK_D].
+    src_flat = tl.reshape(src, [ROWS * BLOCK_E])
+    pos_flat = tl.reshape(pos, [ROWS * BLOCK_E])
+    e_flat = tl.reshape(e_mask, [ROWS * BLOCK_E])
+    rows_flat = tl.reshape(rows[:, None] + tl.zeros([ROWS, BLOCK_E], dtype=tl.int64), [ROWS * BLOCK_E])
+    feat_mask = e_flat[:, None, None] & hd_mask[None, :, :]
+    grad_s = tl.load(grad_s_ptr + pos_flat[:, None] * H + offs_h[None, :], mask=e_flat[:, None] & h_mask[None, :],
+                     other=0.0)
+    src_j = tl.load(src_term_ptr + src_flat[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
+                    other=0.0).to(acc_dtype)
+    if EDGE:
+        src_j += tl.load(edge_ptr + pos_flat[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
+                         other=0.0).to(acc_dtype)
+    if SCORE == 2:
+        src_j = src_j * scale
+    dst_i = tl.load(dst_term_ptr + rows_flat[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
+                    other=0.0).to(acc_dtype)
+    attn = tl.load(attn_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
+    terms = score_grad(grad_s, dst_i, src_j, attn, negative_slope, SCORE)
+    acc = tl.sum(tl.reshape(terms, [ROWS, BLOCK_E, BLOCK_H * BLOCK_D]), axis=1)
+    tl.store(grad_dst_ptr + rows[:, None] * HD + c_offs[None, :], acc.to(grad_dst_ptr.dtype.element_ty),
+             mask=r_mask[:, None] & c_mask[None, :])
 
 
 @jit

@@ -1,0 +1,245 @@
+"""The fused GATv2, Graph Transformer (with edge features) and AGNN ops against the float64 reference.
+
+Every op runs through the same schedule, tiles, online softmax, super-row pieces and merges
+as the GAT (gnnfuse.kernels.scores selects the score); each test here checks outputs and
+every gradient — features, attention vector ``a``, edge features, β — against
+gnnfuse.reference evaluated in float64 on the same (rounded) inputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+import torch
+from gnn_testing import SCHEDULES, corner_case_edges, planetoid
+
+from fusecore import PhiloxStream
+from fusecore.testing import TOLERANCES, assert_all_written, assert_close, poisoned
+from gnnfuse import Graph, ops, reference
+
+
+@dataclass(frozen=True)
+class AttentionOp:
+    """One fused op, how to make its inputs, and its float64 oracle."""
+
+    shapes: Callable[[int, int, int, int], list[tuple[int, ...]]]  # (nodes, edges, heads, dim) -> leaf shapes
+    fused: Callable
+    oracle: Callable  # (graph, *float64 leaves, dropout, seed, offset) -> out
+    dropout: bool = True
+
+
+def _gatv2_oracle(graph, fs, fd, attn, **kw):
+    return reference.gatv2_reference(graph, fs, fd, attn, negative_slope=0.15, **kw)[0]
+
+
+def _transformer_oracle(graph, *leaves, **kw):
+    return reference.transformer_attention_reference(graph, *leaves, **kw)[0]
+
+
+def _agnn_oracle(graph, feat, beta, **kw):
+    return reference.agnn_reference(graph, feat, beta)
+
+
+OPS = {
+    "gatv2": AttentionOp(
+        lambda n, e, h, d: [(n, h, d), (n, h, d), (1, h, d)],
+        lambda graph, *leaves, **kw: ops.gatv2(graph, *leaves, negative_slope=0.15, **kw),
+        _gatv2_oracle,
+    ),
+    "transformer": AttentionOp(
+        lambda n, e, h, d: [(n, h, d)] * 3,
+        ops.transformer_attention,
+        _transformer_oracle,
+    ),
+    "transformer+edge": AttentionOp(
+        lambda n, e, h, d: [(n, h, d)] * 3 + [(e, h, d)],
+        ops.transformer_attention,
+        _transformer_oracle,
+    ),
+    "agnn": AttentionOp(
+        lambda n, e, h, d: [(n, h, d), (1,)],
+        lambda graph, feat, beta, schedule=None, **kw: ops.agnn(graph, feat, beta, schedule=schedule),
+        _agnn_oracle,
+        dropout=False,
+    ),
+}
+
+
+def make_leaves(op: AttentionOp, graph: Graph, heads: int, dim: int, dtype, device, gen) -> list[torch.Tensor]:
+    shapes = op.shapes(graph.num_nodes, graph.num_edges, heads, dim)
+    return [torch.randn(shape, generator=gen).to(device, dtype) for shape in shapes]
+
+
+def check_op(name, graph, leaves, gen, *, schedule=None, dropout=0.0, seed=0, tol=None):
+    """Forward and every gradient of op ``name`` against its float64 oracle."""
+    op = OPS[name]
+    fused_leaves = [t.detach().clone().requires_grad_(True) for t in leaves]
+    kwargs = {"dropout": dropout, "rng": PhiloxStream(seed, offset=5)} if op.dropout else {}
+    out = op.fused(graph, *fused_leaves, schedule=schedule, **kwargs)
+    value = leaves[2] if name.startswith("transformer") else leaves[0]
+    assert out.dtype == value.dtype and out.shape == value.shape
+    grad_out = torch.randn(out.shape, generator=gen).to(out.device, out.dtype)
+    grads = torch.autograd.grad(out, fused_leaves, grad_out)
+    refs = [t.detach().cpu().double().requires_grad_(True) for t in leaves]
+    oracle_kwargs = {"dropout": dropout, "seed": seed, "offset": 5} if op.dropout else {}
+    ref_out = op.oracle(graph.to("cpu"), *refs, **oracle_kwargs)
+    ref_grads = torch.autograd.grad(ref_out, refs, grad_out.cpu().double())
+    tol = tol or TOLERANCES[value.dtype]
+    assert_close(out, ref_out, tol=tol, name=f"{name} out")
+    for i, (g, r) in enumerate(zip(grads, ref_grads)):
+        assert g.dtype == leaves[i].dtype and g.shape == leaves[i].shape
+        assert_close(g, r, tol=tol, name=f"{name} grad of input {i} {tuple(r.shape)}")
+
+
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+@pytest.mark.parametrize("name", ["gatv2", "transformer+edge"])
+def test_every_schedule_matches_reference(gen, device, name, schedule):
+    graph = Graph(corner_case_edges(gen).to(device), 29)
+    leaves = make_leaves(OPS[name], graph, 3, 5, torch.float32, device, gen)
+    check_op(name, graph, leaves, gen, schedule=SCHEDULES[schedule])
+
+
+@pytest.mark.parametrize("name", ["transformer", "agnn"])
+@pytest.mark.parametrize("schedule", ["light", "super"])
+def test_dot_product_without_edges_and_agnn(gen, device, name, schedule):
+    graph = Graph(corner_case_edges(gen).to(device), 29)
+    leaves = make_leaves(OPS[name], graph, 2, 6, torch.float32, device, gen)
+    check_op(name, graph, leaves, gen, schedule=SCHEDULES[schedule])
+
+
+@pytest.mark.parametrize("heads, dim", [(1, 1), (5, 3), (2, 16)])
+@pytest.mark.parametrize("name", ["gatv2", "transformer+edge"])
+def test_any_head_count_and_size(gen, device, name, heads, dim):
+    graph = Graph(corner_case_edges(gen).to(device), 29)
+    leaves = make_leaves(OPS[name], graph, heads, dim, torch.float32, device, gen)
+    check_op(name, graph, leaves, gen, schedule=SCHEDULES["mixed"])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("name", list(OPS))
+def test_half_precision_inputs_accumulate_in_float32(gen, device, name, dtype):
+    graph = Graph(corner_case_edges(gen).to(device), 29)
+    leaves = make_leaves(OPS[name], graph, 4, 8, dtype, device, gen)
+    check_op(name, graph, leaves, gen, schedule=SCHEDULES["mixed"])
+
+
+@pytest.mark.parametrize("name", ["gatv2", "transformer+edge", "agnn"])
+def test_float64_gradcheck(gen, device, name):
+    graph = Graph(corner_case_edges(gen, num_nodes=9, num_edges=20).to(device), 9)
+    leaves = [t.requires_grad_(True) for t in make_leaves(OPS[name], graph, 2, 3, torch.float64, device, gen)]
+    for schedule in (SCHEDULES["light"], SCHEDULES["super"]):
+        def fused(*xs, schedule=schedule):
+            return OPS[name].fused(graph, *xs, schedule=schedule)
+
+        assert torch.autograd.gradcheck(fused, leaves, eps=1e-6, atol=1e-7, fast_mode=True)
+
+
+@pytest.mark.parametrize("name", ["gatv2", "transformer+edge"])
+def test_attention_dropout_is_regenerated_in_backward(gen, device, name):
+    graph = Graph(corner_case_edges(gen).to(device), 29)
+    leaves = make_leaves(OPS[name], graph, 3, 4, torch.float32, device, gen)
+    # The oracle draws the same mask (uniform(seed, CSR position, offset + head)) and is
+    # differentiated through it: the fused backward must regenerate exactly that mask.
+    check_op(name, graph, leaves, gen, schedule=SCHEDULES["mixed"], dropout=0.4, seed=77)
+    a = OPS[name].fused(graph, *leaves, dropout=0.4, rng=PhiloxStream(77, offset=5))
+    b = OPS[name].fused(graph, *leaves, dropout=0.4, rng=PhiloxStream(77, offset=8))
+    assert not torch.equal(a, b)
+
+
+@pytest.mark.parametrize("name", ["gatv2", "transformer+edge"])
+def test_every_output_and_scratch_element_is_written(gen, device, monkeypatch, name):
+    created = []
+
+    def poisoned_output(shape, dtype, device):
+        created.append(poisoned(shape, dtype, device))
+        return created[-1]
+
+    monkeypatch.setattr(ops, "_new_output", poisoned_output)
+    graph = Graph(corner_case_edges(gen).to(device), 29)
+    leaves = [t.requires_grad_(True) for t in make_leaves(OPS[name], graph, 3, 5, torch.float32, device, gen)]
+    out = OPS[name].fused(graph, *leaves, schedule=SCHEDULES["mixed"])
+    out.sum().backward()
+    assert len(created) >= 9  # out, lse, partials, gradients, ∂s and backward partials
+    for i, t in enumerate(created):
+        if t.dim() == 2:
+            t = torch.where(torch.isneginf(t), 0.0, t)  # lse is -inf for rows (and pieces) without edges
+        assert_all_written(t, name=f"buffer {i} {tuple(t.shape)}")
+
+
+@pytest.mark.parametrize("name", ["gatv2", "transformer+edge", "agnn"])
+def test_zero_in_degree_single_node_and_edgeless_graphs(gen, device, name):
+    op = OPS[name]
+    graph = Graph(torch.tensor([[0, 1], [1, 1]]).to(device), 4)  # nodes 0, 2, 3 receive nothing
+    leaves = [t.requires_grad_(True) for t in make_leaves(op, graph, 2, 3, torch.float32, device, gen)]
+    out = op.fused(graph, *leaves)
+    assert torch.all(out[[0, 2, 3]] == 0)
+    check_op(name, graph, leaves, gen)
+    edgeless = Graph(torch.zeros(2, 0, dtype=torch.long, device=device), 4)
+    leaves = [t.requires_grad_(True) for t in make_leaves(op, edgeless, 2, 3, torch.float32, device, gen)]
+    out = op.fused(edgeless, *leaves)
+    grads = torch.autograd.grad(out.sum(), leaves, allow_unused=True)
+    assert torch.all(out == 0) and all(g is None or torch.all(g == 0) for g in grads)
+    empty = Graph(torch.zeros(2, 0, dtype=torch.long, device=device), 0)
+    leaves = make_leaves(op, empty, 2, 3, torch.float32, device, gen)
+    assert op.fused(empty, *leaves).shape == leaves[2 if name.startswith("transformer") else 0].shape
+
+
+@pytest.mark.parametrize("name", ["gatv2", "transformer+edge"])
+def test_forward_and_backward_are_bitwise_reproducible(gen, device, name):
+    """No atomics (∂a and ∂e included): identical inputs and seed give bit-identical results."""
+    graph = Graph(corner_case_edges(gen).to(device), 29)
+    leaves = make_leaves(OPS[name], graph, 3, 5, torch.float32, device, gen)
+    grad_out = torch.randn(29, 3, 5, generator=gen).to(device)
+    runs = []
+    for _ in range(2):
+        fused_leaves = [t.detach().clone().requires_grad_(True) for t in leaves]
+        out = OPS[name].fused(graph, *fused_leaves, dropout=0.3, rng=PhiloxStream(11), schedule=SCHEDULES["super"])
+        runs.append((out.detach(), *torch.autograd.grad(out, fused_leaves, grad_out)))
+    for i, (a, b) in enumerate(zip(*runs)):
+        assert torch.equal(a, b), f"result {i} differs between identical runs"
+
+
+@pytest.mark.parametrize("name", ["gatv2", "transformer+edge", "agnn"])
+def test_real_cora(gen, device, name):
+    data = planetoid("cora")
+    graph = Graph(data.edge_index.to(device), data.num_nodes).add_self_loops()
+    leaves = make_leaves(OPS[name], graph, 2, 4, torch.float32, device, gen)
+    check_op(name, graph, leaves, gen)
+
+
+def test_shared_weights_gatv2_sums_both_gradients(gen, device):
+    graph = Graph(corner_case_edges(gen).to(device), 29)
+    feat = torch.randn(29, 2, 4, generator=gen).to(device).requires_grad_(True)
+    attn = torch.randn(1, 2, 4, generator=gen).to(device)
+    out = ops.gatv2(graph, feat, feat, attn)
+    (grad,) = torch.autograd.grad(out.square().sum(), feat)
+    ref_feat = feat.detach().double().requires_grad_(True)
+    ref = reference.gatv2_reference(graph, ref_feat, ref_feat, attn.double())[0]
+    (ref_grad,) = torch.autograd.grad(ref.square().sum(), ref_feat)
+    assert_close(out, ref)
+    assert_close(grad, ref_grad)
+
+
+def test_bad_inputs_raise_clear_errors(gen, device):
+    graph = Graph(corner_case_edges(gen).to(device), 29)
+    x = torch.randn(29, 3, 5, generator=gen).to(device)
+    with pytest.raises(ValueError, match="feat_dst must have the shape of feat_src"):
+        ops.gatv2(graph, x, x[:, :2], torch.ones(1, 3, 5))
+    with pytest.raises(ValueError, match="attn must have 3 x 5"):
+        ops.gatv2(graph, x, x, torch.ones(1, 3, 4))
+    with pytest.raises(ValueError, match="feat_src has 28 rows"):
+        ops.gatv2(graph, x[:28], x[:28], torch.ones(1, 3, 5))
+    with pytest.raises(TypeError, match="key has dtype float64"):
+        ops.transformer_attention(graph, x, x.double(), x)
+    with pytest.raises(ValueError, match=r"edge must have shape \[num_edges, heads, head_dim\]"):
+        ops.transformer_attention(graph, x, x, x, torch.ones(graph.num_edges, 3, 4))
+    with pytest.raises(ValueError, match="scale"):
+        ops.transformer_attention(graph, x, x, x, scale=float("nan"))
+    with pytest.raises(ValueError, match="dropout"):
+        ops.transformer_attention(graph, x, x, x, dropout=-0.1)
+    with pytest.raises(ValueError, match="beta must have exactly one element"):
+        ops.agnn(graph, x, torch.ones(2))
+    with pytest.raises(ValueError, match="feat must have shape"):
+        ops.agnn(graph, x[:, 0, 0], torch.ones(1))
