@@ -186,9 +186,10 @@ def _decode_variant(ctx: Context, name: str, cfg: LlamaConfig, w: LlamaWeights, 
 # Plan variants timed against the default plan (Llama-3.2-1B, context 512), per batch: the K
 # split and tile shape of the batch-1 row sums; batch 8 through tensor-core tiles (padded to 16
 # rows) of growing width; batch 64 with wider tiles, so that each program's activation reads
-# (B·K floats from L2) shrink next to its weight reads (block_n·K bf16 from HBM); the looped
-# kernel at batch 1 without the barrier prefetch and with one program per SM (fewer arrivals
-# per barrier).  ``programs_per_sm`` sets ``looped_programs`` to that many per SM.
+# (B·K floats from L2) shrink next to its weight reads (block_n·K bf16 from HBM); a deeper
+# software pipeline (num_stages 4) for the tensor-core tiles; the looped kernel at batch 1
+# without the barrier prefetch and with one program per SM (fewer arrivals per barrier), and
+# at batch 8 with the widest tensor-core plan.  ``programs_per_sm`` sets ``looped_programs``.
 PLAN_SWEEP: dict[int, list[tuple[bool, dict[str, int]]]] = {
     1: [(False, {"split_k": 4, "block_k": 512}),
         (False, {"block_n": 16, "block_p": 16, "block_v": 16, "block_k": 512}),
@@ -197,9 +198,13 @@ PLAN_SWEEP: dict[int, list[tuple[bool, dict[str, int]]]] = {
         (True, {"programs_per_sm": 1, "prefetch": 0})],
     8: [(False, {"block_b": 16, "block_n": 16, "block_p": 16, "block_v": 32, "block_k": 256, "split_k": 2}),
         (False, {"block_b": 16, "block_n": 32, "block_p": 16, "block_v": 64, "block_k": 128, "split_k": 4}),
-        (False, {"block_b": 16, "block_n": 64, "block_p": 16, "block_v": 128, "block_k": 128, "split_k": 4})],
+        (False, {"block_b": 16, "block_n": 64, "block_p": 16, "block_v": 128, "block_k": 128, "split_k": 4}),
+        (False, {"block_b": 16, "block_n": 64, "block_p": 16, "block_v": 128, "block_k": 128, "split_k": 4,
+                 "num_stages": 4}),
+        (True, {"block_b": 16, "block_n": 64, "block_p": 16, "block_v": 128, "block_k": 128, "split_k": 4})],
     64: [(False, {"block_n": 32, "block_v": 64, "block_k": 128, "split_k": 4}),
          (False, {"block_n": 64, "block_v": 128, "split_k": 4}),
+         (False, {"block_n": 64, "block_v": 128, "split_k": 4, "num_stages": 4}),
          (False, {"block_n": 128, "block_p": 32, "block_v": 256, "split_k": 4})],
 }
 QUICK_PLAN_SWEEP = {3: [(False, {"block_b": 16}), (True, {})]}
