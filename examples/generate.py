@@ -45,14 +45,21 @@ def main(argv: list[str] | None = None) -> int:
 
     tokenizer = _tokenizer(args.checkpoint)
     if args.ids:
-        ids = [int(tok) for tok in args.ids.split(",")]
+        try:
+            ids = [int(tok) for tok in args.ids.split(",")]
+        except ValueError:
+            parser.error(f"--ids must be comma-separated integers, got {args.ids!r}")
     elif args.prompt is not None and tokenizer is not None:
         ids = tokenizer(args.prompt)["input_ids"]
     else:
         parser.error("give --ids, or --prompt with a tokenizer in the checkpoint directory")
     dtype = getattr(torch, args.dtype) if args.dtype else None
-    model = llmfuse.from_pretrained(args.checkpoint, dtype=dtype, max_seq_len=len(ids) + args.new,
-                                    looped=args.looped)
+    try:
+        model = llmfuse.from_pretrained(args.checkpoint, dtype=dtype, max_seq_len=len(ids) + args.new,
+                                        looped=args.looped)
+    except (ValueError, TypeError, FileNotFoundError) as exc:  # a bad checkpoint: say what is wrong, no traceback
+        print(f"cannot load {args.checkpoint}: {exc}", file=sys.stderr)
+        return 2
     prompt = torch.tensor([ids], dtype=torch.int64, device=model.device)
     eos = list(model.config.eos_token_id) or None
     produced: list[int] = []

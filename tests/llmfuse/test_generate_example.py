@@ -21,3 +21,12 @@ def test_generate_example_streams_token_ids(tmp_path, capsys):
     model = llmfuse.from_pretrained(tmp_path)
     expected = model.generate(torch.tensor([[5, 6, 7]], device=model.device), 5, eos_token_id=1)
     assert streamed == expected[0, 3:].tolist()
+
+
+def test_generate_example_reports_a_bad_checkpoint(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("generate_example", EXAMPLE)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    (tmp_path / "config.json").write_text('{"architectures": ["GPT2LMHeadModel"]}')
+    assert example.main([str(tmp_path), "--ids", "5,6"]) == 2
+    assert "architectures" in capsys.readouterr().err
