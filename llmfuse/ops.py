@@ -54,6 +54,7 @@ class DecodePlan:
     num_warps: int = 4  # 8 for batch 64: the [64, n] accumulators need the registers of 256 threads
     split_k: int = 1  # K parts per residual-projection tile (summed in order by the last part to finish)
     num_stages: int | None = None  # software-pipeline depth of the K loops (None: Triton's default)
+    acquire_loads: bool = False  # looped kernel: barrier polls are ld.acquire (inline PTX; compiled only)
 
     @property
     def row_sums(self) -> bool:
@@ -150,6 +151,8 @@ def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, 
         split_k = max(1, min(4, shortest_k // block_k)) if compiled and batch <= SMALL_BATCH else 1
     plan = DecodePlan(**{**plan.__dict__, "looped_programs": looped_programs, "prefetch": prefetch,
                          "num_warps": num_warps, "split_k": split_k})
+    if tuning.get("acquire_loads") and not compiled:
+        raise ValueError("acquire_loads=True is inline PTX: it needs the compiled kernels on a CUDA device")
     return _tuned(plan, tuning) if tuning else plan
 
 
@@ -160,7 +163,7 @@ def _tuned(plan: DecodePlan, tuning: dict[str, int]) -> DecodePlan:
     for name, value in tuning.items():
         if name not in known:
             raise TypeError(f"make_plan got an unknown tuning field {name!r}; expected one of {sorted(known)}")
-        if name != "dot_prec" and not (isinstance(value, int) and value >= 0):
+        if name != "dot_prec" and not (isinstance(value, int) and value >= 0):  # bools are ints
             raise ValueError(f"tuning field {name} must be an int >= 0, got {value!r}")
     plan = replace(plan, **tuning)
     blocks = ("block_p", "block_n", "block_k", "block_v", "block_s")
@@ -405,7 +408,8 @@ def looped_decode(w: LlamaWeights, cfg: LlamaConfig, cache: KVCache, buf: Decode
         BLOCK_P=plan.block_p,
         BLOCK_N=plan.block_n, BLOCK_K=plan.block_k, BLOCK_G=plan.block_g, BLOCK_S=plan.block_s,
         BLOCK_D=plan.block_d, BLOCK_V=plan.block_v, DOT_PREC=plan.dot_prec,
-        PREFETCH=plan.prefetch, PREFETCH_BLOCK=plan.prefetch_block, **plan.launch_options(),
+        PREFETCH=plan.prefetch, PREFETCH_BLOCK=plan.prefetch_block, ACQUIRE_LOADS=plan.acquire_loads,
+        **plan.launch_options(),
     )
     programs = plan.looped_programs
     if programs == 0:

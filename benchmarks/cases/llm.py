@@ -188,14 +188,16 @@ def _decode_variant(ctx: Context, name: str, cfg: LlamaConfig, w: LlamaWeights, 
 # rows) of growing width; batch 64 with wider tiles, so that each program's activation reads
 # (B·K floats from L2) shrink next to its weight reads (block_n·K bf16 from HBM); a deeper
 # software pipeline (num_stages 4) for the tensor-core tiles; the looped kernel at batch 1
-# without the barrier prefetch and with one program per SM (fewer arrivals per barrier), and
-# at batch 8 with the widest tensor-core plan.  ``programs_per_sm`` sets ``looped_programs``.
+# without the barrier prefetch, with one program per SM (fewer arrivals per barrier) and with
+# acquire-load polls (no RMW per waiting program), and at batch 8 with the widest tensor-core
+# plan.  ``programs_per_sm`` sets ``looped_programs``.
 PLAN_SWEEP: dict[int, list[tuple[bool, dict[str, int]]]] = {
     1: [(False, {"split_k": 4, "block_k": 512}),
         (False, {"block_n": 16, "block_p": 16, "block_v": 16, "block_k": 512}),
         (False, {"num_warps": 8}),
         (True, {}), (True, {"prefetch": 0}), (True, {"programs_per_sm": 1}),
-        (True, {"programs_per_sm": 1, "prefetch": 0})],
+        (True, {"programs_per_sm": 1, "prefetch": 0}), (True, {"acquire_loads": True}),
+        (True, {"acquire_loads": True, "prefetch": 0})],
     8: [(False, {"block_b": 16, "block_n": 16, "block_p": 16, "block_v": 32, "block_k": 256, "split_k": 2}),
         (False, {"block_b": 16, "block_n": 32, "block_p": 16, "block_v": 64, "block_k": 128, "split_k": 4}),
         (False, {"block_b": 16, "block_n": 64, "block_p": 16, "block_v": 128, "block_k": 128, "split_k": 4}),

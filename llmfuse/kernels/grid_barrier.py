@@ -35,20 +35,37 @@ def signal(count_ptr):
 
 
 @jit
-def wait_for(count_ptr, target, max_polls, timeout_ptr):
+def load_acquire(ptr):
+    """One int32 read with acquire order at GPU scope (``ld.acquire.gpu``: inline PTX, compiled only)."""
+    return tl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [ptr], dtype=tl.int32,
+                                     is_pure=False, pack=1)
+
+
+@jit
+def wait_for(count_ptr, target, max_polls, timeout_ptr, ACQUIRE_LOADS: tl.constexpr):
     """Wait until ``count >= target``, then order this program's later loads after the signalled stores.
 
     Polls with plain volatile loads (served by L2) rather than atomics, which would queue
     behind each other and behind the signals on the one counter; one acquire RMW after the
-    count is reached provides the ordering.  Gives up after ``max_polls`` reads (seconds,
-    where a real wait takes microseconds) and raises ``timeout_ptr[0]``.
+    count is reached provides the ordering.  With ``ACQUIRE_LOADS`` (compiled only) the polls
+    are acquire loads themselves, so no program adds an RMW to the counter's queue at all.
+    Gives up after ``max_polls`` reads (seconds, where a real wait takes microseconds) and
+    raises ``timeout_ptr[0]``.
     """
-    seen = tl.load(count_ptr, volatile=True)
-    polls = 0
-    while (seen < target) & (polls < max_polls):
+    if ACQUIRE_LOADS:
+        seen = load_acquire(count_ptr)
+        polls = 0
+        while (seen < target) & (polls < max_polls):
+            seen = load_acquire(count_ptr)
+            polls += 1
+    else:
         seen = tl.load(count_ptr, volatile=True)
-        polls += 1
+        polls = 0
+        while (seen < target) & (polls < max_polls):
+            seen = tl.load(count_ptr, volatile=True)
+            polls += 1
     if seen < target:
         tl.atomic_xchg(timeout_ptr, 1)
-    tl.atomic_add(count_ptr, 0, sem="acquire", scope="gpu")
+    if not ACQUIRE_LOADS:
+        tl.atomic_add(count_ptr, 0, sem="acquire", scope="gpu")
     tl.debug_barrier()

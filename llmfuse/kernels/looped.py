@@ -47,7 +47,7 @@ STAGES_PER_LAYER = 5
 
 @jit
 def _barrier(counter_ptr, index, pid, nprog, sink, w_ptr, n, start, max_polls, timeout_ptr,
-             PREFETCH: tl.constexpr, PREFETCH_BLOCK: tl.constexpr):
+             PREFETCH: tl.constexpr, PREFETCH_BLOCK: tl.constexpr, ACQUIRE_LOADS: tl.constexpr):
     """Grid barrier number ``index``: arrive, prefetch w[start + pid·PREFETCH ...] unless last, wait.
 
     Returns the prefetch sink."""
@@ -56,7 +56,7 @@ def _barrier(counter_ptr, index, pid, nprog, sink, w_ptr, n, start, max_polls, t
     if PREFETCH > 0:
         if before + 1 < target:
             sink += prefetch_flat(w_ptr, n, start, pid, PREFETCH, PREFETCH_BLOCK)
-    wait_for(counter_ptr, target, max_polls, timeout_ptr)
+    wait_for(counter_ptr, target, max_polls, timeout_ptr, ACQUIRE_LOADS)
     return sink
 
 
@@ -73,7 +73,7 @@ def looped_decode_kernel(
     HAS_BIAS: tl.constexpr, WRITE_LOGITS: tl.constexpr, SAMPLE: tl.constexpr, BLOCK_B: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, DOT_PREC: tl.constexpr,
-    PREFETCH: tl.constexpr, PREFETCH_BLOCK: tl.constexpr,
+    PREFETCH: tl.constexpr, PREFETCH_BLOCK: tl.constexpr, ACQUIRE_LOADS: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -103,34 +103,34 @@ def looped_decode_kernel(
         if stage + 1 < stop_stage:
             for tile in range(pid, attn_tiles, nprog):
                 kv_head = (tile // n_splits) % HKV
-                wait_for(counter_ptr + 1 + kv_head, (layer + 1) * group_tiles, max_polls, timeout_ptr)
+                wait_for(counter_ptr + 1 + kv_head, (layer + 1) * group_tiles, max_polls, timeout_ptr, ACQUIRE_LOADS)
                 decode_attention_tile(tile, layer, q_ptr, k_cache_ptr, v_cache_ptr, kv_start_ptr, slot_ptr,
                                       part_ptr, lse_ptr, attn_ptr, sem_ptr, B, HQ, HKV, D, S, n_splits,
                                       split_len, sm_scale, BLOCK_G, BLOCK_S, BLOCK_D, DOT_PREC)
             sink = _barrier(counter_ptr, layer * 4, pid, nprog, sink, wo_ptr + layer64 * wo_size, wo_size, 0,
-                            max_polls, timeout_ptr, PREFETCH, PREFETCH_BLOCK)
+                            max_polls, timeout_ptr, PREFETCH, PREFETCH_BLOCK, ACQUIRE_LOADS)
         if stage + 2 < stop_stage:
             for tile in range(pid, hidden_tiles, nprog):
                 residual_proj_tile(tile, layer, attn_ptr, wo_ptr, x_ptr, proj_part_ptr, proj_sem_ptr, B, H, HQ * D,
                                    split_k, BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC)
             sink = _barrier(counter_ptr, layer * 4 + 1, pid, nprog, sink, w_gate_up_ptr + layer64 * gate_up_size,
-                            gate_up_size, 0, max_polls, timeout_ptr, PREFETCH, PREFETCH_BLOCK)
+                            gate_up_size, 0, max_polls, timeout_ptr, PREFETCH, PREFETCH_BLOCK, ACQUIRE_LOADS)
         if stage + 3 < stop_stage:
             for tile in range(pid, mlp_tiles, nprog):
                 gate_up_tile(tile, layer, x_ptr, mlp_norm_ptr, w_gate_up_ptr, h_ptr, B, H, I, eps,
                              BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC)
             sink = _barrier(counter_ptr, layer * 4 + 2, pid, nprog, sink, w_down_ptr + layer64 * down_size,
-                            down_size, 0, max_polls, timeout_ptr, PREFETCH, PREFETCH_BLOCK)
+                            down_size, 0, max_polls, timeout_ptr, PREFETCH, PREFETCH_BLOCK, ACQUIRE_LOADS)
         if stage + 4 < stop_stage:
             for tile in range(pid, hidden_tiles, nprog):
                 residual_proj_tile(tile, layer, h_ptr, w_down_ptr, x_ptr, proj_part_ptr, proj_sem_ptr, B, H, I,
                                    split_k, BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC)
             if layer + 1 < L:
                 sink = _barrier(counter_ptr, layer * 4 + 3, pid, nprog, sink, wqkv_ptr + (layer64 + 1) * qkv_size,
-                                qkv_size, 0, max_polls, timeout_ptr, PREFETCH, PREFETCH_BLOCK)
+                                qkv_size, 0, max_polls, timeout_ptr, PREFETCH, PREFETCH_BLOCK, ACQUIRE_LOADS)
             else:
                 sink = _barrier(counter_ptr, layer * 4 + 3, pid, nprog, sink, head_ptr, V * H, 0, max_polls,
-                                timeout_ptr, PREFETCH, PREFETCH_BLOCK)
+                                timeout_ptr, PREFETCH, PREFETCH_BLOCK, ACQUIRE_LOADS)
     if L * 5 < stop_stage:
         for tile in range(pid, n_vocab_tiles, nprog):
             lm_head_tile(tile, x_ptr, final_norm_ptr, head_ptr, logits_ptr, best_ptr, best_idx_ptr, seed_ptr,
