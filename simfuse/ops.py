@@ -58,16 +58,24 @@ def tuned(**overrides) -> Iterator[Tuning]:
         _tuning = previous
 
 
-def block_size(num_envs: int, device: torch.device, mlp: bool = False) -> int:
+# float32 "ieee" products run on the CUDA cores with the operand tiles in registers: beyond
+# 16 envs per program they spill (tens of KiB per thread with a 2x64 actor and critic).
+IEEE_MLP_BLOCK, IEEE_MLP_WARPS = 16, 2
+
+
+def block_size(num_envs: int, device: torch.device, mlp: bool = False, precision: str | None = None) -> int:
     """Envs per program: 128 (one per thread, 4 warps) unless that leaves schedulers idle.
 
     The K steps of one env are sequential, so with few envs the kernel is latency-bound: the
     block shrinks (down to 8 envs, a partly idle warp) until there are about four programs
-    per multiprocessor, one per warp scheduler.  The MLP policy needs 16 rows for ``tl.dot``.
+    per multiprocessor, one per warp scheduler.  The MLP policy needs 16 rows for ``tl.dot``;
+    with ``precision="ieee"`` it takes 16 envs per program.
     """
     chosen = _tuning.mlp_block if mlp else _tuning.env_block
     if chosen is not None:
         return chosen
+    if mlp and precision == "ieee":
+        return IEEE_MLP_BLOCK
     floor = 16 if mlp else 8
     if device.type != "cuda":
         return max(floor, min(128, next_power_of_2(num_envs)))
@@ -83,8 +91,13 @@ def _use_reference(tensor: torch.Tensor) -> bool:
     return backend.reference_enabled() or tensor.device.type not in backend.kernel_devices()
 
 
-def _launch_options(block: int, mlp: bool = False) -> dict:
-    warps = _tuning.mlp_warps if mlp and _tuning.mlp_warps is not None else max(1, min(4, block // 32))
+def _launch_options(block: int, mlp: bool = False, precision: str | None = None) -> dict:
+    if mlp and _tuning.mlp_warps is not None:
+        warps = _tuning.mlp_warps
+    elif mlp and precision == "ieee":
+        warps = IEEE_MLP_WARPS
+    else:
+        warps = max(1, min(4, block // 32))
     return {"num_warps": warps, "enable_fp_fusion": False}
 
 
@@ -192,7 +205,8 @@ def rollout(
         log_std = 0.0
     dummy = state
     if n:
-        block = block_size(n, device, mlp=mlp is not None)
+        precision = None if mlp is None else mlp.precision
+        block = block_size(n, device, mlp=mlp is not None, precision=precision)
         rollout_kernel[(cdiv(n, block),)](
             state, steps, done, ep_return,
             given,
@@ -207,7 +221,7 @@ def rollout(
             WRITE_OBS=write_obs, WRITE_STEP=write_step, WRITE_FINAL=write_final, WRITE_STATS=write_stats,
             HAS_CRITIC=mlp is not None and mlp.critic is not None,
             LAZY_DRAWS=block >= _tuning.lazy_draws_block, BLOCK=block,
-            **dims, **_launch_options(block, mlp=mlp is not None),
+            **dims, **_launch_options(block, mlp=mlp is not None, precision=precision),
         )
     as_bool = (lambda t: None if t is None else t.view(torch.bool))
     return reference.RolloutOutputs(

@@ -182,9 +182,12 @@ def _cartpole_mlp(device: torch.device, hidden: int = 64, critic: bool = False) 
 def tuning_case(ctx: Context) -> None:
     """Launch variants of the CartPole rollout kernel, each against the default choice.
 
-    * random policy, 4,096 envs x 512 steps (latency-bound): envs per program (8 / 16 / 32)
-      and draws computed every step vs only when needed (``lazy_draws_block``);
-    * 2x64 MLP actor+critic, 1 M envs x 64 steps (bf16 and tf32): envs per program and warps.
+    * random policy, 4,096 envs x 512 steps (latency-bound): envs per program (2 .. 32: fewer
+      means more warps per scheduler to hide each step's dependency chain, each warp mostly
+      idle lanes) and draws computed every step vs only when needed (``lazy_draws_block``);
+    * 2x64 MLP actor+critic, 1 M envs x 64 steps (bf16 and tf32): envs per program and warps;
+    * the same in float32 ("ieee", CUDA cores) at 65,536 envs: the default 16 envs x 2 warps
+      against the 128 x 4 that spilled tens of KiB per thread.
     """
     from simfuse import ops
 
@@ -195,7 +198,7 @@ def tuning_case(ctx: Context) -> None:
     variants = [("default launch", {})] + [
         (f"envs/program {block}, {'lazy' if lazy else 'eager'} draws",
          {"env_block": block, "lazy_draws_block": block if lazy else block * 2})
-        for block in ((8, 16) if ctx.quick else (8, 16, 32)) for lazy in (False, True)
+        for block in ((8, 16) if ctx.quick else (2, 4, 8, 16, 32)) for lazy in (False, True)
     ]
     env.reset(seed=0)
     expected = env.rollout("random", num_steps=8).obs
@@ -211,12 +214,13 @@ def tuning_case(ctx: Context) -> None:
             _rate(ctx.time(impl, run, bytes_moved=traj_bytes, params={"num_envs": n, "steps": k, **overrides},
                            variant=f"random,n={n},K={k}"), n, k)
 
-    n, k = (129, 4) if ctx.quick else (1 << 20, 64)
-    env = simfuse.make_vec("CartPole-v1", n, device=ctx.device)
-    env.reset(seed=0)
+    big, k = (129, 4) if ctx.quick else (1 << 20, 64)
     actor, critic = _cartpole_mlp(ctx.device, critic=True)
-    shapes = [(128, 4), (64, 4), (64, 2), (32, 1)] if not ctx.quick else [(32, 1)]
-    for precision in ("bf16", "tf32"):
+    fast_shapes = [(128, 4), (64, 4), (64, 2), (128, 8)] if not ctx.quick else [(32, 1)]
+    ieee_shapes = [(128, 4), (32, 2), (16, 1)] if not ctx.quick else [(32, 1)]
+    for precision, n, shapes in (("bf16", big, fast_shapes), ("tf32", big, fast_shapes),
+                                 ("ieee", big if ctx.quick else 1 << 16, ieee_shapes)):
+        env = simfuse.make_vec("CartPole-v1", n, device=ctx.device)
         policy = simfuse.MLPPolicy(actor, critic, precision=precision)
         env.reset(seed=0)
         first = env.rollout(policy, num_steps=1)

@@ -22,7 +22,8 @@ special-function instruction, relative error ~5e-4) when compiled.  Heads:
 
 * categorical (discrete, n ≤ 64 actions): log π(a) = out_a − logsumexp(out); the action by
   inverse-CDF sampling with one Philox uniform u: a = #{j < n − 1 : F_j ≤ u F_{n−1}},
-  F_j = Σ_{k≤j} exp(out_k − max out);
+  F_j = Σ_{k≤j} exp(out_k − max out) (the total F_{n−1} is the last running sum, as in
+  :func:`simfuse.reference.sample_categorical`);
 * Gaussian (continuous, one dimension): a = μ + σ z with z the Philox normal of the step,
   log π(a) = −z²/2 − log σ − log(2π)/2.
 
@@ -94,37 +95,70 @@ def mlp_forward(x, w_in_ptr, b_in_ptr, w_hid_ptr, b_hid_ptr, w_out_ptr, b_out_pt
 
 
 @jit
+def column(out, j, A_PAD: tl.constexpr):
+    """``out[:, j]`` of a [BLOCK, A_PAD] tile."""
+    col = tl.arange(0, A_PAD)[None, :]
+    return tl.sum(tl.where(col == j, out, 0.0), axis=1)
+
+
+@jit
 def sample_categorical(logits, u, NUM_ACTIONS: tl.constexpr, A_PAD: tl.constexpr):
     """Inverse-CDF sample from ``logits`` [BLOCK, A_PAD] with uniforms ``u`` [BLOCK] in [0, 1).
 
     Returns (action as float32, log-probability).  Only the first NUM_ACTIONS columns count.
+    Up to four actions the logits are taken out as vectors (one reduction each) and the CDF
+    is summed left to right; more actions work on the tile (max, exp, scan, reductions).
     """
-    col = tl.arange(0, A_PAD)[None, :]
-    valid = col < NUM_ACTIONS
-    logits = tl.where(valid, logits, float("-inf"))
-    peak = tl.max(logits, axis=1)
-    weights = tl.exp(logits - peak[:, None])  # 0 in the padded columns
-    cdf = tl.cumsum(weights, axis=1)
-    total = tl.sum(weights, axis=1)
-    target = u * total
-    # the last action takes whatever rounding leaves above F_{n-2}
-    below = valid & (col < NUM_ACTIONS - 1) & (cdf <= target[:, None])
-    action = tl.sum(below.to(tl.int32), axis=1)
-    chosen = tl.sum(tl.where(col == action[:, None], logits, 0.0), axis=1)
+    if NUM_ACTIONS <= 4:
+        l0 = column(logits, 0, A_PAD)
+        l1 = column(logits, 1, A_PAD)
+        l2 = l1
+        l3 = l1
+        peak = tl.maximum(l0, l1)
+        if NUM_ACTIONS > 2:
+            l2 = column(logits, 2, A_PAD)
+            peak = tl.maximum(peak, l2)
+        if NUM_ACTIONS > 3:
+            l3 = column(logits, 3, A_PAD)
+            peak = tl.maximum(peak, l3)
+        cdf0 = tl.exp(l0 - peak)
+        cdf1 = cdf0 + tl.exp(l1 - peak)
+        total = cdf1
+        cdf2 = cdf1
+        if NUM_ACTIONS > 2:
+            cdf2 = cdf1 + tl.exp(l2 - peak)
+            total = cdf2
+        if NUM_ACTIONS > 3:
+            total = cdf2 + tl.exp(l3 - peak)
+        target = u * total
+        action = (cdf0 <= target).to(tl.int32)
+        chosen = tl.where(cdf0 <= target, l1, l0)
+        if NUM_ACTIONS > 2:
+            action += (cdf1 <= target).to(tl.int32)
+            chosen = tl.where(cdf1 <= target, l2, chosen)
+        if NUM_ACTIONS > 3:
+            action += (cdf2 <= target).to(tl.int32)
+            chosen = tl.where(cdf2 <= target, l3, chosen)
+    else:
+        col = tl.arange(0, A_PAD)[None, :]
+        valid = col < NUM_ACTIONS
+        logits = tl.where(valid, logits, float("-inf"))
+        peak = tl.max(logits, axis=1)
+        weights = tl.exp(logits - peak[:, None])  # 0 in the padded columns
+        cdf = tl.cumsum(weights, axis=1)
+        total = tl.sum(tl.where(col == NUM_ACTIONS - 1, cdf, 0.0), axis=1)
+        target = u * total
+        # the last action takes whatever rounding leaves above F_{n-2}
+        below = (col < NUM_ACTIONS - 1) & (cdf <= target[:, None])
+        action = tl.sum(below.to(tl.int32), axis=1)
+        chosen = tl.sum(tl.where(col == action[:, None], logits, 0.0), axis=1)
     return action.to(tl.float32), chosen - peak - tl.log(total)
 
 
 @jit
 def sample_gaussian(out, log_std, z, A_PAD: tl.constexpr):
     """Gaussian sample with mean ``out[:, 0]`` and std exp(log_std); returns (action, log-prob)."""
-    col = tl.arange(0, A_PAD)[None, :]
-    mean = tl.sum(tl.where(col == 0, out, 0.0), axis=1)
-    action = mean + tl.exp(log_std) * z
+    action = column(out, 0, A_PAD) + tl.exp(log_std) * z
     return action, -0.5 * z * z - log_std - HALF_LOG_TWO_PI
 
 
-@jit
-def first_column(out, A_PAD: tl.constexpr):
-    """``out[:, 0]`` of a [BLOCK, A_PAD] tile (the value head's output)."""
-    col = tl.arange(0, A_PAD)[None, :]
-    return tl.sum(tl.where(col == 0, out, 0.0), axis=1)

@@ -31,7 +31,7 @@ from fusecore.rng import normal4, uniform4
 
 from .dispatch import POLICY_TAG, env_observe, env_reset, env_step, obs_tile
 from .episode import autoreset_flags, load_counters, store_counters, store_step, track_episode
-from .policy import first_column, mlp_forward, sample_categorical, sample_gaussian
+from .policy import column, mlp_forward, sample_categorical, sample_gaussian
 
 RANDOM: tl.constexpr = tl.constexpr(0)
 GIVEN: tl.constexpr = tl.constexpr(1)
@@ -170,11 +170,11 @@ def rollout_kernel(
                     action, log_prob = sample_gaussian(out, log_std, draw, A_PAD)
                 tl.store(log_prob_out_ptr + row, log_prob, mask=mask)
                 if HAS_CRITIC:
-                    value = first_column(
+                    value = column(
                         mlp_forward(x, critic_w_in_ptr, critic_b_in_ptr, critic_w_hid_ptr, critic_b_hid_ptr,
                                     critic_w_out_ptr, critic_b_out_ptr, C_HIDDEN, C_ACTS, D_PAD, C_WIDTH, C_PAD,
                                     DOT_PRECISION, FAST),
-                        C_PAD,
+                        0, C_PAD,
                     )
                     tl.store(value_out_ptr + row, value, mask=mask)
         if WRITE_OBS:
