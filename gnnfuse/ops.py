@@ -90,6 +90,33 @@ class AttentionInputs:
         return self.src_term, self.dst_term, attn, self.value, edge
 
 
+def _tile_budget(schedule, inputs: AttentionInputs, kernel_pass: str) -> tuple[int, int]:
+    """(feature tiles a light program holds at once, edge block of the row kernel) for one pass.
+
+    The schedule sizes tiles for one gathered ``[edges, H, D]`` tile (the GAT forward); a
+    kernel holding more at once (GATv2's per-edge destination terms, the dot score's keys and
+    values, edge features, output gradients in backward) takes proportionally fewer rows per
+    light program and a smaller power-of-two edge block, so its registers stay in budget.
+    """
+    edge = int(inputs.edge is not None)
+    light = {
+        "forward": {SCORE_GAT: 1, SCORE_GATV2: 2, SCORE_DOT: 3},
+        "source": {SCORE_GAT: 2, SCORE_GATV2: 3, SCORE_DOT: 4},
+        "destination": {SCORE_GAT: 1, SCORE_GATV2: 2, SCORE_DOT: 2},
+    }[kernel_pass][inputs.score] + edge
+    # The row kernel keeps the row's own terms once, so only per-edge tiles count there.
+    per_edge = {
+        "forward": {SCORE_GAT: 1, SCORE_GATV2: 1, SCORE_DOT: 2},
+        "source": {SCORE_GAT: 1, SCORE_GATV2: 2, SCORE_DOT: 2},
+        "destination": {SCORE_GAT: 1, SCORE_GATV2: 1, SCORE_DOT: 1},
+    }[kernel_pass][inputs.score] + edge
+    block_e = schedule.medium_block_e
+    while block_e > 1 and block_e * per_edge > schedule.medium_block_e:
+        block_e //= 2
+    # rows per light program stay a power of two (tl.arange): round the tile count up
+    return next_power_of_2(light), block_e
+
+
 def attention_forward(
     graph: Graph, inputs: AttentionInputs, dropout_p: float, seed: int, offset: int,
     options: ScheduleOptions | None, out_dtype: torch.dtype | None = None,
@@ -115,9 +142,10 @@ def attention_forward(
     scalars = (inputs.negative_slope, inputs.scale, dropout_p, keep_scale, seed, offset)
     flags = {"DROPOUT": use_dropout, "SCORE": inputs.score, "EDGE": inputs.edge is not None}
     tensors = inputs.pointers()
+    light_tiles, row_block_e = _tile_budget(schedule, inputs, "forward")
     buckets = schedule.incoming
     for width, rows, starts, stops in buckets.light:
-        per_program = schedule.light_rows_per_program(width, block_h * block_d)
+        per_program = schedule.light_rows_per_program(width, light_tiles * block_h * block_d)
         attention_forward_light_kernel[(cdiv(rows.numel(), per_program),)](
             graph.csr_src, rows, starts, stops, *tensors, out, lse, rows.numel(), heads, head_dim, *scalars,
             ROWS=per_program, BLOCK_E=width, BLOCK_H=block_h, BLOCK_D=block_d, **flags,
@@ -130,7 +158,7 @@ def attention_forward(
             target_out, target_lse = out, lse
         attention_forward_rows_kernel[(count,)](
             graph.csr_src, rows, starts, stops, *tensors, target_out, target_lse, heads, head_dim, *scalars,
-            BLOCK_E=schedule.medium_block_e, BLOCK_H=block_h, BLOCK_D=block_d, PIECES=pieces, **flags,
+            BLOCK_E=row_block_e, BLOCK_H=block_h, BLOCK_D=block_d, PIECES=pieces, **flags,
         )
         if pieces:
             lse_merge_kernel[(buckets.super_rows.numel(),)](
@@ -204,9 +232,9 @@ def attention_backward(
     src_tensors = (*inputs.pointers(), lse, grad_out, delta)
     edge_out = grad_s if grad_edge is None else grad_edge
     outgoing = schedule.outgoing
+    light_tiles, row_block_e = _tile_budget(schedule, inputs, "source")
     for width, rows, starts, stops in outgoing.light:
-        # two feature tiles live at once (output gradients and own features): half the rows
-        per_program = schedule.light_rows_per_program(width, 2 * block_h * block_d)
+        per_program = schedule.light_rows_per_program(width, light_tiles * block_h * block_d)
         attention_backward_src_light_kernel[(cdiv(rows.numel(), per_program),)](
             graph.rev_dst, graph.rev_pos, rows, starts, stops, *src_tensors, grad_value, grad_src, edge_out, grad_s,
             rows.numel(), heads, head_dim, *scalars,
@@ -221,7 +249,7 @@ def attention_backward(
         attention_backward_src_kernel[(count,)](
             graph.rev_dst, graph.rev_pos, rows, starts, stops, *src_tensors,
             target_value, target_src, edge_out, grad_s, heads, head_dim, *scalars,
-            BLOCK_E=schedule.medium_block_e, BLOCK_H=block_h, BLOCK_D=block_d, PIECES=pieces, **flags,
+            BLOCK_E=row_block_e, BLOCK_H=block_h, BLOCK_D=block_d, PIECES=pieces, **flags,
         )
         if pieces:
             _merge_sums(outgoing, target_value, grad_value)
@@ -249,8 +277,9 @@ def attention_backward(
     dst_tensors = (inputs.src_term, inputs.dst_term, inputs.pointers()[2], inputs.pointers()[4], grad_s)
     dst_scalars = (inputs.negative_slope, inputs.scale)
     dst_flags = {"SCORE": inputs.score, "EDGE": has_edge}
+    light_tiles, row_block_e = _tile_budget(schedule, inputs, "destination")
     for width, rows, starts, stops in incoming.light:
-        per_program = schedule.light_rows_per_program(width, 2 * block_h * block_d)
+        per_program = schedule.light_rows_per_program(width, light_tiles * block_h * block_d)
         attention_backward_dst_light_kernel[(cdiv(rows.numel(), per_program),)](
             *dst_args, rows, starts, stops, *dst_tensors, grad_dst, rows.numel(), heads, head_dim, *dst_scalars,
             ROWS=per_program, BLOCK_E=width, BLOCK_H=block_h, BLOCK_D=block_d, **dst_flags,
@@ -259,7 +288,7 @@ def attention_backward(
         target_dst = _new_output((count, heads, head_dim), acc, device) if pieces else grad_dst
         attention_backward_dst_kernel[(count,)](
             *dst_args, rows, starts, stops, *dst_tensors, target_dst, heads, head_dim, *dst_scalars,
-            BLOCK_E=schedule.medium_block_e, BLOCK_H=block_h, BLOCK_D=block_d, PIECES=pieces, **dst_flags,
+            BLOCK_E=row_block_e, BLOCK_H=block_h, BLOCK_D=block_d, PIECES=pieces, **dst_flags,
         )
         if pieces:
             _merge_sums(incoming, target_dst, grad_dst)
@@ -777,15 +806,27 @@ def agnn(
     return out.reshape(feat.shape)
 
 
-def gat_floor_bytes(graph: Graph, heads: int, head_dim: int, dtype: torch.dtype, backward: bool = False) -> int:
-    """The gather floor of TARGETS.md: fewest bytes a GAT attention must move.
+def attention_floor_bytes(
+    graph: Graph, heads: int, head_dim: int, dtype: torch.dtype, backward: bool = False, *,
+    gathered: int = 1, edge_elements: int = 0,
+) -> int:
+    """The gather floor of TARGETS.md: fewest bytes a fused attention over ``graph`` must move.
 
-    Forward: ``E·H·D`` gathered feature elements + the CSR index (``E`` source ids and
-    ``N + 1`` offsets) + the ``N·H·D`` output.  With ``backward``: twice that (the backward
-    gathers ``E·H·D`` output gradients over the reverse CSR and writes ``N·H·D`` input
-    gradients) — the per-node score vectors are lower-order terms and left out.
+    Forward: ``gathered · E·H·D`` feature elements gathered per edge (1 for GAT, GATv2 and
+    AGNN, whose scores come from the gathered tile or per-node terms; 2 for the Graph
+    Transformer's keys and values) + ``edge_elements`` per edge read (the raw edge features,
+    ``E · edge_dim``: what a kernel projecting them in registers would read) + the CSR index
+    (``E`` source ids and ``N + 1`` offsets) + the ``N·H·D`` output.  With ``backward``: twice
+    that (the backward gathers as much over the reverse CSR and writes the input gradients) —
+    per-node score vectors are lower-order terms and left out.
     """
     element = torch.empty((), dtype=dtype).element_size()
     index = graph.csr_src.element_size() * graph.num_edges + graph.indptr.element_size() * (graph.num_nodes + 1)
-    forward = graph.num_edges * heads * head_dim * element + index + graph.num_nodes * heads * head_dim * element
+    per_edge = gathered * heads * head_dim + edge_elements
+    forward = graph.num_edges * per_edge * element + index + graph.num_nodes * heads * head_dim * element
     return 2 * forward if backward else forward
+
+
+def gat_floor_bytes(graph: Graph, heads: int, head_dim: int, dtype: torch.dtype, backward: bool = False) -> int:
+    """:func:`attention_floor_bytes` of the GAT attention (one gathered feature tile)."""
+    return attention_floor_bytes(graph, heads, head_dim, dtype, backward)

@@ -29,7 +29,8 @@ Quick mode: a 300-node power-law graph with a heavy node, fp32, no torch.compile
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -37,8 +38,8 @@ from benchmarks.registry import CheckFailed, Context, case
 from fusecore import use_reference
 from gnnfuse import Graph, ops
 from gnnfuse.datasets import load_planetoid, planetoid_available, power_law_graph
-from gnnfuse.nn import GATConv
-from gnnfuse.ops import gat_floor_bytes
+from gnnfuse.nn import AGNNConv, GATConv, GATv2Conv, GraphTransformerConv
+from gnnfuse.ops import attention_floor_bytes, gat_floor_bytes
 
 
 @dataclass(frozen=True)
@@ -104,42 +105,70 @@ def _train_step(module_call, params, grad):
     return run
 
 
-def _gatconv_runs(ctx: Context, spec: GraphSpec, graph: Graph, dtype: torch.dtype, gen: torch.Generator) -> None:
-    """Check and time every implementation on one graph in one dtype."""
+@dataclass(frozen=True)
+class LayerFamily:
+    """One fused layer and its PyG twin, for the shared layer benchmark (:func:`_layer_runs`).
+
+    ``build(spec)``: the fused layer; ``twin(layer, spec)``: PyG's layer with the same weights
+    on the same edge set (no self loops added); ``floor(graph, spec, dtype, backward)``: the
+    gather floor in bytes; ``edge_dim``: width of random edge features passed to both (None:
+    no edge features).
+    """
+
+    label: str
+    build: Callable[[GraphSpec], torch.nn.Module]
+    twin: Callable[[torch.nn.Module, GraphSpec], torch.nn.Module]
+    floor: Callable[[Graph, GraphSpec, torch.dtype, bool], int]
+    edge_dim: int | None = None
+
+
+def _layer_runs(
+    ctx: Context, spec: GraphSpec, graph: Graph, dtype: torch.dtype, gen: torch.Generator, family: LayerFamily,
+    variant_suffix: str = "",
+) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor, dict]:
+    """Check and time the fused layer, the unfused reference, PyG eager (and compiled) on one
+    graph in one dtype; returns ``(layer, x, grad, params)`` for family-specific extra rows."""
     n, edges = graph.num_nodes, graph.edge_index
     torch.manual_seed(0)
-    layer = GATConv(spec.in_feats, spec.head_dim, spec.heads).to(device=ctx.device, dtype=dtype)
-    with torch.no_grad():
-        layer.bias.copy_(torch.randn(layer.bias.shape, generator=gen))
-    pyg = _pyg_twin(layer, spec, dtype, ctx.device)
+    layer = family.build(spec).to(device=ctx.device, dtype=dtype)
+    pyg = family.twin(layer, spec).to(device=ctx.device, dtype=dtype)
     x = torch.randn(n, spec.in_feats, generator=gen).to(device=ctx.device, dtype=dtype)
-    grad = torch.randn(n, spec.heads * spec.head_dim, generator=gen).to(device=ctx.device, dtype=dtype)
+    edge_attr = None
+    if family.edge_dim is not None:
+        edge_attr = torch.randn(graph.num_edges, family.edge_dim, generator=gen).to(device=ctx.device, dtype=dtype)
+    extra = () if edge_attr is None else (edge_attr,)
+    with torch.no_grad():
+        width = layer(graph, x, *extra).reshape(n, -1).shape[1]
+    grad = torch.randn(n, width, generator=gen).to(device=ctx.device, dtype=dtype)
     tag = "fp32" if dtype == torch.float32 else "bf16"
-    floor_fwd = gat_floor_bytes(graph, spec.heads, spec.head_dim, dtype)
-    floor_train = gat_floor_bytes(graph, spec.heads, spec.head_dim, dtype, backward=True)
+    floor_fwd = family.floor(graph, spec, dtype, False)
+    floor_train = family.floor(graph, spec, dtype, True)
     params = {"graph": spec.name, "nodes": n, "edges": graph.num_edges, "in_feats": spec.in_feats,
-              "heads": spec.heads, "head_dim": spec.head_dim, "dtype": tag}
+              "heads": spec.heads, "head_dim": spec.head_dim, "dtype": tag, "edge_dim": family.edge_dim}
 
     def fused():
-        return layer(graph, x).view(n, -1)
+        return layer(graph, x, *extra).reshape(n, -1)
 
     def reference():
         with use_reference():
-            return layer(graph, x).view(n, -1)
+            return layer(graph, x, *extra).reshape(n, -1)
 
     def pyg_eager():
-        return pyg(x, edges)
+        return pyg(x, edges, *extra).reshape(n, -1)
 
-    implementations = [("unfused torch (gnnfuse.reference)", reference), ("PyG GATConv eager", pyg_eager)]
+    implementations = [("unfused torch (gnnfuse.reference)", reference), (f"PyG {family.label} eager", pyg_eager)]
     if dtype in spec.compile_pyg and ctx.gpu:
         compiled = torch.compile(pyg, dynamic=False)
         try:  # compile (forward and training graphs) up front; a failure drops only this baseline
             with torch.no_grad():
-                compiled(x, edges)
-            _train_step(lambda: compiled(x, edges), list(pyg.parameters()), grad)()
-            implementations.append(("PyG GATConv torch.compile", lambda: compiled(x, edges)))
+                compiled(x, edges, *extra)
+            _train_step(lambda: compiled(x, edges, *extra).reshape(n, -1), list(pyg.parameters()), grad)()
+            implementations.append(
+                (f"PyG {family.label} torch.compile", lambda: compiled(x, edges, *extra).reshape(n, -1))
+            )
         except Exception as exc:  # noqa: BLE001 - report and keep the other implementations
-            print(f"[gnn] torch.compile of PyG GATConv failed on {spec.name} {dtype}: {type(exc).__name__}: {exc}")
+            print(f"[gnn] torch.compile of PyG {family.label} failed on {spec.name} {dtype}: "
+                  f"{type(exc).__name__}: {exc}")
     implementations.append(("fused (gnnfuse)", fused))
 
     tol = 2e-3 if dtype == torch.float32 else 2e-2
@@ -149,17 +178,40 @@ def _gatconv_runs(ctx: Context, spec: GraphSpec, graph: Graph, dtype: torch.dtyp
         if dtype == torch.float32:  # PyG sums its softmax in the input dtype: a check of the copied weights only
             ctx.check(f"{spec.name} {tag} PyG vs reference", pyg_eager().float(), expected, tol)
     layer_params, pyg_params = list(layer.parameters()), list(pyg.parameters())
+    checked_name, checked = next(iter(layer.named_parameters()))
     _train_step(reference, layer_params, grad)()
-    ref_grad = layer.fc.weight.grad.float().clone()
+    ref_grad = checked.grad.float().clone()
     _train_step(fused, layer_params, grad)()
-    ctx.check(f"{spec.name} {tag} grad fc.weight vs reference", layer.fc.weight.grad.float(), ref_grad, tol)
+    ctx.check(f"{spec.name} {tag} grad {checked_name} vs reference", checked.grad.float(), ref_grad, tol)
 
     for impl, call in implementations:
         own = pyg_params if "PyG" in impl else layer_params
         ctx.time(impl, _forward(call), bytes_moved=floor_fwd, memory=True, params=params,
-                 variant=f"{spec.name},{tag},fwd")
+                 variant=f"{spec.name}{variant_suffix},{tag},fwd")
         ctx.time(impl, _train_step(call, own, grad), bytes_moved=floor_train, memory=True, params=params,
-                 variant=f"{spec.name},{tag},fwd+bwd")
+                 variant=f"{spec.name}{variant_suffix},{tag},fwd+bwd")
+    return layer, x, grad, params
+
+
+def _gat_twin(layer: GATConv, spec: GraphSpec):
+    with torch.no_grad():
+        layer.bias.copy_(torch.randn(layer.bias.shape))
+    return _pyg_twin(layer, spec, layer.bias.dtype, layer.bias.device)
+
+
+def _gat_floor(graph: Graph, spec: GraphSpec, dtype: torch.dtype, backward: bool) -> int:
+    return gat_floor_bytes(graph, spec.heads, spec.head_dim, dtype, backward=backward)
+
+
+GAT = LayerFamily("GATConv", lambda spec: GATConv(spec.in_feats, spec.head_dim, spec.heads), _gat_twin, _gat_floor)
+
+
+def _gatconv_runs(ctx: Context, spec: GraphSpec, graph: Graph, dtype: torch.dtype, gen: torch.Generator) -> None:
+    """Check and time every implementation on one graph in one dtype, plus the component rows."""
+    layer, x, grad, params = _layer_runs(ctx, spec, graph, dtype, gen, GAT)
+    n, tag = graph.num_nodes, params["dtype"]
+    floor_fwd = gat_floor_bytes(graph, spec.heads, spec.head_dim, dtype)
+    floor_train = gat_floor_bytes(graph, spec.heads, spec.head_dim, dtype, backward=True)
     # The attention op alone (gnnfuse.ops.gat on precomputed projections): what the gather floor
     # fraction of TARGETS.md is about, without the projection GEMM every implementation shares.
     wh = layer.fc(x).detach().view(n, spec.heads, spec.head_dim).requires_grad_(True)
@@ -167,6 +219,9 @@ def _gatconv_runs(ctx: Context, spec: GraphSpec, graph: Graph, dtype: torch.dtyp
 
     def attention_only():
         return ops.gat(graph, wh, layer.attn_l, layer.attn_r)
+
+    def fused():
+        return layer(graph, x)
 
     # Component rows get their own variant: no layer baseline there, so no misleading speedup.
     ctx.time("fused attention op only (no projection)", _forward(attention_only), bytes_moved=floor_fwd,
@@ -184,10 +239,9 @@ def _gatconv_runs(ctx: Context, spec: GraphSpec, graph: Graph, dtype: torch.dtyp
                  params=params, variant=f"{spec.name},{tag},fwd")
 
 
-@case("gnn", "gatconv", baseline="PyG GATConv eager")
-def gatconv_case(ctx: Context) -> None:
-    """GATConv forward / forward+backward: fused vs unfused reference vs PyG eager / compiled."""
-    specs = QUICK if ctx.quick else FULL
+def _run_graphs(ctx: Context, specs: list[GraphSpec], run: Callable) -> None:
+    """``run(ctx, spec, graph, dtype, gen)`` on every available graph in fp32 (and bf16 at full
+    size); failures are collected so the other graphs are still measured."""
     dtypes = [torch.float32] if ctx.quick else [torch.float32, torch.bfloat16]
     failures: list[str] = []
     for spec in specs:
@@ -198,13 +252,116 @@ def gatconv_case(ctx: Context) -> None:
         gen = torch.Generator(device="cpu").manual_seed(0)
         for dtype in dtypes:
             try:
-                _gatconv_runs(ctx, spec, graph, dtype, gen)
+                run(ctx, spec, graph, dtype, gen)
             except Exception as exc:  # noqa: BLE001 - keep measuring the other graphs, fail at the end
                 failures.append(f"{spec.name} {dtype}: {type(exc).__name__}: {exc}")
             if ctx.gpu:
                 torch.cuda.empty_cache()
     if failures:
         raise CheckFailed("; ".join(failures))
+
+
+@case("gnn", "gatconv", baseline="PyG GATConv eager")
+def gatconv_case(ctx: Context) -> None:
+    """GATConv forward / forward+backward: fused vs unfused reference vs PyG eager / compiled."""
+    _run_graphs(ctx, QUICK if ctx.quick else FULL, _gatconv_runs)
+
+
+def _gatv2_twin(layer: GATv2Conv, spec: GraphSpec):
+    import torch_geometric
+
+    pyg = torch_geometric.nn.GATv2Conv(spec.in_feats, spec.head_dim, heads=spec.heads, add_self_loops=False)
+    with torch.no_grad():
+        pyg.lin_l.weight.copy_(layer.fc_src.weight)
+        pyg.lin_l.bias.copy_(layer.fc_src.bias)
+        pyg.lin_r.weight.copy_(layer.fc_dst.weight)
+        pyg.lin_r.bias.copy_(layer.fc_dst.bias)
+        pyg.att.copy_(layer.attn)
+        pyg.bias.zero_()  # DGL's GATv2Conv (ours) has its biases in fc_src / fc_dst only
+    return pyg
+
+
+def _transformer_twin(layer: GraphTransformerConv, spec: GraphSpec):
+    import torch_geometric
+
+    pyg = torch_geometric.nn.TransformerConv(spec.in_feats, spec.head_dim, heads=spec.heads, edge_dim=layer.edge_dim)
+    pyg.load_state_dict({k: v.float().cpu() for k, v in layer.state_dict().items()}, strict=True)
+    return pyg
+
+
+def _agnn_twin(layer: AGNNConv, spec: GraphSpec):
+    import torch_geometric
+
+    pyg = torch_geometric.nn.AGNNConv(add_self_loops=False)  # the benchmark graphs have their self loops
+    with torch.no_grad():
+        pyg.beta.copy_(layer.beta)
+    return pyg
+
+
+def _floor(gathered: int, edge_elements: int = 0):
+    def floor(graph: Graph, spec: GraphSpec, dtype: torch.dtype, backward: bool) -> int:
+        return attention_floor_bytes(graph, spec.heads, spec.head_dim, dtype, backward,
+                                     gathered=gathered, edge_elements=edge_elements)
+    return floor
+
+
+TRANSFORMER_EDGE_DIM = 16
+GATV2 = LayerFamily("GATv2Conv", lambda spec: GATv2Conv(spec.in_feats, spec.head_dim, spec.heads), _gatv2_twin,
+                    _floor(1))
+TRANSFORMER = LayerFamily(
+    "TransformerConv", lambda spec: GraphTransformerConv(spec.in_feats, spec.head_dim, heads=spec.heads),
+    _transformer_twin, _floor(2),
+)
+TRANSFORMER_EDGE = LayerFamily(
+    "TransformerConv",
+    lambda spec: GraphTransformerConv(spec.in_feats, spec.head_dim, heads=spec.heads, edge_dim=TRANSFORMER_EDGE_DIM),
+    _transformer_twin, _floor(2, TRANSFORMER_EDGE_DIM), edge_dim=TRANSFORMER_EDGE_DIM,
+)
+# AGNN attends over the input features themselves: one head as wide as the input.
+AGNN = LayerFamily("AGNNConv", lambda spec: AGNNConv(allow_zero_in_degree=True), _agnn_twin, _floor(1))
+
+
+def _family_runs(family: LayerFamily):
+    def run(ctx: Context, spec: GraphSpec, graph: Graph, dtype: torch.dtype, gen: torch.Generator) -> None:
+        _layer_runs(ctx, spec, graph, dtype, gen, family)
+    return run
+
+
+def _specs(ctx: Context, names: tuple[str, ...], compiled: dict[str, tuple[torch.dtype, ...]]) -> list[GraphSpec]:
+    """The FULL graphs named (quick mode: the tiny graph), with the dtypes timed against compiled PyG."""
+    if ctx.quick:
+        return QUICK
+    return [replace(spec, compile_pyg=compiled.get(spec.name, ())) for spec in FULL if spec.name in names]
+
+
+LAYER_GRAPHS = ("cora", "pubmed", "arxiv-like", "reddit-scale")
+COMPILED_AS_GAT = {"cora": (torch.float32,), "arxiv-like": (torch.float32, torch.bfloat16)}
+
+
+@case("gnn", "gatv2conv", baseline="PyG GATv2Conv eager")
+def gatv2conv_case(ctx: Context) -> None:
+    """GATv2Conv forward / forward+backward: fused vs unfused reference vs PyG eager / compiled."""
+    _run_graphs(ctx, _specs(ctx, LAYER_GRAPHS, COMPILED_AS_GAT), _family_runs(GATV2))
+
+
+@case("gnn", "transformerconv", baseline="PyG TransformerConv eager")
+def transformerconv_case(ctx: Context) -> None:
+    """Graph Transformer forward / forward+backward: fused vs reference vs PyG TransformerConv eager / compiled;
+    variants ``+edge``: 16 edge features projected and added to keys and values (arxiv-like)."""
+    _run_graphs(ctx, _specs(ctx, LAYER_GRAPHS, COMPILED_AS_GAT), _family_runs(TRANSFORMER))
+    _run_graphs(ctx, _specs(ctx, ("arxiv-like",), {"arxiv-like": (torch.float32,)}), _edge_runs)
+
+
+def _edge_runs(ctx: Context, spec: GraphSpec, graph: Graph, dtype: torch.dtype, gen: torch.Generator) -> None:
+    _layer_runs(ctx, spec, graph, dtype, gen, TRANSFORMER_EDGE, variant_suffix="+edge")
+
+
+@case("gnn", "agnnconv", baseline="PyG AGNNConv eager")
+def agnnconv_case(ctx: Context) -> None:
+    """AGNNConv forward / forward+backward (one head over the input features): fused vs reference vs PyG."""
+    graphs = _specs(ctx, ("cora", "pubmed", "arxiv-like"), {"arxiv-like": (torch.float32,)})
+    specs = [replace(spec, heads=1, head_dim=spec.in_feats) for spec in graphs]
+    _run_graphs(ctx, specs, _family_runs(AGNN))
 
 
 @case("gnn", "gat_super_node", baseline="uniform graph")
