@@ -2,10 +2,14 @@
 
 * :class:`Graph` — CSR by destination, reverse CSR by source, degree buckets and cached
   schedules (:mod:`gnnfuse.graph`, :mod:`gnnfuse.schedule`);
-* :mod:`gnnfuse.ops` — the fused GAT attention (:func:`~gnnfuse.ops.gat`,
-  :func:`~gnnfuse.ops.gat_attention`), forward storing only the logsumexp, backward without
-  atomics;
-* :mod:`gnnfuse.nn` — :class:`~gnnfuse.nn.GATConv`, DGL's layer and state_dict;
+* :mod:`gnnfuse.ops` — the fused attentions, one code path for every score (GAT:
+  :func:`~gnnfuse.ops.gat`, :func:`~gnnfuse.ops.gat_attention`; GATv2:
+  :func:`~gnnfuse.ops.gatv2`; Graph Transformer with edge features:
+  :func:`~gnnfuse.ops.transformer_attention`; AGNN: :func:`~gnnfuse.ops.agnn`), forward
+  storing only the logsumexp, backward without atomics;
+* :mod:`gnnfuse.nn` — :class:`~gnnfuse.nn.GATConv` and :class:`~gnnfuse.nn.GATv2Conv` (DGL's
+  layers and state_dicts), :class:`~gnnfuse.nn.GraphTransformerConv` (PyG's TransformerConv
+  state_dict), :class:`~gnnfuse.nn.AGNNConv` (DGL's);
 * :mod:`gnnfuse.reference` — the same math unfused in PyTorch (baseline and oracle);
 * :mod:`gnnfuse.datasets` — Planetoid loader and reproducible power-law graphs.
 

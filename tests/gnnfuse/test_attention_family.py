@@ -243,3 +243,24 @@ def test_bad_inputs_raise_clear_errors(gen, device):
         ops.agnn(graph, x, torch.ones(2))
     with pytest.raises(ValueError, match="feat must have shape"):
         ops.agnn(graph, x[:, 0, 0], torch.ones(1))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["gatv2", "transformer"])
+def test_peak_memory_stays_far_below_one_edge_feature_tensor(gen, device, name):
+    """O(N·H·D + E·H) memory: outputs, gradients, ∂s [E, H]; never one E×H×D tensor."""
+    from gnnfuse.datasets import power_law_graph
+
+    n, e, heads, dim = 20_000, 400_000, 4, 32
+    graph = Graph(power_law_graph(n, e, 20_000, seed=1).to(device), n)
+    leaves = [t.requires_grad_(True) for t in make_leaves(OPS[name], graph, heads, dim, torch.float32, device, gen)]
+    graph.schedule(heads, dim, torch.float32)  # built outside the measured region
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    out = OPS[name].fused(graph, *leaves, dropout=0.1)
+    out.backward(torch.ones_like(out))
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    node_feature_bytes = n * heads * dim * 4
+    assert peak < 12 * node_feature_bytes + 3 * e * heads * 4 < e * heads * dim * 4 / 2
