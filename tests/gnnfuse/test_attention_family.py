@@ -251,7 +251,7 @@ def test_peak_memory_stays_far_below_one_edge_feature_tensor(gen, device, name):
     """O(N·H·D + E·H) memory: outputs, gradients, ∂s [E, H]; never one E×H×D tensor."""
     from gnnfuse.datasets import power_law_graph
 
-    n, e, heads, dim = 20_000, 400_000, 4, 32
+    n, e, heads, dim = 20_000, 1_000_000, 4, 32
     graph = Graph(power_law_graph(n, e, 20_000, seed=1).to(device), n)
     leaves = [t.requires_grad_(True) for t in make_leaves(OPS[name], graph, heads, dim, torch.float32, device, gen)]
     graph.schedule(heads, dim, torch.float32)  # built outside the measured region
