@@ -49,7 +49,9 @@ class DecodePlan:
     split_len: int
     dot_prec: str
     looped_programs: int
-    prefetch: int = 0  # weight elements each looped program prefetches per barrier (0: none)
+    # Weight elements each looped program prefetches per barrier.  Off by default: 16 K made the
+    # looped kernel 19% slower on the H200 (plan_sweep, 1B batch 1: 1.46 -> 1.23 ms without).
+    prefetch: int = 0
     prefetch_block: int = 1024
     num_warps: int = 4  # 8 for batch 64: the [64, n] accumulators need the registers of 256 threads
     split_k: int = 1  # K parts per residual-projection tile (summed in order by the last part to finish)
@@ -98,8 +100,9 @@ def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, 
     parts of the residual projections (tests); ``looped_programs`` the
     looped kernel's grid (default: 1 under the interpreter, where programs run one after
     another; on the GPU 0, meaning all co-resident programs, see :func:`looped_decode`).
-    ``tuning`` replaces any other field of the plan (``block_b=16`` sends batches of 2..8
-    through the tensor-core tiles; the benchmarks' plan sweep), checked for consistency.
+    ``tuning`` replaces any other field of the plan (``block_b=4`` sends a batch of 2..4
+    through row sums instead of tensor-core tiles; the benchmarks' plan sweep), checked for
+    consistency.
     """
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}")
@@ -107,22 +110,22 @@ def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, 
         raise ValueError(f"max_slots must be >= 1, got {max_slots}")
     compiled = device.type == "cuda"
     sms = device_facts(device).sm_count if compiled else 1
-    # up to SMALL_BATCH rows: row sums (no padding); more: tensor-core tiles of >= 16 rows
-    block_b = next_power_of_2(batch) if batch <= SMALL_BATCH else max(16, next_power_of_2(batch))
-    half = cfg.head_dim // 2
-    if compiled and batch <= SMALL_BATCH:
-        # Row sums, no tensor cores: narrow tiles, long k chunks (16 KB of bf16 weights per
-        # load per program, several programs per SM) keep enough bytes in flight; an
-        # [8, 1024] tile is 64 elements per thread (ptxas: ~120 registers, no spills).
-        block_k, block_n, block_p, block_v, block_s = 1024, 8, 8, 8, 64
+    # One row: row sums (no padding).  More: tensor-core tiles of >= 16 rows, the batch padded —
+    # at batch 8 on the H200 (benchmarks plan_sweep) 2.2x faster than row sums over 8 rows.
+    block_b = 1 if batch == 1 else max(16, next_power_of_2(batch))
+    if compiled and batch == 1:
+        # Narrow tiles of 512-wide k chunks (8 KB of bf16 per load per program) with 8 warps and
+        # K split in 4 (plan_sweep: each of 8 warps and split K 4 gained 8% over 4 warps, K 1024).
+        block_k, block_n, block_p, block_v, block_s = 512, 8, 8, 8, 64
     elif compiled:
-        # tl.dot needs every dimension >= 16; short k chunks keep the dot operands in
-        # registers without spills, the software pipeline keeps the loads in flight.
-        block_k, block_n, block_p, block_v, block_s = 64, 16, 16, 16, 64
+        # tl.dot needs every dimension >= 16.  64-row weight tiles: each program reads B·K
+        # activations from L2 per 64·K weights from HBM (16-row tiles re-read the activations
+        # 4x as often: 2.5x slower at batch 64); K split below keeps >= 1 tile per SM.
+        block_k, block_n, block_p, block_v, block_s = (128 if block_b <= 16 else 64), 64, 16, 128, 64
     else:
         block_k = min(128, max(16, next_power_of_2(cfg.hidden_size)))
         block_n, block_v, block_s = 64, 128, 32
-        block_p = min(32, max(16, next_power_of_2(half)))
+        block_p = min(32, max(16, next_power_of_2(cfg.head_dim // 2)))
     block_d = max(16, next_power_of_2(cfg.head_dim))
     block_g = max(16, next_power_of_2(cfg.group_size))
     pairs = batch * cfg.num_key_value_heads
@@ -141,15 +144,13 @@ def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, 
     )
     if looped_programs is None:
         looped_programs = 0 if compiled else 1  # 0: as many as are co-resident (decided at launch)
-    # 16 K elements (32 KB of bf16) per program and barrier: a few µs of a waiting SM's time.
-    prefetch = 16384 if compiled and looped_programs != 1 else 0
-    num_warps = 8 if compiled and block_b >= 64 else 4
+    num_warps = 8 if compiled and (block_b >= 64 or batch == 1) else 4
     if split_k is None:
-        # Row-sum tiles stream their K in 1024-wide chunks one after another: split K so that
-        # no residual-projection tile has more than a few (1B: W_down 8 chunks -> 4).
+        # A tile streams its K chunks one after another: split K so that no residual-projection
+        # tile has more than a few and there are several tiles per SM (1B: W_o 4 -> 1 chunk).
         shortest_k = min(cfg.num_attention_heads * cfg.head_dim, cfg.intermediate_size)
-        split_k = max(1, min(4, shortest_k // block_k)) if compiled and batch <= SMALL_BATCH else 1
-    plan = DecodePlan(**{**plan.__dict__, "looped_programs": looped_programs, "prefetch": prefetch,
+        split_k = max(1, min(4, shortest_k // block_k)) if compiled else 1
+    plan = DecodePlan(**{**plan.__dict__, "looped_programs": looped_programs,
                          "num_warps": num_warps, "split_k": split_k})
     if tuning.get("acquire_loads") and not compiled:
         raise ValueError("acquire_loads=True is inline PTX: it needs the compiled kernels on a CUDA device")

@@ -183,33 +183,25 @@ def _decode_variant(ctx: Context, name: str, cfg: LlamaConfig, w: LlamaWeights, 
                      bytes_moved=nbytes, cuda_graph=True, params=params, variant=variant)
 
 
-# Plan variants timed against the default plan (Llama-3.2-1B, context 512), per batch: the K
-# split and tile shape of the batch-1 row sums; batch 8 through tensor-core tiles (padded to 16
-# rows) of growing width; batch 64 with wider tiles, so that each program's activation reads
-# (B·K floats from L2) shrink next to its weight reads (block_n·K bf16 from HBM); a deeper
-# software pipeline (num_stages 4) for the tensor-core tiles; the looped kernel at batch 1
-# without the barrier prefetch, with one program per SM (fewer arrivals per barrier) and with
-# acquire-load polls (no RMW per waiting program), and at batch 8 with the widest tensor-core
-# plan.  ``programs_per_sm`` sets ``looped_programs``.
+# Plan variants timed against the default plan (Llama-3.2-1B, context 512), each a change of a
+# few fields of the default: at batch 1 the two changes that made the default (8 warps, K split
+# in 4 of 512) each undone, and wider vocabulary tiles; the looped kernel with acquire-load
+# barrier polls (no RMW per waiting program) and with a small barrier prefetch; batch 2 by row
+# sums instead of padded tensor-core tiles; at batch 8 and 64 deeper or shallower K chunks,
+# more K parts, more warps, wider tiles and pipelines.  ``programs_per_sm`` sets
+# ``looped_programs`` to that many per SM.
 PLAN_SWEEP: dict[int, list[tuple[bool, dict[str, int]]]] = {
-    1: [(False, {"split_k": 4, "block_k": 512}),
-        (False, {"block_n": 16, "block_p": 16, "block_v": 16, "block_k": 512}),
-        (False, {"num_warps": 8}),
-        (True, {}), (True, {"prefetch": 0}), (True, {"programs_per_sm": 1}),
-        (True, {"programs_per_sm": 1, "prefetch": 0}), (True, {"acquire_loads": True}),
-        (True, {"acquire_loads": True, "prefetch": 0})],
-    8: [(False, {"block_b": 16, "block_n": 16, "block_p": 16, "block_v": 32, "block_k": 256, "split_k": 2}),
-        (False, {"block_b": 16, "block_n": 32, "block_p": 16, "block_v": 64, "block_k": 128, "split_k": 4}),
-        (False, {"block_b": 16, "block_n": 64, "block_p": 16, "block_v": 128, "block_k": 128, "split_k": 4}),
-        (False, {"block_b": 16, "block_n": 64, "block_p": 16, "block_v": 128, "block_k": 128, "split_k": 4,
-                 "num_stages": 4}),
-        (True, {"block_b": 16, "block_n": 64, "block_p": 16, "block_v": 128, "block_k": 128, "split_k": 4})],
-    64: [(False, {"block_n": 32, "block_v": 64, "block_k": 128, "split_k": 4}),
-         (False, {"block_n": 64, "block_v": 128, "split_k": 4}),
-         (False, {"block_n": 64, "block_v": 128, "split_k": 4, "num_stages": 4}),
-         (False, {"block_n": 128, "block_p": 32, "block_v": 256, "split_k": 4})],
+    1: [(False, {"num_warps": 4}), (False, {"split_k": 2, "block_k": 1024}), (False, {"block_v": 16}),
+        (True, {}), (True, {"acquire_loads": True}), (True, {"prefetch": 2048}),
+        (True, {"acquire_loads": True, "programs_per_sm": 2})],
+    2: [(False, {"block_b": 2, "block_n": 8, "block_p": 8, "block_v": 8, "block_k": 1024})],
+    8: [(False, {"block_k": 256}), (False, {"split_k": 8}), (False, {"num_warps": 8}),
+        (False, {"block_n": 128, "block_p": 32, "block_v": 256}), (False, {"num_stages": 4}),
+        (True, {}), (True, {"acquire_loads": True})],
+    64: [(False, {"split_k": 8}), (False, {"num_warps": 4}), (False, {"block_k": 128}),
+         (False, {"num_stages": 4}), (False, {"block_n": 128, "block_p": 32, "block_v": 256})],
 }
-QUICK_PLAN_SWEEP = {3: [(False, {"block_b": 16}), (True, {})]}
+QUICK_PLAN_SWEEP = {3: [(False, {"block_b": 4}), (True, {})]}
 
 
 @case("llm", "plan_sweep", baseline="per-layer, default plan")

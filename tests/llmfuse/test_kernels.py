@@ -1,5 +1,6 @@
 """Each fused decode instruction against the step of llmfuse.reference it replaces (float64
-oracle), at odd sizes, batch 1 (row-sum path) and batch 3 (tl.dot path), outputs poisoned."""
+oracle), at odd sizes, by row sums (batch 1; 2 and 3 as an option) and tensor-core tiles
+(batches 3 and 9), outputs poisoned."""
 
 import math
 
@@ -21,13 +22,14 @@ SLOTS = 21
 LAYER = 1
 
 
-def _setup(batch, dtype, gen, bias=False, split_k=None):
+def _setup(batch, dtype, gen, bias=False, split_k=None, block_b=None):
     device = test_device()
     cfg = CFG if not bias else LlamaConfig(**{**CFG.__dict__, "attention_bias": True, "model_type": "qwen2"})
     w = random_weights(cfg, dtype=dtype, device="cpu", generator=gen, std=0.1)
     w64 = w.to(dtype=torch.float64)
     wk = w.to(device=device)
-    plan = ops.make_plan(cfg, batch, SLOTS, dtype, torch.device(device), n_splits=3, split_k=split_k)
+    tuning = {} if block_b is None else {"block_b": block_b}
+    plan = ops.make_plan(cfg, batch, SLOTS, dtype, torch.device(device), n_splits=3, split_k=split_k, **tuning)
     buf = ops.DecodeBuffers.allocate(cfg, plan, dtype, torch.device(device))
     cache = ref.KVCache.empty(cfg, batch, SLOTS, dtype=dtype, device=device)
     cache.k.normal_(generator=None)
@@ -40,14 +42,16 @@ def _setup(batch, dtype, gen, bias=False, split_k=None):
     return cfg, w64, wk, plan, buf, cache, slot, kv_start
 
 
-# batch 1 and 2..8: row sums (one tile of weights meets every row of x); 9: tensor-core tiles
-CASES = [(1, torch.float32), (3, torch.float32), (3, torch.bfloat16), (2, torch.float16), (9, torch.float32),
-         (9, torch.bfloat16)]
+# (batch, dtype, block_b): batch 1 by row sums (the default), batches 2 and 3 also by row sums
+# over several rows (block_b <= 8: one tile of weights meets every row of x), the others by
+# tensor-core tiles padded to 16 rows (the default for batches > 1)
+CASES = [(1, torch.float32, None), (3, torch.float32, 4), (3, torch.bfloat16, None), (2, torch.float16, 2),
+         (9, torch.float32, None), (9, torch.bfloat16, None)]
 
 
-@pytest.mark.parametrize("batch, dtype", CASES)
-def test_qkv_rope_append(batch, dtype, gen):
-    cfg, w64, wk, plan, buf, cache, slot, kv_start = _setup(batch, dtype, gen, bias=batch == 3)
+@pytest.mark.parametrize("batch, dtype, block_b", CASES)
+def test_qkv_rope_append(batch, dtype, block_b, gen):
+    cfg, w64, wk, plan, buf, cache, slot, kv_start = _setup(batch, dtype, gen, bias=batch == 3, block_b=block_b)
     buf.q.fill_(poison_value(torch.float32))
     cache.k[LAYER, :, :, slot] = float("nan")
     cache.v[LAYER, :, :, slot] = float("nan")
@@ -66,9 +70,9 @@ def test_qkv_rope_append(batch, dtype, gen):
     assert torch.equal(cache.k[:, :, :, other].cpu(), before[:, :, :, other].cpu())
 
 
-@pytest.mark.parametrize("batch, dtype", CASES)
-def test_decode_attention_splits_merge_to_attention(batch, dtype, gen):
-    cfg, w64, wk, plan, buf, cache, slot, kv_start = _setup(batch, dtype, gen)
+@pytest.mark.parametrize("batch, dtype, block_b", CASES)
+def test_decode_attention_splits_merge_to_attention(batch, dtype, block_b, gen):
+    cfg, w64, wk, plan, buf, cache, slot, kv_start = _setup(batch, dtype, gen, block_b=block_b)
     buf.q.copy_(torch.randn(buf.q.shape, generator=gen))
     buf.part.fill_(float("nan"))
     buf.lse.fill_(float("nan"))
@@ -90,10 +94,11 @@ def test_decode_attention_splits_merge_to_attention(batch, dtype, gen):
     assert_close(buf.attn.cpu().reshape(batch, -1), expected[:, 0], dtype, name="kernel-merged attention")
 
 
-@pytest.mark.parametrize("batch, dtype, split_k", [(*case, 1) for case in CASES] + [(9, torch.float32, 3)])
-def test_o_proj_adds_residual(batch, dtype, split_k, gen):
+@pytest.mark.parametrize("batch, dtype, block_b, split_k", [(*case, 1) for case in CASES] +
+                         [(9, torch.float32, None, 3)])
+def test_o_proj_adds_residual(batch, dtype, block_b, split_k, gen):
     """split_k > 1: the last K part of each feature tile sums all parts into x."""
-    cfg, w64, wk, plan, buf, cache, slot, kv_start = _setup(batch, dtype, gen, split_k=split_k)
+    cfg, w64, wk, plan, buf, cache, slot, kv_start = _setup(batch, dtype, gen, split_k=split_k, block_b=block_b)
     assert plan.split_k == split_k
     buf.attn.copy_(torch.randn(buf.attn.shape, generator=gen))
     x0 = buf.x.cpu().double()
@@ -103,9 +108,10 @@ def test_o_proj_adds_residual(batch, dtype, split_k, gen):
     assert_close(buf.x.cpu() - x0, expected - x0, dtype, name="o_proj update")
 
 
-@pytest.mark.parametrize("batch, dtype, split_k", [(*case, 1) for case in CASES] + [(9, torch.bfloat16, 2)])
-def test_gate_up_silu_and_down_residual(batch, dtype, split_k, gen):
-    cfg, w64, wk, plan, buf, cache, slot, kv_start = _setup(batch, dtype, gen, split_k=split_k)
+@pytest.mark.parametrize("batch, dtype, block_b, split_k", [(*case, 1) for case in CASES] +
+                         [(9, torch.bfloat16, None, 2)])
+def test_gate_up_silu_and_down_residual(batch, dtype, block_b, split_k, gen):
+    cfg, w64, wk, plan, buf, cache, slot, kv_start = _setup(batch, dtype, gen, split_k=split_k, block_b=block_b)
     buf.h.fill_(float("nan"))
     x0 = buf.x.cpu().double()
     ops.gate_up(wk, cfg, LAYER, buf, plan)
@@ -117,9 +123,9 @@ def test_gate_up_silu_and_down_residual(batch, dtype, split_k, gen):
     assert_close(buf.x.cpu() - x0, expected - x0, dtype, name="down update")
 
 
-@pytest.mark.parametrize("batch, dtype", CASES)
-def test_lm_head_logits_and_fused_argmax(batch, dtype, gen):
-    cfg, w64, wk, plan, buf, cache, slot, kv_start = _setup(batch, dtype, gen)
+@pytest.mark.parametrize("batch, dtype, block_b", CASES)
+def test_lm_head_logits_and_fused_argmax(batch, dtype, block_b, gen):
+    cfg, w64, wk, plan, buf, cache, slot, kv_start = _setup(batch, dtype, gen, block_b=block_b)
     buf.logits.fill_(float("nan"))
     ops.lm_head(wk, cfg, buf, plan, write_logits=True)
     assert_all_written(buf.logits, "logits")
@@ -155,8 +161,9 @@ def test_gumbel_sample_draws_from_the_softmax():
 
 def test_plan_tuning_is_checked():
     cpu = torch.device("cpu")
-    tuned = ops.make_plan(CFG, 3, SLOTS, torch.float32, cpu, block_b=16, num_stages=3)
-    assert not tuned.row_sums and tuned.roundings_per_layer == 8
+    tuned = ops.make_plan(CFG, 3, SLOTS, torch.float32, cpu, block_b=4, num_stages=3)
+    assert tuned.row_sums and tuned.roundings_per_layer == 5
+    assert not ops.make_plan(CFG, 3, SLOTS, torch.float32, cpu).row_sums
     assert tuned.launch_options() == {"num_warps": tuned.num_warps, "num_stages": 3}
     with pytest.raises(TypeError, match="block_q"):
         ops.make_plan(CFG, 3, SLOTS, torch.float32, cpu, block_q=16)
