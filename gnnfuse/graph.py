@@ -16,11 +16,21 @@ edge ``u -> v``), a PyG ``Data`` or a DGL graph (read through ``edges()`` /
   objects, cached in a :class:`fusecore.PlanCache` on the graph.
 
 Indices are int32 where every value fits (node ids < 2³¹, edge positions < 2³¹) and int64
-otherwise; kernels widen them to int64 before any address arithmetic.
+otherwise (:func:`index_dtypes`); kernels widen them to int64 before any address arithmetic.
+
+Input checks (all before any CSR is built): node ids are int32 / int64 (other integer widths
+and floats raise ``TypeError``), ``0 <= id < num_nodes`` (``ValueError`` naming the id),
+``edge_index`` is ``[2, E]`` on a device that holds values (not ``meta``), ``num_nodes`` is a
+non-negative integer and agrees with the one a Data / DGL / scipy input carries.  Strided,
+transposed and otherwise non-contiguous index tensors are read as they are.  A scipy matrix
+gives one edge per stored entry that is not zero (explicit zeros and the zero padding of BSR
+blocks are not edges; duplicate COO entries are separate edges).
 """
 
 from __future__ import annotations
 
+import numbers
+import warnings
 import weakref
 from typing import Any
 
@@ -29,6 +39,7 @@ import torch
 from fusecore import PlanCache
 
 INT32_LIMIT = 2**31 - 1
+INDEX_DTYPES = (torch.int32, torch.int64)
 
 
 def narrowest_index_dtype(max_value: int) -> torch.dtype:
@@ -38,12 +49,100 @@ def narrowest_index_dtype(max_value: int) -> torch.dtype:
     return torch.int32 if max_value <= INT32_LIMIT else torch.int64
 
 
+def index_dtypes(num_nodes: int, num_edges: int, forced: torch.dtype | None = None) -> tuple[torch.dtype, torch.dtype]:
+    """``(node_dtype, position_dtype)`` of a graph's index arrays.
+
+    Node ids (``csr_src``, ``rev_dst``, bucket rows) take values in ``[0, num_nodes)``; edge
+    positions (``indptr``, ``rev_pos``, ``csr_eid``, piece ranges) in ``[0, num_edges]``.  Each is
+    int32 while its largest value fits, int64 beyond 2³¹ − 1 (``forced`` sets both).
+    """
+    if forced is not None:
+        return forced, forced
+    return narrowest_index_dtype(max(num_nodes - 1, 0)), narrowest_index_dtype(num_edges)
+
+
 def _check_index_tensor(name: str, t: Any) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor of node ids, got {type(t).__name__}")
-    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
-        raise TypeError(f"{name} must hold integer node ids (int32 or int64), got dtype {t.dtype}")
+    if t.dtype not in INDEX_DTYPES:
+        raise TypeError(f"{name} must hold integer node ids of dtype int32 or int64, got dtype {t.dtype}")
+    if t.device.type == "meta":
+        raise ValueError(f"{name} is on device 'meta', which holds no node ids; expected a cpu or cuda tensor")
     return t
+
+
+def _check_num_nodes(value: Any, what: str = "num_nodes") -> int:
+    """``value`` as a Python int >= 0 (any integral number, bool excluded)."""
+    if isinstance(value, bool) or not isinstance(value, (numbers.Integral, torch.Tensor)):
+        raise TypeError(f"{what} must be an int >= 0, got {value!r} of type {type(value).__name__}")
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1 or value.dtype.is_floating_point or value.dtype == torch.bool:
+            raise TypeError(f"{what} must be an int >= 0, got a tensor {value!r}")
+        value = value.item()
+    value = int(value)
+    if value < 0:
+        raise ValueError(f"{what} must be an int >= 0, got {value}")
+    return value
+
+
+def _edge_pair(name: str, src: Any, dst: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Checked ``(src, dst)``: two 1-D int32 / int64 tensors of one length on one device."""
+    src = _check_index_tensor(f"{name} sources", src)
+    dst = _check_index_tensor(f"{name} destinations", dst)
+    if src.dim() != 1 or dst.dim() != 1 or src.shape != dst.shape:
+        raise ValueError(
+            f"{name} must give two 1-D tensors of equal length (sources, destinations), got shapes "
+            f"{tuple(src.shape)} and {tuple(dst.shape)}"
+        )
+    if src.device != dst.device:
+        raise ValueError(f"{name}: sources are on '{src.device}' but destinations are on '{dst.device}'")
+    return src, dst
+
+
+def _from_scipy(matrix: Any) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Edges of a scipy sparse matrix or array in any format: one per stored nonzero entry."""
+    coo = matrix.tocoo()
+    if len(coo.shape) != 2 or coo.shape[0] != coo.shape[1]:
+        raise ValueError(f"a sparse adjacency matrix must be square (2-D, N x N), got shape {coo.shape}")
+    nonzero = coo.data != 0
+    src = torch.as_tensor(coo.row[nonzero].astype("int64"))
+    dst = torch.as_tensor(coo.col[nonzero].astype("int64"))
+    return src, dst, int(coo.shape[0])
+
+
+def _from_pyg_data(data: Any) -> tuple[torch.Tensor, torch.Tensor, int | None]:
+    src, dst, _ = _edges_from(data.edge_index)
+    with warnings.catch_warnings(record=True) as guessed:
+        # Without x or num_nodes PyG guesses max id + 1 and warns: a guess carries no count
+        # (the default, or an explicit num_nodes, decides instead).
+        warnings.simplefilter("always")
+        num_nodes = getattr(data, "num_nodes", None)
+    if num_nodes is None or any("num_nodes" in str(w.message) for w in guessed):
+        return src, dst, None
+    return src, dst, _check_num_nodes(num_nodes, "the Data's num_nodes")
+
+
+DGL_METHODS = ("edges", "num_nodes")
+
+
+def _from_dgl_like(graph: Any) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """A DGL graph read through its public ``edges()`` and ``num_nodes()`` (DGL is never imported)."""
+    missing = [m for m in DGL_METHODS if not callable(getattr(graph, m, None))]
+    if missing:
+        lacking = " / ".join(m + "()" for m in missing)
+        raise TypeError(
+            f"{type(graph).__name__} looks like a DGL graph but has no callable {lacking}; "
+            "a DGL-like graph needs edges() -> (src, dst) and num_nodes() -> int"
+        )
+    pair = graph.edges()
+    if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
+        raise TypeError(f"{type(graph).__name__}.edges() must return (src, dst), got {type(pair).__name__}")
+    src, dst = _edge_pair(f"{type(graph).__name__}.edges()", *pair)
+    return src, dst, _check_num_nodes(graph.num_nodes(), f"{type(graph).__name__}.num_nodes()")
+
+
+def _looks_like_dgl(source: Any) -> bool:
+    return any(hasattr(source, m) for m in (*DGL_METHODS, "adj_tensors"))
 
 
 def _edges_from(source: Any) -> tuple[torch.Tensor, torch.Tensor, int | None]:
@@ -57,33 +156,18 @@ def _edges_from(source: Any) -> tuple[torch.Tensor, torch.Tensor, int | None]:
             )
         return source[0], source[1], None
     if isinstance(source, (tuple, list)) and len(source) == 2:
-        src = _check_index_tensor("src", source[0])
-        dst = _check_index_tensor("dst", source[1])
-        if src.dim() != 1 or dst.dim() != 1 or src.shape != dst.shape:
-            raise ValueError(
-                f"(src, dst) must be two 1-D tensors of equal length, got shapes "
-                f"{tuple(src.shape)} and {tuple(dst.shape)}"
-            )
-        if src.device != dst.device:
-            raise ValueError(f"src is on '{src.device}' but dst is on '{dst.device}'")
-        return src, dst, None
+        return (*_edge_pair("(src, dst)", source[0], source[1]), None)
     if hasattr(source, "tocoo") and hasattr(source, "shape"):  # scipy sparse matrix or array
-        coo = source.tocoo()
-        rows, cols = coo.shape
-        if rows != cols:
-            raise ValueError(f"a sparse adjacency matrix must be square, got shape {coo.shape}")
-        src = torch.as_tensor(coo.row.astype("int64"))
-        dst = torch.as_tensor(coo.col.astype("int64"))
-        return src, dst, int(rows)
-    if hasattr(source, "edge_index") and isinstance(getattr(source, "edge_index", None), torch.Tensor):
-        src, dst, _ = _edges_from(source.edge_index)
-        num_nodes = getattr(source, "num_nodes", None)
-        return src, dst, int(num_nodes) if num_nodes is not None else None
-    edges = getattr(source, "edges", None)
-    num_nodes_fn = getattr(source, "num_nodes", None)
-    if callable(edges) and callable(num_nodes_fn):  # a DGL graph, through its public methods
-        src, dst = edges()
-        return _check_index_tensor("src", src), _check_index_tensor("dst", dst), int(num_nodes_fn())
+        return _from_scipy(source)
+    if hasattr(source, "edge_index") and type(source).__name__ != "HeteroData":  # PyG Data
+        if not isinstance(source.edge_index, torch.Tensor):
+            raise TypeError(
+                f"{type(source).__name__}.edge_index must be an edge_index tensor [2, E], "
+                f"got {type(source.edge_index).__name__}"
+            )
+        return _from_pyg_data(source)
+    if _looks_like_dgl(source):
+        return _from_dgl_like(source)
     raise TypeError(
         "graph must be a gnnfuse.Graph, an edge_index tensor [2, E], a (src, dst) pair, a scipy "
         f"sparse matrix, a PyG Data or a DGL graph; got {type(source).__name__}"
@@ -108,15 +192,20 @@ class Graph:
         index_dtype: torch.dtype | None = None,
     ) -> None:
         src, dst, carried = _edges_from(edge_index)
-        if num_nodes is None:
+        if num_nodes is not None:
+            num_nodes = _check_num_nodes(num_nodes)
+            if carried is not None and carried != num_nodes:
+                raise ValueError(
+                    f"num_nodes={num_nodes} but the {type(edge_index).__name__} given as the graph has "
+                    f"{carried} nodes"
+                )
+        else:
             num_nodes = carried
         src = src.reshape(-1).to(torch.int64)
         dst = dst.reshape(-1).to(torch.int64)
         num_edges = int(src.numel())
         if num_nodes is None:
             num_nodes = int(torch.maximum(src.max(), dst.max()).item()) + 1 if num_edges else 0
-        if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 0:
-            raise ValueError(f"num_nodes must be an int >= 0, got {num_nodes!r}")
         if num_edges:
             low = int(torch.minimum(src.min(), dst.min()).item())
             high = int(torch.maximum(src.max(), dst.max()).item())
@@ -126,13 +215,12 @@ class Graph:
                     f"edge_index holds node id {bad}, outside [0, num_nodes) = [0, {num_nodes}); "
                     "node ids must be >= 0 and < num_nodes"
                 )
-        if index_dtype not in (None, torch.int32, torch.int64):
+        if index_dtype not in (None, *INDEX_DTYPES):
             raise ValueError(f"index_dtype must be None, torch.int32 or torch.int64, got {index_dtype}")
         self.num_nodes = num_nodes
         self.num_edges = num_edges
         self.device = src.device
-        node_dtype = index_dtype or narrowest_index_dtype(max(num_nodes - 1, 0))
-        pos_dtype = index_dtype or narrowest_index_dtype(num_edges)
+        node_dtype, pos_dtype = index_dtypes(num_nodes, num_edges, index_dtype)
         self.index_dtype = pos_dtype if pos_dtype == torch.int64 else node_dtype
 
         # CSR by destination; a stable sort keeps input order within a row.
@@ -262,16 +350,35 @@ def _indptr(degree: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return indptr.to(dtype)
 
 
-# Graphs built from edge tensors, PyG Data or DGL graphs, keyed by the source object's id.  A
-# weak reference proves the object is still the same one (an id can be reused after it dies)
-# and the tensor version counter shows it was not modified in place.
-_GRAPH_CACHE: dict[tuple, tuple[Any, Graph]] = {}
+# Graphs built from edge tensors, PyG Data or DGL graphs, keyed by the source object's id.
+# Weak references prove the objects are still the same ones (an id can be reused after its
+# object dies): the source, and for a Data the edge tensor it holds.  The version counters show
+# the tensors were not modified in place; a DGL graph's node and edge counts change with
+# add_edges / remove_edges.  Scipy matrices are converted on every call (nothing cheap shows
+# an in-place edit).
+_GRAPH_CACHE: dict[tuple, tuple[tuple[weakref.ref, ...], Graph]] = {}
 _GRAPH_CACHE_SIZE = 16
 
 
-def _version_of(source: Any) -> Any:
-    tensor = source if isinstance(source, torch.Tensor) else getattr(source, "edge_index", None)
-    return tensor._version if isinstance(tensor, torch.Tensor) else None
+def _cache_entry(source: Any) -> tuple[tuple, tuple[weakref.ref, ...]] | None:
+    """(token, weak references) identifying ``source`` unmodified, or None: do not cache."""
+    if isinstance(source, torch.Tensor):
+        return (id(source), source._version), (weakref.ref(source),)
+    if hasattr(source, "tocoo"):
+        return None
+    edges = getattr(source, "edge_index", None)
+    try:
+        refs = (weakref.ref(source),)
+    except TypeError:  # tuples and other objects without weak references
+        return None
+    if isinstance(edges, torch.Tensor):
+        return (id(source), id(edges), edges._version), (*refs, weakref.ref(edges))
+    counts = [getattr(source, m, None) for m in ("num_nodes", "num_edges")]
+    return (id(source), *(c() for c in counts if callable(c))), refs
+
+
+def _alive(refs: tuple[weakref.ref, ...], objects: tuple[Any, ...]) -> bool:
+    return all(ref() is obj for ref, obj in zip(refs, objects))
 
 
 def as_graph(source: Any, num_nodes: int | None = None) -> Graph:
@@ -282,16 +389,17 @@ def as_graph(source: Any, num_nodes: int | None = None) -> Graph:
         if num_nodes is not None and num_nodes != source.num_nodes:
             raise ValueError(f"num_nodes={num_nodes} but the graph has {source.num_nodes} nodes")
         return source
-    try:
-        ref = weakref.ref(source)
-    except TypeError:  # tuples, scipy matrices without weakref support: build every time
+    entry = _cache_entry(source)
+    if entry is None:
         return Graph(source, num_nodes)
-    key = (id(source), _version_of(source), num_nodes)
+    token, refs = entry
+    objects = (source, getattr(source, "edge_index", None))[: len(refs)]
+    key = (*token, num_nodes)
     hit = _GRAPH_CACHE.get(key)
-    if hit is not None and hit[0]() is source:
+    if hit is not None and _alive(hit[0], objects):
         return hit[1]
     graph = Graph(source, num_nodes)
     if len(_GRAPH_CACHE) >= _GRAPH_CACHE_SIZE:
         _GRAPH_CACHE.pop(next(iter(_GRAPH_CACHE)))
-    _GRAPH_CACHE[key] = (ref, graph)
+    _GRAPH_CACHE[key] = (refs, graph)
     return graph

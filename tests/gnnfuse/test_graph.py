@@ -193,3 +193,203 @@ def test_reordered_graph_gives_the_same_results_relabelled(gen, method):
         assert torch.all(relabelled.in_degree[:-1] >= relabelled.in_degree[1:])
     with pytest.raises(ValueError, match="method"):
         graph.reordered("random")
+
+
+# ---------------------------------------------------------------- input validation (issue 8)
+
+
+@pytest.mark.parametrize("dtype", [torch.int16, torch.uint8, torch.int8, torch.bool, torch.float64])
+def test_edge_index_dtypes_other_than_int32_int64_are_refused(dtype):
+    edges = torch.tensor([[0, 1], [1, 0]]).to(dtype)
+    with pytest.raises(TypeError, match=f"int32 or int64, got dtype {dtype}"):
+        Graph(edges)
+    with pytest.raises(TypeError, match="sources"):
+        Graph((edges[0], edges[1]))
+
+
+def test_edge_index_on_the_meta_device_is_refused():
+    with pytest.raises(ValueError, match="'meta'"):
+        Graph(torch.zeros(2, 3, dtype=torch.long, device="meta"))
+
+
+@pytest.mark.parametrize(
+    "num_nodes, error, words",
+    [(3.0, TypeError, "num_nodes must be an int"), (True, TypeError, "bool"), ("4", TypeError, "str"),
+     (torch.tensor([4, 5]), TypeError, "tensor"), (-1, ValueError, "got -1")],
+)
+def test_num_nodes_must_be_a_non_negative_integer(num_nodes, error, words):
+    with pytest.raises(error, match=words):
+        Graph(torch.tensor([[0, 1], [1, 0]]), num_nodes)
+
+
+def test_num_nodes_accepts_numpy_and_tensor_integers():
+    for n in (np.int64(6), torch.tensor(6), np.uint16(6)):
+        g = Graph(torch.tensor([[0, 1], [1, 0]]), n)
+        assert g.num_nodes == 6 and type(g.num_nodes) is int
+
+
+def test_num_nodes_disagreeing_with_the_input_is_refused():
+    matrix = sp.csr_matrix(np.eye(4))
+    with pytest.raises(ValueError, match="num_nodes=5 but the csr_matrix given as the graph has 4 nodes"):
+        Graph(matrix, 5)
+    with pytest.raises(ValueError, match="FakeDGLGraph"):
+        Graph(FakeDGLGraph(torch.tensor([0]), torch.tensor([1]), 3), 7)
+    assert Graph(matrix, 4).num_nodes == 4
+
+
+def test_pyg_data_without_num_nodes_counts_from_the_ids_without_warnings(recwarn):
+    from torch_geometric.data import Data
+
+    edges = torch.tensor([[0, 4], [1, 1]])
+    assert Graph(Data(edge_index=edges)).num_nodes == 5
+    assert Graph(Data(edge_index=edges), 9).num_nodes == 9  # a guessed count does not overrule
+    assert Graph(Data(edge_index=edges, x=torch.zeros(7, 2))).num_nodes == 7
+    assert not [w for w in recwarn if "num_nodes" in str(w.message)]
+    with pytest.raises(TypeError, match="Data.edge_index must be an edge_index tensor"):
+        Graph(Data(num_nodes=4))
+    with pytest.raises(ValueError, match="node id 4"):
+        Graph(Data(edge_index=edges, num_nodes=3))
+
+
+class DGLWithoutNumNodes:
+    def edges(self):
+        return torch.tensor([0]), torch.tensor([1])
+
+    def adj_tensors(self, fmt):
+        return torch.tensor([0, 0, 1]), torch.tensor([0]), torch.tensor([0])
+
+
+class DGLWithBadEdges(FakeDGLGraph):
+    def edges(self):
+        return self._src
+
+
+def test_dgl_like_graphs_are_read_by_duck_typing_or_refused_clearly():
+    src, dst = torch.tensor([0, 2, 2]), torch.tensor([1, 1, 0])
+    g = Graph(FakeDGLGraph(src, dst, 4))
+    assert g.num_nodes == 4 and g.in_degree.tolist() == [1, 2, 0, 0]
+    with pytest.raises(TypeError, match=r"DGLWithoutNumNodes .* no callable num_nodes\(\)"):
+        Graph(DGLWithoutNumNodes())
+    with pytest.raises(TypeError, match=r"edges\(\) must return \(src, dst\)"):
+        Graph(DGLWithBadEdges(src, dst, 4))
+    with pytest.raises(ValueError, match="equal length"):
+        Graph(FakeDGLGraph(src, dst[:2], 4))
+    with pytest.raises(TypeError, match="int32 or int64"):
+        Graph(FakeDGLGraph(src.float(), dst, 4))
+    with pytest.raises(TypeError, match=r"num_nodes\(\) must be an int"):
+        Graph(FakeDGLGraph(src, dst, 4.5))
+
+
+SCIPY_FORMATS = ["bsr", "coo", "csc", "csr", "dia", "dok", "lil"]
+
+
+@pytest.mark.parametrize("kind", ["matrix", "array"])
+def test_every_scipy_sparse_format_gives_one_edge_per_nonzero(gen, kind):
+    from torch_geometric.utils import from_scipy_sparse_matrix
+
+    n = 12
+    dense = (torch.rand(n, n, generator=gen) < 0.3).double().numpy() * np.arange(1, n + 1)
+    dense[:, -2:] = 0  # nodes without incoming edges
+    base = (sp.coo_matrix if kind == "matrix" else sp.coo_array)(dense)
+    pyg, _ = from_scipy_sparse_matrix(sp.coo_matrix(dense))
+    ref = Graph(pyg, n)
+    for fmt in SCIPY_FORMATS:
+        matrix = base.asformat(fmt)
+        if fmt == "bsr":
+            matrix = matrix.tobsr(blocksize=(4, 4))  # blocks store zeros: not edges
+        g = Graph(matrix)
+        assert g.num_nodes == n and g.num_edges == ref.num_edges, fmt
+        assert torch.equal(g.indptr, ref.indptr) and torch.equal(g.csr_src, ref.csr_src), fmt
+    explicit_zero = sp.csr_matrix((np.array([1.0, 0.0]), (np.array([0, 1]), np.array([1, 2]))), shape=(3, 3))
+    assert Graph(explicit_zero).edge_index.tolist() == [[0], [1]]
+    with pytest.raises(ValueError, match="square"):
+        Graph(sp.csr_matrix((3, 4)))
+
+
+def test_strided_and_transposed_edge_tensors_are_read_as_they_are(gen):
+    edges = corner_case_edges(gen)
+    ref = Graph(edges, 29)
+    transposed = edges.t().contiguous().t()  # [2, E] view of an [E, 2] tensor
+    strided = torch.stack([edges, edges], dim=2)[:, :, 1]  # every other element of storage
+    assert not transposed.is_contiguous() and not strided.is_contiguous()
+    for view in (transposed, strided, (edges[0, :], edges.t()[:, 1])):
+        g = Graph(view, 29)
+        assert torch.equal(g.indptr, ref.indptr) and torch.equal(g.csr_src, ref.csr_src)
+        assert torch.equal(g.rev_pos, ref.rev_pos)
+
+
+def test_graph_without_edges_and_graph_without_nodes(gen):
+    g = Graph(torch.zeros(2, 0, dtype=torch.int32), 5)
+    assert g.num_edges == 0 and g.indptr.tolist() == [0] * 6 and g.rev_indptr.tolist() == [0] * 6
+    assert g.has_zero_in_degree() and g.degree_stats()["max_in"] == 0
+    schedule = g.schedule(2, 3, torch.float32)
+    assert schedule.incoming.counts()["super"] == 0
+    empty = Graph(torch.zeros(2, 0, dtype=torch.int64))
+    assert empty.num_nodes == 0 and not empty.has_zero_in_degree() and empty.degree_stats()["max_in"] == 0
+    assert empty.add_self_loops().num_edges == 0 and empty.reordered("degree")[1].numel() == 0
+
+
+# ---------------------------------------------------------------- the int64 index path
+
+
+def test_index_dtypes_switch_each_index_at_its_own_limit():
+    from gnnfuse.graph import index_dtypes
+
+    limit = 2**31 - 1
+    assert index_dtypes(1000, limit) == (torch.int32, torch.int32)
+    assert index_dtypes(1000, limit + 1) == (torch.int32, torch.int64)  # > 2^31 edges: positions widen
+    assert index_dtypes(limit + 1, 10) == (torch.int32, torch.int32)  # ids 0 .. 2^31 - 1 still fit
+    assert index_dtypes(limit + 2, 10) == (torch.int64, torch.int32)
+    assert index_dtypes(5, 5, torch.int64) == (torch.int64, torch.int64)
+
+
+def test_indptr_of_more_than_2_31_edges_is_int64_and_exact():
+    from gnnfuse.graph import _indptr, index_dtypes
+
+    # In-degrees of a graph with 3 * 2^30 + 7 edges: offsets past 2^31 must not wrap.
+    degree = torch.tensor([2**30, 0, 2**31, 7])
+    _, position_dtype = index_dtypes(4, int(degree.sum()))
+    indptr = _indptr(degree, position_dtype)
+    assert indptr.dtype == torch.int64
+    assert indptr.tolist() == [0, 2**30, 2**30, 3 * 2**30, 3 * 2**30 + 7]
+
+
+def test_work_plan_pieces_of_a_row_beyond_2_31_edges_keep_int64_ranges():
+    from gnnfuse.schedule import _buckets
+
+    # One super row whose edge range starts past 2^31 (a fake indptr; no edge arrays needed).
+    start = 2**31 + 5
+    indptr = torch.tensor([start, start, start + 40], dtype=torch.int64)
+    degree = torch.tensor([0, 40])
+    buckets = _buckets(degree, indptr, light_max=0, split=16, piece_edges=16, min_piece_edges=1,
+                       pieces_wanted=1, node_dtype=torch.int32, min_rows=lambda width: 1)
+    assert buckets.super_rows.tolist() == [1] and buckets.piece_start.dtype == torch.int64
+    starts, stops = buckets.piece_start.tolist(), buckets.piece_stop.tolist()
+    assert starts[0] == start and stops[-1] == start + 40 and starts[1:] == stops[:-1]
+    assert len(starts) == 3 and max(b - a for a, b in zip(starts, stops)) <= 16
+    light_rows = [(rows.tolist(), lo.tolist(), hi.tolist()) for _, rows, lo, hi in buckets.light]
+    assert light_rows == [([0], [start], [start])]
+
+
+# ---------------------------------------------------------------- the as_graph cache
+
+
+def test_as_graph_cache_sees_a_replaced_data_edge_index_and_a_grown_dgl_graph():
+    from torch_geometric.data import Data
+
+    data = Data(edge_index=torch.tensor([[0, 1], [1, 0]]), num_nodes=3)
+    first = as_graph(data)
+    assert as_graph(data) is first
+    data.edge_index = torch.tensor([[0, 1, 2], [1, 2, 0]])
+    assert as_graph(data).num_edges == 3
+
+    class GrowingDGL(FakeDGLGraph):
+        def num_edges(self):
+            return self._src.numel()
+
+    dgl = GrowingDGL(torch.tensor([0]), torch.tensor([1]), 3)
+    assert as_graph(dgl) is as_graph(dgl)
+    dgl._src, dgl._dst = torch.tensor([0, 2]), torch.tensor([1, 1])
+    assert as_graph(dgl).num_edges == 2
+    matrix = sp.csr_matrix(np.eye(3))
+    assert as_graph(matrix) is not as_graph(matrix)  # scipy edits are invisible: never cached
