@@ -30,14 +30,17 @@ POLICY_IDS = {"random": 0, "given": 1, "mlp": 2}
 class Tuning:
     """Launch choices of the classic rollout kernel (the benchmark compares variants).
 
-    ``lazy_draws_block``: blocks at least this large (many envs, throughput-bound) draw start
-    states only when some env of the block resets and policy draws once per four steps
-    behind a uniform branch; smaller blocks (few envs, latency-bound) compute both every
-    step, off the critical path.  ``env_block``: envs per program for the other policies;
-    ``mlp_block`` / ``mlp_warps``: envs per program and warps for MLP policies (None: automatic).
+    Blocks of at least ``lazy_policy_block`` envs draw the policy's random numbers once per
+    four steps behind a (uniform) branch, smaller ones every step; blocks of at least
+    ``lazy_reset_block`` envs draw start states only when some env of the block resets, smaller
+    ones every step.  Large blocks are throughput-bound (fewer instructions win), small ones
+    latency-bound (work off the critical path beats a branch on it).  ``env_block``: envs per
+    program for the random and given policies; ``mlp_block`` / ``mlp_warps``: envs per program
+    and warps for MLP policies (None: automatic).
     """
 
-    lazy_draws_block: int = 64
+    lazy_policy_block: int = 64
+    lazy_reset_block: int = 64
     env_block: int | None = None
     mlp_block: int | None = None
     mlp_warps: int | None = None
@@ -220,7 +223,8 @@ def rollout(
             POLICY=POLICY_IDS[kind], AUTORESET=autoreset,
             WRITE_OBS=write_obs, WRITE_STEP=write_step, WRITE_FINAL=write_final, WRITE_STATS=write_stats,
             HAS_CRITIC=mlp is not None and mlp.critic is not None,
-            LAZY_DRAWS=block >= _tuning.lazy_draws_block, BLOCK=block,
+            LAZY_POLICY=block >= _tuning.lazy_policy_block, LAZY_RESET=block >= _tuning.lazy_reset_block,
+            BLOCK=block,
             **dims, **_launch_options(block, mlp=mlp is not None, precision=precision),
         )
     as_bool = (lambda t: None if t is None else t.view(torch.bool))

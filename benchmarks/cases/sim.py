@@ -184,35 +184,44 @@ def tuning_case(ctx: Context) -> None:
 
     * random policy, 4,096 envs x 512 steps (latency-bound): envs per program (2 .. 32: fewer
       means more warps per scheduler to hide each step's dependency chain, each warp mostly
-      idle lanes) and draws computed every step vs only when needed (``lazy_draws_block``);
+      idle lanes) and random draws computed every step vs only when needed (policy draws once
+      per four steps, start states only when an env of the block resets);
+    * the same at 1 M envs x 64 steps (throughput-bound), blocks of 64 .. 256;
     * 2x64 MLP actor+critic, 1 M envs x 64 steps (bf16 and tf32): envs per program and warps;
     * the same in float32 ("ieee", CUDA cores) at 65,536 envs: the default 16 envs x 2 warps
       against the 128 x 4 that spilled tens of KiB per thread.
     """
     from simfuse import ops
 
-    n, k = (129, 8) if ctx.quick else (4096, 512)
-    env = simfuse.make_vec("CartPole-v1", n, device=ctx.device)
-    env.reset(seed=0)
-    traj_bytes = n * k * TRAJECTORY_BYTES["CartPole-v1"]
-    variants = [("default launch", {})] + [
-        (f"envs/program {block}, {'lazy' if lazy else 'eager'} draws",
-         {"env_block": block, "lazy_draws_block": block if lazy else block * 2})
-        for block in ((8, 16) if ctx.quick else (2, 4, 8, 16, 32)) for lazy in (False, True)
+    def eager_lazy(block: int, policy_lazy: bool, reset_lazy: bool) -> tuple[str, dict]:
+        name = f"envs/program {block}, policy draws {'lazy' if policy_lazy else 'eager'}, " \
+               f"reset draws {'lazy' if reset_lazy else 'eager'}"
+        return name, {"env_block": block, "lazy_policy_block": block if policy_lazy else block * 2,
+                      "lazy_reset_block": block if reset_lazy else block * 2}
+
+    groups = [
+        (129, 8, [eager_lazy(b, lazy, lazy) for b in (8, 16) for lazy in (False, True)]) if ctx.quick else
+        (4096, 512, [eager_lazy(b, lazy, lazy) for b in (2, 4, 8, 16, 32) for lazy in (False, True)]
+         + [eager_lazy(8, True, False), eager_lazy(4, True, False)]),
     ]
-    env.reset(seed=0)
-    expected = env.rollout("random", num_steps=8).obs
-    for impl, overrides in variants:
-        with ops.tuned(**overrides):
-            env.reset(seed=0)  # the launch choice must not change a single bit
-            ctx.check(f"{impl}: obs", env.rollout("random", num_steps=8).obs.cpu(), expected.cpu(), 1e-9)
+    if not ctx.quick:
+        groups.append((1 << 20, 64, [eager_lazy(b, True, lazy) for b in (64, 128, 256) for lazy in (False, True)]))
+    for n, k, variants in groups:
+        env = simfuse.make_vec("CartPole-v1", n, device=ctx.device)
+        env.reset(seed=0)
+        traj_bytes = n * k * TRAJECTORY_BYTES["CartPole-v1"]
+        expected = env.rollout("random", num_steps=8).obs
+        for impl, overrides in [("default launch", {})] + variants:
+            with ops.tuned(**overrides):
+                env.reset(seed=0)  # the launch choice must not change a single bit
+                ctx.check(f"{impl}: obs", env.rollout("random", num_steps=8).obs.cpu(), expected.cpu(), 1e-9)
 
-            def run(o=overrides):
-                with ops.tuned(**o):
-                    env.rollout("random", num_steps=k)
+                def run(o=overrides):
+                    with ops.tuned(**o):
+                        env.rollout("random", num_steps=k)
 
-            _rate(ctx.time(impl, run, bytes_moved=traj_bytes, params={"num_envs": n, "steps": k, **overrides},
-                           variant=f"random,n={n},K={k}"), n, k)
+                _rate(ctx.time(impl, run, bytes_moved=traj_bytes, params={"num_envs": n, "steps": k, **overrides},
+                               variant=f"random,n={n},K={k}"), n, k)
 
     big, k = (129, 4) if ctx.quick else (1 << 20, 64)
     actor, critic = _cartpole_mlp(ctx.device, critic=True)

@@ -108,7 +108,7 @@ def rollout_kernel(
     A_HIDDEN: tl.constexpr, A_ACTS: tl.constexpr, A_WIDTH: tl.constexpr, A_PAD: tl.constexpr,
     C_HIDDEN: tl.constexpr, C_ACTS: tl.constexpr, C_WIDTH: tl.constexpr, C_PAD: tl.constexpr,
     DOT_PRECISION: tl.constexpr, FAST: tl.constexpr,
-    LAZY_DRAWS: tl.constexpr, BLOCK: tl.constexpr,
+    LAZY_POLICY: tl.constexpr, LAZY_RESET: tl.constexpr, BLOCK: tl.constexpr,
 ):
     pid = tl.program_id(0)
     idx = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -146,7 +146,7 @@ def rollout_kernel(
         else:
             # One Philox call serves four consecutive positions: the draw of position p is
             # lane p % 4 of Philox (seed, POLICY_TAG + i, p // 4).
-            if LAZY_DRAWS:
+            if LAZY_POLICY:
                 if (t == 0) | (position % 4 == 0):
                     d0, d1, d2, d3 = policy_draws(seed, idx, position // 4, normal_draws)
             else:
@@ -192,7 +192,7 @@ def rollout_kernel(
         if AUTORESET == DISABLED:
             s0, s1, s2, s3 = n0, n1, n2, n3
         else:
-            if LAZY_DRAWS:
+            if LAZY_RESET:
                 # Throughput-bound (many envs): draw start states only when some env of the
                 # block resets.
                 r0, r1, r2, r3 = n0, n1, n2, n3
