@@ -200,12 +200,12 @@ def rollout(
                 "A_WIDTH": a_shape.width, "A_PAD": a_shape.out_pad, "C_HIDDEN": c_shape.hidden,
                 "C_ACTS": c_shape.activations, "C_WIDTH": c_shape.width, "C_PAD": c_shape.out_pad,
                 "DOT_PRECISION": mlp.dot_precision, "FAST": mlp.fast}
-        log_std = mlp.log_std_value() if not env.discrete else 0.0
+        log_std = mlp.log_std_tensor(device)  # read by the kernel: no host synchronisation
     else:
         actor = critic = (state,) * 6
         dims = {"D_PAD": 16, "A_HIDDEN": 0, "A_ACTS": 0, "A_WIDTH": 16, "A_PAD": 16, "C_HIDDEN": 0, "C_ACTS": 0,
                 "C_WIDTH": 16, "C_PAD": 16, "DOT_PRECISION": "ieee", "FAST": False}
-        log_std = 0.0
+        log_std = state
     dummy = state
     if n:
         precision = None if mlp is None else mlp.precision
@@ -217,7 +217,7 @@ def rollout(
             _or(log_probs, dummy), _or(values, dummy), _or(final_obs, dummy), next_obs,
             _or(episodes, dummy), _or(return_sum, dummy), _or(length_sum, dummy),
             *actor, *critic,
-            float(log_std), float(env.action_low), float(env.action_high), param,
+            log_std, float(env.action_low), float(env.action_high), param,
             n, k, max_episode_steps, seed, offset,
             ENV=env.kernel_id, OBS_DIM=env.obs_dim, NUM_ACTIONS=env.num_actions,
             POLICY=POLICY_IDS[kind], AUTORESET=autoreset,

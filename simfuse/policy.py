@@ -191,6 +191,12 @@ class MLPPolicy:
             kind = f"{num_actions} logits" if num_actions > 0 else "1 output (the Gaussian mean)"
             raise ValueError(f"policy's actor has {self.out_dim} outputs, the env needs {kind}")
 
+    def log_std_tensor(self, device: torch.device) -> torch.Tensor:
+        """The log standard deviation as a one-element float32 tensor on ``device`` (no host read)."""
+        if isinstance(self.log_std, torch.Tensor):
+            return self.log_std.detach().reshape(1).to(device=device, dtype=torch.float32)
+        return torch.full((1,), float(self.log_std), dtype=torch.float32, device=device)
+
     def log_std_value(self) -> float:
         """The Gaussian head's log standard deviation as a Python float (one host read if a tensor)."""
         return float(self.log_std.detach().reshape(()).item()) if isinstance(self.log_std, torch.Tensor) \

@@ -99,7 +99,7 @@ def rollout_kernel(
     episodes_ptr, return_sum_ptr, length_sum_ptr,
     actor_w_in_ptr, actor_b_in_ptr, actor_w_hid_ptr, actor_b_hid_ptr, actor_w_out_ptr, actor_b_out_ptr,
     critic_w_in_ptr, critic_b_in_ptr, critic_w_hid_ptr, critic_b_hid_ptr, critic_w_out_ptr, critic_b_out_ptr,
-    log_std, action_low, action_high, env_param,
+    log_std_ptr, action_low, action_high, env_param,
     n, num_steps, max_episode_steps, seed, offset,
     ENV: tl.constexpr, OBS_DIM: tl.constexpr, NUM_ACTIONS: tl.constexpr,
     POLICY: tl.constexpr, AUTORESET: tl.constexpr,
@@ -167,7 +167,7 @@ def rollout_kernel(
                 if NUM_ACTIONS > 0:
                     action, log_prob = sample_categorical(out, draw, NUM_ACTIONS, A_PAD)
                 else:
-                    action, log_prob = sample_gaussian(out, log_std, draw, A_PAD)
+                    action, log_prob = sample_gaussian(out, tl.load(log_std_ptr), draw, A_PAD)
                 tl.store(log_prob_out_ptr + row, log_prob, mask=mask)
                 if HAS_CRITIC:
                     value = column(

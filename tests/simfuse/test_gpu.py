@@ -12,7 +12,8 @@ from simfuse.specs import ENV_DEFS
 
 @pytest.mark.gpu
 def test_step_and_rollouts_never_synchronise(device):
-    """With validate=False (the GPU default) step() and rollout() only enqueue work."""
+    """With validate=False (the GPU default) step() and rollout() only enqueue work (MLP weights and a
+    learned log-std included)."""
     env = simfuse.make_vec("CartPole-v1", 4096, device=device, autoreset_mode="SameStep")
     env.reset(seed=0)
     actions = torch.randint(0, 2, (4096,), device=device)
@@ -20,8 +21,13 @@ def test_step_and_rollouts_never_synchronise(device):
     actor = nn.Sequential(nn.Linear(4, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 2)).to(device)
     critic = nn.Sequential(nn.Linear(4, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 1)).to(device)
     policy = simfuse.MLPPolicy(actor, critic)
+    pendulum = simfuse.make_vec("Pendulum-v1", 1024, device=device)
+    pendulum.reset(seed=0)
+    gaussian = simfuse.MLPPolicy(nn.Sequential(nn.Linear(3, 32), nn.Tanh(), nn.Linear(32, 1)).to(device),
+                                 log_std=nn.Parameter(torch.zeros((), device=device)), precision="bf16")
 
     def work():
+        pendulum.rollout(gaussian, num_steps=4)
         for _ in range(3):
             env.step(actions)
         env.rollout("random", num_steps=16)
