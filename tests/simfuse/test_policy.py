@@ -65,8 +65,10 @@ def test_mlp_of_any_shape_matches_pytorch(case, device):
     with fusecore.use_reference():
         ref = ref_env.rollout(policy, num_steps=5)
     if ENV_DEFS[name].discrete:
-        # a uniform within the products' rounding of a CDF step may pick the neighbour
-        assert (traj.actions == ref.actions).float().mean().item() > 0.9
+        # From the same first observations: a uniform within the products' rounding of a CDF
+        # step may pick the neighbour (rare in float32, a few percent with bf16 operands).
+        agree = (traj.actions[0] == ref.actions[0]).float().mean().item()
+        assert agree >= (0.9 if precision == "ieee" else 0.75), agree
     else:
         assert_close(traj.actions, ref.actions, tol=TOLERANCE[precision], name="actions")
 
