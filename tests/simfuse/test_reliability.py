@@ -140,3 +140,30 @@ def test_rollout_properties(name, num_envs, extra_envs, num_steps, limit, mode, 
             if mode == AutoresetMode.SAME_STEP:
                 length[terminated | truncated] = 0
     assert torch.equal(obs, traj.next_obs)
+
+
+@settings(max_examples=10, deadline=None)
+@given(name=st.sampled_from(ENV_NAMES), num_envs=st.sampled_from([1, 2, 5, 11, 67]), warmup=st.integers(0, 4),
+       seed=st.integers(0, 2**63 - 1), data=st.data())
+def test_reset_mask_properties(name, num_envs, warmup, seed, data):
+    """reset(options={"reset_mask": m}) redraws exactly the masked envs from the Philox oracle and keeps the rest."""
+    from simfuse import reference
+    from simfuse.specs import ENV_DEFS
+
+    mask = np.array(data.draw(st.lists(st.booleans(), min_size=num_envs, max_size=num_envs)), dtype=bool)
+    env = make(name, num_envs, autoreset_mode="Disabled", device=test_device(), validate=True)
+    env.reset(seed=seed)
+    env.rollout("random", num_steps=warmup)
+    before = env.get_state()
+    if not mask.any():
+        with pytest.raises(ValueError, match="at least one True"):
+            env.reset(options={"reset_mask": mask})
+        assert torch.equal(env.get_state(), before)
+        return
+    obs, _ = env.reset(options={"reset_mask": mask})
+    after = env.get_state()
+    chosen = torch.from_numpy(mask)
+    fresh = reference.philox_start_state(ENV_DEFS[name], seed, np.arange(num_envs), 1 + warmup).T
+    assert torch.equal(after.cpu()[chosen], fresh[chosen])
+    assert torch.equal(after[~chosen.to(after.device)], before[~chosen.to(before.device)])
+    assert obs.shape == (num_envs, ENV_DEFS[name].obs_dim)
