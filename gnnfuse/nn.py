@@ -292,9 +292,10 @@ class GraphTransformerConv(nn.Module):
 
     ``forward(graph, feat, edge_feat=None)``: ``feat [N, in_channels]``; ``edge_feat
     [E, edge_dim]`` in the order of the graph's input edges (required when ``edge_dim`` is
-    set); returns ``[N, H·C]`` (concat) or ``[N, C]``.  Edge features, first version: the
-    projection ``lin_edge(edge_feat)`` is materialized as one ``[E, H·C]`` tensor (and its
-    gradient); everything else is fused, storing only the logsumexp per (node, head).
+    set); returns ``[N, H·C]`` (concat) or ``[N, C]``.  The edge projection
+    ``lin_edge(edge_feat)`` is fused too (recomputed in registers, gradients to ``edge_feat``
+    and ``lin_edge.weight``): no ``[E, H·C]`` tensor exists; only the logsumexp per (node,
+    head) is stored.
     """
 
     def __init__(
@@ -346,7 +347,7 @@ class GraphTransformerConv(nn.Module):
     ) -> torch.Tensor:
         graph = _graph_and_features(graph, feat, self.in_channels, self.lin_query.weight.dtype, True)
         shape = (feat.shape[0], self.heads, self.out_channels)
-        edge = None
+        edge_weight = None
         if self.lin_edge is not None:
             if not isinstance(edge_feat, torch.Tensor):
                 raise ValueError(f"edge_feat must be a [num_edges, edge_dim={self.edge_dim}] tensor, got {edge_feat!r}")
@@ -355,13 +356,13 @@ class GraphTransformerConv(nn.Module):
                     f"edge_feat must have shape [num_edges, edge_dim] = {[graph.num_edges, self.edge_dim]}, "
                     f"got {list(edge_feat.shape)}"
                 )
-            edge = self.lin_edge(edge_feat).view(graph.num_edges, self.heads, self.out_channels)
+            edge_weight = self.lin_edge.weight
         elif edge_feat is not None:
             raise ValueError("edge_feat was given but the layer has no edge_dim (construct it with edge_dim=...)")
         dropout = self.dropout if self.training else 0.0
         out = ops.transformer_attention(
             graph, self.lin_query(feat).view(shape), self.lin_key(feat).view(shape), self.lin_value(feat).view(shape),
-            edge, dropout=dropout, schedule=schedule,
+            edge_feat, edge_weight, dropout=dropout, schedule=schedule,
         )
         out = out.reshape(feat.shape[0], -1) if self.concat else out.mean(dim=1)
         if self.root_weight:

@@ -68,8 +68,9 @@ class AttentionInputs:
     ``score`` is :data:`~gnnfuse.kernels.scores.SCORE_GAT`, ``SCORE_GATV2`` or ``SCORE_DOT``;
     ``src_term`` / ``dst_term`` are the score's two sides (``el`` / ``er`` ``[N, H]``; ``fs`` /
     ``fd``; ``k`` / ``q`` ``[N, H, D]``); ``value`` the aggregated features (``Wh``, ``fs``,
-    ``v``); ``attn`` GATv2's ``[H, D]`` vector; ``edge`` the dot score's projected edge
-    features ``[E, H, D]`` in CSR order (added to keys and values).
+    ``v``); ``attn`` GATv2's ``[H, D]`` vector; ``edge_attr`` ``[E, K]`` (CSR order) and
+    ``edge_weight`` ``[K, H, D]``: the dot score's edge features, projected in registers and
+    added to keys and values.
     """
 
     score: int
@@ -77,17 +78,27 @@ class AttentionInputs:
     dst_term: torch.Tensor
     value: torch.Tensor
     attn: torch.Tensor | None = None
-    edge: torch.Tensor | None = None
+    edge_attr: torch.Tensor | None = None
+    edge_weight: torch.Tensor | None = None
     negative_slope: float = 0.2
     scale: float = 1.0
 
+    @property
+    def has_edge(self) -> bool:
+        return self.edge_attr is not None
+
+    @property
+    def edge_dim(self) -> int:
+        return 0 if self.edge_attr is None else int(self.edge_attr.shape[1])
+
     def pointers(self) -> tuple[torch.Tensor, ...]:
-        """(src_term, dst_term, attn, value, edge) kernel arguments; unused roles get a
-        tensor the kernel never reads."""
+        """(src_term, dst_term, attn, value, edge_attr, edge_weight) kernel arguments; unused
+        roles get a tensor the kernel never reads."""
         unused = self.dst_term
         attn = unused if self.attn is None else self.attn
-        edge = unused if self.edge is None else self.edge
-        return self.src_term, self.dst_term, attn, self.value, edge
+        attr = unused if self.edge_attr is None else self.edge_attr
+        weight = unused if self.edge_weight is None else self.edge_weight
+        return self.src_term, self.dst_term, attn, self.value, attr, weight
 
 
 def _tile_budget(schedule, inputs: AttentionInputs, kernel_pass: str) -> tuple[int, int]:
@@ -98,7 +109,7 @@ def _tile_budget(schedule, inputs: AttentionInputs, kernel_pass: str) -> tuple[i
     values, edge features, output gradients in backward) takes proportionally fewer rows per
     light program and a smaller power-of-two edge block, so its registers stay in budget.
     """
-    edge = int(inputs.edge is not None)
+    edge = int(inputs.has_edge)
     light = {
         "forward": {SCORE_GAT: 1, SCORE_GATV2: 2, SCORE_DOT: 3},
         "source": {SCORE_GAT: 2, SCORE_GATV2: 3, SCORE_DOT: 4},
@@ -140,14 +151,15 @@ def attention_forward(
     block_h, block_d = schedule.block_h, schedule.block_d
     keep_scale, use_dropout = _dropout_args(dropout_p)
     scalars = (inputs.negative_slope, inputs.scale, dropout_p, keep_scale, seed, offset)
-    flags = {"DROPOUT": use_dropout, "SCORE": inputs.score, "EDGE": inputs.edge is not None}
+    flags = {"DROPOUT": use_dropout, "SCORE": inputs.score, "EDGE": inputs.has_edge}
     tensors = inputs.pointers()
     light_tiles, row_block_e = _tile_budget(schedule, inputs, "forward")
     buckets = schedule.incoming
     for width, rows, starts, stops in buckets.light:
         per_program = schedule.light_rows_per_program(width, light_tiles * block_h * block_d)
         attention_forward_light_kernel[(cdiv(rows.numel(), per_program),)](
-            graph.csr_src, rows, starts, stops, *tensors, out, lse, rows.numel(), heads, head_dim, *scalars,
+            graph.csr_src, rows, starts, stops, *tensors, out, lse, rows.numel(), heads, head_dim, inputs.edge_dim,
+            *scalars,
             ROWS=per_program, BLOCK_E=width, BLOCK_H=block_h, BLOCK_D=block_d, **flags,
         )
     for rows, starts, stops, count, pieces in _row_launches(buckets):
@@ -157,7 +169,8 @@ def attention_forward(
         else:
             target_out, target_lse = out, lse
         attention_forward_rows_kernel[(count,)](
-            graph.csr_src, rows, starts, stops, *tensors, target_out, target_lse, heads, head_dim, *scalars,
+            graph.csr_src, rows, starts, stops, *tensors, target_out, target_lse, heads, head_dim, inputs.edge_dim,
+            *scalars,
             BLOCK_E=row_block_e, BLOCK_H=block_h, BLOCK_D=block_d, PIECES=pieces, **flags,
         )
         if pieces:
@@ -192,13 +205,16 @@ def attention_backward(
     graph: Graph, inputs: AttentionInputs, lse: torch.Tensor, out: torch.Tensor, grad_out: torch.Tensor,
     dropout_p: float, seed: int, offset: int, options: ScheduleOptions | None,
     grad_value_dtype: torch.dtype | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Gradients of the fused attention, without atomics: ``(∂value, ∂src-side, ∂dst_term, ∂edge)``.
+) -> tuple[torch.Tensor, ...]:
+    """Gradients of the fused attention, without atomics:
+    ``(∂value, ∂src-side, ∂dst_term, ∂edge_attr, attr_sums)``.
 
     ``∂value`` in ``grad_value_dtype`` (default: the values' dtype), the rest in the
     accumulation dtype.  The source-side output is ``∂el [N, H]`` (GAT), ``∂k`` (dot) or, for
     GATv2, the per-source-row partial sums of ``∂attn`` ``[N, H, D]`` (the score's share of
-    ``∂fs`` is already in ``∂value``); ``∂edge [E, H, D]`` (CSR order) only with edge features.
+    ``∂fs`` is already in ``∂value``).  With edge features: ``∂edge_attr [E, K]`` (CSR order)
+    and ``attr_sums [N, 2, K, H]``, the per-destination sums ``A``, ``B`` from which
+    :func:`edge_weight_grad` forms ``∂edge_weight``; otherwise both are None.
     """
     from .kernels.attention_backward import (
         attention_backward_dst_kernel,
@@ -213,31 +229,32 @@ def attention_backward(
     num_nodes, heads, head_dim = value.shape
     device = value.device
     acc = accumulation_dtype(value.dtype)
+    edge_dim = inputs.edge_dim
     src_shape = (num_nodes, heads) if inputs.score == SCORE_GAT else (num_nodes, heads, head_dim)
     grad_value = _new_output(tuple(value.shape), grad_value_dtype or value.dtype, device)
     grad_src = _new_output(src_shape, acc, device)
     grad_dst = _new_output(src_shape, acc, device)
-    has_edge = inputs.edge is not None
-    grad_edge = _new_output(tuple(inputs.edge.shape), acc, device) if has_edge else None
+    grad_attr = _new_output((graph.num_edges, edge_dim), acc, device) if inputs.has_edge else None
+    attr_sums = _new_output((num_nodes, 2, edge_dim, heads), acc, device) if inputs.has_edge else None
     if num_nodes == 0:
-        return grad_value, grad_src, grad_dst, grad_edge
+        return grad_value, grad_src, grad_dst, grad_attr, attr_sums
     schedule = graph.schedule(heads, head_dim, value.dtype, options)
     block_h, block_d = schedule.block_h, schedule.block_d
     keep_scale, use_dropout = _dropout_args(dropout_p)
-    scalars = (inputs.negative_slope, inputs.scale, dropout_p, keep_scale, seed, offset)
-    flags = {"DROPOUT": use_dropout, "SCORE": inputs.score, "EDGE": has_edge}
+    rng = (dropout_p, keep_scale, seed, offset)
+    scalars = (inputs.negative_slope, inputs.scale, *rng)
+    flags = {"DROPOUT": use_dropout, "SCORE": inputs.score, "EDGE": inputs.has_edge}
     # δ_i = <g_i, out_i> per head: one pass over node rows instead of one over edges.
     delta = _head_dot(grad_out, out, acc)
     grad_s = _new_output((max(graph.num_edges, 1), heads), acc, device)
     src_tensors = (*inputs.pointers(), lse, grad_out, delta)
-    edge_out = grad_s if grad_edge is None else grad_edge
     outgoing = schedule.outgoing
     light_tiles, row_block_e = _tile_budget(schedule, inputs, "source")
     for width, rows, starts, stops in outgoing.light:
         per_program = schedule.light_rows_per_program(width, light_tiles * block_h * block_d)
         attention_backward_src_light_kernel[(cdiv(rows.numel(), per_program),)](
-            graph.rev_dst, graph.rev_pos, rows, starts, stops, *src_tensors, grad_value, grad_src, edge_out, grad_s,
-            rows.numel(), heads, head_dim, *scalars,
+            graph.rev_dst, graph.rev_pos, rows, starts, stops, *src_tensors, grad_value, grad_src, grad_s,
+            rows.numel(), heads, head_dim, edge_dim, *scalars,
             ROWS=per_program, BLOCK_E=width, BLOCK_H=block_h, BLOCK_D=block_d, **flags,
         )
     for rows, starts, stops, count, pieces in _row_launches(outgoing):
@@ -248,7 +265,7 @@ def attention_backward(
             target_value, target_src = grad_value, grad_src
         attention_backward_src_kernel[(count,)](
             graph.rev_dst, graph.rev_pos, rows, starts, stops, *src_tensors,
-            target_value, target_src, edge_out, grad_s, heads, head_dim, *scalars,
+            target_value, target_src, grad_s, heads, head_dim, edge_dim, *scalars,
             BLOCK_E=row_block_e, BLOCK_H=block_h, BLOCK_D=block_d, PIECES=pieces, **flags,
         )
         if pieces:
@@ -271,28 +288,47 @@ def attention_backward(
             )
             if pieces:
                 _merge_sums(incoming, target_dst, grad_dst)
-        return grad_value, grad_src, grad_dst, grad_edge
+        return grad_value, grad_src, grad_dst, grad_attr, attr_sums
     # GATv2 / dot: ∂dst gathers the source terms again, weighted by the source pass's ∂s.
-    dst_args = (graph.csr_src,)
-    dst_tensors = (inputs.src_term, inputs.dst_term, inputs.pointers()[2], inputs.pointers()[4], grad_s)
-    dst_scalars = (inputs.negative_slope, inputs.scale)
-    dst_flags = {"SCORE": inputs.score, "EDGE": has_edge}
+    src_term, dst_term, attn, _, attr, weight = inputs.pointers()
+    dst_tensors = (src_term, dst_term, attn, attr, weight, grad_s, lse, grad_out)
+    edge_outputs = (grad_s, grad_s) if grad_attr is None else (grad_attr, attr_sums)
+    dst_flags = {**flags, "BLOCK_K": next_power_of_2(edge_dim)}
     light_tiles, row_block_e = _tile_budget(schedule, inputs, "destination")
     for width, rows, starts, stops in incoming.light:
         per_program = schedule.light_rows_per_program(width, light_tiles * block_h * block_d)
         attention_backward_dst_light_kernel[(cdiv(rows.numel(), per_program),)](
-            *dst_args, rows, starts, stops, *dst_tensors, grad_dst, rows.numel(), heads, head_dim, *dst_scalars,
+            graph.csr_src, rows, starts, stops, *dst_tensors, grad_dst, *edge_outputs, rows.numel(),
+            heads, head_dim, edge_dim, *scalars,
             ROWS=per_program, BLOCK_E=width, BLOCK_H=block_h, BLOCK_D=block_d, **dst_flags,
         )
     for rows, starts, stops, count, pieces in _row_launches(incoming):
-        target_dst = _new_output((count, heads, head_dim), acc, device) if pieces else grad_dst
+        if pieces:
+            target_dst = _new_output((count, heads, head_dim), acc, device)
+            target_sums = _new_output((count, 2, edge_dim, heads), acc, device) if inputs.has_edge else grad_s
+        else:
+            target_dst, target_sums = grad_dst, edge_outputs[1]
         attention_backward_dst_kernel[(count,)](
-            *dst_args, rows, starts, stops, *dst_tensors, target_dst, heads, head_dim, *dst_scalars,
+            graph.csr_src, rows, starts, stops, *dst_tensors, target_dst, edge_outputs[0], target_sums,
+            heads, head_dim, edge_dim, *scalars,
             BLOCK_E=row_block_e, BLOCK_H=block_h, BLOCK_D=block_d, PIECES=pieces, **dst_flags,
         )
         if pieces:
             _merge_sums(incoming, target_dst, grad_dst)
-    return grad_value, grad_src, grad_dst, grad_edge
+            if inputs.has_edge:
+                _merge_sums(incoming, target_sums, attr_sums)
+    return grad_value, grad_src, grad_dst, grad_attr, attr_sums
+
+
+def edge_weight_grad(
+    attr_sums: torch.Tensor, grad_out: torch.Tensor, query: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """``∂W_e [K, H, D] = Σ_i A_i ⊗ g_i + B_i ⊗ (scale · q_i)`` per head, from the destination
+    pass's ``attr_sums [N, 2, K, H]`` (:mod:`gnnfuse.kernels.edge_features`): a deterministic
+    reduction over nodes, in the accumulation dtype."""
+    acc = attr_sums.dtype
+    grad = torch.einsum("nkh,nhd->khd", attr_sums[:, 0], grad_out.to(acc))
+    return grad + torch.einsum("nkh,nhd->khd", attr_sums[:, 1], query.to(acc) * scale)
 
 
 def gat_backward(
@@ -303,7 +339,7 @@ def gat_backward(
     """Gradients ``(∂wh, ∂el, ∂er)`` of the fused GAT attention, without atomics (``∂wh`` in
     ``grad_wh_dtype``, default ``wh``'s dtype)."""
     inputs = AttentionInputs(SCORE_GAT, el, er, wh, negative_slope=negative_slope)
-    grad_wh, grad_el, grad_er, _ = attention_backward(
+    grad_wh, grad_el, grad_er, _, _ = attention_backward(
         graph, inputs, lse, out, grad_out, dropout_p, seed, offset, options, grad_wh_dtype
     )
     return grad_wh, grad_el, grad_er
@@ -596,7 +632,7 @@ class GATv2Function(torch.autograd.Function):
         fs, fd, attn, out, lse = ctx.saved_tensors
         negative_slope, dropout_p, seed, offset, options = ctx.config
         inputs = AttentionInputs(SCORE_GATV2, fs, fd, fs, attn=attn, negative_slope=negative_slope)
-        grad_fs, attn_parts, grad_fd, _ = attention_backward(
+        grad_fs, attn_parts, grad_fd, _, _ = attention_backward(
             ctx.graph, inputs, lse, out, grad_out.contiguous(), dropout_p, seed, offset, options
         )
         grad_attn = attn_parts.sum(0).reshape(attn.shape).to(attn.dtype)
@@ -604,17 +640,20 @@ class GATv2Function(torch.autograd.Function):
 
 
 class TransformerAttentionFunction(torch.autograd.Function):
-    """Scaled dot-product graph attention from ``(q, k, v[, e])`` (``e`` ``[E, H, D]`` in CSR
-    order): forward saves the inputs, ``out`` and ``lse``; backward is FlashAttention's over
-    the graph — ``∂v``, ``∂k`` (and ``∂e``) in the source pass, ``∂q`` in the destination pass."""
+    """Scaled dot-product graph attention from ``(q, k, v[, edge_attr, edge_weight])``
+    (``edge_attr [E, K]`` in CSR order, ``edge_weight [K, H, D]``): forward saves the inputs,
+    ``out`` and ``lse``; backward is FlashAttention's over the graph — ``∂v``, ``∂k`` in the
+    source pass, ``∂q`` (and ``∂edge_attr``, the sums giving ``∂edge_weight``) in the
+    destination pass."""
 
     @staticmethod
-    def forward(ctx, query, key, value, edge, graph, scale, dropout_p, seed, offset, options):  # type: ignore[override]
-        inputs = AttentionInputs(SCORE_DOT, key, query, value, edge=edge, scale=scale)
-        training = any(ctx.needs_input_grad[:4])
+    def forward(ctx, query, key, value, edge_attr, edge_weight, graph, scale, dropout_p, seed, offset, options):  # type: ignore[override]
+        inputs = AttentionInputs(SCORE_DOT, key, query, value, edge_attr=edge_attr, edge_weight=edge_weight,
+                                 scale=scale)
+        training = any(ctx.needs_input_grad[:5])
         out_dtype = accumulation_dtype(value.dtype) if training else value.dtype
         out, lse = attention_forward(graph, inputs, dropout_p, seed, offset, options, out_dtype)
-        ctx.save_for_backward(query, key, value, edge, out, lse)
+        ctx.save_for_backward(query, key, value, edge_attr, edge_weight, out, lse)
         ctx.graph = graph
         ctx.config = (scale, dropout_p, seed, offset, options)
         return out.to(value.dtype)
@@ -622,14 +661,19 @@ class TransformerAttentionFunction(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):  # type: ignore[override]
-        query, key, value, edge, out, lse = ctx.saved_tensors
+        query, key, value, edge_attr, edge_weight, out, lse = ctx.saved_tensors
         scale, dropout_p, seed, offset, options = ctx.config
-        inputs = AttentionInputs(SCORE_DOT, key, query, value, edge=edge, scale=scale)
-        grad_v, grad_k, grad_q, grad_e = attention_backward(
-            ctx.graph, inputs, lse, out, grad_out.contiguous(), dropout_p, seed, offset, options
+        inputs = AttentionInputs(SCORE_DOT, key, query, value, edge_attr=edge_attr, edge_weight=edge_weight,
+                                 scale=scale)
+        grad_out = grad_out.contiguous()
+        grad_v, grad_k, grad_q, grad_attr, attr_sums = attention_backward(
+            ctx.graph, inputs, lse, out, grad_out, dropout_p, seed, offset, options
         )
-        grad_e = None if grad_e is None else grad_e.to(edge.dtype)
-        return (grad_q.to(query.dtype), grad_k.to(key.dtype), grad_v, grad_e,
+        grad_weight = None
+        if edge_attr is not None:
+            grad_attr = grad_attr.to(edge_attr.dtype)
+            grad_weight = edge_weight_grad(attr_sums, grad_out, query, scale).to(edge_weight.dtype)
+        return (grad_q.to(query.dtype), grad_k.to(key.dtype), grad_v, grad_attr, grad_weight,
                 None, None, None, None, None, None)
 
 
@@ -657,7 +701,7 @@ class AGNNFunction(torch.autograd.Function):
         unit, query, h, beta, out, lse = ctx.saved_tensors
         dropout_p, seed, offset, options = ctx.config
         inputs = AttentionInputs(SCORE_DOT, unit, query, h)
-        grad_h, grad_key, grad_query, _ = attention_backward(
+        grad_h, grad_key, grad_query, _, _ = attention_backward(
             ctx.graph, inputs, lse, out, grad_out.contiguous(), dropout_p, seed, offset, options
         )
         beta_acc = beta.reshape(()).to(grad_query.dtype)
@@ -725,7 +769,8 @@ def transformer_attention(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
-    edge: torch.Tensor | None = None,
+    edge_attr: torch.Tensor | None = None,
+    edge_weight: torch.Tensor | None = None,
     *,
     scale: float | None = None,
     dropout: float = 0.0,
@@ -734,41 +779,55 @@ def transformer_attention(
 ) -> torch.Tensor:
     """Fused Graph Transformer attention (PyG TransformerConv's message and aggregation).
 
-    ``query``, ``key``, ``value``: ``[N, H, D]`` (one dtype); ``edge``: optional projected
-    edge features ``[E, H, D]`` in the graph's input edge order (``edge_index`` order, like
-    PyG's ``edge_attr``), added to keys and values.  Per head::
+    ``query``, ``key``, ``value``: ``[N, H, D]`` (one dtype); optional edge features
+    ``edge_attr [E, K]`` in the graph's input edge order (``edge_index`` order, like PyG's
+    ``edge_attr``) with ``edge_weight [H·D, K]`` (``lin_edge.weight``): ``e_ij = edge_weight ·
+    attr_ij`` viewed ``[H, D]`` is added to keys and values.  Per head::
 
         s_ij = scale · q_i · (k_j + e_ij),   α_i· = softmax_j s_i·,   out_i = Σ_j α_ij (v_j + e_ij)
 
-    ``scale`` defaults to ``1/√D``.  First version for edge features: ``edge`` is a
-    materialized ``[E, H, D]`` tensor (permuted once to CSR order) and its gradient is one
-    too; without edge features nothing per edge beyond ``[E, H]`` is stored.  ``dropout``,
-    ``rng``, ``schedule`` as in :func:`gat_attention`.  Returns ``[N, H, D]`` in ``value``'s dtype.
+    ``scale`` defaults to ``1/√D``.  The projection ``e`` is recomputed in registers by every
+    pass (:mod:`gnnfuse.kernels.edge_features`): no ``E×H×D`` tensor exists, forward or
+    backward; gradients reach ``edge_attr`` and ``edge_weight``.  ``dropout``, ``rng``,
+    ``schedule`` as in :func:`gat_attention`.  Returns ``[N, H, D]`` in ``value``'s dtype.
     """
     graph = as_graph(graph)
-    backend.check_dtypes(FLOAT_DTYPES, query=query, key=key, value=value, edge=edge)
+    backend.check_dtypes(FLOAT_DTYPES, query=query, key=key, value=value, edge_attr=edge_attr,
+                         edge_weight=edge_weight)
     _check_same_shape(graph, "value", value, query=query, key=key)
-    if edge is not None and tuple(edge.shape) != (graph.num_edges, *value.shape[1:]):
-        raise ValueError(
-            f"edge must have shape [num_edges, heads, head_dim] = {[graph.num_edges, *value.shape[1:]]}, "
-            f"got {list(edge.shape)}"
-        )
-    scale = value.shape[-1] ** -0.5 if scale is None else scale
+    heads, head_dim = value.shape[1], value.shape[2]
+    if (edge_attr is None) != (edge_weight is None):
+        raise ValueError("edge_attr and edge_weight must be given together (or neither)")
+    if edge_attr is not None:
+        if edge_attr.dim() != 2 or edge_attr.shape[0] != graph.num_edges or edge_attr.shape[1] < 1:
+            raise ValueError(
+                f"edge_attr must have shape [num_edges={graph.num_edges}, edge_dim >= 1], got {list(edge_attr.shape)}"
+            )
+        expected = [heads * head_dim, edge_attr.shape[1]]
+        if list(edge_weight.shape) != expected:
+            raise ValueError(
+                f"edge_weight must have shape [heads * head_dim, edge_dim] = {expected}, got {list(edge_weight.shape)}"
+            )
+    scale = head_dim ** -0.5 if scale is None else scale
     if not (isinstance(scale, (int, float)) and math.isfinite(scale)):
         raise ValueError(f"scale must be a finite float, got {scale!r}")
     dropout = _check_dropout(dropout)
-    seed, offset = _rng_pair(rng, dropout, value.shape[1])
+    seed, offset = _rng_pair(rng, dropout, heads)
     if backend.reference_enabled():
         from .reference import transformer_attention_reference
 
         return transformer_attention_reference(
-            graph, query, key, value, edge, scale=scale, dropout=dropout, seed=seed, offset=offset
+            graph, query, key, value, edge_attr, edge_weight, scale=scale, dropout=dropout, seed=seed, offset=offset
         )[0].to(value.dtype)
-    backend.check_devices(query=query, key=key, value=value, edge=edge, graph=graph.indptr)
-    edge_csr = None if edge is None else edge[graph.csr_eid.long()].contiguous()
+    backend.check_devices(query=query, key=key, value=value, edge_attr=edge_attr, edge_weight=edge_weight,
+                          graph=graph.indptr)
+    attr_csr = weight_khd = None
+    if edge_attr is not None:
+        attr_csr = edge_attr.index_select(0, graph.csr_eid.long()).contiguous()
+        weight_khd = edge_weight.t().reshape(edge_attr.shape[1], heads, head_dim).contiguous()
     return TransformerAttentionFunction.apply(
-        query.contiguous(), key.contiguous(), value.contiguous(), edge_csr, graph, float(scale), dropout, seed,
-        offset, schedule,
+        query.contiguous(), key.contiguous(), value.contiguous(), attr_csr, weight_khd, graph, float(scale), dropout,
+        seed, offset, schedule,
     )
 
 

@@ -112,7 +112,8 @@ def transformer_attention_reference(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
-    edge: torch.Tensor | None = None,
+    edge_attr: torch.Tensor | None = None,
+    edge_weight: torch.Tensor | None = None,
     *,
     scale: float | None = None,
     dropout: float = 0.0,
@@ -122,17 +123,20 @@ def transformer_attention_reference(
     """Graph Transformer attention (PyG TransformerConv's message): ``(out, lse)`` with
     ``s_ij = scale · q_i · (k_j + e_ij)``, ``α = softmax_j s``, ``out_i = Σ_j α_ij (v_j + e_ij)``.
 
-    ``query``, ``key``, ``value`` ``[N, H, D]``; ``edge`` ``[E, H, D]`` in the graph's input edge
-    order (``edge_index`` order, as PyG's ``edge_attr``) or None; ``scale`` default ``1/√D``.
+    ``query``, ``key``, ``value`` ``[N, H, D]``; ``edge_attr`` ``[E, K]`` in the graph's input
+    edge order (as PyG's ``edge_attr``) and ``edge_weight`` ``[H·D, K]`` give ``e = edge_attr ·
+    edge_weightᵀ`` (materialized ``[E, H, D]`` here), or both None; ``scale`` default ``1/√D``.
     """
     graph = as_graph(graph)
     dtype = _compute_dtype(value.dtype)
-    scale = query.shape[-1] ** -0.5 if scale is None else scale
+    num_heads, head_dim = value.shape[1], value.shape[2]
+    scale = head_dim ** -0.5 if scale is None else scale
     src = graph.csr_src.long()
     dst = graph.csr_dst.long()
     keys, values = key.to(dtype)[src], value.to(dtype)[src]
-    if edge is not None:
-        edge_csr = edge.to(dtype)[graph.csr_eid.long()]
+    if edge_attr is not None:
+        edge = (edge_attr.to(dtype) @ edge_weight.to(dtype).t()).view(-1, num_heads, head_dim)
+        edge_csr = edge[graph.csr_eid.long()]
         keys, values = keys + edge_csr, values + edge_csr
     scores = scale * (query.to(dtype)[dst] * keys).sum(-1)
     return edge_softmax_aggregate(graph, scores, values, dropout=dropout, seed=seed, offset=offset)

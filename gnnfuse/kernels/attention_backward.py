@@ -9,7 +9,7 @@ With ``α_ij`` recomputed from the saved ``lse`` (no attention matrix stored), d
     δ_i        = Σ_j α'_ij <g_i, val_j + e_p> = <g_i, out_i>   per head   (given, like FlashAttention's D)
     ∂L/∂s_ij   = α'_ij <g_i, val_j + e_p> − α_ij δ_i
     ∂L/∂src_j  = Σ_{i: j->i} ∂s/∂src · ∂L/∂s_ij          ∂L/∂dst_i = Σ_{j: j->i} ∂s/∂dst · ∂L/∂s_ij
-    ∂L/∂e_p    = α'_ij g_i + ∂s/∂src · ∂L/∂s_ij                        (dot score with edge features)
+    ∂L/∂e_p    = α'_ij g_i + ∂L/∂s_ij q̃_i            (dot score with edge features, destination pass)
     ∂L/∂a      = Σ_edges ∂L/∂s_ij · LeakyReLU(fs_j + fd_i)              (GATv2)
 
 :func:`attention_backward_src_kernel` (and its light form) walks the reverse CSR: each
@@ -21,11 +21,13 @@ the score's share is added into ``∂L/∂fs``), the source row's partial sum of
 per-(edge, head) value at the edge's CSR position — ``∂L/∂z`` for GAT, ``∂L/∂s`` otherwise,
 an E×H buffer, never E×H×D — which the destination pass reduces per row: a plain
 :func:`row_sum_kernel` for GAT (``∂L/∂er``), :func:`attention_backward_dst_kernel` (and its
-light form) for GATv2 (``∂L/∂fd``) and the dot score (``∂L/∂q``, gathering the keys again).
+light form) for GATv2 (``∂L/∂fd``) and the dot score (``∂L/∂q``, gathering the keys again; with edge features it
+also forms ``∂L/∂e_p`` in registers and writes ``∂attr`` and the per-row sums of
+:mod:`gnnfuse.kernels.edge_features`).
 
 Bytes: the source pass gathers ``E·H·D`` elements of g (and of ``dst`` for GATv2 / dot) plus
-``E·H`` of lse and δ, writes ``E·H`` of ∂s and ``N·H·D`` gradients (and ``E·H·D`` edge-feature
-gradients with ``EDGE``); the destination pass reads ``E·H`` (GAT) or ``E·H·(D + 1)``.
+``E·H`` of lse and δ, writes ``E·H`` of ∂s and ``N·H·D`` gradients; the destination pass reads
+``E·H`` (GAT) or ``E·H·(D + 1)`` (and ``E·K`` edge features, writing ``E·K`` gradients, with ``EDGE``).
 """
 
 import triton.language as tl
@@ -33,6 +35,7 @@ import triton.language as tl
 from fusecore.backend import jit
 
 from .dropout import attention_dropout
+from .edge_features import attr_outer, project_edges, store_attr_grad
 from .scores import attn_grad_terms, edge_scores, score_grad
 from .tiles import flat_head_tile, head_tile, item_edges, light_edges
 
@@ -40,9 +43,9 @@ from .tiles import flat_head_tile, head_tile, item_edges, light_edges
 @jit
 def attention_backward_src_kernel(
     rev_dst_ptr, rev_pos_ptr, rows_ptr, starts_ptr, stops_ptr,
-    src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, edge_ptr, lse_ptr, grad_out_ptr, delta_ptr,
-    grad_value_ptr, grad_src_ptr, grad_edge_ptr, grad_s_ptr,
-    H, D, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
+    src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, lse_ptr, grad_out_ptr, delta_ptr,
+    grad_value_ptr, grad_src_ptr, grad_s_ptr,
+    H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
     BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     PIECES: tl.constexpr, DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr,
 ):
@@ -81,8 +84,8 @@ def attention_backward_src_kernel(
             if SCORE == 2:
                 dst_i = dst_i * scale
             if EDGE:
-                edge_e = tl.load(edge_ptr + pos[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
-                                 other=0.0).to(acc_dtype)
+                edge_e = project_edges(attr_ptr, w_edge_ptr, pos, e_mask, K, HD, hd_offs, hd_mask, acc_dtype,
+                                       BLOCK_E, BLOCK_H, BLOCK_D)
                 src_e = src_j + edge_e
             else:
                 src_e = src_j
@@ -112,9 +115,6 @@ def attention_backward_src_kernel(
                 acc_src += tl.sum(attn_grad_terms(grad_s, src_e, dst_i, negative_slope), axis=0)
             else:
                 acc_src += tl.sum(grad_src, axis=0)
-            if EDGE:
-                tl.store(grad_edge_ptr + pos[:, None, None] * HD + hd_offs[None, :, :],
-                         (kept_g + grad_src).to(grad_edge_ptr.dtype.element_ty), mask=feat_mask)
             grad_edge_head = grad_s
         tl.store(grad_s_ptr + pos[:, None] * H + offs_h[None, :], grad_edge_head.to(grad_s_ptr.dtype.element_ty),
                  mask=eh_mask)
@@ -129,9 +129,9 @@ def attention_backward_src_kernel(
 @jit
 def attention_backward_src_light_kernel(
     rev_dst_ptr, rev_pos_ptr, rows_ptr, starts_ptr, stops_ptr,
-    src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, edge_ptr, lse_ptr, grad_out_ptr, delta_ptr,
-    grad_value_ptr, grad_src_ptr, grad_edge_ptr, grad_s_ptr,
-    num_rows, H, D, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
+    src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, lse_ptr, grad_out_ptr, delta_ptr,
+    grad_value_ptr, grad_src_ptr, grad_s_ptr,
+    num_rows, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
     ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr,
 ):
@@ -175,8 +175,8 @@ def attention_backward_src_light_kernel(
                             other=0.0).to(acc_dtype)
         if EDGE:
             pos_flat = tl.reshape(pos, [ROWS * BLOCK_E])
-            edge_e = tl.load(edge_ptr + pos_flat[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
-                             other=0.0).to(acc_dtype)
+            edge_e = project_edges(attr_ptr, w_edge_ptr, pos_flat, e_flat, K, HD, hd_offs, hd_mask, acc_dtype,
+                                   ROWS * BLOCK_E, BLOCK_H, BLOCK_D)
             src_e += edge_e
         attn = tl.load(attn_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
         s = tl.reshape(edge_scores(src_e, dst_i, attn, negative_slope, SCORE), [ROWS, BLOCK_E, BLOCK_H])
@@ -210,9 +210,6 @@ def attention_backward_src_light_kernel(
         else:
             grad_val = kept_g
             src_terms = grad_src
-        if EDGE:
-            tl.store(grad_edge_ptr + pos_flat[:, None, None] * HD + hd_offs[None, :, :],
-                     (kept_g + grad_src).to(grad_edge_ptr.dtype.element_ty), mask=feat_mask)
         acc_src = tl.sum(tl.reshape(src_terms, [ROWS, BLOCK_E, BLOCK_H * BLOCK_D]), axis=1)
         tl.store(grad_src_ptr + rows[:, None] * HD + c_offs[None, :], acc_src.to(grad_src_ptr.dtype.element_ty),
                  mask=r_mask[:, None] & c_mask[None, :])
@@ -225,13 +222,16 @@ def attention_backward_src_light_kernel(
 
 @jit
 def attention_backward_dst_kernel(
-    src_ptr, rows_ptr, starts_ptr, stops_ptr, src_term_ptr, dst_term_ptr, attn_ptr, edge_ptr, grad_s_ptr,
-    grad_dst_ptr, H, D, negative_slope, scale,
-    BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-    PIECES: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr,
+    src_ptr, rows_ptr, starts_ptr, stops_ptr, src_term_ptr, dst_term_ptr, attn_ptr, attr_ptr, w_edge_ptr,
+    grad_s_ptr, lse_ptr, grad_out_ptr, grad_dst_ptr, grad_attr_ptr, attr_sums_ptr,
+    H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
+    BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
+    PIECES: tl.constexpr, DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr,
 ):
     """``∂L/∂dst_i = Σ_{j->i} ∂s/∂dst · ∂L/∂s_ij`` for GATv2 (``∂L/∂fd``) and the dot score
-    (``∂L/∂q``, the keys gathered again), from the source pass's ``∂L/∂s`` at CSR positions."""
+    (``∂L/∂q``, the keys gathered again), from the source pass's ``∂L/∂s`` at CSR positions.
+    With ``EDGE`` it also recomputes ``α'`` and writes ``∂attr`` per edge and the row's ``A``,
+    ``B`` sums (:mod:`gnnfuse.kernels.edge_features`)."""
     acc_dtype = grad_s_ptr.dtype.element_ty
     pid = tl.program_id(0).to(tl.int64)
     offs_e = tl.arange(0, BLOCK_E)
@@ -241,30 +241,51 @@ def attention_backward_dst_kernel(
     dst_i = tl.load(dst_term_ptr + row * HD + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
     attn = tl.load(attn_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
     acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=acc_dtype)
+    if EDGE:
+        query = dst_i * scale
+        g_i = tl.load(grad_out_ptr + row * HD + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
+        lse_i = tl.load(lse_ptr + row * H + offs_h, mask=h_mask, other=0.0).to(acc_dtype)[None, :]
+        sums_a = tl.zeros([BLOCK_K, BLOCK_H], dtype=acc_dtype)
+        sums_b = tl.zeros([BLOCK_K, BLOCK_H], dtype=acc_dtype)
     for e0 in range(start, stop, BLOCK_E):
         pos = e0 + offs_e
         e_mask = pos < stop
+        eh_mask = e_mask[:, None] & h_mask[None, :]
         src = tl.load(src_ptr + pos, mask=e_mask, other=0).to(tl.int64)
         feat_mask = e_mask[:, None, None] & hd_mask[None, :, :]
-        grad_s = tl.load(grad_s_ptr + pos[:, None] * H + offs_h[None, :], mask=e_mask[:, None] & h_mask[None, :],
-                         other=0.0)
+        grad_s = tl.load(grad_s_ptr + pos[:, None] * H + offs_h[None, :], mask=eh_mask, other=0.0)
         src_j = tl.load(src_term_ptr + src[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
                         other=0.0).to(acc_dtype)
         if EDGE:
-            src_j += tl.load(edge_ptr + pos[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
-                             other=0.0).to(acc_dtype)
+            src_j += project_edges(attr_ptr, w_edge_ptr, pos, e_mask, K, HD, hd_offs, hd_mask, acc_dtype,
+                                   BLOCK_E, BLOCK_H, BLOCK_D)
+            alpha = tl.where(eh_mask, tl.exp(tl.sum(src_j * query, axis=2) - lse_i), 0.0)
+            if DROPOUT:
+                alpha = attention_dropout(alpha, pos[:, None], rng_offset + offs_h[None, :], seed, dropout_p,
+                                          keep_scale)
+            grad_e = alpha[:, :, None] * g_i + grad_s[:, :, None] * query
+            store_attr_grad(grad_attr_ptr, w_edge_ptr, grad_e, pos, e_mask, K, HD, hd_offs, hd_mask)
+            sums_a += tl.sum(attr_outer(attr_ptr, pos, e_mask, alpha, K, acc_dtype, BLOCK_K), axis=0)
+            sums_b += tl.sum(attr_outer(attr_ptr, pos, e_mask, grad_s, K, acc_dtype, BLOCK_K), axis=0)
         if SCORE == 2:
             src_j = src_j * scale
         acc += tl.sum(score_grad(grad_s, dst_i, src_j, attn, negative_slope, SCORE), axis=0)
     tl.store(grad_dst_ptr + out_index * HD + hd_offs, acc.to(grad_dst_ptr.dtype.element_ty), mask=hd_mask)
+    if EDGE:
+        offs_k = tl.arange(0, BLOCK_K)
+        kh_offs = out_index * (2 * K * H) + offs_k[:, None] * H + offs_h[None, :]
+        kh_mask = (offs_k < K)[:, None] & h_mask[None, :]
+        tl.store(attr_sums_ptr + kh_offs, sums_a.to(attr_sums_ptr.dtype.element_ty), mask=kh_mask)
+        tl.store(attr_sums_ptr + K * H + kh_offs, sums_b.to(attr_sums_ptr.dtype.element_ty), mask=kh_mask)
 
 
 @jit
 def attention_backward_dst_light_kernel(
-    src_ptr, rows_ptr, starts_ptr, stops_ptr, src_term_ptr, dst_term_ptr, attn_ptr, edge_ptr, grad_s_ptr,
-    grad_dst_ptr, num_rows, H, D, negative_slope, scale,
+    src_ptr, rows_ptr, starts_ptr, stops_ptr, src_term_ptr, dst_term_ptr, attn_ptr, attr_ptr, w_edge_ptr,
+    grad_s_ptr, lse_ptr, grad_out_ptr, grad_dst_ptr, grad_attr_ptr, attr_sums_ptr,
+    num_rows, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
     ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-    SCORE: tl.constexpr, EDGE: tl.constexpr,
+    BLOCK_K: tl.constexpr, DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr,
 ):
     """The destination pass for ``ROWS`` light rows per program, edges in one tile."""
     acc_dtype = grad_s_ptr.dtype.element_ty
@@ -280,18 +301,38 @@ def attention_backward_dst_light_kernel(
     e_flat = tl.reshape(e_mask, [ROWS * BLOCK_E])
     rows_flat = tl.reshape(rows[:, None] + tl.zeros([ROWS, BLOCK_E], dtype=tl.int64), [ROWS * BLOCK_E])
     feat_mask = e_flat[:, None, None] & hd_mask[None, :, :]
-    grad_s = tl.load(grad_s_ptr + pos_flat[:, None] * H + offs_h[None, :], mask=e_flat[:, None] & h_mask[None, :],
-                     other=0.0)
+    eh_flat = e_flat[:, None] & h_mask[None, :]
+    grad_s = tl.load(grad_s_ptr + pos_flat[:, None] * H + offs_h[None, :], mask=eh_flat, other=0.0)
     src_j = tl.load(src_term_ptr + src_flat[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
                     other=0.0).to(acc_dtype)
-    if EDGE:
-        src_j += tl.load(edge_ptr + pos_flat[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
-                         other=0.0).to(acc_dtype)
-    if SCORE == 2:
-        src_j = src_j * scale
     dst_i = tl.load(dst_term_ptr + rows_flat[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
                     other=0.0).to(acc_dtype)
     attn = tl.load(attn_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
+    if EDGE:
+        src_j += project_edges(attr_ptr, w_edge_ptr, pos_flat, e_flat, K, HD, hd_offs, hd_mask, acc_dtype,
+                               ROWS * BLOCK_E, BLOCK_H, BLOCK_D)
+        query = dst_i * scale
+        g_i = tl.load(grad_out_ptr + rows_flat[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
+                      other=0.0).to(acc_dtype)
+        lse_i = tl.load(lse_ptr + rows_flat[:, None] * H + offs_h[None, :], mask=eh_flat, other=0.0).to(acc_dtype)
+        alpha = tl.where(eh_flat, tl.exp(tl.sum(src_j * query, axis=2) - lse_i), 0.0)
+        if DROPOUT:
+            alpha = attention_dropout(alpha, pos_flat[:, None], rng_offset + offs_h[None, :], seed, dropout_p,
+                                      keep_scale)
+        grad_e = alpha[:, :, None] * g_i + grad_s[:, :, None] * query
+        store_attr_grad(grad_attr_ptr, w_edge_ptr, grad_e, pos_flat, e_flat, K, HD, hd_offs, hd_mask)
+        offs_kh = tl.arange(0, BLOCK_K * BLOCK_H)
+        k_of, h_of = offs_kh // BLOCK_H, offs_kh % BLOCK_H
+        kh_offs = rows[:, None] * (2 * K * H) + (k_of * H + h_of)[None, :]
+        kh_mask = r_mask[:, None] & ((k_of < K) & (h_of < H))[None, :]
+        sums_a = tl.sum(tl.reshape(attr_outer(attr_ptr, pos_flat, e_flat, alpha, K, acc_dtype, BLOCK_K),
+                                   [ROWS, BLOCK_E, BLOCK_K * BLOCK_H]), axis=1)
+        sums_b = tl.sum(tl.reshape(attr_outer(attr_ptr, pos_flat, e_flat, grad_s, K, acc_dtype, BLOCK_K),
+                                   [ROWS, BLOCK_E, BLOCK_K * BLOCK_H]), axis=1)
+        tl.store(attr_sums_ptr + kh_offs, sums_a.to(attr_sums_ptr.dtype.element_ty), mask=kh_mask)
+        tl.store(attr_sums_ptr + K * H + kh_offs, sums_b.to(attr_sums_ptr.dtype.element_ty), mask=kh_mask)
+    if SCORE == 2:
+        src_j = src_j * scale
     terms = score_grad(grad_s, dst_i, src_j, attn, negative_slope, SCORE)
     acc = tl.sum(tl.reshape(terms, [ROWS, BLOCK_E, BLOCK_H * BLOCK_D]), axis=1)
     tl.store(grad_dst_ptr + rows[:, None] * HD + c_offs[None, :], acc.to(grad_dst_ptr.dtype.element_ty),

@@ -8,8 +8,9 @@ GATv2 or scaled dot product) and values ``val_j`` (``Wh_j``, ``fs_j`` or ``v_j``
     α_ijh  = exp(s_ijh − lse_ih) · keep_ph / (1 − p_drop)
     out_i  = Σ_j α_ijh (val_j + e_p)[h, :]
 
-``e_p`` (``EDGE``, dot score only) is the projected edge feature at CSR position ``p``; it is
-added to the key and to the value, as in PyG's TransformerConv.  ``keep_ph = uniform(seed,
+``e_p = W_e · attr_p`` (``EDGE``, dot score only) is the edge feature at CSR position ``p``
+projected in registers (:mod:`gnnfuse.kernels.edge_features`); it is added to the key and to
+the value, as in PyG's TransformerConv.  ``keep_ph = uniform(seed,
 stream=p, position=offset + h) >= p_drop`` is attention dropout, regenerated in the backward
 pass from the same counter, never stored.  Only ``lse [N, H]`` is written beside the output.
 
@@ -26,12 +27,12 @@ Two kernels, by row kind (:mod:`gnnfuse.schedule`):
 
 Heads and head size are padded to powers of two (``BLOCK_H``, ``BLOCK_D``) and masked;
 accumulation is in the dtype of ``lse`` (float32, or float64 for float64 inputs).  Pointer
-arguments a score does not use (``attn`` outside GATv2, ``value`` for GATv2, ``edge`` without
-``EDGE``) are never read.
+arguments a score does not use (``attn`` outside GATv2, ``value`` for GATv2, ``attr`` and
+``w_edge`` without ``EDGE``) are never read.
 
 Bytes per launch (the gather floor): ``E·H·D`` value elements gathered (GATv2: the same tile
 scores and aggregates; dot: keys and values, ``2·E·H·D``; GAT: ``E·H`` node scores), ``E``
-source ids, ``N·H·D`` outputs and ``N·H`` lse written; with ``EDGE`` another ``E·H·D``.
+source ids, ``N·H·D`` outputs and ``N·H`` lse written; with ``EDGE`` ``E·K`` raw edge features.
 """
 
 import triton.language as tl
@@ -39,6 +40,7 @@ import triton.language as tl
 from fusecore.backend import jit
 
 from .dropout import attention_dropout
+from .edge_features import project_edges
 from .scores import edge_scores
 from .tiles import finish_softmax, flat_head_tile, head_tile, item_edges, light_edges
 
@@ -46,8 +48,8 @@ from .tiles import finish_softmax, flat_head_tile, head_tile, item_edges, light_
 @jit
 def attention_forward_rows_kernel(
     src_ptr, rows_ptr, starts_ptr, stops_ptr,
-    src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, edge_ptr, out_ptr, lse_ptr,
-    H, D, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
+    src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, out_ptr, lse_ptr,
+    H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
     BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     PIECES: tl.constexpr, DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr,
 ):
@@ -81,8 +83,8 @@ def attention_forward_rows_kernel(
             src_j = tl.load(src_term_ptr + src[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
                             other=0.0).to(acc_dtype)
             if EDGE:
-                edge_j = tl.load(edge_ptr + pos[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
-                                 other=0.0).to(acc_dtype)
+                edge_j = project_edges(attr_ptr, w_edge_ptr, pos, e_mask, K, HD, hd_offs, hd_mask, acc_dtype,
+                                       BLOCK_E, BLOCK_H, BLOCK_D)
                 src_j += edge_j
         s = edge_scores(src_j, dst_i, attn, negative_slope, SCORE)
         s = tl.where(e_mask[:, None], s, float("-inf"))
@@ -109,8 +111,8 @@ def attention_forward_rows_kernel(
 @jit
 def attention_forward_light_kernel(
     src_ptr, rows_ptr, starts_ptr, stops_ptr,
-    src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, edge_ptr, out_ptr, lse_ptr,
-    num_rows, H, D, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
+    src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, out_ptr, lse_ptr,
+    num_rows, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
     ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr,
 ):
@@ -138,8 +140,8 @@ def attention_forward_light_kernel(
                         other=0.0).to(acc_dtype)
         if EDGE:
             pos_flat = tl.reshape(pos, [ROWS * BLOCK_E])
-            edge_j = tl.load(edge_ptr + pos_flat[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
-                             other=0.0).to(acc_dtype)
+            edge_j = project_edges(attr_ptr, w_edge_ptr, pos_flat, e_flat, K, HD, hd_offs, hd_mask, acc_dtype,
+                                   ROWS * BLOCK_E, BLOCK_H, BLOCK_D)
             src_j += edge_j
         # The row's own term, read per edge (cache hits) to stay in the flat edge layout.
         rows_flat = tl.reshape(rows[:, None] + tl.zeros([ROWS, BLOCK_E], dtype=tl.int64), [ROWS * BLOCK_E])

@@ -1,0 +1,55 @@
+"""Edge features projected in registers: the Graph Transformer's ``e_p = W_e · attr_p``, never stored.
+
+PyG's TransformerConv adds ``e_p = lin_edge(edge_attr_p)`` (``[H, D]`` per edge) to the key and
+the value of edge ``p``.  Materializing ``e`` would be an ``E×H×D`` tensor; instead every kernel
+that needs ``e_p`` recomputes it from the raw features ``attr [E, K]`` (CSR order) and the
+weight ``W [K, H, D]`` as ``K`` rank-1 updates of its edge tile (:func:`project_edges`:
+``E·K`` feature reads, ``K·H·D`` weight reads served from cache, ``E·K·H·D`` FMAs).
+
+Backward, with ``∂e_p = α'_p g_i + ∂s_p q̃_i`` per head (value path + key path, ``i`` the
+edge's destination; see :mod:`gnnfuse.kernels.attention_backward`)::
+
+    ∂attr_p[k] = Σ_{h,d} ∂e_p[h, d] W[k, h, d]                         (:func:`store_attr_grad`)
+    ∂W[k, h, :] = Σ_p attr_p[k] ∂e_p[h, :]
+                = Σ_i A_i[k, h] g_i[h, :] + B_i[k, h] q̃_i[h, :]
+    A_i[k, h] = Σ_{p -> i} attr_p[k] α'_p[h],   B_i[k, h] = Σ_{p -> i} attr_p[k] ∂s_p[h]
+
+so the weight gradient needs only the per-destination ``[N, K, H]`` sums ``A``, ``B``
+(of :func:`attr_outer` terms, written by the destination pass, one writer per row) and a
+reduction over nodes on the host — deterministic, no atomics, no ``E×H×D`` buffer.
+"""
+
+import triton.language as tl
+
+from fusecore.backend import jit
+
+
+@jit
+def project_edges(attr_ptr, w_ptr, pos, e_mask, K, HD, hd_offs, hd_mask, acc_dtype: tl.constexpr,
+                  NUM_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+    """``e [NUM_E, BLOCK_H, BLOCK_D]`` of the edges at CSR positions ``pos [NUM_E]`` (0 where masked)."""
+    e = tl.zeros([NUM_E, BLOCK_H, BLOCK_D], dtype=acc_dtype)
+    for k in range(0, K):
+        attr_k = tl.load(attr_ptr + pos * K + k, mask=e_mask, other=0.0).to(acc_dtype)
+        w_k = tl.load(w_ptr + k * HD + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)
+        e += attr_k[:, None, None] * w_k[None, :, :]
+    return e
+
+
+@jit
+def store_attr_grad(grad_attr_ptr, w_ptr, grad_e, pos, e_mask, K, HD, hd_offs, hd_mask):
+    """``∂attr[pos, k] = Σ_{h,d} ∂e[:, h, d] W[k, h, d]`` for every ``k`` (``grad_e [E, BH, BD]``)."""
+    for k in range(0, K):
+        w_k = tl.load(w_ptr + k * HD + hd_offs, mask=hd_mask, other=0.0).to(grad_e.dtype)
+        grad_k = tl.sum(tl.sum(grad_e * w_k[None, :, :], axis=2), axis=1)
+        tl.store(grad_attr_ptr + pos * K + k, grad_k.to(grad_attr_ptr.dtype.element_ty), mask=e_mask)
+
+
+@jit
+def attr_outer(attr_ptr, pos, e_mask, weight, K, acc_dtype: tl.constexpr, BLOCK_K: tl.constexpr):
+    """``attr[pos_e, k] · weight[e, h]`` per edge, ``[E, BLOCK_K, BLOCK_H]`` (``weight [E, BLOCK_H]``;
+    0 where masked): summed over a row's edges it gives ``A`` (weight ``α'``) or ``B`` (``∂s``)."""
+    offs_k = tl.arange(0, BLOCK_K)
+    attr = tl.load(attr_ptr + pos[:, None] * K + offs_k[None, :], mask=e_mask[:, None] & (offs_k < K)[None, :],
+                   other=0.0).to(acc_dtype)
+    return attr[:, :, None] * weight[:, None, :]
