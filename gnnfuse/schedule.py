@@ -126,7 +126,7 @@ class Buckets:
 
 @dataclass(frozen=True)
 class Schedule:
-    """How the GAT kernels cover one graph for one feature shape, dtype and device.
+    """How the attention kernels (every score) cover one graph for one feature shape, dtype and device.
 
     ``incoming`` buckets the destination rows (forward pass, per-destination backward
     reductions); ``outgoing`` buckets the source rows of the reverse CSR (backward pass

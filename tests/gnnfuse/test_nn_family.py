@@ -123,16 +123,19 @@ def test_graph_transformer_matches_pyg_on_cora_with_edge_features(gen, device):
     transformer_against_pyg(data.x, data.edge_index, edge_attr, device, gen, heads=2, edge_dim=5, beta=True)
 
 
-@pytest.mark.parametrize("learn_beta", [True, False])
-def test_agnnconv_matches_pyg(gen, device, learn_beta):
-    edges = corner_case_edges(gen)
+@pytest.mark.parametrize("learn_beta, graph_name", [(True, "corner cases"), (False, "corner cases"), (True, "cora")])
+def test_agnnconv_matches_pyg(gen, device, learn_beta, graph_name):
+    if graph_name == "cora":
+        data = planetoid("cora")
+        edges, x = data.edge_index, data.x[:, :64]  # AGNN attends over the input itself: a narrower slice
+    else:
+        edges, x = corner_case_edges(gen), torch.randn(29, 6, generator=gen)
     pyg = torch_geometric.nn.AGNNConv(requires_grad=learn_beta).double()
     layer = AGNNConv(init_beta=0.7, learn_beta=learn_beta).to(device)
     with torch.no_grad():
         pyg.beta.fill_(0.7)
-    x = torch.randn(29, 6, generator=gen)
     x_dev = x.clone().to(device).requires_grad_(True)
-    out = layer(with_self_loops(edges, 29, device), x_dev)
+    out = layer(with_self_loops(edges, x.shape[0], device), x_dev)
     x64 = x.double().requires_grad_(True)
     ref = pyg(x64, edges)
 
