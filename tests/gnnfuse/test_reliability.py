@@ -357,8 +357,9 @@ class _ShiftedPointer(torch.Tensor):
 
 def shifted_forward_matches(schedule: str, seed: int) -> bool:
     """Run the GAT forward twice on one graph: as built, then with every CSR position moved
-    past 2³¹ (indptr, bucket ranges, pieces) and ``csr_src``'s pointer moved back by as much.
-    True when the outputs are identical bit for bit."""
+    past 2³¹ (indptr, bucket ranges, pieces) and the sources found there (interpreter:
+    ``csr_src``'s pointer moved back by as much; GPU: a buffer of 2³¹ + E ids).  True when
+    the outputs are identical bit for bit."""
     device = fusecore.testing.test_device()
     gen = torch.Generator().manual_seed(seed)
     graph = Graph(corner_case_edges(gen).to(device), 29, index_dtype=torch.int64)
@@ -369,7 +370,14 @@ def shifted_forward_matches(schedule: str, seed: int) -> bool:
     ranges = [t for _, _, starts, stops in buckets.light for t in (starts, stops)]
     for t in (*ranges, buckets.medium[1], buckets.medium[2], buckets.piece_start, buckets.piece_stop, graph.indptr):
         t.add_(SHIFT)
-    graph.csr_src = graph.csr_src.as_subclass(_ShiftedPointer)
+    if device.type == "cuda":
+        # Triton checks that a pointer argument lies in an allocation: on the GPU the sources
+        # really sit past 2³¹ elements of one buffer (17 GB, in the child process only).
+        beyond = torch.empty(SHIFT + graph.num_edges, dtype=graph.csr_src.dtype, device=device)
+        beyond[SHIFT:] = graph.csr_src
+        graph.csr_src = beyond
+    else:
+        graph.csr_src = graph.csr_src.as_subclass(_ShiftedPointer)
     out, _ = ops.gat_forward(graph, wh, el, er, 0.2, 0.0, 0, 0, options)
     return torch.equal(torch.as_tensor(out), expected)
 
