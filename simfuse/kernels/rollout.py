@@ -168,6 +168,17 @@ def rollout_kernel(
                     action, log_prob = sample_categorical(out, draw, NUM_ACTIONS, A_PAD)
                 else:
                     action, log_prob = sample_gaussian(out, tl.load(log_std_ptr), draw, A_PAD)
+                # The action reaches the dynamics through memory (this step's log-prob slot, an
+                # L1 round trip between two barriers).  Taken from the sampling's reductions
+                # directly, it leads the compiler to keep the whole env state in the tensor
+                # cores' row layout, where the four threads sharing an accumulator row each
+                # repeat the env's dynamics: about twice the instructions per step.
+                # (FAST: the tensor-core precisions; "ieee" products keep plain layouts.)
+                if FAST:
+                    tl.store(log_prob_out_ptr + row, action, mask=mask)
+                    tl.debug_barrier()
+                    action = tl.load(log_prob_out_ptr + row, mask=mask, other=0.0)
+                    tl.debug_barrier()
                 tl.store(log_prob_out_ptr + row, log_prob, mask=mask)
                 if HAS_CRITIC:
                     value = column(
