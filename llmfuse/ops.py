@@ -57,6 +57,7 @@ class DecodePlan:
     split_k: int = 1  # K parts per residual-projection tile (summed in order by the last part to finish)
     num_stages: int | None = None  # software-pipeline depth of the K loops (None: Triton's default)
     acquire_loads: bool = False  # looped kernel: barrier polls are ld.acquire (inline PTX; compiled only)
+    pdl: bool = False  # per-layer kernels: programmatic dependent launch (kernels/launch_order.py; sm_90+)
 
     @property
     def row_sums(self) -> bool:
@@ -75,6 +76,10 @@ class DecodePlan:
     def launch_options(self) -> dict[str, int]:
         """Keyword arguments of every launch: warps per program and, when set, pipeline stages."""
         return {"num_warps": self.num_warps, **({"num_stages": self.num_stages} if self.num_stages else {})}
+
+    def layer_launch_options(self) -> dict[str, int | bool]:
+        """:meth:`launch_options` of a per-layer kernel, with programmatic dependent launch when set."""
+        return {**self.launch_options(), "USE_PDL": self.pdl, **({"launch_pdl": True} if self.pdl else {})}
 
     def tiles(self, cfg: LlamaConfig) -> dict[str, int]:
         """Tiles of each instruction (the grid of its per-layer launch)."""
@@ -152,8 +157,9 @@ def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, 
         split_k = max(1, min(4, shortest_k // block_k)) if compiled else 1
     plan = DecodePlan(**{**plan.__dict__, "looped_programs": looped_programs,
                          "num_warps": num_warps, "split_k": split_k})
-    if tuning.get("acquire_loads") and not compiled:
-        raise ValueError("acquire_loads=True is inline PTX: it needs the compiled kernels on a CUDA device")
+    for option in ("acquire_loads", "pdl"):
+        if tuning.get(option) and not compiled:
+            raise ValueError(f"{option}=True needs the compiled kernels on a CUDA device (sm_90+)")
     return _tuned(plan, tuning) if tuning else plan
 
 
@@ -270,7 +276,7 @@ def qkv_rope(w: LlamaWeights, cfg: LlamaConfig, layer: int, cache: KVCache, buf:
         plan.batch, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
         plan.max_slots, cfg.rms_norm_eps,
         HAS_BIAS=w.bqkv is not None, BLOCK_B=plan.block_b, BLOCK_P=plan.block_p, BLOCK_K=plan.block_k,
-        DOT_PREC=plan.dot_prec, **plan.launch_options(),
+        DOT_PREC=plan.dot_prec, **plan.layer_launch_options(),
     )
 
 
@@ -281,7 +287,7 @@ def decode_attention(cfg: LlamaConfig, layer: int, cache: KVCache, buf: DecodeBu
         plan.batch, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, plan.max_slots,
         plan.n_splits, plan.split_len, 1.0 / math.sqrt(cfg.head_dim),
         BLOCK_G=plan.block_g, BLOCK_S=plan.block_s, BLOCK_D=plan.block_d,
-        DOT_PREC=plan.dot_prec, **plan.launch_options(),
+        DOT_PREC=plan.dot_prec, **plan.layer_launch_options(),
     )
 
 
@@ -291,7 +297,7 @@ def o_proj(w: LlamaWeights, cfg: LlamaConfig, layer: int, buf: DecodeBuffers, pl
         layer, buf.attn, w.wo, buf.x, buf.proj_part, buf.proj_sem, plan.batch, cfg.hidden_size,
         cfg.num_attention_heads * cfg.head_dim,
         plan.split_k, BLOCK_B=plan.block_b, BLOCK_N=plan.block_n, BLOCK_K=plan.block_k,
-        DOT_PREC=plan.dot_prec, **plan.launch_options(),
+        DOT_PREC=plan.dot_prec, **plan.layer_launch_options(),
     )
 
 
@@ -301,7 +307,7 @@ def gate_up(w: LlamaWeights, cfg: LlamaConfig, layer: int, buf: DecodeBuffers, p
         layer, buf.x, w.mlp_norm, w.w_gate_up, buf.h, plan.batch, cfg.hidden_size, cfg.intermediate_size,
         cfg.rms_norm_eps,
         BLOCK_B=plan.block_b, BLOCK_N=plan.block_n, BLOCK_K=plan.block_k,
-        DOT_PREC=plan.dot_prec, **plan.launch_options(),
+        DOT_PREC=plan.dot_prec, **plan.layer_launch_options(),
     )
 
 
@@ -311,7 +317,7 @@ def down_proj(w: LlamaWeights, cfg: LlamaConfig, layer: int, buf: DecodeBuffers,
         layer, buf.h, w.w_down, buf.x, buf.proj_part, buf.proj_sem, plan.batch, cfg.hidden_size,
         cfg.intermediate_size, plan.split_k,
         BLOCK_B=plan.block_b, BLOCK_N=plan.block_n, BLOCK_K=plan.block_k,
-        DOT_PREC=plan.dot_prec, **plan.launch_options(),
+        DOT_PREC=plan.dot_prec, **plan.layer_launch_options(),
     )
 
 
@@ -324,7 +330,7 @@ def lm_head(w: LlamaWeights, cfg: LlamaConfig, buf: DecodeBuffers, plan: DecodeP
         buf.x, w.final_norm, w.lm_head, buf.logits, buf.best, buf.best_idx, buf.seed, buf.inv_temperature, buf.slot,
         plan.batch, cfg.hidden_size, cfg.vocab_size, tiles, cfg.rms_norm_eps,
         WRITE_LOGITS=write_logits, SAMPLE=sample, BLOCK_B=plan.block_b, BLOCK_N=plan.block_v, BLOCK_K=plan.block_k,
-        DOT_PREC=plan.dot_prec, **plan.launch_options(),
+        DOT_PREC=plan.dot_prec, **plan.layer_launch_options(),
     )
 
 

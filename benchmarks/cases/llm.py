@@ -188,25 +188,65 @@ def _decode_variant(ctx: Context, name: str, cfg: LlamaConfig, w: LlamaWeights, 
 # in 4 of 512) each undone, and wider vocabulary tiles; the looped kernel with acquire-load
 # barrier polls (no RMW per waiting program) and with a small barrier prefetch; batch 2 by row
 # sums instead of padded tensor-core tiles; at batch 8 and 64 deeper or shallower K chunks,
-# more K parts, more warps, wider tiles and pipelines.  ``programs_per_sm`` sets
-# ``looped_programs`` to that many per SM.
-PLAN_SWEEP: dict[int, list[tuple[bool, dict[str, int]]]] = {
-    1: [(False, {"num_warps": 4}), (False, {"split_k": 2, "block_k": 1024}), (False, {"block_v": 16}),
-        (True, {}), (True, {"acquire_loads": True}), (True, {"prefetch": 2048}),
-        (True, {"acquire_loads": True, "programs_per_sm": 2})],
-    2: [(False, {"block_b": 2, "block_n": 8, "block_p": 8, "block_v": 8, "block_k": 1024})],
-    8: [(False, {"block_k": 256}), (False, {"split_k": 8}), (False, {"num_warps": 8}),
-        (False, {"block_n": 128, "block_p": 32, "block_v": 256}), (False, {"num_stages": 4}),
-        (True, {}), (True, {"acquire_loads": True})],
-    64: [(False, {"split_k": 8}), (False, {"num_warps": 4}), (False, {"block_k": 128}),
-         (False, {"num_stages": 4}), (False, {"block_n": 128, "block_p": 32, "block_v": 256})],
-}
-QUICK_PLAN_SWEEP = {3: [(False, {"block_b": 4}), (True, {})]}
+# more K parts, more warps, wider tiles and pipelines; last, the per-layer kernels with
+# programmatic dependent launch.  ``programs_per_sm`` sets ``looped_programs`` to that many per SM.
+PLAN_SWEEP: list[tuple[int, bool, dict[str, int]]] = [
+    (1, False, {"num_warps": 4}), (1, False, {"split_k": 2, "block_k": 1024}), (1, False, {"block_v": 16}),
+    (1, True, {}), (1, True, {"acquire_loads": True}), (1, True, {"prefetch": 2048}),
+    (1, True, {"acquire_loads": True, "programs_per_sm": 2}),
+    (2, False, {"block_b": 2, "block_n": 8, "block_p": 8, "block_v": 8, "block_k": 1024}),
+    (8, False, {"block_k": 256}), (8, False, {"split_k": 8}), (8, False, {"num_warps": 8}),
+    (8, False, {"block_n": 128, "block_p": 32, "block_v": 256}), (8, False, {"num_stages": 4}),
+    (8, True, {}), (8, True, {"acquire_loads": True}),
+    (64, False, {"split_k": 8}), (64, False, {"num_warps": 4}), (64, False, {"block_k": 128}),
+    (64, False, {"num_stages": 4}), (64, False, {"block_n": 128, "block_p": 32, "block_v": 256}),
+    (1, False, {"pdl": True}), (8, False, {"pdl": True}), (64, False, {"pdl": True}),
+]
+QUICK_PLAN_SWEEP = [(3, False, {"block_b": 4}), (3, True, {})]
+
+
+def _sweep_variant(ctx: Context, cfg: LlamaConfig, w: LlamaWeights, inv_freq: torch.Tensor, name: str, context: int,
+                   slots: int, sms: int, batch: int, looped: bool, tuning: dict, state: dict,
+                   failures: list[str]) -> None:
+    """Check one plan variant against the batch's default plan (the first run) and time it."""
+    dtype = w.dtype
+    cache, tokens = state["cache"], state["tokens"]
+    label = ("looped" if looped else "per-layer") + ", " + (
+        " ".join(f"{k}={v}" for k, v in tuning.items()) or "default plan")
+    tuning = dict(tuning)
+    if "programs_per_sm" in tuning:
+        tuning["looped_programs"] = tuning.pop("programs_per_sm") * sms
+    with torch.no_grad():
+        try:
+            plan = ops.make_plan(cfg, batch, slots, dtype, ctx.device, **tuning)
+            buf = ops.DecodeBuffers.allocate(cfg, plan, dtype, ctx.device)
+            buf.slot.fill_(context)
+            buf.logits.fill_(float("nan"))
+            ops.fused_step(w, cfg, cache, buf, plan, inv_freq, tokens, looped=looped, write_logits=True)
+            if ops.looped_timed_out(buf):
+                raise RuntimeError("the looped kernel timed out at a grid barrier")
+        except Exception as exc:  # noqa: BLE001  (reported at the end; the other variants still run)
+            failures.append(f"B={batch} {label}: {type(exc).__name__}: {exc}")
+            return
+        tol = _tolerances(cfg, plan, dtype)[0]
+        if state["logits"] is None:
+            state["logits"], state["tol"] = buf.logits.clone(), tol
+        else:
+            # two plans round at different points: independent errors, added in quadrature
+            ctx.check(f"B={batch} {label} vs default plan", buf.logits, state["logits"],
+                      (tol**2 + state["tol"]**2) ** 0.5 if dtype != torch.float32 else STRICT_FLOAT32)
+        params = {"model": name, "batch": batch, "context": context, "dtype": str(dtype), "plan": label}
+        ctx.time(label, lambda: ops.fused_step(w, cfg, cache, buf, plan, inv_freq, tokens, looped=looped,
+                                               write_logits=True),
+                 bytes_moved=step_bytes(cfg, w, batch, context), cuda_graph=True, params=params,
+                 variant=f"B={batch}")
 
 
 @case("llm", "plan_sweep", baseline="per-layer, default plan")
 def plan_sweep_case(ctx: Context) -> None:
-    """ms per decode step under other plans than the default (A/B tuning of block sizes and splits)."""
+    """ms per decode step under other plans than the default (A/B tuning of block sizes and splits).
+
+    A variant that fails to build or run is reported at the end; the others are still timed."""
     dtype = torch.bfloat16 if ctx.gpu else torch.float32
     name, cfg, context, sweep = ("tiny", TINY, 16, QUICK_PLAN_SWEEP) if ctx.quick else (
         "Llama-3.2-1B", LLAMA_3_2_1B, 512, PLAN_SWEEP)
@@ -215,38 +255,20 @@ def plan_sweep_case(ctx: Context) -> None:
     inv_freq = cfg.rope_inv_freq().to(ctx.device)
     slots = context + 8
     sms = device_facts(ctx.device).sm_count
-    for batch, variants in sweep.items():
-        params = {"model": name, "batch": batch, "context": context, "dtype": str(dtype)}
-        nbytes = step_bytes(cfg, w, batch, context)
-        cache = ref.KVCache.empty(cfg, batch, slots, dtype=dtype, device=ctx.device)
-        cache.k.normal_(0.0, 0.5, generator=gen)
-        cache.v.normal_(0.0, 0.5, generator=gen)
-        tokens = torch.randint(0, cfg.vocab_size, (batch,), device=ctx.device, generator=gen)
-        default_logits, default_tol = None, 0.0
-        with torch.no_grad():
-            for looped, tuning in [(False, {}), *variants]:
-                label = ("looped" if looped else "per-layer") + ", " + (
-                    " ".join(f"{k}={v}" for k, v in tuning.items()) or "default plan")
-                tuning = dict(tuning)
-                if "programs_per_sm" in tuning:
-                    tuning["looped_programs"] = tuning.pop("programs_per_sm") * sms
-                plan = ops.make_plan(cfg, batch, slots, dtype, ctx.device, **tuning)
-                buf = ops.DecodeBuffers.allocate(cfg, plan, dtype, ctx.device)
-                buf.slot.fill_(context)
-                buf.logits.fill_(float("nan"))
-                ops.fused_step(w, cfg, cache, buf, plan, inv_freq, tokens, looped=looped, write_logits=True)
-                if ops.looped_timed_out(buf):
-                    raise RuntimeError(f"B={batch} {label}: the looped kernel timed out at a grid barrier")
-                tol = _tolerances(cfg, plan, dtype)[0]
-                if default_logits is None:
-                    default_logits, default_tol = buf.logits.clone(), tol
-                else:
-                    # two plans round at different points: independent errors, added in quadrature
-                    ctx.check(f"B={batch} {label} vs default plan", buf.logits, default_logits,
-                              (tol**2 + default_tol**2) ** 0.5 if dtype != torch.float32 else STRICT_FLOAT32)
-                ctx.time(label, lambda plan=plan, buf=buf, looped=looped: ops.fused_step(
-                    w, cfg, cache, buf, plan, inv_freq, tokens, looped=looped, write_logits=True),
-                    bytes_moved=nbytes, cuda_graph=True, params={**params, "plan": label}, variant=f"B={batch}")
+    failures, states = [], {}
+    for batch, looped, tuning in sweep:  # in order: variants that might break the device go last
+        if batch not in states:  # the batch's inputs, and its default plan first
+            cache = ref.KVCache.empty(cfg, batch, slots, dtype=dtype, device=ctx.device)
+            cache.k.normal_(0.0, 0.5, generator=gen)
+            cache.v.normal_(0.0, 0.5, generator=gen)
+            tokens = torch.randint(0, cfg.vocab_size, (batch,), device=ctx.device, generator=gen)
+            states[batch] = {"cache": cache, "tokens": tokens, "logits": None, "tol": 0.0}
+            _sweep_variant(ctx, cfg, w, inv_freq, name, context, slots, sms, batch, False, {}, states[batch],
+                           failures)
+        _sweep_variant(ctx, cfg, w, inv_freq, name, context, slots, sms, batch, looped, tuning, states[batch],
+                       failures)
+    if failures:
+        raise RuntimeError("plan variants that failed:\n  " + "\n  ".join(failures))
 
 
 def instruction_bytes(cfg: LlamaConfig, w: LlamaWeights, batch: int, context: int) -> dict[str, int]:

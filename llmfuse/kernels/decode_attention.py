@@ -27,6 +27,7 @@ import triton.language as tl
 from fusecore.backend import jit
 from fusecore.softmax import online_rescale
 
+from .launch_order import after_previous_kernel
 from .matvec import mma
 
 
@@ -112,7 +113,9 @@ def decode_attention_kernel(
     layer, q_ptr, k_cache_ptr, v_cache_ptr, kv_start_ptr, slot_ptr, part_ptr, lse_ptr, attn_ptr, sem_ptr,
     B, HQ, HKV, D, S, n_splits, split_len, sm_scale,
     BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PREC: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    after_previous_kernel(USE_PDL)
     decode_attention_tile(
         tl.program_id(0), layer, q_ptr, k_cache_ptr, v_cache_ptr, kv_start_ptr, slot_ptr, part_ptr, lse_ptr,
         attn_ptr, sem_ptr, B, HQ, HKV, D, S, n_splits, split_len, sm_scale, BLOCK_G, BLOCK_S, BLOCK_D, DOT_PREC,

@@ -13,6 +13,7 @@ import triton.language as tl
 
 from fusecore.backend import jit
 
+from .launch_order import after_previous_kernel
 from .matvec import rows_dot_pair
 
 
@@ -39,6 +40,8 @@ def gate_up_tile(
 def gate_up_kernel(
     layer, x_ptr, norm_ptr, w_ptr, h_ptr, B, H, I, eps,
     BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    after_previous_kernel(USE_PDL)
     gate_up_tile(tl.program_id(0), layer, x_ptr, norm_ptr, w_ptr, h_ptr, B, H, I, eps,
                  BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC)

@@ -24,6 +24,7 @@ import triton.language as tl
 from fusecore.backend import jit
 from fusecore.rng import philox_words, word_to_open_uniform
 
+from .launch_order import after_previous_kernel
 from .matvec import rows_dot
 
 
@@ -60,8 +61,9 @@ def lm_head_kernel(
     x_ptr, norm_ptr, w_ptr, logits_ptr, best_ptr, best_idx_ptr, seed_ptr, inv_temp_ptr, slot_ptr,
     B, H, V, n_tiles, eps,
     WRITE_LOGITS: tl.constexpr, SAMPLE: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr,
+    BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr, USE_PDL: tl.constexpr,
 ):
+    after_previous_kernel(USE_PDL)
     lm_head_tile(tl.program_id(0), x_ptr, norm_ptr, w_ptr, logits_ptr, best_ptr, best_idx_ptr, seed_ptr,
                  inv_temp_ptr, slot_ptr, B, H, V, n_tiles, eps, WRITE_LOGITS, SAMPLE, BLOCK_B, BLOCK_N, BLOCK_K,
                  DOT_PREC)

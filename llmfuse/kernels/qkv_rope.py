@@ -18,6 +18,7 @@ import triton.language as tl
 
 from fusecore.backend import jit
 
+from .launch_order import after_previous_kernel
 from .matvec import rows_dot_pair
 
 
@@ -82,8 +83,9 @@ def qkv_rope_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr,
     B, H, HQ, HKV, D, S, eps,
     HAS_BIAS: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
-    DOT_PREC: tl.constexpr,
+    DOT_PREC: tl.constexpr, USE_PDL: tl.constexpr,
 ):
+    after_previous_kernel(USE_PDL)
     qkv_rope_tile(
         tl.program_id(0), layer, x_ptr, norm_ptr, w_ptr, bias_ptr, inv_freq_ptr, kv_start_ptr, slot_ptr,
         q_ptr, k_cache_ptr, v_cache_ptr, B, H, HQ, HKV, D, S, eps,

@@ -20,6 +20,7 @@ import triton.language as tl
 
 from fusecore.backend import jit
 
+from .launch_order import after_previous_kernel
 from .matvec import rows_dot
 
 
@@ -64,6 +65,8 @@ def residual_proj_tile(
 def residual_proj_kernel(
     layer, a_ptr, w_ptr, x_ptr, part_ptr, sem_ptr, B, H, K, split_k,
     BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    after_previous_kernel(USE_PDL)
     residual_proj_tile(tl.program_id(0), layer, a_ptr, w_ptr, x_ptr, part_ptr, sem_ptr, B, H, K, split_k,
                        BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC)

@@ -87,9 +87,11 @@ def main(argv: list[str]) -> int:
         w = random_weights(cfg, dtype=dtype)
         for batch in batches:
             # batch 8 also compiles the K-split residual projections (the 1B and 8B shapes split K)
-            # and the barrier polls by acquire loads (inline PTX)
+            # and the barrier polls by acquire loads (inline PTX), per-layer kernels (--all) with
+            # programmatic dependent launch
             plan = ops.make_plan(cfg, batch, 40, dtype, torch.device("cuda"), looped_programs=h100.sm_count,
-                                 split_k=2 if batch == 8 else None, acquire_loads=batch == 8)
+                                 split_k=2 if batch == 8 else None, acquire_loads=batch == 8,
+                                 pdl=batch == 8)
             buf = ops.DecodeBuffers.allocate(cfg, plan, dtype, torch.device("cpu"))
             cache = ref.KVCache.empty(cfg, batch, 40, dtype=dtype, device="cpu")
             tokens = torch.zeros(batch, dtype=torch.int64)
