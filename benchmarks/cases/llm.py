@@ -183,6 +183,64 @@ def _decode_variant(ctx: Context, name: str, cfg: LlamaConfig, w: LlamaWeights, 
                      bytes_moved=nbytes, cuda_graph=True, params=params, variant=variant)
 
 
+def instruction_bytes(cfg: LlamaConfig, w: LlamaWeights, batch: int, context: int) -> dict[str, int]:
+    """Fewest bytes each instruction of one layer (and the LM head) must move: its weights, and
+    for attention the K and V of ``context + 1`` slots."""
+    size = w.wqkv.element_size()
+    h, d, i = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+    kv = 2 * batch * cfg.num_key_value_heads * (context + 1) * d
+    return {"qkv_rope": cfg.qkv_rows * h * size, "decode_attention": kv * size,
+            "o_proj": h * cfg.num_attention_heads * d * size, "gate_up": 2 * i * h * size, "down_proj": h * i * size,
+            "lm_head": cfg.vocab_size * h * size}
+
+
+@case("llm", "instruction_breakdown", baseline="whole step, per-layer kernels")
+def instruction_breakdown_case(ctx: Context) -> None:
+    """Each fused instruction alone: its launches for all layers (one CUDA graph), against its floor."""
+    dtype = torch.bfloat16 if ctx.gpu else torch.float32
+    name, cfg, context, batches = ("tiny", TINY, 16, [3]) if ctx.quick else ("Llama-3.2-1B", LLAMA_3_2_1B, 512,
+                                                                              [1, 8, 64])
+    gen = torch.Generator(device=ctx.device).manual_seed(0)
+    w = random_weights(cfg, dtype=dtype, device=ctx.device, generator=gen)
+    inv_freq = cfg.rope_inv_freq().to(ctx.device)
+    slots = context + 8
+    layers = range(cfg.num_hidden_layers)
+    for batch in batches:
+        params = {"model": name, "batch": batch, "context": context, "dtype": str(dtype)}
+        cache = ref.KVCache.empty(cfg, batch, slots, dtype=dtype, device=ctx.device)
+        cache.k.normal_(0.0, 0.5, generator=gen)
+        cache.v.normal_(0.0, 0.5, generator=gen)
+        tokens = torch.randint(0, cfg.vocab_size, (batch,), device=ctx.device, generator=gen)
+        plan = ops.make_plan(cfg, batch, slots, dtype, ctx.device)
+        buf = ops.DecodeBuffers.allocate(cfg, plan, dtype, ctx.device)
+        buf.slot.fill_(context)
+        ops.embed(w, tokens, buf)
+        floors = instruction_bytes(cfg, w, batch, context)
+        launches = {
+            "qkv_rope": lambda: [ops.qkv_rope(w, cfg, layer, cache, buf, plan, inv_freq) for layer in layers],
+            "decode_attention": lambda: [ops.decode_attention(cfg, layer, cache, buf, plan) for layer in layers],
+            "o_proj": lambda: [ops.o_proj(w, cfg, layer, buf, plan) for layer in layers],
+            "gate_up": lambda: [ops.gate_up(w, cfg, layer, buf, plan) for layer in layers],
+            "down_proj": lambda: [ops.down_proj(w, cfg, layer, buf, plan) for layer in layers],
+            "lm_head": lambda: ops.lm_head(w, cfg, buf, plan, write_logits=True),
+        }
+        with torch.no_grad():
+            ops.fused_step(w, cfg, cache, buf, plan, inv_freq, tokens, looped=False, write_logits=True)
+            expected = ref.ReferenceDecoder(w.to(dtype=torch.float32), cfg, batch, slots,
+                                            cache=ref.KVCache(cache.k.float(), cache.v.float()))
+            reference = expected.step_at(tokens, torch.full((), context, device=ctx.device)).float()
+            ctx.check(f"B={batch} per-layer step vs float32 reference", buf.logits, reference,
+                      _tolerances(cfg, plan, dtype)[0])
+            ctx.time("whole step, per-layer kernels", lambda: ops.fused_step(
+                w, cfg, cache, buf, plan, inv_freq, tokens, looped=False, write_logits=True),
+                bytes_moved=step_bytes(cfg, w, batch, context), cuda_graph=True, params=params,
+                variant=f"B={batch}")
+            for instruction, launch in launches.items():
+                count = 1 if instruction == "lm_head" else cfg.num_hidden_layers
+                ctx.time(f"{instruction} x{count}", launch, bytes_moved=floors[instruction] * count, cuda_graph=True,
+                         params={**params, "instruction": instruction}, variant=f"B={batch}")
+
+
 # Plan variants timed against the default plan (Llama-3.2-1B, context 512), each a change of a
 # few fields of the default: at batch 1 the two changes that made the default (8 warps, K split
 # in 4 of 512) each undone, and wider vocabulary tiles; the looped kernel with acquire-load
@@ -269,64 +327,6 @@ def plan_sweep_case(ctx: Context) -> None:
                        failures)
     if failures:
         raise RuntimeError("plan variants that failed:\n  " + "\n  ".join(failures))
-
-
-def instruction_bytes(cfg: LlamaConfig, w: LlamaWeights, batch: int, context: int) -> dict[str, int]:
-    """Fewest bytes each instruction of one layer (and the LM head) must move: its weights, and
-    for attention the K and V of ``context + 1`` slots."""
-    size = w.wqkv.element_size()
-    h, d, i = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
-    kv = 2 * batch * cfg.num_key_value_heads * (context + 1) * d
-    return {"qkv_rope": cfg.qkv_rows * h * size, "decode_attention": kv * size,
-            "o_proj": h * cfg.num_attention_heads * d * size, "gate_up": 2 * i * h * size, "down_proj": h * i * size,
-            "lm_head": cfg.vocab_size * h * size}
-
-
-@case("llm", "instruction_breakdown", baseline="whole step, per-layer kernels")
-def instruction_breakdown_case(ctx: Context) -> None:
-    """Each fused instruction alone: its launches for all layers (one CUDA graph), against its floor."""
-    dtype = torch.bfloat16 if ctx.gpu else torch.float32
-    name, cfg, context, batches = ("tiny", TINY, 16, [3]) if ctx.quick else ("Llama-3.2-1B", LLAMA_3_2_1B, 512,
-                                                                              [1, 8, 64])
-    gen = torch.Generator(device=ctx.device).manual_seed(0)
-    w = random_weights(cfg, dtype=dtype, device=ctx.device, generator=gen)
-    inv_freq = cfg.rope_inv_freq().to(ctx.device)
-    slots = context + 8
-    layers = range(cfg.num_hidden_layers)
-    for batch in batches:
-        params = {"model": name, "batch": batch, "context": context, "dtype": str(dtype)}
-        cache = ref.KVCache.empty(cfg, batch, slots, dtype=dtype, device=ctx.device)
-        cache.k.normal_(0.0, 0.5, generator=gen)
-        cache.v.normal_(0.0, 0.5, generator=gen)
-        tokens = torch.randint(0, cfg.vocab_size, (batch,), device=ctx.device, generator=gen)
-        plan = ops.make_plan(cfg, batch, slots, dtype, ctx.device)
-        buf = ops.DecodeBuffers.allocate(cfg, plan, dtype, ctx.device)
-        buf.slot.fill_(context)
-        ops.embed(w, tokens, buf)
-        floors = instruction_bytes(cfg, w, batch, context)
-        launches = {
-            "qkv_rope": lambda: [ops.qkv_rope(w, cfg, layer, cache, buf, plan, inv_freq) for layer in layers],
-            "decode_attention": lambda: [ops.decode_attention(cfg, layer, cache, buf, plan) for layer in layers],
-            "o_proj": lambda: [ops.o_proj(w, cfg, layer, buf, plan) for layer in layers],
-            "gate_up": lambda: [ops.gate_up(w, cfg, layer, buf, plan) for layer in layers],
-            "down_proj": lambda: [ops.down_proj(w, cfg, layer, buf, plan) for layer in layers],
-            "lm_head": lambda: ops.lm_head(w, cfg, buf, plan, write_logits=True),
-        }
-        with torch.no_grad():
-            ops.fused_step(w, cfg, cache, buf, plan, inv_freq, tokens, looped=False, write_logits=True)
-            expected = ref.ReferenceDecoder(w.to(dtype=torch.float32), cfg, batch, slots,
-                                            cache=ref.KVCache(cache.k.float(), cache.v.float()))
-            reference = expected.step_at(tokens, torch.full((), context, device=ctx.device)).float()
-            ctx.check(f"B={batch} per-layer step vs float32 reference", buf.logits, reference,
-                      _tolerances(cfg, plan, dtype)[0])
-            ctx.time("whole step, per-layer kernels", lambda: ops.fused_step(
-                w, cfg, cache, buf, plan, inv_freq, tokens, looped=False, write_logits=True),
-                bytes_moved=step_bytes(cfg, w, batch, context), cuda_graph=True, params=params,
-                variant=f"B={batch}")
-            for instruction, launch in launches.items():
-                count = 1 if instruction == "lm_head" else cfg.num_hidden_layers
-                ctx.time(f"{instruction} x{count}", launch, bytes_moved=floors[instruction] * count, cuda_graph=True,
-                         params={**params, "instruction": instruction}, variant=f"B={batch}")
 
 
 @plot("llm")
