@@ -10,11 +10,14 @@ Graph cached while the tensor lives), a PyG ``Data`` or a DGL graph.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
+
+from fusecore import backend
 
 from . import ops
 from .graph import Graph, as_graph
@@ -35,6 +38,18 @@ def _positive_int(name: str, value: Any) -> int:
     return value
 
 
+def _slope(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"negative_slope must be a finite float, got {value!r}")
+    return float(value)
+
+
+def _activation(value: Any) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    if value is not None and not callable(value):
+        raise TypeError(f"activation must be callable or None, got {type(value).__name__}")
+    return value
+
+
 def _probability(name: str, value: Any) -> float:
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 <= value < 1.0:
         raise ValueError(f"{name} must be a float in [0, 1), got {value!r}")
@@ -47,8 +62,7 @@ def _graph_and_features(
 ) -> Graph:
     """Check ``feat [N, in_feats]`` (any width when ``in_feats`` is None) against the layer's
     dtype and the graph; return the graph as a :class:`Graph` (cached for edge tensors)."""
-    if not isinstance(feat, torch.Tensor):
-        raise TypeError(f"{feat_name} must be a torch.Tensor, got {type(feat).__name__}")
+    backend.check_dtypes(ops.FLOAT_DTYPES, **{feat_name: feat})
     if in_feats is not None and (feat.dim() != 2 or feat.shape[1] != in_feats):
         raise ValueError(f"{feat_name} must have shape [num_nodes, in_feats={in_feats}], got {tuple(feat.shape)}")
     if param_dtype is not None and feat.dtype != param_dtype:
@@ -111,7 +125,7 @@ class GATConv(nn.Module):
         self._out_feats = _positive_int("out_feats", out_feats)
         self._num_heads = _positive_int("num_heads", num_heads)
         self.attn_drop_p = _probability("attn_drop", attn_drop)
-        self.negative_slope = float(negative_slope)
+        self.negative_slope = _slope(negative_slope)
         self._allow_zero_in_degree = bool(allow_zero_in_degree)
         self.fc = nn.Linear(in_feats, out_feats * num_heads, bias=False)
         self.attn_l = nn.Parameter(torch.empty(1, num_heads, out_feats))
@@ -132,7 +146,7 @@ class GATConv(nn.Module):
             self.has_explicit_bias = True
         else:
             self.register_buffer("bias", None)
-        self.activation = activation
+        self.activation = _activation(activation)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -217,7 +231,7 @@ class GATv2Conv(nn.Module):
         self._out_feats = _positive_int("out_feats", out_feats)
         self._num_heads = _positive_int("num_heads", num_heads)
         self.attn_drop_p = _probability("attn_drop", attn_drop)
-        self.negative_slope = float(negative_slope)
+        self.negative_slope = _slope(negative_slope)
         self._allow_zero_in_degree = bool(allow_zero_in_degree)
         self.share_weights = bool(share_weights)
         self.bias = bool(bias)
@@ -230,7 +244,7 @@ class GATv2Conv(nn.Module):
             self.res_fc = nn.Linear(in_feats, width, bias=bias) if in_feats != width else nn.Identity()
         else:
             self.register_buffer("res_fc", None)
-        self.activation = activation
+        self.activation = _activation(activation)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:

@@ -395,9 +395,22 @@ def _check_features(graph: Graph, wh: torch.Tensor, el: torch.Tensor, er: torch.
 
 
 def _check_dropout(dropout: float) -> float:
-    if not (isinstance(dropout, (int, float)) and 0.0 <= dropout < 1.0 and math.isfinite(dropout)):
+    if isinstance(dropout, bool) or not (isinstance(dropout, (int, float)) and 0.0 <= dropout < 1.0):
         raise ValueError(f"dropout must be a float in [0, 1), got {dropout!r}")
     return float(dropout)
+
+
+def _check_negative_slope(negative_slope: float) -> float:
+    if isinstance(negative_slope, bool) or not isinstance(negative_slope, (int, float)) or not math.isfinite(
+        negative_slope
+    ):
+        raise ValueError(f"negative_slope must be a finite float, got {negative_slope!r}")
+    return float(negative_slope)
+
+
+def _check_schedule(schedule: ScheduleOptions | None) -> None:
+    if schedule is not None and not isinstance(schedule, ScheduleOptions):
+        raise TypeError(f"schedule must be a gnnfuse.ScheduleOptions or None, got {type(schedule).__name__}")
 
 
 def gat_attention(
@@ -425,6 +438,8 @@ def gat_attention(
     graph = as_graph(graph)
     _check_features(graph, wh, el, er)
     dropout = _check_dropout(dropout)
+    negative_slope = _check_negative_slope(negative_slope)
+    _check_schedule(schedule)
     acc = accumulation_dtype(wh.dtype)
     el = el.to(acc).contiguous()
     er = er.to(acc).contiguous()
@@ -543,15 +558,18 @@ class GATFunction(torch.autograd.Function):
         return grad_wh, grad_attn_l, grad_attn_r, None, None, None, None, None, None
 
 
-def _check_attention_vectors(heads: int, head_dim: int, attn_l, attn_r) -> None:
-    for name, a in (("attn_l", attn_l), ("attn_r", attn_r)):
-        if not isinstance(a, torch.Tensor) or a.numel() != heads * head_dim:
+def _check_attention_vectors(heads: int, head_dim: int, **vectors: torch.Tensor) -> None:
+    """Attention vectors must have shape (1, H, D) (DGL's) or (H, D)."""
+    for name, a in vectors.items():
+        if not isinstance(a, torch.Tensor) or tuple(a.shape) not in ((1, heads, head_dim), (heads, head_dim)):
             shape = tuple(a.shape) if isinstance(a, torch.Tensor) else type(a).__name__
-            raise ValueError(f"{name} must have {heads} x {head_dim} elements (shape (1, H, D)), got {shape}")
+            raise ValueError(f"{name} must have shape (1, H, D) = (1, {heads}, {head_dim}) or (H, D), got {shape}")
 
 
 def _rng_pair(rng: PhiloxStream | None, dropout: float, heads: int) -> tuple[int, int]:
     """(seed, offset) of one launch: ``heads`` positions taken from ``rng`` when dropout is on."""
+    if rng is not None and not isinstance(rng, PhiloxStream):
+        raise TypeError(f"rng must be a fusecore.PhiloxStream or None, got {type(rng).__name__}")
     if dropout <= 0:
         return 0, 0
     return (rng or PhiloxStream.from_torch()).take(heads)
@@ -563,9 +581,12 @@ def node_scores(wh: torch.Tensor, attn_l: torch.Tensor, attn_r: torch.Tensor) ->
     One kernel reads ``wh`` once (:mod:`gnnfuse.kernels.node_scores`); under
     :func:`fusecore.use_reference` the same sums in PyTorch.
     """
+    backend.check_dtypes(FLOAT_DTYPES, wh=wh, attn_l=attn_l, attn_r=attn_r)
+    if wh.dim() != 3:
+        raise ValueError(f"wh must have shape [num_nodes, heads, head_dim], got {tuple(wh.shape)}")
     acc = accumulation_dtype(wh.dtype)
     heads, head_dim = wh.shape[1], wh.shape[2]
-    _check_attention_vectors(heads, head_dim, attn_l, attn_r)
+    _check_attention_vectors(heads, head_dim, attn_l=attn_l, attn_r=attn_r)
     attn_l = attn_l.reshape(1, heads, head_dim)
     attn_r = attn_r.reshape(1, heads, head_dim)
     if backend.reference_enabled():
@@ -592,16 +613,18 @@ def gat(
     autograd op: the node scores' backward is folded into the feature gradient's epilogue.
     """
     graph = as_graph(graph)
-    backend.check_dtypes(FLOAT_DTYPES, same=False, wh=wh, attn_l=attn_l, attn_r=attn_r)
+    backend.check_dtypes(FLOAT_DTYPES, wh=wh, attn_l=attn_l, attn_r=attn_r)
     _check_wh(graph, wh)
+    heads, head_dim = wh.shape[1], wh.shape[2]
+    _check_attention_vectors(heads, head_dim, attn_l=attn_l, attn_r=attn_r)
+    dropout = _check_dropout(dropout)
+    negative_slope = _check_negative_slope(negative_slope)
+    _check_schedule(schedule)
     if backend.reference_enabled():
         el, er = node_scores(wh, attn_l, attn_r)
         return gat_attention(
             graph, wh, el, er, negative_slope=negative_slope, dropout=dropout, rng=rng, schedule=schedule
         )
-    heads, head_dim = wh.shape[1], wh.shape[2]
-    _check_attention_vectors(heads, head_dim, attn_l, attn_r)
-    dropout = _check_dropout(dropout)
     seed, offset = _rng_pair(rng, dropout, heads)
     backend.check_devices(wh=wh, attn_l=attn_l, attn_r=attn_r, graph=graph.indptr)
     return GATFunction.apply(
@@ -743,13 +766,13 @@ def gatv2(
     :func:`gat_attention`.  Returns ``[N, H, D]`` in ``feat_src``'s dtype.
     """
     graph = as_graph(graph)
-    backend.check_dtypes(FLOAT_DTYPES, feat_src=feat_src, feat_dst=feat_dst)
-    backend.check_dtypes(FLOAT_DTYPES, same=False, attn=attn)
+    backend.check_dtypes(FLOAT_DTYPES, feat_src=feat_src, feat_dst=feat_dst, attn=attn)
     _check_same_shape(graph, "feat_src", feat_src, feat_dst=feat_dst)
     heads, head_dim = feat_src.shape[1], feat_src.shape[2]
-    if attn.numel() != heads * head_dim:
-        raise ValueError(f"attn must have {heads} x {head_dim} elements (shape (1, H, D)), got {tuple(attn.shape)}")
+    _check_attention_vectors(heads, head_dim, attn=attn)
     dropout = _check_dropout(dropout)
+    negative_slope = _check_negative_slope(negative_slope)
+    _check_schedule(schedule)
     seed, offset = _rng_pair(rng, dropout, heads)
     if backend.reference_enabled():
         from .reference import gatv2_reference
@@ -812,6 +835,7 @@ def transformer_attention(
     if not (isinstance(scale, (int, float)) and math.isfinite(scale)):
         raise ValueError(f"scale must be a finite float, got {scale!r}")
     dropout = _check_dropout(dropout)
+    _check_schedule(schedule)
     seed, offset = _rng_pair(rng, dropout, heads)
     if backend.reference_enabled():
         from .reference import transformer_attention_reference
@@ -848,7 +872,8 @@ def agnn(
     shape and dtype.
     """
     graph = as_graph(graph)
-    backend.check_dtypes(FLOAT_DTYPES, same=False, feat=feat, beta=beta)
+    backend.check_dtypes(FLOAT_DTYPES, feat=feat, beta=beta)
+    _check_schedule(schedule)
     if feat.dim() not in (2, 3):
         raise ValueError(f"feat must have shape [num_nodes, D] or [num_nodes, H, D], got {tuple(feat.shape)}")
     if beta.numel() != 1:

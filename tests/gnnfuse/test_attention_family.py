@@ -228,8 +228,18 @@ def test_bad_inputs_raise_clear_errors(gen, device):
     x = torch.randn(29, 3, 5, generator=gen).to(device)
     with pytest.raises(ValueError, match="feat_dst must have the shape of feat_src"):
         ops.gatv2(graph, x, x[:, :2], torch.ones(1, 3, 5))
-    with pytest.raises(ValueError, match="attn must have 3 x 5"):
+    with pytest.raises(ValueError, match=r"attn must have shape \(1, H, D\) = \(1, 3, 5\)"):
         ops.gatv2(graph, x, x, torch.ones(1, 3, 4))
+    with pytest.raises(ValueError, match="attn must have shape"):
+        ops.gatv2(graph, x, x, torch.ones(5, 3))  # 15 elements, but not (H, D)
+    with pytest.raises(TypeError, match="attn has dtype float64"):
+        ops.gatv2(graph, x, x, torch.ones(1, 3, 5, dtype=torch.float64))
+    with pytest.raises(ValueError, match="negative_slope must be a finite float"):
+        ops.gatv2(graph, x, x, torch.ones(1, 3, 5), negative_slope=float("nan"))
+    with pytest.raises(TypeError, match="rng must be a fusecore.PhiloxStream"):
+        ops.gatv2(graph, x, x, torch.ones(1, 3, 5), rng=3)
+    with pytest.raises(TypeError, match="schedule must be a gnnfuse.ScheduleOptions"):
+        ops.transformer_attention(graph, x, x, x, schedule=3)
     with pytest.raises(ValueError, match="feat_src has 28 rows"):
         ops.gatv2(graph, x[:28], x[:28], torch.ones(1, 3, 5))
     with pytest.raises(TypeError, match="key has dtype float64"):

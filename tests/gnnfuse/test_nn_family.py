@@ -218,3 +218,9 @@ def test_layer_errors_are_clear(gen, device):
         GraphTransformerConv(6, 4, dropout=1.0)
     with pytest.raises(ValueError, match="init_beta"):
         AGNNConv(init_beta="one")
+    with pytest.raises(ValueError, match="negative_slope must be a finite float"):
+        GATv2Conv(6, 4, 2, negative_slope="x")
+    with pytest.raises(TypeError, match="activation must be callable"):
+        GATv2Conv(6, 4, 2, activation=3)
+    with pytest.raises(TypeError, match="feat has dtype int64; expected one of"):
+        GraphTransformerConv(6, 4).to(device)(edges, x.long())
