@@ -217,10 +217,10 @@ def test_non_finite_input_row_of_the_layer_matches_pyg(gen, device, value):
     ],
 )
 def test_softmax_is_stable_for_huge_and_tiny_scores(gen, device, dtype, scale, score_scale):
-    graph = Graph(corner_case_edges(gen).to(device), 29)
-    wh, el, er = gat_inputs(gen, 29, 2, 5, dtype, device, scale=scale, score_scale=score_scale)
-    # "super": split rows whose pieces carry logsumexps far apart, merged afterwards
-    out, grads, ref, ref_grads = fused_and_reference(graph, wh, el, er, gen, schedule=SCHEDULES["super"])
+    graph = Graph(corner_case_edges(gen, num_nodes=17, num_edges=60).to(device), 17)
+    wh, el, er = gat_inputs(gen, 17, 2, 5, dtype, device, scale=scale, score_scale=score_scale)
+    # "mixed": light rows, and split rows whose pieces carry logsumexps far apart, merged after
+    out, grads, ref, ref_grads = fused_and_reference(graph, wh, el, er, gen, schedule=SCHEDULES["mixed"])
     assert torch.isfinite(out).all() and all(torch.isfinite(g).all() for g in grads)
     tol = TOLERANCES[dtype]
     assert_close(out, ref, tol=tol, name="out")
@@ -251,17 +251,17 @@ def test_gat_on_features_scaled_1e4_matches_float64(gen, device):
 
 def test_layer_forward_and_backward_are_bitwise_reproducible(gen, device):
     """Atomic-free backward: the GAT op with dropout and the layer give identical bits run to run."""
-    graph = Graph(corner_case_edges(gen).to(device), 29)
-    x = torch.randn(29, 6, generator=gen).to(device)
-    grad_out = torch.randn(29, 3, 4, generator=gen).to(device)
+    graph = Graph(corner_case_edges(gen, num_nodes=17, num_edges=50).to(device), 17)
+    x = torch.randn(17, 6, generator=gen).to(device)
+    grad_out = torch.randn(17, 3, 4, generator=gen).to(device)
     layer = GATConv(6, 4, 3, allow_zero_in_degree=True).to(device)
     runs = []
     for _ in range(2):
         layer.zero_grad()
         leaf = x.clone().requires_grad_(True)
-        wh = layer.fc(leaf).view(29, 3, 4)
+        wh = layer.fc(leaf).view(17, 3, 4)
         out = ops.gat(graph, wh, layer.attn_l, layer.attn_r, dropout=0.25, rng=PhiloxStream(7),
-                      schedule=SCHEDULES["super"])
+                      schedule=SCHEDULES["mixed"])
         out.backward(grad_out)
         runs.append([out.detach(), leaf.grad, layer.fc.weight.grad, layer.attn_l.grad, layer.attn_r.grad])
     for name, a, b in zip(("out", "grad x", "grad fc", "grad attn_l", "grad attn_r"), *runs):
