@@ -58,6 +58,7 @@ class DecodePlan:
     num_stages: int | None = None  # software-pipeline depth of the K loops (None: Triton's default)
     acquire_loads: bool = False  # looped kernel: barrier polls are ld.acquire (inline PTX; compiled only)
     pdl: bool = False  # per-layer kernels: programmatic dependent launch (kernels/launch_order.py; sm_90+)
+    maxnreg: int | None = None  # registers per thread the compiler may use (None: as many as it wants)
 
     @property
     def row_sums(self) -> bool:
@@ -74,8 +75,10 @@ class DecodePlan:
         return 5 if self.row_sums else 8
 
     def launch_options(self) -> dict[str, int]:
-        """Keyword arguments of every launch: warps per program and, when set, pipeline stages."""
-        return {"num_warps": self.num_warps, **({"num_stages": self.num_stages} if self.num_stages else {})}
+        """Keyword arguments of every launch: warps per program and, when set, pipeline stages and
+        the register cap (more programs per SM at the price of spills)."""
+        return {"num_warps": self.num_warps, **({"num_stages": self.num_stages} if self.num_stages else {}),
+                **({"maxnreg": self.maxnreg} if self.maxnreg else {})}
 
     def layer_launch_options(self) -> dict[str, int | bool]:
         """:meth:`launch_options` of a per-layer kernel, with programmatic dependent launch when set."""

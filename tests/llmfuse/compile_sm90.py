@@ -56,10 +56,10 @@ class CompileInsteadOfLaunch:
                 else:
                     signature[name] = "i64" if abs(int(value)) >= 2**31 else "i32"
             key = (self.name, tuple(signature.items()), tuple(constexprs.items()), values.get("num_warps"),
-                   values.get("num_stages"))
+                   values.get("num_stages"), values.get("maxnreg"))
             if key not in self.compiled:
                 triton.compile(ASTSource(fn=self.kernel, signature=signature, constexprs=constexprs), target=TARGET,
-                               options={k: values[k] for k in ("num_warps", "num_stages") if k in values})
+                               options={k: values[k] for k in ("num_warps", "num_stages", "maxnreg") if k in values})
                 self.compiled.add(key)
 
         return compile_only
