@@ -58,7 +58,10 @@ class DecodePlan:
     num_stages: int | None = None  # software-pipeline depth of the K loops (None: Triton's default)
     acquire_loads: bool = False  # looped kernel: barrier polls are ld.acquire (inline PTX; compiled only)
     pdl: bool = False  # per-layer kernels: programmatic dependent launch (kernels/launch_order.py; sm_90+)
-    maxnreg: int | None = None  # registers per thread the compiler may use (None: as many as it wants)
+    # Registers per thread the looped kernel may use (None or 0: as many as the compiler wants).
+    # It inlines every instruction and keeps ~50 arguments live: uncapped it takes 202 at batch 1
+    # (ptxas, sm_90), one 8-warp program per SM; capped at 128 it spills 4 bytes and fits two.
+    maxnreg: int | None = None
 
     @property
     def row_sums(self) -> bool:
@@ -75,10 +78,12 @@ class DecodePlan:
         return 5 if self.row_sums else 8
 
     def launch_options(self) -> dict[str, int]:
-        """Keyword arguments of every launch: warps per program and, when set, pipeline stages and
-        the register cap (more programs per SM at the price of spills)."""
-        return {"num_warps": self.num_warps, **({"num_stages": self.num_stages} if self.num_stages else {}),
-                **({"maxnreg": self.maxnreg} if self.maxnreg else {})}
+        """Keyword arguments of every launch: warps per program and, when set, pipeline stages."""
+        return {"num_warps": self.num_warps, **({"num_stages": self.num_stages} if self.num_stages else {})}
+
+    def looped_launch_options(self) -> dict[str, int]:
+        """:meth:`launch_options` of the looped kernel, with its register cap when set."""
+        return {**self.launch_options(), **({"maxnreg": self.maxnreg} if self.maxnreg else {})}
 
     def layer_launch_options(self) -> dict[str, int | bool]:
         """:meth:`launch_options` of a per-layer kernel, with programmatic dependent launch when set."""
@@ -158,8 +163,9 @@ def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, 
         # tile has more than a few and there are several tiles per SM (1B: W_o 4 -> 1 chunk).
         shortest_k = min(cfg.num_attention_heads * cfg.head_dim, cfg.intermediate_size)
         split_k = max(1, min(4, shortest_k // block_k)) if compiled else 1
+    maxnreg = 128 if compiled and batch == 1 else None
     plan = DecodePlan(**{**plan.__dict__, "looped_programs": looped_programs,
-                         "num_warps": num_warps, "split_k": split_k})
+                         "num_warps": num_warps, "split_k": split_k, "maxnreg": maxnreg})
     for option in ("acquire_loads", "pdl"):
         if tuning.get(option) and not compiled:
             raise ValueError(f"{option}=True needs the compiled kernels on a CUDA device (sm_90+)")
@@ -173,7 +179,9 @@ def _tuned(plan: DecodePlan, tuning: dict[str, int]) -> DecodePlan:
     for name, value in tuning.items():
         if name not in known:
             raise TypeError(f"make_plan got an unknown tuning field {name!r}; expected one of {sorted(known)}")
-        if name != "dot_prec" and not (isinstance(value, int) and value >= 0):  # bools are ints
+        if name not in ("dot_prec", "maxnreg", "num_stages") and not (isinstance(value, int) and value >= 0):
+            raise ValueError(f"tuning field {name} must be an int >= 0, got {value!r}")
+        if name in ("maxnreg", "num_stages") and not (value is None or isinstance(value, int) and value >= 0):
             raise ValueError(f"tuning field {name} must be an int >= 0, got {value!r}")
     plan = replace(plan, **tuning)
     blocks = ("block_p", "block_n", "block_k", "block_v", "block_s")
@@ -419,7 +427,7 @@ def looped_decode(w: LlamaWeights, cfg: LlamaConfig, cache: KVCache, buf: Decode
         BLOCK_N=plan.block_n, BLOCK_K=plan.block_k, BLOCK_G=plan.block_g, BLOCK_S=plan.block_s,
         BLOCK_D=plan.block_d, BLOCK_V=plan.block_v, DOT_PREC=plan.dot_prec,
         PREFETCH=plan.prefetch, PREFETCH_BLOCK=plan.prefetch_block, ACQUIRE_LOADS=plan.acquire_loads,
-        **plan.launch_options(),
+        **plan.looped_launch_options(),
     )
     programs = plan.looped_programs
     if programs == 0:
