@@ -159,7 +159,12 @@ def _edges_from(source: Any) -> tuple[torch.Tensor, torch.Tensor, int | None]:
         return (*_edge_pair("(src, dst)", source[0], source[1]), None)
     if hasattr(source, "tocoo") and hasattr(source, "shape"):  # scipy sparse matrix or array
         return _from_scipy(source)
-    if hasattr(source, "edge_index") and type(source).__name__ != "HeteroData":  # PyG Data
+    if type(source).__name__ == "HeteroData":
+        raise TypeError(
+            "a PyG HeteroData holds several edge types; pass one of them, e.g. data['paper', 'cites', "
+            "'paper'].edge_index with num_nodes"
+        )
+    if hasattr(source, "edge_index"):  # PyG Data
         if not isinstance(source.edge_index, torch.Tensor):
             raise TypeError(
                 f"{type(source).__name__}.edge_index must be an edge_index tensor [2, E], "

@@ -249,6 +249,12 @@ def test_pyg_data_without_num_nodes_counts_from_the_ids_without_warnings(recwarn
         Graph(Data(num_nodes=4))
     with pytest.raises(ValueError, match="node id 4"):
         Graph(Data(edge_index=edges, num_nodes=3))
+    from torch_geometric.data import HeteroData
+
+    hetero = HeteroData()
+    hetero["paper", "cites", "paper"].edge_index = edges
+    with pytest.raises(TypeError, match="HeteroData holds several edge types"):
+        Graph(hetero)
 
 
 class DGLWithoutNumNodes:

@@ -116,6 +116,19 @@ def test_layer_checks_features_and_keeps_working_after_an_error(gen, device):
     assert_close(layer(strided_edges, strided_x), layer(looped, strided_x.contiguous()), tol=STRICT_FLOAT32)
 
 
+@pytest.mark.gpu
+def test_mixed_devices_are_refused_naming_the_argument(gen, device):
+    graph = Graph(corner_case_edges(gen).to(device), 29)
+    wh, el, er = gat_inputs(gen, 29, 2, 3, torch.float32, device)
+    with pytest.raises(ValueError, match="el is on device 'cpu'"):
+        ops.gat_attention(graph, wh, el.cpu(), er)
+    with pytest.raises(ValueError, match="device"):
+        ops.gat_attention(graph.to("cpu"), wh, el, er)
+    layer = GATConv(5, 2, 2, allow_zero_in_degree=True).to(device)
+    with pytest.raises(ValueError, match="feat is on device 'cpu'"):
+        layer(graph, torch.randn(29, 5))
+
+
 @pytest.mark.parametrize("layer", ["GATConv", "GATv2Conv", "AGNNConv"])
 def test_every_dgl_layer_refuses_zero_in_degree_with_dgls_message(device, layer):
     from gnnfuse import nn
