@@ -299,7 +299,9 @@ class Graph:
             src, dst = self._src.cpu().numpy(), self._dst.cpu().numpy()
             ones = np.ones(src.shape[0], dtype=np.int8)
             adjacency = sp.csr_matrix((ones, (src, dst)), shape=(self.num_nodes, self.num_nodes))
-            order = reverse_cuthill_mckee((adjacency + adjacency.T).tocsr(), symmetric_mode=True)
+            symmetric = (adjacency + adjacency.T).tocsr()
+            # scipy's RCM fails on a 0 x 0 matrix: an empty graph has the empty order
+            order = reverse_cuthill_mckee(symmetric, symmetric_mode=True) if self.num_nodes else np.zeros(0)
             perm = torch.from_numpy(order.astype(np.int64)).to(self.device)
         elif method == "degree":
             perm = torch.argsort(self.in_degree, descending=True, stable=True)
