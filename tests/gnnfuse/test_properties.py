@@ -76,6 +76,38 @@ def test_csr_reverse_csr_and_edge_maps_hold_every_edge_once(graph, index_dtype):
     assert g.has_zero_in_degree() == bool((in_degree == 0).any())
 
 
+class _DGLLike:
+    def __init__(self, src, dst, n):
+        self._edges, self._n = (src, dst), n
+
+    def edges(self):
+        return self._edges
+
+    def num_nodes(self):
+        return self._n
+
+
+@settings(max_examples=30, deadline=None)
+@given(graph=graphs())
+def test_every_input_kind_builds_the_same_csr(graph):
+    import numpy as np
+    import scipy.sparse as sp
+    from torch_geometric.data import Data
+
+    edges, n = graph
+    ref = Graph(edges, n)
+    src, dst = edges
+    weights = np.ones(edges.shape[1])  # COO keeps duplicate entries: each one an edge
+    others = [
+        Graph((src.int(), dst.int()), n), Graph(edges.t().contiguous().t(), n), Graph(_DGLLike(src, dst, n)),
+        Graph(Data(edge_index=edges, num_nodes=n)), Graph(sp.coo_matrix((weights, (src.numpy(), dst.numpy())), (n, n))),
+    ]
+    for g in others:
+        assert (g.num_nodes, g.num_edges) == (n, ref.num_edges)
+        for name in ("indptr", "csr_src", "rev_indptr", "rev_dst", "in_degree", "out_degree"):
+            assert torch.equal(getattr(g, name).long(), getattr(ref, name).long()), name
+
+
 @settings(max_examples=60, deadline=None)
 @given(graph=graphs(min_nodes=1), options=schedule_options, heads=st.integers(1, 6), dim=st.integers(1, 70))
 def test_schedules_cover_every_row_once_with_its_own_edge_range(graph, options, heads, dim):
