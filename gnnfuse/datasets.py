@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import scipy.sparse as sp
 import torch
 
 PLANETOID_NAMES = ("cora", "citeseer", "pubmed")
@@ -142,13 +141,13 @@ def _read(folder: Path, name: str, part: str):
     return value
 
 
-_SPARSE_TYPES = (sp.csr_matrix, sp.csc_matrix, sp.coo_matrix, sp.csr_array, sp.csc_array, sp.coo_array)
-
-
 def _matrix(path: Path, value, rows: int) -> np.ndarray:
     """A 2-D float32 array of ``rows`` rows from a dense array or a CSR / CSC / COO scipy matrix,
     its structure and size checked before it is densified."""
-    if not isinstance(value, (np.ndarray, *_SPARSE_TYPES)):
+    import scipy.sparse as sp  # the feature pickles hold scipy matrices; scipy is not needed otherwise
+
+    sparse_types = (sp.csr_matrix, sp.csc_matrix, sp.coo_matrix, sp.csr_array, sp.csc_array, sp.coo_array)
+    if not isinstance(value, (np.ndarray, *sparse_types)):
         raise PlanetoidFormatError(
             path, f"expected a numpy array or a CSR / CSC / COO scipy sparse matrix, got {type(value).__name__}"
         )
