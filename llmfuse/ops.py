@@ -59,8 +59,8 @@ class DecodePlan:
     acquire_loads: bool = False  # looped kernel: barrier polls are ld.acquire (inline PTX; compiled only)
     pdl: bool = False  # per-layer kernels: programmatic dependent launch (kernels/launch_order.py; sm_90+)
     # Registers per thread the looped kernel may use (None or 0: as many as the compiler wants).
-    # It inlines every instruction and keeps ~50 arguments live: uncapped it takes 202 at batch 1
-    # (ptxas, sm_90), one 8-warp program per SM; capped at 128 it spills 4 bytes and fits two.
+    # It inlines every instruction: at batch 1 ptxas (sm_90) gives it 128 registers either way
+    # (two 8-warp programs per SM), with spills only when uncapped; at batch >= 8 it takes 255.
     maxnreg: int | None = None
 
     @property

@@ -245,12 +245,12 @@ def instruction_breakdown_case(ctx: Context) -> None:
 # few fields of the default: at batch 1 the two changes that made the default (8 warps, K split
 # in 4 of 512) each undone, and wider vocabulary tiles; the looped kernel with acquire-load
 # barrier polls (no RMW per waiting program), with a small barrier prefetch, and without or
-# with a tighter register cap than the default 128 (maxnreg=0: none, 202 registers per thread,
-# one 8-warp program per SM; 64: four per SM, more spills); batch 2 by row
+# with a tighter register cap than the default 128 (maxnreg=0: none; 64: four 8-warp programs
+# per SM instead of two, with spills); batch 2 by row
 # sums instead of padded tensor-core tiles; at batch 8 and 64 deeper or shallower K chunks,
-# more K parts, more warps, wider tiles and pipelines (ptxas, sm_90: the batch-8 default spills
-# registers in gate_up and lm_head; 8 warps with 64-wide K chunks do not); last, the per-layer kernels with
-# programmatic dependent launch.  ``programs_per_sm`` sets ``looped_programs`` to that many per SM.
+# more K parts, more warps, wider tiles and pipelines (ptxas, sm_90: 136-184 registers per thread
+# at batch 8 with the default, 38-80 with 8 warps and 64-wide K chunks); last, the per-layer
+# kernels with programmatic dependent launch.  ``programs_per_sm`` sets ``looped_programs`` to that many per SM.
 PLAN_SWEEP: list[tuple[int, bool, dict[str, int]]] = [
     (1, False, {"num_warps": 4}), (1, False, {"split_k": 2, "block_k": 1024}), (1, False, {"block_v": 16}),
     (1, True, {}), (1, True, {"acquire_loads": True}), (1, True, {"prefetch": 2048}),

@@ -44,9 +44,13 @@ class CompileInsteadOfLaunch:
         def compile_only(*args, **kwargs):
             values = dict(zip(self.kernel.arg_names, args))
             values.update(kwargs)
-            signature, constexprs = {}, {}
+            signature, constexprs, attrs = {}, {}, {}
             for index, (name, param) in enumerate(zip(self.kernel.arg_names, self.kernel.params)):
                 value = values[name]
+                # the launch-time specialization: 16-aligned pointers, integers divisible by 16
+                if not param.is_constexpr and (isinstance(value, torch.Tensor) or (
+                        isinstance(value, int) and value % 16 == 0 and not param.do_not_specialize)):
+                    attrs[(index,)] = [["tt.divisibility", 16]]
                 if param.is_constexpr:
                     signature[name], constexprs[(index,)] = "constexpr", value
                 elif isinstance(value, torch.Tensor):
@@ -55,10 +59,11 @@ class CompileInsteadOfLaunch:
                     signature[name] = "fp32"
                 else:
                     signature[name] = "i64" if abs(int(value)) >= 2**31 else "i32"
-            key = (self.name, tuple(signature.items()), tuple(constexprs.items()), values.get("num_warps"),
-                   values.get("num_stages"), values.get("maxnreg"))
+            key = (self.name, tuple(signature.items()), tuple(constexprs.items()), tuple(attrs),
+                   values.get("num_warps"), values.get("num_stages"), values.get("maxnreg"))
             if key not in self.compiled:
-                triton.compile(ASTSource(fn=self.kernel, signature=signature, constexprs=constexprs), target=TARGET,
+                source = ASTSource(fn=self.kernel, signature=signature, constexprs=constexprs, attrs=attrs)
+                triton.compile(source, target=TARGET,
                                options={k: values[k] for k in ("num_warps", "num_stages", "maxnreg") if k in values})
                 self.compiled.add(key)
 
