@@ -186,7 +186,8 @@ def tuning_case(ctx: Context) -> None:
       means more warps per scheduler to hide each step's dependency chain, each warp mostly
       idle lanes) and random draws computed every step vs only when needed (policy draws once
       per four steps, start states only when an env of the block resets);
-    * the same at 1 M envs x 64 steps (throughput-bound), blocks of 64 .. 256;
+    * the same at 1 M envs x 64 steps (throughput-bound), blocks of 32 (one warp: the "any env
+      resets" branch is per warp) .. 256;
     * 2x64 MLP actor+critic, 1 M envs x 64 steps (bf16 and tf32): envs per program and warps;
     * the same in float32 ("ieee", CUDA cores) at 65,536 envs: the default 16 envs x 2 warps
       against the 128 x 4 that spilled tens of KiB per thread.
@@ -205,7 +206,7 @@ def tuning_case(ctx: Context) -> None:
          + [eager_lazy(8, True, False), eager_lazy(4, True, False)]),
     ]
     if not ctx.quick:
-        groups.append((1 << 20, 64, [eager_lazy(b, True, lazy) for b in (64, 128, 256) for lazy in (False, True)]))
+        groups.append((1 << 20, 64, [eager_lazy(b, True, lazy) for b in (32, 64, 128, 256) for lazy in (False, True)]))
     for n, k, variants in groups:
         env = simfuse.make_vec("CartPole-v1", n, device=ctx.device)
         env.reset(seed=0)
