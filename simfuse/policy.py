@@ -202,14 +202,6 @@ class MLPPolicy:
         return float(self.log_std.detach().reshape(()).item()) if isinstance(self.log_std, torch.Tensor) \
             else float(self.log_std)
 
-    def actor_layers(self) -> list[nn.Linear]:
-        return list(self.actor_shape.linears)
-
-    def critic_layers(self) -> list[nn.Linear]:
-        if self.critic_shape is None:
-            raise ValueError("this policy has no critic")
-        return list(self.critic_shape.linears)
-
     def packed(self, device: torch.device) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...] | None]:
         """Kernel weights (W_in, b_in, W_hid, b_hid, W_out, b_out) of the actor and the critic."""
         actor = pack_mlp(self.actor_shape, self.weight_dtype, device)
