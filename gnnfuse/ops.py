@@ -331,47 +331,53 @@ def edge_weight_grad(
     return grad + torch.einsum("nkh,nhd->khd", attr_sums[:, 1], query.to(acc) * scale)
 
 
-def gat_backward(
-    graph: Graph, wh: torch.Tensor, el: torch.Tensor, er: torch.Tensor, lse: torch.Tensor, out: torch.Tensor,
-    grad_out: torch.Tensor, negative_slope: float, dropout_p: float, seed: int, offset: int,
-    options: ScheduleOptions | None, grad_wh_dtype: torch.dtype | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients ``(∂wh, ∂el, ∂er)`` of the fused GAT attention, without atomics (``∂wh`` in
-    ``grad_wh_dtype``, default ``wh``'s dtype)."""
-    inputs = AttentionInputs(SCORE_GAT, el, er, wh, negative_slope=negative_slope)
-    grad_wh, grad_el, grad_er, _, _ = attention_backward(
-        graph, inputs, lse, out, grad_out, dropout_p, seed, offset, options, grad_wh_dtype
-    )
-    return grad_wh, grad_el, grad_er
+def _forward_saving(ctx, graph: Graph, inputs: AttentionInputs, launch: tuple, differentiable: int,
+                    *saved: torch.Tensor) -> torch.Tensor:
+    """The forward of every fused-attention autograd Function: run :func:`attention_forward`,
+    save ``saved`` + ``(out, lse)`` and the launch configuration ``(dropout_p, seed, offset,
+    options)``; nothing per edge is saved.
+
+    When any of the first ``differentiable`` inputs needs a gradient, ``out`` is kept in the
+    accumulation dtype for the backward's ``δ = <g, out>`` (float16 / bfloat16 rounding of
+    ``out`` would be amplified by the softmax-gradient cancellation); the returned output is
+    cast to the values' dtype.
+    """
+    value_dtype = inputs.value.dtype
+    training = any(ctx.needs_input_grad[:differentiable])
+    out, lse = attention_forward(graph, inputs, *launch, accumulation_dtype(value_dtype) if training else value_dtype)
+    ctx.save_for_backward(*saved, out, lse)
+    ctx.graph = graph
+    ctx.launch = launch
+    return out.to(value_dtype)
+
+
+def _backward_saved(ctx, inputs: AttentionInputs, grad_out: torch.Tensor,
+                    grad_value_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, ...]:
+    """:func:`attention_backward` from what :func:`_forward_saving` kept (``out``, ``lse`` last)."""
+    out, lse = ctx.saved_tensors[-2:]
+    return attention_backward(ctx.graph, inputs, lse, out, grad_out.contiguous(), *ctx.launch, grad_value_dtype)
+
+
+_NO_GRADS = (None,) * 6  # graph and the five launch arguments of the GAT / GATv2 Functions
 
 
 class GATAttentionFunction(torch.autograd.Function):
-    """Autograd wrapper: forward saves ``wh, el, er, out, lse`` (no per-edge tensor).
-
-    When gradients are needed, ``out`` is kept in the accumulation dtype for the backward's
-    ``δ = <g, out>`` (float16 / bfloat16 rounding of ``out`` would be amplified by the
-    softmax-gradient cancellation); the returned output is cast to ``wh``'s dtype.
-    """
+    """Autograd wrapper of the GAT attention from ``(wh, el, er)``: forward saves ``wh, el, er,
+    out, lse`` (no per-edge tensor)."""
 
     @staticmethod
     def forward(ctx, wh, el, er, graph, negative_slope, dropout_p, seed, offset, options):  # type: ignore[override]
-        training = any(ctx.needs_input_grad[:3])
-        out_dtype = el.dtype if training else wh.dtype
-        out, lse = gat_forward(graph, wh, el, er, negative_slope, dropout_p, seed, offset, options, out_dtype)
-        ctx.save_for_backward(wh, el, er, out, lse)
-        ctx.graph = graph
-        ctx.config = (negative_slope, dropout_p, seed, offset, options)
-        return out.to(wh.dtype)
+        inputs = AttentionInputs(SCORE_GAT, el, er, wh, negative_slope=negative_slope)
+        ctx.negative_slope = negative_slope
+        return _forward_saving(ctx, graph, inputs, (dropout_p, seed, offset, options), 3, wh, el, er)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):  # type: ignore[override]
-        wh, el, er, out, lse = ctx.saved_tensors
-        negative_slope, dropout_p, seed, offset, options = ctx.config
-        grad_wh, grad_el, grad_er = gat_backward(
-            ctx.graph, wh, el, er, lse, out, grad_out.contiguous(), negative_slope, dropout_p, seed, offset, options
-        )
-        return grad_wh, grad_el, grad_er, None, None, None, None, None, None
+        wh, el, er = ctx.saved_tensors[:3]
+        inputs = AttentionInputs(SCORE_GAT, el, er, wh, negative_slope=ctx.negative_slope)
+        grad_wh, grad_el, grad_er, _, _ = _backward_saved(ctx, inputs, grad_out)
+        return grad_wh, grad_el, grad_er, *_NO_GRADS
 
 
 def _check_wh(graph: Graph, wh: torch.Tensor, name: str = "wh") -> None:
@@ -537,25 +543,18 @@ class GATFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, wh, attn_l, attn_r, graph, negative_slope, dropout_p, seed, offset, options):  # type: ignore[override]
         el, er = _node_scores_forward(wh, attn_l, attn_r)
-        training = any(ctx.needs_input_grad[:3])
-        out_dtype = el.dtype if training else wh.dtype
-        out, lse = gat_forward(graph, wh, el, er, negative_slope, dropout_p, seed, offset, options, out_dtype)
-        ctx.save_for_backward(wh, attn_l, attn_r, el, er, out, lse)
-        ctx.graph = graph
-        ctx.config = (negative_slope, dropout_p, seed, offset, options)
-        return out.to(wh.dtype)
+        inputs = AttentionInputs(SCORE_GAT, el, er, wh, negative_slope=negative_slope)
+        ctx.negative_slope = negative_slope
+        return _forward_saving(ctx, graph, inputs, (dropout_p, seed, offset, options), 3, wh, attn_l, attn_r, el, er)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):  # type: ignore[override]
-        wh, attn_l, attn_r, el, er, out, lse = ctx.saved_tensors
-        negative_slope, dropout_p, seed, offset, options = ctx.config
-        grad_agg, grad_el, grad_er = gat_backward(
-            ctx.graph, wh, el, er, lse, out, grad_out.contiguous(), negative_slope, dropout_p, seed, offset, options,
-            grad_wh_dtype=el.dtype,
-        )
+        wh, attn_l, attn_r, el, er = ctx.saved_tensors[:5]
+        inputs = AttentionInputs(SCORE_GAT, el, er, wh, negative_slope=ctx.negative_slope)
+        grad_agg, grad_el, grad_er, _, _ = _backward_saved(ctx, inputs, grad_out, grad_value_dtype=el.dtype)
         grad_wh, grad_attn_l, grad_attn_r = _node_scores_backward(wh, attn_l, attn_r, grad_el, grad_er, grad_agg)
-        return grad_wh, grad_attn_l, grad_attn_r, None, None, None, None, None, None
+        return grad_wh, grad_attn_l, grad_attn_r, *_NO_GRADS
 
 
 def _check_attention_vectors(heads: int, head_dim: int, **vectors: torch.Tensor) -> None:
@@ -641,25 +640,17 @@ class GATv2Function(torch.autograd.Function):
     @staticmethod
     def forward(ctx, fs, fd, attn, graph, negative_slope, dropout_p, seed, offset, options):  # type: ignore[override]
         inputs = AttentionInputs(SCORE_GATV2, fs, fd, fs, attn=attn, negative_slope=negative_slope)
-        training = any(ctx.needs_input_grad[:3])
-        out_dtype = accumulation_dtype(fs.dtype) if training else fs.dtype
-        out, lse = attention_forward(graph, inputs, dropout_p, seed, offset, options, out_dtype)
-        ctx.save_for_backward(fs, fd, attn, out, lse)
-        ctx.graph = graph
-        ctx.config = (negative_slope, dropout_p, seed, offset, options)
-        return out.to(fs.dtype)
+        ctx.negative_slope = negative_slope
+        return _forward_saving(ctx, graph, inputs, (dropout_p, seed, offset, options), 3, fs, fd, attn)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):  # type: ignore[override]
-        fs, fd, attn, out, lse = ctx.saved_tensors
-        negative_slope, dropout_p, seed, offset, options = ctx.config
-        inputs = AttentionInputs(SCORE_GATV2, fs, fd, fs, attn=attn, negative_slope=negative_slope)
-        grad_fs, attn_parts, grad_fd, _, _ = attention_backward(
-            ctx.graph, inputs, lse, out, grad_out.contiguous(), dropout_p, seed, offset, options
-        )
+        fs, fd, attn = ctx.saved_tensors[:3]
+        inputs = AttentionInputs(SCORE_GATV2, fs, fd, fs, attn=attn, negative_slope=ctx.negative_slope)
+        grad_fs, attn_parts, grad_fd, _, _ = _backward_saved(ctx, inputs, grad_out)
         grad_attn = attn_parts.sum(0).reshape(attn.shape).to(attn.dtype)
-        return grad_fs, grad_fd.to(fd.dtype), grad_attn, None, None, None, None, None, None
+        return grad_fs, grad_fd.to(fd.dtype), grad_attn, *_NO_GRADS
 
 
 class TransformerAttentionFunction(torch.autograd.Function):
@@ -673,31 +664,22 @@ class TransformerAttentionFunction(torch.autograd.Function):
     def forward(ctx, query, key, value, edge_attr, edge_weight, graph, scale, dropout_p, seed, offset, options):  # type: ignore[override]
         inputs = AttentionInputs(SCORE_DOT, key, query, value, edge_attr=edge_attr, edge_weight=edge_weight,
                                  scale=scale)
-        training = any(ctx.needs_input_grad[:5])
-        out_dtype = accumulation_dtype(value.dtype) if training else value.dtype
-        out, lse = attention_forward(graph, inputs, dropout_p, seed, offset, options, out_dtype)
-        ctx.save_for_backward(query, key, value, edge_attr, edge_weight, out, lse)
-        ctx.graph = graph
-        ctx.config = (scale, dropout_p, seed, offset, options)
-        return out.to(value.dtype)
+        ctx.scale = scale
+        return _forward_saving(ctx, graph, inputs, (dropout_p, seed, offset, options), 5,
+                               query, key, value, edge_attr, edge_weight)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):  # type: ignore[override]
-        query, key, value, edge_attr, edge_weight, out, lse = ctx.saved_tensors
-        scale, dropout_p, seed, offset, options = ctx.config
+        query, key, value, edge_attr, edge_weight = ctx.saved_tensors[:5]
         inputs = AttentionInputs(SCORE_DOT, key, query, value, edge_attr=edge_attr, edge_weight=edge_weight,
-                                 scale=scale)
-        grad_out = grad_out.contiguous()
-        grad_v, grad_k, grad_q, grad_attr, attr_sums = attention_backward(
-            ctx.graph, inputs, lse, out, grad_out, dropout_p, seed, offset, options
-        )
+                                 scale=ctx.scale)
+        grad_v, grad_k, grad_q, grad_attr, attr_sums = _backward_saved(ctx, inputs, grad_out)
         grad_weight = None
         if edge_attr is not None:
             grad_attr = grad_attr.to(edge_attr.dtype)
-            grad_weight = edge_weight_grad(attr_sums, grad_out, query, scale).to(edge_weight.dtype)
-        return (grad_q.to(query.dtype), grad_k.to(key.dtype), grad_v, grad_attr, grad_weight,
-                None, None, None, None, None, None)
+            grad_weight = edge_weight_grad(attr_sums, grad_out, query, ctx.scale).to(edge_weight.dtype)
+        return grad_q.to(query.dtype), grad_k.to(key.dtype), grad_v, grad_attr, grad_weight, None, *_NO_GRADS
 
 
 class AGNNFunction(torch.autograd.Function):
@@ -707,30 +689,21 @@ class AGNNFunction(torch.autograd.Function):
     gradients sum to zero per row, so half-precision ``∂q`` would lose it)."""
 
     @staticmethod
-    def forward(ctx, unit, h, beta, graph, dropout_p, seed, offset, options):  # type: ignore[override]
+    def forward(ctx, unit, h, beta, graph, options):  # type: ignore[override]
         query = (beta.reshape(()).to(accumulation_dtype(unit.dtype)) * unit).to(unit.dtype)
         inputs = AttentionInputs(SCORE_DOT, unit, query, h)
-        training = any(ctx.needs_input_grad[:3])
-        out_dtype = accumulation_dtype(h.dtype) if training else h.dtype
-        out, lse = attention_forward(graph, inputs, dropout_p, seed, offset, options, out_dtype)
-        ctx.save_for_backward(unit, query, h, beta, out, lse)
-        ctx.graph = graph
-        ctx.config = (dropout_p, seed, offset, options)
-        return out.to(h.dtype)
+        no_dropout = (0.0, 0, 0, options)
+        return _forward_saving(ctx, graph, inputs, no_dropout, 3, unit, query, h, beta)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):  # type: ignore[override]
-        unit, query, h, beta, out, lse = ctx.saved_tensors
-        dropout_p, seed, offset, options = ctx.config
-        inputs = AttentionInputs(SCORE_DOT, unit, query, h)
-        grad_h, grad_key, grad_query, _, _ = attention_backward(
-            ctx.graph, inputs, lse, out, grad_out.contiguous(), dropout_p, seed, offset, options
-        )
+        unit, query, h, beta = ctx.saved_tensors[:4]
+        grad_h, grad_key, grad_query, _, _ = _backward_saved(ctx, AttentionInputs(SCORE_DOT, unit, query, h), grad_out)
         beta_acc = beta.reshape(()).to(grad_query.dtype)
         grad_unit = (beta_acc * grad_query + grad_key).to(unit.dtype)
         grad_beta = (grad_query * unit.to(grad_query.dtype)).sum().reshape(beta.shape).to(beta.dtype)
-        return grad_unit, grad_h, grad_beta, None, None, None, None, None
+        return grad_unit, grad_h, grad_beta, None, None
 
 
 def _check_same_shape(graph: Graph, reference_name: str, reference: torch.Tensor, **others: torch.Tensor) -> None:
@@ -886,7 +859,7 @@ def agnn(
         return agnn_reference(graph, feat, beta).to(feat.dtype)
     backend.check_devices(feat=feat, beta=beta, graph=graph.indptr)
     unit = torch.nn.functional.normalize(h, p=2, dim=-1)
-    out = AGNNFunction.apply(unit.contiguous(), h.contiguous(), beta, graph, 0.0, 0, 0, schedule)  # no dropout
+    out = AGNNFunction.apply(unit.contiguous(), h.contiguous(), beta, graph, schedule)
     return out.reshape(feat.shape)
 
 
