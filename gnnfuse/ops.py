@@ -1,22 +1,28 @@
-"""Launchers and autograd for the fused GAT attention: shapes checked, schedule applied.
+"""Launchers and autograd for the fused attention layers: shapes checked, schedule applied.
 
-Two public functions, for users with their own projections:
+Public functions, for users with their own projections (each one autograd op):
 
-* :func:`gat_attention` ``(graph, wh, el, er)`` — the fused attention given the per-node
-  terms ``el = a_l · Wh`` (source side) and ``er = a_r · Wh`` (destination side);
+* :func:`gat_attention` ``(graph, wh, el, er)`` — GAT given the per-node terms
+  ``el = a_l · Wh`` (source side) and ``er = a_r · Wh`` (destination side);
 * :func:`gat` ``(graph, wh, attn_l, attn_r)`` — the same with ``el`` / ``er`` computed once per
-  node by a kernel, as one autograd op whose backward folds the node scores' gradient into
-  the feature gradient (one epilogue kernel).
+  node by a kernel, whose backward folds the node scores' gradient into the feature gradient;
+* :func:`gatv2` ``(graph, feat_src, feat_dst, attn)`` — GATv2, ``a · LeakyReLU(fs_j + fd_i)``;
+* :func:`transformer_attention` ``(graph, q, k, v, edge_attr, edge_weight)`` — the Graph
+  Transformer's ``q_i · (k_j + e_ij) / √D`` with edge features projected in registers;
+* :func:`agnn` ``(graph, feat, beta)`` — AGNN, ``β cos(h_i, h_j)``.
 
-Launch sequence of one forward: node scores (``gat`` only), the light width classes, the
-medium rows, the super-row pieces and their logsumexp merge.  Backward: ``δ = <g, out>``,
-the source pass over the reverse CSR (light, medium, pieces + sums), the per-destination
-sum of ``∂z`` (light, medium, pieces + sums) and, for ``gat``, the node-score epilogue.
+All run one code path (:class:`AttentionInputs` names the score and its tensors; the
+kernels select the score with a constexpr).  Launch sequence of one forward: the light
+width classes, the medium rows, the super-row pieces and their logsumexp merge.  Backward:
+``δ = <g, out>``, the source pass over the reverse CSR (light, medium, pieces + sums), the
+destination pass (light, medium, pieces + sums) and, for ``gat``, the node-score epilogue.
 Small graphs on the GPU use the row kernel alone: one launch per pass.
 
-Both return ``out [N, H, D]`` in the dtype of ``wh`` with ``out_i = Σ_{j->i} α_ij Wh_j`` and
-``α_i· = softmax_j LeakyReLU(el_j + er_i)`` per head, and are differentiable in every tensor
-argument.  Under :func:`fusecore.use_reference` they run :mod:`gnnfuse.reference` instead.
+Each returns ``out [N, H, D]`` in the dtype of the values and is differentiable in every
+tensor argument; nodes without incoming edges get zeros.  Non-finite inputs propagate as in
+PyG: a non-finite feature of node ``j`` makes the outputs of ``j``'s receivers non-finite
+(for the score inputs, their whole head rows).  Under :func:`fusecore.use_reference` the ops
+run :mod:`gnnfuse.reference` instead.
 """
 
 from __future__ import annotations
