@@ -84,7 +84,67 @@ def _graph_and_features(
     return graph
 
 
-class GATConv(nn.Module):
+class _DGLHeadsConv(nn.Module):
+    """What DGL's GATConv and GATv2Conv share: argument checks, feature dropout, the residual
+    (``res_fc``: a Linear when ``in_feats != H·D``, else identity), the activation and the
+    zero-in-degree switch."""
+
+    def __init__(
+        self, in_feats: int, out_feats: int, num_heads: int, feat_drop: float, attn_drop: float,
+        negative_slope: float, residual: bool, activation: Callable[[torch.Tensor], torch.Tensor] | None,
+        allow_zero_in_degree: bool, bias: bool,
+    ) -> None:
+        super().__init__()
+        self._in_feats = _positive_int("in_feats", in_feats)
+        self._out_feats = _positive_int("out_feats", out_feats)
+        self._num_heads = _positive_int("num_heads", num_heads)
+        self.attn_drop_p = _probability("attn_drop", attn_drop)
+        self.negative_slope = _slope(negative_slope)
+        self._allow_zero_in_degree = bool(allow_zero_in_degree)
+        self.feat_drop = nn.Dropout(_probability("feat_drop", feat_drop))
+        width = out_feats * num_heads
+        if residual:
+            self.res_fc = nn.Linear(in_feats, width, bias=bias) if in_feats != width else nn.Identity()
+        else:
+            self.register_buffer("res_fc", None)
+        self.activation = _activation(activation)
+
+    def _reset(self, *weights: torch.Tensor, biases: tuple[torch.Tensor | None, ...] = ()) -> None:
+        """DGL's initialization: Xavier-normal with the ReLU gain (the residual's too), zero biases."""
+        gain = nn.init.calculate_gain("relu")
+        if isinstance(self.res_fc, nn.Linear):
+            weights, biases = (*weights, self.res_fc.weight), (*biases, self.res_fc.bias)
+        for weight in weights:
+            nn.init.xavier_normal_(weight, gain=gain)
+        for bias in biases:
+            if bias is not None:
+                nn.init.constant_(bias, 0)
+
+    def set_allow_zero_in_degree(self, set_value: bool) -> None:
+        self._allow_zero_in_degree = bool(set_value)
+
+    def _graph(self, graph: Any, feat: torch.Tensor, param_dtype: torch.dtype) -> Graph:
+        return _graph_and_features(graph, feat, self._in_feats, param_dtype, self._allow_zero_in_degree)
+
+    def _dropout(self) -> float:
+        return self.attn_drop_p if self.training else 0.0
+
+    def _finish(self, out: torch.Tensor, h: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """Residual of the (dropped-out) input, output bias, activation."""
+        if self.res_fc is not None:
+            out = out + self.res_fc(h).view(h.shape[0], -1, self._out_feats)
+        if bias is not None:
+            out = out + bias.view(1, self._num_heads, self._out_feats)
+        return out if self.activation is None else self.activation(out)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_feats={self._in_feats}, out_feats={self._out_feats}, num_heads={self._num_heads}, "
+            f"attn_drop={self.attn_drop_p}, negative_slope={self.negative_slope}"
+        )
+
+
+class GATConv(_DGLHeadsConv):
     r"""Graph attention layer (Veličković et al., 2018), fused; DGL's GATConv interface.
 
     For node ``i`` with incoming edges ``j -> i`` and heads ``h``::
@@ -120,77 +180,36 @@ class GATConv(nn.Module):
         allow_zero_in_degree: bool = False,
         bias: bool = True,
     ) -> None:
-        super().__init__()
-        self._in_feats = _positive_int("in_feats", in_feats)
-        self._out_feats = _positive_int("out_feats", out_feats)
-        self._num_heads = _positive_int("num_heads", num_heads)
-        self.attn_drop_p = _probability("attn_drop", attn_drop)
-        self.negative_slope = _slope(negative_slope)
-        self._allow_zero_in_degree = bool(allow_zero_in_degree)
+        super().__init__(in_feats, out_feats, num_heads, feat_drop, attn_drop, negative_slope, residual, activation,
+                         allow_zero_in_degree, bias)
         self.fc = nn.Linear(in_feats, out_feats * num_heads, bias=False)
         self.attn_l = nn.Parameter(torch.empty(1, num_heads, out_feats))
         self.attn_r = nn.Parameter(torch.empty(1, num_heads, out_feats))
-        self.feat_drop = nn.Dropout(_probability("feat_drop", feat_drop))
-        self.has_linear_res = False
-        self.has_explicit_bias = False
-        if residual:
-            if in_feats != out_feats * num_heads:
-                self.res_fc = nn.Linear(in_feats, num_heads * out_feats, bias=bias)
-                self.has_linear_res = True
-            else:
-                self.res_fc = nn.Identity()
-        else:
-            self.register_buffer("res_fc", None)
-        if bias and not self.has_linear_res:
+        # As in DGL: a linear residual carries the bias, otherwise an explicit output bias.
+        self.has_linear_res = isinstance(self.res_fc, nn.Linear)
+        self.has_explicit_bias = bool(bias) and not self.has_linear_res
+        if self.has_explicit_bias:
             self.bias = nn.Parameter(torch.empty(num_heads * out_feats))
-            self.has_explicit_bias = True
         else:
             self.register_buffer("bias", None)
-        self.activation = _activation(activation)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         """DGL's initialization: Xavier-normal with the ReLU gain, zero biases."""
-        gain = nn.init.calculate_gain("relu")
-        nn.init.xavier_normal_(self.fc.weight, gain=gain)
-        nn.init.xavier_normal_(self.attn_l, gain=gain)
-        nn.init.xavier_normal_(self.attn_r, gain=gain)
-        if self.has_explicit_bias:
-            nn.init.constant_(self.bias, 0)
-        if isinstance(self.res_fc, nn.Linear):
-            nn.init.xavier_normal_(self.res_fc.weight, gain=gain)
-            if self.res_fc.bias is not None:
-                nn.init.constant_(self.res_fc.bias, 0)
-
-    def set_allow_zero_in_degree(self, set_value: bool) -> None:
-        self._allow_zero_in_degree = bool(set_value)
+        self._reset(self.fc.weight, self.attn_l, self.attn_r, biases=(self.bias,))
 
     def forward(self, graph: Any, feat: torch.Tensor, *, schedule: ScheduleOptions | None = None) -> torch.Tensor:
-        graph = _graph_and_features(graph, feat, self._in_feats, self.fc.weight.dtype, self._allow_zero_in_degree)
-        num_nodes = feat.shape[0]
+        graph = self._graph(graph, feat, self.fc.weight.dtype)
         h = self.feat_drop(feat)
-        wh = self.fc(h).view(num_nodes, self._num_heads, self._out_feats)
-        dropout = self.attn_drop_p if self.training else 0.0
+        wh = self.fc(h).view(feat.shape[0], self._num_heads, self._out_feats)
         out = ops.gat(
-            graph, wh, self.attn_l, self.attn_r, negative_slope=self.negative_slope, dropout=dropout,
+            graph, wh, self.attn_l, self.attn_r, negative_slope=self.negative_slope, dropout=self._dropout(),
             schedule=schedule,
         )
-        if self.res_fc is not None:
-            out = out + self.res_fc(h).view(num_nodes, -1, self._out_feats)
-        if self.has_explicit_bias:
-            out = out + self.bias.view(1, self._num_heads, self._out_feats)
-        if self.activation is not None:
-            out = self.activation(out)
-        return out
-
-    def extra_repr(self) -> str:
-        return (
-            f"in_feats={self._in_feats}, out_feats={self._out_feats}, num_heads={self._num_heads}, "
-            f"attn_drop={self.attn_drop_p}, negative_slope={self.negative_slope}"
-        )
+        return self._finish(out, h, self.bias)
 
 
-class GATv2Conv(nn.Module):
+class GATv2Conv(_DGLHeadsConv):
     r"""GATv2 (Brody et al., 2022, "How Attentive are Graph Attention Networks?"), fused; DGL's
     GATv2Conv interface.
 
@@ -226,64 +245,35 @@ class GATv2Conv(nn.Module):
         bias: bool = True,
         share_weights: bool = False,
     ) -> None:
-        super().__init__()
-        self._in_feats = _positive_int("in_feats", in_feats)
-        self._out_feats = _positive_int("out_feats", out_feats)
-        self._num_heads = _positive_int("num_heads", num_heads)
-        self.attn_drop_p = _probability("attn_drop", attn_drop)
-        self.negative_slope = _slope(negative_slope)
-        self._allow_zero_in_degree = bool(allow_zero_in_degree)
+        super().__init__(in_feats, out_feats, num_heads, feat_drop, attn_drop, negative_slope, residual, activation,
+                         allow_zero_in_degree, bias)
         self.share_weights = bool(share_weights)
         self.bias = bool(bias)
         width = out_feats * num_heads
         self.fc_src = nn.Linear(in_feats, width, bias=bias)
         self.fc_dst = self.fc_src if share_weights else nn.Linear(in_feats, width, bias=bias)
         self.attn = nn.Parameter(torch.empty(1, num_heads, out_feats))
-        self.feat_drop = nn.Dropout(_probability("feat_drop", feat_drop))
-        if residual:
-            self.res_fc = nn.Linear(in_feats, width, bias=bias) if in_feats != width else nn.Identity()
-        else:
-            self.register_buffer("res_fc", None)
-        self.activation = _activation(activation)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         """DGL's initialization: Xavier-normal with the ReLU gain, zero biases."""
-        gain = nn.init.calculate_gain("relu")
         linears = [self.fc_src] if self.share_weights else [self.fc_src, self.fc_dst]
-        if isinstance(self.res_fc, nn.Linear):
-            linears.append(self.res_fc)
-        for linear in linears:
-            nn.init.xavier_normal_(linear.weight, gain=gain)
-            if linear.bias is not None:
-                nn.init.constant_(linear.bias, 0)
-        nn.init.xavier_normal_(self.attn, gain=gain)
-
-    def set_allow_zero_in_degree(self, set_value: bool) -> None:
-        self._allow_zero_in_degree = bool(set_value)
+        self._reset(*(linear.weight for linear in linears), self.attn, biases=tuple(linear.bias for linear in linears))
 
     def forward(self, graph: Any, feat: torch.Tensor, *, schedule: ScheduleOptions | None = None) -> torch.Tensor:
-        graph = _graph_and_features(graph, feat, self._in_feats, self.fc_src.weight.dtype, self._allow_zero_in_degree)
+        graph = self._graph(graph, feat, self.fc_src.weight.dtype)
         shape = (feat.shape[0], self._num_heads, self._out_feats)
         h = self.feat_drop(feat)
         feat_src = self.fc_src(h).view(shape)
         feat_dst = feat_src if self.share_weights else self.fc_dst(h).view(shape)
-        dropout = self.attn_drop_p if self.training else 0.0
         out = ops.gatv2(
-            graph, feat_src, feat_dst, self.attn, negative_slope=self.negative_slope, dropout=dropout,
+            graph, feat_src, feat_dst, self.attn, negative_slope=self.negative_slope, dropout=self._dropout(),
             schedule=schedule,
         )
-        if self.res_fc is not None:
-            out = out + self.res_fc(h).view(shape)
-        if self.activation is not None:
-            out = self.activation(out)
-        return out
+        return self._finish(out, h)
 
     def extra_repr(self) -> str:
-        return (
-            f"in_feats={self._in_feats}, out_feats={self._out_feats}, num_heads={self._num_heads}, "
-            f"attn_drop={self.attn_drop_p}, negative_slope={self.negative_slope}, share_weights={self.share_weights}"
-        )
+        return f"{super().extra_repr()}, share_weights={self.share_weights}"
 
 
 class GraphTransformerConv(nn.Module):
