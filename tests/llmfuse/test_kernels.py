@@ -176,3 +176,15 @@ def test_plan_tuning_is_checked():
     for gpu_only in ("pdl", "acquire_loads"):
         with pytest.raises(ValueError, match=f"{gpu_only}=True needs the compiled kernels"):
             ops.make_plan(CFG, 3, SLOTS, torch.float32, cpu, **{gpu_only: True})
+
+
+@pytest.mark.parametrize("scale", [1e4, 1e-6])
+def test_decode_attention_is_stable_for_huge_and_tiny_scores(scale, gen):
+    """Issue 8 numerics: scores of ~1e4 (exp overflows without the running max) and ~1e-6 (uniform weights)."""
+    cfg, w64, wk, plan, buf, cache, slot, kv_start = _setup(3, torch.float32, gen)
+    buf.q.copy_(torch.randn(buf.q.shape, generator=gen) * scale)
+    ops.decode_attention(cfg, LAYER, cache, buf, plan)
+    assert bool(torch.isfinite(buf.attn).all())
+    expected = ref.attention_step(buf.q.cpu().double()[:, None], cache.k[LAYER].cpu().double(),
+                                  cache.v[LAYER].cpu().double(), torch.tensor([slot]), kv_start)
+    assert_close(buf.attn.cpu().reshape(3, -1), expected[:, 0], torch.float32, name="attention")
