@@ -1,4 +1,4 @@
-"""gnnfuse: GATConv forward and forward+backward on citation graphs and power-law graphs.
+"""gnnfuse: GATConv, GATv2Conv, Graph Transformer and AGNN layers, forward and forward+backward.
 
 Graphs (TARGETS.md): the real Cora, CiteSeer and PubMed structures (:func:`gnnfuse.datasets.default_planetoid_root`;
 PubMed with synthetic width-500 features), an arxiv-like power-law graph (169,343 nodes,
@@ -17,6 +17,14 @@ forward under ``no_grad`` and a training step (forward + backward).  A further r
 the attention op alone (``gnnfuse.ops.gat`` on precomputed projections, no GEMM): the part
 the gather floor describes; another the projection GEMM alone.  Floor: the gather
 floor of :func:`gnnfuse.ops.gat_floor_bytes`; peak memory is recorded for every run.
+
+``gatv2conv``, ``transformerconv`` and ``agnnconv`` run the same comparison (one shared
+runner, :func:`_layer_runs`) for the rest of the family against PyG's GATv2Conv,
+TransformerConv and AGNNConv on Cora, PubMed, the arxiv-like and the Reddit-scale graphs
+(AGNN: one head over the input features, Cora / PubMed / arxiv-like), compiled PyG on Cora
+fp32 and arxiv-like; ``transformerconv[...+edge]`` adds 16 edge features per edge (arxiv-like),
+projected by ``lin_edge`` and added to keys and values.  Floors: :func:`gnnfuse.ops.attention_floor_bytes`
+(keys and values are two gathered tiles; raw edge features ``E·16`` elements).
 
 ``gat_reorder`` measures whether relabelling nodes for locality (:meth:`gnnfuse.Graph.reordered`:
 reverse Cuthill-McKee, or by degree) speeds the fused layer up on PubMed and the arxiv-like graph.
