@@ -224,3 +224,18 @@ def test_layer_errors_are_clear(gen, device):
         GATv2Conv(6, 4, 2, activation=3)
     with pytest.raises(TypeError, match="feat has dtype int64; expected one of"):
         GraphTransformerConv(6, 4).to(device)(edges, x.long())
+
+
+def test_every_layer_takes_graph_edge_index_and_pyg_data(gen, device):
+    from torch_geometric.data import Data
+
+    edges = corner_case_edges(gen).to(device)
+    x = torch.randn(29, 6, generator=gen).to(device)
+    edge_feat = torch.randn(edges.shape[1], 2, generator=gen).to(device)
+    for layer, extra in ((GATv2Conv(6, 3, 2, allow_zero_in_degree=True), ()),
+                         (GraphTransformerConv(6, 3, heads=2, edge_dim=2), (edge_feat,)),
+                         (AGNNConv(allow_zero_in_degree=True), ())):
+        layer = layer.to(device)
+        expected = layer(Graph(edges, 29), x, *extra)
+        assert torch.equal(layer(edges, x, *extra), expected)
+        assert torch.equal(layer(Data(edge_index=edges, num_nodes=29), x, *extra), expected)
