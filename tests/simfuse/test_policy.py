@@ -29,11 +29,21 @@ CASES = {
                                                 nn.Linear(48, 8), nn.Tanh(), nn.Linear(8, 33), nn.ReLU(),
                                                 nn.Linear(33, 3)),
                           lambda: nn.Sequential(nn.Linear(6, 20), nn.ReLU(), nn.Linear(20, 1)), "bf16"),
+    "cartpole-2x24-tf32": ("CartPole-v1",
+                           lambda: nn.Sequential(nn.Linear(4, 24), nn.Tanh(), nn.Linear(24, 24), nn.Tanh(),
+                                                 nn.Linear(24, 2)),
+                           lambda: nn.Sequential(nn.Linear(4, 24), nn.Tanh(), nn.Linear(24, 24), nn.Tanh(),
+                                                 nn.Linear(24, 1)), "tf32"),
+    "pendulum-2x24-fp16": ("Pendulum-v1",
+                           lambda: nn.Sequential(nn.Linear(3, 24), nn.ReLU(), nn.Linear(24, 24), nn.ReLU(),
+                                                 nn.Linear(24, 1)),
+                           lambda: nn.Sequential(nn.Linear(3, 24), nn.ReLU(), nn.Linear(24, 1)), "fp16"),
     "pendulum-linear-ieee": ("Pendulum-v1", lambda: nn.Sequential(nn.Linear(3, 1)),
                              lambda: nn.Sequential(nn.Linear(3, 12), nn.Tanh(), nn.Linear(12, 12, bias=False),
                                                    nn.Tanh(), nn.Linear(12, 1)), "ieee"),
 }
-# bf16 operands carry 8-bit mantissas; ieee is float32 throughout
+# tf32 / fp16 operands carry 11-bit mantissas, bf16 8-bit ones (on the GPU; the interpreter
+# computes in float32); ieee is float32 throughout
 TOLERANCE = {"ieee": 1e-4, "tf32": 5e-3, "bf16": 3e-2, "fp16": 5e-3}
 
 
