@@ -29,16 +29,19 @@ class Case:
     baseline: str
     run: Callable[[Context], None]
     description: str = ""
+    headline: bool = True
 
 
 _CASES: list[Case] = []
 
 
-def case(domain: str, name: str, *, baseline: str, description: str = ""):
+def case(domain: str, name: str, *, baseline: str, description: str = "", headline: bool = True):
     """Decorator registering ``run(ctx)`` as benchmark case ``domain/name``.
 
     ``baseline`` names the implementation speedups are computed against (the unfused
-    PyTorch reference, usually).
+    PyTorch reference, usually).  ``headline=False`` marks a tuning sweep or a breakdown
+    (variants of fusekit against its own default): recorded and plotted like every case,
+    left out of the README's headline table, which compares fusekit with other code.
     """
     if domain not in DOMAINS:
         raise ValueError(f"domain must be one of {DOMAINS}, got {domain!r}")
@@ -46,7 +49,7 @@ def case(domain: str, name: str, *, baseline: str, description: str = ""):
     def register(fn: Callable[[Context], None]) -> Callable[[Context], None]:
         if any(c.domain == domain and c.name == name for c in _CASES):
             raise ValueError(f"benchmark case {domain}/{name} registered twice")
-        _CASES.append(Case(domain, name, baseline, fn, description or (fn.__doc__ or "").strip()))
+        _CASES.append(Case(domain, name, baseline, fn, description or (fn.__doc__ or "").strip(), headline))
         return fn
 
     return register

@@ -59,3 +59,27 @@ def test_readme_results_section_is_generated_from_committed_results():
     text = readme.render()
     assert text.startswith(readme.BEGIN) and text.endswith(readme.END)
     assert readme.main(["--check"]) == 0, "README.md is stale: run python -m benchmarks.readme"
+
+
+def test_headline_leaves_out_sweeps_and_compares_with_other_code(monkeypatch):
+    """A case registered with headline=False (a tuning sweep) gives no headline row; a case's
+    row shows its baseline and fusekit's fastest implementation."""
+    from benchmarks import registry
+    from fusecore.report import Record
+
+    readme._sweep_cases()  # registers every case
+    monkeypatch.setattr(registry, "_CASES", registry.cases())
+    registry.case("core", "test_sweep", baseline="default", headline=False)(lambda ctx: None)
+    registry.case("core", "test_headline", baseline="torch loop")(lambda ctx: None)
+
+    def record(case: str, implementation: str, ms: float, baseline: str) -> Record:
+        return Record("core", case, implementation, ms, ms, ms, True, "do_bench", baseline=baseline)
+
+    rows = readme._headline([
+        record("test_headline[x]", "torch loop", 4.0, "torch loop"),
+        record("test_headline[x]", "fused kernel", 1.0, "torch loop"),
+        record("test_sweep[x]", "default", 2.0, "default"),
+        record("test_sweep[x]", "fused variant", 1.0, "default"),
+    ])
+    assert len(rows) == 3, rows
+    assert "test_headline[x]" in rows[2] and "fused kernel (1.000)" in rows[2] and "4.00x" in rows[2]
