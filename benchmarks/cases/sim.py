@@ -178,35 +178,30 @@ def _cartpole_mlp(device: torch.device, hidden: int = 64, critic: bool = False) 
     return (net(2), net(1)) if critic else (net(2),)
 
 
-@case("sim", "tuning", baseline="default launch")
+@case("sim", "tuning", baseline="default launch", headline=False)
 def tuning_case(ctx: Context) -> None:
     """Launch variants of the CartPole rollout kernel, each against the default choice.
 
-    * random policy, 4,096 envs x 512 steps (latency-bound): envs per program (2 .. 32: fewer
-      means more warps per scheduler to hide each step's dependency chain, each warp mostly
-      idle lanes) and random draws computed every step vs only when needed (policy draws once
-      per four steps, start states only when an env of the block resets);
-    * the same at 1 M envs x 64 steps (throughput-bound), blocks of 32 (one warp: the "any env
-      resets" branch is per warp) .. 256;
-    * 2x64 MLP actor+critic, 1 M envs x 64 steps (bf16 and tf32): envs per program and warps;
-    * the same in float32 ("ieee", CUDA cores) at 65,536 envs: the default 16 envs x 2 warps
-      against the 128 x 4 that spilled tens of KiB per thread.
+    The first H200 sweep (16:45 run: envs per program 2 .. 256, policy and reset draws eager or
+    lazy, MLP blocks and warps in bf16 / tf32 / ieee) set the defaults in
+    :class:`simfuse.ops.Tuning` and :data:`simfuse.ops.MLP_LAUNCH`; the runners-up stay here
+    to show the margin:
+
+    * random policy, 4,096 envs x 512 steps (latency-bound): start states drawn every step at
+      8 envs per program, and 32 envs per program (one warp);
+    * random policy, 1 M envs x 64 steps: start states drawn only when needed at 128 envs;
+    * 2x64 actor+critic MLP, 1 M envs x 64 steps: tf32 at 128 envs x 4 warps, bf16 at 64 x 2.
     """
     from simfuse import ops
 
-    def eager_lazy(block: int, policy_lazy: bool, reset_lazy: bool) -> tuple[str, dict]:
-        name = f"envs/program {block}, policy draws {'lazy' if policy_lazy else 'eager'}, " \
-               f"reset draws {'lazy' if reset_lazy else 'eager'}"
-        return name, {"env_block": block, "lazy_policy_block": block if policy_lazy else block * 2,
-                      "lazy_reset_block": block if reset_lazy else block * 2}
-
-    groups = [
-        (129, 8, [eager_lazy(b, lazy, lazy) for b in (8, 16) for lazy in (False, True)]) if ctx.quick else
-        (4096, 512, [eager_lazy(b, lazy, lazy) for b in (2, 4, 8, 16, 32) for lazy in (False, True)]
-         + [eager_lazy(8, True, False), eager_lazy(4, True, False)]),
-    ]
+    groups = [(129, 8, [("lazy start states at 8 envs/program", {"env_block": 8, "eager_reset_block": 16})])]
     if not ctx.quick:
-        groups.append((1 << 20, 64, [eager_lazy(b, True, lazy) for b in (32, 64, 128, 256) for lazy in (False, True)]))
+        groups = [
+            (4096, 512, [("start states every step, 8 envs/program", {"env_block": 8, "eager_reset_block": 8}),
+                         ("32 envs/program (one warp)", {"env_block": 32})]),
+            (1 << 20, 64, [("start states only when needed, 128 envs/program",
+                            {"env_block": 128, "eager_reset_block": 256})]),
+        ]
     for n, k, variants in groups:
         env = simfuse.make_vec("CartPole-v1", n, device=ctx.device)
         env.reset(seed=0)
@@ -224,18 +219,15 @@ def tuning_case(ctx: Context) -> None:
                 _rate(ctx.time(impl, run, bytes_moved=traj_bytes, params={"num_envs": n, "steps": k, **overrides},
                                variant=f"random,n={n},K={k}"), n, k)
 
-    big, k = (129, 4) if ctx.quick else (1 << 20, 64)
+    n, k = (129, 4) if ctx.quick else (1 << 20, 64)
+    env = simfuse.make_vec("CartPole-v1", n, device=ctx.device)
     actor, critic = _cartpole_mlp(ctx.device, critic=True)
-    fast_shapes = [(128, 4), (64, 4), (64, 2), (128, 8)] if not ctx.quick else [(32, 1)]
-    ieee_shapes = [(128, 4), (32, 2), (16, 1)] if not ctx.quick else [(32, 1)]
-    for precision, n, shapes in (("bf16", big, fast_shapes), ("tf32", big, fast_shapes),
-                                 ("ieee", big if ctx.quick else 1 << 16, ieee_shapes)):
-        env = simfuse.make_vec("CartPole-v1", n, device=ctx.device)
+    for precision, (block, warps) in (("tf32", (128, 4)), ("bf16", (64, 2))):
         policy = simfuse.MLPPolicy(actor, critic, precision=precision)
         env.reset(seed=0)
         first = env.rollout(policy, num_steps=1)
-        for impl, overrides in [("default launch", {})] + [
-                (f"envs/program {b}, {w} warps", {"mlp_block": b, "mlp_warps": w}) for b, w in shapes]:
+        for impl, overrides in (("default launch", {}),
+                                (f"{block} envs/program, {warps} warps", {"mlp_block": block, "mlp_warps": warps})):
             def run(o=overrides, p=policy):
                 with ops.tuned(**o):
                     return env.rollout(p, num_steps=k)
