@@ -17,7 +17,8 @@ Precision: "ieee" multiplies in float32 on the CUDA cores (log-probabilities agr
 PyTorch's float32 forward to ~1e-6) with an exact tanh; "tf32" uses the tensor cores with
 float32 operands rounded to 10-bit mantissas; "bf16" / "fp16" store the weights and cast the
 activations to 16 bits (twice the tensor-core rate of tf32, half the bytes), accumulating in
-float32.  The three fast modes compute tanh with the hardware's ``tanh.approx.f32`` (one
+float32 (the interpreter, which cannot compute in bfloat16, gets bfloat16-rounded weights in
+float32).  The three fast modes compute tanh with the hardware's ``tanh.approx.f32`` (one
 special-function instruction, relative error ~5e-4) when compiled.  Heads:
 
 * categorical (discrete, n ≤ 64 actions): log π(a) = out_a − logsumexp(out); the action by
@@ -27,9 +28,11 @@ special-function instruction, relative error ~5e-4) when compiled.  Heads:
 * Gaussian (continuous, one dimension): a = μ + σ z with z the Philox normal of the step,
   log π(a) = −z²/2 − log σ − log(2π)/2.
 
-Weights are read from L1/L2 every step (a 2x64 float32 MLP is 24 KiB per program; held in
-registers for the whole loop it spills): an MLP policy adds no device-memory traffic per step
-beyond the log-probability (and value) it writes.
+The weights are loaded inside the step loop, through L1/L2 (a 2x64 float32 MLP is 24 KiB;
+kept in registers for the whole loop it would spill): an MLP policy adds no device-memory
+traffic per step beyond the log-probability (and value) it writes.  Measured on an H200 (2x64
+tanh actor, CartPole-v1, 1 M envs x 64 steps): 1.4e10 env-steps/s in bf16, 6.7e9 in tf32,
+1.2e9 in ieee float32.
 """
 
 import triton.language as tl
