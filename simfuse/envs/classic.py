@@ -11,6 +11,7 @@ NEXT_STEP, SAME_STEP and DISABLED.
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any
 
 from .. import specs
@@ -87,7 +88,9 @@ class PendulumVectorEnv(FusedVectorEnv):
     env_def = specs.PENDULUM
 
     def __init__(self, num_envs: int = 1, *args: Any, g: float = 10.0, **kwargs: Any):
-        if isinstance(g, bool) or not isinstance(g, (int, float)) or not math.isfinite(g):
+        if isinstance(g, bool) or not isinstance(g, numbers.Real):
+            raise TypeError(f"g must be a real number, got {type(g).__name__}")
+        if not math.isfinite(g):
             raise ValueError(f"g must be a finite number, got {g!r}")
         super().__init__(num_envs, *args, **kwargs)
         self.env_param = float(g)

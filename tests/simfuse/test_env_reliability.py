@@ -78,6 +78,9 @@ def test_step_before_reset_and_bad_construction():
         make("CartPole-v1", 2, sutton_barto_reward="yes")
     with pytest.raises(ValueError, match="g must be a finite number"):
         make("Pendulum-v1", 2, g=float("nan"))
+    with pytest.raises(TypeError, match="g must be a real number, got str"):
+        make("Pendulum-v1", 2, g="9.8")
+    assert make("Pendulum-v1", 2, g=np.float32(9.8)).env_param == pytest.approx(9.8)
 
 
 def test_same_seed_same_mlp_rollouts(device):
