@@ -53,14 +53,15 @@ class DecodePlan:
     # looped kernel 19% slower on the H200 (plan_sweep, 1B batch 1: 1.46 -> 1.23 ms without).
     prefetch: int = 0
     prefetch_block: int = 1024
-    num_warps: int = 4  # 8 for batch 64: the [64, n] accumulators need the registers of 256 threads
+    num_warps: int = 4  # 4 at every batch (plan_sweep: 8 warps 13% slower at batch 1, 22% at batch 64)
     split_k: int = 1  # K parts per residual-projection tile (summed in order by the last part to finish)
     num_stages: int | None = None  # software-pipeline depth of the K loops (None: Triton's default)
     acquire_loads: bool = False  # looped kernel: barrier polls are ld.acquire (inline PTX; compiled only)
     pdl: bool = False  # per-layer kernels: programmatic dependent launch (kernels/launch_order.py; sm_90+)
     # Registers per thread the looped kernel may use (None or 0: as many as the compiler wants).
-    # It inlines every instruction: at batch 1 ptxas (sm_90) gives it 128 registers either way
-    # (two 8-warp programs per SM), with spills only when uncapped; at batch >= 8 it takes 255.
+    # It inlines every instruction, so it needs the most of any of them (up to 255 at batch >= 8).
+    # Capped at 128 at batch 1 (two programs of 8 warps per SM) it ran 1.68 ms per step on the
+    # H200 against 2.58 uncapped (plan_sweep, Llama-3.2-1B).
     maxnreg: int | None = None
 
     @property
@@ -123,13 +124,16 @@ def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, 
         raise ValueError(f"max_slots must be >= 1, got {max_slots}")
     compiled = device.type == "cuda"
     sms = device_facts(device).sm_count if compiled else 1
-    # One row: row sums (no padding).  More: tensor-core tiles of >= 16 rows, the batch padded —
-    # at batch 8 on the H200 (benchmarks plan_sweep) 2.2x faster than row sums over 8 rows.
-    block_b = 1 if batch == 1 else max(16, next_power_of_2(batch))
+    # Measured on the H200 (benchmarks plan_sweep, Llama-3.2-1B): one or two rows by row sums
+    # (no padding; batch 2: 5% faster than padded tensor-core tiles), more rows by tensor-core
+    # tiles of >= 16 rows, the batch padded (batch 8: 2.2x faster than row sums over 8 rows).
+    block_b = next_power_of_2(batch) if batch <= 2 else max(16, next_power_of_2(batch))
     if compiled and batch == 1:
-        # Narrow tiles of 512-wide k chunks (8 KB of bf16 per load per program) with 8 warps and
-        # K split in 4 (plan_sweep: each of 8 warps and split K 4 gained 8% over 4 warps, K 1024).
+        # Narrow tiles of 512-wide k chunks (8 KB of bf16 per load per program), K split in 4
+        # (8% faster than 1024-wide chunks split in 2; 8 warps instead of 4: 13% slower).
         block_k, block_n, block_p, block_v, block_s = 512, 8, 8, 8, 64
+    elif compiled and batch == 2:
+        block_k, block_n, block_p, block_v, block_s = 1024, 8, 8, 8, 64
     elif compiled:
         # tl.dot needs every dimension >= 16.  64-row weight tiles: each program reads B·K
         # activations from L2 per 64·K weights from HBM (16-row tiles re-read the activations
@@ -157,15 +161,14 @@ def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, 
     )
     if looped_programs is None:
         looped_programs = 0 if compiled else 1  # 0: as many as are co-resident (decided at launch)
-    num_warps = 8 if compiled and (block_b >= 64 or batch == 1) else 4
     if split_k is None:
         # A tile streams its K chunks one after another: split K so that no residual-projection
         # tile has more than a few and there are several tiles per SM (1B: W_o 4 -> 1 chunk).
         shortest_k = min(cfg.num_attention_heads * cfg.head_dim, cfg.intermediate_size)
         split_k = max(1, min(4, shortest_k // block_k)) if compiled else 1
     maxnreg = 128 if compiled and batch == 1 else None
-    plan = DecodePlan(**{**plan.__dict__, "looped_programs": looped_programs,
-                         "num_warps": num_warps, "split_k": split_k, "maxnreg": maxnreg})
+    plan = DecodePlan(**{**plan.__dict__, "looped_programs": looped_programs, "split_k": split_k,
+                         "maxnreg": maxnreg})
     for option in ("acquire_loads", "pdl"):
         if tuning.get(option) and not compiled:
             raise ValueError(f"{option}=True needs the compiled kernels on a CUDA device (sm_90+)")

@@ -241,30 +241,21 @@ def instruction_breakdown_case(ctx: Context) -> None:
                          params={**params, "instruction": instruction}, variant=f"B={batch}")
 
 
-# Plan variants timed against the default plan (Llama-3.2-1B, context 512), each a change of a
-# few fields of the default: at batch 1 the two changes that made the default (8 warps, K split
-# in 4 of 512) each undone, and wider vocabulary tiles; the looped kernel with acquire-load
-# barrier polls (no RMW per waiting program), with a small barrier prefetch, and without or
-# with a tighter register cap than the default 128 (maxnreg=0: none; 64: four 8-warp programs
-# per SM instead of two, with spills); batch 2 by row
-# sums instead of padded tensor-core tiles; at batch 8 and 64 deeper or shallower K chunks,
-# more K parts, more warps, wider tiles and pipelines (ptxas, sm_90: 136-184 registers per thread
-# at batch 8 with the default, 38-80 with 8 warps and 64-wide K chunks); last, the per-layer
-# kernels with programmatic dependent launch.  ``programs_per_sm`` sets ``looped_programs`` to that many per SM.
+# Plan variants timed against the default plan (Llama-3.2-1B, context 512), each one or two
+# fields away from it.  The defaults come from two rounds of this sweep on the H200 (ms per step,
+# per-layer path): batch 1 with 4 warps, K chunks of 512 split in 4 (0.99; 8 warps 1.11, chunks
+# of 1024 split in 2 0.99, 16-row tiles 1.11); batch 2 by row sums (1.32; padded tensor-core tiles
+# 1.38); batch 8 by tensor-core tiles of 64 rows (1.42; 8 rows by row sums 3.06, 16-row tiles
+# 2.35, 8 warps 1.78); batch 64 with 4 warps and 64-row tiles (2.19; 16-row tiles 6.55, 8 warps
+# 2.67).  Barrier prefetch and programmatic dependent launch lost everywhere (looped 1.46 -> 1.23
+# without prefetch; PDL 0.73-0.99x); acquire-load barrier polls made no difference.
 PLAN_SWEEP: list[tuple[int, bool, dict[str, int]]] = [
-    (1, False, {"num_warps": 4}), (1, False, {"split_k": 2, "block_k": 1024}), (1, False, {"block_v": 16}),
-    (1, True, {}), (1, True, {"acquire_loads": True}), (1, True, {"prefetch": 2048}),
-    (1, True, {"acquire_loads": True, "programs_per_sm": 2}), (1, True, {"maxnreg": 0}),
-    (1, True, {"maxnreg": 64}),
-    (2, False, {"block_b": 2, "block_n": 8, "block_p": 8, "block_v": 8, "block_k": 1024}),
-    (8, False, {"block_k": 256}), (8, False, {"split_k": 8}), (8, False, {"num_warps": 8}),
-    (8, False, {"block_n": 128, "block_p": 32, "block_v": 256}), (8, False, {"num_stages": 4}),
-    (8, False, {"num_warps": 8, "block_k": 64}), (8, False, {"num_warps": 8, "block_k": 64, "block_v": 64}),
-    (8, True, {}), (8, True, {"acquire_loads": True}), (8, True, {"num_warps": 8, "block_k": 64}),
-    (8, True, {"num_warps": 8, "block_k": 64, "maxnreg": 128}),
-    (64, False, {"split_k": 8}), (64, False, {"num_warps": 4}), (64, False, {"block_k": 128}),
-    (64, False, {"num_stages": 4}), (64, False, {"block_n": 128, "block_p": 32, "block_v": 256}),
-    (1, False, {"pdl": True}), (8, False, {"pdl": True}), (64, False, {"pdl": True}),
+    (1, False, {"num_warps": 8}), (1, False, {"split_k": 2, "block_k": 1024}),
+    (1, True, {}), (1, True, {"maxnreg": 0}), (1, True, {"acquire_loads": True}), (1, True, {"prefetch": 2048}),
+    (2, False, {"block_b": 16, "block_n": 64, "block_p": 16, "block_v": 128, "block_k": 128}),
+    (8, False, {"split_k": 8}), (8, False, {"block_k": 256}), (8, True, {}),
+    (64, False, {"block_k": 128}), (64, False, {"num_warps": 8}), (64, True, {}),
+    (1, False, {"pdl": True}), (8, False, {"pdl": True}),
 ]
 QUICK_PLAN_SWEEP = [(3, False, {"block_b": 4}), (3, True, {})]
 
