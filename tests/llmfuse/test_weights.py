@@ -84,6 +84,10 @@ def test_checkpoint_errors_name_file_and_tensor(tmp_path):
     with pytest.raises(CheckpointError, match=rf"{name}.*model.safetensors.*shape \(88, 47\)"):
         llmfuse.from_pretrained(tmp_path, device="cpu")
 
+    _rewrite(file, lambda t: t.update({name: torch.zeros(88, 48, dtype=torch.int32)}))
+    with pytest.raises(CheckpointError, match=rf"{name}.*model.safetensors.*dtype torch.int32, expected a float"):
+        llmfuse.from_pretrained(tmp_path, device="cpu")
+
     _rewrite(file, lambda t: t.update({"model.layers.1.mlp.upproj.weight": t.pop(name)}))
     with pytest.raises(CheckpointError, match=rf"{name}.*missing.*model.safetensors"):
         llmfuse.from_pretrained(tmp_path, device="cpu")
