@@ -60,8 +60,8 @@ class DecodePlan:
     pdl: bool = False  # per-layer kernels: programmatic dependent launch (kernels/launch_order.py; sm_90+)
     # Registers per thread the looped kernel may use (None or 0: as many as the compiler wants).
     # It inlines every instruction, so it needs the most of any of them (up to 255 at batch >= 8).
-    # Capped at 128 at batch 1 (two programs of 8 warps per SM) it ran 1.68 ms per step on the
-    # H200 against 2.58 uncapped (plan_sweep, Llama-3.2-1B).
+    # Capped at 128 at batch 1 it ran 1.68 ms per step on the H200 against 2.58 uncapped
+    # (plan_sweep, Llama-3.2-1B, 8 warps per program).
     maxnreg: int | None = None
 
     @property
