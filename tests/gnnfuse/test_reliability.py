@@ -103,8 +103,8 @@ def test_layer_checks_features_and_keeps_working_after_an_error(gen, device):
     looped = graph.add_self_loops()
     expected = layer(looped, x)
     for bad, error, words in [
-        (x[:, :5], ValueError, "in_feats=6"), (x[:28], ValueError, "num_nodes=29"),
-        (x.double(), TypeError, "dtype"), (x.numpy(), TypeError, "torch.Tensor"), (x[None], ValueError, "in_feats"),
+        (x[:, :5], ValueError, "in_feats=6"), (x[:28], ValueError, "num_nodes=29"), (x.double(), TypeError, "dtype"),
+        (x.cpu().numpy(), TypeError, "torch.Tensor"), (x[None], ValueError, "in_feats"),
     ]:
         with pytest.raises(error, match=words):
             layer(looped, bad)
