@@ -107,6 +107,17 @@ class AttentionInputs:
         return self.src_term, self.dst_term, attn, self.value, attr, weight
 
 
+MIN_DOT = 16  # every dimension of a tl.dot operand must be >= 16
+
+
+def _edge_flags(inputs: AttentionInputs, block_h: int, block_d: int, edges_per_program: int) -> dict:
+    """BLOCK_K and EDGE_DOT of a launch: the edge projection runs as one matrix product per
+    tile where every dimension allows it (and not in float64), else as K rank-1 updates."""
+    dot = (inputs.has_edge and inputs.value.dtype != torch.float64 and block_h * block_d >= MIN_DOT
+           and edges_per_program >= MIN_DOT)
+    return {"BLOCK_K": max(MIN_DOT, next_power_of_2(inputs.edge_dim)), "EDGE_DOT": dot}
+
+
 def _tile_budget(schedule, inputs: AttentionInputs, kernel_pass: str) -> tuple[int, int]:
     """(feature tiles a light program holds at once, edge block of the row kernel) for one pass.
 
@@ -167,6 +178,7 @@ def attention_forward(
             graph.csr_src, rows, starts, stops, *tensors, out, lse, rows.numel(), heads, head_dim, inputs.edge_dim,
             *scalars,
             ROWS=per_program, BLOCK_E=width, BLOCK_H=block_h, BLOCK_D=block_d, **flags,
+            **_edge_flags(inputs, block_h, block_d, per_program * width),
         )
     for rows, starts, stops, count, pieces in _row_launches(buckets):
         if pieces:
@@ -178,6 +190,7 @@ def attention_forward(
             graph.csr_src, rows, starts, stops, *tensors, target_out, target_lse, heads, head_dim, inputs.edge_dim,
             *scalars,
             BLOCK_E=row_block_e, BLOCK_H=block_h, BLOCK_D=block_d, PIECES=pieces, **flags,
+            **_edge_flags(inputs, block_h, block_d, row_block_e),
         )
         if pieces:
             lse_merge_kernel[(buckets.super_rows.numel(),)](
@@ -262,6 +275,7 @@ def attention_backward(
             graph.rev_dst, graph.rev_pos, rows, starts, stops, *src_tensors, grad_value, grad_src, grad_s,
             rows.numel(), heads, head_dim, edge_dim, *scalars,
             ROWS=per_program, BLOCK_E=width, BLOCK_H=block_h, BLOCK_D=block_d, **flags,
+            **_edge_flags(inputs, block_h, block_d, per_program * width),
         )
     for rows, starts, stops, count, pieces in _row_launches(outgoing):
         if pieces:
@@ -273,6 +287,7 @@ def attention_backward(
             graph.rev_dst, graph.rev_pos, rows, starts, stops, *src_tensors,
             target_value, target_src, grad_s, heads, head_dim, edge_dim, *scalars,
             BLOCK_E=row_block_e, BLOCK_H=block_h, BLOCK_D=block_d, PIECES=pieces, **flags,
+            **_edge_flags(inputs, block_h, block_d, row_block_e),
         )
         if pieces:
             _merge_sums(outgoing, target_value, grad_value)
@@ -299,14 +314,14 @@ def attention_backward(
     src_term, dst_term, attn, _, attr, weight = inputs.pointers()
     dst_tensors = (src_term, dst_term, attn, attr, weight, grad_s, lse, grad_out)
     edge_outputs = (grad_s, grad_s) if grad_attr is None else (grad_attr, attr_sums)
-    dst_flags = {**flags, "BLOCK_K": next_power_of_2(edge_dim)}
     light_tiles, row_block_e = _tile_budget(schedule, inputs, "destination")
     for width, rows, starts, stops in incoming.light:
         per_program = schedule.light_rows_per_program(width, light_tiles * block_h * block_d)
         attention_backward_dst_light_kernel[(cdiv(rows.numel(), per_program),)](
             graph.csr_src, rows, starts, stops, *dst_tensors, grad_dst, *edge_outputs, rows.numel(),
             heads, head_dim, edge_dim, *scalars,
-            ROWS=per_program, BLOCK_E=width, BLOCK_H=block_h, BLOCK_D=block_d, **dst_flags,
+            ROWS=per_program, BLOCK_E=width, BLOCK_H=block_h, BLOCK_D=block_d, **flags,
+            **_edge_flags(inputs, block_h, block_d, per_program * width),
         )
     for rows, starts, stops, count, pieces in _row_launches(incoming):
         if pieces:
@@ -317,7 +332,8 @@ def attention_backward(
         attention_backward_dst_kernel[(count,)](
             graph.csr_src, rows, starts, stops, *dst_tensors, target_dst, edge_outputs[0], target_sums,
             heads, head_dim, edge_dim, *scalars,
-            BLOCK_E=row_block_e, BLOCK_H=block_h, BLOCK_D=block_d, PIECES=pieces, **dst_flags,
+            BLOCK_E=row_block_e, BLOCK_H=block_h, BLOCK_D=block_d, PIECES=pieces, **flags,
+            **_edge_flags(inputs, block_h, block_d, row_block_e),
         )
         if pieces:
             _merge_sums(incoming, target_dst, grad_dst)

@@ -35,7 +35,7 @@ import triton.language as tl
 from fusecore.backend import jit
 
 from .dropout import attention_dropout
-from .edge_features import attr_outer, project_edges, store_attr_grad
+from .edge_features import attr_outer, edge_weight_tile, project_edges, store_attr_grad
 from .scores import attn_grad_terms, edge_scores, score_grad
 from .tiles import flat_head_tile, head_tile, item_edges, light_edges
 
@@ -48,6 +48,7 @@ def attention_backward_src_kernel(
     H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
     BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     PIECES: tl.constexpr, DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr,
+    BLOCK_K: tl.constexpr, EDGE_DOT: tl.constexpr,
 ):
     acc_dtype = lse_ptr.dtype.element_ty
     pid = tl.program_id(0).to(tl.int64)
@@ -64,6 +65,8 @@ def attention_backward_src_kernel(
         src_j = tl.load(src_term_ptr + row * HD + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
         acc_src = tl.zeros([BLOCK_H, BLOCK_D], dtype=acc_dtype)
         attn = tl.load(attn_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
+    if EDGE:
+        w_tile = edge_weight_tile(w_edge_ptr, K, H, D, BLOCK_K, BLOCK_H, BLOCK_D)
     acc_val = tl.zeros([BLOCK_H, BLOCK_D], dtype=acc_dtype)
     for q0 in range(start, stop, BLOCK_E):
         q = q0 + offs_e
@@ -84,8 +87,8 @@ def attention_backward_src_kernel(
             if SCORE == 2:
                 dst_i = dst_i * scale
             if EDGE:
-                edge_e = project_edges(attr_ptr, w_edge_ptr, pos, e_mask, K, HD, hd_offs, hd_mask, acc_dtype,
-                                       BLOCK_E, BLOCK_H, BLOCK_D)
+                edge_e = project_edges(attr_ptr, w_edge_ptr, w_tile, pos, e_mask, K, HD, hd_offs, hd_mask, acc_dtype,
+                                       BLOCK_E, BLOCK_H, BLOCK_D, BLOCK_K, EDGE_DOT)
                 src_e = src_j + edge_e
             else:
                 src_e = src_j
@@ -133,7 +136,7 @@ def attention_backward_src_light_kernel(
     grad_value_ptr, grad_src_ptr, grad_s_ptr,
     num_rows, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
     ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-    DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr,
+    DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr, BLOCK_K: tl.constexpr, EDGE_DOT: tl.constexpr,
 ):
     """The source pass for ``ROWS`` light source rows per program, edges in one tile."""
     acc_dtype = lse_ptr.dtype.element_ty
@@ -175,8 +178,9 @@ def attention_backward_src_light_kernel(
                             other=0.0).to(acc_dtype)
         if EDGE:
             pos_flat = tl.reshape(pos, [ROWS * BLOCK_E])
-            edge_e = project_edges(attr_ptr, w_edge_ptr, pos_flat, e_flat, K, HD, hd_offs, hd_mask, acc_dtype,
-                                   ROWS * BLOCK_E, BLOCK_H, BLOCK_D)
+            w_tile = edge_weight_tile(w_edge_ptr, K, H, D, BLOCK_K, BLOCK_H, BLOCK_D)
+            edge_e = project_edges(attr_ptr, w_edge_ptr, w_tile, pos_flat, e_flat, K, HD, hd_offs, hd_mask,
+                                   acc_dtype, ROWS * BLOCK_E, BLOCK_H, BLOCK_D, BLOCK_K, EDGE_DOT)
             src_e += edge_e
         attn = tl.load(attn_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
         s = tl.reshape(edge_scores(src_e, dst_i, attn, negative_slope, SCORE), [ROWS, BLOCK_E, BLOCK_H])
@@ -226,7 +230,7 @@ def attention_backward_dst_kernel(
     grad_s_ptr, lse_ptr, grad_out_ptr, grad_dst_ptr, grad_attr_ptr, attr_sums_ptr,
     H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
     BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
-    PIECES: tl.constexpr, DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr,
+    PIECES: tl.constexpr, DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr, EDGE_DOT: tl.constexpr,
 ):
     """``∂L/∂dst_i = Σ_{j->i} ∂s/∂dst · ∂L/∂s_ij`` for GATv2 (``∂L/∂fd``) and the dot score
     (``∂L/∂q``, the keys gathered again), from the source pass's ``∂L/∂s`` at CSR positions.
@@ -247,6 +251,7 @@ def attention_backward_dst_kernel(
         lse_i = tl.load(lse_ptr + row * H + offs_h, mask=h_mask, other=0.0).to(acc_dtype)[None, :]
         sums_a = tl.zeros([BLOCK_K, BLOCK_H], dtype=acc_dtype)
         sums_b = tl.zeros([BLOCK_K, BLOCK_H], dtype=acc_dtype)
+        w_tile = edge_weight_tile(w_edge_ptr, K, H, D, BLOCK_K, BLOCK_H, BLOCK_D)
     for e0 in range(start, stop, BLOCK_E):
         pos = e0 + offs_e
         e_mask = pos < stop
@@ -257,14 +262,15 @@ def attention_backward_dst_kernel(
         src_j = tl.load(src_term_ptr + src[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
                         other=0.0).to(acc_dtype)
         if EDGE:
-            src_j += project_edges(attr_ptr, w_edge_ptr, pos, e_mask, K, HD, hd_offs, hd_mask, acc_dtype,
-                                   BLOCK_E, BLOCK_H, BLOCK_D)
+            src_j += project_edges(attr_ptr, w_edge_ptr, w_tile, pos, e_mask, K, HD, hd_offs, hd_mask, acc_dtype,
+                                   BLOCK_E, BLOCK_H, BLOCK_D, BLOCK_K, EDGE_DOT)
             alpha = tl.where(eh_mask, tl.exp(tl.sum(src_j * query, axis=2) - lse_i), 0.0)
             if DROPOUT:
                 alpha = attention_dropout(alpha, pos[:, None], rng_offset + offs_h[None, :], seed, dropout_p,
                                           keep_scale)
             grad_e = alpha[:, :, None] * g_i + grad_s[:, :, None] * query
-            store_attr_grad(grad_attr_ptr, w_edge_ptr, grad_e, pos, e_mask, K, HD, hd_offs, hd_mask)
+            store_attr_grad(grad_attr_ptr, w_edge_ptr, w_tile, grad_e, pos, e_mask, K, HD, hd_offs, hd_mask,
+                            BLOCK_E, BLOCK_H, BLOCK_D, BLOCK_K, EDGE_DOT)
             sums_a += tl.sum(attr_outer(attr_ptr, pos, e_mask, alpha, K, acc_dtype, BLOCK_K), axis=0)
             sums_b += tl.sum(attr_outer(attr_ptr, pos, e_mask, grad_s, K, acc_dtype, BLOCK_K), axis=0)
         if SCORE == 2:
@@ -286,6 +292,7 @@ def attention_backward_dst_light_kernel(
     num_rows, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
     ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_K: tl.constexpr, DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr,
+    EDGE_DOT: tl.constexpr,
 ):
     """The destination pass for ``ROWS`` light rows per program, edges in one tile."""
     acc_dtype = grad_s_ptr.dtype.element_ty
@@ -309,8 +316,9 @@ def attention_backward_dst_light_kernel(
                     other=0.0).to(acc_dtype)
     attn = tl.load(attn_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
     if EDGE:
-        src_j += project_edges(attr_ptr, w_edge_ptr, pos_flat, e_flat, K, HD, hd_offs, hd_mask, acc_dtype,
-                               ROWS * BLOCK_E, BLOCK_H, BLOCK_D)
+        w_tile = edge_weight_tile(w_edge_ptr, K, H, D, BLOCK_K, BLOCK_H, BLOCK_D)
+        src_j += project_edges(attr_ptr, w_edge_ptr, w_tile, pos_flat, e_flat, K, HD, hd_offs, hd_mask, acc_dtype,
+                               ROWS * BLOCK_E, BLOCK_H, BLOCK_D, BLOCK_K, EDGE_DOT)
         query = dst_i * scale
         g_i = tl.load(grad_out_ptr + rows_flat[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
                       other=0.0).to(acc_dtype)
@@ -320,7 +328,8 @@ def attention_backward_dst_light_kernel(
             alpha = attention_dropout(alpha, pos_flat[:, None], rng_offset + offs_h[None, :], seed, dropout_p,
                                       keep_scale)
         grad_e = alpha[:, :, None] * g_i + grad_s[:, :, None] * query
-        store_attr_grad(grad_attr_ptr, w_edge_ptr, grad_e, pos_flat, e_flat, K, HD, hd_offs, hd_mask)
+        store_attr_grad(grad_attr_ptr, w_edge_ptr, w_tile, grad_e, pos_flat, e_flat, K, HD, hd_offs, hd_mask,
+                        ROWS * BLOCK_E, BLOCK_H, BLOCK_D, BLOCK_K, EDGE_DOT)
         offs_kh = tl.arange(0, BLOCK_K * BLOCK_H)
         k_of, h_of = offs_kh // BLOCK_H, offs_kh % BLOCK_H
         kh_offs = rows[:, None] * (2 * K * H) + (k_of * H + h_of)[None, :]

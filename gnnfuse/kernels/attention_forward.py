@@ -40,7 +40,7 @@ import triton.language as tl
 from fusecore.backend import jit
 
 from .dropout import attention_dropout
-from .edge_features import project_edges
+from .edge_features import edge_weight_tile, project_edges
 from .scores import edge_scores
 from .tiles import finish_softmax, flat_head_tile, head_tile, item_edges, light_edges
 
@@ -52,6 +52,7 @@ def attention_forward_rows_kernel(
     H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
     BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     PIECES: tl.constexpr, DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr,
+    BLOCK_K: tl.constexpr, EDGE_DOT: tl.constexpr,
 ):
     acc_dtype = lse_ptr.dtype.element_ty
     pid = tl.program_id(0).to(tl.int64)
@@ -68,6 +69,8 @@ def attention_forward_rows_kernel(
             dst_i = dst_i * scale
         dst_i = dst_i[None, :, :]
         attn = tl.load(attn_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
+    if EDGE:
+        w_tile = edge_weight_tile(w_edge_ptr, K, H, D, BLOCK_K, BLOCK_H, BLOCK_D)
     m = tl.full([BLOCK_H], float("-inf"), dtype=acc_dtype)
     l = tl.zeros([BLOCK_H], dtype=acc_dtype)
     acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=acc_dtype)
@@ -83,8 +86,8 @@ def attention_forward_rows_kernel(
             src_j = tl.load(src_term_ptr + src[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
                             other=0.0).to(acc_dtype)
             if EDGE:
-                edge_j = project_edges(attr_ptr, w_edge_ptr, pos, e_mask, K, HD, hd_offs, hd_mask, acc_dtype,
-                                       BLOCK_E, BLOCK_H, BLOCK_D)
+                edge_j = project_edges(attr_ptr, w_edge_ptr, w_tile, pos, e_mask, K, HD, hd_offs, hd_mask, acc_dtype,
+                                       BLOCK_E, BLOCK_H, BLOCK_D, BLOCK_K, EDGE_DOT)
                 src_j += edge_j
         s = edge_scores(src_j, dst_i, attn, negative_slope, SCORE)
         s = tl.where(e_mask[:, None], s, float("-inf"))
@@ -114,7 +117,7 @@ def attention_forward_light_kernel(
     src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, out_ptr, lse_ptr,
     num_rows, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
     ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-    DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr,
+    DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr, BLOCK_K: tl.constexpr, EDGE_DOT: tl.constexpr,
 ):
     acc_dtype = lse_ptr.dtype.element_ty
     pid = tl.program_id(0).to(tl.int64)
@@ -140,8 +143,9 @@ def attention_forward_light_kernel(
                         other=0.0).to(acc_dtype)
         if EDGE:
             pos_flat = tl.reshape(pos, [ROWS * BLOCK_E])
-            edge_j = project_edges(attr_ptr, w_edge_ptr, pos_flat, e_flat, K, HD, hd_offs, hd_mask, acc_dtype,
-                                   ROWS * BLOCK_E, BLOCK_H, BLOCK_D)
+            w_tile = edge_weight_tile(w_edge_ptr, K, H, D, BLOCK_K, BLOCK_H, BLOCK_D)
+            edge_j = project_edges(attr_ptr, w_edge_ptr, w_tile, pos_flat, e_flat, K, HD, hd_offs, hd_mask,
+                                   acc_dtype, ROWS * BLOCK_E, BLOCK_H, BLOCK_D, BLOCK_K, EDGE_DOT)
             src_j += edge_j
         # The row's own term, read per edge (cache hits) to stay in the flat edge layout.
         rows_flat = tl.reshape(rows[:, None] + tl.zeros([ROWS, BLOCK_E], dtype=tl.int64), [ROWS * BLOCK_E])
