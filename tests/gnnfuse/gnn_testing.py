@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from fusecore.testing import poisoned
 from gnnfuse import ScheduleOptions
 from gnnfuse.datasets import default_planetoid_root, load_planetoid, planetoid_available
 
@@ -39,3 +40,18 @@ def planetoid(name: str):
     if not planetoid_available(name, PLANETOID):
         pytest.skip(f"Planetoid {name} not found under {PLANETOID}")
     return load_planetoid(name, PLANETOID)
+
+
+def poison_op_outputs(monkeypatch) -> list[torch.Tensor]:
+    """Make gnnfuse.ops allocate every output and scratch buffer filled with the poison value;
+    returns the list each new buffer is appended to (for assert_all_written afterwards)."""
+    from gnnfuse import ops
+
+    created: list[torch.Tensor] = []
+
+    def poisoned_output(shape, dtype, device):
+        created.append(poisoned(shape, dtype, device))
+        return created[-1]
+
+    monkeypatch.setattr(ops, "_new_output", poisoned_output)
+    return created

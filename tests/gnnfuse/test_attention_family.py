@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from gnn_testing import SCHEDULES, corner_case_edges, planetoid
+from gnn_testing import SCHEDULES, corner_case_edges, planetoid, poison_op_outputs
 
 from fusecore import PhiloxStream
-from fusecore.testing import TOLERANCES, assert_all_written, assert_close, poisoned
+from fusecore.testing import TOLERANCES, assert_all_written, assert_close
 from gnnfuse import Graph, ops, reference
 
 
@@ -158,13 +158,7 @@ def test_attention_dropout_is_regenerated_in_backward(gen, device, name):
 
 @pytest.mark.parametrize("name", ["gatv2", "transformer+edge"])
 def test_every_output_and_scratch_element_is_written(gen, device, monkeypatch, name):
-    created = []
-
-    def poisoned_output(shape, dtype, device):
-        created.append(poisoned(shape, dtype, device))
-        return created[-1]
-
-    monkeypatch.setattr(ops, "_new_output", poisoned_output)
+    created = poison_op_outputs(monkeypatch)
     graph = Graph(corner_case_edges(gen).to(device), 29)
     leaves = [t.requires_grad_(True) for t in make_leaves(OPS[name], graph, 3, 5, torch.float32, device, gen)]
     out = OPS[name].fused(graph, *leaves, schedule=SCHEDULES["mixed"])

@@ -2,10 +2,10 @@
 
 import pytest
 import torch
-from gnn_testing import SCHEDULES, corner_case_edges, planetoid
+from gnn_testing import SCHEDULES, corner_case_edges, planetoid, poison_op_outputs
 
 from fusecore import PhiloxStream
-from fusecore.testing import TOLERANCES, assert_all_written, assert_close, poisoned
+from fusecore.testing import TOLERANCES, assert_all_written, assert_close
 from gnnfuse import Graph, ops
 from gnnfuse.reference import dropout_keep_mask, gat_attention_reference
 
@@ -80,13 +80,7 @@ def test_attention_dropout_mask_is_regenerated_not_stored(gen, device):
 
 
 def test_every_output_and_scratch_element_is_written(gen, device, monkeypatch):
-    created = []
-
-    def poisoned_output(shape, dtype, device):
-        created.append(poisoned(shape, dtype, device))
-        return created[-1]
-
-    monkeypatch.setattr(ops, "_new_output", poisoned_output)
+    created = poison_op_outputs(monkeypatch)
     graph = Graph(corner_case_edges(gen).to(device), 29)
     wh, el, er = random_inputs(gen, 29, 3, 5, torch.float32, device)
     leaves = [t.requires_grad_(True) for t in (wh, el, er)]
