@@ -194,7 +194,7 @@ def instruction_bytes(cfg: LlamaConfig, w: LlamaWeights, batch: int, context: in
             "lm_head": cfg.vocab_size * h * size}
 
 
-@case("llm", "instruction_breakdown", baseline="whole step, per-layer kernels")
+@case("llm", "instruction_breakdown", baseline="whole step, per-layer kernels", headline=False)
 def instruction_breakdown_case(ctx: Context) -> None:
     """Each fused instruction alone: its launches for all layers (one CUDA graph), against its floor."""
     dtype = torch.bfloat16 if ctx.gpu else torch.float32
@@ -297,7 +297,7 @@ def _sweep_variant(ctx: Context, cfg: LlamaConfig, w: LlamaWeights, inv_freq: to
                  variant=f"B={batch}")
 
 
-@case("llm", "plan_sweep", baseline="per-layer, default plan")
+@case("llm", "plan_sweep", baseline="per-layer, default plan", headline=False)
 def plan_sweep_case(ctx: Context) -> None:
     """ms per decode step under other plans than the default (A/B tuning of block sizes and splits).
 
