@@ -76,7 +76,8 @@ class AttentionInputs:
     ``fd``; ``k`` / ``q`` ``[N, H, D]``); ``value`` the aggregated features (``Wh``, ``fs``,
     ``v``); ``attn`` GATv2's ``[H, D]`` vector; ``edge_attr`` ``[E, K]`` (CSR order) and
     ``edge_weight`` ``[K, H, D]``: the dot score's edge features, projected in registers and
-    added to keys and values.
+    added to keys and values; ``keys_from_values``: the dot score's keys are ``value · src_term``
+    with ``src_term`` a per-node scale ``[N, H]`` (AGNN: one gathered tile per edge instead of two).
     """
 
     score: int
@@ -88,6 +89,7 @@ class AttentionInputs:
     edge_weight: torch.Tensor | None = None
     negative_slope: float = 0.2
     scale: float = 1.0
+    keys_from_values: bool = False
 
     @property
     def has_edge(self) -> bool:
@@ -108,6 +110,7 @@ class AttentionInputs:
 
 
 MIN_DOT = 16  # every dimension of a tl.dot operand must be >= 16
+NORMALIZE_EPS = 1e-12  # torch.nn.functional.normalize's default eps (AGNN's cosine)
 
 
 def _edge_flags(inputs: AttentionInputs, block_h: int, block_d: int, edges_per_program: int) -> dict:
@@ -168,7 +171,8 @@ def attention_forward(
     block_h, block_d = schedule.block_h, schedule.block_d
     keep_scale, use_dropout = _dropout_args(dropout_p)
     scalars = (inputs.negative_slope, inputs.scale, dropout_p, keep_scale, seed, offset)
-    flags = {"DROPOUT": use_dropout, "SCORE": inputs.score, "EDGE": inputs.has_edge}
+    flags = {"DROPOUT": use_dropout, "SCORE": inputs.score, "EDGE": inputs.has_edge,
+             "KEY_SCALE": inputs.keys_from_values}
     tensors = inputs.pointers()
     light_tiles, row_block_e = _tile_budget(schedule, inputs, "forward")
     buckets = schedule.incoming
@@ -262,7 +266,8 @@ def attention_backward(
     keep_scale, use_dropout = _dropout_args(dropout_p)
     rng = (dropout_p, keep_scale, seed, offset)
     scalars = (inputs.negative_slope, inputs.scale, *rng)
-    flags = {"DROPOUT": use_dropout, "SCORE": inputs.score, "EDGE": inputs.has_edge}
+    flags = {"DROPOUT": use_dropout, "SCORE": inputs.score, "EDGE": inputs.has_edge,
+             "KEY_SCALE": inputs.keys_from_values}
     # δ_i = <g_i, out_i> per head: one pass over node rows instead of one over edges.
     delta = _head_dot(grad_out, out, acc)
     grad_s = _new_output((max(graph.num_edges, 1), heads), acc, device)
@@ -311,8 +316,7 @@ def attention_backward(
                 _merge_sums(incoming, target_dst, grad_dst)
         return grad_value, grad_src, grad_dst, grad_attr, attr_sums
     # GATv2 / dot: ∂dst gathers the source terms again, weighted by the source pass's ∂s.
-    src_term, dst_term, attn, _, attr, weight = inputs.pointers()
-    dst_tensors = (src_term, dst_term, attn, attr, weight, grad_s, lse, grad_out)
+    dst_tensors = (*inputs.pointers(), grad_s, lse, grad_out)
     edge_outputs = (grad_s, grad_s) if grad_attr is None else (grad_attr, attr_sums)
     light_tiles, row_block_e = _tile_budget(schedule, inputs, "destination")
     for width, rows, starts, stops in incoming.light:
@@ -705,27 +709,30 @@ class TransformerAttentionFunction(torch.autograd.Function):
 
 
 class AGNNFunction(torch.autograd.Function):
-    """AGNN's attention from unit rows ``ĥ``, features ``h`` and ``β``: the dot-product kernels
-    with ``q = β ĥ``, ``k = ĥ``, ``v = h``; backward gives ``∂ĥ = β ∂q + ∂k`` and
-    ``∂β = Σ ∂q · ĥ``, reduced in the accumulation dtype (the sum cancels strongly: softmax
-    gradients sum to zero per row, so half-precision ``∂q`` would lose it)."""
+    """AGNN's attention from unit rows ``ĥ = h · r`` (``r = 1 / max(‖h‖, ε)`` per node and head,
+    ``[N, H]``), features ``h`` and ``β``: the dot-product kernels with ``q = β ĥ``, ``v = h`` and
+    keys formed from the gathered values, ``k_j = h_j r_j`` (one tile per edge); backward gives
+    ``∂ĥ = β ∂q + ∂k`` (autograd takes it through the normalization) and ``∂β = Σ ∂q · ĥ``,
+    reduced in the accumulation dtype (the sum cancels strongly: softmax gradients sum to zero
+    per row, so half-precision ``∂q`` would lose it)."""
 
     @staticmethod
-    def forward(ctx, unit, h, beta, graph, options):  # type: ignore[override]
+    def forward(ctx, unit, h, inverse_norm, beta, graph, options):  # type: ignore[override]
         query = (beta.reshape(()).to(accumulation_dtype(unit.dtype)) * unit).to(unit.dtype)
-        inputs = AttentionInputs(SCORE_DOT, unit, query, h)
+        inputs = AttentionInputs(SCORE_DOT, inverse_norm, query, h, keys_from_values=True)
         no_dropout = (0.0, 0, 0, options)
-        return _forward_saving(ctx, graph, inputs, no_dropout, 3, unit, query, h, beta)
+        return _forward_saving(ctx, graph, inputs, no_dropout, 4, unit, query, h, inverse_norm, beta)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):  # type: ignore[override]
-        unit, query, h, beta = ctx.saved_tensors[:4]
-        grad_h, grad_key, grad_query, _, _ = _backward_saved(ctx, AttentionInputs(SCORE_DOT, unit, query, h), grad_out)
+        unit, query, h, inverse_norm, beta = ctx.saved_tensors[:5]
+        inputs = AttentionInputs(SCORE_DOT, inverse_norm, query, h, keys_from_values=True)
+        grad_h, grad_key, grad_query, _, _ = _backward_saved(ctx, inputs, grad_out)
         beta_acc = beta.reshape(()).to(grad_query.dtype)
         grad_unit = (beta_acc * grad_query + grad_key).to(unit.dtype)
         grad_beta = (grad_query * unit.to(grad_query.dtype)).sum().reshape(beta.shape).to(beta.dtype)
-        return grad_unit, grad_h, grad_beta, None, None
+        return grad_unit, grad_h, None, grad_beta, None, None
 
 
 def _check_same_shape(graph: Graph, reference_name: str, reference: torch.Tensor, **others: torch.Tensor) -> None:
@@ -880,8 +887,12 @@ def agnn(
 
         return agnn_reference(graph, feat, beta).to(feat.dtype)
     backend.check_devices(feat=feat, beta=beta, graph=graph.indptr)
-    unit = torch.nn.functional.normalize(h, p=2, dim=-1)
-    out = AGNNFunction.apply(unit.contiguous(), h.contiguous(), beta, graph, schedule)
+    # The normalization (and its backward, which cancels the radial part) in the accumulation dtype.
+    h_acc = h.to(accumulation_dtype(h.dtype))
+    norm = torch.linalg.vector_norm(h_acc, dim=-1, keepdim=True).clamp_min(NORMALIZE_EPS)
+    unit = h_acc / norm  # torch.nn.functional.normalize
+    inverse_norm = (1.0 / norm.detach()).squeeze(-1).contiguous()
+    out = AGNNFunction.apply(unit.contiguous(), h.contiguous(), inverse_norm, beta, graph, schedule)
     return out.reshape(feat.shape)
 
 

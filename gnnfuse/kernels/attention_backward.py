@@ -36,7 +36,7 @@ from fusecore.backend import jit
 
 from .dropout import attention_dropout
 from .edge_features import attr_outer, edge_weight_tile, project_edges, store_attr_grad
-from .scores import attn_grad_terms, edge_scores, score_grad
+from .scores import attn_grad_terms, edge_scores, gather_keys, score_grad
 from .tiles import flat_head_tile, head_tile, item_edges, light_edges
 
 
@@ -48,7 +48,7 @@ def attention_backward_src_kernel(
     H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
     BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     PIECES: tl.constexpr, DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr,
-    BLOCK_K: tl.constexpr, EDGE_DOT: tl.constexpr,
+    BLOCK_K: tl.constexpr, EDGE_DOT: tl.constexpr, KEY_SCALE: tl.constexpr,
 ):
     acc_dtype = lse_ptr.dtype.element_ty
     pid = tl.program_id(0).to(tl.int64)
@@ -62,7 +62,11 @@ def attention_backward_src_kernel(
         acc_src = tl.zeros([BLOCK_H], dtype=acc_dtype)
         attn = src_j
     else:
-        src_j = tl.load(src_term_ptr + row * HD + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
+        if KEY_SCALE:
+            src_j = (val_j * tl.load(src_term_ptr + row * H + offs_h, mask=h_mask, other=0.0).to(acc_dtype)[:, None])
+            src_j = src_j[None, :, :]
+        else:
+            src_j = tl.load(src_term_ptr + row * HD + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
         acc_src = tl.zeros([BLOCK_H, BLOCK_D], dtype=acc_dtype)
         attn = tl.load(attn_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
     if EDGE:
@@ -137,6 +141,7 @@ def attention_backward_src_light_kernel(
     num_rows, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
     ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr, BLOCK_K: tl.constexpr, EDGE_DOT: tl.constexpr,
+    KEY_SCALE: tl.constexpr,
 ):
     """The source pass for ``ROWS`` light source rows per program, edges in one tile."""
     acc_dtype = lse_ptr.dtype.element_ty
@@ -174,8 +179,8 @@ def attention_backward_src_light_kernel(
         if SCORE == 1:
             src_e = val_j
         else:
-            src_e = tl.load(src_term_ptr + rows_flat[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
-                            other=0.0).to(acc_dtype)
+            src_e, _ = gather_keys(src_term_ptr, value_ptr, rows_flat, e_flat, H, HD, offs_h, h_mask, hd_offs,
+                                   hd_mask, acc_dtype, KEY_SCALE)
         if EDGE:
             pos_flat = tl.reshape(pos, [ROWS * BLOCK_E])
             w_tile = edge_weight_tile(w_edge_ptr, K, H, D, BLOCK_K, BLOCK_H, BLOCK_D)
@@ -226,11 +231,12 @@ def attention_backward_src_light_kernel(
 
 @jit
 def attention_backward_dst_kernel(
-    src_ptr, rows_ptr, starts_ptr, stops_ptr, src_term_ptr, dst_term_ptr, attn_ptr, attr_ptr, w_edge_ptr,
+    src_ptr, rows_ptr, starts_ptr, stops_ptr, src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr,
     grad_s_ptr, lse_ptr, grad_out_ptr, grad_dst_ptr, grad_attr_ptr, attr_sums_ptr,
     H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
     BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
     PIECES: tl.constexpr, DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr, EDGE_DOT: tl.constexpr,
+    KEY_SCALE: tl.constexpr,
 ):
     """``∂L/∂dst_i = Σ_{j->i} ∂s/∂dst · ∂L/∂s_ij`` for GATv2 (``∂L/∂fd``) and the dot score
     (``∂L/∂q``, the keys gathered again), from the source pass's ``∂L/∂s`` at CSR positions.
@@ -257,10 +263,9 @@ def attention_backward_dst_kernel(
         e_mask = pos < stop
         eh_mask = e_mask[:, None] & h_mask[None, :]
         src = tl.load(src_ptr + pos, mask=e_mask, other=0).to(tl.int64)
-        feat_mask = e_mask[:, None, None] & hd_mask[None, :, :]
         grad_s = tl.load(grad_s_ptr + pos[:, None] * H + offs_h[None, :], mask=eh_mask, other=0.0)
-        src_j = tl.load(src_term_ptr + src[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
-                        other=0.0).to(acc_dtype)
+        src_j, _ = gather_keys(src_term_ptr, value_ptr, src, e_mask, H, HD, offs_h, h_mask, hd_offs, hd_mask,
+                               acc_dtype, KEY_SCALE)
         if EDGE:
             src_j += project_edges(attr_ptr, w_edge_ptr, w_tile, pos, e_mask, K, HD, hd_offs, hd_mask, acc_dtype,
                                    BLOCK_E, BLOCK_H, BLOCK_D, BLOCK_K, EDGE_DOT)
@@ -287,12 +292,12 @@ def attention_backward_dst_kernel(
 
 @jit
 def attention_backward_dst_light_kernel(
-    src_ptr, rows_ptr, starts_ptr, stops_ptr, src_term_ptr, dst_term_ptr, attn_ptr, attr_ptr, w_edge_ptr,
+    src_ptr, rows_ptr, starts_ptr, stops_ptr, src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr,
     grad_s_ptr, lse_ptr, grad_out_ptr, grad_dst_ptr, grad_attr_ptr, attr_sums_ptr,
     num_rows, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
     ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_K: tl.constexpr, DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr,
-    EDGE_DOT: tl.constexpr,
+    EDGE_DOT: tl.constexpr, KEY_SCALE: tl.constexpr,
 ):
     """The destination pass for ``ROWS`` light rows per program, edges in one tile."""
     acc_dtype = grad_s_ptr.dtype.element_ty
@@ -310,8 +315,8 @@ def attention_backward_dst_light_kernel(
     feat_mask = e_flat[:, None, None] & hd_mask[None, :, :]
     eh_flat = e_flat[:, None] & h_mask[None, :]
     grad_s = tl.load(grad_s_ptr + pos_flat[:, None] * H + offs_h[None, :], mask=eh_flat, other=0.0)
-    src_j = tl.load(src_term_ptr + src_flat[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
-                    other=0.0).to(acc_dtype)
+    src_j, _ = gather_keys(src_term_ptr, value_ptr, src_flat, e_flat, H, HD, offs_h, h_mask, hd_offs, hd_mask,
+                           acc_dtype, KEY_SCALE)
     dst_i = tl.load(dst_term_ptr + rows_flat[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
                     other=0.0).to(acc_dtype)
     attn = tl.load(attn_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]

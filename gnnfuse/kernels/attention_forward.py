@@ -41,7 +41,7 @@ from fusecore.backend import jit
 
 from .dropout import attention_dropout
 from .edge_features import edge_weight_tile, project_edges
-from .scores import edge_scores
+from .scores import edge_scores, gather_keys
 from .tiles import finish_softmax, flat_head_tile, head_tile, item_edges, light_edges
 
 
@@ -52,7 +52,7 @@ def attention_forward_rows_kernel(
     H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
     BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     PIECES: tl.constexpr, DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr,
-    BLOCK_K: tl.constexpr, EDGE_DOT: tl.constexpr,
+    BLOCK_K: tl.constexpr, EDGE_DOT: tl.constexpr, KEY_SCALE: tl.constexpr,
 ):
     acc_dtype = lse_ptr.dtype.element_ty
     pid = tl.program_id(0).to(tl.int64)
@@ -83,8 +83,8 @@ def attention_forward_rows_kernel(
             eh_mask = e_mask[:, None] & h_mask[None, :]
             src_j = tl.load(src_term_ptr + src[:, None] * H + offs_h[None, :], mask=eh_mask, other=0.0).to(acc_dtype)
         else:
-            src_j = tl.load(src_term_ptr + src[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
-                            other=0.0).to(acc_dtype)
+            src_j, key_values = gather_keys(src_term_ptr, value_ptr, src, e_mask, H, HD, offs_h, h_mask, hd_offs,
+                                            hd_mask, acc_dtype, KEY_SCALE)
             if EDGE:
                 edge_j = project_edges(attr_ptr, w_edge_ptr, w_tile, pos, e_mask, K, HD, hd_offs, hd_mask, acc_dtype,
                                        BLOCK_E, BLOCK_H, BLOCK_D, BLOCK_K, EDGE_DOT)
@@ -99,6 +99,8 @@ def attention_forward_rows_kernel(
             p = attention_dropout(p, pos[:, None], rng_offset + offs_h[None, :], seed, dropout_p, keep_scale)
         if SCORE == 1:
             val_j = src_j
+        elif KEY_SCALE:
+            val_j = key_values
         else:
             val_j = tl.load(value_ptr + src[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
                             other=0.0).to(acc_dtype)
@@ -118,6 +120,7 @@ def attention_forward_light_kernel(
     num_rows, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
     ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr, BLOCK_K: tl.constexpr, EDGE_DOT: tl.constexpr,
+    KEY_SCALE: tl.constexpr,
 ):
     acc_dtype = lse_ptr.dtype.element_ty
     pid = tl.program_id(0).to(tl.int64)
@@ -139,8 +142,8 @@ def attention_forward_light_kernel(
         dst_i = tl.load(dst_term_ptr + rows[:, None] * H + offs_h[None, :], mask=rh_mask, other=0.0).to(acc_dtype)
         s = edge_scores(src_j, dst_i[:, None, :], negative_slope, negative_slope, SCORE)
     else:
-        src_j = tl.load(src_term_ptr + src_flat[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
-                        other=0.0).to(acc_dtype)
+        src_j, key_values = gather_keys(src_term_ptr, value_ptr, src_flat, e_flat, H, HD, offs_h, h_mask, hd_offs,
+                                        hd_mask, acc_dtype, KEY_SCALE)
         if EDGE:
             pos_flat = tl.reshape(pos, [ROWS * BLOCK_E])
             w_tile = edge_weight_tile(w_edge_ptr, K, H, D, BLOCK_K, BLOCK_H, BLOCK_D)
@@ -168,6 +171,8 @@ def attention_forward_light_kernel(
                                   keep_scale)
     if SCORE == 1:
         val_j = src_j
+    elif KEY_SCALE:
+        val_j = key_values
     else:
         val_j = tl.load(value_ptr + src_flat[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
                         other=0.0).to(acc_dtype)

@@ -10,7 +10,10 @@ the row::
     SCORE_DOT   (2)  s = Σ_d k_jd · q̃_id,   q̃ = scale · q       src = k [N, H, D],  dst = q [N, H, D]
 
 (the dot product is the Graph Transformer's ``q·k/√d``, and AGNN's ``β cos(h_i, h_j)`` with
-``q = β ĥ``, ``k = ĥ``, scale 1).  Values aggregated are ``Wh`` (GAT), ``fs`` itself (GATv2)
+``q = β ĥ``, ``k = ĥ``, scale 1; with ``KEY_SCALE`` the keys are not read but formed from the
+values, ``k_j = v_j · r_j`` with a per-node scale ``r [N, H]`` in the source-term slot —
+AGNN's ``ĥ = h / ‖h‖`` — so one feature tile per edge is gathered instead of two,
+:func:`gather_keys`).  Values aggregated are ``Wh`` (GAT), ``fs`` itself (GATv2)
 and ``v`` (+ the projected edge feature for the Graph Transformer).
 
 The gradient of ``s`` with respect to one side, given the other (:func:`score_grad`), is
@@ -66,3 +69,23 @@ def attn_grad_terms(grad_s, src_term, dst_term, negative_slope):
     """GATv2: ``∂L/∂s_e · LeakyReLU(fs_j + fd_i)`` per edge ``[E, BLOCK_H, BLOCK_D]``, whose sum
     over all edges is ``∂L/∂a``."""
     return grad_s[:, :, None] * leaky_relu(src_term + dst_term, negative_slope)
+
+
+@jit
+def gather_keys(src_term_ptr, value_ptr, idx, mask, H, HD, offs_h, h_mask, hd_offs, hd_mask,
+                acc_dtype: tl.constexpr, KEY_SCALE: tl.constexpr):
+    """(keys, values) ``[E, BLOCK_H, BLOCK_D]`` of the nodes ``idx [E]`` (0 where masked): the keys
+    read from ``src_term``, or (``KEY_SCALE``) the values read once and scaled by ``src_term [N, H]``;
+    ``values`` is only read (and meaningful) with ``KEY_SCALE``."""
+    feat_mask = mask[:, None, None] & hd_mask[None, :, :]
+    if KEY_SCALE:
+        values = tl.load(value_ptr + idx[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
+                         other=0.0).to(acc_dtype)
+        node_scale = tl.load(src_term_ptr + idx[:, None] * H + offs_h[None, :], mask=mask[:, None] & h_mask[None, :],
+                             other=0.0).to(acc_dtype)
+        keys = values * node_scale[:, :, None]
+    else:
+        keys = tl.load(src_term_ptr + idx[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
+                       other=0.0).to(acc_dtype)
+        values = keys
+    return keys, values
