@@ -7,7 +7,9 @@
   kernel writes them, and the check that every element was overwritten;
 * :func:`fresh_generator` — a torch generator with a new random seed per call, the seed
   recorded so a failure can be replayed;
-* :func:`test_device` — the device kernel tests run on in this kernel mode.
+* :func:`test_device` — the device kernel tests run on in this kernel mode;
+* :class:`AllocationAudit` — records every tensor an op allocates (launcher buffers, tensors
+  saved for backward), so a test can bound memory by construction, on any device.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from __future__ import annotations
 import os
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from . import backend
 
@@ -117,3 +121,35 @@ def test_device() -> torch.device:
 
 
 test_device.__test__ = False  # type: ignore[attr-defined]  (not a pytest test)
+
+
+class AllocationAudit(TorchDispatchMode):
+    """Context manager recording the element count of every tensor allocated inside it.
+
+    An allocation is an output of a torch operator whose storage is not one of that
+    operator's inputs' (views and in-place results are not counted): the buffers a launcher
+    creates, the tensors autograd saves, the outputs.  Kernel launches themselves are not
+    torch operators; what they write was allocated by one.  ``sizes`` holds
+    ``(operator name, elements)`` in order; :attr:`largest` the biggest entry::
+
+        with AllocationAudit() as audit:
+            out = op(x); out.sum().backward()
+        assert audit.largest[1] <= bound
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sizes: list[tuple[str, int]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in inputs:
+                self.sizes.append((str(func), t.untyped_storage().nbytes() // max(t.element_size(), 1)))
+        return out
+
+    @property
+    def largest(self) -> tuple[str, int]:
+        """The biggest allocation seen, ``("", 0)`` if none."""
+        return max(self.sizes, key=lambda item: item[1], default=("", 0))

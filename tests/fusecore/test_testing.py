@@ -7,6 +7,7 @@ import torch
 
 from fusecore.testing import (
     TOLERANCES,
+    AllocationAudit,
     assert_all_written,
     assert_close,
     fresh_generator,
@@ -61,3 +62,18 @@ def test_fresh_generator_is_fresh_unless_fixed(monkeypatch):
     assert len(seeds) > 1
     monkeypatch.setenv("FUSEKIT_TEST_SEED", "42")
     assert fresh_generator().initial_seed() == 42
+
+
+def test_allocation_audit_counts_new_storage_not_views():
+    x = torch.zeros(10, 4)
+    with AllocationAudit() as audit:
+        view = x[:, :2]  # a view: no allocation
+        x.add_(1.0)  # in place: no allocation
+        y = torch.empty(7, 3)  # 21 elements
+        z = view.sum(dim=1)  # 10 elements
+    assert sorted(size for _, size in audit.sizes) == [10, 21]
+    assert audit.largest[1] == 21 and "empty" in audit.largest[0]
+    assert y.shape == (7, 3) and z.shape == (10,)
+    with AllocationAudit() as nothing:
+        pass
+    assert nothing.largest == ("", 0)

@@ -13,11 +13,10 @@ edge from a non-finite node stay finite and exact.
 import pytest
 import torch
 from gnn_testing import SCHEDULES, corner_case_edges
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import fusecore
 from fusecore import PhiloxStream
-from fusecore.testing import STRICT_FLOAT32, TOLERANCES, assert_close
+from fusecore.testing import STRICT_FLOAT32, TOLERANCES, AllocationAudit, assert_close
 from gnnfuse import Graph, ScheduleOptions, ops
 from gnnfuse.nn import GATConv
 from gnnfuse.reference import gat_attention_reference
@@ -273,24 +272,6 @@ def test_layer_forward_and_backward_are_bitwise_reproducible(gen, device):
 # ---------------------------------------------------------------- memory: never E·H·D
 
 
-class _Allocations(TorchDispatchMode):
-    """Records the element count of every tensor an op allocates (outputs whose storage is
-    not one of its inputs'): the buffers of the launchers, the tensors saved for backward."""
-
-    def __init__(self):
-        super().__init__()
-        self.sizes: list[tuple[str, int]] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        inputs = {t.untyped_storage().data_ptr() for t in torch.utils._pytree.tree_leaves((args, kwargs))
-                  if isinstance(t, torch.Tensor)}
-        for t in torch.utils._pytree.tree_leaves(out):
-            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in inputs:
-                self.sizes.append((str(func), t.untyped_storage().nbytes() // max(t.element_size(), 1)))
-        return out
-
-
 EDGE_DIM = 3
 
 
@@ -331,19 +312,19 @@ def test_no_tensor_of_an_attention_op_grows_with_edges_times_features(gen, devic
     options = None if schedule == "auto" else ScheduleOptions(light_max_degree=0, split_degree=dim, piece_edges=dim)
     call, leaves = _attention_call(op, gen, n, heads, dim, edges, device)
     graph.schedule(heads, dim, torch.float32, options)  # the graph's own index arrays: O(N + E)
-    with _Allocations() as seen:
+    with AllocationAudit() as seen:
         out = call(graph, options)
         out.backward(torch.ones_like(out))
     bound = n * heads * dim + edges * heads + n + edges
     if op == "transformer+edge":
         bound += edges * EDGE_DIM + 2 * n * EDGE_DIM * heads + heads * dim * EDGE_DIM
     assert edges * heads * dim > 3 * bound
-    biggest = max(seen.sizes, key=lambda item: item[1])
+    biggest = seen.largest
     assert biggest[1] <= bound, f"{biggest[0]} allocated {biggest[1]} elements > O(N·H·D + E·H) = {bound}"
     # the audit sees what the unfused reference materializes: per-edge messages [E, H, D]
-    with fusecore.use_reference(), _Allocations() as unfused:
+    with fusecore.use_reference(), AllocationAudit() as unfused:
         call(graph, options).sum().backward()
-    assert max(size for _, size in unfused.sizes) >= edges * heads * dim
+    assert unfused.largest[1] >= edges * heads * dim
 
 
 @pytest.mark.gpu
