@@ -244,16 +244,17 @@ def instruction_breakdown_case(ctx: Context) -> None:
 # Plan variants timed against the default plan (Llama-3.2-1B, context 512), each one or two
 # fields away from it.  The defaults come from two rounds of this sweep on the H200 (ms per step,
 # per-layer path): batch 1 with 4 warps, K chunks of 512 split in 4 (0.99; 8 warps 1.11, chunks
-# of 1024 split in 2 0.99, 16-row tiles 1.11); batch 2 by row sums (1.32; padded tensor-core tiles
-# 1.38); batch 8 by tensor-core tiles of 64 rows (1.42; 8 rows by row sums 3.06, 16-row tiles
-# 2.35, 8 warps 1.78); batch 64 with 4 warps and 64-row tiles (2.19; 16-row tiles 6.55, 8 warps
-# 2.67).  Barrier prefetch and programmatic dependent launch lost everywhere (looped 1.46 -> 1.23
-# without prefetch; PDL 0.73-0.99x); acquire-load barrier polls made no difference.
+# of 1024 split in 2 0.99, 16-row tiles 1.11); batch 2 by row sums (1.32; padded tensor-core
+# tiles 1.38); batch 8 by tensor-core tiles of 64 rows, K in 8 parts (1.39; 4 parts 1.42, row
+# sums 3.06, 16-row tiles 2.35, 8 warps 1.78); batch 64 with 4 warps and 64-row tiles (2.19;
+# 16-row tiles 6.55, 8 warps 2.67).  Barrier prefetch and programmatic dependent launch lost
+# everywhere (looped 1.46 -> 1.23 without prefetch; PDL 0.73-0.99x); acquire-load barrier polls
+# made no difference.
 PLAN_SWEEP: list[tuple[int, bool, dict[str, int]]] = [
     (1, False, {"num_warps": 8}), (1, False, {"split_k": 2, "block_k": 1024}),
     (1, True, {}), (1, True, {"maxnreg": 0}), (1, True, {"acquire_loads": True}), (1, True, {"prefetch": 2048}),
     (2, False, {"block_b": 16, "block_n": 64, "block_p": 16, "block_v": 128, "block_k": 128}),
-    (8, False, {"split_k": 8}), (8, False, {"block_k": 256}), (8, True, {}),
+    (8, False, {"split_k": 4}), (8, False, {"block_k": 256}), (8, True, {}),
     (64, False, {"block_k": 128}), (64, False, {"num_warps": 8}), (64, True, {}),
     (1, False, {"pdl": True}), (8, False, {"pdl": True}),
 ]
