@@ -24,6 +24,13 @@ Example::
 
     # functional form, own projections: wh [N, H, D], attn_l / attn_r (1, H, D)
     out = gnnfuse.ops.gat(graph, wh, attn_l, attn_r, negative_slope=0.2, dropout=0.1)
+
+    # the rest of the family on the same graph object and kernels
+    from gnnfuse.nn import AGNNConv, GATv2Conv, GraphTransformerConv
+    out = GATv2Conv(1433, 8, num_heads=8).cuda()(graph, x)                    # [N, 8, 8]
+    conv = GraphTransformerConv(1433, 8, heads=8, edge_dim=4).cuda()          # PyG TransformerConv's parameters
+    out = conv(graph, x, edge_feat)                                           # [N, 64]; edge_feat [E, 4]
+    out = AGNNConv()(graph, h)                                                # [N, D]
 """
 
 import fusecore  # noqa: F401  (fixes the kernel mode before any gnnfuse kernel is defined)
