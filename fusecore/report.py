@@ -40,6 +40,10 @@ def floor_ms(
 
 @functools.cache
 def _git_commit() -> str:
+    """``FUSEKIT_COMMIT`` when set (a copy of the tree whose ``.git`` is absent or stale, as on
+    a remote GPU machine), else ``git rev-parse HEAD`` plus ``-dirty`` for uncommitted changes."""
+    if os.environ.get("FUSEKIT_COMMIT"):
+        return os.environ["FUSEKIT_COMMIT"]
     try:
         root = Path(__file__).resolve().parent.parent
         out = subprocess.run(
@@ -54,7 +58,7 @@ def _git_commit() -> str:
             return commit + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         pass
-    return os.environ.get("FUSEKIT_COMMIT", "unknown")
+    return "unknown"
 
 
 @functools.cache

@@ -86,3 +86,15 @@ def test_gpu_timing_and_peak_memory():
     assert peak >= x.numel() * 4
     facts = device_facts()
     assert facts.sm_count > 0 and facts.l2_bytes > 0 and facts.smem_per_block_bytes > 0
+
+
+def test_commit_comes_from_fusekit_commit_when_set(monkeypatch):
+    """A tree copied to a GPU machine may carry a stale .git: the run's FUSEKIT_COMMIT wins."""
+    from fusecore import report
+
+    report._git_commit.cache_clear()
+    monkeypatch.setenv("FUSEKIT_COMMIT", "abc1234")
+    try:
+        assert report.environment()["commit"] == "abc1234"
+    finally:
+        report._git_commit.cache_clear()
