@@ -275,9 +275,10 @@ def chain_case(ctx: Context) -> None:
     a fixed L = 16 (N = 2^10 .. 2^20).  The fused kernel writes only episode statistics ("stats
     only": the pure fusion effect) or also the trajectory (obs [K, N, 2L]).
 
-    What came out on an H200 (16:45 run, K = 32, stats only): more links 28x (L = 1), 59x
-    (L = 4), 30x (16), 18x (64), 16x (256); more envs 52x (N = 1,024), 65x (8,192), 31x
-    (65,536), 22x (1 M).  The speedup rises while the unfused loop is bound by its ~60 kernels
+    What came out on an H200 (final run, K = 32, stats only): more links 27x (L = 1), 57x
+    (L = 4), 30x (16), 18x (64), 16x (256); more envs 22-30x from N = 1,024 to 1 M (52x and
+    65x at the two smallest N in an earlier run: the fused time there is ~0.03-0.08 ms and
+    noisy).  The speedup rises while the unfused loop is bound by its ~60 kernels
     per step (1.7-2.1 ms for 32 steps whatever the state up to ~6 MB) and the fused kernel is
     not yet busy, peaks near 60x, and then falls to a ceiling set by arithmetic intensity:
     once memory-bound, the unfused loop streams ~230 B per link-step (29 ms at L = 256, 54 ps
