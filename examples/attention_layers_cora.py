@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from planetoid_training import train_node_classifier  # noqa: E402
 
 from fusecore import backend  # noqa: E402
 from gnnfuse import Graph  # noqa: E402
@@ -90,30 +92,10 @@ def main(argv: list[str] | None = None) -> float:
     graph = Graph(data.edge_index.to(device), data.num_nodes).remove_self_loops().add_self_loops()
     edge_feat = edge_features(graph).to(device)
     model = Model(args.layer, x.shape[1], data.num_classes).to(device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.005, weight_decay=5e-4)
     masks = {k: getattr(data, f"{k}_mask").to(device) for k in ("train", "val", "test")}
     print(f"Cora, {args.layer}: {graph}, {backend.describe()}, device {device}, {epochs} epochs", flush=True)
 
-    best_val, best_test = -1.0, 0.0
-    started = time.perf_counter()
-    for epoch in range(1, epochs + 1):
-        model.train()
-        optimizer.zero_grad()
-        logits = model(graph, x, edge_feat)
-        loss = torch.nn.functional.cross_entropy(logits[masks["train"]], y[masks["train"]])
-        loss.backward()
-        optimizer.step()
-        model.eval()
-        with torch.no_grad():
-            pred = model(graph, x, edge_feat).argmax(1)
-        acc = {k: (pred[m] == y[m]).float().mean().item() for k, m in masks.items()}
-        if acc["val"] >= best_val:
-            best_val, best_test = acc["val"], acc["test"]
-        if epoch % 10 == 0 or epoch == epochs:
-            print(f"epoch {epoch:3d}  loss {loss.item():.4f}  train {acc['train']:.3f}  val {acc['val']:.3f}  "
-                  f"test {acc['test']:.3f}  ({time.perf_counter() - started:.1f} s)", flush=True)
-    print(f"test accuracy at the best validation epoch: {best_test:.3f} (val {best_val:.3f})")
-    return best_test
+    return train_node_classifier(model, lambda: model(graph, x, edge_feat), y, masks, epochs)
 
 
 if __name__ == "__main__":

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from planetoid_training import train_node_classifier  # noqa: E402
 
 from fusecore import backend  # noqa: E402
 from gnnfuse import Graph  # noqa: E402
@@ -39,7 +41,7 @@ class GAT(torch.nn.Module):
         return self.conv2(graph, h).mean(1)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> float:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, default=None,
                         help="folder with the raw Planetoid files (default: $FUSEKIT_DATASETS/planetoid or "
@@ -49,7 +51,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--reference", action="store_true",
                         help="run gnnfuse's unfused PyTorch reference path instead of the kernels (same math)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     backend.set_reference(args.reference)
     device = backend.default_device()
     epochs = args.epochs or (200 if device.type == "cuda" else 30)
@@ -60,29 +62,10 @@ def main() -> None:
     x, y = x.to(device), data.y.to(device)
     graph = Graph(data.edge_index.to(device), data.num_nodes).add_self_loops()
     model = GAT(x.shape[1], 8, 8, data.num_classes).to(device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, weight_decay=5e-4)
     masks = {k: getattr(data, f"{k}_mask").to(device) for k in ("train", "val", "test")}
     print(f"Cora: {graph}, {backend.describe()}, device {device}, {epochs} epochs", flush=True)
 
-    best_val, best_test = 0.0, 0.0
-    started = time.perf_counter()
-    for epoch in range(1, epochs + 1):
-        model.train()
-        optimizer.zero_grad()
-        logits = model(graph, x)
-        loss = torch.nn.functional.cross_entropy(logits[masks["train"]], y[masks["train"]])
-        loss.backward()
-        optimizer.step()
-        model.eval()
-        with torch.no_grad():
-            pred = model(graph, x).argmax(1)
-        acc = {k: (pred[m] == y[m]).float().mean().item() for k, m in masks.items()}
-        if acc["val"] >= best_val:
-            best_val, best_test = acc["val"], acc["test"]
-        if epoch % 10 == 0 or epoch == epochs:
-            print(f"epoch {epoch:3d}  loss {loss.item():.4f}  train {acc['train']:.3f}  val {acc['val']:.3f}  "
-                  f"test {acc['test']:.3f}  ({time.perf_counter() - started:.1f} s)", flush=True)
-    print(f"test accuracy at the best validation epoch: {best_test:.3f} (val {best_val:.3f})")
+    return train_node_classifier(model, lambda: model(graph, x), y, masks, epochs, lr=args.lr)
 
 
 if __name__ == "__main__":

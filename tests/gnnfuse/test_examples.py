@@ -1,0 +1,40 @@
+"""The Planetoid examples run end to end: a short training run on real Cora per layer kind
+(skipped when the dataset folder is absent)."""
+
+import importlib
+import math
+import sys
+from pathlib import Path
+
+import pytest
+from gnn_testing import PLANETOID, planetoid
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def _example(name: str):
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(EXAMPLES))
+
+
+@pytest.mark.parametrize("argv", [
+    ["--reference", "--epochs", "2"],
+    ["--epochs", "1"],
+])
+def test_gat_cora_trains(argv, capsys):
+    planetoid("cora")  # skips without the dataset
+    accuracy = _example("gat_cora").main(["--data", str(PLANETOID), *argv])
+    assert 0.0 <= accuracy <= 1.0 and not math.isnan(accuracy)
+    assert "test accuracy at the best validation epoch" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("layer", ["gatv2", "transformer", "agnn"])
+def test_attention_layers_cora_trains(layer, capsys):
+    planetoid("cora")
+    accuracy = _example("attention_layers_cora").main(["--layer", layer, "--epochs", "1", "--data",
+                                                       str(PLANETOID)])
+    assert 0.0 <= accuracy <= 1.0 and not math.isnan(accuracy)
+    assert f"Cora, {layer}" in capsys.readouterr().out
