@@ -10,7 +10,6 @@ Graph cached while the tensor lives), a PyG ``Data`` or a DGL graph.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -38,22 +37,10 @@ def _positive_int(name: str, value: Any) -> int:
     return value
 
 
-def _slope(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"negative_slope must be a finite float, got {value!r}")
-    return float(value)
-
-
 def _activation(value: Any) -> Callable[[torch.Tensor], torch.Tensor] | None:
     if value is not None and not callable(value):
         raise TypeError(f"activation must be callable or None, got {type(value).__name__}")
     return value
-
-
-def _probability(name: str, value: Any) -> float:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 <= value < 1.0:
-        raise ValueError(f"{name} must be a float in [0, 1), got {value!r}")
-    return float(value)
 
 
 def _graph_and_features(
@@ -98,10 +85,10 @@ class _DGLHeadsConv(nn.Module):
         self._in_feats = _positive_int("in_feats", in_feats)
         self._out_feats = _positive_int("out_feats", out_feats)
         self._num_heads = _positive_int("num_heads", num_heads)
-        self.attn_drop_p = _probability("attn_drop", attn_drop)
-        self.negative_slope = _slope(negative_slope)
+        self.attn_drop_p = ops._check_dropout(attn_drop, "attn_drop")
+        self.negative_slope = ops._check_negative_slope(negative_slope)
         self._allow_zero_in_degree = bool(allow_zero_in_degree)
-        self.feat_drop = nn.Dropout(_probability("feat_drop", feat_drop))
+        self.feat_drop = nn.Dropout(ops._check_dropout(feat_drop, "feat_drop"))
         width = out_feats * num_heads
         if residual:
             self.res_fc = nn.Linear(in_feats, width, bias=bias) if in_feats != width else nn.Identity()
@@ -321,7 +308,7 @@ class GraphTransformerConv(nn.Module):
         self.beta = bool(beta) and bool(root_weight)
         self.root_weight = bool(root_weight)
         self.concat = bool(concat)
-        self.dropout = _probability("dropout", dropout)
+        self.dropout = ops._check_dropout(dropout, "dropout")
         self.edge_dim = None if edge_dim is None else _positive_int("edge_dim", edge_dim)
         width = heads * out_channels
         self.lin_key = nn.Linear(in_channels, width, bias=bias)

@@ -37,16 +37,12 @@ from fusecore import PhiloxStream, backend, cdiv, next_power_of_2
 
 from .graph import Graph, as_graph
 from .kernels.scores import SCORE_DOT, SCORE_GAT, SCORE_GATV2
+from .reference import accumulation_dtype
 from .schedule import Buckets, ScheduleOptions
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 MERGE_TILE = 4096  # elements of partial results a merge program reads per loop trip
 ROW_SUM_MAX_EDGES = 256  # edges per loop trip of the ∂er row sum (its rows are only H wide)
-
-
-def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
-    """float64 for float64 features, float32 for everything else."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def _new_output(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -426,9 +422,9 @@ def _check_features(graph: Graph, wh: torch.Tensor, el: torch.Tensor, er: torch.
             raise ValueError(f"{name} must have shape [num_nodes, heads] = {[num_nodes, heads]}, got {list(t.shape)}")
 
 
-def _check_dropout(dropout: float) -> float:
+def _check_dropout(dropout: float, name: str = "dropout") -> float:
     if isinstance(dropout, bool) or not (isinstance(dropout, (int, float)) and 0.0 <= dropout < 1.0):
-        raise ValueError(f"dropout must be a float in [0, 1), got {dropout!r}")
+        raise ValueError(f"{name} must be a float in [0, 1), got {dropout!r}")
     return float(dropout)
 
 

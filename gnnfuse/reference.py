@@ -26,7 +26,7 @@ def dropout_keep_mask(graph: Graph, heads: int, dropout: float, seed: int, offse
     return torch.from_numpy(uniform >= dropout).to(graph.device)
 
 
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
     """float64 stays float64; everything else is computed in float32 (as the kernels accumulate)."""
     return torch.float64 if dtype == torch.float64 else torch.float32
 
@@ -97,7 +97,7 @@ def gatv2_reference(
     ``[N, H, D]``, ``attn`` ``H·D`` elements.  Computed in float32 (float64 for float64 inputs),
     materializing the ``[E, H, D]`` edge vectors the fused kernel never stores."""
     graph = as_graph(graph)
-    dtype = _compute_dtype(feat_src.dtype)
+    dtype = accumulation_dtype(feat_src.dtype)
     fs, fd = feat_src.to(dtype), feat_dst.to(dtype)
     src = graph.csr_src.long()
     dst = graph.csr_dst.long()
@@ -128,7 +128,7 @@ def transformer_attention_reference(
     edge_weightᵀ`` (materialized ``[E, H, D]`` here), or both None; ``scale`` default ``1/√D``.
     """
     graph = as_graph(graph)
-    dtype = _compute_dtype(value.dtype)
+    dtype = accumulation_dtype(value.dtype)
     num_heads, head_dim = value.shape[1], value.shape[2]
     scale = head_dim ** -0.5 if scale is None else scale
     src = graph.csr_src.long()
@@ -147,7 +147,7 @@ def agnn_reference(graph, feat: torch.Tensor, beta: torch.Tensor) -> torch.Tenso
     with ``α_i· = softmax_j β cos(h_i, h_j)``; ``feat`` ``[N, D]`` (or ``[N, H, D]``: per head),
     ``beta`` one element.  Returns ``feat``'s shape in the compute dtype."""
     graph = as_graph(graph)
-    dtype = _compute_dtype(feat.dtype)
+    dtype = accumulation_dtype(feat.dtype)
     h = feat.to(dtype) if feat.dim() == 3 else feat.to(dtype).unsqueeze(1)
     unit = torch.nn.functional.normalize(h, p=2, dim=-1)
     src = graph.csr_src.long()
