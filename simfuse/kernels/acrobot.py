@@ -19,6 +19,8 @@ import triton.language as tl
 
 from fusecore.backend import jit
 
+from .trig import sincos
+
 PI: tl.constexpr = tl.constexpr(3.141592653589793)
 TWO_PI: tl.constexpr = tl.constexpr(6.283185307179586)
 HALF_PI: tl.constexpr = tl.constexpr(1.5707963267948966)
@@ -33,12 +35,13 @@ def acrobot_reset(u0, u1, u2, u3):
 
 @jit
 def _dsdt(theta1, theta2, dtheta1, dtheta2, torque):
-    cos2 = tl.cos(theta2)
-    sin2 = tl.sin(theta2)
+    sin2, cos2 = sincos(theta2)
+    _sin12, cos12 = sincos(theta1 + theta2 - HALF_PI)
+    _sin1, cos1 = sincos(theta1 - HALF_PI)
     d1 = 3.5 + cos2
     d2 = 1.25 + 0.5 * cos2
-    phi2 = 4.9 * tl.cos(theta1 + theta2 - HALF_PI)
-    phi1 = -0.5 * (dtheta2 * dtheta2) * sin2 - dtheta2 * dtheta1 * sin2 + 14.7 * tl.cos(theta1 - HALF_PI) + phi2
+    phi2 = 4.9 * cos12
+    phi1 = -0.5 * (dtheta2 * dtheta2) * sin2 - dtheta2 * dtheta1 * sin2 + 14.7 * cos1 + phi2
     # two divisions (a reciprocal of d1 and one quotient) instead of four; RK4 calls this 4x
     inv_d1 = 1.0 / d1
     ddtheta2 = (torque + d2 * inv_d1 * phi1 - 0.5 * (dtheta1 * dtheta1) * sin2 - phi2) / (1.25 - d2 * d2 * inv_d1)
@@ -71,7 +74,9 @@ def acrobot_step(theta1, theta2, dtheta1, dtheta2, action):
     theta2 = _wrap(theta2 + w * (k1b + 2.0 * k2b + 2.0 * k3b + k4b))
     dtheta1 = tl.minimum(tl.maximum(dtheta1 + w * (k1c + 2.0 * k2c + 2.0 * k3c + k4c), -4.0 * PI), 4.0 * PI)
     dtheta2 = tl.minimum(tl.maximum(dtheta2 + w * (k1d + 2.0 * k2d + 2.0 * k3d + k4d), -9.0 * PI), 9.0 * PI)
-    terminated = -tl.cos(theta1) - tl.cos(theta2 + theta1) > 1.0
+    _sin1, cos1 = sincos(theta1)
+    _sin21, cos21 = sincos(theta2 + theta1)
+    terminated = -cos1 - cos21 > 1.0
     reward = tl.where(terminated, 0.0, -1.0)
     return theta1, theta2, dtheta1, dtheta2, reward, terminated
 
@@ -79,4 +84,6 @@ def acrobot_step(theta1, theta2, dtheta1, dtheta2, action):
 @jit
 def acrobot_observe(theta1, theta2, dtheta1, dtheta2):
     """Observation (cos θ1, sin θ1, cos θ2, sin θ2, θ̇1, θ̇2)."""
-    return tl.cos(theta1), tl.sin(theta1), tl.cos(theta2), tl.sin(theta2), dtheta1, dtheta2
+    sin1, cos1 = sincos(theta1)
+    sin2, cos2 = sincos(theta2)
+    return cos1, sin1, cos2, sin2, dtheta1, dtheta2

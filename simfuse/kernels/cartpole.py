@@ -19,6 +19,8 @@ import triton.language as tl
 
 from fusecore.backend import jit
 
+from .trig import sincos
+
 INV_TOTAL_MASS: tl.constexpr = tl.constexpr(1.0 / 1.1)
 THETA_THRESHOLD: tl.constexpr = tl.constexpr(12 * 2 * 3.141592653589793 / 360)
 
@@ -36,8 +38,7 @@ def cartpole_step(x, x_dot, theta, theta_dot, action, sutton_barto_reward):
     ``sutton_barto_reward`` (float 0 or 1) selects the Sutton-Barto reward.
     """
     force = tl.where(action > 0.5, 10.0, -10.0)
-    costheta = tl.cos(theta)
-    sintheta = tl.sin(theta)
+    sintheta, costheta = sincos(theta)
     # Products with 1 / (m_c + m_p) instead of three divisions: one division is left on the
     # step's critical path, which bounds small batches.
     temp = (force + 0.05 * (theta_dot * theta_dot) * sintheta) * INV_TOTAL_MASS

@@ -19,6 +19,8 @@ import triton.language as tl
 
 from fusecore.backend import jit
 
+from .trig import sincos
+
 
 @jit
 def mountain_car_reset(u0, u1, u2, u3):
@@ -38,7 +40,8 @@ def _move(position, velocity, accel):
 @jit
 def mountain_car_step(position, velocity, s2, s3, action):
     """Discrete step, action in {0, 1, 2} (float); returns (x, v, -, -, reward, terminated)."""
-    position, velocity = _move(position, velocity, (action - 1.0) * 0.001 + tl.cos(3.0 * position) * -0.0025)
+    _sin, cos3x = sincos(3.0 * position)
+    position, velocity = _move(position, velocity, (action - 1.0) * 0.001 + cos3x * -0.0025)
     terminated = (position >= 0.5) & (velocity >= 0.0)
     reward = tl.zeros_like(position) - 1.0
     return position, velocity, s2, s3, reward, terminated
@@ -48,7 +51,8 @@ def mountain_car_step(position, velocity, s2, s3, action):
 def continuous_mountain_car_step(position, velocity, s2, s3, action):
     """Continuous step, force ``action`` (float); returns (x, v, -, -, reward, terminated)."""
     force = tl.minimum(tl.maximum(action, -1.0), 1.0)
-    position, velocity = _move(position, velocity, force * 0.0015 - 0.0025 * tl.cos(3.0 * position))
+    _sin, cos3x = sincos(3.0 * position)
+    position, velocity = _move(position, velocity, force * 0.0015 - 0.0025 * cos3x)
     terminated = (position >= 0.45) & (velocity >= 0.0)
     reward = tl.where(terminated, 100.0, 0.0) - action * action * 0.1
     return position, velocity, s2, s3, reward, terminated

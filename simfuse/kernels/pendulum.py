@@ -18,6 +18,8 @@ import triton.language as tl
 
 from fusecore.backend import jit
 
+from .trig import sincos
+
 PI: tl.constexpr = tl.constexpr(3.141592653589793)
 TWO_PI: tl.constexpr = tl.constexpr(6.283185307179586)
 INV_TWO_PI: tl.constexpr = tl.constexpr(1.0 / 6.283185307179586)
@@ -40,7 +42,8 @@ def pendulum_step(th, thdot, s2, s3, action, gravity_coef):
     shifted = th + PI
     normalized = shifted - tl.floor(shifted * INV_TWO_PI) * TWO_PI - PI
     costs = normalized * normalized + 0.1 * (thdot * thdot) + 0.001 * (u * u)
-    newthdot = thdot + (gravity_coef * tl.sin(th) + 3.0 * u) * 0.05
+    sin_th, _cos_th = sincos(th)
+    newthdot = thdot + (gravity_coef * sin_th + 3.0 * u) * 0.05
     newthdot = tl.minimum(tl.maximum(newthdot, -8.0), 8.0)
     newth = th + newthdot * 0.05
     never = tl.zeros_like(th) != 0.0  # Pendulum has no terminal state
@@ -51,4 +54,5 @@ def pendulum_step(th, thdot, s2, s3, action, gravity_coef):
 def pendulum_observe(th, thdot, s2, s3):
     """Observation (cos θ, sin θ, θ̇)."""
     zero = tl.zeros_like(th)
-    return tl.cos(th), tl.sin(th), thdot, zero, zero, zero
+    sin_th, cos_th = sincos(th)
+    return cos_th, sin_th, thdot, zero, zero, zero

@@ -50,17 +50,19 @@ def store_pair(at, a, b, mask):
 def store_obs(ptr, row, mask, o0, o1, o2, o3, o4, o5, OBS_DIM: tl.constexpr, BLOCK: tl.constexpr):
     """Write observations of rows ``row`` (int64 [BLOCK]) into a row-major [*, OBS_DIM] float32 tensor.
 
-    The components are joined along a new innermost axis, which keeps each env's values in
-    its own thread: one 16-byte (OBS_DIM 4) or 8-byte (2, 6) store per env and pair, with
-    no shuffle of the tile through shared memory.  Odd sizes store component by component.
+    With a warp or more of envs, the components are joined along a new innermost axis, which
+    keeps each env's values in its own thread: one 16-byte (OBS_DIM 4) or 8-byte (2, 6) store
+    per env and pair, with no shuffle of the tile through shared memory.  With fewer envs than
+    a warp has lanes, the joined tile would hold one value per lane and be shuffled into place
+    first, so component stores (one instruction each) are cheaper; odd sizes store them too.
     """
     at = ptr + row * OBS_DIM
-    if OBS_DIM == 4:
+    if (BLOCK >= 32) & (OBS_DIM == 4):
         tile = tl.reshape(tl.join(tl.join(o0, o2), tl.join(o1, o3)), [BLOCK, 4])
         tl.store(at[:, None] + tl.arange(0, 4)[None, :], tile, mask=mask[:, None])
-    elif OBS_DIM == 2:
+    elif (BLOCK >= 32) & (OBS_DIM == 2):
         store_pair(at, o0, o1, mask)
-    elif OBS_DIM == 6:
+    elif (BLOCK >= 32) & (OBS_DIM == 6):
         store_pair(at, o0, o1, mask)
         store_pair(at + 2, o2, o3, mask)
         store_pair(at + 4, o4, o5, mask)
@@ -74,6 +76,8 @@ def store_obs(ptr, row, mask, o0, o1, o2, o3, o4, o5, OBS_DIM: tl.constexpr, BLO
             tl.store(at + 3, o3, mask=mask)
         if OBS_DIM > 4:
             tl.store(at + 4, o4, mask=mask)
+        if OBS_DIM > 5:
+            tl.store(at + 5, o5, mask=mask)
 
 
 @jit
