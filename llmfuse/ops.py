@@ -63,6 +63,10 @@ class DecodePlan:
     # Capped at 128 at batch 1 it ran 1.68 ms per step on the H200 against 2.58 uncapped
     # (plan_sweep, Llama-3.2-1B, 8 warps per program).
     maxnreg: int | None = None
+    # Batch 1: each matrix-vector tile loads its next K chunk before it uses the current one and
+    # sums across threads once, after its K loop (kernels/matvec.py ``_one_row``); False: the
+    # earlier tiles, which sum every chunk across threads as it arrives (two CTA barriers per chunk).
+    row_prefetch: bool = True
 
     @property
     def row_sums(self) -> bool:
@@ -292,7 +296,7 @@ def qkv_rope(w: LlamaWeights, cfg: LlamaConfig, layer: int, cache: KVCache, buf:
         plan.batch, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
         plan.max_slots, cfg.rms_norm_eps,
         HAS_BIAS=w.bqkv is not None, BLOCK_B=plan.block_b, BLOCK_P=plan.block_p, BLOCK_K=plan.block_k,
-        DOT_PREC=plan.dot_prec, **plan.layer_launch_options(),
+        DOT_PREC=plan.dot_prec, ROW_PREFETCH=plan.row_prefetch, **plan.layer_launch_options(),
     )
 
 
@@ -313,7 +317,7 @@ def o_proj(w: LlamaWeights, cfg: LlamaConfig, layer: int, buf: DecodeBuffers, pl
         layer, buf.attn, w.wo, buf.x, buf.proj_part, buf.proj_sem, plan.batch, cfg.hidden_size,
         cfg.num_attention_heads * cfg.head_dim,
         plan.split_k, BLOCK_B=plan.block_b, BLOCK_N=plan.block_n, BLOCK_K=plan.block_k,
-        DOT_PREC=plan.dot_prec, **plan.layer_launch_options(),
+        DOT_PREC=plan.dot_prec, ROW_PREFETCH=plan.row_prefetch, **plan.layer_launch_options(),
     )
 
 
@@ -323,7 +327,7 @@ def gate_up(w: LlamaWeights, cfg: LlamaConfig, layer: int, buf: DecodeBuffers, p
         layer, buf.x, w.mlp_norm, w.w_gate_up, buf.h, plan.batch, cfg.hidden_size, cfg.intermediate_size,
         cfg.rms_norm_eps,
         BLOCK_B=plan.block_b, BLOCK_N=plan.block_n, BLOCK_K=plan.block_k,
-        DOT_PREC=plan.dot_prec, **plan.layer_launch_options(),
+        DOT_PREC=plan.dot_prec, ROW_PREFETCH=plan.row_prefetch, **plan.layer_launch_options(),
     )
 
 
@@ -333,7 +337,7 @@ def down_proj(w: LlamaWeights, cfg: LlamaConfig, layer: int, buf: DecodeBuffers,
         layer, buf.h, w.w_down, buf.x, buf.proj_part, buf.proj_sem, plan.batch, cfg.hidden_size,
         cfg.intermediate_size, plan.split_k,
         BLOCK_B=plan.block_b, BLOCK_N=plan.block_n, BLOCK_K=plan.block_k,
-        DOT_PREC=plan.dot_prec, **plan.layer_launch_options(),
+        DOT_PREC=plan.dot_prec, ROW_PREFETCH=plan.row_prefetch, **plan.layer_launch_options(),
     )
 
 
@@ -346,7 +350,7 @@ def lm_head(w: LlamaWeights, cfg: LlamaConfig, buf: DecodeBuffers, plan: DecodeP
         buf.x, w.final_norm, w.lm_head, buf.logits, buf.best, buf.best_idx, buf.seed, buf.inv_temperature, buf.slot,
         plan.batch, cfg.hidden_size, cfg.vocab_size, tiles, cfg.rms_norm_eps,
         WRITE_LOGITS=write_logits, SAMPLE=sample, BLOCK_B=plan.block_b, BLOCK_N=plan.block_v, BLOCK_K=plan.block_k,
-        DOT_PREC=plan.dot_prec, **plan.layer_launch_options(),
+        DOT_PREC=plan.dot_prec, ROW_PREFETCH=plan.row_prefetch, **plan.layer_launch_options(),
     )
 
 
@@ -430,7 +434,7 @@ def looped_decode(w: LlamaWeights, cfg: LlamaConfig, cache: KVCache, buf: Decode
         HAS_BIAS=w.bqkv is not None, WRITE_LOGITS=write_logits, SAMPLE=sample, BLOCK_B=plan.block_b,
         BLOCK_P=plan.block_p,
         BLOCK_N=plan.block_n, BLOCK_K=plan.block_k, BLOCK_G=plan.block_g, BLOCK_S=plan.block_s,
-        BLOCK_D=plan.block_d, BLOCK_V=plan.block_v, DOT_PREC=plan.dot_prec,
+        BLOCK_D=plan.block_d, BLOCK_V=plan.block_v, DOT_PREC=plan.dot_prec, ROW_PREFETCH=plan.row_prefetch,
         PREFETCH=plan.prefetch, PREFETCH_BLOCK=plan.prefetch_block, ACQUIRE_LOADS=plan.acquire_loads,
         **plan.looped_launch_options(),
     )

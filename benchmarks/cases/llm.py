@@ -194,24 +194,32 @@ def instruction_bytes(cfg: LlamaConfig, w: LlamaWeights, batch: int, context: in
             "lm_head": cfg.vocab_size * h * size}
 
 
+# (batch, plan fields other than the default) of the breakdown: the default plans, and A/B
+# variants of the batch-1 matrix-vector tiles.
+BREAKDOWN_PLANS: list[tuple[int, dict[str, int]]] = [
+    (1, {}), (1, {"row_prefetch": False}), (1, {"block_k": 256}), (1, {"split_k": 1}), (8, {}), (64, {}),
+]
+
+
 @case("llm", "instruction_breakdown", baseline="whole step, per-layer kernels", headline=False)
 def instruction_breakdown_case(ctx: Context) -> None:
     """Each fused instruction alone: its launches for all layers (one CUDA graph), against its floor."""
     dtype = torch.bfloat16 if ctx.gpu else torch.float32
-    name, cfg, context, batches = ("tiny", TINY, 16, [3]) if ctx.quick else ("Llama-3.2-1B", LLAMA_3_2_1B, 512,
-                                                                              [1, 8, 64])
+    name, cfg, context, variants = ("tiny", TINY, 16, [(3, {})]) if ctx.quick else (
+        "Llama-3.2-1B", LLAMA_3_2_1B, 512, BREAKDOWN_PLANS)
     gen = torch.Generator(device=ctx.device).manual_seed(0)
     w = random_weights(cfg, dtype=dtype, device=ctx.device, generator=gen)
     inv_freq = cfg.rope_inv_freq().to(ctx.device)
     slots = context + 8
     layers = range(cfg.num_hidden_layers)
-    for batch in batches:
-        params = {"model": name, "batch": batch, "context": context, "dtype": str(dtype)}
+    for batch, tuning in variants:
+        variant = f"B={batch}" + "".join(f" {k}={v}" for k, v in tuning.items())
+        params = {"model": name, "batch": batch, "context": context, "dtype": str(dtype), "plan": variant}
         cache = ref.KVCache.empty(cfg, batch, slots, dtype=dtype, device=ctx.device)
         cache.k.normal_(0.0, 0.5, generator=gen)
         cache.v.normal_(0.0, 0.5, generator=gen)
         tokens = torch.randint(0, cfg.vocab_size, (batch,), device=ctx.device, generator=gen)
-        plan = ops.make_plan(cfg, batch, slots, dtype, ctx.device)
+        plan = ops.make_plan(cfg, batch, slots, dtype, ctx.device, **tuning)
         buf = ops.DecodeBuffers.allocate(cfg, plan, dtype, ctx.device)
         buf.slot.fill_(context)
         ops.embed(w, tokens, buf)
@@ -229,16 +237,16 @@ def instruction_breakdown_case(ctx: Context) -> None:
             expected = ref.ReferenceDecoder(w.to(dtype=torch.float32), cfg, batch, slots,
                                             cache=ref.KVCache(cache.k.float(), cache.v.float()))
             reference = expected.step_at(tokens, torch.full((), context, device=ctx.device)).float()
-            ctx.check(f"B={batch} per-layer step vs float32 reference", buf.logits, reference,
+            ctx.check(f"{variant} per-layer step vs float32 reference", buf.logits, reference,
                       _tolerances(cfg, plan, dtype)[0])
             ctx.time("whole step, per-layer kernels", lambda: ops.fused_step(
                 w, cfg, cache, buf, plan, inv_freq, tokens, looped=False, write_logits=True),
                 bytes_moved=step_bytes(cfg, w, batch, context), cuda_graph=True, params=params,
-                variant=f"B={batch}")
+                variant=variant)
             for instruction, launch in launches.items():
                 count = 1 if instruction == "lm_head" else cfg.num_hidden_layers
                 ctx.time(f"{instruction} x{count}", launch, bytes_moved=floors[instruction] * count, cuda_graph=True,
-                         params={**params, "instruction": instruction}, variant=f"B={batch}")
+                         params={**params, "instruction": instruction}, variant=variant)
 
 
 # Plan variants timed against the default plan (Llama-3.2-1B, context 512), each one or two
@@ -251,14 +259,14 @@ def instruction_breakdown_case(ctx: Context) -> None:
 # everywhere (looped 1.46 -> 1.23 without prefetch; PDL 0.73-0.99x); acquire-load barrier polls
 # made no difference.
 PLAN_SWEEP: list[tuple[int, bool, dict[str, int]]] = [
-    (1, False, {"num_warps": 8}), (1, False, {"split_k": 2, "block_k": 1024}),
-    (1, True, {}), (1, True, {"maxnreg": 0}), (1, True, {"acquire_loads": True}), (1, True, {"prefetch": 2048}),
-    (2, False, {"block_b": 16, "block_n": 64, "block_p": 16, "block_v": 128, "block_k": 128}),
-    (8, False, {"split_k": 4}), (8, False, {"block_k": 256}), (8, True, {}),
-    (64, False, {"block_k": 128}), (64, False, {"num_warps": 8}), (64, True, {}),
-    (1, False, {"pdl": True}), (8, False, {"pdl": True}),
+    # batch 1: pipelined row tiles (row_prefetch, the default) against the earlier tiles, K chunk
+    # and K split of the residual projections under the pipelined tiles
+    (1, False, {"row_prefetch": False}), (1, False, {"block_k": 256}), (1, False, {"block_k": 256, "split_k": 2}),
+    (1, False, {"split_k": 1}), (1, False, {"split_k": 2}), (1, False, {"num_warps": 8, "block_k": 1024}),
+    (1, True, {}), (1, True, {"row_prefetch": False}),
+    (8, False, {"split_k": 4}), (8, True, {}), (64, False, {"block_k": 128}),
 ]
-QUICK_PLAN_SWEEP = [(3, False, {"block_b": 4}), (3, True, {})]
+QUICK_PLAN_SWEEP = [(1, False, {"row_prefetch": False}), (3, False, {"block_b": 4}), (3, True, {})]
 
 
 def _sweep_variant(ctx: Context, cfg: LlamaConfig, w: LlamaWeights, inv_freq: torch.Tensor, name: str, context: int,

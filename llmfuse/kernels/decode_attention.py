@@ -12,7 +12,8 @@ keeps the online-softmax state per query head::
 It writes the normalized partial ``acc / l`` and its logsumexp ``m + log l`` (−inf for an
 empty split), then counts itself done on the group's semaphore (an atomic add with
 acquire-release order).  The program that finishes last merges the group's splits by
-logsumexp (the math of :func:`fusecore.softmax.merge_partials`)::
+logsumexp (the math of :func:`fusecore.softmax.merge_partials`), ``MERGE_SPLITS`` splits per
+round of loads::
 
     attn = Σ_s exp(lse_s − lse) out_s,   lse = log Σ_s exp(lse_s)
 
@@ -29,6 +30,8 @@ from fusecore.softmax import online_rescale
 
 from .launch_order import after_previous_kernel
 from .matvec import mma
+
+MERGE_SPLITS = tl.constexpr(8)  # splits the merging program reads per round of loads
 
 
 @jit
@@ -88,19 +91,24 @@ def decode_attention_tile(
     tl.debug_barrier()
     finished = tl.atomic_add(sem_ptr + bh, 1, sem="acq_rel", scope="gpu")
     if finished == n_splits - 1:
+        # MERGE_SPLITS splits per round of loads: the partials of a round are read at once,
+        # not one dependent L2 round trip per split.
         top = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
         denom = tl.zeros([BLOCK_G], dtype=tl.float32)
         merged = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
-        for sp in range(n_splits):
-            lse_s = tl.load(lse_ptr + row + sp, mask=gmask, other=float("-inf"), cache_modifier=".cg")
-            part_s = tl.load(part_ptr + (row + sp)[:, None] * D + d[None, :], mask=gd_mask, other=0.0,
-                             cache_modifier=".cg")
-            top_new = tl.maximum(top, lse_s)
+        sp = tl.arange(0, MERGE_SPLITS)
+        for first in range(0, n_splits, MERGE_SPLITS):
+            gs_mask = gmask[:, None] & (first + sp < n_splits)[None, :]
+            gs = row[:, None] + first + sp[None, :]  # [G, splits] index of (query head, split)
+            lse_s = tl.load(lse_ptr + gs, mask=gs_mask, other=float("-inf"), cache_modifier=".cg")
+            part_s = tl.load(part_ptr + gs[:, :, None] * D + d[None, None, :],
+                             mask=gs_mask[:, :, None] & dmask[None, None, :], other=0.0, cache_modifier=".cg")
+            top_new = tl.maximum(top, tl.max(lse_s, axis=1))
             safe = tl.where(top_new == float("-inf"), 0.0, top_new)
             rescale = online_rescale(top, safe)
-            weight = tl.where(lse_s == float("-inf"), 0.0, tl.exp(lse_s - safe))
-            merged = merged * rescale[:, None] + weight[:, None] * part_s
-            denom = denom * rescale + weight
+            weight = tl.where(lse_s == float("-inf"), 0.0, tl.exp(lse_s - safe[:, None]))
+            merged = merged * rescale[:, None] + tl.sum(weight[:, :, None] * part_s, axis=1)
+            denom = denom * rescale + tl.sum(weight, axis=1)
             top = top_new
         merged = merged / tl.where(denom > 0.0, denom, 1.0)[:, None]
         tl.store(attn_ptr + (b * HQ + q_heads)[:, None] * D + d[None, :], merged, mask=gd_mask)

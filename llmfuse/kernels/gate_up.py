@@ -21,6 +21,7 @@ from .matvec import rows_dot_pair
 def gate_up_tile(
     tile, layer, x_ptr, norm_ptr, w_ptr, h_ptr, B, H, I, eps,
     BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr,
+    ROW_PREFETCH: tl.constexpr,
 ):
     n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = n < I
@@ -28,7 +29,7 @@ def gate_up_tile(
     w_layer = w_ptr + layer64 * 2 * I * H
     g_layer = norm_ptr + layer64 * H
     gate, up = rows_dot_pair(x_ptr, B, H, eps, g_layer, w_layer, n, n + I, nmask, True,
-                             BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC)
+                             BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC, ROW_PREFETCH)
     h = gate / (1.0 + tl.exp(-gate)) * up
     b = tl.arange(0, BLOCK_B)
     tl.store(h_ptr + b[:, None] * I + n[None, :], h.to(h_ptr.dtype.element_ty),
@@ -40,8 +41,9 @@ def gate_up_tile(
 def gate_up_kernel(
     layer, x_ptr, norm_ptr, w_ptr, h_ptr, B, H, I, eps,
     BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr,
+    ROW_PREFETCH: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     after_previous_kernel(USE_PDL)
     gate_up_tile(tl.program_id(0), layer, x_ptr, norm_ptr, w_ptr, h_ptr, B, H, I, eps,
-                 BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC)
+                 BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC, ROW_PREFETCH)

@@ -33,11 +33,12 @@ def lm_head_tile(
     tile, x_ptr, norm_ptr, w_ptr, logits_ptr, best_ptr, best_idx_ptr, seed_ptr, inv_temp_ptr, slot_ptr,
     B, H, V, n_tiles, eps,
     WRITE_LOGITS: tl.constexpr, SAMPLE: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr,
+    BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr, ROW_PREFETCH: tl.constexpr,
 ):
     n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = n < V
-    logits = rows_dot(x_ptr, B, H, eps, norm_ptr, w_ptr, n, nmask, 0, H, True, BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC)
+    logits = rows_dot(x_ptr, B, H, eps, norm_ptr, w_ptr, n, nmask, 0, H, True, BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC,
+                      ROW_PREFETCH)
     b = tl.arange(0, BLOCK_B)
     bmask = b < B
     if WRITE_LOGITS:
@@ -61,9 +62,9 @@ def lm_head_kernel(
     x_ptr, norm_ptr, w_ptr, logits_ptr, best_ptr, best_idx_ptr, seed_ptr, inv_temp_ptr, slot_ptr,
     B, H, V, n_tiles, eps,
     WRITE_LOGITS: tl.constexpr, SAMPLE: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr, USE_PDL: tl.constexpr,
+    BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr, ROW_PREFETCH: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     after_previous_kernel(USE_PDL)
     lm_head_tile(tl.program_id(0), x_ptr, norm_ptr, w_ptr, logits_ptr, best_ptr, best_idx_ptr, seed_ptr,
                  inv_temp_ptr, slot_ptr, B, H, V, n_tiles, eps, WRITE_LOGITS, SAMPLE, BLOCK_B, BLOCK_N, BLOCK_K,
-                 DOT_PREC)
+                 DOT_PREC, ROW_PREFETCH)

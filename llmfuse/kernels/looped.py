@@ -72,7 +72,7 @@ def looped_decode_kernel(
     split_k,
     HAS_BIAS: tl.constexpr, WRITE_LOGITS: tl.constexpr, SAMPLE: tl.constexpr, BLOCK_B: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, DOT_PREC: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, DOT_PREC: tl.constexpr, ROW_PREFETCH: tl.constexpr,
     PREFETCH: tl.constexpr, PREFETCH_BLOCK: tl.constexpr, ACQUIRE_LOADS: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -95,7 +95,7 @@ def looped_decode_kernel(
             for tile in range(pid, qkv_tiles, nprog):
                 qkv_rope_tile(tile, layer, x_ptr, attn_norm_ptr, wqkv_ptr, bqkv_ptr, inv_freq_ptr, kv_start_ptr,
                               slot_ptr, q_ptr, k_cache_ptr, v_cache_ptr, B, H, HQ, HKV, D, S, eps,
-                              HAS_BIAS, BLOCK_B, BLOCK_P, BLOCK_K, DOT_PREC)
+                              HAS_BIAS, BLOCK_B, BLOCK_P, BLOCK_K, DOT_PREC, ROW_PREFETCH)
                 # no grid barrier after this stage: each tile signals its KV head's group
                 head = tile // pair_tiles
                 group = tl.where(head < HQ, head // (HQ // HKV), tl.where(head < HQ + HKV, head - HQ, head - HQ - HKV))
@@ -112,19 +112,19 @@ def looped_decode_kernel(
         if stage + 2 < stop_stage:
             for tile in range(pid, hidden_tiles, nprog):
                 residual_proj_tile(tile, layer, attn_ptr, wo_ptr, x_ptr, proj_part_ptr, proj_sem_ptr, B, H, HQ * D,
-                                   split_k, BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC)
+                                   split_k, BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC, ROW_PREFETCH)
             sink = _barrier(counter_ptr, layer * 4 + 1, pid, nprog, sink, w_gate_up_ptr + layer64 * gate_up_size,
                             gate_up_size, 0, max_polls, timeout_ptr, PREFETCH, PREFETCH_BLOCK, ACQUIRE_LOADS)
         if stage + 3 < stop_stage:
             for tile in range(pid, mlp_tiles, nprog):
                 gate_up_tile(tile, layer, x_ptr, mlp_norm_ptr, w_gate_up_ptr, h_ptr, B, H, I, eps,
-                             BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC)
+                             BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC, ROW_PREFETCH)
             sink = _barrier(counter_ptr, layer * 4 + 2, pid, nprog, sink, w_down_ptr + layer64 * down_size,
                             down_size, 0, max_polls, timeout_ptr, PREFETCH, PREFETCH_BLOCK, ACQUIRE_LOADS)
         if stage + 4 < stop_stage:
             for tile in range(pid, hidden_tiles, nprog):
                 residual_proj_tile(tile, layer, h_ptr, w_down_ptr, x_ptr, proj_part_ptr, proj_sem_ptr, B, H, I,
-                                   split_k, BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC)
+                                   split_k, BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC, ROW_PREFETCH)
             if layer + 1 < L:
                 sink = _barrier(counter_ptr, layer * 4 + 3, pid, nprog, sink, wqkv_ptr + (layer64 + 1) * qkv_size,
                                 qkv_size, 0, max_polls, timeout_ptr, PREFETCH, PREFETCH_BLOCK, ACQUIRE_LOADS)
@@ -135,6 +135,6 @@ def looped_decode_kernel(
         for tile in range(pid, n_vocab_tiles, nprog):
             lm_head_tile(tile, x_ptr, final_norm_ptr, head_ptr, logits_ptr, best_ptr, best_idx_ptr, seed_ptr,
                          inv_temp_ptr, slot_ptr, B, H, V, n_vocab_tiles, eps, WRITE_LOGITS, SAMPLE, BLOCK_B, BLOCK_V,
-                         BLOCK_K, DOT_PREC)
+                         BLOCK_K, DOT_PREC, ROW_PREFETCH)
     if stop_stage < 0:  # never true: keeps the prefetch loads from being optimized away
         tl.store(timeout_ptr + 1, sink.to(tl.int32))

@@ -86,31 +86,80 @@ def _accumulate(acc, xg, wv, BLOCK_B: tl.constexpr, DOT_PREC: tl.constexpr):
 
 
 @jit
+def _one_row_chunk(x_ptr, g_ptr, w_a, w_b, row_mask, k0, k_stop, HAS_NORM: tl.constexpr, PAIR: tl.constexpr,
+                   BLOCK_K: tl.constexpr):
+    """Chunk [k0, k0 + BLOCK_K) ∩ [.., k_stop) of one x row (float32), of g (ones without HAS_NORM) and of
+    the weight rows ``w_a`` (and ``w_b`` when PAIR; else ``w_a`` again, not reloaded)."""
+    k = k0 + tl.arange(0, BLOCK_K)
+    kmask = k < k_stop
+    wmask = row_mask[:, None] & kmask[None, :]
+    wa = tl.load(w_a + k[None, :], mask=wmask, other=0.0, eviction_policy="evict_first")
+    wb = wa
+    if PAIR:
+        wb = tl.load(w_b + k[None, :], mask=wmask, other=0.0, eviction_policy="evict_first")
+    xv = tl.load(x_ptr + k, mask=kmask, other=0.0, cache_modifier=".cg").to(tl.float32)
+    g = tl.full([BLOCK_K], 1.0, dtype=tl.float32)
+    if HAS_NORM:
+        g = tl.load(g_ptr + k, mask=kmask, other=0.0).to(tl.float32)
+    return wa, wb, xv, g
+
+
+@jit
+def _one_row(x_ptr, g_ptr, w_a, w_b, row_mask, k_start, k_stop, HAS_NORM: tl.constexpr, PAIR: tl.constexpr,
+             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Batch 1, pipelined: (Σ_k x g W[rows_a], Σ_k x g W[rows_b], Σ_k x²) over [k_start, k_stop).
+
+    The next chunk's loads are issued before the current chunk is used, so a program always
+    has a chunk in flight while it multiplies; products accumulate elementwise in a
+    [BLOCK_N, BLOCK_K] float32 tile and are summed across the chunk dimension once, after
+    the loop (a sum across threads every chunk would put two CTA barriers into each
+    iteration).  The sum of squares comes back as a [1] tensor (one batch row)."""
+    acc_a = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    acc_b = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    sumsq = tl.zeros([BLOCK_K], dtype=tl.float32)
+    wa, wb, xv, g = _one_row_chunk(x_ptr, g_ptr, w_a, w_b, row_mask, k_start, k_stop, HAS_NORM, PAIR, BLOCK_K)
+    for k0 in range(k_start, k_stop, BLOCK_K):
+        wa_next, wb_next, xv_next, g_next = _one_row_chunk(x_ptr, g_ptr, w_a, w_b, row_mask, k0 + BLOCK_K, k_stop,
+                                                           HAS_NORM, PAIR, BLOCK_K)
+        sumsq += xv * xv
+        xg = (xv * g)[None, :]
+        acc_a += wa.to(tl.float32) * xg
+        if PAIR:
+            acc_b += wb.to(tl.float32) * xg
+        wa, wb, xv, g = wa_next, wb_next, xv_next, g_next
+    return tl.sum(acc_a, axis=1)[None, :], tl.sum(acc_b, axis=1)[None, :], tl.sum(sumsq[None, :], axis=1)
+
+
+@jit
 def rows_dot(
     x_ptr, B, K, eps, g_ptr, w_ptr, rows, row_mask, k_start, k_stop,
     HAS_NORM: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    DOT_PREC: tl.constexpr,
+    DOT_PREC: tl.constexpr, ROW_PREFETCH: tl.constexpr,
 ):
     """[BLOCK_B, BLOCK_N] float32 x̂ · W[rows]ᵀ over columns [k_start, k_stop) of K (see the module
     docstring); a part of K (split-K) only without HAS_NORM, whose scale needs all of x."""
     acc = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)
     sumsq = tl.zeros([BLOCK_B], dtype=tl.float32)
     w_rows = w_ptr + rows.to(tl.int64)[:, None] * K
-    for k0 in range(k_start, k_stop, BLOCK_K):
-        if (BLOCK_B > 1) and (BLOCK_B <= SMALL_BATCH):
-            k = k0 + tl.arange(0, BLOCK_K)
-            kmask = k < k_stop
-            wv = tl.load(w_rows + k[None, :], mask=row_mask[:, None] & kmask[None, :], other=0.0,
-                         eviction_policy="evict_first").to(tl.float32)
-            g = tl.load(g_ptr + k, mask=kmask, other=0.0).to(tl.float32)
-            acc, unused, sumsq = _small_batch_rows(acc, acc, sumsq, x_ptr, B, K, g, k, kmask, wv, wv,
-                                                   HAS_NORM, False, BLOCK_B)
-        else:
-            xv, xg, k, kmask = _x_chunk(x_ptr, B, K, g_ptr, k0, k_stop, HAS_NORM, BLOCK_B, BLOCK_K)
-            wv = tl.load(w_rows + k[None, :], mask=row_mask[:, None] & kmask[None, :], other=0.0,
-                         eviction_policy="evict_first")
-            acc = _accumulate(acc, xg, wv, BLOCK_B, DOT_PREC)
-            sumsq += tl.sum(xv * xv, axis=1)
+    if (BLOCK_B == 1) and ROW_PREFETCH:
+        acc, unused, sumsq = _one_row(x_ptr, g_ptr, w_rows, w_rows, row_mask, k_start, k_stop, HAS_NORM, False,
+                                      BLOCK_N, BLOCK_K)
+    else:
+        for k0 in range(k_start, k_stop, BLOCK_K):
+            if (BLOCK_B > 1) and (BLOCK_B <= SMALL_BATCH):
+                k = k0 + tl.arange(0, BLOCK_K)
+                kmask = k < k_stop
+                wv = tl.load(w_rows + k[None, :], mask=row_mask[:, None] & kmask[None, :], other=0.0,
+                             eviction_policy="evict_first").to(tl.float32)
+                g = tl.load(g_ptr + k, mask=kmask, other=0.0).to(tl.float32)
+                acc, unused, sumsq = _small_batch_rows(acc, acc, sumsq, x_ptr, B, K, g, k, kmask, wv, wv,
+                                                       HAS_NORM, False, BLOCK_B)
+            else:
+                xv, xg, k, kmask = _x_chunk(x_ptr, B, K, g_ptr, k0, k_stop, HAS_NORM, BLOCK_B, BLOCK_K)
+                wv = tl.load(w_rows + k[None, :], mask=row_mask[:, None] & kmask[None, :], other=0.0,
+                             eviction_policy="evict_first")
+                acc = _accumulate(acc, xg, wv, BLOCK_B, DOT_PREC)
+                sumsq += tl.sum(xv * xv, axis=1)
     if HAS_NORM:
         acc = acc * (1.0 / tl.sqrt(sumsq / K + eps))[:, None]
     return acc
@@ -120,7 +169,7 @@ def rows_dot(
 def rows_dot_pair(
     x_ptr, B, K, eps, g_ptr, w_ptr, rows_a, rows_b, row_mask,
     HAS_NORM: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    DOT_PREC: tl.constexpr,
+    DOT_PREC: tl.constexpr, ROW_PREFETCH: tl.constexpr,
 ):
     """(x̂ · W[rows_a]ᵀ, x̂ · W[rows_b]ᵀ), both [BLOCK_B, BLOCK_N] float32, in one pass over x."""
     acc_a = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)
@@ -128,24 +177,27 @@ def rows_dot_pair(
     sumsq = tl.zeros([BLOCK_B], dtype=tl.float32)
     w_a = w_ptr + rows_a.to(tl.int64)[:, None] * K
     w_b = w_ptr + rows_b.to(tl.int64)[:, None] * K
-    for k0 in range(0, K, BLOCK_K):
-        if (BLOCK_B > 1) and (BLOCK_B <= SMALL_BATCH):
-            k = k0 + tl.arange(0, BLOCK_K)
-            kmask = k < K
-            wmask = row_mask[:, None] & kmask[None, :]
-            wa = tl.load(w_a + k[None, :], mask=wmask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-            wb = tl.load(w_b + k[None, :], mask=wmask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-            g = tl.load(g_ptr + k, mask=kmask, other=0.0).to(tl.float32)
-            acc_a, acc_b, sumsq = _small_batch_rows(acc_a, acc_b, sumsq, x_ptr, B, K, g, k, kmask, wa, wb,
-                                                    HAS_NORM, True, BLOCK_B)
-        else:
-            xv, xg, k, kmask = _x_chunk(x_ptr, B, K, g_ptr, k0, K, HAS_NORM, BLOCK_B, BLOCK_K)
-            wmask = row_mask[:, None] & kmask[None, :]
-            wa = tl.load(w_a + k[None, :], mask=wmask, other=0.0, eviction_policy="evict_first")
-            wb = tl.load(w_b + k[None, :], mask=wmask, other=0.0, eviction_policy="evict_first")
-            acc_a = _accumulate(acc_a, xg, wa, BLOCK_B, DOT_PREC)
-            acc_b = _accumulate(acc_b, xg, wb, BLOCK_B, DOT_PREC)
-            sumsq += tl.sum(xv * xv, axis=1)
+    if (BLOCK_B == 1) and ROW_PREFETCH:
+        acc_a, acc_b, sumsq = _one_row(x_ptr, g_ptr, w_a, w_b, row_mask, 0, K, HAS_NORM, True, BLOCK_N, BLOCK_K)
+    else:
+        for k0 in range(0, K, BLOCK_K):
+            if (BLOCK_B > 1) and (BLOCK_B <= SMALL_BATCH):
+                k = k0 + tl.arange(0, BLOCK_K)
+                kmask = k < K
+                wmask = row_mask[:, None] & kmask[None, :]
+                wa = tl.load(w_a + k[None, :], mask=wmask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+                wb = tl.load(w_b + k[None, :], mask=wmask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+                g = tl.load(g_ptr + k, mask=kmask, other=0.0).to(tl.float32)
+                acc_a, acc_b, sumsq = _small_batch_rows(acc_a, acc_b, sumsq, x_ptr, B, K, g, k, kmask, wa, wb,
+                                                        HAS_NORM, True, BLOCK_B)
+            else:
+                xv, xg, k, kmask = _x_chunk(x_ptr, B, K, g_ptr, k0, K, HAS_NORM, BLOCK_B, BLOCK_K)
+                wmask = row_mask[:, None] & kmask[None, :]
+                wa = tl.load(w_a + k[None, :], mask=wmask, other=0.0, eviction_policy="evict_first")
+                wb = tl.load(w_b + k[None, :], mask=wmask, other=0.0, eviction_policy="evict_first")
+                acc_a = _accumulate(acc_a, xg, wa, BLOCK_B, DOT_PREC)
+                acc_b = _accumulate(acc_b, xg, wb, BLOCK_B, DOT_PREC)
+                sumsq += tl.sum(xv * xv, axis=1)
     if HAS_NORM:
         scale = (1.0 / tl.sqrt(sumsq / K + eps))[:, None]
         acc_a = acc_a * scale

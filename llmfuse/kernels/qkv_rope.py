@@ -28,7 +28,7 @@ def qkv_rope_tile(
     q_ptr, k_cache_ptr, v_cache_ptr,
     B, H, HQ, HKV, D, S, eps,
     HAS_BIAS: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
-    DOT_PREC: tl.constexpr,
+    DOT_PREC: tl.constexpr, ROW_PREFETCH: tl.constexpr,
 ):
     half = D // 2
     pair_tiles = tl.cdiv(half, BLOCK_P)
@@ -42,7 +42,7 @@ def qkv_rope_tile(
     w_layer = w_ptr + layer64 * n_rows * H
     g_layer = norm_ptr + layer64 * H
     lo, hi = rows_dot_pair(x_ptr, B, H, eps, g_layer, w_layer, rows_lo, rows_hi, jmask, True,
-                           BLOCK_B, BLOCK_P, BLOCK_K, DOT_PREC)
+                           BLOCK_B, BLOCK_P, BLOCK_K, DOT_PREC, ROW_PREFETCH)
     if HAS_BIAS:
         b_layer = bias_ptr + layer64 * n_rows
         lo += tl.load(b_layer + rows_lo, mask=jmask, other=0.0).to(tl.float32)[None, :]
@@ -83,11 +83,11 @@ def qkv_rope_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr,
     B, H, HQ, HKV, D, S, eps,
     HAS_BIAS: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
-    DOT_PREC: tl.constexpr, USE_PDL: tl.constexpr,
+    DOT_PREC: tl.constexpr, ROW_PREFETCH: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     after_previous_kernel(USE_PDL)
     qkv_rope_tile(
         tl.program_id(0), layer, x_ptr, norm_ptr, w_ptr, bias_ptr, inv_freq_ptr, kv_start_ptr, slot_ptr,
         q_ptr, k_cache_ptr, v_cache_ptr, B, H, HQ, HKV, D, S, eps,
-        HAS_BIAS, BLOCK_B, BLOCK_P, BLOCK_K, DOT_PREC,
+        HAS_BIAS, BLOCK_B, BLOCK_P, BLOCK_K, DOT_PREC, ROW_PREFETCH,
     )

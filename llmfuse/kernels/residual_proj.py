@@ -28,6 +28,7 @@ from .matvec import rows_dot
 def residual_proj_tile(
     tile, layer, a_ptr, w_ptr, x_ptr, part_ptr, sem_ptr, B, H, K, split_k,
     BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr,
+    ROW_PREFETCH: tl.constexpr,
 ):
     n_tile = tile // split_k
     k_part = tile % split_k
@@ -38,7 +39,7 @@ def residual_proj_tile(
     nmask = n < H
     layer64 = tl.full([], 0, tl.int64) + layer
     acc = rows_dot(a_ptr, B, K, 0.0, w_ptr, w_ptr + layer64 * H * K, n, nmask, k_start, k_stop, False,
-                   BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC)
+                   BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC, ROW_PREFETCH)
     b = tl.arange(0, BLOCK_B)
     x_off = b[:, None] * H + n[None, :]
     mask = (b < B)[:, None] & nmask[None, :]
@@ -65,8 +66,9 @@ def residual_proj_tile(
 def residual_proj_kernel(
     layer, a_ptr, w_ptr, x_ptr, part_ptr, sem_ptr, B, H, K, split_k,
     BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr,
+    ROW_PREFETCH: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     after_previous_kernel(USE_PDL)
     residual_proj_tile(tl.program_id(0), layer, a_ptr, w_ptr, x_ptr, part_ptr, sem_ptr, B, H, K, split_k,
-                       BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC)
+                       BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC, ROW_PREFETCH)

@@ -12,6 +12,7 @@ from fusecore.testing import assert_all_written, assert_close, poison_value, tes
 from llmfuse import ops
 from llmfuse import reference as ref
 from llmfuse.config import LlamaConfig
+from llmfuse.kernels import decode_attention
 from llmfuse.weights import random_weights
 
 CFG = LlamaConfig(vocab_size=97, hidden_size=48, intermediate_size=88, num_hidden_layers=2,
@@ -22,14 +23,14 @@ SLOTS = 21
 LAYER = 1
 
 
-def _setup(batch, dtype, gen, bias=False, split_k=None, block_b=None):
+def _setup(batch, dtype, gen, bias=False, split_k=None, tuning=None):
     device = test_device()
     cfg = CFG if not bias else LlamaConfig(**{**CFG.__dict__, "attention_bias": True, "model_type": "qwen2"})
     w = random_weights(cfg, dtype=dtype, device="cpu", generator=gen, std=0.1)
     w64 = w.to(dtype=torch.float64)
     wk = w.to(device=device)
-    tuning = {} if block_b is None else {"block_b": block_b}
-    plan = ops.make_plan(cfg, batch, SLOTS, dtype, torch.device(device), n_splits=3, split_k=split_k, **tuning)
+    plan = ops.make_plan(cfg, batch, SLOTS, dtype, torch.device(device), n_splits=3, split_k=split_k,
+                         **(tuning or {}))
     buf = ops.DecodeBuffers.allocate(cfg, plan, dtype, torch.device(device))
     cache = ref.KVCache.empty(cfg, batch, SLOTS, dtype=dtype, device=device)
     cache.k.normal_(generator=None)
@@ -42,16 +43,18 @@ def _setup(batch, dtype, gen, bias=False, split_k=None, block_b=None):
     return cfg, w64, wk, plan, buf, cache, slot, kv_start
 
 
-# (batch, dtype, block_b): batch 1 by row sums (the default), batches 2 and 3 also by row sums
-# over several rows (block_b <= 8: one tile of weights meets every row of x), the others by
-# tensor-core tiles padded to 16 rows (the default for batches > 1)
-CASES = [(1, torch.float32, None), (3, torch.float32, 4), (3, torch.bfloat16, None), (2, torch.float16, 2),
-         (9, torch.float32, None), (9, torch.bfloat16, None)]
+# (batch, dtype, plan fields): batch 1 by pipelined row tiles (the default) and by the earlier
+# row tiles (row_prefetch=False), batches 2 and 3 also by row sums over several rows (block_b <= 8:
+# one tile of weights meets every row of x), the others by tensor-core tiles padded to 16 rows
+# (the default for batches > 1)
+CASES = [(1, torch.float32, {}), (1, torch.bfloat16, {"row_prefetch": False}), (3, torch.float32, {"block_b": 4}),
+         (3, torch.bfloat16, {}), (2, torch.float16, {"block_b": 2}), (9, torch.float32, {}),
+         (9, torch.bfloat16, {})]
 
 
-@pytest.mark.parametrize("batch, dtype, block_b", CASES)
-def test_qkv_rope_append(batch, dtype, block_b, gen):
-    cfg, w64, wk, plan, buf, cache, slot, kv_start = _setup(batch, dtype, gen, bias=batch == 3, block_b=block_b)
+@pytest.mark.parametrize("batch, dtype, tuning", CASES)
+def test_qkv_rope_append(batch, dtype, tuning, gen):
+    cfg, w64, wk, plan, buf, cache, slot, kv_start = _setup(batch, dtype, gen, bias=batch == 3, tuning=tuning)
     buf.q.fill_(poison_value(torch.float32))
     cache.k[LAYER, :, :, slot] = float("nan")
     cache.v[LAYER, :, :, slot] = float("nan")
@@ -70,9 +73,9 @@ def test_qkv_rope_append(batch, dtype, block_b, gen):
     assert torch.equal(cache.k[:, :, :, other].cpu(), before[:, :, :, other].cpu())
 
 
-@pytest.mark.parametrize("batch, dtype, block_b", CASES)
-def test_decode_attention_splits_merge_to_attention(batch, dtype, block_b, gen):
-    cfg, w64, wk, plan, buf, cache, slot, kv_start = _setup(batch, dtype, gen, block_b=block_b)
+@pytest.mark.parametrize("batch, dtype, tuning", CASES)
+def test_decode_attention_splits_merge_to_attention(batch, dtype, tuning, gen):
+    cfg, w64, wk, plan, buf, cache, slot, kv_start = _setup(batch, dtype, gen, tuning=tuning)
     buf.q.copy_(torch.randn(buf.q.shape, generator=gen))
     buf.part.fill_(float("nan"))
     buf.lse.fill_(float("nan"))
@@ -94,11 +97,33 @@ def test_decode_attention_splits_merge_to_attention(batch, dtype, block_b, gen):
     assert_close(buf.attn.cpu().reshape(batch, -1), expected[:, 0], dtype, name="kernel-merged attention")
 
 
-@pytest.mark.parametrize("batch, dtype, block_b, split_k", [(*case, 1) for case in CASES] +
-                         [(9, torch.float32, None, 3)])
-def test_o_proj_adds_residual(batch, dtype, block_b, split_k, gen):
+def test_decode_attention_merges_more_splits_than_one_round(gen):
+    """10 splits: the last program merges them in two rounds of MERGE_SPLITS; a row whose first
+    valid slot leaves splits empty (lse = -inf), and a split past the current slot."""
+    slots, slot = 640, 601  # 10 splits of 64 slots under the interpreter and compiled
+    kv_start = torch.tensor([0, 150])
+    plan = ops.make_plan(CFG, 2, slots, torch.float32, torch.device(test_device()), n_splits=10)
+    assert plan.n_splits == 10 > decode_attention.MERGE_SPLITS
+    buf = ops.DecodeBuffers.allocate(CFG, plan, torch.float32, torch.device(test_device()))
+    cache = ref.KVCache.empty(CFG, 2, slots, dtype=torch.float32, device=test_device())
+    cache.k.copy_(torch.randn(cache.k.shape, generator=gen))
+    cache.v.copy_(torch.randn(cache.v.shape, generator=gen))
+    buf.slot.fill_(slot)
+    buf.kv_start.copy_(kv_start)
+    buf.q.copy_(torch.randn(buf.q.shape, generator=gen))
+    buf.attn.fill_(float("nan"))
+    ops.decode_attention(CFG, LAYER, cache, buf, plan)
+    assert_all_written(buf.attn, "attn")
+    expected = ref.attention_step(buf.q.cpu().double()[:, None], cache.k[LAYER].cpu().double(),
+                                  cache.v[LAYER].cpu().double(), torch.tensor([slot]), kv_start)
+    assert_close(buf.attn.cpu().reshape(2, -1), expected[:, 0], torch.float32, name="attention")
+
+
+@pytest.mark.parametrize("batch, dtype, tuning, split_k", [(*case, 1) for case in CASES] +
+                         [(9, torch.float32, {}, 3)])
+def test_o_proj_adds_residual(batch, dtype, tuning, split_k, gen):
     """split_k > 1: the last K part of each feature tile sums all parts into x."""
-    cfg, w64, wk, plan, buf, cache, slot, kv_start = _setup(batch, dtype, gen, split_k=split_k, block_b=block_b)
+    cfg, w64, wk, plan, buf, cache, slot, kv_start = _setup(batch, dtype, gen, split_k=split_k, tuning=tuning)
     assert plan.split_k == split_k
     buf.attn.copy_(torch.randn(buf.attn.shape, generator=gen))
     x0 = buf.x.cpu().double()
@@ -108,10 +133,10 @@ def test_o_proj_adds_residual(batch, dtype, block_b, split_k, gen):
     assert_close(buf.x.cpu() - x0, expected - x0, dtype, name="o_proj update")
 
 
-@pytest.mark.parametrize("batch, dtype, block_b, split_k", [(*case, 1) for case in CASES] +
-                         [(9, torch.bfloat16, None, 2)])
-def test_gate_up_silu_and_down_residual(batch, dtype, block_b, split_k, gen):
-    cfg, w64, wk, plan, buf, cache, slot, kv_start = _setup(batch, dtype, gen, split_k=split_k, block_b=block_b)
+@pytest.mark.parametrize("batch, dtype, tuning, split_k", [(*case, 1) for case in CASES] +
+                         [(9, torch.bfloat16, {}, 2)])
+def test_gate_up_silu_and_down_residual(batch, dtype, tuning, split_k, gen):
+    cfg, w64, wk, plan, buf, cache, slot, kv_start = _setup(batch, dtype, gen, split_k=split_k, tuning=tuning)
     buf.h.fill_(float("nan"))
     x0 = buf.x.cpu().double()
     ops.gate_up(wk, cfg, LAYER, buf, plan)
@@ -123,9 +148,9 @@ def test_gate_up_silu_and_down_residual(batch, dtype, block_b, split_k, gen):
     assert_close(buf.x.cpu() - x0, expected - x0, dtype, name="down update")
 
 
-@pytest.mark.parametrize("batch, dtype, block_b", CASES)
-def test_lm_head_logits_and_fused_argmax(batch, dtype, block_b, gen):
-    cfg, w64, wk, plan, buf, cache, slot, kv_start = _setup(batch, dtype, gen, block_b=block_b)
+@pytest.mark.parametrize("batch, dtype, tuning", CASES)
+def test_lm_head_logits_and_fused_argmax(batch, dtype, tuning, gen):
+    cfg, w64, wk, plan, buf, cache, slot, kv_start = _setup(batch, dtype, gen, tuning=tuning)
     buf.logits.fill_(float("nan"))
     ops.lm_head(wk, cfg, buf, plan, write_logits=True)
     assert_all_written(buf.logits, "logits")
