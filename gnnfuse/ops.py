@@ -70,7 +70,7 @@ class AttentionInputs:
     ``score`` is :data:`~gnnfuse.kernels.scores.SCORE_GAT`, ``SCORE_GATV2`` or ``SCORE_DOT``;
     ``src_term`` / ``dst_term`` are the score's two sides (``el`` / ``er`` ``[N, H]``; ``fs`` /
     ``fd``; ``k`` / ``q`` ``[N, H, D]``); ``value`` the aggregated features (``Wh``, ``fs``,
-    ``v``); ``attn`` GATv2's ``[H, D]`` vector; ``edge_attr`` ``[E, K]`` (CSR order) and
+    ``v``); ``attn`` GATv2's ``[H, D]`` vector; ``edge_attr`` ``[E, K]`` (input edge order) and
     ``edge_weight`` ``[K, H, D]``: the dot score's edge features, projected in registers and
     added to keys and values; ``keys_from_values``: the dot score's keys are ``value · src_term``
     with ``src_term`` a per-node scale ``[N, H]`` (AGNN: one gathered tile per edge instead of two).
@@ -109,12 +109,26 @@ MIN_DOT = 16  # every dimension of a tl.dot operand must be >= 16
 NORMALIZE_EPS = 1e-12  # torch.nn.functional.normalize's default eps (AGNN's cosine)
 
 
+def _edge_dot(inputs: AttentionInputs, block_h: int, block_d: int) -> bool:
+    """Whether the edge projection can be one matrix product per tile of 16 or more edges
+    (a head tile of >= 16 elements, not float64); else it runs as K rank-1 updates."""
+    return inputs.has_edge and inputs.value.dtype != torch.float64 and block_h * block_d >= MIN_DOT
+
+
 def _edge_flags(inputs: AttentionInputs, block_h: int, block_d: int, edges_per_program: int) -> dict:
-    """BLOCK_K and EDGE_DOT of a launch: the edge projection runs as one matrix product per
-    tile where every dimension allows it (and not in float64), else as K rank-1 updates."""
-    dot = (inputs.has_edge and inputs.value.dtype != torch.float64 and block_h * block_d >= MIN_DOT
-           and edges_per_program >= MIN_DOT)
+    """BLOCK_K and EDGE_DOT of a launch with ``edges_per_program`` edges in a tile."""
+    dot = _edge_dot(inputs, block_h, block_d) and edges_per_program >= MIN_DOT
     return {"BLOCK_K": max(MIN_DOT, next_power_of_2(inputs.edge_dim)), "EDGE_DOT": dot}
+
+
+def _light_rows(schedule, inputs: AttentionInputs, width: int, light_tiles: int) -> int:
+    """Light rows of ``width`` edges per program: a tile near the budget, and with edge features
+    at least 16 edges per program, so the projection is a matrix product (``K`` rank-1 updates
+    gather each feature column separately: many times the load instructions of the product)."""
+    rows = schedule.light_rows_per_program(width, light_tiles * schedule.block_h * schedule.block_d)
+    if _edge_dot(inputs, schedule.block_h, schedule.block_d):
+        rows = max(rows, MIN_DOT // width)
+    return rows
 
 
 def _tile_budget(schedule, inputs: AttentionInputs, kernel_pass: str) -> tuple[int, int]:
@@ -140,6 +154,8 @@ def _tile_budget(schedule, inputs: AttentionInputs, kernel_pass: str) -> tuple[i
     block_e = schedule.medium_block_e
     while block_e > 1 and block_e * per_edge > schedule.medium_block_e:
         block_e //= 2
+    if _edge_dot(inputs, schedule.block_h, schedule.block_d):
+        block_e = max(block_e, MIN_DOT)  # a matrix product per tile (see _light_rows)
     # rows per light program stay a power of two (tl.arange): round the tile count up
     return next_power_of_2(light), block_e
 
@@ -173,10 +189,10 @@ def attention_forward(
     light_tiles, row_block_e = _tile_budget(schedule, inputs, "forward")
     buckets = schedule.incoming
     for width, rows, starts, stops in buckets.light:
-        per_program = schedule.light_rows_per_program(width, light_tiles * block_h * block_d)
+        per_program = _light_rows(schedule, inputs, width, light_tiles)
         attention_forward_light_kernel[(cdiv(rows.numel(), per_program),)](
-            graph.csr_src, rows, starts, stops, *tensors, out, lse, rows.numel(), heads, head_dim, inputs.edge_dim,
-            *scalars,
+            graph.csr_src, graph.csr_eid, rows, starts, stops, *tensors, out, lse, rows.numel(), heads, head_dim,
+            inputs.edge_dim, *scalars,
             ROWS=per_program, BLOCK_E=width, BLOCK_H=block_h, BLOCK_D=block_d, **flags,
             **_edge_flags(inputs, block_h, block_d, per_program * width),
         )
@@ -187,8 +203,8 @@ def attention_forward(
         else:
             target_out, target_lse = out, lse
         attention_forward_rows_kernel[(count,)](
-            graph.csr_src, rows, starts, stops, *tensors, target_out, target_lse, heads, head_dim, inputs.edge_dim,
-            *scalars,
+            graph.csr_src, graph.csr_eid, rows, starts, stops, *tensors, target_out, target_lse, heads, head_dim,
+            inputs.edge_dim, *scalars,
             BLOCK_E=row_block_e, BLOCK_H=block_h, BLOCK_D=block_d, PIECES=pieces, **flags,
             **_edge_flags(inputs, block_h, block_d, row_block_e),
         )
@@ -223,7 +239,7 @@ def _merge_sums(buckets: Buckets, part: torch.Tensor, out: torch.Tensor) -> None
 def attention_backward(
     graph: Graph, inputs: AttentionInputs, lse: torch.Tensor, out: torch.Tensor, grad_out: torch.Tensor,
     dropout_p: float, seed: int, offset: int, options: ScheduleOptions | None,
-    grad_value_dtype: torch.dtype | None = None,
+    grad_value_dtype: torch.dtype | None = None, edge_grads: tuple[bool, bool] = (True, True),
 ) -> tuple[torch.Tensor, ...]:
     """Gradients of the fused attention, without atomics:
     ``(∂value, ∂src-side, ∂dst_term, ∂edge_attr, attr_sums)``.
@@ -231,9 +247,10 @@ def attention_backward(
     ``∂value`` in ``grad_value_dtype`` (default: the values' dtype), the rest in the
     accumulation dtype.  The source-side output is ``∂el [N, H]`` (GAT), ``∂k`` (dot) or, for
     GATv2, the per-source-row partial sums of ``∂attn`` ``[N, H, D]`` (the score's share of
-    ``∂fs`` is already in ``∂value``).  With edge features: ``∂edge_attr [E, K]`` (CSR order)
-    and ``attr_sums [N, 2, K, H]``, the per-destination sums ``A``, ``B`` from which
-    :func:`edge_weight_grad` forms ``∂edge_weight``; otherwise both are None.
+    ``∂fs`` is already in ``∂value``).  With edge features, as ``edge_grads = (attr, weight)``
+    asks: ``∂edge_attr [E, K]`` (input edge order) and ``attr_sums [N, 2, K, H]``, the
+    per-destination sums ``A``, ``B`` from which :func:`edge_weight_grad` forms ``∂edge_weight``;
+    None where not asked for or without edge features.
     """
     from .kernels.attention_backward import (
         attention_backward_dst_kernel,
@@ -253,8 +270,9 @@ def attention_backward(
     grad_value = _new_output(tuple(value.shape), grad_value_dtype or value.dtype, device)
     grad_src = _new_output(src_shape, acc, device)
     grad_dst = _new_output(src_shape, acc, device)
-    grad_attr = _new_output((graph.num_edges, edge_dim), acc, device) if inputs.has_edge else None
-    attr_sums = _new_output((num_nodes, 2, edge_dim, heads), acc, device) if inputs.has_edge else None
+    attr_grad, weight_grad = (inputs.has_edge and edge_grads[0]), (inputs.has_edge and edge_grads[1])
+    grad_attr = _new_output((graph.num_edges, edge_dim), acc, device) if attr_grad else None
+    attr_sums = _new_output((num_nodes, 2, edge_dim, heads), acc, device) if weight_grad else None
     if num_nodes == 0:
         return grad_value, grad_src, grad_dst, grad_attr, attr_sums
     schedule = graph.schedule(heads, head_dim, value.dtype, options)
@@ -271,10 +289,10 @@ def attention_backward(
     outgoing = schedule.outgoing
     light_tiles, row_block_e = _tile_budget(schedule, inputs, "source")
     for width, rows, starts, stops in outgoing.light:
-        per_program = schedule.light_rows_per_program(width, light_tiles * block_h * block_d)
+        per_program = _light_rows(schedule, inputs, width, light_tiles)
         attention_backward_src_light_kernel[(cdiv(rows.numel(), per_program),)](
-            graph.rev_dst, graph.rev_pos, rows, starts, stops, *src_tensors, grad_value, grad_src, grad_s,
-            rows.numel(), heads, head_dim, edge_dim, *scalars,
+            graph.rev_dst, graph.rev_pos, graph.rev_eid, rows, starts, stops, *src_tensors, grad_value, grad_src,
+            grad_s, rows.numel(), heads, head_dim, edge_dim, *scalars,
             ROWS=per_program, BLOCK_E=width, BLOCK_H=block_h, BLOCK_D=block_d, **flags,
             **_edge_flags(inputs, block_h, block_d, per_program * width),
         )
@@ -285,7 +303,7 @@ def attention_backward(
         else:
             target_value, target_src = grad_value, grad_src
         attention_backward_src_kernel[(count,)](
-            graph.rev_dst, graph.rev_pos, rows, starts, stops, *src_tensors,
+            graph.rev_dst, graph.rev_pos, graph.rev_eid, rows, starts, stops, *src_tensors,
             target_value, target_src, grad_s, heads, head_dim, edge_dim, *scalars,
             BLOCK_E=row_block_e, BLOCK_H=block_h, BLOCK_D=block_d, PIECES=pieces, **flags,
             **_edge_flags(inputs, block_h, block_d, row_block_e),
@@ -313,12 +331,14 @@ def attention_backward(
         return grad_value, grad_src, grad_dst, grad_attr, attr_sums
     # GATv2 / dot: ∂dst gathers the source terms again, weighted by the source pass's ∂s.
     dst_tensors = (*inputs.pointers(), grad_s, lse, grad_out)
-    edge_outputs = (grad_s, grad_s) if grad_attr is None else (grad_attr, attr_sums)
+    # outputs not asked for get a tensor the kernel never writes
+    edge_outputs = (grad_s if grad_attr is None else grad_attr, grad_s if attr_sums is None else attr_sums)
+    flags = {**flags, "ATTR_GRAD": attr_grad, "WEIGHT_GRAD": weight_grad}
     light_tiles, row_block_e = _tile_budget(schedule, inputs, "destination")
     for width, rows, starts, stops in incoming.light:
-        per_program = schedule.light_rows_per_program(width, light_tiles * block_h * block_d)
+        per_program = _light_rows(schedule, inputs, width, light_tiles)
         attention_backward_dst_light_kernel[(cdiv(rows.numel(), per_program),)](
-            graph.csr_src, rows, starts, stops, *dst_tensors, grad_dst, *edge_outputs, rows.numel(),
+            graph.csr_src, graph.csr_eid, rows, starts, stops, *dst_tensors, grad_dst, *edge_outputs, rows.numel(),
             heads, head_dim, edge_dim, *scalars,
             ROWS=per_program, BLOCK_E=width, BLOCK_H=block_h, BLOCK_D=block_d, **flags,
             **_edge_flags(inputs, block_h, block_d, per_program * width),
@@ -326,18 +346,18 @@ def attention_backward(
     for rows, starts, stops, count, pieces in _row_launches(incoming):
         if pieces:
             target_dst = _new_output((count, heads, head_dim), acc, device)
-            target_sums = _new_output((count, 2, edge_dim, heads), acc, device) if inputs.has_edge else grad_s
+            target_sums = _new_output((count, 2, edge_dim, heads), acc, device) if weight_grad else grad_s
         else:
             target_dst, target_sums = grad_dst, edge_outputs[1]
         attention_backward_dst_kernel[(count,)](
-            graph.csr_src, rows, starts, stops, *dst_tensors, target_dst, edge_outputs[0], target_sums,
+            graph.csr_src, graph.csr_eid, rows, starts, stops, *dst_tensors, target_dst, edge_outputs[0], target_sums,
             heads, head_dim, edge_dim, *scalars,
             BLOCK_E=row_block_e, BLOCK_H=block_h, BLOCK_D=block_d, PIECES=pieces, **flags,
             **_edge_flags(inputs, block_h, block_d, row_block_e),
         )
         if pieces:
             _merge_sums(incoming, target_dst, grad_dst)
-            if inputs.has_edge:
+            if weight_grad:
                 _merge_sums(incoming, target_sums, attr_sums)
     return grad_value, grad_src, grad_dst, grad_attr, attr_sums
 
@@ -347,10 +367,19 @@ def edge_weight_grad(
 ) -> torch.Tensor:
     """``∂W_e [K, H, D] = Σ_i A_i ⊗ g_i + B_i ⊗ (scale · q_i)`` per head, from the destination
     pass's ``attr_sums [N, 2, K, H]`` (:mod:`gnnfuse.kernels.edge_features`): a deterministic
-    reduction over nodes, in the accumulation dtype."""
+    reduction over nodes, in the accumulation dtype.
+
+    Each sum is one plain ``[K·H, N] @ [N, H·D]`` matrix product (all head pairs) of which the
+    diagonal head blocks are kept: ``H`` times the useful work, but a full-speed GEMM, where the
+    per-head batched form (a ``[K, N] @ [N, D]`` per head) runs as a slow batched GEMV."""
+    num_nodes, _, edge_dim, heads = attr_sums.shape
     acc = attr_sums.dtype
-    grad = torch.einsum("nkh,nhd->khd", attr_sums[:, 0], grad_out.to(acc))
-    return grad + torch.einsum("nkh,nhd->khd", attr_sums[:, 1], query.to(acc) * scale)
+    width = grad_out.shape[1] * grad_out.shape[2]
+    sums_a = attr_sums[:, 0].reshape(num_nodes, edge_dim * heads)
+    sums_b = attr_sums[:, 1].reshape(num_nodes, edge_dim * heads)
+    grad = sums_a.t() @ grad_out.reshape(num_nodes, width).to(acc)
+    grad += (sums_b.t() @ query.reshape(num_nodes, width).to(acc)) * scale
+    return grad.view(edge_dim, heads, heads, -1).diagonal(dim1=1, dim2=2).permute(0, 2, 1)
 
 
 def _forward_saving(ctx, graph: Graph, inputs: AttentionInputs, launch: tuple, differentiable: int,
@@ -374,10 +403,12 @@ def _forward_saving(ctx, graph: Graph, inputs: AttentionInputs, launch: tuple, d
 
 
 def _backward_saved(ctx, inputs: AttentionInputs, grad_out: torch.Tensor,
-                    grad_value_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, ...]:
+                    grad_value_dtype: torch.dtype | None = None,
+                    edge_grads: tuple[bool, bool] = (True, True)) -> tuple[torch.Tensor, ...]:
     """:func:`attention_backward` from what :func:`_forward_saving` kept (``out``, ``lse`` last)."""
     out, lse = ctx.saved_tensors[-2:]
-    return attention_backward(ctx.graph, inputs, lse, out, grad_out.contiguous(), *ctx.launch, grad_value_dtype)
+    return attention_backward(ctx.graph, inputs, lse, out, grad_out.contiguous(), *ctx.launch, grad_value_dtype,
+                              edge_grads)
 
 
 _NO_GRADS = (None,) * 6  # graph and the five launch arguments of the GAT / GATv2 Functions
@@ -677,10 +708,10 @@ class GATv2Function(torch.autograd.Function):
 
 class TransformerAttentionFunction(torch.autograd.Function):
     """Scaled dot-product graph attention from ``(q, k, v[, edge_attr, edge_weight])``
-    (``edge_attr [E, K]`` in CSR order, ``edge_weight [K, H, D]``): forward saves the inputs,
-    ``out`` and ``lse``; backward is FlashAttention's over the graph — ``∂v``, ``∂k`` in the
-    source pass, ``∂q`` (and ``∂edge_attr``, the sums giving ``∂edge_weight``) in the
-    destination pass."""
+    (``edge_attr [E, K]`` in the graph's input edge order, ``edge_weight [K, H, D]``): forward
+    saves the inputs, ``out`` and ``lse``; backward is FlashAttention's over the graph — ``∂v``,
+    ``∂k`` in the source pass, ``∂q`` (and, where autograd asks for them, ``∂edge_attr`` and the
+    sums giving ``∂edge_weight``) in the destination pass."""
 
     @staticmethod
     def forward(ctx, query, key, value, edge_attr, edge_weight, graph, scale, dropout_p, seed, offset, options):  # type: ignore[override]
@@ -696,10 +727,12 @@ class TransformerAttentionFunction(torch.autograd.Function):
         query, key, value, edge_attr, edge_weight = ctx.saved_tensors[:5]
         inputs = AttentionInputs(SCORE_DOT, key, query, value, edge_attr=edge_attr, edge_weight=edge_weight,
                                  scale=ctx.scale)
-        grad_v, grad_k, grad_q, grad_attr, attr_sums = _backward_saved(ctx, inputs, grad_out)
-        grad_weight = None
-        if edge_attr is not None:
+        edge_grads = (ctx.needs_input_grad[3], ctx.needs_input_grad[4])
+        grad_v, grad_k, grad_q, grad_attr, attr_sums = _backward_saved(ctx, inputs, grad_out, edge_grads=edge_grads)
+        if grad_attr is not None:
             grad_attr = grad_attr.to(edge_attr.dtype)
+        grad_weight = None
+        if attr_sums is not None:
             grad_weight = edge_weight_grad(attr_sums, grad_out, query, ctx.scale).to(edge_weight.dtype)
         return grad_q.to(query.dtype), grad_k.to(key.dtype), grad_v, grad_attr, grad_weight, None, *_NO_GRADS
 
@@ -843,12 +876,13 @@ def transformer_attention(
         )[0].to(value.dtype)
     backend.check_devices(query=query, key=key, value=value, edge_attr=edge_attr, edge_weight=edge_weight,
                           graph=graph.indptr)
-    attr_csr = weight_khd = None
+    weight_khd = None
     if edge_attr is not None:
-        attr_csr = edge_attr.index_select(0, graph.csr_eid.long()).contiguous()
+        # The kernels read edge_attr rows in input order through the graph's edge-id maps: no permuted copy.
+        edge_attr = edge_attr.contiguous()
         weight_khd = edge_weight.t().reshape(edge_attr.shape[1], heads, head_dim).contiguous()
     return TransformerAttentionFunction.apply(
-        query.contiguous(), key.contiguous(), value.contiguous(), attr_csr, weight_khd, graph, float(scale), dropout,
+        query.contiguous(), key.contiguous(), value.contiguous(), edge_attr, weight_khd, graph, float(scale), dropout,
         seed, offset, schedule,
     )
 

@@ -42,7 +42,7 @@ from .tiles import flat_head_tile, head_tile, item_edges, light_edges
 
 @jit
 def attention_backward_src_kernel(
-    rev_dst_ptr, rev_pos_ptr, rows_ptr, starts_ptr, stops_ptr,
+    rev_dst_ptr, rev_pos_ptr, rev_eid_ptr, rows_ptr, starts_ptr, stops_ptr,
     src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, lse_ptr, grad_out_ptr, delta_ptr,
     grad_value_ptr, grad_src_ptr, grad_s_ptr,
     H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
@@ -91,7 +91,8 @@ def attention_backward_src_kernel(
             if SCORE == 2:
                 dst_i = dst_i * scale
             if EDGE:
-                edge_e = project_edges(attr_ptr, w_edge_ptr, w_tile, pos, e_mask, K, HD, hd_offs, hd_mask, acc_dtype,
+                eid = tl.load(rev_eid_ptr + q, mask=e_mask, other=0).to(tl.int64)
+                edge_e = project_edges(attr_ptr, w_edge_ptr, w_tile, eid, e_mask, K, HD, hd_offs, hd_mask, acc_dtype,
                                        BLOCK_E, BLOCK_H, BLOCK_D, BLOCK_K, EDGE_DOT)
                 src_e = src_j + edge_e
             else:
@@ -135,7 +136,7 @@ def attention_backward_src_kernel(
 
 @jit
 def attention_backward_src_light_kernel(
-    rev_dst_ptr, rev_pos_ptr, rows_ptr, starts_ptr, stops_ptr,
+    rev_dst_ptr, rev_pos_ptr, rev_eid_ptr, rows_ptr, starts_ptr, stops_ptr,
     src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, lse_ptr, grad_out_ptr, delta_ptr,
     grad_value_ptr, grad_src_ptr, grad_s_ptr,
     num_rows, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
@@ -182,9 +183,9 @@ def attention_backward_src_light_kernel(
             src_e, _ = gather_keys(src_term_ptr, value_ptr, rows_flat, e_flat, H, HD, offs_h, h_mask, hd_offs,
                                    hd_mask, acc_dtype, KEY_SCALE)
         if EDGE:
-            pos_flat = tl.reshape(pos, [ROWS * BLOCK_E])
+            eid_flat = tl.load(rev_eid_ptr + tl.reshape(q, [ROWS * BLOCK_E]), mask=e_flat, other=0).to(tl.int64)
             w_tile = edge_weight_tile(w_edge_ptr, K, H, D, BLOCK_K, BLOCK_H, BLOCK_D)
-            edge_e = project_edges(attr_ptr, w_edge_ptr, w_tile, pos_flat, e_flat, K, HD, hd_offs, hd_mask,
+            edge_e = project_edges(attr_ptr, w_edge_ptr, w_tile, eid_flat, e_flat, K, HD, hd_offs, hd_mask,
                                    acc_dtype, ROWS * BLOCK_E, BLOCK_H, BLOCK_D, BLOCK_K, EDGE_DOT)
             src_e += edge_e
         attn = tl.load(attn_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
@@ -231,17 +232,18 @@ def attention_backward_src_light_kernel(
 
 @jit
 def attention_backward_dst_kernel(
-    src_ptr, rows_ptr, starts_ptr, stops_ptr, src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr,
-    grad_s_ptr, lse_ptr, grad_out_ptr, grad_dst_ptr, grad_attr_ptr, attr_sums_ptr,
+    src_ptr, eid_ptr, rows_ptr, starts_ptr, stops_ptr, src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr,
+    w_edge_ptr, grad_s_ptr, lse_ptr, grad_out_ptr, grad_dst_ptr, grad_attr_ptr, attr_sums_ptr,
     H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
     BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
     PIECES: tl.constexpr, DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr, EDGE_DOT: tl.constexpr,
-    KEY_SCALE: tl.constexpr,
+    KEY_SCALE: tl.constexpr, ATTR_GRAD: tl.constexpr, WEIGHT_GRAD: tl.constexpr,
 ):
     """``∂L/∂dst_i = Σ_{j->i} ∂s/∂dst · ∂L/∂s_ij`` for GATv2 (``∂L/∂fd``) and the dot score
     (``∂L/∂q``, the keys gathered again), from the source pass's ``∂L/∂s`` at CSR positions.
-    With ``EDGE`` it also recomputes ``α'`` and writes ``∂attr`` per edge and the row's ``A``,
-    ``B`` sums (:mod:`gnnfuse.kernels.edge_features`)."""
+    With ``EDGE`` it also recomputes ``α'`` and writes ``∂attr`` per edge (``ATTR_GRAD``) and the
+    row's ``A``, ``B`` sums (``WEIGHT_GRAD``; :mod:`gnnfuse.kernels.edge_features`): only the
+    gradients autograd asks for are formed."""
     acc_dtype = grad_s_ptr.dtype.element_ty
     pid = tl.program_id(0).to(tl.int64)
     offs_e = tl.arange(0, BLOCK_E)
@@ -267,22 +269,27 @@ def attention_backward_dst_kernel(
         src_j, _ = gather_keys(src_term_ptr, value_ptr, src, e_mask, H, HD, offs_h, h_mask, hd_offs, hd_mask,
                                acc_dtype, KEY_SCALE)
         if EDGE:
-            src_j += project_edges(attr_ptr, w_edge_ptr, w_tile, pos, e_mask, K, HD, hd_offs, hd_mask, acc_dtype,
+            eid = tl.load(eid_ptr + pos, mask=e_mask, other=0).to(tl.int64)
+            src_j += project_edges(attr_ptr, w_edge_ptr, w_tile, eid, e_mask, K, HD, hd_offs, hd_mask, acc_dtype,
                                    BLOCK_E, BLOCK_H, BLOCK_D, BLOCK_K, EDGE_DOT)
-            alpha = tl.where(eh_mask, tl.exp(tl.sum(src_j * query, axis=2) - lse_i), 0.0)
-            if DROPOUT:
-                alpha = attention_dropout(alpha, pos[:, None], rng_offset + offs_h[None, :], seed, dropout_p,
-                                          keep_scale)
-            grad_e = alpha[:, :, None] * g_i + grad_s[:, :, None] * query
-            store_attr_grad(grad_attr_ptr, w_edge_ptr, w_tile, grad_e, pos, e_mask, K, HD, hd_offs, hd_mask,
-                            BLOCK_E, BLOCK_H, BLOCK_D, BLOCK_K, EDGE_DOT)
-            sums_a += tl.sum(attr_outer(attr_ptr, pos, e_mask, alpha, K, acc_dtype, BLOCK_K), axis=0)
-            sums_b += tl.sum(attr_outer(attr_ptr, pos, e_mask, grad_s, K, acc_dtype, BLOCK_K), axis=0)
+            if ATTR_GRAD or WEIGHT_GRAD:
+                alpha = tl.where(eh_mask, tl.exp(tl.sum(src_j * query, axis=2) - lse_i), 0.0)
+                if DROPOUT:
+                    alpha = attention_dropout(alpha, pos[:, None], rng_offset + offs_h[None, :], seed, dropout_p,
+                                              keep_scale)
+                if ATTR_GRAD:
+                    grad_e = alpha[:, :, None] * g_i + grad_s[:, :, None] * query
+                    store_attr_grad(grad_attr_ptr, w_edge_ptr, w_tile, grad_e, eid, e_mask, K, HD, hd_offs, hd_mask,
+                                    BLOCK_E, BLOCK_H, BLOCK_D, BLOCK_K, EDGE_DOT)
+                if WEIGHT_GRAD:
+                    terms_a, terms_b = attr_outer(attr_ptr, eid, e_mask, alpha, grad_s, K, acc_dtype, BLOCK_K)
+                    sums_a += tl.sum(terms_a, axis=0)
+                    sums_b += tl.sum(terms_b, axis=0)
         if SCORE == 2:
             src_j = src_j * scale
         acc += tl.sum(score_grad(grad_s, dst_i, src_j, attn, negative_slope, SCORE), axis=0)
     tl.store(grad_dst_ptr + out_index * HD + hd_offs, acc.to(grad_dst_ptr.dtype.element_ty), mask=hd_mask)
-    if EDGE:
+    if WEIGHT_GRAD:
         offs_k = tl.arange(0, BLOCK_K)
         kh_offs = out_index * (2 * K * H) + offs_k[:, None] * H + offs_h[None, :]
         kh_mask = (offs_k < K)[:, None] & h_mask[None, :]
@@ -292,12 +299,12 @@ def attention_backward_dst_kernel(
 
 @jit
 def attention_backward_dst_light_kernel(
-    src_ptr, rows_ptr, starts_ptr, stops_ptr, src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr,
-    grad_s_ptr, lse_ptr, grad_out_ptr, grad_dst_ptr, grad_attr_ptr, attr_sums_ptr,
+    src_ptr, eid_ptr, rows_ptr, starts_ptr, stops_ptr, src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr,
+    w_edge_ptr, grad_s_ptr, lse_ptr, grad_out_ptr, grad_dst_ptr, grad_attr_ptr, attr_sums_ptr,
     num_rows, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
     ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_K: tl.constexpr, DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr,
-    EDGE_DOT: tl.constexpr, KEY_SCALE: tl.constexpr,
+    EDGE_DOT: tl.constexpr, KEY_SCALE: tl.constexpr, ATTR_GRAD: tl.constexpr, WEIGHT_GRAD: tl.constexpr,
 ):
     """The destination pass for ``ROWS`` light rows per program, edges in one tile."""
     acc_dtype = grad_s_ptr.dtype.element_ty
@@ -321,30 +328,34 @@ def attention_backward_dst_light_kernel(
                     other=0.0).to(acc_dtype)
     attn = tl.load(attn_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
     if EDGE:
+        eid_flat = tl.load(eid_ptr + pos_flat, mask=e_flat, other=0).to(tl.int64)
         w_tile = edge_weight_tile(w_edge_ptr, K, H, D, BLOCK_K, BLOCK_H, BLOCK_D)
-        src_j += project_edges(attr_ptr, w_edge_ptr, w_tile, pos_flat, e_flat, K, HD, hd_offs, hd_mask, acc_dtype,
+        src_j += project_edges(attr_ptr, w_edge_ptr, w_tile, eid_flat, e_flat, K, HD, hd_offs, hd_mask, acc_dtype,
                                ROWS * BLOCK_E, BLOCK_H, BLOCK_D, BLOCK_K, EDGE_DOT)
-        query = dst_i * scale
-        g_i = tl.load(grad_out_ptr + rows_flat[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
-                      other=0.0).to(acc_dtype)
-        lse_i = tl.load(lse_ptr + rows_flat[:, None] * H + offs_h[None, :], mask=eh_flat, other=0.0).to(acc_dtype)
-        alpha = tl.where(eh_flat, tl.exp(tl.sum(src_j * query, axis=2) - lse_i), 0.0)
-        if DROPOUT:
-            alpha = attention_dropout(alpha, pos_flat[:, None], rng_offset + offs_h[None, :], seed, dropout_p,
-                                      keep_scale)
-        grad_e = alpha[:, :, None] * g_i + grad_s[:, :, None] * query
-        store_attr_grad(grad_attr_ptr, w_edge_ptr, w_tile, grad_e, pos_flat, e_flat, K, HD, hd_offs, hd_mask,
-                        ROWS * BLOCK_E, BLOCK_H, BLOCK_D, BLOCK_K, EDGE_DOT)
-        offs_kh = tl.arange(0, BLOCK_K * BLOCK_H)
-        k_of, h_of = offs_kh // BLOCK_H, offs_kh % BLOCK_H
-        kh_offs = rows[:, None] * (2 * K * H) + (k_of * H + h_of)[None, :]
-        kh_mask = r_mask[:, None] & ((k_of < K) & (h_of < H))[None, :]
-        sums_a = tl.sum(tl.reshape(attr_outer(attr_ptr, pos_flat, e_flat, alpha, K, acc_dtype, BLOCK_K),
-                                   [ROWS, BLOCK_E, BLOCK_K * BLOCK_H]), axis=1)
-        sums_b = tl.sum(tl.reshape(attr_outer(attr_ptr, pos_flat, e_flat, grad_s, K, acc_dtype, BLOCK_K),
-                                   [ROWS, BLOCK_E, BLOCK_K * BLOCK_H]), axis=1)
-        tl.store(attr_sums_ptr + kh_offs, sums_a.to(attr_sums_ptr.dtype.element_ty), mask=kh_mask)
-        tl.store(attr_sums_ptr + K * H + kh_offs, sums_b.to(attr_sums_ptr.dtype.element_ty), mask=kh_mask)
+        if ATTR_GRAD or WEIGHT_GRAD:
+            query = dst_i * scale
+            lse_i = tl.load(lse_ptr + rows_flat[:, None] * H + offs_h[None, :], mask=eh_flat,
+                            other=0.0).to(acc_dtype)
+            alpha = tl.where(eh_flat, tl.exp(tl.sum(src_j * query, axis=2) - lse_i), 0.0)
+            if DROPOUT:
+                alpha = attention_dropout(alpha, pos_flat[:, None], rng_offset + offs_h[None, :], seed, dropout_p,
+                                          keep_scale)
+            if ATTR_GRAD:
+                g_i = tl.load(grad_out_ptr + rows_flat[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
+                              other=0.0).to(acc_dtype)
+                grad_e = alpha[:, :, None] * g_i + grad_s[:, :, None] * query
+                store_attr_grad(grad_attr_ptr, w_edge_ptr, w_tile, grad_e, eid_flat, e_flat, K, HD, hd_offs,
+                                hd_mask, ROWS * BLOCK_E, BLOCK_H, BLOCK_D, BLOCK_K, EDGE_DOT)
+            if WEIGHT_GRAD:
+                offs_kh = tl.arange(0, BLOCK_K * BLOCK_H)
+                k_of, h_of = offs_kh // BLOCK_H, offs_kh % BLOCK_H
+                kh_offs = rows[:, None] * (2 * K * H) + (k_of * H + h_of)[None, :]
+                kh_mask = r_mask[:, None] & ((k_of < K) & (h_of < H))[None, :]
+                terms_a, terms_b = attr_outer(attr_ptr, eid_flat, e_flat, alpha, grad_s, K, acc_dtype, BLOCK_K)
+                sums_a = tl.sum(tl.reshape(terms_a, [ROWS, BLOCK_E, BLOCK_K * BLOCK_H]), axis=1)
+                sums_b = tl.sum(tl.reshape(terms_b, [ROWS, BLOCK_E, BLOCK_K * BLOCK_H]), axis=1)
+                tl.store(attr_sums_ptr + kh_offs, sums_a.to(attr_sums_ptr.dtype.element_ty), mask=kh_mask)
+                tl.store(attr_sums_ptr + K * H + kh_offs, sums_b.to(attr_sums_ptr.dtype.element_ty), mask=kh_mask)
     if SCORE == 2:
         src_j = src_j * scale
     terms = score_grad(grad_s, dst_i, src_j, attn, negative_slope, SCORE)

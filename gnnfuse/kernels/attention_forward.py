@@ -9,8 +9,9 @@ GATv2 or scaled dot product) and values ``val_j`` (``Wh_j``, ``fs_j`` or ``v_j``
     out_i  = Σ_j α_ijh (val_j + e_p)[h, :]
 
 ``e_p = W_e · attr_p`` (``EDGE``, dot score only) is the edge feature at CSR position ``p``
-projected in registers (:mod:`gnnfuse.kernels.edge_features`); it is added to the key and to
-the value, as in PyG's TransformerConv.  ``keep_ph = uniform(seed,
+(input edge ``eid[p]``: ``attr`` is read in the caller's edge order) projected in registers
+(:mod:`gnnfuse.kernels.edge_features`); it is added to the key and to the value, as in PyG's
+TransformerConv.  ``keep_ph = uniform(seed,
 stream=p, position=offset + h) >= p_drop`` is attention dropout, regenerated in the backward
 pass from the same counter, never stored.  Only ``lse [N, H]`` is written beside the output.
 
@@ -47,7 +48,7 @@ from .tiles import finish_softmax, flat_head_tile, head_tile, item_edges, light_
 
 @jit
 def attention_forward_rows_kernel(
-    src_ptr, rows_ptr, starts_ptr, stops_ptr,
+    src_ptr, eid_ptr, rows_ptr, starts_ptr, stops_ptr,
     src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, out_ptr, lse_ptr,
     H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
     BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -86,7 +87,8 @@ def attention_forward_rows_kernel(
             src_j, key_values = gather_keys(src_term_ptr, value_ptr, src, e_mask, H, HD, offs_h, h_mask, hd_offs,
                                             hd_mask, acc_dtype, KEY_SCALE)
             if EDGE:
-                edge_j = project_edges(attr_ptr, w_edge_ptr, w_tile, pos, e_mask, K, HD, hd_offs, hd_mask, acc_dtype,
+                eid = tl.load(eid_ptr + pos, mask=e_mask, other=0).to(tl.int64)
+                edge_j = project_edges(attr_ptr, w_edge_ptr, w_tile, eid, e_mask, K, HD, hd_offs, hd_mask, acc_dtype,
                                        BLOCK_E, BLOCK_H, BLOCK_D, BLOCK_K, EDGE_DOT)
                 src_j += edge_j
         s = edge_scores(src_j, dst_i, attn, negative_slope, SCORE)
@@ -115,7 +117,7 @@ def attention_forward_rows_kernel(
 
 @jit
 def attention_forward_light_kernel(
-    src_ptr, rows_ptr, starts_ptr, stops_ptr,
+    src_ptr, eid_ptr, rows_ptr, starts_ptr, stops_ptr,
     src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, out_ptr, lse_ptr,
     num_rows, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
     ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -145,9 +147,9 @@ def attention_forward_light_kernel(
         src_j, key_values = gather_keys(src_term_ptr, value_ptr, src_flat, e_flat, H, HD, offs_h, h_mask, hd_offs,
                                         hd_mask, acc_dtype, KEY_SCALE)
         if EDGE:
-            pos_flat = tl.reshape(pos, [ROWS * BLOCK_E])
+            eid_flat = tl.load(eid_ptr + tl.reshape(pos, [ROWS * BLOCK_E]), mask=e_flat, other=0).to(tl.int64)
             w_tile = edge_weight_tile(w_edge_ptr, K, H, D, BLOCK_K, BLOCK_H, BLOCK_D)
-            edge_j = project_edges(attr_ptr, w_edge_ptr, w_tile, pos_flat, e_flat, K, HD, hd_offs, hd_mask,
+            edge_j = project_edges(attr_ptr, w_edge_ptr, w_tile, eid_flat, e_flat, K, HD, hd_offs, hd_mask,
                                    acc_dtype, ROWS * BLOCK_E, BLOCK_H, BLOCK_D, BLOCK_K, EDGE_DOT)
             src_j += edge_j
         # The row's own term, read per edge (cache hits) to stay in the flat edge layout.

@@ -4,8 +4,11 @@ PyG's TransformerConv adds ``e_p = lin_edge(edge_attr_p)`` (``[H, D]`` per edge)
 the value of edge ``p``.  Materializing ``e`` would be an ``E×H×D`` tensor; instead every kernel
 that needs ``e_p`` recomputes it from the raw features ``attr [E, K]`` (CSR order) and the
 weight ``W [K, H, D]`` as one matrix product per edge tile (:func:`project_edges`: ``E·K``
-feature reads, the ``K·H·D`` weight tile once per program from cache, ``E·K·H·D`` MACs on the
-matrix units; ``K`` rank-1 updates where a product cannot be used: float64, tiny tiles).
+feature reads, the ``K·H·D`` weight tile once per program from cache, ``E·K·H·D`` MACs; ``K``
+rank-1 updates where a product cannot be used: float64, tiles under 16 edges).  ``attr`` stays
+in the caller's edge order: a kernel maps its CSR (or reverse-CSR) positions to input edge ids
+``eid`` and reads rows ``attr[eid]`` (no permuted copy of ``attr``), and ``∂attr`` is written at
+the same rows, in input order.
 
 Backward, with ``∂e_p = α'_p g_i + ∂s_p q̃_i`` per head (value path + key path, ``i`` the
 edge's destination; see :mod:`gnnfuse.kernels.attention_backward`)::
@@ -17,7 +20,8 @@ edge's destination; see :mod:`gnnfuse.kernels.attention_backward`)::
 
 so the weight gradient needs only the per-destination ``[N, K, H]`` sums ``A``, ``B``
 (of :func:`attr_outer` terms, written by the destination pass, one writer per row) and a
-reduction over nodes on the host — deterministic, no atomics, no ``E×H×D`` buffer.
+reduction over nodes on the host (two plain matrix products) — deterministic, no atomics, no
+``E×H×D`` buffer.
 """
 
 import triton.language as tl
@@ -38,17 +42,17 @@ def edge_weight_tile(w_ptr, K, H, D, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexp
 
 
 @jit
-def project_edges(attr_ptr, w_ptr, w_tile, pos, e_mask, K, HD, hd_offs, hd_mask, acc_dtype: tl.constexpr,
+def project_edges(attr_ptr, w_ptr, w_tile, eid, e_mask, K, HD, hd_offs, hd_mask, acc_dtype: tl.constexpr,
                   NUM_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
                   DOT: tl.constexpr):
-    """``e [NUM_E, BLOCK_H, BLOCK_D]`` of the edges at CSR positions ``pos [NUM_E]`` (0 where masked).
+    """``e [NUM_E, BLOCK_H, BLOCK_D]`` of the input edges ``eid [NUM_E]`` (0 where masked).
 
     ``DOT``: one matrix product ``attr [NUM_E, BLOCK_K] · w_tile`` (needs ``NUM_E``, ``BLOCK_K``
     and ``BLOCK_H · BLOCK_D`` >= 16 and a 16/32-bit dtype); otherwise ``K`` rank-1 updates.
     """
     if DOT:
         offs_k = tl.arange(0, BLOCK_K)
-        attr = tl.load(attr_ptr + pos[:, None] * K + offs_k[None, :], mask=e_mask[:, None] & (offs_k < K)[None, :],
+        attr = tl.load(attr_ptr + eid[:, None] * K + offs_k[None, :], mask=e_mask[:, None] & (offs_k < K)[None, :],
                        other=0.0)
         # float32 operands whatever the storage dtype, full float32 products ("ieee", not tf32):
         # the projection is a small share of the work and the result must match PyG's float32 GEMM
@@ -57,36 +61,37 @@ def project_edges(attr_ptr, w_ptr, w_tile, pos, e_mask, K, HD, hd_offs, hd_mask,
     else:
         e = tl.zeros([NUM_E, BLOCK_H, BLOCK_D], dtype=acc_dtype)
         for k in range(0, K):
-            attr_k = tl.load(attr_ptr + pos * K + k, mask=e_mask, other=0.0).to(acc_dtype)
+            attr_k = tl.load(attr_ptr + eid * K + k, mask=e_mask, other=0.0).to(acc_dtype)
             w_k = tl.load(w_ptr + k * HD + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)
             e += attr_k[:, None, None] * w_k[None, :, :]
     return e
 
 
 @jit
-def store_attr_grad(grad_attr_ptr, w_ptr, w_tile, grad_e, pos, e_mask, K, HD, hd_offs, hd_mask,
+def store_attr_grad(grad_attr_ptr, w_ptr, w_tile, grad_e, eid, e_mask, K, HD, hd_offs, hd_mask,
                     NUM_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
                     DOT: tl.constexpr):
-    """``∂attr[pos, k] = Σ_{h,d} ∂e[:, h, d] W[k, h, d]`` for every ``k`` (``grad_e [NUM_E, BH, BD]``):
+    """``∂attr[eid, k] = Σ_{h,d} ∂e[:, h, d] W[k, h, d]`` for every ``k`` (``grad_e [NUM_E, BH, BD]``):
     one product with ``w_tileᵀ`` and a row-wise store (``DOT``), or ``K`` reductions."""
     if DOT:
         offs_k = tl.arange(0, BLOCK_K)
         flat = tl.reshape(grad_e, [NUM_E, BLOCK_H * BLOCK_D])
         grad_attr = tl.dot(flat, tl.trans(w_tile).to(flat.dtype), input_precision="ieee")
-        tl.store(grad_attr_ptr + pos[:, None] * K + offs_k[None, :], grad_attr.to(grad_attr_ptr.dtype.element_ty),
+        tl.store(grad_attr_ptr + eid[:, None] * K + offs_k[None, :], grad_attr.to(grad_attr_ptr.dtype.element_ty),
                  mask=e_mask[:, None] & (offs_k < K)[None, :])
     else:
         for k in range(0, K):
             w_k = tl.load(w_ptr + k * HD + hd_offs, mask=hd_mask, other=0.0).to(grad_e.dtype)
             grad_k = tl.sum(tl.sum(grad_e * w_k[None, :, :], axis=2), axis=1)
-            tl.store(grad_attr_ptr + pos * K + k, grad_k.to(grad_attr_ptr.dtype.element_ty), mask=e_mask)
+            tl.store(grad_attr_ptr + eid * K + k, grad_k.to(grad_attr_ptr.dtype.element_ty), mask=e_mask)
 
 
 @jit
-def attr_outer(attr_ptr, pos, e_mask, weight, K, acc_dtype: tl.constexpr, BLOCK_K: tl.constexpr):
-    """``attr[pos_e, k] · weight[e, h]`` per edge, ``[E, BLOCK_K, BLOCK_H]`` (``weight [E, BLOCK_H]``;
-    0 where masked): summed over a row's edges it gives ``A`` (weight ``α'``) or ``B`` (``∂s``)."""
+def attr_outer(attr_ptr, eid, e_mask, alpha, grad_s, K, acc_dtype: tl.constexpr, BLOCK_K: tl.constexpr):
+    """``(attr[eid_e, k] · alpha[e, h], attr[eid_e, k] · grad_s[e, h])`` per edge, each ``[E, BLOCK_K,
+    BLOCK_H]`` (0 where masked), from one read of the features: summed over a row's edges they
+    give ``A`` and ``B``."""
     offs_k = tl.arange(0, BLOCK_K)
-    attr = tl.load(attr_ptr + pos[:, None] * K + offs_k[None, :], mask=e_mask[:, None] & (offs_k < K)[None, :],
-                   other=0.0).to(acc_dtype)
-    return attr[:, :, None] * weight[:, None, :]
+    attr = tl.load(attr_ptr + eid[:, None] * K + offs_k[None, :], mask=e_mask[:, None] & (offs_k < K)[None, :],
+                   other=0.0).to(acc_dtype)[:, :, None]
+    return attr * alpha[:, None, :], attr * grad_s[:, None, :]

@@ -73,24 +73,25 @@ def make_leaves(op: AttentionOp, graph: Graph, heads: int, dim: int, dtype, devi
     return [torch.randn(shape, generator=gen).to(device, dtype) for shape in shapes]
 
 
-def check_op(name, graph, leaves, gen, *, schedule=None, dropout=0.0, seed=0, tol=None):
-    """Forward and every gradient of op ``name`` against its float64 oracle."""
+def check_op(name, graph, leaves, gen, *, schedule=None, dropout=0.0, seed=0, tol=None, frozen=()):
+    """Forward and every gradient of op ``name`` against its float64 oracle (leaves whose index is
+    in ``frozen`` need no gradient)."""
     op = OPS[name]
-    fused_leaves = [t.detach().clone().requires_grad_(True) for t in leaves]
+    fused_leaves = [t.detach().clone().requires_grad_(i not in frozen) for i, t in enumerate(leaves)]
     kwargs = {"dropout": dropout, "rng": PhiloxStream(seed, offset=5)} if op.dropout else {}
     out = op.fused(graph, *fused_leaves, schedule=schedule, **kwargs)
     value = leaves[2] if name.startswith("transformer") else leaves[0]
     assert out.dtype == value.dtype and out.shape == value.shape
     grad_out = torch.randn(out.shape, generator=gen).to(out.device, out.dtype)
-    grads = torch.autograd.grad(out, fused_leaves, grad_out)
-    refs = [t.detach().cpu().double().requires_grad_(True) for t in leaves]
+    grads = torch.autograd.grad(out, [t for t in fused_leaves if t.requires_grad], grad_out)
+    refs = [t.detach().cpu().double().requires_grad_(i not in frozen) for i, t in enumerate(leaves)]
     oracle_kwargs = {"dropout": dropout, "seed": seed, "offset": 5} if op.dropout else {}
     ref_out = op.oracle(graph.to("cpu"), *refs, **oracle_kwargs)
-    ref_grads = torch.autograd.grad(ref_out, refs, grad_out.cpu().double())
+    ref_grads = torch.autograd.grad(ref_out, [t for t in refs if t.requires_grad], grad_out.cpu().double())
     tol = tol or TOLERANCES[value.dtype]
     assert_close(out, ref_out, tol=tol, name=f"{name} out")
     scale = torch.linalg.vector_norm(grad_out.double()).item()
-    for i, (g, r) in enumerate(zip(grads, ref_grads)):
+    for i, g, r in zip([i for i in range(len(leaves)) if i not in frozen], grads, ref_grads):
         assert g.dtype == leaves[i].dtype and g.shape == leaves[i].shape
         label = f"{name} grad of input {i} {tuple(r.shape)}"
         if torch.linalg.vector_norm(r).item() < 1e-6 * scale:
@@ -107,6 +108,15 @@ def test_every_schedule_matches_reference(gen, device, name, schedule):
     graph = Graph(corner_case_edges(gen).to(device), 29)
     leaves = make_leaves(OPS[name], graph, 3, 5, torch.float32, device, gen)
     check_op(name, graph, leaves, gen, schedule=SCHEDULES[schedule])
+
+
+@pytest.mark.parametrize("frozen", [3, 4])
+def test_edge_feature_gradients_only_where_asked(gen, device, frozen):
+    """Edge features without a gradient (data) or a frozen ``lin_edge``: the destination pass
+    forms only the gradient autograd asks for, and it is still right."""
+    graph = Graph(corner_case_edges(gen).to(device), 29)
+    leaves = make_leaves(OPS["transformer+edge"], graph, 2, 8, torch.float32, device, gen)
+    check_op("transformer+edge", graph, leaves, gen, schedule=SCHEDULES["mixed"], frozen=(frozen,))
 
 
 @pytest.mark.parametrize("name", ["transformer", "agnn"])
