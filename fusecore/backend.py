@@ -25,6 +25,9 @@ unset / ``auto``      ``compiled`` with a CUDA GPU, ``interpret`` without
                       reference path (the unfused baseline) until told otherwise
 ====================  =====================================================================
 
+``FUSEKIT_COMPILE_FOR=sm_90`` (any ``sm_NN``) additionally compiles every launch made under the
+interpreter for that GPU, so a CPU machine finds GPU compile errors (:mod:`fusecore.compile_check`).
+
 Independently of the kernel mode, every public op can be switched at run time to its
 pure-PyTorch reference implementation with :func:`use_reference` (a context manager) or
 :func:`set_reference` — the same math, unfused, for comparison and debugging.
@@ -133,6 +136,15 @@ if KERNEL_MODE == "interpret":
 INTERPRET = KERNEL_MODE == "interpret"
 COMPILED = KERNEL_MODE == "compiled"
 
+# FUSEKIT_COMPILE_FOR=sm_90: under the interpreter, also compile every launch for that GPU
+# (fusecore.compile_check); ignored when the kernels are compiled anyway.
+COMPILE_CHECK_TARGET = None
+if INTERPRET and os.environ.get("FUSEKIT_COMPILE_FOR", "").strip():
+    from . import compile_check
+
+    COMPILE_CHECK_TARGET = compile_check.parse_target(os.environ["FUSEKIT_COMPILE_FOR"])
+    compile_check.install(COMPILE_CHECK_TARGET)
+
 _state = threading.local()
 _default_reference = REQUESTED == "reference"
 
@@ -141,6 +153,10 @@ def jit(fn: Callable | None = None, **kwargs: Any):
     """``triton.jit`` for fusekit kernels and the helpers they call (works in both modes)."""
     if fn is None:
         return lambda f: jit(f, **kwargs)
+    if COMPILE_CHECK_TARGET is not None:
+        from .compile_check import CheckedFunction
+
+        return CheckedFunction(fn, COMPILE_CHECK_TARGET, **kwargs)
     if INTERPRET:
         from triton.runtime.interpreter import InterpretedFunction
 
