@@ -45,6 +45,7 @@ class DecodePlan:
     block_g: int
     block_s: int
     block_d: int
+    block_m: int  # query heads of a KV head's group, padded to a power of two: rows of the split merge
     n_splits: int
     split_len: int
     dot_prec: str
@@ -159,7 +160,8 @@ def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, 
     n_splits = cdiv(max_slots, split_len)
     plan = DecodePlan(
         batch=batch, max_slots=max_slots, block_b=block_b, block_p=block_p, block_n=block_n, block_k=block_k,
-        block_v=block_v, block_g=block_g, block_s=block_s, block_d=block_d, n_splits=n_splits,
+        block_v=block_v, block_g=block_g, block_s=block_s, block_d=block_d,
+        block_m=next_power_of_2(cfg.group_size), n_splits=n_splits,
         split_len=split_len, dot_prec="ieee" if dtype == torch.float32 or not compiled else "tf32",
         looped_programs=1,
     )
@@ -306,7 +308,7 @@ def decode_attention(cfg: LlamaConfig, layer: int, cache: KVCache, buf: DecodeBu
         layer, buf.q, cache.k, cache.v, buf.kv_start, buf.slot, buf.part, buf.lse, buf.attn, buf.sem,
         plan.batch, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, plan.max_slots,
         plan.n_splits, plan.split_len, 1.0 / math.sqrt(cfg.head_dim),
-        BLOCK_G=plan.block_g, BLOCK_S=plan.block_s, BLOCK_D=plan.block_d,
+        BLOCK_G=plan.block_g, BLOCK_S=plan.block_s, BLOCK_D=plan.block_d, BLOCK_M=plan.block_m,
         DOT_PREC=plan.dot_prec, **plan.layer_launch_options(),
     )
 
@@ -433,7 +435,7 @@ def looped_decode(w: LlamaWeights, cfg: LlamaConfig, cache: KVCache, buf: Decode
     constexprs = dict(
         HAS_BIAS=w.bqkv is not None, WRITE_LOGITS=write_logits, SAMPLE=sample, BLOCK_B=plan.block_b,
         BLOCK_P=plan.block_p,
-        BLOCK_N=plan.block_n, BLOCK_K=plan.block_k, BLOCK_G=plan.block_g, BLOCK_S=plan.block_s,
+        BLOCK_N=plan.block_n, BLOCK_K=plan.block_k, BLOCK_G=plan.block_g, BLOCK_S=plan.block_s, BLOCK_M=plan.block_m,
         BLOCK_D=plan.block_d, BLOCK_V=plan.block_v, DOT_PREC=plan.dot_prec, ROW_PREFETCH=plan.row_prefetch,
         PREFETCH=plan.prefetch, PREFETCH_BLOCK=plan.prefetch_block, ACQUIRE_LOADS=plan.acquire_loads,
         **plan.looped_launch_options(),

@@ -38,7 +38,8 @@ MERGE_SPLITS = tl.constexpr(8)  # splits the merging program reads per round of 
 def decode_attention_tile(
     tile, layer, q_ptr, k_cache_ptr, v_cache_ptr, kv_start_ptr, slot_ptr, part_ptr, lse_ptr, attn_ptr, sem_ptr,
     B, HQ, HKV, D, S, n_splits, split_len, sm_scale,
-    BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PREC: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+    DOT_PREC: tl.constexpr,
 ):
     split = tile % n_splits
     bh = tile // n_splits
@@ -91,15 +92,18 @@ def decode_attention_tile(
     tl.debug_barrier()
     finished = tl.atomic_add(sem_ptr + bh, 1, sem="acq_rel", scope="gpu")
     if finished == n_splits - 1:
-        # MERGE_SPLITS splits per round of loads: the partials of a round are read at once,
-        # not one dependent L2 round trip per split.
-        top = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
-        denom = tl.zeros([BLOCK_G], dtype=tl.float32)
-        merged = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+        # MERGE_SPLITS splits of the group's BLOCK_M (>= G) query heads per round of loads: the
+        # partials of a round are read at once, not one dependent L2 round trip per split.
+        gm = tl.arange(0, BLOCK_M)
+        gm_mask = gm < G
+        row_m = (b * HQ + kv_head * G + gm) * n_splits
+        top = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        denom = tl.zeros([BLOCK_M], dtype=tl.float32)
+        merged = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
         sp = tl.arange(0, MERGE_SPLITS)
         for first in range(0, n_splits, MERGE_SPLITS):
-            gs_mask = gmask[:, None] & (first + sp < n_splits)[None, :]
-            gs = row[:, None] + first + sp[None, :]  # [G, splits] index of (query head, split)
+            gs_mask = gm_mask[:, None] & (first + sp < n_splits)[None, :]
+            gs = row_m[:, None] + first + sp[None, :]  # [G, splits] index of (query head, split)
             lse_s = tl.load(lse_ptr + gs, mask=gs_mask, other=float("-inf"), cache_modifier=".cg")
             part_s = tl.load(part_ptr + gs[:, :, None] * D + d[None, None, :],
                              mask=gs_mask[:, :, None] & dmask[None, None, :], other=0.0, cache_modifier=".cg")
@@ -111,7 +115,8 @@ def decode_attention_tile(
             denom = denom * rescale + tl.sum(weight, axis=1)
             top = top_new
         merged = merged / tl.where(denom > 0.0, denom, 1.0)[:, None]
-        tl.store(attn_ptr + (b * HQ + q_heads)[:, None] * D + d[None, :], merged, mask=gd_mask)
+        tl.store(attn_ptr + (b * HQ + kv_head * G + gm)[:, None] * D + d[None, :], merged,
+                 mask=gm_mask[:, None] & dmask[None, :])
         tl.atomic_xchg(sem_ptr + bh, 0, sem="relaxed", scope="gpu")
 
 
@@ -120,11 +125,13 @@ def decode_attention_tile(
 def decode_attention_kernel(
     layer, q_ptr, k_cache_ptr, v_cache_ptr, kv_start_ptr, slot_ptr, part_ptr, lse_ptr, attn_ptr, sem_ptr,
     B, HQ, HKV, D, S, n_splits, split_len, sm_scale,
-    BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PREC: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+    DOT_PREC: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     after_previous_kernel(USE_PDL)
     decode_attention_tile(
         tl.program_id(0), layer, q_ptr, k_cache_ptr, v_cache_ptr, kv_start_ptr, slot_ptr, part_ptr, lse_ptr,
-        attn_ptr, sem_ptr, B, HQ, HKV, D, S, n_splits, split_len, sm_scale, BLOCK_G, BLOCK_S, BLOCK_D, DOT_PREC,
+        attn_ptr, sem_ptr, B, HQ, HKV, D, S, n_splits, split_len, sm_scale, BLOCK_G, BLOCK_S, BLOCK_D, BLOCK_M,
+        DOT_PREC,
     )

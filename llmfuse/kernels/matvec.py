@@ -23,6 +23,13 @@ weights, and the interpreter, whose dot cannot take bf16).  Activations are load
 ``.cg`` (bypassing L1) because in the looped kernel other multiprocessors wrote them
 during the same launch; weights, read exactly once per step, with ``evict_first`` so they
 do not push the activations (and the looped kernel's prefetched weights) out of L2.
+
+Latency: a program's K loop is a chain of dependent memory round trips (~1 µs each) unless
+a chunk's loads are issued before the previous chunk is used.  Triton pipelines the
+tensor-core loop's x and W loads (``cp.async`` into shared memory, ``num_stages``) but
+neither the loads that meet the dot operands only through a broadcast multiply (the norm
+weights g) nor any load of a loop without ``tl.dot``; those are loaded one chunk ahead by
+hand (``g_next``; the batch-1 tiles, ``_one_row``).
 """
 
 import triton.language as tl
@@ -43,18 +50,22 @@ def mma(a, b, DOT_PREC: tl.constexpr):
 
 
 @jit
-def _x_chunk(x_ptr, B, K, g_ptr, k0, k_stop, HAS_NORM: tl.constexpr, BLOCK_B: tl.constexpr,
-             BLOCK_K: tl.constexpr):
-    """x[:, k0:min(k0+BLOCK_K, k_stop)] of a [B, K] x as float32 (raw, and times g when HAS_NORM) plus the k mask."""
+def _norm_chunk(g_ptr, k0, k_stop, HAS_NORM: tl.constexpr, BLOCK_K: tl.constexpr):
+    """g[k0 : k0 + BLOCK_K] ∩ [.., k_stop) as float32; ones without HAS_NORM (g_ptr is then not read)."""
+    g = tl.full([BLOCK_K], 1.0, dtype=tl.float32)
+    if HAS_NORM:
+        k = k0 + tl.arange(0, BLOCK_K)
+        g = tl.load(g_ptr + k, mask=k < k_stop, other=0.0).to(tl.float32)
+    return g
+
+
+@jit
+def _x_chunk(x_ptr, B, K, g, k, kmask, BLOCK_B: tl.constexpr):
+    """Columns k (masked by kmask) of a [B, K] x as float32: raw, and times the norm weights g."""
     b = tl.arange(0, BLOCK_B)
-    k = k0 + tl.arange(0, BLOCK_K)
-    kmask = k < k_stop
     xv = tl.load(x_ptr + b[:, None] * K + k[None, :], mask=(b < B)[:, None] & kmask[None, :], other=0.0,
                  cache_modifier=".cg").to(tl.float32)
-    xg = xv
-    if HAS_NORM:
-        xg = xv * tl.load(g_ptr + k, mask=kmask, other=0.0).to(tl.float32)[None, :]
-    return xv, xg, k, kmask
+    return xv, xv * g[None, :]
 
 
 @jit
@@ -98,10 +109,7 @@ def _one_row_chunk(x_ptr, g_ptr, w_a, w_b, row_mask, k0, k_stop, HAS_NORM: tl.co
     if PAIR:
         wb = tl.load(w_b + k[None, :], mask=wmask, other=0.0, eviction_policy="evict_first")
     xv = tl.load(x_ptr + k, mask=kmask, other=0.0, cache_modifier=".cg").to(tl.float32)
-    g = tl.full([BLOCK_K], 1.0, dtype=tl.float32)
-    if HAS_NORM:
-        g = tl.load(g_ptr + k, mask=kmask, other=0.0).to(tl.float32)
-    return wa, wb, xv, g
+    return wa, wb, xv, _norm_chunk(g_ptr, k0, k_stop, HAS_NORM, BLOCK_K)
 
 
 @jit
@@ -145,21 +153,23 @@ def rows_dot(
         acc, unused, sumsq = _one_row(x_ptr, g_ptr, w_rows, w_rows, row_mask, k_start, k_stop, HAS_NORM, False,
                                       BLOCK_N, BLOCK_K)
     else:
+        g = _norm_chunk(g_ptr, k_start, k_stop, HAS_NORM, BLOCK_K)
         for k0 in range(k_start, k_stop, BLOCK_K):
+            g_next = _norm_chunk(g_ptr, k0 + BLOCK_K, k_stop, HAS_NORM, BLOCK_K)  # one chunk ahead (module docstring)
+            k = k0 + tl.arange(0, BLOCK_K)
+            kmask = k < k_stop
             if (BLOCK_B > 1) and (BLOCK_B <= SMALL_BATCH):
-                k = k0 + tl.arange(0, BLOCK_K)
-                kmask = k < k_stop
                 wv = tl.load(w_rows + k[None, :], mask=row_mask[:, None] & kmask[None, :], other=0.0,
                              eviction_policy="evict_first").to(tl.float32)
-                g = tl.load(g_ptr + k, mask=kmask, other=0.0).to(tl.float32)
                 acc, unused, sumsq = _small_batch_rows(acc, acc, sumsq, x_ptr, B, K, g, k, kmask, wv, wv,
                                                        HAS_NORM, False, BLOCK_B)
             else:
-                xv, xg, k, kmask = _x_chunk(x_ptr, B, K, g_ptr, k0, k_stop, HAS_NORM, BLOCK_B, BLOCK_K)
+                xv, xg = _x_chunk(x_ptr, B, K, g, k, kmask, BLOCK_B)
                 wv = tl.load(w_rows + k[None, :], mask=row_mask[:, None] & kmask[None, :], other=0.0,
                              eviction_policy="evict_first")
                 acc = _accumulate(acc, xg, wv, BLOCK_B, DOT_PREC)
                 sumsq += tl.sum(xv * xv, axis=1)
+            g = g_next
     if HAS_NORM:
         acc = acc * (1.0 / tl.sqrt(sumsq / K + eps))[:, None]
     return acc
@@ -180,24 +190,25 @@ def rows_dot_pair(
     if (BLOCK_B == 1) and ROW_PREFETCH:
         acc_a, acc_b, sumsq = _one_row(x_ptr, g_ptr, w_a, w_b, row_mask, 0, K, HAS_NORM, True, BLOCK_N, BLOCK_K)
     else:
+        g = _norm_chunk(g_ptr, 0, K, HAS_NORM, BLOCK_K)
         for k0 in range(0, K, BLOCK_K):
+            g_next = _norm_chunk(g_ptr, k0 + BLOCK_K, K, HAS_NORM, BLOCK_K)  # one chunk ahead (module docstring)
+            k = k0 + tl.arange(0, BLOCK_K)
+            kmask = k < K
+            wmask = row_mask[:, None] & kmask[None, :]
             if (BLOCK_B > 1) and (BLOCK_B <= SMALL_BATCH):
-                k = k0 + tl.arange(0, BLOCK_K)
-                kmask = k < K
-                wmask = row_mask[:, None] & kmask[None, :]
                 wa = tl.load(w_a + k[None, :], mask=wmask, other=0.0, eviction_policy="evict_first").to(tl.float32)
                 wb = tl.load(w_b + k[None, :], mask=wmask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-                g = tl.load(g_ptr + k, mask=kmask, other=0.0).to(tl.float32)
                 acc_a, acc_b, sumsq = _small_batch_rows(acc_a, acc_b, sumsq, x_ptr, B, K, g, k, kmask, wa, wb,
                                                         HAS_NORM, True, BLOCK_B)
             else:
-                xv, xg, k, kmask = _x_chunk(x_ptr, B, K, g_ptr, k0, K, HAS_NORM, BLOCK_B, BLOCK_K)
-                wmask = row_mask[:, None] & kmask[None, :]
+                xv, xg = _x_chunk(x_ptr, B, K, g, k, kmask, BLOCK_B)
                 wa = tl.load(w_a + k[None, :], mask=wmask, other=0.0, eviction_policy="evict_first")
                 wb = tl.load(w_b + k[None, :], mask=wmask, other=0.0, eviction_policy="evict_first")
                 acc_a = _accumulate(acc_a, xg, wa, BLOCK_B, DOT_PREC)
                 acc_b = _accumulate(acc_b, xg, wb, BLOCK_B, DOT_PREC)
                 sumsq += tl.sum(xv * xv, axis=1)
+            g = g_next
     if HAS_NORM:
         scale = (1.0 / tl.sqrt(sumsq / K + eps))[:, None]
         acc_a = acc_a * scale
