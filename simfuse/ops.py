@@ -39,6 +39,7 @@ class Tuning:
     """
 
     eager_reset_block: int = 64
+    group_random_draws: bool = True
     env_block: int | None = None
     mlp_block: int | None = None
     mlp_warps: int | None = None
@@ -222,7 +223,8 @@ def rollout(
             POLICY=POLICY_IDS[kind], AUTORESET=autoreset,
             WRITE_OBS=write_obs, WRITE_STEP=write_step, WRITE_FINAL=write_final, WRITE_STATS=write_stats,
             HAS_CRITIC=mlp is not None and mlp.critic is not None,
-            EAGER_RESET=block >= _tuning.eager_reset_block, BLOCK=block,
+            EAGER_RESET=block >= _tuning.eager_reset_block,
+            GROUPED=kind == "random" and _tuning.group_random_draws, BLOCK=block,
             **dims, **_launch_options(block, mlp=mlp is not None, precision=precision),
         )
     as_bool = (lambda t: None if t is None else t.view(torch.bool))

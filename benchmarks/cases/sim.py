@@ -182,25 +182,31 @@ def _cartpole_mlp(device: torch.device, hidden: int = 64, critic: bool = False) 
 def tuning_case(ctx: Context) -> None:
     """Launch variants of the CartPole rollout kernel, each against the default choice.
 
-    The first H200 sweep (16:45 run: envs per program 2 .. 256, policy and reset draws eager or
-    lazy, MLP blocks and warps in bf16 / tf32 / ieee) set the defaults in
-    :class:`simfuse.ops.Tuning` and :data:`simfuse.ops.MLP_LAUNCH`; the runners-up stay here
-    to show the margin:
+    The first H200 sweep (16:45 run of session 2: envs per program 2 .. 256, policy and reset
+    draws eager or lazy, MLP blocks and warps in bf16 / tf32 / ieee) set the defaults in
+    :class:`simfuse.ops.Tuning` and :data:`simfuse.ops.MLP_LAUNCH`.  The variants now:
 
-    * random policy, 4,096 envs x 512 steps (latency-bound): start states drawn every step at
-      8 envs per program, and 32 envs per program (one warp);
-    * random policy, 1 M envs x 64 steps: start states drawn only when needed at 128 envs;
+    * random policy, 4,096 envs x 512 steps (latency-bound, 8 envs per program by default):
+      the steps run one per loop iteration with the policy-draw test every step instead of
+      unrolled groups of four; 4 and 16 envs per program;
+    * random policy, 1 M envs x 64 steps (128 envs per program, start states drawn every step):
+      one step per iteration; 64 envs per program; 32 envs per program (one warp) with start
+      states drawn only when some env of the warp resets;
     * 2x64 actor+critic MLP, 1 M envs x 64 steps: tf32 at 128 envs x 4 warps, bf16 at 64 x 2.
     """
     from simfuse import ops
 
-    groups = [(129, 8, [("lazy start states at 8 envs/program", {"env_block": 8, "eager_reset_block": 16})])]
+    groups = [(129, 8, [("lazy start states at 8 envs/program", {"env_block": 8, "eager_reset_block": 16}),
+                        ("one step per iteration", {"group_random_draws": False})])]
     if not ctx.quick:
         groups = [
-            (4096, 512, [("start states every step, 8 envs/program", {"env_block": 8, "eager_reset_block": 8}),
-                         ("32 envs/program (one warp)", {"env_block": 32})]),
-            (1 << 20, 64, [("start states only when needed, 128 envs/program",
-                            {"env_block": 128, "eager_reset_block": 256})]),
+            (4096, 512, [("one step per iteration (draw test every step)", {"group_random_draws": False}),
+                         ("4 envs/program", {"env_block": 4}),
+                         ("16 envs/program", {"env_block": 16})]),
+            (1 << 20, 64, [("one step per iteration (draw test every step)", {"group_random_draws": False}),
+                           ("64 envs/program", {"env_block": 64}),
+                           ("32 envs/program (one warp), start states only when needed",
+                            {"env_block": 32, "eager_reset_block": 64})]),
         ]
     for n, k, variants in groups:
         env = simfuse.make_vec("CartPole-v1", n, device=ctx.device)

@@ -22,6 +22,8 @@ from fusecore.backend import jit
 from .trig import sincos
 
 INV_TOTAL_MASS: tl.constexpr = tl.constexpr(1.0 / 1.1)
+# m_p l / (m_c + m_p) = 0.05 / 1.1 (pole mass times half-length over total mass)
+POLEMASS_LENGTH_RATIO: tl.constexpr = tl.constexpr(0.05 / 1.1)
 THETA_THRESHOLD: tl.constexpr = tl.constexpr(12 * 2 * 3.141592653589793 / 360)
 
 
@@ -39,15 +41,17 @@ def cartpole_step(x, x_dot, theta, theta_dot, action, sutton_barto_reward):
     """
     force = tl.where(action > 0.5, 10.0, -10.0)
     sintheta, costheta = sincos(theta)
-    # Products with 1 / (m_c + m_p) instead of three divisions: one division is left on the
-    # step's critical path, which bounds small batches.
-    temp = (force + 0.05 * (theta_dot * theta_dot) * sintheta) * INV_TOTAL_MASS
-    thetaacc = (9.8 * sintheta - costheta * temp) / (0.5 * (4.0 / 3.0 - 0.1 * (costheta * costheta) * INV_TOTAL_MASS))
-    xacc = temp - 0.05 * thetaacc * costheta * INV_TOTAL_MASS
-    x_new = x + 0.02 * x_dot
-    x_dot_new = x_dot + 0.02 * xacc
-    theta_new = theta + 0.02 * theta_dot
-    theta_dot_new = theta_dot + 0.02 * thetaacc
+    # Products with 1 / (m_c + m_p) instead of divisions and fused multiply-adds: one division
+    # is left on the step's critical path, which bounds small batches.
+    temp = tl.fma(0.05 * (theta_dot * theta_dot), sintheta, force) * INV_TOTAL_MASS
+    # l (4/3 − m_p cos²θ / (m_c + m_p)) = 2/3 − (m_p l / (m_c + m_p)) cos²θ   (l = 0.5)
+    denominator = tl.fma(costheta * costheta, -POLEMASS_LENGTH_RATIO, 2.0 / 3.0)
+    thetaacc = tl.fma(-costheta, temp, 9.8 * sintheta) / denominator
+    xacc = tl.fma(thetaacc * costheta, -POLEMASS_LENGTH_RATIO, temp)
+    x_new = tl.fma(x_dot, 0.02, x)
+    x_dot_new = tl.fma(xacc, 0.02, x_dot)
+    theta_new = tl.fma(theta_dot, 0.02, theta)
+    theta_dot_new = tl.fma(thetaacc, 0.02, theta_dot)
     terminated = (x_new < -2.4) | (x_new > 2.4) | (theta_new < -THETA_THRESHOLD) | (theta_new > THETA_THRESHOLD)
     reward = tl.where(sutton_barto_reward != 0.0, tl.where(terminated, -1.0, 0.0), 1.0)
     return x_new, x_dot_new, theta_new, theta_dot_new, reward, terminated

@@ -93,6 +93,169 @@ def policy_draws(seed, idx, group, NORMAL: tl.constexpr):
     return d0, d1, d2, d3
 
 
+@jit
+def select_draw(d0, d1, d2, d3, lane):
+    """Lane ``lane`` (0..3, a scalar) of four draws."""
+    return tl.where(lane == 0, d0, tl.where(lane == 1, d1, tl.where(lane == 2, d2, d3)))
+
+
+@jit
+def rollout_step(
+    t, draw, s0, s1, s2, s3, steps, done_prev, ep_return, episodes, return_sum, length_sum, pending_action,
+    idx, mask, n, offset, num_steps, max_episode_steps, seed, env_param, action_low, action_high,
+    given_actions_ptr, obs_out_ptr, action_out_ptr, reward_out_ptr, terminated_out_ptr, truncated_out_ptr,
+    log_prob_out_ptr, value_out_ptr, final_obs_out_ptr,
+    actor_w_in_ptr, actor_b_in_ptr, actor_w_hid_ptr, actor_b_hid_ptr, actor_w_out_ptr, actor_b_out_ptr,
+    critic_w_in_ptr, critic_b_in_ptr, critic_w_hid_ptr, critic_b_hid_ptr, critic_w_out_ptr, critic_b_out_ptr,
+    log_std_ptr,
+    ENV: tl.constexpr, OBS_DIM: tl.constexpr, NUM_ACTIONS: tl.constexpr, POLICY: tl.constexpr,
+    AUTORESET: tl.constexpr, WRITE_OBS: tl.constexpr, WRITE_STEP: tl.constexpr, WRITE_FINAL: tl.constexpr,
+    WRITE_STATS: tl.constexpr, HAS_CRITIC: tl.constexpr, D_PAD: tl.constexpr,
+    A_HIDDEN: tl.constexpr, A_ACTS: tl.constexpr, A_WIDTH: tl.constexpr, A_PAD: tl.constexpr,
+    C_HIDDEN: tl.constexpr, C_ACTS: tl.constexpr, C_WIDTH: tl.constexpr, C_PAD: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, FAST: tl.constexpr, EAGER_RESET: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """Step ``t`` of the rollout (steps 1-3 of the module docstring) with this step's policy draw.
+
+    Returns the carried values (state, counters, statistics, the next given action).
+    """
+    position = offset + t
+    row = tl.cast(t, tl.int64) * n + idx  # int64: K N may exceed 2**31
+    o0, o1, o2, o3, o4, o5 = env_observe(s0, s1, s2, s3, ENV)
+    log_prob = tl.zeros([BLOCK], dtype=tl.float32)
+    if POLICY == GIVEN:
+        action = pending_action
+        # The next step's action is loaded one step ahead, so that its memory latency
+        # overlaps this step's dynamics instead of stalling the next one.
+        has_next = (tl.zeros([BLOCK], dtype=tl.int32) + t + 1) < num_steps
+        pending_action = tl.load(given_actions_ptr + row + n, mask=mask & has_next, other=0).to(tl.float32)
+        if NUM_ACTIONS > 0:
+            action = tl.minimum(tl.maximum(action, 0.0), NUM_ACTIONS - 1.0)
+    elif POLICY == RANDOM:
+        if NUM_ACTIONS > 0:
+            action = tl.minimum(tl.floor(draw * NUM_ACTIONS), NUM_ACTIONS - 1.0)
+        else:
+            action = action_low + draw * (action_high - action_low)
+    else:
+        x = obs_tile(o0, o1, o2, o3, o4, o5, D_PAD)
+        out = mlp_forward(x, actor_w_in_ptr, actor_b_in_ptr, actor_w_hid_ptr, actor_b_hid_ptr,
+                          actor_w_out_ptr, actor_b_out_ptr, A_HIDDEN, A_ACTS, D_PAD, A_WIDTH, A_PAD,
+                          DOT_PRECISION, FAST)
+        if NUM_ACTIONS > 0:
+            action, log_prob = sample_categorical(out, draw, NUM_ACTIONS, A_PAD)
+        else:
+            action, log_prob = sample_gaussian(out, tl.load(log_std_ptr), draw, A_PAD)
+        # The action reaches the dynamics through memory (this step's log-prob slot, an
+        # L1 round trip between two barriers).  Taken from the sampling's reductions
+        # directly, it leads the compiler to keep the whole env state in the tensor
+        # cores' row layout, where the four threads sharing an accumulator row each
+        # repeat the env's dynamics: about twice the instructions per step.
+        # (FAST: the tensor-core precisions; "ieee" products keep plain layouts.)
+        if FAST:
+            tl.store(log_prob_out_ptr + row, action, mask=mask)
+            tl.debug_barrier()
+            action = tl.load(log_prob_out_ptr + row, mask=mask, other=0.0)
+            tl.debug_barrier()
+        tl.store(log_prob_out_ptr + row, log_prob, mask=mask)
+        if HAS_CRITIC:
+            value = column(
+                mlp_forward(x, critic_w_in_ptr, critic_b_in_ptr, critic_w_hid_ptr, critic_b_hid_ptr,
+                            critic_w_out_ptr, critic_b_out_ptr, C_HIDDEN, C_ACTS, D_PAD, C_WIDTH, C_PAD,
+                            DOT_PRECISION, FAST),
+                0, C_PAD,
+            )
+            tl.store(value_out_ptr + row, value, mask=mask)
+    if WRITE_OBS:
+        store_obs(obs_out_ptr, row, mask, o0, o1, o2, o3, o4, o5, OBS_DIM, BLOCK)
+        tl.store(action_out_ptr + row, action.to(action_out_ptr.dtype.element_ty), mask=mask)
+
+    n0, n1, n2, n3, reward, terminated = env_step(s0, s1, s2, s3, action, env_param, ENV)
+    length = steps + 1
+    truncated = length >= max_episode_steps
+    reward, terminated, truncated, steps, done_prev, resetting = autoreset_flags(
+        reward, terminated, truncated, length, done_prev, AUTORESET)
+    if WRITE_FINAL:
+        f0, f1, f2, f3, f4, f5 = env_observe(n0, n1, n2, n3, ENV)
+        store_obs(final_obs_out_ptr, row, mask, f0, f1, f2, f3, f4, f5, OBS_DIM, BLOCK)
+    if AUTORESET == DISABLED:
+        s0, s1, s2, s3 = n0, n1, n2, n3
+    else:
+        if EAGER_RESET:
+            # Large blocks: some env of the block resets in almost every step, so the
+            # block-wide test only adds a reduction and a barrier.
+            r0, r1, r2, r3 = env_reset(seed, idx, position, ENV)
+        else:
+            # Small blocks (few envs, latency-bound): most steps no env of the block
+            # resets, and the draw is skipped.
+            r0, r1, r2, r3 = n0, n1, n2, n3
+            if tl.max((resetting & mask).to(tl.int32), axis=0) > 0:
+                r0, r1, r2, r3 = env_reset(seed, idx, position, ENV)
+        s0 = tl.where(resetting, r0, n0)
+        s1 = tl.where(resetting, r1, n1)
+        s2 = tl.where(resetting, r2, n2)
+        s3 = tl.where(resetting, r3, n3)
+
+    ep_return, episodes, return_sum, length_sum = track_episode(
+        ep_return, episodes, return_sum, length_sum, reward, terminated | truncated, length, WRITE_STATS)
+    if WRITE_STEP:
+        store_step(reward_out_ptr, terminated_out_ptr, truncated_out_ptr, row, mask, reward, terminated, truncated)
+    return s0, s1, s2, s3, steps, done_prev, ep_return, episodes, return_sum, length_sum, pending_action
+
+
+@jit
+def run_steps(
+    begin, end, s0, s1, s2, s3, steps, done_prev, ep_return, episodes, return_sum, length_sum, pending_action,
+    idx, mask, n, offset, num_steps, max_episode_steps, seed, env_param, action_low, action_high,
+    given_actions_ptr, obs_out_ptr, action_out_ptr, reward_out_ptr, terminated_out_ptr, truncated_out_ptr,
+    log_prob_out_ptr, value_out_ptr, final_obs_out_ptr,
+    actor_w_in_ptr, actor_b_in_ptr, actor_w_hid_ptr, actor_b_hid_ptr, actor_w_out_ptr, actor_b_out_ptr,
+    critic_w_in_ptr, critic_b_in_ptr, critic_w_hid_ptr, critic_b_hid_ptr, critic_w_out_ptr, critic_b_out_ptr,
+    log_std_ptr,
+    ENV: tl.constexpr, OBS_DIM: tl.constexpr, NUM_ACTIONS: tl.constexpr, POLICY: tl.constexpr,
+    AUTORESET: tl.constexpr, WRITE_OBS: tl.constexpr, WRITE_STEP: tl.constexpr, WRITE_FINAL: tl.constexpr,
+    WRITE_STATS: tl.constexpr, HAS_CRITIC: tl.constexpr, D_PAD: tl.constexpr,
+    A_HIDDEN: tl.constexpr, A_ACTS: tl.constexpr, A_WIDTH: tl.constexpr, A_PAD: tl.constexpr,
+    C_HIDDEN: tl.constexpr, C_ACTS: tl.constexpr, C_WIDTH: tl.constexpr, C_PAD: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, FAST: tl.constexpr, EAGER_RESET: tl.constexpr, STRIDE: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """Steps ``begin`` .. ``end`` − 1, ``STRIDE`` per iteration; returns the carried values.
+
+    STRIDE 4 (``begin`` at a position ≡ 0 mod 4, ``end − begin`` a multiple of 4): one Philox
+    call per iteration and the four steps unrolled, step j taking lane j.  STRIDE 1: one step
+    per iteration; the four draws of a Philox call are kept until the position reaches the next
+    multiple of 4 (one call per four steps here too, behind a uniform test).
+    """
+    # Gaussian heads draw normals, every other policy uniforms.
+    normal_draws: tl.constexpr = (POLICY == MLP) & (NUM_ACTIONS == 0)
+    d0 = tl.zeros([BLOCK], dtype=tl.float32)
+    d1 = d0
+    d2 = d0
+    d3 = d0
+    for first in range(begin, end, STRIDE):
+        position = offset + first
+        if POLICY != GIVEN:
+            if STRIDE == 4:
+                d0, d1, d2, d3 = policy_draws(seed, idx, position // 4, normal_draws)
+            elif (first == begin) | (position % 4 == 0):
+                d0, d1, d2, d3 = policy_draws(seed, idx, position // 4, normal_draws)
+        for j in tl.static_range(STRIDE):
+            draw = select_draw(d0, d1, d2, d3, j if STRIDE == 4 else position % 4)
+            s0, s1, s2, s3, steps, done_prev, ep_return, episodes, return_sum, length_sum, pending_action = \
+                rollout_step(
+                    first + j, draw, s0, s1, s2, s3, steps, done_prev, ep_return, episodes, return_sum, length_sum,
+                    pending_action, idx, mask, n, offset, num_steps, max_episode_steps, seed, env_param,
+                    action_low, action_high, given_actions_ptr, obs_out_ptr, action_out_ptr, reward_out_ptr,
+                    terminated_out_ptr, truncated_out_ptr, log_prob_out_ptr, value_out_ptr, final_obs_out_ptr,
+                    actor_w_in_ptr, actor_b_in_ptr, actor_w_hid_ptr, actor_b_hid_ptr, actor_w_out_ptr,
+                    actor_b_out_ptr, critic_w_in_ptr, critic_b_in_ptr, critic_w_hid_ptr, critic_b_hid_ptr,
+                    critic_w_out_ptr, critic_b_out_ptr, log_std_ptr,
+                    ENV, OBS_DIM, NUM_ACTIONS, POLICY, AUTORESET, WRITE_OBS, WRITE_STEP, WRITE_FINAL, WRITE_STATS,
+                    HAS_CRITIC, D_PAD, A_HIDDEN, A_ACTS, A_WIDTH, A_PAD, C_HIDDEN, C_ACTS, C_WIDTH, C_PAD,
+                    DOT_PRECISION, FAST, EAGER_RESET, BLOCK)
+    return s0, s1, s2, s3, steps, done_prev, ep_return, episodes, return_sum, length_sum, pending_action
+
+
 # Integer arguments equal to 1 would be specialised into constants: keep them runtime values.
 @jit(do_not_specialize=["n", "num_steps", "max_episode_steps", "seed", "offset"])
 def rollout_kernel(
@@ -112,7 +275,7 @@ def rollout_kernel(
     A_HIDDEN: tl.constexpr, A_ACTS: tl.constexpr, A_WIDTH: tl.constexpr, A_PAD: tl.constexpr,
     C_HIDDEN: tl.constexpr, C_ACTS: tl.constexpr, C_WIDTH: tl.constexpr, C_PAD: tl.constexpr,
     DOT_PRECISION: tl.constexpr, FAST: tl.constexpr,
-    EAGER_RESET: tl.constexpr, BLOCK: tl.constexpr,
+    EAGER_RESET: tl.constexpr, GROUPED: tl.constexpr, BLOCK: tl.constexpr,
 ):
     pid = tl.program_id(0)
     idx = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -123,106 +286,41 @@ def rollout_kernel(
     s3 = tl.load(state_ptr + 3 * n + idx, mask=mask, other=0.0)
     steps, done_prev, ep_return, episodes, return_sum, length_sum = load_counters(
         steps_ptr, done_ptr, ep_return_ptr, idx, mask, BLOCK)
-    # Gaussian heads draw normals, every other policy uniforms.
-    normal_draws: tl.constexpr = (POLICY == MLP) & (NUM_ACTIONS == 0)
-    d0 = tl.zeros([BLOCK], dtype=tl.float32)
-    d1 = d0
-    d2 = d0
-    d3 = d0
-    pending_action = d0
+    pending_action = tl.zeros([BLOCK], dtype=tl.float32)
     if POLICY == GIVEN:
         has_first = (tl.zeros([BLOCK], dtype=tl.int32) + num_steps) > 0
         pending_action = tl.load(given_actions_ptr + idx, mask=mask & has_first, other=0).to(tl.float32)
 
-    for t in range(num_steps):
-        position = offset + t
-        row = tl.cast(t, tl.int64) * n + idx  # int64: K N may exceed 2**31
-        o0, o1, o2, o3, o4, o5 = env_observe(s0, s1, s2, s3, ENV)
-        log_prob = tl.zeros([BLOCK], dtype=tl.float32)
-        if POLICY == GIVEN:
-            action = pending_action
-            # The next step's action is loaded one step ahead, so that its memory latency
-            # overlaps this step's dynamics instead of stalling the next one.
-            has_next = (tl.zeros([BLOCK], dtype=tl.int32) + t + 1) < num_steps
-            pending_action = tl.load(given_actions_ptr + row + n, mask=mask & has_next, other=0).to(tl.float32)
-            if NUM_ACTIONS > 0:
-                action = tl.minimum(tl.maximum(action, 0.0), NUM_ACTIONS - 1.0)
+    # GROUPED (random policy): the steps whose positions share one Philox call run as one
+    # unrolled group of four, each with its own lane and no test (phase 1); the steps before
+    # the first aligned position (phase 0) and after the last whole group (phase 2) run one at
+    # a time.  Otherwise all steps run one at a time (phase 0).
+    single_end = num_steps
+    grouped_end = num_steps
+    if GROUPED:
+        single_end = tl.minimum((4 - offset % 4) % 4, num_steps)
+        grouped_end = single_end + (num_steps - single_end) // 4 * 4
+    for phase in tl.static_range(1 + 2 * GROUPED):
+        if phase == 0:
+            begin = 0
+            end = single_end
+        elif phase == 1:
+            begin = single_end
+            end = grouped_end
         else:
-            # One Philox call serves four consecutive positions: the draw of position p is
-            # lane p % 4 of Philox (seed, POLICY_TAG + i, p // 4), computed behind a uniform
-            # branch (measured on an H200: faster than recomputing every step at any block).
-            if (t == 0) | (position % 4 == 0):
-                d0, d1, d2, d3 = policy_draws(seed, idx, position // 4, normal_draws)
-            lane = position % 4
-            draw = tl.where(lane == 0, d0, tl.where(lane == 1, d1, tl.where(lane == 2, d2, d3)))
-            if POLICY == RANDOM:
-                if NUM_ACTIONS > 0:
-                    action = tl.minimum(tl.floor(draw * NUM_ACTIONS), NUM_ACTIONS - 1.0)
-                else:
-                    action = action_low + draw * (action_high - action_low)
-            else:
-                x = obs_tile(o0, o1, o2, o3, o4, o5, D_PAD)
-                out = mlp_forward(x, actor_w_in_ptr, actor_b_in_ptr, actor_w_hid_ptr, actor_b_hid_ptr,
-                                  actor_w_out_ptr, actor_b_out_ptr, A_HIDDEN, A_ACTS, D_PAD, A_WIDTH, A_PAD,
-                                  DOT_PRECISION, FAST)
-                if NUM_ACTIONS > 0:
-                    action, log_prob = sample_categorical(out, draw, NUM_ACTIONS, A_PAD)
-                else:
-                    action, log_prob = sample_gaussian(out, tl.load(log_std_ptr), draw, A_PAD)
-                # The action reaches the dynamics through memory (this step's log-prob slot, an
-                # L1 round trip between two barriers).  Taken from the sampling's reductions
-                # directly, it leads the compiler to keep the whole env state in the tensor
-                # cores' row layout, where the four threads sharing an accumulator row each
-                # repeat the env's dynamics: about twice the instructions per step.
-                # (FAST: the tensor-core precisions; "ieee" products keep plain layouts.)
-                if FAST:
-                    tl.store(log_prob_out_ptr + row, action, mask=mask)
-                    tl.debug_barrier()
-                    action = tl.load(log_prob_out_ptr + row, mask=mask, other=0.0)
-                    tl.debug_barrier()
-                tl.store(log_prob_out_ptr + row, log_prob, mask=mask)
-                if HAS_CRITIC:
-                    value = column(
-                        mlp_forward(x, critic_w_in_ptr, critic_b_in_ptr, critic_w_hid_ptr, critic_b_hid_ptr,
-                                    critic_w_out_ptr, critic_b_out_ptr, C_HIDDEN, C_ACTS, D_PAD, C_WIDTH, C_PAD,
-                                    DOT_PRECISION, FAST),
-                        0, C_PAD,
-                    )
-                    tl.store(value_out_ptr + row, value, mask=mask)
-        if WRITE_OBS:
-            store_obs(obs_out_ptr, row, mask, o0, o1, o2, o3, o4, o5, OBS_DIM, BLOCK)
-            tl.store(action_out_ptr + row, action.to(action_out_ptr.dtype.element_ty), mask=mask)
-
-        n0, n1, n2, n3, reward, terminated = env_step(s0, s1, s2, s3, action, env_param, ENV)
-        length = steps + 1
-        truncated = length >= max_episode_steps
-        reward, terminated, truncated, steps, done_prev, resetting = autoreset_flags(
-            reward, terminated, truncated, length, done_prev, AUTORESET)
-        if WRITE_FINAL:
-            f0, f1, f2, f3, f4, f5 = env_observe(n0, n1, n2, n3, ENV)
-            store_obs(final_obs_out_ptr, row, mask, f0, f1, f2, f3, f4, f5, OBS_DIM, BLOCK)
-        if AUTORESET == DISABLED:
-            s0, s1, s2, s3 = n0, n1, n2, n3
-        else:
-            if EAGER_RESET:
-                # Large blocks: some env of the block resets in almost every step, so the
-                # block-wide test only adds a reduction and a barrier.
-                r0, r1, r2, r3 = env_reset(seed, idx, position, ENV)
-            else:
-                # Small blocks (few envs, latency-bound): most steps no env of the block
-                # resets, and the draw is skipped.
-                r0, r1, r2, r3 = n0, n1, n2, n3
-                if tl.max((resetting & mask).to(tl.int32), axis=0) > 0:
-                    r0, r1, r2, r3 = env_reset(seed, idx, position, ENV)
-            s0 = tl.where(resetting, r0, n0)
-            s1 = tl.where(resetting, r1, n1)
-            s2 = tl.where(resetting, r2, n2)
-            s3 = tl.where(resetting, r3, n3)
-
-        ep_return, episodes, return_sum, length_sum = track_episode(
-            ep_return, episodes, return_sum, length_sum, reward, terminated | truncated, length, WRITE_STATS)
-        if WRITE_STEP:
-            store_step(reward_out_ptr, terminated_out_ptr, truncated_out_ptr, row, mask, reward, terminated, truncated)
+            begin = grouped_end
+            end = num_steps
+        s0, s1, s2, s3, steps, done_prev, ep_return, episodes, return_sum, length_sum, pending_action = run_steps(
+            begin, end, s0, s1, s2, s3, steps, done_prev, ep_return, episodes, return_sum, length_sum,
+            pending_action, idx, mask, n, offset, num_steps, max_episode_steps, seed, env_param, action_low,
+            action_high, given_actions_ptr, obs_out_ptr, action_out_ptr, reward_out_ptr, terminated_out_ptr,
+            truncated_out_ptr, log_prob_out_ptr, value_out_ptr, final_obs_out_ptr,
+            actor_w_in_ptr, actor_b_in_ptr, actor_w_hid_ptr, actor_b_hid_ptr, actor_w_out_ptr, actor_b_out_ptr,
+            critic_w_in_ptr, critic_b_in_ptr, critic_w_hid_ptr, critic_b_hid_ptr, critic_w_out_ptr,
+            critic_b_out_ptr, log_std_ptr,
+            ENV, OBS_DIM, NUM_ACTIONS, POLICY, AUTORESET, WRITE_OBS, WRITE_STEP, WRITE_FINAL, WRITE_STATS,
+            HAS_CRITIC, D_PAD, A_HIDDEN, A_ACTS, A_WIDTH, A_PAD, C_HIDDEN, C_ACTS, C_WIDTH, C_PAD,
+            DOT_PRECISION, FAST, EAGER_RESET, 4 if phase == 1 else 1, BLOCK)
 
     tl.store(state_ptr + idx, s0, mask=mask)
     tl.store(state_ptr + n + idx, s1, mask=mask)
