@@ -194,7 +194,7 @@ def attention_forward(
             graph.csr_src, graph.csr_eid, rows, starts, stops, *tensors, out, lse, rows.numel(), heads, head_dim,
             inputs.edge_dim, *scalars,
             ROWS=per_program, BLOCK_E=width, BLOCK_H=block_h, BLOCK_D=block_d, **flags,
-            **_edge_flags(inputs, block_h, block_d, per_program * width),
+            **_edge_flags(inputs, block_h, block_d, per_program * width), num_warps=schedule.num_warps,
         )
     for rows, starts, stops, count, pieces in _row_launches(buckets):
         if pieces:
@@ -206,7 +206,7 @@ def attention_forward(
             graph.csr_src, graph.csr_eid, rows, starts, stops, *tensors, target_out, target_lse, heads, head_dim,
             inputs.edge_dim, *scalars,
             BLOCK_E=row_block_e, BLOCK_H=block_h, BLOCK_D=block_d, PIECES=pieces, **flags,
-            **_edge_flags(inputs, block_h, block_d, row_block_e),
+            **_edge_flags(inputs, block_h, block_d, row_block_e), num_warps=schedule.num_warps,
         )
         if pieces:
             lse_merge_kernel[(buckets.super_rows.numel(),)](
@@ -294,7 +294,7 @@ def attention_backward(
             graph.rev_dst, graph.rev_pos, graph.rev_eid, rows, starts, stops, *src_tensors, grad_value, grad_src,
             grad_s, rows.numel(), heads, head_dim, edge_dim, *scalars,
             ROWS=per_program, BLOCK_E=width, BLOCK_H=block_h, BLOCK_D=block_d, **flags,
-            **_edge_flags(inputs, block_h, block_d, per_program * width),
+            **_edge_flags(inputs, block_h, block_d, per_program * width), num_warps=schedule.num_warps,
         )
     for rows, starts, stops, count, pieces in _row_launches(outgoing):
         if pieces:
@@ -306,7 +306,7 @@ def attention_backward(
             graph.rev_dst, graph.rev_pos, graph.rev_eid, rows, starts, stops, *src_tensors,
             target_value, target_src, grad_s, heads, head_dim, edge_dim, *scalars,
             BLOCK_E=row_block_e, BLOCK_H=block_h, BLOCK_D=block_d, PIECES=pieces, **flags,
-            **_edge_flags(inputs, block_h, block_d, row_block_e),
+            **_edge_flags(inputs, block_h, block_d, row_block_e), num_warps=schedule.num_warps,
         )
         if pieces:
             _merge_sums(outgoing, target_value, grad_value)
@@ -341,7 +341,7 @@ def attention_backward(
             graph.csr_src, graph.csr_eid, rows, starts, stops, *dst_tensors, grad_dst, *edge_outputs, rows.numel(),
             heads, head_dim, edge_dim, *scalars,
             ROWS=per_program, BLOCK_E=width, BLOCK_H=block_h, BLOCK_D=block_d, **flags,
-            **_edge_flags(inputs, block_h, block_d, per_program * width),
+            **_edge_flags(inputs, block_h, block_d, per_program * width), num_warps=schedule.num_warps,
         )
     for rows, starts, stops, count, pieces in _row_launches(incoming):
         if pieces:
@@ -353,7 +353,7 @@ def attention_backward(
             graph.csr_src, graph.csr_eid, rows, starts, stops, *dst_tensors, target_dst, edge_outputs[0], target_sums,
             heads, head_dim, edge_dim, *scalars,
             BLOCK_E=row_block_e, BLOCK_H=block_h, BLOCK_D=block_d, PIECES=pieces, **flags,
-            **_edge_flags(inputs, block_h, block_d, row_block_e),
+            **_edge_flags(inputs, block_h, block_d, row_block_e), num_warps=schedule.num_warps,
         )
         if pieces:
             _merge_sums(incoming, target_dst, grad_dst)
@@ -737,31 +737,66 @@ class TransformerAttentionFunction(torch.autograd.Function):
         return grad_q.to(query.dtype), grad_k.to(key.dtype), grad_v, grad_attr, grad_weight, None, *_NO_GRADS
 
 
+def _normalize_rows(h: torch.Tensor, beta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """AGNN's ``(r [N, H], q [N, H, D])``: ``r = 1 / max(‖h‖, ε)``, ``q = β h r``, in the accumulation
+    dtype, from one per-node kernel (:mod:`gnnfuse.kernels.normalize`)."""
+    from .kernels.normalize import normalize_kernel
+
+    num_nodes, heads, head_dim = h.shape
+    acc = accumulation_dtype(h.dtype)
+    inverse_norm = _new_output((num_nodes, heads), acc, h.device)
+    query = _new_output(tuple(h.shape), acc, h.device)
+    block_h, block_d, rows = _node_tile_rows(heads, head_dim)
+    if num_nodes:
+        normalize_kernel[(cdiv(num_nodes, rows),)](
+            h, beta, inverse_norm, query, num_nodes, heads, head_dim, NORMALIZE_EPS,
+            ROWS=rows, BLOCK_H=block_h, BLOCK_D=block_d,
+        )
+    return inverse_norm, query
+
+
+def _normalize_rows_backward(h, beta, grad_value, grad_key, grad_query) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(∂h, ∂β)`` of AGNN from the attention's ``∂v``, ``∂k``, ``∂q`` (one per-node kernel; ``∂β``
+    summed from per-program partials in the accumulation dtype)."""
+    from .kernels.normalize import normalize_backward_kernel
+
+    num_nodes, heads, head_dim = h.shape
+    block_h, block_d, rows = _node_tile_rows(heads, head_dim)
+    programs = cdiv(num_nodes, rows)
+    grad_h = _new_output(tuple(h.shape), h.dtype, h.device)
+    part_beta = _new_output((programs,), grad_query.dtype, h.device)
+    if programs:
+        normalize_backward_kernel[(programs,)](
+            h, beta, grad_value, grad_key, grad_query, grad_h, part_beta, num_nodes, heads, head_dim, NORMALIZE_EPS,
+            ROWS=rows, BLOCK_H=block_h, BLOCK_D=block_d,
+        )
+    return grad_h, part_beta.sum().reshape(beta.shape).to(beta.dtype)
+
+
 class AGNNFunction(torch.autograd.Function):
-    """AGNN's attention from unit rows ``ĥ = h · r`` (``r = 1 / max(‖h‖, ε)`` per node and head,
-    ``[N, H]``), features ``h`` and ``β``: the dot-product kernels with ``q = β ĥ``, ``v = h`` and
-    keys formed from the gathered values, ``k_j = h_j r_j`` (one tile per edge); backward gives
-    ``∂ĥ = β ∂q + ∂k`` (autograd takes it through the normalization) and ``∂β = Σ ∂q · ĥ``,
-    reduced in the accumulation dtype (the sum cancels strongly: softmax gradients sum to zero
-    per row, so half-precision ``∂q`` would lose it)."""
+    """AGNN from features ``h [N, H, D]`` and ``β``: unit rows ``ĥ = h · r`` (``r = 1 / max(‖h‖, ε)``
+    per node and head) and queries ``q = β ĥ`` from one per-node kernel, then the dot-product
+    kernels with ``v = h`` and keys formed from the gathered values, ``k_j = h_j r_j`` (one tile
+    per edge).  Backward: the attention's ``∂v``, ``∂k``, ``∂q`` and the normalization's backward
+    in one per-node kernel, ``∂β = Σ ∂q · ĥ`` reduced in the accumulation dtype (the sum cancels
+    strongly: softmax gradients sum to zero per row, so half-precision ``∂q`` would lose it)."""
 
     @staticmethod
-    def forward(ctx, unit, h, inverse_norm, beta, graph, options):  # type: ignore[override]
-        query = (beta.reshape(()).to(accumulation_dtype(unit.dtype)) * unit).to(unit.dtype)
+    def forward(ctx, h, beta, graph, options):  # type: ignore[override]
+        inverse_norm, query = _normalize_rows(h, beta)
         inputs = AttentionInputs(SCORE_DOT, inverse_norm, query, h, keys_from_values=True)
         no_dropout = (0.0, 0, 0, options)
-        return _forward_saving(ctx, graph, inputs, no_dropout, 4, unit, query, h, inverse_norm, beta)
+        return _forward_saving(ctx, graph, inputs, no_dropout, 2, h, beta, inverse_norm, query)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):  # type: ignore[override]
-        unit, query, h, inverse_norm, beta = ctx.saved_tensors[:5]
+        h, beta, inverse_norm, query = ctx.saved_tensors[:4]
         inputs = AttentionInputs(SCORE_DOT, inverse_norm, query, h, keys_from_values=True)
-        grad_h, grad_key, grad_query, _, _ = _backward_saved(ctx, inputs, grad_out)
-        beta_acc = beta.reshape(()).to(grad_query.dtype)
-        grad_unit = (beta_acc * grad_query + grad_key).to(unit.dtype)
-        grad_beta = (grad_query * unit.to(grad_query.dtype)).sum().reshape(beta.shape).to(beta.dtype)
-        return grad_unit, grad_h, None, grad_beta, None, None
+        grad_value, grad_key, grad_query, _, _ = _backward_saved(ctx, inputs, grad_out,
+                                                                 grad_value_dtype=inverse_norm.dtype)
+        grad_h, grad_beta = _normalize_rows_backward(h, beta, grad_value, grad_key, grad_query)
+        return grad_h, grad_beta, None, None
 
 
 def _check_same_shape(graph: Graph, reference_name: str, reference: torch.Tensor, **others: torch.Tensor) -> None:
@@ -900,8 +935,8 @@ def agnn(
     ``feat``: ``[N, D]`` (or ``[N, H, D]``, one attention per head); ``beta``: a one-element
     tensor.  The cosine is the dot product of unit rows ``ĥ = h / max(‖h‖, 1e-12)``, so this is
     the fused dot-product attention with ``q = β ĥ``, ``k = ĥ``, ``v = h`` and scale 1
-    (:class:`AGNNFunction`); the normalization is a per-node PyTorch op.  Returns ``feat``'s
-    shape and dtype.
+    (:class:`AGNNFunction`); the normalization and its backward are one per-node kernel each.
+    Returns ``feat``'s shape and dtype.
     """
     graph = as_graph(graph)
     backend.check_dtypes(FLOAT_DTYPES, feat=feat, beta=beta)
@@ -917,12 +952,7 @@ def agnn(
 
         return agnn_reference(graph, feat, beta).to(feat.dtype)
     backend.check_devices(feat=feat, beta=beta, graph=graph.indptr)
-    # The normalization (and its backward, which cancels the radial part) in the accumulation dtype.
-    h_acc = h.to(accumulation_dtype(h.dtype))
-    norm = torch.linalg.vector_norm(h_acc, dim=-1, keepdim=True).clamp_min(NORMALIZE_EPS)
-    unit = h_acc / norm  # torch.nn.functional.normalize
-    inverse_norm = (1.0 / norm.detach()).squeeze(-1).contiguous()
-    out = AGNNFunction.apply(unit.contiguous(), h.contiguous(), inverse_norm, beta, graph, schedule)
+    out = AGNNFunction.apply(h.contiguous(), beta.reshape(1), graph, schedule)
     return out.reshape(feat.shape)
 
 

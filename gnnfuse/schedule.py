@@ -30,7 +30,7 @@ longer than an even share of the graph, whatever its degree.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -57,6 +57,11 @@ class TileLimits:
 
 GPU_TILES = TileLimits(tile_elements=4096, max_edge_block=64, max_light_rows=64)
 INTERPRETER_TILES = TileLimits(tile_elements=32768, max_edge_block=256, max_light_rows=512)
+DEFAULT_NUM_WARPS = 4
+EDGES_PER_ROW_ELEMENT = 64  # on the GPU the edge block may grow to tile_elements / 64 (64 edges at 4096)
+
+
+_OPTION_MINIMA = {"piece_edges": 1, "light_max_degree": NO_LIGHT_ROWS, "tile_elements": 256, "num_warps": 1}
 
 
 @dataclass(frozen=True)
@@ -68,19 +73,26 @@ class ScheduleOptions:
     pass, the default for graphs under ``SMALL_GRAPH_EDGES`` edges on the GPU);
     ``split_degree``: rows above this degree are split across programs (>= light_max_degree);
     ``piece_edges``: edges per piece of a split row (>= 1; default: the split rows' edges
-    over ``16 · multiprocessors``, between ``4 · medium_block_e`` and ``split_degree``).
+    over ``16 · multiprocessors``, between ``4 · medium_block_e`` and ``split_degree``);
+    ``tile_elements``: feature elements one gathered tile holds (>= 256; default
+    :data:`GPU_TILES` / :data:`INTERPRETER_TILES`); ``num_warps``: warps per attention program
+    (1 .. 32, a power of two; default 4).  The last two are tuning knobs for GPU experiments.
     """
 
     light_max_degree: int | None = None
     split_degree: int | None = None
     piece_edges: int | None = None
+    tile_elements: int | None = None
+    num_warps: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("light_max_degree", "split_degree", "piece_edges"):
+        for name in ("light_max_degree", "split_degree", "piece_edges", "tile_elements", "num_warps"):
             value = getattr(self, name)
-            low = {"piece_edges": 1, "light_max_degree": NO_LIGHT_ROWS}.get(name, 0)
+            low = _OPTION_MINIMA.get(name, 0)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
                 raise ValueError(f"ScheduleOptions.{name} must be None or an int >= {low}, got {value!r}")
+        if self.num_warps is not None and (self.num_warps > 32 or self.num_warps & (self.num_warps - 1)):
+            raise ValueError(f"ScheduleOptions.num_warps must be a power of two in 1 .. 32, got {self.num_warps}")
         if self.light_max_degree is not None and self.light_max_degree > MAX_LIGHT_DEGREE:
             raise ValueError(
                 f"ScheduleOptions.light_max_degree must be <= {MAX_LIGHT_DEGREE}, got {self.light_max_degree}"
@@ -141,6 +153,7 @@ class Schedule:
     light_max_degree: int
     split_degree: int
     tiles: TileLimits
+    num_warps: int
 
     def light_rows_per_program(self, width: int, row_elements: int) -> int:
         """Rows per program for light rows of ``width`` edges with ``row_elements`` values per edge."""
@@ -217,13 +230,18 @@ def build_schedule(graph, num_heads: int, head_dim: int, dtype: torch.dtype, opt
     """Choose the buckets of ``graph`` for features ``[N, num_heads, head_dim]`` (see module doc)."""
     block_h, block_d = next_power_of_2(num_heads), next_power_of_2(head_dim)
     tiles = GPU_TILES if graph.device.type == "cuda" else INTERPRETER_TILES
+    if options.tile_elements is not None:
+        max_edge_block = tiles.max_edge_block
+        if tiles is GPU_TILES:
+            max_edge_block = max(1, options.tile_elements // EDGES_PER_ROW_ELEMENT)
+        tiles = replace(tiles, tile_elements=options.tile_elements, max_edge_block=max_edge_block)
     edge_tile = max(1, min(tiles.max_edge_block, tiles.tile_elements // (block_h * block_d)))
     sm_count = device_facts(graph.device).sm_count
     light_max = options.light_max_degree
     if light_max is None:
         # A small graph on the GPU is bound by launches, not bytes: every row goes to the one
         # row kernel (one launch per pass) instead of several light width classes.
-        small = tiles is GPU_TILES and graph.num_edges < SMALL_GRAPH_EDGES
+        small = graph.device.type == "cuda" and graph.num_edges < SMALL_GRAPH_EDGES
         light_max = NO_LIGHT_ROWS if small else min(DEFAULT_LIGHT_MAX, edge_tile)
     split = options.split_degree
     if split is None:
@@ -241,5 +259,6 @@ def build_schedule(graph, num_heads: int, head_dim: int, dtype: torch.dtype, opt
         incoming=incoming, outgoing=outgoing, block_h=block_h, block_d=block_d,
         medium_block_e=edge_tile,
         light_max_degree=light_max, split_degree=split, tiles=tiles,
+        num_warps=options.num_warps or DEFAULT_NUM_WARPS,
     )
 

@@ -12,7 +12,8 @@ the unfused PyTorch reference (``gnnfuse.reference`` through ``use_reference``),
 GATConv eager, PyG's GATConv under ``torch.compile(dynamic=False)`` (Cora fp32 and
 arxiv-like, the graphs TARGETS.md has compiled baselines for: each compile takes tens of
 seconds), and gnnfuse's fused GATConv (on the small
-Planetoid graphs also its forward replayed as a CUDA graph, which removes launch overhead).  fp32 and bf16;
+Planetoid graphs also its forward and its training step replayed as CUDA graphs, which removes
+the host-side launch overhead those graphs are bound by).  fp32 and bf16;
 forward under ``no_grad`` and a training step (forward + backward).  A further row times
 the attention op alone (``gnnfuse.ops.gat`` on precomputed projections, no GEMM): the part
 the gather floor describes; another the projection GEMM alone.  Floor: the gather
@@ -22,15 +23,19 @@ floor of :func:`gnnfuse.ops.gat_floor_bytes`; peak memory is recorded for every 
 runner, :func:`_layer_runs`) for the rest of the family against PyG's GATv2Conv,
 TransformerConv and AGNNConv on Cora, PubMed, the arxiv-like and the Reddit-scale graphs
 (AGNN: one head over the input features, Cora / PubMed / arxiv-like), compiled PyG on Cora
-and arxiv-like in fp32 (GATv2, Transformer); ``transformerconv[...+edge]`` adds 16 edge features per edge (arxiv-like),
-projected by ``lin_edge`` and added to keys and values.  Floors: :func:`gnnfuse.ops.attention_floor_bytes`
-(keys and values are two gathered tiles; raw edge features ``E·16`` elements).  AGNN's
-training step includes the input gradient (its only weight is β; in a model it sits between
-linear layers), and at Reddit scale the unfused reference of the new layers is checked but not
-timed (0.1-0.6 s per call).
+and arxiv-like in fp32, CUDA-graph rows on the Planetoid graphs; ``transformerconv[...+edge]``
+adds 16 edge features per edge (arxiv-like), projected by ``lin_edge`` and added to keys and
+values.  Floors: :func:`gnnfuse.ops.attention_floor_bytes` (keys and values are two gathered
+tiles; raw edge features ``E·16`` elements).  AGNN's training step includes the input gradient
+(its only weight is β; in a model it sits between linear layers), and at Reddit scale the
+unfused reference of the new layers is checked but not timed (0.1-0.6 s per call).
 
 ``gat_reorder`` measures whether relabelling nodes for locality (:meth:`gnnfuse.Graph.reordered`:
 reverse Cuthill-McKee, or by degree) speeds the fused layer up on PubMed and the arxiv-like graph.
+
+``tiles_reddit`` and ``tiles_arxiv`` (tuning sweeps, not headline rows) time the fused attention
+ops under several tile sizes and warps per program (``ScheduleOptions(tile_elements, num_warps)``):
+the A/B behind the GPU defaults.
 
 ``gat_super_node`` checks the TARGETS.md rule that a node of in-degree 10⁶ costs no more
 per edge than a uniform graph (within 2×): both graphs have ~1 M edges.
@@ -210,6 +215,17 @@ def _layer_runs(
                  variant=f"{spec.name}{variant_suffix},{tag},fwd")
         ctx.time(impl, _train_step(call, own, grad), bytes_moved=floor_train, memory=True, params=params,
                  variant=f"{spec.name}{variant_suffix},{tag},fwd+bwd")
+    if ctx.gpu and graph.num_edges < CUDA_GRAPH_MAX_EDGES:
+        # Small graphs are bound by host-side launch overhead: the same fused forward and training
+        # step replayed as a CUDA graph (nothing in them synchronizes with the host).
+        runs = (("fwd", _forward(fused), floor_fwd), ("fwd+bwd", _train_step(fused, layer_params, grad), floor_train))
+        for phase, run, floor in runs:
+            try:
+                ctx.time("fused (gnnfuse), CUDA graph", run, bytes_moved=floor, cuda_graph=True, params=params,
+                         variant=f"{spec.name}{variant_suffix},{tag},{phase}")
+            except Exception as exc:  # noqa: BLE001 - report and keep the other rows
+                print(f"[gnn] CUDA graph of fused {family.label} {phase} failed on {spec.name}: "
+                      f"{type(exc).__name__}: {exc}")
     return layer, x, grad, params
 
 
@@ -240,9 +256,6 @@ def _gatconv_runs(ctx: Context, spec: GraphSpec, graph: Graph, dtype: torch.dtyp
     def attention_only():
         return ops.gat(graph, wh, layer.attn_l, layer.attn_r)
 
-    def fused():
-        return layer(graph, x)
-
     # Component rows get their own variant: no layer baseline there, so no misleading speedup.
     ctx.time("fused attention op only (no projection)", _forward(attention_only), bytes_moved=floor_fwd,
              memory=True, params=params, variant=f"{spec.name},{tag},fwd,parts")
@@ -253,10 +266,6 @@ def _gatconv_runs(ctx: Context, spec: GraphSpec, graph: Graph, dtype: torch.dtyp
     # into GEMM and attention, e.g. for in_feats not a multiple of 8 in 16-bit types.
     ctx.time("projection GEMM only (fc)", _forward(lambda: layer.fc(x)), params=params,
              variant=f"{spec.name},{tag},fwd,parts")
-    if ctx.gpu and graph.num_edges < CUDA_GRAPH_MAX_EDGES:
-        # Small graphs are bound by launch overhead: the same fused forward replayed as a CUDA graph.
-        ctx.time("fused (gnnfuse), CUDA graph", _forward(fused), bytes_moved=floor_fwd, cuda_graph=True,
-                 params=params, variant=f"{spec.name},{tag},fwd")
 
 
 def _run_graphs(ctx: Context, specs: list[GraphSpec], run: Callable) -> None:
@@ -383,7 +392,7 @@ def _edge_runs(ctx: Context, spec: GraphSpec, graph: Graph, dtype: torch.dtype, 
 @case("gnn", "agnnconv", baseline="PyG AGNNConv eager")
 def agnnconv_case(ctx: Context) -> None:
     """AGNNConv forward / forward+backward (one head over the input features): fused vs reference vs PyG."""
-    graphs = _specs(ctx, ("cora", "pubmed", "arxiv-like"), {})
+    graphs = _specs(ctx, ("cora", "pubmed", "arxiv-like"), COMPILED_FP32)
     specs = [replace(spec, heads=1, head_dim=spec.in_feats) for spec in graphs]
     _run_graphs(ctx, specs, _family_runs(AGNN))
 
@@ -452,3 +461,84 @@ def reorder_case(ctx: Context) -> None:
             ctx.time(impl, _forward(call), bytes_moved=floor_fwd, params=params, variant=f"{spec.name},fwd")
             ctx.time(impl, _train_step(call, list(layer.parameters()), grad_in), bytes_moved=floor_train,
                      params=params, variant=f"{spec.name},fwd+bwd")
+
+
+# (tile elements, warps per program): the GPU default first, then the candidates of the A/B.
+TILE_VARIANTS = ((4096, 4), (4096, 8), (8192, 8), (8192, 4), (2048, 4))
+
+
+def _attention_ops(spec: GraphSpec, n: int, graph: Graph, dtype: torch.dtype, gen: torch.Generator, names):
+    """{name: (call(schedule) -> out, inputs needing a gradient)} of the fused attention ops on
+    random projections of ``spec``'s shape (no layer, no GEMM: the part the tiles change)."""
+    heads, dim, device = spec.heads, spec.head_dim, graph.device
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype).requires_grad_(True)
+
+    a, b, c = rand(n, heads, dim), rand(n, heads, dim), rand(n, heads, dim)
+    vec_l, vec_r = rand(1, heads, dim), rand(1, heads, dim)
+    attr = torch.randn(graph.num_edges, TRANSFORMER_EDGE_DIM, generator=gen).to(device=device, dtype=dtype)
+    weight = rand(heads * dim, TRANSFORMER_EDGE_DIM)
+    table = {
+        "gat": (lambda s: ops.gat(graph, a, vec_l, vec_r, schedule=s), [a, vec_l, vec_r]),
+        "gatv2": (lambda s: ops.gatv2(graph, a, b, vec_l, schedule=s), [a, b, vec_l]),
+        "transformer": (lambda s: ops.transformer_attention(graph, a, b, c, schedule=s), [a, b, c]),
+        "transformer+edge": (lambda s: ops.transformer_attention(graph, a, b, c, attr, weight, schedule=s),
+                             [a, b, c, weight]),
+    }
+    return {name: table[name] for name in names}
+
+
+def _tile_runs(ctx: Context, spec: GraphSpec, names: tuple[str, ...], dtypes, backward: tuple[str, ...] = ()) -> None:
+    """Time each op's forward (and for ``backward`` ops the training step) under every
+    :data:`TILE_VARIANTS` schedule, checking each variant against the default one."""
+    from gnnfuse import ScheduleOptions
+
+    edges, n = _edges(spec.name, ctx.device)
+    graph = Graph(edges, n)
+    gen = torch.Generator().manual_seed(4)
+    variants = TILE_VARIANTS[:2] if ctx.quick else TILE_VARIANTS
+    for dtype in dtypes:
+        tag = "fp32" if dtype == torch.float32 else "bf16"
+        for name, (call, leaves) in _attention_ops(spec, n, graph, dtype, gen, names).items():
+            gathered = 2 if name.startswith("transformer") else 1
+            edge_elements = TRANSFORMER_EDGE_DIM if name == "transformer+edge" else 0
+            floors = [attention_floor_bytes(graph, spec.heads, spec.head_dim, dtype, b, gathered=gathered,
+                                            edge_elements=edge_elements) for b in (False, True)]
+            grad = torch.randn(n, spec.heads, spec.head_dim, generator=gen).to(device=ctx.device, dtype=dtype)
+            params = {"graph": spec.name, "op": name, "dtype": tag}
+            with torch.no_grad():
+                expected = call(None).float()
+            for tile_elements, warps in variants:
+                schedule = ScheduleOptions(tile_elements=tile_elements, num_warps=warps)
+                impl = f"tiles {tile_elements}, {warps} warps"
+                with torch.no_grad():
+                    ctx.check(f"{spec.name} {name} {tag} {impl}", call(schedule).float(), expected,
+                              2e-3 if dtype == torch.float32 else 2e-2)
+                ctx.time(impl, _forward(lambda s=schedule: call(s)), bytes_moved=floors[0], params=params,
+                         variant=f"{spec.name},{name},{tag},fwd")
+                if name in backward:
+                    ctx.time(impl, _train_step(lambda s=schedule: call(s), leaves, grad), bytes_moved=floors[1],
+                             params=params, variant=f"{spec.name},{name},{tag},fwd+bwd")
+            if ctx.gpu:
+                torch.cuda.empty_cache()
+
+
+@case("gnn", "tiles_reddit", baseline="tiles 4096, 4 warps", headline=False)
+def tiles_reddit_case(ctx: Context) -> None:
+    """A/B of tile size and warps per program: GAT attention forward at Reddit scale, fp32 and bf16
+    (why bf16 is not faster than fp32 there)."""
+    spec = QUICK[0] if ctx.quick else next(s for s in FULL if s.name == "reddit-scale")
+    _tile_runs(ctx, spec, ("gat",), [torch.float32] if ctx.quick else [torch.float32, torch.bfloat16])
+
+
+@case("gnn", "tiles_arxiv", baseline="tiles 4096, 4 warps", headline=False)
+def tiles_arxiv_case(ctx: Context) -> None:
+    """A/B of tile size and warps per program on the arxiv-like graph: GAT, GATv2, Graph Transformer
+    (with and without edge features; the edge-feature op also forward+backward), fp32 and bf16."""
+    if ctx.quick:  # the interpreter smoke run: one op, two variants
+        _tile_runs(ctx, QUICK[0], ("transformer+edge",), [torch.float32])
+        return
+    spec = next(s for s in FULL if s.name == "arxiv-like")
+    _tile_runs(ctx, spec, ("gat", "gatv2", "transformer", "transformer+edge"), [torch.float32, torch.bfloat16],
+               backward=("transformer+edge",))

@@ -154,6 +154,19 @@ def test_schedule_options_are_checked():
         ScheduleOptions(light_max_degree=65)
     with pytest.raises(ValueError, match="piece_edges"):
         ScheduleOptions(piece_edges=0)
+    with pytest.raises(ValueError, match="tile_elements must be None or an int >= 256"):
+        ScheduleOptions(tile_elements=100)
+    with pytest.raises(ValueError, match="num_warps must be a power of two in 1 .. 32, got 6"):
+        ScheduleOptions(num_warps=6)
+
+
+def test_tile_options_size_the_edge_blocks():
+    graph = Graph(torch.tensor([[0, 1, 2], [1, 2, 0]]), 3)
+    default = graph.schedule(8, 64, torch.float32)
+    tuned = graph.schedule(8, 64, torch.float32, ScheduleOptions(tile_elements=default.tiles.tile_elements // 4,
+                                                                num_warps=8))
+    assert tuned.num_warps == 8 and default.num_warps == 4
+    assert tuned.medium_block_e == default.medium_block_e // 4
 
 
 def test_as_graph_caches_by_tensor_and_sees_in_place_edits():
