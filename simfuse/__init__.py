@@ -23,6 +23,7 @@ from .envs import (
     CartPoleVectorEnv,
     MountainCarContinuousVectorEnv,
     MountainCarVectorEnv,
+    OscillatorSwarmVectorEnv,
     PendulumChainVectorEnv,
     PendulumVectorEnv,
 )
@@ -37,7 +38,10 @@ ENV_CLASSES: dict[str, type] = {
     "MountainCarContinuous-v0": MountainCarContinuousVectorEnv,
     "Acrobot-v1": AcrobotVectorEnv,
     "PendulumChain-v0": PendulumChainVectorEnv,
+    "OscillatorSwarm-v0": OscillatorSwarmVectorEnv,
 }
+# the configurable-complexity simulators: no reward threshold, 200 steps per episode
+TILE_STATE_ENVS = (PendulumChainVectorEnv, OscillatorSwarmVectorEnv)
 
 
 def _register() -> None:
@@ -48,8 +52,8 @@ def _register() -> None:
         gymnasium.register(
             id=env_id,
             vector_entry_point=f"{cls.__module__}:{cls.__name__}",
-            max_episode_steps=200 if cls is PendulumChainVectorEnv else cls.env_def.max_episode_steps,
-            reward_threshold=None if cls is PendulumChainVectorEnv else cls.env_def.reward_threshold,
+            max_episode_steps=200 if cls in TILE_STATE_ENVS else cls.env_def.max_episode_steps,
+            reward_threshold=None if cls in TILE_STATE_ENVS else cls.env_def.reward_threshold,
         )
 
 
@@ -58,7 +62,7 @@ def make_vec(env_id: str, num_envs: int = 1, **kwargs: Any) -> FusedVectorEnv:
 
     ``env_id`` with or without the ``simfuse/`` namespace; ``kwargs`` go to the env
     (``device``, ``autoreset_mode``, ``max_episode_steps``, ``validate``; ``num_links`` for
-    PendulumChain-v0).
+    PendulumChain-v0, ``num_particles`` for OscillatorSwarm-v0).
     """
     name = env_id.split("/", 1)[1] if env_id.startswith(f"{NAMESPACE}/") else env_id
     if name not in ENV_CLASSES:
@@ -71,6 +75,6 @@ _register()
 
 __all__ = [
     "ENV_CLASSES", "AcrobotVectorEnv", "CartPoleVectorEnv", "EpisodeStats", "FusedVectorEnv", "MLPPolicy",
-    "MountainCarContinuousVectorEnv", "MountainCarVectorEnv", "PendulumChainVectorEnv", "PendulumVectorEnv",
-    "Trajectory", "make_vec",
+    "MountainCarContinuousVectorEnv", "MountainCarVectorEnv", "OscillatorSwarmVectorEnv", "PendulumChainVectorEnv",
+    "PendulumVectorEnv", "Trajectory", "make_vec",
 ]

@@ -297,18 +297,19 @@ def chain_reset(state: torch.Tensor, steps: torch.Tensor, done: torch.Tensor, ep
 
 def chain_rollout(state: torch.Tensor, steps: torch.Tensor, done: torch.Tensor, ep_return: torch.Tensor, *,
                   seed: int, offset: int, num_steps: int, autoreset: int, max_episode_steps: int, policy,
-                  write_obs: bool = True, write_step: bool = True, write_final: bool = False,
+                  model: int = 0, write_obs: bool = True, write_step: bool = True, write_final: bool = False,
                   write_stats: bool = False) -> reference.RolloutOutputs:
-    """K steps of every pendulum chain in one launch (``state`` [N, 2L] float32, updated in place).
+    """K steps of every env of a tile-state model in one launch (``state`` [N, 2L] float32, updated in place).
 
-    ``policy``: ``"random"`` or float32 torques [K, N]; outputs as for :func:`rollout`.
+    ``model``: 0 PendulumChain-v0, 1 OscillatorSwarm-v0; ``policy``: ``"random"`` or float32
+    actions [K, N]; outputs as for :func:`rollout`.
     """
     n, links = state.shape[0], state.shape[1] // 2
     device, k = state.device, num_steps
     if _use_reference(state):
         out = reference.chain_rollout(state, steps, done, ep_return, seed=seed, offset=offset, num_steps=k,
                                       autoreset=autoreset, max_episode_steps=max_episode_steps, policy=policy,
-                                      dtype=torch.float32)
+                                      model=model, dtype=torch.float32)
         return _select_reference(out, _CHAIN_LIKE, write_obs, write_step, write_final, write_stats)
     backend.check_devices(state=state, steps=steps, done=done, ep_return=ep_return,
                           actions=policy if isinstance(policy, torch.Tensor) else None)
@@ -333,7 +334,8 @@ def chain_rollout(state: torch.Tensor, steps: torch.Tensor, done: torch.Tensor, 
             _or(obs, state), _or(actions, state), _or(rewards, state), _or(terminated, state), _or(truncated, state),
             _or(final_obs, state), next_obs, _or(episodes, state), _or(return_sum, state), _or(length_sum, state),
             n, k, max_episode_steps, seed, offset,
-            L=links, L_PAD=next_power_of_2(links), GIVEN=given, AUTORESET=autoreset, WRITE_OBS=write_obs,
+            L=links, L_PAD=next_power_of_2(links), MODEL=model, GIVEN=given, AUTORESET=autoreset,
+            WRITE_OBS=write_obs,
             WRITE_STEP=write_step, WRITE_FINAL=write_final, WRITE_STATS=write_stats, BLOCK=block,
             **_chain_launch_options(block, links),
         )

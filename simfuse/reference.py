@@ -407,10 +407,30 @@ def chain_step(theta: torch.Tensor, omega: torch.Tensor, action: torch.Tensor):
     return theta, omega, -(normalized**2).mean(1)
 
 
+def swarm_step(x: torch.Tensor, v: torch.Tensor, action: torch.Tensor):
+    """One step of every oscillator swarm (see :mod:`simfuse.kernels.swarm`): x, v [N, S], action [N].
+
+    Written as a user writes it in PyTorch: about fifteen elementwise kernels over [N, S].
+    """
+    force = 2.0 * action.to(x.dtype).clamp(-1.0, 1.0)
+    accel = -4.0 * x - 2.0 * (x - x.mean(1, keepdim=True)) - 0.1 * v + force[:, None]
+    v = v + 0.05 * accel
+    x = x + 0.05 * v
+    return x, v, -(x * x).mean(1)
+
+
+# the tile-state models of simfuse.kernels.chain (its MODEL constexpr)
+TILE_MODELS = {0: chain_step, 1: swarm_step}
+
+
 def chain_rollout(state: torch.Tensor, steps: torch.Tensor, done: torch.Tensor, ep_return: torch.Tensor, *,
                   seed: int, offset: int, num_steps: int, autoreset: int, max_episode_steps: int, policy,
-                  dtype: torch.dtype = torch.float64) -> RolloutOutputs:
-    """The chain kernel's rollout semantics step by step; ``state`` [N, 2L] etc. updated in place."""
+                  model: int = 0, dtype: torch.dtype = torch.float64) -> RolloutOutputs:
+    """The chain kernel's rollout semantics step by step; ``state`` [N, 2L] etc. updated in place.
+
+    ``model``: 0 PendulumChain-v0, 1 OscillatorSwarm-v0 (:data:`TILE_MODELS`).
+    """
+    step_fn = TILE_MODELS[model]
     n, links = state.shape[0], state.shape[1] // 2
     device = state.device
     ids = np.arange(n, dtype=np.int64)
@@ -429,7 +449,7 @@ def chain_rollout(state: torch.Tensor, steps: torch.Tensor, done: torch.Tensor, 
             a = (u * np.float32(2.0) - np.float32(1.0)).to(dtype)
         obs_l.append(torch.cat([theta, omega], 1))
         act_l.append(a)
-        new_theta, new_omega, reward = chain_step(theta, omega, a)
+        new_theta, new_omega, reward = step_fn(theta, omega, a)
         length = cnt + 1
         never = torch.zeros_like(length, dtype=torch.bool)
         reward, _, truncated, cnt, done_prev, resetting = autoreset_flags(
@@ -462,10 +482,11 @@ def chain_rollout(state: torch.Tensor, steps: torch.Tensor, done: torch.Tensor, 
 
 
 def chain_unfused_random_rollout(state: torch.Tensor, steps: torch.Tensor, num_steps: int, max_episode_steps: int,
-                                 write_obs: bool = True, generator: torch.Generator | None = None):
-    """The unfused baseline for the chain: K steps of PyTorch ops, ``torch.rand`` actions and resets.
+                                 write_obs: bool = True, generator: torch.Generator | None = None, model: int = 0):
+    """The unfused baseline of the tile-state models: K steps of PyTorch ops, ``torch.rand`` actions and resets.
 
-    ``state`` [N, 2L]; returns the observations [K, N, 2L] (or None), rewards and truncation flags [K, N].
+    ``state`` [N, 2L]; ``model`` as for :func:`chain_rollout`; returns the observations
+    [K, N, 2L] (or None), rewards and truncation flags [K, N].
     """
     n, links = state.shape[0], state.shape[1] // 2
     theta, omega = state[:, :links], state[:, links:]
@@ -477,7 +498,7 @@ def chain_unfused_random_rollout(state: torch.Tensor, steps: torch.Tensor, num_s
         if obs is not None:
             obs[t, :, :links] = theta
             obs[t, :, links:] = omega
-        theta, omega, rewards[t] = chain_step(theta, omega, a)
+        theta, omega, rewards[t] = TILE_MODELS[model](theta, omega, a)
         steps = steps + 1
         truncated[t] = steps >= max_episode_steps
         fresh = torch.rand(theta.shape, device=state.device, dtype=state.dtype, generator=generator) - 0.5

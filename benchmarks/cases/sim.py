@@ -269,92 +269,106 @@ def classic_case(ctx: Context) -> None:
             _rate(ctx.time(impl, fn, bytes_moved=nbytes, params=dict(params), variant=variant), n, k)
 
 
+# Bytes the unfused per-step loop (reference.chain_unfused_random_rollout) moves per state element
+# (one particle or link) and step, float32, each elementwise kernel reading its operands and writing
+# its result once.  OscillatorSwarm-v0's step (reference.swarm_step) 120 B: eight unary kernels of
+# 8 B (x·x reads x once), four binary ones of 12 B, two row means of 4 B; PendulumChain-v0's step
+# (reference.chain_step) 160 B: eleven unary kernels (a sine, a remainder, ...) 88, five binary ones
+# 60, two row means 8, a zeroed torque 4.  Both loops add 40 B of truncation and reset (fresh draws
+# 12, two torch.where 28); writing the observation adds 16 B.
+UNFUSED_BYTES_PER_ELEMENT = {"OscillatorSwarm-v0": 160, "PendulumChain-v0": 200}
+TILE_SIZE_ARGUMENT = {"OscillatorSwarm-v0": "num_particles", "PendulumChain-v0": "num_links"}
+
+
 @case("sim", "chain", baseline="torch per-step loop")
 def chain_case(ctx: Context) -> None:
-    """PendulumChain-v0: fused-over-unfused speedup against the state the unfused loop streams per step.
+    """Gleeson's curve: fused-over-unfused speedup against the unfused step's memory traffic.
 
     Gleeson et al.'s mechanism: the unfused loop re-reads and re-writes the simulator's state
-    (and every intermediate) once per operation and step, the fused kernel keeps it in
-    registers for all K steps.  So the unfused loop is timed under a CUDA graph (no launch
-    overhead, which would otherwise dominate small states and hide the effect), and the state
-    grows two ways: more links per env at a fixed 65,536 envs (L = 1 .. 256), and more envs at
-    a fixed L = 16 (N = 2^10 .. 2^20).  The fused kernel writes only episode statistics ("stats
-    only": the pure fusion effect) or also the trajectory (obs [K, N, 2L]).
+    (and every intermediate) once per operation and step; the fused kernel keeps it in
+    registers for all K steps.  The simulator is OscillatorSwarm-v0 (S particles per env,
+    N = 65,536 envs, S = 1 .. 256): a few multiply-adds per state element, so its fused cost
+    per element is small while the unfused step streams ~160 B per element
+    (:data:`UNFUSED_BYTES_PER_ELEMENT`).  The unfused loop is timed under a CUDA graph (no
+    launch overhead, which would otherwise dominate small states and hide the effect).  The
+    fused kernel writes only episode statistics ("stats only": the pure fusion effect) or also
+    the trajectory (obs [K, N, 2S]).  PendulumChain-v0 (a sine and a floor per link) is the
+    contrast: a fused kernel that is compute-bound per element.  The x axis of the plot is the
+    unfused step's traffic, N S (bytes per element).
 
-    What came out on an H200 (final run, K = 32, stats only): more links 27x (L = 1), 57x
-    (L = 4), 30x (16), 18x (64), 16x (256); more envs 22-30x from N = 1,024 to 1 M (52x and
-    65x at the two smallest N in an earlier run: the fused time there is ~0.03-0.08 ms and
-    noisy).  The speedup rises while the unfused loop is bound by its ~60 kernels
-    per step (1.7-2.1 ms for 32 steps whatever the state up to ~6 MB) and the fused kernel is
-    not yet busy, peaks near 60x, and then falls to a ceiling set by arithmetic intensity:
-    once memory-bound, the unfused loop streams ~230 B per link-step (29 ms at L = 256, 54 ps
-    per link-step at 4.28 TB/s), while the fused kernel is compute-bound at ~3.4 ps per
-    link-step (a sine, a mean, a remainder: ~110 instructions), so the ratio settles near
-    16-22x.  This simulator does not reproduce Gleeson's monotone growth to 1024x: fusion
-    gains grow with memory traffic only while the traffic grows faster than the arithmetic
-    fusion cannot remove, and here both grow linearly with the state.  (Without CUDA graphs
-    the unfused loop was launch-bound at every size and the speedup fell from 1100x to 13x.)
+    Expected from the instruction and byte counts (H200): at small S the unfused loop is bound
+    by its ~20 launches per step (a few µs each even in a graph) and the fused kernel by its
+    per-step latency; once the unfused loop is memory-bound (N S above ~10⁶) its time grows as
+    160 B / 4.28 TB/s ≈ 37 ps per element-step while the fused kernel spends ~15 instructions
+    (~0.5 ps) per element-step, so the speedup rises towards a few tens.  Measured numbers: see
+    simfuse/README.md.
     """
     k = 4 if ctx.quick else 32
-    series = [("more links per env", 67 if ctx.quick else 65536, links) for links in
-              ([1, 4] if ctx.quick else [1, 4, 16, 64, 256])]
-    series += [("more envs", envs, 16) for envs in ([67] if ctx.quick else [1 << 10, 1 << 13, 1 << 16, 1 << 20])]
-    for links in sorted({links for _, _, links in series}):
-        oracle = simfuse.make_vec("PendulumChain-v0", 67, num_links=links, device=ctx.device)
-        check = simfuse.make_vec("PendulumChain-v0", 67, num_links=links, device=ctx.device)
-        oracle.reset(seed=2)
-        check.reset(seed=2)
-        with use_reference():
-            ref = oracle.rollout("random", num_steps=8)
-        ctx.check(f"L={links} obs", check.rollout("random", num_steps=8).obs.cpu(), ref.obs.cpu(), 1e-5)
-    for grown, envs, links in series:
-        env = simfuse.make_vec("PendulumChain-v0", envs, num_links=links, device=ctx.device)
-        env.reset(seed=2)
-        gen = torch.Generator(device=ctx.device).manual_seed(links)
-        state = torch.cat([torch.rand((envs, links), device=ctx.device, generator=gen) - 0.5,
-                           torch.zeros((envs, links), device=ctx.device)], 1)
-        steps = torch.zeros(envs, dtype=torch.int32, device=ctx.device)
-        state_bytes = envs * 8 * links
-        for kind, write_obs in (("stats only", False), ("trajectory", True)):
-            if kind == "trajectory" and grown == "more envs":
-                continue
-            nbytes = envs * k * (8 * links + 10) if write_obs else 2 * state_bytes + 28 * envs
-            params = {"num_envs": envs, "steps": k, "num_links": links, "state_floats": 2 * links,
-                      "state_bytes": state_bytes, "kind": f"{kind}, {grown}"}
-            variant = f"{grown}: N={envs},L={links},{kind}"
-            unfused = ctx.time(
-                "torch per-step loop",
-                lambda w=write_obs, st=state, sp=steps: reference.chain_unfused_random_rollout(st, sp, k, 200,
-                                                                                             write_obs=w),
-                bytes_moved=nbytes, params=dict(params), variant=variant, cuda_graph=True)
-            _rate(unfused, envs, k)
-            fused = ctx.time("fused rollout", lambda w=write_obs, e=env: e.rollout("random", num_steps=k,
-                                                                                   stats_only=not w),
-                             bytes_moved=nbytes, params=dict(params), variant=variant)
-            _rate(fused, envs, k)
+    envs = 67 if ctx.quick else 65536
+    sizes = {"OscillatorSwarm-v0": [1, 4] if ctx.quick else [1, 4, 16, 64, 256],
+             "PendulumChain-v0": [1, 4] if ctx.quick else [1, 16, 256]}
+    for name, size_list in sizes.items():
+        for size in size_list:
+            kwargs = {TILE_SIZE_ARGUMENT[name]: size, "device": ctx.device}
+            oracle, check = simfuse.make_vec(name, 67, **kwargs), simfuse.make_vec(name, 67, **kwargs)
+            oracle.reset(seed=2)
+            check.reset(seed=2)
+            with use_reference():
+                ref = oracle.rollout("random", num_steps=8)
+            ctx.check(f"{name} size={size} obs", check.rollout("random", num_steps=8).obs.cpu(), ref.obs.cpu(), 1e-5)
+    for name, size_list in sizes.items():
+        model = simfuse.ENV_CLASSES[name].model
+        for size in size_list:
+            env = simfuse.make_vec(name, envs, **{TILE_SIZE_ARGUMENT[name]: size, "device": ctx.device})
+            env.reset(seed=2)
+            gen = torch.Generator(device=ctx.device).manual_seed(size)
+            state = torch.cat([torch.rand((envs, size), device=ctx.device, generator=gen) - 0.5,
+                               torch.zeros((envs, size), device=ctx.device)], 1)
+            steps = torch.zeros(envs, dtype=torch.int32, device=ctx.device)
+            kinds = (("stats only", False), ("trajectory", True))
+            for kind, write_obs in kinds if name == "OscillatorSwarm-v0" else kinds[:1]:
+                per_element = UNFUSED_BYTES_PER_ELEMENT[name] + (16 if write_obs else 0)
+                unfused_bytes = envs * size * per_element  # per step
+                # the floor: what the fused kernel must move (state once, or the trajectory)
+                nbytes = envs * k * (8 * size + 10) if write_obs else 2 * envs * 8 * size + 28 * envs
+                params = {"num_envs": envs, "steps": k, "size": size, "state_floats": 2 * size,
+                          "state_bytes": envs * 8 * size, "unfused_bytes_per_step": unfused_bytes,
+                          "kind": f"{name}, {kind}"}
+                variant = f"{name}: N={envs},size={size},{kind}"
+                unfused = ctx.time(
+                    "torch per-step loop",
+                    lambda w=write_obs, st=state, sp=steps, m=model: reference.chain_unfused_random_rollout(
+                        st, sp, k, 200, write_obs=w, model=m),
+                    bytes_moved=nbytes, params=dict(params), variant=variant, cuda_graph=True)
+                _rate(unfused, envs, k)
+                fused = ctx.time("fused rollout", lambda w=write_obs, e=env: e.rollout("random", num_steps=k,
+                                                                                       stats_only=not w),
+                                 bytes_moved=nbytes, params=dict(params), variant=variant)
+                _rate(fused, envs, k)
 
 
 @plot("sim")
 def complexity_plot(records: list, out_dir) -> list:
-    """Gleeson's curve: fused-over-unfused speedup of PendulumChain-v0 against the state streamed per step."""
+    """Gleeson's curve: fused-over-unfused speedup against the unfused step's memory traffic."""
     import matplotlib.pyplot as plt
 
     rows = [r for r in records if r.domain == "sim" and r.case.startswith("chain[") and r.speedup is not None
-            and r.implementation == "fused rollout"]
+            and r.implementation == "fused rollout" and "unfused_bytes_per_step" in r.params]
     if not rows:
         return []
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     kinds = sorted({r.params["kind"] for r in rows})
     for kind, marker in zip(kinds, "os^vD"):
-        points = sorted((r.params["state_bytes"] / 2**20, r.speedup) for r in rows if r.params["kind"] == kind)
+        points = sorted((r.params["unfused_bytes_per_step"] / 2**20, r.speedup) for r in rows
+                        if r.params["kind"] == kind)
         ax.plot([p[0] for p in points], [p[1] for p in points], marker=marker, label=kind)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set_xlabel("simulator state N x 2L x 4 B (MiB), re-read every step by the unfused loop")
+    ax.set_xlabel("memory traffic of one unfused step (MiB): N x state elements x bytes per element")
     ax.set_ylabel("speedup over the unfused torch loop (x)")
     gpu = "GPU, unfused loop under a CUDA graph" if any(r.gpu_time for r in rows) else \
         "CPU interpreter, not GPU times"
-    ax.set_title(f"PendulumChain-v0: fusion speedup vs state streamed per step\n({gpu})", fontsize=10)
+    ax.set_title(f"Fusion speedup vs the simulator's memory traffic per step\n({gpu})", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()

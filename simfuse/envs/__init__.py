@@ -1,6 +1,6 @@
-"""The simfuse environments: Gymnasium's classic-control set and the coupled-pendulum chain."""
+"""The simfuse environments: Gymnasium's classic-control set and the configurable-complexity simulators."""
 
-from .chain import PendulumChainVectorEnv
+from .chain import OscillatorSwarmVectorEnv, PendulumChainVectorEnv
 from .classic import (
     AcrobotVectorEnv,
     CartPoleVectorEnv,
@@ -11,5 +11,5 @@ from .classic import (
 
 __all__ = [
     "AcrobotVectorEnv", "CartPoleVectorEnv", "MountainCarContinuousVectorEnv", "MountainCarVectorEnv",
-    "PendulumChainVectorEnv", "PendulumVectorEnv",
+    "OscillatorSwarmVectorEnv", "PendulumChainVectorEnv", "PendulumVectorEnv",
 ]

@@ -1,4 +1,4 @@
-"""PendulumChain-v0: the configurable-complexity simulator, a chain of L coupled pendulums."""
+"""The configurable-complexity simulators, state [N, 2L] held as tiles: PendulumChain-v0 and OscillatorSwarm-v0."""
 
 from __future__ import annotations
 
@@ -15,11 +15,68 @@ from ..vector import AUTORESET_IDS, FusedVectorEnv
 MAX_LINKS = 256
 
 
-class PendulumChainVectorEnv(FusedVectorEnv):
+class TileStateVectorEnv(FusedVectorEnv):
+    """Envs whose state is 2L float32 per env (L set by the caller), stepped by :mod:`simfuse.kernels.chain`.
+
+    Subclasses name the ``model`` (the kernel's MODEL constexpr), the env id and the noun of L
+    (``size_name``, the constructor argument that sets it).  L ≤ 256: the kernel keeps each
+    env's 2L values in registers, and larger tiles would spill.
+    """
+
+    model: int
+    env_id: str
+    size_name: str
+
+    def __init__(self, num_envs: int, size: int, max_episode_steps: int | None, autoreset_mode: AutoresetMode | str,
+                 device: torch.device | str | None, validate: bool | None, render_mode: str | None):
+        if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or not 1 <= size <= MAX_LINKS:
+            raise ValueError(f"{self.size_name} must be an int in [1, {MAX_LINKS}] (the state is held in registers), "
+                             f"got {size!r}")
+        self.size = int(size)
+        self.env_def = EnvDef(self.env_id, -1, 2 * self.size, (-math.inf,) * 2 * self.size,
+                              (math.inf,) * 2 * self.size, 0, -1.0, 1.0, 200, None)
+        super().__init__(num_envs, max_episode_steps, autoreset_mode, device, validate, render_mode)
+        self._state = torch.zeros((self.num_envs, 2 * self.size), dtype=torch.float32, device=self.device)
+
+    def get_state(self) -> torch.Tensor:
+        """A copy of the state, [N, 2L] float32: positions (angles) then velocities."""
+        return self._state.clone()
+
+    def set_state(self, state: torch.Tensor | np.ndarray) -> None:
+        """Overwrite the state with ``state`` [N, 2L] (positions or angles, then velocities)."""
+        self._require_reset()
+        if isinstance(state, np.ndarray):
+            state = torch.from_numpy(np.ascontiguousarray(state))
+        if not isinstance(state, torch.Tensor) or not state.dtype.is_floating_point:
+            raise TypeError(f"state must be a floating-point tensor or array, got {type(state).__name__}")
+        if tuple(state.shape) != tuple(self._state.shape):
+            raise ValueError(f"state must have shape {tuple(self._state.shape)}, got {tuple(state.shape)}")
+        self._state.copy_(state.to(device=self.device, dtype=torch.float32))
+
+    def rollout(self, policy="random", num_steps: int | None = None, *, stats_only: bool = False,
+                record_final_obs: bool = False):
+        """As :meth:`FusedVectorEnv.rollout`, with ``"random"`` or given actions only (no MLP policy)."""
+        if not isinstance(policy, (str, torch.Tensor, np.ndarray)):
+            raise TypeError(f"{self.env_id} rollouts take policy='random' or an action tensor, "
+                            f"got {type(policy).__name__}")
+        return super().rollout(policy, num_steps, stats_only=stats_only, record_final_obs=record_final_obs)
+
+    def _draw_start_states(self, key: int, position: int, mask: torch.Tensor | None) -> torch.Tensor:
+        return ops.chain_reset(self._state, self._steps, self._done, self._ep_return, seed=key, position=position,
+                               reset_mask=mask)
+
+    def _run_kernel(self, policy, num_steps: int, key: int, offset: int, limit: int, **writes: bool):
+        return ops.chain_rollout(self._state, self._steps, self._done, self._ep_return, seed=key, offset=offset,
+                                 num_steps=num_steps, autoreset=AUTORESET_IDS[self.autoreset_mode],
+                                 max_episode_steps=limit, policy=policy, model=self.model, **writes)
+
+
+class PendulumChainVectorEnv(TileStateVectorEnv):
     """PendulumChain-v0: L pendulums coupled through their mean angle, driven at the first.
 
-    The state size (2L) and the arithmetic per step grow with ``num_links``, the knob that
-    reproduces Gleeson et al.'s curve of fusion speedup against a simulator's memory traffic.
+    The state size (2L) and the arithmetic per step grow with ``num_links``.  Each link costs
+    a sine and a floor per step, so the fused kernel is compute-bound: its fusion speedup
+    falls as L grows (the contrast to :class:`OscillatorSwarmVectorEnv` in the benchmark).
 
     ## Action space
     ``Box(-1.0, 1.0, (1,), float32)``: a torque 2a on pendulum 0 (clipped to [-1, 1]).
@@ -45,47 +102,56 @@ class PendulumChainVectorEnv(FusedVectorEnv):
             simfuse env).
     """
 
+    model = 0
+    env_id = "PendulumChain-v0"
+    size_name = "num_links"
+
     def __init__(self, num_envs: int = 1, num_links: int = 8, max_episode_steps: int | None = 200,
                  autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
                  device: torch.device | str | None = None, validate: bool | None = None,
                  render_mode: str | None = None):
-        if isinstance(num_links, bool) or not isinstance(num_links, (int, np.integer)) \
-                or not 1 <= num_links <= MAX_LINKS:
-            raise ValueError(f"num_links must be an int in [1, {MAX_LINKS}], got {num_links!r}")
-        self.num_links = int(num_links)
-        self.env_def = EnvDef("PendulumChain-v0", -1, 2 * self.num_links, (-math.inf,) * 2 * self.num_links,
-                              (math.inf,) * 2 * self.num_links, 0, -1.0, 1.0, 200, None)
-        super().__init__(num_envs, max_episode_steps, autoreset_mode, device, validate, render_mode)
-        self._state = torch.zeros((self.num_envs, 2 * self.num_links), dtype=torch.float32, device=self.device)
+        super().__init__(num_envs, num_links, max_episode_steps, autoreset_mode, device, validate, render_mode)
+        self.num_links = self.size
 
-    def get_state(self) -> torch.Tensor:
-        """A copy of the state, [N, 2L] float32: angles then velocities."""
-        return self._state.clone()
 
-    def set_state(self, state: torch.Tensor | np.ndarray) -> None:
-        """Overwrite the state with ``state`` [N, 2L] (angles then velocities)."""
-        self._require_reset()
-        if isinstance(state, np.ndarray):
-            state = torch.from_numpy(np.ascontiguousarray(state))
-        if not isinstance(state, torch.Tensor) or not state.dtype.is_floating_point:
-            raise TypeError(f"state must be a floating-point tensor or array, got {type(state).__name__}")
-        if tuple(state.shape) != tuple(self._state.shape):
-            raise ValueError(f"state must have shape {tuple(self._state.shape)}, got {tuple(state.shape)}")
-        self._state.copy_(state.to(device=self.device, dtype=torch.float32))
+class OscillatorSwarmVectorEnv(TileStateVectorEnv):
+    """OscillatorSwarm-v0: S particles on springs to the origin and to their centre of mass, pushed together.
 
-    def rollout(self, policy="random", num_steps: int | None = None, *, stats_only: bool = False,
-                record_final_obs: bool = False):
-        """As :meth:`FusedVectorEnv.rollout`, with ``"random"`` or given torques only (no MLP policy)."""
-        if not isinstance(policy, (str, torch.Tensor, np.ndarray)):
-            raise TypeError(f"PendulumChain-v0 rollouts take policy='random' or an action tensor, "
-                            f"got {type(policy).__name__}")
-        return super().rollout(policy, num_steps, stats_only=stats_only, record_final_obs=record_final_obs)
+    The configurable-complexity simulator of the fusion-speedup curve: its state (2S floats
+    per env) grows with ``num_particles`` while the arithmetic per state element stays a few
+    additions and multiplications, so the unfused PyTorch step's memory traffic grows with S
+    and the fused kernel's cost per element stays small (see :mod:`simfuse.kernels.swarm`).
 
-    def _draw_start_states(self, key: int, position: int, mask: torch.Tensor | None) -> torch.Tensor:
-        return ops.chain_reset(self._state, self._steps, self._done, self._ep_return, seed=key, position=position,
-                               reset_mask=mask)
+    ## Action space
+    ``Box(-1.0, 1.0, (1,), float32)``: a force 2a on every particle (clipped to [-1, 1]).
 
-    def _run_kernel(self, policy, num_steps: int, key: int, offset: int, limit: int, **writes: bool):
-        return ops.chain_rollout(self._state, self._steps, self._done, self._ep_return, seed=key, offset=offset,
-                                 num_steps=num_steps, autoreset=AUTORESET_IDS[self.autoreset_mode],
-                                 max_episode_steps=limit, policy=policy, **writes)
+    ## Observation space
+    ``Box(-inf, inf, (2S,), float32)``: the positions x_0..x_{S-1}, then the velocities v_0..v_{S-1}.
+
+    ## Dynamics
+    Semi-implicit Euler with dt = 0.05: α_j = −4 x_j − 2 (x_j − c) − 0.1 v_j + 2a, with c the
+    mean position; v_j' = v_j + dt α_j, x_j' = x_j + dt v_j'.
+
+    ## Reward
+    −(1/S) Σ_j x_j'²: gather the swarm at the origin.
+
+    ## Starting state
+    x_j uniform in [−0.5, 0.5), v_j = 0.
+
+    ## Episode end
+    No termination; truncation at 200 steps.
+
+    Args:
+        num_particles: S, 1 <= S <= 256 (other arguments as for every simfuse env).
+    """
+
+    model = 1
+    env_id = "OscillatorSwarm-v0"
+    size_name = "num_particles"
+
+    def __init__(self, num_envs: int = 1, num_particles: int = 8, max_episode_steps: int | None = 200,
+                 autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
+                 device: torch.device | str | None = None, validate: bool | None = None,
+                 render_mode: str | None = None):
+        super().__init__(num_envs, num_particles, max_episode_steps, autoreset_mode, device, validate, render_mode)
+        self.num_particles = self.size

@@ -24,12 +24,16 @@ from fusecore.backend import jit
 from fusecore.rng import uniform4
 
 from .episode import autoreset_flags, load_counters, store_counters, store_step, track_episode
+from .swarm import swarm_step
 
 RESET_STREAM: tl.constexpr = tl.constexpr(16)
 POLICY_TAG: tl.constexpr = tl.constexpr(2 << 32)
 PI: tl.constexpr = tl.constexpr(3.141592653589793)
 TWO_PI: tl.constexpr = tl.constexpr(6.283185307179586)
 DISABLED: tl.constexpr = tl.constexpr(2)
+# the tile-state models this kernel runs (MODEL)
+PENDULUM_CHAIN: tl.constexpr = tl.constexpr(0)
+OSCILLATOR_SWARM: tl.constexpr = tl.constexpr(1)
 
 
 @jit
@@ -47,7 +51,7 @@ def chain_reset(seed, idx, position, L: tl.constexpr, L_PAD: tl.constexpr):
     col = tl.arange(0, L_PAD)[None, :].to(tl.int64)
     stream = idx[:, None] + ((RESET_STREAM + col) << 32)
     u, _u1, _u2, _u3 = uniform4(seed, stream, position + tl.zeros_like(stream))
-    return u * 1.0 - 0.5
+    return tl.where(col < L, u * 1.0 - 0.5, 0.0)  # padding columns stay zero
 
 
 @jit
@@ -73,11 +77,14 @@ def chain_rollout_kernel(
     next_obs_out_ptr,
     episodes_ptr, return_sum_ptr, length_sum_ptr,
     n, num_steps, max_episode_steps, seed, offset,
-    L: tl.constexpr, L_PAD: tl.constexpr, GIVEN: tl.constexpr, AUTORESET: tl.constexpr,
+    L: tl.constexpr, L_PAD: tl.constexpr, MODEL: tl.constexpr, GIVEN: tl.constexpr, AUTORESET: tl.constexpr,
     WRITE_OBS: tl.constexpr, WRITE_STEP: tl.constexpr, WRITE_FINAL: tl.constexpr, WRITE_STATS: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    """K steps of BLOCK chains; state [N, 2L] row-major (θ then ω), the same semantics as the classic rollout."""
+    """K steps of BLOCK envs of a tile-state model (MODEL: PendulumChain-v0 or OscillatorSwarm-v0).
+
+    State [N, 2L] row-major (θ then ω, or x then v); the same semantics as the classic rollout.
+    """
     idx, mask, col, tile_mask, base = chain_tile(n, L, L_PAD, BLOCK)
     theta = tl.load(state_ptr + base, mask=tile_mask, other=0.0)
     omega = tl.load(state_ptr + base + L, mask=tile_mask, other=0.0)
@@ -96,7 +103,10 @@ def chain_rollout_kernel(
             tl.store(obs_out_ptr + obs_at, theta, mask=tile_mask)
             tl.store(obs_out_ptr + obs_at + L, omega, mask=tile_mask)
             tl.store(action_out_ptr + row, action, mask=mask)
-        new_theta, new_omega, reward = chain_step(theta, omega, action, L, L_PAD)
+        if MODEL == OSCILLATOR_SWARM:
+            new_theta, new_omega, reward = swarm_step(theta, omega, action, L, L_PAD)
+        else:
+            new_theta, new_omega, reward = chain_step(theta, omega, action, L, L_PAD)
         length = steps + 1
         never = tl.zeros([BLOCK], dtype=tl.int1)  # the chain never terminates
         reward, terminated, truncated, steps, done_prev, resetting = autoreset_flags(

@@ -1,4 +1,4 @@
-"""PendulumChain-v0, the configurable-complexity env: kernel vs float64 reference, fused vs stepped."""
+"""The configurable-complexity envs (PendulumChain-v0, OscillatorSwarm-v0): kernel vs reference, fused vs stepped."""
 
 import numpy as np
 import pytest
@@ -10,13 +10,16 @@ import simfuse
 from fusecore.testing import STRICT_FLOAT32, assert_all_written, assert_close, fresh_generator
 from simfuse import reference
 
+SIZE_ARGUMENT = {"PendulumChain-v0": "num_links", "OscillatorSwarm-v0": "num_particles"}
 
-@pytest.mark.parametrize("num_links", [1, 5, 16])
+
+@pytest.mark.parametrize("name,num_links", [("PendulumChain-v0", 1), ("PendulumChain-v0", 5), ("PendulumChain-v0", 16),
+                                            ("OscillatorSwarm-v0", 3), ("OscillatorSwarm-v0", 16)])
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
-def test_chain_matches_reference(num_links, mode, device):
+def test_chain_matches_reference(name, num_links, mode, device):
     seed = fresh_generator().initial_seed()
-    kwargs = {"num_links": num_links, "max_episode_steps": 4, "autoreset_mode": mode, "device": device}
-    env, ref_env = simfuse.make_vec("PendulumChain-v0", 7, **kwargs), simfuse.make_vec("PendulumChain-v0", 7, **kwargs)
+    kwargs = {SIZE_ARGUMENT[name]: num_links, "max_episode_steps": 4, "autoreset_mode": mode, "device": device}
+    env, ref_env = simfuse.make_vec(name, 7, **kwargs), simfuse.make_vec(name, 7, **kwargs)
     obs, _ = env.reset(seed=seed)
     expected = reference.chain_start_angles(seed, np.arange(7), 0, num_links)
     assert torch.equal(obs[:, :num_links].cpu(), expected) and not obs[:, num_links:].any()
@@ -39,10 +42,10 @@ def test_chain_matches_reference(num_links, mode, device):
         assert_close(traj.final_obs[ended], ref.final_obs[ended], tol=STRICT_FLOAT32, name="final_obs")
 
 
-def test_chain_rollout_equals_steps_and_stats(device):
-    env = simfuse.make_vec("PendulumChain-v0", 6, num_links=3, max_episode_steps=5, device=device)
-    stepped = simfuse.make_vec("PendulumChain-v0", 6, num_links=3, max_episode_steps=5, device=device)
-    counted = simfuse.make_vec("PendulumChain-v0", 6, num_links=3, max_episode_steps=5, device=device)
+@pytest.mark.parametrize("name", list(SIZE_ARGUMENT))
+def test_chain_rollout_equals_steps_and_stats(name, device):
+    kwargs = {SIZE_ARGUMENT[name]: 3, "max_episode_steps": 5, "device": device}
+    env, stepped, counted = (simfuse.make_vec(name, 6, **kwargs) for _ in range(3))
     for e in (env, stepped, counted):
         e.reset(seed=8)
     traj = env.rollout("random", num_steps=12)
@@ -58,6 +61,8 @@ def test_chain_rollout_equals_steps_and_stats(device):
 def test_chain_rejects_bad_arguments(device):
     with pytest.raises(ValueError, match="num_links"):
         simfuse.make_vec("PendulumChain-v0", 2, num_links=0, device=device)
+    with pytest.raises(ValueError, match=r"num_particles must be an int in \[1, 256\].*got 257"):
+        simfuse.make_vec("OscillatorSwarm-v0", 2, num_particles=257, device=device)
     env = simfuse.make_vec("PendulumChain-v0", 2, num_links=2, device=device)
     env.reset(seed=0)
     with pytest.raises(TypeError, match="policy='random' or an action tensor"):

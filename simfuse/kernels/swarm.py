@@ -1,0 +1,49 @@
+"""OscillatorSwarm-v0: S particles on springs, the simulator of constant arithmetic per state byte.
+
+Env i holds S positions x_j and velocities v_j (state size 2S, set by the caller) and one
+action a ∈ [−1, 1], a common force 2a on every particle.  Each particle is tied to the origin
+by a spring and to the swarm's centre of mass by another, and damped.  One semi-implicit
+Euler step (dt = 0.05)::
+
+    c    = (1/S) Σ_j x_j
+    α_j  = −4 x_j − 2 (x_j − c) − 0.1 v_j + 2a
+    v_j' = v_j + dt α_j,    x_j' = x_j + dt v_j'
+    r    = −(1/S) Σ_j x_j'²
+
+No termination (truncation by the step limit).  Start state x_j ~ U[−0.5, 0.5), v_j = 0 (the
+draws of PendulumChain-v0's angles, :func:`simfuse.kernels.chain.chain_reset`).
+Observation: (x_0..x_{S−1}, v_0..v_{S−1}).
+
+Why this simulator: every state element costs the fused kernel a handful of additions and
+multiplications (two row sums, about eight fused multiply-adds), while the unfused PyTorch
+step streams the [N, S] state through about fifteen elementwise kernels (reading and writing
+~130 B per element).  So as S grows the unfused loop's memory traffic grows and the fused
+kernel, holding the [BLOCK, S] tiles in registers, stays cheap per element: the ratio of the
+two is what Gleeson et al. plot against the simulator's memory traffic.  (PendulumChain-v0
+pays a sine and a floor per element, which makes its fused kernel compute-bound.)  Memory
+traffic of the fused rollout: the state once per launch, 8S B of observation per env-step
+when the trajectory is written, nothing per step with statistics only.
+"""
+
+import triton.language as tl
+
+from fusecore.backend import jit
+
+DT: tl.constexpr = tl.constexpr(0.05)
+SPRING: tl.constexpr = tl.constexpr(4.0)
+COUPLING: tl.constexpr = tl.constexpr(2.0)
+DAMPING: tl.constexpr = tl.constexpr(0.1)
+
+
+@jit
+def swarm_step(x, v, action, L: tl.constexpr, L_PAD: tl.constexpr):
+    """One step of every swarm: x, v [BLOCK, L_PAD] (columns ≥ L zero), action [BLOCK]; returns (x', v', reward)."""
+    col = tl.arange(0, L_PAD)[None, :]
+    valid = col < L
+    centre = tl.sum(x, axis=1) / L  # padding columns hold zeros
+    force = 2.0 * tl.minimum(tl.maximum(action, -1.0), 1.0)
+    accel = tl.fma(x, -SPRING, tl.fma(centre[:, None] - x, COUPLING, tl.fma(v, -DAMPING, force[:, None])))
+    v = tl.where(valid, tl.fma(accel, DT, v), 0.0)
+    x = tl.where(valid, tl.fma(v, DT, x), 0.0)
+    reward = -tl.sum(x * x, axis=1) / L
+    return x, v, reward
