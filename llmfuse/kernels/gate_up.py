@@ -28,7 +28,7 @@ def gate_up_tile(
     layer64 = tl.full([], 0, tl.int64) + layer
     w_layer = w_ptr + layer64 * 2 * I * H
     g_layer = norm_ptr + layer64 * H
-    gate, up = rows_dot_pair(x_ptr, B, H, eps, g_layer, w_layer, n, n + I, nmask, True,
+    gate, up = rows_dot_pair(x_ptr, B, H, eps, g_layer, w_layer, n, n + I, nmask,
                              BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC, ROW_PREFETCH)
     h = gate / (1.0 + tl.exp(-gate)) * up
     b = tl.arange(0, BLOCK_B)

@@ -4,7 +4,7 @@ one launch ("kernel looping").
 Schedule (stage numbers are global, ``5 · layer + k``)::
 
     for layer in 0 .. L-1:
-        k=0  qkv_rope_tile          over (Hq + 2 Hkv) · ceil(D/2 / BLOCK_P) tiles   → q, cache
+        k=0  qkv_rope_tile          over (Hq + 2 Hkv) · ceil(D/2 / BLOCK_P) · QKV_SPLIT tiles → q, cache
         k=1  decode_attention_tile  over B · Hkv · n_splits tiles                   → attn
         k=2  residual_proj_tile     over ceil(H / BLOCK_N) · split_k tiles (attn, W_o)  → x
         k=3  gate_up_tile           over ceil(I / BLOCK_N) tiles                        → h
@@ -64,7 +64,8 @@ def _barrier(counter_ptr, index, pid, nprog, sink, w_ptr, n, start, max_polls, t
 @jit(do_not_specialize=["B", "S", "n_splits", "split_len", "stop_stage", "max_polls"])
 def looped_decode_kernel(
     x_ptr, attn_norm_ptr, wqkv_ptr, bqkv_ptr, inv_freq_ptr, kv_start_ptr, slot_ptr,
-    q_ptr, k_cache_ptr, v_cache_ptr, part_ptr, lse_ptr, attn_ptr, sem_ptr, proj_part_ptr, proj_sem_ptr, wo_ptr,
+    q_ptr, k_cache_ptr, v_cache_ptr, qkv_part_ptr, qkv_sq_ptr, qkv_sem_ptr, part_ptr, lse_ptr, attn_ptr, sem_ptr,
+    proj_part_ptr, proj_sem_ptr, wo_ptr,
     mlp_norm_ptr, w_gate_up_ptr,
     h_ptr, w_down_ptr, final_norm_ptr, head_ptr, logits_ptr, best_ptr, best_idx_ptr, seed_ptr, inv_temp_ptr,
     counter_ptr, timeout_ptr,
@@ -73,11 +74,12 @@ def looped_decode_kernel(
     HAS_BIAS: tl.constexpr, WRITE_LOGITS: tl.constexpr, SAMPLE: tl.constexpr, BLOCK_B: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, DOT_PREC: tl.constexpr,
-    ROW_PREFETCH: tl.constexpr, PREFETCH: tl.constexpr, PREFETCH_BLOCK: tl.constexpr, ACQUIRE_LOADS: tl.constexpr,
+    ROW_PREFETCH: tl.constexpr, QKV_SPLIT: tl.constexpr, PREFETCH: tl.constexpr, PREFETCH_BLOCK: tl.constexpr,
+    ACQUIRE_LOADS: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
-    qkv_tiles = (HQ + 2 * HKV) * tl.cdiv(D // 2, BLOCK_P)
+    qkv_tiles = (HQ + 2 * HKV) * tl.cdiv(D // 2, BLOCK_P) * QKV_SPLIT
     attn_tiles = B * HKV * n_splits
     hidden_tiles = tl.cdiv(H, BLOCK_N) * split_k
     mlp_tiles = tl.cdiv(I, BLOCK_N)
@@ -87,17 +89,19 @@ def looped_decode_kernel(
     down_size = H * I
     sink = tl.zeros([], dtype=tl.float32)
     pair_tiles = tl.cdiv(D // 2, BLOCK_P)
-    group_tiles = (HQ // HKV + 2) * pair_tiles  # Q/K/V tiles of one KV head's group, per layer
+    group_tiles = (HQ // HKV + 2) * pair_tiles * QKV_SPLIT  # Q/K/V tiles of one KV head's group, per layer
     for layer in range(L):
         stage = layer * 5
         layer64 = tl.full([], 0, tl.int64) + layer
         if stage < stop_stage:
             for tile in range(pid, qkv_tiles, nprog):
                 qkv_rope_tile(tile, layer, x_ptr, attn_norm_ptr, wqkv_ptr, bqkv_ptr, inv_freq_ptr, kv_start_ptr,
-                              slot_ptr, q_ptr, k_cache_ptr, v_cache_ptr, B, H, HQ, HKV, D, S, eps,
-                              HAS_BIAS, BLOCK_B, BLOCK_P, BLOCK_K, DOT_PREC, ROW_PREFETCH)
-                # no grid barrier after this stage: each tile signals its KV head's group
-                head = tile // pair_tiles
+                              slot_ptr, q_ptr, k_cache_ptr, v_cache_ptr, qkv_part_ptr, qkv_sq_ptr, qkv_sem_ptr,
+                              B, H, HQ, HKV, D, S, eps, HAS_BIAS, BLOCK_B, BLOCK_P, BLOCK_K, DOT_PREC, ROW_PREFETCH,
+                              QKV_SPLIT)
+                # no grid barrier after this stage: each tile signals its KV head's group (a pair
+                # block's last K part signals after its epilogue, so the count completes after it)
+                head = tile // QKV_SPLIT // pair_tiles
                 group = tl.where(head < HQ, head // (HQ // HKV), tl.where(head < HQ + HKV, head - HQ, head - HQ - HKV))
                 signal(counter_ptr + 1 + group)
         if stage + 1 < stop_stage:

@@ -171,30 +171,38 @@ def rows_dot(
                 sumsq += tl.sum(xv * xv, axis=1)
             g = g_next
     if HAS_NORM:
-        acc = acc * (1.0 / tl.sqrt(sumsq / K + eps))[:, None]
+        acc = acc * rms_scale(sumsq, K, eps)
     return acc
 
 
 @jit
-def rows_dot_pair(
-    x_ptr, B, K, eps, g_ptr, w_ptr, rows_a, rows_b, row_mask,
+def rms_scale(sumsq, K, eps):
+    """[BLOCK_B, 1] RMSNorm scale r_b = 1 / sqrt(sumsq_b / K + eps) of rows with Σ_k x² = ``sumsq``."""
+    return (1.0 / tl.sqrt(sumsq / K + eps))[:, None]
+
+
+@jit
+def rows_dot_pair_sums(
+    x_ptr, B, K, g_ptr, w_ptr, rows_a, rows_b, row_mask, k_start, k_stop,
     HAS_NORM: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_PREC: tl.constexpr, ROW_PREFETCH: tl.constexpr,
 ):
-    """(x̂ · W[rows_a]ᵀ, x̂ · W[rows_b]ᵀ), both [BLOCK_B, BLOCK_N] float32, in one pass over x."""
+    """(Σ x g W[rows_a]ᵀ, Σ x g W[rows_b]ᵀ, Σ x²) over columns [k_start, k_stop), not yet scaled by the
+    RMS: [BLOCK_B, BLOCK_N], [BLOCK_B, BLOCK_N] and [BLOCK_B] float32, in one pass over x."""
     acc_a = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)
     acc_b = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)
     sumsq = tl.zeros([BLOCK_B], dtype=tl.float32)
     w_a = w_ptr + rows_a.to(tl.int64)[:, None] * K
     w_b = w_ptr + rows_b.to(tl.int64)[:, None] * K
     if (BLOCK_B == 1) and ROW_PREFETCH:
-        acc_a, acc_b, sumsq = _one_row(x_ptr, g_ptr, w_a, w_b, row_mask, 0, K, HAS_NORM, True, BLOCK_N, BLOCK_K)
+        acc_a, acc_b, sumsq = _one_row(x_ptr, g_ptr, w_a, w_b, row_mask, k_start, k_stop, HAS_NORM, True, BLOCK_N,
+                                       BLOCK_K)
     else:
-        g = _norm_chunk(g_ptr, 0, K, HAS_NORM, BLOCK_K)
-        for k0 in range(0, K, BLOCK_K):
-            g_next = _norm_chunk(g_ptr, k0 + BLOCK_K, K, HAS_NORM, BLOCK_K)  # one chunk ahead (module docstring)
+        g = _norm_chunk(g_ptr, k_start, k_stop, HAS_NORM, BLOCK_K)
+        for k0 in range(k_start, k_stop, BLOCK_K):
+            g_next = _norm_chunk(g_ptr, k0 + BLOCK_K, k_stop, HAS_NORM, BLOCK_K)  # one chunk ahead (module docstring)
             k = k0 + tl.arange(0, BLOCK_K)
-            kmask = k < K
+            kmask = k < k_stop
             wmask = row_mask[:, None] & kmask[None, :]
             if (BLOCK_B > 1) and (BLOCK_B <= SMALL_BATCH):
                 wa = tl.load(w_a + k[None, :], mask=wmask, other=0.0, eviction_policy="evict_first").to(tl.float32)
@@ -209,8 +217,17 @@ def rows_dot_pair(
                 acc_b = _accumulate(acc_b, xg, wb, BLOCK_B, DOT_PREC)
                 sumsq += tl.sum(xv * xv, axis=1)
             g = g_next
-    if HAS_NORM:
-        scale = (1.0 / tl.sqrt(sumsq / K + eps))[:, None]
-        acc_a = acc_a * scale
-        acc_b = acc_b * scale
-    return acc_a, acc_b
+    return acc_a, acc_b, sumsq
+
+
+@jit
+def rows_dot_pair(
+    x_ptr, B, K, eps, g_ptr, w_ptr, rows_a, rows_b, row_mask,
+    BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr,
+    ROW_PREFETCH: tl.constexpr,
+):
+    """(x̂ · W[rows_a]ᵀ, x̂ · W[rows_b]ᵀ) with the RMSNorm, both [BLOCK_B, BLOCK_N] float32, in one pass over x."""
+    acc_a, acc_b, sumsq = rows_dot_pair_sums(x_ptr, B, K, g_ptr, w_ptr, rows_a, rows_b, row_mask, 0, K, True,
+                                             BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC, ROW_PREFETCH)
+    scale = rms_scale(sumsq, K, eps)
+    return acc_a * scale, acc_b * scale

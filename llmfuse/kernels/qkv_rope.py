@@ -9,9 +9,15 @@ For row ``b`` at cache slot ``t`` (RoPE position ``p_b = t − kv_start[b]``)::
     q[b, h]            ← rotated query heads (float32 [B, Hq, D])
     k_cache[l, b, h, t] ← rotated key heads;  v_cache[l, b, h, t] ← value heads
 
-A tile is (head, block of BLOCK_P pairs): the program owns both halves of every pair it
-rotates, so RoPE needs no exchange between programs.  Bytes: W_qkv once
-((Hq + 2 Hkv) D H elements), x (B H float32, per program from L2), q and the new K/V rows.
+A tile is (head, block of BLOCK_P pairs, one of ``QKV_SPLIT`` parts of K): the pair block
+owns both halves of every pair it rotates, so RoPE needs no exchange between pair blocks.
+With ``QKV_SPLIT > 1`` (more and shorter programs: a head has few pair blocks, so without
+a K split there are fewer programs than multiprocessors at batch >= 3) each part stores its
+partial sums ``Σ x g W`` and ``Σ x²`` over its columns; the last part of a pair block to
+finish (a semaphore count, acquire-release, reset by that program) adds the parts in their
+fixed order — deterministic, no program waits — scales by the RMS and runs the RoPE and
+cache-append epilogue.  Bytes: W_qkv once ((Hq + 2 Hkv) D H elements), x (B H float32, per
+program from L2), q and the new K/V rows (plus the parts' partial sums through L2).
 """
 
 import triton.language as tl
@@ -19,21 +25,23 @@ import triton.language as tl
 from fusecore.backend import jit
 
 from .launch_order import after_previous_kernel
-from .matvec import rows_dot_pair
+from .matvec import rms_scale, rows_dot_pair_sums
 
 
 @jit
 def qkv_rope_tile(
     tile, layer, x_ptr, norm_ptr, w_ptr, bias_ptr, inv_freq_ptr, kv_start_ptr, slot_ptr,
-    q_ptr, k_cache_ptr, v_cache_ptr,
+    q_ptr, k_cache_ptr, v_cache_ptr, part_ptr, sq_ptr, sem_ptr,
     B, H, HQ, HKV, D, S, eps,
     HAS_BIAS: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
-    DOT_PREC: tl.constexpr, ROW_PREFETCH: tl.constexpr,
+    DOT_PREC: tl.constexpr, ROW_PREFETCH: tl.constexpr, QKV_SPLIT: tl.constexpr,
 ):
     half = D // 2
     pair_tiles = tl.cdiv(half, BLOCK_P)
-    head = tile // pair_tiles
-    j = (tile % pair_tiles) * BLOCK_P + tl.arange(0, BLOCK_P)
+    pair_block = tile // QKV_SPLIT
+    k_part = tile % QKV_SPLIT
+    head = pair_block // pair_tiles
+    j = (pair_block % pair_tiles) * BLOCK_P + tl.arange(0, BLOCK_P)
     jmask = j < half
     rows_lo = head * D + j
     rows_hi = rows_lo + half
@@ -41,15 +49,52 @@ def qkv_rope_tile(
     n_rows = (HQ + 2 * HKV) * D
     w_layer = w_ptr + layer64 * n_rows * H
     g_layer = norm_ptr + layer64 * H
-    lo, hi = rows_dot_pair(x_ptr, B, H, eps, g_layer, w_layer, rows_lo, rows_hi, jmask, True,
-                           BLOCK_B, BLOCK_P, BLOCK_K, DOT_PREC, ROW_PREFETCH)
-    if HAS_BIAS:
-        b_layer = bias_ptr + layer64 * n_rows
-        lo += tl.load(b_layer + rows_lo, mask=jmask, other=0.0).to(tl.float32)[None, :]
-        hi += tl.load(b_layer + rows_hi, mask=jmask, other=0.0).to(tl.float32)[None, :]
-
+    k_len = tl.cdiv(tl.cdiv(H, QKV_SPLIT), BLOCK_K) * BLOCK_K
+    k_start = k_part * k_len
+    lo, hi, sumsq = rows_dot_pair_sums(x_ptr, B, H, g_layer, w_layer, rows_lo, rows_hi, jmask, k_start,
+                                       tl.minimum(k_start + k_len, H), True, BLOCK_B, BLOCK_P, BLOCK_K, DOT_PREC,
+                                       ROW_PREFETCH)
     b = tl.arange(0, BLOCK_B)
     bmask = b < B
+    mask = bmask[:, None] & jmask[None, :]
+    if QKV_SPLIT == 1:
+        _rope_append(lo * rms_scale(sumsq, H, eps), hi * rms_scale(sumsq, H, eps), layer64, head, j, jmask, b,
+                     bmask, mask, bias_ptr, inv_freq_ptr, kv_start_ptr, slot_ptr, q_ptr, k_cache_ptr, v_cache_ptr,
+                     B, HQ, HKV, D, S, HAS_BIAS)
+    else:
+        # parts [QKV_SPLIT, B, rows] of Σ x g W and [pair blocks, QKV_SPLIT, B] of Σ x²
+        row_off = b[:, None] * n_rows + rows_lo[None, :]
+        tl.store(part_ptr + k_part * B * n_rows + row_off, lo, mask=mask)
+        tl.store(part_ptr + k_part * B * n_rows + row_off + half, hi, mask=mask)
+        tl.store(sq_ptr + tile * B + b, sumsq, mask=bmask)
+        tl.debug_barrier()
+        finished = tl.atomic_add(sem_ptr + pair_block, 1, sem="acq_rel", scope="gpu")
+        if finished == QKV_SPLIT - 1:
+            lo = tl.zeros([BLOCK_B, BLOCK_P], dtype=tl.float32)
+            hi = tl.zeros([BLOCK_B, BLOCK_P], dtype=tl.float32)
+            sumsq = tl.zeros([BLOCK_B], dtype=tl.float32)
+            for part in tl.static_range(QKV_SPLIT):  # unrolled: all parts' loads in one round
+                lo += tl.load(part_ptr + part * B * n_rows + row_off, mask=mask, other=0.0, cache_modifier=".cg")
+                hi += tl.load(part_ptr + part * B * n_rows + row_off + half, mask=mask, other=0.0,
+                              cache_modifier=".cg")
+                sumsq += tl.load(sq_ptr + (pair_block * QKV_SPLIT + part) * B + b, mask=bmask, other=0.0,
+                                 cache_modifier=".cg")
+            _rope_append(lo * rms_scale(sumsq, H, eps), hi * rms_scale(sumsq, H, eps), layer64, head, j, jmask, b,
+                         bmask, mask, bias_ptr, inv_freq_ptr, kv_start_ptr, slot_ptr, q_ptr, k_cache_ptr,
+                         v_cache_ptr, B, HQ, HKV, D, S, HAS_BIAS)
+            tl.atomic_xchg(sem_ptr + pair_block, 0, sem="relaxed", scope="gpu")
+
+
+@jit
+def _rope_append(lo, hi, layer64, head, j, jmask, b, bmask, mask, bias_ptr, inv_freq_ptr, kv_start_ptr, slot_ptr,
+                 q_ptr, k_cache_ptr, v_cache_ptr, B, HQ, HKV, D, S, HAS_BIAS: tl.constexpr):
+    """The epilogue of a pair block: bias, RoPE of Q and K heads, q stored, K / V rows appended to the cache."""
+    half = D // 2
+    rows_lo = head * D + j
+    if HAS_BIAS:
+        b_layer = bias_ptr + layer64 * (HQ + 2 * HKV) * D
+        lo += tl.load(b_layer + rows_lo, mask=jmask, other=0.0).to(tl.float32)[None, :]
+        hi += tl.load(b_layer + rows_lo + half, mask=jmask, other=0.0).to(tl.float32)[None, :]
     slot = tl.load(slot_ptr)
     pos = (slot - tl.load(kv_start_ptr + b, mask=bmask, other=0)).to(tl.float32)
     freq = tl.load(inv_freq_ptr + j, mask=jmask, other=0.0)
@@ -60,9 +105,8 @@ def qkv_rope_tile(
     out_lo = tl.where(rotate, lo * cos - hi * sin, lo)
     out_hi = tl.where(rotate, hi * cos + lo * sin, hi)
 
-    mask = bmask[:, None] & jmask[None, :]
     q_off = b[:, None] * (HQ * D) + head * D + j[None, :]
-    head_vec = head + tl.zeros([BLOCK_P], dtype=tl.int32)  # per-lane copy: masks stay tensors
+    head_vec = head + tl.zeros_like(j)  # per-lane copy: masks stay tensors
     is_q = (head_vec < HQ)[None, :]
     tl.store(q_ptr + q_off, out_lo, mask=mask & is_q)
     tl.store(q_ptr + q_off + half, out_hi, mask=mask & is_q)
@@ -80,14 +124,14 @@ def qkv_rope_tile(
 @jit(do_not_specialize=["layer", "S"])
 def qkv_rope_kernel(
     layer, x_ptr, norm_ptr, w_ptr, bias_ptr, inv_freq_ptr, kv_start_ptr, slot_ptr,
-    q_ptr, k_cache_ptr, v_cache_ptr,
+    q_ptr, k_cache_ptr, v_cache_ptr, part_ptr, sq_ptr, sem_ptr,
     B, H, HQ, HKV, D, S, eps,
     HAS_BIAS: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
-    DOT_PREC: tl.constexpr, ROW_PREFETCH: tl.constexpr, USE_PDL: tl.constexpr,
+    DOT_PREC: tl.constexpr, ROW_PREFETCH: tl.constexpr, QKV_SPLIT: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     after_previous_kernel(USE_PDL)
     qkv_rope_tile(
         tl.program_id(0), layer, x_ptr, norm_ptr, w_ptr, bias_ptr, inv_freq_ptr, kv_start_ptr, slot_ptr,
-        q_ptr, k_cache_ptr, v_cache_ptr, B, H, HQ, HKV, D, S, eps,
-        HAS_BIAS, BLOCK_B, BLOCK_P, BLOCK_K, DOT_PREC, ROW_PREFETCH,
+        q_ptr, k_cache_ptr, v_cache_ptr, part_ptr, sq_ptr, sem_ptr, B, H, HQ, HKV, D, S, eps,
+        HAS_BIAS, BLOCK_B, BLOCK_P, BLOCK_K, DOT_PREC, ROW_PREFETCH, QKV_SPLIT,
     )

@@ -52,7 +52,9 @@ CASES = [(1, torch.float32, {}), (1, torch.bfloat16, {"row_prefetch": False}), (
          (9, torch.bfloat16, {})]
 
 
-@pytest.mark.parametrize("batch, dtype, tuning", CASES)
+# Q/K/V with K split in parts (16-column chunks: the parts are not empty at hidden size 48)
+@pytest.mark.parametrize("batch, dtype, tuning", CASES + [(1, torch.float32, {"qkv_split": 2, "block_k": 16}),
+                                                          (9, torch.bfloat16, {"qkv_split": 3, "block_k": 16})])
 def test_qkv_rope_append(batch, dtype, tuning, gen):
     cfg, w64, wk, plan, buf, cache, slot, kv_start = _setup(batch, dtype, gen, bias=batch == 3, tuning=tuning)
     buf.q.fill_(poison_value(torch.float32))
@@ -61,6 +63,7 @@ def test_qkv_rope_append(batch, dtype, tuning, gen):
     before = cache.k.clone()
     inv_freq = cfg.rope_inv_freq().to(buf.x.device)
     ops.qkv_rope(wk, cfg, LAYER, cache, buf, plan, inv_freq)
+    assert int(buf.qkv_sem.abs().sum()) == 0, "the last K part of each pair block resets its semaphore"
     positions = (slot - kv_start)[:, None]
     q, k, v = ref.qkv_step(w64, cfg, LAYER, buf.x.cpu().double()[:, None], positions, cfg.rope_inv_freq())
     assert_all_written(buf.q, "q")

@@ -17,9 +17,9 @@ CFG = LlamaConfig(vocab_size=97, hidden_size=48, intermediate_size=88, num_hidde
                   num_attention_heads=6, num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-5)
 
 
-def _state(cfg, w, batch, slots, dtype, gen, device, looped_programs=None, n_splits=3, split_k=None):
+def _state(cfg, w, batch, slots, dtype, gen, device, looped_programs=None, n_splits=3, split_k=None, **tuning):
     plan = ops.make_plan(cfg, batch, slots, dtype, torch.device(device), n_splits=n_splits,
-                         looped_programs=looped_programs, split_k=split_k)
+                         looped_programs=looped_programs, split_k=split_k, **tuning)
     buf = ops.DecodeBuffers.allocate(cfg, plan, dtype, torch.device(device))
     cache = ref.KVCache.empty(cfg, batch, slots, dtype=dtype, device=device)
     prompt = torch.randint(0, cfg.vocab_size, (batch, slots - 3), generator=gen).to(device)
@@ -38,12 +38,13 @@ def _snapshot(buf, cache):
             "k_cache": cache.k, "v_cache": cache.v}
 
 
-@pytest.mark.parametrize("batch, split_k", [(1, 1), (9, 2)])  # row-sum tiles; tensor-core tiles with split K
-def test_looped_kernel_matches_interpreter_after_every_stage(batch, split_k, gen):
+# row-sum tiles; tensor-core tiles with split K (residual projections and Q/K/V)
+@pytest.mark.parametrize("batch, split_k, qkv_split", [(1, 1, 1), (9, 2, 2)])
+def test_looped_kernel_matches_interpreter_after_every_stage(batch, split_k, qkv_split, gen):
     device = test_device()
     w = random_weights(CFG, dtype=torch.float32, device=device, generator=gen, std=0.1)
     plan, buf0, cache0, _ = _state(CFG, w, batch, 19, torch.float32, gen, device, looped_programs=1,
-                                   split_k=split_k)
+                                   split_k=split_k, qkv_split=qkv_split)
     inv_freq = CFG.rope_inv_freq().to(device)
     total = STAGES_PER_LAYER * CFG.num_hidden_layers + 1
     for stop in range(total + 1):
