@@ -204,7 +204,8 @@ BREAKDOWN_PLANS: list[tuple[int, dict[str, int]]] = [
 
 @case("llm", "instruction_breakdown", baseline="whole step, per-layer kernels", headline=False)
 def instruction_breakdown_case(ctx: Context) -> None:
-    """Each fused instruction alone: its launches for all layers (one CUDA graph), against its floor."""
+    """Each fused instruction alone: its launches for all layers (one CUDA graph), against its floor;
+    with the default plans also the looped kernel stopped after 0, 1, ... stages."""
     dtype = torch.bfloat16 if ctx.gpu else torch.float32
     name, cfg, context, variants = ("tiny", TINY, 16, [(3, {})]) if ctx.quick else (
         "Llama-3.2-1B", LLAMA_3_2_1B, 512, BREAKDOWN_PLANS)
@@ -248,6 +249,24 @@ def instruction_breakdown_case(ctx: Context) -> None:
                 count = 1 if instruction == "lm_head" else cfg.num_hidden_layers
                 ctx.time(f"{instruction} x{count}", launch, bytes_moved=floors[instruction] * count, cuda_graph=True,
                          params={**params, "instruction": instruction}, variant=variant)
+            if not tuning:
+                _looped_prefixes(ctx, cfg, w, cache, buf, plan, inv_freq, floors, params, variant)
+
+
+def _looped_prefixes(ctx: Context, cfg: LlamaConfig, w: LlamaWeights, cache: ref.KVCache, buf: ops.DecodeBuffers,
+                     plan: ops.DecodePlan, inv_freq: torch.Tensor, floors: dict[str, int], params: dict,
+                     variant: str) -> None:
+    """The looped kernel stopped after its first s stages (one launch each, CUDA graph): s = 0 is
+    the launch alone, differences between prefixes are what each stage costs inside the loop
+    (against the per-layer launches of the same instruction)."""
+    per_stage = [floors[name] for name in ("qkv_rope", "decode_attention", "o_proj", "gate_up", "down_proj")]
+    stage_bytes = per_stage * cfg.num_hidden_layers + [floors["lm_head"]]
+    total = len(stage_bytes)
+    for stop in sorted({0, 1, 2, 3, 4, 5, 10, total - 1, total}):
+        ctx.time(f"looped, first {stop} stages", lambda stop=stop: ops.looped_decode(
+            w, cfg, cache, buf, plan, inv_freq, write_logits=True, stop_stage=stop),
+            bytes_moved=max(1, sum(stage_bytes[:stop])), cuda_graph=True,
+            params={**params, "looped_stages": stop}, variant=variant)
 
 
 # Plan variants timed against the default plan (Llama-3.2-1B, context 512), each one or two
