@@ -115,10 +115,15 @@ def _edge_dot(inputs: AttentionInputs, block_h: int, block_d: int) -> bool:
     return inputs.has_edge and inputs.value.dtype != torch.float64 and block_h * block_d >= MIN_DOT
 
 
+def _block_k(inputs: AttentionInputs) -> int:
+    """The edge-feature tile width: ``K`` padded to a power of two >= 16 (a matrix-product operand)."""
+    return max(MIN_DOT, next_power_of_2(inputs.edge_dim))
+
+
 def _edge_flags(inputs: AttentionInputs, block_h: int, block_d: int, edges_per_program: int) -> dict:
-    """BLOCK_K and EDGE_DOT of a launch with ``edges_per_program`` edges in a tile."""
+    """BLOCK_K and EDGE_DOT of a launch projecting ``edges_per_program`` edges per tile."""
     dot = _edge_dot(inputs, block_h, block_d) and edges_per_program >= MIN_DOT
-    return {"BLOCK_K": max(MIN_DOT, next_power_of_2(inputs.edge_dim)), "EDGE_DOT": dot}
+    return {"BLOCK_K": _block_k(inputs), "EDGE_DOT": dot}
 
 
 def _light_rows(schedule, inputs: AttentionInputs, width: int, light_tiles: int) -> int:
@@ -206,7 +211,7 @@ def attention_forward(
             graph.csr_src, graph.csr_eid, rows, starts, stops, *tensors, target_out, target_lse, heads, head_dim,
             inputs.edge_dim, *scalars,
             BLOCK_E=row_block_e, BLOCK_H=block_h, BLOCK_D=block_d, PIECES=pieces, **flags,
-            **_edge_flags(inputs, block_h, block_d, row_block_e), num_warps=schedule.num_warps,
+            BLOCK_K=_block_k(inputs), num_warps=schedule.num_warps,
         )
         if pieces:
             lse_merge_kernel[(buckets.super_rows.numel(),)](
@@ -353,7 +358,7 @@ def attention_backward(
             graph.csr_src, graph.csr_eid, rows, starts, stops, *dst_tensors, target_dst, edge_outputs[0], target_sums,
             heads, head_dim, edge_dim, *scalars,
             BLOCK_E=row_block_e, BLOCK_H=block_h, BLOCK_D=block_d, PIECES=pieces, **flags,
-            **_edge_flags(inputs, block_h, block_d, row_block_e), num_warps=schedule.num_warps,
+            BLOCK_K=_block_k(inputs), num_warps=schedule.num_warps,
         )
         if pieces:
             _merge_sums(incoming, target_dst, grad_dst)

@@ -34,8 +34,8 @@ unfused reference of the new layers is checked but not timed (0.1-0.6 s per call
 reverse Cuthill-McKee, or by degree) speeds the fused layer up on PubMed and the arxiv-like graph.
 
 ``tiles_reddit`` and ``tiles_arxiv`` (tuning sweeps, not headline rows) time the fused attention
-ops under several tile sizes and warps per program (``ScheduleOptions(tile_elements, num_warps)``):
-the A/B behind the GPU defaults.
+ops under several tile sizes and warps per program (``ScheduleOptions(tile_elements, num_warps)``)
+and with every row in the row kernel (``light_max_degree=-1``): the A/B behind the GPU defaults.
 
 ``gat_super_node`` checks the TARGETS.md rule that a node of in-degree 10⁶ costs no more
 per edge than a uniform graph (within 2×): both graphs have ~1 M edges.
@@ -52,7 +52,7 @@ import torch
 
 from benchmarks.registry import CheckFailed, Context, case
 from fusecore import use_reference
-from gnnfuse import Graph, ops
+from gnnfuse import Graph, ScheduleOptions, ops
 from gnnfuse.datasets import load_planetoid, planetoid_available, power_law_graph
 from gnnfuse.nn import AGNNConv, GATConv, GATv2Conv, GraphTransformerConv
 from gnnfuse.ops import attention_floor_bytes, gat_floor_bytes
@@ -463,57 +463,64 @@ def reorder_case(ctx: Context) -> None:
                      params=params, variant=f"{spec.name},fwd+bwd")
 
 
-# (tile elements, warps per program): the GPU default first, then the candidates of the A/B.
-TILE_VARIANTS = ((4096, 4), (4096, 8), (8192, 8), (8192, 4), (2048, 4))
+def _tiles(tile_elements: int, warps: int) -> tuple[str, ScheduleOptions]:
+    return f"tiles {tile_elements}, {warps} warps", ScheduleOptions(tile_elements=tile_elements, num_warps=warps)
+
+
+# (label, ScheduleOptions): the GPU default first, then the candidates of the A/B.
+TILE_VARIANTS = (_tiles(4096, 4), _tiles(4096, 8), _tiles(8192, 8), _tiles(8192, 4), _tiles(2048, 4))
+ROWS_ONLY = ("row kernel only (no light tiles)", ScheduleOptions(light_max_degree=-1))
 
 
 def _attention_ops(spec: GraphSpec, n: int, graph: Graph, dtype: torch.dtype, gen: torch.Generator, names):
-    """{name: call(schedule) -> out} of the fused attention ops on random projections of
-    ``spec``'s shape (no layer, no GEMM: the part the tiles change)."""
+    """{name: (call(schedule) -> out, leaves)} of the fused attention ops on random projections of
+    ``spec``'s shape (no layer, no GEMM: the part the schedule changes)."""
     heads, dim, device = spec.heads, spec.head_dim, graph.device
 
     def rand(*shape):
-        return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
+        return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype).requires_grad_(True)
 
     a, b, c = rand(n, heads, dim), rand(n, heads, dim), rand(n, heads, dim)
     vec_l, vec_r = rand(1, heads, dim), rand(1, heads, dim)
-    attr, weight = rand(graph.num_edges, TRANSFORMER_EDGE_DIM), rand(heads * dim, TRANSFORMER_EDGE_DIM)
+    attr, weight = rand(graph.num_edges, TRANSFORMER_EDGE_DIM).detach(), rand(heads * dim, TRANSFORMER_EDGE_DIM)
     table = {
-        "gat": lambda s: ops.gat(graph, a, vec_l, vec_r, schedule=s),
-        "gatv2": lambda s: ops.gatv2(graph, a, b, vec_l, schedule=s),
-        "transformer": lambda s: ops.transformer_attention(graph, a, b, c, schedule=s),
-        "transformer+edge": lambda s: ops.transformer_attention(graph, a, b, c, attr, weight, schedule=s),
+        "gat": (lambda s: ops.gat(graph, a, vec_l, vec_r, schedule=s), [a, vec_l, vec_r]),
+        "gatv2": (lambda s: ops.gatv2(graph, a, b, vec_l, schedule=s), [a, b, vec_l]),
+        "transformer": (lambda s: ops.transformer_attention(graph, a, b, c, schedule=s), [a, b, c]),
+        "transformer+edge": (lambda s: ops.transformer_attention(graph, a, b, c, attr, weight, schedule=s),
+                             [a, b, c, weight]),
     }
     return {name: table[name] for name in names}
 
 
-def _tile_runs(ctx: Context, spec: GraphSpec, names: tuple[str, ...], dtypes, variants=TILE_VARIANTS) -> None:
-    """Time each op's forward under each of ``variants`` (:data:`TILE_VARIANTS`), checking each
-    variant against the default schedule."""
-    from gnnfuse import ScheduleOptions
-
+def _tile_runs(ctx: Context, spec: GraphSpec, names: tuple[str, ...], dtypes, variants,
+               backward: bool = False) -> None:
+    """Time each op's forward (and with ``backward`` its training step, edge features as data)
+    under each ``(label, ScheduleOptions)`` of ``variants``, checking each against the default."""
     edges, n = _edges(spec.name, ctx.device)
     graph = Graph(edges, n)
     gen = torch.Generator().manual_seed(4)
     variants = variants[:2] if ctx.quick else variants
     for dtype in dtypes:
         tag = "fp32" if dtype == torch.float32 else "bf16"
-        for name, call in _attention_ops(spec, n, graph, dtype, gen, names).items():
+        for name, (call, leaves) in _attention_ops(spec, n, graph, dtype, gen, names).items():
             gathered = 2 if name.startswith("transformer") else 1
             edge_elements = TRANSFORMER_EDGE_DIM if name == "transformer+edge" else 0
-            floor = attention_floor_bytes(graph, spec.heads, spec.head_dim, dtype, gathered=gathered,
-                                          edge_elements=edge_elements)
+            floors = [attention_floor_bytes(graph, spec.heads, spec.head_dim, dtype, phase, gathered=gathered,
+                                            edge_elements=edge_elements) for phase in (False, True)]
+            grad = torch.randn(n, spec.heads, spec.head_dim, generator=gen).to(device=ctx.device, dtype=dtype)
             params = {"graph": spec.name, "op": name, "dtype": tag}
             with torch.no_grad():
                 expected = call(None).float()
-            for tile_elements, warps in variants:
-                schedule = ScheduleOptions(tile_elements=tile_elements, num_warps=warps)
-                impl = f"tiles {tile_elements}, {warps} warps"
+            for label, schedule in variants:
                 with torch.no_grad():
-                    ctx.check(f"{spec.name} {name} {tag} {impl}", call(schedule).float(), expected,
+                    ctx.check(f"{spec.name} {name} {tag} {label}", call(schedule).float(), expected,
                               2e-3 if dtype == torch.float32 else 2e-2)
-                ctx.time(impl, _forward(lambda s=schedule: call(s)), bytes_moved=floor, params=params,
+                ctx.time(label, _forward(lambda s=schedule: call(s)), bytes_moved=floors[0], params=params,
                          variant=f"{spec.name},{name},{tag},fwd")
+                if backward:
+                    ctx.time(label, _train_step(lambda s=schedule: call(s), leaves, grad), bytes_moved=floors[1],
+                             params=params, variant=f"{spec.name},{name},{tag},fwd+bwd")
             if ctx.gpu:
                 torch.cuda.empty_cache()
 
@@ -523,18 +530,20 @@ def tiles_reddit_case(ctx: Context) -> None:
     """A/B of tile size and warps per program: GAT attention forward at Reddit scale, fp32 and bf16
     (why bf16 is not faster than fp32 there)."""
     spec = QUICK[0] if ctx.quick else next(s for s in FULL if s.name == "reddit-scale")
-    _tile_runs(ctx, spec, ("gat",), [torch.float32] if ctx.quick else [torch.float32, torch.bfloat16])
+    _tile_runs(ctx, spec, ("gat",), [torch.float32] if ctx.quick else [torch.float32, torch.bfloat16], TILE_VARIANTS)
 
 
 @case("gnn", "tiles_arxiv", baseline="tiles 4096, 4 warps", headline=False)
 def tiles_arxiv_case(ctx: Context) -> None:
-    """A/B of tile size and warps per program on the arxiv-like graph: attention forward of GAT, GATv2
-    and the Graph Transformer (with and without edge features) in fp32, GAT in bf16."""
+    """A/B on the arxiv-like graph: tile size and warps per program, and every row in the row
+    kernel (no light tiles), for the attention forward of GAT, GATv2 and the Graph Transformer in
+    fp32 (GAT also bf16); the Graph Transformer with edge features also forward+backward."""
     if ctx.quick:  # the interpreter smoke run: one op, two variants
-        _tile_runs(ctx, QUICK[0], ("transformer+edge",), [torch.float32])
+        _tile_runs(ctx, QUICK[0], ("transformer+edge",), [torch.float32], TILE_VARIANTS)
         return
-    # Each variant compiles every width class of every op: three variants keep it near two minutes.
+    # Each variant compiles every width class of every op: few variants keep it near two minutes.
     spec = next(s for s in FULL if s.name == "arxiv-like")
-    variants = TILE_VARIANTS[:3]
-    _tile_runs(ctx, spec, ("gat", "gatv2", "transformer", "transformer+edge"), [torch.float32], variants)
-    _tile_runs(ctx, spec, ("gat",), [torch.bfloat16], variants)
+    variants = (*TILE_VARIANTS[:3], ROWS_ONLY)
+    _tile_runs(ctx, spec, ("gat", "gatv2", "transformer"), [torch.float32], variants)
+    _tile_runs(ctx, spec, ("gat",), [torch.bfloat16], TILE_VARIANTS[:3])
+    _tile_runs(ctx, spec, ("transformer+edge",), [torch.float32], (*TILE_VARIANTS[:2], ROWS_ONLY), backward=True)

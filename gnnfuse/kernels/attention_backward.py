@@ -35,7 +35,15 @@ import triton.language as tl
 from fusecore.backend import jit
 
 from .dropout import attention_dropout
-from .edge_features import attr_outer, edge_weight_tile, project_edges, store_attr_grad
+from .edge_features import (
+    attr_outer,
+    edge_attr_tile,
+    edge_weight_heads,
+    edge_weight_tile,
+    project_edges,
+    row_edge_terms,
+    store_attr_grad,
+)
 from .scores import attn_grad_terms, edge_scores, gather_keys, score_grad
 from .tiles import flat_head_tile, head_tile, item_edges, light_edges
 
@@ -236,14 +244,15 @@ def attention_backward_dst_kernel(
     w_edge_ptr, grad_s_ptr, lse_ptr, grad_out_ptr, grad_dst_ptr, grad_attr_ptr, attr_sums_ptr,
     H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
     BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
-    PIECES: tl.constexpr, DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr, EDGE_DOT: tl.constexpr,
+    PIECES: tl.constexpr, DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr,
     KEY_SCALE: tl.constexpr, ATTR_GRAD: tl.constexpr, WEIGHT_GRAD: tl.constexpr,
 ):
     """``∂L/∂dst_i = Σ_{j->i} ∂s/∂dst · ∂L/∂s_ij`` for GATv2 (``∂L/∂fd``) and the dot score
     (``∂L/∂q``, the keys gathered again), from the source pass's ``∂L/∂s`` at CSR positions.
-    With ``EDGE`` it also recomputes ``α'`` and writes ``∂attr`` per edge (``ATTR_GRAD``) and the
-    row's ``A``, ``B`` sums (``WEIGHT_GRAD``; :mod:`gnnfuse.kernels.edge_features`): only the
-    gradients autograd asks for are formed."""
+    With ``EDGE`` (the row form of :mod:`gnnfuse.kernels.edge_features`: no per-edge projection)
+    the edge terms of ``∂q`` come from the row's ``B`` sums after the loop; it also recomputes
+    ``α'`` and writes ``∂attr`` per edge (``ATTR_GRAD``) and the row's ``A``, ``B`` sums
+    (``WEIGHT_GRAD``): only the gradients autograd asks for are formed."""
     acc_dtype = grad_s_ptr.dtype.element_ty
     pid = tl.program_id(0).to(tl.int64)
     offs_e = tl.arange(0, BLOCK_E)
@@ -255,11 +264,13 @@ def attention_backward_dst_kernel(
     acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=acc_dtype)
     if EDGE:
         query = dst_i * scale
-        g_i = tl.load(grad_out_ptr + row * HD + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
         lse_i = tl.load(lse_ptr + row * H + offs_h, mask=h_mask, other=0.0).to(acc_dtype)[None, :]
+        w_heads = edge_weight_heads(w_edge_ptr, K, HD, hd_offs, hd_mask, acc_dtype, BLOCK_K)
+        u = row_edge_terms(w_heads, tl.reshape(query, [BLOCK_H, BLOCK_D]))                   # W q̃  [BLOCK_K, BLOCK_H]
+        g_i = tl.load(grad_out_ptr + row * HD + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)
+        z = row_edge_terms(w_heads, g_i)                                                     # W g  [BLOCK_K, BLOCK_H]
         sums_a = tl.zeros([BLOCK_K, BLOCK_H], dtype=acc_dtype)
         sums_b = tl.zeros([BLOCK_K, BLOCK_H], dtype=acc_dtype)
-        w_tile = edge_weight_tile(w_edge_ptr, K, H, D, BLOCK_K, BLOCK_H, BLOCK_D)
     for e0 in range(start, stop, BLOCK_E):
         pos = e0 + offs_e
         e_mask = pos < stop
@@ -270,24 +281,28 @@ def attention_backward_dst_kernel(
                                acc_dtype, KEY_SCALE)
         if EDGE:
             eid = tl.load(eid_ptr + pos, mask=e_mask, other=0).to(tl.int64)
-            src_j += project_edges(attr_ptr, w_edge_ptr, w_tile, eid, e_mask, K, HD, hd_offs, hd_mask, acc_dtype,
-                                   BLOCK_E, BLOCK_H, BLOCK_D, BLOCK_K, EDGE_DOT)
+            attr = edge_attr_tile(attr_ptr, eid, e_mask, K, acc_dtype, BLOCK_K)[:, :, None]   # [BLOCK_E, BLOCK_K, 1]
+            sums_b += tl.sum(attr * grad_s[:, None, :], axis=0)
             if ATTR_GRAD or WEIGHT_GRAD:
-                alpha = tl.where(eh_mask, tl.exp(tl.sum(src_j * query, axis=2) - lse_i), 0.0)
+                s = tl.sum(src_j * query, axis=2) + tl.sum(attr * u[None, :, :], axis=1)
+                alpha = tl.where(eh_mask, tl.exp(s - lse_i), 0.0)
                 if DROPOUT:
                     alpha = attention_dropout(alpha, pos[:, None], rng_offset + offs_h[None, :], seed, dropout_p,
                                               keep_scale)
                 if ATTR_GRAD:
-                    grad_e = alpha[:, :, None] * g_i + grad_s[:, :, None] * query
-                    store_attr_grad(grad_attr_ptr, w_edge_ptr, w_tile, grad_e, eid, e_mask, K, HD, hd_offs, hd_mask,
-                                    BLOCK_E, BLOCK_H, BLOCK_D, BLOCK_K, EDGE_DOT)
+                    # ∂attr_p[k] = Σ_h α'_p[h] (W g)[k, h] + ∂s_p[h] (W q̃)[k, h]
+                    grad_attr = tl.sum(alpha[:, None, :] * z[None, :, :] + grad_s[:, None, :] * u[None, :, :], axis=2)
+                    offs_k = tl.arange(0, BLOCK_K)
+                    tl.store(grad_attr_ptr + eid[:, None] * K + offs_k[None, :],
+                             grad_attr.to(grad_attr_ptr.dtype.element_ty), mask=e_mask[:, None] & (offs_k < K)[None, :])
                 if WEIGHT_GRAD:
-                    terms_a, terms_b = attr_outer(attr_ptr, eid, e_mask, alpha, grad_s, K, acc_dtype, BLOCK_K)
-                    sums_a += tl.sum(terms_a, axis=0)
-                    sums_b += tl.sum(terms_b, axis=0)
+                    sums_a += tl.sum(attr * alpha[:, None, :], axis=0)
         if SCORE == 2:
             src_j = src_j * scale
         acc += tl.sum(score_grad(grad_s, dst_i, src_j, attn, negative_slope, SCORE), axis=0)
+    if EDGE:
+        # the key path's Σ_p ∂s_p e_p = Σ_k B[k] W[k] (scaled like the keys)
+        acc += tl.sum(sums_b[:, :, None] * w_heads, axis=0) * scale
     tl.store(grad_dst_ptr + out_index * HD + hd_offs, acc.to(grad_dst_ptr.dtype.element_ty), mask=hd_mask)
     if WEIGHT_GRAD:
         offs_k = tl.arange(0, BLOCK_K)

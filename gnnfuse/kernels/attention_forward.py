@@ -41,7 +41,7 @@ import triton.language as tl
 from fusecore.backend import jit
 
 from .dropout import attention_dropout
-from .edge_features import edge_weight_tile, project_edges
+from .edge_features import edge_attr_tile, edge_weight_heads, edge_weight_tile, project_edges, row_edge_terms
 from .scores import edge_scores, gather_keys
 from .tiles import finish_softmax, flat_head_tile, head_tile, item_edges, light_edges
 
@@ -53,7 +53,7 @@ def attention_forward_rows_kernel(
     H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
     BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     PIECES: tl.constexpr, DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr,
-    BLOCK_K: tl.constexpr, EDGE_DOT: tl.constexpr, KEY_SCALE: tl.constexpr,
+    BLOCK_K: tl.constexpr, KEY_SCALE: tl.constexpr,
 ):
     acc_dtype = lse_ptr.dtype.element_ty
     pid = tl.program_id(0).to(tl.int64)
@@ -71,7 +71,11 @@ def attention_forward_rows_kernel(
         dst_i = dst_i[None, :, :]
         attn = tl.load(attn_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
     if EDGE:
-        w_tile = edge_weight_tile(w_edge_ptr, K, H, D, BLOCK_K, BLOCK_H, BLOCK_D)
+        # e_p is never formed (kernels/edge_features.py): score term attr_p · u, value term
+        # Σ_k A[k] W[k] once after the loop, A[k, h] = Σ_p α_p[h] attr_p[k] rescaled like acc.
+        w_heads = edge_weight_heads(w_edge_ptr, K, HD, hd_offs, hd_mask, acc_dtype, BLOCK_K)
+        u = row_edge_terms(w_heads, tl.reshape(dst_i, [BLOCK_H, BLOCK_D]))
+        acc_attr = tl.zeros([BLOCK_K, BLOCK_H], dtype=acc_dtype)
     m = tl.full([BLOCK_H], float("-inf"), dtype=acc_dtype)
     l = tl.zeros([BLOCK_H], dtype=acc_dtype)
     acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=acc_dtype)
@@ -86,12 +90,11 @@ def attention_forward_rows_kernel(
         else:
             src_j, key_values = gather_keys(src_term_ptr, value_ptr, src, e_mask, H, HD, offs_h, h_mask, hd_offs,
                                             hd_mask, acc_dtype, KEY_SCALE)
-            if EDGE:
-                eid = tl.load(eid_ptr + pos, mask=e_mask, other=0).to(tl.int64)
-                edge_j = project_edges(attr_ptr, w_edge_ptr, w_tile, eid, e_mask, K, HD, hd_offs, hd_mask, acc_dtype,
-                                       BLOCK_E, BLOCK_H, BLOCK_D, BLOCK_K, EDGE_DOT)
-                src_j += edge_j
         s = edge_scores(src_j, dst_i, attn, negative_slope, SCORE)
+        if EDGE:
+            eid = tl.load(eid_ptr + pos, mask=e_mask, other=0).to(tl.int64)
+            attr = edge_attr_tile(attr_ptr, eid, e_mask, K, acc_dtype, BLOCK_K)
+            s += tl.sum(attr[:, :, None] * u[None, :, :], axis=1)
         s = tl.where(e_mask[:, None], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=0))
         rescale = tl.exp(m - m_new)
@@ -106,10 +109,12 @@ def attention_forward_rows_kernel(
         else:
             val_j = tl.load(value_ptr + src[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
                             other=0.0).to(acc_dtype)
-            if EDGE:
-                val_j += edge_j
         acc = acc * rescale[:, None] + tl.sum(p[:, :, None] * val_j, axis=0)
+        if EDGE:
+            acc_attr = acc_attr * rescale[None, :] + tl.sum(attr[:, :, None] * p[:, None, :], axis=0)
         m = m_new
+    if EDGE:
+        acc += tl.sum(acc_attr[:, :, None] * w_heads, axis=0)
     out, lse = finish_softmax(acc, m, l)
     tl.store(out_ptr + out_index * HD + hd_offs, out.to(out_ptr.dtype.element_ty), mask=hd_mask)
     tl.store(lse_ptr + out_index * H + offs_h, lse.to(lse_ptr.dtype.element_ty), mask=h_mask)

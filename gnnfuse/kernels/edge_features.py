@@ -2,13 +2,24 @@
 
 PyG's TransformerConv adds ``e_p = lin_edge(edge_attr_p)`` (``[H, D]`` per edge) to the key and
 the value of edge ``p``.  Materializing ``e`` would be an ``E×H×D`` tensor; instead every kernel
-that needs ``e_p`` recomputes it from the raw features ``attr [E, K]`` (CSR order) and the
+that needs ``e_p`` recomputes it from the raw features ``attr [E, K]`` and the
 weight ``W [K, H, D]`` as one matrix product per edge tile (:func:`project_edges`: ``E·K``
 feature reads, the ``K·H·D`` weight tile once per program from cache, ``E·K·H·D`` MACs; ``K``
 rank-1 updates where a product cannot be used: float64, tiles under 16 edges).  ``attr`` stays
 in the caller's edge order: a kernel maps its CSR (or reverse-CSR) positions to input edge ids
 ``eid`` and reads rows ``attr[eid]`` (no permuted copy of ``attr``), and ``∂attr`` is written at
 the same rows, in input order.
+
+A kernel that owns a destination row ``i`` (the row kernels of the forward and of the
+backward's destination pass) never forms ``e_p`` at all: with ``u_i[k, h] = Σ_d W[k, h, d] q̃_i[h, d]``
+(:func:`row_edge_terms`, once per row)::
+
+    q̃_i · e_p              = Σ_k attr_p[k] u_i[k, h]                       (score)
+    Σ_p α_p e_p[h, :]       = Σ_k A_i[k, h] W[k, h, :],  A_i[k, h] = Σ_p α_p[h] attr_p[k]   (values)
+
+so per edge only ``K·H`` products remain (instead of the ``K·H·D`` of a projection) and the
+``W`` terms are applied once per row.  Kernels that gather per edge from many rows (light
+tiles, the backward's source pass) project with :func:`project_edges`.
 
 Backward, with ``∂e_p = α'_p g_i + ∂s_p q̃_i`` per head (value path + key path, ``i`` the
 edge's destination; see :mod:`gnnfuse.kernels.attention_backward`)::
@@ -18,6 +29,8 @@ edge's destination; see :mod:`gnnfuse.kernels.attention_backward`)::
                 = Σ_i A_i[k, h] g_i[h, :] + B_i[k, h] q̃_i[h, :]
     A_i[k, h] = Σ_{p -> i} attr_p[k] α'_p[h],   B_i[k, h] = Σ_{p -> i} attr_p[k] ∂s_p[h]
 
+(in a row kernel ``∂attr_p[k] = Σ_h α'_p[h] z_i[k, h] + ∂s_p[h] u_i[k, h]`` with
+``z_i = W g_i`` like ``u_i``, and the key path's ``Σ_p ∂s_p e_p = Σ_k B_i[k, h] W[k, h, :]``),
 so the weight gradient needs only the per-destination ``[N, K, H]`` sums ``A``, ``B``
 (of :func:`attr_outer` terms, written by the destination pass, one writer per row) and a
 reduction over nodes on the host (two plain matrix products) — deterministic, no atomics, no
@@ -42,6 +55,29 @@ def edge_weight_tile(w_ptr, K, H, D, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexp
 
 
 @jit
+def edge_attr_tile(attr_ptr, eid, e_mask, K, acc_dtype: tl.constexpr, BLOCK_K: tl.constexpr):
+    """``attr[eid]`` as a zero-padded ``[E, BLOCK_K]`` tile in ``acc_dtype`` (0 where masked)."""
+    offs_k = tl.arange(0, BLOCK_K)
+    return tl.load(attr_ptr + eid[:, None] * K + offs_k[None, :], mask=e_mask[:, None] & (offs_k < K)[None, :],
+                   other=0.0).to(acc_dtype)
+
+
+@jit
+def row_edge_terms(w_heads, row_vector):
+    """``Σ_d W[k, h, d] · v[h, d]`` ``[BLOCK_K, BLOCK_H]`` of one row's ``[BLOCK_H, BLOCK_D]`` vector
+    ``v`` (``u = W q̃``, ``z = W g``; ``w_heads`` from :func:`edge_weight_heads`)."""
+    return tl.sum(w_heads * row_vector[None, :, :], axis=2)
+
+
+@jit
+def edge_weight_heads(w_ptr, K, HD, hd_offs, hd_mask, acc_dtype: tl.constexpr, BLOCK_K: tl.constexpr):
+    """``W`` as a zero-padded ``[BLOCK_K, BLOCK_H, BLOCK_D]`` tile in ``acc_dtype`` (per-head layout)."""
+    offs_k = tl.arange(0, BLOCK_K)
+    return tl.load(w_ptr + offs_k[:, None, None] * HD + hd_offs[None, :, :],
+                   mask=(offs_k < K)[:, None, None] & hd_mask[None, :, :], other=0.0).to(acc_dtype)
+
+
+@jit
 def project_edges(attr_ptr, w_ptr, w_tile, eid, e_mask, K, HD, hd_offs, hd_mask, acc_dtype: tl.constexpr,
                   NUM_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
                   DOT: tl.constexpr):
@@ -51,13 +87,10 @@ def project_edges(attr_ptr, w_ptr, w_tile, eid, e_mask, K, HD, hd_offs, hd_mask,
     and ``BLOCK_H · BLOCK_D`` >= 16 and a 16/32-bit dtype); otherwise ``K`` rank-1 updates.
     """
     if DOT:
-        offs_k = tl.arange(0, BLOCK_K)
-        attr = tl.load(attr_ptr + eid[:, None] * K + offs_k[None, :], mask=e_mask[:, None] & (offs_k < K)[None, :],
-                       other=0.0)
+        attr = edge_attr_tile(attr_ptr, eid, e_mask, K, acc_dtype, BLOCK_K)
         # float32 operands whatever the storage dtype, full float32 products ("ieee", not tf32):
         # the projection is a small share of the work and the result must match PyG's float32 GEMM
-        e = tl.reshape(tl.dot(attr.to(acc_dtype), w_tile.to(acc_dtype), input_precision="ieee"),
-                       [NUM_E, BLOCK_H, BLOCK_D])
+        e = tl.reshape(tl.dot(attr, w_tile.to(acc_dtype), input_precision="ieee"), [NUM_E, BLOCK_H, BLOCK_D])
     else:
         e = tl.zeros([NUM_E, BLOCK_H, BLOCK_D], dtype=acc_dtype)
         for k in range(0, K):
@@ -91,7 +124,5 @@ def attr_outer(attr_ptr, eid, e_mask, alpha, grad_s, K, acc_dtype: tl.constexpr,
     """``(attr[eid_e, k] · alpha[e, h], attr[eid_e, k] · grad_s[e, h])`` per edge, each ``[E, BLOCK_K,
     BLOCK_H]`` (0 where masked), from one read of the features: summed over a row's edges they
     give ``A`` and ``B``."""
-    offs_k = tl.arange(0, BLOCK_K)
-    attr = tl.load(attr_ptr + eid[:, None] * K + offs_k[None, :], mask=e_mask[:, None] & (offs_k < K)[None, :],
-                   other=0.0).to(acc_dtype)[:, :, None]
+    attr = edge_attr_tile(attr_ptr, eid, e_mask, K, acc_dtype, BLOCK_K)[:, :, None]
     return attr * alpha[:, None, :], attr * grad_s[:, None, :]
