@@ -445,7 +445,7 @@ def chain_rollout(state: torch.Tensor, steps: torch.Tensor, done: torch.Tensor, 
         if isinstance(policy, torch.Tensor):
             a = policy[t].reshape(n).to(dtype)
         else:
-            u = torch.from_numpy(uniform_reference(seed, ids + POLICY_TAG, position)[:, 0]).to(device)
+            u = torch.from_numpy(uniform_reference(seed, ids + POLICY_TAG, position // 4)[:, position % 4]).to(device)
             a = (u * np.float32(2.0) - np.float32(1.0)).to(dtype)
         obs_l.append(torch.cat([theta, omega], 1))
         act_l.append(a)

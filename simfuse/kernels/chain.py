@@ -23,11 +23,11 @@ import triton.language as tl
 from fusecore.backend import jit
 from fusecore.rng import uniform4
 
+from .draws import policy_draws, select_draw
 from .episode import autoreset_flags, load_counters, store_counters, store_step, track_episode
 from .swarm import swarm_step
 
 RESET_STREAM: tl.constexpr = tl.constexpr(16)
-POLICY_TAG: tl.constexpr = tl.constexpr(2 << 32)
 PI: tl.constexpr = tl.constexpr(3.141592653589793)
 TWO_PI: tl.constexpr = tl.constexpr(6.283185307179586)
 DISABLED: tl.constexpr = tl.constexpr(2)
@@ -90,14 +90,19 @@ def chain_rollout_kernel(
     omega = tl.load(state_ptr + base + L, mask=tile_mask, other=0.0)
     steps, done_prev, ep_return, episodes, return_sum, length_sum = load_counters(
         steps_ptr, done_ptr, ep_return_ptr, idx, mask, BLOCK)
+    d0 = tl.zeros([BLOCK], dtype=tl.float32)
+    d1 = d0
+    d2 = d0
+    d3 = d0
     for t in range(num_steps):
         position = offset + t
         row = tl.cast(t, tl.int64) * n + idx  # int64: K N may exceed 2**31
         if GIVEN:
             action = tl.load(given_actions_ptr + row, mask=mask, other=0.0)
         else:
-            u0, _u1, _u2, _u3 = uniform4(seed, idx + POLICY_TAG, position)
-            action = u0 * 2.0 - 1.0
+            if (t == 0) | (position % 4 == 0):
+                d0, d1, d2, d3 = policy_draws(seed, idx, position // 4, False)
+            action = select_draw(d0, d1, d2, d3, position % 4) * 2.0 - 1.0
         if WRITE_OBS:
             obs_at = row[:, None] * (2 * L) + col
             tl.store(obs_out_ptr + obs_at, theta, mask=tile_mask)

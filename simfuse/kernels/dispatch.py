@@ -28,10 +28,9 @@ MOUNTAIN_CAR: tl.constexpr = tl.constexpr(2)
 MOUNTAIN_CAR_CONTINUOUS: tl.constexpr = tl.constexpr(3)
 ACROBOT: tl.constexpr = tl.constexpr(4)
 
-# Random-number streams: env i draws its start states from stream i + (RESET_TAG << 32) and
-# its policy noise from stream i + (POLICY_TAG << 32), both at the global step position.
+# Random-number streams: env i draws its start states from stream i + RESET_TAG at the global
+# step position (its policy noise from stream i + POLICY_TAG, see .draws).
 RESET_TAG: tl.constexpr = tl.constexpr(1 << 32)
-POLICY_TAG: tl.constexpr = tl.constexpr(2 << 32)
 
 
 @jit

@@ -27,9 +27,9 @@ and ``rollout()`` share every line of the dynamics and agree bit for bit on one 
 import triton.language as tl
 
 from fusecore.backend import jit
-from fusecore.rng import normal4, uniform4
 
-from .dispatch import POLICY_TAG, env_observe, env_reset, env_step, obs_tile
+from .dispatch import env_observe, env_reset, env_step, obs_tile
+from .draws import policy_draws, select_draw
 from .episode import autoreset_flags, load_counters, store_counters, store_step, track_episode
 from .policy import column, mlp_forward, sample_categorical, sample_gaussian
 
@@ -78,25 +78,6 @@ def store_obs(ptr, row, mask, o0, o1, o2, o3, o4, o5, OBS_DIM: tl.constexpr, BLO
             tl.store(at + 4, o4, mask=mask)
         if OBS_DIM > 5:
             tl.store(at + 5, o5, mask=mask)
-
-
-@jit
-def policy_draws(seed, idx, group, NORMAL: tl.constexpr):
-    """The four policy draws of positions 4 group .. 4 group + 3: Philox (seed, POLICY_TAG + i, group).
-
-    Uniforms in [0, 1), or standard normals (Box-Muller) for a Gaussian head.
-    """
-    if NORMAL:
-        d0, d1, d2, d3 = normal4(seed, idx + POLICY_TAG, group)
-    else:
-        d0, d1, d2, d3 = uniform4(seed, idx + POLICY_TAG, group)
-    return d0, d1, d2, d3
-
-
-@jit
-def select_draw(d0, d1, d2, d3, lane):
-    """Lane ``lane`` (0..3, a scalar) of four draws."""
-    return tl.where(lane == 0, d0, tl.where(lane == 1, d1, tl.where(lane == 2, d2, d3)))
 
 
 @jit

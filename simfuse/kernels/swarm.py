@@ -38,12 +38,12 @@ DAMPING: tl.constexpr = tl.constexpr(0.1)
 @jit
 def swarm_step(x, v, action, L: tl.constexpr, L_PAD: tl.constexpr):
     """One step of every swarm: x, v [BLOCK, L_PAD] (columns ≥ L zero), action [BLOCK]; returns (x', v', reward)."""
-    col = tl.arange(0, L_PAD)[None, :]
-    valid = col < L
     centre = tl.sum(x, axis=1) / L  # padding columns hold zeros
     force = 2.0 * tl.minimum(tl.maximum(action, -1.0), 1.0)
     accel = tl.fma(x, -SPRING, tl.fma(centre[:, None] - x, COUPLING, tl.fma(v, -DAMPING, force[:, None])))
-    v = tl.where(valid, tl.fma(accel, DT, v), 0.0)
-    x = tl.where(valid, tl.fma(v, DT, x), 0.0)
+    v = tl.fma(accel, DT, v)
+    if L < L_PAD:  # keep the padding columns zero
+        v = tl.where(tl.arange(0, L_PAD)[None, :] < L, v, 0.0)
+    x = tl.fma(v, DT, x)
     reward = -tl.sum(x * x, axis=1) / L
     return x, v, reward
