@@ -211,7 +211,7 @@ def attention_forward(
             graph.csr_src, graph.csr_eid, rows, starts, stops, *tensors, target_out, target_lse, heads, head_dim,
             inputs.edge_dim, *scalars,
             BLOCK_E=row_block_e, BLOCK_H=block_h, BLOCK_D=block_d, PIECES=pieces, **flags,
-            BLOCK_K=_block_k(inputs), num_warps=schedule.num_warps,
+            BLOCK_K=_block_k(inputs), LANES=schedule.lane_softmax, num_warps=schedule.num_warps,
         )
         if pieces:
             lse_merge_kernel[(buckets.super_rows.numel(),)](

@@ -470,6 +470,8 @@ def _tiles(tile_elements: int, warps: int) -> tuple[str, ScheduleOptions]:
 # (label, ScheduleOptions): the GPU default first, then the candidates of the A/B.
 TILE_VARIANTS = (_tiles(4096, 4), _tiles(4096, 8), _tiles(8192, 8), _tiles(8192, 4), _tiles(2048, 4))
 ROWS_ONLY = ("row kernel only (no light tiles)", ScheduleOptions(light_max_degree=-1))
+LANES = ("online softmax per edge lane", ScheduleOptions(lane_softmax=True))
+LANES_8_WARPS = ("online softmax per edge lane, 8 warps", ScheduleOptions(lane_softmax=True, num_warps=8))
 
 
 def _attention_ops(spec: GraphSpec, n: int, graph: Graph, dtype: torch.dtype, gen: torch.Generator, names):
@@ -527,23 +529,26 @@ def _tile_runs(ctx: Context, spec: GraphSpec, names: tuple[str, ...], dtypes, va
 
 @case("gnn", "tiles_reddit", baseline="tiles 4096, 4 warps", headline=False)
 def tiles_reddit_case(ctx: Context) -> None:
-    """A/B of tile size and warps per program: GAT attention forward at Reddit scale, fp32 and bf16
-    (why bf16 is not faster than fp32 there)."""
+    """A/B of the forward row kernel's online-softmax form, tile size and warps per program: GAT
+    attention forward at Reddit scale, fp32 and bf16 (why bf16 is not faster than fp32 there)."""
     spec = QUICK[0] if ctx.quick else next(s for s in FULL if s.name == "reddit-scale")
-    _tile_runs(ctx, spec, ("gat",), [torch.float32] if ctx.quick else [torch.float32, torch.bfloat16], TILE_VARIANTS)
+    dtypes = [torch.float32] if ctx.quick else [torch.float32, torch.bfloat16]
+    _tile_runs(ctx, spec, ("gat",), dtypes, (TILE_VARIANTS[0], LANES, LANES_8_WARPS, *TILE_VARIANTS[1:]))
 
 
 @case("gnn", "tiles_arxiv", baseline="tiles 4096, 4 warps", headline=False)
 def tiles_arxiv_case(ctx: Context) -> None:
-    """A/B on the arxiv-like graph: tile size and warps per program, and every row in the row
-    kernel (no light tiles), for the attention forward of GAT, GATv2 and the Graph Transformer in
-    fp32 (GAT also bf16); the Graph Transformer with edge features also forward+backward."""
+    """A/B on the arxiv-like graph: the row kernel's online-softmax form, tile size and warps per
+    program, and every row in the row kernel (no light tiles), for the attention forward of GAT,
+    GATv2 and the Graph Transformer in fp32 (GAT also bf16); the Graph Transformer with edge
+    features also forward+backward."""
     if ctx.quick:  # the interpreter smoke run: one op, two variants
-        _tile_runs(ctx, QUICK[0], ("transformer+edge",), [torch.float32], TILE_VARIANTS)
+        _tile_runs(ctx, QUICK[0], ("transformer+edge",), [torch.float32], (TILE_VARIANTS[0], LANES))
         return
     # Each variant compiles every width class of every op: few variants keep it near two minutes.
     spec = next(s for s in FULL if s.name == "arxiv-like")
-    variants = (*TILE_VARIANTS[:3], ROWS_ONLY)
+    variants = (TILE_VARIANTS[0], LANES, *TILE_VARIANTS[1:3], ROWS_ONLY)
     _tile_runs(ctx, spec, ("gat", "gatv2", "transformer"), [torch.float32], variants)
-    _tile_runs(ctx, spec, ("gat",), [torch.bfloat16], TILE_VARIANTS[:3])
-    _tile_runs(ctx, spec, ("transformer+edge",), [torch.float32], (*TILE_VARIANTS[:2], ROWS_ONLY), backward=True)
+    _tile_runs(ctx, spec, ("gat",), [torch.bfloat16], (TILE_VARIANTS[0], LANES, *TILE_VARIANTS[1:3]))
+    edge_variants = (TILE_VARIANTS[0], LANES, TILE_VARIANTS[1], ROWS_ONLY)
+    _tile_runs(ctx, spec, ("transformer+edge",), [torch.float32], edge_variants, backward=True)

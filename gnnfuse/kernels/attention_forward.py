@@ -21,7 +21,9 @@ Two kernels, by row kind (:mod:`gnnfuse.schedule`):
   in one ``[ROWS, BLOCK_E]`` tile (``BLOCK_E >=`` the rows' degree): an exact softmax per
   row, no loop;
 * :func:`attention_forward_rows_kernel` — one item per program, its edges in blocks of
-  ``BLOCK_E`` with an online softmax.  An item is a whole medium row (``PIECES=False``:
+  ``BLOCK_E`` with an online softmax (``LANES``: a running max, sum and output per edge lane,
+  merged once after the loop, so the loop has no reduction across threads; otherwise one
+  state per row, reduced over the block every trip).  An item is a whole medium row (``PIECES=False``:
   final output written at the row) or one piece of a split super row (``PIECES=True``: the
   normalized partial output and its logsumexp written at the piece index, merged later by
   :mod:`gnnfuse.kernels.merge`).  Edge ranges ``starts[i] : stops[i]`` come from the schedule.
@@ -53,7 +55,7 @@ def attention_forward_rows_kernel(
     H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
     BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     PIECES: tl.constexpr, DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr,
-    BLOCK_K: tl.constexpr, KEY_SCALE: tl.constexpr,
+    BLOCK_K: tl.constexpr, KEY_SCALE: tl.constexpr, LANES: tl.constexpr,
 ):
     acc_dtype = lse_ptr.dtype.element_ty
     pid = tl.program_id(0).to(tl.int64)
@@ -75,10 +77,19 @@ def attention_forward_rows_kernel(
         # Σ_k A[k] W[k] once after the loop, A[k, h] = Σ_p α_p[h] attr_p[k] rescaled like acc.
         w_heads = edge_weight_heads(w_edge_ptr, K, HD, hd_offs, hd_mask, acc_dtype, BLOCK_K)
         u = row_edge_terms(w_heads, tl.reshape(dst_i, [BLOCK_H, BLOCK_D]))
-        acc_attr = tl.zeros([BLOCK_K, BLOCK_H], dtype=acc_dtype)
-    m = tl.full([BLOCK_H], float("-inf"), dtype=acc_dtype)
-    l = tl.zeros([BLOCK_H], dtype=acc_dtype)
-    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=acc_dtype)
+        if LANES:
+            acc_attr = tl.zeros([BLOCK_E, BLOCK_K, BLOCK_H], dtype=acc_dtype)
+        else:
+            acc_attr = tl.zeros([BLOCK_K, BLOCK_H], dtype=acc_dtype)
+    if LANES:
+        # Online-softmax state per edge lane: no reduction across threads inside the loop.
+        m = tl.full([BLOCK_E, BLOCK_H], float("-inf"), dtype=acc_dtype)
+        l = tl.zeros([BLOCK_E, BLOCK_H], dtype=acc_dtype)
+        acc = tl.zeros([BLOCK_E, BLOCK_H, BLOCK_D], dtype=acc_dtype)
+    else:
+        m = tl.full([BLOCK_H], float("-inf"), dtype=acc_dtype)
+        l = tl.zeros([BLOCK_H], dtype=acc_dtype)
+        acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=acc_dtype)
     for e0 in range(start, stop, BLOCK_E):
         pos = e0 + offs_e
         e_mask = pos < stop
@@ -96,10 +107,17 @@ def attention_forward_rows_kernel(
             attr = edge_attr_tile(attr_ptr, eid, e_mask, K, acc_dtype, BLOCK_K)
             s += tl.sum(attr[:, :, None] * u[None, :, :], axis=1)
         s = tl.where(e_mask[:, None], s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=0))
-        rescale = tl.exp(m - m_new)
-        p = tl.exp(s - m_new[None, :])
-        l = l * rescale + tl.sum(p, axis=0)
+        if LANES:
+            m_new = tl.maximum(m, s)
+            m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)  # a lane that has seen no edge yet
+            rescale = tl.exp(m - m_safe)
+            p = tl.exp(s - m_safe)
+            l = l * rescale + p
+        else:
+            m_new = tl.maximum(m, tl.max(s, axis=0))
+            rescale = tl.exp(m - m_new)
+            p = tl.exp(s - m_new[None, :])
+            l = l * rescale + tl.sum(p, axis=0)
         if DROPOUT:
             p = attention_dropout(p, pos[:, None], rng_offset + offs_h[None, :], seed, dropout_p, keep_scale)
         if SCORE == 1:
@@ -109,10 +127,24 @@ def attention_forward_rows_kernel(
         else:
             val_j = tl.load(value_ptr + src[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
                             other=0.0).to(acc_dtype)
-        acc = acc * rescale[:, None] + tl.sum(p[:, :, None] * val_j, axis=0)
-        if EDGE:
-            acc_attr = acc_attr * rescale[None, :] + tl.sum(attr[:, :, None] * p[:, None, :], axis=0)
+        if LANES:
+            acc = acc * rescale[:, :, None] + p[:, :, None] * val_j
+            if EDGE:
+                acc_attr = acc_attr * rescale[:, None, :] + attr[:, :, None] * p[:, None, :]
+        else:
+            acc = acc * rescale[:, None] + tl.sum(p[:, :, None] * val_j, axis=0)
+            if EDGE:
+                acc_attr = acc_attr * rescale[None, :] + tl.sum(attr[:, :, None] * p[:, None, :], axis=0)
         m = m_new
+    if LANES:
+        # merge the lanes: weights exp(m_lane - m_row) (0 for lanes without edges)
+        m_lanes = m
+        m = tl.max(m_lanes, axis=0)
+        weight = tl.exp(m_lanes - tl.where(m > float("-inf"), m, 0.0)[None, :])
+        l = tl.sum(l * weight, axis=0)
+        acc = tl.sum(acc * weight[:, :, None], axis=0)
+        if EDGE:
+            acc_attr = tl.sum(acc_attr * weight[:, None, :], axis=0)
     if EDGE:
         acc += tl.sum(acc_attr[:, :, None] * w_heads, axis=0)
     out, lse = finish_softmax(acc, m, l)

@@ -8,17 +8,19 @@ import torch
 from fusecore.testing import poisoned
 from gnnfuse import ScheduleOptions
 from gnnfuse.datasets import default_planetoid_root, load_planetoid, planetoid_available
+from gnnfuse.schedule import DEFAULT_LANE_SOFTMAX
 
 PLANETOID = default_planetoid_root()
 
-# Every bucket kind forced on its own, and the automatic choice.
+# Every bucket kind forced on its own, and the automatic choice; "mixed" also runs the forward
+# row kernel with the other online-softmax form than the default one.
 SCHEDULES = {
     "auto": None,
     "light": ScheduleOptions(light_max_degree=64, split_degree=64),
     "medium": ScheduleOptions(light_max_degree=0, split_degree=10_000),
     "rows only": ScheduleOptions(light_max_degree=-1, split_degree=10_000),
     "super": ScheduleOptions(light_max_degree=0, split_degree=2, piece_edges=3),
-    "mixed": ScheduleOptions(light_max_degree=2, split_degree=6, piece_edges=4),
+    "mixed": ScheduleOptions(light_max_degree=2, split_degree=6, piece_edges=4, lane_softmax=not DEFAULT_LANE_SOFTMAX),
 }
 
 
