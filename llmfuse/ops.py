@@ -68,7 +68,10 @@ class DecodePlan:
     # sums across threads once, after its K loop (kernels/matvec.py ``_one_row``); False: the
     # earlier tiles, which sum every chunk across threads as it arrives (two CTA barriers per chunk).
     row_prefetch: bool = True
-    qkv_split: int = 1  # K parts per Q/K/V pair block (summed in order by the last part, which runs the epilogue)
+    # K parts per Q/K/V pair block and per gate/up feature block (summed in order by the last
+    # part to finish, which runs the epilogue: RoPE and cache append, SiLU · up)
+    qkv_split: int = 1
+    mlp_split: int = 1
 
     @property
     def row_sums(self) -> bool:
@@ -106,7 +109,7 @@ class DecodePlan:
             "qkv": self.qkv_pair_blocks(cfg) * self.qkv_split,
             "attention": self.batch * cfg.num_key_value_heads * self.n_splits,
             "o_proj": cdiv(cfg.hidden_size, self.block_n) * self.split_k,
-            "gate_up": cdiv(cfg.intermediate_size, self.block_n),
+            "gate_up": cdiv(cfg.intermediate_size, self.block_n) * self.mlp_split,
             "down": cdiv(cfg.hidden_size, self.block_n) * self.split_k,
             "lm_head": cdiv(cfg.vocab_size, self.block_v),
         }
@@ -182,9 +185,10 @@ def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, 
     maxnreg = 128 if compiled and batch == 1 else None
     # Tensor-core Q/K/V tiles are 2 · 16 rows: (Hq + 2 Hkv) · D / 32 pair blocks (96 for Llama
     # 3.2-1B), fewer than the SMs, each walking all of K; 4 K parts give ~3 programs per SM.
-    qkv_split = 4 if compiled and not plan.row_sums else 1
+    # Gate/up tiles are 2 · 64 rows: I / 64 blocks (128 for Llama 3.2-1B); 2 K parts.
+    qkv_split, mlp_split = (4, 2) if compiled and not plan.row_sums else (1, 1)
     plan = DecodePlan(**{**plan.__dict__, "looped_programs": looped_programs, "split_k": split_k,
-                         "maxnreg": maxnreg, "qkv_split": qkv_split})
+                         "maxnreg": maxnreg, "qkv_split": qkv_split, "mlp_split": mlp_split})
     for option in ("acquire_loads", "pdl"):
         if tuning.get(option) and not compiled:
             raise ValueError(f"{option}=True needs the compiled kernels on a CUDA device (sm_90+)")
@@ -211,8 +215,9 @@ def _tuned(plan: DecodePlan, tuning: dict[str, int]) -> DecodePlan:
     if not plan.row_sums and min(plan.block_b, *(getattr(plan, b) for b in blocks)) < 16:
         raise ValueError(f"tensor-core tiles (block_b = {plan.block_b} > {SMALL_BATCH}) need every block >= 16: "
                          f"{plan}")
-    if plan.split_k < 1 or plan.qkv_split < 1:
-        raise ValueError(f"split_k and qkv_split must be >= 1, got {plan.split_k} and {plan.qkv_split}")
+    for name in ("split_k", "qkv_split", "mlp_split"):
+        if getattr(plan, name) < 1:
+            raise ValueError(f"{name} must be >= 1, got {getattr(plan, name)}")
     return plan
 
 
@@ -244,9 +249,11 @@ class DecodeBuffers:
     sem: torch.Tensor  # [B, Hkv] int32: splits finished per group (0 between launches)
     proj_part: torch.Tensor  # [split_k, B, H] float32: K-part partial sums of the residual projections
     proj_sem: torch.Tensor  # [H tiles] int32: K parts finished per feature tile (0 between launches)
-    qkv_part: torch.Tensor  # [qkv_split, B, (Hq + 2 Hkv) D] float32: K-part sums Σ x g W of the Q/K/V rows
-    qkv_sq: torch.Tensor  # [Q/K/V tiles, B] float32: their K-part sums of squares Σ x²
-    qkv_sem: torch.Tensor  # [pair blocks] int32: K parts finished per pair block (0 between launches)
+    # K-part sums of the Q/K/V and gate/up instructions (one at a time): Σ x g W [parts, B, rows]
+    # and Σ x² [tiles, B] float32, K parts finished per row block (int32, 0 between launches)
+    pair_part: torch.Tensor
+    pair_sq: torch.Tensor
+    pair_sem: torch.Tensor
     h: torch.Tensor  # [B, I] SiLU(gate) * up
     logits: torch.Tensor  # [B, V]
     best: torch.Tensor  # [B, vocab tiles] tile maxima
@@ -262,7 +269,8 @@ class DecodeBuffers:
     def allocate(cls, cfg: LlamaConfig, plan: DecodePlan, dtype: torch.dtype, device: torch.device) -> DecodeBuffers:
         B, f32 = plan.batch, torch.float32
         hq, d = cfg.num_attention_heads, cfg.head_dim
-        vt = plan.tiles(cfg)["lm_head"]
+        tiles = plan.tiles(cfg)
+        vt = tiles["lm_head"]
         return cls(
             x=torch.zeros(B, cfg.hidden_size, dtype=f32, device=device),
             q=torch.zeros(B, hq, d, dtype=f32, device=device),
@@ -272,9 +280,11 @@ class DecodeBuffers:
             sem=torch.zeros(B, cfg.num_key_value_heads, dtype=torch.int32, device=device),
             proj_part=torch.zeros(plan.split_k, B, cfg.hidden_size, dtype=f32, device=device),
             proj_sem=torch.zeros(cdiv(cfg.hidden_size, plan.block_n), dtype=torch.int32, device=device),
-            qkv_part=torch.zeros(plan.qkv_split, B, cfg.qkv_rows, dtype=f32, device=device),
-            qkv_sq=torch.zeros(plan.tiles(cfg)["qkv"], B, dtype=f32, device=device),
-            qkv_sem=torch.zeros(plan.qkv_pair_blocks(cfg), dtype=torch.int32, device=device),
+            pair_part=torch.zeros(max(plan.qkv_split * cfg.qkv_rows, plan.mlp_split * 2 * cfg.intermediate_size) * B,
+                                  dtype=f32, device=device),
+            pair_sq=torch.zeros(max(tiles["qkv"], tiles["gate_up"]) * B, dtype=f32, device=device),
+            pair_sem=torch.zeros(max(tiles["qkv"] // plan.qkv_split, tiles["gate_up"] // plan.mlp_split),
+                                 dtype=torch.int32, device=device),
             h=torch.zeros(B, cfg.intermediate_size, dtype=dtype, device=device),
             logits=torch.zeros(B, cfg.vocab_size, dtype=f32, device=device),
             best=torch.zeros(B, vt, dtype=f32, device=device),
@@ -308,7 +318,7 @@ def qkv_rope(w: LlamaWeights, cfg: LlamaConfig, layer: int, cache: KVCache, buf:
     grid = (plan.tiles(cfg)["qkv"],)
     qkv_rope_kernel[grid](
         layer, buf.x, w.attn_norm, w.wqkv, w.bqkv if w.bqkv is not None else w.wqkv, inv_freq, buf.kv_start,
-        buf.slot, buf.q, cache.k, cache.v, buf.qkv_part, buf.qkv_sq, buf.qkv_sem,
+        buf.slot, buf.q, cache.k, cache.v, buf.pair_part, buf.pair_sq, buf.pair_sem,
         plan.batch, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
         plan.max_slots, cfg.rms_norm_eps,
         HAS_BIAS=w.bqkv is not None, BLOCK_B=plan.block_b, BLOCK_P=plan.block_p, BLOCK_K=plan.block_k,
@@ -341,10 +351,11 @@ def o_proj(w: LlamaWeights, cfg: LlamaConfig, layer: int, buf: DecodeBuffers, pl
 def gate_up(w: LlamaWeights, cfg: LlamaConfig, layer: int, buf: DecodeBuffers, plan: DecodePlan) -> None:
     grid = (plan.tiles(cfg)["gate_up"],)
     gate_up_kernel[grid](
-        layer, buf.x, w.mlp_norm, w.w_gate_up, buf.h, plan.batch, cfg.hidden_size, cfg.intermediate_size,
-        cfg.rms_norm_eps,
+        layer, buf.x, w.mlp_norm, w.w_gate_up, buf.h, buf.pair_part, buf.pair_sq, buf.pair_sem, plan.batch,
+        cfg.hidden_size, cfg.intermediate_size, cfg.rms_norm_eps,
         BLOCK_B=plan.block_b, BLOCK_N=plan.block_n, BLOCK_K=plan.block_k,
-        DOT_PREC=plan.dot_prec, ROW_PREFETCH=plan.row_prefetch, **plan.layer_launch_options(),
+        DOT_PREC=plan.dot_prec, ROW_PREFETCH=plan.row_prefetch, MLP_SPLIT=plan.mlp_split,
+        **plan.layer_launch_options(),
     )
 
 
@@ -438,7 +449,7 @@ def looped_decode(w: LlamaWeights, cfg: LlamaConfig, cache: KVCache, buf: Decode
     tiles = plan.tiles(cfg)
     args = (
         buf.x, w.attn_norm, w.wqkv, w.bqkv if w.bqkv is not None else w.wqkv, inv_freq, buf.kv_start, buf.slot,
-        buf.q, cache.k, cache.v, buf.qkv_part, buf.qkv_sq, buf.qkv_sem, buf.part, buf.lse, buf.attn, buf.sem,
+        buf.q, cache.k, cache.v, buf.pair_part, buf.pair_sq, buf.pair_sem, buf.part, buf.lse, buf.attn, buf.sem,
         buf.proj_part, buf.proj_sem, w.wo,
         w.mlp_norm, w.w_gate_up, buf.h, w.w_down,
         w.final_norm, w.lm_head, buf.logits, buf.best, buf.best_idx, buf.seed, buf.inv_temperature, buf.counter,
@@ -453,7 +464,7 @@ def looped_decode(w: LlamaWeights, cfg: LlamaConfig, cache: KVCache, buf: Decode
         BLOCK_P=plan.block_p,
         BLOCK_N=plan.block_n, BLOCK_K=plan.block_k, BLOCK_G=plan.block_g, BLOCK_S=plan.block_s, BLOCK_M=plan.block_m,
         BLOCK_D=plan.block_d, BLOCK_V=plan.block_v, DOT_PREC=plan.dot_prec, ROW_PREFETCH=plan.row_prefetch,
-        QKV_SPLIT=plan.qkv_split,
+        QKV_SPLIT=plan.qkv_split, MLP_SPLIT=plan.mlp_split,
         PREFETCH=plan.prefetch, PREFETCH_BLOCK=plan.prefetch_block, ACQUIRE_LOADS=plan.acquire_loads,
         **plan.looped_launch_options(),
     )

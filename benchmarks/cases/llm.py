@@ -197,8 +197,8 @@ def instruction_bytes(cfg: LlamaConfig, w: LlamaWeights, batch: int, context: in
 # (batch, plan fields other than the default) of the breakdown: the default plans, and A/B
 # variants of the batch-1 matrix-vector tiles.
 BREAKDOWN_PLANS: list[tuple[int, dict[str, int]]] = [
-    (1, {}), (1, {"row_prefetch": False}), (1, {"block_k": 256}), (1, {"split_k": 1}), (8, {}), (8, {"qkv_split": 1}),
-    (64, {}),
+    (1, {}), (1, {"row_prefetch": False}), (1, {"block_k": 256}), (1, {"split_k": 1}),
+    (8, {}), (8, {"qkv_split": 1, "mlp_split": 1}), (64, {}),
 ]
 
 
@@ -284,9 +284,11 @@ PLAN_SWEEP: list[tuple[int, bool, dict[str, int]]] = [
     (1, False, {"row_prefetch": False}), (1, False, {"block_k": 256}), (1, False, {"block_k": 256, "split_k": 2}),
     (1, False, {"split_k": 1}), (1, False, {"split_k": 2}), (1, False, {"qkv_split": 2}),
     (1, True, {}), (1, True, {"row_prefetch": False}),
-    # batches 8 and 64: Q/K/V in 4 K parts (the default) against 1, 2 and 8
-    (8, False, {"qkv_split": 1}), (8, False, {"qkv_split": 2}), (8, False, {"qkv_split": 8}), (8, True, {}),
-    (64, False, {"qkv_split": 1}), (64, False, {"qkv_split": 8}), (64, True, {}),
+    # batches 8 and 64: Q/K/V in 4 K parts and gate/up in 2 (the defaults) against other splits
+    (8, False, {"qkv_split": 1, "mlp_split": 1}), (8, False, {"qkv_split": 2}), (8, False, {"qkv_split": 8}),
+    (8, False, {"mlp_split": 1}), (8, False, {"mlp_split": 4}), (8, True, {}),
+    (64, False, {"qkv_split": 1, "mlp_split": 1}), (64, False, {"qkv_split": 8}), (64, False, {"mlp_split": 4}),
+    (64, True, {}),
 ]
 QUICK_PLAN_SWEEP = [(1, False, {"row_prefetch": False}), (3, False, {"block_b": 4}), (3, True, {})]
 

@@ -31,7 +31,7 @@ from fusecore.softmax import online_rescale
 from .launch_order import after_previous_kernel
 from .matvec import mma
 
-MERGE_SPLITS = tl.constexpr(8)  # splits the merging program reads per round of loads
+MERGE_SPLITS = tl.constexpr(16)  # splits the merging program reads per round of loads
 
 
 @jit

@@ -5,8 +5,10 @@ For a tile of BLOCK_N MLP features n::
     x̂        = x_b / sqrt(mean(x_b²) + eps) · g_mlp
     h[b, n]  = SiLU(x̂ · W_gate[n]) · (x̂ · W_up[n]),   SiLU(z) = z / (1 + e^{−z})
 
-``W_gate_up`` is [2I, H] (gate rows, then up rows).  Bytes: 2 I H weight elements once,
-x from L2, h written (B I elements, weight dtype).
+``W_gate_up`` is [2I, H] (gate rows, then up rows).  A tile is (BLOCK_N features, one of
+``MLP_SPLIT`` parts of K); with ``MLP_SPLIT > 1`` the last part of a feature block to finish
+adds the parts in order and applies SiLU · up (:func:`.matvec.rows_dot_pair_split`).
+Bytes: 2 I H weight elements once, x from L2, h written (B I elements, weight dtype).
 """
 
 import triton.language as tl
@@ -14,36 +16,38 @@ import triton.language as tl
 from fusecore.backend import jit
 
 from .launch_order import after_previous_kernel
-from .matvec import rows_dot_pair
+from .matvec import rows_dot_pair_split
 
 
 @jit
 def gate_up_tile(
-    tile, layer, x_ptr, norm_ptr, w_ptr, h_ptr, B, H, I, eps,
+    tile, layer, x_ptr, norm_ptr, w_ptr, h_ptr, part_ptr, sq_ptr, sem_ptr, B, H, I, eps,
     BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr,
-    ROW_PREFETCH: tl.constexpr,
+    ROW_PREFETCH: tl.constexpr, MLP_SPLIT: tl.constexpr,
 ):
-    n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    block = tile // MLP_SPLIT
+    n = block * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = n < I
     layer64 = tl.full([], 0, tl.int64) + layer
     w_layer = w_ptr + layer64 * 2 * I * H
     g_layer = norm_ptr + layer64 * H
-    gate, up = rows_dot_pair(x_ptr, B, H, eps, g_layer, w_layer, n, n + I, nmask,
-                             BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC, ROW_PREFETCH)
-    h = gate / (1.0 + tl.exp(-gate)) * up
-    b = tl.arange(0, BLOCK_B)
-    tl.store(h_ptr + b[:, None] * I + n[None, :], h.to(h_ptr.dtype.element_ty),
-             mask=(b < B)[:, None] & nmask[None, :])
+    last, gate, up = rows_dot_pair_split(x_ptr, B, H, eps, g_layer, w_layer, n, n + I, nmask, tile % MLP_SPLIT,
+                                         2 * I, block, part_ptr, sq_ptr, sem_ptr, MLP_SPLIT, BLOCK_B, BLOCK_N,
+                                         BLOCK_K, DOT_PREC, ROW_PREFETCH)
+    if last:
+        h = gate / (1.0 + tl.exp(-gate)) * up
+        b = tl.arange(0, BLOCK_B)
+        tl.store(h_ptr + b[:, None] * I + n[None, :], h.to(h_ptr.dtype.element_ty),
+                 mask=(b < B)[:, None] & nmask[None, :])
 
 
 # Sizes that change from call to call are not specialized: one compile serves them all.
 @jit(do_not_specialize=["layer"])
 def gate_up_kernel(
-    layer, x_ptr, norm_ptr, w_ptr, h_ptr, B, H, I, eps,
+    layer, x_ptr, norm_ptr, w_ptr, h_ptr, part_ptr, sq_ptr, sem_ptr, B, H, I, eps,
     BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr,
-    ROW_PREFETCH: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    ROW_PREFETCH: tl.constexpr, MLP_SPLIT: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     after_previous_kernel(USE_PDL)
-    gate_up_tile(tl.program_id(0), layer, x_ptr, norm_ptr, w_ptr, h_ptr, B, H, I, eps,
-                 BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC, ROW_PREFETCH)
+    gate_up_tile(tl.program_id(0), layer, x_ptr, norm_ptr, w_ptr, h_ptr, part_ptr, sq_ptr, sem_ptr, B, H, I, eps,
+                 BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC, ROW_PREFETCH, MLP_SPLIT)

@@ -7,7 +7,7 @@ Schedule (stage numbers are global, ``5 · layer + k``)::
         k=0  qkv_rope_tile          over (Hq + 2 Hkv) · ceil(D/2 / BLOCK_P) · QKV_SPLIT tiles → q, cache
         k=1  decode_attention_tile  over B · Hkv · n_splits tiles                   → attn
         k=2  residual_proj_tile     over ceil(H / BLOCK_N) · split_k tiles (attn, W_o)  → x
-        k=3  gate_up_tile           over ceil(I / BLOCK_N) tiles                        → h
+        k=3  gate_up_tile           over ceil(I / BLOCK_N) · MLP_SPLIT tiles            → h
         k=4  residual_proj_tile     over ceil(H / BLOCK_N) · split_k tiles (h, W_down)  → x
     stage 5L: lm_head_tile          over ceil(V / BLOCK_V) tiles          → greedy or sampled winners (+ logits)
 
@@ -64,7 +64,7 @@ def _barrier(counter_ptr, index, pid, nprog, sink, w_ptr, n, start, max_polls, t
 @jit(do_not_specialize=["B", "S", "n_splits", "split_len", "stop_stage", "max_polls"])
 def looped_decode_kernel(
     x_ptr, attn_norm_ptr, wqkv_ptr, bqkv_ptr, inv_freq_ptr, kv_start_ptr, slot_ptr,
-    q_ptr, k_cache_ptr, v_cache_ptr, qkv_part_ptr, qkv_sq_ptr, qkv_sem_ptr, part_ptr, lse_ptr, attn_ptr, sem_ptr,
+    q_ptr, k_cache_ptr, v_cache_ptr, pair_part_ptr, pair_sq_ptr, pair_sem_ptr, part_ptr, lse_ptr, attn_ptr, sem_ptr,
     proj_part_ptr, proj_sem_ptr, wo_ptr,
     mlp_norm_ptr, w_gate_up_ptr,
     h_ptr, w_down_ptr, final_norm_ptr, head_ptr, logits_ptr, best_ptr, best_idx_ptr, seed_ptr, inv_temp_ptr,
@@ -74,15 +74,15 @@ def looped_decode_kernel(
     HAS_BIAS: tl.constexpr, WRITE_LOGITS: tl.constexpr, SAMPLE: tl.constexpr, BLOCK_B: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, DOT_PREC: tl.constexpr,
-    ROW_PREFETCH: tl.constexpr, QKV_SPLIT: tl.constexpr, PREFETCH: tl.constexpr, PREFETCH_BLOCK: tl.constexpr,
-    ACQUIRE_LOADS: tl.constexpr,
+    ROW_PREFETCH: tl.constexpr, QKV_SPLIT: tl.constexpr, MLP_SPLIT: tl.constexpr, PREFETCH: tl.constexpr,
+    PREFETCH_BLOCK: tl.constexpr, ACQUIRE_LOADS: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     qkv_tiles = (HQ + 2 * HKV) * tl.cdiv(D // 2, BLOCK_P) * QKV_SPLIT
     attn_tiles = B * HKV * n_splits
     hidden_tiles = tl.cdiv(H, BLOCK_N) * split_k
-    mlp_tiles = tl.cdiv(I, BLOCK_N)
+    mlp_tiles = tl.cdiv(I, BLOCK_N) * MLP_SPLIT
     qkv_size = (HQ + 2 * HKV) * D * H  # elements of one layer's matrices
     wo_size = H * HQ * D
     gate_up_size = 2 * I * H
@@ -96,7 +96,7 @@ def looped_decode_kernel(
         if stage < stop_stage:
             for tile in range(pid, qkv_tiles, nprog):
                 qkv_rope_tile(tile, layer, x_ptr, attn_norm_ptr, wqkv_ptr, bqkv_ptr, inv_freq_ptr, kv_start_ptr,
-                              slot_ptr, q_ptr, k_cache_ptr, v_cache_ptr, qkv_part_ptr, qkv_sq_ptr, qkv_sem_ptr,
+                              slot_ptr, q_ptr, k_cache_ptr, v_cache_ptr, pair_part_ptr, pair_sq_ptr, pair_sem_ptr,
                               B, H, HQ, HKV, D, S, eps, HAS_BIAS, BLOCK_B, BLOCK_P, BLOCK_K, DOT_PREC, ROW_PREFETCH,
                               QKV_SPLIT)
                 # no grid barrier after this stage: each tile signals its KV head's group (a pair
@@ -121,8 +121,8 @@ def looped_decode_kernel(
                             gate_up_size, 0, max_polls, timeout_ptr, PREFETCH, PREFETCH_BLOCK, ACQUIRE_LOADS)
         if stage + 3 < stop_stage:
             for tile in range(pid, mlp_tiles, nprog):
-                gate_up_tile(tile, layer, x_ptr, mlp_norm_ptr, w_gate_up_ptr, h_ptr, B, H, I, eps,
-                             BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC, ROW_PREFETCH)
+                gate_up_tile(tile, layer, x_ptr, mlp_norm_ptr, w_gate_up_ptr, h_ptr, pair_part_ptr, pair_sq_ptr,
+                             pair_sem_ptr, B, H, I, eps, BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC, ROW_PREFETCH, MLP_SPLIT)
             sink = _barrier(counter_ptr, layer * 4 + 2, pid, nprog, sink, w_down_ptr + layer64 * down_size,
                             down_size, 0, max_polls, timeout_ptr, PREFETCH, PREFETCH_BLOCK, ACQUIRE_LOADS)
         if stage + 4 < stop_stage:

@@ -221,13 +221,45 @@ def rows_dot_pair_sums(
 
 
 @jit
-def rows_dot_pair(
-    x_ptr, B, K, eps, g_ptr, w_ptr, rows_a, rows_b, row_mask,
-    BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr,
-    ROW_PREFETCH: tl.constexpr,
+def rows_dot_pair_split(
+    x_ptr, B, K, eps, g_ptr, w_ptr, rows_a, rows_b, row_mask, k_part, n_rows, block, part_ptr, sq_ptr, sem_ptr,
+    SPLIT: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    DOT_PREC: tl.constexpr, ROW_PREFETCH: tl.constexpr,
 ):
-    """(x̂ · W[rows_a]ᵀ, x̂ · W[rows_b]ᵀ) with the RMSNorm, both [BLOCK_B, BLOCK_N] float32, in one pass over x."""
-    acc_a, acc_b, sumsq = rows_dot_pair_sums(x_ptr, B, K, g_ptr, w_ptr, rows_a, rows_b, row_mask, 0, K, True,
-                                             BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC, ROW_PREFETCH)
+    """:func:`rows_dot_pair` computed by ``SPLIT`` programs, each over K part ``k_part`` of row block ``block``.
+
+    Returns ``(last, a, b)``; only the program with ``last`` true holds the results (the others
+    return their own parts).  With ``SPLIT > 1`` each part stores ``Σ x g W`` of its columns
+    into ``part_ptr`` ([SPLIT, B, n_rows] float32, at ``rows_a`` / ``rows_b``) and ``Σ x²`` into
+    ``sq_ptr`` ([blocks · SPLIT, B]); the last part of the block to finish (a count at
+    ``sem_ptr[block]`` with acquire-release order, reset by that program) adds the parts in
+    their fixed order — deterministic, and no program waits — and scales by the RMS."""
+    k_len = tl.cdiv(tl.cdiv(K, SPLIT), BLOCK_K) * BLOCK_K
+    k_start = k_part * k_len
+    acc_a, acc_b, sumsq = rows_dot_pair_sums(x_ptr, B, K, g_ptr, w_ptr, rows_a, rows_b, row_mask, k_start,
+                                             tl.minimum(k_start + k_len, K), True, BLOCK_B, BLOCK_N, BLOCK_K,
+                                             DOT_PREC, ROW_PREFETCH)
+    last = True
+    if SPLIT > 1:
+        b = tl.arange(0, BLOCK_B)
+        bmask = b < B
+        mask = bmask[:, None] & row_mask[None, :]
+        off_a = b[:, None] * n_rows + rows_a[None, :]
+        off_b = b[:, None] * n_rows + rows_b[None, :]
+        tl.store(part_ptr + k_part * B * n_rows + off_a, acc_a, mask=mask)
+        tl.store(part_ptr + k_part * B * n_rows + off_b, acc_b, mask=mask)
+        tl.store(sq_ptr + (block * SPLIT + k_part) * B + b, sumsq, mask=bmask)
+        tl.debug_barrier()
+        last = tl.atomic_add(sem_ptr + block, 1, sem="acq_rel", scope="gpu") == SPLIT - 1
+        if last:
+            acc_a = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)
+            acc_b = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)
+            sumsq = tl.zeros([BLOCK_B], dtype=tl.float32)
+            for part in tl.static_range(SPLIT):  # unrolled: the loads of all parts in one round
+                acc_a += tl.load(part_ptr + part * B * n_rows + off_a, mask=mask, other=0.0, cache_modifier=".cg")
+                acc_b += tl.load(part_ptr + part * B * n_rows + off_b, mask=mask, other=0.0, cache_modifier=".cg")
+                sumsq += tl.load(sq_ptr + (block * SPLIT + part) * B + b, mask=bmask, other=0.0,
+                                 cache_modifier=".cg")
+            tl.atomic_xchg(sem_ptr + block, 0, sem="relaxed", scope="gpu")
     scale = rms_scale(sumsq, K, eps)
-    return acc_a * scale, acc_b * scale
+    return last, acc_a * scale, acc_b * scale

@@ -25,7 +25,7 @@ import triton.language as tl
 from fusecore.backend import jit
 
 from .launch_order import after_previous_kernel
-from .matvec import rms_scale, rows_dot_pair_sums
+from .matvec import rows_dot_pair_split
 
 
 @jit
@@ -49,47 +49,22 @@ def qkv_rope_tile(
     n_rows = (HQ + 2 * HKV) * D
     w_layer = w_ptr + layer64 * n_rows * H
     g_layer = norm_ptr + layer64 * H
-    k_len = tl.cdiv(tl.cdiv(H, QKV_SPLIT), BLOCK_K) * BLOCK_K
-    k_start = k_part * k_len
-    lo, hi, sumsq = rows_dot_pair_sums(x_ptr, B, H, g_layer, w_layer, rows_lo, rows_hi, jmask, k_start,
-                                       tl.minimum(k_start + k_len, H), True, BLOCK_B, BLOCK_P, BLOCK_K, DOT_PREC,
-                                       ROW_PREFETCH)
-    b = tl.arange(0, BLOCK_B)
-    bmask = b < B
-    mask = bmask[:, None] & jmask[None, :]
-    if QKV_SPLIT == 1:
-        _rope_append(lo * rms_scale(sumsq, H, eps), hi * rms_scale(sumsq, H, eps), layer64, head, j, jmask, b,
-                     bmask, mask, bias_ptr, inv_freq_ptr, kv_start_ptr, slot_ptr, q_ptr, k_cache_ptr, v_cache_ptr,
-                     B, HQ, HKV, D, S, HAS_BIAS)
-    else:
-        # parts [QKV_SPLIT, B, rows] of Σ x g W and [pair blocks, QKV_SPLIT, B] of Σ x²
-        row_off = b[:, None] * n_rows + rows_lo[None, :]
-        tl.store(part_ptr + k_part * B * n_rows + row_off, lo, mask=mask)
-        tl.store(part_ptr + k_part * B * n_rows + row_off + half, hi, mask=mask)
-        tl.store(sq_ptr + tile * B + b, sumsq, mask=bmask)
-        tl.debug_barrier()
-        finished = tl.atomic_add(sem_ptr + pair_block, 1, sem="acq_rel", scope="gpu")
-        if finished == QKV_SPLIT - 1:
-            lo = tl.zeros([BLOCK_B, BLOCK_P], dtype=tl.float32)
-            hi = tl.zeros([BLOCK_B, BLOCK_P], dtype=tl.float32)
-            sumsq = tl.zeros([BLOCK_B], dtype=tl.float32)
-            for part in tl.static_range(QKV_SPLIT):  # unrolled: all parts' loads in one round
-                lo += tl.load(part_ptr + part * B * n_rows + row_off, mask=mask, other=0.0, cache_modifier=".cg")
-                hi += tl.load(part_ptr + part * B * n_rows + row_off + half, mask=mask, other=0.0,
-                              cache_modifier=".cg")
-                sumsq += tl.load(sq_ptr + (pair_block * QKV_SPLIT + part) * B + b, mask=bmask, other=0.0,
-                                 cache_modifier=".cg")
-            _rope_append(lo * rms_scale(sumsq, H, eps), hi * rms_scale(sumsq, H, eps), layer64, head, j, jmask, b,
-                         bmask, mask, bias_ptr, inv_freq_ptr, kv_start_ptr, slot_ptr, q_ptr, k_cache_ptr,
-                         v_cache_ptr, B, HQ, HKV, D, S, HAS_BIAS)
-            tl.atomic_xchg(sem_ptr + pair_block, 0, sem="relaxed", scope="gpu")
+    last, lo, hi = rows_dot_pair_split(x_ptr, B, H, eps, g_layer, w_layer, rows_lo, rows_hi, jmask, k_part, n_rows,
+                                       pair_block, part_ptr, sq_ptr, sem_ptr, QKV_SPLIT, BLOCK_B, BLOCK_P, BLOCK_K,
+                                       DOT_PREC, ROW_PREFETCH)
+    if last:
+        _rope_append(lo, hi, layer64, head, j, jmask, bias_ptr, inv_freq_ptr, kv_start_ptr, slot_ptr, q_ptr,
+                     k_cache_ptr, v_cache_ptr, B, HQ, HKV, D, S, HAS_BIAS, BLOCK_B)
 
 
 @jit
-def _rope_append(lo, hi, layer64, head, j, jmask, b, bmask, mask, bias_ptr, inv_freq_ptr, kv_start_ptr, slot_ptr,
-                 q_ptr, k_cache_ptr, v_cache_ptr, B, HQ, HKV, D, S, HAS_BIAS: tl.constexpr):
+def _rope_append(lo, hi, layer64, head, j, jmask, bias_ptr, inv_freq_ptr, kv_start_ptr, slot_ptr,
+                 q_ptr, k_cache_ptr, v_cache_ptr, B, HQ, HKV, D, S, HAS_BIAS: tl.constexpr, BLOCK_B: tl.constexpr):
     """The epilogue of a pair block: bias, RoPE of Q and K heads, q stored, K / V rows appended to the cache."""
     half = D // 2
+    b = tl.arange(0, BLOCK_B)
+    bmask = b < B
+    mask = bmask[:, None] & jmask[None, :]
     rows_lo = head * D + j
     if HAS_BIAS:
         b_layer = bias_ptr + layer64 * (HQ + 2 * HKV) * D

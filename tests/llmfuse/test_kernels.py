@@ -63,7 +63,7 @@ def test_qkv_rope_append(batch, dtype, tuning, gen):
     before = cache.k.clone()
     inv_freq = cfg.rope_inv_freq().to(buf.x.device)
     ops.qkv_rope(wk, cfg, LAYER, cache, buf, plan, inv_freq)
-    assert int(buf.qkv_sem.abs().sum()) == 0, "the last K part of each pair block resets its semaphore"
+    assert int(buf.pair_sem.abs().sum()) == 0, "the last K part of each pair block resets its semaphore"
     positions = (slot - kv_start)[:, None]
     q, k, v = ref.qkv_step(w64, cfg, LAYER, buf.x.cpu().double()[:, None], positions, cfg.rope_inv_freq())
     assert_all_written(buf.q, "q")
@@ -101,12 +101,12 @@ def test_decode_attention_splits_merge_to_attention(batch, dtype, tuning, gen):
 
 
 def test_decode_attention_merges_more_splits_than_one_round(gen):
-    """10 splits: the last program merges them in two rounds of MERGE_SPLITS; a row whose first
+    """20 splits: the last program merges them in two rounds of MERGE_SPLITS; a row whose first
     valid slot leaves splits empty (lse = -inf), and a split past the current slot."""
-    slots, slot = 640, 601  # 10 splits of 64 slots under the interpreter and compiled
-    kv_start = torch.tensor([0, 150])
-    plan = ops.make_plan(CFG, 2, slots, torch.float32, torch.device(test_device()), n_splits=10)
-    assert plan.n_splits == 10 > decode_attention.MERGE_SPLITS
+    slots, slot = 1280, 1201  # 20 splits of 64 slots under the interpreter and compiled
+    kv_start = torch.tensor([0, 300])
+    plan = ops.make_plan(CFG, 2, slots, torch.float32, torch.device(test_device()), n_splits=20)
+    assert plan.n_splits == 20 > decode_attention.MERGE_SPLITS
     buf = ops.DecodeBuffers.allocate(CFG, plan, torch.float32, torch.device(test_device()))
     cache = ref.KVCache.empty(CFG, 2, slots, dtype=torch.float32, device=test_device())
     cache.k.copy_(torch.randn(cache.k.shape, generator=gen))
@@ -136,13 +136,16 @@ def test_o_proj_adds_residual(batch, dtype, tuning, split_k, gen):
     assert_close(buf.x.cpu() - x0, expected - x0, dtype, name="o_proj update")
 
 
+# split_k: the down projection's K parts; mlp_split: gate/up K parts (16-column chunks, none empty)
 @pytest.mark.parametrize("batch, dtype, tuning, split_k", [(*case, 1) for case in CASES] +
-                         [(9, torch.bfloat16, {}, 2)])
+                         [(9, torch.bfloat16, {}, 2), (1, torch.float32, {"mlp_split": 2, "block_k": 16}, 1),
+                          (9, torch.bfloat16, {"mlp_split": 3, "block_k": 16}, 1)])
 def test_gate_up_silu_and_down_residual(batch, dtype, tuning, split_k, gen):
     cfg, w64, wk, plan, buf, cache, slot, kv_start = _setup(batch, dtype, gen, split_k=split_k, tuning=tuning)
     buf.h.fill_(float("nan"))
     x0 = buf.x.cpu().double()
     ops.gate_up(wk, cfg, LAYER, buf, plan)
+    assert int(buf.pair_sem.abs().sum()) == 0, "the last K part of each feature block resets its semaphore"
     assert_all_written(buf.h, "h")
     assert_close(buf.h.cpu(), ref.mlp_step(w64, cfg, LAYER, x0).to(dtype), dtype, name="h")
     h = buf.h.cpu().double()
