@@ -211,7 +211,7 @@ def attention_forward(
             graph.csr_src, graph.csr_eid, rows, starts, stops, *tensors, target_out, target_lse, heads, head_dim,
             inputs.edge_dim, *scalars,
             BLOCK_E=row_block_e, BLOCK_H=block_h, BLOCK_D=block_d, PIECES=pieces, **flags,
-            BLOCK_K=_block_k(inputs), LANES=schedule.lane_softmax, num_warps=schedule.num_warps,
+            BLOCK_K=_block_k(inputs), LANES=schedule.edge_lanes, num_warps=schedule.num_warps,
         )
         if pieces:
             lse_merge_kernel[(buckets.super_rows.numel(),)](
@@ -311,7 +311,8 @@ def attention_backward(
             graph.rev_dst, graph.rev_pos, graph.rev_eid, rows, starts, stops, *src_tensors,
             target_value, target_src, grad_s, heads, head_dim, edge_dim, *scalars,
             BLOCK_E=row_block_e, BLOCK_H=block_h, BLOCK_D=block_d, PIECES=pieces, **flags,
-            **_edge_flags(inputs, block_h, block_d, row_block_e), num_warps=schedule.num_warps,
+            **_edge_flags(inputs, block_h, block_d, row_block_e), LANES=schedule.edge_lanes,
+            num_warps=schedule.num_warps,
         )
         if pieces:
             _merge_sums(outgoing, target_value, grad_value)
@@ -358,7 +359,7 @@ def attention_backward(
             graph.csr_src, graph.csr_eid, rows, starts, stops, *dst_tensors, target_dst, edge_outputs[0], target_sums,
             heads, head_dim, edge_dim, *scalars,
             BLOCK_E=row_block_e, BLOCK_H=block_h, BLOCK_D=block_d, PIECES=pieces, **flags,
-            BLOCK_K=_block_k(inputs), num_warps=schedule.num_warps,
+            BLOCK_K=_block_k(inputs), LANES=schedule.edge_lanes, num_warps=schedule.num_warps,
         )
         if pieces:
             _merge_sums(incoming, target_dst, grad_dst)

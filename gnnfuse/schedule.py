@@ -58,7 +58,7 @@ class TileLimits:
 GPU_TILES = TileLimits(tile_elements=4096, max_edge_block=64, max_light_rows=64)
 INTERPRETER_TILES = TileLimits(tile_elements=32768, max_edge_block=256, max_light_rows=512)
 DEFAULT_NUM_WARPS = 4
-DEFAULT_LANE_SOFTMAX = False
+DEFAULT_EDGE_LANES = False
 EDGES_PER_ROW_ELEMENT = 64  # on the GPU the edge block may grow to tile_elements / 64 (64 edges at 4096)
 
 
@@ -77,9 +77,9 @@ class ScheduleOptions:
     over ``16 · multiprocessors``, between ``4 · medium_block_e`` and ``split_degree``);
     ``tile_elements``: feature elements one gathered tile holds (>= 256; default
     :data:`GPU_TILES` / :data:`INTERPRETER_TILES`); ``num_warps``: warps per attention program
-    (1 .. 32, a power of two; default 4); ``lane_softmax``: the forward row kernel keeps its
-    online-softmax state per edge lane (see :mod:`gnnfuse.kernels.attention_forward`; default
-    False).  The last three are tuning knobs for GPU experiments.
+    (1 .. 32, a power of two; default 4); ``edge_lanes``: the row kernels keep their running
+    state per edge lane and reduce it once after the edge loop, not on every trip (the forward's
+    online softmax, the backward's gradient sums; default False).  The last three are tuning knobs for GPU experiments.
     """
 
     light_max_degree: int | None = None
@@ -87,7 +87,7 @@ class ScheduleOptions:
     piece_edges: int | None = None
     tile_elements: int | None = None
     num_warps: int | None = None
-    lane_softmax: bool | None = None
+    edge_lanes: bool | None = None
 
     def __post_init__(self) -> None:
         for name in ("light_max_degree", "split_degree", "piece_edges", "tile_elements", "num_warps"):
@@ -95,8 +95,8 @@ class ScheduleOptions:
             low = _OPTION_MINIMA.get(name, 0)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
                 raise ValueError(f"ScheduleOptions.{name} must be None or an int >= {low}, got {value!r}")
-        if self.lane_softmax is not None and not isinstance(self.lane_softmax, bool):
-            raise ValueError(f"ScheduleOptions.lane_softmax must be None or a bool, got {self.lane_softmax!r}")
+        if self.edge_lanes is not None and not isinstance(self.edge_lanes, bool):
+            raise ValueError(f"ScheduleOptions.edge_lanes must be None or a bool, got {self.edge_lanes!r}")
         if self.num_warps is not None and (self.num_warps > 32 or self.num_warps & (self.num_warps - 1)):
             raise ValueError(f"ScheduleOptions.num_warps must be a power of two in 1 .. 32, got {self.num_warps}")
         if self.light_max_degree is not None and self.light_max_degree > MAX_LIGHT_DEGREE:
@@ -160,7 +160,7 @@ class Schedule:
     split_degree: int
     tiles: TileLimits
     num_warps: int
-    lane_softmax: bool
+    edge_lanes: bool
 
     def light_rows_per_program(self, width: int, row_elements: int) -> int:
         """Rows per program for light rows of ``width`` edges with ``row_elements`` values per edge."""
@@ -267,6 +267,6 @@ def build_schedule(graph, num_heads: int, head_dim: int, dtype: torch.dtype, opt
         medium_block_e=edge_tile,
         light_max_degree=light_max, split_degree=split, tiles=tiles,
         num_warps=options.num_warps or DEFAULT_NUM_WARPS,
-        lane_softmax=DEFAULT_LANE_SOFTMAX if options.lane_softmax is None else options.lane_softmax,
+        edge_lanes=DEFAULT_EDGE_LANES if options.edge_lanes is None else options.edge_lanes,
     )
 

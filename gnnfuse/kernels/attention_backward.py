@@ -45,7 +45,7 @@ from .edge_features import (
     store_attr_grad,
 )
 from .scores import attn_grad_terms, edge_scores, gather_keys, score_grad
-from .tiles import flat_head_tile, head_tile, item_edges, light_edges
+from .tiles import flat_head_tile, head_tile, item_edges, lane_add, lane_total, light_edges
 
 
 @jit
@@ -56,7 +56,7 @@ def attention_backward_src_kernel(
     H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
     BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     PIECES: tl.constexpr, DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr,
-    BLOCK_K: tl.constexpr, EDGE_DOT: tl.constexpr, KEY_SCALE: tl.constexpr,
+    BLOCK_K: tl.constexpr, EDGE_DOT: tl.constexpr, KEY_SCALE: tl.constexpr, LANES: tl.constexpr,
 ):
     acc_dtype = lse_ptr.dtype.element_ty
     pid = tl.program_id(0).to(tl.int64)
@@ -65,9 +65,17 @@ def attention_backward_src_kernel(
     HD = H * D
     row, start, stop, out_index = item_edges(pid, rows_ptr, starts_ptr, stops_ptr, PIECES)
     val_j = tl.load(value_ptr + row * HD + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)
+    # sums over the row's edges, per edge lane with LANES (tiles.lane_add)
+    if LANES:
+        acc_val = tl.zeros([BLOCK_E, BLOCK_H, BLOCK_D], dtype=acc_dtype)
+    else:
+        acc_val = tl.zeros([BLOCK_H, BLOCK_D], dtype=acc_dtype)
     if SCORE == 0:
         src_j = tl.load(src_term_ptr + row * H + offs_h, mask=h_mask, other=0.0).to(acc_dtype)[None, :]
-        acc_src = tl.zeros([BLOCK_H], dtype=acc_dtype)
+        if LANES:
+            acc_src = tl.zeros([BLOCK_E, BLOCK_H], dtype=acc_dtype)
+        else:
+            acc_src = tl.zeros([BLOCK_H], dtype=acc_dtype)
         attn = src_j
     else:
         if KEY_SCALE:
@@ -75,11 +83,10 @@ def attention_backward_src_kernel(
             src_j = src_j[None, :, :]
         else:
             src_j = tl.load(src_term_ptr + row * HD + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
-        acc_src = tl.zeros([BLOCK_H, BLOCK_D], dtype=acc_dtype)
+        acc_src = tl.zeros_like(acc_val)
         attn = tl.load(attn_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
     if EDGE:
         w_tile = edge_weight_tile(w_edge_ptr, K, H, D, BLOCK_K, BLOCK_H, BLOCK_D)
-    acc_val = tl.zeros([BLOCK_H, BLOCK_D], dtype=acc_dtype)
     for q0 in range(start, stop, BLOCK_E):
         q = q0 + offs_e
         e_mask = q < stop
@@ -115,7 +122,7 @@ def attention_backward_src_kernel(
         g_i = tl.load(grad_out_ptr + dst[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
                       other=0.0).to(acc_dtype)
         kept_g = alpha_kept[:, :, None] * g_i
-        acc_val += tl.sum(kept_g, axis=0)
+        acc_val = lane_add(acc_val, kept_g, LANES)
         if EDGE:
             g_dot_val = tl.sum(g_i * (val_j[None, :, :] + edge_e), axis=2)
         else:
@@ -123,17 +130,19 @@ def attention_backward_src_kernel(
         grad_s = alpha_kept * g_dot_val - alpha * delta_i
         grad_src = score_grad(grad_s, src_e, dst_i, attn, negative_slope, SCORE)
         if SCORE == 0:
-            acc_src += tl.sum(tl.where(eh_mask, grad_src, 0.0), axis=0)
+            acc_src = lane_add(acc_src, tl.where(eh_mask, grad_src, 0.0), LANES)
             grad_edge_head = grad_src
         else:
             if SCORE == 1:
-                acc_val += tl.sum(grad_src, axis=0)
-                acc_src += tl.sum(attn_grad_terms(grad_s, src_e, dst_i, negative_slope), axis=0)
+                acc_val = lane_add(acc_val, grad_src, LANES)
+                acc_src = lane_add(acc_src, attn_grad_terms(grad_s, src_e, dst_i, negative_slope), LANES)
             else:
-                acc_src += tl.sum(grad_src, axis=0)
+                acc_src = lane_add(acc_src, grad_src, LANES)
             grad_edge_head = grad_s
         tl.store(grad_s_ptr + pos[:, None] * H + offs_h[None, :], grad_edge_head.to(grad_s_ptr.dtype.element_ty),
                  mask=eh_mask)
+    acc_val = lane_total(acc_val, LANES)
+    acc_src = lane_total(acc_src, LANES)
     tl.store(grad_value_ptr + out_index * HD + hd_offs, acc_val.to(grad_value_ptr.dtype.element_ty),
              mask=hd_mask)
     if SCORE == 0:
@@ -245,7 +254,7 @@ def attention_backward_dst_kernel(
     H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
     BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
     PIECES: tl.constexpr, DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr,
-    KEY_SCALE: tl.constexpr, ATTR_GRAD: tl.constexpr, WEIGHT_GRAD: tl.constexpr,
+    KEY_SCALE: tl.constexpr, ATTR_GRAD: tl.constexpr, WEIGHT_GRAD: tl.constexpr, LANES: tl.constexpr,
 ):
     """``∂L/∂dst_i = Σ_{j->i} ∂s/∂dst · ∂L/∂s_ij`` for GATv2 (``∂L/∂fd``) and the dot score
     (``∂L/∂q``, the keys gathered again), from the source pass's ``∂L/∂s`` at CSR positions.
@@ -261,7 +270,10 @@ def attention_backward_dst_kernel(
     row, start, stop, out_index = item_edges(pid, rows_ptr, starts_ptr, stops_ptr, PIECES)
     dst_i = tl.load(dst_term_ptr + row * HD + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
     attn = tl.load(attn_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
-    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=acc_dtype)
+    if LANES:
+        acc = tl.zeros([BLOCK_E, BLOCK_H, BLOCK_D], dtype=acc_dtype)
+    else:
+        acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=acc_dtype)
     if EDGE:
         query = dst_i * scale
         lse_i = tl.load(lse_ptr + row * H + offs_h, mask=h_mask, other=0.0).to(acc_dtype)[None, :]
@@ -299,7 +311,8 @@ def attention_backward_dst_kernel(
                     sums_a += tl.sum(attr * alpha[:, None, :], axis=0)
         if SCORE == 2:
             src_j = src_j * scale
-        acc += tl.sum(score_grad(grad_s, dst_i, src_j, attn, negative_slope, SCORE), axis=0)
+        acc = lane_add(acc, score_grad(grad_s, dst_i, src_j, attn, negative_slope, SCORE), LANES)
+    acc = lane_total(acc, LANES)
     if EDGE:
         # the key path's Σ_p ∂s_p e_p = Σ_k B[k] W[k] (scaled like the keys)
         acc += tl.sum(sums_b[:, :, None] * w_heads, axis=0) * scale

@@ -10,7 +10,8 @@
   of their CSR positions (``BLOCK_E`` >= every row's degree);
 * :func:`node_rows` — ``ROWS`` consecutive nodes of one program and their feature tile
   ``[ROWS, BLOCK_H, BLOCK_D]`` (per-node kernels);
-* :func:`finish_softmax` — output and logsumexp from an online softmax's running state.
+* :func:`finish_softmax` — output and logsumexp from an online softmax's running state;
+* :func:`lane_add`, :func:`lane_total` — edge-loop sums kept per edge lane or reduced per trip.
 
 All positions and ids come back as int64, so address arithmetic never overflows int32.
 """
@@ -91,3 +92,23 @@ def finish_softmax(acc, m, total):
     has_edges = total > 0
     safe_total = tl.where(has_edges, total, 1.0)
     return acc / safe_total[:, None], tl.where(has_edges, m + tl.log(safe_total), float("-inf"))
+
+
+@jit
+def lane_add(acc, terms, LANES: tl.constexpr):
+    """``acc`` plus the per-edge ``terms [BLOCK_E, ...]``: kept per edge lane with ``LANES`` (``acc``
+    shaped like ``terms``: no reduction across threads inside an edge loop), else summed over the
+    edges at once (``acc`` without the edge axis)."""
+    if LANES:
+        acc = acc + terms
+    else:
+        acc = acc + tl.sum(terms, axis=0)
+    return acc
+
+
+@jit
+def lane_total(acc, LANES: tl.constexpr):
+    """The edge-summed value of an accumulator built with :func:`lane_add`."""
+    if LANES:
+        acc = tl.sum(acc, axis=0)
+    return acc

@@ -8,7 +8,7 @@ import torch
 from fusecore.testing import poisoned
 from gnnfuse import ScheduleOptions
 from gnnfuse.datasets import default_planetoid_root, load_planetoid, planetoid_available
-from gnnfuse.schedule import DEFAULT_LANE_SOFTMAX
+from gnnfuse.schedule import DEFAULT_EDGE_LANES
 
 PLANETOID = default_planetoid_root()
 
@@ -20,7 +20,7 @@ SCHEDULES = {
     "medium": ScheduleOptions(light_max_degree=0, split_degree=10_000),
     "rows only": ScheduleOptions(light_max_degree=-1, split_degree=10_000),
     "super": ScheduleOptions(light_max_degree=0, split_degree=2, piece_edges=3),
-    "mixed": ScheduleOptions(light_max_degree=2, split_degree=6, piece_edges=4, lane_softmax=not DEFAULT_LANE_SOFTMAX),
+    "mixed": ScheduleOptions(light_max_degree=2, split_degree=6, piece_edges=4, edge_lanes=not DEFAULT_EDGE_LANES),
 }
 
 

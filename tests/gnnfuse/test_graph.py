@@ -158,8 +158,8 @@ def test_schedule_options_are_checked():
         ScheduleOptions(tile_elements=100)
     with pytest.raises(ValueError, match="num_warps must be a power of two in 1 .. 32, got 6"):
         ScheduleOptions(num_warps=6)
-    with pytest.raises(ValueError, match="lane_softmax must be None or a bool, got 1"):
-        ScheduleOptions(lane_softmax=1)
+    with pytest.raises(ValueError, match="edge_lanes must be None or a bool, got 1"):
+        ScheduleOptions(edge_lanes=1)
 
 
 def test_tile_options_size_the_edge_blocks():
