@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 from collections.abc import Iterator
 
+import numpy as np
 import torch
 
 from fusecore import backend
@@ -30,17 +31,15 @@ POLICY_IDS = {"random": 0, "given": 1, "mlp": 2}
 class Tuning:
     """Launch choices of the classic rollout kernel (the ``sim/tuning`` benchmark compares variants).
 
-    Blocks of at least ``eager_reset_block`` envs draw start states every step (some env of
-    a large block resets in almost every step); smaller ones only when some env of the block
-    resets.  ``env_block``: envs per program for the random and given policies; ``mlp_block``
-    / ``mlp_warps``: envs per program and warps for MLP policies (None: automatic).
-    Measured on an H200 (CartPole-v1): eager start states at 64-128 envs per program are
-    1.14x faster at 1 M envs, lazy ones at 8 envs per program 1.03x at 4,096 envs.
+    ``group_random_draws``: the random policy's steps run in unrolled groups of four that
+    share one Philox call (else one step per loop iteration, with a test for the next call);
+    ``env_block`` / ``env_warps``: envs per program and warps for the random and given
+    policies; ``mlp_block`` / ``mlp_warps``: the same for MLP policies (None: automatic).
     """
 
-    eager_reset_block: int = 64
     group_random_draws: bool = True
     env_block: int | None = None
+    env_warps: int | None = None
     mlp_block: int | None = None
     mlp_warps: int | None = None
 
@@ -97,6 +96,8 @@ def _use_reference(tensor: torch.Tensor) -> bool:
 def _launch_options(block: int, mlp: bool = False, precision: str | None = None) -> dict:
     if mlp and _tuning.mlp_warps is not None:
         warps = _tuning.mlp_warps
+    elif not mlp and _tuning.env_warps is not None:
+        warps = _tuning.env_warps
     elif mlp and block == MLP_LAUNCH[precision][0]:
         warps = MLP_LAUNCH[precision][1]
     else:
@@ -105,15 +106,20 @@ def _launch_options(block: int, mlp: bool = False, precision: str | None = None)
 
 
 def reset(env: EnvDef, state: torch.Tensor, steps: torch.Tensor, done: torch.Tensor, ep_return: torch.Tensor,
-          *, seed: int, position: int, reset_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Draw start states for all envs (or where ``reset_mask``), in place; return observations [N, obs_dim]."""
+          episode: torch.Tensor, *, seed: int, restart: bool, reset_mask: torch.Tensor | None = None
+          ) -> torch.Tensor:
+    """Draw start states for all envs (or where ``reset_mask``), in place; return observations [N, obs_dim].
+
+    A reset env takes start state ``episode + 1`` (int32 [N], then incremented), or start state
+    0 with ``restart`` (a new seed).
+    """
     n = state.shape[1]
     if _use_reference(state):
-        import numpy as np
-
-        fresh = reference.philox_start_state(env, seed, np.arange(n), position).to(state.device)
         chosen = torch.ones(n, dtype=torch.bool, device=state.device) if reset_mask is None else reset_mask.bool()
+        index = torch.zeros_like(episode) if restart else episode + 1
+        fresh = reference.philox_start_state(env, seed, np.arange(n), index.cpu().numpy()).to(state.device)
         state.copy_(torch.where(chosen[None, :], fresh, state))
+        episode.copy_(torch.where(chosen, index, episode))
         steps.masked_fill_(chosen, 0)
         done.masked_fill_(chosen, 0)
         ep_return.masked_fill_(chosen, 0.0)
@@ -123,9 +129,9 @@ def reset(env: EnvDef, state: torch.Tensor, steps: torch.Tensor, done: torch.Ten
     obs = torch.empty((n, env.obs_dim), dtype=torch.float32, device=state.device)
     block = block_size(n, state.device)
     reset_kernel[(cdiv(n, block),)](
-        state, steps, done, ep_return, reset_mask if reset_mask is not None else done, obs,
-        n, seed, position,
-        ENV=env.kernel_id, OBS_DIM=env.obs_dim, HAS_MASK=reset_mask is not None,
+        state, steps, done, ep_return, episode, reset_mask if reset_mask is not None else done, obs,
+        n, seed,
+        ENV=env.kernel_id, OBS_DIM=env.obs_dim, HAS_MASK=reset_mask is not None, RESTART=restart,
         BLOCK=block, **_launch_options(block),
     )
     return obs
@@ -137,6 +143,7 @@ def rollout(
     steps: torch.Tensor,
     done: torch.Tensor,
     ep_return: torch.Tensor,
+    episode: torch.Tensor,
     *,
     seed: int,
     offset: int,
@@ -152,7 +159,8 @@ def rollout(
 ) -> reference.RolloutOutputs:
     """Run ``num_steps`` steps of every env in one launch; env buffers are updated in place.
 
-    ``state`` [4, N] float32, ``steps`` [N] int32, ``done`` [N] uint8, ``ep_return`` [N] float32.
+    ``state`` [4, N] float32, ``steps`` [N] int32, ``done`` [N] uint8, ``ep_return`` [N] float32,
+    ``episode`` [N] int32 (the index of each env's current start state).
     ``policy``: ``"random"``; a [K, N] action tensor (int for discrete envs, float32 for
     continuous ones); or a :class:`simfuse.policy.MLPPolicy`.  ``env_param``: the env's
     constructor parameter (:func:`simfuse.reference.env_param`; None: Gymnasium's default).
@@ -162,11 +170,12 @@ def rollout(
     n, device = state.shape[1], state.device
     param = reference.env_param(env, env_param)
     if _use_reference(state):
-        out = reference.rollout(env, state, steps, done, ep_return, seed=seed, offset=offset, num_steps=num_steps,
+        out = reference.rollout(env, state, steps, done, ep_return, episode, seed=seed, offset=offset,
+                                num_steps=num_steps,
                                 autoreset=autoreset, max_episode_steps=max_episode_steps, policy=policy,
                                 env_param=env_param, dtype=torch.float32)
         return _select_reference(out, env, write_obs, write_step, write_final, write_stats)
-    backend.check_devices(state=state, steps=steps, done=done, ep_return=ep_return,
+    backend.check_devices(state=state, steps=steps, done=done, ep_return=ep_return, episode=episode,
                           actions=policy if isinstance(policy, torch.Tensor) else None)
     from .kernels.rollout import rollout_kernel
 
@@ -211,7 +220,7 @@ def rollout(
         precision = None if mlp is None else mlp.precision
         block = block_size(n, device, mlp=mlp is not None, precision=precision)
         rollout_kernel[(cdiv(n, block),)](
-            state, steps, done, ep_return,
+            state, steps, done, ep_return, episode,
             given,
             _or(obs, dummy), _or(actions, dummy), _or(rewards, dummy), _or(terminated, dummy), _or(truncated, dummy),
             _or(log_probs, dummy), _or(values, dummy), _or(final_obs, dummy), next_obs,
@@ -223,7 +232,6 @@ def rollout(
             POLICY=POLICY_IDS[kind], AUTORESET=autoreset,
             WRITE_OBS=write_obs, WRITE_STEP=write_step, WRITE_FINAL=write_final, WRITE_STATS=write_stats,
             HAS_CRITIC=mlp is not None and mlp.critic is not None,
-            EAGER_RESET=block >= _tuning.eager_reset_block,
             GROUPED=kind == "random" and _tuning.group_random_draws, BLOCK=block,
             **dims, **_launch_options(block, mlp=mlp is not None, precision=precision),
         )
@@ -269,17 +277,21 @@ def _chain_launch_options(block: int, links: int) -> dict:
     return {"num_warps": max(1, min(8, block * next_power_of_2(links) // 256)), "enable_fp_fusion": False}
 
 
-def chain_reset(state: torch.Tensor, steps: torch.Tensor, done: torch.Tensor, ep_return: torch.Tensor, *,
-                seed: int, position: int, reset_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Draw chain start states (all, or where ``reset_mask``) in place; return observations [N, 2L]."""
+def chain_reset(state: torch.Tensor, steps: torch.Tensor, done: torch.Tensor, ep_return: torch.Tensor,
+                episode: torch.Tensor, *, seed: int, restart: bool, reset_mask: torch.Tensor | None = None
+                ) -> torch.Tensor:
+    """Draw tile-state start states (all, or where ``reset_mask``) in place; return observations [N, 2L].
+
+    ``episode`` and ``restart`` as for :func:`reset`.
+    """
     n, links = state.shape[0], state.shape[1] // 2
     if _use_reference(state):
-        import numpy as np
-
         chosen = torch.ones(n, dtype=torch.bool, device=state.device) if reset_mask is None else reset_mask.bool()
-        fresh = reference.chain_start_angles(seed, np.arange(n), position, links).to(state.device)
+        index = torch.zeros_like(episode) if restart else episode + 1
+        fresh = reference.chain_start_angles(seed, np.arange(n), index.cpu().numpy(), links).to(state.device)
         fresh = torch.cat([fresh, torch.zeros_like(fresh)], 1)
         state.copy_(torch.where(chosen[:, None], fresh, state))
+        episode.copy_(torch.where(chosen, index, episode))
         steps.masked_fill_(chosen, 0)
         done.masked_fill_(chosen, 0)
         ep_return.masked_fill_(chosen, 0.0)
@@ -288,14 +300,15 @@ def chain_reset(state: torch.Tensor, steps: torch.Tensor, done: torch.Tensor, ep
 
     block = chain_block_size(n, links, state.device)
     chain_reset_kernel[(cdiv(n, block),)](
-        state, steps, done, ep_return, reset_mask if reset_mask is not None else done, n, seed, position,
-        L=links, L_PAD=next_power_of_2(links), HAS_MASK=reset_mask is not None, BLOCK=block,
+        state, steps, done, ep_return, episode, reset_mask if reset_mask is not None else done, n, seed,
+        L=links, L_PAD=next_power_of_2(links), HAS_MASK=reset_mask is not None, RESTART=restart, BLOCK=block,
         **_chain_launch_options(block, links),
     )
     return state.clone()
 
 
-def chain_rollout(state: torch.Tensor, steps: torch.Tensor, done: torch.Tensor, ep_return: torch.Tensor, *,
+def chain_rollout(state: torch.Tensor, steps: torch.Tensor, done: torch.Tensor, ep_return: torch.Tensor,
+                  episode: torch.Tensor, *,
                   seed: int, offset: int, num_steps: int, autoreset: int, max_episode_steps: int, policy,
                   model: int = 0, write_obs: bool = True, write_step: bool = True, write_final: bool = False,
                   write_stats: bool = False) -> reference.RolloutOutputs:
@@ -307,11 +320,11 @@ def chain_rollout(state: torch.Tensor, steps: torch.Tensor, done: torch.Tensor, 
     n, links = state.shape[0], state.shape[1] // 2
     device, k = state.device, num_steps
     if _use_reference(state):
-        out = reference.chain_rollout(state, steps, done, ep_return, seed=seed, offset=offset, num_steps=k,
+        out = reference.chain_rollout(state, steps, done, ep_return, episode, seed=seed, offset=offset, num_steps=k,
                                       autoreset=autoreset, max_episode_steps=max_episode_steps, policy=policy,
                                       model=model, dtype=torch.float32)
         return _select_reference(out, _CHAIN_LIKE, write_obs, write_step, write_final, write_stats)
-    backend.check_devices(state=state, steps=steps, done=done, ep_return=ep_return,
+    backend.check_devices(state=state, steps=steps, done=done, ep_return=ep_return, episode=episode,
                           actions=policy if isinstance(policy, torch.Tensor) else None)
     from .kernels.chain import chain_rollout_kernel
 
@@ -330,7 +343,7 @@ def chain_rollout(state: torch.Tensor, steps: torch.Tensor, done: torch.Tensor, 
     if n:
         block = chain_block_size(n, links, device)
         chain_rollout_kernel[(cdiv(n, block),)](
-            state, steps, done, ep_return, policy.contiguous() if given else state,
+            state, steps, done, ep_return, episode, policy.contiguous() if given else state,
             _or(obs, state), _or(actions, state), _or(rewards, state), _or(terminated, state), _or(truncated, state),
             _or(final_obs, state), next_obs, _or(episodes, state), _or(return_sum, state), _or(length_sum, state),
             n, k, max_episode_steps, seed, offset,

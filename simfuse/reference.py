@@ -56,9 +56,12 @@ def start_state(env: EnvDef, u: torch.Tensor) -> torch.Tensor:
     return torch.stack([u[0] * 0.2 - 0.6, zero, zero, zero])
 
 
-def philox_start_state(env: EnvDef, seed: int, env_ids: np.ndarray, position: int) -> torch.Tensor:
-    """Start states [4, len(env_ids)] float32, bit-identical to the kernels' draws."""
-    u = uniform_reference(seed, np.asarray(env_ids, dtype=np.int64) + RESET_TAG, position)
+def philox_start_state(env: EnvDef, seed: int, env_ids: np.ndarray, index) -> torch.Tensor:
+    """Start states [4, len(env_ids)] float32 number ``index`` (an int or one per env), bit-identical to the kernels'.
+
+    Env i's e-th start state (e = 0 at ``reset(seed=...)``) is Philox (seed, RESET_TAG + i, e).
+    """
+    u = uniform_reference(seed, np.asarray(env_ids, dtype=np.int64) + RESET_TAG, np.asarray(index, dtype=np.int64))
     u32 = torch.from_numpy(np.ascontiguousarray(u.T))
     # float32 arithmetic in the kernel's order: u * width + low, each rounded to float32
     if env.kernel_id == 0:
@@ -252,6 +255,7 @@ def rollout(
     steps: torch.Tensor,
     done: torch.Tensor,
     ep_return: torch.Tensor,
+    episode: torch.Tensor,
     *,
     seed: int,
     offset: int,
@@ -264,8 +268,9 @@ def rollout(
 ) -> RolloutOutputs:
     """The fused rollout's semantics step by step (see :mod:`simfuse.kernels.rollout`).
 
-    ``state`` [4, N], ``steps`` [N] int32, ``done`` [N] uint8 and ``ep_return`` [N] float32 are
-    updated in place.  ``policy``: ``"random"``, an action tensor [K, N] (or [K, N, 1]), or a
+    ``state`` [4, N], ``steps`` [N] int32, ``done`` [N] uint8, ``ep_return`` [N] float32 and
+    ``episode`` [N] int32 (index of each env's current start state) are updated in place.
+    ``policy``: ``"random"``, an action tensor [K, N] (or [K, N, 1]), or a
     :class:`simfuse.policy.MLPPolicy`.  ``env_param``: the env's constructor parameter (None:
     the default).  Draws come from the numpy Philox oracle.
     """
@@ -317,8 +322,9 @@ def rollout(
         if autoreset == SAME_STEP:
             fin_l.append(env_observe(env, new))
         if bool(resetting.any()):
-            fresh = philox_start_state(env, seed, ids, position).to(device, dtype)
+            fresh = philox_start_state(env, seed, ids, (episode + 1).cpu().numpy()).to(device, dtype)
             new = torch.where(resetting[None, :], fresh, new)
+            episode += resetting.to(episode.dtype)
         s = new
         ret = track_episode(ret, episodes, return_sum, length_sum, reward, terminated | truncated, length)
         rew_l.append(reward)
@@ -388,11 +394,13 @@ def unfused_random_rollout(env: EnvDef, state: torch.Tensor, steps: torch.Tensor
 CHAIN_RESET_STREAM = 16
 
 
-def chain_start_angles(seed: int, env_ids: np.ndarray, position: int, num_links: int) -> torch.Tensor:
-    """Start angles [len(env_ids), num_links] float32, bit-identical to the chain kernel's draws."""
+def chain_start_angles(seed: int, env_ids: np.ndarray, index, num_links: int) -> torch.Tensor:
+    """Start angles [len(env_ids), num_links] float32 number ``index`` (an int or one per env), as the kernel's."""
     ids = np.asarray(env_ids, dtype=np.int64)[:, None]
     links = np.arange(num_links, dtype=np.int64)[None, :]
-    u = uniform_reference(seed, ids + ((CHAIN_RESET_STREAM + links) << 32), position)[..., 0]
+    index = np.asarray(index, dtype=np.int64)
+    u = uniform_reference(seed, ids + ((CHAIN_RESET_STREAM + links) << 32), index[:, None] if index.ndim else index)
+    u = u[..., 0]
     return torch.from_numpy(u) * np.float32(1.0) - np.float32(0.5)
 
 
@@ -423,7 +431,8 @@ def swarm_step(x: torch.Tensor, v: torch.Tensor, action: torch.Tensor):
 TILE_MODELS = {0: chain_step, 1: swarm_step}
 
 
-def chain_rollout(state: torch.Tensor, steps: torch.Tensor, done: torch.Tensor, ep_return: torch.Tensor, *,
+def chain_rollout(state: torch.Tensor, steps: torch.Tensor, done: torch.Tensor, ep_return: torch.Tensor,
+                  episode: torch.Tensor, *,
                   seed: int, offset: int, num_steps: int, autoreset: int, max_episode_steps: int, policy,
                   model: int = 0, dtype: torch.dtype = torch.float64) -> RolloutOutputs:
     """The chain kernel's rollout semantics step by step; ``state`` [N, 2L] etc. updated in place.
@@ -457,7 +466,8 @@ def chain_rollout(state: torch.Tensor, steps: torch.Tensor, done: torch.Tensor, 
         if autoreset == SAME_STEP:
             fin_l.append(torch.cat([new_theta, new_omega], 1))
         if bool(resetting.any()):
-            fresh = chain_start_angles(seed, ids, position, links).to(device, dtype)
+            fresh = chain_start_angles(seed, ids, (episode + 1).cpu().numpy(), links).to(device, dtype)
+            episode += resetting.to(episode.dtype)
             new_theta = torch.where(resetting[:, None], fresh, new_theta)
             new_omega = torch.where(resetting[:, None], torch.zeros_like(new_omega), new_omega)
         theta, omega = new_theta, new_omega

@@ -12,8 +12,9 @@ previous step" flag and the running episode returns; nothing is copied to the ho
 * ``rollout(policy, num_steps=K)`` runs K steps of every env in one launch and returns a
   :class:`Trajectory` (or, with ``stats_only=True``, :class:`EpisodeStats`).
 
-Every step and every rollout step consumes one position of the env's Philox stream, so a
-K-step rollout and K calls of ``step`` with the rollout's actions agree bit for bit.
+Every step and every rollout step consumes one position of the env's Philox stream for the
+policy draws, and start states are numbered per env and episode, so a K-step rollout and K
+calls of ``step`` with the rollout's actions agree bit for bit.
 
 Input checking (issue 8): actions of the wrong type, shape, dtype or device raise at once.
 Action *values* (out of the action space, NaN) can only be checked by reading them; that is
@@ -167,6 +168,7 @@ class FusedVectorEnv(VectorEnv):
         self._steps = torch.zeros(n, dtype=torch.int32, device=self.device)
         self._done = torch.zeros(n, dtype=torch.uint8, device=self.device)
         self._ep_return = torch.zeros(n, dtype=torch.float32, device=self.device)
+        self._episode = torch.zeros(n, dtype=torch.int32, device=self.device)  # index of the current start state
         self._rng: PhiloxStream | None = None
 
     # ------------------------------------------------------------------ Gymnasium API
@@ -174,7 +176,9 @@ class FusedVectorEnv(VectorEnv):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         """Reset all envs (or those in ``options["reset_mask"]``); returns ``(obs [N, obs_dim], {})``.
 
-        Env i's start state is drawn from Philox ``(seed, stream i)``, identical on every device.
+        Env i's start states are numbered from 0 at ``reset(seed=s)``: the e-th is Philox
+        ``(s, stream i, e)``, identical on every device; every later reset (automatic, masked,
+        or without a seed) takes the env's next one.
         """
         # Everything is checked before any state changes, so a rejected call leaves the env as it was.
         if seed is not None:
@@ -190,12 +194,12 @@ class FusedVectorEnv(VectorEnv):
             if self._rng is None and seed is None:
                 raise error.ResetNeeded("reset(options={'reset_mask': ...}) needs a full reset() first")
         super().reset(seed=seed)
+        restart = seed is not None or self._rng is None
         if seed is not None:
             self._rng = PhiloxStream(seed)
         elif self._rng is None:
             self._rng = PhiloxStream.from_torch()
-        key, position = self._rng.take(1)
-        return self._draw_start_states(key, position, mask), {}
+        return self._draw_start_states(self._rng.seed, restart, mask), {}
 
     def step(self, actions):
         """One step of every env: ``(obs, rewards, terminated, truncated, infos)`` as device tensors.
@@ -285,10 +289,10 @@ class FusedVectorEnv(VectorEnv):
 
     # ------------------------------------------------------------------ helpers
 
-    def _draw_start_states(self, key: int, position: int, mask: torch.Tensor | None) -> torch.Tensor:
-        """Launch the reset kernel; return the observations of all envs."""
-        return ops.reset(self.env_def, self._state, self._steps, self._done, self._ep_return,
-                         seed=key, position=position, reset_mask=mask)
+    def _draw_start_states(self, key: int, restart: bool, mask: torch.Tensor | None) -> torch.Tensor:
+        """Launch the reset kernel (start state 0 of every reset env with ``restart``, else its next one)."""
+        return ops.reset(self.env_def, self._state, self._steps, self._done, self._ep_return, self._episode,
+                         seed=key, restart=restart, reset_mask=mask)
 
     def _launch(self, policy, num_steps: int, **writes: bool):
         key, offset = self._rng.take(num_steps)
@@ -297,7 +301,7 @@ class FusedVectorEnv(VectorEnv):
 
     def _run_kernel(self, policy, num_steps: int, key: int, offset: int, limit: int, **writes: bool):
         """Launch the rollout kernel (the single-step path is K = 1)."""
-        return ops.rollout(self.env_def, self._state, self._steps, self._done, self._ep_return,
+        return ops.rollout(self.env_def, self._state, self._steps, self._done, self._ep_return, self._episode,
                            seed=key, offset=offset, num_steps=num_steps,
                            autoreset=AUTORESET_IDS[self.autoreset_mode], max_episode_steps=limit,
                            policy=policy, env_param=self.env_param, **writes)

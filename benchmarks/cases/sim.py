@@ -189,14 +189,15 @@ def tuning_case(ctx: Context) -> None:
     * random policy, 4,096 envs x 512 steps (latency-bound, 8 envs per program by default):
       the steps run one per loop iteration with the policy-draw test every step instead of
       unrolled groups of four; 4 and 16 envs per program;
-    * random policy, 1 M envs x 64 steps (128 envs per program, start states drawn every step):
-      one step per iteration; 64 envs per program; 32 envs per program (one warp) with start
-      states drawn only when some env of the warp resets;
+    * random policy, 1 M envs x 64 steps (128 envs per program, 4 warps): one step per
+      iteration; 64 envs per program; 32 envs per program (one warp: the per-step test for a
+      second reset is a warp vote, not a block-wide reduction through shared memory); 128
+      envs in one warp (four per thread);
     * 2x64 actor+critic MLP, 1 M envs x 64 steps: tf32 at 128 envs x 4 warps, bf16 at 64 x 2.
     """
     from simfuse import ops
 
-    groups = [(129, 8, [("lazy start states at 8 envs/program", {"env_block": 8, "eager_reset_block": 16}),
+    groups = [(129, 8, [("8 envs/program", {"env_block": 8}),
                         ("one step per iteration", {"group_random_draws": False})])]
     if not ctx.quick:
         groups = [
@@ -205,8 +206,8 @@ def tuning_case(ctx: Context) -> None:
                          ("16 envs/program", {"env_block": 16})]),
             (1 << 20, 64, [("one step per iteration (draw test every step)", {"group_random_draws": False}),
                            ("64 envs/program", {"env_block": 64}),
-                           ("32 envs/program (one warp), start states only when needed",
-                            {"env_block": 32, "eager_reset_block": 64})]),
+                           ("32 envs/program (one warp)", {"env_block": 32}),
+                           ("128 envs/program in one warp", {"env_block": 128, "env_warps": 1})]),
         ]
     for n, k, variants in groups:
         env = simfuse.make_vec("CartPole-v1", n, device=ctx.device)

@@ -61,12 +61,13 @@ class TileStateVectorEnv(FusedVectorEnv):
                             f"got {type(policy).__name__}")
         return super().rollout(policy, num_steps, stats_only=stats_only, record_final_obs=record_final_obs)
 
-    def _draw_start_states(self, key: int, position: int, mask: torch.Tensor | None) -> torch.Tensor:
-        return ops.chain_reset(self._state, self._steps, self._done, self._ep_return, seed=key, position=position,
-                               reset_mask=mask)
+    def _draw_start_states(self, key: int, restart: bool, mask: torch.Tensor | None) -> torch.Tensor:
+        return ops.chain_reset(self._state, self._steps, self._done, self._ep_return, self._episode, seed=key,
+                               restart=restart, reset_mask=mask)
 
     def _run_kernel(self, policy, num_steps: int, key: int, offset: int, limit: int, **writes: bool):
-        return ops.chain_rollout(self._state, self._steps, self._done, self._ep_return, seed=key, offset=offset,
+        return ops.chain_rollout(self._state, self._steps, self._done, self._ep_return, self._episode, seed=key,
+                                 offset=offset,
                                  num_steps=num_steps, autoreset=AUTORESET_IDS[self.autoreset_mode],
                                  max_episode_steps=limit, policy=policy, model=self.model, **writes)
 

@@ -9,7 +9,7 @@ one action a ∈ [−1, 1], a torque 2a on pendulum 0.  One semi-implicit Euler 
     r   = −(1/L) Σ_j norm(θ_j')²,   norm(θ) = ((θ + π) mod 2π) − π
 
 No termination (truncation by the step limit).  Start state θ_j ~ U[−0.5, 0.5), ω_j = 0, with
-θ_j of env i drawn from Philox (seed, stream i + ((16 + j) << 32), position).  Observation:
+θ_j of env i in its e-th episode drawn from Philox (seed, stream i + ((16 + j) << 32), e).  Observation:
 (θ_0..θ_{L−1}, ω_0..ω_{L−1}).
 
 The arithmetic and the bytes per step both grow with L: an unfused step reads and writes the
@@ -46,11 +46,11 @@ def chain_tile(n, L: tl.constexpr, L_PAD: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @jit
-def chain_reset(seed, idx, position, L: tl.constexpr, L_PAD: tl.constexpr):
-    """Start angles [BLOCK, L_PAD]: U[−0.5, 0.5) per pendulum, one Philox stream per pendulum."""
+def chain_reset(seed, idx, episode, L: tl.constexpr, L_PAD: tl.constexpr):
+    """Start angles [BLOCK, L_PAD] of episode ``episode`` (int32 [BLOCK]): U[−0.5, 0.5), one Philox stream per link."""
     col = tl.arange(0, L_PAD)[None, :].to(tl.int64)
     stream = idx[:, None] + ((RESET_STREAM + col) << 32)
-    u, _u1, _u2, _u3 = uniform4(seed, stream, position + tl.zeros_like(stream))
+    u, _u1, _u2, _u3 = uniform4(seed, stream, episode[:, None] + tl.zeros_like(stream))
     return tl.where(col < L, u * 1.0 - 0.5, 0.0)  # padding columns stay zero
 
 
@@ -72,7 +72,7 @@ def chain_step(theta, omega, action, L: tl.constexpr, L_PAD: tl.constexpr):
 
 @jit(do_not_specialize=["n", "num_steps", "max_episode_steps", "seed", "offset"])
 def chain_rollout_kernel(
-    state_ptr, steps_ptr, done_ptr, ep_return_ptr, given_actions_ptr,
+    state_ptr, steps_ptr, done_ptr, ep_return_ptr, episode_ptr, given_actions_ptr,
     obs_out_ptr, action_out_ptr, reward_out_ptr, terminated_out_ptr, truncated_out_ptr, final_obs_out_ptr,
     next_obs_out_ptr,
     episodes_ptr, return_sum_ptr, length_sum_ptr,
@@ -90,6 +90,7 @@ def chain_rollout_kernel(
     omega = tl.load(state_ptr + base + L, mask=tile_mask, other=0.0)
     steps, done_prev, ep_return, episodes, return_sum, length_sum = load_counters(
         steps_ptr, done_ptr, ep_return_ptr, idx, mask, BLOCK)
+    episode = tl.load(episode_ptr + idx, mask=mask, other=0)
     d0 = tl.zeros([BLOCK], dtype=tl.float32)
     d1 = d0
     d2 = d0
@@ -120,9 +121,11 @@ def chain_rollout_kernel(
             final_at = row[:, None] * (2 * L) + col
             tl.store(final_obs_out_ptr + final_at, new_theta, mask=tile_mask)
             tl.store(final_obs_out_ptr + final_at + L, new_omega, mask=tile_mask)
+        # start states are L Philox calls per env: drawn only when some env of the block resets
         fresh = new_theta
         if tl.max((resetting & mask).to(tl.int32), axis=0) > 0:
-            fresh = chain_reset(seed, idx, position, L, L_PAD)
+            fresh = chain_reset(seed, idx, episode + 1, L, L_PAD)
+        episode += resetting.to(tl.int32)
         theta = tl.where(resetting[:, None], fresh, new_theta)
         omega = tl.where(resetting[:, None], 0.0, new_omega)
         ep_return, episodes, return_sum, length_sum = track_episode(
@@ -133,22 +136,28 @@ def chain_rollout_kernel(
     tl.store(state_ptr + base + L, omega, mask=tile_mask)
     store_counters(steps_ptr, done_ptr, ep_return_ptr, episodes_ptr, return_sum_ptr, length_sum_ptr, idx, mask,
                    steps, done_prev, ep_return, episodes, return_sum, length_sum, WRITE_STATS)
+    tl.store(episode_ptr + idx, episode, mask=mask)
     tl.store(next_obs_out_ptr + base, theta, mask=tile_mask)
     tl.store(next_obs_out_ptr + base + L, omega, mask=tile_mask)
 
 
-@jit(do_not_specialize=["n", "seed", "position"])
-def chain_reset_kernel(state_ptr, steps_ptr, done_ptr, ep_return_ptr, reset_mask_ptr, n, seed, position,
-                       L: tl.constexpr, L_PAD: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK: tl.constexpr):
-    """Draw start states (all chains, or those with ``reset_mask`` set)."""
+@jit(do_not_specialize=["n", "seed"])
+def chain_reset_kernel(state_ptr, steps_ptr, done_ptr, ep_return_ptr, episode_ptr, reset_mask_ptr, n, seed,
+                       L: tl.constexpr, L_PAD: tl.constexpr, HAS_MASK: tl.constexpr, RESTART: tl.constexpr,
+                       BLOCK: tl.constexpr):
+    """Draw start states (all envs, or those with ``reset_mask`` set): the next one, or number 0 with RESTART."""
     idx, mask, col, tile_mask, base = chain_tile(n, L, L_PAD, BLOCK)
     chosen = mask
     if HAS_MASK:
         chosen = mask & (tl.load(reset_mask_ptr + idx, mask=mask, other=0) != 0)
-    theta = chain_reset(seed, idx, position, L, L_PAD)
+    episode = tl.zeros([BLOCK], dtype=tl.int32)
+    if not RESTART:
+        episode = tl.load(episode_ptr + idx, mask=mask, other=0) + 1
+    theta = chain_reset(seed, idx, episode, L, L_PAD)
     write = tile_mask & chosen[:, None]
     tl.store(state_ptr + base, theta, mask=write)
     tl.store(state_ptr + base + L, tl.zeros_like(theta), mask=write)
     tl.store(steps_ptr + idx, tl.zeros([BLOCK], dtype=tl.int32), mask=chosen)
     tl.store(done_ptr + idx, tl.zeros([BLOCK], dtype=tl.uint8), mask=chosen)
     tl.store(ep_return_ptr + idx, tl.zeros([BLOCK], dtype=tl.float32), mask=chosen)
+    tl.store(episode_ptr + idx, episode, mask=chosen)

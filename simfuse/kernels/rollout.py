@@ -1,22 +1,25 @@
 """The fused rollout: K environment steps, the policy, the random numbers and the auto-reset in one launch.
 
 Program p owns envs ``[p BLOCK, (p + 1) BLOCK)``.  It loads each env's state (four float32),
-step counter, "done at the previous step" flag and running episode return once, runs
-``num_steps`` steps with everything in registers, and stores them back once.  Step t of env
-i, at global random position p = offset + t:
+step counter, "done at the previous step" flag, running episode return and episode index
+once, runs ``num_steps`` steps with everything in registers, and stores them back once.
+Step t of env i, at global random position p = offset + t:
 
 1. o_t = observe(s_t); the action a_t is the caller's (POLICY 1), uniform (0) or sampled from
    the MLP (2).  Both draw lane p % 4 of Philox (seed, POLICY_TAG + i, p // 4) (uniforms, or
    Box-Muller normals for a Gaussian head): one Philox call per four steps;
 2. (s', r_t, terminated_t) = step(s_t, a_t); steps += 1; truncated_t = steps >= max_episode_steps;
-3. auto-reset with a start state drawn from Philox (seed, RESET_TAG + i, p):
-   NEXT_STEP (0): an env done at step t − 1 is reset instead of stepped (r = 0, flags False);
-   SAME_STEP (1): an env done at step t is reset after the step, its final observation
-   optionally written; DISABLED (2): no reset.
+3. auto-reset: NEXT_STEP (0): an env done at step t − 1 is reset instead of stepped (r = 0,
+   flags False); SAME_STEP (1): an env done at step t is reset after the step, its final
+   observation optionally written; DISABLED (2): no reset.  Env i's e-th start state (e = 0
+   at ``reset(seed=...)``) is Philox (seed, RESET_TAG + i, e): it does not depend on when the
+   reset happens, so every env's next start state is drawn ahead, with the policy draws (one
+   Philox call per four steps, off the step's dependency chain instead of one per step or a
+   branch per step), and drawn again only for an env that resets twice before the next draw.
 
 Written per env-step (each optional): o_t [K, N, OBS_DIM] (4 OBS_DIM B), a_t [K, N] (4 B),
 r_t (4 B), terminated_t and truncated_t (1 B each), log π(a_t | o_t) and V(o_t) (4 B each),
-the final observation (SAME_STEP); per env once: 24 B of state read and written, the next
+the final observation (SAME_STEP); per env once: 28 B of state read and written, the next
 observation, and the episode statistics (completed episodes, their returns and lengths).
 With only statistics written the kernel moves O(N) bytes whatever K: compute-bound.
 
@@ -83,7 +86,8 @@ def store_obs(ptr, row, mask, o0, o1, o2, o3, o4, o5, OBS_DIM: tl.constexpr, BLO
 @jit
 def rollout_step(
     t, draw, s0, s1, s2, s3, steps, done_prev, ep_return, episodes, return_sum, length_sum, pending_action,
-    idx, mask, n, offset, num_steps, max_episode_steps, seed, env_param, action_low, action_high,
+    episode, r0, r1, r2, r3, stale, idx, mask, n, num_steps, max_episode_steps, seed, env_param, action_low,
+    action_high,
     given_actions_ptr, obs_out_ptr, action_out_ptr, reward_out_ptr, terminated_out_ptr, truncated_out_ptr,
     log_prob_out_ptr, value_out_ptr, final_obs_out_ptr,
     actor_w_in_ptr, actor_b_in_ptr, actor_w_hid_ptr, actor_b_hid_ptr, actor_w_out_ptr, actor_b_out_ptr,
@@ -94,13 +98,14 @@ def rollout_step(
     WRITE_STATS: tl.constexpr, HAS_CRITIC: tl.constexpr, D_PAD: tl.constexpr,
     A_HIDDEN: tl.constexpr, A_ACTS: tl.constexpr, A_WIDTH: tl.constexpr, A_PAD: tl.constexpr,
     C_HIDDEN: tl.constexpr, C_ACTS: tl.constexpr, C_WIDTH: tl.constexpr, C_PAD: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, FAST: tl.constexpr, EAGER_RESET: tl.constexpr, BLOCK: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, FAST: tl.constexpr, BLOCK: tl.constexpr,
 ):
     """Step ``t`` of the rollout (steps 1-3 of the module docstring) with this step's policy draw.
 
-    Returns the carried values (state, counters, statistics, the next given action).
+    ``r0..r3``: each env's next start state, drawn ahead (episode index ``episode`` + 1);
+    ``stale``: envs that used theirs since it was drawn.  Returns the carried values (state,
+    counters, statistics, the next given action, episode indices, next start states, stale).
     """
-    position = offset + t
     row = tl.cast(t, tl.int64) * n + idx  # int64: K N may exceed 2**31
     o0, o1, o2, o3, o4, o5 = env_observe(s0, s1, s2, s3, ENV)
     log_prob = tl.zeros([BLOCK], dtype=tl.float32)
@@ -161,32 +166,30 @@ def rollout_step(
     if AUTORESET == DISABLED:
         s0, s1, s2, s3 = n0, n1, n2, n3
     else:
-        if EAGER_RESET:
-            # Large blocks: some env of the block resets in almost every step, so the
-            # block-wide test only adds a reduction and a barrier.
-            r0, r1, r2, r3 = env_reset(seed, idx, position, ENV)
-        else:
-            # Small blocks (few envs, latency-bound): most steps no env of the block
-            # resets, and the draw is skipped.
-            r0, r1, r2, r3 = n0, n1, n2, n3
-            if tl.max((resetting & mask).to(tl.int32), axis=0) > 0:
-                r0, r1, r2, r3 = env_reset(seed, idx, position, ENV)
+        # A second reset of an env since the start states were drawn (an episode of one or two
+        # steps): draw again for every env, from the indices as they are now.
+        if tl.max((resetting & stale & mask).to(tl.int32), axis=0) > 0:
+            r0, r1, r2, r3 = env_reset(seed, idx, episode + 1, ENV)
+            stale = tl.zeros([BLOCK], dtype=tl.int1)
         s0 = tl.where(resetting, r0, n0)
         s1 = tl.where(resetting, r1, n1)
         s2 = tl.where(resetting, r2, n2)
         s3 = tl.where(resetting, r3, n3)
+        episode += resetting.to(tl.int32)
+        stale = stale | resetting
 
     ep_return, episodes, return_sum, length_sum = track_episode(
         ep_return, episodes, return_sum, length_sum, reward, terminated | truncated, length, WRITE_STATS)
     if WRITE_STEP:
         store_step(reward_out_ptr, terminated_out_ptr, truncated_out_ptr, row, mask, reward, terminated, truncated)
-    return s0, s1, s2, s3, steps, done_prev, ep_return, episodes, return_sum, length_sum, pending_action
+    return (s0, s1, s2, s3, steps, done_prev, ep_return, episodes, return_sum, length_sum, pending_action,
+            episode, r0, r1, r2, r3, stale)
 
 
 @jit
 def run_steps(
     begin, end, s0, s1, s2, s3, steps, done_prev, ep_return, episodes, return_sum, length_sum, pending_action,
-    idx, mask, n, offset, num_steps, max_episode_steps, seed, env_param, action_low, action_high,
+    episode, idx, mask, n, offset, num_steps, max_episode_steps, seed, env_param, action_low, action_high,
     given_actions_ptr, obs_out_ptr, action_out_ptr, reward_out_ptr, terminated_out_ptr, truncated_out_ptr,
     log_prob_out_ptr, value_out_ptr, final_obs_out_ptr,
     actor_w_in_ptr, actor_b_in_ptr, actor_w_hid_ptr, actor_b_hid_ptr, actor_w_out_ptr, actor_b_out_ptr,
@@ -197,15 +200,15 @@ def run_steps(
     WRITE_STATS: tl.constexpr, HAS_CRITIC: tl.constexpr, D_PAD: tl.constexpr,
     A_HIDDEN: tl.constexpr, A_ACTS: tl.constexpr, A_WIDTH: tl.constexpr, A_PAD: tl.constexpr,
     C_HIDDEN: tl.constexpr, C_ACTS: tl.constexpr, C_WIDTH: tl.constexpr, C_PAD: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, FAST: tl.constexpr, EAGER_RESET: tl.constexpr, STRIDE: tl.constexpr,
-    BLOCK: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, FAST: tl.constexpr, STRIDE: tl.constexpr, BLOCK: tl.constexpr,
 ):
     """Steps ``begin`` .. ``end`` − 1, ``STRIDE`` per iteration; returns the carried values.
 
     STRIDE 4 (``begin`` at a position ≡ 0 mod 4, ``end − begin`` a multiple of 4): one Philox
     call per iteration and the four steps unrolled, step j taking lane j.  STRIDE 1: one step
     per iteration; the four draws of a Philox call are kept until the position reaches the next
-    multiple of 4 (one call per four steps here too, behind a uniform test).
+    multiple of 4 (one call per four steps here too, behind a uniform test).  The next start
+    state of every env is drawn at the same points, ahead of any reset (module docstring, 3).
     """
     # Gaussian heads draw normals, every other policy uniforms.
     normal_draws: tl.constexpr = (POLICY == MLP) & (NUM_ACTIONS == 0)
@@ -213,34 +216,45 @@ def run_steps(
     d1 = d0
     d2 = d0
     d3 = d0
+    r0 = d0
+    r1 = d0
+    r2 = d0
+    r3 = d0
+    stale = tl.zeros([BLOCK], dtype=tl.int1)
     for first in range(begin, end, STRIDE):
         position = offset + first
-        if POLICY != GIVEN:
-            if STRIDE == 4:
+        if STRIDE == 4:
+            d0, d1, d2, d3 = policy_draws(seed, idx, position // 4, normal_draws)
+            if AUTORESET != DISABLED:
+                r0, r1, r2, r3 = env_reset(seed, idx, episode + 1, ENV)
+                stale = tl.zeros([BLOCK], dtype=tl.int1)
+        elif (first == begin) | (position % 4 == 0):
+            if POLICY != GIVEN:
                 d0, d1, d2, d3 = policy_draws(seed, idx, position // 4, normal_draws)
-            elif (first == begin) | (position % 4 == 0):
-                d0, d1, d2, d3 = policy_draws(seed, idx, position // 4, normal_draws)
+            if AUTORESET != DISABLED:
+                r0, r1, r2, r3 = env_reset(seed, idx, episode + 1, ENV)
+                stale = tl.zeros([BLOCK], dtype=tl.int1)
         for j in tl.static_range(STRIDE):
             draw = select_draw(d0, d1, d2, d3, j if STRIDE == 4 else position % 4)
-            s0, s1, s2, s3, steps, done_prev, ep_return, episodes, return_sum, length_sum, pending_action = \
-                rollout_step(
-                    first + j, draw, s0, s1, s2, s3, steps, done_prev, ep_return, episodes, return_sum, length_sum,
-                    pending_action, idx, mask, n, offset, num_steps, max_episode_steps, seed, env_param,
-                    action_low, action_high, given_actions_ptr, obs_out_ptr, action_out_ptr, reward_out_ptr,
-                    terminated_out_ptr, truncated_out_ptr, log_prob_out_ptr, value_out_ptr, final_obs_out_ptr,
-                    actor_w_in_ptr, actor_b_in_ptr, actor_w_hid_ptr, actor_b_hid_ptr, actor_w_out_ptr,
-                    actor_b_out_ptr, critic_w_in_ptr, critic_b_in_ptr, critic_w_hid_ptr, critic_b_hid_ptr,
-                    critic_w_out_ptr, critic_b_out_ptr, log_std_ptr,
-                    ENV, OBS_DIM, NUM_ACTIONS, POLICY, AUTORESET, WRITE_OBS, WRITE_STEP, WRITE_FINAL, WRITE_STATS,
-                    HAS_CRITIC, D_PAD, A_HIDDEN, A_ACTS, A_WIDTH, A_PAD, C_HIDDEN, C_ACTS, C_WIDTH, C_PAD,
-                    DOT_PRECISION, FAST, EAGER_RESET, BLOCK)
-    return s0, s1, s2, s3, steps, done_prev, ep_return, episodes, return_sum, length_sum, pending_action
+            (s0, s1, s2, s3, steps, done_prev, ep_return, episodes, return_sum, length_sum, pending_action,
+             episode, r0, r1, r2, r3, stale) = rollout_step(
+                first + j, draw, s0, s1, s2, s3, steps, done_prev, ep_return, episodes, return_sum, length_sum,
+                pending_action, episode, r0, r1, r2, r3, stale, idx, mask, n, num_steps, max_episode_steps, seed,
+                env_param, action_low, action_high, given_actions_ptr, obs_out_ptr, action_out_ptr, reward_out_ptr,
+                terminated_out_ptr, truncated_out_ptr, log_prob_out_ptr, value_out_ptr, final_obs_out_ptr,
+                actor_w_in_ptr, actor_b_in_ptr, actor_w_hid_ptr, actor_b_hid_ptr, actor_w_out_ptr,
+                actor_b_out_ptr, critic_w_in_ptr, critic_b_in_ptr, critic_w_hid_ptr, critic_b_hid_ptr,
+                critic_w_out_ptr, critic_b_out_ptr, log_std_ptr,
+                ENV, OBS_DIM, NUM_ACTIONS, POLICY, AUTORESET, WRITE_OBS, WRITE_STEP, WRITE_FINAL, WRITE_STATS,
+                HAS_CRITIC, D_PAD, A_HIDDEN, A_ACTS, A_WIDTH, A_PAD, C_HIDDEN, C_ACTS, C_WIDTH, C_PAD,
+                DOT_PRECISION, FAST, BLOCK)
+    return s0, s1, s2, s3, steps, done_prev, ep_return, episodes, return_sum, length_sum, pending_action, episode
 
 
 # Integer arguments equal to 1 would be specialised into constants: keep them runtime values.
 @jit(do_not_specialize=["n", "num_steps", "max_episode_steps", "seed", "offset"])
 def rollout_kernel(
-    state_ptr, steps_ptr, done_ptr, ep_return_ptr,
+    state_ptr, steps_ptr, done_ptr, ep_return_ptr, episode_ptr,
     given_actions_ptr,
     obs_out_ptr, action_out_ptr, reward_out_ptr, terminated_out_ptr, truncated_out_ptr,
     log_prob_out_ptr, value_out_ptr, final_obs_out_ptr, next_obs_out_ptr,
@@ -256,7 +270,7 @@ def rollout_kernel(
     A_HIDDEN: tl.constexpr, A_ACTS: tl.constexpr, A_WIDTH: tl.constexpr, A_PAD: tl.constexpr,
     C_HIDDEN: tl.constexpr, C_ACTS: tl.constexpr, C_WIDTH: tl.constexpr, C_PAD: tl.constexpr,
     DOT_PRECISION: tl.constexpr, FAST: tl.constexpr,
-    EAGER_RESET: tl.constexpr, GROUPED: tl.constexpr, BLOCK: tl.constexpr,
+    GROUPED: tl.constexpr, BLOCK: tl.constexpr,
 ):
     pid = tl.program_id(0)
     idx = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -267,6 +281,7 @@ def rollout_kernel(
     s3 = tl.load(state_ptr + 3 * n + idx, mask=mask, other=0.0)
     steps, done_prev, ep_return, episodes, return_sum, length_sum = load_counters(
         steps_ptr, done_ptr, ep_return_ptr, idx, mask, BLOCK)
+    episode = tl.load(episode_ptr + idx, mask=mask, other=0)
     pending_action = tl.zeros([BLOCK], dtype=tl.float32)
     if POLICY == GIVEN:
         has_first = (tl.zeros([BLOCK], dtype=tl.int32) + num_steps) > 0
@@ -291,9 +306,10 @@ def rollout_kernel(
         else:
             begin = grouped_end
             end = num_steps
-        s0, s1, s2, s3, steps, done_prev, ep_return, episodes, return_sum, length_sum, pending_action = run_steps(
+        (s0, s1, s2, s3, steps, done_prev, ep_return, episodes, return_sum, length_sum, pending_action,
+         episode) = run_steps(
             begin, end, s0, s1, s2, s3, steps, done_prev, ep_return, episodes, return_sum, length_sum,
-            pending_action, idx, mask, n, offset, num_steps, max_episode_steps, seed, env_param, action_low,
+            pending_action, episode, idx, mask, n, offset, num_steps, max_episode_steps, seed, env_param, action_low,
             action_high, given_actions_ptr, obs_out_ptr, action_out_ptr, reward_out_ptr, terminated_out_ptr,
             truncated_out_ptr, log_prob_out_ptr, value_out_ptr, final_obs_out_ptr,
             actor_w_in_ptr, actor_b_in_ptr, actor_w_hid_ptr, actor_b_hid_ptr, actor_w_out_ptr, actor_b_out_ptr,
@@ -301,7 +317,7 @@ def rollout_kernel(
             critic_b_out_ptr, log_std_ptr,
             ENV, OBS_DIM, NUM_ACTIONS, POLICY, AUTORESET, WRITE_OBS, WRITE_STEP, WRITE_FINAL, WRITE_STATS,
             HAS_CRITIC, D_PAD, A_HIDDEN, A_ACTS, A_WIDTH, A_PAD, C_HIDDEN, C_ACTS, C_WIDTH, C_PAD,
-            DOT_PRECISION, FAST, EAGER_RESET, 4 if phase == 1 else 1, BLOCK)
+            DOT_PRECISION, FAST, 4 if phase == 1 else 1, BLOCK)
 
     tl.store(state_ptr + idx, s0, mask=mask)
     tl.store(state_ptr + n + idx, s1, mask=mask)
@@ -309,23 +325,32 @@ def rollout_kernel(
     tl.store(state_ptr + 3 * n + idx, s3, mask=mask)
     store_counters(steps_ptr, done_ptr, ep_return_ptr, episodes_ptr, return_sum_ptr, length_sum_ptr, idx, mask,
                    steps, done_prev, ep_return, episodes, return_sum, length_sum, WRITE_STATS)
+    tl.store(episode_ptr + idx, episode, mask=mask)
     o0, o1, o2, o3, o4, o5 = env_observe(s0, s1, s2, s3, ENV)
     store_obs(next_obs_out_ptr, idx, mask, o0, o1, o2, o3, o4, o5, OBS_DIM, BLOCK)
 
 
-@jit(do_not_specialize=["n", "seed", "position"])
+@jit(do_not_specialize=["n", "seed"])
 def reset_kernel(
-    state_ptr, steps_ptr, done_ptr, ep_return_ptr, reset_mask_ptr, obs_out_ptr,
-    n, seed, position,
-    ENV: tl.constexpr, OBS_DIM: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK: tl.constexpr,
+    state_ptr, steps_ptr, done_ptr, ep_return_ptr, episode_ptr, reset_mask_ptr, obs_out_ptr,
+    n, seed,
+    ENV: tl.constexpr, OBS_DIM: tl.constexpr, HAS_MASK: tl.constexpr, RESTART: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    """Draw start states (all envs, or those with ``reset_mask`` set) and write every env's observation."""
+    """Draw start states (all envs, or those with ``reset_mask`` set) and write every env's observation.
+
+    A reset env draws its next start state (episode index + 1), or start state 0 with RESTART
+    (a new seed).
+    """
     pid = tl.program_id(0)
     idx = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = idx < n
-    r0, r1, r2, r3 = env_reset(seed, idx, position, ENV)
+    episode = tl.zeros([BLOCK], dtype=tl.int32)
+    if not RESTART:
+        episode = tl.load(episode_ptr + idx, mask=mask, other=0) + 1
+    r0, r1, r2, r3 = env_reset(seed, idx, episode, ENV)
     if HAS_MASK:
         chosen = tl.load(reset_mask_ptr + idx, mask=mask, other=0) != 0
+        episode = tl.where(chosen, episode, tl.load(episode_ptr + idx, mask=mask, other=0))
         r0 = tl.where(chosen, r0, tl.load(state_ptr + idx, mask=mask, other=0.0))
         r1 = tl.where(chosen, r1, tl.load(state_ptr + n + idx, mask=mask, other=0.0))
         r2 = tl.where(chosen, r2, tl.load(state_ptr + 2 * n + idx, mask=mask, other=0.0))
@@ -344,5 +369,6 @@ def reset_kernel(
     tl.store(steps_ptr + idx, steps, mask=mask)
     tl.store(done_ptr + idx, done, mask=mask)
     tl.store(ep_return_ptr + idx, ep_return, mask=mask)
+    tl.store(episode_ptr + idx, episode, mask=mask)
     o0, o1, o2, o3, o4, o5 = env_observe(r0, r1, r2, r3, ENV)
     store_obs(obs_out_ptr, idx, mask, o0, o1, o2, o3, o4, o5, OBS_DIM, BLOCK)

@@ -25,9 +25,10 @@ STEPS = 9
 TOLERANCE = {name: STRICT_FLOAT32 for name in ENV_NAMES} | {"Acrobot-v1": 1e-4}
 
 
-def reset_obs(name: str, seed: int, env_ids: np.ndarray, position: int) -> np.ndarray:
+def reset_obs(name: str, seed: int, env_ids: np.ndarray, index) -> np.ndarray:
+    """Observations of start state number ``index`` (per env) of ``env_ids``."""
     spec = ENV_DEFS[name]
-    return to_numpy(reference.env_observe(spec, reference.philox_start_state(spec, seed, env_ids, position)))
+    return to_numpy(reference.env_observe(spec, reference.philox_start_state(spec, seed, env_ids, index)))
 
 
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
@@ -57,7 +58,7 @@ def _match_gymnasium(name, mode, device, kwargs):
     start = wide_states(name, NUM_ENVS, rng)
     start[::3] = to_numpy(env.get_state())[::3]  # keep a few Philox start states
     env.set_state(torch.from_numpy(start).float())
-    position = 1
+    episode = np.zeros(NUM_ENVS, dtype=np.int64)  # index of each env's current start state
     length = np.zeros(NUM_ENVS, dtype=np.int64)
     pending = np.zeros(NUM_ENVS, dtype=bool)  # NEXT_STEP: reset at this step
     seen_terminated = seen_truncated = 0
@@ -67,7 +68,7 @@ def _match_gymnasium(name, mode, device, kwargs):
         obs, rewards, terminated, truncated, infos = env.step(actions)
         assert obs.device == rewards.device == terminated.device == env.device
         assert terminated.dtype == truncated.dtype == torch.bool and obs.dtype == rewards.dtype == torch.float32
-        fresh = reset_obs(name, seed, np.arange(NUM_ENVS), position)
+        fresh = reset_obs(name, seed, np.arange(NUM_ENVS), episode + 1)
         want_obs = np.zeros((NUM_ENVS, ENV_DEFS[name].obs_dim))
         want_rew = np.zeros(NUM_ENVS)
         want_term = np.zeros(NUM_ENVS, dtype=bool)
@@ -75,6 +76,7 @@ def _match_gymnasium(name, mode, device, kwargs):
         for i in range(NUM_ENVS):
             if pending[i]:
                 want_obs[i], length[i] = fresh[i], 0
+                episode[i] += 1
                 continue
             a = actions[i] if ENV_DEFS[name].discrete else actions[i, 0]
             want_obs[i], want_rew[i], want_term[i] = gym_step(name, oracle, before[i], a)
@@ -93,17 +95,17 @@ def _match_gymnasium(name, mode, device, kwargs):
                          name="final_obs")
             want_obs[ended] = fresh[ended]
             length[ended] = 0
+            episode[ended] += 1
         assert_close(obs.cpu(), torch.from_numpy(want_obs), tol=TOLERANCE[name], name="obs")
-        position += 1
         if mode == AutoresetMode.NEXT_STEP:
             pending = ended
         elif mode == AutoresetMode.DISABLED and ended.any():
             obs, _ = env.reset(options={"reset_mask": torch.from_numpy(ended).to(device)})
-            fresh = reset_obs(name, seed, np.arange(NUM_ENVS), position)
+            fresh = reset_obs(name, seed, np.arange(NUM_ENVS), episode + 1)
             assert_close(obs[torch.from_numpy(ended)].cpu(), torch.from_numpy(fresh[ended]), tol=STRICT_FLOAT32,
                          name="masked reset obs")
             length[ended] = 0
-            position += 1
+            episode[ended] += 1
     # the wide start states make episodes end both ways within the run
     assert seen_truncated > 0
     assert seen_terminated > 0 or name == "Pendulum-v1"

@@ -143,3 +143,26 @@ def test_stats_only_matches_trajectory(mode, device):
     assert episodes.sum() > 0
     assert torch.equal(stats.next_obs, traj.next_obs)
     assert abs(stats.mean_return().item() - return_sum.sum() / episodes.sum()) < 1e-9
+
+
+@pytest.mark.parametrize("mode", ["NextStep", "SameStep"])
+def test_start_states_numbered_per_episode(mode, device):
+    """Env i's e-th start state is Philox (seed, i, e) whenever its reset happens: with one-step episodes an env
+    resets every step (SAME_STEP) or every other step (NEXT_STEP), twice or more between the kernel's draws of
+    the next start states, and a rollout still equals step-by-step stepping."""
+    from simfuse import reference
+    from simfuse.specs import CARTPOLE
+
+    seed = fresh_generator().initial_seed()
+    fused = make("CartPole-v1", 5, max_episode_steps=1, autoreset_mode=mode, device=device)
+    stepped = make("CartPole-v1", 5, max_episode_steps=1, autoreset_mode=mode, device=device)
+    fused.reset(seed=seed)
+    stepped.reset(seed=seed)
+    traj = fused.rollout("random", num_steps=9)
+    every = 1 if mode == "SameStep" else 2
+    for t in range(0, 9, every):
+        start = reference.philox_start_state(CARTPOLE, seed, np.arange(5), t // every).T
+        assert torch.equal(traj.obs[t].cpu(), start), t
+    obs, rew, term, trunc, next_obs = _step_by_step(stepped, traj.actions)
+    assert torch.equal(traj.obs, obs) and torch.equal(traj.next_obs, next_obs)
+    assert torch.equal(traj.truncated, trunc) and torch.equal(traj.rewards, rew)
