@@ -135,7 +135,8 @@ def _one_row(x_ptr, g_ptr, w_a, w_b, row_mask, k_start, k_stop, HAS_NORM: tl.con
         if PAIR:
             acc_b += wb.to(tl.float32) * xg
         wa, wb, xv, g = wa_next, wb_next, xv_next, g_next
-    return tl.sum(acc_a, axis=1)[None, :], tl.sum(acc_b, axis=1)[None, :], tl.zeros([1], dtype=tl.float32) + tl.sum(sumsq, axis=0)
+    sumsq_row = tl.zeros([1], dtype=tl.float32) + tl.sum(sumsq, axis=0)
+    return tl.sum(acc_a, axis=1)[None, :], tl.sum(acc_b, axis=1)[None, :], sumsq_row
 
 
 @jit
