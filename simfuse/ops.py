@@ -267,14 +267,22 @@ def _select_reference(out: reference.RolloutOutputs, env: EnvDef, write_obs: boo
     )
 
 
-def chain_block_size(num_envs: int, num_links: int, device: torch.device) -> int:
-    """Chains per program: the [BLOCK, L] tiles stay within ~4096 elements each (registers)."""
-    return max(16, min(block_size(num_envs, device), 4096 // next_power_of_2(num_links)))
+def chain_launch(num_envs: int, num_links: int, device: torch.device, model: int = 0) -> tuple[int, dict]:
+    """Envs per program and launch options of the tile-state kernel.
 
-
-def _chain_launch_options(block: int, links: int) -> dict:
-    # about 8 tile elements per thread for each of the [BLOCK, L] tiles
-    return {"num_warps": max(1, min(8, block * next_power_of_2(links) // 256)), "enable_fp_fusion": False}
+    PendulumChain-v0 (model 0): [BLOCK, L] tiles of about 4096 elements, ~8 per thread each
+    (its sine keeps many registers live).  OscillatorSwarm-v0 (model 1): one warp per program
+    and ~8 elements per thread (at most 64 envs), so each env's row sums stay within a warp
+    (shuffles, no shared memory and barrier) and the per-env work of a step (policy draw,
+    flags, counters) is spread over few threads: 22-30 instructions per element-step against
+    31-34 with 4-8 warps (counted in the sm_90 SASS of S = 16 .. 256).
+    """
+    links = next_power_of_2(num_links)
+    if model == 1:
+        block = max(2, min(64, 256 // links))
+        return block, {"num_warps": 1, "enable_fp_fusion": False}
+    block = max(16, min(block_size(num_envs, device), 4096 // links))
+    return block, {"num_warps": max(1, min(8, block * links // 256)), "enable_fp_fusion": False}
 
 
 def chain_reset(state: torch.Tensor, steps: torch.Tensor, done: torch.Tensor, ep_return: torch.Tensor,
@@ -298,11 +306,11 @@ def chain_reset(state: torch.Tensor, steps: torch.Tensor, done: torch.Tensor, ep
         return state.clone()
     from .kernels.chain import chain_reset_kernel
 
-    block = chain_block_size(n, links, state.device)
+    block, options = chain_launch(n, links, state.device)
     chain_reset_kernel[(cdiv(n, block),)](
         state, steps, done, ep_return, episode, reset_mask if reset_mask is not None else done, n, seed,
         L=links, L_PAD=next_power_of_2(links), HAS_MASK=reset_mask is not None, RESTART=restart, BLOCK=block,
-        **_chain_launch_options(block, links),
+        **options,
     )
     return state.clone()
 
@@ -341,7 +349,7 @@ def chain_rollout(state: torch.Tensor, steps: torch.Tensor, done: torch.Tensor, 
     length_sum = torch.empty(n, dtype=torch.int32, device=device) if write_stats else None
     given = isinstance(policy, torch.Tensor)
     if n:
-        block = chain_block_size(n, links, device)
+        block, options = chain_launch(n, links, device, model)
         chain_rollout_kernel[(cdiv(n, block),)](
             state, steps, done, ep_return, episode, policy.contiguous() if given else state,
             _or(obs, state), _or(actions, state), _or(rewards, state), _or(terminated, state), _or(truncated, state),
@@ -350,7 +358,7 @@ def chain_rollout(state: torch.Tensor, steps: torch.Tensor, done: torch.Tensor, 
             L=links, L_PAD=next_power_of_2(links), MODEL=model, GIVEN=given, AUTORESET=autoreset,
             WRITE_OBS=write_obs,
             WRITE_STEP=write_step, WRITE_FINAL=write_final, WRITE_STATS=write_stats, BLOCK=block,
-            **_chain_launch_options(block, links),
+            **options,
         )
     as_bool = (lambda t: None if t is None else t.view(torch.bool))
     return reference.RolloutOutputs(

@@ -300,9 +300,10 @@ def chain_case(ctx: Context) -> None:
     Expected from the instruction and byte counts (H200): at small S the unfused loop is bound
     by its ~20 launches per step (a few µs each even in a graph) and the fused kernel by its
     per-step latency; once the unfused loop is memory-bound (N S above ~10⁶) its time grows as
-    160 B / 4.28 TB/s ≈ 37 ps per element-step while the fused kernel spends ~15 instructions
-    (~0.5 ps) per element-step, so the speedup rises towards a few tens.  Measured numbers: see
-    simfuse/README.md.
+    160 B / 4.28 TB/s ≈ 37 ps per element-step while the fused kernel spends 22-30 SASS
+    instructions (~0.8 ps at full issue rate) per element-step, so the speedup tends to ~50x.
+    PendulumChain-v0's 120-160 instructions per element (a sine, a floor division) bound its
+    speedup near 10-15x.  Measured numbers: see simfuse/README.md.
     """
     k = 4 if ctx.quick else 32
     envs = 67 if ctx.quick else 65536

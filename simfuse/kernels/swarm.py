@@ -15,14 +15,17 @@ draws of PendulumChain-v0's angles, :func:`simfuse.kernels.chain.chain_reset`).
 Observation: (x_0..x_{S−1}, v_0..v_{S−1}).
 
 Why this simulator: every state element costs the fused kernel a handful of additions and
-multiplications (two row sums, about eight fused multiply-adds), while the unfused PyTorch
-step streams the [N, S] state through about fifteen elementwise kernels (reading and writing
-~130 B per element).  So as S grows the unfused loop's memory traffic grows and the fused
-kernel, holding the [BLOCK, S] tiles in registers, stays cheap per element: the ratio of the
-two is what Gleeson et al. plot against the simulator's memory traffic.  (PendulumChain-v0
-pays a sine and a floor per element, which makes its fused kernel compute-bound.)  Memory
-traffic of the fused rollout: the state once per launch, 8S B of observation per env-step
-when the trajectory is written, nothing per step with statistics only.
+multiplications (about ten instructions of arithmetic and, with the row sums, policy draw and
+bookkeeping spread over the row, 22-30 SASS instructions per element-step on sm_90), while
+the unfused PyTorch step streams the [N, S] state through fourteen elementwise kernels (120 B
+per element, 160 B with the loop's truncation and reset; see benchmarks/cases/sim.py).  So
+as S grows the unfused loop's memory traffic grows and the fused kernel, holding the
+[BLOCK, S] tiles in registers, stays cheap per element: the ratio of the two is what Gleeson
+et al. plot against the simulator's memory traffic.  (PendulumChain-v0 pays a sine and a
+floor division per element, 120-160 instructions, which makes its fused kernel
+compute-bound.)  Memory traffic of the fused rollout: the state once per launch, 8S B of
+observation per env-step when the trajectory is written, nothing per step with statistics
+only.
 """
 
 import triton.language as tl
