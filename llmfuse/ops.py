@@ -25,6 +25,7 @@ from .kernels.gate_up import gate_up_kernel
 from .kernels.lm_head import lm_head_kernel
 from .kernels.looped import STAGES_PER_LAYER, looped_decode_kernel
 from .kernels.matvec import SMALL_BATCH
+from .kernels.qkv_attention import qkv_attention_kernel
 from .kernels.qkv_rope import qkv_rope_kernel
 from .kernels.residual_proj import residual_proj_kernel
 from .reference import KVCache
@@ -72,6 +73,9 @@ class DecodePlan:
     # part to finish, which runs the epilogue: RoPE and cache append, SiLU · up)
     qkv_split: int = 1
     mlp_split: int = 1
+    # Per-layer path: Q/K/V and attention in one launch, attention tiles waiting on per-KV-head
+    # counts (kernels/qkv_attention.py): one launch fewer per layer.
+    fuse_attention: bool = False
 
     @property
     def row_sums(self) -> bool:
@@ -262,8 +266,8 @@ class DecodeBuffers:
     kv_start: torch.Tensor  # [B] int64: first valid slot of each row (left padding)
     seed: torch.Tensor  # 0-d int64: Philox key of fused sampling
     inv_temperature: torch.Tensor  # 0-d float32: 1 / temperature of fused sampling
-    counter: torch.Tensor  # [1 + Hkv] int32: looped kernel's barrier count, per-KV-head Q/K/V tile counts
-    timeout: torch.Tensor  # [2] int32: looped kernel's barrier timeout flag, never-written prefetch sink
+    counter: torch.Tensor  # [1 + Hkv] int32: looped kernel's barrier count; per-KV-head Q/K/V tile counts
+    timeout: torch.Tensor  # [2] int32: a wait gave up (looped kernel, fused Q/K/V + attention); prefetch sink
 
     @classmethod
     def allocate(cls, cfg: LlamaConfig, plan: DecodePlan, dtype: torch.dtype, device: torch.device) -> DecodeBuffers:
@@ -338,6 +342,25 @@ def decode_attention(cfg: LlamaConfig, layer: int, cache: KVCache, buf: DecodeBu
     )
 
 
+def qkv_attention(w: LlamaWeights, cfg: LlamaConfig, layer: int, cache: KVCache, buf: DecodeBuffers,
+                  plan: DecodePlan, inv_freq: torch.Tensor) -> None:
+    """Instructions 1 and 2 in one launch (``plan.fuse_attention``).  The per-KV-head counts in
+    ``buf.counter[1:]`` accumulate over the layers of a step: zero them before layer 0."""
+    tiles = plan.tiles(cfg)
+    qkv_attention_kernel[(tiles["qkv"] + tiles["attention"],)](
+        layer, buf.x, w.attn_norm, w.wqkv, w.bqkv if w.bqkv is not None else w.wqkv, inv_freq, buf.kv_start,
+        buf.slot, buf.q, cache.k, cache.v, buf.pair_part, buf.pair_sq, buf.pair_sem,
+        buf.part, buf.lse, buf.attn, buf.sem, buf.counter[1:], buf.timeout,
+        plan.batch, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
+        plan.max_slots, cfg.rms_norm_eps, plan.n_splits, plan.split_len, 1.0 / math.sqrt(cfg.head_dim),
+        BARRIER_MAX_POLLS,
+        HAS_BIAS=w.bqkv is not None, BLOCK_B=plan.block_b, BLOCK_P=plan.block_p, BLOCK_K=plan.block_k,
+        BLOCK_G=plan.block_g, BLOCK_S=plan.block_s, BLOCK_D=plan.block_d, BLOCK_M=plan.block_m,
+        DOT_PREC=plan.dot_prec, ROW_PREFETCH=plan.row_prefetch, QKV_SPLIT=plan.qkv_split,
+        ACQUIRE_LOADS=plan.acquire_loads, **plan.layer_launch_options(),
+    )
+
+
 def o_proj(w: LlamaWeights, cfg: LlamaConfig, layer: int, buf: DecodeBuffers, plan: DecodePlan) -> None:
     """x += attn W_oᵀ (instruction 3)."""
     residual_proj_kernel[(plan.tiles(cfg)["o_proj"],)](
@@ -391,10 +414,16 @@ def greedy_tokens(buf: DecodeBuffers) -> torch.Tensor:
 
 def decode_layers(w: LlamaWeights, cfg: LlamaConfig, cache: KVCache, buf: DecodeBuffers, plan: DecodePlan,
                   inv_freq: torch.Tensor) -> None:
-    """The per-layer path: five fused launches per layer on the embedded ``buf.x``."""
+    """The per-layer path: five fused launches per layer on the embedded ``buf.x`` (four with
+    ``plan.fuse_attention``)."""
+    if plan.fuse_attention:
+        buf.counter.zero_()
     for layer in range(cfg.num_hidden_layers):
-        qkv_rope(w, cfg, layer, cache, buf, plan, inv_freq)
-        decode_attention(cfg, layer, cache, buf, plan)
+        if plan.fuse_attention:
+            qkv_attention(w, cfg, layer, cache, buf, plan, inv_freq)
+        else:
+            qkv_rope(w, cfg, layer, cache, buf, plan, inv_freq)
+            decode_attention(cfg, layer, cache, buf, plan)
         o_proj(w, cfg, layer, buf, plan)
         gate_up(w, cfg, layer, buf, plan)
         down_proj(w, cfg, layer, buf, plan)

@@ -197,7 +197,7 @@ def instruction_bytes(cfg: LlamaConfig, w: LlamaWeights, batch: int, context: in
 # (batch, plan fields other than the default) of the breakdown: the default plans, and A/B
 # variants of the batch-1 matrix-vector tiles.
 BREAKDOWN_PLANS: list[tuple[int, dict[str, int]]] = [
-    (1, {}), (1, {"row_prefetch": False}), (1, {"block_k": 256}), (1, {"split_k": 1}),
+    (1, {}), (1, {"row_prefetch": False}), (1, {"block_k": 256}), (1, {"split_k": 1}), (1, {"fuse_attention": True}),
     (8, {}), (8, {"qkv_split": 1, "mlp_split": 1}), (64, {}),
 ]
 
@@ -234,6 +234,10 @@ def instruction_breakdown_case(ctx: Context) -> None:
             "down_proj": lambda: [ops.down_proj(w, cfg, layer, buf, plan) for layer in layers],
             "lm_head": lambda: ops.lm_head(w, cfg, buf, plan, write_logits=True),
         }
+        if plan.fuse_attention:
+            floors["qkv_attention"] = floors["qkv_rope"] + floors["decode_attention"]
+            launches["qkv_attention"] = lambda: [buf.counter.zero_()] + [
+                ops.qkv_attention(w, cfg, layer, cache, buf, plan, inv_freq) for layer in layers]
         with torch.no_grad():
             ops.fused_step(w, cfg, cache, buf, plan, inv_freq, tokens, looped=False, write_logits=True)
             expected = ref.ReferenceDecoder(w.to(dtype=torch.float32), cfg, batch, slots,
@@ -283,14 +287,15 @@ PLAN_SWEEP: list[tuple[int, bool, dict[str, int]]] = [
     # K split of the residual projections and of Q/K/V under the pipelined tiles
     (1, False, {"row_prefetch": False}), (1, False, {"block_k": 256}), (1, False, {"block_k": 256, "split_k": 2}),
     (1, False, {"split_k": 1}), (1, False, {"split_k": 2}), (1, False, {"qkv_split": 2}),
-    (1, True, {}), (1, True, {"row_prefetch": False}),
+    (1, False, {"fuse_attention": True}), (1, True, {}), (1, True, {"row_prefetch": False}),
     # batches 8 and 64: Q/K/V in 4 K parts and gate/up in 2 (the defaults) against other splits
     (8, False, {"qkv_split": 1, "mlp_split": 1}), (8, False, {"qkv_split": 2}), (8, False, {"qkv_split": 8}),
-    (8, False, {"mlp_split": 1}), (8, False, {"mlp_split": 4}), (8, True, {}),
+    (8, False, {"mlp_split": 1}), (8, False, {"mlp_split": 4}), (8, False, {"fuse_attention": True}), (8, True, {}),
     (64, False, {"qkv_split": 1, "mlp_split": 1}), (64, False, {"qkv_split": 8}), (64, False, {"mlp_split": 4}),
     (64, True, {}),
 ]
-QUICK_PLAN_SWEEP = [(1, False, {"row_prefetch": False}), (3, False, {"block_b": 4}), (3, True, {})]
+QUICK_PLAN_SWEEP = [(1, False, {"row_prefetch": False}), (3, False, {"block_b": 4}),
+                    (3, False, {"fuse_attention": True}), (3, True, {})]
 
 
 def _sweep_variant(ctx: Context, cfg: LlamaConfig, w: LlamaWeights, inv_freq: torch.Tensor, name: str, context: int,

@@ -15,8 +15,8 @@ Program ``p`` of ``P`` runs tiles ``p, p + P, p + 2P, ...`` of each stage.  The 
 boundaries of the per-layer path become waits on counts in device memory
 (:mod:`.grid_barrier`): after attention, o_proj, gate_up and down a grid barrier (4 per
 layer, counted by ``barrier``); between qkv and attention only a per-KV-head count — an
-attention tile waits for the Q/K/V tiles of its own head group, so attention on one group
-overlaps the projections of the others.  Between arriving and waiting at a barrier, a
+attention tile waits for the Q/K/V tiles of its own head group (:mod:`.qkv_attention`), so
+attention on one group overlaps the projections of the others.  Between arriving and waiting at a barrier, a
 program that is not the last to arrive prefetches a ``PREFETCH``-element slice of the
 next weight-reading stage's weights into L2 (:mod:`.prefetch`): W_o after attention,
 W_gate_up after o_proj, W_down after gate_up, the next layer's W_qkv (or the LM head)
@@ -39,6 +39,7 @@ from .gate_up import gate_up_tile
 from .grid_barrier import signal, wait_for
 from .lm_head import lm_head_tile
 from .prefetch import prefetch_flat
+from .qkv_attention import signal_qkv_group, wait_qkv_group
 from .qkv_rope import qkv_rope_tile
 from .residual_proj import residual_proj_tile
 
@@ -88,8 +89,6 @@ def looped_decode_kernel(
     gate_up_size = 2 * I * H
     down_size = H * I
     sink = tl.zeros([], dtype=tl.float32)
-    pair_tiles = tl.cdiv(D // 2, BLOCK_P)
-    group_tiles = (HQ // HKV + 2) * pair_tiles * QKV_SPLIT  # Q/K/V tiles of one KV head's group, per layer
     for layer in range(L):
         stage = layer * 5
         layer64 = tl.full([], 0, tl.int64) + layer
@@ -99,15 +98,12 @@ def looped_decode_kernel(
                               slot_ptr, q_ptr, k_cache_ptr, v_cache_ptr, pair_part_ptr, pair_sq_ptr, pair_sem_ptr,
                               B, H, HQ, HKV, D, S, eps, HAS_BIAS, BLOCK_B, BLOCK_P, BLOCK_K, DOT_PREC, ROW_PREFETCH,
                               QKV_SPLIT)
-                # no grid barrier after this stage: each tile signals its KV head's group (a pair
-                # block's last K part signals after its epilogue, so the count completes after it)
-                head = tile // QKV_SPLIT // pair_tiles
-                group = tl.where(head < HQ, head // (HQ // HKV), tl.where(head < HQ + HKV, head - HQ, head - HQ - HKV))
-                signal(counter_ptr + 1 + group)
+                # no grid barrier after this stage: each tile signals its KV head's group
+                signal_qkv_group(tile, counter_ptr + 1, HQ, HKV, D, BLOCK_P, QKV_SPLIT)
         if stage + 1 < stop_stage:
             for tile in range(pid, attn_tiles, nprog):
-                kv_head = (tile // n_splits) % HKV
-                wait_for(counter_ptr + 1 + kv_head, (layer + 1) * group_tiles, max_polls, timeout_ptr, ACQUIRE_LOADS)
+                wait_qkv_group(tile, layer, counter_ptr + 1, HQ, HKV, D, n_splits, max_polls, timeout_ptr,
+                               BLOCK_P, QKV_SPLIT, ACQUIRE_LOADS)
                 decode_attention_tile(tile, layer, q_ptr, k_cache_ptr, v_cache_ptr, kv_start_ptr, slot_ptr,
                                       part_ptr, lse_ptr, attn_ptr, sem_ptr, B, HQ, HKV, D, S, n_splits,
                                       split_len, sm_scale, BLOCK_G, BLOCK_S, BLOCK_D, BLOCK_M, DOT_PREC)

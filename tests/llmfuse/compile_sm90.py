@@ -28,8 +28,8 @@ from llmfuse.weights import random_weights  # noqa: E402
 TARGET = GPUTarget("cuda", 90, 32)
 POINTER = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.int64: "*i64",
            torch.int32: "*i32"}
-KERNELS = ("qkv_rope_kernel", "decode_attention_kernel", "residual_proj_kernel", "gate_up_kernel",
-           "lm_head_kernel", "looped_decode_kernel")
+KERNELS = ("qkv_rope_kernel", "decode_attention_kernel", "qkv_attention_kernel", "residual_proj_kernel",
+           "gate_up_kernel", "lm_head_kernel", "looped_decode_kernel")
 
 
 class CompileInsteadOfLaunch:
@@ -93,10 +93,10 @@ def main(argv: list[str]) -> int:
         for batch in batches:
             # batch 8 also compiles the K-split residual projections (the 1B and 8B shapes split K)
             # and the barrier polls by acquire loads (inline PTX), per-layer kernels (--all) with
-            # programmatic dependent launch
+            # programmatic dependent launch; batches 1 and 8 Q/K/V and attention in one launch
             plan = ops.make_plan(cfg, batch, 40, dtype, torch.device("cuda"), looped_programs=h100.sm_count,
                                  split_k=2 if batch == 8 else None, acquire_loads=batch == 8,
-                                 pdl=batch == 8)
+                                 pdl=batch == 8, fuse_attention=batch < 64)
             buf = ops.DecodeBuffers.allocate(cfg, plan, dtype, torch.device("cpu"))
             cache = ref.KVCache.empty(cfg, batch, 40, dtype=dtype, device="cpu")
             tokens = torch.zeros(batch, dtype=torch.int64)

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+import fusecore
 from fusecore.softmax import merge_partials
 from fusecore.testing import assert_all_written, assert_close, poison_value, test_device
 from llmfuse import ops
@@ -134,6 +135,36 @@ def test_o_proj_adds_residual(batch, dtype, tuning, split_k, gen):
     assert int(buf.proj_sem.abs().sum()) == 0, "the last K part of each tile resets its semaphore"
     expected = ref.o_proj_step(w64, LAYER, buf.attn.cpu().double().reshape(batch, -1), x0)
     assert_close(buf.x.cpu() - x0, expected - x0, dtype, name="o_proj update")
+
+
+@pytest.mark.parametrize("batch, dtype, tuning", [(1, torch.float32, {}), (9, torch.bfloat16, {"qkv_split": 2})])
+def test_qkv_and_attention_in_one_launch_equal_two_launches(batch, dtype, tuning, gen):
+    """Both layers of the config through the fused launch (counts accumulating over the layers)
+    against qkv_rope + decode_attention: the same tile functions, so bit-identical under the
+    interpreter (compiled, each kernel gets its own code: within rounding); no wait gave up."""
+    cfg, w64, wk, plan, buf, cache, slot, kv_start = _setup(batch, dtype, gen, tuning=tuning)
+    fused = ops.make_plan(cfg, batch, SLOTS, dtype, buf.x.device, n_splits=plan.n_splits, fuse_attention=True,
+                          **tuning)
+    inv_freq = cfg.rope_inv_freq().to(buf.x.device)
+    cache2 = ref.KVCache(cache.k.clone(), cache.v.clone())
+    buf2 = ops.DecodeBuffers(**{k: v.clone() for k, v in buf.__dict__.items()})
+
+    def same(got, expected, name):
+        if fusecore.COMPILED:
+            assert_close(got, expected, dtype, name=name)
+        else:
+            assert torch.equal(got, expected), name
+
+    buf2.counter.zero_()
+    for layer in range(cfg.num_hidden_layers):
+        ops.qkv_rope(wk, cfg, layer, cache, buf, plan, inv_freq)
+        ops.decode_attention(cfg, layer, cache, buf, plan)
+        ops.qkv_attention(wk, cfg, layer, cache2, buf2, fused, inv_freq)
+        for name in ("q", "attn"):
+            same(getattr(buf2, name), getattr(buf, name), name)
+    same(cache2.k, cache.k, "k cache")
+    same(cache2.v, cache.v, "v cache")
+    assert not ops.looped_timed_out(buf2)
 
 
 # split_k: the down projection's K parts; mlp_split: gate/up K parts (16-column chunks, none empty)

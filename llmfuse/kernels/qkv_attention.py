@@ -1,0 +1,76 @@
+"""Instructions 1 and 2 of one layer in one launch: the Q/K/V tiles, then the attention tiles.
+
+Programs ``0 .. qkv_tiles − 1`` run :func:`.qkv_rope.qkv_rope_tile` and then count themselves
+done on their KV head's group (:func:`.grid_barrier.signal`: a CTA barrier, then an atomic
+add with release order); programs ``qkv_tiles ..`` run :func:`.decode_attention.decode_attention_tile`
+after waiting (:func:`.grid_barrier.wait_for`, acquire) until the count of their own group
+reaches the layer's target.  So attention on one KV head starts as soon as that head's
+Q/K/V tiles are written, and the launch boundary between the two instructions — a few
+microseconds of launch latency and tail per layer at batch 1 — is gone.
+
+A group's count is ``(G + 2) · pair blocks per head · QKV_SPLIT`` per layer (the G query
+heads, its K and V head; every K part signals, a block's last part after its epilogue);
+counts accumulate over the layers of a step, so layer ``l`` waits for ``(l + 1)`` times
+that and the host zeroes the counts once per step.  A program waits only for programs of
+lower index, which the GPU dispatches first (the forward-progress order that decoupled
+look-back scans rely on), so the grid need not be co-resident; under the interpreter the
+programs run in index order and every wait ends at once.  The looped kernel uses the same
+two helpers between its first two stages.
+Bytes: those of the two instructions; the counts are (1 + Hkv) int32.
+"""
+
+import triton.language as tl
+
+from fusecore.backend import jit
+
+from .decode_attention import decode_attention_tile
+from .grid_barrier import signal, wait_for
+from .launch_order import after_previous_kernel
+from .qkv_rope import qkv_rope_tile
+
+
+@jit
+def signal_qkv_group(tile, count_ptr, HQ, HKV, D, BLOCK_P: tl.constexpr, QKV_SPLIT: tl.constexpr):
+    """Count Q/K/V tile ``tile`` done on the count of its KV head's group, ``count_ptr[group]``."""
+    head = tile // QKV_SPLIT // tl.cdiv(D // 2, BLOCK_P)
+    group = tl.where(head < HQ, head // (HQ // HKV), tl.where(head < HQ + HKV, head - HQ, head - HQ - HKV))
+    signal(count_ptr + group)
+
+
+@jit
+def wait_qkv_group(attn_tile, layer, count_ptr, HQ, HKV, D, n_splits, max_polls, timeout_ptr,
+                   BLOCK_P: tl.constexpr, QKV_SPLIT: tl.constexpr, ACQUIRE_LOADS: tl.constexpr):
+    """Wait until every Q/K/V tile of layer ``layer`` in the KV head group of attention tile
+    ``attn_tile`` has counted itself done."""
+    group_tiles = (HQ // HKV + 2) * tl.cdiv(D // 2, BLOCK_P) * QKV_SPLIT
+    kv_head = (attn_tile // n_splits) % HKV
+    wait_for(count_ptr + kv_head, (layer + 1) * group_tiles, max_polls, timeout_ptr, ACQUIRE_LOADS)
+
+
+# Sizes that change from call to call are not specialized: one compile serves them all.
+@jit(do_not_specialize=["layer", "S", "n_splits", "split_len", "max_polls"])
+def qkv_attention_kernel(
+    layer, x_ptr, norm_ptr, w_ptr, bias_ptr, inv_freq_ptr, kv_start_ptr, slot_ptr,
+    q_ptr, k_cache_ptr, v_cache_ptr, pair_part_ptr, pair_sq_ptr, pair_sem_ptr,
+    part_ptr, lse_ptr, attn_ptr, sem_ptr, count_ptr, timeout_ptr,
+    B, H, HQ, HKV, D, S, eps, n_splits, split_len, sm_scale, max_polls,
+    HAS_BIAS: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+    DOT_PREC: tl.constexpr, ROW_PREFETCH: tl.constexpr, QKV_SPLIT: tl.constexpr, ACQUIRE_LOADS: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
+    after_previous_kernel(USE_PDL)
+    pid = tl.program_id(0)
+    qkv_tiles = (HQ + 2 * HKV) * tl.cdiv(D // 2, BLOCK_P) * QKV_SPLIT
+    if pid < qkv_tiles:
+        qkv_rope_tile(pid, layer, x_ptr, norm_ptr, w_ptr, bias_ptr, inv_freq_ptr, kv_start_ptr, slot_ptr,
+                      q_ptr, k_cache_ptr, v_cache_ptr, pair_part_ptr, pair_sq_ptr, pair_sem_ptr,
+                      B, H, HQ, HKV, D, S, eps, HAS_BIAS, BLOCK_B, BLOCK_P, BLOCK_K, DOT_PREC, ROW_PREFETCH,
+                      QKV_SPLIT)
+        signal_qkv_group(pid, count_ptr, HQ, HKV, D, BLOCK_P, QKV_SPLIT)
+    else:
+        wait_qkv_group(pid - qkv_tiles, layer, count_ptr, HQ, HKV, D, n_splits, max_polls, timeout_ptr,
+                       BLOCK_P, QKV_SPLIT, ACQUIRE_LOADS)
+        decode_attention_tile(pid - qkv_tiles, layer, q_ptr, k_cache_ptr, v_cache_ptr, kv_start_ptr, slot_ptr,
+                              part_ptr, lse_ptr, attn_ptr, sem_ptr, B, HQ, HKV, D, S, n_splits, split_len,
+                              sm_scale, BLOCK_G, BLOCK_S, BLOCK_D, BLOCK_M, DOT_PREC)
