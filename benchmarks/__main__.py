@@ -98,6 +98,11 @@ def main(argv: list[str] | None = None) -> int:
         worst = max((err / tol for _, err, tol in ctx.checks), default=0.0)
         print(f"[{status}] {c.domain}/{c.name}: {len(ctx.records)} records, {len(ctx.checks)} checks "
               f"(worst error {worst:.2g} of tolerance), {time.perf_counter() - t0:.1f} s")
+        # Each case's rows as soon as it ends, so a run cut short (a time limit) keeps what finished.
+        if len(selected) > 1 and ctx.records:
+            print(format_table(ctx.records), flush=True)
+        if args.out:
+            write_jsonl(records, args.out / "results.jsonl", append=False)
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 

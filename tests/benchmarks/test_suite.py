@@ -83,3 +83,24 @@ def test_headline_leaves_out_sweeps_and_compares_with_other_code(monkeypatch):
     ])
     assert len(rows) == 3, rows
     assert "test_headline[x]" in rows[2] and "fused kernel (1.000)" in rows[2] and "4.00x" in rows[2]
+
+
+def test_a_run_cut_short_keeps_the_cases_that_finished(tmp_path, monkeypatch, capsys):
+    """A GPU run killed by its time limit (here: a case that exits the process) still leaves the
+    earlier cases' rows in results.jsonl and their table in the log."""
+    import benchmarks.__main__ as bench_main
+    from benchmarks import cases as case_pkg
+    from benchmarks.registry import Case
+
+    case_pkg.load_all(["core"])
+    core = [c for c in cases() if c.domain == "core"]
+
+    def killed(ctx):
+        raise SystemExit("time limit")
+
+    monkeypatch.setattr(bench_main, "cases", lambda: [*core, Case("core", "killed", "none", killed)])
+    with pytest.raises(SystemExit):
+        bench_main.main(["--quick", "--domain", "core", "--out", str(tmp_path)])
+    kept = read_jsonl(tmp_path / "results.jsonl")
+    assert kept and {r.case.split("[")[0] for r in kept} == {c.name for c in core}
+    assert "fused (fusecore)" in capsys.readouterr().out
