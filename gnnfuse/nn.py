@@ -116,12 +116,10 @@ class _DGLHeadsConv(nn.Module):
     def _dropout(self) -> float:
         return self.attn_drop_p if self.training else 0.0
 
-    def _finish(self, out: torch.Tensor, h: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """Residual of the (dropped-out) input, output bias, activation."""
+    def _finish(self, out: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """Residual of the (dropped-out) input, activation (an output bias is the op's ``out_add``)."""
         if self.res_fc is not None:
             out = out + self.res_fc(h).view(h.shape[0], -1, self._out_feats)
-        if bias is not None:
-            out = out + bias.view(1, self._num_heads, self._out_feats)
         return out if self.activation is None else self.activation(out)
 
     def extra_repr(self) -> str:
@@ -189,11 +187,12 @@ class GATConv(_DGLHeadsConv):
         graph = self._graph(graph, feat, self.fc.weight.dtype)
         h = self.feat_drop(feat)
         wh = self.fc(h).view(feat.shape[0], self._num_heads, self._out_feats)
+        # the bias is added in the kernel's store when no gradient is needed (inference)
         out = ops.gat(
             graph, wh, self.attn_l, self.attn_r, negative_slope=self.negative_slope, dropout=self._dropout(),
-            schedule=schedule,
+            schedule=schedule, out_add=self.bias,
         )
-        return self._finish(out, h, self.bias)
+        return self._finish(out, h)
 
 
 class GATv2Conv(_DGLHeadsConv):
@@ -351,13 +350,15 @@ class GraphTransformerConv(nn.Module):
         elif edge_feat is not None:
             raise ValueError("edge_feat was given but the layer has no edge_dim (construct it with edge_dim=...)")
         dropout = self.dropout if self.training else 0.0
+        root = self.lin_skip(feat) if self.root_weight else None
+        # a plain root term (concatenated heads, no gate) is added in the kernel's store in inference
+        root_add = root.view(shape) if root is not None and self.concat and self.lin_beta is None else None
         out = ops.transformer_attention(
             graph, self.lin_query(feat).view(shape), self.lin_key(feat).view(shape), self.lin_value(feat).view(shape),
-            edge_feat, edge_weight, dropout=dropout, schedule=schedule,
+            edge_feat, edge_weight, dropout=dropout, schedule=schedule, out_add=root_add,
         )
         out = out.reshape(feat.shape[0], -1) if self.concat else out.mean(dim=1)
-        if self.root_weight:
-            root = self.lin_skip(feat)
+        if root is not None and root_add is None:
             if self.lin_beta is not None:
                 gate = torch.sigmoid(self.lin_beta(torch.cat([out, root, out - root], dim=-1)))
                 out = gate * root + (1 - gate) * out

@@ -73,7 +73,9 @@ class AttentionInputs:
     ``v``); ``attn`` GATv2's ``[H, D]`` vector; ``edge_attr`` ``[E, K]`` (input edge order) and
     ``edge_weight`` ``[K, H, D]``: the dot score's edge features, projected in registers and
     added to keys and values; ``keys_from_values``: the dot score's keys are ``value · src_term``
-    with ``src_term`` a per-node scale ``[N, H]`` (AGNN: one gathered tile per edge instead of two).
+    with ``src_term`` a per-node scale ``[N, H]`` (AGNN: one gathered tile per edge instead of two);
+    ``out_add``: ``[H, D]`` or ``[N, H, D]`` added to the output as the forward stores it (a
+    layer's bias or root term in inference; see :func:`_fused_addend`).
     """
 
     score: int
@@ -86,6 +88,7 @@ class AttentionInputs:
     negative_slope: float = 0.2
     scale: float = 1.0
     keys_from_values: bool = False
+    out_add: torch.Tensor | None = None
 
     @property
     def has_edge(self) -> bool:
@@ -191,14 +194,17 @@ def attention_forward(
     flags = {"DROPOUT": use_dropout, "SCORE": inputs.score, "EDGE": inputs.has_edge,
              "KEY_SCALE": inputs.keys_from_values}
     tensors = inputs.pointers()
+    add = inputs.out_add
+    has_add = add is not None
+    add, add_stride = (add, add[0].numel() if add.dim() == 3 else 0) if has_add else (lse, 0)
     light_tiles, row_block_e = _tile_budget(schedule, inputs, "forward")
     buckets = schedule.incoming
     for width, rows, starts, stops in buckets.light:
         per_program = _light_rows(schedule, inputs, width, light_tiles)
         attention_forward_light_kernel[(cdiv(rows.numel(), per_program),)](
-            graph.csr_src, graph.csr_eid, rows, starts, stops, *tensors, out, lse, rows.numel(), heads, head_dim,
-            inputs.edge_dim, *scalars,
-            ROWS=per_program, BLOCK_E=width, BLOCK_H=block_h, BLOCK_D=block_d, **flags,
+            graph.csr_src, graph.csr_eid, rows, starts, stops, *tensors, out, lse, add, rows.numel(), heads,
+            head_dim, inputs.edge_dim, *scalars, add_stride,
+            ROWS=per_program, BLOCK_E=width, BLOCK_H=block_h, BLOCK_D=block_d, **flags, ADD=has_add,
             **_edge_flags(inputs, block_h, block_d, per_program * width), num_warps=schedule.num_warps,
         )
     for rows, starts, stops, count, pieces in _row_launches(buckets):
@@ -208,15 +214,17 @@ def attention_forward(
         else:
             target_out, target_lse = out, lse
         attention_forward_rows_kernel[(count,)](
-            graph.csr_src, graph.csr_eid, rows, starts, stops, *tensors, target_out, target_lse, heads, head_dim,
-            inputs.edge_dim, *scalars,
+            graph.csr_src, graph.csr_eid, rows, starts, stops, *tensors, target_out, target_lse, add, heads,
+            head_dim, inputs.edge_dim, *scalars, add_stride,
             BLOCK_E=row_block_e, BLOCK_H=block_h, BLOCK_D=block_d, PIECES=pieces, **flags,
-            BLOCK_K=_block_k(inputs), LANES=schedule.edge_lanes, num_warps=schedule.num_warps,
+            BLOCK_K=_block_k(inputs), LANES=schedule.edge_lanes, ADD=has_add and not pieces,
+            num_warps=schedule.num_warps,
         )
         if pieces:
             lse_merge_kernel[(buckets.super_rows.numel(),)](
-                buckets.super_piece_ptr, buckets.super_rows, target_out, target_lse, out, lse, heads, head_dim,
-                BLOCK_P=max(1, MERGE_TILE // (block_h * block_d)), BLOCK_H=block_h, BLOCK_D=block_d,
+                buckets.super_piece_ptr, buckets.super_rows, target_out, target_lse, out, lse, add, heads, head_dim,
+                add_stride, BLOCK_P=max(1, MERGE_TILE // (block_h * block_d)), BLOCK_H=block_h, BLOCK_D=block_d,
+                ADD=has_add,
             )
     return out, lse
 
@@ -600,9 +608,9 @@ class GATFunction(torch.autograd.Function):
     backward the attention gradients and the node scores' share merged in one epilogue kernel."""
 
     @staticmethod
-    def forward(ctx, wh, attn_l, attn_r, graph, negative_slope, dropout_p, seed, offset, options):  # type: ignore[override]
+    def forward(ctx, wh, attn_l, attn_r, graph, negative_slope, dropout_p, seed, offset, options, out_add):  # type: ignore[override]
         el, er = _node_scores_forward(wh, attn_l, attn_r)
-        inputs = AttentionInputs(SCORE_GAT, el, er, wh, negative_slope=negative_slope)
+        inputs = AttentionInputs(SCORE_GAT, el, er, wh, negative_slope=negative_slope, out_add=out_add)
         ctx.negative_slope = negative_slope
         return _forward_saving(ctx, graph, inputs, (dropout_p, seed, offset, options), 3, wh, attn_l, attn_r, el, er)
 
@@ -613,7 +621,34 @@ class GATFunction(torch.autograd.Function):
         inputs = AttentionInputs(SCORE_GAT, el, er, wh, negative_slope=ctx.negative_slope)
         grad_agg, grad_el, grad_er, _, _ = _backward_saved(ctx, inputs, grad_out, grad_value_dtype=el.dtype)
         grad_wh, grad_attn_l, grad_attn_r = _node_scores_backward(wh, attn_l, attn_r, grad_el, grad_er, grad_agg)
-        return grad_wh, grad_attn_l, grad_attn_r, *_NO_GRADS
+        return grad_wh, grad_attn_l, grad_attn_r, *_NO_GRADS, None
+
+
+def _check_addend(out_add: torch.Tensor | None, graph: Graph, heads: int, head_dim: int,
+                  dtype: torch.dtype) -> torch.Tensor | None:
+    """``out_add`` viewed ``[H, D]`` (a bias of ``H·D`` elements) or ``[N, H, D]`` (a per-node term,
+    ``[N, H, D]`` or ``[N, H·D]``), in the features' dtype; ValueError / TypeError otherwise."""
+    if out_add is None:
+        return None
+    backend.check_dtypes(FLOAT_DTYPES, out_add=out_add)
+    if out_add.dtype != dtype:
+        raise TypeError(f"out_add has dtype {out_add.dtype} but the features have {dtype}: they must share a dtype")
+    if out_add.numel() == heads * head_dim and out_add.dim() <= 3 and (out_add.dim() < 3 or out_add.shape[0] == 1):
+        return out_add.reshape(heads, head_dim)
+    if out_add.dim() in (2, 3) and out_add.shape[0] == graph.num_nodes and out_add[0].numel() == heads * head_dim:
+        return out_add.reshape(graph.num_nodes, heads, head_dim)
+    raise ValueError(
+        f"out_add must have H·D = {heads * head_dim} elements (a bias) or shape [num_nodes, H, D] = "
+        f"[{graph.num_nodes}, {heads}, {head_dim}] (or [num_nodes, H·D]), got {list(out_add.shape)}"
+    )
+
+
+def _fused_addend(out_add: torch.Tensor | None, *inputs: torch.Tensor | None) -> bool:
+    """Whether ``out_add`` is added in the forward kernel's store: only when no gradient flows
+    (inference).  When one does, the saved output must stay the attention's own (the backward's
+    ``δ = <g, out>``), so the op adds ``out_add`` after, through autograd."""
+    tensors = [t for t in (out_add, *inputs) if t is not None]
+    return out_add is not None and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
 
 
 def _check_attention_vectors(heads: int, head_dim: int, **vectors: torch.Tensor) -> None:
@@ -664,11 +699,14 @@ def gat(
     dropout: float = 0.0,
     rng: PhiloxStream | None = None,
     schedule: ScheduleOptions | None = None,
+    out_add: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """GAT attention from projected features and attention vectors ``attn_l``, ``attn_r`` ``(1, H, D)``.
 
     Same result as :func:`gat_attention` with ``el``, ``er`` from :func:`node_scores`, as one
     autograd op: the node scores' backward is folded into the feature gradient's epilogue.
+    ``out_add``: a bias (``H·D`` elements) or per-node term (``[N, H, D]`` or ``[N, H·D]``) added
+    to the output — in the kernel's store when nothing needs a gradient (:func:`_fused_addend`).
     """
     graph = as_graph(graph)
     backend.check_dtypes(FLOAT_DTYPES, wh=wh, attn_l=attn_l, attn_r=attn_r)
@@ -678,17 +716,21 @@ def gat(
     dropout = _check_dropout(dropout)
     negative_slope = _check_negative_slope(negative_slope)
     _check_schedule(schedule)
+    add = _check_addend(out_add, graph, heads, head_dim, wh.dtype)
     if backend.reference_enabled():
         el, er = node_scores(wh, attn_l, attn_r)
-        return gat_attention(
+        out = gat_attention(
             graph, wh, el, er, negative_slope=negative_slope, dropout=dropout, rng=rng, schedule=schedule
         )
+        return out if add is None else out + add
     seed, offset = _rng_pair(rng, dropout, heads)
-    backend.check_devices(wh=wh, attn_l=attn_l, attn_r=attn_r, graph=graph.indptr)
-    return GATFunction.apply(
+    backend.check_devices(wh=wh, attn_l=attn_l, attn_r=attn_r, out_add=add, graph=graph.indptr)
+    fused = _fused_addend(add, wh, attn_l, attn_r)
+    out = GATFunction.apply(
         wh.contiguous(), attn_l.reshape(1, heads, head_dim), attn_r.reshape(1, heads, head_dim), graph,
-        float(negative_slope), dropout, seed, offset, schedule,
+        float(negative_slope), dropout, seed, offset, schedule, add.contiguous() if fused else None,
     )
+    return out if add is None or fused else out + add
 
 
 class GATv2Function(torch.autograd.Function):
@@ -720,9 +762,10 @@ class TransformerAttentionFunction(torch.autograd.Function):
     sums giving ``∂edge_weight``) in the destination pass."""
 
     @staticmethod
-    def forward(ctx, query, key, value, edge_attr, edge_weight, graph, scale, dropout_p, seed, offset, options):  # type: ignore[override]
+    def forward(ctx, query, key, value, edge_attr, edge_weight, graph, scale, dropout_p, seed, offset, options,  # type: ignore[override]
+                out_add):
         inputs = AttentionInputs(SCORE_DOT, key, query, value, edge_attr=edge_attr, edge_weight=edge_weight,
-                                 scale=scale)
+                                 scale=scale, out_add=out_add)
         ctx.scale = scale
         return _forward_saving(ctx, graph, inputs, (dropout_p, seed, offset, options), 5,
                                query, key, value, edge_attr, edge_weight)
@@ -871,6 +914,7 @@ def transformer_attention(
     dropout: float = 0.0,
     rng: PhiloxStream | None = None,
     schedule: ScheduleOptions | None = None,
+    out_add: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Fused Graph Transformer attention (PyG TransformerConv's message and aggregation).
 
@@ -884,7 +928,8 @@ def transformer_attention(
     ``scale`` defaults to ``1/√D``.  The projection ``e`` is recomputed in registers by every
     pass (:mod:`gnnfuse.kernels.edge_features`): no ``E×H×D`` tensor exists, forward or
     backward; gradients reach ``edge_attr`` and ``edge_weight``.  ``dropout``, ``rng``,
-    ``schedule`` as in :func:`gat_attention`.  Returns ``[N, H, D]`` in ``value``'s dtype.
+    ``schedule`` as in :func:`gat_attention`, ``out_add`` (the layer's root term) as in
+    :func:`gat`.  Returns ``[N, H, D]`` in ``value``'s dtype.
     """
     graph = as_graph(graph)
     backend.check_dtypes(FLOAT_DTYPES, query=query, key=key, value=value, edge_attr=edge_attr,
@@ -908,24 +953,28 @@ def transformer_attention(
         raise ValueError(f"scale must be a finite float, got {scale!r}")
     dropout = _check_dropout(dropout)
     _check_schedule(schedule)
+    add = _check_addend(out_add, graph, heads, head_dim, value.dtype)
     seed, offset = _rng_pair(rng, dropout, heads)
     if backend.reference_enabled():
         from .reference import transformer_attention_reference
 
-        return transformer_attention_reference(
+        out = transformer_attention_reference(
             graph, query, key, value, edge_attr, edge_weight, scale=scale, dropout=dropout, seed=seed, offset=offset
         )[0].to(value.dtype)
+        return out if add is None else out + add
     backend.check_devices(query=query, key=key, value=value, edge_attr=edge_attr, edge_weight=edge_weight,
-                          graph=graph.indptr)
+                          out_add=add, graph=graph.indptr)
+    fused = _fused_addend(add, query, key, value, edge_attr, edge_weight)
     weight_khd = None
     if edge_attr is not None:
         # The kernels read edge_attr rows in input order through the graph's edge-id maps: no permuted copy.
         edge_attr = edge_attr.contiguous()
         weight_khd = edge_weight.t().reshape(edge_attr.shape[1], heads, head_dim).contiguous()
-    return TransformerAttentionFunction.apply(
+    out = TransformerAttentionFunction.apply(
         query.contiguous(), key.contiguous(), value.contiguous(), edge_attr, weight_khd, graph, float(scale), dropout,
-        seed, offset, schedule,
+        seed, offset, schedule, add.contiguous() if fused else None,
     )
+    return out if add is None or fused else out + add
 
 
 def agnn(

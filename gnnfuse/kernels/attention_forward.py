@@ -14,6 +14,9 @@ GATv2 or scaled dot product) and values ``val_j`` (``Wh_j``, ``fs_j`` or ``v_j``
 TransformerConv.  ``keep_ph = uniform(seed,
 stream=p, position=offset + h) >= p_drop`` is attention dropout, regenerated in the backward
 pass from the same counter, never stored.  Only ``lse [N, H]`` is written beside the output.
+With ``ADD`` a term ``add[i]`` (a bias, ``add_stride = 0``, or a per-node tensor, ``add_stride =
+H·D``) is added to the output as it is stored (inference: the layer's bias or root term without
+a pass of its own).
 
 Two kernels, by row kind (:mod:`gnnfuse.schedule`):
 
@@ -51,11 +54,11 @@ from .tiles import finish_softmax, flat_head_tile, head_tile, item_edges, light_
 @jit
 def attention_forward_rows_kernel(
     src_ptr, eid_ptr, rows_ptr, starts_ptr, stops_ptr,
-    src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, out_ptr, lse_ptr,
-    H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
+    src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, out_ptr, lse_ptr, add_ptr,
+    H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, add_stride,
     BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     PIECES: tl.constexpr, DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr,
-    BLOCK_K: tl.constexpr, KEY_SCALE: tl.constexpr, LANES: tl.constexpr,
+    BLOCK_K: tl.constexpr, KEY_SCALE: tl.constexpr, LANES: tl.constexpr, ADD: tl.constexpr,
 ):
     acc_dtype = lse_ptr.dtype.element_ty
     pid = tl.program_id(0).to(tl.int64)
@@ -148,6 +151,8 @@ def attention_forward_rows_kernel(
     if EDGE:
         acc += tl.sum(acc_attr[:, :, None] * w_heads, axis=0)
     out, lse = finish_softmax(acc, m, l)
+    if ADD:  # never with PIECES: a split row gets its term in the merge
+        out += tl.load(add_ptr + row * add_stride + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)
     tl.store(out_ptr + out_index * HD + hd_offs, out.to(out_ptr.dtype.element_ty), mask=hd_mask)
     tl.store(lse_ptr + out_index * H + offs_h, lse.to(lse_ptr.dtype.element_ty), mask=h_mask)
 
@@ -155,11 +160,11 @@ def attention_forward_rows_kernel(
 @jit
 def attention_forward_light_kernel(
     src_ptr, eid_ptr, rows_ptr, starts_ptr, stops_ptr,
-    src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, out_ptr, lse_ptr,
-    num_rows, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
+    src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, out_ptr, lse_ptr, add_ptr,
+    num_rows, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, add_stride,
     ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr, BLOCK_K: tl.constexpr, EDGE_DOT: tl.constexpr,
-    KEY_SCALE: tl.constexpr,
+    KEY_SCALE: tl.constexpr, ADD: tl.constexpr,
 ):
     acc_dtype = lse_ptr.dtype.element_ty
     pid = tl.program_id(0).to(tl.int64)
@@ -220,6 +225,8 @@ def attention_forward_light_kernel(
     messages = tl.reshape(alpha, [ROWS * BLOCK_E, BLOCK_H])[:, :, None] * val_j
     out = tl.sum(tl.reshape(messages, [ROWS, BLOCK_E, BLOCK_H * BLOCK_D]), axis=1)
     lse = tl.where(has_edges, m_safe + tl.log(l_safe), float("-inf"))
-    tl.store(out_ptr + rows[:, None] * HD + c_offs[None, :], out.to(out_ptr.dtype.element_ty),
-             mask=r_mask[:, None] & c_mask[None, :])
+    rc_mask = r_mask[:, None] & c_mask[None, :]
+    if ADD:
+        out += tl.load(add_ptr + rows[:, None] * add_stride + c_offs[None, :], mask=rc_mask, other=0.0).to(acc_dtype)
+    tl.store(out_ptr + rows[:, None] * HD + c_offs[None, :], out.to(out_ptr.dtype.element_ty), mask=rc_mask)
     tl.store(lse_ptr + rows[:, None] * H + offs_h[None, :], lse.to(lse_ptr.dtype.element_ty), mask=rh_mask)

@@ -22,10 +22,11 @@ from .tiles import finish_softmax, head_tile
 
 @jit
 def lse_merge_kernel(
-    piece_ptr, rows_ptr, part_out_ptr, part_lse_ptr, out_ptr, lse_ptr, H, D,
-    BLOCK_P: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    piece_ptr, rows_ptr, part_out_ptr, part_lse_ptr, out_ptr, lse_ptr, add_ptr, H, D, add_stride,
+    BLOCK_P: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, ADD: tl.constexpr,
 ):
-    """One super row per program; its pieces read ``BLOCK_P`` at a time with an online rescale."""
+    """One super row per program; its pieces read ``BLOCK_P`` at a time with an online rescale
+    (``ADD``: plus the row's ``add`` term, as in :mod:`gnnfuse.kernels.attention_forward`)."""
     pid = tl.program_id(0).to(tl.int64)
     row = tl.load(rows_ptr + pid).to(tl.int64)
     first = tl.load(piece_ptr + pid).to(tl.int64)
@@ -52,6 +53,8 @@ def lse_merge_kernel(
         acc = acc * rescale[:, None] + tl.sum(weight[:, :, None] * part, axis=0)
         m = m_new
     out, lse = finish_softmax(acc, m, total)
+    if ADD:
+        out += tl.load(add_ptr + row * add_stride + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)
     tl.store(out_ptr + row * HD + hd_offs, out.to(out_ptr.dtype.element_ty), mask=hd_mask)
     tl.store(lse_ptr + row * H + offs_h, lse.to(lse_ptr.dtype.element_ty), mask=h_mask)
 

@@ -234,3 +234,27 @@ def test_forward_and_backward_are_bitwise_reproducible(gen, device, schedule):
         runs.append((out.detach(), *torch.autograd.grad(out, leaves, grad_out)))
     for name, a, b in zip(("out", "grad wh", "grad el", "grad er"), *runs):
         assert torch.equal(a, b), f"{name} differs between identical runs"
+
+
+@pytest.mark.parametrize("schedule", ["light", "super"])
+def test_output_term_is_added_in_the_store_or_through_autograd(gen, device, schedule):
+    """``out_add`` (a layer's bias, or a per-node root term) is fused into the forward's store when
+    no gradient flows and added after the op when one does: the same values either way."""
+    graph = Graph(corner_case_edges(gen).to(device), 29)
+    wh, attn_l, attn_r = (torch.randn(shape, generator=gen).to(device) for shape in ((29, 3, 5), (1, 3, 5), (1, 3, 5)))
+    options = SCHEDULES[schedule]
+    plain = ops.gat(graph, wh, attn_l, attn_r, schedule=options).detach()
+    plain_t = ops.transformer_attention(graph, wh, attn_l.expand(29, 3, 5), wh, schedule=options).detach()
+    for add in (torch.randn(15, generator=gen).to(device), torch.randn(29, 15, generator=gen).to(device)):
+        expected = plain + add.view(-1, 3, 5)
+        with torch.no_grad():
+            assert_close(ops.gat(graph, wh, attn_l, attn_r, schedule=options, out_add=add), expected, tol=1e-6)
+            fused_t = ops.transformer_attention(graph, wh, attn_l.expand(29, 3, 5), wh, schedule=options, out_add=add)
+            assert_close(fused_t, plain_t + add.view(-1, 3, 5), tol=1e-6)
+        leaf = wh.clone().requires_grad_(True)
+        out = ops.gat(graph, leaf, attn_l, attn_r, schedule=options, out_add=add)
+        assert_close(out, expected, tol=1e-6)
+        out.sum().backward()
+        assert leaf.grad is not None and torch.isfinite(leaf.grad).all()
+    with pytest.raises(ValueError, match=r"out_add must have H·D = 15 elements \(a bias\) or shape \[num_nodes"):
+        ops.gat(graph, wh, attn_l, attn_r, out_add=torch.ones(7, device=device))

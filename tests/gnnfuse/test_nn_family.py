@@ -91,10 +91,13 @@ def transformer_against_pyg(x, edge_index, edge_attr, device, gen, **options):
     pyg = pyg.double()
     x_dev = x.clone().to(device).requires_grad_(True)
     e_dev = None if edge_attr is None else edge_attr.clone().to(device).requires_grad_(True)
-    out = layer(Graph(edge_index.to(device), x.shape[0]), x_dev, e_dev)
+    graph = Graph(edge_index.to(device), x.shape[0])
+    out = layer(graph, x_dev, e_dev)
     x64 = x.double().requires_grad_(True)
     e64 = None if edge_attr is None else edge_attr.double().requires_grad_(True)
     ref = pyg(x64, edge_index, e64)
+    with torch.no_grad():  # inference: a plain root term is added in the kernel's store
+        assert_close(layer(graph, x_dev, e_dev), ref, name="GraphTransformerConv output without autograd")
 
     def pairs():
         yield "x", x_dev, x64
