@@ -56,7 +56,8 @@ class DecodePlan:
     prefetch: int = 0
     prefetch_block: int = 1024
     num_warps: int = 4  # 4 at every batch (plan_sweep: 8 warps 13% slower at batch 1, 22% at batch 64)
-    split_k: int = 1  # K parts per residual-projection tile (summed in order by the last part to finish)
+    split_k: int = 1  # K parts per down-projection tile (summed in order by the last part to finish)
+    o_split: int = 1  # K parts per output-projection tile
     num_stages: int | None = None  # software-pipeline depth of the K loops (None: Triton's default)
     acquire_loads: bool = False  # looped kernel: barrier polls are ld.acquire (inline PTX; compiled only)
     pdl: bool = False  # per-layer kernels: programmatic dependent launch (kernels/launch_order.py; sm_90+)
@@ -112,7 +113,7 @@ class DecodePlan:
         return {
             "qkv": self.qkv_pair_blocks(cfg) * self.qkv_split,
             "attention": self.batch * cfg.num_key_value_heads * self.n_splits,
-            "o_proj": cdiv(cfg.hidden_size, self.block_n) * self.split_k,
+            "o_proj": cdiv(cfg.hidden_size, self.block_n) * self.o_split,
             "gate_up": cdiv(cfg.intermediate_size, self.block_n) * self.mlp_split,
             "down": cdiv(cfg.hidden_size, self.block_n) * self.split_k,
             "lm_head": cdiv(cfg.vocab_size, self.block_v),
@@ -146,9 +147,10 @@ def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, 
     # tiles of >= 16 rows, the batch padded (batch 8: 2.2x faster than row sums over 8 rows).
     block_b = next_power_of_2(batch) if batch <= 2 else max(16, next_power_of_2(batch))
     if compiled and batch == 1:
-        # Narrow tiles of 512-wide k chunks (8 KB of bf16 per load per program), K split in 4
-        # (8% faster than 1024-wide chunks split in 2; 8 warps instead of 4: 13% slower).
-        block_k, block_n, block_p, block_v, block_s = 512, 8, 8, 8, 64
+        # Narrow tiles of 256-wide k chunks, pipelined (row_prefetch): a warp covers a row's
+        # chunk, so the tiles need ~120 registers and fit 4 programs per SM (H200, 16 layers:
+        # 0.951 ms per step against 0.961 for the unpipelined 512-wide tiles of the last session).
+        block_k, block_n, block_p, block_v, block_s = 256, 8, 8, 8, 64
     elif compiled and batch == 2:
         block_k, block_n, block_p, block_v, block_s = 1024, 8, 8, 8, 64
     elif compiled:
@@ -186,12 +188,15 @@ def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, 
         shortest_k = min(cfg.num_attention_heads * cfg.head_dim, cfg.intermediate_size)
         most_parts = 8 if block_b == 16 else 4
         split_k = max(1, min(most_parts, shortest_k // block_k)) if compiled else 1
+    # Batch 1: W_o's K (2048 for Llama 3.2-1B) is short enough for one part (instruction_breakdown,
+    # H200: o_proj 0.076 ms per 16 layers unsplit, 0.123 in 4 parts).
+    o_split = 1 if batch == 1 else split_k
     maxnreg = 128 if compiled and batch == 1 else None
     # Tensor-core Q/K/V tiles are 2 · 16 rows: (Hq + 2 Hkv) · D / 32 pair blocks (96 for Llama
     # 3.2-1B), fewer than the SMs, each walking all of K; 4 K parts give ~3 programs per SM.
     # Gate/up tiles are 2 · 64 rows: I / 64 blocks (128 for Llama 3.2-1B); 2 K parts.
     qkv_split, mlp_split = (4, 2) if compiled and not plan.row_sums else (1, 1)
-    plan = DecodePlan(**{**plan.__dict__, "looped_programs": looped_programs, "split_k": split_k,
+    plan = DecodePlan(**{**plan.__dict__, "looped_programs": looped_programs, "split_k": split_k, "o_split": o_split,
                          "maxnreg": maxnreg, "qkv_split": qkv_split, "mlp_split": mlp_split})
     for option in ("acquire_loads", "pdl"):
         if tuning.get(option) and not compiled:
@@ -219,7 +224,7 @@ def _tuned(plan: DecodePlan, tuning: dict[str, int]) -> DecodePlan:
     if not plan.row_sums and min(plan.block_b, *(getattr(plan, b) for b in blocks)) < 16:
         raise ValueError(f"tensor-core tiles (block_b = {plan.block_b} > {SMALL_BATCH}) need every block >= 16: "
                          f"{plan}")
-    for name in ("split_k", "qkv_split", "mlp_split"):
+    for name in ("split_k", "o_split", "qkv_split", "mlp_split"):
         if getattr(plan, name) < 1:
             raise ValueError(f"{name} must be >= 1, got {getattr(plan, name)}")
     return plan
@@ -251,7 +256,7 @@ class DecodeBuffers:
     lse: torch.Tensor  # [B, Hq, n_splits] their logsumexp
     attn: torch.Tensor  # [B, Hq, D] merged attention
     sem: torch.Tensor  # [B, Hkv] int32: splits finished per group (0 between launches)
-    proj_part: torch.Tensor  # [split_k, B, H] float32: K-part partial sums of the residual projections
+    proj_part: torch.Tensor  # [max(split_k, o_split), B, H] float32: K-part sums of the residual projections
     proj_sem: torch.Tensor  # [H tiles] int32: K parts finished per feature tile (0 between launches)
     # K-part sums of the Q/K/V and gate/up instructions (one at a time): Σ x g W [parts, B, rows]
     # and Σ x² [tiles, B] float32, K parts finished per row block (int32, 0 between launches)
@@ -282,7 +287,7 @@ class DecodeBuffers:
             lse=torch.zeros(B, hq, plan.n_splits, dtype=f32, device=device),
             attn=torch.zeros(B, hq, d, dtype=f32, device=device),
             sem=torch.zeros(B, cfg.num_key_value_heads, dtype=torch.int32, device=device),
-            proj_part=torch.zeros(plan.split_k, B, cfg.hidden_size, dtype=f32, device=device),
+            proj_part=torch.zeros(max(plan.split_k, plan.o_split), B, cfg.hidden_size, dtype=f32, device=device),
             proj_sem=torch.zeros(cdiv(cfg.hidden_size, plan.block_n), dtype=torch.int32, device=device),
             pair_part=torch.zeros(max(plan.qkv_split * cfg.qkv_rows, plan.mlp_split * 2 * cfg.intermediate_size) * B,
                                   dtype=f32, device=device),
@@ -366,7 +371,7 @@ def o_proj(w: LlamaWeights, cfg: LlamaConfig, layer: int, buf: DecodeBuffers, pl
     residual_proj_kernel[(plan.tiles(cfg)["o_proj"],)](
         layer, buf.attn, w.wo, buf.x, buf.proj_part, buf.proj_sem, plan.batch, cfg.hidden_size,
         cfg.num_attention_heads * cfg.head_dim,
-        plan.split_k, BLOCK_B=plan.block_b, BLOCK_N=plan.block_n, BLOCK_K=plan.block_k,
+        plan.o_split, BLOCK_B=plan.block_b, BLOCK_N=plan.block_n, BLOCK_K=plan.block_k,
         DOT_PREC=plan.dot_prec, ROW_PREFETCH=plan.row_prefetch, **plan.layer_launch_options(),
     )
 
@@ -486,7 +491,7 @@ def looped_decode(w: LlamaWeights, cfg: LlamaConfig, cache: KVCache, buf: Decode
         cfg.num_hidden_layers, plan.batch, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads,
         cfg.head_dim, plan.max_slots, cfg.intermediate_size, cfg.vocab_size, cfg.rms_norm_eps,
         plan.n_splits, plan.split_len, 1.0 / math.sqrt(cfg.head_dim), tiles["lm_head"], stop, BARRIER_MAX_POLLS,
-        plan.split_k,
+        plan.o_split, plan.split_k,
     )
     constexprs = dict(
         HAS_BIAS=w.bqkv is not None, WRITE_LOGITS=write_logits, SAMPLE=sample, BLOCK_B=plan.block_b,

@@ -197,17 +197,16 @@ def instruction_bytes(cfg: LlamaConfig, w: LlamaWeights, batch: int, context: in
 # (batch, plan fields other than the default) of the breakdown: the default plans, and A/B
 # variants of the batch-1 matrix-vector tiles.
 BREAKDOWN_PLANS: list[tuple[int, dict[str, int]]] = [
-    (1, {}), (1, {"row_prefetch": False}), (1, {"block_k": 256}), (1, {"split_k": 1}), (1, {"fuse_attention": True}),
-    (8, {}), (8, {"qkv_split": 1, "mlp_split": 1}), (64, {}),
+    (1, {}), (1, {"fuse_attention": True}), (8, {}), (64, {}),
 ]
 
 
 @case("llm", "instruction_breakdown", baseline="whole step, per-layer kernels", headline=False)
 def instruction_breakdown_case(ctx: Context) -> None:
     """Each fused instruction alone: its launches for all layers (one CUDA graph), against its floor;
-    with the default plans also the looped kernel stopped after 0, 1, ... stages."""
+    with the default plan at batch 1 also the looped kernel stopped after 0, 1, ... stages."""
     dtype = torch.bfloat16 if ctx.gpu else torch.float32
-    name, cfg, context, variants = ("tiny", TINY, 16, [(3, {})]) if ctx.quick else (
+    name, cfg, context, variants = ("tiny", TINY, 16, [(1, {}), (3, {})]) if ctx.quick else (
         "Llama-3.2-1B", LLAMA_3_2_1B, 512, BREAKDOWN_PLANS)
     gen = torch.Generator(device=ctx.device).manual_seed(0)
     w = random_weights(cfg, dtype=dtype, device=ctx.device, generator=gen)
@@ -253,7 +252,7 @@ def instruction_breakdown_case(ctx: Context) -> None:
                 count = 1 if instruction == "lm_head" else cfg.num_hidden_layers
                 ctx.time(f"{instruction} x{count}", launch, bytes_moved=floors[instruction] * count, cuda_graph=True,
                          params={**params, "instruction": instruction}, variant=variant)
-            if not tuning:
+            if not tuning and batch == 1:
                 _looped_prefixes(ctx, cfg, w, cache, buf, plan, inv_freq, floors, params, variant)
 
 
@@ -274,25 +273,23 @@ def _looped_prefixes(ctx: Context, cfg: LlamaConfig, w: LlamaWeights, cache: ref
 
 
 # Plan variants timed against the default plan (Llama-3.2-1B, context 512), each one or two
-# fields away from it.  The defaults come from two rounds of this sweep on the H200 (ms per step,
-# per-layer path): batch 1 with 4 warps, K chunks of 512 split in 4 (0.99; 8 warps 1.11, chunks
-# of 1024 split in 2 0.99, 16-row tiles 1.11); batch 2 by row sums (1.32; padded tensor-core
-# tiles 1.38); batch 8 by tensor-core tiles of 64 rows, K in 8 parts (1.39; 4 parts 1.42, row
-# sums 3.06, 16-row tiles 2.35, 8 warps 1.78); batch 64 with 4 warps and 64-row tiles (2.19;
-# 16-row tiles 6.55, 8 warps 2.67).  Barrier prefetch and programmatic dependent launch lost
-# everywhere (looped 1.46 -> 1.23 without prefetch; PDL 0.73-0.99x); acquire-load barrier polls
-# made no difference.
+# fields away from it.  Earlier rounds on the H200 (ms per step, per-layer path): batch 1 with 4
+# warps (8 warps 1.11 against 0.99); batch 2 by row sums (1.32; padded tensor-core tiles 1.38);
+# batch 8 by tensor-core tiles of 64 rows (row sums 3.06, 16-row tiles 2.35, 8 warps 1.78);
+# batch 64 with 4 warps and 64-row tiles (16-row tiles 6.55, 8 warps 2.67); barrier prefetch
+# and programmatic dependent launch lost everywhere, acquire-load barrier polls made no
+# difference.  This session (mid run 1): batch 1 pipelined 256-wide tiles 0.951, unpipelined
+# 512-wide 0.961, pipelined 512-wide 1.045 (then 255 registers); W_o unsplit 0.076 ms per 16
+# layers against 0.123 in 4 parts; Q/K/V in 4 K parts at batch 8: 1.272 (1 part 1.361, 2 1.327,
+# 8 1.315), at batch 64: 1.970 (1 part 2.029, 8 2.166).
 PLAN_SWEEP: list[tuple[int, bool, dict[str, int]]] = [
-    # batch 1: pipelined row tiles (row_prefetch, the default) against the earlier tiles; K chunk,
-    # K split of the residual projections and of Q/K/V under the pipelined tiles
-    (1, False, {"row_prefetch": False}), (1, False, {"block_k": 256}), (1, False, {"block_k": 256, "split_k": 2}),
-    (1, False, {"split_k": 1}), (1, False, {"split_k": 2}), (1, False, {"qkv_split": 2}),
-    (1, False, {"fuse_attention": True}), (1, True, {}), (1, True, {"row_prefetch": False}),
+    # batch 1: 256-wide pipelined row tiles, W_o unsplit, W_down in 4 K parts (the default) against
+    # 512-wide chunks, unpipelined tiles, other W_down splits, Q/K/V and attention in one launch
+    (1, False, {"block_k": 512}), (1, False, {"row_prefetch": False}), (1, False, {"split_k": 8}),
+    (1, False, {"split_k": 2}), (1, False, {"fuse_attention": True}), (1, True, {}), (1, True, {"maxnreg": 0}),
     # batches 8 and 64: Q/K/V in 4 K parts and gate/up in 2 (the defaults) against other splits
-    (8, False, {"qkv_split": 1, "mlp_split": 1}), (8, False, {"qkv_split": 2}), (8, False, {"qkv_split": 8}),
-    (8, False, {"mlp_split": 1}), (8, False, {"mlp_split": 4}), (8, False, {"fuse_attention": True}), (8, True, {}),
-    (64, False, {"qkv_split": 1, "mlp_split": 1}), (64, False, {"qkv_split": 8}), (64, False, {"mlp_split": 4}),
-    (64, True, {}),
+    (8, False, {"mlp_split": 1}), (8, False, {"block_p": 32, "qkv_split": 8}), (8, False, {"fuse_attention": True}),
+    (8, True, {}), (64, False, {"mlp_split": 1}), (64, False, {"mlp_split": 4}),
 ]
 QUICK_PLAN_SWEEP = [(1, False, {"row_prefetch": False}), (3, False, {"block_b": 4}),
                     (3, False, {"fuse_attention": True}), (3, True, {})]

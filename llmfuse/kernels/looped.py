@@ -6,7 +6,7 @@ Schedule (stage numbers are global, ``5 · layer + k``)::
     for layer in 0 .. L-1:
         k=0  qkv_rope_tile          over (Hq + 2 Hkv) · ceil(D/2 / BLOCK_P) · QKV_SPLIT tiles → q, cache
         k=1  decode_attention_tile  over B · Hkv · n_splits tiles                   → attn
-        k=2  residual_proj_tile     over ceil(H / BLOCK_N) · split_k tiles (attn, W_o)  → x
+        k=2  residual_proj_tile     over ceil(H / BLOCK_N) · o_split tiles (attn, W_o)  → x
         k=3  gate_up_tile           over ceil(I / BLOCK_N) · MLP_SPLIT tiles            → h
         k=4  residual_proj_tile     over ceil(H / BLOCK_N) · split_k tiles (h, W_down)  → x
     stage 5L: lm_head_tile          over ceil(V / BLOCK_V) tiles          → greedy or sampled winners (+ logits)
@@ -71,7 +71,7 @@ def looped_decode_kernel(
     h_ptr, w_down_ptr, final_norm_ptr, head_ptr, logits_ptr, best_ptr, best_idx_ptr, seed_ptr, inv_temp_ptr,
     counter_ptr, timeout_ptr,
     L, B, H, HQ, HKV, D, S, I, V, eps, n_splits, split_len, sm_scale, n_vocab_tiles, stop_stage, max_polls,
-    split_k,
+    o_split, split_k,
     HAS_BIAS: tl.constexpr, WRITE_LOGITS: tl.constexpr, SAMPLE: tl.constexpr, BLOCK_B: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, DOT_PREC: tl.constexpr,
@@ -82,7 +82,8 @@ def looped_decode_kernel(
     nprog = tl.num_programs(0)
     qkv_tiles = (HQ + 2 * HKV) * tl.cdiv(D // 2, BLOCK_P) * QKV_SPLIT
     attn_tiles = B * HKV * n_splits
-    hidden_tiles = tl.cdiv(H, BLOCK_N) * split_k
+    o_tiles = tl.cdiv(H, BLOCK_N) * o_split
+    down_tiles = tl.cdiv(H, BLOCK_N) * split_k
     mlp_tiles = tl.cdiv(I, BLOCK_N) * MLP_SPLIT
     qkv_size = (HQ + 2 * HKV) * D * H  # elements of one layer's matrices
     wo_size = H * HQ * D
@@ -110,9 +111,9 @@ def looped_decode_kernel(
             sink = _barrier(counter_ptr, layer * 4, pid, nprog, sink, wo_ptr + layer64 * wo_size, wo_size, 0,
                             max_polls, timeout_ptr, PREFETCH, PREFETCH_BLOCK, ACQUIRE_LOADS)
         if stage + 2 < stop_stage:
-            for tile in range(pid, hidden_tiles, nprog):
+            for tile in range(pid, o_tiles, nprog):
                 residual_proj_tile(tile, layer, attn_ptr, wo_ptr, x_ptr, proj_part_ptr, proj_sem_ptr, B, H, HQ * D,
-                                   split_k, BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC, ROW_PREFETCH)
+                                   o_split, BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC, ROW_PREFETCH)
             sink = _barrier(counter_ptr, layer * 4 + 1, pid, nprog, sink, w_gate_up_ptr + layer64 * gate_up_size,
                             gate_up_size, 0, max_polls, timeout_ptr, PREFETCH, PREFETCH_BLOCK, ACQUIRE_LOADS)
         if stage + 3 < stop_stage:
@@ -122,7 +123,7 @@ def looped_decode_kernel(
             sink = _barrier(counter_ptr, layer * 4 + 2, pid, nprog, sink, w_down_ptr + layer64 * down_size,
                             down_size, 0, max_polls, timeout_ptr, PREFETCH, PREFETCH_BLOCK, ACQUIRE_LOADS)
         if stage + 4 < stop_stage:
-            for tile in range(pid, hidden_tiles, nprog):
+            for tile in range(pid, down_tiles, nprog):
                 residual_proj_tile(tile, layer, h_ptr, w_down_ptr, x_ptr, proj_part_ptr, proj_sem_ptr, B, H, I,
                                    split_k, BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC, ROW_PREFETCH)
             if layer + 1 < L:
