@@ -107,6 +107,10 @@ def cartpole_case(ctx: Context) -> None:
                     continue
                 raise
             _rate(record, n, k)
+        # the kernel alone: at 4,096 envs the Python launch path of rollout() is as long as the kernel
+        _rate(ctx.time("fused rollout, random (CUDA-graph replays)", lambda: env.rollout("random", num_steps=k),
+                       bytes_moved=traj_bytes, params={"num_envs": n, "steps": k}, variant=variant, cuda_graph=True),
+              n, k)
     _gymnasium_baseline(ctx)
     _gymnax_baseline(ctx)
 
@@ -186,14 +190,17 @@ def tuning_case(ctx: Context) -> None:
     draws eager or lazy, MLP blocks and warps in bf16 / tf32 / ieee) set the defaults in
     :class:`simfuse.ops.Tuning` and :data:`simfuse.ops.MLP_LAUNCH`.  The variants now:
 
-    * random policy, 4,096 envs x 512 steps (latency-bound, 8 envs per program by default):
+    * random policy, 4,096 envs x 512 steps (latency-bound, 16 envs per program by default):
       the steps run one per loop iteration with the policy-draw test every step instead of
-      unrolled groups of four; 4 and 16 envs per program;
+      unrolled groups of four; 8 envs per program (grouped or not); 32 envs per program;
     * random policy, 1 M envs x 64 steps (128 envs per program, 4 warps): one step per
       iteration; 64 envs per program; 32 envs per program (one warp: the per-step test for a
       second reset is a warp vote, not a block-wide reduction through shared memory); 128
       envs in one warp (four per thread);
     * 2x64 actor+critic MLP, 1 M envs x 64 steps: tf32 at 128 envs x 4 warps, bf16 at 64 x 2.
+
+    The random-policy variants are timed as CUDA-graph replays (kernel time only: the Python
+    launch path is the same for all, and at 4,096 envs it is as long as the kernel).
     """
     from simfuse import ops
 
@@ -202,8 +209,9 @@ def tuning_case(ctx: Context) -> None:
     if not ctx.quick:
         groups = [
             (4096, 512, [("one step per iteration (draw test every step)", {"group_random_draws": False}),
-                         ("4 envs/program", {"env_block": 4}),
-                         ("16 envs/program", {"env_block": 16})]),
+                         ("8 envs/program", {"env_block": 8}),
+                         ("8 envs/program, one step per iteration", {"env_block": 8, "group_random_draws": False}),
+                         ("32 envs/program", {"env_block": 32})]),
             (1 << 20, 64, [("one step per iteration (draw test every step)", {"group_random_draws": False}),
                            ("64 envs/program", {"env_block": 64}),
                            ("32 envs/program (one warp)", {"env_block": 32}),
@@ -223,8 +231,9 @@ def tuning_case(ctx: Context) -> None:
                     with ops.tuned(**o):
                         env.rollout("random", num_steps=k)
 
+                # replayed from a CUDA graph: the kernel's time, without the Python launch path
                 _rate(ctx.time(impl, run, bytes_moved=traj_bytes, params={"num_envs": n, "steps": k, **overrides},
-                               variant=f"random,n={n},K={k}"), n, k)
+                               variant=f"random,n={n},K={k}", cuda_graph=True), n, k)
 
     n, k = (129, 4) if ctx.quick else (1 << 20, 64)
     env = simfuse.make_vec("CartPole-v1", n, device=ctx.device)
@@ -290,9 +299,10 @@ def chain_case(ctx: Context) -> None:
     registers for all K steps.  The simulator is OscillatorSwarm-v0 (S particles per env,
     N = 65,536 envs, S = 1 .. 256): a few multiply-adds per state element, so its fused cost
     per element is small while the unfused step streams ~160 B per element
-    (:data:`UNFUSED_BYTES_PER_ELEMENT`).  The unfused loop is timed under a CUDA graph (no
-    launch overhead, which would otherwise dominate small states and hide the effect).  The
-    fused kernel writes only episode statistics ("stats only": the pure fusion effect) or also
+    (:data:`UNFUSED_BYTES_PER_ELEMENT`).  Both are timed as CUDA-graph replays (GPU time: no
+    Python or launch overhead on either side, which would otherwise dominate small states and
+    hide the effect; the first mid-session run timed the fused rollout without a graph and
+    its 30-90 µs at S ≤ 16 were mostly the launch path).  The fused kernel writes only episode statistics ("stats only": the pure fusion effect) or also
     the trajectory (obs [K, N, 2S]).  PendulumChain-v0 (a sine and a floor per link) is the
     contrast: a fused kernel that is compute-bound per element.  The x axis of the plot is the
     unfused step's traffic, N S (bytes per element).
@@ -343,9 +353,10 @@ def chain_case(ctx: Context) -> None:
                         st, sp, k, 200, write_obs=w, model=m),
                     bytes_moved=nbytes, params=dict(params), variant=variant, cuda_graph=True)
                 _rate(unfused, envs, k)
+                # both sides replayed from CUDA graphs: GPU time, no Python launch path on either
                 fused = ctx.time("fused rollout", lambda w=write_obs, e=env: e.rollout("random", num_steps=k,
                                                                                        stats_only=not w),
-                                 bytes_moved=nbytes, params=dict(params), variant=variant)
+                                 bytes_moved=nbytes, params=dict(params), variant=variant, cuda_graph=True)
                 _rate(fused, envs, k)
 
 
