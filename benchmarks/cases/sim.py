@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from torch import nn
 
 import simfuse
 from benchmarks.registry import Context, case, plot
@@ -167,21 +166,6 @@ def _gymnax_baseline(ctx: Context) -> None:
     _rate(record, n, k)
 
 
-def _cartpole_mlp(device: torch.device, hidden: int = 64, critic: bool = False) -> tuple[nn.Sequential, ...]:
-    """A 2 x ``hidden`` tanh actor for CartPole-v1 (and its critic)."""
-    gen = torch.Generator().manual_seed(hidden)
-
-    def net(out: int) -> nn.Sequential:
-        layers = nn.Sequential(nn.Linear(4, hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh(),
-                               nn.Linear(hidden, out))
-        with torch.no_grad():
-            for p in layers.parameters():
-                p.copy_(torch.randn(p.shape, generator=gen) / p.shape[-1] ** 0.5)
-        return layers.to(device)
-
-    return (net(2), net(1)) if critic else (net(2),)
-
-
 @case("sim", "tuning", baseline="default launch", headline=False)
 def tuning_case(ctx: Context) -> None:
     """Launch variants of the CartPole rollout kernel, each against the default choice.
@@ -197,7 +181,6 @@ def tuning_case(ctx: Context) -> None:
       iteration; 64 envs per program; 32 envs per program (one warp: the per-step test for a
       second reset is a warp vote, not a block-wide reduction through shared memory); 128
       envs in one warp (four per thread);
-    * 2x64 actor+critic MLP, 1 M envs x 64 steps: tf32 at 128 envs x 4 warps, bf16 at 64 x 2.
 
     The random-policy variants are timed as CUDA-graph replays (kernel time only: the Python
     launch path is the same for all, and at 4,096 envs it is as long as the kernel).
@@ -234,26 +217,6 @@ def tuning_case(ctx: Context) -> None:
                 # replayed from a CUDA graph: the kernel's time, without the Python launch path
                 _rate(ctx.time(impl, run, bytes_moved=traj_bytes, params={"num_envs": n, "steps": k, **overrides},
                                variant=f"random,n={n},K={k}", cuda_graph=True), n, k)
-
-    n, k = (129, 4) if ctx.quick else (1 << 20, 64)
-    env = simfuse.make_vec("CartPole-v1", n, device=ctx.device)
-    actor, critic = _cartpole_mlp(ctx.device, critic=True)
-    for precision, (block, warps) in (("tf32", (128, 4)), ("bf16", (64, 2))):
-        policy = simfuse.MLPPolicy(actor, critic, precision=precision)
-        env.reset(seed=0)
-        first = env.rollout(policy, num_steps=1)
-        for impl, overrides in (("default launch", {}),
-                                (f"{block} envs/program, {warps} warps", {"mlp_block": block, "mlp_warps": warps})):
-            def run(o=overrides, p=policy):
-                with ops.tuned(**o):
-                    return env.rollout(p, num_steps=k)
-
-            env.reset(seed=0)
-            # the same first observations: values agree up to the products' summation order
-            ctx.check(f"{precision} {impl}: values", run().values[0].cpu(), first.values[0].cpu(), 1e-2)
-            _rate(ctx.time(impl, run, bytes_moved=n * k * (TRAJECTORY_BYTES["CartPole-v1"] + 8),
-                           params={"num_envs": n, "steps": k, **overrides},
-                           variant=f"2x64 actor+critic {precision},n={n},K={k}"), n, k)
 
 
 @case("sim", "classic", baseline="torch per-step loop")
@@ -302,10 +265,11 @@ def chain_case(ctx: Context) -> None:
     (:data:`UNFUSED_BYTES_PER_ELEMENT`).  Both are timed as CUDA-graph replays (GPU time: no
     Python or launch overhead on either side, which would otherwise dominate small states and
     hide the effect; the first mid-session run timed the fused rollout without a graph and
-    its 30-90 µs at S ≤ 16 were mostly the launch path).  The fused kernel writes only episode statistics ("stats only": the pure fusion effect) or also
-    the trajectory (obs [K, N, 2S]).  PendulumChain-v0 (a sine and a floor per link) is the
-    contrast: a fused kernel that is compute-bound per element.  The x axis of the plot is the
-    unfused step's traffic, N S (bytes per element).
+    its 30-90 µs at S ≤ 16 were mostly the launch path).  The fused kernel writes only
+    episode statistics ("stats only": the pure fusion effect) or also the trajectory
+    (obs [K, N, 2S]).  PendulumChain-v0 (a sine and a floor per link) is the contrast: a
+    fused kernel that is compute-bound per element.  The x axis of the plot is the unfused
+    step's traffic, N S (bytes per element).
 
     Expected from the instruction and byte counts (H200): at small S the unfused loop is bound
     by its ~20 launches per step (a few µs each even in a graph) and the fused kernel by its
