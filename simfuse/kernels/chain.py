@@ -121,13 +121,14 @@ def chain_rollout_kernel(
             final_at = row[:, None] * (2 * L) + col
             tl.store(final_obs_out_ptr + final_at, new_theta, mask=tile_mask)
             tl.store(final_obs_out_ptr + final_at + L, new_omega, mask=tile_mask)
-        # start states are L Philox calls per env: drawn only when some env of the block resets
-        fresh = new_theta
+        # start states are L Philox calls per env: drawn, and selected element by element, only
+        # when some env of the block resets
+        theta = new_theta
+        omega = new_omega
         if tl.max((resetting & mask).to(tl.int32), axis=0) > 0:
-            fresh = chain_reset(seed, idx, episode + 1, L, L_PAD)
+            theta = tl.where(resetting[:, None], chain_reset(seed, idx, episode + 1, L, L_PAD), new_theta)
+            omega = tl.where(resetting[:, None], 0.0, new_omega)
         episode += resetting.to(tl.int32)
-        theta = tl.where(resetting[:, None], fresh, new_theta)
-        omega = tl.where(resetting[:, None], 0.0, new_omega)
         ep_return, episodes, return_sum, length_sum = track_episode(
             ep_return, episodes, return_sum, length_sum, reward, truncated, length, WRITE_STATS)
         if WRITE_STEP:
