@@ -5,8 +5,9 @@ env subclasses (it only names its :class:`~simfuse.specs.EnvDef` and documents i
 owns, on its device, the float32 state [4, N], the int32 step counters, a uint8 "done at the
 previous step" flag and the running episode returns; nothing is copied to the host.
 
-* ``reset(seed=s)`` draws env i's start state from Philox (s, i) — the same on CPU and GPU;
-  ``reset(options={"reset_mask": m})`` resets only the envs where ``m`` is True.
+* ``reset(seed=s)`` draws env i's start state from Philox (s, i) — the same on CPU and GPU —
+  and numbers it 0; every later reset of env i (automatic, masked, or unseeded) takes its
+  next one; ``reset(options={"reset_mask": m})`` resets only the envs where ``m`` is True.
 * ``step(actions)`` is one launch of the rollout kernel with K = 1: observations, rewards and
   flags come back as torch tensors on the env's device, without a host synchronisation.
 * ``rollout(policy, num_steps=K)`` runs K steps of every env in one launch and returns a
