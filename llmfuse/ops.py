@@ -23,7 +23,7 @@ from .config import LlamaConfig
 from .kernels.decode_attention import decode_attention_kernel
 from .kernels.gate_up import gate_up_kernel
 from .kernels.lm_head import lm_head_kernel
-from .kernels.looped import STAGES_PER_LAYER, looped_decode_kernel
+from .kernels.looped import DONE_COUNTS, STAGES_PER_LAYER, looped_decode_kernel
 from .kernels.matvec import SMALL_BATCH
 from .kernels.qkv_attention import qkv_attention_kernel
 from .kernels.qkv_rope import qkv_rope_kernel
@@ -77,6 +77,9 @@ class DecodePlan:
     # Per-layer path: Q/K/V and attention in one launch, attention tiles waiting on per-KV-head
     # counts (kernels/qkv_attention.py): one launch fewer per layer.
     fuse_attention: bool = False
+    # Looped path: one launch of one-tile programs ordered by dependency instead of the
+    # persistent kernel with grid barriers (kernels/looped.py).
+    dataflow: bool = False
 
     @property
     def row_sums(self) -> bool:
@@ -271,7 +274,7 @@ class DecodeBuffers:
     kv_start: torch.Tensor  # [B] int64: first valid slot of each row (left padding)
     seed: torch.Tensor  # 0-d int64: Philox key of fused sampling
     inv_temperature: torch.Tensor  # 0-d float32: 1 / temperature of fused sampling
-    counter: torch.Tensor  # [1 + Hkv] int32: looped kernel's barrier count; per-KV-head Q/K/V tile counts
+    counter: torch.Tensor  # [1 + Hkv + 4] int32: grid barrier count; per-KV-head Q/K/V tile counts; dataflow's
     timeout: torch.Tensor  # [2] int32: a wait gave up (looped kernel, fused Q/K/V + attention); prefetch sink
 
     @classmethod
@@ -302,7 +305,7 @@ class DecodeBuffers:
             kv_start=torch.zeros(B, dtype=torch.int64, device=device),
             seed=torch.zeros((), dtype=torch.int64, device=device),
             inv_temperature=torch.ones((), dtype=f32, device=device),
-            counter=torch.zeros(1 + cfg.num_key_value_heads, dtype=torch.int32, device=device),
+            counter=torch.zeros(1 + cfg.num_key_value_heads + DONE_COUNTS, dtype=torch.int32, device=device),
             timeout=torch.zeros(2, dtype=torch.int32, device=device),
         )
 
@@ -468,10 +471,11 @@ _LOOPED_GRIDS = PlanCache(maxsize=64)
 def looped_decode(w: LlamaWeights, cfg: LlamaConfig, cache: KVCache, buf: DecodeBuffers, plan: DecodePlan,
                   inv_freq: torch.Tensor, write_logits: bool, stop_stage: int | None = None,
                   sample: bool = False) -> int:
-    """The looped path: all layers and the LM head in one persistent launch; returns its grid.
+    """The looped path: all layers and the LM head in one launch; returns its grid.
 
-    The grid is ``plan.looped_programs`` when set, else (on the GPU) as many programs as are
-    co-resident — up to ``MAX_PROGRAMS_PER_SM`` per SM, from the compiled kernel's
+    With ``plan.dataflow`` one program per tile of every stage, ordered by dependency.
+    Otherwise the persistent kernel: the grid is ``plan.looped_programs`` when set, else (on
+    the GPU) as many programs as are co-resident — up to ``MAX_PROGRAMS_PER_SM`` per SM, from the compiled kernel's
     registers and shared memory — and no more than the largest stage has tiles: the grid
     barriers need every program resident at once.  ``stop_stage`` (tests) stops after that
     many stages of the schedule in :mod:`llmfuse.kernels.looped` (default: all ``5 L + 1``).
@@ -498,10 +502,15 @@ def looped_decode(w: LlamaWeights, cfg: LlamaConfig, cache: KVCache, buf: Decode
         BLOCK_P=plan.block_p,
         BLOCK_N=plan.block_n, BLOCK_K=plan.block_k, BLOCK_G=plan.block_g, BLOCK_S=plan.block_s, BLOCK_M=plan.block_m,
         BLOCK_D=plan.block_d, BLOCK_V=plan.block_v, DOT_PREC=plan.dot_prec, ROW_PREFETCH=plan.row_prefetch,
-        QKV_SPLIT=plan.qkv_split, MLP_SPLIT=plan.mlp_split,
-        PREFETCH=plan.prefetch, PREFETCH_BLOCK=plan.prefetch_block, ACQUIRE_LOADS=plan.acquire_loads,
-        **plan.looped_launch_options(),
+        QKV_SPLIT=plan.qkv_split, MLP_SPLIT=plan.mlp_split, ACQUIRE_LOADS=plan.acquire_loads,
+        PREFETCH=plan.prefetch, PREFETCH_BLOCK=plan.prefetch_block, DATAFLOW=plan.dataflow,
     )
+    buf.counter.zero_()  # the timeout flag stays raised until the buffers are remade
+    if plan.dataflow:  # one program per tile; each keeps its own tile's registers: no cap
+        grid = cfg.num_hidden_layers * sum(n for name, n in tiles.items() if name != "lm_head") + tiles["lm_head"]
+        looped_decode_kernel[(grid,)](*args, **constexprs, **plan.launch_options())
+        return grid
+    constexprs.update(plan.looped_launch_options())
     programs = plan.looped_programs
     if programs == 0:
         device = buf.x.device
@@ -513,7 +522,6 @@ def looped_decode(w: LlamaWeights, cfg: LlamaConfig, cache: KVCache, buf: Decode
 
         key = (tuple(constexprs.items()), str(w.dtype), str(device), max(tiles.values()))
         programs = _LOOPED_GRIDS.get(key, occupancy_grid)
-    buf.counter.zero_()  # the timeout flag stays raised until the buffers are remade
     looped_decode_kernel[(programs,)](*args, **constexprs)
     return programs
 

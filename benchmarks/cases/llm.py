@@ -287,12 +287,14 @@ PLAN_SWEEP: list[tuple[int, bool, dict[str, int]]] = [
     # 512-wide chunks, unpipelined tiles, other W_down splits, Q/K/V and attention in one launch
     (1, False, {"block_k": 512}), (1, False, {"row_prefetch": False}), (1, False, {"split_k": 8}),
     (1, False, {"split_k": 2}), (1, False, {"fuse_attention": True}), (1, True, {}), (1, True, {"maxnreg": 0}),
+    (1, True, {"dataflow": True}),
     # batches 8 and 64: Q/K/V in 4 K parts and gate/up in 2 (the defaults) against other splits
     (8, False, {"mlp_split": 1}), (8, False, {"block_p": 32, "qkv_split": 8}), (8, False, {"fuse_attention": True}),
-    (8, True, {}), (64, False, {"mlp_split": 1}), (64, False, {"mlp_split": 4}),
+    (8, True, {}), (8, True, {"dataflow": True}), (64, False, {"mlp_split": 1}), (64, False, {"mlp_split": 4}),
+    (64, True, {"dataflow": True}),
 ]
 QUICK_PLAN_SWEEP = [(1, False, {"row_prefetch": False}), (3, False, {"block_b": 4}),
-                    (3, False, {"fuse_attention": True}), (3, True, {})]
+                    (3, False, {"fuse_attention": True}), (3, True, {}), (3, True, {"dataflow": True})]
 
 
 def _sweep_variant(ctx: Context, cfg: LlamaConfig, w: LlamaWeights, inv_freq: torch.Tensor, name: str, context: int,

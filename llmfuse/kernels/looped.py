@@ -16,8 +16,8 @@ boundaries of the per-layer path become waits on counts in device memory
 (:mod:`.grid_barrier`): after attention, o_proj, gate_up and down a grid barrier (4 per
 layer, counted by ``barrier``); between qkv and attention only a per-KV-head count — an
 attention tile waits for the Q/K/V tiles of its own head group (:mod:`.qkv_attention`), so
-attention on one group overlaps the projections of the others.  Between arriving and waiting at a barrier, a
-program that is not the last to arrive prefetches a ``PREFETCH``-element slice of the
+attention on one group overlaps the projections of the others.  Between arriving and
+waiting at a barrier, a program that is not the last to arrive prefetches a ``PREFETCH``-element slice of the
 next weight-reading stage's weights into L2 (:mod:`.prefetch`): W_o after attention,
 W_gate_up after o_proj, W_down after gate_up, the next layer's W_qkv (or the LM head)
 after down.  The weights stay stacked [L, ...] behind one pointer each.
@@ -27,6 +27,33 @@ compute identical values.  Stages ``>= stop_stage`` are skipped, which lets the 
 compare the kernel with the Python interpreter of this schedule (:mod:`llmfuse.looped`)
 after any stage.  With ``P = 1`` (the interpreter, where programs run one after another)
 every wait ends at once.
+
+With ``DATAFLOW`` the same tiles run as one launch of one-tile programs ordered by
+dependency instead of a persistent grid with barriers.  Program ``p`` runs exactly one
+tile: programs ``l · T .. (l + 1) · T − 1`` are layer ``l``'s tiles in the order of the
+per-layer path — Q/K/V, attention, o_proj, gate_up, down (``T`` tiles per layer) — and the
+LM head's tiles follow the last layer.  Before its tile a program waits
+(:func:`.grid_barrier.wait_for`) until the tiles it reads from have counted
+themselves done (:func:`.grid_barrier.signal`, after their stores)::
+
+    Q/K/V of layer l      all down tiles of layer l − 1   (x complete)
+    attention             the Q/K/V tiles of its KV head's group (:mod:`.qkv_attention`)
+    o_proj                all attention tiles of layer l  (every group merged)
+    gate_up               all o_proj tiles                (x complete)
+    down                  all gate_up tiles               (h complete)
+    LM head               all down tiles of the last layer
+
+Every count accumulates over the step (targets ``(l + 1) ·`` tiles), and every buffer a tile
+writes is read again only by tiles that transitively wait for all of its earlier readers,
+so no tile overwrites what a slower one still reads.  A program waits only for programs of
+lower index, which the GPU dispatches first, so the grid need not be co-resident (unlike
+the persistent looped kernel), and each tile keeps the registers of its own branch: there
+is no loop over layers that keeps values alive across stages.  Waiting programs sit on
+multiprocessors freed by the previous stage's finished tiles, so a stage starts as soon
+as its inputs are complete, with no kernel boundary (launch latency, drain) in between.
+Under the interpreter programs run in index order and every wait ends at once; stages
+``>= stop_stage`` are skipped here too.
+
 Bytes: the sum of the six instructions' bytes over all layers — the whole model once.
 """
 
@@ -44,6 +71,7 @@ from .qkv_rope import qkv_rope_tile
 from .residual_proj import residual_proj_tile
 
 STAGES_PER_LAYER = 5
+DONE_COUNTS = 4  # DATAFLOW: tiles finished so far of attention, o_proj, gate_up and down
 
 
 @jit
@@ -76,10 +104,9 @@ def looped_decode_kernel(
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, DOT_PREC: tl.constexpr,
     ROW_PREFETCH: tl.constexpr, QKV_SPLIT: tl.constexpr, MLP_SPLIT: tl.constexpr, PREFETCH: tl.constexpr,
-    PREFETCH_BLOCK: tl.constexpr, ACQUIRE_LOADS: tl.constexpr,
+    PREFETCH_BLOCK: tl.constexpr, ACQUIRE_LOADS: tl.constexpr, DATAFLOW: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
     qkv_tiles = (HQ + 2 * HKV) * tl.cdiv(D // 2, BLOCK_P) * QKV_SPLIT
     attn_tiles = B * HKV * n_splits
     o_tiles = tl.cdiv(H, BLOCK_N) * o_split
@@ -89,53 +116,109 @@ def looped_decode_kernel(
     wo_size = H * HQ * D
     gate_up_size = 2 * I * H
     down_size = H * I
-    sink = tl.zeros([], dtype=tl.float32)
-    for layer in range(L):
+    if DATAFLOW:
+        per_layer = qkv_tiles + attn_tiles + o_tiles + mlp_tiles + down_tiles
+        group_count = counter_ptr + 1  # [Hkv] Q/K/V tiles finished per KV head group
+        done = counter_ptr + 1 + HKV  # [DONE_COUNTS] attention, o_proj, gate_up, down tiles finished
+        layer = pid // per_layer
+        tile = pid % per_layer
         stage = layer * 5
-        layer64 = tl.full([], 0, tl.int64) + layer
-        if stage < stop_stage:
-            for tile in range(pid, qkv_tiles, nprog):
+        if layer >= L:
+            if L * 5 < stop_stage:
+                wait_for(done + 3, L * down_tiles, max_polls, timeout_ptr, ACQUIRE_LOADS)
+                lm_head_tile(pid - L * per_layer, x_ptr, final_norm_ptr, head_ptr, logits_ptr, best_ptr, best_idx_ptr,
+                             seed_ptr, inv_temp_ptr, slot_ptr, B, H, V, n_vocab_tiles, eps, WRITE_LOGITS, SAMPLE,
+                             BLOCK_B, BLOCK_V, BLOCK_K, DOT_PREC, ROW_PREFETCH)
+        elif tile < qkv_tiles:
+            if stage < stop_stage:
+                wait_for(done + 3, layer * down_tiles, max_polls, timeout_ptr, ACQUIRE_LOADS)
                 qkv_rope_tile(tile, layer, x_ptr, attn_norm_ptr, wqkv_ptr, bqkv_ptr, inv_freq_ptr, kv_start_ptr,
                               slot_ptr, q_ptr, k_cache_ptr, v_cache_ptr, pair_part_ptr, pair_sq_ptr, pair_sem_ptr,
                               B, H, HQ, HKV, D, S, eps, HAS_BIAS, BLOCK_B, BLOCK_P, BLOCK_K, DOT_PREC, ROW_PREFETCH,
                               QKV_SPLIT)
-                # no grid barrier after this stage: each tile signals its KV head's group
-                signal_qkv_group(tile, counter_ptr + 1, HQ, HKV, D, BLOCK_P, QKV_SPLIT)
-        if stage + 1 < stop_stage:
-            for tile in range(pid, attn_tiles, nprog):
-                wait_qkv_group(tile, layer, counter_ptr + 1, HQ, HKV, D, n_splits, max_polls, timeout_ptr,
+                signal_qkv_group(tile, group_count, HQ, HKV, D, BLOCK_P, QKV_SPLIT)
+        elif tile < qkv_tiles + attn_tiles:
+            if stage + 1 < stop_stage:
+                attn_tile = tile - qkv_tiles
+                wait_qkv_group(attn_tile, layer, group_count, HQ, HKV, D, n_splits, max_polls, timeout_ptr,
                                BLOCK_P, QKV_SPLIT, ACQUIRE_LOADS)
-                decode_attention_tile(tile, layer, q_ptr, k_cache_ptr, v_cache_ptr, kv_start_ptr, slot_ptr,
+                decode_attention_tile(attn_tile, layer, q_ptr, k_cache_ptr, v_cache_ptr, kv_start_ptr, slot_ptr,
                                       part_ptr, lse_ptr, attn_ptr, sem_ptr, B, HQ, HKV, D, S, n_splits,
                                       split_len, sm_scale, BLOCK_G, BLOCK_S, BLOCK_D, BLOCK_M, DOT_PREC)
-            sink = _barrier(counter_ptr, layer * 4, pid, nprog, sink, wo_ptr + layer64 * wo_size, wo_size, 0,
-                            max_polls, timeout_ptr, PREFETCH, PREFETCH_BLOCK, ACQUIRE_LOADS)
-        if stage + 2 < stop_stage:
-            for tile in range(pid, o_tiles, nprog):
-                residual_proj_tile(tile, layer, attn_ptr, wo_ptr, x_ptr, proj_part_ptr, proj_sem_ptr, B, H, HQ * D,
-                                   o_split, BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC, ROW_PREFETCH)
-            sink = _barrier(counter_ptr, layer * 4 + 1, pid, nprog, sink, w_gate_up_ptr + layer64 * gate_up_size,
-                            gate_up_size, 0, max_polls, timeout_ptr, PREFETCH, PREFETCH_BLOCK, ACQUIRE_LOADS)
-        if stage + 3 < stop_stage:
-            for tile in range(pid, mlp_tiles, nprog):
-                gate_up_tile(tile, layer, x_ptr, mlp_norm_ptr, w_gate_up_ptr, h_ptr, pair_part_ptr, pair_sq_ptr,
-                             pair_sem_ptr, B, H, I, eps, BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC, ROW_PREFETCH, MLP_SPLIT)
-            sink = _barrier(counter_ptr, layer * 4 + 2, pid, nprog, sink, w_down_ptr + layer64 * down_size,
-                            down_size, 0, max_polls, timeout_ptr, PREFETCH, PREFETCH_BLOCK, ACQUIRE_LOADS)
-        if stage + 4 < stop_stage:
-            for tile in range(pid, down_tiles, nprog):
-                residual_proj_tile(tile, layer, h_ptr, w_down_ptr, x_ptr, proj_part_ptr, proj_sem_ptr, B, H, I,
-                                   split_k, BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC, ROW_PREFETCH)
-            if layer + 1 < L:
-                sink = _barrier(counter_ptr, layer * 4 + 3, pid, nprog, sink, wqkv_ptr + (layer64 + 1) * qkv_size,
-                                qkv_size, 0, max_polls, timeout_ptr, PREFETCH, PREFETCH_BLOCK, ACQUIRE_LOADS)
-            else:
-                sink = _barrier(counter_ptr, layer * 4 + 3, pid, nprog, sink, head_ptr, V * H, 0, max_polls,
-                                timeout_ptr, PREFETCH, PREFETCH_BLOCK, ACQUIRE_LOADS)
-    if L * 5 < stop_stage:
-        for tile in range(pid, n_vocab_tiles, nprog):
-            lm_head_tile(tile, x_ptr, final_norm_ptr, head_ptr, logits_ptr, best_ptr, best_idx_ptr, seed_ptr,
-                         inv_temp_ptr, slot_ptr, B, H, V, n_vocab_tiles, eps, WRITE_LOGITS, SAMPLE, BLOCK_B, BLOCK_V,
-                         BLOCK_K, DOT_PREC, ROW_PREFETCH)
-    if stop_stage < 0:  # never true: keeps the prefetch loads from being optimized away
-        tl.store(timeout_ptr + 1, sink.to(tl.int32))
+                signal(done)
+        elif tile < qkv_tiles + attn_tiles + o_tiles:
+            if stage + 2 < stop_stage:
+                wait_for(done, (layer + 1) * attn_tiles, max_polls, timeout_ptr, ACQUIRE_LOADS)
+                residual_proj_tile(tile - qkv_tiles - attn_tiles, layer, attn_ptr, wo_ptr, x_ptr, proj_part_ptr,
+                                   proj_sem_ptr, B, H, HQ * D, o_split, BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC,
+                                   ROW_PREFETCH)
+                signal(done + 1)
+        elif tile < qkv_tiles + attn_tiles + o_tiles + mlp_tiles:
+            if stage + 3 < stop_stage:
+                wait_for(done + 1, (layer + 1) * o_tiles, max_polls, timeout_ptr, ACQUIRE_LOADS)
+                gate_up_tile(tile - qkv_tiles - attn_tiles - o_tiles, layer, x_ptr, mlp_norm_ptr, w_gate_up_ptr, h_ptr,
+                             pair_part_ptr, pair_sq_ptr, pair_sem_ptr, B, H, I, eps, BLOCK_B, BLOCK_N, BLOCK_K,
+                             DOT_PREC,
+                             ROW_PREFETCH, MLP_SPLIT)
+                signal(done + 2)
+        else:
+            if stage + 4 < stop_stage:
+                wait_for(done + 2, (layer + 1) * mlp_tiles, max_polls, timeout_ptr, ACQUIRE_LOADS)
+                residual_proj_tile(tile - qkv_tiles - attn_tiles - o_tiles - mlp_tiles, layer, h_ptr, w_down_ptr, x_ptr,
+                                   proj_part_ptr, proj_sem_ptr, B, H, I, split_k, BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC,
+                                   ROW_PREFETCH)
+                signal(done + 3)
+    else:
+        nprog = tl.num_programs(0)
+        sink = tl.zeros([], dtype=tl.float32)
+        for layer in range(L):
+            stage = layer * 5
+            layer64 = tl.full([], 0, tl.int64) + layer
+            if stage < stop_stage:
+                for tile in range(pid, qkv_tiles, nprog):
+                    qkv_rope_tile(tile, layer, x_ptr, attn_norm_ptr, wqkv_ptr, bqkv_ptr, inv_freq_ptr, kv_start_ptr,
+                                  slot_ptr, q_ptr, k_cache_ptr, v_cache_ptr, pair_part_ptr, pair_sq_ptr, pair_sem_ptr,
+                                  B, H, HQ, HKV, D, S, eps, HAS_BIAS, BLOCK_B, BLOCK_P, BLOCK_K, DOT_PREC, ROW_PREFETCH,
+                                  QKV_SPLIT)
+                    # no grid barrier after this stage: each tile signals its KV head's group
+                    signal_qkv_group(tile, counter_ptr + 1, HQ, HKV, D, BLOCK_P, QKV_SPLIT)
+            if stage + 1 < stop_stage:
+                for tile in range(pid, attn_tiles, nprog):
+                    wait_qkv_group(tile, layer, counter_ptr + 1, HQ, HKV, D, n_splits, max_polls, timeout_ptr,
+                                   BLOCK_P, QKV_SPLIT, ACQUIRE_LOADS)
+                    decode_attention_tile(tile, layer, q_ptr, k_cache_ptr, v_cache_ptr, kv_start_ptr, slot_ptr,
+                                          part_ptr, lse_ptr, attn_ptr, sem_ptr, B, HQ, HKV, D, S, n_splits,
+                                          split_len, sm_scale, BLOCK_G, BLOCK_S, BLOCK_D, BLOCK_M, DOT_PREC)
+                sink = _barrier(counter_ptr, layer * 4, pid, nprog, sink, wo_ptr + layer64 * wo_size, wo_size, 0,
+                                max_polls, timeout_ptr, PREFETCH, PREFETCH_BLOCK, ACQUIRE_LOADS)
+            if stage + 2 < stop_stage:
+                for tile in range(pid, o_tiles, nprog):
+                    residual_proj_tile(tile, layer, attn_ptr, wo_ptr, x_ptr, proj_part_ptr, proj_sem_ptr, B, H, HQ * D,
+                                       o_split, BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC, ROW_PREFETCH)
+                sink = _barrier(counter_ptr, layer * 4 + 1, pid, nprog, sink, w_gate_up_ptr + layer64 * gate_up_size,
+                                gate_up_size, 0, max_polls, timeout_ptr, PREFETCH, PREFETCH_BLOCK, ACQUIRE_LOADS)
+            if stage + 3 < stop_stage:
+                for tile in range(pid, mlp_tiles, nprog):
+                    gate_up_tile(tile, layer, x_ptr, mlp_norm_ptr, w_gate_up_ptr, h_ptr, pair_part_ptr, pair_sq_ptr,
+                                 pair_sem_ptr, B, H, I, eps, BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC, ROW_PREFETCH,
+                                 MLP_SPLIT)
+                sink = _barrier(counter_ptr, layer * 4 + 2, pid, nprog, sink, w_down_ptr + layer64 * down_size,
+                                down_size, 0, max_polls, timeout_ptr, PREFETCH, PREFETCH_BLOCK, ACQUIRE_LOADS)
+            if stage + 4 < stop_stage:
+                for tile in range(pid, down_tiles, nprog):
+                    residual_proj_tile(tile, layer, h_ptr, w_down_ptr, x_ptr, proj_part_ptr, proj_sem_ptr, B, H, I,
+                                       split_k, BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC, ROW_PREFETCH)
+                if layer + 1 < L:
+                    sink = _barrier(counter_ptr, layer * 4 + 3, pid, nprog, sink, wqkv_ptr + (layer64 + 1) * qkv_size,
+                                    qkv_size, 0, max_polls, timeout_ptr, PREFETCH, PREFETCH_BLOCK, ACQUIRE_LOADS)
+                else:
+                    sink = _barrier(counter_ptr, layer * 4 + 3, pid, nprog, sink, head_ptr, V * H, 0, max_polls,
+                                    timeout_ptr, PREFETCH, PREFETCH_BLOCK, ACQUIRE_LOADS)
+        if L * 5 < stop_stage:
+            for tile in range(pid, n_vocab_tiles, nprog):
+                lm_head_tile(tile, x_ptr, final_norm_ptr, head_ptr, logits_ptr, best_ptr, best_idx_ptr, seed_ptr,
+                             inv_temp_ptr, slot_ptr, B, H, V, n_vocab_tiles, eps, WRITE_LOGITS, SAMPLE, BLOCK_B,
+                             BLOCK_V,
+                             BLOCK_K, DOT_PREC, ROW_PREFETCH)
+        if stop_stage < 0:  # never true: keeps the prefetch loads from being optimized away
+            tl.store(timeout_ptr + 1, sink.to(tl.int32))

@@ -64,8 +64,10 @@ def test_looped_kernel_matches_interpreter_after_every_stage(batch, split_k, qkv
 DEEP_CFG = LlamaConfig(**{**CFG.__dict__, "num_hidden_layers": 6})
 
 
-@pytest.mark.parametrize("batch, split_k", [(3, 1), (9, 2)])  # tensor-core tiles, without and with split K
-def test_looped_equals_per_layer_over_many_layers(batch, split_k, gen):
+# tensor-core tiles, without and with split K; the looped path as the persistent kernel and as
+# one-tile programs ordered by dependency (dataflow)
+@pytest.mark.parametrize("batch, split_k, dataflow", [(3, 1, False), (9, 2, False), (9, 2, True)])
+def test_looped_equals_per_layer_over_many_layers(batch, split_k, dataflow, gen):
     """Both paths run the same tile functions on the same values in the same order, so under the
     interpreter they agree bit for bit after every layer of a deep model at batch > 1.  Compiled,
     each kernel gets its own code and may order float32 sums differently: then they may differ
@@ -73,7 +75,8 @@ def test_looped_equals_per_layer_over_many_layers(batch, split_k, gen):
     device = test_device()
     dtype = torch.bfloat16
     w = random_weights(DEEP_CFG, dtype=dtype, device=device, generator=gen, std=0.1)
-    plan, buf0, cache0, tokens = _state(DEEP_CFG, w, batch, 19, dtype, gen, device, split_k=split_k)
+    plan, buf0, cache0, tokens = _state(DEEP_CFG, w, batch, 19, dtype, gen, device, split_k=split_k,
+                                        dataflow=dataflow)
     inv_freq = DEEP_CFG.rope_inv_freq().to(device)
     results = {}
     for looped in (False, True):
@@ -153,6 +156,31 @@ def test_gpu_full_grid_looped_equals_per_layer_and_reference(batch, dtype, gen):
     expected = ref.forward(w.to(dtype=torch.float32), GPU_CFG, tokens[:, None], rcache, 297,
                            buf.kv_start)[:, 0]
     assert_close(buf.logits, expected, dtype, name="fused vs reference logits")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", [1, 5, 64])
+def test_gpu_dataflow_kernel_equals_per_layer_and_is_reproducible(batch, gen):
+    """One-tile programs waiting on counts of lower-index programs (plan.dataflow, kernels/looped.py): with the
+    real grid (thousands of programs, not all resident) repeated launches agree bit for bit, no
+    wait gives up, and the logits match the per-layer launches within the rounding bound."""
+    device = test_device()
+    dtype = torch.bfloat16
+    w = random_weights(GPU_CFG, dtype=dtype, device=device, generator=torch.Generator(device).manual_seed(0))
+    plan, buf, cache, tokens = _state(GPU_CFG, w, batch, 300, dtype, gen, device, n_splits=None, dataflow=True)
+    inv_freq = GPU_CFG.rope_inv_freq().to(device)
+    dbuf = ops.DecodeBuffers(**{k: v.clone() for k, v in buf.__dict__.items()})
+    dcache = ref.KVCache(cache.k.clone(), cache.v.clone())
+    ops.fused_step(w, GPU_CFG, cache, buf, plan, inv_freq, tokens, looped=False, write_logits=True)
+    runs = []
+    for _ in range(3):
+        ops.fused_step(w, GPU_CFG, dcache, dbuf, plan, inv_freq, tokens, looped=True, write_logits=True)
+        runs.append(dbuf.logits.clone())
+    assert not ops.looped_timed_out(dbuf)
+    for i, again in enumerate(runs[1:], 1):
+        assert torch.equal(again, runs[0]), f"dataflow launch {i} differs from launch 0: a race"
+    tol = 2**0.5 * ops.rounding_tolerance(GPU_CFG, plan, dtype)
+    assert_close(dbuf.logits, buf.logits, torch.float32, tol=tol, name="dataflow vs per-layer logits")
 
 
 @pytest.mark.gpu
