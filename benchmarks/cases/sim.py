@@ -175,12 +175,12 @@ def tuning_case(ctx: Context) -> None:
     :class:`simfuse.ops.Tuning` and :data:`simfuse.ops.MLP_LAUNCH`.  The variants now:
 
     * random policy, 4,096 envs x 512 steps (latency-bound, 16 envs per program by default):
-      the steps run one per loop iteration with the policy-draw test every step instead of
-      unrolled groups of four; 8 envs per program (grouped or not); 32 envs per program;
-    * random policy, 1 M envs x 64 steps (128 envs per program, 4 warps): one step per
-      iteration; 64 envs per program; 32 envs per program (one warp: the per-step test for a
-      second reset is a warp vote, not a block-wide reduction through shared memory); 128
-      envs in one warp (four per thread);
+      each env's next two start states drawn every four steps (no per-step test for a second
+      reset, NEXT_STEP); the steps one per loop iteration with the policy-draw test every step
+      instead of unrolled groups of four; 8 envs per program (grouped or not);
+    * random policy, 1 M envs x 64 steps (128 envs per program, 4 warps): two start states
+      ahead (no block-wide reduction through shared memory per step); 64 envs per program;
+      32 envs per program (one warp: the per-step test is a warp vote);
 
     The random-policy variants are timed as CUDA-graph replays (kernel time only: the Python
     launch path is the same for all, and at 4,096 envs it is as long as the kernel).
@@ -188,17 +188,18 @@ def tuning_case(ctx: Context) -> None:
     from simfuse import ops
 
     groups = [(129, 8, [("8 envs/program", {"env_block": 8}),
-                        ("one step per iteration", {"group_random_draws": False})])]
+                        ("one step per iteration", {"group_random_draws": False}),
+                        ("two start states ahead", {"two_start_states_ahead": True})])]
     if not ctx.quick:
+        two_ahead = ("two start states ahead (no per-step test)", {"two_start_states_ahead": True})
         groups = [
-            (4096, 512, [("one step per iteration (draw test every step)", {"group_random_draws": False}),
+            (4096, 512, [two_ahead,
+                         ("one step per iteration (draw test every step)", {"group_random_draws": False}),
                          ("8 envs/program", {"env_block": 8}),
-                         ("8 envs/program, one step per iteration", {"env_block": 8, "group_random_draws": False}),
-                         ("32 envs/program", {"env_block": 32})]),
-            (1 << 20, 64, [("one step per iteration (draw test every step)", {"group_random_draws": False}),
+                         ("8 envs/program, one step per iteration", {"env_block": 8, "group_random_draws": False})]),
+            (1 << 20, 64, [two_ahead,
                            ("64 envs/program", {"env_block": 64}),
-                           ("32 envs/program (one warp)", {"env_block": 32}),
-                           ("128 envs/program in one warp", {"env_block": 128, "env_warps": 1})]),
+                           ("32 envs/program (one warp)", {"env_block": 32})]),
         ]
     for n, k, variants in groups:
         env = simfuse.make_vec("CartPole-v1", n, device=ctx.device)

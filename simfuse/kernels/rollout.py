@@ -33,7 +33,7 @@ from fusecore.backend import jit
 
 from .dispatch import env_observe, env_reset, env_step, obs_tile
 from .draws import policy_draws, select_draw
-from .episode import autoreset_flags, load_counters, store_counters, store_step, track_episode
+from .episode import NEXT_STEP, autoreset_flags, load_counters, store_counters, store_step, track_episode
 from .policy import column, mlp_forward, sample_categorical, sample_gaussian
 
 RANDOM: tl.constexpr = tl.constexpr(0)
@@ -86,8 +86,8 @@ def store_obs(ptr, row, mask, o0, o1, o2, o3, o4, o5, OBS_DIM: tl.constexpr, BLO
 @jit
 def rollout_step(
     t, draw, s0, s1, s2, s3, steps, done_prev, ep_return, episodes, return_sum, length_sum, pending_action,
-    episode, r0, r1, r2, r3, stale, idx, mask, n, num_steps, max_episode_steps, seed, env_param, action_low,
-    action_high,
+    episode, r0, r1, r2, r3, q0, q1, q2, q3, stale, idx, mask, n, num_steps, max_episode_steps, seed, env_param,
+    action_low, action_high,
     given_actions_ptr, obs_out_ptr, action_out_ptr, reward_out_ptr, terminated_out_ptr, truncated_out_ptr,
     log_prob_out_ptr, value_out_ptr, final_obs_out_ptr,
     actor_w_in_ptr, actor_b_in_ptr, actor_w_hid_ptr, actor_b_hid_ptr, actor_w_out_ptr, actor_b_out_ptr,
@@ -98,12 +98,13 @@ def rollout_step(
     WRITE_STATS: tl.constexpr, HAS_CRITIC: tl.constexpr, D_PAD: tl.constexpr,
     A_HIDDEN: tl.constexpr, A_ACTS: tl.constexpr, A_WIDTH: tl.constexpr, A_PAD: tl.constexpr,
     C_HIDDEN: tl.constexpr, C_ACTS: tl.constexpr, C_WIDTH: tl.constexpr, C_PAD: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, FAST: tl.constexpr, BLOCK: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, FAST: tl.constexpr, TWO_AHEAD: tl.constexpr, BLOCK: tl.constexpr,
 ):
     """Step ``t`` of the rollout (steps 1-3 of the module docstring) with this step's policy draw.
 
-    ``r0..r3``: each env's next start state, drawn ahead (episode index ``episode`` + 1);
-    ``stale``: envs that used theirs since it was drawn.  Returns the carried values (state,
+    ``r0..r3``: each env's next start state, drawn ahead (episode index ``episode`` + 1),
+    ``q0..q3`` the one after (TWO_AHEAD, NEXT_STEP only); ``stale``: envs that used ``r``
+    since it was drawn.  Returns the carried values (state,
     counters, statistics, the next given action, episode indices, next start states, stale).
     """
     row = tl.cast(t, tl.int64) * n + idx  # int64: K N may exceed 2**31
@@ -166,15 +167,24 @@ def rollout_step(
     if AUTORESET == DISABLED:
         s0, s1, s2, s3 = n0, n1, n2, n3
     else:
-        # A second reset of an env since the start states were drawn (an episode of one or two
-        # steps): draw again for every env, from the indices as they are now.
-        if tl.max((resetting & stale & mask).to(tl.int32), axis=0) > 0:
-            r0, r1, r2, r3 = env_reset(seed, idx, episode + 1, ENV)
-            stale = tl.zeros([BLOCK], dtype=tl.int1)
-        s0 = tl.where(resetting, r0, n0)
-        s1 = tl.where(resetting, r1, n1)
-        s2 = tl.where(resetting, r2, n2)
-        s3 = tl.where(resetting, r3, n3)
+        if (AUTORESET == NEXT_STEP) & TWO_AHEAD:
+            # A reset step is never followed by another, so an env resets at most twice in the
+            # four steps between draws: its second start state is the one after, no test.
+            start0 = tl.where(stale, q0, r0)
+            start1 = tl.where(stale, q1, r1)
+            start2 = tl.where(stale, q2, r2)
+            start3 = tl.where(stale, q3, r3)
+        else:
+            # A second reset of an env since the start states were drawn (an episode of one or
+            # two steps): draw again for every env, from the indices as they are now.
+            if tl.max((resetting & stale & mask).to(tl.int32), axis=0) > 0:
+                r0, r1, r2, r3 = env_reset(seed, idx, episode + 1, ENV)
+                stale = tl.zeros([BLOCK], dtype=tl.int1)
+            start0, start1, start2, start3 = r0, r1, r2, r3
+        s0 = tl.where(resetting, start0, n0)
+        s1 = tl.where(resetting, start1, n1)
+        s2 = tl.where(resetting, start2, n2)
+        s3 = tl.where(resetting, start3, n3)
         episode += resetting.to(tl.int32)
         stale = stale | resetting
 
@@ -200,7 +210,8 @@ def run_steps(
     WRITE_STATS: tl.constexpr, HAS_CRITIC: tl.constexpr, D_PAD: tl.constexpr,
     A_HIDDEN: tl.constexpr, A_ACTS: tl.constexpr, A_WIDTH: tl.constexpr, A_PAD: tl.constexpr,
     C_HIDDEN: tl.constexpr, C_ACTS: tl.constexpr, C_WIDTH: tl.constexpr, C_PAD: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, FAST: tl.constexpr, STRIDE: tl.constexpr, BLOCK: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, FAST: tl.constexpr, TWO_AHEAD: tl.constexpr, STRIDE: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     """Steps ``begin`` .. ``end`` − 1, ``STRIDE`` per iteration; returns the carried values.
 
@@ -208,7 +219,8 @@ def run_steps(
     call per iteration and the four steps unrolled, step j taking lane j.  STRIDE 1: one step
     per iteration; the four draws of a Philox call are kept until the position reaches the next
     multiple of 4 (one call per four steps here too, behind a uniform test).  The next start
-    state of every env is drawn at the same points, ahead of any reset (module docstring, 3).
+    state of every env is drawn at the same points, ahead of any reset (module docstring, 3),
+    and with TWO_AHEAD (NEXT_STEP only) also the one after, instead of a per-step test.
     """
     # Gaussian heads draw normals, every other policy uniforms.
     normal_draws: tl.constexpr = (POLICY == MLP) & (NUM_ACTIONS == 0)
@@ -220,7 +232,12 @@ def run_steps(
     r1 = d0
     r2 = d0
     r3 = d0
+    q0 = d0
+    q1 = d0
+    q2 = d0
+    q3 = d0
     stale = tl.zeros([BLOCK], dtype=tl.int1)
+    second: tl.constexpr = (AUTORESET == NEXT_STEP) & TWO_AHEAD
     for first in range(begin, end, STRIDE):
         position = offset + first
         if STRIDE == 4:
@@ -228,18 +245,23 @@ def run_steps(
             if AUTORESET != DISABLED:
                 r0, r1, r2, r3 = env_reset(seed, idx, episode + 1, ENV)
                 stale = tl.zeros([BLOCK], dtype=tl.int1)
+            if second:
+                q0, q1, q2, q3 = env_reset(seed, idx, episode + 2, ENV)
         elif (first == begin) | (position % 4 == 0):
             if POLICY != GIVEN:
                 d0, d1, d2, d3 = policy_draws(seed, idx, position // 4, normal_draws)
             if AUTORESET != DISABLED:
                 r0, r1, r2, r3 = env_reset(seed, idx, episode + 1, ENV)
                 stale = tl.zeros([BLOCK], dtype=tl.int1)
+            if second:
+                q0, q1, q2, q3 = env_reset(seed, idx, episode + 2, ENV)
         for j in tl.static_range(STRIDE):
             draw = select_draw(d0, d1, d2, d3, j if STRIDE == 4 else position % 4)
             (s0, s1, s2, s3, steps, done_prev, ep_return, episodes, return_sum, length_sum, pending_action,
              episode, r0, r1, r2, r3, stale) = rollout_step(
                 first + j, draw, s0, s1, s2, s3, steps, done_prev, ep_return, episodes, return_sum, length_sum,
-                pending_action, episode, r0, r1, r2, r3, stale, idx, mask, n, num_steps, max_episode_steps, seed,
+                pending_action, episode, r0, r1, r2, r3, q0, q1, q2, q3, stale, idx, mask, n, num_steps,
+                max_episode_steps, seed,
                 env_param, action_low, action_high, given_actions_ptr, obs_out_ptr, action_out_ptr, reward_out_ptr,
                 terminated_out_ptr, truncated_out_ptr, log_prob_out_ptr, value_out_ptr, final_obs_out_ptr,
                 actor_w_in_ptr, actor_b_in_ptr, actor_w_hid_ptr, actor_b_hid_ptr, actor_w_out_ptr,
@@ -247,7 +269,7 @@ def run_steps(
                 critic_w_out_ptr, critic_b_out_ptr, log_std_ptr,
                 ENV, OBS_DIM, NUM_ACTIONS, POLICY, AUTORESET, WRITE_OBS, WRITE_STEP, WRITE_FINAL, WRITE_STATS,
                 HAS_CRITIC, D_PAD, A_HIDDEN, A_ACTS, A_WIDTH, A_PAD, C_HIDDEN, C_ACTS, C_WIDTH, C_PAD,
-                DOT_PRECISION, FAST, BLOCK)
+                DOT_PRECISION, FAST, TWO_AHEAD, BLOCK)
     return s0, s1, s2, s3, steps, done_prev, ep_return, episodes, return_sum, length_sum, pending_action, episode
 
 
@@ -270,7 +292,7 @@ def rollout_kernel(
     A_HIDDEN: tl.constexpr, A_ACTS: tl.constexpr, A_WIDTH: tl.constexpr, A_PAD: tl.constexpr,
     C_HIDDEN: tl.constexpr, C_ACTS: tl.constexpr, C_WIDTH: tl.constexpr, C_PAD: tl.constexpr,
     DOT_PRECISION: tl.constexpr, FAST: tl.constexpr,
-    GROUPED: tl.constexpr, BLOCK: tl.constexpr,
+    GROUPED: tl.constexpr, TWO_AHEAD: tl.constexpr, BLOCK: tl.constexpr,
 ):
     pid = tl.program_id(0)
     idx = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -317,7 +339,7 @@ def rollout_kernel(
             critic_b_out_ptr, log_std_ptr,
             ENV, OBS_DIM, NUM_ACTIONS, POLICY, AUTORESET, WRITE_OBS, WRITE_STEP, WRITE_FINAL, WRITE_STATS,
             HAS_CRITIC, D_PAD, A_HIDDEN, A_ACTS, A_WIDTH, A_PAD, C_HIDDEN, C_ACTS, C_WIDTH, C_PAD,
-            DOT_PRECISION, FAST, 4 if phase == 1 else 1, BLOCK)
+            DOT_PRECISION, FAST, TWO_AHEAD, 4 if phase == 1 else 1, BLOCK)
 
     tl.store(state_ptr + idx, s0, mask=mask)
     tl.store(state_ptr + n + idx, s1, mask=mask)

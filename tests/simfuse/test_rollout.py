@@ -150,7 +150,7 @@ def test_start_states_numbered_per_episode(mode, device):
     """Env i's e-th start state is Philox (seed, i, e) whenever its reset happens: with one-step episodes an env
     resets every step (SAME_STEP) or every other step (NEXT_STEP), twice or more between the kernel's draws of
     the next start states, and a rollout still equals step-by-step stepping."""
-    from simfuse import reference
+    from simfuse import ops, reference
     from simfuse.specs import CARTPOLE
 
     seed = fresh_generator().initial_seed()
@@ -166,3 +166,8 @@ def test_start_states_numbered_per_episode(mode, device):
     obs, rew, term, trunc, next_obs = _step_by_step(stepped, traj.actions)
     assert torch.equal(traj.obs, obs) and torch.equal(traj.next_obs, next_obs)
     assert torch.equal(traj.truncated, trunc) and torch.equal(traj.rewards, rew)
+    # the launch variant that draws two start states ahead (NEXT_STEP) takes the same ones
+    ahead = make("CartPole-v1", 5, max_episode_steps=1, autoreset_mode=mode, device=device)
+    ahead.reset(seed=seed)
+    with ops.tuned(two_start_states_ahead=True):
+        assert torch.equal(ahead.rollout("random", num_steps=9).obs, traj.obs)
