@@ -58,7 +58,6 @@ class TileLimits:
 GPU_TILES = TileLimits(tile_elements=4096, max_edge_block=64, max_light_rows=64)
 INTERPRETER_TILES = TileLimits(tile_elements=32768, max_edge_block=256, max_light_rows=512)
 DEFAULT_NUM_WARPS = 4
-DEFAULT_EDGE_LANES = False
 EDGES_PER_ROW_ELEMENT = 64  # on the GPU the edge block may grow to tile_elements / 64 (64 edges at 4096)
 
 
@@ -79,7 +78,8 @@ class ScheduleOptions:
     :data:`GPU_TILES` / :data:`INTERPRETER_TILES`); ``num_warps``: warps per attention program
     (1 .. 32, a power of two; default 4); ``edge_lanes``: the row kernels keep their running
     state per edge lane and reduce it once after the edge loop, not on every trip (the forward's
-    online softmax, the backward's gradient sums; default False).  The last three are tuning knobs for GPU experiments.
+    online softmax, the backward's gradient sums; default: per kernel and score, as measured,
+    :func:`gnnfuse.ops.row_kernel_lanes`).  The last three are tuning knobs for GPU experiments.
     """
 
     light_max_degree: int | None = None
@@ -160,7 +160,7 @@ class Schedule:
     split_degree: int
     tiles: TileLimits
     num_warps: int
-    edge_lanes: bool
+    edge_lanes: bool | None
 
     def light_rows_per_program(self, width: int, row_elements: int) -> int:
         """Rows per program for light rows of ``width`` edges with ``row_elements`` values per edge."""
@@ -267,6 +267,6 @@ def build_schedule(graph, num_heads: int, head_dim: int, dtype: torch.dtype, opt
         medium_block_e=edge_tile,
         light_max_degree=light_max, split_degree=split, tiles=tiles,
         num_warps=options.num_warps or DEFAULT_NUM_WARPS,
-        edge_lanes=DEFAULT_EDGE_LANES if options.edge_lanes is None else options.edge_lanes,
+        edge_lanes=options.edge_lanes,
     )
 

@@ -12,8 +12,8 @@ the unfused PyTorch reference (``gnnfuse.reference`` through ``use_reference``),
 GATConv eager, PyG's GATConv under ``torch.compile(dynamic=False)`` (Cora fp32 and
 arxiv-like, the graphs TARGETS.md has compiled baselines for: each compile takes tens of
 seconds), and gnnfuse's fused GATConv (on the small
-Planetoid graphs also its forward and its training step replayed as CUDA graphs, which removes
-the host-side launch overhead those graphs are bound by).  fp32 and bf16;
+Planetoid graphs, fp32, also its forward and its training step replayed as CUDA graphs, which
+removes the host-side launch overhead those graphs are bound by).  fp32 and bf16;
 forward under ``no_grad`` and a training step (forward + backward).  A further row times
 the attention op alone (``gnnfuse.ops.gat`` on precomputed projections, no GEMM): the part
 the gather floor describes; another the projection GEMM alone.  Floor: the gather
@@ -22,8 +22,9 @@ floor of :func:`gnnfuse.ops.gat_floor_bytes`; peak memory is recorded for every 
 ``gatv2conv``, ``transformerconv`` and ``agnnconv`` run the same comparison (one shared
 runner, :func:`_layer_runs`) for the rest of the family against PyG's GATv2Conv,
 TransformerConv and AGNNConv on Cora, PubMed, the arxiv-like and the Reddit-scale graphs
-(AGNN: one head over the input features, Cora / PubMed / arxiv-like), compiled PyG on Cora
-and arxiv-like in fp32, CUDA-graph rows on the Planetoid graphs; ``transformerconv[...+edge]``
+(AGNN: one head over the input features, Cora / PubMed / arxiv-like), compiled PyG in fp32 on
+arxiv-like (and Cora for the Transformer, as TARGETS.md), fp32 CUDA-graph rows on the Planetoid
+graphs; ``transformerconv[...+edge]``
 adds 16 edge features per edge (arxiv-like), projected by ``lin_edge`` and added to keys and
 values.  Floors: :func:`gnnfuse.ops.attention_floor_bytes` (keys and values are two gathered
 tiles; raw edge features ``E·16`` elements).  AGNN's training step includes the input gradient
@@ -33,9 +34,11 @@ unfused reference of the new layers is checked but not timed (0.1-0.6 s per call
 ``gat_reorder`` measures whether relabelling nodes for locality (:meth:`gnnfuse.Graph.reordered`:
 reverse Cuthill-McKee, or by degree) speeds the fused layer up on PubMed and the arxiv-like graph.
 
-``tiles_reddit`` and ``tiles_arxiv`` (tuning sweeps, not headline rows) time the fused attention
-ops under several tile sizes and warps per program (``ScheduleOptions(tile_elements, num_warps)``)
-and with every row in the row kernel (``light_max_degree=-1``): the A/B behind the GPU defaults.
+``tiles_reddit``, ``tiles_arxiv`` and ``lanes_backward`` (tuning sweeps, not headline rows) time
+the fused attention ops under several tile sizes and warps per program
+(``ScheduleOptions(tile_elements, num_warps)``), with and without per-edge-lane state in the row
+kernels (``edge_lanes``) and with every row in the row kernel (``light_max_degree=-1``): the A/B
+behind the GPU defaults.
 
 ``gat_super_node`` checks the TARGETS.md rule that a node of in-degree 10⁶ costs no more
 per edge than a uniform graph (within 2×): both graphs have ~1 M edges.
@@ -45,6 +48,7 @@ Quick mode: a 300-node power-law graph with a heavy node, fp32, no torch.compile
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -78,8 +82,10 @@ QUICK = [GraphSpec("tiny-power-law", 16, 2, 8, ())]
 CUDA_GRAPH_MAX_EDGES = 200_000  # the Planetoid graphs
 
 
+@functools.cache
 def _edges(name: str, device: torch.device) -> tuple[torch.Tensor, int]:
-    """Edges with exactly one self loop per node, and the node count."""
+    """Edges with exactly one self loop per node, and the node count (built once per run: the
+    Reddit-scale graph takes seconds to generate)."""
     # Edge counts include the self loops, as in TARGETS.md.
     if name == "arxiv-like":
         edges, n = power_law_graph(169_343, 1_350_000, 13_000, seed=0), 169_343
@@ -215,9 +221,9 @@ def _layer_runs(
                  variant=f"{spec.name}{variant_suffix},{tag},fwd")
         ctx.time(impl, _train_step(call, own, grad), bytes_moved=floor_train, memory=True, params=params,
                  variant=f"{spec.name}{variant_suffix},{tag},fwd+bwd")
-    if ctx.gpu and graph.num_edges < CUDA_GRAPH_MAX_EDGES:
+    if ctx.gpu and graph.num_edges < CUDA_GRAPH_MAX_EDGES and dtype == torch.float32:
         # Small graphs are bound by host-side launch overhead: the same fused forward and training
-        # step replayed as a CUDA graph (nothing in them synchronizes with the host).
+        # step replayed as a CUDA graph (nothing in them synchronizes with the host); fp32 only.
         runs = (("fwd", _forward(fused), floor_fwd), ("fwd+bwd", _train_step(fused, layer_params, grad), floor_train))
         for phase, run, floor in runs:
             try:
@@ -367,14 +373,16 @@ def _specs(ctx: Context, names: tuple[str, ...], compiled: dict[str, tuple[torch
 
 
 LAYER_GRAPHS = ("cora", "pubmed", "arxiv-like", "reddit-scale")
-# Compiled PyG where TARGETS.md has compiled baselines (each compile costs ~20 s of GPU time).
+# Compiled PyG where TARGETS.md has compiled baselines (TransformerConv: Cora and arxiv-like), for
+# the other layers on arxiv-like: each compile costs ~20 s of GPU time.
 COMPILED_FP32 = {"cora": (torch.float32,), "arxiv-like": (torch.float32,)}
+COMPILED_ARXIV = {"arxiv-like": (torch.float32,)}
 
 
 @case("gnn", "gatv2conv", baseline="PyG GATv2Conv eager")
 def gatv2conv_case(ctx: Context) -> None:
     """GATv2Conv forward / forward+backward: fused vs unfused reference vs PyG eager / compiled."""
-    _run_graphs(ctx, _specs(ctx, LAYER_GRAPHS, COMPILED_FP32), _family_runs(GATV2))
+    _run_graphs(ctx, _specs(ctx, LAYER_GRAPHS, COMPILED_ARXIV), _family_runs(GATV2))
 
 
 @case("gnn", "transformerconv", baseline="PyG TransformerConv eager")
@@ -392,7 +400,7 @@ def _edge_runs(ctx: Context, spec: GraphSpec, graph: Graph, dtype: torch.dtype, 
 @case("gnn", "agnnconv", baseline="PyG AGNNConv eager")
 def agnnconv_case(ctx: Context) -> None:
     """AGNNConv forward / forward+backward (one head over the input features): fused vs reference vs PyG."""
-    graphs = _specs(ctx, ("cora", "pubmed", "arxiv-like"), COMPILED_FP32)
+    graphs = _specs(ctx, ("cora", "pubmed", "arxiv-like"), COMPILED_ARXIV)
     specs = [replace(spec, heads=1, head_dim=spec.in_feats) for spec in graphs]
     _run_graphs(ctx, specs, _family_runs(AGNN))
 
@@ -471,6 +479,7 @@ def _tiles(tile_elements: int, warps: int) -> tuple[str, ScheduleOptions]:
 TILE_VARIANTS = (_tiles(4096, 4), _tiles(4096, 8), _tiles(8192, 8), _tiles(8192, 4), _tiles(2048, 4))
 ROWS_ONLY = ("row kernel only (no light tiles)", ScheduleOptions(light_max_degree=-1))
 LANES = ("state per edge lane", ScheduleOptions(edge_lanes=True))
+DEFAULT = ("default schedule", None)
 LANES_8_WARPS = ("state per edge lane, 8 warps", ScheduleOptions(edge_lanes=True, num_warps=8))
 
 
@@ -555,3 +564,13 @@ def tiles_arxiv_case(ctx: Context) -> None:
     edge_variants = (TILE_VARIANTS[0], LANES, TILE_VARIANTS[1], ROWS_ONLY)
     _tile_runs(ctx, spec, ("transformer+edge",), [torch.float32], edge_variants,
                train=tuple(label for label, _ in edge_variants))
+
+
+@case("gnn", "lanes_backward", baseline="default schedule", headline=False)
+def lanes_backward_case(ctx: Context) -> None:
+    """A/B of the backward row kernels' per-edge-lane sums (``ScheduleOptions(edge_lanes=True)``:
+    both passes per lane) against the default (per-lane forward only, for GAT and the dot score):
+    training step of the GAT and Graph Transformer attention on the arxiv-like graph, fp32."""
+    spec = QUICK[0] if ctx.quick else next(s for s in FULL if s.name == "arxiv-like")
+    names = ("gat",) if ctx.quick else ("gat", "transformer")
+    _tile_runs(ctx, spec, names, [torch.float32], (DEFAULT, LANES), train=(DEFAULT[0], LANES[0]))

@@ -8,19 +8,18 @@ import torch
 from fusecore.testing import poisoned
 from gnnfuse import ScheduleOptions
 from gnnfuse.datasets import default_planetoid_root, load_planetoid, planetoid_available
-from gnnfuse.schedule import DEFAULT_EDGE_LANES
 
 PLANETOID = default_planetoid_root()
 
-# Every bucket kind forced on its own, and the automatic choice; "mixed" also runs the forward
-# row kernel with the other online-softmax form than the default one.
+# Every bucket kind forced on its own, and the automatic choice; "super" runs the row kernels
+# without and "mixed" with per-edge-lane state (ScheduleOptions.edge_lanes), whatever the defaults.
 SCHEDULES = {
     "auto": None,
     "light": ScheduleOptions(light_max_degree=64, split_degree=64),
     "medium": ScheduleOptions(light_max_degree=0, split_degree=10_000),
     "rows only": ScheduleOptions(light_max_degree=-1, split_degree=10_000),
-    "super": ScheduleOptions(light_max_degree=0, split_degree=2, piece_edges=3),
-    "mixed": ScheduleOptions(light_max_degree=2, split_degree=6, piece_edges=4, edge_lanes=not DEFAULT_EDGE_LANES),
+    "super": ScheduleOptions(light_max_degree=0, split_degree=2, piece_edges=3, edge_lanes=False),
+    "mixed": ScheduleOptions(light_max_degree=2, split_degree=6, piece_edges=4, edge_lanes=True),
 }
 
 
