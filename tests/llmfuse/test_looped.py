@@ -38,13 +38,14 @@ def _snapshot(buf, cache):
             "k_cache": cache.k, "v_cache": cache.v}
 
 
-# row-sum tiles; tensor-core tiles with K split (residual projections, Q/K/V and gate/up)
-@pytest.mark.parametrize("batch, split_k, qkv_split", [(1, 1, 1), (9, 2, 2)])
-def test_looped_kernel_matches_interpreter_after_every_stage(batch, split_k, qkv_split, gen):
+# row-sum tiles; tensor-core tiles with split K (the Q/K/V and gate/up K splits: test_kernels.py,
+# and the GPU tests below, whose default plans split them)
+@pytest.mark.parametrize("batch, split_k", [(1, 1), (9, 2)])
+def test_looped_kernel_matches_interpreter_after_every_stage(batch, split_k, gen):
     device = test_device()
     w = random_weights(CFG, dtype=torch.float32, device=device, generator=gen, std=0.1)
     plan, buf0, cache0, _ = _state(CFG, w, batch, 19, torch.float32, gen, device, looped_programs=1,
-                                   split_k=split_k, qkv_split=qkv_split, mlp_split=qkv_split)
+                                   split_k=split_k)
     inv_freq = CFG.rope_inv_freq().to(device)
     total = STAGES_PER_LAYER * CFG.num_hidden_layers + 1
     for stop in range(total + 1):
