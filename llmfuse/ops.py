@@ -131,8 +131,11 @@ def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, 
     On the GPU tiles are small enough that every instruction has about one tile per
     multiprocessor or more (decode is bandwidth-bound: all SMs must stream weights); under
     the interpreter tiles are large, because each program costs Python time.
+    Instructions with fewer tiles than multiprocessors are split along K (``o_split``,
+    ``split_k``, ``qkv_split``, ``mlp_split``: the last part of a tile to finish adds the
+    parts in order and runs the epilogue).
     ``n_splits`` overrides the number of attention splits and ``split_k`` the number of K
-    parts of the residual projections (tests); ``looped_programs`` the
+    parts of the down projection (and of W_o at batch > 1) (tests); ``looped_programs`` the
     looped kernel's grid (default: 1 under the interpreter, where programs run one after
     another; on the GPU 0, meaning all co-resident programs, see :func:`looped_decode`).
     ``tuning`` replaces any other field of the plan (``block_b=4`` sends a batch of 2..4
