@@ -283,15 +283,11 @@ def _looped_prefixes(ctx: Context, cfg: LlamaConfig, w: LlamaWeights, cache: ref
 # layers against 0.123 in 4 parts; Q/K/V in 4 K parts at batch 8: 1.272 (1 part 1.361, 2 1.327,
 # 8 1.315), at batch 64: 1.970 (1 part 2.029, 8 2.166).
 PLAN_SWEEP: list[tuple[int, bool, dict[str, int]]] = [
-    # batch 1: 256-wide pipelined row tiles, W_o unsplit, W_down in 4 K parts (the default) against
-    # 512-wide chunks, unpipelined tiles, other W_down splits, Q/K/V and attention in one launch
-    (1, False, {"block_k": 512}), (1, False, {"row_prefetch": False}), (1, False, {"split_k": 8}),
-    (1, False, {"split_k": 2}), (1, False, {"fuse_attention": True}), (1, True, {}), (1, True, {"maxnreg": 0}),
-    (1, True, {"dataflow": True}),
-    # batches 8 and 64: Q/K/V in 4 K parts and gate/up in 2 (the defaults) against other splits
-    (8, False, {"mlp_split": 1}), (8, False, {"block_p": 32, "qkv_split": 8}), (8, False, {"fuse_attention": True}),
-    (8, True, {}), (8, True, {"dataflow": True}), (64, False, {"mlp_split": 1}), (64, False, {"mlp_split": 4}),
-    (64, True, {"dataflow": True}),
+    # batch 1: 256-wide pipelined row tiles, W_o unsplit (the default) against the unpipelined
+    # tiles, Q/K/V and attention in one launch, and the looped path as dependency-ordered tiles
+    (1, False, {"row_prefetch": False}), (1, False, {"fuse_attention": True}), (1, True, {"dataflow": True}),
+    # batches 8 and 64: gate/up in 2 K parts (the default) against 1; dependency-ordered looped path
+    (8, False, {"mlp_split": 1}), (8, True, {"dataflow": True}), (64, False, {"mlp_split": 1}),
 ]
 QUICK_PLAN_SWEEP = [(1, False, {"row_prefetch": False}), (3, False, {"block_b": 4}),
                     (3, False, {"fuse_attention": True}), (3, True, {}), (3, True, {"dataflow": True})]
