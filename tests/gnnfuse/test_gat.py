@@ -236,13 +236,13 @@ def test_forward_and_backward_are_bitwise_reproducible(gen, device, schedule):
         assert torch.equal(a, b), f"{name} differs between identical runs"
 
 
-@pytest.mark.parametrize("schedule", ["light", "super"])
-def test_output_term_is_added_in_the_store_or_through_autograd(gen, device, schedule):
+def test_output_term_is_added_in_the_store_or_through_autograd(gen, device):
     """``out_add`` (a layer's bias, or a per-node root term) is fused into the forward's store when
-    no gradient flows and added after the op when one does: the same values either way."""
+    no gradient flows and added after the op when one does: the same values either way (the
+    "mixed" schedule stores from light tiles, whole rows and the merge of split rows)."""
     graph = Graph(corner_case_edges(gen).to(device), 29)
     wh, attn_l, attn_r = (torch.randn(shape, generator=gen).to(device) for shape in ((29, 3, 5), (1, 3, 5), (1, 3, 5)))
-    options = SCHEDULES[schedule]
+    options = SCHEDULES["mixed"]
     plain = ops.gat(graph, wh, attn_l, attn_r, schedule=options).detach()
     plain_t = ops.transformer_attention(graph, wh, attn_l.expand(29, 3, 5), wh, schedule=options).detach()
     for add in (torch.randn(15, generator=gen).to(device), torch.randn(29, 15, generator=gen).to(device)):
