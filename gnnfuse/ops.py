@@ -60,8 +60,9 @@ def _row_launches(buckets: Buckets):
 
 
 # Where the compiled row kernels keep per-edge-lane state by default (ScheduleOptions.edge_lanes=None),
-# as measured on the H200 (gnn/tiles_reddit, gnn/tiles_arxiv): the forward's per-lane online softmax
-# is 1.1-2x faster for GAT and the dot score (2x in bfloat16), slower for GATv2.
+# as measured on the H200 (gnn/tiles_reddit, gnn/tiles_arxiv, gnn/lanes_backward): the forward's
+# per-lane online softmax is 1.1-2x faster for GAT and the dot score (2x in bfloat16), slower for
+# GATv2; the backward's per-lane sums gain nothing (GAT 0.75x, Transformer 1.01x).
 FORWARD_LANE_SCORES = (SCORE_GAT, SCORE_DOT)
 BACKWARD_LANE_SCORES: tuple[int, ...] = ()
 
