@@ -7,7 +7,8 @@ own copy of the weights and a dynamic cache), the reference decoder eager, the r
 decoder under ``torch.compile(mode="reduce-overhead", fullgraph=True)`` (CUDA graphs; 1B,
 batch 1 and 8, context 512 only — the TARGETS.md reference points — because each compile
 of the unrolled decoder takes tens of seconds of the ~5 minute budget), the fused
-per-layer kernels under a CUDA graph and the looped persistent kernel under a CUDA graph.
+per-layer kernels under a CUDA graph and the looped kernel under a CUDA graph (the plan's
+looped schedule: dependency-ordered one-tile programs at batch <= 8, the persistent grid above).
 Floor: the weight bytes plus the KV-cache bytes one step must read.  Quick mode: a tiny
 config through the interpreter.
 """
@@ -176,7 +177,7 @@ def _decode_variant(ctx: Context, name: str, cfg: LlamaConfig, w: LlamaWeights, 
             torch._dynamo.reset()
         # Timed with the logits written (as checked above): one compile per kernel and batch; the
         # B·V·4 bytes of logits are < 2% of the floor's bytes and are not counted in it.
-        for looped, label in ((False, "fused per-layer kernels"), (True, "looped persistent kernel")):
+        for looped, label in ((False, "fused per-layer kernels"), (True, "looped kernel")):
             label += " (CUDA graph)" if ctx.gpu else ""
             ctx.time(label, lambda looped=looped: ops.fused_step(w, cfg, cache, buf, plan, inv_freq, tokens,
                                                                  looped=looped, write_logits=True),

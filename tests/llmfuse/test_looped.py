@@ -135,7 +135,7 @@ def test_gpu_full_grid_looped_equals_per_layer_and_reference(batch, dtype, gen):
     """
     device = test_device()
     w = random_weights(GPU_CFG, dtype=dtype, device=device, generator=torch.Generator(device).manual_seed(0))
-    plan, buf, cache, tokens = _state(GPU_CFG, w, batch, 300, dtype, gen, device, n_splits=None)
+    plan, buf, cache, tokens = _state(GPU_CFG, w, batch, 300, dtype, gen, device, n_splits=None, dataflow=False)
     inv_freq = GPU_CFG.rope_inv_freq().to(device)
     scratch = ops.DecodeBuffers(**{k: v.clone() for k, v in buf.__dict__.items()})
     programs = ops.looped_decode(w, GPU_CFG, ref.KVCache(cache.k.clone(), cache.v.clone()), scratch, plan, inv_freq,
