@@ -21,9 +21,11 @@ the score's share is added into ``∂L/∂fs``), the source row's partial sum of
 per-(edge, head) value at the edge's CSR position — ``∂L/∂z`` for GAT, ``∂L/∂s`` otherwise,
 an E×H buffer, never E×H×D — which the destination pass reduces per row: a plain
 :func:`row_sum_kernel` for GAT (``∂L/∂er``), :func:`attention_backward_dst_kernel` (and its
-light form) for GATv2 (``∂L/∂fd``) and the dot score (``∂L/∂q``, gathering the keys again; with edge features it
-also forms ``∂L/∂e_p`` in registers and writes ``∂attr`` and the per-row sums of
-:mod:`gnnfuse.kernels.edge_features`).
+light form) for GATv2 (``∂L/∂fd``) and the dot score (``∂L/∂q``, gathering the keys again; with
+edge features it also writes ``∂attr`` — where autograd asks for it — and the per-row sums of
+:mod:`gnnfuse.kernels.edge_features`: the light form from ``∂L/∂e_p`` formed in registers, the
+row form from ``W q̃`` and ``W g`` per row, without any per-edge projection).  ``LANES`` (row
+kernels): the edge-loop sums are kept per edge lane and reduced once after the loop.
 
 Bytes: the source pass gathers ``E·H·D`` elements of g (and of ``dst`` for GATv2 / dot) plus
 ``E·H`` of lse and δ, writes ``E·H`` of ∂s and ``N·H·D`` gradients; the destination pass reads
