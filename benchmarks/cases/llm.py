@@ -195,11 +195,8 @@ def instruction_bytes(cfg: LlamaConfig, w: LlamaWeights, batch: int, context: in
             "lm_head": cfg.vocab_size * h * size}
 
 
-# (batch, plan fields other than the default) of the breakdown: the default plans, and A/B
-# variants of the batch-1 matrix-vector tiles.
-BREAKDOWN_PLANS: list[tuple[int, dict[str, int]]] = [
-    (1, {}), (1, {"fuse_attention": True}), (8, {}), (64, {}),
-]
+# (batch, plan fields other than the default) of the breakdown: the default plans.
+BREAKDOWN_PLANS: list[tuple[int, dict[str, int]]] = [(1, {}), (8, {}), (64, {})]
 
 
 @case("llm", "instruction_breakdown", baseline="whole step, per-layer kernels", headline=False)
