@@ -166,8 +166,9 @@ def test_start_states_numbered_per_episode(mode, device):
     obs, rew, term, trunc, next_obs = _step_by_step(stepped, traj.actions)
     assert torch.equal(traj.obs, obs) and torch.equal(traj.next_obs, next_obs)
     assert torch.equal(traj.truncated, trunc) and torch.equal(traj.rewards, rew)
-    # the launch variant that draws two start states ahead (NEXT_STEP) takes the same ones
-    ahead = make("CartPole-v1", 5, max_episode_steps=1, autoreset_mode=mode, device=device)
-    ahead.reset(seed=seed)
-    with ops.tuned(two_start_states_ahead=True):
-        assert torch.equal(ahead.rollout("random", num_steps=9).obs, traj.obs)
+    # both ways of drawing start states ahead (two of them, or one and a per-step test) take the same ones
+    for two_ahead in (True, False):
+        other = make("CartPole-v1", 5, max_episode_steps=1, autoreset_mode=mode, device=device)
+        other.reset(seed=seed)
+        with ops.tuned(two_start_states_ahead=two_ahead):
+            assert torch.equal(other.rollout("random", num_steps=9).obs, traj.obs), two_ahead
