@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top-k", type=int)
     parser.add_argument("--top-p", type=float)
     parser.add_argument("--seed", type=int)
-    parser.add_argument("--looped", action="store_true", help="use the looped persistent decode kernel")
+    parser.add_argument("--looped", action="store_true", help="use the looped decode kernel (all layers in one launch)")
     parser.add_argument("--dtype", choices=["bfloat16", "float16", "float32"])
     args = parser.parse_args(argv)
 

@@ -1,4 +1,4 @@
-"""llmfuse: fused Llama decoder kernels and a looped persistent decode kernel.
+"""llmfuse: fused Llama decoder kernels and a looped decode kernel (all layers in one launch).
 
     import llmfuse
     model = llmfuse.from_pretrained("path/to/checkpoint", dtype=torch.bfloat16, looped=True)

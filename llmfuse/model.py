@@ -2,8 +2,10 @@
 
 ``prefill`` runs the prompt through the reference decoder (matrix products and
 ``scaled_dot_product_attention``) and fills the static KV cache; every following token is
-one fused decode step — five fused launches per layer plus the LM head (``looped=False``)
-or one looped persistent launch (``looped=True``).  Greedy decoding takes the argmax
+one fused decode step — five fused launches per layer plus the LM head (four at batch 1,
+where Q/K/V and attention share one; ``looped=False``) or one looped launch for all layers
+(``looped=True``: dependency-ordered one-tile programs on the GPU at batch <= 8, a
+persistent grid otherwise; see :func:`llmfuse.ops.looped_decode`).  Greedy decoding takes the argmax
 fused into the LM head; sampling (temperature, top-k, top-p) runs on the logits with a
 seeded torch generator.
 """
@@ -53,7 +55,7 @@ def sample_tokens(logits: torch.Tensor, temperature: float, top_k: int | None, t
 class LlamaModel:
     """A Llama-family decoder with a static KV cache of ``max_seq_len`` slots and fused decode.
 
-    ``looped`` selects the looped persistent kernel (one launch per step) instead of the
+    ``looped`` selects the looped kernel (one launch per step) instead of the
     per-layer fused launches; ``cuda_graph`` (default: on for CUDA weights) replays each
     step from a CUDA graph.  The cache holds ``max_batch_size`` rows; it is re-created
     (same length) when a call uses another batch size.
@@ -289,7 +291,7 @@ def from_pretrained(path_or_hf_model: str | Path | torch.nn.Module, *, device: t
 
     ``device`` defaults to fusekit's kernel device; ``dtype`` to bfloat16 on the GPU and float32
     on the CPU.  ``max_seq_len`` sizes the static KV cache (default min(max_position_embeddings, 4096)).
-    ``looped`` picks the looped persistent kernel; ``cuda_graph`` (default: on for CUDA) replays
+    ``looped`` picks the looped kernel (one launch per step); ``cuda_graph`` (default: on for CUDA) replays
     each decode step from a CUDA graph.
     """
     device = torch.device(device) if device is not None else backend.default_device()
