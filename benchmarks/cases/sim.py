@@ -4,7 +4,9 @@ Each implementation does the same work, K steps of N CartPole-v1 envs with the t
 (obs, action, reward, terminated, truncated) written to device memory, except where its
 name says otherwise ("stats only": episode statistics; Gymnasium: numpy on the CPU).
 ``params["env_steps_per_s"]`` is N K / median time.  The floor counts 26 B per env-step
-(16 B observation, 4 B action, 4 B reward, 2 B flags).
+(16 B observation, 4 B action, 4 B reward, 2 B flags).  Rows are timed with CUDA events
+around Python calls (``do_bench``), except those named "CUDA-graph replays" and the A/B of
+``sim/tuning`` and both sides of ``sim/chain``, which replay a captured graph (GPU time only).
 """
 
 from __future__ import annotations
