@@ -47,6 +47,7 @@ class DecodePlan:
     block_s: int
     block_d: int
     block_m: int  # query heads of a KV head's group, padded to a power of two: rows of the split merge
+    merge_splits: int  # attention splits the merging program loads per round (block_m · block_d · this = 4096)
     n_splits: int
     split_len: int
     dot_prec: str
@@ -181,7 +182,8 @@ def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, 
     plan = DecodePlan(
         batch=batch, max_slots=max_slots, block_b=block_b, block_p=block_p, block_n=block_n, block_k=block_k,
         block_v=block_v, block_g=block_g, block_s=block_s, block_d=block_d,
-        block_m=next_power_of_2(cfg.group_size), n_splits=n_splits,
+        block_m=next_power_of_2(cfg.group_size),
+        merge_splits=max(1, 4096 // (next_power_of_2(cfg.group_size) * block_d)), n_splits=n_splits,
         split_len=split_len, dot_prec="ieee" if dtype == torch.float32 or not compiled else "tf32",
         looped_programs=1,
     )
@@ -231,7 +233,8 @@ def _tuned(plan: DecodePlan, tuning: dict[str, int]) -> DecodePlan:
             raise ValueError(f"tuning field {name} must be an int >= 0, got {value!r}")
     plan = replace(plan, **tuning)
     blocks = ("block_p", "block_n", "block_k", "block_v", "block_s")
-    if any(getattr(plan, b) & (getattr(plan, b) - 1) or getattr(plan, b) < 1 for b in ("block_b", *blocks)):
+    if any(getattr(plan, b) & (getattr(plan, b) - 1) or getattr(plan, b) < 1
+           for b in ("block_b", "merge_splits", *blocks)):
         raise ValueError(f"block sizes must be powers of two: {plan}")
     if plan.block_b < plan.batch:
         raise ValueError(f"block_b = {plan.block_b} must be >= the batch {plan.batch}")
@@ -357,6 +360,7 @@ def decode_attention(cfg: LlamaConfig, layer: int, cache: KVCache, buf: DecodeBu
         plan.batch, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, plan.max_slots,
         plan.n_splits, plan.split_len, 1.0 / math.sqrt(cfg.head_dim),
         BLOCK_G=plan.block_g, BLOCK_S=plan.block_s, BLOCK_D=plan.block_d, BLOCK_M=plan.block_m,
+        MERGE_SPLITS=plan.merge_splits,
         DOT_PREC=plan.dot_prec, **plan.layer_launch_options(),
     )
 
@@ -375,6 +379,7 @@ def qkv_attention(w: LlamaWeights, cfg: LlamaConfig, layer: int, cache: KVCache,
         BARRIER_MAX_POLLS,
         HAS_BIAS=w.bqkv is not None, BLOCK_B=plan.block_b, BLOCK_P=plan.block_p, BLOCK_K=plan.block_k,
         BLOCK_G=plan.block_g, BLOCK_S=plan.block_s, BLOCK_D=plan.block_d, BLOCK_M=plan.block_m,
+        MERGE_SPLITS=plan.merge_splits,
         DOT_PREC=plan.dot_prec, ROW_PREFETCH=plan.row_prefetch, QKV_SPLIT=plan.qkv_split,
         ACQUIRE_LOADS=plan.acquire_loads, **plan.layer_launch_options(),
     )
@@ -512,6 +517,7 @@ def looped_decode(w: LlamaWeights, cfg: LlamaConfig, cache: KVCache, buf: Decode
         HAS_BIAS=w.bqkv is not None, WRITE_LOGITS=write_logits, SAMPLE=sample, BLOCK_B=plan.block_b,
         BLOCK_P=plan.block_p,
         BLOCK_N=plan.block_n, BLOCK_K=plan.block_k, BLOCK_G=plan.block_g, BLOCK_S=plan.block_s, BLOCK_M=plan.block_m,
+        MERGE_SPLITS=plan.merge_splits,
         BLOCK_D=plan.block_d, BLOCK_V=plan.block_v, DOT_PREC=plan.dot_prec, ROW_PREFETCH=plan.row_prefetch,
         QKV_SPLIT=plan.qkv_split, MLP_SPLIT=plan.mlp_split, ACQUIRE_LOADS=plan.acquire_loads,
         PREFETCH=plan.prefetch, PREFETCH_BLOCK=plan.prefetch_block, DATAFLOW=plan.dataflow,

@@ -31,15 +31,13 @@ from fusecore.softmax import online_rescale
 from .launch_order import after_previous_kernel
 from .matvec import mma
 
-MERGE_SPLITS = tl.constexpr(16)  # splits the merging program reads per round of loads
-
 
 @jit
 def decode_attention_tile(
     tile, layer, q_ptr, k_cache_ptr, v_cache_ptr, kv_start_ptr, slot_ptr, part_ptr, lse_ptr, attn_ptr, sem_ptr,
     B, HQ, HKV, D, S, n_splits, split_len, sm_scale,
     BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-    DOT_PREC: tl.constexpr,
+    MERGE_SPLITS: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
     split = tile % n_splits
     bh = tile // n_splits
@@ -126,12 +124,12 @@ def decode_attention_kernel(
     layer, q_ptr, k_cache_ptr, v_cache_ptr, kv_start_ptr, slot_ptr, part_ptr, lse_ptr, attn_ptr, sem_ptr,
     B, HQ, HKV, D, S, n_splits, split_len, sm_scale,
     BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-    DOT_PREC: tl.constexpr,
+    MERGE_SPLITS: tl.constexpr, DOT_PREC: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     after_previous_kernel(USE_PDL)
     decode_attention_tile(
         tl.program_id(0), layer, q_ptr, k_cache_ptr, v_cache_ptr, kv_start_ptr, slot_ptr, part_ptr, lse_ptr,
         attn_ptr, sem_ptr, B, HQ, HKV, D, S, n_splits, split_len, sm_scale, BLOCK_G, BLOCK_S, BLOCK_D, BLOCK_M,
-        DOT_PREC,
+        MERGE_SPLITS, DOT_PREC,
     )

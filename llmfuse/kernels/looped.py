@@ -102,9 +102,9 @@ def looped_decode_kernel(
     o_split, split_k,
     HAS_BIAS: tl.constexpr, WRITE_LOGITS: tl.constexpr, SAMPLE: tl.constexpr, BLOCK_B: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, DOT_PREC: tl.constexpr,
-    ROW_PREFETCH: tl.constexpr, QKV_SPLIT: tl.constexpr, MLP_SPLIT: tl.constexpr, PREFETCH: tl.constexpr,
-    PREFETCH_BLOCK: tl.constexpr, ACQUIRE_LOADS: tl.constexpr, DATAFLOW: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, MERGE_SPLITS: tl.constexpr, BLOCK_V: tl.constexpr,
+    DOT_PREC: tl.constexpr, ROW_PREFETCH: tl.constexpr, QKV_SPLIT: tl.constexpr, MLP_SPLIT: tl.constexpr,
+    PREFETCH: tl.constexpr, PREFETCH_BLOCK: tl.constexpr, ACQUIRE_LOADS: tl.constexpr, DATAFLOW: tl.constexpr,
 ):
     pid = tl.program_id(0)
     qkv_tiles = (HQ + 2 * HKV) * tl.cdiv(D // 2, BLOCK_P) * QKV_SPLIT
@@ -144,7 +144,8 @@ def looped_decode_kernel(
                                BLOCK_P, QKV_SPLIT, ACQUIRE_LOADS)
                 decode_attention_tile(attn_tile, layer, q_ptr, k_cache_ptr, v_cache_ptr, kv_start_ptr, slot_ptr,
                                       part_ptr, lse_ptr, attn_ptr, sem_ptr, B, HQ, HKV, D, S, n_splits,
-                                      split_len, sm_scale, BLOCK_G, BLOCK_S, BLOCK_D, BLOCK_M, DOT_PREC)
+                                      split_len, sm_scale, BLOCK_G, BLOCK_S, BLOCK_D, BLOCK_M, MERGE_SPLITS,
+                                          DOT_PREC)
                 signal(done)
         elif tile < qkv_tiles + attn_tiles + o_tiles:
             if stage + 2 < stop_stage:
@@ -188,7 +189,8 @@ def looped_decode_kernel(
                                    BLOCK_P, QKV_SPLIT, ACQUIRE_LOADS)
                     decode_attention_tile(tile, layer, q_ptr, k_cache_ptr, v_cache_ptr, kv_start_ptr, slot_ptr,
                                           part_ptr, lse_ptr, attn_ptr, sem_ptr, B, HQ, HKV, D, S, n_splits,
-                                          split_len, sm_scale, BLOCK_G, BLOCK_S, BLOCK_D, BLOCK_M, DOT_PREC)
+                                          split_len, sm_scale, BLOCK_G, BLOCK_S, BLOCK_D, BLOCK_M, MERGE_SPLITS,
+                                          DOT_PREC)
                 sink = _barrier(counter_ptr, layer * 4, pid, nprog, sink, wo_ptr + layer64 * wo_size, wo_size, 0,
                                 max_polls, timeout_ptr, PREFETCH, PREFETCH_BLOCK, ACQUIRE_LOADS)
             if stage + 2 < stop_stage:

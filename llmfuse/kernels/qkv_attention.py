@@ -56,8 +56,8 @@ def qkv_attention_kernel(
     B, H, HQ, HKV, D, S, eps, n_splits, split_len, sm_scale, max_polls,
     HAS_BIAS: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-    DOT_PREC: tl.constexpr, ROW_PREFETCH: tl.constexpr, QKV_SPLIT: tl.constexpr, ACQUIRE_LOADS: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    MERGE_SPLITS: tl.constexpr, DOT_PREC: tl.constexpr, ROW_PREFETCH: tl.constexpr, QKV_SPLIT: tl.constexpr,
+    ACQUIRE_LOADS: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     after_previous_kernel(USE_PDL)
     pid = tl.program_id(0)
@@ -73,4 +73,5 @@ def qkv_attention_kernel(
                        BLOCK_P, QKV_SPLIT, ACQUIRE_LOADS)
         decode_attention_tile(pid - qkv_tiles, layer, q_ptr, k_cache_ptr, v_cache_ptr, kv_start_ptr, slot_ptr,
                               part_ptr, lse_ptr, attn_ptr, sem_ptr, B, HQ, HKV, D, S, n_splits, split_len,
-                              sm_scale, BLOCK_G, BLOCK_S, BLOCK_D, BLOCK_M, DOT_PREC)
+                              sm_scale, BLOCK_G, BLOCK_S, BLOCK_D, BLOCK_M, MERGE_SPLITS,
+                              DOT_PREC)

@@ -13,7 +13,6 @@ from fusecore.testing import assert_all_written, assert_close, poison_value, tes
 from llmfuse import ops
 from llmfuse import reference as ref
 from llmfuse.config import LlamaConfig
-from llmfuse.kernels import decode_attention
 from llmfuse.weights import random_weights
 
 CFG = LlamaConfig(vocab_size=97, hidden_size=48, intermediate_size=88, num_hidden_layers=2,
@@ -102,12 +101,12 @@ def test_decode_attention_splits_merge_to_attention(batch, dtype, tuning, gen):
 
 
 def test_decode_attention_merges_more_splits_than_one_round(gen):
-    """20 splits: the last program merges them in two rounds of MERGE_SPLITS; a row whose first
-    valid slot leaves splits empty (lse = -inf), and a split past the current slot."""
+    """20 splits: the last program merges them in three rounds of 8 (plan.merge_splits); a row
+    whose first valid slot leaves splits empty (lse = -inf), and a split past the current slot."""
     slots, slot = 1280, 1201  # 20 splits of 64 slots under the interpreter and compiled
     kv_start = torch.tensor([0, 300])
-    plan = ops.make_plan(CFG, 2, slots, torch.float32, torch.device(test_device()), n_splits=20)
-    assert plan.n_splits == 20 > decode_attention.MERGE_SPLITS
+    plan = ops.make_plan(CFG, 2, slots, torch.float32, torch.device(test_device()), n_splits=20, merge_splits=8)
+    assert plan.n_splits == 20 > 2 * plan.merge_splits
     buf = ops.DecodeBuffers.allocate(CFG, plan, torch.float32, torch.device(test_device()))
     cache = ref.KVCache.empty(CFG, 2, slots, dtype=torch.float32, device=test_device())
     cache.k.copy_(torch.randn(cache.k.shape, generator=gen))
