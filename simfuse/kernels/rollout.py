@@ -268,9 +268,9 @@ def run_steps(
              episode, r0, r1, r2, r3, stale) = rollout_step(
                 first + j, draw, s0, s1, s2, s3, steps, done_prev, ep_return, episodes, return_sum, length_sum,
                 pending_action, episode, r0, r1, r2, r3, q0, q1, q2, q3, stale, idx, mask, n, num_steps,
-                max_episode_steps, seed,
-                env_param, action_low, action_high, given_actions_ptr, obs_out_ptr, action_out_ptr, reward_out_ptr,
-                terminated_out_ptr, truncated_out_ptr, log_prob_out_ptr, value_out_ptr, final_obs_out_ptr,
+                max_episode_steps, seed, env_param, action_low, action_high, given_actions_ptr, obs_out_ptr,
+                action_out_ptr, reward_out_ptr, terminated_out_ptr, truncated_out_ptr, log_prob_out_ptr,
+                value_out_ptr, final_obs_out_ptr,
                 actor_w_in_ptr, actor_b_in_ptr, actor_w_hid_ptr, actor_b_hid_ptr, actor_w_out_ptr,
                 actor_b_out_ptr, critic_w_in_ptr, critic_b_in_ptr, critic_w_hid_ptr, critic_b_hid_ptr,
                 critic_w_out_ptr, critic_b_out_ptr, log_std_ptr,
