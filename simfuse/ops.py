@@ -242,6 +242,8 @@ def rollout(
             WRITE_OBS=write_obs, WRITE_STEP=write_step, WRITE_FINAL=write_final, WRITE_STATS=write_stats,
             HAS_CRITIC=mlp is not None and mlp.critic is not None,
             GROUPED=kind == "random" and _tuning.group_random_draws,
+            # float32 MLP products: carried start states spilled the operand tiles (12x slower)
+            AHEAD=mlp is None or mlp.fast,
             TWO_AHEAD=block < 64 if _tuning.two_start_states_ahead is None else _tuning.two_start_states_ahead,
             BLOCK=block,
             **dims, **_launch_options(block, mlp=mlp is not None, precision=precision),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from torch import nn
 
 import simfuse
 from benchmarks.registry import Context, case, plot
@@ -224,6 +225,39 @@ def tuning_case(ctx: Context) -> None:
                 # replayed from a CUDA graph: the kernel's time, without the Python launch path
                 _rate(ctx.time(impl, run, bytes_moved=traj_bytes, params={"num_envs": n, "steps": k, **overrides},
                                variant=f"random,n={n},K={k}", cuda_graph=True), n, k)
+
+
+@case("sim", "mlp_fp32", baseline="torch per-step loop", headline=False)
+def mlp_fp32_case(ctx: Context) -> None:
+    """The 2x64 MLP actor with float32 ("ieee") products alone, a short check of that launch.
+
+    The final run of this session measured it 12x slower than the first mid run (4,096 x 512:
+    36.2 ms against 3.10) while tf32 and bf16 stayed put: the start states then carried from
+    step to step (for every other policy they are drawn ahead) take registers its operand
+    tiles need.  It now draws them when some env resets, as before.
+    """
+    sizes = [(257, 8)] if ctx.quick else [(4096, 512), (65536, 256)]
+    for n, k in sizes:
+        env = simfuse.make_vec("CartPole-v1", n, device=ctx.device)
+        env.reset(seed=0)
+        torch.manual_seed(n)
+        actor = nn.Sequential(nn.Linear(4, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(),
+                              nn.Linear(64, 2)).to(ctx.device)
+        policy = simfuse.MLPPolicy(actor, precision="ieee")
+        traj = env.rollout(policy, num_steps=4)
+        with torch.no_grad():
+            want = torch.log_softmax(actor(traj.obs), -1).gather(-1, traj.actions.long()[..., None])[..., 0]
+        ctx.check(f"n={n} log-probs", traj.log_probs.cpu(), want.cpu(), 1e-4)
+        state = reference.start_state(CARTPOLE, torch.rand((4, n), device=ctx.device))
+        steps = torch.zeros(n, dtype=torch.int32, device=ctx.device)
+        traj_bytes = n * k * TRAJECTORY_BYTES["CartPole-v1"]
+        variant = f"n={n},K={k}"
+        for impl, fn, nbytes in (
+            ("torch per-step loop", lambda: reference.unfused_random_rollout(CARTPOLE, state, steps, k, 500),
+             traj_bytes),
+            ("fused rollout, 2x64 MLP actor (fp32)", lambda: env.rollout(policy, num_steps=k), traj_bytes + 4 * n * k),
+        ):
+            _rate(ctx.time(impl, fn, bytes_moved=nbytes, params={"num_envs": n, "steps": k}, variant=variant), n, k)
 
 
 @case("sim", "classic", baseline="torch per-step loop")

@@ -105,7 +105,8 @@ def rollout_step(
     WRITE_STATS: tl.constexpr, HAS_CRITIC: tl.constexpr, D_PAD: tl.constexpr,
     A_HIDDEN: tl.constexpr, A_ACTS: tl.constexpr, A_WIDTH: tl.constexpr, A_PAD: tl.constexpr,
     C_HIDDEN: tl.constexpr, C_ACTS: tl.constexpr, C_WIDTH: tl.constexpr, C_PAD: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, FAST: tl.constexpr, TWO_AHEAD: tl.constexpr, BLOCK: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, FAST: tl.constexpr, AHEAD: tl.constexpr, TWO_AHEAD: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     """Step ``t`` of the rollout (steps 1-3 of the module docstring) with this step's policy draw.
 
@@ -174,7 +175,13 @@ def rollout_step(
     if AUTORESET == DISABLED:
         s0, s1, s2, s3 = n0, n1, n2, n3
     else:
-        if (AUTORESET == NEXT_STEP) & TWO_AHEAD:
+        if not AHEAD:
+            # float32 MLP products keep their operand tiles in registers: no start state is
+            # carried across steps (it spilled them), it is drawn when some env resets
+            start0, start1, start2, start3 = n0, n1, n2, n3
+            if tl.max((resetting & mask).to(tl.int32), axis=0) > 0:
+                start0, start1, start2, start3 = env_reset(seed, idx, episode + 1, ENV)
+        elif (AUTORESET == NEXT_STEP) & TWO_AHEAD:
             # A reset step is never followed by another, so an env resets at most twice in the
             # four steps between draws: its second start state is the one after, no test.
             start0 = tl.where(stale, q0, r0)
@@ -217,8 +224,8 @@ def run_steps(
     WRITE_STATS: tl.constexpr, HAS_CRITIC: tl.constexpr, D_PAD: tl.constexpr,
     A_HIDDEN: tl.constexpr, A_ACTS: tl.constexpr, A_WIDTH: tl.constexpr, A_PAD: tl.constexpr,
     C_HIDDEN: tl.constexpr, C_ACTS: tl.constexpr, C_WIDTH: tl.constexpr, C_PAD: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, FAST: tl.constexpr, TWO_AHEAD: tl.constexpr, STRIDE: tl.constexpr,
-    BLOCK: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, FAST: tl.constexpr, AHEAD: tl.constexpr, TWO_AHEAD: tl.constexpr,
+    STRIDE: tl.constexpr, BLOCK: tl.constexpr,
 ):
     """Steps ``begin`` .. ``end`` − 1, ``STRIDE`` per iteration; returns the carried values.
 
@@ -244,12 +251,13 @@ def run_steps(
     q2 = d0
     q3 = d0
     stale = tl.zeros([BLOCK], dtype=tl.int1)
-    second: tl.constexpr = (AUTORESET == NEXT_STEP) & TWO_AHEAD
+    ahead: tl.constexpr = (AUTORESET != DISABLED) & AHEAD
+    second: tl.constexpr = (AUTORESET == NEXT_STEP) & AHEAD & TWO_AHEAD
     for first in range(begin, end, STRIDE):
         position = offset + first
         if STRIDE == 4:
             d0, d1, d2, d3 = policy_draws(seed, idx, position // 4, normal_draws)
-            if AUTORESET != DISABLED:
+            if ahead:
                 r0, r1, r2, r3 = env_reset(seed, idx, episode + 1, ENV)
                 stale = tl.zeros([BLOCK], dtype=tl.int1)
             if second:
@@ -257,7 +265,7 @@ def run_steps(
         elif (first == begin) | (position % 4 == 0):
             if POLICY != GIVEN:
                 d0, d1, d2, d3 = policy_draws(seed, idx, position // 4, normal_draws)
-            if AUTORESET != DISABLED:
+            if ahead:
                 r0, r1, r2, r3 = env_reset(seed, idx, episode + 1, ENV)
                 stale = tl.zeros([BLOCK], dtype=tl.int1)
             if second:
@@ -276,7 +284,7 @@ def run_steps(
                 critic_w_out_ptr, critic_b_out_ptr, log_std_ptr,
                 ENV, OBS_DIM, NUM_ACTIONS, POLICY, AUTORESET, WRITE_OBS, WRITE_STEP, WRITE_FINAL, WRITE_STATS,
                 HAS_CRITIC, D_PAD, A_HIDDEN, A_ACTS, A_WIDTH, A_PAD, C_HIDDEN, C_ACTS, C_WIDTH, C_PAD,
-                DOT_PRECISION, FAST, TWO_AHEAD, BLOCK)
+                DOT_PRECISION, FAST, AHEAD, TWO_AHEAD, BLOCK)
     return s0, s1, s2, s3, steps, done_prev, ep_return, episodes, return_sum, length_sum, pending_action, episode
 
 
@@ -299,7 +307,7 @@ def rollout_kernel(
     A_HIDDEN: tl.constexpr, A_ACTS: tl.constexpr, A_WIDTH: tl.constexpr, A_PAD: tl.constexpr,
     C_HIDDEN: tl.constexpr, C_ACTS: tl.constexpr, C_WIDTH: tl.constexpr, C_PAD: tl.constexpr,
     DOT_PRECISION: tl.constexpr, FAST: tl.constexpr,
-    GROUPED: tl.constexpr, TWO_AHEAD: tl.constexpr, BLOCK: tl.constexpr,
+    GROUPED: tl.constexpr, AHEAD: tl.constexpr, TWO_AHEAD: tl.constexpr, BLOCK: tl.constexpr,
 ):
     pid = tl.program_id(0)
     idx = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -346,7 +354,7 @@ def rollout_kernel(
             critic_b_out_ptr, log_std_ptr,
             ENV, OBS_DIM, NUM_ACTIONS, POLICY, AUTORESET, WRITE_OBS, WRITE_STEP, WRITE_FINAL, WRITE_STATS,
             HAS_CRITIC, D_PAD, A_HIDDEN, A_ACTS, A_WIDTH, A_PAD, C_HIDDEN, C_ACTS, C_WIDTH, C_PAD,
-            DOT_PRECISION, FAST, TWO_AHEAD, 4 if phase == 1 else 1, BLOCK)
+            DOT_PRECISION, FAST, AHEAD, TWO_AHEAD, 4 if phase == 1 else 1, BLOCK)
 
     tl.store(state_ptr + idx, s0, mask=mask)
     tl.store(state_ptr + n + idx, s1, mask=mask)
