@@ -232,9 +232,10 @@ def mlp_fp32_case(ctx: Context) -> None:
     """The 2x64 MLP actor with float32 ("ieee") products alone, a short check of that launch.
 
     The final run of this session measured it 12x slower than the first mid run (4,096 x 512:
-    36.2 ms against 3.10) while tf32 and bf16 stayed put: the start states then carried from
-    step to step (for every other policy they are drawn ahead) take registers its operand
-    tiles need.  It now draws them when some env resets, as before.
+    36.2 ms against 3.10; tf32 and bf16 1.15x slower at 4,096 envs): the start states then
+    carried from step to step (for the random and given policies they are drawn ahead) take
+    registers its operand tiles need.  MLP policies below 64 envs per program now draw them
+    when some env resets, as before.
     """
     sizes = [(257, 8)] if ctx.quick else [(4096, 512), (65536, 256)]
     for n, k in sizes:
