@@ -4,7 +4,7 @@
 ``scaled_dot_product_attention``) and fills the static KV cache; every following token is
 one fused decode step — five fused launches per layer plus the LM head (four at batch 1,
 where Q/K/V and attention share one; ``looped=False``) or one looped launch for all layers
-(``looped=True``: dependency-ordered one-tile programs on the GPU at batch <= 8, a
+(``looped=True``: dependency-ordered one-tile programs on the GPU at batch 1, a
 persistent grid otherwise; see :func:`llmfuse.ops.looped_decode`).  Greedy decoding takes the argmax
 fused into the LM head; sampling (temperature, top-k, top-p) runs on the logits with a
 seeded torch generator.

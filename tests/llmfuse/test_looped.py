@@ -67,7 +67,7 @@ DEEP_CFG = LlamaConfig(**{**CFG.__dict__, "num_hidden_layers": 6})
 
 # tensor-core tiles, without and with split K; the looped path as the persistent kernel and as
 # one-tile programs ordered by dependency (dataflow)
-@pytest.mark.parametrize("batch, split_k, dataflow", [(3, 1, False), (9, 2, False), (5, 2, True)])
+@pytest.mark.parametrize("batch, split_k, dataflow", [(3, 1, False), (9, 2, False), (1, 1, True)])
 def test_looped_equals_per_layer_over_many_layers(batch, split_k, dataflow, gen):
     """Both paths run the same tile functions on the same values in the same order, so under the
     interpreter they agree bit for bit after every layer of a deep model at batch > 1.  Compiled,
@@ -109,8 +109,8 @@ def test_barrier_that_cannot_complete_raises_the_timeout_flag(gen, monkeypatch):
 
 
 def test_dataflow_schedule_is_refused_above_the_verified_batch():
-    with pytest.raises(ValueError, match="dataflow=True is verified on the GPU only for batch <= 8"):
-        ops.make_plan(CFG, 9, 8, torch.float32, torch.device(test_device()), dataflow=True)
+    with pytest.raises(ValueError, match="dataflow=True is verified on the GPU only for batch <= 1"):
+        ops.make_plan(CFG, 2, 8, torch.float32, torch.device(test_device()), dataflow=True)
 
 
 def test_looped_rejects_bad_stop_stage(gen):
@@ -165,7 +165,7 @@ def test_gpu_full_grid_looped_equals_per_layer_and_reference(batch, dtype, gen):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("batch", [1, 5, 8])
+@pytest.mark.parametrize("batch", [1])
 def test_gpu_dataflow_kernel_equals_per_layer_and_is_reproducible(batch, gen):
     """One-tile programs waiting on counts of lower-index programs (plan.dataflow, kernels/looped.py): with the
     real grid (thousands of programs, not all resident) repeated launches agree bit for bit, no
