@@ -94,10 +94,11 @@ def main(argv: list[str]) -> int:
             # batch 8 also compiles the K-split residual projections (the 1B and 8B shapes split K)
             # and the barrier polls by acquire loads (inline PTX), per-layer kernels (--all) with
             # programmatic dependent launch; batches 1 and 8 Q/K/V and attention in one launch;
-            # batch 8 the looped path as one-tile programs ordered by dependency (dataflow)
+            # batch 1 the looped path as one-tile programs ordered by dependency (dataflow, refused
+            # above batch 1), batch 8 the persistent looped schedule
             plan = ops.make_plan(cfg, batch, 40, dtype, torch.device("cuda"), looped_programs=h100.sm_count,
                                  split_k=2 if batch == 8 else None, acquire_loads=batch == 8,
-                                 pdl=batch == 8, fuse_attention=batch < 64, dataflow=batch == 8)
+                                 pdl=batch == 8, fuse_attention=batch < 64, dataflow=batch == 1)
             buf = ops.DecodeBuffers.allocate(cfg, plan, dtype, torch.device("cpu"))
             cache = ref.KVCache.empty(cfg, batch, 40, dtype=dtype, device="cpu")
             tokens = torch.zeros(batch, dtype=torch.int64)
