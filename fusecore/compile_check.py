@@ -19,6 +19,13 @@ catches what the compiler rejects, not an API that an older Triton lacks.  Integ
 get Triton's own launch types (``i32``, ``i64``, ``u64`` by value) and every tensor pointer is
 taken as 16-byte aligned, the common specialisation of a launch.
 
+With ``FUSEKIT_COMPILE_REPORT=<file.jsonl>`` as well, each compiled specialisation appends one
+line to that file: the kernel, its launch options and constexprs, and what ``ptxas`` allotted —
+registers per thread, local memory per thread (spills and stack), static shared memory — with
+the occupancy those imply on the target (:func:`occupancy`).  ``python -m fusecore.compile_check
+<file.jsonl>`` prints them as a table, spilling kernels first: register pressure and spills of
+every kernel a test touches, read on a CPU machine.
+
 How: a :class:`CheckedFunction` is a ``triton.runtime.jit.JITFunction`` (so the compiler
 treats it, and calls to it from other kernels, as a jit function) that runs through an
 ``InterpretedFunction`` when launched or called under the interpreter.  :func:`install`
@@ -29,8 +36,15 @@ member forms) the same double nature.
 from __future__ import annotations
 
 import functools
+import json
+import os
 import re
+import shutil
+import subprocess
 import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -41,6 +55,18 @@ from triton.runtime.interpreter import InterpretedFunction, TensorHandle, _patch
 from triton.runtime.jit import JITFunction, mangle_type
 
 ENV_VAR = "FUSEKIT_COMPILE_FOR"
+REPORT_ENV_VAR = "FUSEKIT_COMPILE_REPORT"
+
+# Per-SM limits of the sm_80 .. sm_100 multiprocessors (CUDA programming guide, compute
+# capability table): 64 K 32-bit registers, allocated per warp in units of 256; 64 resident
+# warps and 32 resident blocks (sm_80 and sm_90); 228 KiB of shared memory, 1 KiB of it
+# reserved per block.
+REGISTERS_PER_SM = 65536
+REGISTER_ALLOCATION_UNIT = 256
+MAX_WARPS_PER_SM = 64
+MAX_BLOCKS_PER_SM = 32
+SHARED_PER_SM = 228 * 1024
+SHARED_RESERVED_PER_BLOCK = 1024
 
 
 
@@ -54,6 +80,94 @@ def parse_target(text: str) -> GPUTarget:
     if not match:
         raise ValueError(f"{ENV_VAR}={text!r} is not a CUDA target; expected e.g. sm_90 or sm_80")
     return GPUTarget("cuda", int(match.group(1)), 32)
+
+
+@dataclass(frozen=True)
+class KernelResources:
+    """What ``ptxas`` allotted one compiled specialisation, and the occupancy that implies.
+
+    ``registers`` per thread; ``local_bytes`` per thread of local memory (register spills and
+    stack arrays: each access is a round trip through L1/L2); ``shared_bytes`` of static plus
+    Triton's dynamic shared memory per block; ``blocks_per_sm`` and ``warps_per_sm`` the
+    resident blocks and warps one multiprocessor can hold (of 64 warps).
+    """
+
+    kernel: str
+    target: str
+    num_warps: int
+    num_stages: int
+    constexprs: str
+    registers: int
+    local_bytes: int
+    shared_bytes: int
+    blocks_per_sm: int
+    warps_per_sm: int
+
+
+def occupancy(registers: int, shared_bytes: int, num_warps: int) -> int:
+    """Resident blocks per SM for a block of ``num_warps`` warps using ``registers`` per thread
+    and ``shared_bytes`` of shared memory: the least of the register, shared-memory, warp and
+    block limits (0 when one block does not fit)."""
+    regs_per_warp = -(-max(registers, 1) * 32 // REGISTER_ALLOCATION_UNIT) * REGISTER_ALLOCATION_UNIT
+    by_registers = REGISTERS_PER_SM // (regs_per_warp * num_warps)
+    by_shared = SHARED_PER_SM // (shared_bytes + SHARED_RESERVED_PER_BLOCK)
+    return min(by_registers, by_shared, MAX_WARPS_PER_SM // num_warps, MAX_BLOCKS_PER_SM)
+
+
+def _cuobjdump() -> str | None:
+    """The ``cuobjdump`` shipped with Triton's NVIDIA backend (or on PATH); None if absent."""
+    try:
+        import triton.backends.nvidia as nvidia
+
+        bundled = Path(nvidia.__file__).parent / "bin" / "cuobjdump"
+        if bundled.is_file():
+            return str(bundled)
+    except ImportError:
+        pass
+    return shutil.which("cuobjdump")
+
+
+def resources(compiled: Any, name: str, target: GPUTarget, constexprs: dict) -> KernelResources:
+    """Read registers, local and shared memory of a ``triton.compile`` result from its cubin."""
+    tool = _cuobjdump()
+    if tool is None:
+        raise CompileCheckError(f"{REPORT_ENV_VAR} needs cuobjdump (Triton's NVIDIA backend ships one): not found")
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / "kernel.cubin"
+        cubin.write_bytes(compiled.asm["cubin"])
+        text = subprocess.run([tool, "--dump-resource-usage", str(cubin)], capture_output=True, text=True,
+                              check=True).stdout
+    usage = re.search(r"REG:(\d+)\s+STACK:(\d+)\s+SHARED:(\d+)\s+LOCAL:(\d+)", text)
+    if usage is None:
+        raise CompileCheckError(f"cuobjdump printed no resource usage for {name}:\n{text}")
+    registers, stack, static_shared, local = map(int, usage.groups())
+    meta = compiled.metadata
+    shared = static_shared + int(getattr(meta, "shared", 0) or 0)
+    blocks = occupancy(registers, shared, meta.num_warps)
+    return KernelResources(
+        kernel=name, target=f"sm_{target.arch}", num_warps=meta.num_warps, num_stages=meta.num_stages,
+        constexprs=", ".join(f"{k}={v}" for k, v in constexprs.items()), registers=registers,
+        local_bytes=local + stack, shared_bytes=shared, blocks_per_sm=blocks, warps_per_sm=blocks * meta.num_warps)
+
+
+def _record(entry: KernelResources) -> None:
+    path = os.environ.get(REPORT_ENV_VAR, "").strip()
+    if path:
+        with open(path, "a") as out:  # one short line per write: concurrent test workers append safely
+            out.write(json.dumps(asdict(entry)) + "\n")
+
+
+def format_report(entries: list[KernelResources]) -> str:
+    """A table of compiled specialisations: spilling kernels first, then by registers (most first)."""
+    rows = sorted({e for e in entries}, key=lambda e: (-e.local_bytes, -e.registers, e.kernel))
+    head = f"{'kernel':44} {'warps':>5} {'regs':>4} {'local B':>7} {'smem KiB':>8} {'warps/SM':>8}  constexprs"
+    lines = [head, "-" * len(head)]
+    for e in rows:
+        lines.append(f"{e.kernel[-44:]:44} {e.num_warps:5d} {e.registers:4d} {e.local_bytes:7d} "
+                     f"{e.shared_bytes / 1024:8.1f} {e.warps_per_sm:8d}  {e.constexprs}")
+    spilling = sum(e.local_bytes > 0 for e in rows)
+    lines.append(f"{len(rows)} specialisations, {spilling} with local memory (spills or stack)")
+    return "\n".join(lines)
 
 
 def _arg_type(value: Any) -> str | None:
@@ -124,13 +238,18 @@ class CheckedFunction(JITFunction):
         import triton
 
         try:
-            triton.compile(ASTSource(self, signature, constexprs, attrs), target=self.target, options=options)
+            compiled = triton.compile(ASTSource(self, signature, constexprs, attrs), target=self.target,
+                                      options=options)
         except Exception as exc:  # noqa: BLE001 - any compiler failure is the finding
             raise CompileCheckError(
                 f"{self.fn.__module__}.{self.fn.__qualname__} runs under the interpreter but does not compile for "
                 f"{self.target.backend} sm_{self.target.arch} (launch options {options or 'default'}):\n{exc}"
             ) from exc
         self._compiled.add(key)
+        if os.environ.get(REPORT_ENV_VAR, "").strip():
+            names = [self.arg_names[i[0]] for i in constexprs]
+            shown = dict(zip(names, constexprs.values()))
+            _record(resources(compiled, f"{self.fn.__module__}.{self.fn.__qualname__}", self.target, shown))
 
 
 def install(target: GPUTarget) -> None:
@@ -160,3 +279,19 @@ def install(target: GPUTarget) -> None:
             inner = cell.cell_contents
             if isinstance(inner, InterpretedFunction):
                 setattr(core.tensor, attr, checked(inner.fn))
+
+
+def main(argv: list[str]) -> int:
+    """``python -m fusecore.compile_check FILE.jsonl``: print the resource report written under
+    ``FUSEKIT_COMPILE_REPORT=FILE.jsonl``."""
+    if len(argv) != 1:
+        print(f"usage: {REPORT_ENV_VAR}=FILE.jsonl {ENV_VAR}=sm_90 python -m pytest ...; "
+              "then python -m fusecore.compile_check FILE.jsonl", file=sys.stderr)
+        return 2
+    lines = Path(argv[0]).read_text().splitlines()
+    print(format_report([KernelResources(**json.loads(line)) for line in lines if line.strip()]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

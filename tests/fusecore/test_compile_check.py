@@ -1,5 +1,6 @@
 """fusecore.compile_check: interpreted launches also compiled for a GPU target (FUSEKIT_COMPILE_FOR)."""
 
+import json
 import os
 import subprocess
 import sys
@@ -13,14 +14,44 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.skipif(COMPILED, reason="the check runs under the interpreter, on machines without a GPU")
-def test_compiles_each_launch_and_rejects_what_only_the_interpreter_accepts():
-    env = {**os.environ, "FUSEKIT_COMPILE_FOR": "sm_90", "PYTHONPATH": str(ROOT)}
+def test_compiles_each_launch_and_rejects_what_only_the_interpreter_accepts(tmp_path):
+    report = tmp_path / "resources.jsonl"
+    env = {**os.environ, "FUSEKIT_COMPILE_FOR": "sm_90", "FUSEKIT_COMPILE_REPORT": str(report),
+           "PYTHONPATH": str(ROOT)}
     env.pop("FUSEKIT_BACKEND", None)
     script = Path(__file__).parent / "data" / "compile_check_kernels.py"
     done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "rejected: fusecore.compile_check" not in done.stdout  # names the kernel, not the checker
     assert "interpreter_only_kernel" in done.stdout
+
+    # the resource report: one line per compiled specialisation (good_kernel once, though launched twice)
+    from fusecore.compile_check import KernelResources, format_report
+
+    entries = [KernelResources(**json.loads(line)) for line in report.read_text().splitlines()]
+    assert [e.kernel.rsplit(".", 1)[-1] for e in entries] == ["good_kernel"]
+    good = entries[0]
+    assert (good.target, good.num_warps, good.constexprs) == ("sm_90", 2, "BLOCK=16")
+    assert 0 < good.registers <= 255 and good.local_bytes == 0 and good.warps_per_sm == 64
+    table = format_report(entries)
+    assert "good_kernel" in table and "1 specialisations, 0 with local memory" in table
+    shown = subprocess.run([sys.executable, "-m", "fusecore.compile_check", str(report)], env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0 and "good_kernel" in shown.stdout, shown.stdout + shown.stderr
+
+
+@pytest.mark.parametrize("registers, shared, warps, blocks", [
+    (32, 0, 4, 16),           # the 64-warp limit
+    (128, 0, 4, 4),           # 128 regs x 32 lanes x 4 warps = 16 K of the 64 K registers
+    (255, 0, 8, 1),           # 255 rounds up to 8,160 per warp: one 8-warp block
+    (40, 100 * 1024, 4, 2),   # 101 KiB with the per-block reserve: two blocks in 228 KiB
+    (16, 0, 1, 32),           # the 32-block limit
+    (64, 240 * 1024, 4, 0),   # does not fit
+])
+def test_occupancy(registers, shared, warps, blocks):
+    from fusecore.compile_check import occupancy
+
+    assert occupancy(registers, shared, warps) == blocks
 
 
 @pytest.mark.parametrize("text,arch", [("sm_90", 90), ("SM80", 80), ("90a", 90), ("100", 100)])
