@@ -3,6 +3,8 @@
     python -m benchmarks --quick                 # small sizes; CPU: an interpreter smoke run
     python -m benchmarks --domain gnn --out DIR  # full sizes of one domain, JSON + PNG in DIR
     python -m benchmarks --compare OLD.jsonl     # flag regressions against an earlier run
+    python -m benchmarks --domain sim --case chain --merge-into benchmarks/results/H200/sim.jsonl
+                                                 # replace only the cases that ran in a results file
 """
 
 from __future__ import annotations
@@ -53,6 +55,18 @@ def compare(new: list[Record], old: list[Record], threshold: float = 0.10) -> tu
     return "\n".join(lines), regressions
 
 
+def merge(new: list[Record], old: list[Record]) -> list[Record]:
+    """``old`` with every row of a case that ``new`` ran (same domain and case name, any
+    parameters) replaced by ``new``'s rows: a partial rerun updates a results file without
+    mixing two runs' rows of one case.  Each row keeps its own ``env`` (commit, date, versions)."""
+
+    def name(r: Record) -> tuple[str, str]:
+        return r.domain, r.case.split("[")[0]
+
+    rerun = {name(r) for r in new}
+    return [r for r in old if name(r) not in rerun] + list(new)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -62,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--case", action="append", help="run only cases whose name contains this")
     parser.add_argument("--out", type=Path, help="directory for results.jsonl and PNG plots")
     parser.add_argument("--compare", type=Path, help="earlier results.jsonl to compare against")
+    parser.add_argument("--merge-into", type=Path, metavar="FILE",
+                        help="after the run, replace the rows of the cases that ran in this results file")
     args = parser.parse_args(argv)
 
     case_pkg.load_all(sorted({DOMAIN_ALIASES[d] for d in args.domain}) if args.domain else None)
@@ -114,6 +130,11 @@ def main(argv: list[str] | None = None) -> int:
         path = write_jsonl(records, args.out / "results.jsonl", append=False)
         pngs = write_plots(records, args.out)
         print(f"wrote {path} and {len(pngs)} plots to {args.out}")
+    if args.merge_into:
+        kept = read_jsonl(args.merge_into) if args.merge_into.exists() else []
+        merged = merge(records, kept)
+        write_jsonl(merged, args.merge_into, append=False)
+        print(f"merged {len(records)} rows into {args.merge_into} ({len(merged)} rows)")
     if args.compare:
         text, regressions = compare(records, read_jsonl(args.compare))
         print("\ncompared with", args.compare, "\n" + text)

@@ -104,3 +104,19 @@ def test_a_run_cut_short_keeps_the_cases_that_finished(tmp_path, monkeypatch, ca
     kept = read_jsonl(tmp_path / "results.jsonl")
     assert kept and {r.case.split("[")[0] for r in kept} == {c.name for c in core}
     assert "fused (fusecore)" in capsys.readouterr().out
+
+
+def test_merge_into_replaces_only_the_cases_that_ran(quick_run, tmp_path):
+    _, out = quick_run
+    committed = tmp_path / "core.jsonl"
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    core = [r for r in rows if r["domain"] == "core"]
+    other = [r for r in rows if r["domain"] != "core"][:3]
+    for r in core:
+        r["env"] = {**r["env"], "commit": "old"}
+    committed.write_text("".join(json.dumps(r) + "\n" for r in core + other))
+    assert main(["--quick", "--domain", "core", "--merge-into", str(committed)]) == 0
+    merged = read_jsonl(committed)
+    assert [r.case for r in merged[:len(other)]] == [r["case"] for r in other]  # the others kept, in order
+    fresh = merged[len(other):]
+    assert {r.case for r in fresh} == {r["case"] for r in core} and all(r.env["commit"] != "old" for r in fresh)
