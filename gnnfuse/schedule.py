@@ -79,7 +79,11 @@ class ScheduleOptions:
     (1 .. 32, a power of two; default 4); ``edge_lanes``: the row kernels keep their running
     state per edge lane and reduce it once after the edge loop, not on every trip (the forward's
     online softmax, the backward's gradient sums; default: per kernel and score, as measured,
-    :func:`gnnfuse.ops.row_kernel_lanes`).  The last three are tuning knobs for GPU experiments.
+    :func:`gnnfuse.ops.row_kernel_lanes`); ``light_widths``: the tile widths of the light
+    classes, increasing powers of two up to 64 (default: every power of two up to
+    ``light_max_degree``): a row goes to the narrowest width >= its degree and rows above the
+    widest are not light, so fewer widths mean fewer launches per pass at the cost of masked
+    edge slots.  The last four are tuning knobs for GPU experiments.
     """
 
     light_max_degree: int | None = None
@@ -88,6 +92,7 @@ class ScheduleOptions:
     tile_elements: int | None = None
     num_warps: int | None = None
     edge_lanes: bool | None = None
+    light_widths: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         for name in ("light_max_degree", "split_degree", "piece_edges", "tile_elements", "num_warps"):
@@ -97,6 +102,15 @@ class ScheduleOptions:
                 raise ValueError(f"ScheduleOptions.{name} must be None or an int >= {low}, got {value!r}")
         if self.edge_lanes is not None and not isinstance(self.edge_lanes, bool):
             raise ValueError(f"ScheduleOptions.edge_lanes must be None or a bool, got {self.edge_lanes!r}")
+        widths = self.light_widths
+        if widths is not None and not (
+            isinstance(widths, tuple) and widths and all(_is_power_of_two(w) and w <= MAX_LIGHT_DEGREE for w in widths)
+            and list(widths) == sorted(set(widths))
+        ):
+            raise ValueError(
+                f"ScheduleOptions.light_widths must be None or a non-empty tuple of increasing powers of two "
+                f"<= {MAX_LIGHT_DEGREE}, got {widths!r}"
+            )
         if self.num_warps is not None and (self.num_warps > 32 or self.num_warps & (self.num_warps - 1)):
             raise ValueError(f"ScheduleOptions.num_warps must be a power of two in 1 .. 32, got {self.num_warps}")
         if self.light_max_degree is not None and self.light_max_degree > MAX_LIGHT_DEGREE:
@@ -172,15 +186,26 @@ def light_rows_per_program(tiles: TileLimits, width: int, row_elements: int) -> 
     return max(1, min(tiles.max_light_rows, tiles.tile_elements // (width * row_elements)))
 
 
-def _light_classes(degree: torch.Tensor, light_max: int, min_rows) -> list[tuple[int, torch.Tensor]]:
-    """Light rows by power-of-two width; a class too small to fill the device on its own
+def _is_power_of_two(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1 and value & (value - 1) == 0
+
+
+def _light_classes(
+    degree: torch.Tensor, light_max: int, min_rows, widths: tuple[int, ...] | None = None,
+) -> list[tuple[int, torch.Tensor]]:
+    """Light rows by width (``widths``, default every power of two up to ``light_max``): a row
+    goes to the narrowest width >= its degree; a class too small to fill the device on its own
     (fewer than ``min_rows(width)`` rows) joins the next wider one, saving a launch."""
+    if widths is None:
+        widths = tuple(1 << k for k in range(max(0, light_max - 1).bit_length() + 1))
     bounds = []
-    width, low = 1, -1
-    while low < light_max:
+    low = -1
+    for width in widths:
+        if low >= light_max:
+            break
         high = min(width, light_max)
         bounds.append((width, low, high))
-        width, low = width * 2, high
+        low = high
     classes, carried = [], None
     for k, (width, low, high) in enumerate(bounds):
         rows = torch.nonzero((degree > low) & (degree <= high)).flatten()
@@ -198,6 +223,7 @@ def _light_classes(degree: torch.Tensor, light_max: int, min_rows) -> list[tuple
 def _buckets(
     degree: torch.Tensor, indptr: torch.Tensor, light_max: int, split: int, piece_edges: int | None,
     min_piece_edges: int, pieces_wanted: int, node_dtype: torch.dtype, min_rows,
+    light_widths: tuple[int, ...] | None = None,
 ) -> Buckets:
     device = indptr.device
     degree = degree.to(device)
@@ -206,7 +232,7 @@ def _buckets(
         rows = rows.to(device=device, dtype=torch.int64)
         return rows.to(node_dtype), indptr[rows], indptr[rows + 1]
 
-    light = [(width, *with_ranges(rows)) for width, rows in _light_classes(degree, light_max, min_rows)]
+    light = [(width, *with_ranges(rows)) for width, rows in _light_classes(degree, light_max, min_rows, light_widths)]
     medium_mask = (degree > light_max) & (degree <= split)
     medium_rows = torch.nonzero(medium_mask).flatten()
     medium_rows = medium_rows[torch.argsort(degree[medium_rows], descending=True, stable=True)]
@@ -250,6 +276,8 @@ def build_schedule(graph, num_heads: int, head_dim: int, dtype: torch.dtype, opt
         # row kernel (one launch per pass) instead of several light width classes.
         small = graph.device.type == "cuda" and graph.num_edges < SMALL_GRAPH_EDGES
         light_max = NO_LIGHT_ROWS if small else min(DEFAULT_LIGHT_MAX, edge_tile)
+    if options.light_widths is not None:
+        light_max = min(light_max, options.light_widths[-1])
     split = options.split_degree
     if split is None:
         split = max(4 * edge_tile, cdiv(graph.num_edges, PROGRAMS_PER_SM * sm_count))
@@ -259,7 +287,7 @@ def build_schedule(graph, num_heads: int, head_dim: int, dtype: torch.dtype, opt
     def min_rows(width: int) -> int:
         return light_rows_per_program(tiles, width, block_h * block_d) * sm_count
 
-    pieces = (options.piece_edges, 4 * edge_tile, PIECES_PER_SM * sm_count, node_dtype, min_rows)
+    pieces = (options.piece_edges, 4 * edge_tile, PIECES_PER_SM * sm_count, node_dtype, min_rows, options.light_widths)
     incoming = _buckets(graph.in_degree, graph.indptr, light_max, split, *pieces)
     outgoing = _buckets(graph.out_degree, graph.rev_indptr, light_max, split, *pieces)
     return Schedule(

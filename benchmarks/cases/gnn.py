@@ -221,18 +221,25 @@ def _layer_runs(
                  variant=f"{spec.name}{variant_suffix},{tag},fwd")
         ctx.time(impl, _train_step(call, own, grad), bytes_moved=floor_train, memory=True, params=params,
                  variant=f"{spec.name}{variant_suffix},{tag},fwd+bwd")
-    if ctx.gpu and graph.num_edges < CUDA_GRAPH_MAX_EDGES and dtype == torch.float32:
+    if graph.num_edges < CUDA_GRAPH_MAX_EDGES and dtype == torch.float32:
         # Small graphs are bound by host-side launch overhead: the same fused forward and training
         # step replayed as a CUDA graph (nothing in them synchronizes with the host); fp32 only.
         runs = (("fwd", _forward(fused), floor_fwd), ("fwd+bwd", _train_step(fused, layer_params, grad), floor_train))
         for phase, run, floor in runs:
-            try:
-                ctx.time("fused (gnnfuse), CUDA graph", run, bytes_moved=floor, cuda_graph=True, params=params,
-                         variant=f"{spec.name}{variant_suffix},{tag},{phase}")
-            except Exception as exc:  # noqa: BLE001 - report and keep the other rows
-                print(f"[gnn] CUDA graph of fused {family.label} {phase} failed on {spec.name}: "
-                      f"{type(exc).__name__}: {exc}")
+            _time_replayed(ctx, "fused (gnnfuse), CUDA graph", run, floor, params,
+                           f"{spec.name}{variant_suffix},{tag},{phase}")
     return layer, x, grad, params
+
+
+def _time_replayed(ctx: Context, impl: str, run: Callable, floor: int, params: dict, variant: str) -> None:
+    """Time ``run`` replayed as a CUDA graph (GPU time alone: no host work between kernels); on
+    the GPU only, and a capture failure is reported without losing the other rows."""
+    if not ctx.gpu:
+        return
+    try:
+        ctx.time(impl, run, bytes_moved=floor, cuda_graph=True, params=params, variant=variant)
+    except Exception as exc:  # noqa: BLE001 - report and keep the other rows
+        print(f"[gnn] CUDA graph of {impl} failed on {variant}: {type(exc).__name__}: {exc}")
 
 
 def _gat_twin(layer: GATConv, spec: GraphSpec):
@@ -574,3 +581,95 @@ def lanes_backward_case(ctx: Context) -> None:
     spec = QUICK[0] if ctx.quick else next(s for s in FULL if s.name == "arxiv-like")
     names = ("gat",) if ctx.quick else ("gat", "transformer")
     _tile_runs(ctx, spec, names, [torch.float32], (DEFAULT, LANES), train=(DEFAULT[0], LANES[0]))
+
+
+LAUNCH_REP_MS = 300.0  # the eager rows of arxiv_launch are host-bound at times: more samples for a stable median
+LIGHT_WIDTHS = ("light widths 4, 16", ScheduleOptions(light_widths=(4, 16)))
+LIGHT_UP_TO_64 = ("light rows up to degree 64", ScheduleOptions(light_max_degree=64))
+REPLAYED = ", CUDA graph"
+
+
+@case("gnn", "arxiv_launch", baseline="default schedule", headline=False)
+def arxiv_launch_case(ctx: Context) -> None:
+    """Host work against GPU time on the arxiv-like graph: is the fused GAT bound by its launches?
+
+    Rows ``layer,<dtype>,<phase>``: the fused GATConv as called ("default schedule": host work and
+    GPU work overlapped as in use) and replayed as a CUDA graph (GPU time alone), fp32 and bf16
+    forward, bf16 forward+backward, next to PyG GATConv under torch.compile in bf16 (the baseline
+    of the bf16 target).  Rows ``op,<dtype>,<phase>``: the attention op alone (``ops.gat`` with the
+    bias added in its store, as the layer's inference forward does) under the default schedule
+    and candidates with fewer launches or larger tiles (``light_widths=(4, 16)``: two light
+    launches per pass instead of five; ``light_max_degree=64``: rows of degree 17-64 in one-row
+    light tiles instead of the row kernel, whose per-lane state takes ~200 registers, 2 programs
+    per SM; ``tile_elements=8192``: the same bytes per bf16 tile as an fp32 one), each as called
+    and replayed.  Timing budget 300 ms per row (host jitter)."""
+    spec = QUICK[0] if ctx.quick else next(s for s in FULL if s.name == "arxiv-like")
+    if ctx.gpu:
+        ctx.rep_ms = LAUNCH_REP_MS
+    edges, n = _edges(spec.name, ctx.device)
+    graph = Graph(edges, n)
+    gen = torch.Generator().manual_seed(5)
+    dtypes = [torch.float32] if ctx.quick else [torch.float32, torch.bfloat16]
+    for dtype in dtypes:
+        tag = "fp32" if dtype == torch.float32 else "bf16"
+        params = {"graph": spec.name, "nodes": n, "edges": graph.num_edges, "dtype": tag}
+        floors = [gat_floor_bytes(graph, spec.heads, spec.head_dim, dtype, phase) for phase in (False, True)]
+        torch.manual_seed(0)
+        layer = GATConv(spec.in_feats, spec.head_dim, spec.heads).to(device=ctx.device, dtype=dtype)
+        with torch.no_grad():
+            layer.bias.copy_(torch.randn(layer.bias.shape))
+        x = torch.randn(n, spec.in_feats, generator=gen).to(device=ctx.device, dtype=dtype)
+        grad = torch.randn(n, spec.heads, spec.head_dim, generator=gen).to(device=ctx.device, dtype=dtype)
+        tol = 2e-3 if dtype == torch.float32 else 2e-2
+        with torch.no_grad():
+            expected = layer(graph, x).float()
+            with use_reference():
+                ctx.check(f"{tag} layer forward vs reference", expected, layer(graph, x).float(), tol)
+        phases = [("fwd", _forward(lambda: layer(graph, x)), floors[0])]
+        if dtype == torch.bfloat16 or ctx.quick:
+            phases.append(("fwd+bwd", _train_step(lambda: layer(graph, x), list(layer.parameters()), grad), floors[1]))
+        for phase, run, floor in phases:
+            ctx.time(DEFAULT[0], run, bytes_moved=floor, params=params, variant=f"layer,{tag},{phase}")
+            _time_replayed(ctx, DEFAULT[0] + REPLAYED, run, floor, params, f"layer,{tag},{phase}")
+        if dtype == torch.bfloat16 and ctx.gpu:
+            pyg = torch.compile(_pyg_twin(layer, spec, dtype, ctx.device), dynamic=False)
+            compiled = (("fwd", _forward(lambda: pyg(x, edges)), floors[0]),
+                        ("fwd+bwd", _train_step(lambda: pyg(x, edges), list(pyg.parameters()), grad.reshape(n, -1)),
+                         floors[1]))
+            for phase, run, floor in compiled:
+                try:  # the first call compiles; a failure drops only this baseline
+                    ctx.time("PyG GATConv torch.compile", run, bytes_moved=floor, params=params,
+                             variant=f"layer,{tag},{phase}")
+                except Exception as exc:  # noqa: BLE001 - report and keep the other rows
+                    print(f"[gnn] torch.compile of PyG GATConv {phase} failed: {type(exc).__name__}: {exc}")
+        _launch_variants(ctx, spec, layer, graph, x, grad, dtype, floors, params)
+        if ctx.gpu:
+            torch.cuda.empty_cache()
+
+
+def _launch_variants(ctx: Context, spec: GraphSpec, layer: GATConv, graph: Graph, x: torch.Tensor,
+                     grad: torch.Tensor, dtype: torch.dtype, floors: list[int], params: dict) -> None:
+    """The attention-op rows of :func:`arxiv_launch_case`: default schedule and candidates, each as
+    called and replayed; bf16 also forward+backward of the default and the two-width light classes."""
+    tag = params["dtype"]
+    n = graph.num_nodes
+    wh = layer.fc(x).detach().view(n, spec.heads, spec.head_dim).requires_grad_(True)
+    leaves = [wh, layer.attn_l, layer.attn_r, layer.bias]
+
+    def call(schedule):
+        return ops.gat(graph, wh, layer.attn_l, layer.attn_r, schedule=schedule, out_add=layer.bias)
+
+    with torch.no_grad():
+        expected = call(None).float()
+    variants = [DEFAULT, LIGHT_WIDTHS, LIGHT_UP_TO_64]
+    if dtype == torch.bfloat16:
+        variants.append(TILE_VARIANTS[3])  # tiles 8192, 4 warps
+    for label, schedule in variants:
+        with torch.no_grad():
+            ctx.check(f"{tag} op {label}", call(schedule).float(), expected, 2e-3 if dtype == torch.float32 else 2e-2)
+        phases = [("fwd", _forward(lambda s=schedule: call(s)), floors[0])]
+        if (dtype == torch.bfloat16 or ctx.quick) and schedule is not TILE_VARIANTS[3][1]:
+            phases.append(("fwd+bwd", _train_step(lambda s=schedule: call(s), leaves, grad), floors[1]))
+        for phase, run, floor in phases:
+            ctx.time(label, run, bytes_moved=floor, params=params, variant=f"op,{tag},{phase}")
+            _time_replayed(ctx, label + REPLAYED, run, floor, params, f"op,{tag},{phase}")

@@ -12,10 +12,11 @@ from gnnfuse.datasets import default_planetoid_root, load_planetoid, planetoid_a
 PLANETOID = default_planetoid_root()
 
 # Every bucket kind forced on its own, and the automatic choice; "super" runs the row kernels
-# without and "mixed" with per-edge-lane state (ScheduleOptions.edge_lanes), whatever the defaults.
+# without and "mixed" with per-edge-lane state (ScheduleOptions.edge_lanes), whatever the defaults;
+# "light" has two width classes (ScheduleOptions.light_widths), the widest with most slots masked.
 SCHEDULES = {
     "auto": None,
-    "light": ScheduleOptions(light_max_degree=64, split_degree=64),
+    "light": ScheduleOptions(light_max_degree=64, split_degree=64, light_widths=(4, 64)),
     "medium": ScheduleOptions(light_max_degree=0, split_degree=10_000),
     "rows only": ScheduleOptions(light_max_degree=-1, split_degree=10_000),
     "super": ScheduleOptions(light_max_degree=0, split_degree=2, piece_edges=3, edge_lanes=False),

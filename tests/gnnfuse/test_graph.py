@@ -160,6 +160,9 @@ def test_schedule_options_are_checked():
         ScheduleOptions(num_warps=6)
     with pytest.raises(ValueError, match="edge_lanes must be None or a bool, got 1"):
         ScheduleOptions(edge_lanes=1)
+    for widths in ((), (4, 2), (3,), (4, 128), [4, 16], (2, 2)):
+        with pytest.raises(ValueError, match="light_widths must be None or a non-empty tuple of increasing powers"):
+            ScheduleOptions(light_widths=widths)
 
 
 def test_tile_options_size_the_edge_blocks():
@@ -190,6 +193,16 @@ def test_light_width_classes_split_by_degree_and_merge_when_small():
     ]
     merged = _light_classes(degree, 16, lambda width: 3)
     assert [(w, sorted(r.tolist())) for w, r in merged] == [(2, [0, 1, 2]), (8, [3, 4, 5]), (16, [6, 7])]
+    chosen = _light_classes(degree, 16, lambda width: 1, (4, 16))
+    assert [(w, sorted(r.tolist())) for w, r in chosen] == [(4, [0, 1, 2, 3, 4]), (16, [5, 6, 7])]
+
+
+def test_light_widths_cap_the_light_rows():
+    # rows above the widest light width go to the row kernel, whatever light_max_degree says
+    graph = Graph(torch.stack([torch.arange(12) % 4, torch.tensor([0] * 9 + [1, 2, 2])]), 4)
+    schedule = graph.schedule(2, 4, torch.float32, ScheduleOptions(light_max_degree=16, light_widths=(2,)))
+    assert [(w, r.tolist()) for w, r, _, _ in schedule.incoming.light] == [(2, [1, 2, 3])]
+    assert schedule.incoming.medium[0].tolist() == [0] and schedule.light_max_degree == 2
 
 
 @pytest.mark.parametrize("method", ["rcm", "degree"])

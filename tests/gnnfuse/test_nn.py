@@ -163,3 +163,77 @@ def test_forward_is_capturable_in_a_cuda_graph(gen, device):
         cuda_graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(captured, expected)
+
+
+def _training_step(layer, graph, x, grad, schedule=None):
+    layer(graph, x, schedule=schedule).backward(grad)
+    return [p.grad for p in layer.parameters()] + [x.grad]
+
+
+def _clear_grads(layer, x):
+    for t in [*layer.parameters(), x]:
+        t.grad = None
+
+
+HOST_SYNCS = ("item", "tolist", "cpu", "numpy", "nonzero", "__bool__", "__int__", "__float__")
+
+
+def test_second_call_does_no_schedule_work_and_no_host_sync(gen, device, monkeypatch):
+    # A schedule is built (with its host syncs) once per graph and feature shape; every later
+    # training step only launches kernels, so nothing in it waits for the device.
+    graph = Graph(corner_case_edges(gen).to(device), 29).add_self_loops()
+    layer = GATConv(6, 4, 2).to(device)  # the zero-in-degree check too is answered once per graph
+    x = torch.randn(29, 6, generator=gen).to(device).requires_grad_(True)
+    grad = torch.randn(29, 2, 4, generator=gen).to(device)
+    first = [g.clone() for g in _training_step(layer, graph, x, grad)]
+    built, hits = graph.schedules.misses, graph.schedules.hits
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("host work inside a training step after the first")
+
+    import gnnfuse.schedule
+
+    monkeypatch.setattr(gnnfuse.schedule, "build_schedule", refuse)
+    for name in HOST_SYNCS:
+        monkeypatch.setattr(torch.Tensor, name, refuse)
+    monkeypatch.setattr(torch, "nonzero", refuse)
+    _clear_grads(layer, x)
+    second = _training_step(layer, graph, x, grad)
+    monkeypatch.undo()
+    assert graph.schedules.misses == built and graph.schedules.hits > hits
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
+def test_training_step_is_capturable_in_a_cuda_graph(gen, device):
+    # Every launch kind (light classes, medium rows, super-row pieces and their merges) inside one
+    # captured forward + backward; a replay after new inputs are copied in gives the eager result.
+    from gnn_testing import SCHEDULES
+
+    schedule = SCHEDULES["mixed"]
+    graph = Graph(corner_case_edges(gen).to(device), 29)
+    layer = GATConv(6, 4, 2, allow_zero_in_degree=True).to(device)
+    x = torch.randn(29, 6, generator=gen).to(device).requires_grad_(True)
+    grad = torch.randn(29, 2, 4, generator=gen).to(device)
+    new_x = torch.randn(29, 6, generator=gen).to(device)
+    with torch.no_grad():
+        x_eager = new_x.clone().requires_grad_(True)
+    expected = [g.clone() for g in _training_step(layer, graph, x_eager, grad, schedule)]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            _clear_grads(layer, x)
+            _training_step(layer, graph, x, grad, schedule)
+    torch.cuda.current_stream().wait_stream(side)
+    _clear_grads(layer, x)
+    cuda_graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(cuda_graph):
+        captured = _training_step(layer, graph, x, grad, schedule)
+    with torch.no_grad():
+        x.copy_(new_x)
+    cuda_graph.replay()
+    torch.cuda.synchronize()
+    for got, want in zip(captured, expected):
+        assert_close(got, want, tol=TOLERANCES[torch.float32])
