@@ -338,11 +338,14 @@ class Graph:
         ``options``: a :class:`~gnnfuse.schedule.ScheduleOptions` forcing thresholds (tests
         use it to force each bucket kind); None chooses automatically.
         """
+        # Looked up on every layer call: a key of plain hashables (a graph never changes device).
+        key = (num_heads, head_dim, dtype, options)
+        return self.schedules.get(key, lambda: self._build_schedule(num_heads, head_dim, dtype, options))
+
+    def _build_schedule(self, num_heads: int, head_dim: int, dtype: torch.dtype, options: Any):
         from .schedule import ScheduleOptions, build_schedule
 
-        options = options or ScheduleOptions()
-        key = (num_heads, head_dim, str(dtype), str(self.device), options)
-        return self.schedules.get(key, lambda: build_schedule(self, num_heads, head_dim, dtype, options))
+        return build_schedule(self, num_heads, head_dim, dtype, options or ScheduleOptions())
 
     def __repr__(self) -> str:
         stats = self.degree_stats()

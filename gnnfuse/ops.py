@@ -158,6 +158,21 @@ def _light_rows(schedule, inputs: AttentionInputs, width: int, light_tiles: int)
     return rows
 
 
+# Feature tiles held at once per edge slot, by pass and score (before edge features): a light
+# program (the row's own terms per edge too) ...
+LIGHT_TILES = {
+    "forward": {SCORE_GAT: 1, SCORE_GATV2: 2, SCORE_DOT: 3},
+    "source": {SCORE_GAT: 2, SCORE_GATV2: 3, SCORE_DOT: 4},
+    "destination": {SCORE_GAT: 1, SCORE_GATV2: 2, SCORE_DOT: 2},
+}
+# ... and the row kernel, which keeps the row's own terms once, so only per-edge tiles count there.
+ROW_EDGE_TILES = {
+    "forward": {SCORE_GAT: 1, SCORE_GATV2: 1, SCORE_DOT: 2},
+    "source": {SCORE_GAT: 1, SCORE_GATV2: 2, SCORE_DOT: 2},
+    "destination": {SCORE_GAT: 1, SCORE_GATV2: 1, SCORE_DOT: 1},
+}
+
+
 def _tile_budget(schedule, inputs: AttentionInputs, kernel_pass: str) -> tuple[int, int]:
     """(feature tiles a light program holds at once, edge block of the row kernel) for one pass.
 
@@ -167,17 +182,8 @@ def _tile_budget(schedule, inputs: AttentionInputs, kernel_pass: str) -> tuple[i
     light program and a smaller power-of-two edge block, so its registers stay in budget.
     """
     edge = int(inputs.has_edge)
-    light = {
-        "forward": {SCORE_GAT: 1, SCORE_GATV2: 2, SCORE_DOT: 3},
-        "source": {SCORE_GAT: 2, SCORE_GATV2: 3, SCORE_DOT: 4},
-        "destination": {SCORE_GAT: 1, SCORE_GATV2: 2, SCORE_DOT: 2},
-    }[kernel_pass][inputs.score] + edge
-    # The row kernel keeps the row's own terms once, so only per-edge tiles count there.
-    per_edge = {
-        "forward": {SCORE_GAT: 1, SCORE_GATV2: 1, SCORE_DOT: 2},
-        "source": {SCORE_GAT: 1, SCORE_GATV2: 2, SCORE_DOT: 2},
-        "destination": {SCORE_GAT: 1, SCORE_GATV2: 1, SCORE_DOT: 1},
-    }[kernel_pass][inputs.score] + edge
+    light = LIGHT_TILES[kernel_pass][inputs.score] + edge
+    per_edge = ROW_EDGE_TILES[kernel_pass][inputs.score] + edge
     block_e = schedule.medium_block_e
     while block_e > 1 and block_e * per_edge > schedule.medium_block_e:
         block_e //= 2

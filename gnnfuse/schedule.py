@@ -7,7 +7,9 @@ by degree ``d``:
             at or above ``d``; a program takes many rows of one width, all their edges in
             one ``[rows, width]`` tile (no loop, no masked waste beyond the rounding).  A
             width class too small to fill the device joins the next wider one (one launch
-            fewer, which is what small graphs such as Cora are bound by).
+            fewer, which is what small graphs such as Cora are bound by);
+            ``ScheduleOptions.light_widths`` picks fewer widths (fewer launches, more masked
+            slots).
             Rows of degree 0 are light: their program writes the zeros (and ``lse = -inf``).
             Graphs under ``SMALL_GRAPH_EDGES`` edges on the GPU get no light rows at all:
             every row goes to the row kernel, one launch per pass (they are launch-bound).
