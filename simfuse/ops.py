@@ -282,22 +282,23 @@ def _select_reference(out: reference.RolloutOutputs, env: EnvDef, write_obs: boo
     )
 
 
-def chain_launch(num_envs: int, num_links: int, device: torch.device, model: int = 0) -> tuple[int, dict]:
-    """Envs per program and launch options of the tile-state kernel.
+# links (or particles) of one env held by one thread of the tile-state kernel: 2 x 64 float32
+# state registers and the step's temporaries fit in ~170 registers (3 warps per scheduler)
+MAX_LINKS_PER_THREAD = 32
 
-    PendulumChain-v0 (model 0): [BLOCK, L] tiles of about 4096 elements, ~8 per thread each
-    (its sine keeps many registers live).  OscillatorSwarm-v0 (model 1): one warp per program
-    and ~8 elements per thread (at most 64 envs), so each env's row sums stay within a warp
-    (shuffles, no shared memory and barrier) and the per-env work of a step (policy draw,
-    flags, counters) is spread over few threads: 22-30 instructions per element-step against
-    31-34 with 4-8 warps (counted in the sm_90 SASS of S = 16 .. 256).
+def chain_launch(num_links: int) -> tuple[int, dict]:
+    """Envs per program and launch options of the tile-state kernel: one warp, the link axis within threads.
+
+    The [L_PAD, BLOCK] tiles put an env's links in the registers of one thread (up to 64 of
+    them; 2 or 4 threads of a warp share 128 or 256), so the two row sums of a step are
+    in-thread additions (and at most two shuffles) and the per-env work of a step (policy
+    draw, flags, counters) is done once per env, not once per thread of a row-spread tile.
+    The previous layout ([BLOCK, L] tiles, links across 16 threads) took 22-30 SASS
+    instructions per element-step and measured ~1.9 ps per element-step on an H200 (S = 256).
     """
     links = next_power_of_2(num_links)
-    if model == 1:
-        block = max(2, min(64, 256 // links))
-        return block, {"num_warps": 1, "enable_fp_fusion": False}
-    block = max(16, min(block_size(num_envs, device), 4096 // links))
-    return block, {"num_warps": max(1, min(8, block * links // 256)), "enable_fp_fusion": False}
+    threads_per_env = max(1, links // MAX_LINKS_PER_THREAD)
+    return 32 // threads_per_env, {"num_warps": 1, "enable_fp_fusion": False}
 
 
 def chain_reset(state: torch.Tensor, steps: torch.Tensor, done: torch.Tensor, ep_return: torch.Tensor,
@@ -305,10 +306,11 @@ def chain_reset(state: torch.Tensor, steps: torch.Tensor, done: torch.Tensor, ep
                 ) -> torch.Tensor:
     """Draw tile-state start states (all, or where ``reset_mask``) in place; return observations [N, 2L].
 
-    ``episode`` and ``restart`` as for :func:`reset`.
+    ``state`` [2L, N] float32 (env-contiguous rows); ``episode`` and ``restart`` as for :func:`reset`.
     """
-    n, links = state.shape[0], state.shape[1] // 2
+    links, n = state.shape[0] // 2, state.shape[1]
     if _use_reference(state):
+        state = state.T
         chosen = torch.ones(n, dtype=torch.bool, device=state.device) if reset_mask is None else reset_mask.bool()
         index = torch.zeros_like(episode) if restart else episode + 1
         fresh = reference.chain_start_angles(seed, np.arange(n), index.cpu().numpy(), links).to(state.device)
@@ -321,13 +323,13 @@ def chain_reset(state: torch.Tensor, steps: torch.Tensor, done: torch.Tensor, ep
         return state.clone()
     from .kernels.chain import chain_reset_kernel
 
-    block, options = chain_launch(n, links, state.device)
+    block, options = chain_launch(links)
     chain_reset_kernel[(cdiv(n, block),)](
         state, steps, done, ep_return, episode, reset_mask if reset_mask is not None else done, n, seed,
-        L=links, L_PAD=next_power_of_2(links), HAS_MASK=reset_mask is not None, RESTART=restart, BLOCK=block,
+        L=links, HAS_MASK=reset_mask is not None, RESTART=restart, BLOCK=block,
         **options,
     )
-    return state.clone()
+    return state.T.contiguous()
 
 
 def chain_rollout(state: torch.Tensor, steps: torch.Tensor, done: torch.Tensor, ep_return: torch.Tensor,
@@ -335,15 +337,15 @@ def chain_rollout(state: torch.Tensor, steps: torch.Tensor, done: torch.Tensor, 
                   seed: int, offset: int, num_steps: int, autoreset: int, max_episode_steps: int, policy,
                   model: int = 0, write_obs: bool = True, write_step: bool = True, write_final: bool = False,
                   write_stats: bool = False) -> reference.RolloutOutputs:
-    """K steps of every env of a tile-state model in one launch (``state`` [N, 2L] float32, updated in place).
+    """K steps of every env of a tile-state model in one launch (``state`` [2L, N] float32, updated in place).
 
     ``model``: 0 PendulumChain-v0, 1 OscillatorSwarm-v0; ``policy``: ``"random"`` or float32
-    actions [K, N]; outputs as for :func:`rollout`.
+    actions [K, N]; outputs as for :func:`rollout` (observations [K, N, 2L]).
     """
-    n, links = state.shape[0], state.shape[1] // 2
+    links, n = state.shape[0] // 2, state.shape[1]
     device, k = state.device, num_steps
     if _use_reference(state):
-        out = reference.chain_rollout(state, steps, done, ep_return, episode, seed=seed, offset=offset, num_steps=k,
+        out = reference.chain_rollout(state.T, steps, done, ep_return, episode, seed=seed, offset=offset, num_steps=k,
                                       autoreset=autoreset, max_episode_steps=max_episode_steps, policy=policy,
                                       model=model, dtype=torch.float32)
         return _select_reference(out, _CHAIN_LIKE, write_obs, write_step, write_final, write_stats)
@@ -352,19 +354,22 @@ def chain_rollout(state: torch.Tensor, steps: torch.Tensor, done: torch.Tensor, 
     from .kernels.chain import chain_rollout_kernel
 
     f32 = {"dtype": torch.float32, "device": device}
-    obs = torch.empty((k, n, 2 * links), **f32) if write_obs else None
+    # observations are stored link-major, [K, 2L, N] and [2L, N], as the kernel's tiles hold them
+    # (a row-major store would lead the compiler to spread each env's links over threads in the
+    # step loop too); they are returned as [K, N, 2L] and [N, 2L] views
+    obs = torch.empty((k, 2 * links, n), **f32).transpose(1, 2) if write_obs else None
     actions = torch.empty((k, n), **f32) if write_obs else None
     rewards = torch.empty((k, n), **f32) if write_step else None
     terminated = torch.empty((k, n), dtype=torch.uint8, device=device) if write_step else None
     truncated = torch.empty((k, n), dtype=torch.uint8, device=device) if write_step else None
-    final_obs = torch.empty((k, n, 2 * links), **f32) if write_final else None
-    next_obs = torch.empty((n, 2 * links), **f32)
+    final_obs = torch.empty((k, 2 * links, n), **f32).transpose(1, 2) if write_final else None
+    next_obs = torch.empty((2 * links, n), **f32).T
     episodes = torch.empty(n, dtype=torch.int32, device=device) if write_stats else None
     return_sum = torch.empty(n, **f32) if write_stats else None
     length_sum = torch.empty(n, dtype=torch.int32, device=device) if write_stats else None
     given = isinstance(policy, torch.Tensor)
     if n:
-        block, options = chain_launch(n, links, device, model)
+        block, options = chain_launch(links)
         chain_rollout_kernel[(cdiv(n, block),)](
             state, steps, done, ep_return, episode, policy.contiguous() if given else state,
             _or(obs, state), _or(actions, state), _or(rewards, state), _or(terminated, state), _or(truncated, state),

@@ -295,75 +295,95 @@ UNFUSED_BYTES_PER_ELEMENT = {"OscillatorSwarm-v0": 160, "PendulumChain-v0": 200}
 TILE_SIZE_ARGUMENT = {"OscillatorSwarm-v0": "num_particles", "PendulumChain-v0": "num_links"}
 
 
+def _chain_sweep(quick: bool) -> list[tuple[str, int, bool]]:
+    """(env id, state size, trajectory written) of every point of the complexity case."""
+    if quick:
+        return [("OscillatorSwarm-v0", 1, False), ("OscillatorSwarm-v0", 4, False), ("OscillatorSwarm-v0", 4, True),
+                ("PendulumChain-v0", 4, False)]
+    return ([("OscillatorSwarm-v0", size, False) for size in (1, 4, 16, 64)]
+            + [("OscillatorSwarm-v0", 16, True), ("PendulumChain-v0", 16, False)])
+
+
 @case("sim", "chain", baseline="torch per-step loop")
 def chain_case(ctx: Context) -> None:
     """Gleeson's curve: fused-over-unfused speedup against the unfused step's memory traffic.
 
     Gleeson et al.'s mechanism: the unfused loop re-reads and re-writes the simulator's state
     (and every intermediate) once per operation and step; the fused kernel keeps it in
-    registers for all K steps.  The simulator is OscillatorSwarm-v0 (S particles per env,
-    N = 65,536 envs, S = 1 .. 256): a few multiply-adds per state element, so its fused cost
-    per element is small while the unfused step streams ~160 B per element
-    (:data:`UNFUSED_BYTES_PER_ELEMENT`).  Both are timed as CUDA-graph replays (GPU time: no
-    Python or launch overhead on either side, which would otherwise dominate small states and
-    hide the effect; the first mid-session run timed the fused rollout without a graph and
-    its 30-90 µs at S ≤ 16 were mostly the launch path).  The fused kernel writes only
-    episode statistics ("stats only": the pure fusion effect) or also the trajectory
-    (obs [K, N, 2S]).  PendulumChain-v0 (a sine and a floor per link) is the contrast: a
-    fused kernel that is compute-bound per element.  The x axis of the plot is the unfused
-    step's traffic, N S (bytes per element).
+    registers for all K steps.  The simulator is OscillatorSwarm-v0 (S particles per env),
+    N = 1,048,576 envs, K = 32 steps, S = 1, 4, 16, 64, both sides timed as CUDA-graph
+    replays (GPU time, no Python launch path on either side), the fused kernel writing only
+    episode statistics (the fusion effect alone).  The x axis of the plot is the unfused
+    step's traffic, N S · 160 B (:data:`UNFUSED_BYTES_PER_ELEMENT`).  Two further points:
+    the trajectory written (S = 16) and PendulumChain-v0 (a sine and a floor per link, S = 16).
 
-    Expected from the instruction and byte counts (H200): at small S the unfused loop is bound
-    by its ~20 launches per step (a few µs each even in a graph) and the fused kernel by its
-    per-step latency; once the unfused loop is memory-bound (N S above ~10⁶) its time grows as
-    160 B / 4.28 TB/s ≈ 37 ps per element-step while the fused kernel spends 22-30 SASS
-    instructions (~0.8 ps at full issue rate) per element-step, so the speedup tends to ~50x.
-    PendulumChain-v0's 120-160 instructions per element (a sine, a floor division) bound its
-    speedup near 10-15x.  Measured numbers: see simfuse/README.md.
+    Expected, from the byte and instruction counts (H200: ~3.6 TB/s reached by elementwise
+    kernels, 132 x 4 schedulers x 32 lanes x 1.98 GHz = 3.3e13 thread-instructions/s, ~80%
+    of it reached: R ≈ 2.7e13/s):
+
+    * unfused, per step: ~30 kernels (launched from the graph, ~1.5 µs each) plus
+      N S · 160 B / 3.6 TB/s: S = 1: 92 µs (launch-bound: 45 µs of launches, 47 µs of
+      bytes), 4: 0.23 ms, 16: 0.79 ms, 64: 3.0 ms — per 32-step call 2.9, 7.4, 25, 97 ms;
+    * fused, per call: N K S c(S) / R, with c(S) the SASS instructions of the step loop per
+      element-step (sm_90, counted: the per-env work of a step, ~60 instructions — a quarter
+      of a Philox call for the policy, flags, counters, statistics — over the S ≤ 32
+      particles each thread holds, plus ~6 per particle: three FMAs, two row sums, a
+      square): c = 65 (S = 1), 22.5 (4), 10 (16), 8.5 (64, two threads per env), plus the
+      state read and written once per call (16 S B per env): 0.09, 0.13, 0.27, 0.94 ms.
+
+    So the speedup should rise ~34x → ~59x → ~95x → ~100x: at small S the unfused loop is
+    bound by its launches and the fused kernel by its per-env work, and as S grows the per-env
+    work amortises while the unfused bytes grow linearly; the curve then flattens at the ratio
+    of the per-element costs, 160 B / 3.6 TB/s = 44 ps against (8.5 / R + 16 B / (K · 3.6 TB/s))
+    = 0.45 ps.  With the trajectory written the fused kernel moves 8 S B per env-step itself
+    (bound near 176 / 8 = 22x at large S); PendulumChain-v0's sine takes ~40 instructions per
+    link.  Measured numbers: simfuse/README.md.
     """
     k = 4 if ctx.quick else 32
-    envs = 67 if ctx.quick else 65536
-    sizes = {"OscillatorSwarm-v0": [1, 4] if ctx.quick else [1, 4, 16, 64, 256],
-             "PendulumChain-v0": [1, 4] if ctx.quick else [1, 16, 256]}
-    for name, size_list in sizes.items():
-        for size in size_list:
-            kwargs = {TILE_SIZE_ARGUMENT[name]: size, "device": ctx.device}
-            oracle, check = simfuse.make_vec(name, 67, **kwargs), simfuse.make_vec(name, 67, **kwargs)
-            oracle.reset(seed=2)
-            check.reset(seed=2)
-            with use_reference():
-                ref = oracle.rollout("random", num_steps=8)
-            ctx.check(f"{name} size={size} obs", check.rollout("random", num_steps=8).obs.cpu(), ref.obs.cpu(), 1e-5)
-    for name, size_list in sizes.items():
+    envs = 67 if ctx.quick else 1 << 20
+    # the unfused loop takes up to ~0.1 s a call: 50 ms of replays per row keep the case near 20 s
+    ctx.rep_ms = min(ctx.rep_ms, 50.0)
+    for name, size, write_obs in _chain_sweep(ctx.quick):
         model = simfuse.ENV_CLASSES[name].model
-        for size in size_list:
-            env = simfuse.make_vec(name, envs, **{TILE_SIZE_ARGUMENT[name]: size, "device": ctx.device})
-            env.reset(seed=2)
-            gen = torch.Generator(device=ctx.device).manual_seed(size)
-            state = torch.cat([torch.rand((envs, size), device=ctx.device, generator=gen) - 0.5,
-                               torch.zeros((envs, size), device=ctx.device)], 1)
-            steps = torch.zeros(envs, dtype=torch.int32, device=ctx.device)
-            kinds = (("stats only", False), ("trajectory", True))
-            for kind, write_obs in kinds if name == "OscillatorSwarm-v0" else kinds[:1]:
-                per_element = UNFUSED_BYTES_PER_ELEMENT[name] + (16 if write_obs else 0)
-                unfused_bytes = envs * size * per_element  # per step
-                # the floor: what the fused kernel must move (state once, or the trajectory)
-                nbytes = envs * k * (8 * size + 10) if write_obs else 2 * envs * 8 * size + 28 * envs
-                params = {"num_envs": envs, "steps": k, "size": size, "state_floats": 2 * size,
-                          "state_bytes": envs * 8 * size, "unfused_bytes_per_step": unfused_bytes,
-                          "kind": f"{name}, {kind}"}
-                variant = f"{name}: N={envs},size={size},{kind}"
-                unfused = ctx.time(
-                    "torch per-step loop",
-                    lambda w=write_obs, st=state, sp=steps, m=model: reference.chain_unfused_random_rollout(
-                        st, sp, k, 200, write_obs=w, model=m),
-                    bytes_moved=nbytes, params=dict(params), variant=variant, cuda_graph=True)
-                _rate(unfused, envs, k)
-                # both sides replayed from CUDA graphs: GPU time, no Python launch path on either
-                fused = ctx.time("fused rollout", lambda w=write_obs, e=env: e.rollout("random", num_steps=k,
-                                                                                       stats_only=not w),
-                                 bytes_moved=nbytes, params=dict(params), variant=variant, cuda_graph=True)
-                _rate(fused, envs, k)
+        kwargs = {TILE_SIZE_ARGUMENT[name]: size, "device": ctx.device}
+        kind = "trajectory" if write_obs else "stats only"
+        variant = f"{name}: N={envs},size={size},{kind}"
+        # the launch that is timed, at 67 envs and with episodes of 3 steps (resets inside the
+        # kernel), against the unfused reference semantics: the same compiled kernel
+        check, oracle = simfuse.make_vec(name, 67, max_episode_steps=3, **kwargs), \
+            simfuse.make_vec(name, 67, max_episode_steps=3, **kwargs)
+        check.reset(seed=2)
+        oracle.reset(seed=2)
+        got = check.rollout("random", num_steps=8, stats_only=not write_obs)
+        with use_reference():
+            want = oracle.rollout("random", num_steps=8, stats_only=not write_obs)
+        ctx.check(f"{variant} next obs", got.next_obs.cpu(), want.next_obs.cpu(), 1e-5)
+        if write_obs:
+            ctx.check(f"{variant} obs", got.obs.cpu(), want.obs.cpu(), 1e-5)
+        else:
+            ctx.check(f"{variant} returns", got.return_sum.cpu(), want.return_sum.cpu(), 1e-5)
+
+        env = simfuse.make_vec(name, envs, **kwargs)
+        env.reset(seed=2)
+        gen = torch.Generator(device=ctx.device).manual_seed(size)
+        state = torch.cat([torch.rand((envs, size), device=ctx.device, generator=gen) - 0.5,
+                           torch.zeros((envs, size), device=ctx.device)], 1)
+        steps = torch.zeros(envs, dtype=torch.int32, device=ctx.device)
+        per_element = UNFUSED_BYTES_PER_ELEMENT[name] + (16 if write_obs else 0)
+        unfused_bytes = envs * size * per_element  # per step
+        # the floor: what the fused kernel must move (state once, or the trajectory)
+        nbytes = envs * k * (8 * size + 10) if write_obs else 2 * envs * 8 * size + 28 * envs
+        params = {"num_envs": envs, "steps": k, "size": size, "state_floats": 2 * size,
+                  "state_bytes": envs * 8 * size, "unfused_bytes_per_step": unfused_bytes,
+                  "kind": f"{name}, {kind}"}
+        unfused = ctx.time(
+            "torch per-step loop",
+            lambda: reference.chain_unfused_random_rollout(state, steps, k, 200, write_obs=write_obs, model=model),
+            bytes_moved=nbytes, params=dict(params), variant=variant, cuda_graph=True)
+        _rate(unfused, envs, k)
+        fused = ctx.time("fused rollout", lambda: env.rollout("random", num_steps=k, stats_only=not write_obs),
+                         bytes_moved=nbytes, params=dict(params), variant=variant, cuda_graph=True)
+        _rate(fused, envs, k)
 
 
 @plot("sim")

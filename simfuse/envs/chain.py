@@ -36,11 +36,12 @@ class TileStateVectorEnv(FusedVectorEnv):
         self.env_def = EnvDef(self.env_id, -1, 2 * self.size, (-math.inf,) * 2 * self.size,
                               (math.inf,) * 2 * self.size, 0, -1.0, 1.0, 200, None)
         super().__init__(num_envs, max_episode_steps, autoreset_mode, device, validate, render_mode)
-        self._state = torch.zeros((self.num_envs, 2 * self.size), dtype=torch.float32, device=self.device)
+        # [2L, N]: each link's values env-contiguous, as the kernel's tiles load them
+        self._state = torch.zeros((2 * self.size, self.num_envs), dtype=torch.float32, device=self.device)
 
     def get_state(self) -> torch.Tensor:
         """A copy of the state, [N, 2L] float32: positions (angles) then velocities."""
-        return self._state.clone()
+        return self._state.T.clone()
 
     def set_state(self, state: torch.Tensor | np.ndarray) -> None:
         """Overwrite the state with ``state`` [N, 2L] (positions or angles, then velocities)."""
@@ -49,9 +50,9 @@ class TileStateVectorEnv(FusedVectorEnv):
             state = torch.from_numpy(np.ascontiguousarray(state))
         if not isinstance(state, torch.Tensor) or not state.dtype.is_floating_point:
             raise TypeError(f"state must be a floating-point tensor or array, got {type(state).__name__}")
-        if tuple(state.shape) != tuple(self._state.shape):
-            raise ValueError(f"state must have shape {tuple(self._state.shape)}, got {tuple(state.shape)}")
-        self._state.copy_(state.to(device=self.device, dtype=torch.float32))
+        if tuple(state.shape) != (self.num_envs, 2 * self.size):
+            raise ValueError(f"state must have shape {(self.num_envs, 2 * self.size)}, got {tuple(state.shape)}")
+        self._state.copy_(state.T.to(device=self.device, dtype=torch.float32))
 
     def rollout(self, policy="random", num_steps: int | None = None, *, stats_only: bool = False,
                 record_final_obs: bool = False):
