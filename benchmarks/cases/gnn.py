@@ -40,6 +40,12 @@ the fused attention ops under several tile sizes and warps per program
 kernels (``edge_lanes``) and with every row in the row kernel (``light_max_degree=-1``): the A/B
 behind the GPU defaults.
 
+``arxiv_launch`` (not a headline row) separates host work from GPU time on the arxiv-like graph:
+the fused GATConv and its attention op as called and replayed as a CUDA graph (GPU time alone), fp32
+and bf16, beside compiled PyG in bf16, and schedule candidates with fewer launches per pass
+(``ScheduleOptions.light_widths``), rows of degree up to 64 in light tiles, or bf16 tiles of fp32's
+byte size.  ``lanes_gatv2`` times GATv2's forward with per-lane state at Reddit scale.
+
 ``gat_super_node`` checks the TARGETS.md rule that a node of in-degree 10⁶ costs no more
 per edge than a uniform graph (within 2×): both graphs have ~1 M edges.
 
