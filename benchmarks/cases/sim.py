@@ -261,11 +261,16 @@ def mlp_fp32_case(ctx: Context) -> None:
             _rate(ctx.time(impl, fn, bytes_moved=nbytes, params={"num_envs": n, "steps": k}, variant=variant), n, k)
 
 
-@case("sim", "classic", baseline="torch per-step loop")
-def classic_case(ctx: Context) -> None:
-    """Every classic-control env: fused random rollout vs the unfused torch loop (65,536 envs)."""
-    n, k = (129, 8) if ctx.quick else (65536, 128)
-    for name, spec in ENV_DEFS.items():
+def _classic_rollouts(ctx: Context, names: list[str]) -> None:
+    """Fused random rollout vs the unfused torch loop for each of ``names``, 4,096 envs x 64 steps.
+
+    4,096 envs take the block size of the 67-env check (16 envs per program), so each env
+    compiles one rollout kernel: on a fresh machine its compile, not the timing, is the
+    case's cost.
+    """
+    n, k = (129, 8) if ctx.quick else (4096, 64)
+    for name in names:
+        spec = ENV_DEFS[name]
         # few envs: float32 rounding could flip a termination flag somewhere in a large batch
         _check_against_reference(ctx, name, name, 67)
         env = simfuse.make_vec(name, n, device=ctx.device)
@@ -282,6 +287,27 @@ def classic_case(ctx: Context) -> None:
             ("fused rollout, random", lambda: env.rollout("random", num_steps=k)),
         ):
             _rate(ctx.time(impl, fn, bytes_moved=nbytes, params=dict(params), variant=variant), n, k)
+
+
+@case("sim", "classic", baseline="torch per-step loop")
+def classic_case(ctx: Context) -> None:
+    """CartPole-v1, Pendulum-v1 and both MountainCars: fused random rollout vs the unfused torch loop.
+
+    About 10 s on a fresh H200 machine (four compiles of ~1.5 s, four loops of ~0.5 s).
+    Acrobot-v1 is the case ``sim/acrobot``.
+    """
+    _classic_rollouts(ctx, [name for name in ENV_DEFS if name != "Acrobot-v1"])
+
+
+@case("sim", "acrobot", baseline="torch per-step loop")
+def acrobot_case(ctx: Context) -> None:
+    """Acrobot-v1: fused random rollout vs the unfused torch loop.
+
+    A case of its own for its compile time: Triton's layout pass (``TritonGPUCoalesce``) takes
+    ~50 s on this project's 2-core CPU machine (triton 3.6; ~30 s with 3.9) over the rollout
+    kernel's four unrolled RK4 steps and their stores, so ~25-30 s on the GPU machine.
+    """
+    _classic_rollouts(ctx, ["Acrobot-v1"])
 
 
 # Bytes the unfused per-step loop (reference.chain_unfused_random_rollout) moves per state element
@@ -328,16 +354,17 @@ def chain_case(ctx: Context) -> None:
       element-step (sm_90, counted: the per-env work of a step, ~60 instructions — a quarter
       of a Philox call for the policy, flags, counters, statistics — over the S ≤ 32
       particles each thread holds, plus ~6 per particle: three FMAs, two row sums, a
-      square): c = 65 (S = 1), 22.5 (4), 10 (16), 8.5 (64, two threads per env), plus the
-      state read and written once per call (16 S B per env): 0.09, 0.13, 0.27, 0.94 ms.
+      square): c = 65 (S = 1), 22 (4), 10 (16), 8.5 (64, two threads per env), plus the
+      state read and written once per call (16 S B per env): 0.09, 0.13, 0.27, 0.97 ms.
 
-    So the speedup should rise ~34x → ~59x → ~95x → ~100x: at small S the unfused loop is
+    So the speedup should rise 34x → 58x → 93x → 100x: at small S the unfused loop is
     bound by its launches and the fused kernel by its per-env work, and as S grows the per-env
     work amortises while the unfused bytes grow linearly; the curve then flattens at the ratio
     of the per-element costs, 160 B / 3.6 TB/s = 44 ps against (8.5 / R + 16 B / (K · 3.6 TB/s))
     = 0.45 ps.  With the trajectory written the fused kernel moves 8 S B per env-step itself
-    (bound near 176 / 8 = 22x at large S); PendulumChain-v0's sine takes ~40 instructions per
-    link.  Measured numbers: simfuse/README.md.
+    (bound near 176 / 8 = 22x at large S); PendulumChain-v0 takes ~50 instructions per
+    element-step (a sine with its range reduction, a floor division) against 200 B unfused.
+    Measured numbers: simfuse/README.md.
     """
     k = 4 if ctx.quick else 32
     envs = 67 if ctx.quick else 1 << 20

@@ -11,21 +11,22 @@ Euler step (dt = 0.05)::
     r    = −(1/S) Σ_j x_j'²
 
 No termination (truncation by the step limit).  Start state x_j ~ U[−0.5, 0.5), v_j = 0 (the
-draws of PendulumChain-v0's angles, :func:`simfuse.kernels.chain.chain_reset`).
+draws of PendulumChain-v0's angles, :func:`simfuse.kernels.chain.store_start_states`).
 Observation: (x_0..x_{S−1}, v_0..v_{S−1}).
 
-Why this simulator: every state element costs the fused kernel a handful of additions and
-multiplications (about ten instructions of arithmetic and, with the row sums, policy draw and
-bookkeeping spread over the row, 22-30 SASS instructions per element-step on sm_90), while
-the unfused PyTorch step streams the [N, S] state through fourteen elementwise kernels (120 B
-per element, 160 B with the loop's truncation and reset; see benchmarks/cases/sim.py).  So
-as S grows the unfused loop's memory traffic grows and the fused kernel, holding the
-[BLOCK, S] tiles in registers, stays cheap per element: the ratio of the two is what Gleeson
-et al. plot against the simulator's memory traffic.  (PendulumChain-v0 pays a sine and a
-floor division per element, 120-160 instructions, which makes its fused kernel
-compute-bound.)  Memory traffic of the fused rollout: the state once per launch, 8S B of
-observation per env-step when the trajectory is written, nothing per step with statistics
-only.
+Why this simulator: every state element costs the fused kernel five float instructions per
+step (two fused multiply-adds for v', one for x', an addition to each of the two row sums and
+a square; :func:`swarm_step`), with the per-env work of a step (~60 instructions: the policy
+draw, flags, counters) spread over the env's S particles, which one thread holds in registers
+(:mod:`simfuse.kernels.chain`): 65 SASS instructions per env-step at S = 1, 10 per
+element-step at S = 16, 8-8.5 from S = 32 on (sm_90).  The unfused PyTorch step streams the
+[N, S] state through fourteen elementwise kernels (120 B per element, 160 B with the loop's
+truncation and reset; see benchmarks/cases/sim.py).  So as S grows the unfused loop's memory
+traffic grows while the fused kernel's cost per element falls to a few instructions: the
+ratio of the two is what Gleeson et al. plot against the simulator's memory traffic.
+(PendulumChain-v0 pays a sine and a floor division per element.)  Memory traffic of the fused
+rollout: the state read and written once per launch (16 S B per env), 8S B of observation
+per env-step when the trajectory is written, nothing per step with statistics only.
 """
 
 import triton.language as tl
