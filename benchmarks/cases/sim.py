@@ -425,12 +425,14 @@ def complexity_plot(records: list, out_dir) -> list:
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     kinds = sorted({r.params["kind"] for r in rows})
     for kind, marker in zip(kinds, "os^vD"):
-        points = sorted((r.params["unfused_bytes_per_step"] / 2**20, r.speedup) for r in rows
+        points = sorted((r.params["unfused_bytes_per_step"] / 2**20, r.speedup, r.params["size"]) for r in rows
                         if r.params["kind"] == kind)
         ax.plot([p[0] for p in points], [p[1] for p in points], marker=marker, label=kind)
+        for traffic, speedup, size in points:
+            ax.annotate(f"S={size}", (traffic, speedup), textcoords="offset points", xytext=(4, 4), fontsize=7)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set_xlabel("memory traffic of one unfused step (MiB): N x state elements x bytes per element")
+    ax.set_xlabel("memory traffic of one unfused step (MiB): N x S x bytes per element")
     ax.set_ylabel("speedup over the unfused torch loop (x)")
     gpu = "GPU, unfused loop under a CUDA graph" if any(r.gpu_time for r in rows) else \
         "CPU interpreter, not GPU times"
