@@ -61,6 +61,10 @@ class DecodePlan:
     o_split: int = 1  # K parts per output-projection tile
     num_stages: int | None = None  # software-pipeline depth of the K loops (None: Triton's default)
     acquire_loads: bool = False  # looped kernel: barrier polls are ld.acquire (inline PTX; compiled only)
+    # Nanoseconds a thread sleeps between two reads of a count it waits on (looped kernel, fused
+    # Q/K/V + attention; kernels/grid_barrier.py; compiled only): fewer polls of the one cache
+    # line of the counts while the stage waited for streams its weights.  0: poll back to back.
+    poll_sleep_ns: int = 0
     pdl: bool = False  # per-layer kernels: programmatic dependent launch (kernels/launch_order.py; sm_90+)
     # Registers per thread the looped kernel may use (None or 0: as many as the compiler wants).
     # It inlines every instruction, so it needs the most of any of them (up to 255 at batch >= 8).
@@ -125,9 +129,11 @@ class DecodePlan:
 
 
 # The dependency-ordered looped schedule gave wrong logits on the H200 at batch 9 and, in a rerun,
-# at batch 5 (tests/llmfuse/test_looped.py, 6-layer test config, relative errors 0.14 and 0.32: a
-# race in the tensor-core-tile path, cause not found), although the 1B / 8B decode checks passed at
-# batch 8.  Verified only at batch 1 (row sums): refused above it.
+# at batch 5 (tests/llmfuse/test_looped.py, 6-layer test config, relative errors 0.14 and 0.32),
+# although the 1B / 8B decode checks passed at batch 8.  Session 4: the schedule is race-free at the
+# level of programs and barriers (tests/llmfuse/test_dataflow_hazards.py, on a trace of the real
+# kernel at the plan the GPU ran), and the GPU's Triton 3.6 had deleted the acquire of every wait
+# (kernels/grid_barrier.py, now kept).  Verified on the GPU only at batch 1 (row sums): refused above.
 DATAFLOW_MAX_BATCH = 1
 
 
@@ -222,9 +228,9 @@ def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, 
                          "maxnreg": maxnreg, "qkv_split": qkv_split, "mlp_split": mlp_split,
                          "fuse_attention": compiled and batch == 1,
                          "dataflow": compiled and batch <= DATAFLOW_MAX_BATCH})
-    for option in ("acquire_loads", "pdl"):
+    for option in ("acquire_loads", "pdl", "poll_sleep_ns"):
         if tuning.get(option) and not compiled:
-            raise ValueError(f"{option}=True needs the compiled kernels on a CUDA device (sm_90+)")
+            raise ValueError(f"{option}={tuning[option]!r} needs the compiled kernels on a CUDA device (sm_90+)")
     return _tuned(plan, tuning) if tuning else plan
 
 
@@ -392,7 +398,7 @@ def qkv_attention(w: LlamaWeights, cfg: LlamaConfig, layer: int, cache: KVCache,
         BLOCK_G=plan.block_g, BLOCK_S=plan.block_s, BLOCK_D=plan.block_d, BLOCK_M=plan.block_m,
         MERGE_SPLITS=plan.merge_splits,
         DOT_PREC=plan.dot_prec, ROW_PREFETCH=plan.row_prefetch, QKV_SPLIT=plan.qkv_split,
-        ACQUIRE_LOADS=plan.acquire_loads, **plan.layer_launch_options(),
+        ACQUIRE_LOADS=plan.acquire_loads, POLL_SLEEP=plan.poll_sleep_ns, **plan.layer_launch_options(),
     )
 
 
@@ -522,7 +528,7 @@ def looped_decode(w: LlamaWeights, cfg: LlamaConfig, cache: KVCache, buf: Decode
         cfg.num_hidden_layers, plan.batch, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads,
         cfg.head_dim, plan.max_slots, cfg.intermediate_size, cfg.vocab_size, cfg.rms_norm_eps,
         plan.n_splits, plan.split_len, 1.0 / math.sqrt(cfg.head_dim), tiles["lm_head"], stop, BARRIER_MAX_POLLS,
-        plan.o_split, plan.split_k,
+        plan.o_split, plan.split_k, cfg.num_attention_heads * cfg.head_dim,
     )
     constexprs = dict(
         HAS_BIAS=w.bqkv is not None, WRITE_LOGITS=write_logits, SAMPLE=sample, BLOCK_B=plan.block_b,
@@ -531,7 +537,8 @@ def looped_decode(w: LlamaWeights, cfg: LlamaConfig, cache: KVCache, buf: Decode
         MERGE_SPLITS=plan.merge_splits,
         BLOCK_D=plan.block_d, BLOCK_V=plan.block_v, DOT_PREC=plan.dot_prec, ROW_PREFETCH=plan.row_prefetch,
         QKV_SPLIT=plan.qkv_split, MLP_SPLIT=plan.mlp_split, ACQUIRE_LOADS=plan.acquire_loads,
-        PREFETCH=plan.prefetch, PREFETCH_BLOCK=plan.prefetch_block, DATAFLOW=plan.dataflow,
+        POLL_SLEEP=plan.poll_sleep_ns, PREFETCH=plan.prefetch, PREFETCH_BLOCK=plan.prefetch_block,
+        DATAFLOW=plan.dataflow,
     )
     buf.counter.zero_()  # the timeout flag stays raised until the buffers are remade
     if plan.dataflow:  # one program per tile; each keeps its own tile's registers: no cap

@@ -276,17 +276,17 @@ def _looped_prefixes(ctx: Context, cfg: LlamaConfig, w: LlamaWeights, cache: ref
 # batch 8 by tensor-core tiles of 64 rows (row sums 3.06, 16-row tiles 2.35, 8 warps 1.78);
 # batch 64 with 4 warps and 64-row tiles (16-row tiles 6.55, 8 warps 2.67); barrier prefetch
 # and programmatic dependent launch lost everywhere, acquire-load barrier polls made no
-# difference.  This session (mid run 1): batch 1 pipelined 256-wide tiles 0.951, unpipelined
+# difference.  Session 3 (mid run 1): batch 1 pipelined 256-wide tiles 0.951, unpipelined
 # 512-wide 0.961, pipelined 512-wide 1.045 (then 255 registers); W_o unsplit 0.076 ms per 16
 # layers against 0.123 in 4 parts; Q/K/V in 4 K parts at batch 8: 1.272 (1 part 1.361, 2 1.327,
 # 8 1.315), at batch 64: 1.970 (1 part 2.029, 8 2.166).
+# Session 3 (mid run 2): row_prefetch=False 1.024 against 0.942 at batch 1, fuse_attention=True
+# 0.935, the looped path as dependency-ordered tiles 1.248 (persistent kernel 1.83); gate/up in one
+# K part 1.303 / 2.010 against 1.305 / 1.986 in two at batch 8 / 64.
+# Session 4: the looped path at batch 1 (dependency-ordered one-tile programs) with a sleep between
+# the polls of a waiting program (poll_sleep_ns, kernels/grid_barrier.py) against back-to-back polls.
 PLAN_SWEEP: list[tuple[int, bool, dict[str, int]]] = [
-    # batch 1: 256-wide pipelined row tiles, W_o unsplit (the default) against the unpipelined
-    # tiles, Q/K/V and attention in one launch, and the looped path as dependency-ordered tiles
-    (1, False, {"row_prefetch": False}), (1, False, {"fuse_attention": True}), (1, True, {"dataflow": True}),
-    # batches 8 and 64: gate/up in 2 K parts (the default) against 1 (the dependency-ordered looped
-    # path is refused above batch 1: llmfuse.ops.DATAFLOW_MAX_BATCH)
-    (8, False, {"mlp_split": 1}), (64, False, {"mlp_split": 1}),
+    (1, True, {}), (1, True, {"poll_sleep_ns": 256}), (1, True, {"poll_sleep_ns": 1024}),
 ]
 QUICK_PLAN_SWEEP = [(1, False, {"row_prefetch": False}), (3, False, {"block_b": 4}),
                     (3, False, {"fuse_attention": True}), (3, True, {}), (1, True, {"dataflow": True})]

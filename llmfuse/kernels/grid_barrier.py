@@ -8,7 +8,12 @@ A barrier is split in two so that a program can do independent work in between
   scope; it returns the count before, so the last program to arrive knows it need not
   wait (nor prefetch);
 * :func:`wait_for` — spin reading the count (volatile loads) until it reaches the target,
-  then one acquire read and a CTA barrier.
+  then one acquire read and a CTA barrier.  With ``POLL_SLEEP`` (nanoseconds, compiled
+  only) a thread that saw the count short of its target sleeps that long before it reads
+  again (``nanosleep``): every waiting program polls the same cache line while the stage it
+  waits for streams its weights through the same L2, and fewer polls leave that L2 slice to
+  the weights (the back-off CUB's decoupled look-back uses); a wait then ends up to about
+  ``POLL_SLEEP`` later than the count is reached.
 
 The same pair also serves finer dependencies than a whole-grid barrier (the attention of
 one KV head waits only for the Q/K/V tiles of that head's group).  A wait that does not end
@@ -42,30 +47,44 @@ def load_acquire(ptr):
 
 
 @jit
-def wait_for(count_ptr, target, max_polls, timeout_ptr, ACQUIRE_LOADS: tl.constexpr):
+def sleep_ns(ns):
+    """Suspend the calling thread for about ``ns`` nanoseconds (``nanosleep``: inline PTX, compiled only)."""
+    return tl.inline_asm_elementwise("nanosleep.u32 $1;\n\tmov.u32 $0, 0;", "=r,r", [ns], dtype=tl.int32,
+                                     is_pure=False, pack=1)
+
+
+@jit
+def wait_for(count_ptr, target, max_polls, timeout_ptr, ACQUIRE_LOADS: tl.constexpr, POLL_SLEEP: tl.constexpr):
     """Wait until ``count >= target``, then order this program's later loads after the signalled stores.
 
     Polls with plain volatile loads (served by L2) rather than atomics, which would queue
-    behind each other and behind the signals on the one counter; one acquire RMW after the
-    count is reached provides the ordering.  With ``ACQUIRE_LOADS`` (compiled only) the polls
+    behind each other and behind the signals on the one counter; one acquire read after the
+    count is reached provides the ordering (and drops the multiprocessor's L1 lines, which may
+    hold what other programs have since rewritten).  With ``ACQUIRE_LOADS`` (compiled only) the polls
     are acquire loads themselves, so no program adds an RMW to the counter's queue at all.
     Gives up after ``max_polls`` reads (seconds, where a real wait takes microseconds) and
-    raises ``timeout_ptr[0]``.
+    raises ``timeout_ptr[0]``.  ``POLL_SLEEP`` > 0: sleep that many nanoseconds between reads.
     """
     if ACQUIRE_LOADS:
         seen = load_acquire(count_ptr)
         polls = 0
         while (seen < target) & (polls < max_polls):
+            if POLL_SLEEP > 0:
+                sleep_ns(tl.full([], POLL_SLEEP, tl.int32))
             seen = load_acquire(count_ptr)
             polls += 1
     else:
         seen = tl.load(count_ptr, volatile=True)
         polls = 0
         while (seen < target) & (polls < max_polls):
+            if POLL_SLEEP > 0:
+                sleep_ns(tl.full([], POLL_SLEEP, tl.int32))
             seen = tl.load(count_ptr, volatile=True)
             polls += 1
+        # The acquire read.  Its value decides the timeout below: Triton 3.6 turns an acquire add of
+        # 0 into an ld.acquire and deletes it when the value is unused (it did, in every wait of the
+        # kernels the H200 ran in session 3), leaving only relaxed polls and no acquire at all.
+        seen = tl.atomic_add(count_ptr, 0, sem="acquire", scope="gpu")
     if seen < target:
         tl.atomic_xchg(timeout_ptr, 1)
-    if not ACQUIRE_LOADS:
-        tl.atomic_add(count_ptr, 0, sem="acquire", scope="gpu")
     tl.debug_barrier()

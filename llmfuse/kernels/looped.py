@@ -26,7 +26,10 @@ The tiles are the same ``@jit`` functions the per-layer kernels launch, so both 
 compute identical values.  Stages ``>= stop_stage`` are skipped, which lets the tests
 compare the kernel with the Python interpreter of this schedule (:mod:`llmfuse.looped`)
 after any stage.  With ``P = 1`` (the interpreter, where programs run one after another)
-every wait ends at once.
+every wait ends at once.  ``POLL_SLEEP`` (compiled only): nanoseconds a waiting thread sleeps
+between two reads of a count (:func:`.grid_barrier.wait_for`).  ``attn_width`` = Hq · D, W_o's K,
+is an argument (not computed in the kernel) so that it is specialized like the per-layer
+launch's: a multiple of 16 lets the attention rows be copied 16 bytes at a time, bypassing L1.
 
 With ``DATAFLOW`` the same tiles run as one launch of one-tile programs ordered by
 dependency instead of a persistent grid with barriers.  Program ``p`` runs exactly one
@@ -45,7 +48,11 @@ themselves done (:func:`.grid_barrier.signal`, after their stores)::
 
 Every count accumulates over the step (targets ``(l + 1) ·`` tiles), and every buffer a tile
 writes is read again only by tiles that transitively wait for all of its earlier readers,
-so no tile overwrites what a slower one still reads.  A program waits only for programs of
+so no tile overwrites what a slower one still reads.  ``tests/llmfuse/test_dataflow_hazards.py``
+checks this on a trace of this kernel (every access, barrier and wait of every program):
+every two accesses of an element by different programs, one a write, are ordered through the
+counts and the last-finisher semaphores, and a CTA barrier separates a program's stores from
+each release and each wait from the program's first access.  A program waits only for programs of
 lower index, which the GPU dispatches first, so the grid need not be co-resident (unlike
 the persistent looped kernel), and each tile keeps the registers of its own branch: there
 is no loop over layers that keeps values alive across stages.  Waiting programs sit on
@@ -76,7 +83,8 @@ DONE_COUNTS = 4  # DATAFLOW: tiles finished so far of attention, o_proj, gate_up
 
 @jit
 def _barrier(counter_ptr, index, pid, nprog, sink, w_ptr, n, start, max_polls, timeout_ptr,
-             PREFETCH: tl.constexpr, PREFETCH_BLOCK: tl.constexpr, ACQUIRE_LOADS: tl.constexpr):
+             PREFETCH: tl.constexpr, PREFETCH_BLOCK: tl.constexpr, ACQUIRE_LOADS: tl.constexpr,
+             POLL_SLEEP: tl.constexpr):
     """Grid barrier number ``index``: arrive, prefetch w[start + pid·PREFETCH ...] unless last, wait.
 
     Returns the prefetch sink."""
@@ -85,7 +93,7 @@ def _barrier(counter_ptr, index, pid, nprog, sink, w_ptr, n, start, max_polls, t
     if PREFETCH > 0:
         if before + 1 < target:
             sink += prefetch_flat(w_ptr, n, start, pid, PREFETCH, PREFETCH_BLOCK)
-    wait_for(counter_ptr, target, max_polls, timeout_ptr, ACQUIRE_LOADS)
+    wait_for(counter_ptr, target, max_polls, timeout_ptr, ACQUIRE_LOADS, POLL_SLEEP)
     return sink
 
 
@@ -99,12 +107,13 @@ def looped_decode_kernel(
     h_ptr, w_down_ptr, final_norm_ptr, head_ptr, logits_ptr, best_ptr, best_idx_ptr, seed_ptr, inv_temp_ptr,
     counter_ptr, timeout_ptr,
     L, B, H, HQ, HKV, D, S, I, V, eps, n_splits, split_len, sm_scale, n_vocab_tiles, stop_stage, max_polls,
-    o_split, split_k,
+    o_split, split_k, attn_width,
     HAS_BIAS: tl.constexpr, WRITE_LOGITS: tl.constexpr, SAMPLE: tl.constexpr, BLOCK_B: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, MERGE_SPLITS: tl.constexpr, BLOCK_V: tl.constexpr,
     DOT_PREC: tl.constexpr, ROW_PREFETCH: tl.constexpr, QKV_SPLIT: tl.constexpr, MLP_SPLIT: tl.constexpr,
-    PREFETCH: tl.constexpr, PREFETCH_BLOCK: tl.constexpr, ACQUIRE_LOADS: tl.constexpr, DATAFLOW: tl.constexpr,
+    PREFETCH: tl.constexpr, PREFETCH_BLOCK: tl.constexpr, ACQUIRE_LOADS: tl.constexpr, POLL_SLEEP: tl.constexpr,
+    DATAFLOW: tl.constexpr,
 ):
     pid = tl.program_id(0)
     qkv_tiles = (HQ + 2 * HKV) * tl.cdiv(D // 2, BLOCK_P) * QKV_SPLIT
@@ -113,7 +122,7 @@ def looped_decode_kernel(
     down_tiles = tl.cdiv(H, BLOCK_N) * split_k
     mlp_tiles = tl.cdiv(I, BLOCK_N) * MLP_SPLIT
     qkv_size = (HQ + 2 * HKV) * D * H  # elements of one layer's matrices
-    wo_size = H * HQ * D
+    wo_size = H * attn_width
     gate_up_size = 2 * I * H
     down_size = H * I
     if DATAFLOW:
@@ -125,13 +134,13 @@ def looped_decode_kernel(
         stage = layer * 5
         if layer >= L:
             if L * 5 < stop_stage:
-                wait_for(done + 3, L * down_tiles, max_polls, timeout_ptr, ACQUIRE_LOADS)
+                wait_for(done + 3, L * down_tiles, max_polls, timeout_ptr, ACQUIRE_LOADS, POLL_SLEEP)
                 lm_head_tile(pid - L * per_layer, x_ptr, final_norm_ptr, head_ptr, logits_ptr, best_ptr, best_idx_ptr,
                              seed_ptr, inv_temp_ptr, slot_ptr, B, H, V, n_vocab_tiles, eps, WRITE_LOGITS, SAMPLE,
                              BLOCK_B, BLOCK_V, BLOCK_K, DOT_PREC, ROW_PREFETCH)
         elif tile < qkv_tiles:
             if stage < stop_stage:
-                wait_for(done + 3, layer * down_tiles, max_polls, timeout_ptr, ACQUIRE_LOADS)
+                wait_for(done + 3, layer * down_tiles, max_polls, timeout_ptr, ACQUIRE_LOADS, POLL_SLEEP)
                 qkv_rope_tile(tile, layer, x_ptr, attn_norm_ptr, wqkv_ptr, bqkv_ptr, inv_freq_ptr, kv_start_ptr,
                               slot_ptr, q_ptr, k_cache_ptr, v_cache_ptr, pair_part_ptr, pair_sq_ptr, pair_sem_ptr,
                               B, H, HQ, HKV, D, S, eps, HAS_BIAS, BLOCK_B, BLOCK_P, BLOCK_K, DOT_PREC, ROW_PREFETCH,
@@ -141,7 +150,7 @@ def looped_decode_kernel(
             if stage + 1 < stop_stage:
                 attn_tile = tile - qkv_tiles
                 wait_qkv_group(attn_tile, layer, group_count, HQ, HKV, D, n_splits, max_polls, timeout_ptr,
-                               BLOCK_P, QKV_SPLIT, ACQUIRE_LOADS)
+                               BLOCK_P, QKV_SPLIT, ACQUIRE_LOADS, POLL_SLEEP)
                 decode_attention_tile(attn_tile, layer, q_ptr, k_cache_ptr, v_cache_ptr, kv_start_ptr, slot_ptr,
                                       part_ptr, lse_ptr, attn_ptr, sem_ptr, B, HQ, HKV, D, S, n_splits,
                                       split_len, sm_scale, BLOCK_G, BLOCK_S, BLOCK_D, BLOCK_M, MERGE_SPLITS,
@@ -149,14 +158,14 @@ def looped_decode_kernel(
                 signal(done)
         elif tile < qkv_tiles + attn_tiles + o_tiles:
             if stage + 2 < stop_stage:
-                wait_for(done, (layer + 1) * attn_tiles, max_polls, timeout_ptr, ACQUIRE_LOADS)
+                wait_for(done, (layer + 1) * attn_tiles, max_polls, timeout_ptr, ACQUIRE_LOADS, POLL_SLEEP)
                 residual_proj_tile(tile - qkv_tiles - attn_tiles, layer, attn_ptr, wo_ptr, x_ptr, proj_part_ptr,
-                                   proj_sem_ptr, B, H, HQ * D, o_split, BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC,
+                                   proj_sem_ptr, B, H, attn_width, o_split, BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC,
                                    ROW_PREFETCH)
                 signal(done + 1)
         elif tile < qkv_tiles + attn_tiles + o_tiles + mlp_tiles:
             if stage + 3 < stop_stage:
-                wait_for(done + 1, (layer + 1) * o_tiles, max_polls, timeout_ptr, ACQUIRE_LOADS)
+                wait_for(done + 1, (layer + 1) * o_tiles, max_polls, timeout_ptr, ACQUIRE_LOADS, POLL_SLEEP)
                 gate_up_tile(tile - qkv_tiles - attn_tiles - o_tiles, layer, x_ptr, mlp_norm_ptr, w_gate_up_ptr, h_ptr,
                              pair_part_ptr, pair_sq_ptr, pair_sem_ptr, B, H, I, eps, BLOCK_B, BLOCK_N, BLOCK_K,
                              DOT_PREC,
@@ -164,7 +173,7 @@ def looped_decode_kernel(
                 signal(done + 2)
         else:
             if stage + 4 < stop_stage:
-                wait_for(done + 2, (layer + 1) * mlp_tiles, max_polls, timeout_ptr, ACQUIRE_LOADS)
+                wait_for(done + 2, (layer + 1) * mlp_tiles, max_polls, timeout_ptr, ACQUIRE_LOADS, POLL_SLEEP)
                 residual_proj_tile(tile - qkv_tiles - attn_tiles - o_tiles - mlp_tiles, layer, h_ptr, w_down_ptr, x_ptr,
                                    proj_part_ptr, proj_sem_ptr, B, H, I, split_k, BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC,
                                    ROW_PREFETCH)
@@ -186,36 +195,39 @@ def looped_decode_kernel(
             if stage + 1 < stop_stage:
                 for tile in range(pid, attn_tiles, nprog):
                     wait_qkv_group(tile, layer, counter_ptr + 1, HQ, HKV, D, n_splits, max_polls, timeout_ptr,
-                                   BLOCK_P, QKV_SPLIT, ACQUIRE_LOADS)
+                                   BLOCK_P, QKV_SPLIT, ACQUIRE_LOADS, POLL_SLEEP)
                     decode_attention_tile(tile, layer, q_ptr, k_cache_ptr, v_cache_ptr, kv_start_ptr, slot_ptr,
                                           part_ptr, lse_ptr, attn_ptr, sem_ptr, B, HQ, HKV, D, S, n_splits,
                                           split_len, sm_scale, BLOCK_G, BLOCK_S, BLOCK_D, BLOCK_M, MERGE_SPLITS,
                                           DOT_PREC)
                 sink = _barrier(counter_ptr, layer * 4, pid, nprog, sink, wo_ptr + layer64 * wo_size, wo_size, 0,
-                                max_polls, timeout_ptr, PREFETCH, PREFETCH_BLOCK, ACQUIRE_LOADS)
+                                max_polls, timeout_ptr, PREFETCH, PREFETCH_BLOCK, ACQUIRE_LOADS, POLL_SLEEP)
             if stage + 2 < stop_stage:
                 for tile in range(pid, o_tiles, nprog):
-                    residual_proj_tile(tile, layer, attn_ptr, wo_ptr, x_ptr, proj_part_ptr, proj_sem_ptr, B, H, HQ * D,
-                                       o_split, BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC, ROW_PREFETCH)
+                    residual_proj_tile(tile, layer, attn_ptr, wo_ptr, x_ptr, proj_part_ptr, proj_sem_ptr, B, H,
+                                       attn_width, o_split, BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC, ROW_PREFETCH)
                 sink = _barrier(counter_ptr, layer * 4 + 1, pid, nprog, sink, w_gate_up_ptr + layer64 * gate_up_size,
-                                gate_up_size, 0, max_polls, timeout_ptr, PREFETCH, PREFETCH_BLOCK, ACQUIRE_LOADS)
+                                gate_up_size, 0, max_polls, timeout_ptr, PREFETCH, PREFETCH_BLOCK,
+                                ACQUIRE_LOADS, POLL_SLEEP)
             if stage + 3 < stop_stage:
                 for tile in range(pid, mlp_tiles, nprog):
                     gate_up_tile(tile, layer, x_ptr, mlp_norm_ptr, w_gate_up_ptr, h_ptr, pair_part_ptr, pair_sq_ptr,
                                  pair_sem_ptr, B, H, I, eps, BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC, ROW_PREFETCH,
                                  MLP_SPLIT)
                 sink = _barrier(counter_ptr, layer * 4 + 2, pid, nprog, sink, w_down_ptr + layer64 * down_size,
-                                down_size, 0, max_polls, timeout_ptr, PREFETCH, PREFETCH_BLOCK, ACQUIRE_LOADS)
+                                down_size, 0, max_polls, timeout_ptr, PREFETCH, PREFETCH_BLOCK,
+                                ACQUIRE_LOADS, POLL_SLEEP)
             if stage + 4 < stop_stage:
                 for tile in range(pid, down_tiles, nprog):
                     residual_proj_tile(tile, layer, h_ptr, w_down_ptr, x_ptr, proj_part_ptr, proj_sem_ptr, B, H, I,
                                        split_k, BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC, ROW_PREFETCH)
                 if layer + 1 < L:
                     sink = _barrier(counter_ptr, layer * 4 + 3, pid, nprog, sink, wqkv_ptr + (layer64 + 1) * qkv_size,
-                                    qkv_size, 0, max_polls, timeout_ptr, PREFETCH, PREFETCH_BLOCK, ACQUIRE_LOADS)
+                                    qkv_size, 0, max_polls, timeout_ptr, PREFETCH, PREFETCH_BLOCK,
+                                    ACQUIRE_LOADS, POLL_SLEEP)
                 else:
                     sink = _barrier(counter_ptr, layer * 4 + 3, pid, nprog, sink, head_ptr, V * H, 0, max_polls,
-                                    timeout_ptr, PREFETCH, PREFETCH_BLOCK, ACQUIRE_LOADS)
+                                    timeout_ptr, PREFETCH, PREFETCH_BLOCK, ACQUIRE_LOADS, POLL_SLEEP)
         if L * 5 < stop_stage:
             for tile in range(pid, n_vocab_tiles, nprog):
                 lm_head_tile(tile, x_ptr, final_norm_ptr, head_ptr, logits_ptr, best_ptr, best_idx_ptr, seed_ptr,

@@ -39,12 +39,13 @@ def signal_qkv_group(tile, count_ptr, HQ, HKV, D, BLOCK_P: tl.constexpr, QKV_SPL
 
 @jit
 def wait_qkv_group(attn_tile, layer, count_ptr, HQ, HKV, D, n_splits, max_polls, timeout_ptr,
-                   BLOCK_P: tl.constexpr, QKV_SPLIT: tl.constexpr, ACQUIRE_LOADS: tl.constexpr):
+                   BLOCK_P: tl.constexpr, QKV_SPLIT: tl.constexpr, ACQUIRE_LOADS: tl.constexpr,
+                   POLL_SLEEP: tl.constexpr):
     """Wait until every Q/K/V tile of layer ``layer`` in the KV head group of attention tile
     ``attn_tile`` has counted itself done."""
     group_tiles = (HQ // HKV + 2) * tl.cdiv(D // 2, BLOCK_P) * QKV_SPLIT
     kv_head = (attn_tile // n_splits) % HKV
-    wait_for(count_ptr + kv_head, (layer + 1) * group_tiles, max_polls, timeout_ptr, ACQUIRE_LOADS)
+    wait_for(count_ptr + kv_head, (layer + 1) * group_tiles, max_polls, timeout_ptr, ACQUIRE_LOADS, POLL_SLEEP)
 
 
 # Sizes that change from call to call are not specialized: one compile serves them all.
@@ -57,7 +58,7 @@ def qkv_attention_kernel(
     HAS_BIAS: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     MERGE_SPLITS: tl.constexpr, DOT_PREC: tl.constexpr, ROW_PREFETCH: tl.constexpr, QKV_SPLIT: tl.constexpr,
-    ACQUIRE_LOADS: tl.constexpr, USE_PDL: tl.constexpr,
+    ACQUIRE_LOADS: tl.constexpr, POLL_SLEEP: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     after_previous_kernel(USE_PDL)
     pid = tl.program_id(0)
@@ -70,7 +71,7 @@ def qkv_attention_kernel(
         signal_qkv_group(pid, count_ptr, HQ, HKV, D, BLOCK_P, QKV_SPLIT)
     else:
         wait_qkv_group(pid - qkv_tiles, layer, count_ptr, HQ, HKV, D, n_splits, max_polls, timeout_ptr,
-                       BLOCK_P, QKV_SPLIT, ACQUIRE_LOADS)
+                       BLOCK_P, QKV_SPLIT, ACQUIRE_LOADS, POLL_SLEEP)
         decode_attention_tile(pid - qkv_tiles, layer, q_ptr, k_cache_ptr, v_cache_ptr, kv_start_ptr, slot_ptr,
                               part_ptr, lse_ptr, attn_ptr, sem_ptr, B, HQ, HKV, D, S, n_splits, split_len,
                               sm_scale, BLOCK_G, BLOCK_S, BLOCK_D, BLOCK_M, MERGE_SPLITS,

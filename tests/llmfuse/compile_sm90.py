@@ -95,10 +95,11 @@ def main(argv: list[str]) -> int:
             # and the barrier polls by acquire loads (inline PTX), per-layer kernels (--all) with
             # programmatic dependent launch; batches 1 and 8 Q/K/V and attention in one launch;
             # batch 1 the looped path as one-tile programs ordered by dependency (dataflow, refused
-            # above batch 1), batch 8 the persistent looped schedule
+            # above batch 1), batch 8 the persistent looped schedule; both with a sleep between polls
             plan = ops.make_plan(cfg, batch, 40, dtype, torch.device("cuda"), looped_programs=h100.sm_count,
                                  split_k=2 if batch == 8 else None, acquire_loads=batch == 8,
-                                 pdl=batch == 8, fuse_attention=batch < 64, dataflow=batch == 1)
+                                 pdl=batch == 8, fuse_attention=batch < 64, dataflow=batch == 1,
+                                 poll_sleep_ns=128 if batch < 64 else 0)
             buf = ops.DecodeBuffers.allocate(cfg, plan, dtype, torch.device("cpu"))
             cache = ref.KVCache.empty(cfg, batch, 40, dtype=dtype, device="cpu")
             tokens = torch.zeros(batch, dtype=torch.int64)
