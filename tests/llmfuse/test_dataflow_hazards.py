@@ -4,7 +4,6 @@ path with the GPU's block sizes and K splits (the configuration that gave wrong 
 H200); and the check itself finds the races it is meant to find."""
 
 import copy
-import dataclasses
 
 import pytest
 import torch
@@ -34,9 +33,7 @@ def _traced_step(batch: int, n_splits: int, tuning: dict, gen) -> tuple[Trace, o
     device = torch.device(test_device())
     w = random_weights(CFG, dtype=torch.float32, device=device, generator=gen, std=0.1)
     slots = SLOTS[batch]
-    plan = ops.make_plan(CFG, batch, slots, torch.float32, device, n_splits=n_splits, **tuning)
-    # refused by make_plan above batch 1 until the GPU verifies it (ops.DATAFLOW_MAX_BATCH): built here
-    plan = dataclasses.replace(plan, dataflow=True)
+    plan = ops.make_plan(CFG, batch, slots, torch.float32, device, n_splits=n_splits, dataflow=True, **tuning)
     buf = ops.DecodeBuffers.allocate(CFG, plan, torch.float32, device)
     cache = ref.KVCache.empty(CFG, batch, slots, dtype=torch.float32, device=device)
     buf.kv_start.copy_((torch.arange(batch) * 3) % 7)

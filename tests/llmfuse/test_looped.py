@@ -19,16 +19,10 @@ CFG = LlamaConfig(vocab_size=97, hidden_size=48, intermediate_size=88, num_hidde
                   num_attention_heads=6, num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-5)
 
 
-def _state(cfg, w, batch, slots, dtype, gen, device, looped_programs=None, n_splits=3, split_k=None,
-           force_dataflow=False, **tuning):
-    """Plan, buffers (x embedded), a cache prefilled up to slot ``slots - 3`` and the step's tokens.
-
-    ``force_dataflow``: the dependency-ordered looped schedule at any batch, which make_plan refuses
-    above ``ops.DATAFLOW_MAX_BATCH`` until the GPU verifies it (the GPU tests below keep measuring it)."""
+def _state(cfg, w, batch, slots, dtype, gen, device, looped_programs=None, n_splits=3, split_k=None, **tuning):
+    """Plan, buffers (x embedded), a cache prefilled up to slot ``slots - 3`` and the step's tokens."""
     plan = ops.make_plan(cfg, batch, slots, dtype, torch.device(device), n_splits=n_splits,
                          looped_programs=looped_programs, split_k=split_k, **tuning)
-    if force_dataflow:
-        plan = dataclasses.replace(plan, dataflow=True)
     buf = ops.DecodeBuffers.allocate(cfg, plan, dtype, torch.device(device))
     cache = ref.KVCache.empty(cfg, batch, slots, dtype=dtype, device=device)
     prompt = torch.randint(0, cfg.vocab_size, (batch, slots - 3), generator=gen).to(device)
@@ -76,7 +70,7 @@ DEEP_CFG = LlamaConfig(**{**CFG.__dict__, "num_hidden_layers": 6})
 
 # tensor-core tiles, without and with split K; the looped path as the persistent kernel and as
 # one-tile programs ordered by dependency (dataflow)
-@pytest.mark.parametrize("batch, split_k, dataflow", [(3, 1, False), (9, 2, False), (1, 1, True)])
+@pytest.mark.parametrize("batch, split_k, dataflow", [(3, 1, False), (9, 2, False), (1, 1, True), (5, 2, True)])
 def test_looped_equals_per_layer_over_many_layers(batch, split_k, dataflow, gen):
     """Both paths run the same tile functions on the same values in the same order, so under the
     interpreter they agree bit for bit after every layer of a deep model at batch > 1.  Compiled,
@@ -118,9 +112,12 @@ def test_barrier_that_cannot_complete_raises_the_timeout_flag(gen, monkeypatch):
     assert ops.looped_timed_out(buf)
 
 
-def test_dataflow_schedule_is_refused_above_the_verified_batch():
-    with pytest.raises(ValueError, match="dataflow=True is verified on the GPU only for batch <= 1"):
-        ops.make_plan(CFG, 2, 8, torch.float32, torch.device(test_device()), dataflow=True)
+def test_dataflow_schedule_is_chosen_at_any_batch_and_by_default_only_at_batch_1_on_the_gpu():
+    for batch in (1, 9):
+        plan = ops.make_plan(CFG, batch, 8, torch.float32, torch.device(test_device()), dataflow=True)
+        assert plan.dataflow
+        assert ops.make_plan(CFG, batch, 8, torch.float32, torch.device(test_device())).dataflow == (
+            fusecore.COMPILED and batch == 1)
 
 
 def test_looped_rejects_bad_stop_stage(gen):
@@ -208,7 +205,7 @@ def _first_divergence(cfg, w, plan, buf0, cache0, tokens, inv_freq, tol) -> str:
     return "no stage differs from the persistent kernel beyond the tolerance"
 
 
-def _check_dataflow_on_gpu(cfg, batch, slots, n_splits, split_k, gen, **tuning):
+def _check_dataflow_on_gpu(cfg, batch, slots, n_splits, split_k, gen):
     """Three launches of the dataflow schedule: bitwise equal, no wait timed out, logits within the
     rounding bound of the per-layer launches.  A failure says which of these broke and where the
     dataflow schedule first departs from the persistent one (race: launches differ; timeouts: a
@@ -217,7 +214,7 @@ def _check_dataflow_on_gpu(cfg, batch, slots, n_splits, split_k, gen, **tuning):
     dtype = torch.bfloat16
     w = random_weights(cfg, dtype=dtype, device=device, generator=torch.Generator(device).manual_seed(0), std=0.1)
     plan, buf0, cache0, tokens = _state(cfg, w, batch, slots, dtype, gen, device, n_splits=n_splits, split_k=split_k,
-                                        force_dataflow=True, **tuning)
+                                        dataflow=True)
     inv_freq = cfg.rope_inv_freq().to(device)
     buf, cache = _copy(buf0, cache0)
     ops.fused_step(w, cfg, cache, buf, plan, inv_freq, tokens, looped=False, write_logits=True)
@@ -232,7 +229,7 @@ def _check_dataflow_on_gpu(cfg, batch, slots, n_splits, split_k, gen, **tuning):
     err, rows = _rows_over(runs[0], buf.logits, tol)
     if timed_out or differing or err > tol:
         where = _first_divergence(cfg, w, plan, buf0, cache0, tokens, inv_freq, tol)
-        pytest.fail(f"dataflow, batch {batch}, {tuning or 'default plan'}: timed out {timed_out}; launches "
+        pytest.fail(f"dataflow, batch {batch}: timed out {timed_out}; launches "
                     f"{differing} differ from launch 0; logits vs per-layer rel. error {err:.3e} (tolerance "
                     f"{tol:.1e}) in rows {rows}; {where}")
 
@@ -246,12 +243,11 @@ def test_gpu_dataflow_kernel_equals_per_layer_and_is_reproducible(batch, gen):
 
 
 @pytest.mark.gpu
-# and at batch 9 without cp.async pipelining (every load a plain one)
-@pytest.mark.parametrize("batch, tuning", [(5, {}), (9, {}), (9, {"num_stages": 1})])
-def test_gpu_dataflow_on_the_configuration_that_failed(batch, tuning, gen):
+@pytest.mark.parametrize("batch", [5, 9])
+def test_gpu_dataflow_on_the_configuration_that_failed(batch, gen):
     """The 6-layer test configuration whose logits were wrong on the H200 at batch 9 (session 3's final
     run, 0.14) and 5 (its rerun, 0.32): K split 2, one attention split, more programs than fit at once."""
-    _check_dataflow_on_gpu(DEEP_CFG, batch, 19, 3, 2, gen, **tuning)
+    _check_dataflow_on_gpu(DEEP_CFG, batch, 19, 3, 2, gen)
 
 
 @pytest.mark.gpu
