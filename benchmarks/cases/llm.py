@@ -288,7 +288,7 @@ def _looped_prefixes(ctx: Context, cfg: LlamaConfig, w: LlamaWeights, cache: ref
 # at batch 8 the dependency-ordered schedule (its acquire restored) against the persistent kernel,
 # the looped default there, each checked against the per-layer launches.
 PLAN_SWEEP: list[tuple[int, bool, dict[str, int]]] = [
-    (1, True, {}), (1, True, {"poll_sleep_ns": 256}), (1, True, {"poll_sleep_ns": 1024}),
+    (1, True, {}), (1, True, {"poll_sleep_ns": 1024}),
     (8, True, {}), (8, True, {"dataflow": True}),
 ]
 QUICK_PLAN_SWEEP = [(1, False, {"row_prefetch": False}), (3, False, {"block_b": 4}),
