@@ -68,15 +68,18 @@ class _Buffers:
         self.spans = spans
 
     def locate(self, addresses: np.ndarray) -> tuple[str, np.ndarray] | None:
+        """The buffer all ``addresses`` fall in and their element indices; None outside every buffer
+        (weights, which no program writes).  An access reaching from one buffer into another is an error."""
         if addresses.size == 0:
             return None
-        first = int(addresses.min())
+        first, last = int(addresses.min()), int(addresses.max())
         i = bisect.bisect_right(self.starts, first) - 1
-        if i < 0:
+        start, end, name, size = self.spans[i] if i >= 0 else (0, 0, "", 1)
+        if first >= end:
+            j = bisect.bisect_right(self.starts, last) - 1
+            assert j == i or last >= self.spans[j][1], f"an access reaches into {self.spans[j][2]} from outside it"
             return None
-        start, end, name, size = self.spans[i]
-        if not int(addresses.max()) < end:
-            return None
+        assert last < end, f"an access reaches past the end of {name}"
         return name, ((addresses.astype(np.int64) - start) // size)
 
 

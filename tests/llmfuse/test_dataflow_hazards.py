@@ -60,6 +60,9 @@ def test_dataflow_schedule_at_the_gpu_plan_of_batch_9_has_no_race(batch9_trace):
     merges_per_layer = (tiles["qkv"] // plan.qkv_split + tiles["gate_up"] // plan.mlp_split
                         + tiles["o_proj"] // plan.o_split + tiles["down"] // plan.split_k + tiles["attention"])
     assert checked["rounds"] == CFG.num_hidden_layers * merges_per_layer
+    touched = {e.buffer for events in trace.programs for e in events if e.buffer}
+    assert touched >= {"x", "q", "attn", "part", "lse", "h", "pair_part", "pair_sq", "proj_part", "k_cache",
+                       "v_cache", "logits", "sem", "pair_sem", "proj_sem", "counter"}
 
 
 def test_dataflow_schedule_with_row_sums_and_split_attention_has_no_race(gen):
