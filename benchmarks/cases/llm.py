@@ -283,12 +283,14 @@ def _looped_prefixes(ctx: Context, cfg: LlamaConfig, w: LlamaWeights, cache: ref
 # Session 3 (mid run 2): row_prefetch=False 1.024 against 0.942 at batch 1, fuse_attention=True
 # 0.935, the looped path as dependency-ordered tiles 1.248 (persistent kernel 1.83); gate/up in one
 # K part 1.303 / 2.010 against 1.305 / 1.986 in two at batch 8 / 64.
-# Session 4: the looped path at batch 1 (dependency-ordered one-tile programs) with a sleep between
-# the polls of a waiting program (poll_sleep_ns, kernels/grid_barrier.py) against back-to-back polls;
-# at batch 8 the dependency-ordered schedule (its acquire restored) against the persistent kernel,
-# the looped default there, each checked against the per-layer launches.
+# Session 4: every wait now ends in an acquire read (kernels/grid_barrier.py), one more round trip
+# after the count is seen, except with acquire_loads (the polls themselves acquire: the per-layer
+# fused Q/K/V + attention launch at batch 1 with them); the looped path at batch 1
+# (dependency-ordered one-tile programs) with a sleep between the polls of a waiting program
+# (poll_sleep_ns) against back-to-back polls; at batch 8 the dependency-ordered schedule against the
+# persistent kernel, the looped default there, each checked against the per-layer launches.
 PLAN_SWEEP: list[tuple[int, bool, dict[str, int]]] = [
-    (1, True, {}), (1, True, {"poll_sleep_ns": 1024}),
+    (1, False, {"acquire_loads": True}), (1, True, {}), (1, True, {"poll_sleep_ns": 1024}),
     (8, True, {}), (8, True, {"dataflow": True}),
 ]
 QUICK_PLAN_SWEEP = [(1, False, {"row_prefetch": False}), (3, False, {"block_b": 4}),
