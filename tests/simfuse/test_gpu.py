@@ -100,3 +100,22 @@ def test_validate_switch_reads_actions_on_the_gpu(device):
             env.step(actions)
     finally:
         torch.cuda.set_sync_debug_mode(0)
+
+
+@pytest.mark.gpu
+def test_tile_state_env_on_the_gpu_equals_the_oracle_and_small_runs(device):
+    """OscillatorSwarm-v0 with 40 particles (two threads of a warp per env, padding rows) on the GPU: start
+    states bit for bit the numpy oracle's, and env i's rollout, resets included, independent of N."""
+    n, particles = 20_011, 40
+    kwargs = {"num_particles": particles, "max_episode_steps": 4, "device": device}
+    big = simfuse.make_vec("OscillatorSwarm-v0", n, **kwargs)
+    small = simfuse.make_vec("OscillatorSwarm-v0", 37, **kwargs)
+    big.reset(seed=9)
+    small.reset(seed=9)
+    expected = reference.chain_start_angles(9, np.arange(n), 0, particles)
+    assert torch.equal(big.get_state()[:, :particles].cpu(), expected)
+    a = big.rollout("random", num_steps=9)
+    b = small.rollout("random", num_steps=9)
+    assert a.truncated.any()
+    assert torch.equal(a.obs[:, :37], b.obs) and torch.equal(a.rewards[:, :37], b.rewards)
+    assert torch.equal(a.next_obs[:37], b.next_obs)
