@@ -40,7 +40,7 @@ the fused attention ops under several tile sizes and warps per program
 kernels (``edge_lanes``) and with every row in the row kernel (``light_max_degree=-1``): the A/B
 behind the GPU defaults.
 
-``arxiv_launch`` (not a headline row) separates host work from GPU time on the arxiv-like graph:
+``arxiv_launch_*`` (not headline rows) separate host work from GPU time on the arxiv-like graph:
 the fused GATConv and its attention op as called and replayed as a CUDA graph (GPU time alone), fp32
 and bf16, beside compiled PyG in bf16, and schedule candidates with fewer launches per pass
 (``ScheduleOptions.light_widths``), rows of degree up to 64 in light tiles, or bf16 tiles of fp32's
@@ -601,7 +601,7 @@ def lanes_backward_case(ctx: Context) -> None:
     _tile_runs(ctx, spec, names, [torch.float32], (DEFAULT, LANES), train=(DEFAULT[0], LANES[0]))
 
 
-LAUNCH_REP_MS = 200.0  # the eager rows of arxiv_launch are host-bound at times: more samples for a stable median
+LAUNCH_REP_MS = 200.0  # the as-called rows of arxiv_launch are host-bound at times: more samples, a stable median
 LIGHT_WIDTHS = ("light widths 4, 16", ScheduleOptions(light_widths=(4, 16)))
 LIGHT_ONE_WIDTH = ("light width 16 only", ScheduleOptions(light_widths=(16,)))
 LIGHT_UP_TO_64 = ("light rows up to degree 64", ScheduleOptions(light_max_degree=64))
@@ -609,76 +609,122 @@ LIGHT_FEW_UP_TO_64 = ("light widths 4, 16, 64", ScheduleOptions(light_max_degree
 REPLAYED = ", CUDA graph"
 
 
-@case("gnn", "arxiv_launch", baseline="default schedule", headline=False)
-def arxiv_launch_case(ctx: Context) -> None:
-    """Host work against GPU time on the arxiv-like graph: is the fused GAT bound by its launches?
+@dataclass
+class LaunchSetup:
+    """The GATConv layer, inputs and floors of one dtype on the arxiv-like graph (arxiv_launch cases)."""
 
-    Rows ``layer,<dtype>,<phase>``: the fused GATConv as called ("default schedule": host work and
-    GPU work overlapped as in use) and replayed as a CUDA graph (GPU time alone), fp32 and bf16
-    forward, bf16 forward+backward, next to PyG GATConv under torch.compile in bf16 (the baseline
-    of the bf16 target).  Rows ``op,<dtype>,<phase>``: the attention op alone (``ops.gat`` with the
-    bias added in its store, as the layer's inference forward does) under the default schedule
-    and candidates with fewer launches or larger tiles (``light_widths=(4, 16)`` and ``(16,)``:
-    two or one light launches per pass instead of five, more masked edge slots;
-    ``light_max_degree=64``: rows of degree 17-64 in one-row light tiles instead of the row
-    kernel, whose per-lane state takes ~200 registers, 2 programs per SM; both together;
-    ``tile_elements=8192``: the same bytes per bf16 tile as an fp32 one), each as called and
-    replayed.  Timing budget 200 ms per row (host jitter)."""
+    spec: GraphSpec
+    graph: Graph
+    layer: GATConv
+    x: torch.Tensor
+    grad: torch.Tensor
+    floors: list[int]
+    params: dict
+
+
+def _launch_setup(ctx: Context, dtype: torch.dtype) -> LaunchSetup:
+    """Layer and inputs of one dtype, its forward checked against the unfused reference."""
     spec = QUICK[0] if ctx.quick else next(s for s in FULL if s.name == "arxiv-like")
     if ctx.gpu:
         ctx.rep_ms = LAUNCH_REP_MS
     edges, n = _edges(spec.name, ctx.device)
     graph = Graph(edges, n)
     gen = torch.Generator().manual_seed(5)
-    dtypes = [torch.float32] if ctx.quick else [torch.bfloat16, torch.float32]  # bf16 first: the target in question
-    failures: list[str] = []
-    for dtype in dtypes:
-        tag = "fp32" if dtype == torch.float32 else "bf16"
-        params = {"graph": spec.name, "nodes": n, "edges": graph.num_edges, "dtype": tag}
-        floors = [gat_floor_bytes(graph, spec.heads, spec.head_dim, dtype, phase) for phase in (False, True)]
-        torch.manual_seed(0)
-        layer = GATConv(spec.in_feats, spec.head_dim, spec.heads).to(device=ctx.device, dtype=dtype)
-        with torch.no_grad():
-            layer.bias.copy_(torch.randn(layer.bias.shape))
-        x = torch.randn(n, spec.in_feats, generator=gen).to(device=ctx.device, dtype=dtype)
-        grad = torch.randn(n, spec.heads, spec.head_dim, generator=gen).to(device=ctx.device, dtype=dtype)
-        tol = 2e-3 if dtype == torch.float32 else 2e-2
-        with torch.no_grad():
-            expected = layer(graph, x).float()
-            with use_reference():
-                ctx.check(f"{tag} layer forward vs reference", expected, layer(graph, x).float(), tol)
-        phases = [("fwd", _forward(lambda: layer(graph, x)), floors[0])]
-        if dtype == torch.bfloat16 or ctx.quick:
-            phases.append(("fwd+bwd", _train_step(lambda: layer(graph, x), list(layer.parameters()), grad), floors[1]))
-        for phase, run, floor in phases:
-            ctx.time(DEFAULT[0], run, bytes_moved=floor, params=params, variant=f"layer,{tag},{phase}")
-            _time_replayed(ctx, DEFAULT[0] + REPLAYED, run, floor, params, f"layer,{tag},{phase}")
-        if dtype == torch.bfloat16 and ctx.gpu:
-            pyg = torch.compile(_pyg_twin(layer, spec, dtype, ctx.device), dynamic=False)
-            compiled = (("fwd", _forward(lambda: pyg(x, edges)), floors[0]),
-                        ("fwd+bwd", _train_step(lambda: pyg(x, edges), list(pyg.parameters()), grad.reshape(n, -1)),
-                         floors[1]))
-            for phase, run, floor in compiled:
-                try:  # the first call compiles; a failure drops only this baseline
-                    ctx.time("PyG GATConv torch.compile", run, bytes_moved=floor, params=params,
-                             variant=f"layer,{tag},{phase}")
-                except Exception as exc:  # noqa: BLE001 - report and keep the other rows
-                    print(f"[gnn] torch.compile of PyG GATConv {phase} failed: {type(exc).__name__}: {exc}")
-        failures += _launch_variants(ctx, spec, layer, graph, x, grad, dtype, floors, params)
-        if ctx.gpu:
-            torch.cuda.empty_cache()
+    tag = "fp32" if dtype == torch.float32 else "bf16"
+    torch.manual_seed(0)
+    layer = GATConv(spec.in_feats, spec.head_dim, spec.heads).to(device=ctx.device, dtype=dtype)
+    with torch.no_grad():
+        layer.bias.copy_(torch.randn(layer.bias.shape))
+    x = torch.randn(n, spec.in_feats, generator=gen).to(device=ctx.device, dtype=dtype)
+    grad = torch.randn(n, spec.heads, spec.head_dim, generator=gen).to(device=ctx.device, dtype=dtype)
+    with torch.no_grad():
+        fused = layer(graph, x).float()
+        with use_reference():
+            ctx.check(f"{tag} layer forward vs reference", fused, layer(graph, x).float(),
+                      2e-3 if dtype == torch.float32 else 2e-2)
+    floors = [gat_floor_bytes(graph, spec.heads, spec.head_dim, dtype, phase) for phase in (False, True)]
+    params = {"graph": spec.name, "nodes": n, "edges": graph.num_edges, "dtype": tag}
+    return LaunchSetup(spec, graph, layer, x, grad, floors, params)
+
+
+def _layer_phases(setup: LaunchSetup, train: bool) -> list[tuple[str, Callable, int]]:
+    layer, graph, x = setup.layer, setup.graph, setup.x
+    phases = [("fwd", _forward(lambda: layer(graph, x)), setup.floors[0])]
+    if train:
+        phases.append(("fwd+bwd", _train_step(lambda: layer(graph, x), list(layer.parameters()), setup.grad),
+                       setup.floors[1]))
+    return phases
+
+
+def _launch_rows(ctx: Context, dtype: torch.dtype, train: bool) -> None:
+    """The layer as called and replayed, then the attention-op candidates; a failing candidate
+    does not stop the others (failures reported at the end)."""
+    setup = _launch_setup(ctx, dtype)
+    tag = setup.params["dtype"]
+    for phase, run, floor in _layer_phases(setup, train):
+        ctx.time(DEFAULT[0], run, bytes_moved=floor, params=setup.params, variant=f"layer,{tag},{phase}")
+        _time_replayed(ctx, DEFAULT[0] + REPLAYED, run, floor, setup.params, f"layer,{tag},{phase}")
+    failures = _launch_variants(ctx, setup, dtype, train)
+    if ctx.gpu:
+        torch.cuda.empty_cache()
     if failures:
         raise CheckFailed("; ".join(failures))
 
 
-def _launch_variants(ctx: Context, spec: GraphSpec, layer: GATConv, graph: Graph, x: torch.Tensor,
-                     grad: torch.Tensor, dtype: torch.dtype, floors: list[int], params: dict) -> list[str]:
-    """The attention-op rows of :func:`arxiv_launch_case`: default schedule and candidates, each as
-    called and replayed (bf16 also forward+backward); returns the failures of candidates, each
-    failing alone so the others are still measured."""
+# Three cases (all run by --case arxiv_launch, in this order: bf16 candidates, the compiled baseline,
+# fp32), so a time limit hit late costs only the last one's rows (a case's table is printed when it ends).
+@case("gnn", "arxiv_launch_bf16", baseline="default schedule", headline=False)
+def arxiv_launch_bf16_case(ctx: Context) -> None:
+    """Host work against GPU time on the arxiv-like graph, bf16: is the fused GAT bound by its launches?
+
+    Rows ``layer,bf16,<phase>``: the fused GATConv as called ("default schedule": host work and
+    GPU work overlapped as in use) and replayed as a CUDA graph (GPU time alone), forward and
+    forward+backward.  Rows ``op,bf16,<phase>``: the attention op alone (``ops.gat`` with the bias
+    added in its store, as the layer's inference forward does) under the default schedule and
+    candidates with fewer launches or larger tiles (``light_widths=(4, 16)`` and ``(16,)``: two or
+    one light launches per pass instead of five, more masked edge slots; ``light_max_degree=64``:
+    rows of degree 17-64 in one-row light tiles instead of the row kernel, whose per-lane state
+    takes ~200 registers, 2 programs per SM; both together; ``tile_elements=8192``: the same
+    bytes per bf16 tile as an fp32 one), each as called and replayed.  Timing budget 200 ms per
+    row (host jitter).  Quick mode: fp32 on the tiny graph."""
+    _launch_rows(ctx, torch.float32 if ctx.quick else torch.bfloat16, train=True)
+
+
+@case("gnn", "arxiv_launch_compiled", baseline="default schedule", headline=False)
+def arxiv_launch_compiled_case(ctx: Context) -> None:
+    """The bf16 target's baseline in the same run: PyG GATConv under torch.compile in bf16 on the
+    arxiv-like graph, forward and forward+backward, beside the fused layer as called (quick mode:
+    PyG eager in fp32 on the tiny graph, no torch.compile)."""
+    dtype = torch.float32 if ctx.quick else torch.bfloat16
+    setup = _launch_setup(ctx, dtype)
+    pyg = _pyg_twin(setup.layer, setup.spec, dtype, ctx.device)
+    label = "PyG GATConv eager" if ctx.quick else "PyG GATConv torch.compile"
+    if not ctx.quick:
+        pyg = torch.compile(pyg, dynamic=False)
+    x, edges, n, tag = setup.x, setup.graph.edge_index, setup.graph.num_nodes, setup.params["dtype"]
+    compiled = (("fwd", _forward(lambda: pyg(x, edges)), setup.floors[0]),
+                ("fwd+bwd", _train_step(lambda: pyg(x, edges), list(pyg.parameters()), setup.grad.reshape(n, -1)),
+                 setup.floors[1]))
+    for (phase, run, floor), (_, fused, _) in zip(compiled, _layer_phases(setup, train=True)):
+        ctx.time(DEFAULT[0], fused, bytes_moved=floor, params=setup.params, variant=f"layer,{tag},{phase}")
+        ctx.time(label, run, bytes_moved=floor, params=setup.params, variant=f"layer,{tag},{phase}")
+
+
+@case("gnn", "arxiv_launch_fp32", baseline="default schedule", headline=False)
+def arxiv_launch_fp32_case(ctx: Context) -> None:
+    """As ``arxiv_launch_bf16`` in fp32, forward only, with the candidates that need no new
+    compiled specialisation (the light-width ones)."""
+    _launch_rows(ctx, torch.float32, train=False)
+
+
+def _launch_variants(ctx: Context, setup: LaunchSetup, dtype: torch.dtype, train: bool) -> list[str]:
+    """The attention-op rows of the arxiv_launch cases: default schedule and candidates, each as
+    called and replayed (with ``train`` also forward+backward); returns the failures of
+    candidates, each failing alone so the others are still measured."""
+    spec, layer, graph, params, floors = setup.spec, setup.layer, setup.graph, setup.params, setup.floors
     tag = params["dtype"]
     n = graph.num_nodes
-    wh = layer.fc(x).detach().view(n, spec.heads, spec.head_dim).requires_grad_(True)
+    wh = layer.fc(setup.x).detach().view(n, spec.heads, spec.head_dim).requires_grad_(True)
     leaves = [wh, layer.attn_l, layer.attn_r, layer.bias]
 
     def call(schedule):
@@ -688,9 +734,11 @@ def _launch_variants(ctx: Context, spec: GraphSpec, layer: GATConv, graph: Graph
         expected = call(None).float()
     # (variant, also forward+backward): fp32 only the launch-count candidates (no new compiles);
     # every compiled specialisation costs GPU time, so the rest in bf16 only.
-    variants = [(DEFAULT, True), (LIGHT_WIDTHS, True), (LIGHT_ONE_WIDTH, True)]
-    if dtype == torch.bfloat16 or ctx.quick:
-        variants += [(LIGHT_UP_TO_64, True), (LIGHT_FEW_UP_TO_64, False), (TILE_VARIANTS[3], False)]  # tiles 8192
+    variants = [(DEFAULT, train), (LIGHT_WIDTHS, train), (LIGHT_ONE_WIDTH, train)]
+    if dtype == torch.bfloat16:
+        variants += [(LIGHT_UP_TO_64, train), (LIGHT_FEW_UP_TO_64, False), (TILE_VARIANTS[3], False)]  # tiles 8192
+    if ctx.quick:  # the interpreter smoke run: two variants
+        variants = variants[:2]
     failures = []
     for (label, schedule), train in variants:
         try:
@@ -698,8 +746,8 @@ def _launch_variants(ctx: Context, spec: GraphSpec, layer: GATConv, graph: Graph
                 ctx.check(f"{tag} op {label}", call(schedule).float(), expected,
                           2e-3 if dtype == torch.float32 else 2e-2)
             phases = [("fwd", _forward(lambda s=schedule: call(s)), floors[0])]
-            if train and (dtype == torch.bfloat16 or ctx.quick):
-                phases.append(("fwd+bwd", _train_step(lambda s=schedule: call(s), leaves, grad), floors[1]))
+            if train:
+                phases.append(("fwd+bwd", _train_step(lambda s=schedule: call(s), leaves, setup.grad), floors[1]))
             for phase, run, floor in phases:
                 ctx.time(label, run, bytes_moved=floor, params=params, variant=f"op,{tag},{phase}")
                 _time_replayed(ctx, label + REPLAYED, run, floor, params, f"op,{tag},{phase}")
