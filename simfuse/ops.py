@@ -29,7 +29,7 @@ POLICY_IDS = {"random": 0, "given": 1, "mlp": 2}
 
 @dataclasses.dataclass(frozen=True)
 class Tuning:
-    """Launch choices of the classic rollout kernel (the ``sim/tuning`` benchmark compares variants).
+    """Launch choices of the rollout kernels (the ``sim/tuning`` and ``sim/chain`` benchmarks compare variants).
 
     ``group_random_draws``: the random policy's steps run in unrolled groups of four that
     share one Philox call (else one step per loop iteration, with a test for the next call);
@@ -39,7 +39,9 @@ class Tuning:
     where the kernel is latency-bound; measured on an H200, CUDA-graph replays: 1.08x at
     4,096 envs, 0.93x at 1 M);
     ``env_block`` / ``env_warps``: envs per program and warps for the random and given
-    policies; ``mlp_block`` / ``mlp_warps``: the same for MLP policies (None: automatic).
+    policies; ``mlp_block`` / ``mlp_warps``: the same for MLP policies (None: automatic);
+    ``chain_links_per_thread``: the most links (particles) of one env a thread of the
+    tile-state kernel holds (:func:`chain_launch`).
     """
 
     group_random_draws: bool = True
@@ -48,6 +50,7 @@ class Tuning:
     env_warps: int | None = None
     mlp_block: int | None = None
     mlp_warps: int | None = None
+    chain_links_per_thread: int = 32
 
 
 _tuning = Tuning()
@@ -282,22 +285,19 @@ def _select_reference(out: reference.RolloutOutputs, env: EnvDef, write_obs: boo
     )
 
 
-# links (or particles) of one env held by one thread of the tile-state kernel: 2 x 64 float32
-# state registers and the step's temporaries fit in ~170 registers (3 warps per scheduler)
-MAX_LINKS_PER_THREAD = 32
-
 def chain_launch(num_links: int) -> tuple[int, dict]:
     """Envs per program and launch options of the tile-state kernel: one warp, the link axis within threads.
 
-    The [L_PAD, BLOCK] tiles put an env's links in the registers of one thread (up to 64 of
-    them; 2 or 4 threads of a warp share 128 or 256), so the two row sums of a step are
-    in-thread additions (and at most two shuffles) and the per-env work of a step (policy
-    draw, flags, counters) is done once per env, not once per thread of a row-spread tile.
-    The previous layout ([BLOCK, L] tiles, links across 16 threads) took 22-30 SASS
-    instructions per element-step and measured ~1.9 ps per element-step on an H200 (S = 256).
+    The [L_PAD, BLOCK] tiles put an env's links in the registers of one thread, up to
+    ``chain_links_per_thread`` (32) of them, and 2, 4 or 8 threads of the warp share 64, 128 or
+    256: a step's two row sums are in-thread additions (then at most three shuffles) and its
+    per-env work (policy draw, flags, counters) is done once per env.  32 links per thread
+    take 150-250 registers (sm_90) and no spills; 64 spill (0.8-0.9 KB of stack).  The
+    previous layout ([BLOCK, L] tiles, links across 16 threads) took 18-30 SASS instructions
+    per element-step and measured 1.6-2.6 ps per element-step on an H200 (S = 16 .. 256).
     """
     links = next_power_of_2(num_links)
-    threads_per_env = max(1, links // MAX_LINKS_PER_THREAD)
+    threads_per_env = max(1, links // _tuning.chain_links_per_thread)
     return 32 // threads_per_env, {"num_warps": 1, "enable_fp_fusion": False}
 
 

@@ -330,6 +330,14 @@ def _chain_sweep(quick: bool) -> list[tuple[str, int, bool]]:
             + [("OscillatorSwarm-v0", 16, True), ("PendulumChain-v0", 16, False)])
 
 
+def _chain_variants(quick: bool) -> dict[tuple[str, int, bool], list[tuple[str, dict]]]:
+    """Launch variants timed next to the default at some points: (implementation, ops.tuned overrides)."""
+    size, per_thread = (4, 2) if quick else (64, 16)
+    return {("OscillatorSwarm-v0", size, False): [
+        (f"fused rollout, {per_thread} particles per thread ({size // per_thread} threads per env)",
+         {"chain_links_per_thread": per_thread})]}
+
+
 @case("sim", "chain", baseline="torch per-step loop")
 def chain_case(ctx: Context) -> None:
     """Gleeson's curve: fused-over-unfused speedup against the unfused step's memory traffic.
@@ -342,6 +350,9 @@ def chain_case(ctx: Context) -> None:
     episode statistics (the fusion effect alone).  The x axis of the plot is the unfused
     step's traffic, N S · 160 B (:data:`UNFUSED_BYTES_PER_ELEMENT`).  Two further points:
     the trajectory written (S = 16) and PendulumChain-v0 (a sine and a floor per link, S = 16).
+    At S = 64 a second launch splits each env over four threads of 16 particles instead of
+    two of 32 (:data:`simfuse.ops.Tuning` ``chain_links_per_thread``): 11 instructions per
+    element-step instead of 8.5 but ~140 registers instead of ~250 (twice the resident warps).
 
     Expected, from the byte and instruction counts (H200: ~3.6 TB/s reached by elementwise
     kernels, 132 x 4 schedulers x 32 lanes x 1.98 GHz = 3.3e13 thread-instructions/s, ~80%
@@ -366,29 +377,35 @@ def chain_case(ctx: Context) -> None:
     element-step (a sine with its range reduction, a floor division) against 200 B unfused.
     Measured numbers: simfuse/README.md.
     """
+    from simfuse import ops
+
     k = 4 if ctx.quick else 32
     envs = 67 if ctx.quick else 1 << 20
     # the unfused loop takes up to ~0.1 s a call: 50 ms of replays per row keep the case near 20 s
     ctx.rep_ms = min(ctx.rep_ms, 50.0)
+    variants = _chain_variants(ctx.quick)
     for name, size, write_obs in _chain_sweep(ctx.quick):
         model = simfuse.ENV_CLASSES[name].model
         kwargs = {TILE_SIZE_ARGUMENT[name]: size, "device": ctx.device}
         kind = "trajectory" if write_obs else "stats only"
         variant = f"{name}: N={envs},size={size},{kind}"
-        # the launch that is timed, at 67 envs and with episodes of 3 steps (resets inside the
-        # kernel), against the unfused reference semantics: the same compiled kernel
-        check, oracle = simfuse.make_vec(name, 67, max_episode_steps=3, **kwargs), \
-            simfuse.make_vec(name, 67, max_episode_steps=3, **kwargs)
-        check.reset(seed=2)
-        oracle.reset(seed=2)
-        got = check.rollout("random", num_steps=8, stats_only=not write_obs)
-        with use_reference():
-            want = oracle.rollout("random", num_steps=8, stats_only=not write_obs)
-        ctx.check(f"{variant} next obs", got.next_obs.cpu(), want.next_obs.cpu(), 1e-5)
-        if write_obs:
-            ctx.check(f"{variant} obs", got.obs.cpu(), want.obs.cpu(), 1e-5)
-        else:
-            ctx.check(f"{variant} returns", got.return_sum.cpu(), want.return_sum.cpu(), 1e-5)
+        launches = [("fused rollout", {})] + variants.get((name, size, write_obs), [])
+        for impl, overrides in launches:
+            # the launch that is timed, at 67 envs and with episodes of 3 steps (resets inside
+            # the kernel), against the unfused reference semantics: the same compiled kernel
+            check, oracle = simfuse.make_vec(name, 67, max_episode_steps=3, **kwargs), \
+                simfuse.make_vec(name, 67, max_episode_steps=3, **kwargs)
+            check.reset(seed=2)
+            oracle.reset(seed=2)
+            with ops.tuned(**overrides):
+                got = check.rollout("random", num_steps=8, stats_only=not write_obs)
+            with use_reference():
+                want = oracle.rollout("random", num_steps=8, stats_only=not write_obs)
+            ctx.check(f"{variant} {impl}: next obs", got.next_obs.cpu(), want.next_obs.cpu(), 1e-5)
+            if write_obs:
+                ctx.check(f"{variant} {impl}: obs", got.obs.cpu(), want.obs.cpu(), 1e-5)
+            else:
+                ctx.check(f"{variant} {impl}: returns", got.return_sum.cpu(), want.return_sum.cpu(), 1e-5)
 
         env = simfuse.make_vec(name, envs, **kwargs)
         env.reset(seed=2)
@@ -408,9 +425,13 @@ def chain_case(ctx: Context) -> None:
             lambda: reference.chain_unfused_random_rollout(state, steps, k, 200, write_obs=write_obs, model=model),
             bytes_moved=nbytes, params=dict(params), variant=variant, cuda_graph=True)
         _rate(unfused, envs, k)
-        fused = ctx.time("fused rollout", lambda: env.rollout("random", num_steps=k, stats_only=not write_obs),
-                         bytes_moved=nbytes, params=dict(params), variant=variant, cuda_graph=True)
-        _rate(fused, envs, k)
+        for impl, overrides in launches:
+            def fused(o=overrides):
+                with ops.tuned(**o):
+                    env.rollout("random", num_steps=k, stats_only=not write_obs)
+
+            _rate(ctx.time(impl, fused, bytes_moved=nbytes, params={**params, **overrides}, variant=variant,
+                           cuda_graph=True), envs, k)
 
 
 @plot("sim")
