@@ -196,17 +196,19 @@ def _light_classes(
     degree: torch.Tensor, light_max: int, min_rows, widths: tuple[int, ...] | None = None,
 ) -> list[tuple[int, torch.Tensor]]:
     """Light rows by width (``widths``, default every power of two up to ``light_max``): a row
-    goes to the narrowest width >= its degree; a class too small to fill the device on its own
-    (fewer than ``min_rows(width)`` rows) joins the next wider one, saving a launch."""
+    goes to the narrowest width >= its degree, a width never above ``light_max`` rounded up to a
+    power of two (the widest tile the light rows need); a class too small to fill the device on
+    its own (fewer than ``min_rows(width)`` rows) joins the next wider one, saving a launch."""
+    widest = 1 << max(0, light_max - 1).bit_length()
     if widths is None:
-        widths = tuple(1 << k for k in range(max(0, light_max - 1).bit_length() + 1))
+        widths = tuple(1 << k for k in range(widest.bit_length()))
     bounds = []
     low = -1
     for width in widths:
         if low >= light_max:
             break
         high = min(width, light_max)
-        bounds.append((width, low, high))
+        bounds.append((min(width, widest), low, high))
         low = high
     classes, carried = [], None
     for k, (width, low, high) in enumerate(bounds):

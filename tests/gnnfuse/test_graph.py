@@ -195,6 +195,9 @@ def test_light_width_classes_split_by_degree_and_merge_when_small():
     assert [(w, sorted(r.tolist())) for w, r in merged] == [(2, [0, 1, 2]), (8, [3, 4, 5]), (16, [6, 7])]
     chosen = _light_classes(degree, 16, lambda width: 1, (4, 16))
     assert [(w, sorted(r.tolist())) for w, r in chosen] == [(4, [0, 1, 2, 3, 4]), (16, [5, 6, 7])]
+    # widths above what light_max_degree needs shrink to it
+    capped = _light_classes(degree, 6, lambda width: 1, (4, 64))
+    assert [(w, sorted(r.tolist())) for w, r in capped] == [(4, [0, 1, 2, 3, 4]), (8, [5])]
 
 
 def test_light_widths_cap_the_light_rows():
