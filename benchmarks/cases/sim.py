@@ -293,7 +293,7 @@ def _classic_rollouts(ctx: Context, names: list[str]) -> None:
 def classic_case(ctx: Context) -> None:
     """CartPole-v1, Pendulum-v1 and both MountainCars: fused random rollout vs the unfused torch loop.
 
-    About 10 s on a fresh H200 machine (four compiles of ~1.5 s, four loops of ~0.5 s).
+    17.4 s on a fresh H200 machine (session 4; four compiles, four loops of ~30 ms a call).
     Acrobot-v1 is the case ``sim/acrobot``.
     """
     _classic_rollouts(ctx, [name for name in ENV_DEFS if name != "Acrobot-v1"])
@@ -305,7 +305,8 @@ def acrobot_case(ctx: Context) -> None:
 
     A case of its own for its compile time: Triton's layout pass (``TritonGPUCoalesce``) takes
     ~50 s on this project's 2-core CPU machine (triton 3.6; ~30 s with 3.9) over the rollout
-    kernel's four unrolled RK4 steps and their stores, so ~25-30 s on the GPU machine.
+    kernel's four unrolled RK4 steps and their stores: the case took 77 s on the GPU machine
+    (session 4), nearly all of it that compile.
     """
     _classic_rollouts(ctx, ["Acrobot-v1"])
 
@@ -375,7 +376,13 @@ def chain_case(ctx: Context) -> None:
     = 0.45 ps.  With the trajectory written the fused kernel moves 8 S B per env-step itself
     (bound near 176 / 8 = 22x at large S); PendulumChain-v0 takes ~50 instructions per
     element-step (a sine with its range reduction, a floor division) against 200 B unfused.
-    Measured numbers: simfuse/README.md.
+
+    Measured (H200, session 4, 14.9 s for the case): 34x, 70x, 136x, 89x at S = 1, 4, 16, 64
+    (fused 0.088, 0.117, 0.220, 1.126 ms; torch loop 3.0, 8.2, 30.0, 99.7 ms): the curve rises
+    as expected up to S = 16 and falls back at 64, where two threads per env with ~250
+    registers reach ~50% of the issue rate and the once-per-call state traffic is 1 GiB; 16
+    particles per thread there: 1.312 ms (76x).  Trajectory 19.8x, PendulumChain-v0 36x.
+    Details: simfuse/README.md.
     """
     from simfuse import ops
 
