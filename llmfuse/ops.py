@@ -61,9 +61,9 @@ class DecodePlan:
     o_split: int = 1  # K parts per output-projection tile
     num_stages: int | None = None  # software-pipeline depth of the K loops (None: Triton's default)
     acquire_loads: bool = False  # looped kernel: barrier polls are ld.acquire (inline PTX; compiled only)
-    # Nanoseconds a thread sleeps between two reads of a count it waits on (looped kernel, fused
-    # Q/K/V + attention; kernels/grid_barrier.py; compiled only): fewer polls of the one cache
-    # line of the counts while the stage waited for streams its weights.  0: poll back to back.
+    # Nanoseconds a thread of the looped kernel sleeps between two reads of a count it waits on
+    # (kernels/grid_barrier.py; compiled only): fewer polls of the one cache line of the counts
+    # while the stage waited for streams its weights.  0: poll back to back.
     poll_sleep_ns: int = 0
     pdl: bool = False  # per-layer kernels: programmatic dependent launch (kernels/launch_order.py; sm_90+)
     # Registers per thread the looped kernel may use (None or 0: as many as the compiler wants).
@@ -209,19 +209,18 @@ def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, 
     # Gate/up tiles are 2 · 64 rows: I / 64 blocks (128 for Llama 3.2-1B); 2 K parts.
     qkv_split, mlp_split = (4, 2) if compiled and not plan.row_sums else (1, 1)
     # Measured on the H200 (plan_sweep, Llama-3.2-1B): Q/K/V and attention in one launch at
-    # batch 1 (0.935 against 0.942 ms); the looped path as dependency-ordered one-tile programs
-    # at batch 1 (1.248 ms against 1.83 for the persistent kernel).  Larger batches keep the
-    # persistent kernel by default: the dependency-ordered schedule gave wrong logits above batch 1
-    # in session 3 (the GPU's Triton 3.6 had deleted the acquire of every wait, now kept:
-    # kernels/grid_barrier.py; the schedule itself is checked race-free by
-    # tests/llmfuse/test_dataflow_hazards.py) and its batch-8 time (1.452 against 1.744 ms for the
-    # persistent kernel, session 3) predates that fix.  ``dataflow=True`` selects it at any batch.
-    # Under the interpreter the persistent kernel stays the default looped path (its tests run one
-    # persistent program; tests select the dataflow schedule explicitly).
+    # batch 1 (0.935 against 0.942 ms).  The looped path as dependency-ordered one-tile programs up
+    # to batch 8 (session 4, every wait with its acquire: batch 8 1.502 ms against 1.568 for the
+    # persistent kernel; batch 1 1.248 against 1.83 in session 3), waiting threads sleeping 1 µs
+    # between polls at batch 1 (1.224 against 1.306 back to back); batch 64 keeps the persistent
+    # kernel (the dependency-ordered schedule is not timed there).  Under the interpreter the
+    # persistent kernel stays the default looped path (its tests run one persistent program; tests
+    # select the dataflow schedule explicitly).
     plan = DecodePlan(**{**plan.__dict__, "looped_programs": looped_programs, "split_k": split_k, "o_split": o_split,
                          "maxnreg": maxnreg, "qkv_split": qkv_split, "mlp_split": mlp_split,
                          "fuse_attention": compiled and batch == 1,
-                         "dataflow": compiled and batch == 1})
+                         "dataflow": compiled and batch <= 8,
+                         "poll_sleep_ns": 1024 if compiled and batch == 1 else 0})
     for option in ("acquire_loads", "pdl", "poll_sleep_ns"):
         if tuning.get(option) and not compiled:
             raise ValueError(f"{option}={tuning[option]!r} needs the compiled kernels on a CUDA device (sm_90+)")
@@ -389,7 +388,7 @@ def qkv_attention(w: LlamaWeights, cfg: LlamaConfig, layer: int, cache: KVCache,
         BLOCK_G=plan.block_g, BLOCK_S=plan.block_s, BLOCK_D=plan.block_d, BLOCK_M=plan.block_m,
         MERGE_SPLITS=plan.merge_splits,
         DOT_PREC=plan.dot_prec, ROW_PREFETCH=plan.row_prefetch, QKV_SPLIT=plan.qkv_split,
-        ACQUIRE_LOADS=plan.acquire_loads, POLL_SLEEP=plan.poll_sleep_ns, **plan.layer_launch_options(),
+        ACQUIRE_LOADS=plan.acquire_loads, **plan.layer_launch_options(),
     )
 
 

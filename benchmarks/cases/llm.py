@@ -8,7 +8,7 @@ decoder under ``torch.compile(mode="reduce-overhead", fullgraph=True)`` (CUDA gr
 batch 1 and 8, context 512 only — the TARGETS.md reference points — because each compile
 of the unrolled decoder takes tens of seconds of the ~5 minute budget), the fused
 per-layer kernels under a CUDA graph and the looped kernel under a CUDA graph (the plan's
-looped schedule: dependency-ordered one-tile programs at batch 1, the persistent grid above).
+looped schedule: dependency-ordered one-tile programs up to batch 8, the persistent grid above).
 Floor: the weight bytes plus the KV-cache bytes one step must read.  Quick mode: a tiny
 config through the interpreter.
 """
@@ -283,15 +283,15 @@ def _looped_prefixes(ctx: Context, cfg: LlamaConfig, w: LlamaWeights, cache: ref
 # Session 3 (mid run 2): row_prefetch=False 1.024 against 0.942 at batch 1, fuse_attention=True
 # 0.935, the looped path as dependency-ordered tiles 1.248 (persistent kernel 1.83); gate/up in one
 # K part 1.303 / 2.010 against 1.305 / 1.986 in two at batch 8 / 64.
-# Session 4: every wait now ends in an acquire read (kernels/grid_barrier.py), one more round trip
-# after the count is seen, except with acquire_loads (the polls themselves acquire: the per-layer
-# fused Q/K/V + attention launch at batch 1 with them); the looped path at batch 1
-# (dependency-ordered one-tile programs) with a sleep between the polls of a waiting program
-# (poll_sleep_ns) against back-to-back polls; at batch 8 the dependency-ordered schedule against the
-# persistent kernel, the looped default there, each checked against the per-layer launches.
+# Session 4 (H200, every wait ending in an acquire read): batch 1 per-layer 0.9425, with acquire-load
+# polls 0.9381; looped (dependency-ordered tiles) 1.306 with back-to-back polls, 1.224 with a 1 µs
+# sleep between polls (now the default at batch 1); batch 8 per-layer 1.297, looped persistent
+# kernel 1.568, dependency-ordered tiles 1.502 (now the looped default up to batch 8).
+# Next: the sleep at batch 8 and the dependency-ordered schedule at batch 64.
 PLAN_SWEEP: list[tuple[int, bool, dict[str, int]]] = [
-    (1, False, {"acquire_loads": True}), (1, True, {}), (1, True, {"poll_sleep_ns": 1024}),
-    (8, True, {}), (8, True, {"dataflow": True}),
+    (1, True, {"poll_sleep_ns": 0}),
+    (8, True, {"poll_sleep_ns": 1024}), (8, True, {"dataflow": False}),
+    (64, True, {"dataflow": True}),
 ]
 QUICK_PLAN_SWEEP = [(1, False, {"row_prefetch": False}), (3, False, {"block_b": 4}),
                     (3, False, {"fuse_attention": True}), (3, True, {}), (1, True, {"dataflow": True})]

@@ -58,7 +58,7 @@ def qkv_attention_kernel(
     HAS_BIAS: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     MERGE_SPLITS: tl.constexpr, DOT_PREC: tl.constexpr, ROW_PREFETCH: tl.constexpr, QKV_SPLIT: tl.constexpr,
-    ACQUIRE_LOADS: tl.constexpr, POLL_SLEEP: tl.constexpr, USE_PDL: tl.constexpr,
+    ACQUIRE_LOADS: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     after_previous_kernel(USE_PDL)
     pid = tl.program_id(0)
@@ -71,7 +71,7 @@ def qkv_attention_kernel(
         signal_qkv_group(pid, count_ptr, HQ, HKV, D, BLOCK_P, QKV_SPLIT)
     else:
         wait_qkv_group(pid - qkv_tiles, layer, count_ptr, HQ, HKV, D, n_splits, max_polls, timeout_ptr,
-                       BLOCK_P, QKV_SPLIT, ACQUIRE_LOADS, POLL_SLEEP)
+                       BLOCK_P, QKV_SPLIT, ACQUIRE_LOADS, 0)  # back-to-back polls, as timed
         decode_attention_tile(pid - qkv_tiles, layer, q_ptr, k_cache_ptr, v_cache_ptr, kv_start_ptr, slot_ptr,
                               part_ptr, lse_ptr, attn_ptr, sem_ptr, B, HQ, HKV, D, S, n_splits, split_len,
                               sm_scale, BLOCK_G, BLOCK_S, BLOCK_D, BLOCK_M, MERGE_SPLITS,

@@ -112,12 +112,13 @@ def test_barrier_that_cannot_complete_raises_the_timeout_flag(gen, monkeypatch):
     assert ops.looped_timed_out(buf)
 
 
-def test_dataflow_schedule_is_chosen_at_any_batch_and_by_default_only_at_batch_1_on_the_gpu():
-    for batch in (1, 9):
+def test_dataflow_schedule_is_chosen_at_any_batch_and_by_default_up_to_batch_8_on_the_gpu():
+    for batch in (1, 8, 9):
         plan = ops.make_plan(CFG, batch, 8, torch.float32, torch.device(test_device()), dataflow=True)
         assert plan.dataflow
-        assert ops.make_plan(CFG, batch, 8, torch.float32, torch.device(test_device())).dataflow == (
-            fusecore.COMPILED and batch == 1)
+        default = ops.make_plan(CFG, batch, 8, torch.float32, torch.device(test_device()))
+        assert default.dataflow == (fusecore.COMPILED and batch <= 8)
+        assert default.poll_sleep_ns == (1024 if fusecore.COMPILED and batch == 1 else 0)
 
 
 def test_looped_rejects_bad_stop_stage(gen):
