@@ -60,22 +60,27 @@ def _row_launches(buckets: Buckets):
 
 
 # Where the compiled row kernels keep per-edge-lane state by default (ScheduleOptions.edge_lanes=None),
-# as measured on the H200 (gnn/tiles_reddit, gnn/tiles_arxiv, gnn/lanes_backward): the forward's
-# per-lane online softmax is 1.1-2x faster for GAT and the dot score (2x in bfloat16), slower for
-# GATv2; the backward's per-lane sums gain nothing (GAT 0.75x, Transformer 1.01x).
+# as measured on the H200 (gnn/tiles_reddit, gnn/tiles_arxiv, gnn/lanes_backward, gnn/lanes_gatv2): the
+# forward's per-lane online softmax is 1.1-2x faster for GAT and the dot score (2x in bfloat16); for
+# GATv2 1.57x in bfloat16 at Reddit scale (5.51 -> 3.52 ms) but 0.96x in float32 (float16 not
+# measured); the backward's per-lane sums gain nothing (GAT 0.75x, Transformer 1.01x).
 FORWARD_LANE_SCORES = (SCORE_GAT, SCORE_DOT)
+FORWARD_LANE_SCORES_BF16 = (SCORE_GAT, SCORE_GATV2, SCORE_DOT)
 BACKWARD_LANE_SCORES: tuple[int, ...] = ()
 
 
-def row_kernel_lanes(schedule, score: int, kernel_pass: str) -> bool:
+def row_kernel_lanes(schedule, score: int, kernel_pass: str, dtype: torch.dtype) -> bool:
     """Whether the row kernel of ``kernel_pass`` ("forward" or "backward") keeps per-lane state for
-    ``score``: the schedule's ``edge_lanes`` when set, else the measured GPU default above (under
-    the interpreter, where per-lane state only multiplies the numpy work, the per-trip form)."""
+    ``score`` on features of ``dtype``: the schedule's ``edge_lanes`` when set, else the measured GPU
+    default above (under the interpreter, where per-lane state only multiplies the numpy work, the
+    per-trip form)."""
     if schedule.edge_lanes is not None:
         return schedule.edge_lanes
     if backend.INTERPRET:
         return False
-    return score in (FORWARD_LANE_SCORES if kernel_pass == "forward" else BACKWARD_LANE_SCORES)
+    if kernel_pass == "forward":
+        return score in (FORWARD_LANE_SCORES_BF16 if dtype == torch.bfloat16 else FORWARD_LANE_SCORES)
+    return score in BACKWARD_LANE_SCORES
 
 
 def _dropout_args(dropout_p: float) -> tuple[float, bool]:
@@ -242,7 +247,7 @@ def attention_forward(
             graph.csr_src, graph.csr_eid, rows, starts, stops, *tensors, target_out, target_lse, add, heads,
             head_dim, inputs.edge_dim, *scalars, add_stride,
             BLOCK_E=row_block_e, BLOCK_H=block_h, BLOCK_D=block_d, PIECES=pieces, **flags,
-            BLOCK_K=_block_k(inputs), LANES=row_kernel_lanes(schedule, inputs.score, "forward"),
+            BLOCK_K=_block_k(inputs), LANES=row_kernel_lanes(schedule, inputs.score, "forward", value.dtype),
             ADD=has_add and not pieces,
             num_warps=schedule.num_warps,
         )
@@ -346,7 +351,7 @@ def attention_backward(
             target_value, target_src, grad_s, heads, head_dim, edge_dim, *scalars,
             BLOCK_E=row_block_e, BLOCK_H=block_h, BLOCK_D=block_d, PIECES=pieces, **flags,
             **_edge_flags(inputs, block_h, block_d, row_block_e),
-            LANES=row_kernel_lanes(schedule, inputs.score, "backward"),
+            LANES=row_kernel_lanes(schedule, inputs.score, "backward", value.dtype),
             num_warps=schedule.num_warps,
         )
         if pieces:
@@ -394,7 +399,7 @@ def attention_backward(
             graph.csr_src, graph.csr_eid, rows, starts, stops, *dst_tensors, target_dst, edge_outputs[0], target_sums,
             heads, head_dim, edge_dim, *scalars,
             BLOCK_E=row_block_e, BLOCK_H=block_h, BLOCK_D=block_d, PIECES=pieces, **flags,
-            BLOCK_K=_block_k(inputs), LANES=row_kernel_lanes(schedule, inputs.score, "backward"),
+            BLOCK_K=_block_k(inputs), LANES=row_kernel_lanes(schedule, inputs.score, "backward", value.dtype),
             num_warps=schedule.num_warps,
         )
         if pieces:
