@@ -80,7 +80,7 @@ class ScheduleOptions:
     :data:`GPU_TILES` / :data:`INTERPRETER_TILES`); ``num_warps``: warps per attention program
     (1 .. 32, a power of two; default 4); ``edge_lanes``: the row kernels keep their running
     state per edge lane and reduce it once after the edge loop, not on every trip (the forward's
-    online softmax, the backward's gradient sums; default: per kernel and score, as measured,
+    online softmax, the backward's gradient sums; default: per kernel, score and dtype, as measured,
     :func:`gnnfuse.ops.row_kernel_lanes`); ``light_widths``: the tile widths of the light
     classes, increasing powers of two up to 64 (default: every power of two up to
     ``light_max_degree``): a row goes to the narrowest width >= its degree and rows above the
