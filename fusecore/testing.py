@@ -9,12 +9,16 @@
   recorded so a failure can be replayed;
 * :func:`test_device` — the device kernel tests run on in this kernel mode;
 * :class:`AllocationAudit` — records every tensor an op allocates (launcher buffers, tensors
-  saved for backward), so a test can bound memory by construction, on any device.
+  saved for backward), so a test can bound memory by construction, on any device;
+* :func:`no_host_sync` — fails any host synchronisation inside a block (a value read back to
+  the host, ``nonzero``), on the CPU through the interpreter too.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -153,3 +157,52 @@ class AllocationAudit(TorchDispatchMode):
     def largest(self) -> tuple[str, int]:
         """The biggest allocation seen, ``("", 0)`` if none."""
         return max(self.sizes, key=lambda item: item[1], default=("", 0))
+
+
+# Tensor methods that read device values back to the host (each a synchronisation on a GPU).
+HOST_READS = ("item", "tolist", "cpu", "numpy", "nonzero", "__bool__", "__int__", "__float__", "__index__")
+
+
+class HostSyncError(AssertionError):
+    """A host synchronisation happened inside :func:`no_host_sync`."""
+
+
+@contextlib.contextmanager
+def no_host_sync(device: torch.device | str | None = None) -> Iterator[None]:
+    """Inside the block, any read of tensor values by the host raises :class:`HostSyncError`.
+
+    Code that only enqueues work (a decode step, a training step, a simulator rollout) must
+    pass on every device: the methods in :data:`HOST_READS` and ``torch.nonzero`` are
+    refused at the Python level, which catches them on the CPU too, where nothing would
+    otherwise wait; on a CUDA ``device`` torch's sync-debug mode also refuses every
+    synchronisation made below Python (an allocator or operator that syncs).  Run the code
+    once before the block so that one-time work (compilation, cached schedules) is done.
+    """
+
+    def refuse(name: str):
+        def refused(*args, **kwargs):
+            raise HostSyncError(f"host synchronisation inside no_host_sync(): {name}()")
+
+        return refused
+
+    saved = {name: vars(torch.Tensor).get(name) for name in HOST_READS}
+    saved_nonzero = torch.nonzero
+    on_cuda = device is not None and torch.device(device).type == "cuda"
+    if on_cuda:
+        torch.cuda.synchronize(device)
+    for name in HOST_READS:
+        setattr(torch.Tensor, name, refuse(f"Tensor.{name}"))
+    torch.nonzero = refuse("torch.nonzero")
+    if on_cuda:
+        torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        if on_cuda:
+            torch.cuda.set_sync_debug_mode(0)
+        torch.nonzero = saved_nonzero
+        for name, method in saved.items():
+            if method is None:
+                delattr(torch.Tensor, name)
+            else:
+                setattr(torch.Tensor, name, method)

@@ -37,6 +37,7 @@ statistics only): 65 instructions per env-step at L = 1, 22 per element-step at 
 import triton.language as tl
 
 from fusecore.backend import jit
+from fusecore.compiler import unhoisted
 from fusecore.rng import uniform4
 
 from .draws import policy_draws, select_draw
@@ -57,17 +58,6 @@ def chain_envs(n, BLOCK: tl.constexpr):
     """This program's env ids (int64 [BLOCK]) and mask."""
     idx = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     return idx, idx < n
-
-
-@jit
-def unhoisted(n, ptr):
-    """``n``, passed through a load of nothing (``n`` is never negative).
-
-    Offsets built from it are computed where they are used: built from ``n`` itself, the
-    compiler hoists their loop-invariant part out of the step loop, and a tile of int64
-    offsets held across it takes 2 L_PAD registers per thread.
-    """
-    return n + tl.load(ptr, mask=n < 0, other=0)
 
 
 @jit

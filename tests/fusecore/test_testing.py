@@ -8,9 +8,11 @@ import torch
 from fusecore.testing import (
     TOLERANCES,
     AllocationAudit,
+    HostSyncError,
     assert_all_written,
     assert_close,
     fresh_generator,
+    no_host_sync,
     poisoned,
     rel_error,
     tolerance,
@@ -77,3 +79,26 @@ def test_allocation_audit_counts_new_storage_not_views():
     with AllocationAudit() as nothing:
         pass
     assert nothing.largest == ("", 0)
+
+
+def test_no_host_sync_refuses_host_reads_and_lets_launches_through():
+    from fusecore.demo import langevin
+    from fusecore.testing import test_device
+
+    device = test_device()
+    x = torch.randn(37, device=device)
+    v = torch.zeros_like(x)
+    langevin(x, v, 3, seed=1)  # the first call compiles
+    with no_host_sync(device):
+        x2, v2, _ = langevin(x, v, 3, seed=1)  # only enqueues work
+        y = x2 * 2 + v2
+    reads = [
+        lambda: y.sum().item(), lambda: y.tolist(), lambda: y.cpu(), lambda: bool(y[0] > 0),
+        lambda: int(y[0]), lambda: float(y[0]), lambda: torch.nonzero(y), lambda: y.nonzero(),
+        lambda: range(10)[torch.tensor(2)],
+    ]
+    for read in reads:
+        with pytest.raises(HostSyncError), no_host_sync(device):
+            read()
+    # everything is restored on the way out, also after a failure
+    assert y.sum().item() == pytest.approx(float(y.sum())) and torch.nonzero(y >= y).shape == (37, 1)
