@@ -120,3 +120,28 @@ def test_merge_into_replaces_only_the_cases_that_ran(quick_run, tmp_path):
     assert [r.case for r in merged[:len(other)]] == [r["case"] for r in other]  # the others kept, in order
     fresh = merged[len(other):]
     assert {r.case for r in fresh} == {r["case"] for r in core} and all(r.env["commit"] != "old" for r in fresh)
+
+
+def test_replayed_rows_get_the_short_replay_budget(monkeypatch):
+    """On a GPU, a cuda_graph=True row is measured with Context.replay_rep_ms (a replay averages
+    many calls already), a called row with rep_ms; a case may lower either."""
+    import torch
+
+    from benchmarks import registry
+    from fusecore.timing import Timing
+
+    seen = []
+
+    def fake_measure(fn, *, rep_ms, cuda_graph, **kwargs):
+        seen.append((cuda_graph, rep_ms))
+        return Timing(1.0, 1.0, 1.0, gpu_time=True, method="fake")
+
+    monkeypatch.setattr(registry, "measure", fake_measure)
+    monkeypatch.setattr(registry.Record, "from_timing", classmethod(lambda cls, *a, **k: None))
+    case = registry.Case("core", "budget", "x", lambda ctx: None)
+    ctx = registry.Context(quick=False, device=torch.device("cuda"), case=case)
+    ctx.time("called", lambda: None)
+    ctx.time("replayed", lambda: None, cuda_graph=True)
+    ctx.rep_ms = 10.0
+    ctx.time("replayed, short case", lambda: None, cuda_graph=True)
+    assert seen == [(False, 100.0), (True, ctx.replay_rep_ms), (True, 10.0)] and ctx.replay_rep_ms < 100.0
