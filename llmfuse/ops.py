@@ -66,6 +66,13 @@ class DecodePlan:
     # while the stage waited for streams its weights.  0: poll back to back.
     poll_sleep_ns: int = 0
     pdl: bool = False  # per-layer kernels: programmatic dependent launch (kernels/launch_order.py; sm_90+)
+    # 128-byte lines of each of its weight rows (64 bf16 columns each; a power of two) a program
+    # asks L2 for before it waits: for the previous kernel (per-layer path, with pdl) or for the
+    # tiles it depends on (dataflow schedule); kernels/launch_order.py.  Compiled only.
+    wait_prefetch: int = 0
+    # Attention tiles ask L2 for the cache slots they read before they wait (for the previous kernel
+    # with pdl, for their Q/K/V tiles in the fused launch and the dataflow schedule); compiled only.
+    attn_prefetch: bool = False
     # Registers per thread the looped kernel may use (None or 0: as many as the compiler wants).
     # It inlines every instruction, so it needs the most of any of them (up to 255 at batch >= 8).
     # Capped at 128 at batch 1 it ran 1.68 ms per step on the H200 against 2.58 uncapped
@@ -108,9 +115,23 @@ class DecodePlan:
         """:meth:`launch_options` of the looped kernel, with its register cap when set."""
         return {**self.launch_options(), **({"maxnreg": self.maxnreg} if self.maxnreg else {})}
 
-    def layer_launch_options(self) -> dict[str, int | bool]:
-        """:meth:`launch_options` of a per-layer kernel, with programmatic dependent launch when set."""
-        return {**self.launch_options(), "USE_PDL": self.pdl, **({"launch_pdl": True} if self.pdl else {})}
+    def layer_launch_options(self, prefetch_lines: int | None = None) -> dict[str, int | bool]:
+        """:meth:`launch_options` of a per-layer kernel, with programmatic dependent launch when set;
+        ``prefetch_lines``: the kernel's ``PREFETCH_LINES`` (lines it asks L2 for before its wait;
+        default :meth:`weight_prefetch_lines`)."""
+        if prefetch_lines is None:
+            prefetch_lines = self.weight_prefetch_lines()
+        return {**self.launch_options(), "USE_PDL": self.pdl, "PREFETCH_LINES": prefetch_lines,
+                **({"launch_pdl": True} if self.pdl else {})}
+
+    def weight_prefetch_lines(self) -> int:
+        """``PREFETCH_LINES`` of the per-layer matrix-vector kernels: :attr:`wait_prefetch` with PDL, else 0."""
+        return self.wait_prefetch if self.pdl else 0
+
+    def attention_prefetch_lines(self, cfg: LlamaConfig, element_size: int) -> int:
+        """``PREFETCH_LINES`` of an attention tile: a split's K (or V) slots, ``split_len · D``
+        elements, in 128-byte lines (a power of two), when :attr:`attn_prefetch`; else 0."""
+        return next_power_of_2(cdiv(self.split_len * cfg.head_dim * element_size, 128)) if self.attn_prefetch else 0
 
     def qkv_pair_blocks(self, cfg: LlamaConfig) -> int:
         """Blocks of ``block_p`` RoPE pairs over all Q, K and V heads (the Q/K/V tiles without the K split)."""
@@ -221,7 +242,7 @@ def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, 
                          "fuse_attention": compiled and batch == 1,
                          "dataflow": compiled and batch <= 8,
                          "poll_sleep_ns": 1024 if compiled and batch == 1 else 0})
-    for option in ("acquire_loads", "pdl", "poll_sleep_ns"):
+    for option in ("acquire_loads", "pdl", "poll_sleep_ns", "wait_prefetch", "attn_prefetch"):
         if tuning.get(option) and not compiled:
             raise ValueError(f"{option}={tuning[option]!r} needs the compiled kernels on a CUDA device (sm_90+)")
     return _tuned(plan, tuning) if tuning else plan
@@ -241,7 +262,7 @@ def _tuned(plan: DecodePlan, tuning: dict[str, int]) -> DecodePlan:
     plan = replace(plan, **tuning)
     blocks = ("block_p", "block_n", "block_k", "block_v", "block_s")
     if any(getattr(plan, b) & (getattr(plan, b) - 1) or getattr(plan, b) < 1
-           for b in ("block_b", "merge_splits", *blocks)):
+           for b in ("block_b", "merge_splits", *blocks)) or plan.wait_prefetch & (plan.wait_prefetch - 1):
         raise ValueError(f"block sizes must be powers of two: {plan}")
     if plan.block_b < plan.batch:
         raise ValueError(f"block_b = {plan.block_b} must be >= the batch {plan.batch}")
@@ -368,7 +389,7 @@ def decode_attention(cfg: LlamaConfig, layer: int, cache: KVCache, buf: DecodeBu
         plan.n_splits, plan.split_len, 1.0 / math.sqrt(cfg.head_dim),
         BLOCK_G=plan.block_g, BLOCK_S=plan.block_s, BLOCK_D=plan.block_d, BLOCK_M=plan.block_m,
         MERGE_SPLITS=plan.merge_splits,
-        DOT_PREC=plan.dot_prec, **plan.layer_launch_options(),
+        DOT_PREC=plan.dot_prec, **plan.layer_launch_options(plan.attention_prefetch_lines(cfg, cache.k.element_size())),
     )
 
 
@@ -388,7 +409,9 @@ def qkv_attention(w: LlamaWeights, cfg: LlamaConfig, layer: int, cache: KVCache,
         BLOCK_G=plan.block_g, BLOCK_S=plan.block_s, BLOCK_D=plan.block_d, BLOCK_M=plan.block_m,
         MERGE_SPLITS=plan.merge_splits,
         DOT_PREC=plan.dot_prec, ROW_PREFETCH=plan.row_prefetch, QKV_SPLIT=plan.qkv_split,
-        ACQUIRE_LOADS=plan.acquire_loads, **plan.layer_launch_options(),
+        ACQUIRE_LOADS=plan.acquire_loads,
+        ATTN_PREFETCH_LINES=plan.attention_prefetch_lines(cfg, cache.k.element_size()),
+        **plan.layer_launch_options(),
     )
 
 
@@ -528,7 +551,8 @@ def looped_decode(w: LlamaWeights, cfg: LlamaConfig, cache: KVCache, buf: Decode
         BLOCK_D=plan.block_d, BLOCK_V=plan.block_v, DOT_PREC=plan.dot_prec, ROW_PREFETCH=plan.row_prefetch,
         QKV_SPLIT=plan.qkv_split, MLP_SPLIT=plan.mlp_split, ACQUIRE_LOADS=plan.acquire_loads,
         POLL_SLEEP=plan.poll_sleep_ns, PREFETCH=plan.prefetch, PREFETCH_BLOCK=plan.prefetch_block,
-        DATAFLOW=plan.dataflow,
+        DATAFLOW=plan.dataflow, WAIT_PREFETCH=plan.wait_prefetch if plan.dataflow else 0,
+        ATTN_PREFETCH=plan.attention_prefetch_lines(cfg, cache.k.element_size()) if plan.dataflow else 0,
     )
     buf.counter.zero_()  # the timeout flag stays raised until the buffers are remade
     if plan.dataflow:  # one program per tile; each keeps its own tile's registers: no cap

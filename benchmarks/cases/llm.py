@@ -287,11 +287,17 @@ def _looped_prefixes(ctx: Context, cfg: LlamaConfig, w: LlamaWeights, cache: ref
 # polls 0.9381; looped (dependency-ordered tiles) 1.306 with back-to-back polls, 1.224 with a 1 µs
 # sleep between polls (now the default at batch 1); batch 8 per-layer 1.297, looped persistent
 # kernel 1.568, dependency-ordered tiles 1.502 (now the looped default up to batch 8).
-# Next: the sleep at batch 8 and the dependency-ordered schedule at batch 64.
+# Session 5: programmatic dependent launch with each program's first weight lines (wait_prefetch,
+# 128-byte lines per row: 32 = all 2048 columns of a batch-1 tile) asked of L2 before it waits for
+# the previous kernel; attention tiles prefetching their cache slots; the dataflow schedule's
+# tiles prefetching before they wait on their dependencies.
 PLAN_SWEEP: list[tuple[int, bool, dict[str, int]]] = [
-    (1, True, {"poll_sleep_ns": 0}),
-    (8, True, {"poll_sleep_ns": 1024}), (8, True, {"dataflow": False}),
-    (64, True, {"dataflow": True}),
+    (1, False, {"pdl": True}), (1, False, {"pdl": True, "wait_prefetch": 8}),
+    (1, False, {"pdl": True, "wait_prefetch": 32}), (1, False, {"attn_prefetch": True}),
+    (1, False, {"pdl": True, "wait_prefetch": 32, "attn_prefetch": True}),
+    (1, True, {}), (1, True, {"wait_prefetch": 32, "attn_prefetch": True}),
+    (8, False, {"pdl": True}), (8, False, {"pdl": True, "wait_prefetch": 16}),
+    (8, True, {}), (8, True, {"wait_prefetch": 16, "attn_prefetch": True}),
 ]
 QUICK_PLAN_SWEEP = [(1, False, {"row_prefetch": False}), (3, False, {"block_b": 4}),
                     (3, False, {"fuse_attention": True}), (3, True, {}), (1, True, {"dataflow": True})]

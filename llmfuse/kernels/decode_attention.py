@@ -28,8 +28,37 @@ import triton.language as tl
 from fusecore.backend import jit
 from fusecore.softmax import online_rescale
 
-from .launch_order import after_previous_kernel
+from .launch_order import after_previous_kernel, prefetch_rows
 from .matvec import mma
+
+
+@jit
+def attention_span(tile, layer, kv_start_ptr, slot_ptr, B, HKV, S, n_splits, split_len):
+    """Tile ``tile``'s split, (row, KV head) index bh, KV head, row b, its slots [lo, hi) and the cache
+    row of its (layer, b, KV head) slot 0 (``base``: the slots of a head are contiguous [S, D] rows)."""
+    split = tile % n_splits
+    bh = tile // n_splits
+    kv_head = bh % HKV
+    b = bh // HKV
+    lo = tl.maximum(split * split_len, tl.load(kv_start_ptr + b))
+    hi = tl.minimum((split + 1) * split_len, tl.load(slot_ptr) + 1)
+    layer64 = tl.full([], 0, tl.int64) + layer
+    return split, bh, kv_head, b, lo, hi, ((layer64 * B + b) * HKV + kv_head) * S
+
+
+@jit
+def attention_prefetch(tile, layer, k_cache_ptr, v_cache_ptr, kv_start_ptr, slot_ptr, B, HKV, D, S, n_splits,
+                       split_len, PREFETCH_LINES: tl.constexpr):
+    """Ask L2 for tile ``tile``'s K and V slots (contiguous [hi − lo, D] blocks), at most ``PREFETCH_LINES``
+    lines of each (launch_order.py).  The slot and first valid slot are set before a step starts, and
+    a prefetch only moves lines into L2, which is coherent: a line the Q/K/V tiles write later is not
+    read stale."""
+    if PREFETCH_LINES > 0:
+        split, bh, kv_head, b, lo, hi, base = attention_span(tile, layer, kv_start_ptr, slot_ptr, B, HKV, S,
+                                                            n_splits, split_len)
+        one = tl.full([1], True, tl.int1)
+        prefetch_rows(k_cache_ptr + base * D + tl.zeros([1], tl.int64), one, lo * D, hi * D, PREFETCH_LINES)
+        prefetch_rows(v_cache_ptr + base * D + tl.zeros([1], tl.int64), one, lo * D, hi * D, PREFETCH_LINES)
 
 
 @jit
@@ -39,15 +68,9 @@ def decode_attention_tile(
     BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     MERGE_SPLITS: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
-    split = tile % n_splits
-    bh = tile // n_splits
-    kv_head = bh % HKV
-    b = bh // HKV
+    split, bh, kv_head, b, lo, hi, base = attention_span(tile, layer, kv_start_ptr, slot_ptr, B, HKV, S, n_splits,
+                                                        split_len)
     G = HQ // HKV
-    slot = tl.load(slot_ptr)
-    start = tl.load(kv_start_ptr + b)
-    lo = tl.maximum(split * split_len, start)
-    hi = tl.minimum((split + 1) * split_len, slot + 1)
 
     g = tl.arange(0, BLOCK_G)
     gmask = g < G
@@ -57,8 +80,6 @@ def decode_attention_tile(
     gd_mask = gmask[:, None] & dmask[None, :]
     q = tl.load(q_ptr + (b * HQ + q_heads)[:, None] * D + d[None, :], mask=gd_mask, other=0.0,
                 cache_modifier=".cg")
-    layer64 = tl.full([], 0, tl.int64) + layer
-    base = ((layer64 * B + b) * HKV + kv_head) * S
 
     m = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
     l = tl.zeros([BLOCK_G], dtype=tl.float32)
@@ -125,8 +146,11 @@ def decode_attention_kernel(
     B, HQ, HKV, D, S, n_splits, split_len, sm_scale,
     BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     MERGE_SPLITS: tl.constexpr, DOT_PREC: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    USE_PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr,
 ):
+    if USE_PDL:
+        attention_prefetch(tl.program_id(0), layer, k_cache_ptr, v_cache_ptr, kv_start_ptr, slot_ptr, B, HKV, D, S,
+                           n_splits, split_len, PREFETCH_LINES)
     after_previous_kernel(USE_PDL)
     decode_attention_tile(
         tl.program_id(0), layer, q_ptr, k_cache_ptr, v_cache_ptr, kv_start_ptr, slot_ptr, part_ptr, lse_ptr,

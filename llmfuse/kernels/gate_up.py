@@ -15,8 +15,27 @@ import triton.language as tl
 
 from fusecore.backend import jit
 
-from .launch_order import after_previous_kernel
-from .matvec import rows_dot_pair_split
+from .launch_order import after_previous_kernel, prefetch_rows
+from .matvec import k_range, rows_dot_pair_split
+
+
+@jit
+def gate_up_span(tile, layer, w_ptr, H, I, BLOCK_N: tl.constexpr, MLP_SPLIT: tl.constexpr):
+    """Tile ``tile``'s features n [BLOCK_N] (masked by n < I; gate rows n, up rows n + I) and layer
+    ``layer``'s W_gate_up [2I, H]."""
+    n = (tile // MLP_SPLIT) * BLOCK_N + tl.arange(0, BLOCK_N)
+    layer64 = tl.full([], 0, tl.int64) + layer
+    return n, n < I, w_ptr + layer64 * 2 * I * H
+
+
+@jit
+def gate_up_prefetch(tile, layer, w_ptr, H, I, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MLP_SPLIT: tl.constexpr,
+                     PREFETCH_LINES: tl.constexpr):
+    """Ask L2 for the first ``PREFETCH_LINES`` lines of tile ``tile``'s gate and up rows (launch_order.py)."""
+    n, nmask, w_layer = gate_up_span(tile, layer, w_ptr, H, I, BLOCK_N, MLP_SPLIT)
+    k_start, k_stop = k_range(tile % MLP_SPLIT, H, MLP_SPLIT, BLOCK_K)
+    prefetch_rows(w_layer + n.to(tl.int64) * H, nmask, k_start, k_stop, PREFETCH_LINES)
+    prefetch_rows(w_layer + (n + I).to(tl.int64) * H, nmask, k_start, k_stop, PREFETCH_LINES)
 
 
 @jit
@@ -26,11 +45,8 @@ def gate_up_tile(
     ROW_PREFETCH: tl.constexpr, MLP_SPLIT: tl.constexpr,
 ):
     block = tile // MLP_SPLIT
-    n = block * BLOCK_N + tl.arange(0, BLOCK_N)
-    nmask = n < I
-    layer64 = tl.full([], 0, tl.int64) + layer
-    w_layer = w_ptr + layer64 * 2 * I * H
-    g_layer = norm_ptr + layer64 * H
+    n, nmask, w_layer = gate_up_span(tile, layer, w_ptr, H, I, BLOCK_N, MLP_SPLIT)
+    g_layer = norm_ptr + (tl.full([], 0, tl.int64) + layer) * H
     last, gate, up = rows_dot_pair_split(x_ptr, B, H, eps, g_layer, w_layer, n, n + I, nmask, tile % MLP_SPLIT,
                                          2 * I, block, part_ptr, sq_ptr, sem_ptr, MLP_SPLIT, BLOCK_B, BLOCK_N,
                                          BLOCK_K, DOT_PREC, ROW_PREFETCH)
@@ -46,8 +62,10 @@ def gate_up_tile(
 def gate_up_kernel(
     layer, x_ptr, norm_ptr, w_ptr, h_ptr, part_ptr, sq_ptr, sem_ptr, B, H, I, eps,
     BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr,
-    ROW_PREFETCH: tl.constexpr, MLP_SPLIT: tl.constexpr, USE_PDL: tl.constexpr,
+    ROW_PREFETCH: tl.constexpr, MLP_SPLIT: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr,
 ):
+    if USE_PDL:
+        gate_up_prefetch(tl.program_id(0), layer, w_ptr, H, I, BLOCK_N, BLOCK_K, MLP_SPLIT, PREFETCH_LINES)
     after_previous_kernel(USE_PDL)
     gate_up_tile(tl.program_id(0), layer, x_ptr, norm_ptr, w_ptr, h_ptr, part_ptr, sq_ptr, sem_ptr, B, H, I, eps,
                  BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC, ROW_PREFETCH, MLP_SPLIT)

@@ -1,19 +1,49 @@
 """Programmatic dependent launch (Hopper's grid dependency control) for the per-layer kernels.
 
 A kernel launched with ``launch_pdl=True`` may be scheduled before the kernel ahead of it in
-the stream has finished: its programs take multiprocessors that free up during the previous
-kernel's last wave instead of waiting for that kernel to end and for their own launch.  Each
-program first waits (``griddepcontrol.wait``) until the previous kernel has completed and its
-memory is visible — before it reads or writes anything — and then allows the next kernel to
-be scheduled (``griddepcontrol.launch_dependents``).  The next kernel only starts once every
-program of this one has started, so it never takes a slot from this kernel's remaining
-programs.  Every decode kernel waits before touching memory, so the chain is as ordered as
-ordinary launches.  Moves no bytes.
+the stream has finished: its programs take multiprocessors that are free, or free up during
+the previous kernel's last wave, instead of waiting for that kernel to end and for their own
+launch.  Weights never depend on the previous kernel, so a program first asks L2 for the
+first ``PREFETCH_LINES`` 128-byte lines of each weight row of its tile
+(:func:`prefetch_rows`, ``prefetch.global.L2``), then waits (``griddepcontrol.wait``) until
+the previous kernel has completed and its memory is visible — only then does it read
+activations, caches or counts, or write anything — and then allows the next kernel to be
+scheduled (``griddepcontrol.launch_dependents``).  So the weight stream of a kernel starts
+while the kernel ahead of it still runs, and HBM does not idle through that kernel's tail
+and this kernel's ramp.  Allowing the next kernel only after the wait keeps the prefetching
+one kernel ahead (a trigger before the wait would let a chain of one-wave kernels launch
+and prefetch many layers ahead, more than L2 holds).  The next kernel only starts once
+every program of this one has started, so it never takes a slot from this kernel's
+remaining programs.  Moves no bytes beyond the prefetched weights, which the tile then
+reads from L2 instead of HBM.
 """
 
 import triton.language as tl
 
 from fusecore.backend import jit
+
+LINE_BYTES = tl.constexpr(128)  # an L2 line: the unit of prefetch.global.L2
+
+
+@jit
+def _prefetch_line(ptr, on):
+    """``prefetch.global.L2 [ptr]`` where ``on`` is non-zero (inline PTX, compiled only); returns 0."""
+    return tl.inline_asm_elementwise(
+        "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, $2, 0;\n\t@p prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;\n\t}",
+        "=r,l,r", [ptr, on], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@jit
+def prefetch_rows(w_rows, row_mask, k_start, k_stop, PREFETCH_LINES: tl.constexpr):
+    """Ask L2 for columns [k_start, k_stop) of the weight rows ``w_rows`` (pointers to the rows'
+    element 0, [ROWS]; rows where ``row_mask`` is false are skipped), at most ``PREFETCH_LINES``
+    lines of 128 bytes per row.  Compiled only: call it under a constexpr that the interpreter
+    never sees."""
+    if PREFETCH_LINES > 0:
+        line = LINE_BYTES // (w_rows.dtype.element_ty.primitive_bitwidth // 8)  # elements per line
+        k = k_start + tl.arange(0, PREFETCH_LINES) * line
+        on = row_mask[:, None] & (k < k_stop)[None, :]
+        _prefetch_line(w_rows[:, None] + k[None, :], on.to(tl.int32))
 
 
 @jit

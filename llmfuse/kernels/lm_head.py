@@ -24,8 +24,15 @@ import triton.language as tl
 from fusecore.backend import jit
 from fusecore.rng import philox_words, word_to_open_uniform
 
-from .launch_order import after_previous_kernel
+from .launch_order import after_previous_kernel, prefetch_rows
 from .matvec import rows_dot
+
+
+@jit
+def lm_head_prefetch(tile, w_ptr, H, V, BLOCK_N: tl.constexpr, PREFETCH_LINES: tl.constexpr):
+    """Ask L2 for the first ``PREFETCH_LINES`` lines of tile ``tile``'s vocabulary rows (launch_order.py)."""
+    n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    prefetch_rows(w_ptr + n.to(tl.int64) * H, n < V, 0, H, PREFETCH_LINES)
 
 
 @jit
@@ -63,7 +70,10 @@ def lm_head_kernel(
     B, H, V, n_tiles, eps,
     WRITE_LOGITS: tl.constexpr, SAMPLE: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr, ROW_PREFETCH: tl.constexpr, USE_PDL: tl.constexpr,
+    PREFETCH_LINES: tl.constexpr,
 ):
+    if USE_PDL:
+        lm_head_prefetch(tl.program_id(0), w_ptr, H, V, BLOCK_N, PREFETCH_LINES)
     after_previous_kernel(USE_PDL)
     lm_head_tile(tl.program_id(0), x_ptr, norm_ptr, w_ptr, logits_ptr, best_ptr, best_idx_ptr, seed_ptr,
                  inv_temp_ptr, slot_ptr, B, H, V, n_tiles, eps, WRITE_LOGITS, SAMPLE, BLOCK_B, BLOCK_N, BLOCK_K,

@@ -59,7 +59,10 @@ is no loop over layers that keeps values alive across stages.  Waiting programs 
 multiprocessors freed by the previous stage's finished tiles, so a stage starts as soon
 as its inputs are complete, with no kernel boundary (launch latency, drain) in between.
 Under the interpreter programs run in index order and every wait ends at once; stages
-``>= stop_stage`` are skipped here too.
+``>= stop_stage`` are skipped here too.  Weights and old cache slots depend on no tile, so a
+program first asks L2 for the first ``WAIT_PREFETCH`` lines of each of its weight rows (an
+attention tile: ``ATTN_PREFETCH`` lines of its K and V slots; :mod:`.launch_order`) and only
+then waits: the next stage's weights stream while the current one finishes (compiled only).
 
 Bytes: the sum of the six instructions' bytes over all layers — the whole model once.
 """
@@ -68,14 +71,14 @@ import triton.language as tl
 
 from fusecore.backend import jit
 
-from .decode_attention import decode_attention_tile
-from .gate_up import gate_up_tile
+from .decode_attention import attention_prefetch, decode_attention_tile
+from .gate_up import gate_up_prefetch, gate_up_tile
 from .grid_barrier import signal, wait_for
-from .lm_head import lm_head_tile
+from .lm_head import lm_head_prefetch, lm_head_tile
 from .prefetch import prefetch_flat
 from .qkv_attention import signal_qkv_group, wait_qkv_group
-from .qkv_rope import qkv_rope_tile
-from .residual_proj import residual_proj_tile
+from .qkv_rope import qkv_prefetch, qkv_rope_tile
+from .residual_proj import residual_proj_prefetch, residual_proj_tile
 
 STAGES_PER_LAYER = 5
 DONE_COUNTS = 4  # DATAFLOW: tiles finished so far of attention, o_proj, gate_up and down
@@ -113,7 +116,7 @@ def looped_decode_kernel(
     BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, MERGE_SPLITS: tl.constexpr, BLOCK_V: tl.constexpr,
     DOT_PREC: tl.constexpr, ROW_PREFETCH: tl.constexpr, QKV_SPLIT: tl.constexpr, MLP_SPLIT: tl.constexpr,
     PREFETCH: tl.constexpr, PREFETCH_BLOCK: tl.constexpr, ACQUIRE_LOADS: tl.constexpr, POLL_SLEEP: tl.constexpr,
-    DATAFLOW: tl.constexpr,
+    DATAFLOW: tl.constexpr, WAIT_PREFETCH: tl.constexpr, ATTN_PREFETCH: tl.constexpr,
 ):
     pid = tl.program_id(0)
     qkv_tiles = (HQ + 2 * HKV) * tl.cdiv(D // 2, BLOCK_P) * QKV_SPLIT
@@ -134,12 +137,14 @@ def looped_decode_kernel(
         stage = layer * 5
         if layer >= L:
             if L * 5 < stop_stage:
+                lm_head_prefetch(pid - L * per_layer, head_ptr, H, V, BLOCK_V, WAIT_PREFETCH)
                 wait_for(done + 3, L * down_tiles, max_polls, timeout_ptr, ACQUIRE_LOADS, POLL_SLEEP)
                 lm_head_tile(pid - L * per_layer, x_ptr, final_norm_ptr, head_ptr, logits_ptr, best_ptr, best_idx_ptr,
                              seed_ptr, inv_temp_ptr, slot_ptr, B, H, V, n_vocab_tiles, eps, WRITE_LOGITS, SAMPLE,
                              BLOCK_B, BLOCK_V, BLOCK_K, DOT_PREC, ROW_PREFETCH)
         elif tile < qkv_tiles:
             if stage < stop_stage:
+                qkv_prefetch(tile, layer, wqkv_ptr, H, HQ, HKV, D, BLOCK_P, BLOCK_K, QKV_SPLIT, WAIT_PREFETCH)
                 wait_for(done + 3, layer * down_tiles, max_polls, timeout_ptr, ACQUIRE_LOADS, POLL_SLEEP)
                 qkv_rope_tile(tile, layer, x_ptr, attn_norm_ptr, wqkv_ptr, bqkv_ptr, inv_freq_ptr, kv_start_ptr,
                               slot_ptr, q_ptr, k_cache_ptr, v_cache_ptr, pair_part_ptr, pair_sq_ptr, pair_sem_ptr,
@@ -149,6 +154,8 @@ def looped_decode_kernel(
         elif tile < qkv_tiles + attn_tiles:
             if stage + 1 < stop_stage:
                 attn_tile = tile - qkv_tiles
+                attention_prefetch(attn_tile, layer, k_cache_ptr, v_cache_ptr, kv_start_ptr, slot_ptr, B, HKV, D, S,
+                                   n_splits, split_len, ATTN_PREFETCH)
                 wait_qkv_group(attn_tile, layer, group_count, HQ, HKV, D, n_splits, max_polls, timeout_ptr,
                                BLOCK_P, QKV_SPLIT, ACQUIRE_LOADS, POLL_SLEEP)
                 decode_attention_tile(attn_tile, layer, q_ptr, k_cache_ptr, v_cache_ptr, kv_start_ptr, slot_ptr,
@@ -158,6 +165,8 @@ def looped_decode_kernel(
                 signal(done)
         elif tile < qkv_tiles + attn_tiles + o_tiles:
             if stage + 2 < stop_stage:
+                residual_proj_prefetch(tile - qkv_tiles - attn_tiles, layer, wo_ptr, H, attn_width, o_split, BLOCK_N,
+                                       BLOCK_K, WAIT_PREFETCH)
                 wait_for(done, (layer + 1) * attn_tiles, max_polls, timeout_ptr, ACQUIRE_LOADS, POLL_SLEEP)
                 residual_proj_tile(tile - qkv_tiles - attn_tiles, layer, attn_ptr, wo_ptr, x_ptr, proj_part_ptr,
                                    proj_sem_ptr, B, H, attn_width, o_split, BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC,
@@ -165,6 +174,8 @@ def looped_decode_kernel(
                 signal(done + 1)
         elif tile < qkv_tiles + attn_tiles + o_tiles + mlp_tiles:
             if stage + 3 < stop_stage:
+                gate_up_prefetch(tile - qkv_tiles - attn_tiles - o_tiles, layer, w_gate_up_ptr, H, I, BLOCK_N, BLOCK_K,
+                                 MLP_SPLIT, WAIT_PREFETCH)
                 wait_for(done + 1, (layer + 1) * o_tiles, max_polls, timeout_ptr, ACQUIRE_LOADS, POLL_SLEEP)
                 gate_up_tile(tile - qkv_tiles - attn_tiles - o_tiles, layer, x_ptr, mlp_norm_ptr, w_gate_up_ptr, h_ptr,
                              pair_part_ptr, pair_sq_ptr, pair_sem_ptr, B, H, I, eps, BLOCK_B, BLOCK_N, BLOCK_K,
@@ -173,6 +184,8 @@ def looped_decode_kernel(
                 signal(done + 2)
         else:
             if stage + 4 < stop_stage:
+                residual_proj_prefetch(tile - qkv_tiles - attn_tiles - o_tiles - mlp_tiles, layer, w_down_ptr, H, I,
+                                       split_k, BLOCK_N, BLOCK_K, WAIT_PREFETCH)
                 wait_for(done + 2, (layer + 1) * mlp_tiles, max_polls, timeout_ptr, ACQUIRE_LOADS, POLL_SLEEP)
                 residual_proj_tile(tile - qkv_tiles - attn_tiles - o_tiles - mlp_tiles, layer, h_ptr, w_down_ptr, x_ptr,
                                    proj_part_ptr, proj_sem_ptr, B, H, I, split_k, BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC,

@@ -222,6 +222,14 @@ def rows_dot_pair_sums(
 
 
 @jit
+def k_range(k_part, K, parts, BLOCK_K: tl.constexpr):
+    """Columns [k_start, k_stop) of K part ``k_part`` of ``parts``: whole BLOCK_K chunks, the last part shorter."""
+    k_len = tl.cdiv(tl.cdiv(K, parts), BLOCK_K) * BLOCK_K
+    k_start = k_part * k_len
+    return k_start, tl.minimum(k_start + k_len, K)
+
+
+@jit
 def rows_dot_pair_split(
     x_ptr, B, K, eps, g_ptr, w_ptr, rows_a, rows_b, row_mask, k_part, n_rows, block, part_ptr, sq_ptr, sem_ptr,
     SPLIT: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -235,11 +243,9 @@ def rows_dot_pair_split(
     ``sq_ptr`` ([blocks · SPLIT, B]); the last part of the block to finish (a count at
     ``sem_ptr[block]`` with acquire-release order, reset by that program) adds the parts in
     their fixed order — deterministic, and no program waits — and scales by the RMS."""
-    k_len = tl.cdiv(tl.cdiv(K, SPLIT), BLOCK_K) * BLOCK_K
-    k_start = k_part * k_len
-    acc_a, acc_b, sumsq = rows_dot_pair_sums(x_ptr, B, K, g_ptr, w_ptr, rows_a, rows_b, row_mask, k_start,
-                                             tl.minimum(k_start + k_len, K), True, BLOCK_B, BLOCK_N, BLOCK_K,
-                                             DOT_PREC, ROW_PREFETCH)
+    k_start, k_stop = k_range(k_part, K, SPLIT, BLOCK_K)
+    acc_a, acc_b, sumsq = rows_dot_pair_sums(x_ptr, B, K, g_ptr, w_ptr, rows_a, rows_b, row_mask, k_start, k_stop,
+                                             True, BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC, ROW_PREFETCH)
     last = True
     if SPLIT > 1:
         b = tl.arange(0, BLOCK_B)

@@ -23,10 +23,10 @@ import triton.language as tl
 
 from fusecore.backend import jit
 
-from .decode_attention import decode_attention_tile
+from .decode_attention import attention_prefetch, decode_attention_tile
 from .grid_barrier import signal, wait_for
 from .launch_order import after_previous_kernel
-from .qkv_rope import qkv_rope_tile
+from .qkv_rope import qkv_prefetch, qkv_rope_tile
 
 
 @jit
@@ -58,11 +58,20 @@ def qkv_attention_kernel(
     HAS_BIAS: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     MERGE_SPLITS: tl.constexpr, DOT_PREC: tl.constexpr, ROW_PREFETCH: tl.constexpr, QKV_SPLIT: tl.constexpr,
-    ACQUIRE_LOADS: tl.constexpr, USE_PDL: tl.constexpr,
+    ACQUIRE_LOADS: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr,
+    ATTN_PREFETCH_LINES: tl.constexpr,
 ):
-    after_previous_kernel(USE_PDL)
     pid = tl.program_id(0)
     qkv_tiles = (HQ + 2 * HKV) * tl.cdiv(D // 2, BLOCK_P) * QKV_SPLIT
+    if pid < qkv_tiles:
+        if USE_PDL:
+            qkv_prefetch(pid, layer, w_ptr, H, HQ, HKV, D, BLOCK_P, BLOCK_K, QKV_SPLIT, PREFETCH_LINES)
+    else:
+        # the cache slots an attention tile reads do not depend on this launch's Q/K/V tiles (bar the
+        # new slot, which L2 keeps coherent): into L2 before the waits, with or without PDL
+        attention_prefetch(pid - qkv_tiles, layer, k_cache_ptr, v_cache_ptr, kv_start_ptr, slot_ptr, B, HKV, D, S,
+                           n_splits, split_len, ATTN_PREFETCH_LINES)
+    after_previous_kernel(USE_PDL)
     if pid < qkv_tiles:
         qkv_rope_tile(pid, layer, x_ptr, norm_ptr, w_ptr, bias_ptr, inv_freq_ptr, kv_start_ptr, slot_ptr,
                       q_ptr, k_cache_ptr, v_cache_ptr, pair_part_ptr, pair_sq_ptr, pair_sem_ptr,

@@ -24,8 +24,32 @@ import triton.language as tl
 
 from fusecore.backend import jit
 
-from .launch_order import after_previous_kernel
-from .matvec import rows_dot_pair_split
+from .launch_order import after_previous_kernel, prefetch_rows
+from .matvec import k_range, rows_dot_pair_split
+
+
+@jit
+def qkv_span(tile, layer, w_ptr, H, HQ, HKV, D, BLOCK_P: tl.constexpr, QKV_SPLIT: tl.constexpr):
+    """Tile ``tile``'s head, pair indices j [BLOCK_P] (masked by j < D/2), the rows of the pairs' two
+    halves in W_qkv and layer ``layer``'s W_qkv [(HQ + 2 HKV) D, H]."""
+    half = D // 2
+    pair_tiles = tl.cdiv(half, BLOCK_P)
+    pair_block = tile // QKV_SPLIT
+    head = pair_block // pair_tiles
+    j = (pair_block % pair_tiles) * BLOCK_P + tl.arange(0, BLOCK_P)
+    rows_lo = head * D + j
+    layer64 = tl.full([], 0, tl.int64) + layer
+    return head, j, j < half, rows_lo, rows_lo + half, w_ptr + layer64 * (HQ + 2 * HKV) * D * H
+
+
+@jit
+def qkv_prefetch(tile, layer, w_ptr, H, HQ, HKV, D, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
+                 QKV_SPLIT: tl.constexpr, PREFETCH_LINES: tl.constexpr):
+    """Ask L2 for the first ``PREFETCH_LINES`` lines of tile ``tile``'s W_qkv rows (launch_order.py)."""
+    head, j, jmask, rows_lo, rows_hi, w_layer = qkv_span(tile, layer, w_ptr, H, HQ, HKV, D, BLOCK_P, QKV_SPLIT)
+    k_start, k_stop = k_range(tile % QKV_SPLIT, H, QKV_SPLIT, BLOCK_K)
+    prefetch_rows(w_layer + rows_lo.to(tl.int64) * H, jmask, k_start, k_stop, PREFETCH_LINES)
+    prefetch_rows(w_layer + rows_hi.to(tl.int64) * H, jmask, k_start, k_stop, PREFETCH_LINES)
 
 
 @jit
@@ -36,22 +60,13 @@ def qkv_rope_tile(
     HAS_BIAS: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_PREC: tl.constexpr, ROW_PREFETCH: tl.constexpr, QKV_SPLIT: tl.constexpr,
 ):
-    half = D // 2
-    pair_tiles = tl.cdiv(half, BLOCK_P)
     pair_block = tile // QKV_SPLIT
-    k_part = tile % QKV_SPLIT
-    head = pair_block // pair_tiles
-    j = (pair_block % pair_tiles) * BLOCK_P + tl.arange(0, BLOCK_P)
-    jmask = j < half
-    rows_lo = head * D + j
-    rows_hi = rows_lo + half
+    head, j, jmask, rows_lo, rows_hi, w_layer = qkv_span(tile, layer, w_ptr, H, HQ, HKV, D, BLOCK_P, QKV_SPLIT)
     layer64 = tl.full([], 0, tl.int64) + layer
-    n_rows = (HQ + 2 * HKV) * D
-    w_layer = w_ptr + layer64 * n_rows * H
     g_layer = norm_ptr + layer64 * H
-    last, lo, hi = rows_dot_pair_split(x_ptr, B, H, eps, g_layer, w_layer, rows_lo, rows_hi, jmask, k_part, n_rows,
-                                       pair_block, part_ptr, sq_ptr, sem_ptr, QKV_SPLIT, BLOCK_B, BLOCK_P, BLOCK_K,
-                                       DOT_PREC, ROW_PREFETCH)
+    last, lo, hi = rows_dot_pair_split(x_ptr, B, H, eps, g_layer, w_layer, rows_lo, rows_hi, jmask, tile % QKV_SPLIT,
+                                       (HQ + 2 * HKV) * D, pair_block, part_ptr, sq_ptr, sem_ptr, QKV_SPLIT, BLOCK_B,
+                                       BLOCK_P, BLOCK_K, DOT_PREC, ROW_PREFETCH)
     if last:
         _rope_append(lo, hi, layer64, head, j, jmask, bias_ptr, inv_freq_ptr, kv_start_ptr, slot_ptr, q_ptr,
                      k_cache_ptr, v_cache_ptr, B, HQ, HKV, D, S, HAS_BIAS, BLOCK_B)
@@ -103,7 +118,10 @@ def qkv_rope_kernel(
     B, H, HQ, HKV, D, S, eps,
     HAS_BIAS: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_PREC: tl.constexpr, ROW_PREFETCH: tl.constexpr, QKV_SPLIT: tl.constexpr, USE_PDL: tl.constexpr,
+    PREFETCH_LINES: tl.constexpr,
 ):
+    if USE_PDL:
+        qkv_prefetch(tl.program_id(0), layer, w_ptr, H, HQ, HKV, D, BLOCK_P, BLOCK_K, QKV_SPLIT, PREFETCH_LINES)
     after_previous_kernel(USE_PDL)
     qkv_rope_tile(
         tl.program_id(0), layer, x_ptr, norm_ptr, w_ptr, bias_ptr, inv_freq_ptr, kv_start_ptr, slot_ptr,

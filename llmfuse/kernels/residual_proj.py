@@ -20,8 +20,26 @@ import triton.language as tl
 
 from fusecore.backend import jit
 
-from .launch_order import after_previous_kernel
-from .matvec import rows_dot
+from .launch_order import after_previous_kernel, prefetch_rows
+from .matvec import k_range, rows_dot
+
+
+@jit
+def residual_proj_span(tile, layer, w_ptr, H, K, split_k, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Tile ``tile``'s features n [BLOCK_N] (masked by n < H), its columns [k_start, k_stop) and layer
+    ``layer``'s W [H, K]."""
+    k_start, k_stop = k_range(tile % split_k, K, split_k, BLOCK_K)
+    n = (tile // split_k) * BLOCK_N + tl.arange(0, BLOCK_N)
+    layer64 = tl.full([], 0, tl.int64) + layer
+    return n, n < H, k_start, k_stop, w_ptr + layer64 * H * K
+
+
+@jit
+def residual_proj_prefetch(tile, layer, w_ptr, H, K, split_k, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                           PREFETCH_LINES: tl.constexpr):
+    """Ask L2 for the first ``PREFETCH_LINES`` lines of tile ``tile``'s W rows (launch_order.py)."""
+    n, nmask, k_start, k_stop, w_layer = residual_proj_span(tile, layer, w_ptr, H, K, split_k, BLOCK_N, BLOCK_K)
+    prefetch_rows(w_layer + n.to(tl.int64) * K, nmask, k_start, k_stop, PREFETCH_LINES)
 
 
 @jit
@@ -32,13 +50,8 @@ def residual_proj_tile(
 ):
     n_tile = tile // split_k
     k_part = tile % split_k
-    k_len = tl.cdiv(tl.cdiv(K, split_k), BLOCK_K) * BLOCK_K
-    k_start = k_part * k_len
-    k_stop = tl.minimum(k_start + k_len, K)
-    n = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
-    nmask = n < H
-    layer64 = tl.full([], 0, tl.int64) + layer
-    acc = rows_dot(a_ptr, B, K, 0.0, w_ptr, w_ptr + layer64 * H * K, n, nmask, k_start, k_stop, False,
+    n, nmask, k_start, k_stop, w_layer = residual_proj_span(tile, layer, w_ptr, H, K, split_k, BLOCK_N, BLOCK_K)
+    acc = rows_dot(a_ptr, B, K, 0.0, w_ptr, w_layer, n, nmask, k_start, k_stop, False,
                    BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC, ROW_PREFETCH)
     b = tl.arange(0, BLOCK_B)
     x_off = b[:, None] * H + n[None, :]
@@ -67,8 +80,10 @@ def residual_proj_kernel(
     layer, a_ptr, w_ptr, x_ptr, part_ptr, sem_ptr, B, H, K, split_k,
     BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr,
     ROW_PREFETCH: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    USE_PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr,
 ):
+    if USE_PDL:
+        residual_proj_prefetch(tl.program_id(0), layer, w_ptr, H, K, split_k, BLOCK_N, BLOCK_K, PREFETCH_LINES)
     after_previous_kernel(USE_PDL)
     residual_proj_tile(tl.program_id(0), layer, a_ptr, w_ptr, x_ptr, part_ptr, sem_ptr, B, H, K, split_k,
                        BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC, ROW_PREFETCH)

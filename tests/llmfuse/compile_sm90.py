@@ -32,6 +32,29 @@ KERNELS = ("qkv_rope_kernel", "decode_attention_kernel", "qkv_attention_kernel",
            "gate_up_kernel", "lm_head_kernel", "looped_decode_kernel")
 
 
+# Kernels whose programs read device memory before their PDL wait: the attention tiles read the
+# step's slot and their row's first valid slot (set by the host before the step) to find the cache
+# slots they prefetch.
+READS_BEFORE_WAIT = {"decode_attention_kernel", "qkv_attention_kernel"}
+
+
+def check_pdl_order(name: str, ptx: str, prefetches: bool) -> None:
+    """A kernel launched with programmatic dependent launch must not write, nor (bar the slot reads
+    of READS_BEFORE_WAIT) read, device memory before ``griddepcontrol.wait``, and its weight prefetches
+    (``prefetch.global.L2``) must come before it, not be sunk below it."""
+    lines = [line.strip() for line in ptx.splitlines()]
+    wait = next((i for i, line in enumerate(lines) if line.startswith("griddepcontrol.wait")), None)
+    if wait is None:
+        raise AssertionError(f"{name}: no griddepcontrol.wait in a PDL launch")
+    early = [line for line in lines[:wait] if any(op in line for op in ("st.global", "atom.", "red.", "ld.global"))]
+    if name in READS_BEFORE_WAIT:
+        early = [line for line in early if not line.startswith("ld.global.b64")]
+    if early:
+        raise AssertionError(f"{name}: memory accesses before griddepcontrol.wait: {early[:4]}")
+    if prefetches and not any("prefetch.global.L2" in line for line in lines[:wait]):
+        raise AssertionError(f"{name}: no prefetch.global.L2 before griddepcontrol.wait")
+
+
 class CompileInsteadOfLaunch:
     """Stands in for a kernel in llmfuse.ops: ``kernel[grid](*args)`` compiles for sm_90."""
 
@@ -63,8 +86,10 @@ class CompileInsteadOfLaunch:
                    values.get("num_warps"), values.get("num_stages"), values.get("maxnreg"))
             if key not in self.compiled:
                 source = ASTSource(fn=self.kernel, signature=signature, constexprs=constexprs, attrs=attrs)
-                triton.compile(source, target=TARGET,
-                               options={k: values[k] for k in ("num_warps", "num_stages", "maxnreg") if k in values})
+                compiled = triton.compile(source, target=TARGET, options={
+                    k: values[k] for k in ("num_warps", "num_stages", "maxnreg") if k in values})
+                if values.get("USE_PDL"):
+                    check_pdl_order(self.name, compiled.asm["ptx"], values["PREFETCH_LINES"] > 0)
                 self.compiled.add(key)
 
         return compile_only
@@ -72,7 +97,9 @@ class CompileInsteadOfLaunch:
 
 def main(argv: list[str]) -> int:
     """Default: the looped kernel (it inlines every instruction's tile function) in bf16 at batch 1
-    (row-sum GEMV) and 8 (tensor cores); ``--all``: also every per-layer kernel, batch 64 and float32."""
+    (row-sum GEMV) and 8 (tensor cores) and the per-layer kernels at batch 1 (with PDL: the order of
+    prefetches, wait and accesses checked); ``--all``: also every per-layer kernel at the other
+    batches, batch 64 and float32."""
     full = "--all" in argv
     assert fusecore.COMPILED, "fusecore was imported before torch.cuda.is_available was patched"
     for name in KERNELS:
@@ -96,14 +123,17 @@ def main(argv: list[str]) -> int:
             # programmatic dependent launch; batches 1 and 8 Q/K/V and attention in one launch;
             # batch 1 the looped path as one-tile programs ordered by dependency (dataflow, refused
             # above batch 1), batch 8 the persistent looped schedule; both with a sleep between polls
+            # PDL with prefetched weight and cache lines (each PDL kernel's PTX checked: nothing read or
+            # written before its wait but the prefetches and the attention tiles' slot reads)
             plan = ops.make_plan(cfg, batch, 40, dtype, torch.device("cuda"), looped_programs=h100.sm_count,
                                  split_k=2 if batch == 8 else None, acquire_loads=batch == 8,
-                                 pdl=batch == 8, fuse_attention=batch < 64, dataflow=batch == 1,
-                                 poll_sleep_ns=128 if batch < 64 else 0)
+                                 pdl=batch in (1, 8), fuse_attention=batch < 64, dataflow=batch == 1,
+                                 poll_sleep_ns=128 if batch < 64 else 0, wait_prefetch=8 if batch < 64 else 0,
+                                 attn_prefetch=batch < 64)
             buf = ops.DecodeBuffers.allocate(cfg, plan, dtype, torch.device("cpu"))
             cache = ref.KVCache.empty(cfg, batch, 40, dtype=dtype, device="cpu")
             tokens = torch.zeros(batch, dtype=torch.int64)
-            for looped in (False, True) if full else (True,):
+            for looped in (False, True) if full or batch == 1 else (True,):
                 try:
                     # batch 1 compiles the greedy LM head, other batches the sampling one
                     ops.fused_step(w, cfg, cache, buf, plan, cfg.rope_inv_freq(), tokens, looped=looped,

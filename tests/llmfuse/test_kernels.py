@@ -234,7 +234,8 @@ def test_plan_tuning_is_checked():
         ops.make_plan(CFG, 3, SLOTS, torch.float32, cpu, block_b=2)
     with pytest.raises(ValueError, match="need every block >= 16"):
         ops.make_plan(CFG, 3, SLOTS, torch.float32, cpu, block_b=16, block_n=8)
-    for gpu_only, value in (("pdl", True), ("acquire_loads", True), ("poll_sleep_ns", 128)):
+    for gpu_only, value in (("pdl", True), ("acquire_loads", True), ("poll_sleep_ns", 128), ("wait_prefetch", 8),
+                            ("attn_prefetch", True)):
         with pytest.raises(ValueError, match=f"{gpu_only}={value} needs the compiled kernels"):
             ops.make_plan(CFG, 3, SLOTS, torch.float32, cpu, **{gpu_only: value})
 
