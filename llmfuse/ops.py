@@ -66,6 +66,13 @@ class DecodePlan:
     # while the stage waited for streams its weights.  0: poll back to back.
     poll_sleep_ns: int = 0
     pdl: bool = False  # per-layer kernels: programmatic dependent launch (kernels/launch_order.py; sm_90+)
+    # K chunk widths of the per-layer Q/K/V, output-projection and down-projection launches (0:
+    # block_k).  A batch-1 tile keeps two chunks in flight (kernels/matvec.py ``_one_row``); with
+    # few tiles per SM (Q/K/V, W_o) the bytes in flight, not HBM, bound the launch, and wider chunks
+    # put more in flight.  The looped kernel uses block_k throughout.
+    block_k_qkv: int = 0
+    block_k_o: int = 0
+    block_k_down: int = 0
     # 128-byte lines of each of its weight rows (64 bf16 columns each; a power of two) a program
     # asks L2 for before it waits: for the previous kernel (per-layer path, with pdl) or for the
     # tiles it depends on (dataflow schedule); kernels/launch_order.py.  Compiled only.
@@ -123,6 +130,11 @@ class DecodePlan:
             prefetch_lines = self.weight_prefetch_lines()
         return {**self.launch_options(), "USE_PDL": self.pdl, "PREFETCH_LINES": prefetch_lines,
                 **({"launch_pdl": True} if self.pdl else {})}
+
+    def k_chunk(self, instruction: str) -> int:
+        """BLOCK_K of the per-layer launch of ``instruction`` ("qkv", "o_proj", "down"; others: block_k)."""
+        override = {"qkv": self.block_k_qkv, "o_proj": self.block_k_o, "down": self.block_k_down}.get(instruction, 0)
+        return override or self.block_k
 
     def weight_prefetch_lines(self) -> int:
         """``PREFETCH_LINES`` of the per-layer matrix-vector kernels: :attr:`wait_prefetch` with PDL, else 0."""
@@ -261,12 +273,15 @@ def _tuned(plan: DecodePlan, tuning: dict[str, int]) -> DecodePlan:
             raise ValueError(f"tuning field {name} must be an int >= 0, got {value!r}")
     plan = replace(plan, **tuning)
     blocks = ("block_p", "block_n", "block_k", "block_v", "block_s")
+    optional = ("wait_prefetch", "block_k_qkv", "block_k_o", "block_k_down")  # 0: off, or block_k
     if any(getattr(plan, b) & (getattr(plan, b) - 1) or getattr(plan, b) < 1
-           for b in ("block_b", "merge_splits", *blocks)) or plan.wait_prefetch & (plan.wait_prefetch - 1):
+           for b in ("block_b", "merge_splits", *blocks)) or any(getattr(plan, b) & (getattr(plan, b) - 1)
+                                                                 for b in optional):
         raise ValueError(f"block sizes must be powers of two: {plan}")
     if plan.block_b < plan.batch:
         raise ValueError(f"block_b = {plan.block_b} must be >= the batch {plan.batch}")
-    if not plan.row_sums and min(plan.block_b, *(getattr(plan, b) for b in blocks)) < 16:
+    chunks = [plan.k_chunk(name) for name in ("qkv", "o_proj", "down")]
+    if not plan.row_sums and min(plan.block_b, *(getattr(plan, b) for b in blocks), *chunks) < 16:
         raise ValueError(f"tensor-core tiles (block_b = {plan.block_b} > {SMALL_BATCH}) need every block >= 16: "
                          f"{plan}")
     for name in ("split_k", "o_split", "qkv_split", "mlp_split"):
@@ -375,7 +390,7 @@ def qkv_rope(w: LlamaWeights, cfg: LlamaConfig, layer: int, cache: KVCache, buf:
         buf.slot, buf.q, cache.k, cache.v, buf.pair_part, buf.pair_sq, buf.pair_sem,
         plan.batch, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
         plan.max_slots, cfg.rms_norm_eps,
-        HAS_BIAS=w.bqkv is not None, BLOCK_B=plan.block_b, BLOCK_P=plan.block_p, BLOCK_K=plan.block_k,
+        HAS_BIAS=w.bqkv is not None, BLOCK_B=plan.block_b, BLOCK_P=plan.block_p, BLOCK_K=plan.k_chunk("qkv"),
         DOT_PREC=plan.dot_prec, ROW_PREFETCH=plan.row_prefetch, QKV_SPLIT=plan.qkv_split,
         **plan.layer_launch_options(),
     )
@@ -405,7 +420,7 @@ def qkv_attention(w: LlamaWeights, cfg: LlamaConfig, layer: int, cache: KVCache,
         plan.batch, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
         plan.max_slots, cfg.rms_norm_eps, plan.n_splits, plan.split_len, 1.0 / math.sqrt(cfg.head_dim),
         BARRIER_MAX_POLLS,
-        HAS_BIAS=w.bqkv is not None, BLOCK_B=plan.block_b, BLOCK_P=plan.block_p, BLOCK_K=plan.block_k,
+        HAS_BIAS=w.bqkv is not None, BLOCK_B=plan.block_b, BLOCK_P=plan.block_p, BLOCK_K=plan.k_chunk("qkv"),
         BLOCK_G=plan.block_g, BLOCK_S=plan.block_s, BLOCK_D=plan.block_d, BLOCK_M=plan.block_m,
         MERGE_SPLITS=plan.merge_splits,
         DOT_PREC=plan.dot_prec, ROW_PREFETCH=plan.row_prefetch, QKV_SPLIT=plan.qkv_split,
@@ -420,7 +435,7 @@ def o_proj(w: LlamaWeights, cfg: LlamaConfig, layer: int, buf: DecodeBuffers, pl
     residual_proj_kernel[(plan.tiles(cfg)["o_proj"],)](
         layer, buf.attn, w.wo, buf.x, buf.proj_part, buf.proj_sem, plan.batch, cfg.hidden_size,
         cfg.num_attention_heads * cfg.head_dim,
-        plan.o_split, BLOCK_B=plan.block_b, BLOCK_N=plan.block_n, BLOCK_K=plan.block_k,
+        plan.o_split, BLOCK_B=plan.block_b, BLOCK_N=plan.block_n, BLOCK_K=plan.k_chunk("o_proj"),
         DOT_PREC=plan.dot_prec, ROW_PREFETCH=plan.row_prefetch, **plan.layer_launch_options(),
     )
 
@@ -441,7 +456,7 @@ def down_proj(w: LlamaWeights, cfg: LlamaConfig, layer: int, buf: DecodeBuffers,
     residual_proj_kernel[(plan.tiles(cfg)["down"],)](
         layer, buf.h, w.w_down, buf.x, buf.proj_part, buf.proj_sem, plan.batch, cfg.hidden_size,
         cfg.intermediate_size, plan.split_k,
-        BLOCK_B=plan.block_b, BLOCK_N=plan.block_n, BLOCK_K=plan.block_k,
+        BLOCK_B=plan.block_b, BLOCK_N=plan.block_n, BLOCK_K=plan.k_chunk("down"),
         DOT_PREC=plan.dot_prec, ROW_PREFETCH=plan.row_prefetch, **plan.layer_launch_options(),
     )
 

@@ -287,17 +287,19 @@ def _looped_prefixes(ctx: Context, cfg: LlamaConfig, w: LlamaWeights, cache: ref
 # polls 0.9381; looped (dependency-ordered tiles) 1.306 with back-to-back polls, 1.224 with a 1 µs
 # sleep between polls (now the default at batch 1); batch 8 per-layer 1.297, looped persistent
 # kernel 1.568, dependency-ordered tiles 1.502 (now the looped default up to batch 8).
-# Session 5: programmatic dependent launch with each program's first weight lines (wait_prefetch,
-# 128-byte lines per row: 32 = all 2048 columns of a batch-1 tile) asked of L2 before it waits for
-# the previous kernel; attention tiles prefetching their cache slots; the dataflow schedule's
-# tiles prefetching before they wait on their dependencies.
+# Session 5 (H200, first call): programmatic dependent launch alone 0.9351 against 0.9425 at batch 1
+# (1.327 against 1.300 at batch 8); with each program's weight rows asked of L2 before its wait
+# 0.9423 (8 lines per row) and 1.039 (32 lines: all 2048 columns of a batch-1 tile); attention tiles
+# prefetching their cache slots 0.9340; the dataflow schedule prefetching before its waits 1.218
+# against 1.227 (batch 8: 1.647 against 1.498).  Next: wider K chunks for the launches with few
+# tiles per SM (Q/K/V, W_o: their bytes in flight bound them at batch 1), pipeline depth at batch 8.
 PLAN_SWEEP: list[tuple[int, bool, dict[str, int]]] = [
-    (1, False, {"pdl": True}), (1, False, {"pdl": True, "wait_prefetch": 8}),
-    (1, False, {"pdl": True, "wait_prefetch": 32}), (1, False, {"attn_prefetch": True}),
-    (1, False, {"pdl": True, "wait_prefetch": 32, "attn_prefetch": True}),
-    (1, True, {}), (1, True, {"wait_prefetch": 32, "attn_prefetch": True}),
-    (8, False, {"pdl": True}), (8, False, {"pdl": True, "wait_prefetch": 16}),
-    (8, True, {}), (8, True, {"wait_prefetch": 16, "attn_prefetch": True}),
+    (1, False, {"pdl": True, "attn_prefetch": True}),
+    (1, False, {"block_k_qkv": 1024}), (1, False, {"block_k_qkv": 512}), (1, False, {"block_k_o": 1024}),
+    (1, False, {"block_k_o": 512}), (1, False, {"block_k_down": 512}), (1, False, {"block_k": 512}),
+    (1, False, {"block_k_qkv": 1024, "block_k_o": 1024, "block_k_down": 512, "pdl": True, "attn_prefetch": True}),
+    (8, False, {"num_stages": 4}), (8, False, {"num_stages": 2}), (8, False, {"block_k_qkv": 256}),
+    (8, False, {"fuse_attention": True, "attn_prefetch": True}),
 ]
 QUICK_PLAN_SWEEP = [(1, False, {"row_prefetch": False}), (3, False, {"block_b": 4}),
                     (3, False, {"fuse_attention": True}), (3, True, {}), (1, True, {"dataflow": True})]

@@ -52,9 +52,12 @@ CASES = [(1, torch.float32, {}), (1, torch.bfloat16, {"row_prefetch": False}), (
          (9, torch.bfloat16, {})]
 
 
-# Q/K/V with K split in parts (16-column chunks: the parts are not empty at hidden size 48)
+# Q/K/V with K split in parts (16-column chunks: the parts are not empty at hidden size 48), and
+# with its own chunk width (block_k_qkv)
 @pytest.mark.parametrize("batch, dtype, tuning", CASES + [(1, torch.float32, {"qkv_split": 2, "block_k": 16}),
-                                                          (9, torch.bfloat16, {"qkv_split": 3, "block_k": 16})])
+                                                          (9, torch.bfloat16, {"qkv_split": 3, "block_k": 16}),
+                                                          (1, torch.float32, {"block_k_qkv": 16}),
+                                                          (9, torch.bfloat16, {"qkv_split": 2, "block_k_qkv": 16})])
 def test_qkv_rope_append(batch, dtype, tuning, gen):
     cfg, w64, wk, plan, buf, cache, slot, kv_start = _setup(batch, dtype, gen, bias=batch == 3, tuning=tuning)
     buf.q.fill_(poison_value(torch.float32))
@@ -123,7 +126,8 @@ def test_decode_attention_merges_more_splits_than_one_round(gen):
 
 
 @pytest.mark.parametrize("batch, dtype, tuning, split_k", [(*case, 1) for case in CASES] +
-                         [(9, torch.float32, {}, 3)])
+                         [(9, torch.float32, {}, 3), (1, torch.float32, {"block_k_o": 16}, 1),
+                          (9, torch.bfloat16, {"block_k_o": 16}, 2)])
 def test_o_proj_adds_residual(batch, dtype, tuning, split_k, gen):
     """split_k > 1: the last K part of each feature tile sums all parts into x."""
     cfg, w64, wk, plan, buf, cache, slot, kv_start = _setup(batch, dtype, gen, split_k=split_k, tuning=tuning)
@@ -166,10 +170,12 @@ def test_qkv_and_attention_in_one_launch_equal_two_launches(batch, dtype, tuning
     assert not ops.looped_timed_out(buf2)
 
 
-# split_k: the down projection's K parts; mlp_split: gate/up K parts (16-column chunks, none empty)
+# split_k: the down projection's K parts; mlp_split: gate/up K parts (16-column chunks, none empty);
+# block_k_down: the down projection's own chunk width
 @pytest.mark.parametrize("batch, dtype, tuning, split_k", [(*case, 1) for case in CASES] +
                          [(9, torch.bfloat16, {}, 2), (1, torch.float32, {"mlp_split": 2, "block_k": 16}, 1),
-                          (9, torch.bfloat16, {"mlp_split": 3, "block_k": 16}, 1)])
+                          (9, torch.bfloat16, {"mlp_split": 3, "block_k": 16}, 1),
+                          (1, torch.float32, {"block_k_down": 16}, 2), (9, torch.bfloat16, {"block_k_down": 32}, 1)])
 def test_gate_up_silu_and_down_residual(batch, dtype, tuning, split_k, gen):
     cfg, w64, wk, plan, buf, cache, slot, kv_start = _setup(batch, dtype, gen, split_k=split_k, tuning=tuning)
     buf.h.fill_(float("nan"))
