@@ -291,15 +291,23 @@ def _looped_prefixes(ctx: Context, cfg: LlamaConfig, w: LlamaWeights, cache: ref
 # (1.327 against 1.300 at batch 8); with each program's weight rows asked of L2 before its wait
 # 0.9423 (8 lines per row) and 1.039 (32 lines: all 2048 columns of a batch-1 tile); attention tiles
 # prefetching their cache slots 0.9340; the dataflow schedule prefetching before its waits 1.218
-# against 1.227 (batch 8: 1.647 against 1.498).  Next: wider K chunks for the launches with few
-# tiles per SM (Q/K/V, W_o: their bytes in flight bound them at batch 1), pipeline depth at batch 8.
+# against 1.227 (batch 8: 1.647 against 1.498).
+# Second call: batch 1 default 0.9427; PDL + attention prefetch 0.9368; Q/K/V chunks of 512 columns
+# 0.9136 (1024: 0.9882, 254 registers), W_o chunks of 1024 0.9073 (512: 0.9105), W_down chunks of
+# 512 0.9520, every chunk 512 wide 0.9533.  Batch 8 default 1.302; 4 pipeline stages 1.453, 2 1.504;
+# Q/K/V chunks of 256 1.424; fused Q/K/V + attention (with the slots prefetched) 1.307.
+# Next: the two wider chunks together, Q/K/V pair blocks of 4 pairs with wider chunks, the down
+# projection's and gate/up's K splits at batch 1; the same chunk widths on Llama-3.1-8B; at batch 8
+# 32-row tiles and other K splits.
+WIDE = {"block_k_qkv": 512, "block_k_o": 1024}
 PLAN_SWEEP: list[tuple[int, bool, dict[str, int]]] = [
-    (1, False, {"pdl": True, "attn_prefetch": True}),
-    (1, False, {"block_k_qkv": 1024}), (1, False, {"block_k_qkv": 512}), (1, False, {"block_k_o": 1024}),
-    (1, False, {"block_k_o": 512}), (1, False, {"block_k_down": 512}), (1, False, {"block_k": 512}),
-    (1, False, {"block_k_qkv": 1024, "block_k_o": 1024, "block_k_down": 512, "pdl": True, "attn_prefetch": True}),
-    (8, False, {"num_stages": 4}), (8, False, {"num_stages": 2}), (8, False, {"block_k_qkv": 256}),
-    (8, False, {"fuse_attention": True, "attn_prefetch": True}),
+    (1, False, WIDE), (1, False, {**WIDE, "pdl": True, "attn_prefetch": True}),
+    (1, False, {**WIDE, "block_p": 4}), (1, False, {"block_k_qkv": 1024, "block_k_o": 1024, "block_p": 4}),
+    (1, False, {**WIDE, "split_k": 8}), (1, False, {**WIDE, "split_k": 2}), (1, False, {**WIDE, "mlp_split": 2}),
+    (8, False, {"block_n": 32}), (8, False, {"split_k": 4}), (8, False, {"mlp_split": 4}),
+]
+PLAN_SWEEP_8B: list[tuple[int, bool, dict[str, int]]] = [
+    (1, False, WIDE), (1, False, {**WIDE, "pdl": True, "attn_prefetch": True}),
 ]
 QUICK_PLAN_SWEEP = [(1, False, {"row_prefetch": False}), (3, False, {"block_b": 4}),
                     (3, False, {"fuse_attention": True}), (3, True, {}), (1, True, {"dataflow": True})]
@@ -307,7 +315,7 @@ QUICK_PLAN_SWEEP = [(1, False, {"row_prefetch": False}), (3, False, {"block_b": 
 
 def _sweep_variant(ctx: Context, cfg: LlamaConfig, w: LlamaWeights, inv_freq: torch.Tensor, name: str, context: int,
                    slots: int, sms: int, batch: int, looped: bool, tuning: dict, state: dict,
-                   failures: list[str]) -> None:
+                   failures: list[str], prefix: str = "") -> None:
     """Check one plan variant against the batch's default plan (the first run) and time it."""
     dtype = w.dtype
     cache, tokens = state["cache"], state["tokens"]
@@ -326,20 +334,20 @@ def _sweep_variant(ctx: Context, cfg: LlamaConfig, w: LlamaWeights, inv_freq: to
             if ops.looped_timed_out(buf):
                 raise RuntimeError("the looped kernel timed out at a grid barrier")
         except Exception as exc:  # noqa: BLE001  (reported at the end; the other variants still run)
-            failures.append(f"B={batch} {label}: {type(exc).__name__}: {exc}")
+            failures.append(f"{prefix}B={batch} {label}: {type(exc).__name__}: {exc}")
             return
         tol = _tolerances(cfg, plan, dtype)[0]
         if state["logits"] is None:
             state["logits"], state["tol"] = buf.logits.clone(), tol
         else:
             # two plans round at different points: independent errors, added in quadrature
-            ctx.check(f"B={batch} {label} vs default plan", buf.logits, state["logits"],
+            ctx.check(f"{prefix}B={batch} {label} vs default plan", buf.logits, state["logits"],
                       (tol**2 + state["tol"]**2) ** 0.5 if dtype != torch.float32 else STRICT_FLOAT32)
         params = {"model": name, "batch": batch, "context": context, "dtype": str(dtype), "plan": label}
         ctx.time(label, lambda: ops.fused_step(w, cfg, cache, buf, plan, inv_freq, tokens, looped=looped,
                                                write_logits=True),
                  bytes_moved=step_bytes(cfg, w, batch, context), cuda_graph=True, params=params,
-                 variant=f"B={batch}")
+                 variant=f"{prefix}B={batch}")
 
 
 @case("llm", "plan_sweep", baseline="per-layer, default plan", headline=False)
@@ -348,14 +356,27 @@ def plan_sweep_case(ctx: Context) -> None:
 
     A variant that fails to build or run is reported at the end; the others are still timed."""
     dtype = torch.bfloat16 if ctx.gpu else torch.float32
-    name, cfg, context, sweep = ("tiny", TINY, 16, QUICK_PLAN_SWEEP) if ctx.quick else (
-        "Llama-3.2-1B", LLAMA_3_2_1B, 512, PLAN_SWEEP)
+    context = 16 if ctx.quick else 512
+    # (model, config, rows, variant prefix): the 1B rows keep their session-4 variant names
+    models = [("tiny", TINY, QUICK_PLAN_SWEEP, "")] if ctx.quick else [
+        ("Llama-3.2-1B", LLAMA_3_2_1B, PLAN_SWEEP, ""), ("Llama-3.1-8B", LLAMA_3_1_8B, PLAN_SWEEP_8B, "8B,")]
+    failures = []
+    for name, cfg, sweep, prefix in models:
+        if sweep:
+            _sweep_model(ctx, name, cfg, sweep, prefix, dtype, context, failures)
+    if failures:
+        raise RuntimeError("plan variants that failed:\n  " + "\n  ".join(failures))
+
+
+def _sweep_model(ctx: Context, name: str, cfg: LlamaConfig, sweep: list, prefix: str, dtype: torch.dtype,
+                 context: int, failures: list[str]) -> None:
+    """The rows of one model: each batch's default plan first, then its variants in order."""
     gen = torch.Generator(device=ctx.device).manual_seed(0)
     w = random_weights(cfg, dtype=dtype, device=ctx.device, generator=gen)
     inv_freq = cfg.rope_inv_freq().to(ctx.device)
     slots = context + 8
     sms = device_facts(ctx.device).sm_count
-    failures, states = [], {}
+    states = {}
     for batch, looped, tuning in sweep:  # in order: variants that might break the device go last
         if batch not in states:  # the batch's inputs, and its default plan first
             cache = ref.KVCache.empty(cfg, batch, slots, dtype=dtype, device=ctx.device)
@@ -364,11 +385,12 @@ def plan_sweep_case(ctx: Context) -> None:
             tokens = torch.randint(0, cfg.vocab_size, (batch,), device=ctx.device, generator=gen)
             states[batch] = {"cache": cache, "tokens": tokens, "logits": None, "tol": 0.0}
             _sweep_variant(ctx, cfg, w, inv_freq, name, context, slots, sms, batch, False, {}, states[batch],
-                           failures)
+                           failures, prefix)
         _sweep_variant(ctx, cfg, w, inv_freq, name, context, slots, sms, batch, looped, tuning, states[batch],
-                       failures)
-    if failures:
-        raise RuntimeError("plan variants that failed:\n  " + "\n  ".join(failures))
+                       failures, prefix)
+    del w, states
+    if ctx.gpu:
+        torch.cuda.empty_cache()
 
 
 @plot("llm")
