@@ -187,7 +187,7 @@ class GATConv(_DGLHeadsConv):
         graph = self._graph(graph, feat, self.fc.weight.dtype)
         h = self.feat_drop(feat)
         wh = self.fc(h).view(feat.shape[0], self._num_heads, self._out_feats)
-        # the bias is added in the kernel's store when no gradient is needed (inference)
+        # the bias is added in the kernel's store (in training into a second, final output)
         out = ops.gat(
             graph, wh, self.attn_l, self.attn_r, negative_slope=self.negative_slope, dropout=self._dropout(),
             schedule=schedule, out_add=self.bias,

@@ -42,7 +42,8 @@ from .schedule import Buckets, ScheduleOptions
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 MERGE_TILE = 4096  # elements of partial results a merge program reads per loop trip
-ROW_SUM_MAX_EDGES = 256  # edges per loop trip of the ∂er row sum (its rows are only H wide)
+ROW_SUM_MAX_EDGES = 256  # edges per loop trip of the ∂er sum of a medium row or piece (rows only H wide)
+ROW_SUM_LIGHT_EDGES = 16  # edge slots per light row in the ∂er sum of all light rows (>= DEFAULT_LIGHT_MAX)
 
 
 def _new_output(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -99,7 +100,7 @@ class AttentionInputs:
     added to keys and values; ``keys_from_values``: the dot score's keys are ``value · src_term``
     with ``src_term`` a per-node scale ``[N, H]`` (AGNN: one gathered tile per edge instead of two);
     ``out_add``: ``[H, D]`` or ``[N, H, D]`` added to the output as the forward stores it (a
-    layer's bias or root term in inference; see :func:`_fused_addend`).
+    layer's bias or root term; in training into a second output, see :func:`_forward_saving`).
     """
 
     score: int
@@ -200,12 +201,14 @@ def _tile_budget(schedule, inputs: AttentionInputs, kernel_pass: str) -> tuple[i
 
 def attention_forward(
     graph: Graph, inputs: AttentionInputs, dropout_p: float, seed: int, offset: int,
-    options: ScheduleOptions | None, out_dtype: torch.dtype | None = None,
+    options: ScheduleOptions | None, out_dtype: torch.dtype | None = None, final: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the fused forward on checked, contiguous inputs; returns ``(out, lse)``.
 
     ``out`` is written in ``out_dtype`` (default: the values' dtype; the backward asks for
     the accumulation dtype so that ``δ = <g, out>`` is not computed from a rounded output).
+    ``out_add`` is added to ``out``, or with ``final`` (``[N, H, D]``, any float dtype) ``final``
+    gets ``out + out_add`` (or ``out`` alone) in its dtype and ``out`` stays the attention's own.
     """
     from .kernels.attention_forward import attention_forward_light_kernel, attention_forward_rows_kernel
     from .kernels.merge import lse_merge_kernel
@@ -227,14 +230,16 @@ def attention_forward(
     add = inputs.out_add
     has_add = add is not None
     add, add_stride = (add, add[0].numel() if add.dim() == 3 else 0) if has_add else (lse, 0)
+    has_final = final is not None
+    final = final if has_final else out  # never written without FINAL
     light_tiles, row_block_e = _tile_budget(schedule, inputs, "forward")
     buckets = schedule.incoming
     for width, rows, starts, stops in buckets.light:
         per_program = _light_rows(schedule, inputs, width, light_tiles)
         attention_forward_light_kernel[(cdiv(rows.numel(), per_program),)](
-            graph.csr_src, graph.csr_eid, rows, starts, stops, *tensors, out, lse, add, rows.numel(), heads,
+            graph.csr_src, graph.csr_eid, rows, starts, stops, *tensors, out, lse, add, final, rows.numel(), heads,
             head_dim, inputs.edge_dim, *scalars, add_stride,
-            ROWS=per_program, BLOCK_E=width, BLOCK_H=block_h, BLOCK_D=block_d, **flags, ADD=has_add,
+            ROWS=per_program, BLOCK_E=width, BLOCK_H=block_h, BLOCK_D=block_d, **flags, ADD=has_add, FINAL=has_final,
             **_edge_flags(inputs, block_h, block_d, per_program * width), num_warps=schedule.num_warps,
         )
     for rows, starts, stops, count, pieces in _row_launches(buckets):
@@ -244,18 +249,18 @@ def attention_forward(
         else:
             target_out, target_lse = out, lse
         attention_forward_rows_kernel[(count,)](
-            graph.csr_src, graph.csr_eid, rows, starts, stops, *tensors, target_out, target_lse, add, heads,
+            graph.csr_src, graph.csr_eid, rows, starts, stops, *tensors, target_out, target_lse, add, final, heads,
             head_dim, inputs.edge_dim, *scalars, add_stride,
             BLOCK_E=row_block_e, BLOCK_H=block_h, BLOCK_D=block_d, PIECES=pieces, **flags,
             BLOCK_K=_block_k(inputs), LANES=row_kernel_lanes(schedule, inputs.score, "forward", value.dtype),
-            ADD=has_add and not pieces,
+            ADD=has_add and not pieces, FINAL=has_final and not pieces,
             num_warps=schedule.num_warps,
         )
         if pieces:
             lse_merge_kernel[(buckets.super_rows.numel(),)](
-                buckets.super_piece_ptr, buckets.super_rows, target_out, target_lse, out, lse, add, heads, head_dim,
-                add_stride, BLOCK_P=max(1, MERGE_TILE // (block_h * block_d)), BLOCK_H=block_h, BLOCK_D=block_d,
-                ADD=has_add,
+                buckets.super_piece_ptr, buckets.super_rows, target_out, target_lse, out, lse, add, final, heads,
+                head_dim, add_stride, BLOCK_P=max(1, MERGE_TILE // (block_h * block_d)), BLOCK_H=block_h,
+                BLOCK_D=block_d, ADD=has_add, FINAL=has_final,
             )
     return out, lse
 
@@ -284,9 +289,10 @@ def attention_backward(
     graph: Graph, inputs: AttentionInputs, lse: torch.Tensor, out: torch.Tensor, grad_out: torch.Tensor,
     dropout_p: float, seed: int, offset: int, options: ScheduleOptions | None,
     grad_value_dtype: torch.dtype | None = None, edge_grads: tuple[bool, bool] = (True, True),
+    bias_grad: bool = False,
 ) -> tuple[torch.Tensor, ...]:
     """Gradients of the fused attention, without atomics:
-    ``(∂value, ∂src-side, ∂dst_term, ∂edge_attr, attr_sums)``.
+    ``(∂value, ∂src-side, ∂dst_term, ∂edge_attr, attr_sums, Σ_n g_n)``.
 
     ``∂value`` in ``grad_value_dtype`` (default: the values' dtype), the rest in the
     accumulation dtype.  The source-side output is ``∂el [N, H]`` (GAT), ``∂k`` (dot) or, for
@@ -294,7 +300,9 @@ def attention_backward(
     ``∂fs`` is already in ``∂value``).  With edge features, as ``edge_grads = (attr, weight)``
     asks: ``∂edge_attr [E, K]`` (input edge order) and ``attr_sums [N, 2, K, H]``, the
     per-destination sums ``A``, ``B`` from which :func:`edge_weight_grad` forms ``∂edge_weight``;
-    None where not asked for or without edge features.
+    None where not asked for or without edge features.  With ``bias_grad``, ``Σ_n g_n [H, D]``
+    (an output bias's gradient, in the accumulation dtype) from the read of ``g`` that forms ``δ``;
+    else None.
     """
     from .kernels.attention_backward import (
         attention_backward_dst_kernel,
@@ -302,7 +310,6 @@ def attention_backward(
         attention_backward_src_kernel,
         attention_backward_src_light_kernel,
         row_sum_kernel,
-        row_sum_light_kernel,
     )
 
     value = inputs.value
@@ -318,7 +325,8 @@ def attention_backward(
     grad_attr = _new_output((graph.num_edges, edge_dim), acc, device) if attr_grad else None
     attr_sums = _new_output((num_nodes, 2, edge_dim, heads), acc, device) if weight_grad else None
     if num_nodes == 0:
-        return grad_value, grad_src, grad_dst, grad_attr, attr_sums
+        grad_bias = torch.zeros((heads, head_dim), dtype=acc, device=device) if bias_grad else None
+        return grad_value, grad_src, grad_dst, grad_attr, attr_sums, grad_bias
     schedule = graph.schedule(heads, head_dim, value.dtype, options)
     block_h, block_d = schedule.block_h, schedule.block_d
     keep_scale, use_dropout = _dropout_args(dropout_p)
@@ -327,7 +335,7 @@ def attention_backward(
     flags = {"DROPOUT": use_dropout, "SCORE": inputs.score, "EDGE": inputs.has_edge,
              "KEY_SCALE": inputs.keys_from_values}
     # δ_i = <g_i, out_i> per head: one pass over node rows instead of one over edges.
-    delta = _head_dot(grad_out, out, acc)
+    delta, grad_bias = _head_dot(grad_out, out, acc, column_sums=bias_grad)
     grad_s = _new_output((max(graph.num_edges, 1), heads), acc, device)
     src_tensors = (*inputs.pointers(), lse, grad_out, delta)
     outgoing = schedule.outgoing
@@ -359,22 +367,25 @@ def attention_backward(
             _merge_sums(outgoing, target_src, grad_src)
     incoming = schedule.incoming
     if inputs.score == SCORE_GAT:
-        for width, rows, starts, stops in incoming.light:
-            per_program = schedule.light_rows_per_program(width, block_h)
-            row_sum_light_kernel[(cdiv(rows.numel(), per_program),)](
+        # ∂er: every light row in one launch (rows of any width class, many per program), then one
+        # program per medium row and per piece of a split row (and the pieces' merge)
+        rows, starts, stops = incoming.light_all
+        if rows.numel():
+            per_program = schedule.light_rows_per_program(ROW_SUM_LIGHT_EDGES, block_h)
+            row_sum_kernel[(cdiv(rows.numel(), per_program),)](
                 rows, starts, stops, grad_s, grad_dst, rows.numel(), heads,
-                ROWS=per_program, BLOCK_E=width, BLOCK_W=block_h,
+                ROWS=per_program, BLOCK_E=ROW_SUM_LIGHT_EDGES, BLOCK_W=block_h, PIECES=False,
             )
         for rows, starts, stops, count, pieces in _row_launches(incoming):
             target_dst = _new_output((count, heads), acc, device) if pieces else grad_dst
             row_sum_kernel[(count,)](
-                rows, starts, stops, grad_s, target_dst, heads,
-                BLOCK_E=max(16, min(ROW_SUM_MAX_EDGES, schedule.tiles.tile_elements // block_h)), BLOCK_W=block_h,
-                PIECES=pieces,
+                rows, starts, stops, grad_s, target_dst, count, heads,
+                ROWS=1, BLOCK_E=max(16, min(ROW_SUM_MAX_EDGES, schedule.tiles.tile_elements // block_h)),
+                BLOCK_W=block_h, PIECES=pieces,
             )
             if pieces:
                 _merge_sums(incoming, target_dst, grad_dst)
-        return grad_value, grad_src, grad_dst, grad_attr, attr_sums
+        return grad_value, grad_src, grad_dst, grad_attr, attr_sums, grad_bias
     # GATv2 / dot: ∂dst gathers the source terms again, weighted by the source pass's ∂s.
     dst_tensors = (*inputs.pointers(), grad_s, lse, grad_out)
     # outputs not asked for get a tensor the kernel never writes
@@ -406,7 +417,7 @@ def attention_backward(
             _merge_sums(incoming, target_dst, grad_dst)
             if weight_grad:
                 _merge_sums(incoming, target_sums, attr_sums)
-    return grad_value, grad_src, grad_dst, grad_attr, attr_sums
+    return grad_value, grad_src, grad_dst, grad_attr, attr_sums, grad_bias
 
 
 def edge_weight_grad(
@@ -430,35 +441,61 @@ def edge_weight_grad(
 
 
 def _forward_saving(ctx, graph: Graph, inputs: AttentionInputs, launch: tuple, differentiable: int,
-                    *saved: torch.Tensor) -> torch.Tensor:
+                    *saved: torch.Tensor, add_index: int | None = None) -> torch.Tensor:
     """The forward of every fused-attention autograd Function: run :func:`attention_forward`,
     save ``saved`` + ``(out, lse)`` and the launch configuration ``(dropout_p, seed, offset,
     options)``; nothing per edge is saved.
 
-    When any of the first ``differentiable`` inputs needs a gradient, ``out`` is kept in the
-    accumulation dtype for the backward's ``δ = <g, out>`` (float16 / bfloat16 rounding of
-    ``out`` would be amplified by the softmax-gradient cancellation); the returned output is
-    cast to the values' dtype.
+    When any of the first ``differentiable`` inputs needs a gradient (``ctx.attention_grads``),
+    ``out`` is kept in the accumulation dtype for the backward's ``δ = <g, out>`` (float16 /
+    bfloat16 rounding of ``out`` would be amplified by the softmax-gradient cancellation), without
+    ``out_add`` (the Function's input ``add_index``); the returned output ``out (+ out_add)`` in the
+    values' dtype is the kernels' second store (``final``), not a cast and an add of their own.  The
+    addend's gradient comes from :func:`_addend_grad`.
     """
-    value_dtype = inputs.value.dtype
+    value = inputs.value
+    add = inputs.out_add
+    acc = accumulation_dtype(value.dtype)
     training = any(ctx.needs_input_grad[:differentiable])
-    out, lse = attention_forward(graph, inputs, *launch, accumulation_dtype(value_dtype) if training else value_dtype)
+    ctx.attention_grads = training
+    ctx.add_grad = add is not None and ctx.needs_input_grad[add_index]
+    ctx.add_per_node = add is not None and add.dim() == 3
+    ctx.add_dtype = None if add is None else add.dtype
+    final = None
+    if training and (add is not None or value.dtype != acc):
+        final = _new_output(tuple(value.shape), value.dtype, value.device)
+    out, lse = attention_forward(graph, inputs, *launch, acc if training else value.dtype, final=final)
     ctx.save_for_backward(*saved, out, lse)
     ctx.graph = graph
     ctx.launch = launch
-    return out.to(value_dtype)
+    return out if final is None else final
 
 
 def _backward_saved(ctx, inputs: AttentionInputs, grad_out: torch.Tensor,
                     grad_value_dtype: torch.dtype | None = None,
                     edge_grads: tuple[bool, bool] = (True, True)) -> tuple[torch.Tensor, ...]:
-    """:func:`attention_backward` from what :func:`_forward_saving` kept (``out``, ``lse`` last)."""
+    """:func:`attention_backward` from what :func:`_forward_saving` kept (``out``, ``lse`` last); the
+    bias sum ``Σ_n g_n`` comes with it when an ``[H, D]`` addend needs a gradient."""
     out, lse = ctx.saved_tensors[-2:]
+    bias_grad = ctx.add_grad and not ctx.add_per_node
     return attention_backward(ctx.graph, inputs, lse, out, grad_out.contiguous(), *ctx.launch, grad_value_dtype,
-                              edge_grads)
+                              edge_grads, bias_grad)
 
 
-_NO_GRADS = (None,) * 6  # graph and the five launch arguments of the GAT / GATv2 Functions
+def _addend_grad(ctx, grad_out: torch.Tensor, bias_sum: torch.Tensor | None) -> torch.Tensor | None:
+    """The gradient of a Function's ``out_add``: ``g`` itself for a per-node term, ``Σ_n g_n``
+    for an ``[H, D]`` bias (``bias_sum`` from :func:`attention_backward`, or summed here when no
+    attention gradient was needed); None when it needs none."""
+    if not ctx.add_grad:
+        return None
+    if ctx.add_per_node:
+        return grad_out.to(ctx.add_dtype)
+    if bias_sum is None:
+        bias_sum = grad_out.sum(0, dtype=accumulation_dtype(grad_out.dtype))
+    return bias_sum.to(ctx.add_dtype)
+
+
+_NO_GRADS = (None,) * 6  # the graph and the five launch arguments of every attention Function
 
 
 class GATAttentionFunction(torch.autograd.Function):
@@ -476,7 +513,7 @@ class GATAttentionFunction(torch.autograd.Function):
     def backward(ctx, grad_out):  # type: ignore[override]
         wh, el, er = ctx.saved_tensors[:3]
         inputs = AttentionInputs(SCORE_GAT, el, er, wh, negative_slope=ctx.negative_slope)
-        grad_wh, grad_el, grad_er, _, _ = _backward_saved(ctx, inputs, grad_out)
+        grad_wh, grad_el, grad_er, *_ = _backward_saved(ctx, inputs, grad_out)
         return grad_wh, grad_el, grad_er, *_NO_GRADS
 
 
@@ -567,18 +604,24 @@ def _node_tile_rows(heads: int, head_dim: int) -> tuple[int, int, int]:
     return block_h, block_d, max(1, min(256, 4096 // (block_h * block_d)))
 
 
-def _head_dot(a: torch.Tensor, b: torch.Tensor, acc: torch.dtype) -> torch.Tensor:
-    """``Σ_d a · b`` per (node, head) of two contiguous ``[N, H, D]`` tensors, in ``acc``."""
+def _head_dot(a: torch.Tensor, b: torch.Tensor, acc: torch.dtype,
+              column_sums: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``Σ_d a · b`` per (node, head) of two contiguous ``[N, H, D]`` tensors, in ``acc``; with
+    ``column_sums`` also ``Σ_n a_n [H, D]`` in ``acc`` (per-program partials of the same read, summed
+    here), else None."""
     from .kernels.node_scores import head_dot_kernel
 
     num_nodes, heads, head_dim = a.shape
     out = _new_output((num_nodes, heads), acc, a.device)
     block_h, block_d, rows = _node_tile_rows(heads, head_dim)
+    programs = cdiv(num_nodes, rows)
+    parts = _new_output((programs, heads, head_dim), acc, a.device) if column_sums else out
     if num_nodes:
-        head_dot_kernel[(cdiv(num_nodes, rows),)](
-            a, b, out, num_nodes, heads, head_dim, ROWS=rows, BLOCK_H=block_h, BLOCK_D=block_d,
+        head_dot_kernel[(programs,)](
+            a, b, out, parts, num_nodes, heads, head_dim, ROWS=rows, BLOCK_H=block_h, BLOCK_D=block_d,
+            COLUMN_SUMS=column_sums,
         )
-    return out
+    return out, (parts.sum(0) if column_sums else None)
 
 
 def _node_scores_forward(wh: torch.Tensor, attn_l: torch.Tensor, attn_r: torch.Tensor):
@@ -606,15 +649,17 @@ def _node_scores_backward(wh, attn_l, attn_r, grad_el, grad_er, grad_agg):
     block_h, block_d, rows = _node_tile_rows(heads, head_dim)
     programs = cdiv(num_nodes, rows)
     grad_wh = grad_agg if grad_agg.dtype == wh.dtype else _new_output(tuple(wh.shape), wh.dtype, wh.device)
-    part_l = _new_output((programs, heads, head_dim), acc, wh.device)
-    part_r = _new_output((programs, heads, head_dim), acc, wh.device)
+    # both vectors' partials in one buffer: one reduction launch for the two
+    parts = _new_output((2, programs, heads, head_dim), acc, wh.device)
+    part_l, part_r = parts[0], parts[1]
     if programs:
         node_scores_backward_kernel[(programs,)](
             wh, attn_l.contiguous(), attn_r.contiguous(), grad_el.contiguous(), grad_er.contiguous(), grad_agg,
             grad_wh, part_l, part_r, num_nodes, heads, head_dim, ROWS=rows, BLOCK_H=block_h, BLOCK_D=block_d,
         )
-    grad_attn_l = part_l.sum(0, keepdim=True).to(attn_l.dtype)
-    grad_attn_r = part_r.sum(0, keepdim=True).to(attn_r.dtype)
+    sums = parts.sum(1)
+    grad_attn_l = sums[0:1].to(attn_l.dtype)
+    grad_attn_r = sums[1:2].to(attn_r.dtype)
     return grad_wh, grad_attn_l, grad_attn_r
 
 
@@ -645,16 +690,19 @@ class GATFunction(torch.autograd.Function):
         el, er = _node_scores_forward(wh, attn_l, attn_r)
         inputs = AttentionInputs(SCORE_GAT, el, er, wh, negative_slope=negative_slope, out_add=out_add)
         ctx.negative_slope = negative_slope
-        return _forward_saving(ctx, graph, inputs, (dropout_p, seed, offset, options), 3, wh, attn_l, attn_r, el, er)
+        return _forward_saving(ctx, graph, inputs, (dropout_p, seed, offset, options), 3, wh, attn_l, attn_r, el, er,
+                               add_index=9)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):  # type: ignore[override]
+        if not ctx.attention_grads:
+            return None, None, None, *_NO_GRADS, _addend_grad(ctx, grad_out, None)
         wh, attn_l, attn_r, el, er = ctx.saved_tensors[:5]
         inputs = AttentionInputs(SCORE_GAT, el, er, wh, negative_slope=ctx.negative_slope)
-        grad_agg, grad_el, grad_er, _, _ = _backward_saved(ctx, inputs, grad_out, grad_value_dtype=el.dtype)
+        grad_agg, grad_el, grad_er, _, _, bias_sum = _backward_saved(ctx, inputs, grad_out, grad_value_dtype=el.dtype)
         grad_wh, grad_attn_l, grad_attn_r = _node_scores_backward(wh, attn_l, attn_r, grad_el, grad_er, grad_agg)
-        return grad_wh, grad_attn_l, grad_attn_r, *_NO_GRADS, None
+        return grad_wh, grad_attn_l, grad_attn_r, *_NO_GRADS, _addend_grad(ctx, grad_out, bias_sum)
 
 
 def _check_addend(out_add: torch.Tensor | None, graph: Graph, heads: int, head_dim: int,
@@ -674,14 +722,6 @@ def _check_addend(out_add: torch.Tensor | None, graph: Graph, heads: int, head_d
         f"out_add must have H·D = {heads * head_dim} elements (a bias) or shape [num_nodes, H, D] = "
         f"[{graph.num_nodes}, {heads}, {head_dim}] (or [num_nodes, H·D]), got {list(out_add.shape)}"
     )
-
-
-def _fused_addend(out_add: torch.Tensor | None, *inputs: torch.Tensor | None) -> bool:
-    """Whether ``out_add`` is added in the forward kernel's store: only when no gradient flows
-    (inference).  When one does, the saved output must stay the attention's own (the backward's
-    ``δ = <g, out>``), so the op adds ``out_add`` after, through autograd."""
-    tensors = [t for t in (out_add, *inputs) if t is not None]
-    return out_add is not None and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
 
 
 def _check_attention_vectors(heads: int, head_dim: int, **vectors: torch.Tensor) -> None:
@@ -739,7 +779,8 @@ def gat(
     Same result as :func:`gat_attention` with ``el``, ``er`` from :func:`node_scores`, as one
     autograd op: the node scores' backward is folded into the feature gradient's epilogue.
     ``out_add``: a bias (``H·D`` elements) or per-node term (``[N, H, D]`` or ``[N, H·D]``) added
-    to the output — in the kernel's store when nothing needs a gradient (:func:`_fused_addend`).
+    to the output in the kernel's store (in training as a second output beside the attention's own,
+    which the backward reads; its gradient from the backward's ``δ`` kernel: :func:`_forward_saving`).
     """
     graph = as_graph(graph)
     backend.check_dtypes(FLOAT_DTYPES, wh=wh, attn_l=attn_l, attn_r=attn_r)
@@ -758,12 +799,10 @@ def gat(
         return out if add is None else out + add
     seed, offset = _rng_pair(rng, dropout, heads)
     backend.check_devices(wh=wh, attn_l=attn_l, attn_r=attn_r, out_add=add, graph=graph.indptr)
-    fused = _fused_addend(add, wh, attn_l, attn_r)
-    out = GATFunction.apply(
+    return GATFunction.apply(
         wh.contiguous(), attn_l.reshape(1, heads, head_dim), attn_r.reshape(1, heads, head_dim), graph,
-        float(negative_slope), dropout, seed, offset, schedule, add.contiguous() if fused else None,
+        float(negative_slope), dropout, seed, offset, schedule, None if add is None else add.contiguous(),
     )
-    return out if add is None or fused else out + add
 
 
 class GATv2Function(torch.autograd.Function):
@@ -782,7 +821,7 @@ class GATv2Function(torch.autograd.Function):
     def backward(ctx, grad_out):  # type: ignore[override]
         fs, fd, attn = ctx.saved_tensors[:3]
         inputs = AttentionInputs(SCORE_GATV2, fs, fd, fs, attn=attn, negative_slope=ctx.negative_slope)
-        grad_fs, attn_parts, grad_fd, _, _ = _backward_saved(ctx, inputs, grad_out)
+        grad_fs, attn_parts, grad_fd, *_ = _backward_saved(ctx, inputs, grad_out)
         grad_attn = attn_parts.sum(0).reshape(attn.shape).to(attn.dtype)
         return grad_fs, grad_fd.to(fd.dtype), grad_attn, *_NO_GRADS
 
@@ -801,22 +840,26 @@ class TransformerAttentionFunction(torch.autograd.Function):
                                  scale=scale, out_add=out_add)
         ctx.scale = scale
         return _forward_saving(ctx, graph, inputs, (dropout_p, seed, offset, options), 5,
-                               query, key, value, edge_attr, edge_weight)
+                               query, key, value, edge_attr, edge_weight, add_index=11)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):  # type: ignore[override]
+        if not ctx.attention_grads:
+            return None, None, None, None, None, *_NO_GRADS, _addend_grad(ctx, grad_out, None)
         query, key, value, edge_attr, edge_weight = ctx.saved_tensors[:5]
         inputs = AttentionInputs(SCORE_DOT, key, query, value, edge_attr=edge_attr, edge_weight=edge_weight,
                                  scale=ctx.scale)
         edge_grads = (ctx.needs_input_grad[3], ctx.needs_input_grad[4])
-        grad_v, grad_k, grad_q, grad_attr, attr_sums = _backward_saved(ctx, inputs, grad_out, edge_grads=edge_grads)
+        grad_v, grad_k, grad_q, grad_attr, attr_sums, bias_sum = _backward_saved(ctx, inputs, grad_out,
+                                                                                 edge_grads=edge_grads)
         if grad_attr is not None:
             grad_attr = grad_attr.to(edge_attr.dtype)
         grad_weight = None
         if attr_sums is not None:
             grad_weight = edge_weight_grad(attr_sums, grad_out, query, ctx.scale).to(edge_weight.dtype)
-        return grad_q.to(query.dtype), grad_k.to(key.dtype), grad_v, grad_attr, grad_weight, None, *_NO_GRADS
+        return (grad_q.to(query.dtype), grad_k.to(key.dtype), grad_v, grad_attr, grad_weight, *_NO_GRADS,
+                _addend_grad(ctx, grad_out, bias_sum))
 
 
 def _normalize_rows(h: torch.Tensor, beta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -875,7 +918,7 @@ class AGNNFunction(torch.autograd.Function):
     def backward(ctx, grad_out):  # type: ignore[override]
         h, beta, inverse_norm, query = ctx.saved_tensors[:4]
         inputs = AttentionInputs(SCORE_DOT, inverse_norm, query, h, keys_from_values=True)
-        grad_value, grad_key, grad_query, _, _ = _backward_saved(ctx, inputs, grad_out,
+        grad_value, grad_key, grad_query, *_ = _backward_saved(ctx, inputs, grad_out,
                                                                  grad_value_dtype=inverse_norm.dtype)
         grad_h, grad_beta = _normalize_rows_backward(h, beta, grad_value, grad_key, grad_query)
         return grad_h, grad_beta, None, None
@@ -997,7 +1040,6 @@ def transformer_attention(
         return out if add is None else out + add
     backend.check_devices(query=query, key=key, value=value, edge_attr=edge_attr, edge_weight=edge_weight,
                           out_add=add, graph=graph.indptr)
-    fused = _fused_addend(add, query, key, value, edge_attr, edge_weight)
     weight_khd = None
     if edge_attr is not None:
         # The kernels read edge_attr rows in input order through the graph's edge-id maps: no permuted copy.
@@ -1005,9 +1047,9 @@ def transformer_attention(
         weight_khd = edge_weight.t().reshape(edge_attr.shape[1], heads, head_dim).contiguous()
     out = TransformerAttentionFunction.apply(
         query.contiguous(), key.contiguous(), value.contiguous(), edge_attr, weight_khd, graph, float(scale), dropout,
-        seed, offset, schedule, add.contiguous() if fused else None,
+        seed, offset, schedule, None if add is None else add.contiguous(),
     )
-    return out if add is None or fused else out + add
+    return out
 
 
 def agnn(

@@ -130,6 +130,8 @@ class Buckets:
 
     ``light``: ``(width, rows, starts, stops)``, rows of degree <= width (and > width / 2);
     ``medium``: ``(rows, starts, stops)``;
+    ``light_all``: ``(rows, starts, stops)`` of every light row, width classes in order (one
+    launch covers them where a kernel's cost does not depend on the width: row sums);
     ``piece_edges``: the most edges one piece of a split row holds;
     ``piece_row[p]``, ``piece_start[p]``, ``piece_stop[p]``: super row and absolute edge range
     of piece ``p``; the pieces of ``super_rows[s]`` are ``super_piece_ptr[s] :
@@ -138,6 +140,7 @@ class Buckets:
 
     light: tuple[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor], ...]
     medium: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+    light_all: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
     super_rows: torch.Tensor
     piece_row: torch.Tensor
     piece_start: torch.Tensor
@@ -236,10 +239,12 @@ def _buckets(
         rows = rows.to(device=device, dtype=torch.int64)
         return rows.to(node_dtype), indptr[rows], indptr[rows + 1]
 
-    light = [(width, *with_ranges(rows)) for width, rows in _light_classes(degree, light_max, min_rows, light_widths)]
+    light_classes = _light_classes(degree, light_max, min_rows, light_widths)
+    light = [(width, *with_ranges(rows)) for width, rows in light_classes]
     medium_mask = (degree > light_max) & (degree <= split)
     medium_rows = torch.nonzero(medium_mask).flatten()
     medium_rows = medium_rows[torch.argsort(degree[medium_rows], descending=True, stable=True)]
+    light_rows = torch.cat([rows for _, rows in light_classes]) if light_classes else medium_rows[:0]
     super_rows = torch.nonzero(degree > split).flatten()
     super_rows = super_rows[torch.argsort(degree[super_rows], descending=True, stable=True)]
     super_degree = degree[super_rows].cpu()
@@ -254,6 +259,7 @@ def _buckets(
     return Buckets(
         light=tuple(light),
         medium=with_ranges(medium_rows),
+        light_all=with_ranges(light_rows),
         super_rows=super_rows.to(node_dtype),
         piece_row=piece_row.to(device=device, dtype=node_dtype),
         piece_start=(row_start + plan.piece_start).to(device),

@@ -20,11 +20,12 @@ the score's share is added into ``∂L/∂fs``), the source row's partial sum of
 (summed over rows by the launcher: deterministic, no atomics).  The pass also writes a
 per-(edge, head) value at the edge's CSR position — ``∂L/∂z`` for GAT, ``∂L/∂s`` otherwise,
 an E×H buffer, never E×H×D — which the destination pass reduces per row: a plain
-:func:`row_sum_kernel` for GAT (``∂L/∂er``), :func:`attention_backward_dst_kernel` (and its
-light form) for GATv2 (``∂L/∂fd``) and the dot score (``∂L/∂q``, gathering the keys again; with
-edge features it also writes ``∂attr`` — where autograd asks for it — and the per-row sums of
-:mod:`gnnfuse.kernels.edge_features`: the light form from ``∂L/∂e_p`` formed in registers, the
-row form from ``W q̃`` and ``W g`` per row, without any per-edge projection).  ``LANES`` (row
+:func:`row_sum_kernel` for GAT (``∂L/∂er``; all light rows in one launch),
+:func:`attention_backward_dst_kernel` (and its light form) for GATv2 (``∂L/∂fd``) and the dot
+score (``∂L/∂q``, gathering the keys again; with edge features it also writes ``∂attr`` —
+where autograd asks for it — and the per-row sums of :mod:`gnnfuse.kernels.edge_features`:
+the light form from ``∂L/∂e_p`` formed in registers, the row form from ``W q̃`` and ``W g``
+per row, without any per-edge projection).  ``LANES`` (row
 kernels): the edge-loop sums are kept per edge lane and reduced once after the loop.
 
 Bytes: the source pass gathers ``E·H·D`` elements of g (and of ``dst`` for GATv2 / dot) plus
@@ -47,7 +48,7 @@ from .edge_features import (
     store_attr_grad,
 )
 from .scores import attn_grad_terms, edge_scores, gather_keys, score_grad
-from .tiles import flat_head_tile, head_tile, item_edges, lane_add, lane_total, light_edges
+from .tiles import flat_head_tile, head_tile, item_edges, lane_add, lane_total, light_edges, row_ranges
 
 
 @jit
@@ -183,8 +184,6 @@ def attention_backward_src_light_kernel(
     e_flat = tl.reshape(e_mask, [ROWS * BLOCK_E])
     rows_flat = tl.reshape(rows[:, None] + tl.zeros([ROWS, BLOCK_E], dtype=tl.int64), [ROWS * BLOCK_E])
     feat_mask = e_flat[:, None, None] & hd_mask[None, :, :]
-    val_j = tl.load(value_ptr + rows_flat[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
-                    other=0.0).to(acc_dtype)
     if SCORE == 0:
         dst_i = tl.load(dst_term_ptr + eh_offs, mask=eh_mask, other=0.0).to(acc_dtype)
         src_e = tl.load(src_term_ptr + rows[:, None] * H + offs_h[None, :], mask=rh_mask,
@@ -192,6 +191,8 @@ def attention_backward_src_light_kernel(
         s = edge_scores(src_e, dst_i, negative_slope, negative_slope, SCORE)
         attn = s
     else:
+        val_j = tl.load(value_ptr + rows_flat[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
+                        other=0.0).to(acc_dtype)
         dst_i = tl.load(dst_term_ptr + dst_flat[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
                         other=0.0).to(acc_dtype)
         if SCORE == 2:
@@ -215,21 +216,30 @@ def attention_backward_src_light_kernel(
                                        keep_scale)
     else:
         alpha_kept = alpha
-    g_i = tl.load(grad_out_ptr + dst_flat[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
-                  other=0.0).to(acc_dtype)
-    kept_g = tl.reshape(alpha_kept, [ROWS * BLOCK_E, BLOCK_H])[:, :, None] * g_i
-    if EDGE:
-        val_e = val_j + edge_e
-    else:
-        val_e = val_j
-    g_dot_val = tl.reshape(tl.sum(g_i * val_e, axis=2), [ROWS, BLOCK_E, BLOCK_H])
-    grad_s = alpha_kept * g_dot_val - alpha * delta_i
     if SCORE == 0:
+        # GAT's values are the source row's own features: one [ROWS, H, D] tile broadcast over the
+        # row's edges against g gathered as [ROWS, BLOCK_E, H, D], not a per-edge copy of the row
+        row_offs = rows[:, None, None] * HD + hd_offs[None, :, :]
+        row_mask = r_mask[:, None, None] & hd_mask[None, :, :]
+        val_row = tl.load(value_ptr + row_offs, mask=row_mask, other=0.0).to(acc_dtype)
+        g_i = tl.load(grad_out_ptr + dst[:, :, None, None] * HD + hd_offs[None, None, :, :],
+                      mask=e_mask[:, :, None, None] & hd_mask[None, None, :, :], other=0.0).to(acc_dtype)
+        grad_s = alpha_kept * tl.sum(g_i * val_row[:, None, :, :], axis=3) - alpha * delta_i
         grad_edge_head = tl.where(eh_mask, score_grad(grad_s, src_e, dst_i, attn, negative_slope, SCORE), 0.0)
         tl.store(grad_src_ptr + rows[:, None] * H + offs_h[None, :],
                  tl.sum(grad_edge_head, axis=1).to(grad_src_ptr.dtype.element_ty), mask=rh_mask)
-        grad_val = kept_g
+        acc_val = tl.sum(alpha_kept[:, :, :, None] * g_i, axis=1)
+        tl.store(grad_value_ptr + row_offs, acc_val.to(grad_value_ptr.dtype.element_ty), mask=row_mask)
     else:
+        g_i = tl.load(grad_out_ptr + dst_flat[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
+                      other=0.0).to(acc_dtype)
+        kept_g = tl.reshape(alpha_kept, [ROWS * BLOCK_E, BLOCK_H])[:, :, None] * g_i
+        if EDGE:
+            val_e = val_j + edge_e
+        else:
+            val_e = val_j
+        g_dot_val = tl.reshape(tl.sum(g_i * val_e, axis=2), [ROWS, BLOCK_E, BLOCK_H])
+        grad_s = alpha_kept * g_dot_val - alpha * delta_i
         grad_edge_head = grad_s
         grad_s_flat = tl.reshape(grad_s, [ROWS * BLOCK_E, BLOCK_H])
         grad_src = score_grad(grad_s_flat, src_e, dst_i, attn, negative_slope, SCORE)
@@ -242,11 +252,11 @@ def attention_backward_src_light_kernel(
         acc_src = tl.sum(tl.reshape(src_terms, [ROWS, BLOCK_E, BLOCK_H * BLOCK_D]), axis=1)
         tl.store(grad_src_ptr + rows[:, None] * HD + c_offs[None, :], acc_src.to(grad_src_ptr.dtype.element_ty),
                  mask=r_mask[:, None] & c_mask[None, :])
+        acc_val = tl.sum(tl.reshape(grad_val, [ROWS, BLOCK_E, BLOCK_H * BLOCK_D]), axis=1)
+        tl.store(grad_value_ptr + rows[:, None] * HD + c_offs[None, :], acc_val.to(grad_value_ptr.dtype.element_ty),
+                 mask=r_mask[:, None] & c_mask[None, :])
     tl.store(grad_s_ptr + pos[:, :, None] * H + offs_h[None, None, :],
              grad_edge_head.to(grad_s_ptr.dtype.element_ty), mask=eh_mask)
-    acc_val = tl.sum(tl.reshape(grad_val, [ROWS, BLOCK_E, BLOCK_H * BLOCK_D]), axis=1)
-    tl.store(grad_value_ptr + rows[:, None] * HD + c_offs[None, :], acc_val.to(grad_value_ptr.dtype.element_ty),
-             mask=r_mask[:, None] & c_mask[None, :])
 
 
 @jit
@@ -396,33 +406,26 @@ def attention_backward_dst_light_kernel(
 
 @jit
 def row_sum_kernel(
-    rows_ptr, starts_ptr, stops_ptr, values_ptr, out_ptr, W,
-    BLOCK_E: tl.constexpr, BLOCK_W: tl.constexpr, PIECES: tl.constexpr,
-):
-    """out[row, :W] = Σ_{p in the row's CSR range} values[p, :W] (or per piece when PIECES)."""
-    pid = tl.program_id(0).to(tl.int64)
-    offs_w = tl.arange(0, BLOCK_W)
-    offs_e = tl.arange(0, BLOCK_E)
-    w_mask = offs_w < W
-    _, start, stop, out_index = item_edges(pid, rows_ptr, starts_ptr, stops_ptr, PIECES)
-    acc = tl.zeros([BLOCK_W], dtype=values_ptr.dtype.element_ty)
-    for e0 in range(start, stop, BLOCK_E):
-        pos = e0 + offs_e
-        mask = (pos < stop)[:, None] & w_mask[None, :]
-        acc += tl.sum(tl.load(values_ptr + pos[:, None] * W + offs_w[None, :], mask=mask, other=0.0), axis=0)
-    tl.store(out_ptr + out_index * W + offs_w, acc.to(out_ptr.dtype.element_ty), mask=w_mask)
-
-
-@jit
-def row_sum_light_kernel(
     rows_ptr, starts_ptr, stops_ptr, values_ptr, out_ptr, num_rows, W,
-    ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_W: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_W: tl.constexpr, PIECES: tl.constexpr,
 ):
-    """out[row, :W] = Σ over the row's CSR range of values[p, :W], ``ROWS`` light rows per program."""
+    """``out[row, :W] = Σ_{p in the row's CSR range} values[p, :W]`` for ``ROWS`` items per program
+    (rows of any degree: ``[ROWS, BLOCK_E]`` edge tiles up to the largest degree among them; items
+    sorted by degree waste little), written per item instead of per row with ``PIECES``."""
     pid = tl.program_id(0).to(tl.int64)
     offs_w = tl.arange(0, BLOCK_W)
-    rows, r_mask, pos, e_mask = light_edges(pid, rows_ptr, starts_ptr, stops_ptr, num_rows, ROWS, BLOCK_E)
-    mask = e_mask[:, :, None] & (offs_w < W)[None, None, :]
-    values = tl.load(values_ptr + pos[:, :, None] * W + offs_w[None, None, :], mask=mask, other=0.0)
-    tl.store(out_ptr + rows[:, None] * W + offs_w[None, :], tl.sum(values, axis=1).to(out_ptr.dtype.element_ty),
-             mask=r_mask[:, None] & (offs_w < W)[None, :])
+    w_mask = offs_w < W
+    offs_r, r_mask, rows, start, degree = row_ranges(pid, rows_ptr, starts_ptr, stops_ptr, num_rows, ROWS)
+    offs_e = tl.arange(0, BLOCK_E)
+    acc = tl.zeros([ROWS, BLOCK_W], dtype=values_ptr.dtype.element_ty)
+    for e0 in range(0, tl.max(degree, axis=0), BLOCK_E):
+        e_mask = (e0 + offs_e)[None, :] < degree[:, None]
+        pos = start[:, None] + e0 + offs_e[None, :]
+        mask = e_mask[:, :, None] & w_mask[None, None, :]
+        acc += tl.sum(tl.load(values_ptr + pos[:, :, None] * W + offs_w[None, None, :], mask=mask, other=0.0), axis=1)
+    if PIECES:
+        out_index = offs_r
+    else:
+        out_index = rows
+    tl.store(out_ptr + out_index[:, None] * W + offs_w[None, :], acc.to(out_ptr.dtype.element_ty),
+             mask=r_mask[:, None] & w_mask[None, :])

@@ -15,8 +15,10 @@ TransformerConv.  ``keep_ph = uniform(seed,
 stream=p, position=offset + h) >= p_drop`` is attention dropout, regenerated in the backward
 pass from the same counter, never stored.  Only ``lse [N, H]`` is written beside the output.
 With ``ADD`` a term ``add[i]`` (a bias, ``add_stride = 0``, or a per-node tensor, ``add_stride =
-H·D``) is added to the output as it is stored (inference: the layer's bias or root term without
-a pass of its own).
+H·D``) is added to the output as it is stored (the layer's bias or root term without a pass of
+its own); with ``FINAL`` (training) ``out`` keeps the attention's own output in the accumulation
+dtype for the backward and ``final`` gets ``out (+ add)`` in the values' dtype, stored at once
+(:func:`~gnnfuse.kernels.tiles.store_output`).
 
 Two kernels, by row kind (:mod:`gnnfuse.schedule`):
 
@@ -48,17 +50,17 @@ from fusecore.backend import jit
 from .dropout import attention_dropout
 from .edge_features import edge_attr_tile, edge_weight_heads, edge_weight_tile, project_edges, row_edge_terms
 from .scores import edge_scores, gather_keys
-from .tiles import finish_softmax, flat_head_tile, head_tile, item_edges, light_edges
+from .tiles import finish_softmax, flat_head_tile, head_tile, item_edges, light_edges, store_output
 
 
 @jit
 def attention_forward_rows_kernel(
     src_ptr, eid_ptr, rows_ptr, starts_ptr, stops_ptr,
-    src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, out_ptr, lse_ptr, add_ptr,
+    src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, out_ptr, lse_ptr, add_ptr, final_ptr,
     H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, add_stride,
     BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     PIECES: tl.constexpr, DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr,
-    BLOCK_K: tl.constexpr, KEY_SCALE: tl.constexpr, LANES: tl.constexpr, ADD: tl.constexpr,
+    BLOCK_K: tl.constexpr, KEY_SCALE: tl.constexpr, LANES: tl.constexpr, ADD: tl.constexpr, FINAL: tl.constexpr,
 ):
     acc_dtype = lse_ptr.dtype.element_ty
     pid = tl.program_id(0).to(tl.int64)
@@ -151,20 +153,20 @@ def attention_forward_rows_kernel(
     if EDGE:
         acc += tl.sum(acc_attr[:, :, None] * w_heads, axis=0)
     out, lse = finish_softmax(acc, m, l)
-    if ADD:  # never with PIECES: a split row gets its term in the merge
-        out += tl.load(add_ptr + row * add_stride + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)
-    tl.store(out_ptr + out_index * HD + hd_offs, out.to(out_ptr.dtype.element_ty), mask=hd_mask)
+    # ADD and FINAL never with PIECES: a split row gets its term and final output in the merge
+    store_output(out_ptr, final_ptr, add_ptr, out, out_index * HD + hd_offs, row * add_stride + hd_offs, hd_mask,
+                 ADD, FINAL)
     tl.store(lse_ptr + out_index * H + offs_h, lse.to(lse_ptr.dtype.element_ty), mask=h_mask)
 
 
 @jit
 def attention_forward_light_kernel(
     src_ptr, eid_ptr, rows_ptr, starts_ptr, stops_ptr,
-    src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, out_ptr, lse_ptr, add_ptr,
+    src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, out_ptr, lse_ptr, add_ptr, final_ptr,
     num_rows, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, add_stride,
     ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr, BLOCK_K: tl.constexpr, EDGE_DOT: tl.constexpr,
-    KEY_SCALE: tl.constexpr, ADD: tl.constexpr,
+    KEY_SCALE: tl.constexpr, ADD: tl.constexpr, FINAL: tl.constexpr,
 ):
     acc_dtype = lse_ptr.dtype.element_ty
     pid = tl.program_id(0).to(tl.int64)
@@ -226,7 +228,6 @@ def attention_forward_light_kernel(
     out = tl.sum(tl.reshape(messages, [ROWS, BLOCK_E, BLOCK_H * BLOCK_D]), axis=1)
     lse = tl.where(has_edges, m_safe + tl.log(l_safe), float("-inf"))
     rc_mask = r_mask[:, None] & c_mask[None, :]
-    if ADD:
-        out += tl.load(add_ptr + rows[:, None] * add_stride + c_offs[None, :], mask=rc_mask, other=0.0).to(acc_dtype)
-    tl.store(out_ptr + rows[:, None] * HD + c_offs[None, :], out.to(out_ptr.dtype.element_ty), mask=rc_mask)
+    store_output(out_ptr, final_ptr, add_ptr, out, rows[:, None] * HD + c_offs[None, :],
+                 rows[:, None] * add_stride + c_offs[None, :], rc_mask, ADD, FINAL)
     tl.store(lse_ptr + rows[:, None] * H + offs_h[None, :], lse.to(lse_ptr.dtype.element_ty), mask=rh_mask)

@@ -17,16 +17,17 @@ import triton.language as tl
 from fusecore.backend import jit
 from fusecore.softmax import online_rescale
 
-from .tiles import finish_softmax, head_tile
+from .tiles import finish_softmax, head_tile, store_output
 
 
 @jit
 def lse_merge_kernel(
-    piece_ptr, rows_ptr, part_out_ptr, part_lse_ptr, out_ptr, lse_ptr, add_ptr, H, D, add_stride,
-    BLOCK_P: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, ADD: tl.constexpr,
+    piece_ptr, rows_ptr, part_out_ptr, part_lse_ptr, out_ptr, lse_ptr, add_ptr, final_ptr, H, D, add_stride,
+    BLOCK_P: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, ADD: tl.constexpr, FINAL: tl.constexpr,
 ):
     """One super row per program; its pieces read ``BLOCK_P`` at a time with an online rescale
-    (``ADD``: plus the row's ``add`` term, as in :mod:`gnnfuse.kernels.attention_forward`)."""
+    (``ADD``, ``FINAL``: the row's ``add`` term and second output, as in
+    :mod:`gnnfuse.kernels.attention_forward`)."""
     pid = tl.program_id(0).to(tl.int64)
     row = tl.load(rows_ptr + pid).to(tl.int64)
     first = tl.load(piece_ptr + pid).to(tl.int64)
@@ -53,9 +54,7 @@ def lse_merge_kernel(
         acc = acc * rescale[:, None] + tl.sum(weight[:, :, None] * part, axis=0)
         m = m_new
     out, lse = finish_softmax(acc, m, total)
-    if ADD:
-        out += tl.load(add_ptr + row * add_stride + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)
-    tl.store(out_ptr + row * HD + hd_offs, out.to(out_ptr.dtype.element_ty), mask=hd_mask)
+    store_output(out_ptr, final_ptr, add_ptr, out, row * HD + hd_offs, row * add_stride + hd_offs, hd_mask, ADD, FINAL)
     tl.store(lse_ptr + row * H + offs_h, lse.to(lse_ptr.dtype.element_ty), mask=h_mask)
 
 

@@ -6,11 +6,13 @@
   results folded per row as ``[ROWS, BLOCK_H · BLOCK_D]``;
 * :func:`item_edges` — the row, CSR edge range and output slot of one program's item: a whole
   row or one piece of a split row (ranges precomputed by the schedule);
+* :func:`row_ranges` — ``ROWS`` items of a schedule list: rows, CSR starts and degrees;
 * :func:`light_edges` — the ``ROWS`` light rows of one program and the ``[ROWS, BLOCK_E]`` tile
   of their CSR positions (``BLOCK_E`` >= every row's degree);
 * :func:`node_rows` — ``ROWS`` consecutive nodes of one program and their feature tile
   ``[ROWS, BLOCK_H, BLOCK_D]`` (per-node kernels);
 * :func:`finish_softmax` — output and logsumexp from an online softmax's running state;
+* :func:`store_output` — the forward's output store, with the added term and the second output;
 * :func:`lane_add`, :func:`lane_total` — edge-loop sums kept per edge lane or reduced per trip.
 
 All positions and ids come back as int64, so address arithmetic never overflows int32.
@@ -57,15 +59,23 @@ def item_edges(pid, rows_ptr, starts_ptr, stops_ptr, PIECES: tl.constexpr):
 
 
 @jit
-def light_edges(pid, rows_ptr, starts_ptr, stops_ptr, num_rows, ROWS: tl.constexpr, BLOCK_E: tl.constexpr):
-    """(rows, r_mask, pos, e_mask): the program's rows [ROWS] and their CSR positions
-    [ROWS, BLOCK_E] with the mask of real edges."""
+def row_ranges(pid, rows_ptr, starts_ptr, stops_ptr, num_rows, ROWS: tl.constexpr):
+    """(offs_r, r_mask, rows, start, degree) of the program's ``ROWS`` items of a schedule list
+    (positions ``offs_r`` in the list; masked items have degree 0)."""
     offs_r = pid * ROWS + tl.arange(0, ROWS)
-    offs_e = tl.arange(0, BLOCK_E)
     r_mask = offs_r < num_rows
     rows = tl.load(rows_ptr + offs_r, mask=r_mask, other=0).to(tl.int64)
     start = tl.load(starts_ptr + offs_r, mask=r_mask, other=0).to(tl.int64)
     degree = tl.load(stops_ptr + offs_r, mask=r_mask, other=0).to(tl.int64) - start
+    return offs_r, r_mask, rows, start, degree
+
+
+@jit
+def light_edges(pid, rows_ptr, starts_ptr, stops_ptr, num_rows, ROWS: tl.constexpr, BLOCK_E: tl.constexpr):
+    """(rows, r_mask, pos, e_mask): the program's rows [ROWS] and their CSR positions
+    [ROWS, BLOCK_E] with the mask of real edges."""
+    _, r_mask, rows, start, degree = row_ranges(pid, rows_ptr, starts_ptr, stops_ptr, num_rows, ROWS)
+    offs_e = tl.arange(0, BLOCK_E)
     pos = start[:, None] + offs_e[None, :]
     e_mask = offs_e[None, :] < degree[:, None]
     return rows, r_mask, pos, e_mask
@@ -92,6 +102,22 @@ def finish_softmax(acc, m, total):
     has_edges = total > 0
     safe_total = tl.where(has_edges, total, 1.0)
     return acc / safe_total[:, None], tl.where(has_edges, m + tl.log(safe_total), float("-inf"))
+
+
+@jit
+def store_output(out_ptr, final_ptr, add_ptr, out, out_offs, add_offs, mask, ADD: tl.constexpr,
+                 FINAL: tl.constexpr):
+    """Store a forward output tile ``out``: at ``out_ptr`` plus the term ``add`` (``ADD``); with
+    ``FINAL``, ``out_ptr`` keeps the attention's own output (the backward's ``δ = <g, out>`` reads
+    it) and ``final_ptr`` gets ``out (+ add)`` in its own dtype — the caller's output in one pass."""
+    total = out
+    if ADD:
+        total = out + tl.load(add_ptr + add_offs, mask=mask, other=0.0).to(out.dtype)
+    if FINAL:
+        tl.store(out_ptr + out_offs, out.to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(final_ptr + out_offs, total.to(final_ptr.dtype.element_ty), mask=mask)
+    else:
+        tl.store(out_ptr + out_offs, total.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @jit

@@ -236,25 +236,44 @@ def test_forward_and_backward_are_bitwise_reproducible(gen, device, schedule):
         assert torch.equal(a, b), f"{name} differs between identical runs"
 
 
-def test_output_term_is_added_in_the_store_or_through_autograd(gen, device):
+def test_output_term_is_added_in_the_store_or_after_the_op(gen, device):
     """``out_add`` (a layer's bias, or a per-node root term) is fused into the forward's store when
-    no gradient flows and added after the op when one does: the same values either way (the
-    "mixed" schedule stores from light tiles, whole rows and the merge of split rows)."""
+    no gradient flows and added after the attention when one does: the same values either way (the
+    "mixed" schedule stores from light tiles, whole rows and the merge of split rows), and its
+    gradient is ``Σ_n g_n`` (bias, from the backward's δ kernel) or ``g`` (per node), also when it
+    is the only input that needs one; the other gradients are those of the op without it."""
     graph = Graph(corner_case_edges(gen).to(device), 29)
     wh, attn_l, attn_r = (torch.randn(shape, generator=gen).to(device) for shape in ((29, 3, 5), (1, 3, 5), (1, 3, 5)))
+    upstream = torch.randn(29, 3, 5, generator=gen).to(device)
     options = SCHEDULES["mixed"]
     plain = ops.gat(graph, wh, attn_l, attn_r, schedule=options).detach()
     plain_t = ops.transformer_attention(graph, wh, attn_l.expand(29, 3, 5), wh, schedule=options).detach()
+    leaf = wh.clone().requires_grad_(True)
+    ops.gat(graph, leaf, attn_l, attn_r, schedule=options).backward(upstream)
+    plain_grad = leaf.grad
     for add in (torch.randn(15, generator=gen).to(device), torch.randn(29, 15, generator=gen).to(device)):
         expected = plain + add.view(-1, 3, 5)
+        expected_add_grad = upstream.reshape(add.shape) if add.dim() == 2 else upstream.sum(0).reshape(add.shape)
         with torch.no_grad():
             assert_close(ops.gat(graph, wh, attn_l, attn_r, schedule=options, out_add=add), expected, tol=1e-6)
             fused_t = ops.transformer_attention(graph, wh, attn_l.expand(29, 3, 5), wh, schedule=options, out_add=add)
             assert_close(fused_t, plain_t + add.view(-1, 3, 5), tol=1e-6)
-        leaf = wh.clone().requires_grad_(True)
-        out = ops.gat(graph, leaf, attn_l, attn_r, schedule=options, out_add=add)
-        assert_close(out, expected, tol=1e-6)
-        out.sum().backward()
-        assert leaf.grad is not None and torch.isfinite(leaf.grad).all()
+        for wh_grad in (True, False):
+            leaf = wh.clone().requires_grad_(wh_grad)
+            add_leaf = add.clone().requires_grad_(True)
+            out = ops.gat(graph, leaf, attn_l, attn_r, schedule=options, out_add=add_leaf)
+            assert_close(out, expected, tol=1e-6)
+            out.backward(upstream)
+            assert_close(add_leaf.grad, expected_add_grad, tol=1e-5)
+            if wh_grad:
+                assert_close(leaf.grad, plain_grad, tol=1e-6)
+        value = wh.clone().requires_grad_(True)
+        add_leaf = add.clone().requires_grad_(True)
+        out_t = ops.transformer_attention(graph, wh, attn_l.expand(29, 3, 5), value, schedule=options,
+                                          out_add=add_leaf)
+        assert_close(out_t, plain_t + add.view(-1, 3, 5), tol=1e-6)
+        out_t.backward(upstream)
+        assert_close(add_leaf.grad, expected_add_grad, tol=1e-5)
+        assert value.grad is not None and torch.isfinite(value.grad).all()
     with pytest.raises(ValueError, match=r"out_add must have H·D = 15 elements \(a bias\) or shape \[num_nodes"):
         ops.gat(graph, wh, attn_l, attn_r, out_add=torch.ones(7, device=device))

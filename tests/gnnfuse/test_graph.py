@@ -135,6 +135,9 @@ def test_buckets_cover_every_row_once(gen, name):
             assert torch.equal(stops.long(), indptr[r.long() + 1].long())
         for width, light, _, _ in buckets.light:
             assert int(degree[light.long()].max()) <= width
+        # the list of all light rows (one row-sum launch) is the width classes in order, ranges beside
+        for joined, parts in zip(buckets.light_all, zip(*lists[:-1])):
+            assert torch.equal(joined, torch.cat(parts))
         # pieces of each super row are contiguous and tile its edge range exactly
         for s, row in enumerate(buckets.super_rows.long().tolist()):
             first, last = buckets.super_piece_ptr[s], buckets.super_piece_ptr[s + 1]

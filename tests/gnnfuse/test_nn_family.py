@@ -48,12 +48,12 @@ def bias_away_from_the_kink(layer: GATv2Conv, x: torch.Tensor, edge_index: torch
     pre-activations on Cora that happened in about one run in five.  Per channel, b is the
     middle of the widest gap between the values −z(b=0) within ±0.5 of a random draw, so the
     nearest pre-activation is far above float32 rounding (the gaps are ~1e-4 on Cora)."""
-    with torch.no_grad():
-        xd = x.double()
-        src_w = layer.fc_src.weight.double()
-        dst = xd @ (src_w if layer.share_weights else layer.fc_dst.weight.double()).T
+    with torch.no_grad():  # on the CPU, wherever the layer lives
+        xd = x.double().cpu()
+        src_w = layer.fc_src.weight.double().cpu()
+        dst = xd @ (src_w if layer.share_weights else layer.fc_dst.weight.double().cpu()).T
         if not layer.share_weights:
-            dst = dst + layer.fc_dst.bias.double()
+            dst = dst + layer.fc_dst.bias.double().cpu()
         nodes = torch.arange(x.shape[0])
         src_i = torch.cat([edge_index[0].cpu(), nodes])
         dst_i = torch.cat([edge_index[1].cpu(), nodes])
