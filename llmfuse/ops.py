@@ -249,11 +249,25 @@ def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, 
     # kernel (the dependency-ordered schedule is not timed there).  Under the interpreter the
     # persistent kernel stays the default looped path (its tests run one persistent program; tests
     # select the dataflow schedule explicitly).
+    # Batch 1 (session 5, H200 plan_sweep): a row tile keeps two K chunks in flight, so a launch with
+    # at most two tiles per SM (Llama-3.2-1B: Q/K/V + attention 264 programs, W_o 256, on 132 SMs)
+    # is bound by its bytes in flight, not by HBM.  Wider chunks put more in flight and still fit
+    # one wave (Q/K/V 512 columns: 215 registers, 2 programs per SM; W_o 1024: 168 registers, 3):
+    # 1B 0.9401 -> 0.8942 ms per step.  Llama-3.1-8B (384 Q/K/V and 512 W_o tiles) lost 2.4% with
+    # them (4.386 -> 4.491): more tiles than the wider chunks' registers keep resident.
+    # Programmatic dependent launch with the attention tiles' cache slots prefetched before their
+    # waits: 1B 0.8942 -> 0.8661 with the wider chunks (0.9427 -> 0.9368 without them).
+    tiles = plan.tiles(cfg)
+    one_row = compiled and batch == 1
+    wide_qkv = one_row and tiles["qkv"] + tiles["attention"] <= 2 * sms
+    wide_o = one_row and tiles["o_proj"] <= 2 * sms
     plan = DecodePlan(**{**plan.__dict__, "looped_programs": looped_programs, "split_k": split_k, "o_split": o_split,
                          "maxnreg": maxnreg, "qkv_split": qkv_split, "mlp_split": mlp_split,
-                         "fuse_attention": compiled and batch == 1,
+                         "fuse_attention": one_row,
                          "dataflow": compiled and batch <= 8,
-                         "poll_sleep_ns": 1024 if compiled and batch == 1 else 0})
+                         "poll_sleep_ns": 1024 if one_row else 0,
+                         "block_k_qkv": 512 if wide_qkv else 0, "block_k_o": 1024 if wide_o else 0,
+                         "pdl": one_row, "attn_prefetch": one_row})
     for option in ("acquire_loads", "pdl", "poll_sleep_ns", "wait_prefetch", "attn_prefetch"):
         if tuning.get(option) and not compiled:
             raise ValueError(f"{option}={tuning[option]!r} needs the compiled kernels on a CUDA device (sm_90+)")

@@ -296,19 +296,21 @@ def _looped_prefixes(ctx: Context, cfg: LlamaConfig, w: LlamaWeights, cache: ref
 # 0.9136 (1024: 0.9882, 254 registers), W_o chunks of 1024 0.9073 (512: 0.9105), W_down chunks of
 # 512 0.9520, every chunk 512 wide 0.9533.  Batch 8 default 1.302; 4 pipeline stages 1.453, 2 1.504;
 # Q/K/V chunks of 256 1.424; fused Q/K/V + attention (with the slots prefetched) 1.307.
-# Next: the two wider chunks together, Q/K/V pair blocks of 4 pairs with wider chunks, the down
-# projection's and gate/up's K splits at batch 1; the same chunk widths on Llama-3.1-8B; at batch 8
-# 32-row tiles and other K splits.
-WIDE = {"block_k_qkv": 512, "block_k_o": 1024}
+# Third call: batch 1 default 0.9401; Q/K/V chunks 512 + W_o chunks 1024 0.8942, with PDL and the
+# attention tiles' slots prefetched 0.8661 (the new default: see llmfuse.ops.make_plan); the same
+# with 4-pair Q/K/V blocks 0.8971 (1024-wide Q/K/V chunks 0.9334), the down projection in 8 or 2
+# K parts 0.9164 / 0.9225 (4: 0.8942), gate/up in 2 K parts 0.9664.  Batch 8 default 1.304; 32-row
+# tiles 1.622, 4 down / W_o K parts 1.330, gate/up in 4 K parts 1.415.  Llama-3.1-8B batch 1:
+# default 4.386, the wider chunks 4.491, with PDL and the slots prefetched 4.498.
+# Next: the new batch-1 defaults against the old (1B and 8B), attention splits, a few prefetched
+# weight lines with PDL, the looped path without the attention prefetch.
+OLD_BATCH1 = {"block_k_qkv": 0, "block_k_o": 0, "pdl": False, "attn_prefetch": False}
 PLAN_SWEEP: list[tuple[int, bool, dict[str, int]]] = [
-    (1, False, WIDE), (1, False, {**WIDE, "pdl": True, "attn_prefetch": True}),
-    (1, False, {**WIDE, "block_p": 4}), (1, False, {"block_k_qkv": 1024, "block_k_o": 1024, "block_p": 4}),
-    (1, False, {**WIDE, "split_k": 8}), (1, False, {**WIDE, "split_k": 2}), (1, False, {**WIDE, "mlp_split": 2}),
-    (8, False, {"block_n": 32}), (8, False, {"split_k": 4}), (8, False, {"mlp_split": 4}),
+    (1, False, {"pdl": False, "attn_prefetch": False}), (1, False, OLD_BATCH1), (1, False, {"wait_prefetch": 4}),
+    (1, False, {"n_splits": 4}), (1, False, {"n_splits": 2}),
+    (1, True, {}), (1, True, {"attn_prefetch": False}),
 ]
-PLAN_SWEEP_8B: list[tuple[int, bool, dict[str, int]]] = [
-    (1, False, WIDE), (1, False, {**WIDE, "pdl": True, "attn_prefetch": True}),
-]
+PLAN_SWEEP_8B: list[tuple[int, bool, dict[str, int]]] = [(1, False, OLD_BATCH1)]
 QUICK_PLAN_SWEEP = [(1, False, {"row_prefetch": False}), (3, False, {"block_b": 4}),
                     (3, False, {"fuse_attention": True}), (3, True, {}), (1, True, {"dataflow": True})]
 
