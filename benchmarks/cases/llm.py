@@ -196,7 +196,7 @@ def instruction_bytes(cfg: LlamaConfig, w: LlamaWeights, batch: int, context: in
 
 
 # (batch, plan fields other than the default) of the breakdown: the default plans.
-BREAKDOWN_PLANS: list[tuple[int, dict[str, int]]] = [(1, {}), (8, {}), (64, {})]
+BREAKDOWN_PLANS: list[tuple[int, dict[str, int]]] = [(1, {}), (8, {})]
 
 
 @case("llm", "instruction_breakdown", baseline="whole step, per-layer kernels", headline=False)
