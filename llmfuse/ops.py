@@ -66,12 +66,13 @@ class DecodePlan:
     # while the stage waited for streams its weights.  0: poll back to back.
     poll_sleep_ns: int = 0
     pdl: bool = False  # per-layer kernels: programmatic dependent launch (kernels/launch_order.py; sm_90+)
-    # K chunk widths of the per-layer Q/K/V, output-projection and down-projection launches (0:
-    # block_k).  A batch-1 tile keeps two chunks in flight (kernels/matvec.py ``_one_row``); with
+    # K chunk widths of the per-layer Q/K/V, output-projection, gate/up and down-projection launches
+    # (0: block_k).  A batch-1 tile keeps two chunks in flight (kernels/matvec.py ``_one_row``); with
     # few tiles per SM (Q/K/V, W_o) the bytes in flight, not HBM, bound the launch, and wider chunks
     # put more in flight.  The looped kernel uses block_k throughout.
     block_k_qkv: int = 0
     block_k_o: int = 0
+    block_k_gate_up: int = 0
     block_k_down: int = 0
     # 128-byte lines of each of its weight rows (64 bf16 columns each; a power of two) a program
     # asks L2 for before it waits: for the previous kernel (per-layer path, with pdl) or for the
@@ -132,8 +133,10 @@ class DecodePlan:
                 **({"launch_pdl": True} if self.pdl else {})}
 
     def k_chunk(self, instruction: str) -> int:
-        """BLOCK_K of the per-layer launch of ``instruction`` ("qkv", "o_proj", "down"; others: block_k)."""
-        override = {"qkv": self.block_k_qkv, "o_proj": self.block_k_o, "down": self.block_k_down}.get(instruction, 0)
+        """BLOCK_K of the per-layer launch of ``instruction`` ("qkv", "o_proj", "gate_up", "down"; others:
+        block_k)."""
+        override = {"qkv": self.block_k_qkv, "o_proj": self.block_k_o, "gate_up": self.block_k_gate_up,
+                    "down": self.block_k_down}.get(instruction, 0)
         return override or self.block_k
 
     def weight_prefetch_lines(self) -> int:
@@ -287,14 +290,14 @@ def _tuned(plan: DecodePlan, tuning: dict[str, int]) -> DecodePlan:
             raise ValueError(f"tuning field {name} must be an int >= 0, got {value!r}")
     plan = replace(plan, **tuning)
     blocks = ("block_p", "block_n", "block_k", "block_v", "block_s")
-    optional = ("wait_prefetch", "block_k_qkv", "block_k_o", "block_k_down")  # 0: off, or block_k
+    optional = ("wait_prefetch", "block_k_qkv", "block_k_o", "block_k_gate_up", "block_k_down")  # 0: off / block_k
     if any(getattr(plan, b) & (getattr(plan, b) - 1) or getattr(plan, b) < 1
            for b in ("block_b", "merge_splits", *blocks)) or any(getattr(plan, b) & (getattr(plan, b) - 1)
                                                                  for b in optional):
         raise ValueError(f"block sizes must be powers of two: {plan}")
     if plan.block_b < plan.batch:
         raise ValueError(f"block_b = {plan.block_b} must be >= the batch {plan.batch}")
-    chunks = [plan.k_chunk(name) for name in ("qkv", "o_proj", "down")]
+    chunks = [plan.k_chunk(name) for name in ("qkv", "o_proj", "gate_up", "down")]
     if not plan.row_sums and min(plan.block_b, *(getattr(plan, b) for b in blocks), *chunks) < 16:
         raise ValueError(f"tensor-core tiles (block_b = {plan.block_b} > {SMALL_BATCH}) need every block >= 16: "
                          f"{plan}")
@@ -459,7 +462,7 @@ def gate_up(w: LlamaWeights, cfg: LlamaConfig, layer: int, buf: DecodeBuffers, p
     gate_up_kernel[grid](
         layer, buf.x, w.mlp_norm, w.w_gate_up, buf.h, buf.pair_part, buf.pair_sq, buf.pair_sem, plan.batch,
         cfg.hidden_size, cfg.intermediate_size, cfg.rms_norm_eps,
-        BLOCK_B=plan.block_b, BLOCK_N=plan.block_n, BLOCK_K=plan.block_k,
+        BLOCK_B=plan.block_b, BLOCK_N=plan.block_n, BLOCK_K=plan.k_chunk("gate_up"),
         DOT_PREC=plan.dot_prec, ROW_PREFETCH=plan.row_prefetch, MLP_SPLIT=plan.mlp_split,
         **plan.layer_launch_options(),
     )

@@ -303,11 +303,13 @@ def _looped_prefixes(ctx: Context, cfg: LlamaConfig, w: LlamaWeights, cache: ref
 # tiles 1.622, 4 down / W_o K parts 1.330, gate/up in 4 K parts 1.415.  Llama-3.1-8B batch 1:
 # default 4.386, the wider chunks 4.491, with PDL and the slots prefetched 4.498.
 # Next: the new batch-1 defaults against the old (1B and 8B), attention splits, a few prefetched
-# weight lines with PDL, the looped path without the attention prefetch.
+# weight lines with PDL, gate/up in narrower chunks (128 columns: 63 registers, 8 programs per SM,
+# its 1024 tiles in one wave instead of two), the looped path without the attention prefetch.
 OLD_BATCH1 = {"block_k_qkv": 0, "block_k_o": 0, "pdl": False, "attn_prefetch": False}
 PLAN_SWEEP: list[tuple[int, bool, dict[str, int]]] = [
     (1, False, {"pdl": False, "attn_prefetch": False}), (1, False, OLD_BATCH1), (1, False, {"wait_prefetch": 4}),
     (1, False, {"n_splits": 4}), (1, False, {"n_splits": 2}),
+    (1, False, {"block_k_gate_up": 128}), (1, False, {"block_k_gate_up": 64}),
     (1, True, {}), (1, True, {"attn_prefetch": False}),
 ]
 PLAN_SWEEP_8B: list[tuple[int, bool, dict[str, int]]] = [(1, False, OLD_BATCH1)]

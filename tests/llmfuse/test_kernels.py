@@ -171,11 +171,12 @@ def test_qkv_and_attention_in_one_launch_equal_two_launches(batch, dtype, tuning
 
 
 # split_k: the down projection's K parts; mlp_split: gate/up K parts (16-column chunks, none empty);
-# block_k_down: the down projection's own chunk width
+# block_k_gate_up / block_k_down: their own chunk widths
 @pytest.mark.parametrize("batch, dtype, tuning, split_k", [(*case, 1) for case in CASES] +
                          [(9, torch.bfloat16, {}, 2), (1, torch.float32, {"mlp_split": 2, "block_k": 16}, 1),
                           (9, torch.bfloat16, {"mlp_split": 3, "block_k": 16}, 1),
-                          (1, torch.float32, {"block_k_down": 16}, 2), (9, torch.bfloat16, {"block_k_down": 32}, 1)])
+                          (1, torch.float32, {"block_k_down": 16, "block_k_gate_up": 16}, 2),
+                          (9, torch.bfloat16, {"block_k_down": 32, "block_k_gate_up": 16}, 1)])
 def test_gate_up_silu_and_down_residual(batch, dtype, tuning, split_k, gen):
     cfg, w64, wk, plan, buf, cache, slot, kv_start = _setup(batch, dtype, gen, split_k=split_k, tuning=tuning)
     buf.h.fill_(float("nan"))
