@@ -302,15 +302,17 @@ def _looped_prefixes(ctx: Context, cfg: LlamaConfig, w: LlamaWeights, cache: ref
 # K parts 0.9164 / 0.9225 (4: 0.8942), gate/up in 2 K parts 0.9664.  Batch 8 default 1.304; 32-row
 # tiles 1.622, 4 down / W_o K parts 1.330, gate/up in 4 K parts 1.415.  Llama-3.1-8B batch 1:
 # default 4.386, the wider chunks 4.491, with PDL and the slots prefetched 4.498.
-# Next: the new batch-1 defaults against the old (1B and 8B), attention splits, a few prefetched
-# weight lines with PDL, gate/up in narrower chunks (128 columns: 63 registers, 8 programs per SM,
-# its 1024 tiles in one wave instead of two), the looped path without the attention prefetch.
-OLD_BATCH1 = {"block_k_qkv": 0, "block_k_o": 0, "pdl": False, "attn_prefetch": False}
+# Fourth call: batch 1 default (PDL, slots prefetched, wide Q/K/V and W_o chunks) 0.8676; without
+# PDL and prefetch 0.8892; the session-4 default 0.9302; 4 weight lines prefetched before each wait
+# 0.8645; 4 or 2 attention splits 0.8990 / 0.9287 (9: the default); gate/up chunks of 128 columns
+# 0.8473 (now the default where its tiles fit one wave), of 64 1.083; looped 1.240, without the
+# attention prefetch 1.239.  Llama-3.1-8B batch 1: default (PDL, slots prefetched) 4.327, session 4's
+# 4.378.
+# Next: the final batch-1 defaults against session 4's, and three more candidates.
+OLD_BATCH1 = {"block_k_qkv": 0, "block_k_o": 0, "block_k_gate_up": 0, "pdl": False, "attn_prefetch": False}
 PLAN_SWEEP: list[tuple[int, bool, dict[str, int]]] = [
-    (1, False, {"pdl": False, "attn_prefetch": False}), (1, False, OLD_BATCH1), (1, False, {"wait_prefetch": 4}),
-    (1, False, {"n_splits": 4}), (1, False, {"n_splits": 2}),
-    (1, False, {"block_k_gate_up": 128}), (1, False, {"block_k_gate_up": 64}),
-    (1, True, {}), (1, True, {"attn_prefetch": False}),
+    (1, False, OLD_BATCH1), (1, False, {"wait_prefetch": 4}), (1, False, {"block_k_down": 128}),
+    (1, False, {"block_k_o": 512}),
 ]
 PLAN_SWEEP_8B: list[tuple[int, bool, dict[str, int]]] = [(1, False, OLD_BATCH1)]
 QUICK_PLAN_SWEEP = [(1, False, {"row_prefetch": False}), (3, False, {"block_b": 4}),
