@@ -289,10 +289,10 @@ def attention_backward(
     graph: Graph, inputs: AttentionInputs, lse: torch.Tensor, out: torch.Tensor, grad_out: torch.Tensor,
     dropout_p: float, seed: int, offset: int, options: ScheduleOptions | None,
     grad_value_dtype: torch.dtype | None = None, edge_grads: tuple[bool, bool] = (True, True),
-    bias_grad: bool = False,
+    bias_parts: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """Gradients of the fused attention, without atomics:
-    ``(∂value, ∂src-side, ∂dst_term, ∂edge_attr, attr_sums, Σ_n g_n)``.
+    ``(∂value, ∂src-side, ∂dst_term, ∂edge_attr, attr_sums)``.
 
     ``∂value`` in ``grad_value_dtype`` (default: the values' dtype), the rest in the
     accumulation dtype.  The source-side output is ``∂el [N, H]`` (GAT), ``∂k`` (dot) or, for
@@ -300,9 +300,9 @@ def attention_backward(
     ``∂fs`` is already in ``∂value``).  With edge features, as ``edge_grads = (attr, weight)``
     asks: ``∂edge_attr [E, K]`` (input edge order) and ``attr_sums [N, 2, K, H]``, the
     per-destination sums ``A``, ``B`` from which :func:`edge_weight_grad` forms ``∂edge_weight``;
-    None where not asked for or without edge features.  With ``bias_grad``, ``Σ_n g_n [H, D]``
-    (an output bias's gradient, in the accumulation dtype) from the read of ``g`` that forms ``δ``;
-    else None.
+    None where not asked for or without edge features.  ``bias_parts`` (:func:`_node_part_buffer`):
+    filled with per-node-block partial sums of ``g`` (an output bias's gradient ``Σ_n g_n``, summed by
+    the caller) from the read of ``g`` that forms ``δ``.
     """
     from .kernels.attention_backward import (
         attention_backward_dst_kernel,
@@ -325,8 +325,7 @@ def attention_backward(
     grad_attr = _new_output((graph.num_edges, edge_dim), acc, device) if attr_grad else None
     attr_sums = _new_output((num_nodes, 2, edge_dim, heads), acc, device) if weight_grad else None
     if num_nodes == 0:
-        grad_bias = torch.zeros((heads, head_dim), dtype=acc, device=device) if bias_grad else None
-        return grad_value, grad_src, grad_dst, grad_attr, attr_sums, grad_bias
+        return grad_value, grad_src, grad_dst, grad_attr, attr_sums
     schedule = graph.schedule(heads, head_dim, value.dtype, options)
     block_h, block_d = schedule.block_h, schedule.block_d
     keep_scale, use_dropout = _dropout_args(dropout_p)
@@ -335,7 +334,7 @@ def attention_backward(
     flags = {"DROPOUT": use_dropout, "SCORE": inputs.score, "EDGE": inputs.has_edge,
              "KEY_SCALE": inputs.keys_from_values}
     # δ_i = <g_i, out_i> per head: one pass over node rows instead of one over edges.
-    delta, grad_bias = _head_dot(grad_out, out, acc, column_sums=bias_grad)
+    delta = _head_dot(grad_out, out, acc, bias_parts)
     grad_s = _new_output((max(graph.num_edges, 1), heads), acc, device)
     src_tensors = (*inputs.pointers(), lse, grad_out, delta)
     outgoing = schedule.outgoing
@@ -385,7 +384,7 @@ def attention_backward(
             )
             if pieces:
                 _merge_sums(incoming, target_dst, grad_dst)
-        return grad_value, grad_src, grad_dst, grad_attr, attr_sums, grad_bias
+        return grad_value, grad_src, grad_dst, grad_attr, attr_sums
     # GATv2 / dot: ∂dst gathers the source terms again, weighted by the source pass's ∂s.
     dst_tensors = (*inputs.pointers(), grad_s, lse, grad_out)
     # outputs not asked for get a tensor the kernel never writes
@@ -417,7 +416,7 @@ def attention_backward(
             _merge_sums(incoming, target_dst, grad_dst)
             if weight_grad:
                 _merge_sums(incoming, target_sums, attr_sums)
-    return grad_value, grad_src, grad_dst, grad_attr, attr_sums, grad_bias
+    return grad_value, grad_src, grad_dst, grad_attr, attr_sums
 
 
 def edge_weight_grad(
@@ -472,20 +471,23 @@ def _forward_saving(ctx, graph: Graph, inputs: AttentionInputs, launch: tuple, d
 
 
 def _backward_saved(ctx, inputs: AttentionInputs, grad_out: torch.Tensor,
-                    grad_value_dtype: torch.dtype | None = None,
-                    edge_grads: tuple[bool, bool] = (True, True)) -> tuple[torch.Tensor, ...]:
-    """:func:`attention_backward` from what :func:`_forward_saving` kept (``out``, ``lse`` last); the
-    bias sum ``Σ_n g_n`` comes with it when an ``[H, D]`` addend needs a gradient."""
+                    grad_value_dtype: torch.dtype | None = None, edge_grads: tuple[bool, bool] = (True, True),
+                    bias_parts: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+    """:func:`attention_backward` from what :func:`_forward_saving` kept (``out``, ``lse`` last)."""
     out, lse = ctx.saved_tensors[-2:]
-    bias_grad = ctx.add_grad and not ctx.add_per_node
     return attention_backward(ctx.graph, inputs, lse, out, grad_out.contiguous(), *ctx.launch, grad_value_dtype,
-                              edge_grads, bias_grad)
+                              edge_grads, bias_parts)
+
+
+def _bias_grad_wanted(ctx) -> bool:
+    """Whether the Function's addend is an ``[H, D]`` bias that needs its gradient ``Σ_n g_n``."""
+    return ctx.add_grad and not ctx.add_per_node
 
 
 def _addend_grad(ctx, grad_out: torch.Tensor, bias_sum: torch.Tensor | None) -> torch.Tensor | None:
     """The gradient of a Function's ``out_add``: ``g`` itself for a per-node term, ``Σ_n g_n``
-    for an ``[H, D]`` bias (``bias_sum`` from :func:`attention_backward`, or summed here when no
-    attention gradient was needed); None when it needs none."""
+    for an ``[H, D]`` bias (``bias_sum`` from the partials of :func:`attention_backward`, or summed
+    here when no attention gradient was needed); None when it needs none."""
     if not ctx.add_grad:
         return None
     if ctx.add_per_node:
@@ -604,24 +606,30 @@ def _node_tile_rows(heads: int, head_dim: int) -> tuple[int, int, int]:
     return block_h, block_d, max(1, min(256, 4096 // (block_h * block_d)))
 
 
-def _head_dot(a: torch.Tensor, b: torch.Tensor, acc: torch.dtype,
-              column_sums: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _node_part_buffer(like: torch.Tensor, count: int) -> torch.Tensor:
+    """``[count, P, H, D]`` in the accumulation dtype: per-program partial sums of the per-node
+    kernels over ``like [N, H, D]`` (``P`` programs of :func:`_node_tile_rows`), ``count`` sums side
+    by side so that one reduction launch (``.sum(1)``) finishes them all."""
+    num_nodes, heads, head_dim = like.shape
+    programs = cdiv(num_nodes, _node_tile_rows(heads, head_dim)[2])
+    return _new_output((count, programs, heads, head_dim), accumulation_dtype(like.dtype), like.device)
+
+
+def _head_dot(a: torch.Tensor, b: torch.Tensor, acc: torch.dtype, parts: torch.Tensor | None = None) -> torch.Tensor:
     """``Σ_d a · b`` per (node, head) of two contiguous ``[N, H, D]`` tensors, in ``acc``; with
-    ``column_sums`` also ``Σ_n a_n [H, D]`` in ``acc`` (per-program partials of the same read, summed
-    here), else None."""
+    ``parts`` (one sum of :func:`_node_part_buffer`) also the per-program partial sums of ``a``,
+    from the same read."""
     from .kernels.node_scores import head_dot_kernel
 
     num_nodes, heads, head_dim = a.shape
     out = _new_output((num_nodes, heads), acc, a.device)
     block_h, block_d, rows = _node_tile_rows(heads, head_dim)
-    programs = cdiv(num_nodes, rows)
-    parts = _new_output((programs, heads, head_dim), acc, a.device) if column_sums else out
     if num_nodes:
-        head_dot_kernel[(programs,)](
-            a, b, out, parts, num_nodes, heads, head_dim, ROWS=rows, BLOCK_H=block_h, BLOCK_D=block_d,
-            COLUMN_SUMS=column_sums,
+        head_dot_kernel[(cdiv(num_nodes, rows),)](
+            a, b, out, out if parts is None else parts, num_nodes, heads, head_dim, ROWS=rows, BLOCK_H=block_h,
+            BLOCK_D=block_d, COLUMN_SUMS=parts is not None,
         )
-    return out, (parts.sum(0) if column_sums else None)
+    return out
 
 
 def _node_scores_forward(wh: torch.Tensor, attn_l: torch.Tensor, attn_r: torch.Tensor):
@@ -640,27 +648,21 @@ def _node_scores_forward(wh: torch.Tensor, attn_l: torch.Tensor, attn_r: torch.T
     return el, er
 
 
-def _node_scores_backward(wh, attn_l, attn_r, grad_el, grad_er, grad_agg):
-    """(grad_wh, grad_attn_l, grad_attn_r): ``grad_agg`` plus the node scores' share, in one kernel."""
+def _node_scores_backward(wh, attn_l, attn_r, grad_el, grad_er, grad_agg, parts: torch.Tensor) -> torch.Tensor:
+    """``grad_wh``: ``grad_agg`` plus the node scores' share, in one kernel, which also writes the
+    partial sums of ``∂attn_l``, ``∂attn_r`` into ``parts[0]``, ``parts[1]`` (:func:`_node_part_buffer`)."""
     from .kernels.node_scores import node_scores_backward_kernel
 
     num_nodes, heads, head_dim = wh.shape
-    acc = accumulation_dtype(wh.dtype)
     block_h, block_d, rows = _node_tile_rows(heads, head_dim)
     programs = cdiv(num_nodes, rows)
     grad_wh = grad_agg if grad_agg.dtype == wh.dtype else _new_output(tuple(wh.shape), wh.dtype, wh.device)
-    # both vectors' partials in one buffer: one reduction launch for the two
-    parts = _new_output((2, programs, heads, head_dim), acc, wh.device)
-    part_l, part_r = parts[0], parts[1]
     if programs:
         node_scores_backward_kernel[(programs,)](
             wh, attn_l.contiguous(), attn_r.contiguous(), grad_el.contiguous(), grad_er.contiguous(), grad_agg,
-            grad_wh, part_l, part_r, num_nodes, heads, head_dim, ROWS=rows, BLOCK_H=block_h, BLOCK_D=block_d,
+            grad_wh, parts[0], parts[1], num_nodes, heads, head_dim, ROWS=rows, BLOCK_H=block_h, BLOCK_D=block_d,
         )
-    sums = parts.sum(1)
-    grad_attn_l = sums[0:1].to(attn_l.dtype)
-    grad_attn_r = sums[1:2].to(attn_r.dtype)
-    return grad_wh, grad_attn_l, grad_attn_r
+    return grad_wh
 
 
 class NodeScoresFunction(torch.autograd.Function):
@@ -678,7 +680,10 @@ class NodeScoresFunction(torch.autograd.Function):
         acc = accumulation_dtype(wh.dtype)
         grad_el = torch.zeros(wh.shape[:2], dtype=acc, device=wh.device) if grad_el is None else grad_el.to(acc)
         grad_er = torch.zeros(wh.shape[:2], dtype=acc, device=wh.device) if grad_er is None else grad_er.to(acc)
-        return _node_scores_backward(wh, attn_l, attn_r, grad_el, grad_er, torch.zeros_like(wh))
+        parts = _node_part_buffer(wh, 2)
+        grad_wh = _node_scores_backward(wh, attn_l, attn_r, grad_el, grad_er, torch.zeros_like(wh), parts)
+        sums = parts.sum(1).to(attn_l.dtype)
+        return grad_wh, sums[0:1], sums[1:2]
 
 
 class GATFunction(torch.autograd.Function):
@@ -700,9 +705,14 @@ class GATFunction(torch.autograd.Function):
             return None, None, None, *_NO_GRADS, _addend_grad(ctx, grad_out, None)
         wh, attn_l, attn_r, el, er = ctx.saved_tensors[:5]
         inputs = AttentionInputs(SCORE_GAT, el, er, wh, negative_slope=ctx.negative_slope)
-        grad_agg, grad_el, grad_er, _, _, bias_sum = _backward_saved(ctx, inputs, grad_out, grad_value_dtype=el.dtype)
-        grad_wh, grad_attn_l, grad_attn_r = _node_scores_backward(wh, attn_l, attn_r, grad_el, grad_er, grad_agg)
-        return grad_wh, grad_attn_l, grad_attn_r, *_NO_GRADS, _addend_grad(ctx, grad_out, bias_sum)
+        # ∂attn_l, ∂attn_r and a bias's Σ_n g_n from per-program partials: one reduction, one cast
+        bias = _bias_grad_wanted(ctx)
+        parts = _node_part_buffer(wh, 3 if bias else 2)
+        grad_agg, grad_el, grad_er, _, _ = _backward_saved(ctx, inputs, grad_out, grad_value_dtype=el.dtype,
+                                                           bias_parts=parts[2] if bias else None)
+        grad_wh = _node_scores_backward(wh, attn_l, attn_r, grad_el, grad_er, grad_agg, parts)
+        sums = parts.sum(1).to(attn_l.dtype)  # wh, the attention vectors and the bias share a dtype
+        return grad_wh, sums[0:1], sums[1:2], *_NO_GRADS, _addend_grad(ctx, grad_out, sums[2] if bias else None)
 
 
 def _check_addend(out_add: torch.Tensor | None, graph: Graph, heads: int, head_dim: int,
@@ -851,15 +861,16 @@ class TransformerAttentionFunction(torch.autograd.Function):
         inputs = AttentionInputs(SCORE_DOT, key, query, value, edge_attr=edge_attr, edge_weight=edge_weight,
                                  scale=ctx.scale)
         edge_grads = (ctx.needs_input_grad[3], ctx.needs_input_grad[4])
-        grad_v, grad_k, grad_q, grad_attr, attr_sums, bias_sum = _backward_saved(ctx, inputs, grad_out,
-                                                                                 edge_grads=edge_grads)
+        parts = _node_part_buffer(value, 1)[0] if _bias_grad_wanted(ctx) else None
+        grad_v, grad_k, grad_q, grad_attr, attr_sums = _backward_saved(ctx, inputs, grad_out, edge_grads=edge_grads,
+                                                                       bias_parts=parts)
         if grad_attr is not None:
             grad_attr = grad_attr.to(edge_attr.dtype)
         grad_weight = None
         if attr_sums is not None:
             grad_weight = edge_weight_grad(attr_sums, grad_out, query, ctx.scale).to(edge_weight.dtype)
         return (grad_q.to(query.dtype), grad_k.to(key.dtype), grad_v, grad_attr, grad_weight, *_NO_GRADS,
-                _addend_grad(ctx, grad_out, bias_sum))
+                _addend_grad(ctx, grad_out, None if parts is None else parts.sum(0)))
 
 
 def _normalize_rows(h: torch.Tensor, beta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

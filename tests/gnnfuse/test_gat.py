@@ -205,18 +205,23 @@ def test_node_scores_kernel_and_its_gradients(gen, device, dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_gat_op_gradients_including_attention_vectors(gen, device, dtype):
+    """Forward and every gradient of the GAT op with an output bias (training: the output with the
+    bias is the kernels' second store, the bias gradient the δ kernel's column sums)."""
     graph = Graph(corner_case_edges(gen).to(device), 29)
     leaves = [torch.randn(shape, generator=gen).to(device, dtype).requires_grad_(True)
-              for shape in ((29, 3, 5), (1, 3, 5), (1, 3, 5))]
-    out = ops.gat(graph, *leaves, dropout=0.3, rng=PhiloxStream(9), schedule=SCHEDULES["mixed"])
+              for shape in ((29, 3, 5), (1, 3, 5), (1, 3, 5), (15,))]
+    out = ops.gat(graph, *leaves[:3], dropout=0.3, rng=PhiloxStream(9), schedule=SCHEDULES["mixed"],
+                  out_add=leaves[3])
+    assert out.dtype == dtype
     grad_out = torch.randn(out.shape, generator=gen)
     grads = torch.autograd.grad(out, leaves, grad_out.to(device, dtype))
     refs = [t.detach().cpu().double().requires_grad_(True) for t in leaves]
     el, er = (refs[0] * refs[1]).sum(-1), (refs[0] * refs[2]).sum(-1)
     ref, _ = gat_attention_reference(graph.to("cpu"), refs[0], el, er, dropout=0.3, seed=9, offset=0)
+    ref = ref + refs[3].view(3, 5)
     ref_grads = torch.autograd.grad(ref, refs, grad_out.double())
     assert_close(out, ref, tol=TOLERANCES[dtype])
-    for name, g, r in zip(("wh", "attn_l", "attn_r"), grads, ref_grads):
+    for name, g, r in zip(("wh", "attn_l", "attn_r", "bias"), grads, ref_grads):
         assert g.dtype == dtype and g.shape == r.shape
         assert_close(g, r, tol=TOLERANCES[dtype], name=f"grad {name}")
 
