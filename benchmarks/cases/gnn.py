@@ -242,23 +242,16 @@ def _layer_runs(
     return layer, x, grad, params
 
 
-# do_bench_cudagraph replays a graph of rep_ms worth of calls 10 times (and captures it first): a
-# shorter budget than the called rows' keeps a replayed row under ~0.5 s with a stable median.
-REPLAY_REP_MS = 25.0
-
-
 def _time_replayed(ctx: Context, impl: str, run: Callable, floor: int, params: dict, variant: str) -> None:
-    """Time ``run`` replayed as a CUDA graph (GPU time alone: no host work between kernels); on
-    the GPU only, and a capture failure is reported without losing the other rows."""
+    """Time ``run`` replayed as a CUDA graph (GPU time alone: no host work between kernels; the
+    harness's replay budget, ``Context.replay_rep_ms``); on the GPU only, and a capture failure is
+    reported without losing the other rows."""
     if not ctx.gpu:
         return
-    rep_ms, ctx.rep_ms = ctx.rep_ms, min(ctx.rep_ms, REPLAY_REP_MS)
     try:
         ctx.time(impl, run, bytes_moved=floor, cuda_graph=True, params=params, variant=variant)
     except Exception as exc:  # noqa: BLE001 - report and keep the other rows
         print(f"[gnn] CUDA graph of {impl} failed on {variant}: {type(exc).__name__}: {exc}")
-    finally:
-        ctx.rep_ms = rep_ms
 
 
 def _gat_twin(layer: GATConv, spec: GraphSpec):
