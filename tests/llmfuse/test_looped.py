@@ -307,7 +307,9 @@ def test_gpu_prefetch_before_wait_changes_no_value(batch, looped, tuning, gen):
     still waits before it reads or writes), and repeated steps agree (no race)."""
     device = test_device()
     w = random_weights(GPU_CFG, dtype=torch.bfloat16, device=device, generator=torch.Generator(device).manual_seed(3))
-    base = {k: v for k, v in tuning.items() if k in ("dataflow", "fuse_attention")}
+    # the same path without PDL or prefetch (batch 1 on the GPU has both by default)
+    base = {"pdl": False, "wait_prefetch": 0, "attn_prefetch": False,
+            **{k: v for k, v in tuning.items() if k in ("dataflow", "fuse_attention")}}
     plain, buf0, cache0, tokens = _state(GPU_CFG, w, batch, 300, torch.bfloat16, gen, device, n_splits=None, **base)
     plan = dataclasses.replace(plain, **tuning)
     inv_freq = GPU_CFG.rope_inv_freq().to(device)
