@@ -257,3 +257,31 @@ def test_decode_attention_is_stable_for_huge_and_tiny_scores(scale, gen):
     expected = ref.attention_step(buf.q.cpu().double()[:, None], cache.k[LAYER].cpu().double(),
                                   cache.v[LAYER].cpu().double(), torch.tensor([slot]), kv_start)
     assert_close(buf.attn.cpu().reshape(3, -1), expected[:, 0], torch.float32, name="attention")
+
+
+def test_batch1_gpu_defaults_follow_their_reasons(monkeypatch):
+    """The batch-1 GPU plan (computed here for a 132-SM H200 without one): Llama-3.2-1B's Q/K/V +
+    attention (264 programs) and W_o (256) launches have <= 2 tiles per SM and get the wider chunks,
+    its 1024 gate/up tiles fit one wave of 8 per SM and get the narrower ones; Llama-3.1-8B's
+    launches have more tiles and keep block_k (H200 plan_sweep, session 5: llmfuse/README.md).
+    Both get PDL with the attention tiles' slots prefetched; batch 8 none of it."""
+    from fusecore.device import DeviceFacts
+
+    def llama(**shape):
+        return LlamaConfig(vocab_size=128256, num_attention_heads=32, num_key_value_heads=8, **shape)
+
+    llama_1b = llama(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, head_dim=64)
+    llama_8b = llama(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, head_dim=128)
+    h200 = DeviceFacts("NVIDIA H200", "cuda", 132, 60 << 20, 227 << 10, (9, 0))
+    monkeypatch.setattr(ops, "device_facts", lambda device: h200)
+    cuda = torch.device("cuda")
+    small = ops.make_plan(llama_1b, 1, 520, torch.bfloat16, cuda)
+    assert (small.k_chunk("qkv"), small.k_chunk("o_proj"), small.k_chunk("gate_up"), small.k_chunk("down")) == (
+        512, 1024, 128, small.block_k)
+    large = ops.make_plan(llama_8b, 1, 520, torch.bfloat16, cuda)
+    assert {large.k_chunk(name) for name in ("qkv", "o_proj", "gate_up", "down")} == {large.block_k}
+    for plan in (small, large):
+        assert plan.pdl and plan.attn_prefetch and plan.wait_prefetch == 0 and plan.fuse_attention
+    batch8 = ops.make_plan(llama_1b, 8, 520, torch.bfloat16, cuda)
+    assert not batch8.pdl and not batch8.attn_prefetch
+    assert {batch8.k_chunk(name) for name in ("qkv", "o_proj", "gate_up", "down")} == {batch8.block_k}
