@@ -210,7 +210,11 @@ def attention_forward(
     ``out_add`` is added to ``out``, or with ``final`` (``[N, H, D]``, any float dtype) ``final``
     gets ``out + out_add`` (or ``out`` alone) in its dtype and ``out`` stays the attention's own.
     """
-    from .kernels.attention_forward import attention_forward_light_kernel, attention_forward_rows_kernel
+    from .kernels.attention_forward import (
+        attention_forward_light_classes_kernel,
+        attention_forward_light_kernel,
+        attention_forward_rows_kernel,
+    )
     from .kernels.merge import lse_merge_kernel
 
     value = inputs.value
@@ -234,14 +238,26 @@ def attention_forward(
     final = final if has_final else out  # never written without FINAL
     light_tiles, row_block_e = _tile_budget(schedule, inputs, "forward")
     buckets = schedule.incoming
-    for width, rows, starts, stops in buckets.light:
-        per_program = _light_rows(schedule, inputs, width, light_tiles)
-        attention_forward_light_kernel[(cdiv(rows.numel(), per_program),)](
-            graph.csr_src, graph.csr_eid, rows, starts, stops, *tensors, out, lse, add, final, rows.numel(), heads,
+    light_rows = {width: _light_rows(schedule, inputs, width, light_tiles) for width, _, _, _ in buckets.light}
+    # every light program holds >= MIN_DOT edges when the edge projection is a product (_light_rows),
+    # so EDGE_DOT is the same for every width class
+    light_flags = {**flags, "BLOCK_H": block_h, "BLOCK_D": block_d, "ADD": has_add, "FINAL": has_final,
+                   **_edge_flags(inputs, block_h, block_d, MIN_DOT), "num_warps": schedule.num_warps}
+    if schedule.one_light_launch and buckets.light:
+        table, programs = _class_table(buckets, light_rows, value.device)
+        attention_forward_light_classes_kernel[(programs,)](
+            graph.csr_src, graph.csr_eid, *buckets.light_all, table, *tensors, out, lse, add, final, heads,
             head_dim, inputs.edge_dim, *scalars, add_stride,
-            ROWS=per_program, BLOCK_E=width, BLOCK_H=block_h, BLOCK_D=block_d, **flags, ADD=has_add, FINAL=has_final,
-            **_edge_flags(inputs, block_h, block_d, per_program * width), num_warps=schedule.num_warps,
+            **{f"ROWS_{width}": light_rows.get(width, 0) for width in LIGHT_CLASS_WIDTHS}, **light_flags,
         )
+    else:
+        for width, rows, starts, stops in buckets.light:
+            per_program = light_rows[width]
+            attention_forward_light_kernel[(cdiv(rows.numel(), per_program),)](
+                graph.csr_src, graph.csr_eid, rows, starts, stops, *tensors, out, lse, add, final, rows.numel(),
+                heads, head_dim, inputs.edge_dim, *scalars, add_stride, ROWS=per_program, BLOCK_E=width,
+                **light_flags,
+            )
     for rows, starts, stops, count, pieces in _row_launches(buckets):
         if pieces:
             target_out = _new_output((count, heads, head_dim), acc, value.device)
@@ -263,6 +279,30 @@ def attention_forward(
                 BLOCK_D=block_d, ADD=has_add, FINAL=has_final,
             )
     return out, lse
+
+
+LIGHT_CLASS_WIDTHS = (1, 2, 4, 8, 16, 32, 64)  # a one-launch light kernel's classes: its ROWS_<width>
+
+
+def _class_table(buckets: Buckets, light_rows: dict[int, int], device: torch.device) -> tuple[torch.Tensor, int]:
+    """(table, programs) of a one-launch light kernel over ``buckets.light_all``: int64 pairs (first
+    program, first row) of every class of :data:`LIGHT_CLASS_WIDTHS` and a closing pair (programs,
+    rows) (:func:`gnnfuse.kernels.tiles.light_class`), for ``light_rows[width]`` rows per program;
+    built on first use and cached on the buckets (the one host-to-device copy of a configuration)."""
+    key = tuple(sorted(light_rows.items()))
+    cached = buckets.class_tables.get(key)
+    if cached is None:
+        counts = {width: int(rows.numel()) for width, rows, _, _ in buckets.light}
+        entries, programs, rows = [], 0, 0
+        for width in LIGHT_CLASS_WIDTHS:
+            entries += [programs, rows]
+            if width in counts:
+                programs += cdiv(counts[width], light_rows[width])
+                rows += counts[width]
+        entries += [programs, rows]
+        cached = (torch.tensor(entries, dtype=torch.int64, device=device), programs)
+        buckets.class_tables[key] = cached
+    return cached
 
 
 def gat_forward(
@@ -308,6 +348,7 @@ def attention_backward(
         attention_backward_dst_kernel,
         attention_backward_dst_light_kernel,
         attention_backward_src_kernel,
+        attention_backward_src_light_classes_kernel,
         attention_backward_src_light_kernel,
         row_sum_kernel,
     )
@@ -339,14 +380,24 @@ def attention_backward(
     src_tensors = (*inputs.pointers(), lse, grad_out, delta)
     outgoing = schedule.outgoing
     light_tiles, row_block_e = _tile_budget(schedule, inputs, "source")
-    for width, rows, starts, stops in outgoing.light:
-        per_program = _light_rows(schedule, inputs, width, light_tiles)
-        attention_backward_src_light_kernel[(cdiv(rows.numel(), per_program),)](
-            graph.rev_dst, graph.rev_pos, graph.rev_eid, rows, starts, stops, *src_tensors, grad_value, grad_src,
-            grad_s, rows.numel(), heads, head_dim, edge_dim, *scalars,
-            ROWS=per_program, BLOCK_E=width, BLOCK_H=block_h, BLOCK_D=block_d, **flags,
-            **_edge_flags(inputs, block_h, block_d, per_program * width), num_warps=schedule.num_warps,
+    light_rows = {width: _light_rows(schedule, inputs, width, light_tiles) for width, _, _, _ in outgoing.light}
+    light_flags = {**flags, "BLOCK_H": block_h, "BLOCK_D": block_d, **_edge_flags(inputs, block_h, block_d, MIN_DOT),
+                   "num_warps": schedule.num_warps}  # EDGE_DOT as in attention_forward
+    if schedule.one_light_launch and outgoing.light:
+        table, programs = _class_table(outgoing, light_rows, device)
+        attention_backward_src_light_classes_kernel[(programs,)](
+            graph.rev_dst, graph.rev_pos, graph.rev_eid, *outgoing.light_all, table, *src_tensors, grad_value,
+            grad_src, grad_s, heads, head_dim, edge_dim, *scalars,
+            **{f"ROWS_{width}": light_rows.get(width, 0) for width in LIGHT_CLASS_WIDTHS}, **light_flags,
         )
+    else:
+        for width, rows, starts, stops in outgoing.light:
+            per_program = light_rows[width]
+            attention_backward_src_light_kernel[(cdiv(rows.numel(), per_program),)](
+                graph.rev_dst, graph.rev_pos, graph.rev_eid, rows, starts, stops, *src_tensors, grad_value, grad_src,
+                grad_s, rows.numel(), heads, head_dim, edge_dim, *scalars, ROWS=per_program, BLOCK_E=width,
+                **light_flags,
+            )
     for rows, starts, stops, count, pieces in _row_launches(outgoing):
         if pieces:
             target_value = _new_output((count, heads, head_dim), acc, device)
