@@ -87,7 +87,8 @@ class ScheduleOptions:
     widest are not light, so fewer widths mean fewer launches per pass at the cost of masked
     edge slots; ``one_light_launch``: the light width classes of the forward and of the backward's
     source pass run in one launch each (a branch per class in one kernel) instead of one launch per
-    class (default False: not yet measured on the GPU).  The last five are tuning knobs for GPU experiments.
+    class (default False: measured slower on the GPU, ``gnn/light_launch``).  The last five are
+    tuning knobs for GPU experiments.
     """
 
     light_max_degree: int | None = None
