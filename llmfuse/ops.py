@@ -65,7 +65,7 @@ class DecodePlan:
     # (kernels/grid_barrier.py; compiled only): fewer polls of the one cache line of the counts
     # while the stage waited for streams its weights.  0: poll back to back.
     poll_sleep_ns: int = 0
-    pdl: bool = False  # per-layer kernels: programmatic dependent launch (kernels/launch_order.py; sm_90+)
+    pdl: bool = False  # per-layer kernels: programmatic dependent launch (fusecore/launch_order.py; sm_90+)
     # K chunk widths of the per-layer Q/K/V, output-projection, gate/up and down-projection launches
     # (0: block_k).  A batch-1 tile keeps two chunks in flight (kernels/matvec.py ``_one_row``); with
     # few tiles per SM (Q/K/V, W_o) the bytes in flight, not HBM, bound the launch, and wider chunks
@@ -74,9 +74,19 @@ class DecodePlan:
     block_k_o: int = 0
     block_k_gate_up: int = 0
     block_k_down: int = 0
+    # Warps per program of the per-layer launch of each instruction (0: num_warps).  At batch 8
+    # (16-row tensor-core tiles) the Q/K/V tiles are bound by their shared-memory traffic and
+    # registers, not HBM (ncu, H200: 13.8% of DRAM bandwidth, 77% of L1, 3 programs per SM), and
+    # fewer warps per program ran them faster while the weight-streaming launches ran slower.
+    warps_qkv: int = 0
+    warps_attention: int = 0
+    warps_o: int = 0
+    warps_gate_up: int = 0
+    warps_down: int = 0
+    warps_lm_head: int = 0
     # 128-byte lines of each of its weight rows (64 bf16 columns each; a power of two) a program
     # asks L2 for before it waits: for the previous kernel (per-layer path, with pdl) or for the
-    # tiles it depends on (dataflow schedule); kernels/launch_order.py.  Compiled only.
+    # tiles it depends on (dataflow schedule); fusecore/launch_order.py.  Compiled only.
     wait_prefetch: int = 0
     # Attention tiles ask L2 for the cache slots they read before they wait (for the previous kernel
     # with pdl, for their Q/K/V tiles in the fused launch and the dataflow schedule); compiled only.
@@ -90,6 +100,12 @@ class DecodePlan:
     # sums across threads once, after its K loop (kernels/matvec.py ``_one_row``); False: the
     # earlier tiles, which sum every chunk across threads as it arrives (two CTA barriers per chunk).
     row_prefetch: bool = True
+    # Tensor-core gate/up and LM-head tiles (square_sum_load) and Q/K/V tiles (square_sum_load_qkv),
+    # which fold the RMSNorm in, load each x chunk a second time for the sum of squares, so the load
+    # feeding the tensor cores has no other reader and gets a swizzled shared-memory buffer instead
+    # of one whose float32 reads conflict 8 ways (kernels/matvec.py ``_square_sums``).
+    square_sum_load: bool = False
+    square_sum_load_qkv: bool = False
     # K parts per Q/K/V pair block and per gate/up feature block (summed in order by the last
     # part to finish, which runs the epilogue: RoPE and cache append, SiLU · up)
     qkv_split: int = 1
@@ -123,14 +139,22 @@ class DecodePlan:
         """:meth:`launch_options` of the looped kernel, with its register cap when set."""
         return {**self.launch_options(), **({"maxnreg": self.maxnreg} if self.maxnreg else {})}
 
-    def layer_launch_options(self, prefetch_lines: int | None = None) -> dict[str, int | bool]:
-        """:meth:`launch_options` of a per-layer kernel, with programmatic dependent launch when set;
-        ``prefetch_lines``: the kernel's ``PREFETCH_LINES`` (lines it asks L2 for before its wait;
-        default :meth:`weight_prefetch_lines`)."""
+    def layer_launch_options(self, instruction: str, prefetch_lines: int | None = None) -> dict[str, int | bool]:
+        """:meth:`launch_options` of the per-layer kernel of ``instruction`` (its :meth:`warps`), with
+        programmatic dependent launch when set; ``prefetch_lines``: the kernel's ``PREFETCH_LINES``
+        (lines it asks L2 for before its wait; default :meth:`weight_prefetch_lines`)."""
         if prefetch_lines is None:
             prefetch_lines = self.weight_prefetch_lines()
-        return {**self.launch_options(), "USE_PDL": self.pdl, "PREFETCH_LINES": prefetch_lines,
-                **({"launch_pdl": True} if self.pdl else {})}
+        return {**self.launch_options(), "num_warps": self.warps(instruction), "USE_PDL": self.pdl,
+                "PREFETCH_LINES": prefetch_lines, **({"launch_pdl": True} if self.pdl else {})}
+
+    def warps(self, instruction: str) -> int:
+        """Warps per program of the per-layer launch of ``instruction`` ("qkv", "attention", "o_proj",
+        "gate_up", "down", "lm_head"; others, such as the fused "qkv_attention": num_warps)."""
+        override = {"qkv": self.warps_qkv, "attention": self.warps_attention, "o_proj": self.warps_o,
+                    "gate_up": self.warps_gate_up, "down": self.warps_down,
+                    "lm_head": self.warps_lm_head}.get(instruction, 0)
+        return override or self.num_warps
 
     def k_chunk(self, instruction: str) -> int:
         """BLOCK_K of the per-layer launch of ``instruction`` ("qkv", "o_proj", "gate_up", "down"; others:
@@ -205,6 +229,13 @@ def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, 
         # activations from L2 per 64·K weights from HBM (16-row tiles re-read the activations
         # 4x as often: 2.5x slower at batch 64); K split below keeps >= 1 tile per SM.
         block_k, block_n, block_p, block_v, block_s = (128 if block_b <= 16 else 64), 64, 16, 128, 64
+        if block_b == 16:
+            # Q/K/V tiles of 2 · 32 rows (Llama-3.2-1B: 48 pair blocks, in 4 K parts 192 programs of 512
+            # columns, one wave at 184 registers) instead of 2 · 16: each program's x chunk meets twice
+            # the weight rows (H200 plan_sweep, session 5 round 2, batch 8, ms per step: 1.211 against
+            # 1.306 in 8 K parts; with the gate/up and LM-head x chunks loaded twice, 4 K parts 1.132
+            # against 8 parts 1.186, 16 parts 1.222).
+            block_p = min(32, max(16, next_power_of_2(cfg.head_dim // 2)))
     else:
         block_k = min(128, max(16, next_power_of_2(cfg.hidden_size)))
         block_n, block_v, block_s = 64, 128, 32
@@ -263,6 +294,11 @@ def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, 
     # (its chunks unchanged) 4.378 -> 4.327.  Gate/up the other way: 128-column chunks need 63
     # registers, so 8 programs of 4 warps fit an SM and 1B's 1024 gate/up tiles run in one wave
     # instead of two (256 columns: 117 registers, 4 per SM): 1B 0.8676 -> 0.8473 ms.
+    # 16-row tensor-core tiles (batches 3..16): the gate/up and LM-head tiles load each x chunk
+    # twice, once for the tensor cores and once for the sum of squares (H200, batch 8, ms per 16
+    # layers: gate/up 0.354 against 0.383, LM head 0.131 against 0.151; whole step 1.186 against
+    # 1.208), the Q/K/V tiles once (0.191 against 0.211); 64-row tiles (batch 64) once (2.009
+    # against 2.170 ms per step).
     tiles = plan.tiles(cfg)
     one_row = compiled and batch == 1
     wide_qkv = one_row and tiles["qkv"] + tiles["attention"] <= 2 * sms
@@ -275,7 +311,8 @@ def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, 
                          "poll_sleep_ns": 1024 if one_row else 0,
                          "block_k_qkv": 512 if wide_qkv else 0, "block_k_o": 1024 if wide_o else 0,
                          "block_k_gate_up": 128 if narrow_gate_up else 0,
-                         "pdl": one_row, "attn_prefetch": one_row})
+                         "pdl": one_row, "attn_prefetch": one_row,
+                         "square_sum_load": plan.block_b == 16})
     for option in ("acquire_loads", "pdl", "poll_sleep_ns", "wait_prefetch", "attn_prefetch"):
         if tuning.get(option) and not compiled:
             raise ValueError(f"{option}={tuning[option]!r} needs the compiled kernels on a CUDA device (sm_90+)")
@@ -295,7 +332,8 @@ def _tuned(plan: DecodePlan, tuning: dict[str, int]) -> DecodePlan:
             raise ValueError(f"tuning field {name} must be an int >= 0, got {value!r}")
     plan = replace(plan, **tuning)
     blocks = ("block_p", "block_n", "block_k", "block_v", "block_s")
-    optional = ("wait_prefetch", "block_k_qkv", "block_k_o", "block_k_gate_up", "block_k_down")  # 0: off / block_k
+    optional = ("wait_prefetch", "block_k_qkv", "block_k_o", "block_k_gate_up", "block_k_down",  # 0: off / block_k
+                "warps_qkv", "warps_attention", "warps_o", "warps_gate_up", "warps_down", "warps_lm_head")
     if any(getattr(plan, b) & (getattr(plan, b) - 1) or getattr(plan, b) < 1
            for b in ("block_b", "merge_splits", *blocks)) or any(getattr(plan, b) & (getattr(plan, b) - 1)
                                                                  for b in optional):
@@ -414,7 +452,8 @@ def qkv_rope(w: LlamaWeights, cfg: LlamaConfig, layer: int, cache: KVCache, buf:
         plan.max_slots, cfg.rms_norm_eps,
         HAS_BIAS=w.bqkv is not None, BLOCK_B=plan.block_b, BLOCK_P=plan.block_p, BLOCK_K=plan.k_chunk("qkv"),
         DOT_PREC=plan.dot_prec, ROW_PREFETCH=plan.row_prefetch, QKV_SPLIT=plan.qkv_split,
-        **plan.layer_launch_options(),
+        SQ_LOAD=plan.square_sum_load_qkv,
+        **plan.layer_launch_options("qkv"),
     )
 
 
@@ -426,7 +465,8 @@ def decode_attention(cfg: LlamaConfig, layer: int, cache: KVCache, buf: DecodeBu
         plan.n_splits, plan.split_len, 1.0 / math.sqrt(cfg.head_dim),
         BLOCK_G=plan.block_g, BLOCK_S=plan.block_s, BLOCK_D=plan.block_d, BLOCK_M=plan.block_m,
         MERGE_SPLITS=plan.merge_splits,
-        DOT_PREC=plan.dot_prec, **plan.layer_launch_options(plan.attention_prefetch_lines(cfg, cache.k.element_size())),
+        DOT_PREC=plan.dot_prec, **plan.layer_launch_options(
+            "attention", plan.attention_prefetch_lines(cfg, cache.k.element_size())),
     )
 
 
@@ -446,9 +486,10 @@ def qkv_attention(w: LlamaWeights, cfg: LlamaConfig, layer: int, cache: KVCache,
         BLOCK_G=plan.block_g, BLOCK_S=plan.block_s, BLOCK_D=plan.block_d, BLOCK_M=plan.block_m,
         MERGE_SPLITS=plan.merge_splits,
         DOT_PREC=plan.dot_prec, ROW_PREFETCH=plan.row_prefetch, QKV_SPLIT=plan.qkv_split,
+        SQ_LOAD=plan.square_sum_load_qkv,
         ACQUIRE_LOADS=plan.acquire_loads,
         ATTN_PREFETCH_LINES=plan.attention_prefetch_lines(cfg, cache.k.element_size()),
-        **plan.layer_launch_options(),
+        **plan.layer_launch_options("qkv_attention"),
     )
 
 
@@ -458,7 +499,7 @@ def o_proj(w: LlamaWeights, cfg: LlamaConfig, layer: int, buf: DecodeBuffers, pl
         layer, buf.attn, w.wo, buf.x, buf.proj_part, buf.proj_sem, plan.batch, cfg.hidden_size,
         cfg.num_attention_heads * cfg.head_dim,
         plan.o_split, BLOCK_B=plan.block_b, BLOCK_N=plan.block_n, BLOCK_K=plan.k_chunk("o_proj"),
-        DOT_PREC=plan.dot_prec, ROW_PREFETCH=plan.row_prefetch, **plan.layer_launch_options(),
+        DOT_PREC=plan.dot_prec, ROW_PREFETCH=plan.row_prefetch, **plan.layer_launch_options("o_proj"),
     )
 
 
@@ -468,8 +509,8 @@ def gate_up(w: LlamaWeights, cfg: LlamaConfig, layer: int, buf: DecodeBuffers, p
         layer, buf.x, w.mlp_norm, w.w_gate_up, buf.h, buf.pair_part, buf.pair_sq, buf.pair_sem, plan.batch,
         cfg.hidden_size, cfg.intermediate_size, cfg.rms_norm_eps,
         BLOCK_B=plan.block_b, BLOCK_N=plan.block_n, BLOCK_K=plan.k_chunk("gate_up"),
-        DOT_PREC=plan.dot_prec, ROW_PREFETCH=plan.row_prefetch, MLP_SPLIT=plan.mlp_split,
-        **plan.layer_launch_options(),
+        DOT_PREC=plan.dot_prec, ROW_PREFETCH=plan.row_prefetch, SQ_LOAD=plan.square_sum_load, MLP_SPLIT=plan.mlp_split,
+        **plan.layer_launch_options("gate_up"),
     )
 
 
@@ -479,7 +520,7 @@ def down_proj(w: LlamaWeights, cfg: LlamaConfig, layer: int, buf: DecodeBuffers,
         layer, buf.h, w.w_down, buf.x, buf.proj_part, buf.proj_sem, plan.batch, cfg.hidden_size,
         cfg.intermediate_size, plan.split_k,
         BLOCK_B=plan.block_b, BLOCK_N=plan.block_n, BLOCK_K=plan.k_chunk("down"),
-        DOT_PREC=plan.dot_prec, ROW_PREFETCH=plan.row_prefetch, **plan.layer_launch_options(),
+        DOT_PREC=plan.dot_prec, ROW_PREFETCH=plan.row_prefetch, **plan.layer_launch_options("down"),
     )
 
 
@@ -492,7 +533,8 @@ def lm_head(w: LlamaWeights, cfg: LlamaConfig, buf: DecodeBuffers, plan: DecodeP
         buf.x, w.final_norm, w.lm_head, buf.logits, buf.best, buf.best_idx, buf.seed, buf.inv_temperature, buf.slot,
         plan.batch, cfg.hidden_size, cfg.vocab_size, tiles, cfg.rms_norm_eps,
         WRITE_LOGITS=write_logits, SAMPLE=sample, BLOCK_B=plan.block_b, BLOCK_N=plan.block_v, BLOCK_K=plan.block_k,
-        DOT_PREC=plan.dot_prec, ROW_PREFETCH=plan.row_prefetch, **plan.layer_launch_options(),
+        DOT_PREC=plan.dot_prec, ROW_PREFETCH=plan.row_prefetch, SQ_LOAD=plan.square_sum_load,
+        **plan.layer_launch_options("lm_head"),
     )
 
 
@@ -586,6 +628,7 @@ def looped_decode(w: LlamaWeights, cfg: LlamaConfig, cache: KVCache, buf: Decode
         BLOCK_N=plan.block_n, BLOCK_K=plan.block_k, BLOCK_G=plan.block_g, BLOCK_S=plan.block_s, BLOCK_M=plan.block_m,
         MERGE_SPLITS=plan.merge_splits,
         BLOCK_D=plan.block_d, BLOCK_V=plan.block_v, DOT_PREC=plan.dot_prec, ROW_PREFETCH=plan.row_prefetch,
+        SQ_LOAD=plan.square_sum_load, SQ_LOAD_QKV=plan.square_sum_load_qkv,
         QKV_SPLIT=plan.qkv_split, MLP_SPLIT=plan.mlp_split, ACQUIRE_LOADS=plan.acquire_loads,
         POLL_SLEEP=plan.poll_sleep_ns, PREFETCH=plan.prefetch, PREFETCH_BLOCK=plan.prefetch_block,
         DATAFLOW=plan.dataflow, WAIT_PREFETCH=plan.wait_prefetch if plan.dataflow else 0,

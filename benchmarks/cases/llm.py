@@ -308,13 +308,29 @@ def _looped_prefixes(ctx: Context, cfg: LlamaConfig, w: LlamaWeights, cache: ref
 # 0.8473 (now the default where its tiles fit one wave), of 64 1.083; looped 1.240, without the
 # attention prefetch 1.239.  Llama-3.1-8B batch 1: default (PDL, slots prefetched) 4.327, session 4's
 # 4.378.
-# Next: the final batch-1 defaults against session 4's, and three more candidates.
-OLD_BATCH1 = {"block_k_qkv": 0, "block_k_o": 0, "block_k_gate_up": 0, "pdl": False, "attn_prefetch": False}
+# Fifth call: batch 1 with the final defaults 0.8515 against session 4's 0.9371 (llmfuse/README.md).
+# Session 5, round 2 (batch 8; ncu of the per-layer step: the Q/K/V launch at 13.8% of the DRAM
+# bandwidth and 77% of L1, half its shared-memory wavefronts excessive: the pipelined float32 x
+# chunk read unswizzled by the tensor-core operand).  First call: batch 8 default 1.306; 9 attention
+# splits 1.313, 3 splits 1.301; 2 warps per program everywhere 1.310 (Q/K/V 0.231 against 0.290 ms
+# per 16 layers, the weight-streaming launches slower); Q/K/V tiles of 2 · 32 rows in 8 K parts
+# 1.211; 2 · 16 rows in 8 parts of one 256-column chunk 1.459.  Second call (2 · 32-row Q/K/V tiles
+# in 8 parts, every x chunk loaded twice: 1.186): the session-5 default 1.304; x chunks loaded once
+# 1.208; Q/K/V in 2 warps 1.152, in 4 K parts 1.132, in 16 1.222; attention in 2 warps 1.178, LM
+# head 1.193; looped 1.254; batch 64 2.170 against 2.009 with x chunks loaded once; Llama-3.1-8B
+# batch 8 5.145 against 6.511.
+# Next: the combination (Q/K/V in 4 K parts, its x chunks loaded once) against the second call's
+# default and the session-5 default, and the candidates on top of it (W_o in 4 or 16 K parts, Q/K/V
+# and attention in one launch).
+OLD_BATCH8 = {"block_p": 16, "qkv_split": 4, "square_sum_load": False}
+CALL2_BATCH8 = {"qkv_split": 8, "square_sum_load_qkv": True}
 PLAN_SWEEP: list[tuple[int, bool, dict[str, int]]] = [
-    (1, False, OLD_BATCH1), (1, False, {"wait_prefetch": 4}), (1, False, {"block_k_down": 128}),
-    (1, False, {"block_k_o": 512}),
+    (8, False, CALL2_BATCH8), (8, False, OLD_BATCH8), (8, False, {"square_sum_load_qkv": True}),
+    (8, False, {"warps_qkv": 2}), (8, False, {"warps_attention": 2}), (8, False, {"qkv_split": 2}),
+    (8, False, {"fuse_attention": True, "attn_prefetch": True}), (8, False, {"o_split": 4}),
+    (8, False, {"o_split": 16}), (8, True, {}),
 ]
-PLAN_SWEEP_8B: list[tuple[int, bool, dict[str, int]]] = [(1, False, OLD_BATCH1)]
+PLAN_SWEEP_8B: list[tuple[int, bool, dict[str, int]]] = [(8, False, OLD_BATCH8), (8, False, CALL2_BATCH8)]
 QUICK_PLAN_SWEEP = [(1, False, {"row_prefetch": False}), (3, False, {"block_b": 4}),
                     (3, False, {"fuse_attention": True}), (3, True, {}), (1, True, {"dataflow": True})]
 

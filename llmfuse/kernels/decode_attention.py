@@ -26,9 +26,9 @@ Bytes: 2 · B · Hkv · (t + 1) · D cache elements, plus q, the partials and at
 import triton.language as tl
 
 from fusecore.backend import jit
+from fusecore.launch_order import after_previous_kernel, prefetch_rows
 from fusecore.softmax import online_rescale
 
-from .launch_order import after_previous_kernel, prefetch_rows
 from .matvec import mma
 
 
@@ -50,7 +50,7 @@ def attention_span(tile, layer, kv_start_ptr, slot_ptr, B, HKV, S, n_splits, spl
 def attention_prefetch(tile, layer, k_cache_ptr, v_cache_ptr, kv_start_ptr, slot_ptr, B, HKV, D, S, n_splits,
                        split_len, PREFETCH_LINES: tl.constexpr):
     """Ask L2 for tile ``tile``'s K and V slots (contiguous [hi − lo, D] blocks), at most ``PREFETCH_LINES``
-    lines of each (launch_order.py).  The slot and first valid slot are set before a step starts, and
+    lines of each (fusecore/launch_order.py).  The slot and first valid slot are set before a step starts, and
     a prefetch only moves lines into L2, which is coherent: a line the Q/K/V tiles write later is not
     read stale."""
     if PREFETCH_LINES > 0:

@@ -14,8 +14,8 @@ Bytes: 2 I H weight elements once, x from L2, h written (B I elements, weight dt
 import triton.language as tl
 
 from fusecore.backend import jit
+from fusecore.launch_order import after_previous_kernel, prefetch_rows
 
-from .launch_order import after_previous_kernel, prefetch_rows
 from .matvec import k_range, rows_dot_pair_split
 
 
@@ -31,7 +31,7 @@ def gate_up_span(tile, layer, w_ptr, H, I, BLOCK_N: tl.constexpr, MLP_SPLIT: tl.
 @jit
 def gate_up_prefetch(tile, layer, w_ptr, H, I, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MLP_SPLIT: tl.constexpr,
                      PREFETCH_LINES: tl.constexpr):
-    """Ask L2 for the first ``PREFETCH_LINES`` lines of tile ``tile``'s gate and up rows (launch_order.py)."""
+    """Ask L2 for the first ``PREFETCH_LINES`` lines of tile ``tile``'s gate and up rows (fusecore/launch_order.py)."""
     n, nmask, w_layer = gate_up_span(tile, layer, w_ptr, H, I, BLOCK_N, MLP_SPLIT)
     k_start, k_stop = k_range(tile % MLP_SPLIT, H, MLP_SPLIT, BLOCK_K)
     prefetch_rows(w_layer + n.to(tl.int64) * H, nmask, k_start, k_stop, PREFETCH_LINES)
@@ -42,14 +42,14 @@ def gate_up_prefetch(tile, layer, w_ptr, H, I, BLOCK_N: tl.constexpr, BLOCK_K: t
 def gate_up_tile(
     tile, layer, x_ptr, norm_ptr, w_ptr, h_ptr, part_ptr, sq_ptr, sem_ptr, B, H, I, eps,
     BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr,
-    ROW_PREFETCH: tl.constexpr, MLP_SPLIT: tl.constexpr,
+    ROW_PREFETCH: tl.constexpr, MLP_SPLIT: tl.constexpr, SQ_LOAD: tl.constexpr,
 ):
     block = tile // MLP_SPLIT
     n, nmask, w_layer = gate_up_span(tile, layer, w_ptr, H, I, BLOCK_N, MLP_SPLIT)
     g_layer = norm_ptr + (tl.full([], 0, tl.int64) + layer) * H
     last, gate, up = rows_dot_pair_split(x_ptr, B, H, eps, g_layer, w_layer, n, n + I, nmask, tile % MLP_SPLIT,
                                          2 * I, block, part_ptr, sq_ptr, sem_ptr, MLP_SPLIT, BLOCK_B, BLOCK_N,
-                                         BLOCK_K, DOT_PREC, ROW_PREFETCH)
+                                         BLOCK_K, DOT_PREC, ROW_PREFETCH, SQ_LOAD)
     if last:
         h = gate / (1.0 + tl.exp(-gate)) * up
         b = tl.arange(0, BLOCK_B)
@@ -62,10 +62,11 @@ def gate_up_tile(
 def gate_up_kernel(
     layer, x_ptr, norm_ptr, w_ptr, h_ptr, part_ptr, sq_ptr, sem_ptr, B, H, I, eps,
     BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr,
-    ROW_PREFETCH: tl.constexpr, MLP_SPLIT: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr,
+    ROW_PREFETCH: tl.constexpr, MLP_SPLIT: tl.constexpr, SQ_LOAD: tl.constexpr,
+    USE_PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr,
 ):
     if USE_PDL:
         gate_up_prefetch(tl.program_id(0), layer, w_ptr, H, I, BLOCK_N, BLOCK_K, MLP_SPLIT, PREFETCH_LINES)
     after_previous_kernel(USE_PDL)
     gate_up_tile(tl.program_id(0), layer, x_ptr, norm_ptr, w_ptr, h_ptr, part_ptr, sq_ptr, sem_ptr, B, H, I, eps,
-                 BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC, ROW_PREFETCH, MLP_SPLIT)
+                 BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC, ROW_PREFETCH, MLP_SPLIT, SQ_LOAD)

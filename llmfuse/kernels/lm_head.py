@@ -22,15 +22,15 @@ Bytes: V H weight elements once, x from L2, winners B·tiles·8.
 import triton.language as tl
 
 from fusecore.backend import jit
+from fusecore.launch_order import after_previous_kernel, prefetch_rows
 from fusecore.rng import philox_words, word_to_open_uniform
 
-from .launch_order import after_previous_kernel, prefetch_rows
 from .matvec import rows_dot
 
 
 @jit
 def lm_head_prefetch(tile, w_ptr, H, V, BLOCK_N: tl.constexpr, PREFETCH_LINES: tl.constexpr):
-    """Ask L2 for the first ``PREFETCH_LINES`` lines of tile ``tile``'s vocabulary rows (launch_order.py)."""
+    """Ask L2 for the first ``PREFETCH_LINES`` lines of tile ``tile``'s vocabulary rows (fusecore/launch_order.py)."""
     n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     prefetch_rows(w_ptr + n.to(tl.int64) * H, n < V, 0, H, PREFETCH_LINES)
 
@@ -40,12 +40,12 @@ def lm_head_tile(
     tile, x_ptr, norm_ptr, w_ptr, logits_ptr, best_ptr, best_idx_ptr, seed_ptr, inv_temp_ptr, slot_ptr,
     B, H, V, n_tiles, eps,
     WRITE_LOGITS: tl.constexpr, SAMPLE: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr, ROW_PREFETCH: tl.constexpr,
+    BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr, ROW_PREFETCH: tl.constexpr, SQ_LOAD: tl.constexpr,
 ):
     n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = n < V
     logits = rows_dot(x_ptr, B, H, eps, norm_ptr, w_ptr, n, nmask, 0, H, True, BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC,
-                      ROW_PREFETCH)
+                      ROW_PREFETCH, SQ_LOAD)
     b = tl.arange(0, BLOCK_B)
     bmask = b < B
     if WRITE_LOGITS:
@@ -69,7 +69,8 @@ def lm_head_kernel(
     x_ptr, norm_ptr, w_ptr, logits_ptr, best_ptr, best_idx_ptr, seed_ptr, inv_temp_ptr, slot_ptr,
     B, H, V, n_tiles, eps,
     WRITE_LOGITS: tl.constexpr, SAMPLE: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr, ROW_PREFETCH: tl.constexpr, USE_PDL: tl.constexpr,
+    BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr, ROW_PREFETCH: tl.constexpr, SQ_LOAD: tl.constexpr,
+    USE_PDL: tl.constexpr,
     PREFETCH_LINES: tl.constexpr,
 ):
     if USE_PDL:
@@ -77,4 +78,4 @@ def lm_head_kernel(
     after_previous_kernel(USE_PDL)
     lm_head_tile(tl.program_id(0), x_ptr, norm_ptr, w_ptr, logits_ptr, best_ptr, best_idx_ptr, seed_ptr,
                  inv_temp_ptr, slot_ptr, B, H, V, n_tiles, eps, WRITE_LOGITS, SAMPLE, BLOCK_B, BLOCK_N, BLOCK_K,
-                 DOT_PREC, ROW_PREFETCH)
+                 DOT_PREC, ROW_PREFETCH, SQ_LOAD)

@@ -61,7 +61,7 @@ as its inputs are complete, with no kernel boundary (launch latency, drain) in b
 Under the interpreter programs run in index order and every wait ends at once; stages
 ``>= stop_stage`` are skipped here too.  Weights and old cache slots depend on no tile, so a
 program first asks L2 for the first ``WAIT_PREFETCH`` lines of each of its weight rows (an
-attention tile: ``ATTN_PREFETCH`` lines of its K and V slots; :mod:`.launch_order`) and only
+attention tile: ``ATTN_PREFETCH`` lines of its K and V slots; :mod:`fusecore.launch_order`) and only
 then waits: the next stage's weights stream while the current one finishes (compiled only).
 
 Bytes: the sum of the six instructions' bytes over all layers — the whole model once.
@@ -116,7 +116,8 @@ def looped_decode_kernel(
     BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, MERGE_SPLITS: tl.constexpr, BLOCK_V: tl.constexpr,
     DOT_PREC: tl.constexpr, ROW_PREFETCH: tl.constexpr, QKV_SPLIT: tl.constexpr, MLP_SPLIT: tl.constexpr,
     PREFETCH: tl.constexpr, PREFETCH_BLOCK: tl.constexpr, ACQUIRE_LOADS: tl.constexpr, POLL_SLEEP: tl.constexpr,
-    DATAFLOW: tl.constexpr, WAIT_PREFETCH: tl.constexpr, ATTN_PREFETCH: tl.constexpr,
+    DATAFLOW: tl.constexpr, WAIT_PREFETCH: tl.constexpr, ATTN_PREFETCH: tl.constexpr, SQ_LOAD: tl.constexpr,
+    SQ_LOAD_QKV: tl.constexpr,
 ):
     pid = tl.program_id(0)
     qkv_tiles = (HQ + 2 * HKV) * tl.cdiv(D // 2, BLOCK_P) * QKV_SPLIT
@@ -141,7 +142,7 @@ def looped_decode_kernel(
                 wait_for(done + 3, L * down_tiles, max_polls, timeout_ptr, ACQUIRE_LOADS, POLL_SLEEP)
                 lm_head_tile(pid - L * per_layer, x_ptr, final_norm_ptr, head_ptr, logits_ptr, best_ptr, best_idx_ptr,
                              seed_ptr, inv_temp_ptr, slot_ptr, B, H, V, n_vocab_tiles, eps, WRITE_LOGITS, SAMPLE,
-                             BLOCK_B, BLOCK_V, BLOCK_K, DOT_PREC, ROW_PREFETCH)
+                             BLOCK_B, BLOCK_V, BLOCK_K, DOT_PREC, ROW_PREFETCH, SQ_LOAD)
         elif tile < qkv_tiles:
             if stage < stop_stage:
                 qkv_prefetch(tile, layer, wqkv_ptr, H, HQ, HKV, D, BLOCK_P, BLOCK_K, QKV_SPLIT, WAIT_PREFETCH)
@@ -149,7 +150,7 @@ def looped_decode_kernel(
                 qkv_rope_tile(tile, layer, x_ptr, attn_norm_ptr, wqkv_ptr, bqkv_ptr, inv_freq_ptr, kv_start_ptr,
                               slot_ptr, q_ptr, k_cache_ptr, v_cache_ptr, pair_part_ptr, pair_sq_ptr, pair_sem_ptr,
                               B, H, HQ, HKV, D, S, eps, HAS_BIAS, BLOCK_B, BLOCK_P, BLOCK_K, DOT_PREC, ROW_PREFETCH,
-                              QKV_SPLIT)
+                              QKV_SPLIT, SQ_LOAD_QKV)
                 signal_qkv_group(tile, group_count, HQ, HKV, D, BLOCK_P, QKV_SPLIT)
         elif tile < qkv_tiles + attn_tiles:
             if stage + 1 < stop_stage:
@@ -180,7 +181,7 @@ def looped_decode_kernel(
                 gate_up_tile(tile - qkv_tiles - attn_tiles - o_tiles, layer, x_ptr, mlp_norm_ptr, w_gate_up_ptr, h_ptr,
                              pair_part_ptr, pair_sq_ptr, pair_sem_ptr, B, H, I, eps, BLOCK_B, BLOCK_N, BLOCK_K,
                              DOT_PREC,
-                             ROW_PREFETCH, MLP_SPLIT)
+                             ROW_PREFETCH, MLP_SPLIT, SQ_LOAD)
                 signal(done + 2)
         else:
             if stage + 4 < stop_stage:
@@ -202,7 +203,7 @@ def looped_decode_kernel(
                     qkv_rope_tile(tile, layer, x_ptr, attn_norm_ptr, wqkv_ptr, bqkv_ptr, inv_freq_ptr, kv_start_ptr,
                                   slot_ptr, q_ptr, k_cache_ptr, v_cache_ptr, pair_part_ptr, pair_sq_ptr, pair_sem_ptr,
                                   B, H, HQ, HKV, D, S, eps, HAS_BIAS, BLOCK_B, BLOCK_P, BLOCK_K, DOT_PREC, ROW_PREFETCH,
-                                  QKV_SPLIT)
+                                  QKV_SPLIT, SQ_LOAD_QKV)
                     # no grid barrier after this stage: each tile signals its KV head's group
                     signal_qkv_group(tile, counter_ptr + 1, HQ, HKV, D, BLOCK_P, QKV_SPLIT)
             if stage + 1 < stop_stage:
@@ -226,7 +227,7 @@ def looped_decode_kernel(
                 for tile in range(pid, mlp_tiles, nprog):
                     gate_up_tile(tile, layer, x_ptr, mlp_norm_ptr, w_gate_up_ptr, h_ptr, pair_part_ptr, pair_sq_ptr,
                                  pair_sem_ptr, B, H, I, eps, BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC, ROW_PREFETCH,
-                                 MLP_SPLIT)
+                                 MLP_SPLIT, SQ_LOAD)
                 sink = _barrier(counter_ptr, layer * 4 + 2, pid, nprog, sink, w_down_ptr + layer64 * down_size,
                                 down_size, 0, max_polls, timeout_ptr, PREFETCH, PREFETCH_BLOCK,
                                 ACQUIRE_LOADS, POLL_SLEEP)
@@ -246,6 +247,6 @@ def looped_decode_kernel(
                 lm_head_tile(tile, x_ptr, final_norm_ptr, head_ptr, logits_ptr, best_ptr, best_idx_ptr, seed_ptr,
                              inv_temp_ptr, slot_ptr, B, H, V, n_vocab_tiles, eps, WRITE_LOGITS, SAMPLE, BLOCK_B,
                              BLOCK_V,
-                             BLOCK_K, DOT_PREC, ROW_PREFETCH)
+                             BLOCK_K, DOT_PREC, ROW_PREFETCH, SQ_LOAD)
         if stop_stage < 0:  # never true: keeps the prefetch loads from being optimized away
             tl.store(timeout_ptr + 1, sink.to(tl.int32))

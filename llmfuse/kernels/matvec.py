@@ -97,6 +97,29 @@ def _accumulate(acc, xg, wv, BLOCK_B: tl.constexpr, DOT_PREC: tl.constexpr):
 
 
 @jit
+def _square_sums(sumsq, xv, x_ptr, B, K, k0, k_stop, SQ_LOAD: tl.constexpr, BLOCK_B: tl.constexpr,
+                 BLOCK_K: tl.constexpr):
+    """``sumsq`` [BLOCK_B] plus Σ x² over the chunk ``xv`` = x[:, k0 : k0 + BLOCK_K] (tensor-core tiles).
+
+    With SQ_LOAD the chunk is loaded a second time for this sum, as one flat vector (a load of
+    its own, from L2: every program reads x), so the load that feeds the tensor cores has the
+    product as its only reader.  With both readers on one load, Triton keeps that load's
+    pipelined shared-memory buffer unswizzled, and the float32 dot-operand reads from it
+    conflict 8 ways (ncu, H200, batch 8: 50% of the Q/K/V launch's shared-memory wavefronts
+    excessive)."""
+    if SQ_LOAD and (BLOCK_B > 1):  # a single row is no tensor-core operand
+        i = tl.arange(0, BLOCK_B * BLOCK_K)
+        row = i // BLOCK_K
+        col = k0 + i % BLOCK_K
+        xs = tl.load(x_ptr + row * K + col, mask=(row < B) & (col < k_stop), other=0.0,
+                     cache_modifier=".cg").to(tl.float32)
+        sumsq += tl.sum(tl.reshape(xs * xs, [BLOCK_B, BLOCK_K]), axis=1)
+    else:
+        sumsq += tl.sum(xv * xv, axis=1)
+    return sumsq
+
+
+@jit
 def _one_row_chunk(x_ptr, g_ptr, w_a, w_b, row_mask, k0, k_stop, HAS_NORM: tl.constexpr, PAIR: tl.constexpr,
                    BLOCK_K: tl.constexpr):
     """Chunk [k0, k0 + BLOCK_K) ∩ [.., k_stop) of one x row (float32), of g (ones without HAS_NORM) and of
@@ -143,7 +166,7 @@ def _one_row(x_ptr, g_ptr, w_a, w_b, row_mask, k_start, k_stop, HAS_NORM: tl.con
 def rows_dot(
     x_ptr, B, K, eps, g_ptr, w_ptr, rows, row_mask, k_start, k_stop,
     HAS_NORM: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    DOT_PREC: tl.constexpr, ROW_PREFETCH: tl.constexpr,
+    DOT_PREC: tl.constexpr, ROW_PREFETCH: tl.constexpr, SQ_LOAD: tl.constexpr,
 ):
     """[BLOCK_B, BLOCK_N] float32 x̂ · W[rows]ᵀ over columns [k_start, k_stop) of K (see the module
     docstring); a part of K (split-K) only without HAS_NORM, whose scale needs all of x."""
@@ -169,7 +192,7 @@ def rows_dot(
                 wv = tl.load(w_rows + k[None, :], mask=row_mask[:, None] & kmask[None, :], other=0.0,
                              eviction_policy="evict_first")
                 acc = _accumulate(acc, xg, wv, BLOCK_B, DOT_PREC)
-                sumsq += tl.sum(xv * xv, axis=1)
+                sumsq = _square_sums(sumsq, xv, x_ptr, B, K, k0, k_stop, SQ_LOAD, BLOCK_B, BLOCK_K)
             g = g_next
     if HAS_NORM:
         acc = acc * rms_scale(sumsq, K, eps)
@@ -186,7 +209,7 @@ def rms_scale(sumsq, K, eps):
 def rows_dot_pair_sums(
     x_ptr, B, K, g_ptr, w_ptr, rows_a, rows_b, row_mask, k_start, k_stop,
     HAS_NORM: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    DOT_PREC: tl.constexpr, ROW_PREFETCH: tl.constexpr,
+    DOT_PREC: tl.constexpr, ROW_PREFETCH: tl.constexpr, SQ_LOAD: tl.constexpr,
 ):
     """(Σ x g W[rows_a]ᵀ, Σ x g W[rows_b]ᵀ, Σ x²) over columns [k_start, k_stop), not yet scaled by the
     RMS: [BLOCK_B, BLOCK_N], [BLOCK_B, BLOCK_N] and [BLOCK_B] float32, in one pass over x."""
@@ -216,7 +239,7 @@ def rows_dot_pair_sums(
                 wb = tl.load(w_b + k[None, :], mask=wmask, other=0.0, eviction_policy="evict_first")
                 acc_a = _accumulate(acc_a, xg, wa, BLOCK_B, DOT_PREC)
                 acc_b = _accumulate(acc_b, xg, wb, BLOCK_B, DOT_PREC)
-                sumsq += tl.sum(xv * xv, axis=1)
+                sumsq = _square_sums(sumsq, xv, x_ptr, B, K, k0, k_stop, SQ_LOAD, BLOCK_B, BLOCK_K)
             g = g_next
     return acc_a, acc_b, sumsq
 
@@ -233,7 +256,7 @@ def k_range(k_part, K, parts, BLOCK_K: tl.constexpr):
 def rows_dot_pair_split(
     x_ptr, B, K, eps, g_ptr, w_ptr, rows_a, rows_b, row_mask, k_part, n_rows, block, part_ptr, sq_ptr, sem_ptr,
     SPLIT: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    DOT_PREC: tl.constexpr, ROW_PREFETCH: tl.constexpr,
+    DOT_PREC: tl.constexpr, ROW_PREFETCH: tl.constexpr, SQ_LOAD: tl.constexpr,
 ):
     """:func:`rows_dot_pair` computed by ``SPLIT`` programs, each over K part ``k_part`` of row block ``block``.
 
@@ -245,7 +268,7 @@ def rows_dot_pair_split(
     their fixed order — deterministic, and no program waits — and scales by the RMS."""
     k_start, k_stop = k_range(k_part, K, SPLIT, BLOCK_K)
     acc_a, acc_b, sumsq = rows_dot_pair_sums(x_ptr, B, K, g_ptr, w_ptr, rows_a, rows_b, row_mask, k_start, k_stop,
-                                             True, BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC, ROW_PREFETCH)
+                                             True, BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC, ROW_PREFETCH, SQ_LOAD)
     last = True
     if SPLIT > 1:
         b = tl.arange(0, BLOCK_B)

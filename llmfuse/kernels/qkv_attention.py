@@ -22,10 +22,10 @@ Bytes: those of the two instructions; the counts are (1 + Hkv) int32.
 import triton.language as tl
 
 from fusecore.backend import jit
+from fusecore.launch_order import after_previous_kernel
 
 from .decode_attention import attention_prefetch, decode_attention_tile
 from .grid_barrier import signal, wait_for
-from .launch_order import after_previous_kernel
 from .qkv_rope import qkv_prefetch, qkv_rope_tile
 
 
@@ -58,7 +58,7 @@ def qkv_attention_kernel(
     HAS_BIAS: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     MERGE_SPLITS: tl.constexpr, DOT_PREC: tl.constexpr, ROW_PREFETCH: tl.constexpr, QKV_SPLIT: tl.constexpr,
-    ACQUIRE_LOADS: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr,
+    SQ_LOAD: tl.constexpr, ACQUIRE_LOADS: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr,
     ATTN_PREFETCH_LINES: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -76,7 +76,7 @@ def qkv_attention_kernel(
         qkv_rope_tile(pid, layer, x_ptr, norm_ptr, w_ptr, bias_ptr, inv_freq_ptr, kv_start_ptr, slot_ptr,
                       q_ptr, k_cache_ptr, v_cache_ptr, pair_part_ptr, pair_sq_ptr, pair_sem_ptr,
                       B, H, HQ, HKV, D, S, eps, HAS_BIAS, BLOCK_B, BLOCK_P, BLOCK_K, DOT_PREC, ROW_PREFETCH,
-                      QKV_SPLIT)
+                      QKV_SPLIT, SQ_LOAD)
         signal_qkv_group(pid, count_ptr, HQ, HKV, D, BLOCK_P, QKV_SPLIT)
     else:
         wait_qkv_group(pid - qkv_tiles, layer, count_ptr, HQ, HKV, D, n_splits, max_polls, timeout_ptr,

@@ -23,8 +23,8 @@ program from L2), q and the new K/V rows (plus the parts' partial sums through L
 import triton.language as tl
 
 from fusecore.backend import jit
+from fusecore.launch_order import after_previous_kernel, prefetch_rows
 
-from .launch_order import after_previous_kernel, prefetch_rows
 from .matvec import k_range, rows_dot_pair_split
 
 
@@ -45,7 +45,7 @@ def qkv_span(tile, layer, w_ptr, H, HQ, HKV, D, BLOCK_P: tl.constexpr, QKV_SPLIT
 @jit
 def qkv_prefetch(tile, layer, w_ptr, H, HQ, HKV, D, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
                  QKV_SPLIT: tl.constexpr, PREFETCH_LINES: tl.constexpr):
-    """Ask L2 for the first ``PREFETCH_LINES`` lines of tile ``tile``'s W_qkv rows (launch_order.py)."""
+    """Ask L2 for the first ``PREFETCH_LINES`` lines of tile ``tile``'s W_qkv rows (fusecore/launch_order.py)."""
     head, j, jmask, rows_lo, rows_hi, w_layer = qkv_span(tile, layer, w_ptr, H, HQ, HKV, D, BLOCK_P, QKV_SPLIT)
     k_start, k_stop = k_range(tile % QKV_SPLIT, H, QKV_SPLIT, BLOCK_K)
     prefetch_rows(w_layer + rows_lo.to(tl.int64) * H, jmask, k_start, k_stop, PREFETCH_LINES)
@@ -58,7 +58,7 @@ def qkv_rope_tile(
     q_ptr, k_cache_ptr, v_cache_ptr, part_ptr, sq_ptr, sem_ptr,
     B, H, HQ, HKV, D, S, eps,
     HAS_BIAS: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
-    DOT_PREC: tl.constexpr, ROW_PREFETCH: tl.constexpr, QKV_SPLIT: tl.constexpr,
+    DOT_PREC: tl.constexpr, ROW_PREFETCH: tl.constexpr, QKV_SPLIT: tl.constexpr, SQ_LOAD: tl.constexpr,
 ):
     pair_block = tile // QKV_SPLIT
     head, j, jmask, rows_lo, rows_hi, w_layer = qkv_span(tile, layer, w_ptr, H, HQ, HKV, D, BLOCK_P, QKV_SPLIT)
@@ -66,7 +66,7 @@ def qkv_rope_tile(
     g_layer = norm_ptr + layer64 * H
     last, lo, hi = rows_dot_pair_split(x_ptr, B, H, eps, g_layer, w_layer, rows_lo, rows_hi, jmask, tile % QKV_SPLIT,
                                        (HQ + 2 * HKV) * D, pair_block, part_ptr, sq_ptr, sem_ptr, QKV_SPLIT, BLOCK_B,
-                                       BLOCK_P, BLOCK_K, DOT_PREC, ROW_PREFETCH)
+                                       BLOCK_P, BLOCK_K, DOT_PREC, ROW_PREFETCH, SQ_LOAD)
     if last:
         _rope_append(lo, hi, layer64, head, j, jmask, bias_ptr, inv_freq_ptr, kv_start_ptr, slot_ptr, q_ptr,
                      k_cache_ptr, v_cache_ptr, B, HQ, HKV, D, S, HAS_BIAS, BLOCK_B)
@@ -117,7 +117,8 @@ def qkv_rope_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, part_ptr, sq_ptr, sem_ptr,
     B, H, HQ, HKV, D, S, eps,
     HAS_BIAS: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
-    DOT_PREC: tl.constexpr, ROW_PREFETCH: tl.constexpr, QKV_SPLIT: tl.constexpr, USE_PDL: tl.constexpr,
+    DOT_PREC: tl.constexpr, ROW_PREFETCH: tl.constexpr, QKV_SPLIT: tl.constexpr, SQ_LOAD: tl.constexpr,
+    USE_PDL: tl.constexpr,
     PREFETCH_LINES: tl.constexpr,
 ):
     if USE_PDL:
@@ -126,5 +127,5 @@ def qkv_rope_kernel(
     qkv_rope_tile(
         tl.program_id(0), layer, x_ptr, norm_ptr, w_ptr, bias_ptr, inv_freq_ptr, kv_start_ptr, slot_ptr,
         q_ptr, k_cache_ptr, v_cache_ptr, part_ptr, sq_ptr, sem_ptr, B, H, HQ, HKV, D, S, eps,
-        HAS_BIAS, BLOCK_B, BLOCK_P, BLOCK_K, DOT_PREC, ROW_PREFETCH, QKV_SPLIT,
+        HAS_BIAS, BLOCK_B, BLOCK_P, BLOCK_K, DOT_PREC, ROW_PREFETCH, QKV_SPLIT, SQ_LOAD,
     )

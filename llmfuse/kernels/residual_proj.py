@@ -19,8 +19,8 @@ Bytes: H·K weight elements once, ``a`` (B·K/split_k, from L2) per program, x r
 import triton.language as tl
 
 from fusecore.backend import jit
+from fusecore.launch_order import after_previous_kernel, prefetch_rows
 
-from .launch_order import after_previous_kernel, prefetch_rows
 from .matvec import k_range, rows_dot
 
 
@@ -37,7 +37,7 @@ def residual_proj_span(tile, layer, w_ptr, H, K, split_k, BLOCK_N: tl.constexpr,
 @jit
 def residual_proj_prefetch(tile, layer, w_ptr, H, K, split_k, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                            PREFETCH_LINES: tl.constexpr):
-    """Ask L2 for the first ``PREFETCH_LINES`` lines of tile ``tile``'s W rows (launch_order.py)."""
+    """Ask L2 for the first ``PREFETCH_LINES`` lines of tile ``tile``'s W rows (fusecore/launch_order.py)."""
     n, nmask, k_start, k_stop, w_layer = residual_proj_span(tile, layer, w_ptr, H, K, split_k, BLOCK_N, BLOCK_K)
     prefetch_rows(w_layer + n.to(tl.int64) * K, nmask, k_start, k_stop, PREFETCH_LINES)
 
@@ -52,7 +52,7 @@ def residual_proj_tile(
     k_part = tile % split_k
     n, nmask, k_start, k_stop, w_layer = residual_proj_span(tile, layer, w_ptr, H, K, split_k, BLOCK_N, BLOCK_K)
     acc = rows_dot(a_ptr, B, K, 0.0, w_ptr, w_layer, n, nmask, k_start, k_stop, False,
-                   BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC, ROW_PREFETCH)
+                   BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC, ROW_PREFETCH, False)
     b = tl.arange(0, BLOCK_B)
     x_off = b[:, None] * H + n[None, :]
     mask = (b < B)[:, None] & nmask[None, :]

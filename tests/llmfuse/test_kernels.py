@@ -57,7 +57,8 @@ CASES = [(1, torch.float32, {}), (1, torch.bfloat16, {"row_prefetch": False}), (
 @pytest.mark.parametrize("batch, dtype, tuning", CASES + [(1, torch.float32, {"qkv_split": 2, "block_k": 16}),
                                                           (9, torch.bfloat16, {"qkv_split": 3, "block_k": 16}),
                                                           (1, torch.float32, {"block_k_qkv": 16}),
-                                                          (9, torch.bfloat16, {"qkv_split": 2, "block_k_qkv": 16})])
+                                                          (9, torch.bfloat16, {"qkv_split": 2, "block_k_qkv": 16}),
+                                                          (9, torch.bfloat16, {"square_sum_load_qkv": True})])
 def test_qkv_rope_append(batch, dtype, tuning, gen):
     cfg, w64, wk, plan, buf, cache, slot, kv_start = _setup(batch, dtype, gen, bias=batch == 3, tuning=tuning)
     buf.q.fill_(poison_value(torch.float32))
@@ -176,7 +177,8 @@ def test_qkv_and_attention_in_one_launch_equal_two_launches(batch, dtype, tuning
                          [(9, torch.bfloat16, {}, 2), (1, torch.float32, {"mlp_split": 2, "block_k": 16}, 1),
                           (9, torch.bfloat16, {"mlp_split": 3, "block_k": 16}, 1),
                           (1, torch.float32, {"block_k_down": 16, "block_k_gate_up": 16}, 2),
-                          (9, torch.bfloat16, {"block_k_down": 32, "block_k_gate_up": 16}, 1)])
+                          (9, torch.bfloat16, {"block_k_down": 32, "block_k_gate_up": 16}, 1),
+                          (9, torch.bfloat16, {"square_sum_load": False}, 1)])
 def test_gate_up_silu_and_down_residual(batch, dtype, tuning, split_k, gen):
     cfg, w64, wk, plan, buf, cache, slot, kv_start = _setup(batch, dtype, gen, split_k=split_k, tuning=tuning)
     buf.h.fill_(float("nan"))
@@ -191,7 +193,7 @@ def test_gate_up_silu_and_down_residual(batch, dtype, tuning, split_k, gen):
     assert_close(buf.x.cpu() - x0, expected - x0, dtype, name="down update")
 
 
-@pytest.mark.parametrize("batch, dtype, tuning", CASES)
+@pytest.mark.parametrize("batch, dtype, tuning", CASES + [(9, torch.bfloat16, {"square_sum_load": False})])
 def test_lm_head_logits_and_fused_argmax(batch, dtype, tuning, gen):
     cfg, w64, wk, plan, buf, cache, slot, kv_start = _setup(batch, dtype, gen, tuning=tuning)
     buf.logits.fill_(float("nan"))
@@ -233,6 +235,11 @@ def test_plan_tuning_is_checked():
     assert tuned.row_sums and tuned.roundings_per_layer == 5
     assert not ops.make_plan(CFG, 3, SLOTS, torch.float32, cpu).row_sums
     assert tuned.launch_options() == {"num_warps": tuned.num_warps, "num_stages": 3}
+    warped = ops.make_plan(CFG, 3, SLOTS, torch.float32, cpu, num_warps=4, warps_qkv=2, warps_lm_head=8)
+    assert [warped.layer_launch_options(name)["num_warps"] for name in
+            ("qkv", "attention", "o_proj", "gate_up", "down", "lm_head", "qkv_attention")] == [2, 4, 4, 4, 4, 8, 4]
+    with pytest.raises(ValueError, match="powers of two"):
+        ops.make_plan(CFG, 3, SLOTS, torch.float32, cpu, warps_gate_up=3)
     with pytest.raises(TypeError, match="block_q"):
         ops.make_plan(CFG, 3, SLOTS, torch.float32, cpu, block_q=16)
     with pytest.raises(ValueError, match="powers of two"):
@@ -264,7 +271,7 @@ def test_batch1_gpu_defaults_follow_their_reasons(monkeypatch):
     attention (264 programs) and W_o (256) launches have <= 2 tiles per SM and get the wider chunks,
     its 1024 gate/up tiles fit one wave of 8 per SM and get the narrower ones; Llama-3.1-8B's
     launches have more tiles and keep block_k (H200 plan_sweep, session 5: llmfuse/README.md).
-    Both get PDL with the attention tiles' slots prefetched; batch 8 none of it."""
+    Both get PDL with the attention tiles' slots prefetched; batch 8 none of it, but wider Q/K/V tiles."""
     from fusecore.device import DeviceFacts
 
     def llama(**shape):
@@ -285,3 +292,9 @@ def test_batch1_gpu_defaults_follow_their_reasons(monkeypatch):
     batch8 = ops.make_plan(llama_1b, 8, 520, torch.bfloat16, cuda)
     assert not batch8.pdl and not batch8.attn_prefetch
     assert {batch8.k_chunk(name) for name in ("qkv", "o_proj", "gate_up", "down")} == {batch8.block_k}
+    # batch 8 (16-row tensor-core tiles): Q/K/V tiles of 2 · 32 rows in 4 K parts, the gate/up and
+    # LM-head x chunks loaded twice (session 5, round 2); batch 64 (64-row tiles) neither
+    assert (batch8.block_p, batch8.qkv_split, batch8.tiles(llama_1b)["qkv"]) == (32, 4, 192)
+    assert batch8.square_sum_load and not batch8.square_sum_load_qkv
+    batch64 = ops.make_plan(llama_1b, 64, 520, torch.bfloat16, cuda)
+    assert (batch64.block_p, batch64.square_sum_load) == (16, False)

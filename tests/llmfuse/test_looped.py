@@ -301,7 +301,7 @@ def test_gpu_decode_step_is_cuda_graph_capturable(looped, gen):
 ])
 def test_gpu_prefetch_before_wait_changes_no_value(batch, looped, tuning, gen):
     """Programmatic dependent launch with weights and cache slots prefetched into L2 before each wait
-    (kernels/launch_order.py), and the dataflow schedule's prefetch before its waits: the logits equal
+    (fusecore/launch_order.py), and the dataflow schedule's prefetch before its waits: the logits equal
     the same path's without them bit for bit (the prefetch moves no value and the tile code is the
     same), eager and replayed from a CUDA graph (the graph keeps the programmatic edges; each kernel
     still waits before it reads or writes), and repeated steps agree (no race)."""

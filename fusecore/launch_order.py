@@ -1,21 +1,25 @@
-"""Programmatic dependent launch (Hopper's grid dependency control) for the per-layer kernels.
+"""Programmatic dependent launch (Hopper's grid dependency control) and L2 prefetch, for kernels
+launched one after another in a stream.
 
 A kernel launched with ``launch_pdl=True`` may be scheduled before the kernel ahead of it in
 the stream has finished: its programs take multiprocessors that are free, or free up during
 the previous kernel's last wave, instead of waiting for that kernel to end and for their own
-launch.  Weights never depend on the previous kernel, so a program first asks L2 for the
-first ``PREFETCH_LINES`` 128-byte lines of each weight row of its tile
-(:func:`prefetch_rows`, ``prefetch.global.L2``), then waits (``griddepcontrol.wait``) until
-the previous kernel has completed and its memory is visible — only then does it read
-activations, caches or counts, or write anything — and then allows the next kernel to be
-scheduled (``griddepcontrol.launch_dependents``).  So the weight stream of a kernel starts
-while the kernel ahead of it still runs, and HBM does not idle through that kernel's tail
-and this kernel's ramp.  Allowing the next kernel only after the wait keeps the prefetching
-one kernel ahead (a trigger before the wait would let a chain of one-wave kernels launch
-and prefetch many layers ahead, more than L2 holds).  The next kernel only starts once
-every program of this one has started, so it never takes a slot from this kernel's
-remaining programs.  Moves no bytes beyond the prefetched weights, which the tile then
-reads from L2 instead of HBM.
+launch.  A program first issues what does not depend on the previous kernel — typically
+:func:`prefetch_rows`, which asks L2 for the first ``PREFETCH_LINES`` 128-byte lines of rows
+it will stream (``prefetch.global.L2``: no value comes back, nothing is written) — then calls
+:func:`after_previous_kernel`: ``griddepcontrol.wait`` until the previous kernel has completed
+and its memory is visible, and only then ``griddepcontrol.launch_dependents``, which lets the
+next kernel be scheduled.  Only after the wait may the program read what the previous kernel
+wrote, or write anything.  Allowing the next kernel only after the wait keeps the prefetching
+one kernel ahead (a trigger before the wait would let a chain of one-wave kernels launch and
+prefetch many kernels ahead, more than L2 holds); the next kernel only starts once every
+program of this one has started, so it never takes a slot from this kernel's remaining
+programs.  Neither helper changes a value: a prefetch only moves lines into L2, which is
+coherent, and the wait and trigger only order launches.
+
+Compiled only (inline PTX, sm_90+): under the interpreter call them with ``PREFETCH_LINES = 0``
+and ``USE_PDL = False`` (constexprs), where they do nothing.  Users: llmfuse's per-layer decode
+kernels and its dependency-ordered looped schedule (prefetch before its waits).
 """
 
 import triton.language as tl
