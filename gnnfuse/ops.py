@@ -13,10 +13,13 @@ Public functions, for users with their own projections (each one autograd op):
 
 All run one code path (:class:`AttentionInputs` names the score and its tensors; the
 kernels select the score with a constexpr).  Launch sequence of one forward: the light
-width classes, the medium rows, the super-row pieces and their logsumexp merge.  Backward:
-``δ = <g, out>``, the source pass over the reverse CSR (light, medium, pieces + sums), the
-destination pass (light, medium, pieces + sums) and, for ``gat``, the node-score epilogue.
-Small graphs on the GPU use the row kernel alone: one launch per pass.
+width classes (one launch each, or all in one with ``ScheduleOptions.one_light_launch``), the
+medium rows, the super-row pieces and their logsumexp merge (in training the kernels also store
+the caller's output, see :func:`_forward_saving`).  Backward: ``δ = <g, out>`` (and an output
+bias's partial sums), the source pass over the reverse CSR (light, medium, pieces + sums), the
+destination pass (light, medium, pieces + sums; GAT's plain row sums take every light row in one
+launch) and, for ``gat``, the node-score epilogue and one reduction of the partial sums.  Small
+graphs on the GPU use the row kernel alone: one launch per pass.
 
 Each returns ``out [N, H, D]`` in the dtype of the values and is differentiable in every
 tensor argument; nodes without incoming edges get zeros.  Non-finite inputs propagate as in
