@@ -230,11 +230,8 @@ def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, 
         # 4x as often: 2.5x slower at batch 64); K split below keeps >= 1 tile per SM.
         block_k, block_n, block_p, block_v, block_s = (128 if block_b <= 16 else 64), 64, 16, 128, 64
         if block_b == 16:
-            # Q/K/V tiles of 2 · 32 rows (Llama-3.2-1B: 48 pair blocks, in 4 K parts 192 programs of 512
-            # columns, one wave at 184 registers) instead of 2 · 16: each program's x chunk meets twice
-            # the weight rows (H200 plan_sweep, session 5 round 2, batch 8, ms per step: 1.211 against
-            # 1.306 in 8 K parts; with the gate/up and LM-head x chunks loaded twice, 4 K parts 1.132
-            # against 8 parts 1.186, 16 parts 1.222).
+            # Q/K/V tiles of 2 · 32 rows instead of 2 · 16: each program's x chunk meets twice the
+            # weight rows (K parts: below).
             block_p = min(32, max(16, next_power_of_2(cfg.head_dim // 2)))
     else:
         block_k = min(128, max(16, next_power_of_2(cfg.hidden_size)))
@@ -275,6 +272,13 @@ def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, 
     # 3.2-1B), fewer than the SMs, each walking all of K; 4 K parts give ~3 programs per SM.
     # Gate/up tiles are 2 · 64 rows: I / 64 blocks (128 for Llama 3.2-1B); 2 K parts.
     qkv_split, mlp_split = (4, 2) if compiled and not plan.row_sums else (1, 1)
+    if compiled and plan.block_b == 16:
+        # The 2 · 32-row Q/K/V tiles (block_p above) in K parts of 512 columns (4 chunks): H200
+        # plan_sweep, session 5 round 2, batch 8, ms per step, x chunks loaded twice (below):
+        # Llama-3.2-1B (4 parts, 192 programs) 1.135 / 1.132 against 1.301 / 1.304 for the 2 · 16-row
+        # tiles in 4 parts with one load (the session-5 default); 2 parts 1.194, 8 parts 1.181 /
+        # 1.186, 16 parts 1.222; Llama-3.1-8B (8 parts) 5.114 against 6.470.
+        qkv_split = max(1, cfg.hidden_size // 512)
     # Measured on the H200 (plan_sweep, Llama-3.2-1B): Q/K/V and attention in one launch at
     # batch 1 (0.935 against 0.942 ms).  The looped path as dependency-ordered one-tile programs up
     # to batch 8 (session 4, every wait with its acquire: batch 8 1.502 ms against 1.568 for the
@@ -294,11 +298,11 @@ def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, 
     # (its chunks unchanged) 4.378 -> 4.327.  Gate/up the other way: 128-column chunks need 63
     # registers, so 8 programs of 4 warps fit an SM and 1B's 1024 gate/up tiles run in one wave
     # instead of two (256 columns: 117 registers, 4 per SM): 1B 0.8676 -> 0.8473 ms.
-    # 16-row tensor-core tiles (batches 3..16): the gate/up and LM-head tiles load each x chunk
-    # twice, once for the tensor cores and once for the sum of squares (H200, batch 8, ms per 16
-    # layers: gate/up 0.354 against 0.383, LM head 0.131 against 0.151; whole step 1.186 against
-    # 1.208), the Q/K/V tiles once (0.191 against 0.211); 64-row tiles (batch 64) once (2.009
-    # against 2.170 ms per step).
+    # 16-row tensor-core tiles (batches 3..16) load each x chunk twice, once for the tensor cores
+    # and once for the sum of squares (H200, 1B batch 8, ms per 16 layers: gate/up 0.354 against
+    # 0.383, LM head 0.131 against 0.151; Q/K/V in 8 K parts 0.211 against 0.191, but the step with
+    # 4 parts 1.135 against 1.186 with one load); 64-row tiles (batch 64) once (2.009 against 2.170
+    # ms per step).
     tiles = plan.tiles(cfg)
     one_row = compiled and batch == 1
     wide_qkv = one_row and tiles["qkv"] + tiles["attention"] <= 2 * sms
@@ -312,7 +316,7 @@ def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, 
                          "block_k_qkv": 512 if wide_qkv else 0, "block_k_o": 1024 if wide_o else 0,
                          "block_k_gate_up": 128 if narrow_gate_up else 0,
                          "pdl": one_row, "attn_prefetch": one_row,
-                         "square_sum_load": plan.block_b == 16})
+                         "square_sum_load": plan.block_b == 16, "square_sum_load_qkv": plan.block_b == 16})
     for option in ("acquire_loads", "pdl", "poll_sleep_ns", "wait_prefetch", "attn_prefetch"):
         if tuning.get(option) and not compiled:
             raise ValueError(f"{option}={tuning[option]!r} needs the compiled kernels on a CUDA device (sm_90+)")

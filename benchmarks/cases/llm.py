@@ -319,18 +319,18 @@ def _looped_prefixes(ctx: Context, cfg: LlamaConfig, w: LlamaWeights, cache: ref
 # 1.208; Q/K/V in 2 warps 1.152, in 4 K parts 1.132, in 16 1.222; attention in 2 warps 1.178, LM
 # head 1.193; looped 1.254; batch 64 2.170 against 2.009 with x chunks loaded once; Llama-3.1-8B
 # batch 8 5.145 against 6.511.
-# Next: the combination (Q/K/V in 4 K parts, its x chunks loaded once) against the second call's
-# default and the session-5 default, and the candidates on top of it (W_o in 4 or 16 K parts, Q/K/V
-# and attention in one launch).
+# Third call (tree 43cd8c5): Q/K/V in 4 K parts with one x load 1.186; with two (the final default)
+# 1.135; the second call's default 1.181; the session-5 default 1.301; Q/K/V in 2 warps 1.180,
+# attention in 2 warps 1.180, Q/K/V in 2 K parts 1.194, Q/K/V and attention in one launch (slots
+# prefetched) 1.217, W_o in 4 K parts 1.183, in 16 1.200; looped 1.246.  Llama-3.1-8B batch 8: 4 K
+# parts with one load 5.156, 8 parts with two (the final default: 512-column parts) 5.114, the
+# session-5 default 6.470.
 OLD_BATCH8 = {"block_p": 16, "qkv_split": 4, "square_sum_load": False}
-CALL2_BATCH8 = {"qkv_split": 8, "square_sum_load_qkv": True}
 PLAN_SWEEP: list[tuple[int, bool, dict[str, int]]] = [
-    (8, False, CALL2_BATCH8), (8, False, OLD_BATCH8), (8, False, {"square_sum_load_qkv": True}),
-    (8, False, {"warps_qkv": 2}), (8, False, {"warps_attention": 2}), (8, False, {"qkv_split": 2}),
-    (8, False, {"fuse_attention": True, "attn_prefetch": True}), (8, False, {"o_split": 4}),
-    (8, False, {"o_split": 16}), (8, True, {}),
+    (8, False, OLD_BATCH8), (8, False, {"square_sum_load_qkv": False}), (8, False, {"square_sum_load": False}),
+    (8, True, {}), (64, False, {"square_sum_load": True}),
 ]
-PLAN_SWEEP_8B: list[tuple[int, bool, dict[str, int]]] = [(8, False, OLD_BATCH8), (8, False, CALL2_BATCH8)]
+PLAN_SWEEP_8B: list[tuple[int, bool, dict[str, int]]] = [(8, False, OLD_BATCH8)]
 QUICK_PLAN_SWEEP = [(1, False, {"row_prefetch": False}), (3, False, {"block_b": 4}),
                     (3, False, {"fuse_attention": True}), (3, True, {}), (1, True, {"dataflow": True})]
 

@@ -58,7 +58,7 @@ CASES = [(1, torch.float32, {}), (1, torch.bfloat16, {"row_prefetch": False}), (
                                                           (9, torch.bfloat16, {"qkv_split": 3, "block_k": 16}),
                                                           (1, torch.float32, {"block_k_qkv": 16}),
                                                           (9, torch.bfloat16, {"qkv_split": 2, "block_k_qkv": 16}),
-                                                          (9, torch.bfloat16, {"square_sum_load_qkv": True})])
+                                                          (9, torch.bfloat16, {"square_sum_load_qkv": False})])
 def test_qkv_rope_append(batch, dtype, tuning, gen):
     cfg, w64, wk, plan, buf, cache, slot, kv_start = _setup(batch, dtype, gen, bias=batch == 3, tuning=tuning)
     buf.q.fill_(poison_value(torch.float32))
@@ -292,9 +292,11 @@ def test_batch1_gpu_defaults_follow_their_reasons(monkeypatch):
     batch8 = ops.make_plan(llama_1b, 8, 520, torch.bfloat16, cuda)
     assert not batch8.pdl and not batch8.attn_prefetch
     assert {batch8.k_chunk(name) for name in ("qkv", "o_proj", "gate_up", "down")} == {batch8.block_k}
-    # batch 8 (16-row tensor-core tiles): Q/K/V tiles of 2 · 32 rows in 4 K parts, the gate/up and
-    # LM-head x chunks loaded twice (session 5, round 2); batch 64 (64-row tiles) neither
+    # batch 8 (16-row tensor-core tiles): Q/K/V tiles of 2 · 32 rows in K parts of 512 columns, every
+    # x chunk loaded twice (session 5, round 2); batch 64 (64-row tiles) neither
     assert (batch8.block_p, batch8.qkv_split, batch8.tiles(llama_1b)["qkv"]) == (32, 4, 192)
-    assert batch8.square_sum_load and not batch8.square_sum_load_qkv
+    assert ops.make_plan(llama_8b, 8, 520, torch.bfloat16, cuda).qkv_split == 8
+    assert batch8.square_sum_load and batch8.square_sum_load_qkv
     batch64 = ops.make_plan(llama_1b, 64, 520, torch.bfloat16, cuda)
-    assert (batch64.block_p, batch64.square_sum_load) == (16, False)
+    assert (batch64.block_p, batch64.qkv_split, batch64.square_sum_load, batch64.square_sum_load_qkv) == (
+        16, 4, False, False)
