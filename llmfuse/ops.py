@@ -101,11 +101,12 @@ class DecodePlan:
     # earlier tiles, which sum every chunk across threads as it arrives (two CTA barriers per chunk).
     row_prefetch: bool = True
     # Tensor-core gate/up and LM-head tiles (square_sum_load) and Q/K/V tiles (square_sum_load_qkv),
-    # which fold the RMSNorm in, load each x chunk a second time for the sum of squares, so the load
-    # feeding the tensor cores has no other reader and gets a swizzled shared-memory buffer instead
-    # of one whose float32 reads conflict 8 ways (kernels/matvec.py ``_square_sums``).
-    square_sum_load: bool = False
-    square_sum_load_qkv: bool = False
+    # which fold the RMSNorm in: 1 loads each x chunk a second time for the sum of squares, so the
+    # load feeding the tensor cores has no other reader and gets a swizzled shared-memory buffer
+    # instead of one whose float32 reads conflict 8 ways; 2 issues that load one chunk ahead; 0 one
+    # load (kernels/matvec.py ``_square_sums``).
+    square_sum_load: int = 0
+    square_sum_load_qkv: int = 0
     # K parts per Q/K/V pair block and per gate/up feature block (summed in order by the last
     # part to finish, which runs the epilogue: RoPE and cache append, SiLU · up)
     qkv_split: int = 1
@@ -316,7 +317,8 @@ def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, 
                          "block_k_qkv": 512 if wide_qkv else 0, "block_k_o": 1024 if wide_o else 0,
                          "block_k_gate_up": 128 if narrow_gate_up else 0,
                          "pdl": one_row, "attn_prefetch": one_row,
-                         "square_sum_load": plan.block_b == 16, "square_sum_load_qkv": plan.block_b == 16})
+                         "square_sum_load": int(plan.block_b == 16),
+                         "square_sum_load_qkv": int(plan.block_b == 16)})
     for option in ("acquire_loads", "pdl", "poll_sleep_ns", "wait_prefetch", "attn_prefetch"):
         if tuning.get(option) and not compiled:
             raise ValueError(f"{option}={tuning[option]!r} needs the compiled kernels on a CUDA device (sm_90+)")
@@ -348,6 +350,9 @@ def _tuned(plan: DecodePlan, tuning: dict[str, int]) -> DecodePlan:
     if not plan.row_sums and min(plan.block_b, *(getattr(plan, b) for b in blocks), *chunks) < 16:
         raise ValueError(f"tensor-core tiles (block_b = {plan.block_b} > {SMALL_BATCH}) need every block >= 16: "
                          f"{plan}")
+    for name in ("square_sum_load", "square_sum_load_qkv"):
+        if getattr(plan, name) not in (0, 1, 2):
+            raise ValueError(f"{name} must be 0, 1 or 2, got {getattr(plan, name)}")
     for name in ("split_k", "o_split", "qkv_split", "mlp_split"):
         if getattr(plan, name) < 1:
             raise ValueError(f"{name} must be >= 1, got {getattr(plan, name)}")

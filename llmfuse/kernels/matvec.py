@@ -97,22 +97,37 @@ def _accumulate(acc, xg, wv, BLOCK_B: tl.constexpr, DOT_PREC: tl.constexpr):
 
 
 @jit
-def _square_sums(sumsq, xv, x_ptr, B, K, k0, k_stop, SQ_LOAD: tl.constexpr, BLOCK_B: tl.constexpr,
-                 BLOCK_K: tl.constexpr):
-    """``sumsq`` [BLOCK_B] plus Σ x² over the chunk ``xv`` = x[:, k0 : k0 + BLOCK_K] (tensor-core tiles).
-
-    With SQ_LOAD the chunk is loaded a second time for this sum, as one flat vector (a load of
-    its own, from L2: every program reads x), so the load that feeds the tensor cores has the
-    product as its only reader.  With both readers on one load, Triton keeps that load's
-    pipelined shared-memory buffer unswizzled, and the float32 dot-operand reads from it
-    conflict 8 ways (ncu, H200, batch 8: 50% of the Q/K/V launch's shared-memory wavefronts
-    excessive)."""
-    if SQ_LOAD and (BLOCK_B > 1):  # a single row is no tensor-core operand
+def _square_chunk(x_ptr, B, K, k0, k_stop, SQ_LOAD: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_K: tl.constexpr):
+    """x[:, k0 : k0 + BLOCK_K] ∩ [.., k_stop) as one flat float32 vector [BLOCK_B · BLOCK_K] for the sum
+    of squares (:func:`_square_sums`), loaded only for ``SQ_LOAD`` 2 on tensor-core tiles; else [1] zeros."""
+    if (SQ_LOAD == 2) and (BLOCK_B > SMALL_BATCH):
         i = tl.arange(0, BLOCK_B * BLOCK_K)
         row = i // BLOCK_K
         col = k0 + i % BLOCK_K
         xs = tl.load(x_ptr + row * K + col, mask=(row < B) & (col < k_stop), other=0.0,
                      cache_modifier=".cg").to(tl.float32)
+    else:
+        xs = tl.zeros([1], dtype=tl.float32)
+    return xs
+
+
+@jit
+def _square_sums(sumsq, xv, xs, x_ptr, B, K, k0, k_stop, SQ_LOAD: tl.constexpr, BLOCK_B: tl.constexpr,
+                 BLOCK_K: tl.constexpr):
+    """``sumsq`` [BLOCK_B] plus Σ x² over the chunk ``xv`` = x[:, k0 : k0 + BLOCK_K] (tensor-core tiles).
+
+    ``SQ_LOAD`` 1 loads the chunk a second time for this sum, as one flat vector (a load of its
+    own, from L2: every program reads x), so the load that feeds the tensor cores has the product
+    as its only reader.  With both readers on one load (``SQ_LOAD`` 0), Triton keeps that load's
+    pipelined shared-memory buffer unswizzled, and the float32 dot-operand reads from it conflict
+    8 ways (ncu, H200, batch 8: 50% of the Q/K/V launch's shared-memory wavefronts excessive).
+    The second load is not pipelined: loaded here, its L2 round trip is waited for in every
+    chunk.  ``SQ_LOAD`` 2 takes ``xs``, the flat chunk :func:`_square_chunk` loaded one chunk
+    ahead (the caller carries it, like the norm weights), so the round trip overlaps a chunk."""
+    if (SQ_LOAD == 2) and (BLOCK_B > 1):
+        sumsq += tl.sum(tl.reshape(xs * xs, [BLOCK_B, BLOCK_K]), axis=1)
+    elif (SQ_LOAD == 1) and (BLOCK_B > 1):  # a single row is no tensor-core operand
+        xs = _square_chunk(x_ptr, B, K, k0, k_stop, 2, BLOCK_B, BLOCK_K)
         sumsq += tl.sum(tl.reshape(xs * xs, [BLOCK_B, BLOCK_K]), axis=1)
     else:
         sumsq += tl.sum(xv * xv, axis=1)
@@ -178,8 +193,10 @@ def rows_dot(
                                       BLOCK_N, BLOCK_K)
     else:
         g = _norm_chunk(g_ptr, k_start, k_stop, HAS_NORM, BLOCK_K)
+        xs = _square_chunk(x_ptr, B, K, k_start, k_stop, SQ_LOAD, BLOCK_B, BLOCK_K)
         for k0 in range(k_start, k_stop, BLOCK_K):
             g_next = _norm_chunk(g_ptr, k0 + BLOCK_K, k_stop, HAS_NORM, BLOCK_K)  # one chunk ahead (module docstring)
+            xs_next = _square_chunk(x_ptr, B, K, k0 + BLOCK_K, k_stop, SQ_LOAD, BLOCK_B, BLOCK_K)
             k = k0 + tl.arange(0, BLOCK_K)
             kmask = k < k_stop
             if (BLOCK_B > 1) and (BLOCK_B <= SMALL_BATCH):
@@ -192,8 +209,8 @@ def rows_dot(
                 wv = tl.load(w_rows + k[None, :], mask=row_mask[:, None] & kmask[None, :], other=0.0,
                              eviction_policy="evict_first")
                 acc = _accumulate(acc, xg, wv, BLOCK_B, DOT_PREC)
-                sumsq = _square_sums(sumsq, xv, x_ptr, B, K, k0, k_stop, SQ_LOAD, BLOCK_B, BLOCK_K)
-            g = g_next
+                sumsq = _square_sums(sumsq, xv, xs, x_ptr, B, K, k0, k_stop, SQ_LOAD, BLOCK_B, BLOCK_K)
+            g, xs = g_next, xs_next
     if HAS_NORM:
         acc = acc * rms_scale(sumsq, K, eps)
     return acc
@@ -223,8 +240,10 @@ def rows_dot_pair_sums(
                                        BLOCK_K)
     else:
         g = _norm_chunk(g_ptr, k_start, k_stop, HAS_NORM, BLOCK_K)
+        xs = _square_chunk(x_ptr, B, K, k_start, k_stop, SQ_LOAD, BLOCK_B, BLOCK_K)
         for k0 in range(k_start, k_stop, BLOCK_K):
             g_next = _norm_chunk(g_ptr, k0 + BLOCK_K, k_stop, HAS_NORM, BLOCK_K)  # one chunk ahead (module docstring)
+            xs_next = _square_chunk(x_ptr, B, K, k0 + BLOCK_K, k_stop, SQ_LOAD, BLOCK_B, BLOCK_K)
             k = k0 + tl.arange(0, BLOCK_K)
             kmask = k < k_stop
             wmask = row_mask[:, None] & kmask[None, :]
@@ -239,8 +258,8 @@ def rows_dot_pair_sums(
                 wb = tl.load(w_b + k[None, :], mask=wmask, other=0.0, eviction_policy="evict_first")
                 acc_a = _accumulate(acc_a, xg, wa, BLOCK_B, DOT_PREC)
                 acc_b = _accumulate(acc_b, xg, wb, BLOCK_B, DOT_PREC)
-                sumsq = _square_sums(sumsq, xv, x_ptr, B, K, k0, k_stop, SQ_LOAD, BLOCK_B, BLOCK_K)
-            g = g_next
+                sumsq = _square_sums(sumsq, xv, xs, x_ptr, B, K, k0, k_stop, SQ_LOAD, BLOCK_B, BLOCK_K)
+            g, xs = g_next, xs_next
     return acc_a, acc_b, sumsq
 
 

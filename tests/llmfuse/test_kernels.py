@@ -58,7 +58,9 @@ CASES = [(1, torch.float32, {}), (1, torch.bfloat16, {"row_prefetch": False}), (
                                                           (9, torch.bfloat16, {"qkv_split": 3, "block_k": 16}),
                                                           (1, torch.float32, {"block_k_qkv": 16}),
                                                           (9, torch.bfloat16, {"qkv_split": 2, "block_k_qkv": 16}),
-                                                          (9, torch.bfloat16, {"square_sum_load_qkv": False})])
+                                                          (9, torch.bfloat16, {"square_sum_load_qkv": 0}),
+                                                          (9, torch.bfloat16, {"square_sum_load_qkv": 2,
+                                                                               "qkv_split": 2, "block_k": 16})])
 def test_qkv_rope_append(batch, dtype, tuning, gen):
     cfg, w64, wk, plan, buf, cache, slot, kv_start = _setup(batch, dtype, gen, bias=batch == 3, tuning=tuning)
     buf.q.fill_(poison_value(torch.float32))
@@ -178,7 +180,8 @@ def test_qkv_and_attention_in_one_launch_equal_two_launches(batch, dtype, tuning
                           (9, torch.bfloat16, {"mlp_split": 3, "block_k": 16}, 1),
                           (1, torch.float32, {"block_k_down": 16, "block_k_gate_up": 16}, 2),
                           (9, torch.bfloat16, {"block_k_down": 32, "block_k_gate_up": 16}, 1),
-                          (9, torch.bfloat16, {"square_sum_load": False}, 1)])
+                          (9, torch.bfloat16, {"square_sum_load": 0}, 1),
+                          (9, torch.bfloat16, {"square_sum_load": 2, "block_k": 16}, 1)])
 def test_gate_up_silu_and_down_residual(batch, dtype, tuning, split_k, gen):
     cfg, w64, wk, plan, buf, cache, slot, kv_start = _setup(batch, dtype, gen, split_k=split_k, tuning=tuning)
     buf.h.fill_(float("nan"))
@@ -193,7 +196,8 @@ def test_gate_up_silu_and_down_residual(batch, dtype, tuning, split_k, gen):
     assert_close(buf.x.cpu() - x0, expected - x0, dtype, name="down update")
 
 
-@pytest.mark.parametrize("batch, dtype, tuning", CASES + [(9, torch.bfloat16, {"square_sum_load": False})])
+@pytest.mark.parametrize("batch, dtype, tuning", CASES + [(9, torch.bfloat16, {"square_sum_load": 0}),
+                                                          (9, torch.bfloat16, {"square_sum_load": 2, "block_k": 16})])
 def test_lm_head_logits_and_fused_argmax(batch, dtype, tuning, gen):
     cfg, w64, wk, plan, buf, cache, slot, kv_start = _setup(batch, dtype, gen, tuning=tuning)
     buf.logits.fill_(float("nan"))
@@ -240,6 +244,8 @@ def test_plan_tuning_is_checked():
             ("qkv", "attention", "o_proj", "gate_up", "down", "lm_head", "qkv_attention")] == [2, 4, 4, 4, 4, 8, 4]
     with pytest.raises(ValueError, match="powers of two"):
         ops.make_plan(CFG, 3, SLOTS, torch.float32, cpu, warps_gate_up=3)
+    with pytest.raises(ValueError, match="square_sum_load must be 0, 1 or 2"):
+        ops.make_plan(CFG, 3, SLOTS, torch.float32, cpu, square_sum_load=3)
     with pytest.raises(TypeError, match="block_q"):
         ops.make_plan(CFG, 3, SLOTS, torch.float32, cpu, block_q=16)
     with pytest.raises(ValueError, match="powers of two"):
@@ -296,7 +302,7 @@ def test_batch1_gpu_defaults_follow_their_reasons(monkeypatch):
     # x chunk loaded twice (session 5, round 2); batch 64 (64-row tiles) neither
     assert (batch8.block_p, batch8.qkv_split, batch8.tiles(llama_1b)["qkv"]) == (32, 4, 192)
     assert ops.make_plan(llama_8b, 8, 520, torch.bfloat16, cuda).qkv_split == 8
-    assert batch8.square_sum_load and batch8.square_sum_load_qkv
+    assert batch8.square_sum_load == batch8.square_sum_load_qkv == 1
     batch64 = ops.make_plan(llama_1b, 64, 520, torch.bfloat16, cuda)
     assert (batch64.block_p, batch64.qkv_split, batch64.square_sum_load, batch64.square_sum_load_qkv) == (
-        16, 4, False, False)
+        16, 4, 0, 0)
