@@ -24,7 +24,11 @@ line to that file: the kernel, its launch options and constexprs, and what ``ptx
 registers per thread, local memory per thread (spills and stack), static shared memory — with
 the occupancy those imply on the target (:func:`occupancy`).  ``python -m fusecore.compile_check
 <file.jsonl>`` prints them as a table, spilling kernels first: register pressure and spills of
-every kernel a test touches, read on a CPU machine.
+every kernel a test touches, read on a CPU machine.  With ``FUSEKIT_COMPILE_DUMP=<folder>`` each
+specialisation's compiler stages (TTIR, TTGIR — layouts, shared-memory buffers and their
+swizzling, pipelining —, LLVM IR and PTX) are written there as ``<kernel>.<hash>.<stage>``, with
+its constexprs and launch options in ``<kernel>.<hash>.txt``: what the compiler made of a kernel,
+read without a GPU.
 
 How: a :class:`CheckedFunction` is a ``triton.runtime.jit.JITFunction`` (so the compiler
 treats it, and calls to it from other kernels, as a jit function) that runs through an
@@ -56,6 +60,9 @@ from triton.runtime.jit import JITFunction, mangle_type
 
 ENV_VAR = "FUSEKIT_COMPILE_FOR"
 REPORT_ENV_VAR = "FUSEKIT_COMPILE_REPORT"
+DUMP_ENV_VAR = "FUSEKIT_COMPILE_DUMP"
+# the compiler stages written per specialisation with FUSEKIT_COMPILE_DUMP (those the target has)
+DUMPED_STAGES = ("ttir", "ttgir", "llir", "ptx")
 
 # Per-SM limits of the sm_80 .. sm_100 multiprocessors (CUDA programming guide, compute
 # capability table): 64 K 32-bit registers, allocated per warp in units of 256; 64 resident
@@ -246,10 +253,29 @@ class CheckedFunction(JITFunction):
                 f"{self.target.backend} sm_{self.target.arch} (launch options {options or 'default'}):\n{exc}"
             ) from exc
         self._compiled.add(key)
+        names = [self.arg_names[i[0]] for i in constexprs]
+        shown = dict(zip(names, constexprs.values()))
+        name = f"{self.fn.__module__}.{self.fn.__qualname__}"
         if os.environ.get(REPORT_ENV_VAR, "").strip():
-            names = [self.arg_names[i[0]] for i in constexprs]
-            shown = dict(zip(names, constexprs.values()))
-            _record(resources(compiled, f"{self.fn.__module__}.{self.fn.__qualname__}", self.target, shown))
+            _record(resources(compiled, name, self.target, shown))
+        folder = os.environ.get(DUMP_ENV_VAR, "").strip()
+        if folder:
+            dump_stages(compiled, name, shown, options, Path(folder))
+
+
+def dump_stages(compiled: Any, name: str, constexprs: dict, options: dict, folder: Path) -> list[Path]:
+    """Write the :data:`DUMPED_STAGES` of a ``triton.compile`` result into ``folder`` as
+    ``<name>.<hash>.<stage>`` and a ``.txt`` naming its constexprs and options; return the paths."""
+    folder.mkdir(parents=True, exist_ok=True)
+    stem = f"{name}.{compiled.hash[:12]}"
+    paths = [folder / f"{stem}.txt"]
+    listed = ", ".join(f"{k}={v}" for k, v in constexprs.items())
+    paths[0].write_text(f"{name}\nconstexprs: {listed}\noptions: {options or 'default'}\n")
+    for stage in DUMPED_STAGES:
+        if stage in compiled.asm:
+            paths.append(folder / f"{stem}.{stage}")
+            paths[-1].write_text(str(compiled.asm[stage]))
+    return paths
 
 
 def install(target: GPUTarget) -> None:

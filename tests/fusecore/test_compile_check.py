@@ -15,9 +15,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.skipif(COMPILED, reason="the check runs under the interpreter, on machines without a GPU")
 def test_compiles_each_launch_and_rejects_what_only_the_interpreter_accepts(tmp_path):
-    report = tmp_path / "resources.jsonl"
+    report, dump = tmp_path / "resources.jsonl", tmp_path / "stages"
     env = {**os.environ, "FUSEKIT_COMPILE_FOR": "sm_90", "FUSEKIT_COMPILE_REPORT": str(report),
-           "PYTHONPATH": str(ROOT)}
+           "FUSEKIT_COMPILE_DUMP": str(dump), "PYTHONPATH": str(ROOT)}
     env.pop("FUSEKIT_BACKEND", None)
     script = Path(__file__).parent / "data" / "compile_check_kernels.py"
     done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
@@ -33,6 +33,12 @@ def test_compiles_each_launch_and_rejects_what_only_the_interpreter_accepts(tmp_
     good = entries[0]
     assert (good.target, good.num_warps, good.constexprs) == ("sm_90", 2, "BLOCK=16")
     assert 0 < good.registers <= 255 and good.local_bytes == 0 and good.warps_per_sm == 64
+    # the stages of that one specialisation, read without a GPU
+    stages = sorted(p.name.rsplit(".", 1)[-1] for p in dump.iterdir())
+    assert stages == ["llir", "ptx", "ttgir", "ttir", "txt"], stages
+    ptx = next(dump.glob("*good_kernel*.ptx")).read_text()
+    assert ".target sm_90" in ptx and "BLOCK=16" in next(dump.glob("*good_kernel*.txt")).read_text()
+    assert "ttg.num-warps" in next(dump.glob("*good_kernel*.ttgir")).read_text()
     table = format_report(entries)
     assert "good_kernel" in table and "1 specialisations, 0 with local memory" in table
     shown = subprocess.run([sys.executable, "-m", "fusecore.compile_check", str(report)], env=env,
