@@ -62,7 +62,7 @@ class DecodePlan:
     num_stages: int | None = None  # software-pipeline depth of the K loops (None: Triton's default)
     acquire_loads: bool = False  # looped kernel: barrier polls are ld.acquire (inline PTX; compiled only)
     # Nanoseconds a thread of the looped kernel sleeps between two reads of a count it waits on
-    # (kernels/grid_barrier.py; compiled only): fewer polls of the one cache line of the counts
+    # (fusecore/grid_sync.py; compiled only): fewer polls of the one cache line of the counts
     # while the stage waited for streams its weights.  0: poll back to back.
     poll_sleep_ns: int = 0
     pdl: bool = False  # per-layer kernels: programmatic dependent launch (fusecore/launch_order.py; sm_90+)

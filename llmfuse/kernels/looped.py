@@ -13,7 +13,7 @@ Schedule (stage numbers are global, ``5 · layer + k``)::
 
 Program ``p`` of ``P`` runs tiles ``p, p + P, p + 2P, ...`` of each stage.  The kernel
 boundaries of the per-layer path become waits on counts in device memory
-(:mod:`.grid_barrier`): after attention, o_proj, gate_up and down a grid barrier (4 per
+(:mod:`fusecore.grid_sync`): after attention, o_proj, gate_up and down a grid barrier (4 per
 layer, counted by ``barrier``); between qkv and attention only a per-KV-head count — an
 attention tile waits for the Q/K/V tiles of its own head group (:mod:`.qkv_attention`), so
 attention on one group overlaps the projections of the others.  Between arriving and
@@ -27,7 +27,7 @@ compute identical values.  Stages ``>= stop_stage`` are skipped, which lets the 
 compare the kernel with the Python interpreter of this schedule (:mod:`llmfuse.looped`)
 after any stage.  With ``P = 1`` (the interpreter, where programs run one after another)
 every wait ends at once.  ``POLL_SLEEP`` (compiled only): nanoseconds a waiting thread sleeps
-between two reads of a count (:func:`.grid_barrier.wait_for`).  ``attn_width`` = Hq · D, W_o's K,
+between two reads of a count (:func:`fusecore.grid_sync.wait_for`).  ``attn_width`` = Hq · D, W_o's K,
 is an argument (not computed in the kernel) so that it is specialized like the per-layer
 launch's: a multiple of 16 lets the attention rows be copied 16 bytes at a time, bypassing L1.
 
@@ -36,8 +36,8 @@ dependency instead of a persistent grid with barriers.  Program ``p`` runs exact
 tile: programs ``l · T .. (l + 1) · T − 1`` are layer ``l``'s tiles in the order of the
 per-layer path — Q/K/V, attention, o_proj, gate_up, down (``T`` tiles per layer) — and the
 LM head's tiles follow the last layer.  Before its tile a program waits
-(:func:`.grid_barrier.wait_for`) until the tiles it reads from have counted
-themselves done (:func:`.grid_barrier.signal`, after their stores)::
+(:func:`fusecore.grid_sync.wait_for`) until the tiles it reads from have counted
+themselves done (:func:`fusecore.grid_sync.signal`, after their stores)::
 
     Q/K/V of layer l      all down tiles of layer l − 1   (x complete)
     attention             the Q/K/V tiles of its KV head's group (:mod:`.qkv_attention`)
@@ -70,10 +70,10 @@ Bytes: the sum of the six instructions' bytes over all layers — the whole mode
 import triton.language as tl
 
 from fusecore.backend import jit
+from fusecore.grid_sync import signal, wait_for
 
 from .decode_attention import attention_prefetch, decode_attention_tile
 from .gate_up import gate_up_prefetch, gate_up_tile
-from .grid_barrier import signal, wait_for
 from .lm_head import lm_head_prefetch, lm_head_tile
 from .prefetch import prefetch_flat
 from .qkv_attention import signal_qkv_group, wait_qkv_group

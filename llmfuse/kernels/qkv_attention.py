@@ -1,9 +1,9 @@
 """Instructions 1 and 2 of one layer in one launch: the Q/K/V tiles, then the attention tiles.
 
 Programs ``0 .. qkv_tiles − 1`` run :func:`.qkv_rope.qkv_rope_tile` and then count themselves
-done on their KV head's group (:func:`.grid_barrier.signal`: a CTA barrier, then an atomic
+done on their KV head's group (:func:`fusecore.grid_sync.signal`: a CTA barrier, then an atomic
 add with release order); programs ``qkv_tiles ..`` run :func:`.decode_attention.decode_attention_tile`
-after waiting (:func:`.grid_barrier.wait_for`, acquire) until the count of their own group
+after waiting (:func:`fusecore.grid_sync.wait_for`, acquire) until the count of their own group
 reaches the layer's target.  So attention on one KV head starts as soon as that head's
 Q/K/V tiles are written, and the launch boundary between the two instructions — a few
 microseconds of launch latency and tail per layer at batch 1 — is gone.
@@ -22,10 +22,10 @@ Bytes: those of the two instructions; the counts are (1 + Hkv) int32.
 import triton.language as tl
 
 from fusecore.backend import jit
+from fusecore.grid_sync import signal, wait_for
 from fusecore.launch_order import after_previous_kernel
 
 from .decode_attention import attention_prefetch, decode_attention_tile
-from .grid_barrier import signal, wait_for
 from .qkv_rope import qkv_prefetch, qkv_rope_tile
 
 

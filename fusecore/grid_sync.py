@@ -1,7 +1,9 @@
-"""Grid-wide barriers and dependency counts in device memory, for the looped persistent kernel.
+"""Grid-wide barriers and dependency counts in device memory, for persistent kernels.
 
-A barrier is split in two so that a program can do independent work in between
-(prefetching the next stage's weights while slower programs finish the current stage):
+Programs of one launch that depend on each other's results (llmfuse's looped decode kernel,
+whose stages follow the layers) order themselves through counts in device memory instead of
+kernel boundaries.  A barrier is split in two so that a program can do independent work in
+between (prefetching the next stage's weights while slower programs finish the current stage):
 
 * :func:`signal` (arrive) — a CTA barrier (so the stores of all the program's threads are
   ordered before it), then one atomic add of 1 to the count with release order at GPU
@@ -16,20 +18,24 @@ A barrier is split in two so that a program can do independent work in between
   ``POLL_SLEEP`` later than the count is reached.
 
 The same pair also serves finer dependencies than a whole-grid barrier (the attention of
-one KV head waits only for the Q/K/V tiles of that head's group).  A wait that does not end
+one KV head waits only for the Q/K/V tiles of that head's group in llmfuse).  A wait that does not end
 within ``max_polls`` reads raises a timeout flag and goes on, so a broken grid shows up as
 an error rather than a hung GPU.
 
 Counts only grow within a launch (the host zeroes them before each launch), so the target
 of grid barrier ``index`` is ``(index + 1) · num_programs`` and no reset is needed.
 Correct only when all programs are co-resident (grid ≤ what the device holds at once;
-see ``fusecore.plan.persistent_grid``).  Under the interpreter programs run one after
-another, so the looped kernel runs there with a single program, whose waits end at once.
+see :func:`fusecore.plan.persistent_grid`).  Under the interpreter programs run one after
+another, so a kernel that waits on other programs runs there with a single program, whose
+waits end at once (or its programs in an order that respects the counts).
+
+An acquire whose value is unused may be deleted by the compiler: :mod:`fusecore.kernel_lint`
+checks for it, and :func:`wait_for` uses its acquire read's value.
 """
 
 import triton.language as tl
 
-from fusecore.backend import jit
+from .backend import jit
 
 
 @jit
