@@ -1,5 +1,6 @@
 """Compile the per-layer kernels of one Llama-3.2-1B-shaped layer for sm_90 on a machine without a
-GPU and write their TTGIR and PTX, with registers, local memory, shared memory and programs per SM:
+GPU and write their compiler stages (fusecore.compile_check.dump_stages: TTIR, TTGIR, LLVM IR,
+PTX), with registers, local memory, shared memory and programs per SM:
 
     PYTHONPATH=. python tests/llmfuse/ttgir_sm90.py 8 '{"square_sum_load": false}' qkv_rope,gate_up /tmp/ir
 
@@ -17,7 +18,7 @@ import compile_sm90  # noqa: I001  (patches torch.cuda.is_available before fusec
 import torch
 import triton
 
-from fusecore.compile_check import resources
+from fusecore.compile_check import dump_stages, resources
 from fusecore.device import DeviceFacts
 from llmfuse import ops
 from llmfuse import reference as ref
@@ -57,12 +58,11 @@ def main(argv: list[str]) -> None:
              "down": lambda: ops.down_proj(w, cfg, 0, buf, plan)}
     for launch in launches:
         calls[launch]()
-    for index, (name, kernel) in enumerate(compiled):
+    for name, kernel in compiled:
         used = resources(kernel, name, compile_sm90.TARGET, {})
         print(f"{name}: {used.registers} registers, {used.local_bytes} B local, {used.shared_bytes} B shared, "
               f"{used.num_warps} warps, {used.blocks_per_sm} programs per SM")
-        for ext in ("ttgir", "ptx"):
-            (out / f"{index}_{name}.{ext}").write_text(kernel.asm[ext])
+        dump_stages(kernel, name, {}, tuning, out)
 
 
 if __name__ == "__main__":
