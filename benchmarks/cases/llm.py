@@ -329,11 +329,11 @@ OLD_BATCH8 = {"block_p": 16, "qkv_split": 4, "square_sum_load": 0, "square_sum_l
 # Next (not yet timed): the second x load issued one chunk ahead (square_sum_load 2: its L2 round
 # trip no longer waited for in every chunk; 255 registers for the Q/K/V tiles when compiled here).
 PLAN_SWEEP: list[tuple[int, bool, dict[str, int]]] = [
-    (8, False, OLD_BATCH8), (8, False, {"square_sum_load": 2, "square_sum_load_qkv": 2}),
-    (8, False, {"square_sum_load": 2}), (8, False, {"square_sum_load_qkv": 0}), (8, True, {}),
-    (64, False, {"square_sum_load": 1}),
+    (1, False, {"pdl_weights": 1}), (1, False, {"pdl_weights": 1, "split_k": 2}),
+    (1, False, {"pdl_weights": 1, "split_k": 8}), (1, False, {"pdl_weights": 1, "fuse_attention": 0}),
+    (1, False, {"pdl_weights": 1, "block_k_down": 512}),
 ]
-PLAN_SWEEP_8B: list[tuple[int, bool, dict[str, int]]] = [(8, False, OLD_BATCH8)]
+PLAN_SWEEP_8B: list[tuple[int, bool, dict[str, int]]] = [(1, False, {"pdl_weights": 1})]
 QUICK_PLAN_SWEEP = [(1, False, {"row_prefetch": False}), (3, False, {"block_b": 4}),
                     (3, False, {"fuse_attention": True}), (3, True, {}), (1, True, {"dataflow": True})]
 

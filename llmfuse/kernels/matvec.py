@@ -35,6 +35,7 @@ hand (``g_next``; the batch-1 tiles, ``_one_row``).
 import triton.language as tl
 
 from fusecore.backend import jit
+from fusecore.launch_order import after_previous_kernel
 
 SMALL_BATCH = tl.constexpr(8)  # batches up to this use row sums (CUDA cores), larger ones tl.dot
 
@@ -135,38 +136,50 @@ def _square_sums(sumsq, xv, xs, x_ptr, B, K, k0, k_stop, SQ_LOAD: tl.constexpr, 
 
 
 @jit
-def _one_row_chunk(x_ptr, g_ptr, w_a, w_b, row_mask, k0, k_stop, HAS_NORM: tl.constexpr, PAIR: tl.constexpr,
-                   BLOCK_K: tl.constexpr):
-    """Chunk [k0, k0 + BLOCK_K) ∩ [.., k_stop) of one x row (float32), of g (ones without HAS_NORM) and of
-    the weight rows ``w_a`` (and ``w_b`` when PAIR; else ``w_a`` again, not reloaded)."""
+def _one_row_weights(g_ptr, w_a, w_b, row_mask, k0, k_stop, HAS_NORM: tl.constexpr, PAIR: tl.constexpr,
+                     BLOCK_K: tl.constexpr):
+    """Chunk [k0, k0 + BLOCK_K) ∩ [.., k_stop) of the weight rows ``w_a`` (and ``w_b`` when PAIR; else
+    ``w_a`` again, not reloaded) and of g (float32; ones without HAS_NORM): nothing a step writes."""
     k = k0 + tl.arange(0, BLOCK_K)
-    kmask = k < k_stop
-    wmask = row_mask[:, None] & kmask[None, :]
+    wmask = row_mask[:, None] & (k < k_stop)[None, :]
     wa = tl.load(w_a + k[None, :], mask=wmask, other=0.0, eviction_policy="evict_first")
     wb = wa
     if PAIR:
         wb = tl.load(w_b + k[None, :], mask=wmask, other=0.0, eviction_policy="evict_first")
-    xv = tl.load(x_ptr + k, mask=kmask, other=0.0, cache_modifier=".cg").to(tl.float32)
-    return wa, wb, xv, _norm_chunk(g_ptr, k0, k_stop, HAS_NORM, BLOCK_K)
+    return wa, wb, _norm_chunk(g_ptr, k0, k_stop, HAS_NORM, BLOCK_K)
+
+
+@jit
+def _one_row_x(x_ptr, k0, k_stop, BLOCK_K: tl.constexpr):
+    """Chunk [k0, k0 + BLOCK_K) ∩ [.., k_stop) of one x row as float32 (written by the previous instruction)."""
+    k = k0 + tl.arange(0, BLOCK_K)
+    return tl.load(x_ptr + k, mask=k < k_stop, other=0.0, cache_modifier=".cg").to(tl.float32)
 
 
 @jit
 def _one_row(x_ptr, g_ptr, w_a, w_b, row_mask, k_start, k_stop, HAS_NORM: tl.constexpr, PAIR: tl.constexpr,
-             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL_WAIT: tl.constexpr):
     """Batch 1, pipelined: (Σ_k x g W[rows_a], Σ_k x g W[rows_b], Σ_k x²) over [k_start, k_stop).
 
     The next chunk's loads are issued before the current chunk is used, so a program always
     has a chunk in flight while it multiplies; products accumulate elementwise in a
     [BLOCK_N, BLOCK_K] float32 tile and are summed across the chunk dimension once, after
     the loop (a sum across threads every chunk would put two CTA barriers into each
-    iteration).  The sum of squares comes back as a [1] tensor (one batch row)."""
+    iteration).  The sum of squares comes back as a [1] tensor (one batch row).
+    ``PDL_WAIT``: the program's programmatic-dependent-launch wait (fusecore/launch_order.py) is
+    made here, after the first chunk's weight loads are issued and before its x load: weights
+    and norm weights are never written during a step, so their first round trip overlaps the
+    previous kernel's tail instead of following it (compiled only)."""
     acc_a = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     acc_b = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     sumsq = tl.zeros([BLOCK_K], dtype=tl.float32)
-    wa, wb, xv, g = _one_row_chunk(x_ptr, g_ptr, w_a, w_b, row_mask, k_start, k_stop, HAS_NORM, PAIR, BLOCK_K)
+    wa, wb, g = _one_row_weights(g_ptr, w_a, w_b, row_mask, k_start, k_stop, HAS_NORM, PAIR, BLOCK_K)
+    after_previous_kernel(PDL_WAIT)
+    xv = _one_row_x(x_ptr, k_start, k_stop, BLOCK_K)
     for k0 in range(k_start, k_stop, BLOCK_K):
-        wa_next, wb_next, xv_next, g_next = _one_row_chunk(x_ptr, g_ptr, w_a, w_b, row_mask, k0 + BLOCK_K, k_stop,
-                                                           HAS_NORM, PAIR, BLOCK_K)
+        wa_next, wb_next, g_next = _one_row_weights(g_ptr, w_a, w_b, row_mask, k0 + BLOCK_K, k_stop, HAS_NORM, PAIR,
+                                                    BLOCK_K)
+        xv_next = _one_row_x(x_ptr, k0 + BLOCK_K, k_stop, BLOCK_K)
         sumsq += xv * xv
         xg = (xv * g)[None, :]
         acc_a += wa.to(tl.float32) * xg
@@ -188,9 +201,10 @@ def rows_dot(
     acc = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)
     sumsq = tl.zeros([BLOCK_B], dtype=tl.float32)
     w_rows = w_ptr + rows.to(tl.int64)[:, None] * K
+    tl.static_assert((ROW_PREFETCH != 2) or (BLOCK_B == 1), "ROW_PREFETCH 2 (the tile's own PDL wait): batch 1 only")
     if (BLOCK_B == 1) and ROW_PREFETCH:
         acc, unused, sumsq = _one_row(x_ptr, g_ptr, w_rows, w_rows, row_mask, k_start, k_stop, HAS_NORM, False,
-                                      BLOCK_N, BLOCK_K)
+                                      BLOCK_N, BLOCK_K, ROW_PREFETCH == 2)
     else:
         g = _norm_chunk(g_ptr, k_start, k_stop, HAS_NORM, BLOCK_K)
         xs = _square_chunk(x_ptr, B, K, k_start, k_stop, SQ_LOAD, BLOCK_B, BLOCK_K)
@@ -235,9 +249,10 @@ def rows_dot_pair_sums(
     sumsq = tl.zeros([BLOCK_B], dtype=tl.float32)
     w_a = w_ptr + rows_a.to(tl.int64)[:, None] * K
     w_b = w_ptr + rows_b.to(tl.int64)[:, None] * K
+    tl.static_assert((ROW_PREFETCH != 2) or (BLOCK_B == 1), "ROW_PREFETCH 2 (the tile's own PDL wait): batch 1 only")
     if (BLOCK_B == 1) and ROW_PREFETCH:
         acc_a, acc_b, sumsq = _one_row(x_ptr, g_ptr, w_a, w_b, row_mask, k_start, k_stop, HAS_NORM, True, BLOCK_N,
-                                       BLOCK_K)
+                                       BLOCK_K, ROW_PREFETCH == 2)
     else:
         g = _norm_chunk(g_ptr, k_start, k_stop, HAS_NORM, BLOCK_K)
         xs = _square_chunk(x_ptr, B, K, k_start, k_stop, SQ_LOAD, BLOCK_B, BLOCK_K)

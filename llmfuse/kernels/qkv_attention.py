@@ -63,15 +63,18 @@ def qkv_attention_kernel(
 ):
     pid = tl.program_id(0)
     qkv_tiles = (HQ + 2 * HKV) * tl.cdiv(D // 2, BLOCK_P) * QKV_SPLIT
+    tl.static_assert(USE_PDL or (ROW_PREFETCH != 2), "ROW_PREFETCH 2 is the PDL wait inside the tile")
     if pid < qkv_tiles:
         if USE_PDL:
             qkv_prefetch(pid, layer, w_ptr, H, HQ, HKV, D, BLOCK_P, BLOCK_K, QKV_SPLIT, PREFETCH_LINES)
+        if ROW_PREFETCH != 2:  # 2: the tile waits itself, after its first weight loads (matvec._one_row)
+            after_previous_kernel(USE_PDL)
     else:
         # the cache slots an attention tile reads do not depend on this launch's Q/K/V tiles (bar the
         # new slot, which L2 keeps coherent): into L2 before the waits, with or without PDL
         attention_prefetch(pid - qkv_tiles, layer, k_cache_ptr, v_cache_ptr, kv_start_ptr, slot_ptr, B, HKV, D, S,
                            n_splits, split_len, ATTN_PREFETCH_LINES)
-    after_previous_kernel(USE_PDL)
+        after_previous_kernel(USE_PDL)
     if pid < qkv_tiles:
         qkv_rope_tile(pid, layer, x_ptr, norm_ptr, w_ptr, bias_ptr, inv_freq_ptr, kv_start_ptr, slot_ptr,
                       q_ptr, k_cache_ptr, v_cache_ptr, pair_part_ptr, pair_sq_ptr, pair_sem_ptr,

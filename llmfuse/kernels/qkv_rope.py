@@ -123,7 +123,9 @@ def qkv_rope_kernel(
 ):
     if USE_PDL:
         qkv_prefetch(tl.program_id(0), layer, w_ptr, H, HQ, HKV, D, BLOCK_P, BLOCK_K, QKV_SPLIT, PREFETCH_LINES)
-    after_previous_kernel(USE_PDL)
+    tl.static_assert(USE_PDL or (ROW_PREFETCH != 2), "ROW_PREFETCH 2 is the PDL wait inside the tile")
+    if ROW_PREFETCH != 2:  # 2: the tile waits itself, after its first weight loads (matvec._one_row)
+        after_previous_kernel(USE_PDL)
     qkv_rope_tile(
         tl.program_id(0), layer, x_ptr, norm_ptr, w_ptr, bias_ptr, inv_freq_ptr, kv_start_ptr, slot_ptr,
         q_ptr, k_cache_ptr, v_cache_ptr, part_ptr, sq_ptr, sem_ptr, B, H, HQ, HKV, D, S, eps,

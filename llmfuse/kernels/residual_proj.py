@@ -84,6 +84,8 @@ def residual_proj_kernel(
 ):
     if USE_PDL:
         residual_proj_prefetch(tl.program_id(0), layer, w_ptr, H, K, split_k, BLOCK_N, BLOCK_K, PREFETCH_LINES)
-    after_previous_kernel(USE_PDL)
+    tl.static_assert(USE_PDL or (ROW_PREFETCH != 2), "ROW_PREFETCH 2 is the PDL wait inside the tile")
+    if ROW_PREFETCH != 2:  # 2: the tile waits itself, after its first weight loads (matvec._one_row)
+        after_previous_kernel(USE_PDL)
     residual_proj_tile(tl.program_id(0), layer, a_ptr, w_ptr, x_ptr, part_ptr, sem_ptr, B, H, K, split_k,
                        BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC, ROW_PREFETCH)

@@ -8,6 +8,7 @@ the exact arguments and constexprs a decode step passes, instead of launching it
 failure prints the kernel and the compiler's error and exits non-zero.
 """
 
+import re
 import sys
 
 import torch
@@ -38,10 +39,12 @@ KERNELS = ("qkv_rope_kernel", "decode_attention_kernel", "qkv_attention_kernel",
 READS_BEFORE_WAIT = {"decode_attention_kernel", "qkv_attention_kernel"}
 
 
-def check_pdl_order(name: str, ptx: str, prefetches: bool) -> None:
+def check_pdl_order(name: str, ptx: str, prefetches: bool, weights_early: bool) -> None:
     """A kernel launched with programmatic dependent launch must not write, nor (bar the slot reads
     of READS_BEFORE_WAIT) read, device memory before ``griddepcontrol.wait``, and its weight prefetches
-    (``prefetch.global.L2``) must come before it, not be sunk below it."""
+    (``prefetch.global.L2``) must come before it, not be sunk below it.  ``weights_early`` (ROW_PREFETCH
+    2, ``plan.pdl_weights``): the first wait must follow weight loads (``evict_first``), and the only
+    loads before it are those and the norm weights' — never an activation (``.cg``: x, attn, h, q)."""
     lines = [line.strip() for line in ptx.splitlines()]
     wait = next((i for i, line in enumerate(lines) if line.startswith("griddepcontrol.wait")), None)
     if wait is None:
@@ -49,6 +52,11 @@ def check_pdl_order(name: str, ptx: str, prefetches: bool) -> None:
     early = [line for line in lines[:wait] if any(op in line for op in ("st.global", "atom.", "red.", "ld.global"))]
     if name in READS_BEFORE_WAIT:
         early = [line for line in early if not line.startswith("ld.global.b64")]
+    if weights_early:
+        loads = [line for line in early if re.match(r"(@%?\w+\s+)?ld\.global", line)]
+        if not any("evict_first" in line for line in loads):
+            raise AssertionError(f"{name}: no weight load before griddepcontrol.wait with pdl_weights")
+        early = [line for line in early if line not in loads or ".cg" in line]
     if early:
         raise AssertionError(f"{name}: memory accesses before griddepcontrol.wait: {early[:4]}")
     if prefetches and not any("prefetch.global.L2" in line for line in lines[:wait]):
@@ -89,7 +97,8 @@ class CompileInsteadOfLaunch:
                 compiled = triton.compile(source, target=TARGET, options={
                     k: values[k] for k in ("num_warps", "num_stages", "maxnreg") if k in values})
                 if values.get("USE_PDL"):
-                    check_pdl_order(self.name, compiled.asm["ptx"], values["PREFETCH_LINES"] > 0)
+                    check_pdl_order(self.name, compiled.asm["ptx"], values["PREFETCH_LINES"] > 0,
+                                    values.get("ROW_PREFETCH") == 2)
                 self.compiled.add(key)
 
         return compile_only
@@ -117,7 +126,8 @@ def main(argv: list[str]) -> int:
     ]
     for cfg, dtype, batches in configs if full else configs[:1]:
         w = random_weights(cfg, dtype=dtype)
-        for batch in batches:
+        # batch 1 twice: PDL with the first weight chunk loaded before each tile's wait, and without
+        for batch, pdl_weights in [(1, True)] * (1 in batches) + [(batch, False) for batch in batches]:
             # batch 8 also compiles the K-split residual projections (the 1B and 8B shapes split K)
             # and the barrier polls by acquire loads (inline PTX), per-layer kernels (--all) with
             # programmatic dependent launch; batches 1 and 8 Q/K/V and attention in one launch;
@@ -129,7 +139,7 @@ def main(argv: list[str]) -> int:
                                  split_k=2 if batch == 8 else None, acquire_loads=batch == 8,
                                  pdl=batch in (1, 8), fuse_attention=batch < 64, dataflow=batch == 1,
                                  poll_sleep_ns=128 if batch < 64 else 0, wait_prefetch=8 if batch < 64 else 0,
-                                 attn_prefetch=batch < 64)
+                                 attn_prefetch=batch < 64, pdl_weights=pdl_weights)
             buf = ops.DecodeBuffers.allocate(cfg, plan, dtype, torch.device("cpu"))
             cache = ref.KVCache.empty(cfg, batch, 40, dtype=dtype, device="cpu")
             tokens = torch.zeros(batch, dtype=torch.int64)

@@ -296,19 +296,22 @@ def test_gpu_decode_step_is_cuda_graph_capturable(looped, gen):
 @pytest.mark.parametrize("looped, tuning", [
     (False, {"pdl": True}),
     (False, {"pdl": True, "wait_prefetch": 32, "attn_prefetch": True}),
+    (False, {"pdl": True, "pdl_weights": True, "fuse_attention": True, "attn_prefetch": True}),
+    (False, {"pdl": True, "pdl_weights": True, "fuse_attention": False}),
     (False, {"fuse_attention": True, "attn_prefetch": True}),
     (True, {"dataflow": True, "wait_prefetch": 32, "attn_prefetch": True}),
 ])
 def test_gpu_prefetch_before_wait_changes_no_value(batch, looped, tuning, gen):
     """Programmatic dependent launch with weights and cache slots prefetched into L2 before each wait
-    (fusecore/launch_order.py), and the dataflow schedule's prefetch before its waits: the logits equal
+    (fusecore/launch_order.py), batch-1 row tiles loading their first weight chunk before their own
+    wait (pdl_weights), and the dataflow schedule's prefetch before its waits: the logits equal
     the same path's without them bit for bit (the prefetch moves no value and the tile code is the
     same), eager and replayed from a CUDA graph (the graph keeps the programmatic edges; each kernel
     still waits before it reads or writes), and repeated steps agree (no race)."""
     device = test_device()
     w = random_weights(GPU_CFG, dtype=torch.bfloat16, device=device, generator=torch.Generator(device).manual_seed(3))
     # the same path without PDL or prefetch (batch 1 on the GPU has both by default)
-    base = {"pdl": False, "wait_prefetch": 0, "attn_prefetch": False,
+    base = {"pdl": False, "pdl_weights": False, "wait_prefetch": 0, "attn_prefetch": False,
             **{k: v for k, v in tuning.items() if k in ("dataflow", "fuse_attention")}}
     plain, buf0, cache0, tokens = _state(GPU_CFG, w, batch, 300, torch.bfloat16, gen, device, n_splits=None, **base)
     plan = dataclasses.replace(plain, **tuning)
