@@ -124,6 +124,52 @@ def _reinterpret_loaded_triton_language() -> None:
                 setattr(module, attr, InterpretedFunction(value.fn))
 
 
+def _interpret_bfloat16_as_the_gpu() -> None:
+    """Make Triton's interpreter compute bfloat16 as a GPU does: products and rounding.
+
+    The interpreter stores bfloat16 tensors as their uint16 bit patterns, and (Triton 3.9)
+    * its ``create_dot`` multiplies those integers: ``tl.dot`` of bfloat16 operands returns ~1e11
+      for unit inputs.  The bit patterns are widened to float32 first here, which gives the
+      products a GPU's tensor cores form (bfloat16 values, float32 accumulation);
+    * its float32 -> bfloat16 cast truncates (rounds toward zero, a bias of half a unit in the
+      last place per value), where the GPU's ``cvt.rn.bf16.f32`` and torch round to nearest even.
+      The cast rounds to nearest even here (NaN stays NaN).
+    So the bfloat16 paths of a kernel run on the CPU as written, bit for bit with torch's own
+    rounding, instead of through float32 stand-ins.  Only bfloat16 stored as uint16 is touched:
+    an interpreter that computes bfloat16 itself is left alone.
+    """
+    import numpy as np
+    from triton.runtime import interpreter
+
+    bf16, f32 = triton.language.bfloat16, triton.language.float32
+    builder = type(interpreter.interpreter_builder)
+    if getattr(builder.create_dot, "as_the_gpu", False):
+        return
+    dot, cast = builder.create_dot, builder.cast_impl
+
+    def widened(handle):
+        if handle.dtype == bf16 and handle.data.dtype == np.uint16:
+            bits = handle.data.astype(np.uint32) << np.uint32(16)
+            return interpreter.TensorHandle(bits.view(np.float32), f32)
+        return handle
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        return dot(self, widened(a), widened(b), d, input_precision, max_num_imprecise_acc)
+
+    def cast_impl(self, src, dst_type):
+        out = cast(self, src, dst_type)
+        if src.dtype.scalar == f32 and dst_type.scalar == bf16 and out.data.dtype == np.uint16:
+            bits = np.ascontiguousarray(src.data, dtype=np.float32).view(np.uint32)
+            nearest = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
+            nan = np.isnan(src.data)
+            rounded = np.where(nan, (bits >> np.uint32(16)) | np.uint32(0x40), nearest).astype(np.uint16)
+            out = interpreter.TensorHandle(rounded.reshape(np.shape(src.data)), out.dtype)
+        return out
+
+    create_dot.as_the_gpu = True
+    builder.create_dot, builder.cast_impl = create_dot, cast_impl  # create_fp_trunc & co. call self.cast_impl
+
+
 REQUESTED = _requested()
 KERNEL_MODE = _decide_mode(REQUESTED)
 if KERNEL_MODE == "interpret":
@@ -132,6 +178,7 @@ if KERNEL_MODE == "interpret":
 triton = _import_triton()
 if KERNEL_MODE == "interpret":
     _reinterpret_loaded_triton_language()
+    _interpret_bfloat16_as_the_gpu()
 
 INTERPRET = KERNEL_MODE == "interpret"
 COMPILED = KERNEL_MODE == "compiled"

@@ -22,9 +22,11 @@ taken as 16-byte aligned, the common specialisation of a launch.
 With ``FUSEKIT_COMPILE_REPORT=<file.jsonl>`` as well, each compiled specialisation appends one
 line to that file: the kernel, its launch options and constexprs, and what ``ptxas`` allotted —
 registers per thread, local memory per thread (spills and stack), static shared memory — with
-the occupancy those imply on the target (:func:`occupancy`).  ``python -m fusecore.compile_check
-<file.jsonl>`` prints them as a table, spilling kernels first: register pressure and spills of
-every kernel a test touches, read on a CPU machine.  With ``FUSEKIT_COMPILE_DUMP=<folder>`` each
+the occupancy those imply on the target (:func:`occupancy`), and the tensor-core operands it reads
+from shared memory without a swizzle, i.e. with bank conflicts (:func:`unswizzled_dot_operands`).
+``python -m fusecore.compile_check <file.jsonl>`` prints them as a table, spilling kernels first:
+register pressure, spills and conflicted operands of every kernel a test touches, read on a CPU
+machine.  With ``FUSEKIT_COMPILE_DUMP=<folder>`` each
 specialisation's compiler stages (TTIR, TTGIR — layouts, shared-memory buffers and their
 swizzling, pipelining —, LLVM IR and PTX) are written there as ``<kernel>.<hash>.<stage>``, with
 its constexprs and launch options in ``<kernel>.<hash>.txt``: what the compiler made of a kernel,
@@ -41,6 +43,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import re
 import shutil
@@ -96,7 +99,8 @@ class KernelResources:
     ``registers`` per thread; ``local_bytes`` per thread of local memory (register spills and
     stack arrays: each access is a round trip through L1/L2); ``shared_bytes`` of static plus
     Triton's dynamic shared memory per block; ``blocks_per_sm`` and ``warps_per_sm`` the
-    resident blocks and warps one multiprocessor can hold (of 64 warps).
+    resident blocks and warps one multiprocessor can hold (of 64 warps); ``unswizzled_dot_operands``
+    the shared-memory buffers that feed tensor-core operands without a swizzle (:func:`unswizzled_dot_operands`).
     """
 
     kernel: str
@@ -109,6 +113,7 @@ class KernelResources:
     shared_bytes: int
     blocks_per_sm: int
     warps_per_sm: int
+    unswizzled_dot_operands: str = ""
 
 
 def occupancy(registers: int, shared_bytes: int, num_warps: int) -> int:
@@ -119,6 +124,48 @@ def occupancy(registers: int, shared_bytes: int, num_warps: int) -> int:
     by_registers = REGISTERS_PER_SM // (regs_per_warp * num_warps)
     by_shared = SHARED_PER_SM // (shared_bytes + SHARED_RESERVED_PER_BLOCK)
     return min(by_registers, by_shared, MAX_WARPS_PER_SM // num_warps, MAX_BLOCKS_PER_SM)
+
+
+_SWIZZLED_SHARED = re.compile(r"^#(\w+) = #ttg\.swizzled_shared<\{vec = (\d+), perPhase = (\d+), "
+                              r"maxPhase = (\d+), order = \[([\d, ]+)\]", re.M)
+_DOT_OPERAND_LOAD = re.compile(r"ttg\.local_load [^:]*: !ttg\.memdesc<([\dx]+)x([a-z]+\d+), #(\w+)[^>]*> -> "
+                               r"tensor<[^>]*#ttg\.dot_op<\{opIdx = (\d)")
+_ELEMENT_BITS = re.compile(r"[a-z]+(\d+)")
+BANK_LINE_BYTES = 128  # 32 banks of 4 bytes
+ROWS_PER_READ = 8  # a tensor-core operand read (ldmatrix pattern): 8 rows of 16 bytes per phase
+
+
+def unswizzled_dot_operands(ttgir: str) -> list[str]:
+    """The tensor-core operands of a kernel (``ttg.local_load`` into a ``#ttg.dot_op`` layout, in
+    TTGIR) read from a shared-memory buffer whose ``swizzled_shared`` encoding has no swizzle
+    (``maxPhase = 1``), with the bank conflict that implies when the buffer's contiguous rows are
+    ``pitch`` bytes apart: an 8-row read of 16 bytes per row meets ``min(8, 128 / gcd(pitch, 128))``
+    distinct bank groups, so ``8 / that``-way conflicts (pitch 16 B: none; 64 B: 4-way; any multiple
+    of 128 B: 8-way).  One string per conflicting operand, e.g. ``"opIdx 0 16x128xf32 order [1, 0]:
+    pitch 512 B, ~8-way"``.
+
+    Triton gives a buffer no swizzle when it cannot pick one layout for all its readers, e.g. a
+    pipelined chunk that feeds ``tl.dot`` and an elementwise reduction (``tl.sum(x * x)``) too; a
+    second load of the chunk for the other reader gets the operand its swizzle back.  Hopper's
+    ``nvmma_shared`` (wgmma) buffers are not examined.
+    """
+    encodings = {name: (int(max_phase), [int(i) for i in order.split(",")])
+                 for name, _vec, _per, max_phase, order in _SWIZZLED_SHARED.findall(ttgir)}
+    found = []
+    for shape, dtype, encoding, op_idx in _DOT_OPERAND_LOAD.findall(ttgir):
+        if encoding not in encodings or encodings[encoding][0] != 1:
+            continue
+        order = encodings[encoding][1]
+        dims = [int(d) for d in shape.split("x")]
+        bits = _ELEMENT_BITS.fullmatch(dtype)
+        if bits is None or len(order) != len(dims):
+            continue
+        pitch = dims[order[0]] * int(bits.group(1)) // 8
+        groups = min(ROWS_PER_READ, BANK_LINE_BYTES // math.gcd(pitch, BANK_LINE_BYTES))
+        ways = ROWS_PER_READ // max(groups, 1)
+        if ways > 1:
+            found.append(f"opIdx {op_idx} {shape}x{dtype} order {order}: pitch {pitch} B, ~{ways}-way")
+    return found
 
 
 def _cuobjdump() -> str | None:
@@ -154,7 +201,8 @@ def resources(compiled: Any, name: str, target: GPUTarget, constexprs: dict) -> 
     return KernelResources(
         kernel=name, target=f"sm_{target.arch}", num_warps=meta.num_warps, num_stages=meta.num_stages,
         constexprs=", ".join(f"{k}={v}" for k, v in constexprs.items()), registers=registers,
-        local_bytes=local + stack, shared_bytes=shared, blocks_per_sm=blocks, warps_per_sm=blocks * meta.num_warps)
+        local_bytes=local + stack, shared_bytes=shared, blocks_per_sm=blocks, warps_per_sm=blocks * meta.num_warps,
+        unswizzled_dot_operands="; ".join(unswizzled_dot_operands(str(compiled.asm.get("ttgir", "")))))
 
 
 def _record(entry: KernelResources) -> None:
@@ -165,7 +213,8 @@ def _record(entry: KernelResources) -> None:
 
 
 def format_report(entries: list[KernelResources]) -> str:
-    """A table of compiled specialisations: spilling kernels first, then by registers (most first)."""
+    """A table of compiled specialisations: spilling kernels first, then by registers (most first);
+    then the tensor-core operands read from unswizzled shared memory, per specialisation."""
     rows = sorted({e for e in entries}, key=lambda e: (-e.local_bytes, -e.registers, e.kernel))
     head = f"{'kernel':44} {'warps':>5} {'regs':>4} {'local B':>7} {'smem KiB':>8} {'warps/SM':>8}  constexprs"
     lines = [head, "-" * len(head)]
@@ -173,7 +222,11 @@ def format_report(entries: list[KernelResources]) -> str:
         lines.append(f"{e.kernel[-44:]:44} {e.num_warps:5d} {e.registers:4d} {e.local_bytes:7d} "
                      f"{e.shared_bytes / 1024:8.1f} {e.warps_per_sm:8d}  {e.constexprs}")
     spilling = sum(e.local_bytes > 0 for e in rows)
-    lines.append(f"{len(rows)} specialisations, {spilling} with local memory (spills or stack)")
+    conflicted = [e for e in rows if e.unswizzled_dot_operands]
+    lines.append(f"{len(rows)} specialisations, {spilling} with local memory (spills or stack), "
+                 f"{len(conflicted)} with tensor-core operands in unswizzled shared memory")
+    for e in conflicted:
+        lines.append(f"  {e.kernel} [{e.constexprs}]: {e.unswizzled_dot_operands}")
     return "\n".join(lines)
 
 
@@ -210,9 +263,11 @@ class CheckedFunction(JITFunction):
             scope.restore()
 
     def __get__(self, instance: Any, owner: type | None = None):
-        # tensor member form (x.sum()): bound for the interpreter; the compiler binds it itself
+        # tensor member form (x.sum()): bound for the interpreter through __call__, which undoes its
+        # patching of triton.language (the InterpretedFunction's own call leaves tl.zeros & co.
+        # patched, and every later compile then fails); the compiler binds it itself
         if instance is not None and isinstance(getattr(instance, "handle", None), TensorHandle):
-            return functools.partial(self.interpreted, instance)
+            return functools.partial(self, instance)
         return self
 
     def run(self, *args: Any, grid: Any, warmup: bool, **kwargs: Any):

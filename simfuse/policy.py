@@ -21,7 +21,6 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from fusecore import backend
 from fusecore.plan import next_power_of_2
 
 MAX_DISCRETE_ACTIONS = 64
@@ -105,10 +104,6 @@ def _pack_matrix(weight: torch.Tensor, rows: int, cols: int, dtype: torch.dtype,
     """W [out, in] -> zero-padded W.T [rows, cols] in ``dtype``."""
     packed = torch.zeros((rows, cols), dtype=dtype, device=device)
     packed[: weight.shape[1], : weight.shape[0]] = weight.detach().T.to(device=device, dtype=dtype)
-    if dtype == torch.bfloat16 and backend.INTERPRET:
-        # Triton's interpreter cannot compute in bfloat16: it gets the bfloat16-rounded
-        # weights in float32 (and keeps the activations in float32)
-        return packed.to(torch.float32)
     return packed
 
 

@@ -7,6 +7,7 @@ import textwrap
 
 import pytest
 import torch
+import triton.language as tl
 
 import fusecore
 from fusecore import backend
@@ -142,3 +143,38 @@ def test_interpreter_works_when_triton_was_imported_first():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().endswith("ok")
+
+
+@backend.jit
+def _bf16_round_and_dot(x_ptr, w_ptr, cast_ptr, out_ptr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """cast = bf16(x) (float32 x [BM, BK]); out = bf16(x) @ w.T in float32 (w bf16 [BN, BK])."""
+    rm, rn, rk = tl.arange(0, BM), tl.arange(0, BN), tl.arange(0, BK)
+    x = tl.load(x_ptr + rm[:, None] * BK + rk[None, :]).to(tl.bfloat16)
+    w = tl.load(w_ptr + rn[:, None] * BK + rk[None, :])
+    tl.store(cast_ptr + rm[:, None] * BK + rk[None, :], x)
+    tl.store(out_ptr + rm[:, None] * BN + rn[None, :], tl.dot(x, tl.trans(w)))
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered in matmul:RuntimeWarning")  # inf · 0 in row 0
+@pytest.mark.parametrize("bm, bn, bk", [(16, 16, 16), (16, 32, 64)])
+def test_bfloat16_rounds_to_nearest_even_and_multiplies_as_on_the_gpu(device, bm, bn, bk):
+    """The interpreter's bfloat16 (fusecore.backend._interpret_bfloat16_as_the_gpu): a float32 ->
+    bfloat16 cast bit for bit torch's (round to nearest even, ties included; NaN, inf, subnormals),
+    and tl.dot of bfloat16 operands the float64 product of their values."""
+    gen = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+    x = torch.randn(bm, bk, generator=gen) * 8
+    # ties of both parities, values that round up into the next binade, specials
+    x.view(-1)[:8] = torch.tensor([1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8), 2 - 2**-9, 3.4e38,
+                                   float("inf"), -float("inf"), 1e-40])
+    w = (torch.randn(bn, bk, generator=gen) * 8).to(torch.bfloat16)
+    cast = torch.full((bm, bk), 7, dtype=torch.bfloat16)
+    out = torch.full((bm, bn), float("nan"))
+    x, w, cast, out = (t.to(device) for t in (x, w, cast, out))
+    _bf16_round_and_dot[(1,)](x, w, cast, out, BM=bm, BN=bn, BK=bk)
+    assert torch.equal(cast.view(torch.int16).cpu(), x.to(torch.bfloat16).view(torch.int16).cpu())
+    finite = x.abs() < 1e30  # the big and infinite values sit in row 0
+    rows = finite.all(1)
+    expected = x.to(torch.bfloat16).double()[rows] @ w.double().T
+    # exact products, float32 sums of bk terms
+    tol = bk * 2**-23 * (x.to(torch.bfloat16).double()[rows].abs() @ w.double().abs().T)
+    assert ((out[rows].double() - expected).abs() <= tol + 1e-30).all()

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -29,18 +30,28 @@ def test_compiles_each_launch_and_rejects_what_only_the_interpreter_accepts(tmp_
     from fusecore.compile_check import KernelResources, format_report
 
     entries = [KernelResources(**json.loads(line)) for line in report.read_text().splitlines()]
-    assert [e.kernel.rsplit(".", 1)[-1] for e in entries] == ["good_kernel"]
-    good = entries[0]
+    assert [e.kernel.rsplit(".", 1)[-1] for e in entries] == ["good_kernel"] + ["square_sum_dot_kernel"] * 2
+    good, read_once, loaded_twice = entries
+    # the operand chunk with two readers has no swizzle (Triton 3.9 lays the [16, 128] float32 chunk
+    # out column-major: a 64-byte pitch, ~4-way conflicts); loaded a second time for the sum of
+    # squares, it has one
+    assert "SECOND_LOAD=0" in read_once.constexprs
+    conflict = r"opIdx 0 16x128xf32 order \[\d, \d\]: pitch \d+ B, ~[2-8]-way"
+    assert re.fullmatch(conflict, read_once.unswizzled_dot_operands), read_once
+    assert "SECOND_LOAD=1" in loaded_twice.constexprs and loaded_twice.unswizzled_dot_operands == ""
+    assert good.unswizzled_dot_operands == ""
     assert (good.target, good.num_warps, good.constexprs) == ("sm_90", 2, "BLOCK=16")
     assert 0 < good.registers <= 255 and good.local_bytes == 0 and good.warps_per_sm == 64
     # the stages of that one specialisation, read without a GPU
-    stages = sorted(p.name.rsplit(".", 1)[-1] for p in dump.iterdir())
+    stages = sorted(p.name.rsplit(".", 1)[-1] for p in dump.glob("*good_kernel*"))
     assert stages == ["llir", "ptx", "ttgir", "ttir", "txt"], stages
     ptx = next(dump.glob("*good_kernel*.ptx")).read_text()
     assert ".target sm_90" in ptx and "BLOCK=16" in next(dump.glob("*good_kernel*.txt")).read_text()
     assert "ttg.num-warps" in next(dump.glob("*good_kernel*.ttgir")).read_text()
     table = format_report(entries)
-    assert "good_kernel" in table and "1 specialisations, 0 with local memory" in table
+    assert "good_kernel" in table
+    assert "3 specialisations, 0 with local memory (spills or stack), 1 with tensor-core operands" in table
+    assert "square_sum_dot_kernel [SECOND_LOAD=0, BM=16, BN=32, BK=128]: opIdx 0 16x128xf32" in table
     shown = subprocess.run([sys.executable, "-m", "fusecore.compile_check", str(report)], env=env,
                            capture_output=True, text=True, timeout=120)
     assert shown.returncode == 0 and "good_kernel" in shown.stdout, shown.stdout + shown.stderr
@@ -74,3 +85,28 @@ def test_parse_target_rejects(text):
 
     with pytest.raises(ValueError, match="FUSEKIT_COMPILE_FOR"):
         parse_target(text)
+
+
+def test_unswizzled_dot_operands_reads_the_encoding_and_pitch():
+    """The TTGIR reading of fusecore.compile_check.unswizzled_dot_operands on the two encodings the
+    llmfuse batch-8 gate/up tile had (Triton 3.9, sm_90): the x chunk's buffer with one reader too
+    many (no swizzle, 512-byte rows: the 8-way conflict Nsight Compute measured), and swizzled."""
+    from fusecore.compile_check import unswizzled_dot_operands
+
+    def ttgir(max_phase: int, order: str, shape: str) -> str:
+        encoding = f"{{vec = 1, perPhase = 1, maxPhase = {max_phase}, order = [{order}]}}"
+        return (f"#shared = #ttg.swizzled_shared<{encoding}>\n"
+                f"#shared1 = #ttg.swizzled_shared<{{vec = 8, perPhase = 1, maxPhase = 8, order = [1, 0]}}>\n"
+                f"%out = ttg.local_load %x token %t : !ttg.memdesc<{shape}, #shared, #smem, mutable> -> "
+                f"tensor<{shape}, #ttg.dot_op<{{opIdx = 0, parent = #mma, kWidth = 2}}>> loc(#loc1)\n"
+                f"%w = ttg.local_load %y token %t : !ttg.memdesc<64x128xbf16, #shared1, #smem, mutable> -> "
+                f"tensor<64x128xbf16, #ttg.dot_op<{{opIdx = 1, parent = #mma, kWidth = 2}}>> loc(#loc2)\n"
+                f"%s = ttg.local_load %x token %t : !ttg.memdesc<{shape}, #shared, #smem, mutable> -> "
+                f"tensor<{shape}, #blocked1> loc(#loc3)\n")
+
+    assert unswizzled_dot_operands(ttgir(1, "1, 0", "16x128xf32")) == [
+        "opIdx 0 16x128xf32 order [1, 0]: pitch 512 B, ~8-way"]
+    assert unswizzled_dot_operands(ttgir(1, "1, 0", "16x32xbf16")) == [
+        "opIdx 0 16x32xbf16 order [1, 0]: pitch 64 B, ~4-way"]
+    assert unswizzled_dot_operands(ttgir(1, "1, 0", "16x8xbf16")) == []  # 16-byte rows: no conflict
+    assert unswizzled_dot_operands(ttgir(4, "1, 0", "16x128xf32")) == []  # swizzled

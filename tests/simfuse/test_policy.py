@@ -42,8 +42,8 @@ CASES = {
                              lambda: nn.Sequential(nn.Linear(3, 12), nn.Tanh(), nn.Linear(12, 12, bias=False),
                                                    nn.Tanh(), nn.Linear(12, 1)), "ieee"),
 }
-# tf32 / fp16 operands carry 11-bit mantissas, bf16 8-bit ones (on the GPU; the interpreter
-# computes in float32); ieee is float32 throughout
+# tf32 / fp16 operands carry 11-bit mantissas, bf16 8-bit ones (the interpreter too: fusecore's
+# backend gives it the GPU's bfloat16 rounding and products); ieee is float32 throughout
 TOLERANCE = {"ieee": 1e-4, "tf32": 5e-3, "bf16": 3e-2, "fp16": 5e-3}
 
 
