@@ -13,13 +13,13 @@ Public functions, for users with their own projections (each one autograd op):
 
 All run one code path (:class:`AttentionInputs` names the score and its tensors; the
 kernels select the score with a constexpr).  Launch sequence of one forward: the light
-width classes (one launch each, or all in one with ``ScheduleOptions.one_light_launch``), the
-medium rows, the super-row pieces and their logsumexp merge (in training the kernels also store
-the caller's output, see :func:`_forward_saving`).  Backward: ``δ = <g, out>`` (and an output
-bias's partial sums), the source pass over the reverse CSR (light, medium, pieces + sums), the
-destination pass (light, medium, pieces + sums; GAT's plain row sums take every light row in one
-launch) and, for ``gat``, the node-score epilogue and one reduction of the partial sums.  Small
-graphs on the GPU use the row kernel alone: one launch per pass.
+width classes (one launch each), the medium rows, the super-row pieces and their logsumexp
+merge (in training the kernels also store the caller's output, see :func:`_forward_saving`).
+Backward: ``δ = <g, out>`` (and an output bias's partial sums), the source pass over the
+reverse CSR (light, medium, pieces + sums), the destination pass (light, medium, pieces + sums;
+GAT's plain row sums take every light row in one launch) and, for ``gat``, the node-score
+epilogue and one reduction of the partial sums.  Small graphs on the GPU use the row kernel
+alone: one launch per pass.
 
 Each returns ``out [N, H, D]`` in the dtype of the values and is differentiable in every
 tensor argument; nodes without incoming edges get zeros.  Non-finite inputs propagate as in
@@ -213,11 +213,7 @@ def attention_forward(
     ``out_add`` is added to ``out``, or with ``final`` (``[N, H, D]``, any float dtype) ``final``
     gets ``out + out_add`` (or ``out`` alone) in its dtype and ``out`` stays the attention's own.
     """
-    from .kernels.attention_forward import (
-        attention_forward_light_classes_kernel,
-        attention_forward_light_kernel,
-        attention_forward_rows_kernel,
-    )
+    from .kernels.attention_forward import attention_forward_light_kernel, attention_forward_rows_kernel
     from .kernels.merge import lse_merge_kernel
 
     value = inputs.value
@@ -241,26 +237,14 @@ def attention_forward(
     final = final if has_final else out  # never written without FINAL
     light_tiles, row_block_e = _tile_budget(schedule, inputs, "forward")
     buckets = schedule.incoming
-    light_rows = {width: _light_rows(schedule, inputs, width, light_tiles) for width, _, _, _ in buckets.light}
-    # every light program holds >= MIN_DOT edges when the edge projection is a product (_light_rows),
-    # so EDGE_DOT is the same for every width class
-    light_flags = {**flags, "BLOCK_H": block_h, "BLOCK_D": block_d, "ADD": has_add, "FINAL": has_final,
-                   **_edge_flags(inputs, block_h, block_d, MIN_DOT), "num_warps": schedule.num_warps}
-    if schedule.one_light_launch and buckets.light:
-        table, programs = _class_table(buckets, light_rows, value.device)
-        attention_forward_light_classes_kernel[(programs,)](
-            graph.csr_src, graph.csr_eid, *buckets.light_all, table, *tensors, out, lse, add, final, heads,
+    for width, rows, starts, stops in buckets.light:
+        per_program = _light_rows(schedule, inputs, width, light_tiles)
+        attention_forward_light_kernel[(cdiv(rows.numel(), per_program),)](
+            graph.csr_src, graph.csr_eid, rows, starts, stops, *tensors, out, lse, add, final, rows.numel(), heads,
             head_dim, inputs.edge_dim, *scalars, add_stride,
-            **{f"ROWS_{width}": light_rows.get(width, 0) for width in LIGHT_CLASS_WIDTHS}, **light_flags,
+            ROWS=per_program, BLOCK_E=width, BLOCK_H=block_h, BLOCK_D=block_d, **flags, ADD=has_add, FINAL=has_final,
+            **_edge_flags(inputs, block_h, block_d, per_program * width), num_warps=schedule.num_warps,
         )
-    else:
-        for width, rows, starts, stops in buckets.light:
-            per_program = light_rows[width]
-            attention_forward_light_kernel[(cdiv(rows.numel(), per_program),)](
-                graph.csr_src, graph.csr_eid, rows, starts, stops, *tensors, out, lse, add, final, rows.numel(),
-                heads, head_dim, inputs.edge_dim, *scalars, add_stride, ROWS=per_program, BLOCK_E=width,
-                **light_flags,
-            )
     for rows, starts, stops, count, pieces in _row_launches(buckets):
         if pieces:
             target_out = _new_output((count, heads, head_dim), acc, value.device)
@@ -282,30 +266,6 @@ def attention_forward(
                 BLOCK_D=block_d, ADD=has_add, FINAL=has_final,
             )
     return out, lse
-
-
-LIGHT_CLASS_WIDTHS = (1, 2, 4, 8, 16, 32, 64)  # a one-launch light kernel's classes: its ROWS_<width>
-
-
-def _class_table(buckets: Buckets, light_rows: dict[int, int], device: torch.device) -> tuple[torch.Tensor, int]:
-    """(table, programs) of a one-launch light kernel over ``buckets.light_all``: int64 pairs (first
-    program, first row) of every class of :data:`LIGHT_CLASS_WIDTHS` and a closing pair (programs,
-    rows) (:func:`gnnfuse.kernels.tiles.light_class`), for ``light_rows[width]`` rows per program;
-    built on first use and cached on the buckets (the one host-to-device copy of a configuration)."""
-    key = tuple(sorted(light_rows.items()))
-    cached = buckets.class_tables.get(key)
-    if cached is None:
-        counts = {width: int(rows.numel()) for width, rows, _, _ in buckets.light}
-        entries, programs, rows = [], 0, 0
-        for width in LIGHT_CLASS_WIDTHS:
-            entries += [programs, rows]
-            if width in counts:
-                programs += cdiv(counts[width], light_rows[width])
-                rows += counts[width]
-        entries += [programs, rows]
-        cached = (torch.tensor(entries, dtype=torch.int64, device=device), programs)
-        buckets.class_tables[key] = cached
-    return cached
 
 
 def gat_forward(
@@ -351,7 +311,6 @@ def attention_backward(
         attention_backward_dst_kernel,
         attention_backward_dst_light_kernel,
         attention_backward_src_kernel,
-        attention_backward_src_light_classes_kernel,
         attention_backward_src_light_kernel,
         row_sum_kernel,
     )
@@ -383,24 +342,14 @@ def attention_backward(
     src_tensors = (*inputs.pointers(), lse, grad_out, delta)
     outgoing = schedule.outgoing
     light_tiles, row_block_e = _tile_budget(schedule, inputs, "source")
-    light_rows = {width: _light_rows(schedule, inputs, width, light_tiles) for width, _, _, _ in outgoing.light}
-    light_flags = {**flags, "BLOCK_H": block_h, "BLOCK_D": block_d, **_edge_flags(inputs, block_h, block_d, MIN_DOT),
-                   "num_warps": schedule.num_warps}  # EDGE_DOT as in attention_forward
-    if schedule.one_light_launch and outgoing.light:
-        table, programs = _class_table(outgoing, light_rows, device)
-        attention_backward_src_light_classes_kernel[(programs,)](
-            graph.rev_dst, graph.rev_pos, graph.rev_eid, *outgoing.light_all, table, *src_tensors, grad_value,
-            grad_src, grad_s, heads, head_dim, edge_dim, *scalars,
-            **{f"ROWS_{width}": light_rows.get(width, 0) for width in LIGHT_CLASS_WIDTHS}, **light_flags,
+    for width, rows, starts, stops in outgoing.light:
+        per_program = _light_rows(schedule, inputs, width, light_tiles)
+        attention_backward_src_light_kernel[(cdiv(rows.numel(), per_program),)](
+            graph.rev_dst, graph.rev_pos, graph.rev_eid, rows, starts, stops, *src_tensors, grad_value, grad_src,
+            grad_s, rows.numel(), heads, head_dim, edge_dim, *scalars,
+            ROWS=per_program, BLOCK_E=width, BLOCK_H=block_h, BLOCK_D=block_d, **flags,
+            **_edge_flags(inputs, block_h, block_d, per_program * width), num_warps=schedule.num_warps,
         )
-    else:
-        for width, rows, starts, stops in outgoing.light:
-            per_program = light_rows[width]
-            attention_backward_src_light_kernel[(cdiv(rows.numel(), per_program),)](
-                graph.rev_dst, graph.rev_pos, graph.rev_eid, rows, starts, stops, *src_tensors, grad_value, grad_src,
-                grad_s, rows.numel(), heads, head_dim, edge_dim, *scalars, ROWS=per_program, BLOCK_E=width,
-                **light_flags,
-            )
     for rows, starts, stops, count, pieces in _row_launches(outgoing):
         if pieces:
             target_value = _new_output((count, heads, head_dim), acc, device)

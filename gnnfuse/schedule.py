@@ -32,7 +32,7 @@ longer than an even share of the graph, whatever its degree.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -85,10 +85,7 @@ class ScheduleOptions:
     classes, increasing powers of two up to 64 (default: every power of two up to
     ``light_max_degree``): a row goes to the narrowest width >= its degree and rows above the
     widest are not light, so fewer widths mean fewer launches per pass at the cost of masked
-    edge slots; ``one_light_launch``: the light width classes of the forward and of the backward's
-    source pass run in one launch each (a branch per class in one kernel) instead of one launch per
-    class (default False: measured slower on the GPU, ``gnn/light_launch``).  The last five are
-    tuning knobs for GPU experiments.
+    edge slots.  The last four are tuning knobs for GPU experiments.
     """
 
     light_max_degree: int | None = None
@@ -98,7 +95,6 @@ class ScheduleOptions:
     num_warps: int | None = None
     edge_lanes: bool | None = None
     light_widths: tuple[int, ...] | None = None
-    one_light_launch: bool | None = None
 
     def __post_init__(self) -> None:
         for name in ("light_max_degree", "split_degree", "piece_edges", "tile_elements", "num_warps"):
@@ -106,10 +102,8 @@ class ScheduleOptions:
             low = _OPTION_MINIMA.get(name, 0)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
                 raise ValueError(f"ScheduleOptions.{name} must be None or an int >= {low}, got {value!r}")
-        for name in ("edge_lanes", "one_light_launch"):
-            value = getattr(self, name)
-            if value is not None and not isinstance(value, bool):
-                raise ValueError(f"ScheduleOptions.{name} must be None or a bool, got {value!r}")
+        if self.edge_lanes is not None and not isinstance(self.edge_lanes, bool):
+            raise ValueError(f"ScheduleOptions.edge_lanes must be None or a bool, got {self.edge_lanes!r}")
         widths = self.light_widths
         if widths is not None and not (
             isinstance(widths, tuple) and widths and all(_is_power_of_two(w) and w <= MAX_LIGHT_DEGREE for w in widths)
@@ -153,8 +147,6 @@ class Buckets:
     piece_stop: torch.Tensor
     super_piece_ptr: torch.Tensor
     piece_edges: int
-    # device tables of one-launch light kernels, built on first use per rows-per-program choice
-    class_tables: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def num_pieces(self) -> int:
@@ -188,7 +180,6 @@ class Schedule:
     tiles: TileLimits
     num_warps: int
     edge_lanes: bool | None
-    one_light_launch: bool = False
 
     def light_rows_per_program(self, width: int, row_elements: int) -> int:
         """Rows per program for light rows of ``width`` edges with ``row_elements`` values per edge."""
@@ -315,6 +306,5 @@ def build_schedule(graph, num_heads: int, head_dim: int, dtype: torch.dtype, opt
         light_max_degree=light_max, split_degree=split, tiles=tiles,
         num_warps=options.num_warps or DEFAULT_NUM_WARPS,
         edge_lanes=options.edge_lanes,
-        one_light_launch=bool(options.one_light_launch),
     )
 

@@ -46,9 +46,6 @@ and bf16, beside compiled PyG in bf16, and schedule candidates with fewer launch
 (``ScheduleOptions.light_widths``), rows of degree up to 64 in light tiles, or bf16 tiles of fp32's
 byte size.  ``lanes_gatv2`` times GATv2's forward with per-lane state at Reddit scale.
 
-``light_launch`` times the forward's light width classes in one launch
-(``ScheduleOptions.one_light_launch``) against one launch per class (GATConv, arxiv-like, bf16).
-
 ``gat_super_node`` checks the TARGETS.md rule that a node of in-degree 10⁶ costs no more
 per edge than a uniform graph (within 2×): both graphs have ~1 M edges.
 
@@ -763,29 +760,3 @@ def _launch_variants(ctx: Context, setup: LaunchSetup, dtype: torch.dtype, train
         except Exception as exc:  # noqa: BLE001 - keep measuring the other candidates, fail at the end
             failures.append(f"{tag} op {label}: {type(exc).__name__}: {exc}")
     return failures
-
-
-ONE_LIGHT_LAUNCH = ("one light launch", ScheduleOptions(one_light_launch=True))
-
-
-@case("gnn", "light_launch", baseline="default schedule", headline=False)
-def light_launch_case(ctx: Context) -> None:
-    """The forward's light width classes in one launch (``ScheduleOptions(one_light_launch=True)``:
-    four launches fewer per forward on the arxiv-like graph) against one launch per class: the fused
-    GATConv on the arxiv-like graph in bf16, forward and forward+backward, as called (host work
-    included) and replayed as a CUDA graph (GPU time).  Quick mode: fp32 on the tiny graph."""
-    setup = _launch_setup(ctx, torch.float32 if ctx.quick else torch.bfloat16)
-    layer, graph, x, tag = setup.layer, setup.graph, setup.x, setup.params["dtype"]
-    with torch.no_grad():
-        expected = layer(graph, x).float()
-    for label, schedule in (DEFAULT, ONE_LIGHT_LAUNCH):
-        def call(schedule=schedule):
-            return layer(graph, x, schedule=schedule)
-
-        with torch.no_grad():
-            ctx.check(f"{tag} layer {label}", call().float(), expected, 1e-6)
-        phases = (("fwd", _forward(call), setup.floors[0]),
-                  ("fwd+bwd", _train_step(call, list(layer.parameters()), setup.grad), setup.floors[1]))
-        for phase, run, floor in phases:
-            ctx.time(label, run, bytes_moved=floor, params=setup.params, variant=f"layer,{tag},{phase}")
-            _time_replayed(ctx, label + REPLAYED, run, floor, setup.params, f"layer,{tag},{phase}")

@@ -48,16 +48,7 @@ from .edge_features import (
     store_attr_grad,
 )
 from .scores import attn_grad_terms, edge_scores, gather_keys, score_grad
-from .tiles import (
-    flat_head_tile,
-    head_tile,
-    item_edges,
-    lane_add,
-    lane_total,
-    light_class,
-    light_edges,
-    row_ranges,
-)
+from .tiles import flat_head_tile, head_tile, item_edges, lane_add, lane_total, light_edges, row_ranges
 
 
 @jit
@@ -173,96 +164,9 @@ def attention_backward_src_light_kernel(
     DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr, BLOCK_K: tl.constexpr, EDGE_DOT: tl.constexpr,
     KEY_SCALE: tl.constexpr,
 ):
-    """The source pass for ``ROWS`` light source rows per program, edges in one tile
-    (:func:`_source_light_rows`)."""
-    _source_light_rows(
-        tl.program_id(0).to(tl.int64), rev_dst_ptr, rev_pos_ptr, rev_eid_ptr, rows_ptr, starts_ptr, stops_ptr,
-        src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, lse_ptr, grad_out_ptr, delta_ptr,
-        grad_value_ptr, grad_src_ptr, grad_s_ptr, num_rows, H, D, K, negative_slope, scale, dropout_p, keep_scale,
-        seed, rng_offset, ROWS, BLOCK_E, BLOCK_H, BLOCK_D, DROPOUT, SCORE, EDGE, BLOCK_K, EDGE_DOT, KEY_SCALE,
-    )
-
-
-@jit
-def attention_backward_src_light_classes_kernel(
-    rev_dst_ptr, rev_pos_ptr, rev_eid_ptr, rows_ptr, starts_ptr, stops_ptr, class_ptr,
-    src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, lse_ptr, grad_out_ptr, delta_ptr,
-    grad_value_ptr, grad_src_ptr, grad_s_ptr,
-    H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
-    ROWS_1: tl.constexpr, ROWS_2: tl.constexpr, ROWS_4: tl.constexpr, ROWS_8: tl.constexpr, ROWS_16: tl.constexpr,
-    ROWS_32: tl.constexpr, ROWS_64: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-    DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr, BLOCK_K: tl.constexpr, EDGE_DOT: tl.constexpr,
-    KEY_SCALE: tl.constexpr,
-):
-    """The source pass's light rows of every width class ``w`` with ``ROWS_w`` above 0 in one launch,
-    as :func:`~gnnfuse.kernels.attention_forward.attention_forward_light_classes_kernel` does for
-    the forward."""
-    pid = tl.program_id(0).to(tl.int64)
-    # one call per class, unrolled: each has its own constexpr tile shape [ROWS_w, w]
-    _source_light_class(pid, class_ptr, 0, rows_ptr, starts_ptr, stops_ptr, rev_dst_ptr, rev_pos_ptr, rev_eid_ptr,
-        src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, lse_ptr, grad_out_ptr, delta_ptr,
-        grad_value_ptr, grad_src_ptr, grad_s_ptr, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed,
-        rng_offset, ROWS_1, 1, BLOCK_H, BLOCK_D, DROPOUT, SCORE, EDGE, BLOCK_K, EDGE_DOT, KEY_SCALE)
-    _source_light_class(pid, class_ptr, 1, rows_ptr, starts_ptr, stops_ptr, rev_dst_ptr, rev_pos_ptr, rev_eid_ptr,
-        src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, lse_ptr, grad_out_ptr, delta_ptr,
-        grad_value_ptr, grad_src_ptr, grad_s_ptr, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed,
-        rng_offset, ROWS_2, 2, BLOCK_H, BLOCK_D, DROPOUT, SCORE, EDGE, BLOCK_K, EDGE_DOT, KEY_SCALE)
-    _source_light_class(pid, class_ptr, 2, rows_ptr, starts_ptr, stops_ptr, rev_dst_ptr, rev_pos_ptr, rev_eid_ptr,
-        src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, lse_ptr, grad_out_ptr, delta_ptr,
-        grad_value_ptr, grad_src_ptr, grad_s_ptr, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed,
-        rng_offset, ROWS_4, 4, BLOCK_H, BLOCK_D, DROPOUT, SCORE, EDGE, BLOCK_K, EDGE_DOT, KEY_SCALE)
-    _source_light_class(pid, class_ptr, 3, rows_ptr, starts_ptr, stops_ptr, rev_dst_ptr, rev_pos_ptr, rev_eid_ptr,
-        src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, lse_ptr, grad_out_ptr, delta_ptr,
-        grad_value_ptr, grad_src_ptr, grad_s_ptr, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed,
-        rng_offset, ROWS_8, 8, BLOCK_H, BLOCK_D, DROPOUT, SCORE, EDGE, BLOCK_K, EDGE_DOT, KEY_SCALE)
-    _source_light_class(pid, class_ptr, 4, rows_ptr, starts_ptr, stops_ptr, rev_dst_ptr, rev_pos_ptr, rev_eid_ptr,
-        src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, lse_ptr, grad_out_ptr, delta_ptr,
-        grad_value_ptr, grad_src_ptr, grad_s_ptr, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed,
-        rng_offset, ROWS_16, 16, BLOCK_H, BLOCK_D, DROPOUT, SCORE, EDGE, BLOCK_K, EDGE_DOT, KEY_SCALE)
-    _source_light_class(pid, class_ptr, 5, rows_ptr, starts_ptr, stops_ptr, rev_dst_ptr, rev_pos_ptr, rev_eid_ptr,
-        src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, lse_ptr, grad_out_ptr, delta_ptr,
-        grad_value_ptr, grad_src_ptr, grad_s_ptr, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed,
-        rng_offset, ROWS_32, 32, BLOCK_H, BLOCK_D, DROPOUT, SCORE, EDGE, BLOCK_K, EDGE_DOT, KEY_SCALE)
-    _source_light_class(pid, class_ptr, 6, rows_ptr, starts_ptr, stops_ptr, rev_dst_ptr, rev_pos_ptr, rev_eid_ptr,
-        src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, lse_ptr, grad_out_ptr, delta_ptr,
-        grad_value_ptr, grad_src_ptr, grad_s_ptr, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed,
-        rng_offset, ROWS_64, 64, BLOCK_H, BLOCK_D, DROPOUT, SCORE, EDGE, BLOCK_K, EDGE_DOT, KEY_SCALE)
-
-
-@jit
-def _source_light_class(
-    pid, class_ptr, CLASS: tl.constexpr, rows_ptr, starts_ptr, stops_ptr,
-    rev_dst_ptr, rev_pos_ptr, rev_eid_ptr, src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr,
-    lse_ptr, grad_out_ptr, delta_ptr, grad_value_ptr, grad_src_ptr, grad_s_ptr,
-    H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
-    ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-    DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr, BLOCK_K: tl.constexpr, EDGE_DOT: tl.constexpr,
-    KEY_SCALE: tl.constexpr,
-):
-    if ROWS > 0:
-        in_class, local_pid, row0, num_rows = light_class(pid, class_ptr, CLASS)
-        if in_class:
-            _source_light_rows(
-                local_pid, rev_dst_ptr, rev_pos_ptr, rev_eid_ptr, rows_ptr + row0, starts_ptr + row0,
-                stops_ptr + row0, src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, lse_ptr,
-                grad_out_ptr, delta_ptr, grad_value_ptr, grad_src_ptr, grad_s_ptr, num_rows, H, D, K,
-                negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, ROWS, BLOCK_E, BLOCK_H, BLOCK_D,
-                DROPOUT, SCORE, EDGE, BLOCK_K, EDGE_DOT, KEY_SCALE,
-            )
-
-
-@jit
-def _source_light_rows(
-    pid, rev_dst_ptr, rev_pos_ptr, rev_eid_ptr, rows_ptr, starts_ptr, stops_ptr,
-    src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, lse_ptr, grad_out_ptr, delta_ptr,
-    grad_value_ptr, grad_src_ptr, grad_s_ptr,
-    num_rows, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
-    ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-    DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr, BLOCK_K: tl.constexpr, EDGE_DOT: tl.constexpr,
-    KEY_SCALE: tl.constexpr,
-):
-    """The source pass for ``ROWS`` light source rows (program ``pid`` of their list), edges in one tile."""
+    """The source pass for ``ROWS`` light source rows per program, edges in one tile."""
     acc_dtype = lse_ptr.dtype.element_ty
+    pid = tl.program_id(0).to(tl.int64)
     offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
     c_offs, c_mask = flat_head_tile(H, D, BLOCK_H, BLOCK_D)
     HD = H * D

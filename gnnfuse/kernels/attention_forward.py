@@ -24,8 +24,7 @@ Two kernels, by row kind (:mod:`gnnfuse.schedule`):
 
 * :func:`attention_forward_light_kernel` — ``ROWS`` light rows per program, all their edges
   in one ``[ROWS, BLOCK_E]`` tile (``BLOCK_E >=`` the rows' degree): an exact softmax per
-  row, no loop; one launch per width class, or every class in one launch of
-  :func:`attention_forward_light_classes_kernel` (``ScheduleOptions.one_light_launch``);
+  row, no loop;
 * :func:`attention_forward_rows_kernel` — one item per program, its edges in blocks of
   ``BLOCK_E`` with an online softmax (``LANES``: a running max, sum and output per edge lane,
   merged once after the loop, so the loop has no reduction across threads; otherwise one
@@ -51,7 +50,7 @@ from fusecore.backend import jit
 from .dropout import attention_dropout
 from .edge_features import edge_attr_tile, edge_weight_heads, edge_weight_tile, project_edges, row_edge_terms
 from .scores import edge_scores, gather_keys
-from .tiles import finish_softmax, flat_head_tile, head_tile, item_edges, light_class, light_edges, store_output
+from .tiles import finish_softmax, flat_head_tile, head_tile, item_edges, light_edges, store_output
 
 
 @jit
@@ -169,94 +168,8 @@ def attention_forward_light_kernel(
     DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr, BLOCK_K: tl.constexpr, EDGE_DOT: tl.constexpr,
     KEY_SCALE: tl.constexpr, ADD: tl.constexpr, FINAL: tl.constexpr,
 ):
-    """``ROWS`` light rows of one width class (``BLOCK_E``) per program: :func:`_forward_light_rows`."""
-    _forward_light_rows(
-        tl.program_id(0).to(tl.int64), src_ptr, eid_ptr, rows_ptr, starts_ptr, stops_ptr, src_term_ptr, dst_term_ptr,
-        attn_ptr, value_ptr, attr_ptr, w_edge_ptr, out_ptr, lse_ptr, add_ptr, final_ptr, num_rows, H, D, K,
-        negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, add_stride, ROWS, BLOCK_E, BLOCK_H, BLOCK_D,
-        DROPOUT, SCORE, EDGE, BLOCK_K, EDGE_DOT, KEY_SCALE, ADD, FINAL,
-    )
-
-
-@jit
-def attention_forward_light_classes_kernel(
-    src_ptr, eid_ptr, rows_ptr, starts_ptr, stops_ptr, class_ptr,
-    src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, out_ptr, lse_ptr, add_ptr, final_ptr,
-    H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, add_stride,
-    ROWS_1: tl.constexpr, ROWS_2: tl.constexpr, ROWS_4: tl.constexpr, ROWS_8: tl.constexpr, ROWS_16: tl.constexpr,
-    ROWS_32: tl.constexpr, ROWS_64: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-    DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr, BLOCK_K: tl.constexpr, EDGE_DOT: tl.constexpr,
-    KEY_SCALE: tl.constexpr, ADD: tl.constexpr, FINAL: tl.constexpr,
-):
-    """Light rows of every width class ``w`` with ``ROWS_w`` (rows per program) above 0, in one launch:
-    the programs of a class (``class_ptr``, :func:`~gnnfuse.kernels.tiles.light_class`) run
-    :func:`_forward_light_rows` on its rows with ``[ROWS_w, w]`` edge tiles; a class with
-    ``ROWS_w = 0`` is not compiled in."""
-    pid = tl.program_id(0).to(tl.int64)
-    # one call per class, unrolled: each has its own constexpr tile shape [ROWS_w, w]
-    _forward_light_class(pid, class_ptr, 0, rows_ptr, starts_ptr, stops_ptr, src_ptr, eid_ptr, src_term_ptr,
-        dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, out_ptr, lse_ptr, add_ptr, final_ptr, H, D, K,
-        negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, add_stride, ROWS_1, 1, BLOCK_H, BLOCK_D,
-        DROPOUT, SCORE, EDGE, BLOCK_K, EDGE_DOT, KEY_SCALE, ADD, FINAL)
-    _forward_light_class(pid, class_ptr, 1, rows_ptr, starts_ptr, stops_ptr, src_ptr, eid_ptr, src_term_ptr,
-        dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, out_ptr, lse_ptr, add_ptr, final_ptr, H, D, K,
-        negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, add_stride, ROWS_2, 2, BLOCK_H, BLOCK_D,
-        DROPOUT, SCORE, EDGE, BLOCK_K, EDGE_DOT, KEY_SCALE, ADD, FINAL)
-    _forward_light_class(pid, class_ptr, 2, rows_ptr, starts_ptr, stops_ptr, src_ptr, eid_ptr, src_term_ptr,
-        dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, out_ptr, lse_ptr, add_ptr, final_ptr, H, D, K,
-        negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, add_stride, ROWS_4, 4, BLOCK_H, BLOCK_D,
-        DROPOUT, SCORE, EDGE, BLOCK_K, EDGE_DOT, KEY_SCALE, ADD, FINAL)
-    _forward_light_class(pid, class_ptr, 3, rows_ptr, starts_ptr, stops_ptr, src_ptr, eid_ptr, src_term_ptr,
-        dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, out_ptr, lse_ptr, add_ptr, final_ptr, H, D, K,
-        negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, add_stride, ROWS_8, 8, BLOCK_H, BLOCK_D,
-        DROPOUT, SCORE, EDGE, BLOCK_K, EDGE_DOT, KEY_SCALE, ADD, FINAL)
-    _forward_light_class(pid, class_ptr, 4, rows_ptr, starts_ptr, stops_ptr, src_ptr, eid_ptr, src_term_ptr,
-        dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, out_ptr, lse_ptr, add_ptr, final_ptr, H, D, K,
-        negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, add_stride, ROWS_16, 16, BLOCK_H, BLOCK_D,
-        DROPOUT, SCORE, EDGE, BLOCK_K, EDGE_DOT, KEY_SCALE, ADD, FINAL)
-    _forward_light_class(pid, class_ptr, 5, rows_ptr, starts_ptr, stops_ptr, src_ptr, eid_ptr, src_term_ptr,
-        dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, out_ptr, lse_ptr, add_ptr, final_ptr, H, D, K,
-        negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, add_stride, ROWS_32, 32, BLOCK_H, BLOCK_D,
-        DROPOUT, SCORE, EDGE, BLOCK_K, EDGE_DOT, KEY_SCALE, ADD, FINAL)
-    _forward_light_class(pid, class_ptr, 6, rows_ptr, starts_ptr, stops_ptr, src_ptr, eid_ptr, src_term_ptr,
-        dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, out_ptr, lse_ptr, add_ptr, final_ptr, H, D, K,
-        negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, add_stride, ROWS_64, 64, BLOCK_H, BLOCK_D,
-        DROPOUT, SCORE, EDGE, BLOCK_K, EDGE_DOT, KEY_SCALE, ADD, FINAL)
-
-
-@jit
-def _forward_light_class(
-    pid, class_ptr, CLASS: tl.constexpr, rows_ptr, starts_ptr, stops_ptr,
-    src_ptr, eid_ptr, src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, out_ptr, lse_ptr, add_ptr,
-    final_ptr, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, add_stride,
-    ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-    DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr, BLOCK_K: tl.constexpr, EDGE_DOT: tl.constexpr,
-    KEY_SCALE: tl.constexpr, ADD: tl.constexpr, FINAL: tl.constexpr,
-):
-    if ROWS > 0:
-        in_class, local_pid, row0, num_rows = light_class(pid, class_ptr, CLASS)
-        if in_class:
-            _forward_light_rows(
-                local_pid, src_ptr, eid_ptr, rows_ptr + row0, starts_ptr + row0, stops_ptr + row0,
-                src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, out_ptr, lse_ptr, add_ptr,
-                final_ptr, num_rows, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
-                add_stride, ROWS, BLOCK_E, BLOCK_H, BLOCK_D, DROPOUT, SCORE, EDGE, BLOCK_K, EDGE_DOT, KEY_SCALE,
-                ADD, FINAL,
-            )
-
-
-@jit
-def _forward_light_rows(
-    pid, src_ptr, eid_ptr, rows_ptr, starts_ptr, stops_ptr,
-    src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, out_ptr, lse_ptr, add_ptr, final_ptr,
-    num_rows, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, add_stride,
-    ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-    DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr, BLOCK_K: tl.constexpr, EDGE_DOT: tl.constexpr,
-    KEY_SCALE: tl.constexpr, ADD: tl.constexpr, FINAL: tl.constexpr,
-):
-    """The forward of ``ROWS`` light rows (program ``pid`` of their list), all edges in one
-    ``[ROWS, BLOCK_E]`` tile: an exact softmax per row, no loop."""
     acc_dtype = lse_ptr.dtype.element_ty
+    pid = tl.program_id(0).to(tl.int64)
     offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
     c_offs, c_mask = flat_head_tile(H, D, BLOCK_H, BLOCK_D)
     HD = H * D

@@ -7,7 +7,6 @@
 * :func:`item_edges` — the row, CSR edge range and output slot of one program's item: a whole
   row or one piece of a split row (ranges precomputed by the schedule);
 * :func:`row_ranges` — ``ROWS`` items of a schedule list: rows, CSR starts and degrees;
-* :func:`light_class` — which width class of a one-launch light kernel a program belongs to;
 * :func:`light_edges` — the ``ROWS`` light rows of one program and the ``[ROWS, BLOCK_E]`` tile
   of their CSR positions (``BLOCK_E`` >= every row's degree);
 * :func:`node_rows` — ``ROWS`` consecutive nodes of one program and their feature tile
@@ -69,19 +68,6 @@ def row_ranges(pid, rows_ptr, starts_ptr, stops_ptr, num_rows, ROWS: tl.constexp
     start = tl.load(starts_ptr + offs_r, mask=r_mask, other=0).to(tl.int64)
     degree = tl.load(stops_ptr + offs_r, mask=r_mask, other=0).to(tl.int64) - start
     return offs_r, r_mask, rows, start, degree
-
-
-@jit
-def light_class(pid, class_ptr, CLASS: tl.constexpr):
-    """(in_class, local_pid, row0, num_rows) of program ``pid`` for light width class ``CLASS``
-    (width ``2**CLASS``) of a one-launch light kernel: ``class_ptr`` holds int64 pairs (first
-    program, first row) for the classes 0 .. 6 and a final pair (programs, rows) of the launch, so
-    class ``c`` owns programs ``[p_c, p_{c+1})`` and rows ``[r_c, r_{c+1})`` of the launch's row list."""
-    first = tl.load(class_ptr + 2 * CLASS)
-    row0 = tl.load(class_ptr + 2 * CLASS + 1)
-    stop = tl.load(class_ptr + 2 * CLASS + 2)
-    num_rows = tl.load(class_ptr + 2 * CLASS + 3) - row0
-    return (pid >= first) & (pid < stop), pid - first, row0, num_rows
 
 
 @jit

@@ -6,7 +6,7 @@ from gnn_testing import SCHEDULES, corner_case_edges, planetoid, poison_op_outpu
 
 from fusecore import PhiloxStream
 from fusecore.testing import TOLERANCES, assert_all_written, assert_close
-from gnnfuse import Graph, ScheduleOptions, ops
+from gnnfuse import Graph, ops
 from gnnfuse.reference import dropout_keep_mask, gat_attention_reference
 
 
@@ -282,46 +282,3 @@ def test_output_term_is_added_in_the_store_or_after_the_op(gen, device):
         assert value.grad is not None and torch.isfinite(value.grad).all()
     with pytest.raises(ValueError, match=r"out_add must have H·D = 15 elements \(a bias\) or shape \[num_nodes"):
         ops.gat(graph, wh, attn_l, attn_r, out_add=torch.ones(7, device=device))
-
-
-def test_one_light_launch_matches_one_launch_per_width_class(gen, device, monkeypatch):
-    """``ScheduleOptions.one_light_launch``: the light width classes of the forward and of the source
-    pass (four and three here: a power-law graph, small tiles, and a one-multiprocessor device for
-    the schedule, so that no class is too small to keep) in one launch each of the class-table
-    kernels give the per-class launches' results (the same arithmetic per row): outputs for every
-    score, edge features and the output term included, and GAT's and the Transformer's gradients."""
-    from dataclasses import replace
-    from types import SimpleNamespace
-
-    import gnnfuse.schedule
-    from gnnfuse.datasets import power_law_graph
-
-    monkeypatch.setattr(gnnfuse.schedule, "device_facts", lambda device: SimpleNamespace(sm_count=2))
-    graph = Graph(power_law_graph(120, 720, 30, seed=1).to(device), 120)
-    per_class = ScheduleOptions(light_max_degree=16, split_degree=24, piece_edges=8, tile_elements=256)
-    one = replace(per_class, one_light_launch=True)
-    schedule = graph.schedule(3, 5, torch.float32, per_class)
-    assert len(schedule.incoming.light) == 4 and len(schedule.outgoing.light) >= 3
-    wh, fd, attn_l, attn_r = (torch.randn(shape, generator=gen).to(device)
-                              for shape in ((120, 3, 5), (120, 3, 5), (1, 3, 5), (1, 3, 5)))
-    bias = torch.randn(15, generator=gen).to(device)
-    attr = torch.randn(graph.num_edges, 4, generator=gen).to(device)
-    weight = torch.randn(15, 4, generator=gen).to(device)
-    calls = {
-        "gat": lambda s, t: ops.gat(graph, t, attn_l, attn_r, schedule=s, out_add=bias),
-        "gatv2": lambda s, t: ops.gatv2(graph, t, fd, attn_l, schedule=s),
-        "transformer": lambda s, t: ops.transformer_attention(graph, fd, t, t, attr, weight, schedule=s),
-    }
-    with torch.no_grad():
-        assert_close(calls["gatv2"](one, wh), calls["gatv2"](per_class, wh), tol=1e-6)
-    for name in ("gat", "transformer"):  # training: the output and the gradient
-        results = []
-        for options in (per_class, one):
-            leaf = wh.clone().requires_grad_(True)
-            out = calls[name](options, leaf)
-            out.backward(torch.ones(120, 3, 5, device=device))
-            results.append((out.detach(), leaf.grad))
-        for label, a, b in zip(("output", "gradient"), *results):
-            assert_close(a, b, tol=1e-6, name=f"{name} {label}")
-    with pytest.raises(ValueError, match="one_light_launch must be None or a bool"):
-        ScheduleOptions(one_light_launch=1)
