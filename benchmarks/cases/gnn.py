@@ -46,6 +46,9 @@ and bf16, beside compiled PyG in bf16, and schedule candidates with fewer launch
 (``ScheduleOptions.light_widths``), rows of degree up to 64 in light tiles, or bf16 tiles of fp32's
 byte size.  ``lanes_gatv2`` times GATv2's forward with per-lane state at Reddit scale.
 
+``captured`` (not headline rows) times the opt-in :func:`gnnfuse.capture` (forward and backward
+replayed from CUDA graphs, as a user calls it) beside the same layers as called, arxiv-like.
+
 ``gat_super_node`` checks the TARGETS.md rule that a node of in-degree 10⁶ costs no more
 per edge than a uniform graph (within 2×): both graphs have ~1 M edges.
 
@@ -62,7 +65,7 @@ import torch
 
 from benchmarks.registry import CheckFailed, Context, case
 from fusecore import use_reference
-from gnnfuse import Graph, ScheduleOptions, ops
+from gnnfuse import Graph, ScheduleOptions, capture, ops
 from gnnfuse.datasets import load_planetoid, planetoid_available, power_law_graph
 from gnnfuse.nn import AGNNConv, GATConv, GATv2Conv, GraphTransformerConv
 from gnnfuse.ops import attention_floor_bytes, gat_floor_bytes
@@ -760,3 +763,71 @@ def _launch_variants(ctx: Context, setup: LaunchSetup, dtype: torch.dtype, train
         except Exception as exc:  # noqa: BLE001 - keep measuring the other candidates, fail at the end
             failures.append(f"{tag} op {label}: {type(exc).__name__}: {exc}")
     return failures
+
+
+# gnnfuse.capture rows: (family, dtypes).  The host-bound layers only: in session 6's first
+# measurement (H200) the Graph Transformer in fp32 and AGNN were GPU-bound as called (captured
+# within 3% of as called), so they are not timed again.
+CAPTURED_LAYERS = ((GAT, (torch.bfloat16, torch.float32)), (GATV2, (torch.bfloat16,)), (TRANSFORMER, (torch.bfloat16,)))
+
+
+@case("gnn", "captured", baseline="fused (gnnfuse)", headline=False)
+def captured_case(ctx: Context) -> None:
+    """Full-graph training on a fixed graph with ``gnnfuse.capture`` (forward and backward replayed
+    from CUDA graphs, as a user calls it: inputs copied in, output copied out, parameter gradients
+    accumulated by autograd) beside the same layer as called, arxiv-like, forward and
+    forward+backward (CAPTURED_LAYERS); the captured output is checked against the layer's.  Reported
+    apart from the default rows (opt-in).  CUDA graphs need a GPU: on the CPU (quick mode) the
+    case's smoke rows are GATConv as called against the unfused reference on the tiny graph."""
+    if not ctx.gpu:
+        _captured_smoke_rows(ctx)
+        return
+    spec = next(s for s in FULL if s.name == "arxiv-like")
+    edges, n = _edges(spec.name, ctx.device)
+    graph = Graph(edges, n)
+    gen = torch.Generator().manual_seed(7)
+    failures = []
+    for family, dtypes in CAPTURED_LAYERS:
+        for dtype in dtypes:
+            tag = "fp32" if dtype == torch.float32 else "bf16"
+            try:
+                torch.manual_seed(0)
+                layer = family.build(spec).to(device=ctx.device, dtype=dtype)
+                x = torch.randn(n, spec.in_feats, generator=gen).to(device=ctx.device, dtype=dtype)
+                x.requires_grad_(family.input_grad)
+                captured = capture(layer, graph, x)
+                with torch.no_grad():
+                    want = layer(graph, x).float()
+                    ctx.check(f"{family.label} {tag} captured vs as called", captured(x).float(), want,
+                              2e-3 if dtype == torch.float32 else 2e-2)
+                grad = torch.randn(want.shape, generator=gen).to(device=ctx.device, dtype=dtype)
+                leaves = [*layer.parameters(), *([x] if family.input_grad else [])]
+                floors = [family.floor(graph, spec, dtype, phase) for phase in (False, True)]
+                params = {"graph": spec.name, "nodes": n, "edges": graph.num_edges, "dtype": tag}
+                for impl, call in (("fused (gnnfuse)", lambda: layer(graph, x)),
+                                   ("fused, gnnfuse.capture", lambda: captured(x))):
+                    for phase, run, floor in (("fwd", _forward(call), floors[0]),
+                                              ("fwd+bwd", _train_step(call, leaves, grad), floors[1])):
+                        ctx.time(impl, run, bytes_moved=floor, params=params,
+                                 variant=f"{family.label},{tag},{phase}")
+            except Exception as exc:  # noqa: BLE001 - keep measuring the other layers, fail at the end
+                failures.append(f"{family.label} {tag}: {type(exc).__name__}: {exc}")
+            torch.cuda.empty_cache()
+    if failures:
+        raise CheckFailed("; ".join(failures))
+
+
+def _captured_smoke_rows(ctx: Context) -> None:
+    spec = QUICK[0]
+    edges, n = _edges(spec.name, ctx.device)
+    graph = Graph(edges, n)
+    layer = GAT.build(spec).to(ctx.device)
+    x = torch.randn(n, spec.in_feats, generator=torch.Generator().manual_seed(7)).to(ctx.device)
+    params = {"graph": spec.name, "nodes": n, "edges": graph.num_edges, "dtype": "fp32"}
+
+    def reference():
+        with use_reference():
+            return layer(graph, x)
+
+    for impl, call in (("fused (gnnfuse)", lambda: layer(graph, x)), ("unfused torch (gnnfuse.reference)", reference)):
+        ctx.time(impl, _forward(call), params=params, variant="GATConv,fp32,fwd")

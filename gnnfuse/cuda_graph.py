@@ -1,0 +1,152 @@
+"""A gnnfuse layer on one fixed graph, captured as CUDA graphs: forward and backward replayed.
+
+Called as usual, a layer's step on a graph like ogbn-arxiv spends more host time issuing its
+launches (Triton's launch path, torch's ops, the autograd engine) than the GPU spends running
+them (``README.md``, sessions 4-6).  Full-graph training repeats the same launches on the same
+graph every step, so :func:`capture` records them once — the forward and the backward, each
+one CUDA graph (``torch.cuda.make_graphed_callables``) — and every later call replays them:
+
+    captured = gnnfuse.capture(GATConv(128, 16, 8).cuda(), graph, x)   # warm-up + capture
+    for x in batches:                      # same shapes, dtypes and device as the sample
+        loss = loss_fn(captured(x))        # forward: copy x in, replay, a copy of the output out
+        loss.backward()                    # backward: replayed; parameter gradients as usual
+        optimizer.step()                   # in place: the replays read the updated parameters
+
+Autograd semantics are the layer's: gradients reach the inputs that require them and the
+layer's parameters (``captured.parameters()`` are the layer's own), which an optimizer may
+update in place between steps.  What a replay cannot change is refused or made explicit:
+
+* attention dropout in training (its mask comes from a seed drawn on the host per call, which
+  a graph would freeze) — ``ValueError`` at capture; feature dropout (torch's RNG) replays fine;
+* a layer switched to the other mode (``train()`` / ``eval()``) than at capture runs as called;
+* each replay overwrites the state the previous call saved for its backward: a backward through
+  an output of an earlier call raises ``RuntimeError`` instead of returning wrong gradients.
+  Outputs themselves are copies and stay valid.
+
+Inputs must keep the sample's shapes, dtypes, device and ``requires_grad`` (``ValueError``
+otherwise); the graph is fixed, and the parameters must change in place only (optimizers and
+``load_state_dict`` do; moving or converting the layer after the capture does not: capture again).
+torch warns once that the parameters' gradient accumulators live on the capture stream (it
+orders the streams itself).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from .graph import as_graph
+from .nn import AGNNConv, GATConv, GATv2Conv, GraphTransformerConv
+from .schedule import ScheduleOptions
+
+CAPTURABLE = (GATConv, GATv2Conv, GraphTransformerConv, AGNNConv)
+
+
+def _attention_dropout(layer: nn.Module) -> float:
+    """The attention dropout probability the layer applies in training."""
+    return layer.dropout if isinstance(layer, GraphTransformerConv) else getattr(layer, "attn_drop_p", 0.0)
+
+
+def _signature(tensor: torch.Tensor) -> tuple:
+    return tuple(tensor.shape), tensor.dtype, tensor.device, tensor.requires_grad
+
+
+class _Bound(nn.Module):
+    """``layer(graph, *inputs)`` as a module of tensor inputs alone (what make_graphed_callables takes)."""
+
+    def __init__(self, layer: nn.Module, graph: Any, schedule: ScheduleOptions | None) -> None:
+        super().__init__()
+        self.layer = layer
+        self.graph = graph
+        self.schedule = schedule
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        return self.layer(self.graph, *inputs, schedule=self.schedule)
+
+
+class _Fresh(torch.autograd.Function):
+    """A copy of a replay's output that refuses a backward once a later replay has overwritten
+    the state it depends on (``owner.replays`` counts replays)."""
+
+    @staticmethod
+    def forward(ctx, owner, out):  # type: ignore[override]
+        ctx.owner, ctx.replay = owner, owner.replays
+        return out.clone()
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        if ctx.owner.replays != ctx.replay:
+            raise RuntimeError(
+                "gnnfuse.capture: the captured layer was called again before the backward of an earlier "
+                "output; a replay overwrites the state that backward needs (call backward first)"
+            )
+        return None, grad
+
+
+class CapturedLayer(nn.Module):
+    """A gnnfuse layer bound to one graph, replayed from CUDA graphs (built by :func:`capture`).
+
+    ``forward(*inputs)`` takes the layer's tensor inputs after the graph (``feat``, and
+    ``edge_feat`` for a GraphTransformerConv with ``edge_dim``) and returns what the layer
+    returns, as a fresh tensor."""
+
+    def __init__(self, layer: nn.Module, graphed: _Bound, training: bool, inputs: tuple[torch.Tensor, ...]) -> None:
+        super().__init__()
+        self.layer = layer
+        # kept out of the module tree: its training flag stays at the capture's mode, so that
+        # make_graphed_callables always replays; this module decides when to (the layer's mode)
+        self.__dict__["_graphed"] = graphed
+        self.captured_training = training
+        self.replays = 0
+        self.signature = [_signature(t) for t in inputs]
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        if self.layer.training != self.captured_training:
+            return self.layer(self._graphed.graph, *inputs, schedule=self._graphed.schedule)
+        signature = [_signature(t) if isinstance(t, torch.Tensor) else type(t).__name__ for t in inputs]
+        if signature != self.signature:
+            raise ValueError(
+                "the captured layer takes inputs like its capture's samples (shape, dtype, device, requires_grad): "
+                f"{self.signature}, got {signature}"
+            )
+        self.replays += 1
+        return _Fresh.apply(self, self._graphed(*inputs))
+
+
+def capture(
+    layer: nn.Module, graph: Any, *inputs: torch.Tensor, schedule: ScheduleOptions | None = None, warmup: int = 3,
+) -> CapturedLayer:
+    """Capture ``layer(graph, *inputs)``'s forward and backward as CUDA graphs (module doc).
+
+    ``layer``: a :mod:`gnnfuse.nn` layer on a CUDA device, in the mode (train / eval) it will be
+    replayed in; ``graph``: anything the layer takes (a :class:`gnnfuse.Graph`, ``edge_index``,
+    PyG ``Data``, DGL graph), fixed from now on; ``inputs``: sample tensors (``feat [N, in]``,
+    and ``edge_feat [E, edge_dim]`` where the layer has one) with the shapes, dtypes and
+    ``requires_grad`` of every later call; ``schedule``: forwarded to the layer;
+    ``warmup``: eager iterations before the capture (they build the graph's schedule and
+    compile the kernels).  The warm-up runs forward and backward but leaves ``.grad`` untouched.
+    """
+    if not isinstance(layer, CAPTURABLE):
+        names = ", ".join(cls.__name__ for cls in CAPTURABLE)
+        raise TypeError(f"layer must be a gnnfuse.nn layer ({names}), got {type(layer).__name__}")
+    if not inputs or not all(isinstance(t, torch.Tensor) for t in inputs):
+        raise TypeError("inputs must be one or more sample tensors (feat, and edge_feat where the layer takes it)")
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 1:
+        raise ValueError(f"warmup must be an int >= 1, got {warmup!r}")
+    if layer.training and _attention_dropout(layer) > 0:
+        raise ValueError(
+            "capture of a layer with attention dropout in training: its mask seed is drawn on the host per call "
+            "and a CUDA graph would freeze it (capture in eval mode, or set the attention dropout to 0)"
+        )
+    for index, tensor in enumerate(inputs):
+        if tensor.device.type != "cuda":
+            raise ValueError(f"inputs[{index}] on '{tensor.device}': capture records CUDA graphs, CUDA tensors only")
+    graph = as_graph(graph, inputs[0].shape[0]) if isinstance(graph, torch.Tensor) else as_graph(graph)
+    bound = _Bound(layer, graph, schedule)
+    bound.train(layer.training)
+    graphed = torch.cuda.make_graphed_callables(
+        bound, inputs, num_warmup_iters=warmup, allow_unused_input=True,
+    )
+    return CapturedLayer(layer, graphed, layer.training, inputs)
