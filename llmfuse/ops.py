@@ -66,10 +66,13 @@ class DecodePlan:
     # while the stage waited for streams its weights.  0: poll back to back.
     poll_sleep_ns: int = 0
     pdl: bool = False  # per-layer kernels: programmatic dependent launch (fusecore/launch_order.py; sm_90+)
-    # With pdl, batch-1 row tiles (row_prefetch) issue their first K chunk's weight and norm-weight
-    # loads before the PDL wait, which they make themselves (kernels/matvec.py ``_one_row``): that
-    # round trip overlaps the previous kernel's tail.  Compiled only.
-    pdl_weights: bool = False
+    # With pdl, batch-1 row tiles (row_prefetch) issue the weight and norm-weight loads of their first
+    # pdl_weights K chunks (0: none, 1 or 2) before the PDL wait, which they make themselves
+    # (kernels/matvec.py ``_one_row``): that round trip overlaps the previous kernel's tail.  2 keeps
+    # two chunks in flight in the K loop too (registers for a third).  pdl_weights_o: W_o's (0:
+    # pdl_weights).  Compiled only.
+    pdl_weights: int = 0
+    pdl_weights_o: int = 0
     # K chunk widths of the per-layer Q/K/V, output-projection, gate/up and down-projection launches
     # (0: block_k).  A batch-1 tile keeps two chunks in flight (kernels/matvec.py ``_one_row``); with
     # few tiles per SM (Q/K/V, W_o) the bytes in flight, not HBM, bound the launch, and wider chunks
@@ -153,12 +156,15 @@ class DecodePlan:
         return {**self.launch_options(), "num_warps": self.warps(instruction), "USE_PDL": self.pdl,
                 "PREFETCH_LINES": prefetch_lines, **({"launch_pdl": True} if self.pdl else {})}
 
-    def row_tiles(self) -> int:
-        """``ROW_PREFETCH`` of the per-layer matrix-vector launches: 0 the unpipelined batch-1 tiles,
-        1 pipelined, 2 pipelined with the first weight chunk loaded before the tile's own PDL wait
-        (:attr:`pdl_weights`); the looped kernel takes :attr:`row_prefetch` (it has no PDL wait)."""
-        return 2 if self.row_prefetch and self.pdl and self.pdl_weights and self.block_b == 1 else int(
-            self.row_prefetch)
+    def row_tiles(self, instruction: str) -> int:
+        """``ROW_PREFETCH`` of the per-layer launch of ``instruction`` ("o_proj": :attr:`pdl_weights_o`;
+        others :attr:`pdl_weights`): 0 the unpipelined batch-1 tiles, 1 pipelined, 2 or 3 pipelined
+        with the first 1 or 2 weight chunks loaded before the tile's own PDL wait; the looped kernel
+        takes :attr:`row_prefetch` (it has no PDL wait)."""
+        early = (self.pdl_weights_o if instruction == "o_proj" else 0) or self.pdl_weights
+        if self.row_prefetch and self.pdl and early and self.block_b == 1:
+            return 1 + early
+        return int(self.row_prefetch)
 
     def warps(self, instruction: str) -> int:
         """Warps per program of the per-layer launch of ``instruction`` ("qkv", "attention", "o_proj",
@@ -310,8 +316,12 @@ def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, 
     # (its chunks unchanged) 4.378 -> 4.327.  Gate/up the other way: 128-column chunks need 63
     # registers, so 8 programs of 4 warps fit an SM and 1B's 1024 gate/up tiles run in one wave
     # instead of two (256 columns: 117 registers, 4 per SM): 1B 0.8676 -> 0.8473 ms.
-    # Session 6: the row tiles load their first weight chunk before their PDL wait (pdl_weights), so
-    # its round trip overlaps the previous kernel's tail (1B 0.8441 -> 0.8001 ms, 8B 4.307 -> 4.241).
+    # Session 6 (H200 plan_sweep): the row tiles load their first weight chunk before their PDL wait
+    # (pdl_weights), so its round trip overlaps the previous kernel's tail (1B 0.8441 -> 0.8001 ms, 8B
+    # 4.307 -> 4.241); W_o's tiles their first two (226 registers, still one wave for 1B), measured
+    # better in two calls by 0.2-0.5% (1B 0.7995 / 0.7926 against 0.8037 / 0.7939; 8B 4.237 / 4.269
+    # against 4.246 / 4.275).  Two chunks for every instruction: 0.9519 (gate/up 80 and W_down 71
+    # registers: no longer one wave).
     # 16-row tensor-core tiles (batches 3..16) load each x chunk twice, once for the tensor cores
     # and once for the sum of squares (H200, 1B batch 8, ms per 16 layers: gate/up 0.354 against
     # 0.383, LM head 0.131 against 0.151; Q/K/V in 8 K parts 0.211 against 0.191, but the step with
@@ -329,10 +339,12 @@ def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, 
                          "poll_sleep_ns": 1024 if one_row else 0,
                          "block_k_qkv": 512 if wide_qkv else 0, "block_k_o": 1024 if wide_o else 0,
                          "block_k_gate_up": 128 if narrow_gate_up else 0,
-                         "pdl": one_row, "attn_prefetch": one_row, "pdl_weights": one_row,
+                         "pdl": one_row, "attn_prefetch": one_row, "pdl_weights": int(one_row),
+                         "pdl_weights_o": 2 * one_row,
                          "square_sum_load": int(plan.block_b == 16),
                          "square_sum_load_qkv": int(plan.block_b == 16)})
-    for option in ("acquire_loads", "pdl", "poll_sleep_ns", "wait_prefetch", "attn_prefetch", "pdl_weights"):
+    for option in ("acquire_loads", "pdl", "poll_sleep_ns", "wait_prefetch", "attn_prefetch", "pdl_weights",
+                   "pdl_weights_o"):
         if tuning.get(option) and not compiled:
             raise ValueError(f"{option}={tuning[option]!r} needs the compiled kernels on a CUDA device (sm_90+)")
     return _tuned(plan, tuning) if tuning else plan
@@ -363,8 +375,11 @@ def _tuned(plan: DecodePlan, tuning: dict[str, int]) -> DecodePlan:
     if not plan.row_sums and min(plan.block_b, *(getattr(plan, b) for b in blocks), *chunks) < 16:
         raise ValueError(f"tensor-core tiles (block_b = {plan.block_b} > {SMALL_BATCH}) need every block >= 16: "
                          f"{plan}")
-    if plan.pdl_weights and not plan.pdl:
-        raise ValueError("pdl_weights loads weights before the programmatic-dependent-launch wait: it needs pdl=True")
+    for name in ("pdl_weights", "pdl_weights_o"):
+        if getattr(plan, name) > 2:
+            raise ValueError(f"{name} must be 0, 1 or 2 (K chunks), got {getattr(plan, name)}")
+        if getattr(plan, name) and not plan.pdl:
+            raise ValueError(f"{name} loads weights before the programmatic-dependent-launch wait: it needs pdl=True")
     for name in ("square_sum_load", "square_sum_load_qkv"):
         if getattr(plan, name) not in (0, 1, 2):
             raise ValueError(f"{name} must be 0, 1 or 2, got {getattr(plan, name)}")
@@ -475,7 +490,7 @@ def qkv_rope(w: LlamaWeights, cfg: LlamaConfig, layer: int, cache: KVCache, buf:
         plan.batch, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
         plan.max_slots, cfg.rms_norm_eps,
         HAS_BIAS=w.bqkv is not None, BLOCK_B=plan.block_b, BLOCK_P=plan.block_p, BLOCK_K=plan.k_chunk("qkv"),
-        DOT_PREC=plan.dot_prec, ROW_PREFETCH=plan.row_tiles(), QKV_SPLIT=plan.qkv_split,
+        DOT_PREC=plan.dot_prec, ROW_PREFETCH=plan.row_tiles("qkv"), QKV_SPLIT=plan.qkv_split,
         SQ_LOAD=plan.square_sum_load_qkv,
         **plan.layer_launch_options("qkv"),
     )
@@ -509,7 +524,7 @@ def qkv_attention(w: LlamaWeights, cfg: LlamaConfig, layer: int, cache: KVCache,
         HAS_BIAS=w.bqkv is not None, BLOCK_B=plan.block_b, BLOCK_P=plan.block_p, BLOCK_K=plan.k_chunk("qkv"),
         BLOCK_G=plan.block_g, BLOCK_S=plan.block_s, BLOCK_D=plan.block_d, BLOCK_M=plan.block_m,
         MERGE_SPLITS=plan.merge_splits,
-        DOT_PREC=plan.dot_prec, ROW_PREFETCH=plan.row_tiles(), QKV_SPLIT=plan.qkv_split,
+        DOT_PREC=plan.dot_prec, ROW_PREFETCH=plan.row_tiles("qkv"), QKV_SPLIT=plan.qkv_split,
         SQ_LOAD=plan.square_sum_load_qkv,
         ACQUIRE_LOADS=plan.acquire_loads,
         ATTN_PREFETCH_LINES=plan.attention_prefetch_lines(cfg, cache.k.element_size()),
@@ -523,7 +538,7 @@ def o_proj(w: LlamaWeights, cfg: LlamaConfig, layer: int, buf: DecodeBuffers, pl
         layer, buf.attn, w.wo, buf.x, buf.proj_part, buf.proj_sem, plan.batch, cfg.hidden_size,
         cfg.num_attention_heads * cfg.head_dim,
         plan.o_split, BLOCK_B=plan.block_b, BLOCK_N=plan.block_n, BLOCK_K=plan.k_chunk("o_proj"),
-        DOT_PREC=plan.dot_prec, ROW_PREFETCH=plan.row_tiles(), **plan.layer_launch_options("o_proj"),
+        DOT_PREC=plan.dot_prec, ROW_PREFETCH=plan.row_tiles("o_proj"), **plan.layer_launch_options("o_proj"),
     )
 
 
@@ -533,7 +548,8 @@ def gate_up(w: LlamaWeights, cfg: LlamaConfig, layer: int, buf: DecodeBuffers, p
         layer, buf.x, w.mlp_norm, w.w_gate_up, buf.h, buf.pair_part, buf.pair_sq, buf.pair_sem, plan.batch,
         cfg.hidden_size, cfg.intermediate_size, cfg.rms_norm_eps,
         BLOCK_B=plan.block_b, BLOCK_N=plan.block_n, BLOCK_K=plan.k_chunk("gate_up"),
-        DOT_PREC=plan.dot_prec, ROW_PREFETCH=plan.row_tiles(), SQ_LOAD=plan.square_sum_load, MLP_SPLIT=plan.mlp_split,
+        DOT_PREC=plan.dot_prec, ROW_PREFETCH=plan.row_tiles("gate_up"), SQ_LOAD=plan.square_sum_load,
+        MLP_SPLIT=plan.mlp_split,
         **plan.layer_launch_options("gate_up"),
     )
 
@@ -544,7 +560,7 @@ def down_proj(w: LlamaWeights, cfg: LlamaConfig, layer: int, buf: DecodeBuffers,
         layer, buf.h, w.w_down, buf.x, buf.proj_part, buf.proj_sem, plan.batch, cfg.hidden_size,
         cfg.intermediate_size, plan.split_k,
         BLOCK_B=plan.block_b, BLOCK_N=plan.block_n, BLOCK_K=plan.k_chunk("down"),
-        DOT_PREC=plan.dot_prec, ROW_PREFETCH=plan.row_tiles(), **plan.layer_launch_options("down"),
+        DOT_PREC=plan.dot_prec, ROW_PREFETCH=plan.row_tiles("down"), **plan.layer_launch_options("down"),
     )
 
 
@@ -557,7 +573,7 @@ def lm_head(w: LlamaWeights, cfg: LlamaConfig, buf: DecodeBuffers, plan: DecodeP
         buf.x, w.final_norm, w.lm_head, buf.logits, buf.best, buf.best_idx, buf.seed, buf.inv_temperature, buf.slot,
         plan.batch, cfg.hidden_size, cfg.vocab_size, tiles, cfg.rms_norm_eps,
         WRITE_LOGITS=write_logits, SAMPLE=sample, BLOCK_B=plan.block_b, BLOCK_N=plan.block_v, BLOCK_K=plan.block_k,
-        DOT_PREC=plan.dot_prec, ROW_PREFETCH=plan.row_tiles(), SQ_LOAD=plan.square_sum_load,
+        DOT_PREC=plan.dot_prec, ROW_PREFETCH=plan.row_tiles("lm_head"), SQ_LOAD=plan.square_sum_load,
         **plan.layer_launch_options("lm_head"),
     )
 

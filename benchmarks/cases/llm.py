@@ -325,15 +325,34 @@ def _looped_prefixes(ctx: Context, cfg: LlamaConfig, w: LlamaWeights, cache: ref
 # prefetched) 1.217, W_o in 4 K parts 1.183, in 16 1.200; looped 1.246.  Llama-3.1-8B batch 8: 4 K
 # parts with one load 5.156, 8 parts with two (the final default: 512-column parts) 5.114, the
 # session-5 default 6.470.
+# Session 6 (H200; ncu of the batch-1 step first: every per-layer launch at 10-19% achieved occupancy,
+# the Q/K/V + attention launch at 21% of the DRAM bandwidth, W_o 29%, each kernel's first weight round
+# trip waiting for the previous kernel's end).  Call 1 (tree ed764fb + rows): batch 1 default 0.8442;
+# 17 or 33 attention splits of 32 / 16 slots 0.8498 / 0.8596; Q/K/V and attention in two launches
+# 0.8539.  Batch 8 default 1.125; the second x load one chunk ahead (square_sum_load 2) 1.139 (Q/K/V
+# and gate/up) / 1.137 (gate/up); Q/K/V x loaded once 1.176; session-5 default 1.298; looped 1.197.
+# Batch 64: 1.992, x loaded twice 2.106.  8B batch 8: 5.077, session-5 default 6.441.
+# Call 2: batch-1 row tiles loading their first weight chunk before their own PDL wait (pdl_weights)
+# 0.8001 against 0.8441; with the down projection in 2 / 8 K parts 0.8433 / 0.8292, W_down chunks of
+# 512 0.8263, Q/K/V and attention in two launches 0.8037.  8B batch 1 4.241 against 4.307.
+# Call 3 (pdl_weights the default): 0.8037; W_o's first two chunks before the wait (pdl_weights_o 2)
+# 0.7995; every instruction's first two 0.9519; W_down unsplit in 1024-column chunks 0.8177 (with
+# pdl_weights_o 2: 0.8129); Q/K/V in 2 K parts of 256-column chunks 0.8360; no pdl_weights 0.8459.
+# 8B batch 1 4.246, pdl_weights_o 2 4.237.
+# Call 4 (the residual update of unsplit projections a single-writer atomic add, the K-part merge in
+# one round of loads, the attention span and RoPE inputs read before the waits), against the llmfuse
+# of a2bd5e9 in the same call: batch 1 0.7939 against 0.8083, 8B 4.275 against 4.290, batch 8 1.131
+# against 1.132; pdl_weights_o 2 0.7926 (8B 4.269; now the default), down in 8 / 2 K parts 0.8147 /
+# 0.8371, 5 attention splits 0.8053, Q/K/V and attention in two launches 0.7939; batch 8 with W_o and
+# W_down in 4 K parts 1.157.
 OLD_BATCH8 = {"block_p": 16, "qkv_split": 4, "square_sum_load": 0, "square_sum_load_qkv": 0}
-# Next (not yet timed): the second x load issued one chunk ahead (square_sum_load 2: its L2 round
-# trip no longer waited for in every chunk; 255 registers for the Q/K/V tiles when compiled here).
+# The batch-1 defaults of session 6 against the plan without the weight loads before the wait (the
+# session-5 default but for this session's latency fixes) and with one chunk for W_o.
+SESSION5_BATCH1 = {"pdl_weights": 0, "pdl_weights_o": 0}
 PLAN_SWEEP: list[tuple[int, bool, dict[str, int]]] = [
-    (1, False, {"pdl_weights": 1}), (1, False, {"pdl_weights": 1, "split_k": 2}),
-    (1, False, {"pdl_weights": 1, "split_k": 8}), (1, False, {"pdl_weights": 1, "fuse_attention": 0}),
-    (1, False, {"pdl_weights": 1, "block_k_down": 512}),
+    (1, False, SESSION5_BATCH1), (1, False, {"pdl_weights_o": 1}), (8, False, OLD_BATCH8),
 ]
-PLAN_SWEEP_8B: list[tuple[int, bool, dict[str, int]]] = [(1, False, {"pdl_weights": 1})]
+PLAN_SWEEP_8B: list[tuple[int, bool, dict[str, int]]] = [(1, False, SESSION5_BATCH1)]
 QUICK_PLAN_SWEEP = [(1, False, {"row_prefetch": False}), (3, False, {"block_b": 4}),
                     (3, False, {"fuse_attention": True}), (3, True, {}), (1, True, {"dataflow": True})]
 

@@ -47,18 +47,26 @@ def attention_span(tile, layer, kv_start_ptr, slot_ptr, B, HKV, S, n_splits, spl
 
 
 @jit
-def attention_prefetch(tile, layer, k_cache_ptr, v_cache_ptr, kv_start_ptr, slot_ptr, B, HKV, D, S, n_splits,
-                       split_len, PREFETCH_LINES: tl.constexpr):
-    """Ask L2 for tile ``tile``'s K and V slots (contiguous [hi − lo, D] blocks), at most ``PREFETCH_LINES``
-    lines of each (fusecore/launch_order.py).  The slot and first valid slot are set before a step starts, and
-    a prefetch only moves lines into L2, which is coherent: a line the Q/K/V tiles write later is not
+def prefetch_span(k_cache_ptr, v_cache_ptr, base, lo, hi, D, PREFETCH_LINES: tl.constexpr):
+    """Ask L2 for the K and V slots [lo, hi) of the head whose slot 0 is cache row ``base`` (contiguous
+    [hi − lo, D] blocks), at most ``PREFETCH_LINES`` lines of each (fusecore/launch_order.py).  A
+    prefetch only moves lines into L2, which is coherent: a line the Q/K/V tiles write later is not
     read stale."""
     if PREFETCH_LINES > 0:
-        split, bh, kv_head, b, lo, hi, base = attention_span(tile, layer, kv_start_ptr, slot_ptr, B, HKV, S,
-                                                            n_splits, split_len)
         one = tl.full([1], True, tl.int1)
         prefetch_rows(k_cache_ptr + base * D + tl.zeros([1], tl.int64), one, lo * D, hi * D, PREFETCH_LINES)
         prefetch_rows(v_cache_ptr + base * D + tl.zeros([1], tl.int64), one, lo * D, hi * D, PREFETCH_LINES)
+
+
+@jit
+def attention_prefetch(tile, layer, k_cache_ptr, v_cache_ptr, kv_start_ptr, slot_ptr, B, HKV, D, S, n_splits,
+                       split_len, PREFETCH_LINES: tl.constexpr):
+    """:func:`prefetch_span` of tile ``tile``'s slots (the slot and first valid slot are set before a step
+    starts)."""
+    if PREFETCH_LINES > 0:
+        split, bh, kv_head, b, lo, hi, base = attention_span(tile, layer, kv_start_ptr, slot_ptr, B, HKV, S,
+                                                            n_splits, split_len)
+        prefetch_span(k_cache_ptr, v_cache_ptr, base, lo, hi, D, PREFETCH_LINES)
 
 
 @jit
@@ -70,6 +78,20 @@ def decode_attention_tile(
 ):
     split, bh, kv_head, b, lo, hi, base = attention_span(tile, layer, kv_start_ptr, slot_ptr, B, HKV, S, n_splits,
                                                         split_len)
+    attend_span(split, bh, kv_head, b, lo, hi, base, q_ptr, k_cache_ptr, v_cache_ptr, part_ptr, lse_ptr, attn_ptr,
+                sem_ptr, HQ, HKV, D, n_splits, sm_scale, BLOCK_G, BLOCK_S, BLOCK_D, BLOCK_M, MERGE_SPLITS, DOT_PREC)
+
+
+@jit
+def attend_span(
+    split, bh, kv_head, b, lo, hi, base, q_ptr, k_cache_ptr, v_cache_ptr, part_ptr, lse_ptr, attn_ptr, sem_ptr,
+    HQ, HKV, D, n_splits, sm_scale,
+    BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+    MERGE_SPLITS: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    """The attention tile of :func:`attention_span`'s ``(split, bh, kv_head, b, lo, hi, base)``: a launch
+    that read the span before its waits passes it here, so no load of the slot is left between a
+    wait and the K / V loads."""
     G = HQ // HKV
 
     g = tl.arange(0, BLOCK_G)
@@ -148,12 +170,11 @@ def decode_attention_kernel(
     MERGE_SPLITS: tl.constexpr, DOT_PREC: tl.constexpr,
     USE_PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr,
 ):
+    # the span (from the slot, set before the step) read before the wait: no slot load after it
+    split, bh, kv_head, b, lo, hi, base = attention_span(tl.program_id(0), layer, kv_start_ptr, slot_ptr, B, HKV, S,
+                                                        n_splits, split_len)
     if USE_PDL:
-        attention_prefetch(tl.program_id(0), layer, k_cache_ptr, v_cache_ptr, kv_start_ptr, slot_ptr, B, HKV, D, S,
-                           n_splits, split_len, PREFETCH_LINES)
+        prefetch_span(k_cache_ptr, v_cache_ptr, base, lo, hi, D, PREFETCH_LINES)
     after_previous_kernel(USE_PDL)
-    decode_attention_tile(
-        tl.program_id(0), layer, q_ptr, k_cache_ptr, v_cache_ptr, kv_start_ptr, slot_ptr, part_ptr, lse_ptr,
-        attn_ptr, sem_ptr, B, HQ, HKV, D, S, n_splits, split_len, sm_scale, BLOCK_G, BLOCK_S, BLOCK_D, BLOCK_M,
-        MERGE_SPLITS, DOT_PREC,
-    )
+    attend_span(split, bh, kv_head, b, lo, hi, base, q_ptr, k_cache_ptr, v_cache_ptr, part_ptr, lse_ptr, attn_ptr,
+                sem_ptr, HQ, HKV, D, n_splits, sm_scale, BLOCK_G, BLOCK_S, BLOCK_D, BLOCK_M, MERGE_SPLITS, DOT_PREC)

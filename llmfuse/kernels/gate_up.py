@@ -67,8 +67,8 @@ def gate_up_kernel(
 ):
     if USE_PDL:
         gate_up_prefetch(tl.program_id(0), layer, w_ptr, H, I, BLOCK_N, BLOCK_K, MLP_SPLIT, PREFETCH_LINES)
-    tl.static_assert(USE_PDL or (ROW_PREFETCH != 2), "ROW_PREFETCH 2 is the PDL wait inside the tile")
-    if ROW_PREFETCH != 2:  # 2: the tile waits itself, after its first weight loads (matvec._one_row)
+    tl.static_assert(USE_PDL or (ROW_PREFETCH < 2), "ROW_PREFETCH >= 2 is the PDL wait inside the tile")
+    if ROW_PREFETCH < 2:  # 2, 3: the tile waits itself, after its first weight loads (matvec._one_row)
         after_previous_kernel(USE_PDL)
     gate_up_tile(tl.program_id(0), layer, x_ptr, norm_ptr, w_ptr, h_ptr, part_ptr, sq_ptr, sem_ptr, B, H, I, eps,
                  BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC, ROW_PREFETCH, MLP_SPLIT, SQ_LOAD)

@@ -75,8 +75,8 @@ def lm_head_kernel(
 ):
     if USE_PDL:
         lm_head_prefetch(tl.program_id(0), w_ptr, H, V, BLOCK_N, PREFETCH_LINES)
-    tl.static_assert(USE_PDL or (ROW_PREFETCH != 2), "ROW_PREFETCH 2 is the PDL wait inside the tile")
-    if ROW_PREFETCH != 2:  # 2: the tile waits itself, after its first weight loads (matvec._one_row)
+    tl.static_assert(USE_PDL or (ROW_PREFETCH < 2), "ROW_PREFETCH >= 2 is the PDL wait inside the tile")
+    if ROW_PREFETCH < 2:  # 2, 3: the tile waits itself, after its first weight loads (matvec._one_row)
         after_previous_kernel(USE_PDL)
     lm_head_tile(tl.program_id(0), x_ptr, norm_ptr, w_ptr, logits_ptr, best_ptr, best_idx_ptr, seed_ptr,
                  inv_temp_ptr, slot_ptr, B, H, V, n_tiles, eps, WRITE_LOGITS, SAMPLE, BLOCK_B, BLOCK_N, BLOCK_K,

@@ -157,8 +157,19 @@ def _one_row_x(x_ptr, k0, k_stop, BLOCK_K: tl.constexpr):
 
 
 @jit
+def _one_row_fma(acc_a, acc_b, sumsq, wa, wb, xv, g, PAIR: tl.constexpr):
+    """One chunk of :func:`_one_row`: elementwise products into the [BLOCK_N, BLOCK_K] accumulators."""
+    sumsq += xv * xv
+    xg = (xv * g)[None, :]
+    acc_a += wa.to(tl.float32) * xg
+    if PAIR:
+        acc_b += wb.to(tl.float32) * xg
+    return acc_a, acc_b, sumsq
+
+
+@jit
 def _one_row(x_ptr, g_ptr, w_a, w_b, row_mask, k_start, k_stop, HAS_NORM: tl.constexpr, PAIR: tl.constexpr,
-             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL_WAIT: tl.constexpr):
+             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROW_PREFETCH: tl.constexpr):
     """Batch 1, pipelined: (Σ_k x g W[rows_a], Σ_k x g W[rows_b], Σ_k x²) over [k_start, k_stop).
 
     The next chunk's loads are issued before the current chunk is used, so a program always
@@ -166,26 +177,37 @@ def _one_row(x_ptr, g_ptr, w_a, w_b, row_mask, k_start, k_stop, HAS_NORM: tl.con
     [BLOCK_N, BLOCK_K] float32 tile and are summed across the chunk dimension once, after
     the loop (a sum across threads every chunk would put two CTA barriers into each
     iteration).  The sum of squares comes back as a [1] tensor (one batch row).
-    ``PDL_WAIT``: the program's programmatic-dependent-launch wait (fusecore/launch_order.py) is
-    made here, after the first chunk's weight loads are issued and before its x load: weights
-    and norm weights are never written during a step, so their first round trip overlaps the
-    previous kernel's tail instead of following it (compiled only)."""
+    ``ROW_PREFETCH`` 2 or 3: the program's programmatic-dependent-launch wait
+    (fusecore/launch_order.py) is made here, after the weight loads of the first 1 or 2 chunks
+    are issued and before any x load: weights and norm weights are never written during a step,
+    so their round trip overlaps the previous kernel's tail instead of following it (compiled
+    only).  With 3 the loop keeps two chunks in flight, not one (registers for a third chunk)."""
     acc_a = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     acc_b = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     sumsq = tl.zeros([BLOCK_K], dtype=tl.float32)
     wa, wb, g = _one_row_weights(g_ptr, w_a, w_b, row_mask, k_start, k_stop, HAS_NORM, PAIR, BLOCK_K)
-    after_previous_kernel(PDL_WAIT)
-    xv = _one_row_x(x_ptr, k_start, k_stop, BLOCK_K)
-    for k0 in range(k_start, k_stop, BLOCK_K):
-        wa_next, wb_next, g_next = _one_row_weights(g_ptr, w_a, w_b, row_mask, k0 + BLOCK_K, k_stop, HAS_NORM, PAIR,
-                                                    BLOCK_K)
-        xv_next = _one_row_x(x_ptr, k0 + BLOCK_K, k_stop, BLOCK_K)
-        sumsq += xv * xv
-        xg = (xv * g)[None, :]
-        acc_a += wa.to(tl.float32) * xg
-        if PAIR:
-            acc_b += wb.to(tl.float32) * xg
-        wa, wb, xv, g = wa_next, wb_next, xv_next, g_next
+    if ROW_PREFETCH == 3:
+        wa_1, wb_1, g_1 = _one_row_weights(g_ptr, w_a, w_b, row_mask, k_start + BLOCK_K, k_stop, HAS_NORM, PAIR,
+                                           BLOCK_K)
+        after_previous_kernel(True)
+        xv = _one_row_x(x_ptr, k_start, k_stop, BLOCK_K)
+        xv_1 = _one_row_x(x_ptr, k_start + BLOCK_K, k_stop, BLOCK_K)
+        for k0 in range(k_start, k_stop, BLOCK_K):
+            wa_2, wb_2, g_2 = _one_row_weights(g_ptr, w_a, w_b, row_mask, k0 + 2 * BLOCK_K, k_stop, HAS_NORM, PAIR,
+                                               BLOCK_K)
+            xv_2 = _one_row_x(x_ptr, k0 + 2 * BLOCK_K, k_stop, BLOCK_K)
+            acc_a, acc_b, sumsq = _one_row_fma(acc_a, acc_b, sumsq, wa, wb, xv, g, PAIR)
+            wa, wb, xv, g = wa_1, wb_1, xv_1, g_1
+            wa_1, wb_1, xv_1, g_1 = wa_2, wb_2, xv_2, g_2
+    else:
+        after_previous_kernel(ROW_PREFETCH == 2)
+        xv = _one_row_x(x_ptr, k_start, k_stop, BLOCK_K)
+        for k0 in range(k_start, k_stop, BLOCK_K):
+            wa_next, wb_next, g_next = _one_row_weights(g_ptr, w_a, w_b, row_mask, k0 + BLOCK_K, k_stop, HAS_NORM,
+                                                        PAIR, BLOCK_K)
+            xv_next = _one_row_x(x_ptr, k0 + BLOCK_K, k_stop, BLOCK_K)
+            acc_a, acc_b, sumsq = _one_row_fma(acc_a, acc_b, sumsq, wa, wb, xv, g, PAIR)
+            wa, wb, xv, g = wa_next, wb_next, xv_next, g_next
     sumsq_row = tl.zeros([1], dtype=tl.float32) + tl.sum(sumsq, axis=0)
     return tl.sum(acc_a, axis=1)[None, :], tl.sum(acc_b, axis=1)[None, :], sumsq_row
 
@@ -201,10 +223,10 @@ def rows_dot(
     acc = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)
     sumsq = tl.zeros([BLOCK_B], dtype=tl.float32)
     w_rows = w_ptr + rows.to(tl.int64)[:, None] * K
-    tl.static_assert((ROW_PREFETCH != 2) or (BLOCK_B == 1), "ROW_PREFETCH 2 (the tile's own PDL wait): batch 1 only")
+    tl.static_assert((ROW_PREFETCH < 2) or (BLOCK_B == 1), "ROW_PREFETCH >= 2 (the tile's own PDL wait): batch 1 only")
     if (BLOCK_B == 1) and ROW_PREFETCH:
         acc, unused, sumsq = _one_row(x_ptr, g_ptr, w_rows, w_rows, row_mask, k_start, k_stop, HAS_NORM, False,
-                                      BLOCK_N, BLOCK_K, ROW_PREFETCH == 2)
+                                      BLOCK_N, BLOCK_K, ROW_PREFETCH)
     else:
         g = _norm_chunk(g_ptr, k_start, k_stop, HAS_NORM, BLOCK_K)
         xs = _square_chunk(x_ptr, B, K, k_start, k_stop, SQ_LOAD, BLOCK_B, BLOCK_K)
@@ -249,10 +271,10 @@ def rows_dot_pair_sums(
     sumsq = tl.zeros([BLOCK_B], dtype=tl.float32)
     w_a = w_ptr + rows_a.to(tl.int64)[:, None] * K
     w_b = w_ptr + rows_b.to(tl.int64)[:, None] * K
-    tl.static_assert((ROW_PREFETCH != 2) or (BLOCK_B == 1), "ROW_PREFETCH 2 (the tile's own PDL wait): batch 1 only")
+    tl.static_assert((ROW_PREFETCH < 2) or (BLOCK_B == 1), "ROW_PREFETCH >= 2 (the tile's own PDL wait): batch 1 only")
     if (BLOCK_B == 1) and ROW_PREFETCH:
         acc_a, acc_b, sumsq = _one_row(x_ptr, g_ptr, w_a, w_b, row_mask, k_start, k_stop, HAS_NORM, True, BLOCK_N,
-                                       BLOCK_K, ROW_PREFETCH == 2)
+                                       BLOCK_K, ROW_PREFETCH)
     else:
         g = _norm_chunk(g_ptr, k_start, k_stop, HAS_NORM, BLOCK_K)
         xs = _square_chunk(x_ptr, B, K, k_start, k_stop, SQ_LOAD, BLOCK_B, BLOCK_K)

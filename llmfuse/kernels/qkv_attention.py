@@ -2,7 +2,7 @@
 
 Programs ``0 .. qkv_tiles − 1`` run :func:`.qkv_rope.qkv_rope_tile` and then count themselves
 done on their KV head's group (:func:`fusecore.grid_sync.signal`: a CTA barrier, then an atomic
-add with release order); programs ``qkv_tiles ..`` run :func:`.decode_attention.decode_attention_tile`
+add with release order); programs ``qkv_tiles ..`` run :func:`.decode_attention.attend_span`
 after waiting (:func:`fusecore.grid_sync.wait_for`, acquire) until the count of their own group
 reaches the layer's target.  So attention on one KV head starts as soon as that head's
 Q/K/V tiles are written, and the launch boundary between the two instructions — a few
@@ -25,7 +25,7 @@ from fusecore.backend import jit
 from fusecore.grid_sync import signal, wait_for
 from fusecore.launch_order import after_previous_kernel
 
-from .decode_attention import attention_prefetch, decode_attention_tile
+from .decode_attention import attend_span, attention_span, prefetch_span
 from .qkv_rope import qkv_prefetch, qkv_rope_tile
 
 
@@ -63,28 +63,27 @@ def qkv_attention_kernel(
 ):
     pid = tl.program_id(0)
     qkv_tiles = (HQ + 2 * HKV) * tl.cdiv(D // 2, BLOCK_P) * QKV_SPLIT
-    tl.static_assert(USE_PDL or (ROW_PREFETCH != 2), "ROW_PREFETCH 2 is the PDL wait inside the tile")
+    tl.static_assert(USE_PDL or (ROW_PREFETCH < 2), "ROW_PREFETCH >= 2 is the PDL wait inside the tile")
     if pid < qkv_tiles:
         if USE_PDL:
             qkv_prefetch(pid, layer, w_ptr, H, HQ, HKV, D, BLOCK_P, BLOCK_K, QKV_SPLIT, PREFETCH_LINES)
-        if ROW_PREFETCH != 2:  # 2: the tile waits itself, after its first weight loads (matvec._one_row)
+        if ROW_PREFETCH < 2:  # 2, 3: the tile waits itself, after its first weight loads (matvec._one_row)
             after_previous_kernel(USE_PDL)
-    else:
-        # the cache slots an attention tile reads do not depend on this launch's Q/K/V tiles (bar the
-        # new slot, which L2 keeps coherent): into L2 before the waits, with or without PDL
-        attention_prefetch(pid - qkv_tiles, layer, k_cache_ptr, v_cache_ptr, kv_start_ptr, slot_ptr, B, HKV, D, S,
-                           n_splits, split_len, ATTN_PREFETCH_LINES)
-        after_previous_kernel(USE_PDL)
-    if pid < qkv_tiles:
         qkv_rope_tile(pid, layer, x_ptr, norm_ptr, w_ptr, bias_ptr, inv_freq_ptr, kv_start_ptr, slot_ptr,
                       q_ptr, k_cache_ptr, v_cache_ptr, pair_part_ptr, pair_sq_ptr, pair_sem_ptr,
                       B, H, HQ, HKV, D, S, eps, HAS_BIAS, BLOCK_B, BLOCK_P, BLOCK_K, DOT_PREC, ROW_PREFETCH,
                       QKV_SPLIT, SQ_LOAD)
         signal_qkv_group(pid, count_ptr, HQ, HKV, D, BLOCK_P, QKV_SPLIT)
     else:
+        # the span (from the slot, set before the step) read before the waits, so no slot load is left
+        # between the waits and the K / V loads; the cache slots it covers do not depend on this
+        # launch's Q/K/V tiles (bar the new slot, which L2 keeps coherent): into L2 before the waits
+        split, bh, kv_head, b, lo, hi, base = attention_span(pid - qkv_tiles, layer, kv_start_ptr, slot_ptr, B, HKV,
+                                                            S, n_splits, split_len)
+        prefetch_span(k_cache_ptr, v_cache_ptr, base, lo, hi, D, ATTN_PREFETCH_LINES)
+        after_previous_kernel(USE_PDL)
         wait_qkv_group(pid - qkv_tiles, layer, count_ptr, HQ, HKV, D, n_splits, max_polls, timeout_ptr,
                        BLOCK_P, QKV_SPLIT, ACQUIRE_LOADS, 0)  # back-to-back polls, as timed
-        decode_attention_tile(pid - qkv_tiles, layer, q_ptr, k_cache_ptr, v_cache_ptr, kv_start_ptr, slot_ptr,
-                              part_ptr, lse_ptr, attn_ptr, sem_ptr, B, HQ, HKV, D, S, n_splits, split_len,
-                              sm_scale, BLOCK_G, BLOCK_S, BLOCK_D, BLOCK_M, MERGE_SPLITS,
-                              DOT_PREC)
+        attend_span(split, bh, kv_head, b, lo, hi, base, q_ptr, k_cache_ptr, v_cache_ptr, part_ptr, lse_ptr,
+                    attn_ptr, sem_ptr, HQ, HKV, D, n_splits, sm_scale, BLOCK_G, BLOCK_S, BLOCK_D, BLOCK_M,
+                    MERGE_SPLITS, DOT_PREC)

@@ -64,18 +64,25 @@ def qkv_rope_tile(
     head, j, jmask, rows_lo, rows_hi, w_layer = qkv_span(tile, layer, w_ptr, H, HQ, HKV, D, BLOCK_P, QKV_SPLIT)
     layer64 = tl.full([], 0, tl.int64) + layer
     g_layer = norm_ptr + layer64 * H
+    # RoPE's inputs do not depend on the projection (the slot and first valid slots are set before a
+    # step): loaded before the K loop, so the epilogue waits for no further L2 round trip
+    slot = tl.load(slot_ptr)
+    b = tl.arange(0, BLOCK_B)
+    pos = (slot - tl.load(kv_start_ptr + b, mask=b < B, other=0)).to(tl.float32)
+    freq = tl.load(inv_freq_ptr + j, mask=jmask, other=0.0)
     last, lo, hi = rows_dot_pair_split(x_ptr, B, H, eps, g_layer, w_layer, rows_lo, rows_hi, jmask, tile % QKV_SPLIT,
                                        (HQ + 2 * HKV) * D, pair_block, part_ptr, sq_ptr, sem_ptr, QKV_SPLIT, BLOCK_B,
                                        BLOCK_P, BLOCK_K, DOT_PREC, ROW_PREFETCH, SQ_LOAD)
     if last:
-        _rope_append(lo, hi, layer64, head, j, jmask, bias_ptr, inv_freq_ptr, kv_start_ptr, slot_ptr, q_ptr,
-                     k_cache_ptr, v_cache_ptr, B, HQ, HKV, D, S, HAS_BIAS, BLOCK_B)
+        _rope_append(lo, hi, layer64, head, j, jmask, slot, pos, freq, bias_ptr, q_ptr, k_cache_ptr, v_cache_ptr,
+                     B, HQ, HKV, D, S, HAS_BIAS, BLOCK_B)
 
 
 @jit
-def _rope_append(lo, hi, layer64, head, j, jmask, bias_ptr, inv_freq_ptr, kv_start_ptr, slot_ptr,
-                 q_ptr, k_cache_ptr, v_cache_ptr, B, HQ, HKV, D, S, HAS_BIAS: tl.constexpr, BLOCK_B: tl.constexpr):
-    """The epilogue of a pair block: bias, RoPE of Q and K heads, q stored, K / V rows appended to the cache."""
+def _rope_append(lo, hi, layer64, head, j, jmask, slot, pos, freq, bias_ptr, q_ptr, k_cache_ptr, v_cache_ptr,
+                 B, HQ, HKV, D, S, HAS_BIAS: tl.constexpr, BLOCK_B: tl.constexpr):
+    """The epilogue of a pair block at cache slot ``slot``: bias, RoPE of Q and K heads (positions ``pos``
+    [BLOCK_B], frequencies ``freq`` of the pairs j), q stored, K / V rows appended to the cache."""
     half = D // 2
     b = tl.arange(0, BLOCK_B)
     bmask = b < B
@@ -85,9 +92,6 @@ def _rope_append(lo, hi, layer64, head, j, jmask, bias_ptr, inv_freq_ptr, kv_sta
         b_layer = bias_ptr + layer64 * (HQ + 2 * HKV) * D
         lo += tl.load(b_layer + rows_lo, mask=jmask, other=0.0).to(tl.float32)[None, :]
         hi += tl.load(b_layer + rows_lo + half, mask=jmask, other=0.0).to(tl.float32)[None, :]
-    slot = tl.load(slot_ptr)
-    pos = (slot - tl.load(kv_start_ptr + b, mask=bmask, other=0)).to(tl.float32)
-    freq = tl.load(inv_freq_ptr + j, mask=jmask, other=0.0)
     angle = pos[:, None] * freq[None, :]
     cos = tl.cos(angle)
     sin = tl.sin(angle)
@@ -123,8 +127,8 @@ def qkv_rope_kernel(
 ):
     if USE_PDL:
         qkv_prefetch(tl.program_id(0), layer, w_ptr, H, HQ, HKV, D, BLOCK_P, BLOCK_K, QKV_SPLIT, PREFETCH_LINES)
-    tl.static_assert(USE_PDL or (ROW_PREFETCH != 2), "ROW_PREFETCH 2 is the PDL wait inside the tile")
-    if ROW_PREFETCH != 2:  # 2: the tile waits itself, after its first weight loads (matvec._one_row)
+    tl.static_assert(USE_PDL or (ROW_PREFETCH < 2), "ROW_PREFETCH >= 2 is the PDL wait inside the tile")
+    if ROW_PREFETCH < 2:  # 2, 3: the tile waits itself, after its first weight loads (matvec._one_row)
         after_previous_kernel(USE_PDL)
     qkv_rope_tile(
         tl.program_id(0), layer, x_ptr, norm_ptr, w_ptr, bias_ptr, inv_freq_ptr, kv_start_ptr, slot_ptr,

@@ -8,11 +8,11 @@ Instruction 3 (output projection): ``a`` = the merged attention [B, Hq·D], ``W`
 Instruction 5 (down projection):   ``a`` = the MLP activation h [B, I],   ``W`` = W_down.
 The two differ only in their operands, so they share this one tile function and kernel.
 A tile is (BLOCK_N features, one of ``split_k`` parts of K).  With ``split_k = 1`` each
-program owns its features and adds in place.  With ``split_k > 1`` (more, shorter tiles:
-the K loop of a tile is a chain of dependent loads, so W_down's long rows are split) each
-part stores its partial sum; the last part of a feature tile to finish (a semaphore count
-with acquire-release order, reset by that program) adds the parts in their fixed order to
-x — deterministic, and no program waits.
+program owns its features and adds in place (an atomic add by the one writer).  With
+``split_k > 1`` (more, shorter tiles: the K loop of a tile is a chain of dependent loads, so
+W_down's long rows are split) each part stores its partial sum; the last part of a feature
+tile to finish (a semaphore count with acquire-release order, reset by that program) adds the
+parts in their fixed order to x — deterministic, and no program waits.
 Bytes: H·K weight elements once, ``a`` (B·K/split_k, from L2) per program, x read and written.
 """
 
@@ -22,6 +22,8 @@ from fusecore.backend import jit
 from fusecore.launch_order import after_previous_kernel, prefetch_rows
 
 from .matvec import k_range, rows_dot
+
+MERGE_PARTS = tl.constexpr(8)  # K parts the last part to finish loads per round
 
 
 @jit
@@ -57,8 +59,10 @@ def residual_proj_tile(
     x_off = b[:, None] * H + n[None, :]
     mask = (b < B)[:, None] & nmask[None, :]
     if split_k == 1:
-        x_old = tl.load(x_ptr + x_off, mask=mask, other=0.0, cache_modifier=".cg")
-        tl.store(x_ptr + x_off, x_old + acc, mask=mask)
+        # x[b, n] has this one writer: an atomic add (a reduction, no value returned) adds what a
+        # load, add and store would (but for subnormal sums, flushed to zero), without waiting for
+        # the load's L2 round trip.
+        tl.atomic_add(x_ptr + x_off, acc, mask=mask, sem="relaxed", scope="gpu")
     else:
         # The last of the tile's K parts to finish adds all parts in their fixed order:
         # deterministic, and no program waits.
@@ -66,10 +70,15 @@ def residual_proj_tile(
         tl.debug_barrier()
         finished = tl.atomic_add(sem_ptr + n_tile, 1, sem="acq_rel", scope="gpu")
         if finished == split_k - 1:
-            total = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)
-            for p in range(split_k):
-                total += tl.load(part_ptr + p * B * H + x_off, mask=mask, other=0.0, cache_modifier=".cg")
+            # x and MERGE_PARTS parts per round of loads, issued together (a loop over the parts
+            # would wait for one L2 round trip per part)
             x_old = tl.load(x_ptr + x_off, mask=mask, other=0.0, cache_modifier=".cg")
+            total = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)
+            for first in range(0, split_k, MERGE_PARTS):
+                for p in tl.static_range(MERGE_PARTS):
+                    part = tl.zeros_like(x_off) + first + p  # per lane: the mask stays a tensor of booleans
+                    total += tl.load(part_ptr + part * B * H + x_off, mask=mask & (part < split_k), other=0.0,
+                                     cache_modifier=".cg")
             tl.store(x_ptr + x_off, x_old + total, mask=mask)
             tl.atomic_xchg(sem_ptr + n_tile, 0, sem="relaxed", scope="gpu")
 
@@ -84,8 +93,8 @@ def residual_proj_kernel(
 ):
     if USE_PDL:
         residual_proj_prefetch(tl.program_id(0), layer, w_ptr, H, K, split_k, BLOCK_N, BLOCK_K, PREFETCH_LINES)
-    tl.static_assert(USE_PDL or (ROW_PREFETCH != 2), "ROW_PREFETCH 2 is the PDL wait inside the tile")
-    if ROW_PREFETCH != 2:  # 2: the tile waits itself, after its first weight loads (matvec._one_row)
+    tl.static_assert(USE_PDL or (ROW_PREFETCH < 2), "ROW_PREFETCH >= 2 is the PDL wait inside the tile")
+    if ROW_PREFETCH < 2:  # 2, 3: the tile waits itself, after its first weight loads (matvec._one_row)
         after_previous_kernel(USE_PDL)
     residual_proj_tile(tl.program_id(0), layer, a_ptr, w_ptr, x_ptr, part_ptr, sem_ptr, B, H, K, split_k,
                        BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC, ROW_PREFETCH)

@@ -43,7 +43,7 @@ def check_pdl_order(name: str, ptx: str, prefetches: bool, weights_early: bool) 
     """A kernel launched with programmatic dependent launch must not write, nor (bar the slot reads
     of READS_BEFORE_WAIT) read, device memory before ``griddepcontrol.wait``, and its weight prefetches
     (``prefetch.global.L2``) must come before it, not be sunk below it.  ``weights_early`` (ROW_PREFETCH
-    2, ``plan.pdl_weights``): the first wait must follow weight loads (``evict_first``), and the only
+    2 or 3, ``plan.pdl_weights``): the first wait must follow weight loads (``evict_first``), and the only
     loads before it are those and the norm weights' — never an activation (``.cg``: x, attn, h, q)."""
     lines = [line.strip() for line in ptx.splitlines()]
     wait = next((i for i, line in enumerate(lines) if line.startswith("griddepcontrol.wait")), None)
@@ -98,7 +98,7 @@ class CompileInsteadOfLaunch:
                     k: values[k] for k in ("num_warps", "num_stages", "maxnreg") if k in values})
                 if values.get("USE_PDL"):
                     check_pdl_order(self.name, compiled.asm["ptx"], values["PREFETCH_LINES"] > 0,
-                                    values.get("ROW_PREFETCH") == 2)
+                                    values.get("ROW_PREFETCH", 0) >= 2)
                 self.compiled.add(key)
 
         return compile_only
@@ -126,7 +126,7 @@ def main(argv: list[str]) -> int:
     ]
     for cfg, dtype, batches in configs if full else configs[:1]:
         w = random_weights(cfg, dtype=dtype)
-        # batch 1 twice: PDL with the first weight chunk loaded before each tile's wait, and without
+        # batch 1 twice: PDL with the first weight chunk (W_o: two) loaded before each tile's wait, and without
         for batch, pdl_weights in [(1, True)] * (1 in batches) + [(batch, False) for batch in batches]:
             # batch 8 also compiles the K-split residual projections (the 1B and 8B shapes split K)
             # and the barrier polls by acquire loads (inline PTX), per-layer kernels (--all) with
@@ -139,7 +139,8 @@ def main(argv: list[str]) -> int:
                                  split_k=2 if batch == 8 else None, acquire_loads=batch == 8,
                                  pdl=batch in (1, 8), fuse_attention=batch < 64, dataflow=batch == 1,
                                  poll_sleep_ns=128 if batch < 64 else 0, wait_prefetch=8 if batch < 64 else 0,
-                                 attn_prefetch=batch < 64, pdl_weights=pdl_weights)
+                                 attn_prefetch=batch < 64, pdl_weights=int(pdl_weights),
+                                 pdl_weights_o=2 * pdl_weights)
             buf = ops.DecodeBuffers.allocate(cfg, plan, dtype, torch.device("cpu"))
             cache = ref.KVCache.empty(cfg, batch, 40, dtype=dtype, device="cpu")
             tokens = torch.zeros(batch, dtype=torch.int64)

@@ -256,16 +256,22 @@ def test_plan_tuning_is_checked():
     with pytest.raises(ValueError, match="need every block >= 16"):
         ops.make_plan(CFG, 3, SLOTS, torch.float32, cpu, block_b=16, block_n=8)
     for gpu_only, value in (("pdl", True), ("acquire_loads", True), ("poll_sleep_ns", 128), ("wait_prefetch", 8),
-                            ("attn_prefetch", True), ("pdl_weights", True)):
+                            ("attn_prefetch", True), ("pdl_weights", 1), ("pdl_weights_o", 2)):
         with pytest.raises(ValueError, match=f"{gpu_only}={value} needs the compiled kernels"):
             ops.make_plan(CFG, 3, SLOTS, torch.float32, cpu, **{gpu_only: value})
-    with pytest.raises(ValueError, match="pdl_weights .* needs pdl=True"):
-        ops._tuned(ops.make_plan(CFG, 1, SLOTS, torch.float32, cpu), {"pdl_weights": True})
+    for name in ("pdl_weights", "pdl_weights_o"):
+        with pytest.raises(ValueError, match=f"{name} .* needs pdl=True"):
+            ops._tuned(ops.make_plan(CFG, 1, SLOTS, torch.float32, cpu), {name: 1})
+        with pytest.raises(ValueError, match=f"{name} must be 0, 1 or 2"):
+            ops._tuned(ops.make_plan(CFG, 1, SLOTS, torch.float32, cpu), {name: 3, "pdl": True})
     # ROW_PREFETCH of the per-layer launches: the tile's own PDL wait only for batch-1 row tiles
-    one = dataclasses.replace(ops.make_plan(CFG, 1, SLOTS, torch.float32, cpu), pdl=True, pdl_weights=True)
-    assert (one.row_tiles(), dataclasses.replace(one, pdl_weights=False).row_tiles(),
-            dataclasses.replace(one, row_prefetch=False).row_tiles(),
-            dataclasses.replace(one, block_b=4).row_tiles()) == (2, 1, 0, 1)
+    one = dataclasses.replace(ops.make_plan(CFG, 1, SLOTS, torch.float32, cpu), pdl=True, pdl_weights=1)
+    assert (one.row_tiles("down"), dataclasses.replace(one, pdl_weights=0).row_tiles("down"),
+            dataclasses.replace(one, row_prefetch=False).row_tiles("down"),
+            dataclasses.replace(one, block_b=4).row_tiles("down")) == (2, 1, 0, 1)
+    two_o = dataclasses.replace(one, pdl_weights_o=2)
+    assert (two_o.row_tiles("o_proj"), two_o.row_tiles("gate_up"), dataclasses.replace(
+        one, pdl_weights=2).row_tiles("qkv")) == (3, 2, 3)
 
 
 @pytest.mark.parametrize("scale", [1e4, 1e-6])
@@ -285,8 +291,8 @@ def test_batch1_gpu_defaults_follow_their_reasons(monkeypatch):
     attention (264 programs) and W_o (256) launches have <= 2 tiles per SM and get the wider chunks,
     its 1024 gate/up tiles fit one wave of 8 per SM and get the narrower ones; Llama-3.1-8B's
     launches have more tiles and keep block_k (H200 plan_sweep, session 5: llmfuse/README.md).
-    Both get PDL with the attention tiles' slots prefetched and the first weight chunk loaded before
-    each tile's wait; batch 8 none of it, but wider Q/K/V tiles."""
+    Both get PDL with the attention tiles' slots prefetched and the first weight chunk (W_o: two)
+    loaded before each tile's wait; batch 8 none of it, but wider Q/K/V tiles."""
     from fusecore.device import DeviceFacts
 
     def llama(**shape):
@@ -304,7 +310,8 @@ def test_batch1_gpu_defaults_follow_their_reasons(monkeypatch):
     assert {large.k_chunk(name) for name in ("qkv", "o_proj", "gate_up", "down")} == {large.block_k}
     for plan in (small, large):
         assert plan.pdl and plan.attn_prefetch and plan.wait_prefetch == 0 and plan.fuse_attention
-        assert plan.pdl_weights and plan.row_tiles() == 2
+        assert plan.pdl_weights == 1 and plan.pdl_weights_o == 2
+        assert (plan.row_tiles("qkv"), plan.row_tiles("o_proj"), plan.row_tiles("down")) == (2, 3, 2)
     batch8 = ops.make_plan(llama_1b, 8, 520, torch.bfloat16, cuda)
     assert not batch8.pdl and not batch8.attn_prefetch and not batch8.pdl_weights
     assert {batch8.k_chunk(name) for name in ("qkv", "o_proj", "gate_up", "down")} == {batch8.block_k}

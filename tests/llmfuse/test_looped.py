@@ -296,8 +296,9 @@ def test_gpu_decode_step_is_cuda_graph_capturable(looped, gen):
 @pytest.mark.parametrize("looped, tuning", [
     (False, {"pdl": True}),
     (False, {"pdl": True, "wait_prefetch": 32, "attn_prefetch": True}),
-    (False, {"pdl": True, "pdl_weights": True, "fuse_attention": True, "attn_prefetch": True}),
-    (False, {"pdl": True, "pdl_weights": True, "fuse_attention": False}),
+    (False, {"pdl": True, "pdl_weights": 1, "fuse_attention": True, "attn_prefetch": True}),
+    (False, {"pdl": True, "pdl_weights": 1, "fuse_attention": False}),
+    (False, {"pdl": True, "pdl_weights": 2, "pdl_weights_o": 2, "fuse_attention": True}),
     (False, {"fuse_attention": True, "attn_prefetch": True}),
     (True, {"dataflow": True, "wait_prefetch": 32, "attn_prefetch": True}),
 ])
