@@ -146,7 +146,6 @@ def capture(
     graph = as_graph(graph, inputs[0].shape[0]) if isinstance(graph, torch.Tensor) else as_graph(graph)
     bound = _Bound(layer, graph, schedule)
     bound.train(layer.training)
-    graphed = torch.cuda.make_graphed_callables(
-        bound, inputs, num_warmup_iters=warmup, allow_unused_input=True,
-    )
+    with torch.enable_grad():  # the backward graph is captured too, even when called under no_grad
+        graphed = torch.cuda.make_graphed_callables(bound, inputs, num_warmup_iters=warmup, allow_unused_input=True)
     return CapturedLayer(layer, graphed, layer.training, inputs)
