@@ -129,20 +129,21 @@ def occupancy(registers: int, shared_bytes: int, num_warps: int) -> int:
 _SWIZZLED_SHARED = re.compile(r"^#(\w+) = #ttg\.swizzled_shared<\{vec = (\d+), perPhase = (\d+), "
                               r"maxPhase = (\d+), order = \[([\d, ]+)\]", re.M)
 _DOT_OPERAND_LOAD = re.compile(r"ttg\.local_load [^:]*: !ttg\.memdesc<([\dx]+)x([a-z]+\d+), #(\w+)[^>]*> -> "
-                               r"tensor<[^>]*#ttg\.dot_op<\{opIdx = (\d)")
+                               r"tensor<[^>]*#ttg\.dot_op<\{opIdx = (\d), parent = #mma")
 _ELEMENT_BITS = re.compile(r"[a-z]+(\d+)")
 BANK_LINE_BYTES = 128  # 32 banks of 4 bytes
 ROWS_PER_READ = 8  # a tensor-core operand read (ldmatrix pattern): 8 rows of 16 bytes per phase
 
 
 def unswizzled_dot_operands(ttgir: str) -> list[str]:
-    """The tensor-core operands of a kernel (``ttg.local_load`` into a ``#ttg.dot_op`` layout, in
-    TTGIR) read from a shared-memory buffer whose ``swizzled_shared`` encoding has no swizzle
-    (``maxPhase = 1``), with the bank conflict that implies when the buffer's contiguous rows are
-    ``pitch`` bytes apart: an 8-row read of 16 bytes per row meets ``min(8, 128 / gcd(pitch, 128))``
-    distinct bank groups, so ``8 / that``-way conflicts (pitch 16 B: none; 64 B: 4-way; any multiple
-    of 128 B: 8-way).  One string per conflicting operand, e.g. ``"opIdx 0 16x128xf32 order [1, 0]:
-    pitch 512 B, ~8-way"``.
+    """The tensor-core operands of a kernel (``ttg.local_load`` into a ``#ttg.dot_op`` layout whose
+    parent is an ``#mma`` layout, in TTGIR; a float32 ``ieee`` product runs on CUDA cores, parent
+    ``#blocked``, and is not examined) read from a shared-memory buffer whose ``swizzled_shared``
+    encoding has no swizzle (``maxPhase = 1``), with the bank conflict that implies when the
+    buffer's contiguous rows are ``pitch`` bytes apart: an 8-row read of 16 bytes per row meets
+    ``min(8, 128 / gcd(pitch, 128))`` distinct bank groups, so ``8 / that``-way conflicts (pitch
+    16 B: none; 64 B: 4-way; any multiple of 128 B: 8-way).  One string per conflicting operand,
+    e.g. ``"opIdx 0 16x128xf32 order [1, 0]: pitch 512 B, ~8-way"``.
 
     Triton gives a buffer no swizzle when it cannot pick one layout for all its readers, e.g. a
     pipelined chunk that feeds ``tl.dot`` and an elementwise reduction (``tl.sum(x * x)``) too; a

@@ -110,3 +110,5 @@ def test_unswizzled_dot_operands_reads_the_encoding_and_pitch():
         "opIdx 0 16x32xbf16 order [1, 0]: pitch 64 B, ~4-way"]
     assert unswizzled_dot_operands(ttgir(1, "1, 0", "16x8xbf16")) == []  # 16-byte rows: no conflict
     assert unswizzled_dot_operands(ttgir(4, "1, 0", "16x128xf32")) == []  # swizzled
+    # a CUDA-core product (float32 ieee: the operand layouts' parent is blocked) is not a tensor-core read
+    assert unswizzled_dot_operands(ttgir(1, "1, 0", "16x128xf32").replace("#mma", "#blocked")) == []
