@@ -70,7 +70,7 @@ class DecodePlan:
     # pdl_weights K chunks (0: none, 1 or 2) before the PDL wait, which they make themselves
     # (kernels/matvec.py ``_one_row``): that round trip overlaps the previous kernel's tail.  2 keeps
     # two chunks in flight in the K loop too (registers for a third).  pdl_weights_o: W_o's (0:
-    # pdl_weights).  Compiled only.
+    # pdl_weights).  Compiled only; without pdl unused.
     pdl_weights: int = 0
     pdl_weights_o: int = 0
     # K chunk widths of the per-layer Q/K/V, output-projection, gate/up and down-projection launches
@@ -321,7 +321,10 @@ def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, 
     # 4.307 -> 4.241); W_o's tiles their first two (226 registers, still one wave for 1B), measured
     # better in two calls by 0.2-0.5% (1B 0.7995 / 0.7926 against 0.8037 / 0.7939; 8B 4.237 / 4.269
     # against 4.246 / 4.275).  Two chunks for every instruction: 0.9519 (gate/up 80 and W_down 71
-    # registers: no longer one wave).
+    # registers: no longer one wave).  Llama-3.1-8B: gate/up in 128-column chunks although its 1792
+    # tiles take two waves at 8 per SM (three and a half at 4 per SM with 256 columns): 4.273 -> 4.195
+    # (call 5), 4.263 -> 4.190 (call 6); its 512 W_o tiles in 512-column chunks (4 per SM) 4.220 / 4.214
+    # alone but 4.218 with the gate/up chunks: not taken.
     # 16-row tensor-core tiles (batches 3..16) load each x chunk twice, once for the tensor cores
     # and once for the sum of squares (H200, 1B batch 8, ms per 16 layers: gate/up 0.354 against
     # 0.383, LM head 0.131 against 0.151; Q/K/V in 8 K parts 0.211 against 0.191, but the step with
@@ -331,14 +334,13 @@ def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, 
     one_row = compiled and batch == 1
     wide_qkv = one_row and tiles["qkv"] + tiles["attention"] <= 2 * sms
     wide_o = one_row and tiles["o_proj"] <= 2 * sms
-    narrow_gate_up = one_row and tiles["gate_up"] <= 8 * sms
     plan = DecodePlan(**{**plan.__dict__, "looped_programs": looped_programs, "split_k": split_k, "o_split": o_split,
                          "maxnreg": maxnreg, "qkv_split": qkv_split, "mlp_split": mlp_split,
                          "fuse_attention": one_row,
                          "dataflow": compiled and batch <= 8,
                          "poll_sleep_ns": 1024 if one_row else 0,
                          "block_k_qkv": 512 if wide_qkv else 0, "block_k_o": 1024 if wide_o else 0,
-                         "block_k_gate_up": 128 if narrow_gate_up else 0,
+                         "block_k_gate_up": 128 if one_row else 0,
                          "pdl": one_row, "attn_prefetch": one_row, "pdl_weights": int(one_row),
                          "pdl_weights_o": 2 * one_row,
                          "square_sum_load": int(plan.block_b == 16),
@@ -375,11 +377,9 @@ def _tuned(plan: DecodePlan, tuning: dict[str, int]) -> DecodePlan:
     if not plan.row_sums and min(plan.block_b, *(getattr(plan, b) for b in blocks), *chunks) < 16:
         raise ValueError(f"tensor-core tiles (block_b = {plan.block_b} > {SMALL_BATCH}) need every block >= 16: "
                          f"{plan}")
-    for name in ("pdl_weights", "pdl_weights_o"):
+    for name in ("pdl_weights", "pdl_weights_o"):  # without pdl there is no wait to load before: unused
         if getattr(plan, name) > 2:
             raise ValueError(f"{name} must be 0, 1 or 2 (K chunks), got {getattr(plan, name)}")
-        if getattr(plan, name) and not plan.pdl:
-            raise ValueError(f"{name} loads weights before the programmatic-dependent-launch wait: it needs pdl=True")
     for name in ("square_sum_load", "square_sum_load_qkv"):
         if getattr(plan, name) not in (0, 1, 2):
             raise ValueError(f"{name} must be 0, 1 or 2, got {getattr(plan, name)}")

@@ -345,6 +345,12 @@ def _looped_prefixes(ctx: Context, cfg: LlamaConfig, w: LlamaWeights, cache: ref
 # against 1.132; pdl_weights_o 2 0.7926 (8B 4.269; now the default), down in 8 / 2 K parts 0.8147 /
 # 0.8371, 5 attention splits 0.8053, Q/K/V and attention in two launches 0.7939; batch 8 with W_o and
 # W_down in 4 K parts 1.157.
+# Call 5: batch 1 default 0.7940, Q/K/V tiles of 4 pairs 0.8078.  8B batch 1 4.273; W_o in 512-column
+# chunks 4.220, gate/up in 128-column chunks 4.195, W_down in 2 K parts 4.273, W_o 512 with 2 K parts
+# 4.213.  Call 6: batch 1 default 0.7909, without pdl_weights / pdl_weights_o 0.8410, pdl_weights_o 1
+# 0.7931; batch 8 1.132 (session-5 tiles 1.299).  8B batch 1 with both W_o 512 and gate/up 128 4.218,
+# gate/up 128 alone 4.190 (now the default), W_o 512 alone 4.214, session-5 chunks 4.263, the
+# session-5 batch-1 plan 4.339.
 OLD_BATCH8 = {"block_p": 16, "qkv_split": 4, "square_sum_load": 0, "square_sum_load_qkv": 0}
 # The batch-1 defaults of session 6 against the plan without the weight loads before the wait (the
 # session-5 default but for this session's latency fixes) and with one chunk for W_o.
@@ -352,7 +358,11 @@ SESSION5_BATCH1 = {"pdl_weights": 0, "pdl_weights_o": 0}
 PLAN_SWEEP: list[tuple[int, bool, dict[str, int]]] = [
     (1, False, SESSION5_BATCH1), (1, False, {"pdl_weights_o": 1}), (8, False, OLD_BATCH8),
 ]
-PLAN_SWEEP_8B: list[tuple[int, bool, dict[str, int]]] = [(1, False, SESSION5_BATCH1)]
+# Llama-3.1-8B's batch-1 gate/up chunks of session 5 (block_k: 256 columns)
+SESSION5_CHUNKS_8B = {"block_k_gate_up": 0}
+PLAN_SWEEP_8B: list[tuple[int, bool, dict[str, int]]] = [
+    (1, False, {**SESSION5_BATCH1, **SESSION5_CHUNKS_8B}), (1, False, SESSION5_CHUNKS_8B),
+]
 QUICK_PLAN_SWEEP = [(1, False, {"row_prefetch": False}), (3, False, {"block_b": 4}),
                     (3, False, {"fuse_attention": True}), (3, True, {}), (1, True, {"dataflow": True})]
 

@@ -260,15 +260,16 @@ def test_plan_tuning_is_checked():
         with pytest.raises(ValueError, match=f"{gpu_only}={value} needs the compiled kernels"):
             ops.make_plan(CFG, 3, SLOTS, torch.float32, cpu, **{gpu_only: value})
     for name in ("pdl_weights", "pdl_weights_o"):
-        with pytest.raises(ValueError, match=f"{name} .* needs pdl=True"):
-            ops._tuned(ops.make_plan(CFG, 1, SLOTS, torch.float32, cpu), {name: 1})
         with pytest.raises(ValueError, match=f"{name} must be 0, 1 or 2"):
             ops._tuned(ops.make_plan(CFG, 1, SLOTS, torch.float32, cpu), {name: 3, "pdl": True})
-    # ROW_PREFETCH of the per-layer launches: the tile's own PDL wait only for batch-1 row tiles
+    # ROW_PREFETCH of the per-layer launches: the tile's own PDL wait only for batch-1 row tiles with PDL
     one = dataclasses.replace(ops.make_plan(CFG, 1, SLOTS, torch.float32, cpu), pdl=True, pdl_weights=1)
     assert (one.row_tiles("down"), dataclasses.replace(one, pdl_weights=0).row_tiles("down"),
             dataclasses.replace(one, row_prefetch=False).row_tiles("down"),
-            dataclasses.replace(one, block_b=4).row_tiles("down")) == (2, 1, 0, 1)
+            dataclasses.replace(one, block_b=4).row_tiles("down"),
+            dataclasses.replace(one, pdl=False).row_tiles("down")) == (2, 1, 0, 1, 1)
+    # a plan without PDL keeps the (then unused) defaults and builds
+    assert ops._tuned(dataclasses.replace(one, pdl_weights_o=2), {"pdl": False}).row_tiles("o_proj") == 1
     two_o = dataclasses.replace(one, pdl_weights_o=2)
     assert (two_o.row_tiles("o_proj"), two_o.row_tiles("gate_up"), dataclasses.replace(
         one, pdl_weights=2).row_tiles("qkv")) == (3, 2, 3)
@@ -289,8 +290,8 @@ def test_decode_attention_is_stable_for_huge_and_tiny_scores(scale, gen):
 def test_batch1_gpu_defaults_follow_their_reasons(monkeypatch):
     """The batch-1 GPU plan (computed here for a 132-SM H200 without one): Llama-3.2-1B's Q/K/V +
     attention (264 programs) and W_o (256) launches have <= 2 tiles per SM and get the wider chunks,
-    its 1024 gate/up tiles fit one wave of 8 per SM and get the narrower ones; Llama-3.1-8B's
-    launches have more tiles and keep block_k (H200 plan_sweep, session 5: llmfuse/README.md).
+    gate/up tiles the narrower ones (8 programs per SM); Llama-3.1-8B's Q/K/V, W_o and W_down keep
+    block_k (H200 plan_sweep, sessions 5 and 6: llmfuse/README.md).
     Both get PDL with the attention tiles' slots prefetched and the first weight chunk (W_o: two)
     loaded before each tile's wait; batch 8 none of it, but wider Q/K/V tiles."""
     from fusecore.device import DeviceFacts
@@ -307,7 +308,9 @@ def test_batch1_gpu_defaults_follow_their_reasons(monkeypatch):
     assert (small.k_chunk("qkv"), small.k_chunk("o_proj"), small.k_chunk("gate_up"), small.k_chunk("down")) == (
         512, 1024, 128, small.block_k)
     large = ops.make_plan(llama_8b, 1, 520, torch.bfloat16, cuda)
-    assert {large.k_chunk(name) for name in ("qkv", "o_proj", "gate_up", "down")} == {large.block_k}
+    # 8B: gate/up in 128-column chunks at 8 per SM although its 1792 tiles take two waves (session 6)
+    assert (large.k_chunk("qkv"), large.k_chunk("o_proj"), large.k_chunk("gate_up"), large.k_chunk("down")) == (
+        large.block_k, large.block_k, 128, large.block_k)
     for plan in (small, large):
         assert plan.pdl and plan.attn_prefetch and plan.wait_prefetch == 0 and plan.fuse_attention
         assert plan.pdl_weights == 1 and plan.pdl_weights_o == 2
