@@ -7,8 +7,10 @@ import math
 
 import pytest
 import torch
+import triton.language as tl
 
 import fusecore
+from fusecore.backend import jit
 from fusecore.softmax import merge_partials
 from fusecore.testing import assert_all_written, assert_close, poison_value, test_device
 from llmfuse import ops
@@ -326,3 +328,37 @@ def test_batch1_gpu_defaults_follow_their_reasons(monkeypatch):
     batch64 = ops.make_plan(llama_1b, 64, 520, torch.bfloat16, cuda)
     assert (batch64.block_p, batch64.qkv_split, batch64.square_sum_load, batch64.square_sum_load_qkv) == (
         16, 4, 0, 0)
+
+
+@pytest.mark.skipif(fusecore.COMPILED, reason="the GPU runs the real wait (test_looped.py)")
+def test_weights_loaded_before_the_wait_change_no_value(monkeypatch, gen):
+    """pdl_weights 1 and 2 (ROW_PREFETCH 2 and 3: the first one or two weight chunks issued before the
+    tile's own PDL wait, then two chunks in flight) through a whole per-layer step with K in three
+    chunks: the logits equal the plain pipelined tiles' bit for bit (same products, same order).
+    The interpreter has no ``griddepcontrol``: the wait is replaced by nothing here."""
+    from llmfuse.kernels import decode_attention, gate_up, lm_head, matvec, qkv_attention, qkv_rope, residual_proj
+
+    @jit
+    def no_wait(USE_PDL: tl.constexpr):
+        pass
+
+    for module in (decode_attention, gate_up, lm_head, matvec, qkv_attention, qkv_rope, residual_proj):
+        monkeypatch.setattr(module, "after_previous_kernel", no_wait)
+    cpu = torch.device("cpu")
+    w = random_weights(CFG, dtype=torch.float32, generator=gen, std=0.1)
+    plain = ops.make_plan(CFG, 1, SLOTS, torch.float32, cpu, block_k=16)
+    shape = ref.KVCache.empty(CFG, 1, SLOTS, dtype=torch.float32, device=cpu).k.shape
+    tokens, state = torch.tensor([5]), torch.randn(2, *shape, generator=gen)
+    logits = []
+    for tuning in ({}, {"pdl": True, "pdl_weights": 1}, {"pdl": True, "pdl_weights": 1, "pdl_weights_o": 2},
+                   {"pdl": True, "pdl_weights": 2}):
+        plan = dataclasses.replace(plain, **tuning)
+        buf = ops.DecodeBuffers.allocate(CFG, plan, torch.float32, cpu)
+        cache = ref.KVCache(state[0].clone(), state[1].clone())
+        buf.slot.fill_(13)
+        buf.logits.fill_(float("nan"))
+        ops.fused_step(w, CFG, cache, buf, plan, CFG.rope_inv_freq(), tokens, looped=False, write_logits=True)
+        logits.append(buf.logits.clone())
+    assert plain.k_chunk("o_proj") * 2 < CFG.num_attention_heads * CFG.head_dim  # three or more chunks
+    for tuning_logits in logits[1:]:
+        assert torch.equal(tuning_logits, logits[0])
