@@ -30,7 +30,9 @@ machine.  With ``FUSEKIT_COMPILE_DUMP=<folder>`` each
 specialisation's compiler stages (TTIR, TTGIR — layouts, shared-memory buffers and their
 swizzling, pipelining —, LLVM IR and PTX) are written there as ``<kernel>.<hash>.<stage>``, with
 its constexprs and launch options in ``<kernel>.<hash>.txt``: what the compiler made of a kernel,
-read without a GPU.
+read without a GPU.  ``python -m fusecore.compile_check --compare BEFORE AFTER`` compares two such
+folders specialisation by specialisation, PTX with debug info stripped: proof that a refactor left
+the compiled kernels unchanged.
 
 How: a :class:`CheckedFunction` is a ``triton.runtime.jit.JITFunction`` (so the compiler
 treats it, and calls to it from other kernels, as a jit function) that runs through an
@@ -42,6 +44,7 @@ member forms) the same double nature.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import math
 import os
@@ -334,6 +337,79 @@ def dump_stages(compiled: Any, name: str, constexprs: dict, options: dict, folde
     return paths
 
 
+_DEBUG_LABEL = re.compile(r"^\$L__(tmp|func_begin|func_end)\d*:$")
+_LOCATION = re.compile(r" loc\([^()]*(\([^()]*\))?\)")
+
+
+def normalized_ptx(ptx: str) -> str:
+    """PTX without what moves when only source lines move: ``.loc`` / ``.file`` directives, the
+    ``.section .debug_*`` blocks, debug labels, comments and blank lines."""
+    kept, in_debug_section = [], False
+    for line in ptx.splitlines():
+        stripped = line.strip()
+        if in_debug_section:
+            in_debug_section = stripped != "}"
+            continue
+        if stripped.startswith(".section") and ".debug" in stripped:
+            in_debug_section = True
+            continue
+        if stripped.startswith((".loc", ".file")) or _DEBUG_LABEL.match(stripped):
+            continue
+        code = line.split("//")[0].rstrip()
+        if code.strip():
+            kept.append(code)
+    return "\n".join(kept)
+
+
+def dump_index(folder: Path) -> dict[str, set[str]]:
+    """The specialisations of a ``FUSEKIT_COMPILE_DUMP`` folder: key = kernel, constexprs, launch
+    options and argument types (the TTIR signature, locations stripped); value = the hashes of their
+    normalized PTX (:func:`normalized_ptx`; a set, as one key may be dumped by several runs)."""
+    table: dict[str, set[str]] = {}
+    for txt in sorted(Path(folder).glob("*.txt")):
+        ptx, ttir = txt.with_suffix(".ptx"), txt.with_suffix(".ttir")
+        if not ptx.is_file() or not ttir.is_file():
+            continue
+        head = next((line for line in ttir.read_text().splitlines() if "tt.func public" in line), "")
+        key = txt.read_text() + "signature: " + _LOCATION.sub("", head).strip()
+        digest = hashlib.sha256(normalized_ptx(ptx.read_text()).encode()).hexdigest()
+        table.setdefault(key, set()).add(digest)
+    return table
+
+
+@dataclass(frozen=True)
+class DumpComparison:
+    """Two ``FUSEKIT_COMPILE_DUMP`` folders compared (:func:`compare_dumps`): the specialisations
+    only one has, those both have with a different normalized PTX, and how many match."""
+
+    only_before: list[str]
+    only_after: list[str]
+    differing: list[str]
+    same: int
+
+    def report(self) -> str:
+        def name(key: str) -> str:
+            return " | ".join(key.splitlines()[:2])
+
+        lines = [f"{self.same} specialisations with the same PTX (debug info stripped), {len(self.differing)} "
+                 f"differing, {len(self.only_before)} only before, {len(self.only_after)} only after"]
+        for title, keys in (("DIFFERING", self.differing), ("only before", self.only_before),
+                            ("only after", self.only_after)):
+            lines += [f"  {title}: {name(key)}" for key in keys]
+        return "\n".join(lines)
+
+
+def compare_dumps(before: Path, after: Path) -> DumpComparison:
+    """Whether a change left compiled kernels alone: every specialisation both dump folders hold
+    (same kernel, constexprs, options and argument types) compared by its PTX with debug info
+    stripped.  A refactor that moves code between files, or removes an unused option, should leave
+    ``differing`` empty."""
+    old, new = dump_index(before), dump_index(after)
+    return DumpComparison(only_before=sorted(set(old) - set(new)), only_after=sorted(set(new) - set(old)),
+                          differing=sorted(k for k in set(old) & set(new) if old[k] != new[k]),
+                          same=sum(old[k] == new[k] for k in set(old) & set(new)))
+
+
 def install(target: GPUTarget) -> None:
     """Turn Triton's own ``@jit`` library functions into :class:`CheckedFunction`\\ s (both their
     module attributes and their tensor member forms), whichever mode they were created in."""
@@ -365,10 +441,18 @@ def install(target: GPUTarget) -> None:
 
 def main(argv: list[str]) -> int:
     """``python -m fusecore.compile_check FILE.jsonl``: print the resource report written under
-    ``FUSEKIT_COMPILE_REPORT=FILE.jsonl``."""
+    ``FUSEKIT_COMPILE_REPORT=FILE.jsonl``.  ``python -m fusecore.compile_check --compare BEFORE
+    AFTER``: compare two ``FUSEKIT_COMPILE_DUMP`` folders (:func:`compare_dumps`); exit status 1
+    when a specialisation both hold compiles to a different PTX."""
+    if len(argv) == 3 and argv[0] == "--compare":
+        comparison = compare_dumps(Path(argv[1]), Path(argv[2]))
+        print(comparison.report())
+        return 1 if comparison.differing else 0
     if len(argv) != 1:
         print(f"usage: {REPORT_ENV_VAR}=FILE.jsonl {ENV_VAR}=sm_90 python -m pytest ...; "
-              "then python -m fusecore.compile_check FILE.jsonl", file=sys.stderr)
+              "then python -m fusecore.compile_check FILE.jsonl\n"
+              f"   or: python -m fusecore.compile_check --compare BEFORE AFTER  (two {DUMP_ENV_VAR} folders)",
+              file=sys.stderr)
         return 2
     lines = Path(argv[0]).read_text().splitlines()
     print(format_report([KernelResources(**json.loads(line)) for line in lines if line.strip()]))

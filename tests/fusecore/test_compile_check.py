@@ -56,6 +56,24 @@ def test_compiles_each_launch_and_rejects_what_only_the_interpreter_accepts(tmp_
                            capture_output=True, text=True, timeout=120)
     assert shown.returncode == 0 and "good_kernel" in shown.stdout, shown.stdout + shown.stderr
 
+    # the same kernels compiled from a copy whose every line moved down: same PTX once debug info is
+    # stripped (the locations differ), one specialisation fewer (the test kernel not launched)
+    moved = tmp_path / "moved.py"
+    moved.write_text("# a line that moves every kernel down\n" + script.read_text().replace(
+        "    for second_load in (0, 1):", "    for second_load in (0,):"))
+    env["FUSEKIT_COMPILE_DUMP"] = str(tmp_path / "moved_stages")
+    env.pop("FUSEKIT_COMPILE_REPORT")
+    done = subprocess.run([sys.executable, str(moved)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    raw = [next((tmp_path / d).glob("*good_kernel*.ptx")).read_text() for d in ("stages", "moved_stages")]
+    assert raw[0] != raw[1]  # line numbers in the debug info
+    compared = subprocess.run([sys.executable, "-m", "fusecore.compile_check", "--compare", str(dump),
+                               str(tmp_path / "moved_stages")], env=env, capture_output=True, text=True, timeout=120)
+    assert compared.returncode == 0, compared.stdout + compared.stderr
+    assert compared.stdout.startswith("2 specialisations with the same PTX (debug info stripped), 0 differing, "
+                                      "1 only before, 0 only after"), compared.stdout
+    assert "only before: __main__.square_sum_dot_kernel | constexprs: SECOND_LOAD=1" in compared.stdout
+
 
 @pytest.mark.parametrize("registers, shared, warps, blocks", [
     (32, 0, 4, 16),           # the 64-warp limit
@@ -112,3 +130,32 @@ def test_unswizzled_dot_operands_reads_the_encoding_and_pitch():
     assert unswizzled_dot_operands(ttgir(4, "1, 0", "16x128xf32")) == []  # swizzled
     # a CUDA-core product (float32 ieee: the operand layouts' parent is blocked) is not a tensor-core read
     assert unswizzled_dot_operands(ttgir(1, "1, 0", "16x128xf32").replace("#mma", "#blocked")) == []
+
+
+def test_compare_dumps_finds_a_changed_instruction(tmp_path):
+    """fusecore.compile_check.compare_dumps on hand-written dump folders: debug info and comments do
+    not count, an instruction does; the argument types are part of a specialisation's identity."""
+    from fusecore.compile_check import compare_dumps, normalized_ptx
+
+    body = ".visible .entry k(\n.param .u64 p\n)\n{\n\tld.global.f32 %f1, [%rd1];\n\tret;\n}\n"
+    debug = '.file 1 "k.py"\n.loc 1 7 0\n$L__tmp3:\n.section .debug_info\n{\n.b8 1\n}\n'
+    assert normalized_ptx(body + debug) == normalized_ptx(".loc 1 9 0 // moved\n" + body)
+
+    def dump(folder: str, kernels: dict[str, tuple[str, str]]) -> Path:
+        path = tmp_path / folder
+        path.mkdir()
+        for stem, (arg_type, ptx) in kernels.items():
+            (path / f"{stem}.txt").write_text(f"m.{stem.split('.')[0]}\nconstexprs: B=16\noptions: default\n")
+            (path / f"{stem}.ttir").write_text(f'  tt.func public @k(%p: {arg_type} loc("p"(#loc))) {{\n')
+            (path / f"{stem}.ptx").write_text(ptx)
+        return path
+
+    before = dump("before", {"k.aaa": ("!tt.ptr<f32>", body + debug), "k.bbb": ("!tt.ptr<f16>", body),
+                             "gone.ccc": ("i32", body)})
+    after = dump("after", {"k.ddd": ("!tt.ptr<f32>", body.replace("ld.global", "ld.global.nc")),
+                           "k.eee": ("!tt.ptr<f16>", ".loc 1 1 0\n" + body), "new.fff": ("i32", body)})
+    result = compare_dumps(before, after)
+    assert result.same == 1 and len(result.differing) == 1 and "f32" in result.differing[0]
+    assert [k.splitlines()[0] for k in result.only_before] == ["m.gone"]
+    assert [k.splitlines()[0] for k in result.only_after] == ["m.new"]
+    assert "1 specialisations with the same PTX" in result.report() and "DIFFERING: m.k" in result.report()
