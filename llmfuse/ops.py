@@ -270,7 +270,7 @@ def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, 
         block_v=block_v, block_g=block_g, block_s=block_s, block_d=block_d,
         block_m=next_power_of_2(cfg.group_size),
         merge_splits=max(1, 4096 // (next_power_of_2(cfg.group_size) * block_d)), n_splits=n_splits,
-        split_len=split_len, dot_prec="ieee" if dtype == torch.float32 or not compiled else "tf32",
+        split_len=split_len, dot_prec="ieee" if dtype == torch.float32 else "tf32",
         looped_programs=1,
     )
     if looped_programs is None:

@@ -19,7 +19,8 @@ reduce with elementwise multiplies and row sums in fp32 (any BLOCK_N, so narrow 
 many programs): the weight tile is loaded once and every batch row of x meets it in
 registers.  Larger batches pad the batch to ``BLOCK_B`` ≥ 16 and use ``tl.dot`` through
 :func:`mma` (fp32 accumulation; ``DOT_PREC`` "ieee" runs the product in float32: float32
-weights, and the interpreter, whose dot cannot take bf16).  Activations are loaded with
+weights; fusecore makes the interpreter's bf16 products match the GPU's, so the CPU tests run the
+bf16 / fp16 tensor-core path as compiled).  Activations are loaded with
 ``.cg`` (bypassing L1) because in the looped kernel other multiprocessors wrote them
 during the same launch; weights, read exactly once per step, with ``evict_first`` so they
 do not push the activations (and the looped kernel's prefetched weights) out of L2.
