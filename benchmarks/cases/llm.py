@@ -350,7 +350,11 @@ def _looped_prefixes(ctx: Context, cfg: LlamaConfig, w: LlamaWeights, cache: ref
 # 4.213.  Call 6: batch 1 default 0.7909, without pdl_weights / pdl_weights_o 0.8410, pdl_weights_o 1
 # 0.7931; batch 8 1.132 (session-5 tiles 1.299).  8B batch 1 with both W_o 512 and gate/up 128 4.218,
 # gate/up 128 alone 4.190 (now the default), W_o 512 alone 4.214, session-5 chunks 4.263, the
-# session-5 batch-1 plan 4.339.
+# session-5 batch-1 plan 4.339.  Call 7 (after the fix of the no-PDL plans): batch 1 0.7909; 8B 4.185.
+# Calls 8-9 (8B rows only, so the 8B default was the first row timed in the process: 4.236 / 4.233,
+# the same plan re-timed later in the process 4.130 / 4.132): gate/up in 64-column chunks 5.390,
+# W_down in 2 / 8 K parts 4.132-4.136 / 4.152, W_o in 512-column chunks 4.162, W_down in 512-column
+# chunks 4.167, W_o one chunk before its wait 4.136-4.140, Q/K/V in 512-column chunks 4.477.
 OLD_BATCH8 = {"block_p": 16, "qkv_split": 4, "square_sum_load": 0, "square_sum_load_qkv": 0}
 # The batch-1 defaults of session 6 against the plan without the weight loads before the wait (the
 # session-5 default but for this session's latency fixes) and with one chunk for W_o.
