@@ -2,8 +2,7 @@
 
 On a CUDA device :func:`measure` uses ``triton.testing.do_bench`` (CUDA events, L2 flushed
 between runs, warm-up before timing) or ``do_bench_cudagraph`` when ``cuda_graph=True``
-(launch overhead removed by replaying a captured graph), after a longer warm-up when the GPU
-has been idle (:func:`warmup_after_idle`).  On the CPU it falls back to a
+(launch overhead removed by replaying a captured graph).  On the CPU it falls back to a
 wall-clock loop and marks the result ``gpu_time=False`` so nobody mistakes interpreter
 times for GPU times.
 """
@@ -35,34 +34,6 @@ class Timing:
         return self.p80_ms - self.p20_ms
 
 
-# A GPU that sat idle (a model being built, kernels compiling) runs the first measurement after it
-# slow: on the H200 of session 6, Llama-3.1-8B's decode step timed 4.233 ms as the first row of a
-# process and 4.130 / 4.132 ms re-timed later in the same process (the same plan), more than the
-# 25 ms warm-up of do_bench covers.  After IDLE_S without a measurement, fn runs IDLE_WARMUP_MS first.
-IDLE_S = 1.0
-IDLE_WARMUP_MS = 250.0
-_last_measured = [float("-inf")]  # perf_counter at the end of the last GPU measurement
-
-
-def warmup_after_idle(fn: Callable[[], object], idle_s: float | None = None) -> int:
-    """Run ``fn`` for :data:`IDLE_WARMUP_MS` (then synchronize) when the GPU has had no
-    measurement for :data:`IDLE_S` seconds (``idle_s``: override the measured idle time);
-    return the number of calls made (0 when the GPU was busy recently)."""
-    if idle_s is None:
-        idle_s = time.perf_counter() - _last_measured[0]
-    if idle_s < IDLE_S:
-        return 0
-    calls, end = 0, time.perf_counter() + IDLE_WARMUP_MS / 1e3
-    while calls == 0 or time.perf_counter() < end:
-        fn()
-        calls += 1
-        if calls % 8 == 0 and torch.cuda.is_available():
-            torch.cuda.synchronize()  # the budget is GPU time, not the host's queueing of calls
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    return calls
-
-
 def _on_cuda(device: torch.device | str | None) -> bool:
     if device is None:
         return torch.cuda.is_available()
@@ -87,7 +58,6 @@ def measure(
     """
     if _on_cuda(device):
         quantiles = [0.5, 0.2, 0.8]
-        warmup_after_idle(fn)
         if cuda_graph:
             with torch.cuda.stream(torch.cuda.Stream()):
                 med, lo, hi = triton.testing.do_bench_cudagraph(fn, rep=rep_ms, quantiles=quantiles)
@@ -95,7 +65,6 @@ def measure(
         else:
             med, lo, hi = triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, quantiles=quantiles)
             method = "do_bench"
-        _last_measured[0] = time.perf_counter()
         return Timing(float(med), float(lo), float(hi), gpu_time=True, method=method)
 
     if cuda_graph:

@@ -1,7 +1,6 @@
 """fusecore.timing and fusecore.report: timing, records, floors, JSON lines, the table."""
 
 import json
-import time
 
 import pytest
 import torch
@@ -41,21 +40,6 @@ def test_measure_on_cpu_is_labelled_not_gpu():
     assert peak_memory(lambda: None, "cpu") is None
     with pytest.raises(ValueError, match="cuda_graph"):
         measure(lambda: None, device="cpu", cuda_graph=True)
-
-
-def test_warmup_after_idle_runs_only_after_an_idle_gap(monkeypatch):
-    """fusecore.timing.warmup_after_idle: nothing when the GPU measured something within IDLE_S,
-    else calls for IDLE_WARMUP_MS (at least one)."""
-    from fusecore import timing
-
-    monkeypatch.setattr(timing, "IDLE_WARMUP_MS", 20.0)
-    calls = []
-    assert timing.warmup_after_idle(lambda: calls.append(1), idle_s=timing.IDLE_S / 2) == 0 and not calls
-    start = time.perf_counter()
-    made = timing.warmup_after_idle(lambda: calls.append(1), idle_s=timing.IDLE_S)
-    assert made == len(calls) >= 1 and time.perf_counter() - start >= 0.020
-    monkeypatch.setattr(timing, "IDLE_WARMUP_MS", 0.0)
-    assert timing.warmup_after_idle(lambda: calls.append(1), idle_s=10 * timing.IDLE_S) == 1
 
 
 def _record(case, impl, ms, gpu=True):
