@@ -43,8 +43,11 @@ CASES = {
                                                    nn.Tanh(), nn.Linear(12, 1)), "ieee"),
 }
 # tf32 / fp16 operands carry 11-bit mantissas, bf16 8-bit ones (the interpreter too: fusecore's
-# backend gives it the GPU's bfloat16 rounding and products); ieee is float32 throughout
-TOLERANCE = {"ieee": 1e-4, "tf32": 5e-3, "bf16": 3e-2, "fp16": 5e-3}
+# backend gives it the GPU's bfloat16 rounding and products); ieee is float32 throughout.  bf16:
+# every layer's activations are rounded, and a small output of a random net (cancellation) makes
+# the tail heavy — 40 draws of acrobot-deep-bf16 on the interpreter: median 4e-3, largest 3.0e-2,
+# and one draw of 3.1e-2 in a full run; 6e-2 is twice the largest seen.
+TOLERANCE = {"ieee": 1e-4, "tf32": 5e-3, "bf16": 6e-2, "fp16": 5e-3}
 
 
 @pytest.mark.parametrize("case", list(CASES))
