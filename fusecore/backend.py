@@ -137,6 +137,12 @@ def _interpret_bfloat16_as_the_gpu() -> None:
     So the bfloat16 paths of a kernel run on the CPU as written, bit for bit with torch's own
     rounding, instead of through float32 stand-ins.  Only bfloat16 stored as uint16 is touched:
     an interpreter that computes bfloat16 itself is left alone.
+
+    Not covered: elementwise arithmetic, math functions, comparisons, reductions and casts to
+    integers of bfloat16 *values* are still computed on the bit patterns by Triton 3.9's
+    interpreter (``x * y`` of two bfloat16 tensors gives ~1e33).  Kernels convert loaded bfloat16
+    to float32 before computing (as every fusekit kernel does), which is also what the GPU's
+    instruction selection does for most of those operations.
     """
     import numpy as np
     from triton.runtime import interpreter
