@@ -140,9 +140,8 @@ def _interpret_bfloat16_as_the_gpu() -> None:
 
     Not covered: elementwise arithmetic, math functions, comparisons, reductions and casts to
     integers of bfloat16 *values* are still computed on the bit patterns by Triton 3.9's
-    interpreter (``x * y`` of two bfloat16 tensors gives ~1e33).  Kernels convert loaded bfloat16
-    to float32 before computing (as every fusekit kernel does), which is also what the GPU's
-    instruction selection does for most of those operations.
+    interpreter (``x * y`` of two bfloat16 tensors gives ~1e33): kernels convert loaded bfloat16
+    to float32 before computing, as every fusekit kernel does.
     """
     import numpy as np
     from triton.runtime import interpreter
