@@ -202,7 +202,11 @@ _default_reference = REQUESTED == "reference"
 
 
 def jit(fn: Callable | None = None, **kwargs: Any):
-    """``triton.jit`` for fusekit kernels and the helpers they call (works in both modes)."""
+    """``triton.jit`` for fusekit kernels and the helpers they call (works in both modes).
+
+    Compiled, the result launches through :mod:`fusecore.fast_launch`: a specialisation's
+    first launch takes Triton's path, later ones call the recorded launcher directly.
+    """
     if fn is None:
         return lambda f: jit(f, **kwargs)
     if COMPILE_CHECK_TARGET is not None:
@@ -213,7 +217,9 @@ def jit(fn: Callable | None = None, **kwargs: Any):
         from triton.runtime.interpreter import InterpretedFunction
 
         return InterpretedFunction(fn)
-    return triton.jit(fn, **kwargs)
+    from .fast_launch import fast
+
+    return fast(triton.jit(fn, **kwargs))
 
 
 def autotune(configs: list, key: list[str], **kwargs: Any):

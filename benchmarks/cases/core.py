@@ -30,3 +30,57 @@ def langevin_case(ctx: Context) -> None:
             # The fused kernel is bound by its arithmetic (10-round Philox + Box-Muller per
             # element-step), not by the 20 B/element it moves: report the step rate too.
             record.params["element_steps_per_s"] = n * steps / (record.median_ms / 1e3)
+
+
+@case("core", "fast_launch", baseline="Triton launch path", headline=False)
+def fast_launch_case(ctx: Context) -> None:
+    """Host time of compiled launches: Triton's per-call dispatch against fusecore's direct path.
+
+    Rows as called (do_bench: the host's launch work shows when the GPU work is short): the
+    demo op at a size whose kernel takes a few microseconds, and a GAT layer (bf16, 8 heads x
+    16) on a power-law graph shaped like ogbn-arxiv, forward and training step.  Both paths
+    must give the same outputs (checked)."""
+    import gnnfuse
+    from fusecore.fast_launch import fast_launch_enabled, set_fast_launch
+    from gnnfuse.datasets import power_law_graph
+    from gnnfuse.nn import GATConv
+
+    nodes, edges = (300, 2_400) if ctx.quick else (169_343, 1_350_000)
+    graph = gnnfuse.Graph(power_law_graph(nodes, edges, max(nodes // 13, 2), seed=0).to(ctx.device), nodes)
+    gen = torch.Generator(device=ctx.device).manual_seed(1)
+    dtype = torch.bfloat16 if ctx.gpu else torch.float32
+    layer = GATConv(128, 16, num_heads=8).to(device=ctx.device, dtype=dtype)
+    feats = torch.randn(nodes, 128, device=ctx.device, dtype=dtype, generator=gen)
+    grad = torch.randn(nodes, 8, 16, device=ctx.device, dtype=dtype, generator=gen)
+    x = torch.randn(4096, device=ctx.device, generator=gen)
+    v = torch.randn(4096, device=ctx.device, generator=gen)
+    params = list(layer.parameters())
+
+    def forward():
+        with torch.no_grad():
+            return layer(graph, feats)
+
+    def train_step():
+        for p in params:
+            p.grad = None
+        layer(graph, feats).backward(grad)
+        return params[0].grad
+
+    label = f"{'arxiv-like' if not ctx.quick else f'power-law {nodes}'},{str(dtype).replace('torch.', '')}"
+    runs = {
+        "langevin[n=4096,K=1]": lambda: langevin(x, v, 1, seed=3)[0],
+        f"gat_forward[{label}]": forward,
+        f"gat_train_step[{label}]": train_step,
+    }
+    before = fast_launch_enabled()
+    try:
+        for variant, fn in runs.items():
+            outs = []
+            for impl, enabled in (("Triton launch path", False), ("fusecore direct launch", True)):
+                set_fast_launch(enabled)
+                fn()  # first launch of each specialisation: compiles, records the launcher
+                outs.append(fn().float().clone())
+                ctx.time(impl, fn, variant=variant, params={"fast_launch": enabled})
+            ctx.check(f"{variant}: direct launch equals Triton's", outs[1], outs[0], 1e-6)
+    finally:
+        set_fast_launch(before)

@@ -1,0 +1,260 @@
+"""Launching compiled Triton kernels with less host time per call.
+
+``kernel[grid](*args)`` of a ``triton.jit`` function costs the host about 12 µs plus ~1 µs
+per tensor argument (Triton 3.6 on an H200 host, measured by gnnfuse): Triton re-derives,
+on every call, the argument specialisation (dtypes, 16-byte alignment of every pointer,
+integer classes), rebuilds the cache key from it, checks the kernel's globals and builds
+launch metadata, before its C launcher runs.  A GNN layer's training step makes dozens of
+launches, and that time is what keeps it host-bound.
+
+:class:`FastJITFunction` (what :func:`fusecore.backend.jit` returns when compiling) keeps
+Triton's path for the first launch of each *specialisation* and records how Triton calls
+the compiled kernel's launcher.  Later launches with the same specialisation call that
+launcher directly.  The specialisation key is computed by :func:`arg_key` and is at least as
+fine as Triton's own:
+
+===========================  ================================================================
+argument                     what the key keeps
+===========================  ================================================================
+tensor                       dtype, whether ``data_ptr()`` is a multiple of 16
+int                          ``== 1``, multiple of 16, fits int32, needs uint64
+float                        nothing (Triton passes every float as fp32)
+bool, None                   the value
+``tl.constexpr`` parameter   the value
+launch options               (``num_warps=`` ...) the values, in the order given
+current CUDA device          the index
+===========================  ================================================================
+
+Anything else (tuples, numpy scalars, unhashable values), launch hooks installed (a
+profiler), or tracing by ``torch.compile`` takes Triton's own path, every time.  The launcher
+is called with the current stream, the grid of this call and this call's arguments, so
+CUDA-graph capture, streams and PDL launches behave as with Triton's path.  Options Triton
+reads from its environment at launch (``TRITON_DEBUG``) are those of the specialisation's
+first launch.
+
+``FUSEKIT_FAST_LAUNCH=0`` in the environment, or :func:`set_fast_launch` at run time, turns
+the direct path off: every launch then goes through Triton's own path.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import threading
+from typing import Any
+
+import torch
+
+_SLOW = object()  # an arg_key result: this argument's specialisation is not handled here
+_INT32 = (-(1 << 31), (1 << 31) - 1)
+_enabled = os.environ.get("FUSEKIT_FAST_LAUNCH", "0").strip() not in ("0", "false", "False", "")
+_first_launch = threading.RLock()
+
+
+def fast_launch_enabled() -> bool:
+    """Whether compiled kernels launch through the recorded launcher (see the module doc)."""
+    return _enabled
+
+
+def set_fast_launch(enabled: bool) -> None:
+    """Turn the direct launch path on or off for the whole process."""
+    global _enabled
+    _enabled = bool(enabled)
+
+
+def arg_key(value: Any) -> Any:
+    """The part of a non-constexpr argument's specialisation the launch cache keys on.
+
+    Returns ``_SLOW`` for arguments whose specialisation is not mirrored here; their
+    launches take Triton's own path.
+    """
+    kind = type(value)
+    if kind is int:
+        return (value == 1, value & 15 == 0, _INT32[0] <= value <= _INT32[1], value >= 1 << 63)
+    if kind is torch.Tensor or isinstance(value, torch.Tensor):
+        return (value.dtype, value.data_ptr() & 15 == 0)
+    if kind is float:
+        return float
+    if value is None or kind is bool:
+        return value
+    return _SLOW
+
+
+_hook_owner: list = []  # where this Triton keeps its launch hooks, found on first use
+
+
+def _hooks_active() -> bool:
+    """Whether launch hooks (a profiler's) are installed: they need Triton's own launch path."""
+    if not _hook_owner:
+        try:
+            from triton import knobs
+
+            _hook_owner.append(knobs.runtime)
+        except ImportError:  # Triton < 3.4 keeps them on CompiledKernel
+            from triton.compiler import CompiledKernel
+
+            _hook_owner.append(CompiledKernel)
+    owner = _hook_owner[0]
+    for hook in (owner.launch_enter_hook, owner.launch_exit_hook):
+        if hook is not None and getattr(hook, "calls", True):  # an empty HookChain calls nothing
+            return True
+    return False
+
+
+def _compiling() -> bool:
+    compiler = getattr(torch, "compiler", None)
+    return bool(compiler is not None and compiler.is_compiling())
+
+
+class _Recorded:
+    """How Triton called one specialisation's launcher: what to repeat on later launches."""
+
+    __slots__ = ("kernel", "launcher", "lead", "all_params")
+
+    def __init__(self, kernel: Any, launcher: Any, lead: tuple, all_params: bool):
+        self.kernel = kernel
+        self.launcher = launcher
+        self.lead = lead  # what Triton passes between the stream and the kernel arguments
+        self.all_params = all_params  # constexpr parameters passed too (Triton >= 3.3)
+
+
+def _install_into(base: type) -> type:
+    """Build the JITFunction subclass (Triton's class is known only once Triton is imported)."""
+
+    class FastJITFunction(base):
+        """A ``triton.jit`` function whose repeated launches skip Triton's per-call dispatch.
+
+        Everything else (compilation, ``run``, ``warmup``, use as a called helper inside
+        other kernels, ``torch.compile``'s handling of Triton kernels) is Triton's own.
+        """
+
+        def _fast_setup(self, driver: Any = None) -> None:
+            """Per-function tables, built at the first launch (``driver``: Triton's active one)."""
+            params = list(self.signature.parameters.values())
+            self._fast_names = tuple(p.name for p in params)
+            self._fast_name_set = frozenset(self._fast_names)
+            self._fast_defaults = {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
+            self._fast_constexpr = tuple(bool(kp.is_constexpr) for kp in self.params)
+            self._fast_entries: dict[tuple, _Recorded | None] = {}
+            if driver is None:
+                from triton.runtime import driver as drivers
+
+                driver = drivers.active
+            self._fast_driver = driver
+
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: self._fast_launch(grid, args, kwargs)
+
+        def _slow(self, grid, args, kwargs):
+            return self.run(*args, grid=grid, warmup=False, **kwargs)
+
+        def _bind(self, args: tuple, kwargs: dict) -> tuple[list, tuple] | None:
+            """Arguments in parameter order (defaults applied) and the launch options."""
+            names = self._fast_names
+            values = list(args)
+            if len(values) > len(names):
+                return None
+            used = 0
+            for name in names[len(values):]:
+                if name in kwargs:
+                    values.append(kwargs[name])
+                    used += 1
+                else:
+                    default = self._fast_defaults.get(name, _SLOW)
+                    if default is _SLOW:
+                        return None  # a missing argument: Triton's path raises its error
+                    values.append(default)
+            options = ()
+            if used != len(kwargs):
+                options = tuple(item for item in kwargs.items() if item[0] not in self._fast_name_set)
+                if used + len(options) != len(kwargs):
+                    return None  # a parameter given twice: Triton's path raises its error
+            return values, options
+
+        def _fast_launch(self, grid, args: tuple, kwargs: dict):
+            if not _enabled or _compiling() or _hooks_active():
+                return self._slow(grid, args, kwargs)
+            if not hasattr(self, "_fast_entries"):
+                self._fast_setup()
+            bound = self._bind(args, kwargs)
+            if bound is None:
+                return self._slow(grid, args, kwargs)
+            values, options = bound
+            driver = self._fast_driver
+            device = driver.get_current_device()
+            key = [device]
+            for value, constexpr in zip(values, self._fast_constexpr):
+                part = value if constexpr else arg_key(value)
+                if part is _SLOW:
+                    return self._slow(grid, args, kwargs)
+                key.append(part)
+            key = (*key, *options)
+            try:
+                entry = self._fast_entries.get(key, _SLOW)
+            except TypeError:  # an unhashable constexpr or option value
+                return self._slow(grid, args, kwargs)
+            if entry is _SLOW:
+                return self._first_launch(key, grid, args, kwargs, values)
+            if entry is None:
+                return self._slow(grid, args, kwargs)
+            if callable(grid):
+                grid = grid(dict(zip(self._fast_names, values)))
+            size = len(grid)
+            passed = values if entry.all_params else [v for v, c in zip(values, self._fast_constexpr) if not c]
+            entry.launcher(
+                grid[0], grid[1] if size > 1 else 1, grid[2] if size > 2 else 1,
+                driver.get_current_stream(device), *entry.lead, *passed,
+            )
+            return entry.kernel
+
+        def _first_launch(self, key: tuple, grid, args: tuple, kwargs: dict, values: list):
+            """Launch through Triton's path, recording how it calls the compiled launcher."""
+            with _first_launch:
+                kernel = self.run(*args, grid=grid, warmup=True, **kwargs)  # compiles, does not launch
+                if kernel is None:  # asynchronous compilation: keep Triton's path for this key
+                    self._fast_entries[key] = None
+                    return self._slow(grid, args, kwargs)
+                launcher = kernel.run
+                attribute = "_run" if isinstance(inspect.getattr_static(type(kernel), "run", None), property) else "run"
+                calls: list[tuple] = []
+
+                def recorder(*call_args):
+                    calls.append(call_args)
+                    return launcher(*call_args)
+
+                setattr(kernel, attribute, recorder)
+                try:
+                    result = self._slow(grid, args, kwargs)
+                finally:
+                    setattr(kernel, attribute, launcher)
+                stream = self._fast_driver.get_current_stream(key[0])
+                self._fast_entries[key] = self._recorded(result, kernel, launcher, calls, values, stream)
+                return result
+
+        def _recorded(self, result, kernel, launcher, calls: list[tuple], values: list, stream) -> _Recorded | None:
+            """The recorded call, if it has the layout the direct path repeats; else None."""
+            if result is not kernel or len(calls) != 1 or calls[0][3] != stream:
+                return None
+            call = calls[0]
+            for all_params in (True, False):
+                passed = values if all_params else [v for v, c in zip(values, self._fast_constexpr) if not c]
+                lead = len(call) - 4 - len(passed)
+                if lead >= 0 and all(a is b for a, b in zip(call[4 + lead:], passed)):
+                    return _Recorded(kernel, launcher, tuple(call[4:4 + lead]), all_params)
+            return None
+
+    FastJITFunction.__name__ = FastJITFunction.__qualname__ = "FastJITFunction"
+    return FastJITFunction
+
+
+_classes: dict[type, type] = {}
+
+
+def fast(function: Any) -> Any:
+    """Make a freshly decorated ``triton.jit`` function launch through the direct path."""
+    base = type(function)
+    cls = _classes.get(base)
+    if cls is None:
+        cls = _classes[base] = _install_into(base)
+    function.__class__ = cls
+    return function
