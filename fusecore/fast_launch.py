@@ -46,7 +46,7 @@ from typing import Any
 import torch
 
 _SLOW = object()  # an arg_key result: this argument's specialisation is not handled here
-_INT32 = (-(1 << 31), (1 << 31) - 1)
+_Tensor = torch.Tensor
 _enabled = os.environ.get("FUSEKIT_FAST_LAUNCH", "0").strip() not in ("0", "false", "False", "")
 _first_launch = threading.RLock()
 
@@ -69,9 +69,11 @@ def arg_key(value: Any) -> Any:
     launches take Triton's own path.
     """
     kind = type(value)
+    if kind is _Tensor:
+        return (value.dtype, value.data_ptr() & 15 == 0)
     if kind is int:
-        return (value == 1, value & 15 == 0, _INT32[0] <= value <= _INT32[1], value >= 1 << 63)
-    if kind is torch.Tensor or isinstance(value, torch.Tensor):
+        return (value == 1, value & 15 == 0, -0x80000000 <= value <= 0x7FFFFFFF, value >= 0x8000000000000000)
+    if isinstance(value, _Tensor):  # nn.Parameter and other subclasses
         return (value.dtype, value.data_ptr() & 15 == 0)
     if kind is float:
         return float
@@ -118,6 +120,30 @@ class _Recorded:
         self.all_params = all_params  # constexpr parameters passed too (Triton >= 3.3)
 
 
+def _binder(params: list[inspect.Parameter], constexpr: tuple[bool, ...]):
+    """``bind(*args, **kwargs) -> (values, key, options)`` for one kernel signature.
+
+    Generated code, so Python's own call binding places the arguments and applies the
+    defaults (it raises ``TypeError`` for a missing or doubled argument): ``values`` in
+    parameter order, ``key`` with :func:`arg_key` of each runtime argument and the value of
+    each constexpr, ``options`` the remaining keywords (``num_warps=`` ...).
+    """
+    namespace: dict[str, Any] = {"__fl_key": arg_key}
+    signature, keys = [], []
+    for i, (param, is_constexpr) in enumerate(zip(params, constexpr)):
+        if param.default is inspect.Parameter.empty:
+            signature.append(param.name)
+        else:
+            namespace[f"__fl_default{i}"] = param.default
+            signature.append(f"{param.name}=__fl_default{i}")
+        keys.append(param.name if is_constexpr else f"__fl_key({param.name})")
+    values = f"({', '.join(p.name for p in params)},)" if params else "()"
+    key = f"({', '.join(keys)},)" if params else "()"
+    source = f"def bind({', '.join(signature + ['**__fl_options'])}):\n    return {values}, {key}, __fl_options\n"
+    exec(source, namespace)  # noqa: S102 - the kernel's own parameter names, checked by Triton
+    return namespace["bind"]
+
+
 def _install_into(base: type) -> type:
     """Build the JITFunction subclass (Triton's class is known only once Triton is imported)."""
 
@@ -132,9 +158,9 @@ def _install_into(base: type) -> type:
             """Per-function tables, built at the first launch (``driver``: Triton's active one)."""
             params = list(self.signature.parameters.values())
             self._fast_names = tuple(p.name for p in params)
-            self._fast_name_set = frozenset(self._fast_names)
-            self._fast_defaults = {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
             self._fast_constexpr = tuple(bool(kp.is_constexpr) for kp in self.params)
+            self._fast_runtime = tuple(i for i, c in enumerate(self._fast_constexpr) if not c)
+            self._fast_bind = _binder(params, self._fast_constexpr)
             self._fast_entries: dict[tuple, _Recorded | None] = {}
             if driver is None:
                 from triton.runtime import driver as drivers
@@ -148,47 +174,20 @@ def _install_into(base: type) -> type:
         def _slow(self, grid, args, kwargs):
             return self.run(*args, grid=grid, warmup=False, **kwargs)
 
-        def _bind(self, args: tuple, kwargs: dict) -> tuple[list, tuple] | None:
-            """Arguments in parameter order (defaults applied) and the launch options."""
-            names = self._fast_names
-            values = list(args)
-            if len(values) > len(names):
-                return None
-            used = 0
-            for name in names[len(values):]:
-                if name in kwargs:
-                    values.append(kwargs[name])
-                    used += 1
-                else:
-                    default = self._fast_defaults.get(name, _SLOW)
-                    if default is _SLOW:
-                        return None  # a missing argument: Triton's path raises its error
-                    values.append(default)
-            options = ()
-            if used != len(kwargs):
-                options = tuple(item for item in kwargs.items() if item[0] not in self._fast_name_set)
-                if used + len(options) != len(kwargs):
-                    return None  # a parameter given twice: Triton's path raises its error
-            return values, options
-
         def _fast_launch(self, grid, args: tuple, kwargs: dict):
             if not _enabled or _compiling() or _hooks_active():
                 return self._slow(grid, args, kwargs)
             if not hasattr(self, "_fast_entries"):
                 self._fast_setup()
-            bound = self._bind(args, kwargs)
-            if bound is None:
+            try:
+                values, key, options = self._fast_bind(*args, **kwargs)
+            except TypeError:  # a missing or doubled argument: Triton's path raises its error
                 return self._slow(grid, args, kwargs)
-            values, options = bound
+            if _SLOW in key:
+                return self._slow(grid, args, kwargs)
             driver = self._fast_driver
             device = driver.get_current_device()
-            key = [device]
-            for value, constexpr in zip(values, self._fast_constexpr):
-                part = value if constexpr else arg_key(value)
-                if part is _SLOW:
-                    return self._slow(grid, args, kwargs)
-                key.append(part)
-            key = (*key, *options)
+            key = (device, *key, *options.items()) if options else (device, *key)
             try:
                 entry = self._fast_entries.get(key, _SLOW)
             except TypeError:  # an unhashable constexpr or option value
@@ -200,7 +199,7 @@ def _install_into(base: type) -> type:
             if callable(grid):
                 grid = grid(dict(zip(self._fast_names, values)))
             size = len(grid)
-            passed = values if entry.all_params else [v for v, c in zip(values, self._fast_constexpr) if not c]
+            passed = values if entry.all_params else [values[i] for i in self._fast_runtime]
             entry.launcher(
                 grid[0], grid[1] if size > 1 else 1, grid[2] if size > 2 else 1,
                 driver.get_current_stream(device), *entry.lead, *passed,
@@ -237,7 +236,7 @@ def _install_into(base: type) -> type:
                 return None
             call = calls[0]
             for all_params in (True, False):
-                passed = values if all_params else [v for v, c in zip(values, self._fast_constexpr) if not c]
+                passed = values if all_params else [values[i] for i in self._fast_runtime]
                 lead = len(call) - 4 - len(passed)
                 if lead >= 0 and all(a is b for a, b in zip(call[4 + lead:], passed)):
                     return _Recorded(kernel, launcher, tuple(call[4:4 + lead]), all_params)
