@@ -1,11 +1,10 @@
 """Launching compiled Triton kernels with less host time per call.
 
-``kernel[grid](*args)`` of a ``triton.jit`` function costs the host about 12 µs plus ~1 µs
-per tensor argument (Triton 3.6 on an H200 host, measured by gnnfuse): Triton re-derives,
-on every call, the argument specialisation (dtypes, 16-byte alignment of every pointer,
-integer classes), rebuilds the cache key from it, checks the kernel's globals and builds
-launch metadata, before its C launcher runs.  A GNN layer's training step makes dozens of
-launches, and that time is what keeps it host-bound.
+``kernel[grid](*args)`` of a ``triton.jit`` function re-derives, on every call, the argument
+specialisation (dtypes, 16-byte alignment of every pointer, integer classes), rebuilds the
+cache key from it, checks the kernel's globals and builds launch metadata, before Triton's
+launcher runs.  A GNN layer's training step makes dozens of launches, and that host time is
+part of what keeps it host-bound.
 
 :class:`FastJITFunction` (what :func:`fusecore.backend.jit` returns when compiling) keeps
 Triton's path for the first launch of each *specialisation* and records how Triton calls
@@ -32,6 +31,12 @@ CUDA-graph capture, streams and PDL launches behave as with Triton's path.  Opti
 reads from its environment at launch (``TRITON_DEBUG``) are those of the specialisation's
 first launch.
 
+Measured (H200 machine, Triton 3.6, session 7; host time to issue one launch):
+3 tensor arguments 17.2 -> 12.9 µs, 15 tensors in 38 arguments 25.0 -> 19.0 µs; Triton's
+launcher itself (the floor of any path through it) costs 8.0 µs, binding and keying the
+38 arguments here 5.9 µs.  A GAT layer on an ogbn-arxiv-sized graph (bf16): forward
+438 -> 362 µs of host time per call, training step 1927 -> 1849 µs.
+
 ``FUSEKIT_FAST_LAUNCH=0`` in the environment, or :func:`set_fast_launch` at run time, turns
 the direct path off: every launch then goes through Triton's own path.
 """
@@ -47,7 +52,7 @@ import torch
 
 _SLOW = object()  # an arg_key result: this argument's specialisation is not handled here
 _Tensor = torch.Tensor
-_enabled = os.environ.get("FUSEKIT_FAST_LAUNCH", "0").strip() not in ("0", "false", "False", "")
+_enabled = os.environ.get("FUSEKIT_FAST_LAUNCH", "1").strip() not in ("0", "false", "False", "")
 _first_launch = threading.RLock()
 
 
