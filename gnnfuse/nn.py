@@ -113,6 +113,10 @@ class _DGLHeadsConv(nn.Module):
     def _graph(self, graph: Any, feat: torch.Tensor, param_dtype: torch.dtype) -> Graph:
         return _graph_and_features(graph, feat, self._in_feats, param_dtype, self._allow_zero_in_degree)
 
+    def _feat_dropout(self, feat: torch.Tensor) -> torch.Tensor:
+        """``feat_drop(feat)``; the input itself when the probability is 0 (no module call)."""
+        return feat if self.feat_drop.p == 0 else self.feat_drop(feat)
+
     def _dropout(self) -> float:
         return self.attn_drop_p if self.training else 0.0
 
@@ -185,12 +189,12 @@ class GATConv(_DGLHeadsConv):
 
     def forward(self, graph: Any, feat: torch.Tensor, *, schedule: ScheduleOptions | None = None) -> torch.Tensor:
         graph = self._graph(graph, feat, self.fc.weight.dtype)
-        h = self.feat_drop(feat)
-        wh = self.fc(h).view(feat.shape[0], self._num_heads, self._out_feats)
-        # the bias is added in the kernel's store (in training into a second, final output)
+        h = self._feat_dropout(feat)
+        # fc, the node scores and the attention are one autograd node (ops.gat with weight); the bias
+        # is added in the kernel's store (in training into a second, final output)
         out = ops.gat(
-            graph, wh, self.attn_l, self.attn_r, negative_slope=self.negative_slope, dropout=self._dropout(),
-            schedule=schedule, out_add=self.bias,
+            graph, h, self.attn_l, self.attn_r, negative_slope=self.negative_slope, dropout=self._dropout(),
+            schedule=schedule, out_add=self.bias, weight=self.fc.weight,
         )
         return self._finish(out, h)
 
@@ -249,7 +253,7 @@ class GATv2Conv(_DGLHeadsConv):
     def forward(self, graph: Any, feat: torch.Tensor, *, schedule: ScheduleOptions | None = None) -> torch.Tensor:
         graph = self._graph(graph, feat, self.fc_src.weight.dtype)
         shape = (feat.shape[0], self._num_heads, self._out_feats)
-        h = self.feat_drop(feat)
+        h = self._feat_dropout(feat)
         feat_src = self.fc_src(h).view(shape)
         feat_dst = feat_src if self.share_weights else self.fc_dst(h).view(shape)
         out = ops.gatv2(

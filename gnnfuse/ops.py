@@ -224,28 +224,24 @@ def attention_forward(
     if num_nodes == 0:
         return out, lse
     schedule = graph.schedule(heads, head_dim, value.dtype, options)
-    block_h, block_d = schedule.block_h, schedule.block_d
     keep_scale, use_dropout = _dropout_args(dropout_p)
     scalars = (inputs.negative_slope, inputs.scale, dropout_p, keep_scale, seed, offset)
-    flags = {"DROPOUT": use_dropout, "SCORE": inputs.score, "EDGE": inputs.has_edge,
-             "KEY_SCALE": inputs.keys_from_values}
     tensors = inputs.pointers()
     add = inputs.out_add
     has_add = add is not None
     add, add_stride = (add, add[0].numel() if add.dim() == 3 else 0) if has_add else (lse, 0)
     has_final = final is not None
     final = final if has_final else out  # never written without FINAL
-    light_tiles, row_block_e = _tile_budget(schedule, inputs, "forward")
+    key = ("forward", _call_kind(inputs, value.dtype, use_dropout), has_add, has_final)
+    light, row_meta, merge_meta = _launch_plan(
+        schedule, key, lambda: _forward_plan(schedule, inputs, value.dtype, use_dropout, has_add, has_final))
     buckets = schedule.incoming
-    for width, rows, starts, stops in buckets.light:
-        per_program = _light_rows(schedule, inputs, width, light_tiles)
-        attention_forward_light_kernel[(cdiv(rows.numel(), per_program),)](
+    for (_, rows, starts, stops), (grid, meta) in zip(buckets.light, light):
+        attention_forward_light_kernel[grid](
             graph.csr_src, graph.csr_eid, rows, starts, stops, *tensors, out, lse, add, final, rows.numel(), heads,
-            head_dim, inputs.edge_dim, *scalars, add_stride,
-            ROWS=per_program, BLOCK_E=width, BLOCK_H=block_h, BLOCK_D=block_d, **flags, ADD=has_add, FINAL=has_final,
-            **_edge_flags(inputs, block_h, block_d, per_program * width), num_warps=schedule.num_warps,
+            head_dim, inputs.edge_dim, *scalars, add_stride, **meta,
         )
-    for rows, starts, stops, count, pieces in _row_launches(buckets):
+    for (rows, starts, stops, count, pieces), meta in zip(_row_launches(buckets), row_meta):
         if pieces:
             target_out = _new_output((count, heads, head_dim), acc, value.device)
             target_lse = _new_output((count, heads), acc, value.device)
@@ -253,19 +249,68 @@ def attention_forward(
             target_out, target_lse = out, lse
         attention_forward_rows_kernel[(count,)](
             graph.csr_src, graph.csr_eid, rows, starts, stops, *tensors, target_out, target_lse, add, final, heads,
-            head_dim, inputs.edge_dim, *scalars, add_stride,
-            BLOCK_E=row_block_e, BLOCK_H=block_h, BLOCK_D=block_d, PIECES=pieces, **flags,
-            BLOCK_K=_block_k(inputs), LANES=row_kernel_lanes(schedule, inputs.score, "forward", value.dtype),
-            ADD=has_add and not pieces, FINAL=has_final and not pieces,
-            num_warps=schedule.num_warps,
+            head_dim, inputs.edge_dim, *scalars, add_stride, **meta,
         )
         if pieces:
             lse_merge_kernel[(buckets.super_rows.numel(),)](
                 buckets.super_piece_ptr, buckets.super_rows, target_out, target_lse, out, lse, add, final, heads,
-                head_dim, add_stride, BLOCK_P=max(1, MERGE_TILE // (block_h * block_d)), BLOCK_H=block_h,
-                BLOCK_D=block_d, ADD=has_add, FINAL=has_final,
+                head_dim, add_stride, **merge_meta,
             )
     return out, lse
+
+
+def _call_kind(inputs: AttentionInputs, dtype: torch.dtype, use_dropout: bool) -> tuple:
+    """What a launch configuration depends on besides the schedule (its feature shape and dtype)."""
+    return inputs.score, inputs.has_edge, inputs.edge_dim, inputs.keys_from_values, dtype, use_dropout
+
+
+def _launch_plan(schedule, key: tuple, build):
+    """The launch configuration ``build()`` of one pass for calls of kind ``key``, built on the first
+    such call and kept on the schedule (``Schedule.launches``): it depends only on the schedule and the
+    call's kind, so later calls skip the tile budgets, grids and keyword dictionaries."""
+    plan = schedule.launches.get(key)
+    if plan is None:
+        plan = schedule.launches[key] = build()
+    return plan
+
+
+def _flags(inputs: AttentionInputs, use_dropout: bool) -> dict:
+    """The compile-time score and dropout switches every attention kernel takes."""
+    return {"DROPOUT": use_dropout, "SCORE": inputs.score, "EDGE": inputs.has_edge,
+            "KEY_SCALE": inputs.keys_from_values}
+
+
+def _light_plan(schedule, inputs: AttentionInputs, buckets: Buckets, kernel_pass: str, flags: dict) -> list:
+    """``(grid, keyword arguments)`` of the light launches of ``kernel_pass``, one per width class."""
+    block_h, block_d = schedule.block_h, schedule.block_d
+    light_tiles, _ = _tile_budget(schedule, inputs, kernel_pass)
+    plan = []
+    for width, rows, _, _ in buckets.light:
+        per_program = _light_rows(schedule, inputs, width, light_tiles)
+        plan.append(((cdiv(rows.numel(), per_program),), {
+            "ROWS": per_program, "BLOCK_E": width, "BLOCK_H": block_h, "BLOCK_D": block_d, **flags,
+            **_edge_flags(inputs, block_h, block_d, per_program * width), "num_warps": schedule.num_warps,
+        }))
+    return plan
+
+
+def _forward_plan(schedule, inputs: AttentionInputs, dtype: torch.dtype, use_dropout: bool, has_add: bool,
+                  has_final: bool) -> tuple[list, list, dict]:
+    """The forward's launches (:func:`_launch_plan`): light classes, row-kernel launches (medium rows,
+    super-row pieces), the pieces' merge."""
+    block_h, block_d = schedule.block_h, schedule.block_d
+    flags = _flags(inputs, use_dropout)
+    _, row_block_e = _tile_budget(schedule, inputs, "forward")
+    light = _light_plan(schedule, inputs, schedule.incoming, "forward",
+                        {**flags, "ADD": has_add, "FINAL": has_final})
+    lanes = row_kernel_lanes(schedule, inputs.score, "forward", dtype)
+    rows = [{"BLOCK_E": row_block_e, "BLOCK_H": block_h, "BLOCK_D": block_d, "PIECES": pieces, **flags,
+             "BLOCK_K": _block_k(inputs), "LANES": lanes, "ADD": has_add and not pieces,
+             "FINAL": has_final and not pieces, "num_warps": schedule.num_warps}
+            for *_, pieces in _row_launches(schedule.incoming)]
+    merge = {"BLOCK_P": max(1, MERGE_TILE // (block_h * block_d)), "BLOCK_H": block_h, "BLOCK_D": block_d,
+             "ADD": has_add, "FINAL": has_final}
+    return light, rows, merge
 
 
 def gat_forward(
@@ -330,27 +375,22 @@ def attention_backward(
     if num_nodes == 0:
         return grad_value, grad_src, grad_dst, grad_attr, attr_sums
     schedule = graph.schedule(heads, head_dim, value.dtype, options)
-    block_h, block_d = schedule.block_h, schedule.block_d
     keep_scale, use_dropout = _dropout_args(dropout_p)
-    rng = (dropout_p, keep_scale, seed, offset)
-    scalars = (inputs.negative_slope, inputs.scale, *rng)
-    flags = {"DROPOUT": use_dropout, "SCORE": inputs.score, "EDGE": inputs.has_edge,
-             "KEY_SCALE": inputs.keys_from_values}
+    scalars = (inputs.negative_slope, inputs.scale, dropout_p, keep_scale, seed, offset)
+    key = ("backward", _call_kind(inputs, value.dtype, use_dropout), attr_grad, weight_grad)
+    plan = _launch_plan(schedule, key,
+                        lambda: _backward_plan(schedule, inputs, value.dtype, use_dropout, attr_grad, weight_grad))
     # δ_i = <g_i, out_i> per head: one pass over node rows instead of one over edges.
     delta = _head_dot(grad_out, out, acc, bias_parts)
     grad_s = _new_output((max(graph.num_edges, 1), heads), acc, device)
     src_tensors = (*inputs.pointers(), lse, grad_out, delta)
     outgoing = schedule.outgoing
-    light_tiles, row_block_e = _tile_budget(schedule, inputs, "source")
-    for width, rows, starts, stops in outgoing.light:
-        per_program = _light_rows(schedule, inputs, width, light_tiles)
-        attention_backward_src_light_kernel[(cdiv(rows.numel(), per_program),)](
+    for (_, rows, starts, stops), (grid, meta) in zip(outgoing.light, plan["source light"]):
+        attention_backward_src_light_kernel[grid](
             graph.rev_dst, graph.rev_pos, graph.rev_eid, rows, starts, stops, *src_tensors, grad_value, grad_src,
-            grad_s, rows.numel(), heads, head_dim, edge_dim, *scalars,
-            ROWS=per_program, BLOCK_E=width, BLOCK_H=block_h, BLOCK_D=block_d, **flags,
-            **_edge_flags(inputs, block_h, block_d, per_program * width), num_warps=schedule.num_warps,
+            grad_s, rows.numel(), heads, head_dim, edge_dim, *scalars, **meta,
         )
-    for rows, starts, stops, count, pieces in _row_launches(outgoing):
+    for (rows, starts, stops, count, pieces), meta in zip(_row_launches(outgoing), plan["source rows"]):
         if pieces:
             target_value = _new_output((count, heads, head_dim), acc, device)
             target_src = _new_output((count, *src_shape[1:]), acc, device)
@@ -358,11 +398,7 @@ def attention_backward(
             target_value, target_src = grad_value, grad_src
         attention_backward_src_kernel[(count,)](
             graph.rev_dst, graph.rev_pos, graph.rev_eid, rows, starts, stops, *src_tensors,
-            target_value, target_src, grad_s, heads, head_dim, edge_dim, *scalars,
-            BLOCK_E=row_block_e, BLOCK_H=block_h, BLOCK_D=block_d, PIECES=pieces, **flags,
-            **_edge_flags(inputs, block_h, block_d, row_block_e),
-            LANES=row_kernel_lanes(schedule, inputs.score, "backward", value.dtype),
-            num_warps=schedule.num_warps,
+            target_value, target_src, grad_s, heads, head_dim, edge_dim, *scalars, **meta,
         )
         if pieces:
             _merge_sums(outgoing, target_value, grad_value)
@@ -373,18 +409,12 @@ def attention_backward(
         # program per medium row and per piece of a split row (and the pieces' merge)
         rows, starts, stops = incoming.light_all
         if rows.numel():
-            per_program = schedule.light_rows_per_program(ROW_SUM_LIGHT_EDGES, block_h)
-            row_sum_kernel[(cdiv(rows.numel(), per_program),)](
-                rows, starts, stops, grad_s, grad_dst, rows.numel(), heads,
-                ROWS=per_program, BLOCK_E=ROW_SUM_LIGHT_EDGES, BLOCK_W=block_h, PIECES=False,
-            )
+            grid, meta = plan["row sums light"]
+            row_sum_kernel[grid](rows, starts, stops, grad_s, grad_dst, rows.numel(), heads, **meta)
         for rows, starts, stops, count, pieces in _row_launches(incoming):
             target_dst = _new_output((count, heads), acc, device) if pieces else grad_dst
-            row_sum_kernel[(count,)](
-                rows, starts, stops, grad_s, target_dst, count, heads,
-                ROWS=1, BLOCK_E=max(16, min(ROW_SUM_MAX_EDGES, schedule.tiles.tile_elements // block_h)),
-                BLOCK_W=block_h, PIECES=pieces,
-            )
+            row_sum_kernel[(count,)](rows, starts, stops, grad_s, target_dst, count, heads, PIECES=pieces,
+                                     **plan["row sums"])
             if pieces:
                 _merge_sums(incoming, target_dst, grad_dst)
         return grad_value, grad_src, grad_dst, grad_attr, attr_sums
@@ -392,17 +422,12 @@ def attention_backward(
     dst_tensors = (*inputs.pointers(), grad_s, lse, grad_out)
     # outputs not asked for get a tensor the kernel never writes
     edge_outputs = (grad_s if grad_attr is None else grad_attr, grad_s if attr_sums is None else attr_sums)
-    flags = {**flags, "ATTR_GRAD": attr_grad, "WEIGHT_GRAD": weight_grad}
-    light_tiles, row_block_e = _tile_budget(schedule, inputs, "destination")
-    for width, rows, starts, stops in incoming.light:
-        per_program = _light_rows(schedule, inputs, width, light_tiles)
-        attention_backward_dst_light_kernel[(cdiv(rows.numel(), per_program),)](
+    for (_, rows, starts, stops), (grid, meta) in zip(incoming.light, plan["destination light"]):
+        attention_backward_dst_light_kernel[grid](
             graph.csr_src, graph.csr_eid, rows, starts, stops, *dst_tensors, grad_dst, *edge_outputs, rows.numel(),
-            heads, head_dim, edge_dim, *scalars,
-            ROWS=per_program, BLOCK_E=width, BLOCK_H=block_h, BLOCK_D=block_d, **flags,
-            **_edge_flags(inputs, block_h, block_d, per_program * width), num_warps=schedule.num_warps,
+            heads, head_dim, edge_dim, *scalars, **meta,
         )
-    for rows, starts, stops, count, pieces in _row_launches(incoming):
+    for (rows, starts, stops, count, pieces), meta in zip(_row_launches(incoming), plan["destination rows"]):
         if pieces:
             target_dst = _new_output((count, heads, head_dim), acc, device)
             target_sums = _new_output((count, 2, edge_dim, heads), acc, device) if weight_grad else grad_s
@@ -410,16 +435,47 @@ def attention_backward(
             target_dst, target_sums = grad_dst, edge_outputs[1]
         attention_backward_dst_kernel[(count,)](
             graph.csr_src, graph.csr_eid, rows, starts, stops, *dst_tensors, target_dst, edge_outputs[0], target_sums,
-            heads, head_dim, edge_dim, *scalars,
-            BLOCK_E=row_block_e, BLOCK_H=block_h, BLOCK_D=block_d, PIECES=pieces, **flags,
-            BLOCK_K=_block_k(inputs), LANES=row_kernel_lanes(schedule, inputs.score, "backward", value.dtype),
-            num_warps=schedule.num_warps,
+            heads, head_dim, edge_dim, *scalars, **meta,
         )
         if pieces:
             _merge_sums(incoming, target_dst, grad_dst)
             if weight_grad:
                 _merge_sums(incoming, target_sums, attr_sums)
     return grad_value, grad_src, grad_dst, grad_attr, attr_sums
+
+
+def _backward_plan(schedule, inputs: AttentionInputs, dtype: torch.dtype, use_dropout: bool, attr_grad: bool,
+                   weight_grad: bool) -> dict:
+    """The backward's launches (:func:`_launch_plan`) by part: the source pass's light classes and
+    row-kernel launches, then GAT's ``∂er`` row sums or the destination pass's light classes and
+    row-kernel launches."""
+    block_h, block_d = schedule.block_h, schedule.block_d
+    flags = _flags(inputs, use_dropout)
+    lanes = row_kernel_lanes(schedule, inputs.score, "backward", dtype)
+    _, row_block_e = _tile_budget(schedule, inputs, "source")
+    plan = {
+        "source light": _light_plan(schedule, inputs, schedule.outgoing, "source", flags),
+        "source rows": [{"BLOCK_E": row_block_e, "BLOCK_H": block_h, "BLOCK_D": block_d, "PIECES": pieces, **flags,
+                         **_edge_flags(inputs, block_h, block_d, row_block_e), "LANES": lanes,
+                         "num_warps": schedule.num_warps}
+                        for *_, pieces in _row_launches(schedule.outgoing)],
+    }
+    incoming = schedule.incoming
+    if inputs.score == SCORE_GAT:
+        per_program = schedule.light_rows_per_program(ROW_SUM_LIGHT_EDGES, block_h)
+        plan["row sums light"] = ((cdiv(incoming.light_all[0].numel(), per_program),), {
+            "ROWS": per_program, "BLOCK_E": ROW_SUM_LIGHT_EDGES, "BLOCK_W": block_h, "PIECES": False})
+        plan["row sums"] = {"ROWS": 1, "BLOCK_W": block_h,
+                            "BLOCK_E": max(16, min(ROW_SUM_MAX_EDGES, schedule.tiles.tile_elements // block_h))}
+        return plan
+    flags = {**flags, "ATTR_GRAD": attr_grad, "WEIGHT_GRAD": weight_grad}
+    _, row_block_e = _tile_budget(schedule, inputs, "destination")
+    plan["destination light"] = _light_plan(schedule, inputs, incoming, "destination", flags)
+    plan["destination rows"] = [
+        {"BLOCK_E": row_block_e, "BLOCK_H": block_h, "BLOCK_D": block_d, "PIECES": pieces, **flags,
+         "BLOCK_K": _block_k(inputs), "LANES": lanes, "num_warps": schedule.num_warps}
+        for *_, pieces in _row_launches(incoming)]
+    return plan
 
 
 def edge_weight_grad(
@@ -488,16 +544,17 @@ def _bias_grad_wanted(ctx) -> bool:
 
 
 def _addend_grad(ctx, grad_out: torch.Tensor, bias_sum: torch.Tensor | None) -> torch.Tensor | None:
-    """The gradient of a Function's ``out_add``: ``g`` itself for a per-node term, ``Σ_n g_n``
-    for an ``[H, D]`` bias (``bias_sum`` from the partials of :func:`attention_backward`, or summed
-    here when no attention gradient was needed); None when it needs none."""
+    """The gradient of a Function's ``out_add`` in its caller's shape (:func:`_addend_layout`): ``g``
+    itself for a per-node term, ``Σ_n g_n`` for an ``[H, D]`` bias (``bias_sum`` from the partials
+    of :func:`attention_backward`, or summed here when no attention gradient was needed); None when
+    it needs none."""
     if not ctx.add_grad:
         return None
     if ctx.add_per_node:
-        return grad_out.to(ctx.add_dtype)
+        return grad_out.to(ctx.add_dtype).view(ctx.add_shape)
     if bias_sum is None:
         bias_sum = grad_out.sum(0, dtype=accumulation_dtype(grad_out.dtype))
-    return bias_sum.to(ctx.add_dtype)
+    return bias_sum.to(ctx.add_dtype).view(ctx.add_shape)
 
 
 _NO_GRADS = (None,) * 6  # the graph and the five launch arguments of every attention Function
@@ -690,23 +747,38 @@ class NodeScoresFunction(torch.autograd.Function):
 
 
 class GATFunction(torch.autograd.Function):
-    """The whole GAT op from ``(wh, attn_l, attn_r)``: node scores, fused attention, and in the
-    backward the attention gradients and the node scores' share merged in one epilogue kernel."""
+    """The whole GAT op as one autograd node: node scores, fused attention, and in the backward the
+    attention gradients and the node scores' share merged in one epilogue kernel.
+
+    With ``weight [H·D, F]`` the first input is the layer input ``x [N, F]``, projected here
+    (``wh = x Wᵀ`` viewed ``[N, H, D]``, a layer's ``fc``) with ``∂W = ∂whᵀ x`` and ``∂x = ∂wh W``
+    formed in the backward; without it the first input is ``wh [N, H, D]``.  ``attn_l``, ``attn_r``
+    (``H·D`` elements) and ``out_add`` are viewed as the kernels need inside the node and their
+    gradients returned in the caller's shapes: a layer call costs autograd this one node (and the
+    leaves' accumulation), not one more per projection, view and reshape (each a step of autograd's
+    engine on the host)."""
 
     @staticmethod
-    def forward(ctx, wh, attn_l, attn_r, graph, negative_slope, dropout_p, seed, offset, options, out_add):  # type: ignore[override]
-        el, er = _node_scores_forward(wh, attn_l, attn_r)
-        inputs = AttentionInputs(SCORE_GAT, el, er, wh, negative_slope=negative_slope, out_add=out_add)
+    def forward(ctx, x, weight, attn_l, attn_r, graph, negative_slope, dropout_p, seed, offset, options,  # type: ignore[override]
+                out_add):
+        heads, head_dim = attn_l.shape[-2], attn_l.shape[-1]
+        wh = x if weight is None else torch.nn.functional.linear(x, weight).view(x.shape[0], heads, head_dim)
+        attn_l3 = attn_l.view(1, heads, head_dim)
+        attn_r3 = attn_r.view(1, heads, head_dim)
+        ctx.attn_shapes = (attn_l.shape, attn_r.shape)
+        el, er = _node_scores_forward(wh, attn_l3, attn_r3)
+        inputs = AttentionInputs(SCORE_GAT, el, er, wh, negative_slope=negative_slope,
+                                 out_add=_addend_layout(ctx, out_add, heads, head_dim))
         ctx.negative_slope = negative_slope
-        return _forward_saving(ctx, graph, inputs, (dropout_p, seed, offset, options), 3, wh, attn_l, attn_r, el, er,
-                               add_index=9)
+        return _forward_saving(ctx, graph, inputs, (dropout_p, seed, offset, options), 4, wh, attn_l3, attn_r3, el,
+                               er, x if weight is not None else None, weight, add_index=10)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):  # type: ignore[override]
         if not ctx.attention_grads:
-            return None, None, None, *_NO_GRADS, _addend_grad(ctx, grad_out, None)
-        wh, attn_l, attn_r, el, er = ctx.saved_tensors[:5]
+            return None, None, None, None, *_NO_GRADS, _addend_grad(ctx, grad_out, None)
+        wh, attn_l, attn_r, el, er, x, weight = ctx.saved_tensors[:7]
         inputs = AttentionInputs(SCORE_GAT, el, er, wh, negative_slope=ctx.negative_slope)
         # ∂attn_l, ∂attn_r and a bias's Σ_n g_n from per-program partials: one reduction, one cast
         bias = _bias_grad_wanted(ctx)
@@ -715,7 +787,29 @@ class GATFunction(torch.autograd.Function):
                                                            bias_parts=parts[2] if bias else None)
         grad_wh = _node_scores_backward(wh, attn_l, attn_r, grad_el, grad_er, grad_agg, parts)
         sums = parts.sum(1).to(attn_l.dtype)  # wh, the attention vectors and the bias share a dtype
-        return grad_wh, sums[0:1], sums[1:2], *_NO_GRADS, _addend_grad(ctx, grad_out, sums[2] if bias else None)
+        grad_x = grad_weight = None
+        if weight is None:
+            grad_x = grad_wh
+        else:
+            flat = grad_wh.view(grad_wh.shape[0], weight.shape[0])
+            if ctx.needs_input_grad[1]:
+                grad_weight = flat.t() @ x
+            if ctx.needs_input_grad[0]:
+                grad_x = flat @ weight
+        grad_l, grad_r = sums[0].view(ctx.attn_shapes[0]), sums[1].view(ctx.attn_shapes[1])
+        return grad_x, grad_weight, grad_l, grad_r, *_NO_GRADS, _addend_grad(ctx, grad_out, sums[2] if bias else None)
+
+
+def _addend_layout(ctx, out_add: torch.Tensor | None, heads: int, head_dim: int) -> torch.Tensor | None:
+    """``out_add`` (checked by :func:`_check_addend`) as the kernels read it, ``[H, D]`` (a bias) or
+    ``[N, H, D]`` contiguous, viewed inside an autograd Function (no view node of its own);
+    ``ctx.add_shape`` keeps the caller's shape for the gradient."""
+    if out_add is None:
+        return None
+    ctx.add_shape = out_add.shape
+    if out_add.numel() == heads * head_dim:
+        return out_add.reshape(heads, head_dim).contiguous()
+    return out_add.reshape(-1, heads, head_dim).contiguous()
 
 
 def _check_addend(out_add: torch.Tensor | None, graph: Graph, heads: int, head_dim: int,
@@ -786,6 +880,7 @@ def gat(
     rng: PhiloxStream | None = None,
     schedule: ScheduleOptions | None = None,
     out_add: torch.Tensor | None = None,
+    weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """GAT attention from projected features and attention vectors ``attn_l``, ``attn_r`` ``(1, H, D)``.
 
@@ -794,28 +889,51 @@ def gat(
     ``out_add``: a bias (``H·D`` elements) or per-node term (``[N, H, D]`` or ``[N, H·D]``) added
     to the output in the kernel's store (in training as a second output beside the attention's own,
     which the backward reads; its gradient from the backward's ``δ`` kernel: :func:`_forward_saving`).
+    ``weight``: ``[H·D, F]`` (a layer's ``fc.weight``); then ``wh`` is the unprojected input
+    ``x [N, F]`` and the op projects it itself, ``x Wᵀ`` viewed ``[N, H, D]``, in the same
+    autograd node (:class:`GATFunction`), gradients reaching ``x`` and ``weight``.
     """
     graph = as_graph(graph)
-    backend.check_dtypes(FLOAT_DTYPES, wh=wh, attn_l=attn_l, attn_r=attn_r)
-    _check_wh(graph, wh)
-    heads, head_dim = wh.shape[1], wh.shape[2]
+    backend.check_dtypes(FLOAT_DTYPES, wh=wh, attn_l=attn_l, attn_r=attn_r, weight=weight)
+    if weight is None:
+        _check_wh(graph, wh)
+        heads, head_dim = wh.shape[1], wh.shape[2]
+    else:
+        if attn_l.dim() not in (2, 3):
+            raise ValueError(f"attn_l must have shape (1, H, D) or (H, D), got {tuple(attn_l.shape)}")
+        heads, head_dim = attn_l.shape[-2], attn_l.shape[-1]
+        _check_projection(graph, wh, weight, heads * head_dim)
     _check_attention_vectors(heads, head_dim, attn_l=attn_l, attn_r=attn_r)
     dropout = _check_dropout(dropout)
     negative_slope = _check_negative_slope(negative_slope)
     _check_schedule(schedule)
     add = _check_addend(out_add, graph, heads, head_dim, wh.dtype)
     if backend.reference_enabled():
+        if weight is not None:
+            wh = torch.nn.functional.linear(wh, weight).view(-1, heads, head_dim)
         el, er = node_scores(wh, attn_l, attn_r)
         out = gat_attention(
             graph, wh, el, er, negative_slope=negative_slope, dropout=dropout, rng=rng, schedule=schedule
         )
         return out if add is None else out + add
     seed, offset = _rng_pair(rng, dropout, heads)
-    backend.check_devices(wh=wh, attn_l=attn_l, attn_r=attn_r, out_add=add, graph=graph.indptr)
+    backend.check_devices(wh=wh, weight=weight, attn_l=attn_l, attn_r=attn_r, out_add=add, graph=graph.indptr)
+    # attn_l, attn_r and out_add go in as given (the node views them: no autograd view nodes here)
     return GATFunction.apply(
-        wh.contiguous(), attn_l.reshape(1, heads, head_dim), attn_r.reshape(1, heads, head_dim), graph,
-        float(negative_slope), dropout, seed, offset, schedule, None if add is None else add.contiguous(),
+        wh if weight is not None else wh.contiguous(), weight, attn_l.contiguous(), attn_r.contiguous(), graph,
+        float(negative_slope), dropout, seed, offset, schedule, out_add,
     )
+
+
+def _check_projection(graph: Graph, x: torch.Tensor, weight: torch.Tensor, width: int) -> None:
+    """``x [N, F]`` and ``weight [width, F]`` of a projection inside an op (same dtype)."""
+    if x.dim() != 2 or x.shape[0] != graph.num_nodes:
+        raise ValueError(f"wh (the input x when weight is given) must have shape [num_nodes={graph.num_nodes}, F], "
+                         f"got {tuple(x.shape)}")
+    if weight.dim() != 2 or tuple(weight.shape) != (width, x.shape[1]):
+        raise ValueError(f"weight must have shape [H·D, F] = [{width}, {x.shape[1]}], got {tuple(weight.shape)}")
+    if weight.dtype != x.dtype:
+        raise TypeError(f"weight has dtype {weight.dtype} but wh (the input x) has {x.dtype}: they must share a dtype")
 
 
 class GATv2Function(torch.autograd.Function):
@@ -850,7 +968,7 @@ class TransformerAttentionFunction(torch.autograd.Function):
     def forward(ctx, query, key, value, edge_attr, edge_weight, graph, scale, dropout_p, seed, offset, options,  # type: ignore[override]
                 out_add):
         inputs = AttentionInputs(SCORE_DOT, key, query, value, edge_attr=edge_attr, edge_weight=edge_weight,
-                                 scale=scale, out_add=out_add)
+                                 scale=scale, out_add=_addend_layout(ctx, out_add, value.shape[1], value.shape[2]))
         ctx.scale = scale
         return _forward_saving(ctx, graph, inputs, (dropout_p, seed, offset, options), 5,
                                query, key, value, edge_attr, edge_weight, add_index=11)
@@ -1061,7 +1179,7 @@ def transformer_attention(
         weight_khd = edge_weight.t().reshape(edge_attr.shape[1], heads, head_dim).contiguous()
     out = TransformerAttentionFunction.apply(
         query.contiguous(), key.contiguous(), value.contiguous(), edge_attr, weight_khd, graph, float(scale), dropout,
-        seed, offset, schedule, None if add is None else add.contiguous(),
+        seed, offset, schedule, out_add,
     )
     return out
 

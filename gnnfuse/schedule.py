@@ -32,7 +32,7 @@ longer than an even share of the graph, whatever its degree.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -167,7 +167,9 @@ class Schedule:
 
     ``incoming`` buckets the destination rows (forward pass, per-destination backward
     reductions); ``outgoing`` buckets the source rows of the reverse CSR (backward pass
-    over sources).
+    over sources).  ``launches``: the launch configurations (grids, compile-time arguments)
+    :mod:`gnnfuse.ops` derives from this schedule per kind of call, kept here so that a later
+    call of the same kind on the same graph only launches (:func:`gnnfuse.ops._launch_plan`).
     """
 
     incoming: Buckets
@@ -180,6 +182,7 @@ class Schedule:
     tiles: TileLimits
     num_warps: int
     edge_lanes: bool | None
+    launches: dict = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def light_rows_per_program(self, width: int, row_elements: int) -> int:
         """Rows per program for light rows of ``width`` edges with ``row_elements`` values per edge."""

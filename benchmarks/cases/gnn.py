@@ -589,6 +589,39 @@ def tiles_arxiv_case(ctx: Context) -> None:
                train=tuple(label for label, _ in edge_variants))
 
 
+FEWER_WARPS = (_tiles(4096, 2), _tiles(2048, 2), TILE_VARIANTS[4])  # TILE_VARIANTS[4]: 2048, 4 warps
+
+
+@case("gnn", "warps_arxiv_bf16", baseline="tiles 4096, 4 warps", headline=False)
+def warps_arxiv_bf16_case(ctx: Context) -> None:
+    """A/B of fewer threads per program for the latency-bound bf16 forward on the arxiv-like graph
+    (the 3x-compiled-PyG forward needs its GPU time from 0.32 to <= 0.29 ms): the GAT attention op
+    under 2 warps per program (4096- and 2048-element tiles) and 2048-element tiles with 4 warps
+    against the default, forward and forward+backward, as called and replayed as a CUDA graph."""
+    spec = QUICK[0] if ctx.quick else next(s for s in FULL if s.name == "arxiv-like")
+    dtype = torch.float32 if ctx.quick else torch.bfloat16
+    edges, n = _edges(spec.name, ctx.device)
+    graph = Graph(edges, n)
+    gen = torch.Generator().manual_seed(4)
+    call, leaves = _attention_ops(spec, n, graph, dtype, gen, ("gat",))["gat"]
+    floors = [gat_floor_bytes(graph, spec.heads, spec.head_dim, dtype, phase) for phase in (False, True)]
+    grad = torch.randn(n, spec.heads, spec.head_dim, generator=gen).to(device=ctx.device, dtype=dtype)
+    tag = "fp32" if dtype == torch.float32 else "bf16"
+    params = {"graph": spec.name, "op": "gat", "dtype": tag}
+    with torch.no_grad():
+        expected = call(None).float()
+    variants = (TILE_VARIANTS[0], *FEWER_WARPS)
+    for label, schedule in variants[:2] if ctx.quick else variants:
+        with torch.no_grad():
+            ctx.check(f"{spec.name} gat {tag} {label}", call(schedule).float(), expected,
+                      2e-3 if dtype == torch.float32 else 2e-2)
+        phases = (("fwd", _forward(lambda s=schedule: call(s)), floors[0]),
+                  ("fwd+bwd", _train_step(lambda s=schedule: call(s), leaves, grad), floors[1]))
+        for phase, run, floor in phases:
+            ctx.time(label, run, bytes_moved=floor, params=params, variant=f"{tag},{phase}")
+            _time_replayed(ctx, label + REPLAYED, run, floor, params, f"{tag},{phase}")
+
+
 @case("gnn", "lanes_gatv2", baseline="default schedule", headline=False)
 def lanes_gatv2_case(ctx: Context) -> None:
     """A/B of the per-edge-lane online softmax in GATv2's forward row kernel at Reddit scale, where
@@ -724,6 +757,34 @@ def arxiv_launch_fp32_case(ctx: Context) -> None:
     """As ``arxiv_launch_bf16`` in fp32, forward only, with the candidates that need no new
     compiled specialisation (the light-width ones)."""
     _launch_rows(ctx, torch.float32, train=False)
+
+
+@case("gnn", "layer_host", baseline="layer (one autograd node)", headline=False)
+def layer_host_case(ctx: Context) -> None:
+    """Host work of the GATConv call, arxiv-like, bf16 and fp32: the layer as it is now (projection,
+    node scores and attention in one autograd node, ``ops.gat(..., weight=fc.weight)``) against the
+    same kernels composed as in session 6 (``fc`` as its own module, a view, then ``ops.gat``: four
+    autograd nodes more per training step), forward and forward+backward, as called and replayed
+    as a CUDA graph (the GPU work is the same; only the host's differs).  Quick mode: fp32, tiny graph."""
+    for dtype in [torch.float32] if ctx.quick else [torch.bfloat16, torch.float32]:
+        setup = _launch_setup(ctx, dtype)
+        layer, graph, x, spec, tag = setup.layer, setup.graph, setup.x, setup.spec, setup.params["dtype"]
+
+        def composed():
+            wh = layer.fc(x).view(graph.num_nodes, spec.heads, spec.head_dim)
+            return ops.gat(graph, wh, layer.attn_l, layer.attn_r, out_add=layer.bias)
+
+        with torch.no_grad():
+            ctx.check(f"{tag} composed layer vs layer", composed().float(), layer(graph, x).float(),
+                      2e-3 if dtype == torch.float32 else 2e-2)
+        params = list(layer.parameters())
+        for label, call in (("layer (one autograd node)", lambda: layer(graph, x)),
+                            ("fc, then ops.gat (session 6 layer)", composed)):
+            phases = (("fwd", _forward(call), setup.floors[0]),
+                      ("fwd+bwd", _train_step(call, params, setup.grad), setup.floors[1]))
+            for phase, run, floor in phases:
+                ctx.time(label, run, bytes_moved=floor, params=setup.params, variant=f"{tag},{phase}")
+                _time_replayed(ctx, label + REPLAYED, run, floor, setup.params, f"{tag},{phase}")
 
 
 def _launch_variants(ctx: Context, setup: LaunchSetup, dtype: torch.dtype, train: bool) -> list[str]:

@@ -133,6 +133,37 @@ def test_gat_with_attention_vectors_and_noncontiguous_inputs(gen, device):
     assert_close(out, ref)
 
 
+def test_gat_projecting_its_input_matches_projection_then_gat(gen, device):
+    # ops.gat with weight (the layer's path: projection, scores and attention in one autograd node)
+    # against F.linear then ops.gat, in float64: output and every gradient, with (H, D) attention
+    # vectors and a per-node addend given as [N, H·D] (their gradients come back in those shapes).
+    graph = Graph(corner_case_edges(gen).to(device), 29)
+    x = torch.randn(29, 7, generator=gen, dtype=torch.float64).to(device)
+    leaves = [t.to(device) for t in (torch.randn(15, 7, generator=gen, dtype=torch.float64),
+                                    torch.randn(3, 5, generator=gen, dtype=torch.float64),
+                                    torch.randn(3, 5, generator=gen, dtype=torch.float64),
+                                    torch.randn(29, 15, generator=gen, dtype=torch.float64))]
+    grad = torch.randn(29, 3, 5, generator=gen, dtype=torch.float64).to(device)
+    results = []
+    for fused in (True, False):
+        inputs = [t.detach().clone().requires_grad_(True) for t in (x, *leaves)]
+        x_in, weight, attn_l, attn_r, add = inputs
+        if fused:
+            out = ops.gat(graph, x_in, attn_l, attn_r, out_add=add, weight=weight)
+        else:
+            wh = torch.nn.functional.linear(x_in, weight).view(29, 3, 5)
+            out = ops.gat(graph, wh, attn_l, attn_r, out_add=add)
+        out.backward(grad)
+        results.append([out, *(t.grad for t in inputs)])
+    for got, want in zip(*results):
+        assert got.shape == want.shape
+        assert_close(got, want, tol=TOLERANCES[torch.float64])
+    with pytest.raises(ValueError, match="weight must have shape"):
+        ops.gat(graph, x, leaves[1], leaves[2], weight=leaves[0][:, :6])
+    with pytest.raises(ValueError, match="input x"):
+        ops.gat(graph, x[:28], leaves[1], leaves[2], weight=leaves[0])
+
+
 def test_bad_inputs_raise_clear_errors(gen, device):
     graph = Graph(corner_case_edges(gen).to(device), 29)
     wh, el, er = random_inputs(gen, 29, 3, 5, torch.float32, device)
