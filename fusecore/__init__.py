@@ -22,7 +22,7 @@ from .backend import (
 from .device import DeviceFacts, device_facts
 from .plan import PlanCache, WorkPlan, cdiv, make_work_plan, next_power_of_2, persistent_grid, tensor_signature
 from .report import Record, environment, floor_ms, format_table, read_jsonl, set_speedups, write_jsonl
-from .rng import PhiloxStream
+from .rng import DevicePhiloxStream, PhiloxStream
 from .timing import Timing, measure, peak_memory
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
     "default_device", "jit", "reference_enabled", "set_reference", "use_reference",
     "DeviceFacts", "device_facts", "PlanCache", "WorkPlan", "cdiv", "make_work_plan", "next_power_of_2",
     "persistent_grid", "tensor_signature", "Record", "environment", "floor_ms", "format_table",
-    "read_jsonl", "set_speedups", "write_jsonl", "PhiloxStream", "Timing", "measure", "peak_memory",
+    "read_jsonl", "set_speedups", "write_jsonl", "DevicePhiloxStream", "PhiloxStream", "Timing", "measure",
+    "peak_memory",
 ]
 __version__ = "0.1.0"

@@ -13,7 +13,9 @@ the key is ``(lo32(seed), hi32(seed))``; one call yields four independent 32-bit
 Kernels never keep generator state: a host-side :class:`PhiloxStream` hands each launch a
 ``(seed, offset)`` pair and advances its offset by the number of positions the launch used,
 so consecutive launches never reuse numbers and a launch can be replayed exactly (the
-backward pass of dropout regenerates its mask this way instead of storing it).
+backward pass of dropout regenerates its mask this way instead of storing it).  Launches
+captured in a CUDA graph take their pair from a :class:`DevicePhiloxStream` instead: the
+pair lives in device memory and the graph itself advances the offset on every replay.
 
 Because the generator is integer arithmetic only, the compiled kernel, the interpreter and
 the numpy oracle :func:`philox_reference` give bit-identical words and uniforms.  Normal
@@ -117,6 +119,59 @@ class PhiloxStream:
     def from_torch(cls) -> PhiloxStream:
         """A stream seeded from torch's default generator (respects ``torch.manual_seed``)."""
         return cls(int(torch.randint(0, 2**62, (1,)).item()))
+
+
+@jit
+def load_seed_pair(pair_ptr):
+    """``(seed, offset)`` from the int64 pair a :class:`DevicePhiloxStream` handed a launch."""
+    return tl.load(pair_ptr), tl.load(pair_ptr + 1)
+
+
+@jit
+def _take_kernel(state_ptr, pair_ptr, positions):
+    # One program: copy the current (seed, offset) for this launch, then advance the offset.
+    seed = tl.load(state_ptr)
+    offset = tl.load(state_ptr + 1)
+    tl.store(pair_ptr, seed)
+    tl.store(pair_ptr + 1, offset)
+    tl.store(state_ptr + 1, offset + positions)
+
+
+class DevicePhiloxStream:
+    """A ``(seed, offset)`` sequence kept in device memory, for launches captured in CUDA graphs.
+
+    A :class:`PhiloxStream` hands kernels Python ints, which a CUDA graph freezes at capture:
+    every replay would draw the same numbers (the same dropout mask, step after step).  Here the
+    state is an int64 tensor ``[seed, offset]`` on the device; ``take(n)`` launches one tiny
+    kernel that copies the current pair into a fresh int64 tensor of shape ``[2]`` (returned:
+    the launch's kernel reads it with :func:`load_seed_pair`, and a backward pass that
+    regenerates the numbers keeps it) and advances the device offset by ``n``.  Captured,
+    that kernel is part of the graph, so each replay draws the next numbers, exactly the
+    sequence a :class:`PhiloxStream` with the same seed hands out call by call.
+    """
+
+    def __init__(self, seed: int, device: torch.device | str, offset: int = 0):
+        seed = check_seed(seed)
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise ValueError(f"offset must be an int >= 0, got {offset!r}")
+        self.state = torch.tensor([seed, offset], dtype=torch.int64, device=device)
+
+    @property
+    def device(self) -> torch.device:
+        return self.state.device
+
+    def take(self, positions: int) -> torch.Tensor:
+        """The ``(seed, offset)`` pair (int64 ``[2]`` on the device) for a launch using ``positions``."""
+        if isinstance(positions, bool) or not isinstance(positions, int) or positions < 0:
+            raise ValueError(f"positions must be an int >= 0, got {positions!r}")
+        pair = torch.empty(2, dtype=torch.int64, device=self.state.device)
+        _take_kernel[(1,)](self.state, pair, positions)
+        return pair
+
+    @classmethod
+    def from_torch(cls, device: torch.device | str) -> DevicePhiloxStream:
+        """A stream seeded from torch's default generator (respects ``torch.manual_seed``)."""
+        return cls(int(torch.randint(0, 2**62, (1,)).item()), device)
 
 
 def _mulhilo(a: np.ndarray, b: int) -> tuple[np.ndarray, np.ndarray]:

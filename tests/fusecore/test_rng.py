@@ -7,8 +7,10 @@ import triton.language as tl
 
 from fusecore.backend import jit
 from fusecore.rng import (
+    DevicePhiloxStream,
     PhiloxStream,
     check_seed,
+    load_seed_pair,
     normal4,
     normal_reference,
     philox4x32,
@@ -155,3 +157,62 @@ def test_stream_from_torch_respects_manual_seed():
     a = PhiloxStream.from_torch().seed
     torch.manual_seed(3)
     assert PhiloxStream.from_torch().seed == a
+
+
+@jit
+def _draw_from_pair_kernel(pair_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    seed, offset = load_seed_pair(pair_ptr)
+    u0, _, _, _ = uniform4(seed, offs, offset + offs * 0)
+    tl.store(out_ptr + offs, u0, mask=offs < n)
+
+
+def _draw_from(pair: torch.Tensor, n: int) -> torch.Tensor:
+    out = poisoned((n,), torch.float32, pair.device)
+    _draw_from_pair_kernel[(triton_cdiv(n, 64),)](pair, out, n, BLOCK=64)
+    return out
+
+
+def test_device_stream_hands_out_the_host_streams_pairs(gen, device):
+    seed = int(torch.randint(0, 2**62, (1,), generator=gen))
+    on_device, on_host = DevicePhiloxStream(seed, device, offset=5), PhiloxStream(seed, 5)
+    for positions in (3, 0, 17, 1, 2**33):
+        pair = on_device.take(positions)
+        assert pair.dtype == torch.int64 and pair.shape == (2,) and pair.device == device
+        assert tuple(pair.tolist()) == on_host.take(positions)
+    assert on_device.state.tolist() == [seed, on_host.offset]
+
+
+def test_kernel_draws_from_a_device_pair(gen, device):
+    seed, n = int(torch.randint(0, 2**62, (1,), generator=gen)), 131
+    stream = DevicePhiloxStream(seed, device, offset=2**40 + 7)
+    for offset in (2**40 + 7, 2**40 + 7 + n):
+        got = _draw_from(stream.take(n), n)
+        np.testing.assert_array_equal(got.cpu().numpy(), uniform_reference(seed, np.arange(n), offset)[:, 0])
+
+
+@pytest.mark.parametrize("bad", [dict(seed=-1), dict(seed=2**63), dict(offset=-1), dict(offset=1.0), dict(positions=-2),
+                                 dict(positions=True)])
+def test_device_stream_validation(bad, device):
+    with pytest.raises((TypeError, ValueError), match=next(iter(bad))):
+        stream = DevicePhiloxStream(bad.get("seed", 1), device, offset=bad.get("offset", 0))
+        stream.take(bad.get("positions", 1))
+
+
+@pytest.mark.gpu
+def test_gpu_device_stream_advances_on_every_cuda_graph_replay(gen):
+    seed, n = int(torch.randint(0, 2**62, (1,), generator=gen)), 1000
+    stream = DevicePhiloxStream(seed, "cuda")
+    _draw_from(stream.take(0), n)  # compile and record both launches outside the capture
+    graph, side = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), torch.cuda.graph(graph, stream=side):
+        pair = stream.take(n)
+        out = _draw_from(pair, n)
+    torch.cuda.current_stream().wait_stream(side)
+    # capture itself ran nothing: replays draw offsets 0, n, 2n
+    for replay in range(3):
+        graph.replay()
+        assert pair.tolist() == [seed, replay * n]
+        np.testing.assert_array_equal(out.cpu().numpy(), uniform_reference(seed, np.arange(n), replay * n)[:, 0])
+    assert stream.state.tolist() == [seed, 3 * n]
