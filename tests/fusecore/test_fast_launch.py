@@ -236,6 +236,19 @@ def test_missing_and_duplicate_arguments_reach_tritons_error(enabled):
     assert log == []
 
 
+def test_launch_profile_counts_launches_of_both_paths_inside_its_block(enabled):
+    function, fake, log = _fast_toy()
+    x = torch.zeros(32)
+    function[(1,)](x, x, 16, 1.0, BLOCK=32)  # before the block: not counted
+    with fast_launch.launch_profile() as stats:
+        for _ in range(3):
+            function[(1,)](x, x, 16, 1.0, BLOCK=32)  # direct
+        function[(1,)](x, x, (1, 2), 1.0, BLOCK=32)  # Triton's path
+    function[(1,)](x, x, 16, 1.0, BLOCK=32)  # after: not counted
+    assert list(stats) == ["_toy"] and stats["_toy"].launches == 4 and stats["_toy"].host_s > 0
+    assert len(log) == 6
+
+
 # ----------------------------------------------------------------------------- GPU
 
 
