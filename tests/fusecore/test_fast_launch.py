@@ -321,3 +321,20 @@ def test_gpu_direct_launches_replay_in_a_cuda_graph(enabled):
         out.fill_(float("nan"))
         graph.replay()
         torch.testing.assert_close(out, x * 2 + 1)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not COMPILED, reason="compiled kernels only")
+def test_gpu_kernels_launch_inside_torch_compile(enabled):
+    """torch.compile treats fusekit kernels as the Triton kernels they are (the subclass is a JITFunction)."""
+
+    def scaled(x: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(x)
+        n = x.numel()
+        _axpb_kernel[(triton.cdiv(n, 128),)](x, out, n, 3.0, 2, BLOCK=128)
+        return out * 2
+
+    compiled = torch.compile(scaled, fullgraph=True)
+    for n in (1, 1000, 4099):
+        x = torch.randn(n, device="cuda")
+        torch.testing.assert_close(compiled(x), (x * 3 + 2) * 2)
