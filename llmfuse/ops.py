@@ -21,6 +21,7 @@ from fusecore.plan import PlanCache, cdiv, next_power_of_2, persistent_grid
 
 from .config import LlamaConfig
 from .kernels.decode_attention import decode_attention_kernel
+from .kernels.embed import embed_kernel
 from .kernels.gate_up import gate_up_kernel
 from .kernels.lm_head import lm_head_kernel
 from .kernels.looped import DONE_COUNTS, STAGES_PER_LAYER, looped_decode_kernel
@@ -476,9 +477,15 @@ def check_step_inputs(w: LlamaWeights, cache: KVCache, buf: DecodeBuffers, plan:
         raise ValueError(f"cache has {cache.max_slots} slots but the plan was made for {plan.max_slots}")
 
 
-def embed(w: LlamaWeights, tokens: torch.Tensor, buf: DecodeBuffers) -> None:
-    """x ← embedding rows of ``tokens`` [B] (float32)."""
-    buf.x.copy_(w.embed.index_select(0, tokens))
+def embed(w: LlamaWeights, tokens: torch.Tensor, buf: DecodeBuffers, pdl: bool = False) -> None:
+    """x ← embedding rows of ``tokens`` [B] (float32), and the step's dependency counts
+    (``buf.counter``) zeroed, in one launch (kernels/embed.py); ``pdl``: the next launch may start
+    before this one ends (it must wait for it: a per-layer launch with programmatic dependent launch)."""
+    H = w.embed.shape[1]
+    embed_kernel[(tokens.shape[0],)](
+        tokens, w.embed, buf.x, buf.counter, H, buf.counter.numel(),
+        BLOCK_H=min(4096, next_power_of_2(H)), BLOCK_C=next_power_of_2(buf.counter.numel()), USE_PDL=pdl,
+    )
 
 
 def qkv_rope(w: LlamaWeights, cfg: LlamaConfig, layer: int, cache: KVCache, buf: DecodeBuffers, plan: DecodePlan,
@@ -588,9 +595,7 @@ def greedy_tokens(buf: DecodeBuffers) -> torch.Tensor:
 def decode_layers(w: LlamaWeights, cfg: LlamaConfig, cache: KVCache, buf: DecodeBuffers, plan: DecodePlan,
                   inv_freq: torch.Tensor) -> None:
     """The per-layer path: five fused launches per layer on the embedded ``buf.x`` (four with
-    ``plan.fuse_attention``)."""
-    if plan.fuse_attention:
-        buf.counter.zero_()
+    ``plan.fuse_attention``, whose counts :func:`embed` zeroed)."""
     for layer in range(cfg.num_hidden_layers):
         if plan.fuse_attention:
             qkv_attention(w, cfg, layer, cache, buf, plan, inv_freq)
@@ -713,7 +718,7 @@ def fused_step(w: LlamaWeights, cfg: LlamaConfig, cache: KVCache, buf: DecodeBuf
     if tokens.shape != (plan.batch,) or tokens.dtype != torch.int64 or tokens.device != buf.x.device:
         raise ValueError(f"tokens must be an int64 tensor of shape ({plan.batch},) on {buf.x.device}, got "
                          f"{tokens.dtype} {tuple(tokens.shape)} on {tokens.device}")
-    embed(w, tokens, buf)
+    embed(w, tokens, buf, pdl=plan.pdl and not looped)
     if looped:
         looped_decode(w, cfg, cache, buf, plan, inv_freq, write_logits, sample=sample)
     else:

@@ -29,8 +29,8 @@ from llmfuse.weights import random_weights  # noqa: E402
 TARGET = GPUTarget("cuda", 90, 32)
 POINTER = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.int64: "*i64",
            torch.int32: "*i32"}
-KERNELS = ("qkv_rope_kernel", "decode_attention_kernel", "qkv_attention_kernel", "residual_proj_kernel",
-           "gate_up_kernel", "lm_head_kernel", "looped_decode_kernel")
+KERNELS = ("embed_kernel", "qkv_rope_kernel", "decode_attention_kernel", "qkv_attention_kernel",
+           "residual_proj_kernel", "gate_up_kernel", "lm_head_kernel", "looped_decode_kernel")
 
 
 # Kernels whose programs read device memory before their PDL wait: the attention tiles read the
@@ -97,7 +97,7 @@ class CompileInsteadOfLaunch:
                 compiled = triton.compile(source, target=TARGET, options={
                     k: values[k] for k in ("num_warps", "num_stages", "maxnreg") if k in values})
                 if values.get("USE_PDL"):
-                    check_pdl_order(self.name, compiled.asm["ptx"], values["PREFETCH_LINES"] > 0,
+                    check_pdl_order(self.name, compiled.asm["ptx"], values.get("PREFETCH_LINES", 0) > 0,
                                     values.get("ROW_PREFETCH", 0) >= 2)
                 self.compiled.add(key)
 

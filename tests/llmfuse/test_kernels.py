@@ -277,6 +277,18 @@ def test_plan_tuning_is_checked():
         one, pdl_weights=2).row_tiles("qkv")) == (3, 2, 3)
 
 
+@pytest.mark.parametrize("batch, dtype", [(1, torch.bfloat16), (3, torch.float32)])
+def test_embed_writes_rows_and_zeroes_counts(batch, dtype, gen):
+    """x ← the tokens' embedding rows in float32 (poisoned first), every count zeroed, one launch."""
+    cfg, w64, wk, plan, buf, cache, slot, kv_start = _setup(batch, dtype, gen)
+    tokens = torch.tensor([96, 0, 41][:batch]).to(buf.x.device)
+    buf.x.fill_(float("nan"))
+    buf.counter.fill_(7)
+    ops.embed(wk, tokens, buf)
+    assert torch.equal(buf.x.cpu(), wk.embed.cpu()[tokens.cpu()].float())
+    assert int(buf.counter.abs().sum()) == 0
+
+
 @pytest.mark.parametrize("scale", [1e4, 1e-6])
 def test_decode_attention_is_stable_for_huge_and_tiny_scores(scale, gen):
     """Issue 8 numerics: scores of ~1e4 (exp overflows without the running max) and ~1e-6 (uniform weights)."""
@@ -336,13 +348,22 @@ def test_weights_loaded_before_the_wait_change_no_value(monkeypatch, gen):
     tile's own PDL wait, then two chunks in flight) through a whole per-layer step with K in three
     chunks: the logits equal the plain pipelined tiles' bit for bit (same products, same order).
     The interpreter has no ``griddepcontrol``: the wait is replaced by nothing here."""
-    from llmfuse.kernels import decode_attention, gate_up, lm_head, matvec, qkv_attention, qkv_rope, residual_proj
+    from llmfuse.kernels import (
+        decode_attention,
+        embed,
+        gate_up,
+        lm_head,
+        matvec,
+        qkv_attention,
+        qkv_rope,
+        residual_proj,
+    )
 
     @jit
     def no_wait(USE_PDL: tl.constexpr):
         pass
 
-    for module in (decode_attention, gate_up, lm_head, matvec, qkv_attention, qkv_rope, residual_proj):
+    for module in (decode_attention, embed, gate_up, lm_head, matvec, qkv_attention, qkv_rope, residual_proj):
         monkeypatch.setattr(module, "after_previous_kernel", no_wait)
     cpu = torch.device("cpu")
     w = random_weights(CFG, dtype=torch.float32, generator=gen, std=0.1)
@@ -351,7 +372,7 @@ def test_weights_loaded_before_the_wait_change_no_value(monkeypatch, gen):
     tokens, state = torch.tensor([5]), torch.randn(2, *shape, generator=gen)
     logits = []
     for tuning in ({}, {"pdl": True, "pdl_weights": 1}, {"pdl": True, "pdl_weights": 1, "pdl_weights_o": 2},
-                   {"pdl": True, "pdl_weights": 2}):
+                   {"pdl": True, "pdl_weights": 2}, {"pdl": True, "pdl_weights": 1, "fuse_attention": True}):
         plan = dataclasses.replace(plain, **tuning)
         buf = ops.DecodeBuffers.allocate(CFG, plan, torch.float32, cpu)
         cache = ref.KVCache(state[0].clone(), state[1].clone())
