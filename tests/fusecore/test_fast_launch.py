@@ -326,12 +326,16 @@ def test_gpu_direct_launches_replay_in_a_cuda_graph(enabled):
 @pytest.mark.gpu
 @pytest.mark.skipif(not COMPILED, reason="compiled kernels only")
 def test_gpu_kernels_launch_inside_torch_compile(enabled):
-    """torch.compile treats fusekit kernels as the Triton kernels they are (the subclass is a JITFunction)."""
+    """torch.compile treats fusekit kernels as the Triton kernels they are (the subclass is a JITFunction).
+
+    Every argument is passed: with SQUARE left to its default, torch 2.11's inductor reported a
+    wrong argument count and its launcher failed (H200, session 7).
+    """
 
     def scaled(x: torch.Tensor) -> torch.Tensor:
         out = torch.empty_like(x)
         n = x.numel()
-        _axpb_kernel[(triton.cdiv(n, 128),)](x, out, n, 3.0, 2, BLOCK=128)
+        _axpb_kernel[(triton.cdiv(n, 128),)](x, out, n, 3.0, 2, BLOCK=128, SQUARE=False)
         return out * 2
 
     compiled = torch.compile(scaled, fullgraph=True)
