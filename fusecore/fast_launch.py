@@ -15,7 +15,7 @@ fine as Triton's own:
 ===========================  ================================================================
 argument                     what the key keeps
 ===========================  ================================================================
-tensor                       dtype, whether ``data_ptr()`` is a multiple of 16
+CUDA tensor                  dtype, whether ``data_ptr()`` is a multiple of 16
 int                          ``== 1``, multiple of 16, fits int32, needs uint64
 float                        nothing (Triton passes every float as fp32)
 bool, None                   the value
@@ -24,9 +24,11 @@ launch options               (``num_warps=`` ...) the values, in the order given
 current CUDA device          the index
 ===========================  ================================================================
 
-Anything else (tuples, numpy scalars, unhashable values), launch hooks installed (a
-profiler), or tracing by ``torch.compile`` takes Triton's own path, every time.  The launcher
-is called with the current stream, the grid of this call and this call's arguments, so
+Anything else (host tensors, tuples, numpy scalars, unhashable values), launch hooks
+installed (a profiler), or tracing by ``torch.compile`` takes Triton's own path, every time.
+The launcher is called with the current stream, the grid of this call and this call's
+arguments, tensors as their addresses (as Triton's launcher accepts them; it then skips the
+per-pointer driver query that tells device from host memory, which the key has settled), so
 CUDA-graph capture, streams and PDL launches behave as with Triton's path.  Options Triton
 reads from its environment at launch (``TRITON_DEBUG``) are those of the specialisation's
 first launch.
@@ -102,19 +104,31 @@ def launch_profile() -> Iterator[dict[str, LaunchStats]]:
         _profile = previous
 
 
+# The direct path passes tensors' addresses to the launcher, which then skips its driver check
+# that memory is device memory; host tensors therefore always take Triton's path, where that
+# check raises its clear error.  (True only in the CPU tests of the launch protocol.)
+_host_tensors_direct = False
+
+
+def _tensor_key(value: torch.Tensor) -> Any:
+    if not value.is_cuda and not _host_tensors_direct:
+        return _SLOW
+    return (value.dtype, value.data_ptr() & 15 == 0)
+
+
 def arg_key(value: Any) -> Any:
     """The part of a non-constexpr argument's specialisation the launch cache keys on.
 
-    Returns ``_SLOW`` for arguments whose specialisation is not mirrored here; their
-    launches take Triton's own path.
+    Returns ``_SLOW`` for arguments whose specialisation is not mirrored here, and for tensors
+    in host memory; their launches take Triton's own path.
     """
     kind = type(value)
     if kind is _Tensor:
-        return (value.dtype, value.data_ptr() & 15 == 0)
+        return _tensor_key(value)
     if kind is int:
         return (value == 1, value & 15 == 0, -0x80000000 <= value <= 0x7FFFFFFF, value >= 0x8000000000000000)
     if isinstance(value, _Tensor):  # nn.Parameter and other subclasses
-        return (value.dtype, value.data_ptr() & 15 == 0)
+        return _tensor_key(value)
     if kind is float:
         return float
     if value is None or kind is bool:
@@ -151,13 +165,14 @@ def _compiling() -> bool:
 class _Recorded:
     """How Triton called one specialisation's launcher: what to repeat on later launches."""
 
-    __slots__ = ("kernel", "launcher", "lead", "all_params")
+    __slots__ = ("kernel", "launcher", "lead", "all_params", "tensors")
 
-    def __init__(self, kernel: Any, launcher: Any, lead: tuple, all_params: bool):
+    def __init__(self, kernel: Any, launcher: Any, lead: tuple, all_params: bool, tensors: tuple[int, ...]):
         self.kernel = kernel
         self.launcher = launcher
         self.lead = lead  # what Triton passes between the stream and the kernel arguments
         self.all_params = all_params  # constexpr parameters passed too (Triton >= 3.3)
+        self.tensors = tensors  # positions of the passed arguments that are (CUDA) tensors
 
 
 def _binder(params: list[inspect.Parameter], constexpr: tuple[bool, ...]):
@@ -253,7 +268,9 @@ def _install_into(base: type) -> type:
             if callable(grid):
                 grid = grid(dict(zip(self._fast_names, values)))
             size = len(grid)
-            passed = values if entry.all_params else [values[i] for i in self._fast_runtime]
+            passed = list(values) if entry.all_params else [values[i] for i in self._fast_runtime]
+            for i in entry.tensors:  # the address: Triton's launcher would ask the driver to check it again
+                passed[i] = passed[i].data_ptr()
             entry.launcher(
                 grid[0], grid[1] if size > 1 else 1, grid[2] if size > 2 else 1,
                 driver.get_current_stream(device), *entry.lead, *passed,
@@ -293,7 +310,8 @@ def _install_into(base: type) -> type:
                 passed = values if all_params else [values[i] for i in self._fast_runtime]
                 lead = len(call) - 4 - len(passed)
                 if lead >= 0 and all(a is b for a, b in zip(call[4 + lead:], passed)):
-                    return _Recorded(kernel, launcher, tuple(call[4:4 + lead]), all_params)
+                    tensors = tuple(i for i, v in enumerate(passed) if isinstance(v, _Tensor))
+                    return _Recorded(kernel, launcher, tuple(call[4:4 + lead]), all_params, tensors)
             return None
 
     FastJITFunction.__name__ = FastJITFunction.__qualname__ = "FastJITFunction"

@@ -116,14 +116,24 @@ def _fast_toy(all_params: bool = True):
 
 
 @pytest.fixture
-def enabled():
+def enabled(monkeypatch):
+    """The direct path on, and CPU tensors let through it (stand-ins for device memory here)."""
     before = fast_launch.fast_launch_enabled()
     fast_launch.set_fast_launch(True)
+    monkeypatch.setattr(fast_launch, "_host_tensors_direct", not COMPILED)
     yield
     fast_launch.set_fast_launch(before)
 
 
-def test_arg_key_separates_what_triton_specialises_on():
+def _same_argument(a, b) -> bool:
+    """The direct path passes a tensor as its address, Triton's path the tensor itself."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        address = [v.data_ptr() if isinstance(v, torch.Tensor) else v for v in (a, b)]
+        return address[0] == address[1]
+    return a is b
+
+
+def test_arg_key_separates_what_triton_specialises_on(enabled):
     base = torch.zeros(64, dtype=torch.float32)
     assert arg_key(base) == arg_key(torch.zeros(8, dtype=torch.float32))
     assert arg_key(base) != arg_key(base[1:])  # 4-byte aligned view
@@ -174,11 +184,23 @@ def test_direct_launches_equal_tritons_over_a_random_sequence(enabled, all_param
     assert len(fast_log) == len(slow_log) == 300
     for got, want in zip(fast_log, slow_log):
         assert got[:4] == want[:4] and got[4:9] == want[4:9]
-        assert len(got) == len(want) and all(a is b for a, b in zip(got[9:], want[9:])), f"seed {seed}"
+        assert len(got) == len(want) and all(map(_same_argument, got[9:], want[9:])), f"seed {seed}"
+    direct = [call for call in fast_log if not isinstance(call[9], torch.Tensor)]
+    assert len(direct) == 300 - len(fast_triton.kernels)  # every launch but each specialisation's first
     # Triton's run: twice per specialisation (compile, then the recorded launch), never again.
     assert fast_triton.runs == 2 * len(fast_triton.kernels)
     assert slow_triton.runs == 300
     assert set(fast_triton.kernels) == set(slow_triton.kernels)
+
+
+def test_host_tensors_always_take_tritons_path(enabled, monkeypatch):
+    monkeypatch.setattr(fast_launch, "_host_tensors_direct", False)
+    assert arg_key(torch.zeros(4)) is fast_launch._SLOW
+    function, fake, log = _fast_toy()
+    x = torch.zeros(32)
+    for _ in range(3):
+        function[(1,)](x, x, 16, 1.0, BLOCK=32)
+    assert fake.runs == 3 and all(call[9] is x for call in log)
 
 
 def test_every_launch_of_a_specialisation_uses_its_own_kernel(enabled):
