@@ -110,12 +110,6 @@ def launch_profile() -> Iterator[dict[str, LaunchStats]]:
 _host_tensors_direct = False
 
 
-def _tensor_key(value: torch.Tensor) -> Any:
-    if not value.is_cuda and not _host_tensors_direct:
-        return _SLOW
-    return (value.dtype, value.data_ptr() & 15 == 0)
-
-
 def arg_key(value: Any) -> Any:
     """The part of a non-constexpr argument's specialisation the launch cache keys on.
 
@@ -124,11 +118,15 @@ def arg_key(value: Any) -> Any:
     """
     kind = type(value)
     if kind is _Tensor:
-        return _tensor_key(value)
+        if value.is_cuda or _host_tensors_direct:
+            return (value.dtype, value.data_ptr() & 15 == 0)
+        return _SLOW
     if kind is int:
         return (value == 1, value & 15 == 0, -0x80000000 <= value <= 0x7FFFFFFF, value >= 0x8000000000000000)
     if isinstance(value, _Tensor):  # nn.Parameter and other subclasses
-        return _tensor_key(value)
+        if value.is_cuda or _host_tensors_direct:
+            return (value.dtype, value.data_ptr() & 15 == 0)
+        return _SLOW
     if kind is float:
         return float
     if value is None or kind is bool:
