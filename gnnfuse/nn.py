@@ -190,11 +190,13 @@ class GATConv(_DGLHeadsConv):
     def forward(self, graph: Any, feat: torch.Tensor, *, schedule: ScheduleOptions | None = None) -> torch.Tensor:
         graph = self._graph(graph, feat, self.fc.weight.dtype)
         h = self._feat_dropout(feat)
-        # fc, the node scores and the attention are one autograd node (ops.gat with weight); the bias
-        # is added in the kernel's store (in training into a second, final output)
+        wh = self.fc(h).view(feat.shape[0], self._num_heads, self._out_feats)
+        # the bias is added in the kernel's store (in training into a second, final output); fc stays
+        # its own module: ops.gat(..., weight=fc.weight), one autograd node for the whole call, was no
+        # faster as called on the H200 (gnn/layer_host, README session 7)
         out = ops.gat(
-            graph, h, self.attn_l, self.attn_r, negative_slope=self.negative_slope, dropout=self._dropout(),
-            schedule=schedule, out_add=self.bias, weight=self.fc.weight,
+            graph, wh, self.attn_l, self.attn_r, negative_slope=self.negative_slope, dropout=self._dropout(),
+            schedule=schedule, out_add=self.bias,
         )
         return self._finish(out, h)
 

@@ -759,27 +759,26 @@ def arxiv_launch_fp32_case(ctx: Context) -> None:
     _launch_rows(ctx, torch.float32, train=False)
 
 
-@case("gnn", "layer_host", baseline="layer (one autograd node)", headline=False)
+@case("gnn", "layer_host", baseline="layer (fc, then ops.gat)", headline=False)
 def layer_host_case(ctx: Context) -> None:
-    """Host work of the GATConv call, arxiv-like, bf16 and fp32: the layer as it is now (projection,
-    node scores and attention in one autograd node, ``ops.gat(..., weight=fc.weight)``) against the
-    same kernels composed as in session 6 (``fc`` as its own module, a view, then ``ops.gat``: four
-    autograd nodes more per training step), forward and forward+backward, as called and replayed
-    as a CUDA graph (the GPU work is the same; only the host's differs).  Quick mode: fp32, tiny graph."""
+    """Host work of the GATConv call, arxiv-like, bf16 and fp32: the layer (``fc`` as its own module,
+    a view, then ``ops.gat``) against the opt-in one-autograd-node form of the same call
+    (``ops.gat(graph, x, attn_l, attn_r, weight=fc.weight)``: the projection inside the op's node, four
+    autograd nodes fewer per training step), forward and forward+backward, as called and replayed as
+    a CUDA graph (the GPU work is the same; only the host's differs).  Quick mode: fp32, tiny graph."""
     for dtype in [torch.float32] if ctx.quick else [torch.bfloat16, torch.float32]:
         setup = _launch_setup(ctx, dtype)
-        layer, graph, x, spec, tag = setup.layer, setup.graph, setup.x, setup.spec, setup.params["dtype"]
+        layer, graph, x, tag = setup.layer, setup.graph, setup.x, setup.params["dtype"]
 
-        def composed():
-            wh = layer.fc(x).view(graph.num_nodes, spec.heads, spec.head_dim)
-            return ops.gat(graph, wh, layer.attn_l, layer.attn_r, out_add=layer.bias)
+        def one_node():
+            return ops.gat(graph, x, layer.attn_l, layer.attn_r, out_add=layer.bias, weight=layer.fc.weight)
 
         with torch.no_grad():
-            ctx.check(f"{tag} composed layer vs layer", composed().float(), layer(graph, x).float(),
+            ctx.check(f"{tag} one-node call vs layer", one_node().float(), layer(graph, x).float(),
                       2e-3 if dtype == torch.float32 else 2e-2)
         params = list(layer.parameters())
-        for label, call in (("layer (one autograd node)", lambda: layer(graph, x)),
-                            ("fc, then ops.gat (session 6 layer)", composed)):
+        for label, call in (("layer (fc, then ops.gat)", lambda: layer(graph, x)),
+                            ("ops.gat with weight (one autograd node)", one_node)):
             phases = (("fwd", _forward(call), setup.floors[0]),
                       ("fwd+bwd", _train_step(call, params, setup.grad), setup.floors[1]))
             for phase, run, floor in phases:
