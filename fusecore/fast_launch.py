@@ -105,27 +105,24 @@ def launch_profile() -> Iterator[dict[str, LaunchStats]]:
         _profile = previous
 
 
-# The direct path passes tensors' addresses to the launcher, which then skips its driver check
-# that memory is device memory; host tensors therefore always take Triton's path, where that
-# check raises its clear error.  (True only in the CPU tests of the launch protocol.)
-_host_tensors_direct = False
-
-
-def arg_key(value: Any) -> Any:
+def arg_key(value: Any, host_tensors: bool = False) -> Any:
     """The part of a non-constexpr argument's specialisation the launch cache keys on.
 
     Returns ``_SLOW`` for arguments whose specialisation is not mirrored here, and for tensors
-    in host memory; their launches take Triton's own path.
+    in host memory; their launches take Triton's own path.  (The direct path passes tensors'
+    addresses, and Triton's launcher then skips its driver query that tells device from host
+    memory: host tensors go to Triton's path, where that check raises its clear error.
+    ``host_tensors=True`` lets them through, for tests of the launch protocol on CPU machines.)
     """
     kind = type(value)
     if kind is _Tensor:
-        if value.is_cuda or _host_tensors_direct:
+        if value.is_cuda or host_tensors:
             return (value.dtype, value.data_ptr() & 15 == 0)
         return _SLOW
     if kind is int:
         return (value == 1, value & 15 == 0, -0x80000000 <= value <= 0x7FFFFFFF, value >= 0x8000000000000000)
     if isinstance(value, _Tensor):  # nn.Parameter and other subclasses
-        if value.is_cuda or _host_tensors_direct:
+        if value.is_cuda or host_tensors:
             return (value.dtype, value.data_ptr() & 15 == 0)
         return _SLOW
     if kind is float:
@@ -174,7 +171,7 @@ class _Recorded:
         self.tensors = tensors  # positions of the passed arguments that are (CUDA) tensors
 
 
-def _binder(params: list[inspect.Parameter], constexpr: tuple[bool, ...]):
+def _binder(params: list[inspect.Parameter], constexpr: tuple[bool, ...], host_tensors: bool = False):
     """``bind(*args, **kwargs) -> (values, key, options)`` for one kernel signature.
 
     Generated code, so Python's own call binding places the arguments and applies the
@@ -182,15 +179,17 @@ def _binder(params: list[inspect.Parameter], constexpr: tuple[bool, ...]):
     parameter order, ``key`` with :func:`arg_key` of each runtime argument and the value of
     each constexpr, ``options`` the remaining keywords (``num_warps=`` ...).
     """
-    namespace: dict[str, Any] = {"__fl_key": arg_key}
+    key_of = (lambda value: arg_key(value, True)) if host_tensors else arg_key
+    namespace: dict[str, Any] = {"__fl_key": key_of}
     signature, keys = [], []
     for i, (param, is_constexpr) in enumerate(zip(params, constexpr)):
+        name = param.name
         if param.default is inspect.Parameter.empty:
-            signature.append(param.name)
+            signature.append(name)
         else:
             namespace[f"__fl_default{i}"] = param.default
-            signature.append(f"{param.name}=__fl_default{i}")
-        keys.append(param.name if is_constexpr else f"__fl_key({param.name})")
+            signature.append(f"{name}=__fl_default{i}")
+        keys.append(name if is_constexpr else f"__fl_key({name})")
     values = f"({', '.join(p.name for p in params)},)" if params else "()"
     key = f"({', '.join(keys)},)" if params else "()"
     source = f"def bind({', '.join(signature + ['**__fl_options'])}):\n    return {values}, {key}, __fl_options\n"
@@ -208,13 +207,14 @@ def _install_into(base: type) -> type:
         other kernels, ``torch.compile``'s handling of Triton kernels) is Triton's own.
         """
 
-        def _fast_setup(self, driver: Any = None) -> None:
-            """Per-function tables, built at the first launch (``driver``: Triton's active one)."""
+        def _fast_setup(self, driver: Any = None, host_tensors: bool = False) -> None:
+            """Per-function tables, built at the first launch (``driver``: Triton's active one;
+            ``host_tensors``: see :func:`arg_key`)."""
             params = list(self.signature.parameters.values())
             self._fast_names = tuple(p.name for p in params)
             self._fast_constexpr = tuple(bool(kp.is_constexpr) for kp in self.params)
             self._fast_runtime = tuple(i for i, c in enumerate(self._fast_constexpr) if not c)
-            self._fast_bind = _binder(params, self._fast_constexpr)
+            self._fast_bind = _binder(params, self._fast_constexpr, host_tensors)
             self._fast_entries: dict[tuple, _Recorded | None] = {}
             if driver is None:
                 from triton.runtime import driver as drivers

@@ -8,6 +8,7 @@ constexprs, options, grids and streams and compared with torch.
 
 from __future__ import annotations
 
+import functools
 import random
 
 import pytest
@@ -104,23 +105,22 @@ class _FakeTriton:
         return kernel
 
 
-def _fast_toy(all_params: bool = True):
+def _fast_toy(all_params: bool = True, host_tensors: bool = True):
+    """The toy kernel on the stand-in for Triton; CPU tensors stand in for device memory."""
     from triton.runtime.jit import JITFunction
 
     log: list = []
     function = fast_launch.fast(JITFunction(_toy))
     fake = _FakeTriton(function, all_params=all_params, log=log)
     function.run = fake.run
-    function._fast_setup(driver=fake)
+    function._fast_setup(driver=fake, host_tensors=host_tensors)
     return function, fake, log
 
 
 @pytest.fixture
-def enabled(monkeypatch):
-    """The direct path on, and CPU tensors let through it (the protocol tests' stand-ins for device memory)."""
+def enabled():
     before = fast_launch.fast_launch_enabled()
     fast_launch.set_fast_launch(True)
-    monkeypatch.setattr(fast_launch, "_host_tensors_direct", True)
     yield
     fast_launch.set_fast_launch(before)
 
@@ -135,10 +135,11 @@ def _same_argument(a, b) -> bool:
 
 def test_arg_key_separates_what_triton_specialises_on(enabled):
     base = torch.zeros(64, dtype=torch.float32)
-    assert arg_key(base) == arg_key(torch.zeros(8, dtype=torch.float32))
-    assert arg_key(base) != arg_key(base[1:])  # 4-byte aligned view
-    assert arg_key(base) != arg_key(base.to(torch.float16))
-    assert arg_key(torch.nn.Parameter(base)) == arg_key(base)
+    key = functools.partial(arg_key, host_tensors=True)  # CPU tensors stand in for device memory
+    assert key(base) == key(torch.zeros(8, dtype=torch.float32))
+    assert key(base) != key(base[1:])  # 4-byte aligned view
+    assert key(base) != key(base.to(torch.float16))
+    assert key(torch.nn.Parameter(base)) == key(base)
     ints = [1, 2, 16, 17, 2**31 - 16, 2**31, 2**63, -16, -1]
     keys = {v: arg_key(v) for v in ints}
     for a in ints:
@@ -150,6 +151,26 @@ def test_arg_key_separates_what_triton_specialises_on(enabled):
     assert arg_key(True) != arg_key(1)
     assert arg_key((1, 2)) is fast_launch._SLOW
     assert arg_key(torch.zeros(2).numpy()) is fast_launch._SLOW
+
+
+def test_generated_binder_binds_and_keys_like_arg_key(gen):
+    """The generated binder places arguments and defaults as Python does and keys them with arg_key."""
+    from triton.runtime.jit import JITFunction
+
+    function = JITFunction(_toy)
+    params = list(function.signature.parameters.values())
+    constexpr = tuple(kp.is_constexpr for kp in function.params)
+    base = torch.zeros(64)
+    samples = [base, base[1:], base.half(), torch.nn.Parameter(base), 1, 16, 17, 2**31, -16, 2**63, 0.5, None,
+               True, (1, 2)]
+    for host in (True, False):
+        bind = fast_launch._binder(params, constexpr, host)
+        for _ in range(50):
+            x, y, n, scale, bias = (samples[int(i)] for i in torch.randint(0, len(samples), (5,), generator=gen))
+            values, key, options = bind(x, y, n, scale, 32, bias=bias, num_warps=4)
+            assert values == (x, y, n, scale, 32, False, bias) and options == {"num_warps": 4}
+            want = (*(arg_key(v, host) for v in (x, y, n, scale)), 32, False, arg_key(bias, host))
+            assert key == want
 
 
 @pytest.mark.parametrize("all_params", [True, False], ids=["constexprs passed", "runtime args only"])
@@ -193,10 +214,10 @@ def test_direct_launches_equal_tritons_over_a_random_sequence(enabled, all_param
     assert set(fast_triton.kernels) == set(slow_triton.kernels)
 
 
-def test_host_tensors_always_take_tritons_path(enabled, monkeypatch):
-    monkeypatch.setattr(fast_launch, "_host_tensors_direct", False)
+def test_host_tensors_always_take_tritons_path(enabled):
     assert arg_key(torch.zeros(4)) is fast_launch._SLOW
-    function, fake, log = _fast_toy()
+    assert arg_key(torch.nn.Parameter(torch.zeros(4))) is fast_launch._SLOW
+    function, fake, log = _fast_toy(host_tensors=False)
     x = torch.zeros(32)
     for _ in range(3):
         function[(1,)](x, x, 16, 1.0, BLOCK=32)
