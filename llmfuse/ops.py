@@ -125,6 +125,11 @@ class DecodePlan:
     # Looped path: one launch of one-tile programs ordered by dependency instead of the
     # persistent kernel with grid barriers (kernels/looped.py).
     dataflow: bool = False
+    # Per-layer path, batch-1 row tiles with W_o unsplit: W_down's K parts add their sums into ``fix``
+    # (int64 multiples of 2^-32: exact, order-free) and end, with no count and no merge; the next
+    # layer's Q/K/V tiles read x + fix and its W_o adds fix into x and zeroes it; the last layer's
+    # W_down merges as before (kernels/residual_proj.py).
+    defer_down: bool = False
 
     @property
     def row_sums(self) -> bool:
@@ -331,6 +336,10 @@ def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, 
     # 0.383, LM head 0.131 against 0.151; Q/K/V in 8 K parts 0.211 against 0.191, but the step with
     # 4 parts 1.135 against 1.186 with one load); 64-row tiles (batch 64) once (2.009 against 2.170
     # ms per step).
+    # Session 7 (H200 plan_sweep, call 2): W_down's K parts add into the deferred sums and end, without
+    # a count or a merge (defer_down), where W_down's tiles fit one wave at 8 programs per SM: then the
+    # last part's merge is the launch's tail.  Llama-3.2-1B (1024 tiles): 0.7715 / 0.7711 ms against
+    # 0.7778 / 0.7800; Llama-3.1-8B (2048 tiles, two waves) 4.171 / 4.171 against 4.137 / 4.136.
     tiles = plan.tiles(cfg)
     one_row = compiled and batch == 1
     wide_qkv = one_row and tiles["qkv"] + tiles["attention"] <= 2 * sms
@@ -343,7 +352,7 @@ def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, 
                          "block_k_qkv": 512 if wide_qkv else 0, "block_k_o": 1024 if wide_o else 0,
                          "block_k_gate_up": 128 if one_row else 0,
                          "pdl": one_row, "attn_prefetch": one_row, "pdl_weights": int(one_row),
-                         "pdl_weights_o": 2 * one_row,
+                         "pdl_weights_o": 2 * one_row, "defer_down": one_row and tiles["down"] * split_k <= 8 * sms,
                          "square_sum_load": int(plan.block_b == 16),
                          "square_sum_load_qkv": int(plan.block_b == 16)})
     for option in ("acquire_loads", "pdl", "poll_sleep_ns", "wait_prefetch", "attn_prefetch", "pdl_weights",
@@ -387,6 +396,11 @@ def _tuned(plan: DecodePlan, tuning: dict[str, int]) -> DecodePlan:
     for name in ("split_k", "o_split", "qkv_split", "mlp_split"):
         if getattr(plan, name) < 1:
             raise ValueError(f"{name} must be >= 1, got {getattr(plan, name)}")
+    if plan.defer_down and not (plan.block_b == 1 and plan.row_prefetch and plan.o_split == 1):
+        if tuning.get("defer_down"):
+            raise ValueError(f"defer_down needs batch-1 row tiles (block_b 1, row_prefetch) and W_o unsplit "
+                             f"(o_split 1): {plan}")
+        plan = replace(plan, defer_down=False)  # the default, where the other tuning fields leave no room for it
     return plan
 
 
@@ -411,6 +425,7 @@ class DecodeBuffers:
     """Static per-step state (see the module docstring); float32 except ``h`` (weight dtype)."""
 
     x: torch.Tensor  # [B, H] residual stream
+    fix: torch.Tensor  # [B, H] int64: deferred down-projection sums in units of 2^-32 (plan.defer_down), else 0
     q: torch.Tensor  # [B, Hq, D] rotated queries
     part: torch.Tensor  # [B, Hq, n_splits, D] normalized attention partials
     lse: torch.Tensor  # [B, Hq, n_splits] their logsumexp
@@ -442,6 +457,7 @@ class DecodeBuffers:
         vt = tiles["lm_head"]
         return cls(
             x=torch.zeros(B, cfg.hidden_size, dtype=f32, device=device),
+            fix=torch.zeros(B, cfg.hidden_size, dtype=torch.int64, device=device),
             q=torch.zeros(B, hq, d, dtype=f32, device=device),
             part=torch.zeros(B, hq, plan.n_splits, d, dtype=f32, device=device),
             lse=torch.zeros(B, hq, plan.n_splits, dtype=f32, device=device),
@@ -478,12 +494,12 @@ def check_step_inputs(w: LlamaWeights, cache: KVCache, buf: DecodeBuffers, plan:
 
 
 def embed(w: LlamaWeights, tokens: torch.Tensor, buf: DecodeBuffers, pdl: bool = False) -> None:
-    """x ← embedding rows of ``tokens`` [B] (float32), and the step's dependency counts
-    (``buf.counter``) zeroed, in one launch (kernels/embed.py); ``pdl``: the next launch may start
+    """x ← embedding rows of ``tokens`` [B] (float32), the deferred sums ``buf.fix`` and the step's
+    dependency counts (``buf.counter``) zeroed, in one launch (kernels/embed.py); ``pdl``: the next launch may start
     before this one ends (it must wait for it: a per-layer launch with programmatic dependent launch)."""
     H = w.embed.shape[1]
     embed_kernel[(tokens.shape[0],)](
-        tokens, w.embed, buf.x, buf.counter, H, buf.counter.numel(),
+        tokens, w.embed, buf.x, buf.fix, buf.counter, H, buf.counter.numel(),
         BLOCK_H=min(4096, next_power_of_2(H)), BLOCK_C=next_power_of_2(buf.counter.numel()), USE_PDL=pdl,
     )
 
@@ -492,13 +508,13 @@ def qkv_rope(w: LlamaWeights, cfg: LlamaConfig, layer: int, cache: KVCache, buf:
              inv_freq: torch.Tensor) -> None:
     grid = (plan.tiles(cfg)["qkv"],)
     qkv_rope_kernel[grid](
-        layer, buf.x, w.attn_norm, w.wqkv, w.bqkv if w.bqkv is not None else w.wqkv, inv_freq, buf.kv_start,
+        layer, buf.x, buf.fix, w.attn_norm, w.wqkv, w.bqkv if w.bqkv is not None else w.wqkv, inv_freq, buf.kv_start,
         buf.slot, buf.q, cache.k, cache.v, buf.pair_part, buf.pair_sq, buf.pair_sem,
         plan.batch, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
         plan.max_slots, cfg.rms_norm_eps,
         HAS_BIAS=w.bqkv is not None, BLOCK_B=plan.block_b, BLOCK_P=plan.block_p, BLOCK_K=plan.k_chunk("qkv"),
         DOT_PREC=plan.dot_prec, ROW_PREFETCH=plan.row_tiles("qkv"), QKV_SPLIT=plan.qkv_split,
-        SQ_LOAD=plan.square_sum_load_qkv,
+        SQ_LOAD=plan.square_sum_load_qkv, X_FIX=plan.defer_down,
         **plan.layer_launch_options("qkv"),
     )
 
@@ -522,7 +538,7 @@ def qkv_attention(w: LlamaWeights, cfg: LlamaConfig, layer: int, cache: KVCache,
     ``buf.counter[1:]`` accumulate over the layers of a step: zero them before layer 0."""
     tiles = plan.tiles(cfg)
     qkv_attention_kernel[(tiles["qkv"] + tiles["attention"],)](
-        layer, buf.x, w.attn_norm, w.wqkv, w.bqkv if w.bqkv is not None else w.wqkv, inv_freq, buf.kv_start,
+        layer, buf.x, buf.fix, w.attn_norm, w.wqkv, w.bqkv if w.bqkv is not None else w.wqkv, inv_freq, buf.kv_start,
         buf.slot, buf.q, cache.k, cache.v, buf.pair_part, buf.pair_sq, buf.pair_sem,
         buf.part, buf.lse, buf.attn, buf.sem, buf.counter[1:], buf.timeout,
         plan.batch, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
@@ -534,18 +550,19 @@ def qkv_attention(w: LlamaWeights, cfg: LlamaConfig, layer: int, cache: KVCache,
         DOT_PREC=plan.dot_prec, ROW_PREFETCH=plan.row_tiles("qkv"), QKV_SPLIT=plan.qkv_split,
         SQ_LOAD=plan.square_sum_load_qkv,
         ACQUIRE_LOADS=plan.acquire_loads,
-        ATTN_PREFETCH_LINES=plan.attention_prefetch_lines(cfg, cache.k.element_size()),
+        ATTN_PREFETCH_LINES=plan.attention_prefetch_lines(cfg, cache.k.element_size()), X_FIX=plan.defer_down,
         **plan.layer_launch_options("qkv_attention"),
     )
 
 
 def o_proj(w: LlamaWeights, cfg: LlamaConfig, layer: int, buf: DecodeBuffers, plan: DecodePlan) -> None:
-    """x += attn W_oᵀ (instruction 3)."""
+    """x += attn W_oᵀ (instruction 3); with ``plan.defer_down`` also x += the deferred sums, which are zeroed."""
     residual_proj_kernel[(plan.tiles(cfg)["o_proj"],)](
-        layer, buf.attn, w.wo, buf.x, buf.proj_part, buf.proj_sem, plan.batch, cfg.hidden_size,
+        layer, buf.attn, w.wo, buf.x, buf.fix, buf.proj_part, buf.proj_sem, plan.batch, cfg.hidden_size,
         cfg.num_attention_heads * cfg.head_dim,
         plan.o_split, BLOCK_B=plan.block_b, BLOCK_N=plan.block_n, BLOCK_K=plan.k_chunk("o_proj"),
-        DOT_PREC=plan.dot_prec, ROW_PREFETCH=plan.row_tiles("o_proj"), **plan.layer_launch_options("o_proj"),
+        DOT_PREC=plan.dot_prec, ROW_PREFETCH=plan.row_tiles("o_proj"), X_FIX=2 * plan.defer_down,
+        **plan.layer_launch_options("o_proj"),
     )
 
 
@@ -562,12 +579,13 @@ def gate_up(w: LlamaWeights, cfg: LlamaConfig, layer: int, buf: DecodeBuffers, p
 
 
 def down_proj(w: LlamaWeights, cfg: LlamaConfig, layer: int, buf: DecodeBuffers, plan: DecodePlan) -> None:
-    """x += h W_downᵀ (instruction 5)."""
+    """x += h W_downᵀ (instruction 5); with ``plan.defer_down`` (bar the last layer) into the deferred sums."""
     residual_proj_kernel[(plan.tiles(cfg)["down"],)](
-        layer, buf.h, w.w_down, buf.x, buf.proj_part, buf.proj_sem, plan.batch, cfg.hidden_size,
+        layer, buf.h, w.w_down, buf.x, buf.fix, buf.proj_part, buf.proj_sem, plan.batch, cfg.hidden_size,
         cfg.intermediate_size, plan.split_k,
         BLOCK_B=plan.block_b, BLOCK_N=plan.block_n, BLOCK_K=plan.k_chunk("down"),
-        DOT_PREC=plan.dot_prec, ROW_PREFETCH=plan.row_tiles("down"), **plan.layer_launch_options("down"),
+        DOT_PREC=plan.dot_prec, ROW_PREFETCH=plan.row_tiles("down"),
+        X_FIX=int(plan.defer_down and layer < cfg.num_hidden_layers - 1), **plan.layer_launch_options("down"),
     )
 
 

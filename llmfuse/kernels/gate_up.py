@@ -47,9 +47,9 @@ def gate_up_tile(
     block = tile // MLP_SPLIT
     n, nmask, w_layer = gate_up_span(tile, layer, w_ptr, H, I, BLOCK_N, MLP_SPLIT)
     g_layer = norm_ptr + (tl.full([], 0, tl.int64) + layer) * H
-    last, gate, up = rows_dot_pair_split(x_ptr, B, H, eps, g_layer, w_layer, n, n + I, nmask, tile % MLP_SPLIT,
-                                         2 * I, block, part_ptr, sq_ptr, sem_ptr, MLP_SPLIT, BLOCK_B, BLOCK_N,
-                                         BLOCK_K, DOT_PREC, ROW_PREFETCH, SQ_LOAD)
+    last, gate, up = rows_dot_pair_split(x_ptr, x_ptr, B, H, eps, g_layer, w_layer, n, n + I, nmask,
+                                         tile % MLP_SPLIT, 2 * I, block, part_ptr, sq_ptr, sem_ptr, MLP_SPLIT, BLOCK_B,
+                                         BLOCK_N, BLOCK_K, DOT_PREC, ROW_PREFETCH, SQ_LOAD, False)
     if last:
         h = gate / (1.0 + tl.exp(-gate)) * up
         b = tl.arange(0, BLOCK_B)

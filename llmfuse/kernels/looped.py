@@ -147,10 +147,10 @@ def looped_decode_kernel(
             if stage < stop_stage:
                 qkv_prefetch(tile, layer, wqkv_ptr, H, HQ, HKV, D, BLOCK_P, BLOCK_K, QKV_SPLIT, WAIT_PREFETCH)
                 wait_for(done + 3, layer * down_tiles, max_polls, timeout_ptr, ACQUIRE_LOADS, POLL_SLEEP)
-                qkv_rope_tile(tile, layer, x_ptr, attn_norm_ptr, wqkv_ptr, bqkv_ptr, inv_freq_ptr, kv_start_ptr,
+                qkv_rope_tile(tile, layer, x_ptr, x_ptr, attn_norm_ptr, wqkv_ptr, bqkv_ptr, inv_freq_ptr, kv_start_ptr,
                               slot_ptr, q_ptr, k_cache_ptr, v_cache_ptr, pair_part_ptr, pair_sq_ptr, pair_sem_ptr,
                               B, H, HQ, HKV, D, S, eps, HAS_BIAS, BLOCK_B, BLOCK_P, BLOCK_K, DOT_PREC, ROW_PREFETCH,
-                              QKV_SPLIT, SQ_LOAD_QKV)
+                              QKV_SPLIT, SQ_LOAD_QKV, False)
                 signal_qkv_group(tile, group_count, HQ, HKV, D, BLOCK_P, QKV_SPLIT)
         elif tile < qkv_tiles + attn_tiles:
             if stage + 1 < stop_stage:
@@ -169,9 +169,9 @@ def looped_decode_kernel(
                 residual_proj_prefetch(tile - qkv_tiles - attn_tiles, layer, wo_ptr, H, attn_width, o_split, BLOCK_N,
                                        BLOCK_K, WAIT_PREFETCH)
                 wait_for(done, (layer + 1) * attn_tiles, max_polls, timeout_ptr, ACQUIRE_LOADS, POLL_SLEEP)
-                residual_proj_tile(tile - qkv_tiles - attn_tiles, layer, attn_ptr, wo_ptr, x_ptr, proj_part_ptr,
+                residual_proj_tile(tile - qkv_tiles - attn_tiles, layer, attn_ptr, wo_ptr, x_ptr, x_ptr, proj_part_ptr,
                                    proj_sem_ptr, B, H, attn_width, o_split, BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC,
-                                   ROW_PREFETCH)
+                                   ROW_PREFETCH, 0)
                 signal(done + 1)
         elif tile < qkv_tiles + attn_tiles + o_tiles + mlp_tiles:
             if stage + 3 < stop_stage:
@@ -189,8 +189,8 @@ def looped_decode_kernel(
                                        split_k, BLOCK_N, BLOCK_K, WAIT_PREFETCH)
                 wait_for(done + 2, (layer + 1) * mlp_tiles, max_polls, timeout_ptr, ACQUIRE_LOADS, POLL_SLEEP)
                 residual_proj_tile(tile - qkv_tiles - attn_tiles - o_tiles - mlp_tiles, layer, h_ptr, w_down_ptr, x_ptr,
-                                   proj_part_ptr, proj_sem_ptr, B, H, I, split_k, BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC,
-                                   ROW_PREFETCH)
+                                   x_ptr, proj_part_ptr, proj_sem_ptr, B, H, I, split_k, BLOCK_B, BLOCK_N, BLOCK_K,
+                                   DOT_PREC, ROW_PREFETCH, 0)
                 signal(done + 3)
     else:
         nprog = tl.num_programs(0)
@@ -200,10 +200,10 @@ def looped_decode_kernel(
             layer64 = tl.full([], 0, tl.int64) + layer
             if stage < stop_stage:
                 for tile in range(pid, qkv_tiles, nprog):
-                    qkv_rope_tile(tile, layer, x_ptr, attn_norm_ptr, wqkv_ptr, bqkv_ptr, inv_freq_ptr, kv_start_ptr,
-                                  slot_ptr, q_ptr, k_cache_ptr, v_cache_ptr, pair_part_ptr, pair_sq_ptr, pair_sem_ptr,
-                                  B, H, HQ, HKV, D, S, eps, HAS_BIAS, BLOCK_B, BLOCK_P, BLOCK_K, DOT_PREC, ROW_PREFETCH,
-                                  QKV_SPLIT, SQ_LOAD_QKV)
+                    qkv_rope_tile(tile, layer, x_ptr, x_ptr, attn_norm_ptr, wqkv_ptr, bqkv_ptr, inv_freq_ptr,
+                                  kv_start_ptr, slot_ptr, q_ptr, k_cache_ptr, v_cache_ptr, pair_part_ptr, pair_sq_ptr,
+                                  pair_sem_ptr, B, H, HQ, HKV, D, S, eps, HAS_BIAS, BLOCK_B, BLOCK_P, BLOCK_K, DOT_PREC,
+                                  ROW_PREFETCH, QKV_SPLIT, SQ_LOAD_QKV, False)
                     # no grid barrier after this stage: each tile signals its KV head's group
                     signal_qkv_group(tile, counter_ptr + 1, HQ, HKV, D, BLOCK_P, QKV_SPLIT)
             if stage + 1 < stop_stage:
@@ -218,8 +218,8 @@ def looped_decode_kernel(
                                 max_polls, timeout_ptr, PREFETCH, PREFETCH_BLOCK, ACQUIRE_LOADS, POLL_SLEEP)
             if stage + 2 < stop_stage:
                 for tile in range(pid, o_tiles, nprog):
-                    residual_proj_tile(tile, layer, attn_ptr, wo_ptr, x_ptr, proj_part_ptr, proj_sem_ptr, B, H,
-                                       attn_width, o_split, BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC, ROW_PREFETCH)
+                    residual_proj_tile(tile, layer, attn_ptr, wo_ptr, x_ptr, x_ptr, proj_part_ptr, proj_sem_ptr, B, H,
+                                       attn_width, o_split, BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC, ROW_PREFETCH, 0)
                 sink = _barrier(counter_ptr, layer * 4 + 1, pid, nprog, sink, w_gate_up_ptr + layer64 * gate_up_size,
                                 gate_up_size, 0, max_polls, timeout_ptr, PREFETCH, PREFETCH_BLOCK,
                                 ACQUIRE_LOADS, POLL_SLEEP)
@@ -233,8 +233,8 @@ def looped_decode_kernel(
                                 ACQUIRE_LOADS, POLL_SLEEP)
             if stage + 4 < stop_stage:
                 for tile in range(pid, down_tiles, nprog):
-                    residual_proj_tile(tile, layer, h_ptr, w_down_ptr, x_ptr, proj_part_ptr, proj_sem_ptr, B, H, I,
-                                       split_k, BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC, ROW_PREFETCH)
+                    residual_proj_tile(tile, layer, h_ptr, w_down_ptr, x_ptr, x_ptr, proj_part_ptr, proj_sem_ptr, B, H,
+                                       I, split_k, BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC, ROW_PREFETCH, 0)
                 if layer + 1 < L:
                     sink = _barrier(counter_ptr, layer * 4 + 3, pid, nprog, sink, wqkv_ptr + (layer64 + 1) * qkv_size,
                                     qkv_size, 0, max_polls, timeout_ptr, PREFETCH, PREFETCH_BLOCK,

@@ -39,6 +39,23 @@ from fusecore.backend import jit
 from fusecore.launch_order import after_previous_kernel
 
 SMALL_BATCH = tl.constexpr(8)  # batches up to this use row sums (CUDA cores), larger ones tl.dot
+# Deferred down-projection sums (``plan.defer_down``): W_down's K parts add their float32 partial sums
+# into an int64 array in units of 2^-32 (an integer sum: exact, so the same in any order), which the
+# next readers of x add.  A float32 v with 2^-8 <= |v| < 2^31 is a multiple of 2^-32: converted exactly.
+FIXED_POINT = tl.constexpr(4294967296.0)
+FIXED_UNIT = tl.constexpr(1.0 / 4294967296.0)
+
+
+@jit
+def to_fixed(v):
+    """float32 ``v`` as int64 multiples of 2^-32 (nearest; |v| < 2^31)."""
+    return tl.floor(v * FIXED_POINT + 0.5).to(tl.int64)
+
+
+@jit
+def from_fixed(a):
+    """int64 multiples of 2^-32 as float32 (one rounding)."""
+    return a.to(tl.float32) * FIXED_UNIT
 
 
 @jit
@@ -151,10 +168,14 @@ def _one_row_weights(g_ptr, w_a, w_b, row_mask, k0, k_stop, HAS_NORM: tl.constex
 
 
 @jit
-def _one_row_x(x_ptr, k0, k_stop, BLOCK_K: tl.constexpr):
-    """Chunk [k0, k0 + BLOCK_K) ∩ [.., k_stop) of one x row as float32 (written by the previous instruction)."""
+def _one_row_x(x_ptr, fix_ptr, k0, k_stop, X_FIX: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Chunk [k0, k0 + BLOCK_K) ∩ [.., k_stop) of one x row as float32 (written by the previous instruction);
+    with ``X_FIX`` plus the deferred down-projection sums at ``fix_ptr`` (:func:`from_fixed`)."""
     k = k0 + tl.arange(0, BLOCK_K)
-    return tl.load(x_ptr + k, mask=k < k_stop, other=0.0, cache_modifier=".cg").to(tl.float32)
+    xv = tl.load(x_ptr + k, mask=k < k_stop, other=0.0, cache_modifier=".cg").to(tl.float32)
+    if X_FIX:
+        xv += from_fixed(tl.load(fix_ptr + k, mask=k < k_stop, other=0, cache_modifier=".cg"))
+    return xv
 
 
 @jit
@@ -169,8 +190,8 @@ def _one_row_fma(acc_a, acc_b, sumsq, wa, wb, xv, g, PAIR: tl.constexpr):
 
 
 @jit
-def _one_row(x_ptr, g_ptr, w_a, w_b, row_mask, k_start, k_stop, HAS_NORM: tl.constexpr, PAIR: tl.constexpr,
-             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROW_PREFETCH: tl.constexpr):
+def _one_row(x_ptr, fix_ptr, g_ptr, w_a, w_b, row_mask, k_start, k_stop, HAS_NORM: tl.constexpr, PAIR: tl.constexpr,
+             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROW_PREFETCH: tl.constexpr, X_FIX: tl.constexpr):
     """Batch 1, pipelined: (Σ_k x g W[rows_a], Σ_k x g W[rows_b], Σ_k x²) over [k_start, k_stop).
 
     The next chunk's loads are issued before the current chunk is used, so a program always
@@ -182,7 +203,8 @@ def _one_row(x_ptr, g_ptr, w_a, w_b, row_mask, k_start, k_stop, HAS_NORM: tl.con
     (fusecore/launch_order.py) is made here, after the weight loads of the first 1 or 2 chunks
     are issued and before any x load: weights and norm weights are never written during a step,
     so their round trip overlaps the previous kernel's tail instead of following it (compiled
-    only).  With 3 the loop keeps two chunks in flight, not one (registers for a third chunk)."""
+    only).  With 3 the loop keeps two chunks in flight, not one (registers for a third chunk).
+    ``X_FIX``: x is the stored x plus the deferred sums at ``fix_ptr`` (:func:`_one_row_x`)."""
     acc_a = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     acc_b = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     sumsq = tl.zeros([BLOCK_K], dtype=tl.float32)
@@ -191,22 +213,22 @@ def _one_row(x_ptr, g_ptr, w_a, w_b, row_mask, k_start, k_stop, HAS_NORM: tl.con
         wa_1, wb_1, g_1 = _one_row_weights(g_ptr, w_a, w_b, row_mask, k_start + BLOCK_K, k_stop, HAS_NORM, PAIR,
                                            BLOCK_K)
         after_previous_kernel(True)
-        xv = _one_row_x(x_ptr, k_start, k_stop, BLOCK_K)
-        xv_1 = _one_row_x(x_ptr, k_start + BLOCK_K, k_stop, BLOCK_K)
+        xv = _one_row_x(x_ptr, fix_ptr, k_start, k_stop, X_FIX, BLOCK_K)
+        xv_1 = _one_row_x(x_ptr, fix_ptr, k_start + BLOCK_K, k_stop, X_FIX, BLOCK_K)
         for k0 in range(k_start, k_stop, BLOCK_K):
             wa_2, wb_2, g_2 = _one_row_weights(g_ptr, w_a, w_b, row_mask, k0 + 2 * BLOCK_K, k_stop, HAS_NORM, PAIR,
                                                BLOCK_K)
-            xv_2 = _one_row_x(x_ptr, k0 + 2 * BLOCK_K, k_stop, BLOCK_K)
+            xv_2 = _one_row_x(x_ptr, fix_ptr, k0 + 2 * BLOCK_K, k_stop, X_FIX, BLOCK_K)
             acc_a, acc_b, sumsq = _one_row_fma(acc_a, acc_b, sumsq, wa, wb, xv, g, PAIR)
             wa, wb, xv, g = wa_1, wb_1, xv_1, g_1
             wa_1, wb_1, xv_1, g_1 = wa_2, wb_2, xv_2, g_2
     else:
         after_previous_kernel(ROW_PREFETCH == 2)
-        xv = _one_row_x(x_ptr, k_start, k_stop, BLOCK_K)
+        xv = _one_row_x(x_ptr, fix_ptr, k_start, k_stop, X_FIX, BLOCK_K)
         for k0 in range(k_start, k_stop, BLOCK_K):
             wa_next, wb_next, g_next = _one_row_weights(g_ptr, w_a, w_b, row_mask, k0 + BLOCK_K, k_stop, HAS_NORM,
                                                         PAIR, BLOCK_K)
-            xv_next = _one_row_x(x_ptr, k0 + BLOCK_K, k_stop, BLOCK_K)
+            xv_next = _one_row_x(x_ptr, fix_ptr, k0 + BLOCK_K, k_stop, X_FIX, BLOCK_K)
             acc_a, acc_b, sumsq = _one_row_fma(acc_a, acc_b, sumsq, wa, wb, xv, g, PAIR)
             wa, wb, xv, g = wa_next, wb_next, xv_next, g_next
     sumsq_row = tl.zeros([1], dtype=tl.float32) + tl.sum(sumsq, axis=0)
@@ -226,8 +248,8 @@ def rows_dot(
     w_rows = w_ptr + rows.to(tl.int64)[:, None] * K
     tl.static_assert((ROW_PREFETCH < 2) or (BLOCK_B == 1), "ROW_PREFETCH >= 2 (the tile's own PDL wait): batch 1 only")
     if (BLOCK_B == 1) and ROW_PREFETCH:
-        acc, unused, sumsq = _one_row(x_ptr, g_ptr, w_rows, w_rows, row_mask, k_start, k_stop, HAS_NORM, False,
-                                      BLOCK_N, BLOCK_K, ROW_PREFETCH)
+        acc, unused, sumsq = _one_row(x_ptr, x_ptr, g_ptr, w_rows, w_rows, row_mask, k_start, k_stop, HAS_NORM,
+                                      False, BLOCK_N, BLOCK_K, ROW_PREFETCH, False)
     else:
         g = _norm_chunk(g_ptr, k_start, k_stop, HAS_NORM, BLOCK_K)
         xs = _square_chunk(x_ptr, B, K, k_start, k_stop, SQ_LOAD, BLOCK_B, BLOCK_K)
@@ -261,12 +283,14 @@ def rms_scale(sumsq, K, eps):
 
 @jit
 def rows_dot_pair_sums(
-    x_ptr, B, K, g_ptr, w_ptr, rows_a, rows_b, row_mask, k_start, k_stop,
+    x_ptr, fix_ptr, B, K, g_ptr, w_ptr, rows_a, rows_b, row_mask, k_start, k_stop,
     HAS_NORM: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    DOT_PREC: tl.constexpr, ROW_PREFETCH: tl.constexpr, SQ_LOAD: tl.constexpr,
+    DOT_PREC: tl.constexpr, ROW_PREFETCH: tl.constexpr, SQ_LOAD: tl.constexpr, X_FIX: tl.constexpr,
 ):
     """(Σ x g W[rows_a]ᵀ, Σ x g W[rows_b]ᵀ, Σ x²) over columns [k_start, k_stop), not yet scaled by the
-    RMS: [BLOCK_B, BLOCK_N], [BLOCK_B, BLOCK_N] and [BLOCK_B] float32, in one pass over x."""
+    RMS: [BLOCK_B, BLOCK_N], [BLOCK_B, BLOCK_N] and [BLOCK_B] float32, in one pass over x (with
+    ``X_FIX``, batch-1 row tiles only: x plus the deferred sums at ``fix_ptr``)."""
+    tl.static_assert((not X_FIX) or ((BLOCK_B == 1) and (ROW_PREFETCH > 0)), "X_FIX: batch-1 row tiles only")
     acc_a = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)
     acc_b = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)
     sumsq = tl.zeros([BLOCK_B], dtype=tl.float32)
@@ -274,8 +298,8 @@ def rows_dot_pair_sums(
     w_b = w_ptr + rows_b.to(tl.int64)[:, None] * K
     tl.static_assert((ROW_PREFETCH < 2) or (BLOCK_B == 1), "ROW_PREFETCH >= 2 (the tile's own PDL wait): batch 1 only")
     if (BLOCK_B == 1) and ROW_PREFETCH:
-        acc_a, acc_b, sumsq = _one_row(x_ptr, g_ptr, w_a, w_b, row_mask, k_start, k_stop, HAS_NORM, True, BLOCK_N,
-                                       BLOCK_K, ROW_PREFETCH)
+        acc_a, acc_b, sumsq = _one_row(x_ptr, fix_ptr, g_ptr, w_a, w_b, row_mask, k_start, k_stop, HAS_NORM, True,
+                                       BLOCK_N, BLOCK_K, ROW_PREFETCH, X_FIX)
     else:
         g = _norm_chunk(g_ptr, k_start, k_stop, HAS_NORM, BLOCK_K)
         xs = _square_chunk(x_ptr, B, K, k_start, k_stop, SQ_LOAD, BLOCK_B, BLOCK_K)
@@ -311,9 +335,9 @@ def k_range(k_part, K, parts, BLOCK_K: tl.constexpr):
 
 @jit
 def rows_dot_pair_split(
-    x_ptr, B, K, eps, g_ptr, w_ptr, rows_a, rows_b, row_mask, k_part, n_rows, block, part_ptr, sq_ptr, sem_ptr,
-    SPLIT: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    DOT_PREC: tl.constexpr, ROW_PREFETCH: tl.constexpr, SQ_LOAD: tl.constexpr,
+    x_ptr, fix_ptr, B, K, eps, g_ptr, w_ptr, rows_a, rows_b, row_mask, k_part, n_rows, block, part_ptr, sq_ptr,
+    sem_ptr, SPLIT: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    DOT_PREC: tl.constexpr, ROW_PREFETCH: tl.constexpr, SQ_LOAD: tl.constexpr, X_FIX: tl.constexpr,
 ):
     """:func:`rows_dot_pair` computed by ``SPLIT`` programs, each over K part ``k_part`` of row block ``block``.
 
@@ -322,10 +346,12 @@ def rows_dot_pair_split(
     into ``part_ptr`` ([SPLIT, B, n_rows] float32, at ``rows_a`` / ``rows_b``) and ``Σ x²`` into
     ``sq_ptr`` ([blocks · SPLIT, B]); the last part of the block to finish (a count at
     ``sem_ptr[block]`` with acquire-release order, reset by that program) adds the parts in
-    their fixed order — deterministic, and no program waits — and scales by the RMS."""
+    their fixed order — deterministic, and no program waits — and scales by the RMS.  ``X_FIX``: see
+    :func:`rows_dot_pair_sums`."""
     k_start, k_stop = k_range(k_part, K, SPLIT, BLOCK_K)
-    acc_a, acc_b, sumsq = rows_dot_pair_sums(x_ptr, B, K, g_ptr, w_ptr, rows_a, rows_b, row_mask, k_start, k_stop,
-                                             True, BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC, ROW_PREFETCH, SQ_LOAD)
+    acc_a, acc_b, sumsq = rows_dot_pair_sums(x_ptr, fix_ptr, B, K, g_ptr, w_ptr, rows_a, rows_b, row_mask, k_start,
+                                             k_stop, True, BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC, ROW_PREFETCH, SQ_LOAD,
+                                             X_FIX)
     last = True
     if SPLIT > 1:
         b = tl.arange(0, BLOCK_B)

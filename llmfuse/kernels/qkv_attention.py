@@ -51,7 +51,7 @@ def wait_qkv_group(attn_tile, layer, count_ptr, HQ, HKV, D, n_splits, max_polls,
 # Sizes that change from call to call are not specialized: one compile serves them all.
 @jit(do_not_specialize=["layer", "S", "n_splits", "split_len", "max_polls"])
 def qkv_attention_kernel(
-    layer, x_ptr, norm_ptr, w_ptr, bias_ptr, inv_freq_ptr, kv_start_ptr, slot_ptr,
+    layer, x_ptr, fix_ptr, norm_ptr, w_ptr, bias_ptr, inv_freq_ptr, kv_start_ptr, slot_ptr,
     q_ptr, k_cache_ptr, v_cache_ptr, pair_part_ptr, pair_sq_ptr, pair_sem_ptr,
     part_ptr, lse_ptr, attn_ptr, sem_ptr, count_ptr, timeout_ptr,
     B, H, HQ, HKV, D, S, eps, n_splits, split_len, sm_scale, max_polls,
@@ -59,7 +59,7 @@ def qkv_attention_kernel(
     BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     MERGE_SPLITS: tl.constexpr, DOT_PREC: tl.constexpr, ROW_PREFETCH: tl.constexpr, QKV_SPLIT: tl.constexpr,
     SQ_LOAD: tl.constexpr, ACQUIRE_LOADS: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr,
-    ATTN_PREFETCH_LINES: tl.constexpr,
+    ATTN_PREFETCH_LINES: tl.constexpr, X_FIX: tl.constexpr,
 ):
     pid = tl.program_id(0)
     qkv_tiles = (HQ + 2 * HKV) * tl.cdiv(D // 2, BLOCK_P) * QKV_SPLIT
@@ -69,10 +69,10 @@ def qkv_attention_kernel(
             qkv_prefetch(pid, layer, w_ptr, H, HQ, HKV, D, BLOCK_P, BLOCK_K, QKV_SPLIT, PREFETCH_LINES)
         if ROW_PREFETCH < 2:  # 2, 3: the tile waits itself, after its first weight loads (matvec._one_row)
             after_previous_kernel(USE_PDL)
-        qkv_rope_tile(pid, layer, x_ptr, norm_ptr, w_ptr, bias_ptr, inv_freq_ptr, kv_start_ptr, slot_ptr,
+        qkv_rope_tile(pid, layer, x_ptr, fix_ptr, norm_ptr, w_ptr, bias_ptr, inv_freq_ptr, kv_start_ptr, slot_ptr,
                       q_ptr, k_cache_ptr, v_cache_ptr, pair_part_ptr, pair_sq_ptr, pair_sem_ptr,
                       B, H, HQ, HKV, D, S, eps, HAS_BIAS, BLOCK_B, BLOCK_P, BLOCK_K, DOT_PREC, ROW_PREFETCH,
-                      QKV_SPLIT, SQ_LOAD)
+                      QKV_SPLIT, SQ_LOAD, X_FIX)
         signal_qkv_group(pid, count_ptr, HQ, HKV, D, BLOCK_P, QKV_SPLIT)
     else:
         # the span (from the slot, set before the step) read before the waits, so no slot load is left

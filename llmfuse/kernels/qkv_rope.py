@@ -54,12 +54,15 @@ def qkv_prefetch(tile, layer, w_ptr, H, HQ, HKV, D, BLOCK_P: tl.constexpr, BLOCK
 
 @jit
 def qkv_rope_tile(
-    tile, layer, x_ptr, norm_ptr, w_ptr, bias_ptr, inv_freq_ptr, kv_start_ptr, slot_ptr,
+    tile, layer, x_ptr, fix_ptr, norm_ptr, w_ptr, bias_ptr, inv_freq_ptr, kv_start_ptr, slot_ptr,
     q_ptr, k_cache_ptr, v_cache_ptr, part_ptr, sq_ptr, sem_ptr,
     B, H, HQ, HKV, D, S, eps,
     HAS_BIAS: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_PREC: tl.constexpr, ROW_PREFETCH: tl.constexpr, QKV_SPLIT: tl.constexpr, SQ_LOAD: tl.constexpr,
+    X_FIX: tl.constexpr,
 ):
+    """One Q/K/V tile (module docstring); ``X_FIX``: x is the stored x plus the deferred down-projection
+    sums at ``fix_ptr`` (kernels/matvec.py ``from_fixed``)."""
     pair_block = tile // QKV_SPLIT
     head, j, jmask, rows_lo, rows_hi, w_layer = qkv_span(tile, layer, w_ptr, H, HQ, HKV, D, BLOCK_P, QKV_SPLIT)
     layer64 = tl.full([], 0, tl.int64) + layer
@@ -70,9 +73,9 @@ def qkv_rope_tile(
     b = tl.arange(0, BLOCK_B)
     pos = (slot - tl.load(kv_start_ptr + b, mask=b < B, other=0)).to(tl.float32)
     freq = tl.load(inv_freq_ptr + j, mask=jmask, other=0.0)
-    last, lo, hi = rows_dot_pair_split(x_ptr, B, H, eps, g_layer, w_layer, rows_lo, rows_hi, jmask, tile % QKV_SPLIT,
-                                       (HQ + 2 * HKV) * D, pair_block, part_ptr, sq_ptr, sem_ptr, QKV_SPLIT, BLOCK_B,
-                                       BLOCK_P, BLOCK_K, DOT_PREC, ROW_PREFETCH, SQ_LOAD)
+    last, lo, hi = rows_dot_pair_split(x_ptr, fix_ptr, B, H, eps, g_layer, w_layer, rows_lo, rows_hi, jmask,
+                                       tile % QKV_SPLIT, (HQ + 2 * HKV) * D, pair_block, part_ptr, sq_ptr, sem_ptr,
+                                       QKV_SPLIT, BLOCK_B, BLOCK_P, BLOCK_K, DOT_PREC, ROW_PREFETCH, SQ_LOAD, X_FIX)
     if last:
         _rope_append(lo, hi, layer64, head, j, jmask, slot, pos, freq, bias_ptr, q_ptr, k_cache_ptr, v_cache_ptr,
                      B, HQ, HKV, D, S, HAS_BIAS, BLOCK_B)
@@ -117,13 +120,12 @@ def _rope_append(lo, hi, layer64, head, j, jmask, slot, pos, freq, bias_ptr, q_p
 # Sizes that change from call to call are not specialized: one compile serves them all.
 @jit(do_not_specialize=["layer", "S"])
 def qkv_rope_kernel(
-    layer, x_ptr, norm_ptr, w_ptr, bias_ptr, inv_freq_ptr, kv_start_ptr, slot_ptr,
+    layer, x_ptr, fix_ptr, norm_ptr, w_ptr, bias_ptr, inv_freq_ptr, kv_start_ptr, slot_ptr,
     q_ptr, k_cache_ptr, v_cache_ptr, part_ptr, sq_ptr, sem_ptr,
     B, H, HQ, HKV, D, S, eps,
     HAS_BIAS: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_PREC: tl.constexpr, ROW_PREFETCH: tl.constexpr, QKV_SPLIT: tl.constexpr, SQ_LOAD: tl.constexpr,
-    USE_PDL: tl.constexpr,
-    PREFETCH_LINES: tl.constexpr,
+    X_FIX: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr,
 ):
     if USE_PDL:
         qkv_prefetch(tl.program_id(0), layer, w_ptr, H, HQ, HKV, D, BLOCK_P, BLOCK_K, QKV_SPLIT, PREFETCH_LINES)
@@ -131,7 +133,7 @@ def qkv_rope_kernel(
     if ROW_PREFETCH < 2:  # 2, 3: the tile waits itself, after its first weight loads (matvec._one_row)
         after_previous_kernel(USE_PDL)
     qkv_rope_tile(
-        tl.program_id(0), layer, x_ptr, norm_ptr, w_ptr, bias_ptr, inv_freq_ptr, kv_start_ptr, slot_ptr,
+        tl.program_id(0), layer, x_ptr, fix_ptr, norm_ptr, w_ptr, bias_ptr, inv_freq_ptr, kv_start_ptr, slot_ptr,
         q_ptr, k_cache_ptr, v_cache_ptr, part_ptr, sq_ptr, sem_ptr, B, H, HQ, HKV, D, S, eps,
-        HAS_BIAS, BLOCK_B, BLOCK_P, BLOCK_K, DOT_PREC, ROW_PREFETCH, QKV_SPLIT, SQ_LOAD,
+        HAS_BIAS, BLOCK_B, BLOCK_P, BLOCK_K, DOT_PREC, ROW_PREFETCH, QKV_SPLIT, SQ_LOAD, X_FIX,
     )

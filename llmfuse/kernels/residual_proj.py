@@ -13,6 +13,14 @@ program owns its features and adds in place (an atomic add by the one writer).  
 W_down's long rows are split) each part stores its partial sum; the last part of a feature
 tile to finish (a semaphore count with acquire-release order, reset by that program) adds the
 parts in their fixed order to x — deterministic, and no program waits.
+
+Deferred down-projection sums (``X_FIX``, batch 1, ``plan.defer_down``): W_down's parts (1) add
+their partial sums as int64 multiples of 2^-32 into ``fix`` [B, H] (:func:`.matvec.to_fixed`; an
+integer sum is exact, so any order gives the same bits) and end — no count, no merge, nothing
+waited for; the next layer's Q/K/V tiles read x + fix; its W_o (2, unsplit) writes
+``x ← x + from_fixed(fix) + attn W_oᵀ`` and ``fix ← 0`` (x and fix loaded at its start: W_down wrote
+them two kernels back, and every program of the kernel between waited for W_down to complete
+before this launch could begin).
 Bytes: H·K weight elements once, ``a`` (B·K/split_k, from L2) per program, x read and written.
 """
 
@@ -21,7 +29,7 @@ import triton.language as tl
 from fusecore.backend import jit
 from fusecore.launch_order import after_previous_kernel, prefetch_rows
 
-from .matvec import k_range, rows_dot
+from .matvec import from_fixed, k_range, rows_dot, to_fixed
 
 MERGE_PARTS = tl.constexpr(8)  # K parts the last part to finish loads per round
 
@@ -46,19 +54,30 @@ def residual_proj_prefetch(tile, layer, w_ptr, H, K, split_k, BLOCK_N: tl.conste
 
 @jit
 def residual_proj_tile(
-    tile, layer, a_ptr, w_ptr, x_ptr, part_ptr, sem_ptr, B, H, K, split_k,
+    tile, layer, a_ptr, w_ptr, x_ptr, fix_ptr, part_ptr, sem_ptr, B, H, K, split_k,
     BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr,
-    ROW_PREFETCH: tl.constexpr,
+    ROW_PREFETCH: tl.constexpr, X_FIX: tl.constexpr,
 ):
+    """One tile (module docstring); ``X_FIX`` 0: add into x, 1: add into the deferred sums ``fix``,
+    2: the unsplit projection that also adds the deferred sums into x and zeroes them."""
     n_tile = tile // split_k
     k_part = tile % split_k
     n, nmask, k_start, k_stop, w_layer = residual_proj_span(tile, layer, w_ptr, H, K, split_k, BLOCK_N, BLOCK_K)
-    acc = rows_dot(a_ptr, B, K, 0.0, w_ptr, w_layer, n, nmask, k_start, k_stop, False,
-                   BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC, ROW_PREFETCH, False)
     b = tl.arange(0, BLOCK_B)
     x_off = b[:, None] * H + n[None, :]
     mask = (b < B)[:, None] & nmask[None, :]
-    if split_k == 1:
+    if X_FIX == 2:  # the residual as of two kernels back: issued now, used after the K loop
+        x_old = tl.load(x_ptr + x_off, mask=mask, other=0.0, cache_modifier=".cg")
+        x_old += from_fixed(tl.load(fix_ptr + x_off, mask=mask, other=0, cache_modifier=".cg"))
+    acc = rows_dot(a_ptr, B, K, 0.0, w_ptr, w_layer, n, nmask, k_start, k_stop, False,
+                   BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC, ROW_PREFETCH, False)
+    if X_FIX == 1:
+        # an integer reduction (no value returned): exact, so the parts' order cannot change the sum
+        tl.atomic_add(fix_ptr + x_off, to_fixed(acc), mask=mask, sem="relaxed", scope="gpu")
+    elif X_FIX == 2:
+        tl.store(x_ptr + x_off, x_old + acc, mask=mask)
+        tl.store(fix_ptr + x_off, tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.int64), mask=mask)
+    elif split_k == 1:
         # x[b, n] has this one writer: an atomic add (a reduction, no value returned) adds what a
         # load, add and store would (but for subnormal sums, flushed to zero), without waiting for
         # the load's L2 round trip.
@@ -86,9 +105,9 @@ def residual_proj_tile(
 # Sizes that change from call to call are not specialized: one compile serves them all.
 @jit(do_not_specialize=["layer"])
 def residual_proj_kernel(
-    layer, a_ptr, w_ptr, x_ptr, part_ptr, sem_ptr, B, H, K, split_k,
+    layer, a_ptr, w_ptr, x_ptr, fix_ptr, part_ptr, sem_ptr, B, H, K, split_k,
     BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr,
-    ROW_PREFETCH: tl.constexpr,
+    ROW_PREFETCH: tl.constexpr, X_FIX: tl.constexpr,
     USE_PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr,
 ):
     if USE_PDL:
@@ -96,5 +115,5 @@ def residual_proj_kernel(
     tl.static_assert(USE_PDL or (ROW_PREFETCH < 2), "ROW_PREFETCH >= 2 is the PDL wait inside the tile")
     if ROW_PREFETCH < 2:  # 2, 3: the tile waits itself, after its first weight loads (matvec._one_row)
         after_previous_kernel(USE_PDL)
-    residual_proj_tile(tl.program_id(0), layer, a_ptr, w_ptr, x_ptr, part_ptr, sem_ptr, B, H, K, split_k,
-                       BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC, ROW_PREFETCH)
+    residual_proj_tile(tl.program_id(0), layer, a_ptr, w_ptr, x_ptr, fix_ptr, part_ptr, sem_ptr, B, H, K, split_k,
+                       BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC, ROW_PREFETCH, X_FIX)

@@ -289,6 +289,68 @@ def test_embed_writes_rows_and_zeroes_counts(batch, dtype, gen):
     assert int(buf.counter.abs().sum()) == 0
 
 
+def test_deferred_down_sums_reach_the_next_readers(gen):
+    """``defer_down``: W_down (2 K parts, not the last layer) leaves x alone and adds its update into
+    ``fix`` (int64 multiples of 2^-32); the next Q/K/V tiles read x + fix; W_o adds fix and its own
+    update into x and zeroes fix.  Against the float64 oracle of each step."""
+    cfg, w64, wk, plan, buf, cache, slot, kv_start = _setup(1, torch.float32, gen, split_k=2,
+                                                            tuning={"defer_down": True})
+    unit = 2.0**-32
+    buf.h.copy_(torch.randn(buf.h.shape, generator=gen))
+    x0 = buf.x.clone()
+    ops.down_proj(wk, cfg, 0, buf, plan)
+    assert torch.equal(buf.x, x0), "a deferred W_down does not write x"
+    x1 = ref.down_step(w64, 0, buf.h.cpu().double(), x0.cpu().double())
+    assert_close(x0.cpu().double() + buf.fix.cpu().double() * unit - x0.cpu().double(), x1 - x0.cpu().double(),
+                 torch.float32, name="deferred down update")
+    assert int(buf.proj_sem.abs().sum()) == 0, "no count is taken"
+    # Q/K/V of the next layer see x + fix
+    inv_freq = cfg.rope_inv_freq().to(buf.x.device)
+    buf.q.fill_(poison_value(torch.float32))
+    ops.qkv_rope(wk, cfg, 1, cache, buf, plan, inv_freq)
+    q, _, _ = ref.qkv_step(w64, cfg, 1, x1[:, None], (slot - kv_start)[:, None], cfg.rope_inv_freq())
+    assert_close(buf.q.cpu(), q[:, 0].float(), torch.float32, name="q from x + fix")
+    # W_o adds the deferred sums and its own update, and zeroes them
+    buf.attn.copy_(torch.randn(buf.attn.shape, generator=gen))
+    ops.o_proj(wk, cfg, 1, buf, plan)
+    x2 = ref.o_proj_step(w64, 1, buf.attn.cpu().double().reshape(1, -1), x1)
+    assert_close(buf.x.cpu().double() - x0.cpu().double(), x2 - x0.cpu().double(), torch.float32, name="x after W_o")
+    assert int(buf.fix.abs().sum()) == 0
+    # the last layer's W_down merges into x as without defer_down
+    x_before = buf.x.clone()
+    ops.down_proj(wk, cfg, cfg.num_hidden_layers - 1, buf, plan)
+    assert int(buf.fix.abs().sum()) == 0
+    x3 = ref.down_step(w64, cfg.num_hidden_layers - 1, buf.h.cpu().double(), x_before.cpu().double())
+    assert_close(buf.x.cpu() - x_before.cpu(), (x3 - x_before.cpu().double()).float(), torch.float32,
+                 name="last down update")
+    with pytest.raises(ValueError, match="defer_down needs"):
+        ops.make_plan(cfg, 3, SLOTS, torch.float32, torch.device("cpu"), defer_down=True)
+    # a default defer_down gives way to tuning that leaves no room for it (the batch-1 GPU default)
+    assert not ops._tuned(plan, {"row_prefetch": False}).defer_down
+
+
+def test_deferred_down_sums_change_a_step_by_rounding_only(gen):
+    """A whole step (both layers, per-layer path) with ``defer_down`` against the default plan: the same
+    logits but for float32 rounding (the deferred sums are exact where the merge adds in float32), the
+    same bits on a repeat, and the deferred sums zero at the end."""
+    device = torch.device(test_device())
+    w = random_weights(CFG, dtype=torch.float32, generator=gen, std=0.1).to(device=device)
+    shape = ref.KVCache.empty(CFG, 1, SLOTS, dtype=torch.float32, device="cpu").k.shape
+    tokens, state = torch.tensor([5], device=device), torch.randn(2, *shape, generator=gen).to(device)
+    logits = []
+    for tuning in ({}, {"defer_down": True}, {"defer_down": True}):
+        plan = ops.make_plan(CFG, 1, SLOTS, torch.float32, device, split_k=2, **tuning)
+        buf = ops.DecodeBuffers.allocate(CFG, plan, torch.float32, device)
+        cache = ref.KVCache(state[0].clone(), state[1].clone())
+        buf.slot.fill_(13)
+        ops.fused_step(w, CFG, cache, buf, plan, CFG.rope_inv_freq().to(device), tokens, looped=False,
+                       write_logits=True)
+        assert int(buf.fix.abs().sum()) == 0
+        logits.append(buf.logits.clone())
+    assert_close(logits[1].cpu(), logits[0].cpu(), torch.float32, name="defer_down logits")
+    assert torch.equal(logits[1], logits[2])
+
+
 @pytest.mark.parametrize("scale", [1e4, 1e-6])
 def test_decode_attention_is_stable_for_huge_and_tiny_scores(scale, gen):
     """Issue 8 numerics: scores of ~1e4 (exp overflows without the running max) and ~1e-6 (uniform weights)."""
@@ -305,7 +367,8 @@ def test_batch1_gpu_defaults_follow_their_reasons(monkeypatch):
     """The batch-1 GPU plan (computed here for a 132-SM H200 without one): Llama-3.2-1B's Q/K/V +
     attention (264 programs) and W_o (256) launches have <= 2 tiles per SM and get the wider chunks,
     gate/up tiles the narrower ones (8 programs per SM); Llama-3.1-8B's Q/K/V, W_o and W_down keep
-    block_k (H200 plan_sweep, sessions 5 and 6: llmfuse/README.md).
+    block_k (H200 plan_sweep, sessions 5 and 6: llmfuse/README.md); 1B's W_down defers its sums
+    (session 7).
     Both get PDL with the attention tiles' slots prefetched and the first weight chunk (W_o: two)
     loaded before each tile's wait; batch 8 none of it, but wider Q/K/V tiles."""
     from fusecore.device import DeviceFacts
@@ -325,6 +388,8 @@ def test_batch1_gpu_defaults_follow_their_reasons(monkeypatch):
     # 8B: gate/up in 128-column chunks at 8 per SM although its 1792 tiles take two waves (session 6)
     assert (large.k_chunk("qkv"), large.k_chunk("o_proj"), large.k_chunk("gate_up"), large.k_chunk("down")) == (
         large.block_k, large.block_k, 128, large.block_k)
+    # W_down's parts add into the deferred sums where its tiles fit one wave at 8 per SM (1B: 1024, 8B: 2048)
+    assert (small.tiles(llama_1b)["down"], small.defer_down, large.defer_down) == (1024, True, False)
     for plan in (small, large):
         assert plan.pdl and plan.attn_prefetch and plan.wait_prefetch == 0 and plan.fuse_attention
         assert plan.pdl_weights == 1 and plan.pdl_weights_o == 2

@@ -299,6 +299,7 @@ def test_gpu_decode_step_is_cuda_graph_capturable(looped, gen):
     (False, {"pdl": True, "pdl_weights": 1, "fuse_attention": True, "attn_prefetch": True}),
     (False, {"pdl": True, "pdl_weights": 1, "fuse_attention": False}),
     (False, {"pdl": True, "pdl_weights": 2, "pdl_weights_o": 2, "fuse_attention": True}),
+    (False, {"pdl": True, "pdl_weights": 1, "pdl_weights_o": 2, "fuse_attention": True, "defer_down": True}),
     (False, {"fuse_attention": True, "attn_prefetch": True}),
     (True, {"dataflow": True, "wait_prefetch": 32, "attn_prefetch": True}),
 ])
@@ -308,12 +309,15 @@ def test_gpu_prefetch_before_wait_changes_no_value(batch, looped, tuning, gen):
     wait (pdl_weights), and the dataflow schedule's prefetch before its waits: the logits equal
     the same path's without them bit for bit (the prefetch moves no value and the tile code is the
     same), eager and replayed from a CUDA graph (the graph keeps the programmatic edges; each kernel
-    still waits before it reads or writes), and repeated steps agree (no race)."""
+    still waits before it reads or writes), and repeated steps agree (no race).  ``defer_down`` (batch-1
+    row tiles only) against itself without PDL: W_o reads x and the deferred sums before its wait."""
+    if tuning.get("defer_down") and batch > 1:
+        pytest.skip("defer_down is for batch-1 row tiles")
     device = test_device()
     w = random_weights(GPU_CFG, dtype=torch.bfloat16, device=device, generator=torch.Generator(device).manual_seed(3))
     # the same path without PDL or prefetch (batch 1 on the GPU has both by default)
     base = {"pdl": False, "pdl_weights": False, "wait_prefetch": 0, "attn_prefetch": False,
-            **{k: v for k, v in tuning.items() if k in ("dataflow", "fuse_attention")}}
+            **{k: v for k, v in tuning.items() if k in ("dataflow", "fuse_attention", "defer_down")}}
     plain, buf0, cache0, tokens = _state(GPU_CFG, w, batch, 300, torch.bfloat16, gen, device, n_splits=None, **base)
     plan = dataclasses.replace(plain, **tuning)
     inv_freq = GPU_CFG.rope_inv_freq().to(device)
