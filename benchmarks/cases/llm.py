@@ -59,13 +59,13 @@ def step_bytes(cfg: LlamaConfig, w: LlamaWeights, batch: int, context: int) -> i
     return w.nbytes() - unread_embedding + kv * size
 
 
-# Replays of a fused path's step, captured in a CUDA graph, before its timed row.  H200, session 7
-# (llmfuse/README.md, session 7): the first CUDA-graph timing of the Llama-3.1-8B step in a process ran
-# 4.237 / 4.271 / 4.282 ms, every later one 4.12-4.15 (the same plan, a new plan, fresh weights), with
-# the SM and memory clocks, power and temperatures steady and no throttle reason; a bulk copy of the
-# weights, 2 s idle or 64 eager steps before it changed nothing.  The harness warms a CUDA-graph timing
-# with one call and five replays (~25 ms of an 8B step); the row should time the steady state of a
-# decode loop.
+# Replays of a step, captured in a CUDA graph, before its CUDA-graph timed row (the fused paths and the
+# compiled reference).  H200, session 7 (llmfuse/README.md, session 7): the first CUDA-graph timing of a
+# process (the Llama-3.1-8B step) ran 4.237 / 4.271 / 4.282 ms, every later one 4.12-4.16 (the same
+# plan, a new plan, fresh weights), with the SM and memory clocks, power and temperatures steady and no
+# throttle reason; a bulk copy of the weights, 2 s idle or 64 eager steps before it changed nothing,
+# 64 graph replays did.  The harness warms a CUDA-graph timing with one call and five replays (~25 ms
+# of an 8B step); each row should time the steady state of a decode loop.
 SETTLE_REPLAYS = 64
 
 
@@ -194,6 +194,7 @@ def _decode_variant(ctx: Context, name: str, cfg: LlamaConfig, w: LlamaWeights, 
             compiled = decoder.compiled_step_at()
             for _ in range(3):  # compile, record the CUDA graph, replay
                 compiled(tokens, slot)
+            _settle(lambda: compiled(tokens, slot))  # as the fused rows: the steady state
             ctx.time("reference decoder torch.compile (CUDA graphs)", lambda: compiled(tokens, slot),
                      bytes_moved=nbytes, params=params, variant=variant)
             del compiled
