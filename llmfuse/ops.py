@@ -23,7 +23,7 @@ from .config import LlamaConfig
 from .kernels.decode_attention import decode_attention_kernel
 from .kernels.embed import embed_kernel
 from .kernels.gate_up import gate_up_kernel
-from .kernels.lm_head import lm_head_kernel
+from .kernels.lm_head import lm_head_kernel, pick_kernel
 from .kernels.looped import DONE_COUNTS, STAGES_PER_LAYER, looped_decode_kernel
 from .kernels.matvec import SMALL_BATCH
 from .kernels.qkv_attention import qkv_attention_kernel
@@ -603,11 +603,16 @@ def lm_head(w: LlamaWeights, cfg: LlamaConfig, buf: DecodeBuffers, plan: DecodeP
     )
 
 
-def greedy_tokens(buf: DecodeBuffers) -> torch.Tensor:
-    """[B] int64 tokens from the LM head's tile winners: the argmax of the logits (first index on
-    ties), or the sampled token after a ``sample`` step."""
-    tile = buf.best.argmax(dim=1, keepdim=True)
-    return buf.best_idx.gather(1, tile).squeeze(1).to(torch.int64)
+def greedy_tokens(buf: DecodeBuffers, pdl: bool = False) -> torch.Tensor:
+    """[B] int64 tokens (a new tensor) from the LM head's tile winners: the argmax of the logits (first
+    index on ties), or the sampled token after a ``sample`` step; one launch (kernels/lm_head.py
+    ``pick_kernel``; ``pdl``: launched with programmatic dependent launch after the LM head)."""
+    B, n_tiles = buf.best.shape
+    tokens = torch.empty(B, dtype=torch.int64, device=buf.best.device)
+    block = next_power_of_2(n_tiles)
+    pick_kernel[(B,)](buf.best, buf.best_idx, tokens, n_tiles, BLOCK_T=block, USE_PDL=pdl,
+                      num_warps=max(4, min(16, block // 1024)), **({"launch_pdl": True} if pdl else {}))
+    return tokens
 
 
 def decode_layers(w: LlamaWeights, cfg: LlamaConfig, cache: KVCache, buf: DecodeBuffers, plan: DecodePlan,
@@ -742,4 +747,4 @@ def fused_step(w: LlamaWeights, cfg: LlamaConfig, cache: KVCache, buf: DecodeBuf
     else:
         decode_layers(w, cfg, cache, buf, plan, inv_freq)
         lm_head(w, cfg, buf, plan, write_logits, sample=sample)
-    return greedy_tokens(buf)
+    return greedy_tokens(buf, pdl=plan.pdl and not looped)

@@ -389,7 +389,10 @@ def _looped_prefixes(ctx: Context, cfg: LlamaConfig, w: LlamaWeights, cache: ref
 # registers before their waits 0.7848 (unfused 0.7890), the Q/K/V tiles' first two weight chunks
 # before their wait 0.7826, both 0.7894 (8B: 4.629).  Call 2: W_down's parts adding into the deferred
 # sums (defer_down) 0.7715 / 0.7711 against 0.7778 / 0.7800 (now the default where W_down fits one
-# wave); 8B 4.171 / 4.171 against 4.137 / 4.136.
+# wave); 8B 4.171 / 4.171 against 4.137 / 4.136.  Call 5 (the greedy pick in one launch against the
+# argmax + gather + cast of torch, same call): batch 1 0.7635 against 0.7717 / 0.7729, batch 8 1.112 /
+# 1.113 against 1.125 / 1.123, 8B 4.134 against 4.136; 8B with W_down in 2 K parts (one wave) 4.260
+# deferred, 4.249 merged, against 4.264 / 4.134 for the default timed before / after them: not taken.
 OLD_BATCH8 = {"block_p": 16, "qkv_split": 4, "square_sum_load": 0, "square_sum_load_qkv": 0}
 # The batch-1 defaults against the plan without the weight loads before the wait (the session-5
 # default but for the latency fixes of sessions 6 and 7) and without the deferred W_down sums.

@@ -81,3 +81,16 @@ def lm_head_kernel(
     lm_head_tile(tl.program_id(0), x_ptr, norm_ptr, w_ptr, logits_ptr, best_ptr, best_idx_ptr, seed_ptr,
                  inv_temp_ptr, slot_ptr, B, H, V, n_tiles, eps, WRITE_LOGITS, SAMPLE, BLOCK_B, BLOCK_N, BLOCK_K,
                  DOT_PREC, ROW_PREFETCH, SQ_LOAD)
+
+
+@jit
+def pick_kernel(best_ptr, best_idx_ptr, tokens_ptr, n_tiles, BLOCK_T: tl.constexpr, USE_PDL: tl.constexpr):
+    """tokens[b] = best_idx[b, t*] with t* the first tile of the largest ``best[b, :]`` (one program per
+    row, all of a row's tile winners in one round of loads): the step's argmax or sampled token."""
+    after_previous_kernel(USE_PDL)
+    b = tl.program_id(0)
+    t = tl.arange(0, BLOCK_T)
+    best = tl.load(best_ptr + b * n_tiles + t, mask=t < n_tiles, other=float("-inf"), cache_modifier=".cg")
+    idx = tl.load(best_idx_ptr + b * n_tiles + t, mask=t < n_tiles, other=0, cache_modifier=".cg")
+    top = tl.argmax(best, axis=0, tie_break_left=True)
+    tl.store(tokens_ptr + b, tl.sum(tl.where(t == top, idx, 0), axis=0).to(tl.int64))

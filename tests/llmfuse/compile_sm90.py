@@ -30,7 +30,7 @@ TARGET = GPUTarget("cuda", 90, 32)
 POINTER = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.int64: "*i64",
            torch.int32: "*i32"}
 KERNELS = ("embed_kernel", "qkv_rope_kernel", "decode_attention_kernel", "qkv_attention_kernel",
-           "residual_proj_kernel", "gate_up_kernel", "lm_head_kernel", "looped_decode_kernel")
+           "residual_proj_kernel", "gate_up_kernel", "lm_head_kernel", "pick_kernel", "looped_decode_kernel")
 
 
 # Kernels whose programs read device memory before their PDL wait: the attention tiles read the

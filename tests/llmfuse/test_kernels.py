@@ -289,6 +289,21 @@ def test_embed_writes_rows_and_zeroes_counts(batch, dtype, gen):
     assert int(buf.counter.abs().sum()) == 0
 
 
+def test_greedy_tokens_pick_the_first_best_tile(gen):
+    """The token of each row is the winner of its first tile with the largest score (ties: the lower
+    tile, as torch.argmax), over 13 tiles (not a power of two); a new tensor per call."""
+    cfg, w64, wk, plan, buf, cache, slot, kv_start = _setup(3, torch.float32, gen)
+    tiles = 13
+    best = torch.randn(3, tiles, generator=gen)
+    best[1, 2] = best[1, tiles - 1] = best[1].max() + 1.0  # a tie: tile 2 wins
+    buf.best = best.to(buf.x.device)
+    buf.best_idx = torch.randint(0, cfg.vocab_size, (3, tiles), generator=gen, dtype=torch.int32).to(buf.x.device)
+    first = ops.greedy_tokens(buf)
+    expected = buf.best_idx.cpu().gather(1, best.argmax(1, keepdim=True)).squeeze(1).long()
+    assert first.dtype == torch.int64 and torch.equal(first.cpu(), expected)
+    assert ops.greedy_tokens(buf).data_ptr() != first.data_ptr()
+
+
 def test_deferred_down_sums_reach_the_next_readers(gen):
     """``defer_down``: W_down (2 K parts, not the last layer) leaves x alone and adds its update into
     ``fix`` (int64 multiples of 2^-32); the next Q/K/V tiles read x + fix; W_o adds fix and its own
