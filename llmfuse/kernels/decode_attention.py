@@ -83,19 +83,6 @@ def decode_attention_tile(
 
 
 @jit
-def _attend_block(q, k, v, smask, m, l, acc, sm_scale, DOT_PREC: tl.constexpr):
-    """The online-softmax state (m, l, acc) after the slots ``smask`` of one block of K and V."""
-    scores = mma(q, tl.trans(k), DOT_PREC) * sm_scale
-    scores = tl.where(smask[None, :], scores, float("-inf"))
-    m_new = tl.maximum(m, tl.max(scores, axis=1))
-    alpha = online_rescale(m, m_new)
-    p = tl.where(smask[None, :], tl.exp(scores - m_new[:, None]), 0.0)
-    l = l * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + mma(p, v, DOT_PREC)
-    return m_new, l, acc
-
-
-@jit
 def attend_span(
     split, bh, kv_head, b, lo, hi, base, q_ptr, k_cache_ptr, v_cache_ptr, part_ptr, lse_ptr, attn_ptr, sem_ptr,
     HQ, HKV, D, n_splits, sm_scale,
@@ -124,9 +111,17 @@ def attend_span(
         smask = s < hi
         kv_off = (base + s)[:, None] * D + d[None, :]
         kv_mask = smask[:, None] & dmask[None, :]
+        # K and V of the block issued together: one L2 round trip, not two
         k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0, cache_modifier=".cg")
         v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0, cache_modifier=".cg")
-        m, l, acc = _attend_block(q, k, v, smask, m, l, acc, sm_scale, DOT_PREC)
+        scores = mma(q, tl.trans(k), DOT_PREC) * sm_scale
+        scores = tl.where(smask[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, axis=1))
+        alpha = online_rescale(m, m_new)
+        p = tl.exp(scores - m_new[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + mma(p, v, DOT_PREC)
+        m = m_new
 
     nonempty = l > 0.0
     out = acc / tl.where(nonempty, l, 1.0)[:, None]

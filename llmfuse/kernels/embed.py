@@ -21,9 +21,8 @@ from fusecore.launch_order import after_previous_kernel
 @jit
 def embed_kernel(tokens_ptr, table_ptr, x_ptr, fix_ptr, count_ptr, H, n_counts,
                  BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr, USE_PDL: tl.constexpr):
-    # launched without PDL (the first kernel of a step), the wait returns at once; then the next
-    # kernel may be scheduled
-    after_previous_kernel(USE_PDL)
+    if USE_PDL:  # launched without PDL (the first kernel of a step) the wait returns at once; then the
+        after_previous_kernel(USE_PDL)  # next kernel may be scheduled
     b = tl.program_id(0)
     row = tl.load(tokens_ptr + b)
     for h0 in range(0, H, BLOCK_H):

@@ -87,7 +87,8 @@ def lm_head_kernel(
 def pick_kernel(best_ptr, best_idx_ptr, tokens_ptr, n_tiles, BLOCK_T: tl.constexpr, USE_PDL: tl.constexpr):
     """tokens[b] = best_idx[b, t*] with t* the first tile of the largest ``best[b, :]`` (one program per
     row, all of a row's tile winners in one round of loads): the step's argmax or sampled token."""
-    after_previous_kernel(USE_PDL)
+    if USE_PDL:
+        after_previous_kernel(USE_PDL)
     b = tl.program_id(0)
     t = tl.arange(0, BLOCK_T)
     best = tl.load(best_ptr + b * n_tiles + t, mask=t < n_tiles, other=float("-inf"), cache_modifier=".cg")
