@@ -69,9 +69,16 @@ def step_bytes(cfg: LlamaConfig, w: LlamaWeights, batch: int, context: int) -> i
 SETTLE_REPLAYS = 64
 
 
-def _settle(step) -> None:
+def _settle(step, *, replays_itself: bool = False) -> None:
     """Capture ``step`` in a CUDA graph (on a side stream, as the harness does) and replay it
-    SETTLE_REPLAYS times; no timing."""
+    SETTLE_REPLAYS times; no timing.  ``replays_itself``: ``step`` already replays its own CUDA
+    graph (torch.compile's reduce-overhead mode), which cannot run inside another capture: call
+    it SETTLE_REPLAYS times instead."""
+    if replays_itself:
+        for _ in range(SETTLE_REPLAYS):
+            step()
+        torch.cuda.synchronize()
+        return
     with torch.cuda.stream(torch.cuda.Stream()):
         step()
         graph = torch.cuda.CUDAGraph()
@@ -194,7 +201,7 @@ def _decode_variant(ctx: Context, name: str, cfg: LlamaConfig, w: LlamaWeights, 
             compiled = decoder.compiled_step_at()
             for _ in range(3):  # compile, record the CUDA graph, replay
                 compiled(tokens, slot)
-            _settle(lambda: compiled(tokens, slot))  # as the fused rows: the steady state
+            _settle(lambda: compiled(tokens, slot), replays_itself=True)  # the steady state, as the fused rows
             ctx.time("reference decoder torch.compile (CUDA graphs)", lambda: compiled(tokens, slot),
                      bytes_moved=nbytes, params=params, variant=variant)
             del compiled
