@@ -14,10 +14,18 @@ one CUDA graph (``torch.cuda.make_graphed_callables``) — and every later call 
 
 Autograd semantics are the layer's: gradients reach the inputs that require them and the
 layer's parameters (``captured.parameters()`` are the layer's own), which an optimizer may
-update in place between steps.  What a replay cannot change is refused or made explicit:
+update in place between steps.
 
-* attention dropout in training (its mask comes from a seed drawn on the host per call, which
-  a graph would freeze) — ``ValueError`` at capture; feature dropout (torch's RNG) replays fine;
+Attention dropout in training draws its mask from a :class:`fusecore.DevicePhiloxStream`
+(``captured.rng``; the ``rng`` argument, default one seeded from torch's generator): its
+``(seed, offset)`` pair lives on the device and the captured forward advances it, so every
+replay draws a fresh mask — the one the layer as called draws from a
+:class:`fusecore.PhiloxStream` at the same seed and offset — and its backward regenerates that
+mask.  The warm-up calls draw from the stream too.  Feature dropout (torch's RNG, whose CUDA
+generator graphs replay with fresh offsets) replays fine.  What a replay cannot change is
+refused or made explicit:
+
+* a host :class:`fusecore.PhiloxStream` as ``rng`` (a graph would freeze its pair) — ``TypeError``;
 * a layer switched to the other mode (``train()`` / ``eval()``) than at capture runs as called;
 * each replay overwrites the state the previous call saved for its backward: a backward through
   an output of an earlier call raises ``RuntimeError`` instead of returning wrong gradients.
@@ -36,6 +44,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from fusecore import DevicePhiloxStream
 
 from .graph import as_graph
 from .nn import AGNNConv, GATConv, GATv2Conv, GraphTransformerConv
@@ -56,14 +66,16 @@ def _signature(tensor: torch.Tensor) -> tuple:
 class _Bound(nn.Module):
     """``layer(graph, *inputs)`` as a module of tensor inputs alone (what make_graphed_callables takes)."""
 
-    def __init__(self, layer: nn.Module, graph: Any, schedule: ScheduleOptions | None) -> None:
+    def __init__(self, layer: nn.Module, graph: Any, schedule: ScheduleOptions | None,
+                 rng: DevicePhiloxStream | None) -> None:
         super().__init__()
         self.layer = layer
         self.graph = graph
         self.schedule = schedule
+        self.options = {"schedule": schedule} if rng is None else {"schedule": schedule, "rng": rng}
 
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
-        return self.layer(self.graph, *inputs, schedule=self.schedule)
+        return self.layer(self.graph, *inputs, **self.options)
 
 
 class _Fresh(torch.autograd.Function):
@@ -90,11 +102,14 @@ class CapturedLayer(nn.Module):
 
     ``forward(*inputs)`` takes the layer's tensor inputs after the graph (``feat``, and
     ``edge_feat`` for a GraphTransformerConv with ``edge_dim``) and returns what the layer
-    returns, as a fresh tensor."""
+    returns, as a fresh tensor.  ``rng``: the device stream the replays' attention dropout draws
+    from (None without attention dropout in the captured mode)."""
 
-    def __init__(self, layer: nn.Module, graphed: _Bound, training: bool, inputs: tuple[torch.Tensor, ...]) -> None:
+    def __init__(self, layer: nn.Module, graphed: _Bound, training: bool, inputs: tuple[torch.Tensor, ...],
+                 rng: DevicePhiloxStream | None) -> None:
         super().__init__()
         self.layer = layer
+        self.rng = rng
         # kept out of the module tree: its training flag stays at the capture's mode, so that
         # make_graphed_callables always replays; this module decides when to (the layer's mode)
         self.__dict__["_graphed"] = graphed
@@ -117,6 +132,7 @@ class CapturedLayer(nn.Module):
 
 def capture(
     layer: nn.Module, graph: Any, *inputs: torch.Tensor, schedule: ScheduleOptions | None = None, warmup: int = 3,
+    rng: DevicePhiloxStream | None = None,
 ) -> CapturedLayer:
     """Capture ``layer(graph, *inputs)``'s forward and backward as CUDA graphs (module doc).
 
@@ -127,6 +143,8 @@ def capture(
     ``requires_grad`` of every later call; ``schedule``: forwarded to the layer;
     ``warmup``: eager iterations before the capture (they build the graph's schedule and
     compile the kernels).  The warm-up runs forward and backward but leaves ``.grad`` untouched.
+    ``rng``: a :class:`fusecore.DevicePhiloxStream` on the inputs' device for the attention dropout
+    of a layer in training (default: one seeded from torch's generator); unused otherwise.
     """
     if not isinstance(layer, CAPTURABLE):
         names = ", ".join(cls.__name__ for cls in CAPTURABLE)
@@ -135,17 +153,23 @@ def capture(
         raise TypeError("inputs must be one or more sample tensors (feat, and edge_feat where the layer takes it)")
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 1:
         raise ValueError(f"warmup must be an int >= 1, got {warmup!r}")
-    if layer.training and _attention_dropout(layer) > 0:
-        raise ValueError(
-            "capture of a layer with attention dropout in training: its mask seed is drawn on the host per call "
-            "and a CUDA graph would freeze it (capture in eval mode, or set the attention dropout to 0)"
+    if rng is not None and not isinstance(rng, DevicePhiloxStream):
+        raise TypeError(
+            f"rng must be a fusecore.DevicePhiloxStream or None, got {type(rng).__name__} (a host stream's "
+            "(seed, offset) ints would be frozen into the graph: every replay would draw the same dropout mask)"
         )
     for index, tensor in enumerate(inputs):
         if tensor.device.type != "cuda":
             raise ValueError(f"inputs[{index}] on '{tensor.device}': capture records CUDA graphs, CUDA tensors only")
+    if layer.training and _attention_dropout(layer) > 0:
+        rng = rng or DevicePhiloxStream.from_torch(inputs[0].device)
+        if rng.device != inputs[0].device:
+            raise ValueError(f"rng is on '{rng.device}' but the inputs are on '{inputs[0].device}'")
+    else:
+        rng = None
     graph = as_graph(graph, inputs[0].shape[0]) if isinstance(graph, torch.Tensor) else as_graph(graph)
-    bound = _Bound(layer, graph, schedule)
+    bound = _Bound(layer, graph, schedule, rng)
     bound.train(layer.training)
     with torch.enable_grad():  # the backward graph is captured too, even when called under no_grad
         graphed = torch.cuda.make_graphed_callables(bound, inputs, num_warmup_iters=warmup, allow_unused_input=True)
-    return CapturedLayer(layer, graphed, layer.training, inputs)
+    return CapturedLayer(layer, graphed, layer.training, inputs, rng)

@@ -5,7 +5,10 @@
 * :class:`AGNNConv` — DGL's AGNNConv (parameter ``beta``).
 
 All take the same graph inputs: a :class:`gnnfuse.Graph`, an ``edge_index [2, E]`` tensor (its
-Graph cached while the tensor lives), a PyG ``Data`` or a DGL graph.
+Graph cached while the tensor lives), a PyG ``Data`` or a DGL graph.  The layers with attention
+dropout (all but AGNN) take a keyword ``rng`` in ``forward``: the :class:`fusecore.PhiloxStream`
+or :class:`fusecore.DevicePhiloxStream` the mask is drawn from (default: a stream seeded from
+torch's generator on every call); :func:`gnnfuse.capture` passes a device stream.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from fusecore import backend
+from fusecore import DevicePhiloxStream, PhiloxStream, backend
 
 from . import ops
 from .graph import Graph, as_graph
@@ -187,7 +190,8 @@ class GATConv(_DGLHeadsConv):
         """DGL's initialization: Xavier-normal with the ReLU gain, zero biases."""
         self._reset(self.fc.weight, self.attn_l, self.attn_r, biases=(self.bias,))
 
-    def forward(self, graph: Any, feat: torch.Tensor, *, schedule: ScheduleOptions | None = None) -> torch.Tensor:
+    def forward(self, graph: Any, feat: torch.Tensor, *, schedule: ScheduleOptions | None = None,
+                rng: PhiloxStream | DevicePhiloxStream | None = None) -> torch.Tensor:
         graph = self._graph(graph, feat, self.fc.weight.dtype)
         h = self._feat_dropout(feat)
         wh = self.fc(h).view(feat.shape[0], self._num_heads, self._out_feats)
@@ -196,7 +200,7 @@ class GATConv(_DGLHeadsConv):
         # faster as called on the H200 (gnn/layer_host, README session 7)
         out = ops.gat(
             graph, wh, self.attn_l, self.attn_r, negative_slope=self.negative_slope, dropout=self._dropout(),
-            schedule=schedule, out_add=self.bias,
+            rng=rng, schedule=schedule, out_add=self.bias,
         )
         return self._finish(out, h)
 
@@ -252,7 +256,8 @@ class GATv2Conv(_DGLHeadsConv):
         linears = [self.fc_src] if self.share_weights else [self.fc_src, self.fc_dst]
         self._reset(*(linear.weight for linear in linears), self.attn, biases=tuple(linear.bias for linear in linears))
 
-    def forward(self, graph: Any, feat: torch.Tensor, *, schedule: ScheduleOptions | None = None) -> torch.Tensor:
+    def forward(self, graph: Any, feat: torch.Tensor, *, schedule: ScheduleOptions | None = None,
+                rng: PhiloxStream | DevicePhiloxStream | None = None) -> torch.Tensor:
         graph = self._graph(graph, feat, self.fc_src.weight.dtype)
         shape = (feat.shape[0], self._num_heads, self._out_feats)
         h = self._feat_dropout(feat)
@@ -260,7 +265,7 @@ class GATv2Conv(_DGLHeadsConv):
         feat_dst = feat_src if self.share_weights else self.fc_dst(h).view(shape)
         out = ops.gatv2(
             graph, feat_src, feat_dst, self.attn, negative_slope=self.negative_slope, dropout=self._dropout(),
-            schedule=schedule,
+            rng=rng, schedule=schedule,
         )
         return self._finish(out, h)
 
@@ -339,7 +344,7 @@ class GraphTransformerConv(nn.Module):
 
     def forward(
         self, graph: Any, feat: torch.Tensor, edge_feat: torch.Tensor | None = None, *,
-        schedule: ScheduleOptions | None = None,
+        schedule: ScheduleOptions | None = None, rng: PhiloxStream | DevicePhiloxStream | None = None,
     ) -> torch.Tensor:
         graph = _graph_and_features(graph, feat, self.in_channels, self.lin_query.weight.dtype, True)
         shape = (feat.shape[0], self.heads, self.out_channels)
@@ -361,7 +366,7 @@ class GraphTransformerConv(nn.Module):
         root_add = root.view(shape) if root is not None and self.concat and self.lin_beta is None else None
         out = ops.transformer_attention(
             graph, self.lin_query(feat).view(shape), self.lin_key(feat).view(shape), self.lin_value(feat).view(shape),
-            edge_feat, edge_weight, dropout=dropout, schedule=schedule, out_add=root_add,
+            edge_feat, edge_weight, dropout=dropout, rng=rng, schedule=schedule, out_add=root_add,
         )
         out = out.reshape(feat.shape[0], -1) if self.concat else out.mean(dim=1)
         if root is not None and root_add is None:

@@ -36,9 +36,10 @@ from dataclasses import dataclass
 import torch
 from torch.autograd.function import once_differentiable
 
-from fusecore import PhiloxStream, backend, cdiv, next_power_of_2
+from fusecore import DevicePhiloxStream, PhiloxStream, backend, cdiv, next_power_of_2
 
 from .graph import Graph, as_graph
+from .kernels.dropout import DROPOUT_DEVICE, DROPOUT_HOST, DROPOUT_OFF
 from .kernels.scores import SCORE_DOT, SCORE_GAT, SCORE_GATV2
 from .reference import accumulation_dtype
 from .schedule import Buckets, ScheduleOptions
@@ -87,8 +88,12 @@ def row_kernel_lanes(schedule, score: int, kernel_pass: str, dtype: torch.dtype)
     return score in BACKWARD_LANE_SCORES
 
 
-def _dropout_args(dropout_p: float) -> tuple[float, bool]:
-    return (1.0 / (1.0 - dropout_p) if dropout_p > 0 else 1.0), dropout_p > 0
+def _dropout_args(dropout_p: float, seed: int | torch.Tensor) -> tuple[float, int]:
+    """(keep scale, the kernels' ``DROPOUT`` mode): off, a host ``seed`` int, or ``seed`` the
+    int64 device pair of a :class:`fusecore.DevicePhiloxStream` (:mod:`gnnfuse.kernels.dropout`)."""
+    if dropout_p <= 0:
+        return 1.0, DROPOUT_OFF
+    return 1.0 / (1.0 - dropout_p), DROPOUT_DEVICE if isinstance(seed, torch.Tensor) else DROPOUT_HOST
 
 
 @dataclass(frozen=True)
@@ -203,7 +208,7 @@ def _tile_budget(schedule, inputs: AttentionInputs, kernel_pass: str) -> tuple[i
 
 
 def attention_forward(
-    graph: Graph, inputs: AttentionInputs, dropout_p: float, seed: int, offset: int,
+    graph: Graph, inputs: AttentionInputs, dropout_p: float, seed: int | torch.Tensor, offset: int,
     options: ScheduleOptions | None, out_dtype: torch.dtype | None = None, final: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the fused forward on checked, contiguous inputs; returns ``(out, lse)``.
@@ -224,7 +229,7 @@ def attention_forward(
     if num_nodes == 0:
         return out, lse
     schedule = graph.schedule(heads, head_dim, value.dtype, options)
-    keep_scale, use_dropout = _dropout_args(dropout_p)
+    keep_scale, use_dropout = _dropout_args(dropout_p, seed)
     scalars = (inputs.negative_slope, inputs.scale, dropout_p, keep_scale, seed, offset)
     tensors = inputs.pointers()
     add = inputs.out_add
@@ -315,7 +320,8 @@ def _forward_plan(schedule, inputs: AttentionInputs, dtype: torch.dtype, use_dro
 
 def gat_forward(
     graph: Graph, wh: torch.Tensor, el: torch.Tensor, er: torch.Tensor, negative_slope: float,
-    dropout_p: float, seed: int, offset: int, options: ScheduleOptions | None, out_dtype: torch.dtype | None = None,
+    dropout_p: float, seed: int | torch.Tensor, offset: int, options: ScheduleOptions | None,
+    out_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`attention_forward` with the GAT score (``el``, ``er`` in the accumulation dtype)."""
     inputs = AttentionInputs(SCORE_GAT, el, er, wh, negative_slope=negative_slope)
@@ -335,7 +341,7 @@ def _merge_sums(buckets: Buckets, part: torch.Tensor, out: torch.Tensor) -> None
 
 def attention_backward(
     graph: Graph, inputs: AttentionInputs, lse: torch.Tensor, out: torch.Tensor, grad_out: torch.Tensor,
-    dropout_p: float, seed: int, offset: int, options: ScheduleOptions | None,
+    dropout_p: float, seed: int | torch.Tensor, offset: int, options: ScheduleOptions | None,
     grad_value_dtype: torch.dtype | None = None, edge_grads: tuple[bool, bool] = (True, True),
     bias_parts: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, ...]:
@@ -375,7 +381,7 @@ def attention_backward(
     if num_nodes == 0:
         return grad_value, grad_src, grad_dst, grad_attr, attr_sums
     schedule = graph.schedule(heads, head_dim, value.dtype, options)
-    keep_scale, use_dropout = _dropout_args(dropout_p)
+    keep_scale, use_dropout = _dropout_args(dropout_p, seed)
     scalars = (inputs.negative_slope, inputs.scale, dropout_p, keep_scale, seed, offset)
     key = ("backward", _call_kind(inputs, value.dtype, use_dropout), attr_grad, weight_grad)
     plan = _launch_plan(schedule, key,
@@ -502,7 +508,8 @@ def _forward_saving(ctx, graph: Graph, inputs: AttentionInputs, launch: tuple, d
                     *saved: torch.Tensor, add_index: int | None = None) -> torch.Tensor:
     """The forward of every fused-attention autograd Function: run :func:`attention_forward`,
     save ``saved`` + ``(out, lse)`` and the launch configuration ``(dropout_p, seed, offset,
-    options)``; nothing per edge is saved.
+    options)`` (a device pair is kept as it is: the backward regenerates the same mask from it);
+    nothing per edge is saved.
 
     When any of the first ``differentiable`` inputs needs a gradient (``ctx.attention_grads``),
     ``out`` is kept in the accumulation dtype for the backward's ``δ = <g, out>`` (float16 /
@@ -626,7 +633,7 @@ def gat_attention(
     *,
     negative_slope: float = 0.2,
     dropout: float = 0.0,
-    rng: PhiloxStream | None = None,
+    rng: PhiloxStream | DevicePhiloxStream | None = None,
     schedule: ScheduleOptions | None = None,
 ) -> torch.Tensor:
     """Fused GAT attention over ``graph`` given per-node scores.
@@ -636,7 +643,10 @@ def gat_attention(
     cast to the accumulation dtype (float32, float64 for float64 features).
     ``dropout``: attention dropout probability; the mask for the edge at CSR position ``p``
     and head ``h`` is ``uniform(seed, p, offset + h) >= dropout`` where ``(seed, offset) =
-    rng.take(H)`` (``rng`` default: a stream seeded from torch's generator).
+    rng.take(H)`` (``rng`` default: a stream seeded from torch's generator).  A
+    :class:`fusecore.DevicePhiloxStream` (on the features' device) keeps the pair on the device:
+    the same masks as a ``PhiloxStream`` with its seed and offset, one tiny launch more per call,
+    and a CUDA graph that captures the call draws a fresh mask on every replay (``gnnfuse.capture``).
     ``schedule``: :class:`~gnnfuse.schedule.ScheduleOptions` forcing the degree buckets.
     Returns ``out [N, H, D]`` in ``wh``'s dtype; nodes without incoming edges get zeros.
     """
@@ -649,10 +659,11 @@ def gat_attention(
     el = el.to(acc).contiguous()
     er = er.to(acc).contiguous()
     wh = wh.contiguous()
-    seed, offset = _rng_pair(rng, dropout, wh.shape[1])
+    seed, offset = _rng_pair(rng, dropout, wh.shape[1], wh.device)
     if backend.reference_enabled():
         from .reference import gat_attention_reference
 
+        seed, offset = _host_pair(seed, offset)
         return gat_attention_reference(
             graph, wh, el, er, negative_slope=negative_slope, dropout=dropout, seed=seed, offset=offset
         )[0].to(wh.dtype)
@@ -839,13 +850,30 @@ def _check_attention_vectors(heads: int, head_dim: int, **vectors: torch.Tensor)
             raise ValueError(f"{name} must have shape (1, H, D) = (1, {heads}, {head_dim}) or (H, D), got {shape}")
 
 
-def _rng_pair(rng: PhiloxStream | None, dropout: float, heads: int) -> tuple[int, int]:
-    """(seed, offset) of one launch: ``heads`` positions taken from ``rng`` when dropout is on."""
-    if rng is not None and not isinstance(rng, PhiloxStream):
-        raise TypeError(f"rng must be a fusecore.PhiloxStream or None, got {type(rng).__name__}")
+def _rng_pair(rng: PhiloxStream | DevicePhiloxStream | None, dropout: float, heads: int,
+              device: torch.device) -> tuple[int | torch.Tensor, int]:
+    """(seed, offset) of one launch: ``heads`` positions taken from ``rng`` when dropout is on.
+
+    From a :class:`~fusecore.DevicePhiloxStream` on ``device`` the seed is its int64 pair
+    ``[seed, offset]`` on the device (``take`` is a launch: it runs, and is captured, in stream
+    order with the kernels that read the pair) and the offset 0."""
+    if rng is not None and not isinstance(rng, (PhiloxStream, DevicePhiloxStream)):
+        raise TypeError(f"rng must be a fusecore.PhiloxStream, a fusecore.DevicePhiloxStream or None, "
+                        f"got {type(rng).__name__}")
+    if isinstance(rng, DevicePhiloxStream) and rng.device != torch.device(device):
+        raise ValueError(f"rng is a DevicePhiloxStream on '{rng.device}' but the features are on '{device}'")
     if dropout <= 0:
         return 0, 0
+    if isinstance(rng, DevicePhiloxStream):
+        return rng.take(heads), 0
     return (rng or PhiloxStream.from_torch()).take(heads)
+
+
+def _host_pair(seed: int | torch.Tensor, offset: int) -> tuple[int, int]:
+    """(seed, offset) as ints, for the reference path (a device pair is read back: a sync)."""
+    if isinstance(seed, torch.Tensor):
+        seed, offset = seed.tolist()
+    return seed, offset
 
 
 def node_scores(wh: torch.Tensor, attn_l: torch.Tensor, attn_r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -877,7 +905,7 @@ def gat(
     *,
     negative_slope: float = 0.2,
     dropout: float = 0.0,
-    rng: PhiloxStream | None = None,
+    rng: PhiloxStream | DevicePhiloxStream | None = None,
     schedule: ScheduleOptions | None = None,
     out_add: torch.Tensor | None = None,
     weight: torch.Tensor | None = None,
@@ -918,7 +946,7 @@ def gat(
             graph, wh, el, er, negative_slope=negative_slope, dropout=dropout, rng=rng, schedule=schedule
         )
         return out if add is None else out + add
-    seed, offset = _rng_pair(rng, dropout, heads)
+    seed, offset = _rng_pair(rng, dropout, heads, wh.device)
     backend.check_devices(wh=wh, weight=weight, attn_l=attn_l, attn_r=attn_r, out_add=add, graph=graph.indptr)
     # attn_l, attn_r and out_add go in as given (the node views them: no autograd view nodes here)
     return GATFunction.apply(
@@ -1075,7 +1103,7 @@ def gatv2(
     *,
     negative_slope: float = 0.2,
     dropout: float = 0.0,
-    rng: PhiloxStream | None = None,
+    rng: PhiloxStream | DevicePhiloxStream | None = None,
     schedule: ScheduleOptions | None = None,
 ) -> torch.Tensor:
     """Fused GATv2 attention (Brody et al., 2022) over ``graph``.
@@ -1098,10 +1126,11 @@ def gatv2(
     dropout = _check_dropout(dropout)
     negative_slope = _check_negative_slope(negative_slope)
     _check_schedule(schedule)
-    seed, offset = _rng_pair(rng, dropout, heads)
+    seed, offset = _rng_pair(rng, dropout, heads, feat_src.device)
     if backend.reference_enabled():
         from .reference import gatv2_reference
 
+        seed, offset = _host_pair(seed, offset)
         return gatv2_reference(
             graph, feat_src, feat_dst, attn, negative_slope=negative_slope, dropout=dropout, seed=seed, offset=offset
         )[0].to(feat_src.dtype)
@@ -1122,7 +1151,7 @@ def transformer_attention(
     *,
     scale: float | None = None,
     dropout: float = 0.0,
-    rng: PhiloxStream | None = None,
+    rng: PhiloxStream | DevicePhiloxStream | None = None,
     schedule: ScheduleOptions | None = None,
     out_add: torch.Tensor | None = None,
 ) -> torch.Tensor:
@@ -1164,10 +1193,11 @@ def transformer_attention(
     dropout = _check_dropout(dropout)
     _check_schedule(schedule)
     add = _check_addend(out_add, graph, heads, head_dim, value.dtype)
-    seed, offset = _rng_pair(rng, dropout, heads)
+    seed, offset = _rng_pair(rng, dropout, heads, value.device)
     if backend.reference_enabled():
         from .reference import transformer_attention_reference
 
+        seed, offset = _host_pair(seed, offset)
         out = transformer_attention_reference(
             graph, query, key, value, edge_attr, edge_weight, scale=scale, dropout=dropout, seed=seed, offset=offset
         )[0].to(value.dtype)

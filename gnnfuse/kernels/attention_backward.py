@@ -37,7 +37,7 @@ import triton.language as tl
 
 from fusecore.backend import jit
 
-from .dropout import attention_dropout
+from .dropout import attention_dropout, dropout_seed
 from .edge_features import (
     attr_outer,
     edge_attr_tile,
@@ -62,6 +62,7 @@ def attention_backward_src_kernel(
     BLOCK_K: tl.constexpr, EDGE_DOT: tl.constexpr, KEY_SCALE: tl.constexpr, LANES: tl.constexpr,
 ):
     acc_dtype = lse_ptr.dtype.element_ty
+    seed, rng_offset = dropout_seed(seed, rng_offset, DROPOUT)
     pid = tl.program_id(0).to(tl.int64)
     offs_e = tl.arange(0, BLOCK_E)
     offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
@@ -166,6 +167,7 @@ def attention_backward_src_light_kernel(
 ):
     """The source pass for ``ROWS`` light source rows per program, edges in one tile."""
     acc_dtype = lse_ptr.dtype.element_ty
+    seed, rng_offset = dropout_seed(seed, rng_offset, DROPOUT)
     pid = tl.program_id(0).to(tl.int64)
     offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
     c_offs, c_mask = flat_head_tile(H, D, BLOCK_H, BLOCK_D)
@@ -275,6 +277,7 @@ def attention_backward_dst_kernel(
     ``α'`` and writes ``∂attr`` per edge (``ATTR_GRAD``) and the row's ``A``, ``B`` sums
     (``WEIGHT_GRAD``): only the gradients autograd asks for are formed."""
     acc_dtype = grad_s_ptr.dtype.element_ty
+    seed, rng_offset = dropout_seed(seed, rng_offset, DROPOUT)
     pid = tl.program_id(0).to(tl.int64)
     offs_e = tl.arange(0, BLOCK_E)
     offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
@@ -348,6 +351,7 @@ def attention_backward_dst_light_kernel(
 ):
     """The destination pass for ``ROWS`` light rows per program, edges in one tile."""
     acc_dtype = grad_s_ptr.dtype.element_ty
+    seed, rng_offset = dropout_seed(seed, rng_offset, DROPOUT)
     pid = tl.program_id(0).to(tl.int64)
     offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
     c_offs, c_mask = flat_head_tile(H, D, BLOCK_H, BLOCK_D)

@@ -47,7 +47,7 @@ import triton.language as tl
 
 from fusecore.backend import jit
 
-from .dropout import attention_dropout
+from .dropout import attention_dropout, dropout_seed
 from .edge_features import edge_attr_tile, edge_weight_heads, edge_weight_tile, project_edges, row_edge_terms
 from .scores import edge_scores, gather_keys
 from .tiles import finish_softmax, flat_head_tile, head_tile, item_edges, light_edges, store_output
@@ -63,6 +63,7 @@ def attention_forward_rows_kernel(
     BLOCK_K: tl.constexpr, KEY_SCALE: tl.constexpr, LANES: tl.constexpr, ADD: tl.constexpr, FINAL: tl.constexpr,
 ):
     acc_dtype = lse_ptr.dtype.element_ty
+    seed, rng_offset = dropout_seed(seed, rng_offset, DROPOUT)
     pid = tl.program_id(0).to(tl.int64)
     offs_e = tl.arange(0, BLOCK_E)
     offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
@@ -169,6 +170,7 @@ def attention_forward_light_kernel(
     KEY_SCALE: tl.constexpr, ADD: tl.constexpr, FINAL: tl.constexpr,
 ):
     acc_dtype = lse_ptr.dtype.element_ty
+    seed, rng_offset = dropout_seed(seed, rng_offset, DROPOUT)
     pid = tl.program_id(0).to(tl.int64)
     offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
     c_offs, c_mask = flat_head_tile(H, D, BLOCK_H, BLOCK_D)

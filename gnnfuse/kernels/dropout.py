@@ -5,12 +5,36 @@ The weight of the edge at CSR position ``p`` and head ``h`` is kept when
 scaled by ``1 / (1 − dropout_p)``.  The forward and both backward passes call
 :func:`attention_dropout` with the same counters, so they agree bit for bit; the oracle is
 :func:`gnnfuse.reference.dropout_keep_mask`.
+
+Where ``(seed, offset)`` comes from is the kernels' constexpr ``DROPOUT``:
+
+* ``DROPOUT_OFF`` (0) — no dropout;
+* ``DROPOUT_HOST`` (1) — the two scalars as passed (a :class:`fusecore.PhiloxStream`'s pair);
+* ``DROPOUT_DEVICE`` (2) — the ``seed`` argument points to the int64 pair a
+  :class:`fusecore.DevicePhiloxStream` handed the call (:func:`fusecore.rng.load_seed_pair`):
+  captured in a CUDA graph, every replay reads the pair the graph's own ``take`` wrote, so each
+  replay draws a fresh mask, and the backward, reading the same pair, regenerates it.
+
+Each kernel calls :func:`dropout_seed` once, before its edge loop (two int64 loads per program).
 """
 
 import triton.language as tl
 
 from fusecore.backend import jit
-from fusecore.rng import uniform4
+from fusecore.rng import load_seed_pair, uniform4
+
+DROPOUT_OFF = 0
+DROPOUT_HOST = 1
+DROPOUT_DEVICE = 2
+
+
+@jit
+def dropout_seed(seed, rng_offset, DROPOUT: tl.constexpr):
+    """The launch's ``(seed, offset)``: read from the device pair ``seed`` points to with
+    ``DROPOUT_DEVICE``, else the scalars themselves."""
+    if DROPOUT == 2:
+        seed, rng_offset = load_seed_pair(seed)
+    return seed, rng_offset
 
 
 @jit

@@ -5,6 +5,7 @@ import torch
 from gnn_testing import SCHEDULES, corner_case_edges
 
 import gnnfuse
+from fusecore import DevicePhiloxStream, PhiloxStream
 from fusecore.testing import TOLERANCES, assert_close
 from gnnfuse import Graph
 from gnnfuse.nn import AGNNConv, GATConv, GATv2Conv, GraphTransformerConv
@@ -21,19 +22,18 @@ def test_capture_refuses_what_a_replay_cannot_do(gen):
         gnnfuse.capture(GATConv(6, 4, 2), graph, x, warmup=0)
     with pytest.raises(ValueError, match=r"inputs\[0\] on 'cpu'"):
         gnnfuse.capture(GATConv(6, 4, 2), graph, x)
-    with pytest.raises(ValueError, match="attention dropout"):
-        gnnfuse.capture(GATConv(6, 4, 2, attn_drop=0.1), graph, x)
-    with pytest.raises(ValueError, match="attention dropout"):
-        gnnfuse.capture(GraphTransformerConv(6, 4, heads=2, dropout=0.1), graph, x)
+    with pytest.raises(TypeError, match="rng must be a fusecore.DevicePhiloxStream"):
+        gnnfuse.capture(GATConv(6, 4, 2, attn_drop=0.1), graph, x, rng=PhiloxStream(1))  # a graph would freeze it
 
 
-def _twins(make, device):
-    """Two copies of one layer: one captured, one called as usual."""
+def _graph_and_twins(make, gen, device):
+    """The corner-case graph and two copies of one layer: one to capture, one called as usual."""
+    graph = Graph(corner_case_edges(gen).to(device), 29)
     torch.manual_seed(0)
     captured = make().to(device)
     called = make().to(device)
     called.load_state_dict(captured.state_dict())
-    return captured, called
+    return graph, captured, called
 
 
 LAYERS = {
@@ -50,8 +50,7 @@ def test_captured_training_matches_the_layer_as_called(gen, device, name):
     # Three SGD steps on fresh inputs each: outputs, input and parameter gradients and the updated
     # parameters of the captured layer follow the layer as called (every bucket kind in the graph).
     make, edge_dim = LAYERS[name]
-    graph = Graph(corner_case_edges(gen).to(device), 29)
-    layer, twin = _twins(make, device)
+    graph, layer, twin = _graph_and_twins(make, gen, device)
     width = 6
     input_grad = name == "AGNNConv"
 
@@ -105,3 +104,47 @@ def test_captured_outputs_are_copies_and_stale_backward_is_refused(gen, device):
         captured(x.requires_grad_(True))  # an input gradient the graphs do not form
     with pytest.raises(ValueError, match="inputs like its capture's samples"):
         captured(x.detach()[:20])
+
+
+DROPOUT_LAYERS = {
+    "GATConv": (lambda: GATConv(6, 4, 2, attn_drop=0.6, allow_zero_in_degree=True), None),
+    "GATv2Conv": (lambda: GATv2Conv(6, 4, 2, attn_drop=0.6, allow_zero_in_degree=True), None),
+    "GraphTransformerConv": (lambda: GraphTransformerConv(6, 4, heads=2, dropout=0.6, edge_dim=3), 3),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(DROPOUT_LAYERS))
+def test_captured_attention_dropout_draws_a_fresh_mask_per_replay(gen, device, name):
+    # The same input replayed three times: each replay's output and gradients are those of the
+    # layer as called with a host PhiloxStream at the device stream's seed and offset before the
+    # replay (so its backward regenerated its own forward's mask), and the replays differ.
+    make, edge_dim = DROPOUT_LAYERS[name]
+    graph, layer, twin = _graph_and_twins(make, gen, device)
+    heads = 2
+    sample = (torch.randn(29, 6, generator=gen).to(device),
+              *(() if edge_dim is None else (torch.randn(graph.num_edges, edge_dim, generator=gen).to(device),)))
+    seed = int(torch.randint(0, 2**62, (1,), generator=gen))
+    stream = DevicePhiloxStream(seed, device, offset=100)
+    captured = gnnfuse.capture(layer, graph, *sample, schedule=SCHEDULES["mixed"], rng=stream, warmup=2)
+    assert captured.rng is stream
+    assert stream.state.tolist() == [seed, 100 + 2 * heads]  # the warm-up drew; the capture ran nothing
+    outputs = []
+    for replay in range(3):
+        offset = 100 + (2 + replay) * heads
+        out = captured(*sample)
+        want = twin(graph, *sample, schedule=SCHEDULES["mixed"], rng=PhiloxStream(seed, offset))
+        assert stream.state.tolist() == [seed, offset + heads]
+        assert_close(out, want, tol=TOLERANCES[torch.float32], name=f"{name} replay {replay}")
+        grad = torch.randn(want.shape, generator=gen).to(device)
+        out.backward(grad)
+        want.backward(grad)
+        for (pname, p), q in zip(layer.named_parameters(), twin.parameters()):
+            assert_close(p.grad, q.grad, tol=TOLERANCES[torch.float32], name=f"{name} replay {replay} grad {pname}")
+        layer.zero_grad()
+        twin.zero_grad()
+        outputs.append(out.detach())
+    assert not torch.equal(outputs[0], outputs[1]) and not torch.equal(outputs[1], outputs[2])
+    default = gnnfuse.capture(make().to(device), graph, *sample)  # a stream seeded from torch's generator
+    assert isinstance(default.rng, DevicePhiloxStream)
+    assert not torch.equal(default(*sample), default(*sample))
