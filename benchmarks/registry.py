@@ -92,11 +92,15 @@ class Context:
         flops: float | None = None,
         flop_dtype: str = "bfloat16",
         cuda_graph: bool = False,
+        back_to_back: bool = False,
         memory: bool = False,
         params: dict | None = None,
         variant: str | None = None,
     ) -> Record:
         """Time ``fn`` (median of many runs) and add a record for ``implementation``.
+
+        ``back_to_back`` (GPU): wall time per call of calls issued one after another, the
+        host's launch work included (``fusecore.timing.measure``); the CPU times every call so.
 
         ``variant`` extends the case name (for example a size or dtype) so one case can emit
         several rows; records of one (case, variant) share a baseline.
@@ -112,6 +116,7 @@ class Context:
             rep_ms=rep_ms,
             warmup_ms=25.0 if on_gpu else 0.0,
             cuda_graph=cuda_graph and on_gpu,
+            back_to_back=back_to_back and on_gpu,
             min_cpu_reps=1 if self.quick else 3,
         )
         peak = peak_memory(fn, self.device) if (memory and on_gpu) else None

@@ -144,7 +144,7 @@ class Record:
             floor_ms=floor,
             fraction_of_floor=fraction,
             peak_memory_bytes=peak_memory_bytes,
-            params=dict(params or {}),
+            params=dict(params or {}) | ({} if timing.host_ms is None else {"host_ms": timing.host_ms}),
             env=environment(device),
         )
 

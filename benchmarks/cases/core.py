@@ -36,9 +36,10 @@ def langevin_case(ctx: Context) -> None:
 def fast_launch_case(ctx: Context) -> None:
     """Host time of compiled launches: Triton's per-call dispatch against fusecore's direct path.
 
-    Rows as called (do_bench: the host's launch work shows when the GPU work is short): the
-    demo op at a size whose kernel takes a few microseconds, and a GAT layer (bf16, 8 heads x
-    16) on a power-law graph shaped like ogbn-arxiv, forward and training step.  Both paths
+    Rows timed back to back (calls issued one after another, wall time per call; the host's
+    issue time per call in params host_ms): the demo op at a size whose kernel takes a few
+    microseconds (host-bound: the row is the launch path's cost), and a GAT layer (bf16, 8 heads
+    x 16) on a power-law graph shaped like ogbn-arxiv, forward and training step.  Both paths
     must give the same outputs (checked)."""
     import gnnfuse
     from fusecore.fast_launch import fast_launch_enabled, set_fast_launch
@@ -80,7 +81,7 @@ def fast_launch_case(ctx: Context) -> None:
                 set_fast_launch(enabled)
                 fn()  # first launch of each specialisation: compiles, records the launcher
                 outs.append(fn().float().clone())
-                ctx.time(impl, fn, variant=variant, params={"fast_launch": enabled})
+                ctx.time(impl, fn, variant=variant, params={"fast_launch": enabled}, back_to_back=True)
             ctx.check(f"{variant}: direct launch equals Triton's", outs[1], outs[0], 1e-6)
     finally:
         set_fast_launch(before)

@@ -98,3 +98,41 @@ def test_commit_comes_from_fusekit_commit_when_set(monkeypatch):
         assert report.environment()["commit"] == "abc1234"
     finally:
         report._git_commit.cache_clear()
+
+
+def test_back_to_back_needs_cuda_and_excludes_graphs():
+    with pytest.raises(ValueError, match="CUDA"):
+        measure(lambda: None, device="cpu", back_to_back=True)
+    with pytest.raises(ValueError, match="exclude"):
+        measure(lambda: None, device="cpu", back_to_back=True, cuda_graph=True)
+
+
+def test_batch_size_spans_about_two_milliseconds():
+    from fusecore.timing import batch_size
+
+    assert batch_size(0.01) == 200 and batch_size(5.0) == 2 and batch_size(0.0) == 10_000
+    assert batch_size(1e-6) == 10_000
+
+
+def test_host_ms_lands_in_the_record_params():
+    timed = Record.from_timing("core", "c", "i", Timing(1.0, 0.9, 1.1, True, "back-to-back x2", host_ms=0.25),
+                               device="cpu", params={"n": 1})
+    assert timed.params == {"n": 1, "host_ms": 0.25}
+    assert _record("a", "b", 1.0).params == {"n": 3}
+
+
+@pytest.mark.gpu
+def test_gpu_back_to_back_counts_host_work():
+    """A call whose host work (a sleep) exceeds its GPU work is timed at least at the sleep."""
+    import time as _time
+
+    x = torch.randn(1 << 10, device="cuda")
+
+    def slow_issue():
+        _time.sleep(2e-4)
+        return x.mul(2.0)
+
+    timing = measure(slow_issue, rep_ms=20, back_to_back=True)
+    assert timing.method.startswith("back-to-back") and timing.host_ms >= 0.2 and timing.median_ms >= 0.2
+    fast = measure(lambda: x.mul(2.0), rep_ms=20, back_to_back=True)
+    assert fast.median_ms < timing.median_ms
