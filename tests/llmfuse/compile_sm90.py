@@ -6,8 +6,16 @@ the launchers of :mod:`llmfuse.ops` then run against recorders that compile each
 with ``triton.compile`` for ``GPUTarget("cuda", 90, 32)`` (frontend, LLVM and ptxas) with
 the exact arguments and constexprs a decode step passes, instead of launching it.  A
 failure prints the kernel and the compiler's error and exits non-zero.
+
+``--report MODEL BATCH [TUNING_JSON ...]`` (MODEL ``1b`` or ``8b``: Llama-3.2-1B / 3.1-8B shapes with two
+layers and a short vocabulary, which change no kernel's code) compiles the per-layer step of the GPU plan
+an H100/H200 gets at context 512 (``make_plan`` with a 132-SM device), once per tuning (``'{}'``: the
+default), and prints what ptxas allotted each kernel — registers, local memory, warps per SM
+(:func:`fusecore.compile_check.resources`) — so a plan variant's occupancy is known before a GPU run
+(session 8: the fused Q/K/V + attention launch of Llama-3.2-1B 223 registers, as ncu counted on the H200).
 """
 
+import json
 import re
 import sys
 
@@ -21,6 +29,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 import fusecore  # noqa: E402
 import llmfuse.ops as ops  # noqa: E402
+from fusecore import compile_check  # noqa: E402
 from fusecore.device import DeviceFacts  # noqa: E402
 from llmfuse import reference as ref  # noqa: E402
 from llmfuse.config import LlamaConfig  # noqa: E402
@@ -66,9 +75,11 @@ def check_pdl_order(name: str, ptx: str, prefetches: bool, weights_early: bool, 
 
 
 class CompileInsteadOfLaunch:
-    """Stands in for a kernel in llmfuse.ops: ``kernel[grid](*args)`` compiles for sm_90."""
+    """Stands in for a kernel in llmfuse.ops: ``kernel[grid](*args)`` compiles for sm_90 (and, when
+    ``resources`` is a list, appends what ptxas allotted each new specialisation to it)."""
 
     compiled: set = set()
+    resources: list | None = None
 
     def __init__(self, kernel, name: str):
         self.kernel, self.name = kernel, name
@@ -98,12 +109,40 @@ class CompileInsteadOfLaunch:
                 source = ASTSource(fn=self.kernel, signature=signature, constexprs=constexprs, attrs=attrs)
                 compiled = triton.compile(source, target=TARGET, options={
                     k: values[k] for k in ("num_warps", "num_stages", "maxnreg") if k in values})
+                if self.resources is not None:
+                    named = {name: values[name] for name, param in zip(self.kernel.arg_names, self.kernel.params)
+                             if param.is_constexpr}
+                    self.resources.append(compile_check.resources(compiled, self.name, TARGET, named))
                 if values.get("USE_PDL"):
                     check_pdl_order(self.name, compiled.asm["ptx"], values.get("PREFETCH_LINES", 0) > 0,
                                     values.get("ROW_PREFETCH", 0) >= 2, values.get("X_FIX", 0) == 2)
                 self.compiled.add(key)
 
         return compile_only
+
+
+# --report: Llama shapes (benchmarks/cases/llm.py) with two layers and a short vocabulary; the slots of
+# context 512 (as the decode case), which set the attention splits and so the plan's tiles per launch
+REPORT_MODELS = {"1b": dict(hidden_size=2048, intermediate_size=8192, head_dim=64),
+                 "8b": dict(hidden_size=4096, intermediate_size=14336, head_dim=128)}
+REPORT_SLOTS = 520
+
+
+def report(model: str, batch: int, tunings: list[dict]) -> int:
+    """Print the resources of every kernel of one per-layer step of the GPU plan, per tuning."""
+    cfg = LlamaConfig(vocab_size=1003, num_hidden_layers=2, num_attention_heads=32, num_key_value_heads=8,
+                      **REPORT_MODELS[model])
+    w = random_weights(cfg, dtype=torch.bfloat16)
+    for tuning in tunings:
+        CompileInsteadOfLaunch.compiled, CompileInsteadOfLaunch.resources = set(), []
+        plan = ops.make_plan(cfg, batch, REPORT_SLOTS, torch.bfloat16, torch.device("cuda"), **tuning)
+        buf = ops.DecodeBuffers.allocate(cfg, plan, torch.bfloat16, torch.device("cpu"))
+        cache = ref.KVCache.empty(cfg, batch, REPORT_SLOTS, dtype=torch.bfloat16, device="cpu")
+        ops.fused_step(w, cfg, cache, buf, plan, cfg.rope_inv_freq(), torch.zeros(batch, dtype=torch.int64),
+                       looped=False, write_logits=True)
+        print(f"== Llama {model}, batch {batch}, tuning {tuning or 'default'}: tiles {plan.tiles(cfg)}")
+        print(compile_check.format_report(CompileInsteadOfLaunch.resources))
+    return 0
 
 
 def main(argv: list[str]) -> int:
@@ -118,6 +157,11 @@ def main(argv: list[str]) -> int:
     ops.check_step_inputs = lambda *tensors: None  # the tensors stay on the CPU: nothing is launched
     h100 = DeviceFacts("NVIDIA H100 80GB HBM3", "cuda", 132, 50 << 20, 227 << 10, (9, 0))
     ops.device_facts = lambda device: h100
+    if argv[:1] == ["--report"]:
+        if len(argv) < 3 or argv[1] not in REPORT_MODELS:
+            print(f"usage: compile_sm90.py --report {{{','.join(REPORT_MODELS)}}} BATCH [TUNING_JSON ...]")
+            return 2
+        return report(argv[1], int(argv[2]), [json.loads(text) for text in argv[3:]] or [{}])
     configs = [
         (LlamaConfig(vocab_size=1003, hidden_size=256, intermediate_size=688, num_hidden_layers=2,
                      num_attention_heads=8, num_key_value_heads=2, head_dim=64), torch.bfloat16,

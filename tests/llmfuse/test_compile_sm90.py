@@ -23,3 +23,22 @@ def test_all_decode_kernels_compile_for_sm90():
     run = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, env=env, timeout=600)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     assert "kernel variants for sm_90" in run.stdout
+
+
+@pytest.mark.skipif(fusecore.COMPILED, reason="with a GPU the kernels are compiled and run by the other tests")
+@pytest.mark.skipif(not PTXAS.exists(), reason="triton's bundled ptxas is missing")
+def test_report_gives_each_kernel_of_the_1b_step_its_registers_and_occupancy():
+    """``--report 1b 1``: the H100/H200 batch-1 plan of the Llama-3.2-1B shape (192 Q/K/V + 72 attention
+    tiles in one launch) and, per kernel of its step, registers within the hardware's 255 and at least one
+    resident program per SM."""
+    env = {**os.environ, "PYTHONPATH": str(SCRIPT.parents[2]), "TRITON_DEFAULT_FP_FUSION": "1"}
+    env.pop("TRITON_INTERPRET", None)
+    run = subprocess.run([sys.executable, str(SCRIPT), "--report", "1b", "1", "{}"], capture_output=True, text=True,
+                         env=env, timeout=600)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    assert "'qkv': 192, 'attention': 72" in run.stdout
+    rows = {line.split()[0]: line.split() for line in run.stdout.splitlines() if line.endswith("USE_PDL=True")
+            or "USE_PDL=True," in line}
+    for kernel in ("qkv_attention_kernel", "residual_proj_kernel", "gate_up_kernel", "lm_head_kernel"):
+        warps, registers, warps_per_sm = int(rows[kernel][1]), int(rows[kernel][2]), int(rows[kernel][5])
+        assert 0 < registers <= 255 and warps_per_sm >= warps, rows[kernel]
