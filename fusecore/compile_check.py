@@ -15,9 +15,12 @@ distinct specialisation is compiled once per process (and Triton's on-disk cache
 across runs).
 
 The check uses the Triton installed here, which may be newer than the GPU machine's: it
-catches what the compiler rejects, not an API that an older Triton lacks.  Integer arguments
-get Triton's own launch types (``i32``, ``i64``, ``u64`` by value) and every tensor pointer is
-taken as 16-byte aligned, the common specialisation of a launch.
+catches what the compiler rejects, not an API that an older Triton lacks.  Arguments are
+specialised as a GPU launch specialises them (Triton's own routine): integers get their launch
+types (``i32``, ``i64``, ``u64`` by value), an integer equal to 1 becomes a constexpr, and an
+integer that is a multiple of 16 or a tensor whose address is gets ``tt.divisibility`` 16 —
+without that the compiled code and its register count differ from the GPU's (a gnnfuse row
+kernel: 199 registers reported against the 96 the H100's profiler counted).
 
 With ``FUSEKIT_COMPILE_REPORT=<file.jsonl>`` as well, each compiled specialisation appends one
 line to that file: the kernel, its launch options and constexprs, and what ``ptxas`` allotted —
@@ -58,11 +61,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from triton.backends.compiler import GPUTarget
+from triton.backends.compiler import BaseBackend, GPUTarget
 from triton.compiler import ASTSource
 from triton.runtime.errors import InterpreterError
 from triton.runtime.interpreter import InterpretedFunction, TensorHandle, _patch_lang
 from triton.runtime.jit import JITFunction, mangle_type
+
+try:  # Triton's own launch specialisation (integers == 1, divisibility by 16)
+    from triton._C.libtriton import native_specialize_impl as _native_specialize
+except ImportError:  # pragma: no cover - older Triton
+    _native_specialize = None
 
 ENV_VAR = "FUSEKIT_COMPILE_FOR"
 REPORT_ENV_VAR = "FUSEKIT_COMPILE_REPORT"
@@ -234,12 +242,21 @@ def format_report(entries: list[KernelResources]) -> str:
     return "\n".join(lines)
 
 
-def _arg_type(value: Any) -> str | None:
-    """Triton's signature type of a runtime argument, as a launch on the GPU derives it
-    (None: pass the value as a constexpr)."""
-    if isinstance(value, (torch.Tensor, bool, int, float)):
-        return mangle_type(value)
-    return None
+def _specialize(value: Any, param: Any) -> tuple[str, bool] | None:
+    """``(type, divisible by 16)`` of a runtime argument as a GPU launch specialises it: an
+    integer equal to 1 becomes the constexpr 1 (type ``"constexpr"``), an integer multiple of 16
+    and a tensor whose address is a multiple of 16 get ``tt.divisibility`` 16 (unless the
+    parameter opts out with ``do_not_specialize`` / ``do_not_specialize_on_alignment``).
+    Without these the compiled code, and its register count, would differ from the GPU's.
+    None: pass the value as a constexpr."""
+    if not isinstance(value, (torch.Tensor, bool, int, float)):
+        return None
+    if _native_specialize is None:  # an older Triton: the type alone, tensors assumed aligned
+        return mangle_type(value), isinstance(value, torch.Tensor)
+    kind, spec = _native_specialize(BaseBackend, value, bool(getattr(param, "is_const", False)),
+                                    not getattr(param, "do_not_specialize", False),
+                                    not getattr(param, "do_not_specialize_on_alignment", False))
+    return kind, spec == "D"
 
 
 class CheckedFunction(JITFunction):
@@ -290,15 +307,15 @@ class CheckedFunction(JITFunction):
                     raise CompileCheckError(f"{self.fn.__qualname__} launched without its argument {name!r}")
                 values[name] = param.default
             value = values[name]
-            kind = None if param.is_constexpr else _arg_type(value)
-            if kind is None:
+            spec = None if param.is_constexpr else _specialize(value, param)
+            if spec is None or spec[0] == "constexpr":
                 signature[name], constexprs[(index,)] = "constexpr", value
             else:
-                signature[name] = kind
-                if isinstance(value, torch.Tensor):
+                signature[name] = spec[0]
+                if spec[1]:
                     attrs[(index,)] = [["tt.divisibility", 16]]
         key = (tuple(signature.items()), tuple((k, repr(v)) for k, v in constexprs.items()),
-               tuple(sorted((k, repr(v)) for k, v in options.items())))
+               tuple(sorted(attrs)), tuple(sorted((k, repr(v)) for k, v in options.items())))
         if key in self._compiled:
             return
         import triton

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from fusecore.backend import COMPILED
 
@@ -159,3 +160,23 @@ def test_compare_dumps_finds_a_changed_instruction(tmp_path):
     assert [k.splitlines()[0] for k in result.only_before] == ["m.gone"]
     assert [k.splitlines()[0] for k in result.only_after] == ["m.new"]
     assert "1 specialisations with the same PTX" in result.report() and "DIFFERING: m.k" in result.report()
+
+
+def test_arguments_are_specialised_as_a_gpu_launch_does():
+    """Integers equal to 1 become constexprs; multiples of 16 and 16-byte-aligned tensors get
+    tt.divisibility 16, unless the parameter opts out — as Triton's launcher specialises them."""
+    from types import SimpleNamespace
+
+    from fusecore.compile_check import _specialize
+
+    plain = SimpleNamespace(is_const=False, do_not_specialize=False, do_not_specialize_on_alignment=False)
+    x = torch.zeros(64)
+    assert _specialize(1, plain)[0] == "constexpr"
+    assert _specialize(32, plain) == ("i32", True) and _specialize(17, plain) == ("i32", False)
+    assert _specialize(2**40, plain) == ("i64", True)
+    assert _specialize(x, plain) == ("*fp32", True) and _specialize(x[1:], plain) == ("*fp32", False)
+    assert _specialize(1.5, plain) == ("fp32", False) and _specialize(True, plain) == ("u1", False)
+    assert _specialize(None, plain) is None and _specialize("text", plain) is None
+    unspecialised = SimpleNamespace(is_const=False, do_not_specialize=True, do_not_specialize_on_alignment=True)
+    assert _specialize(1, unspecialised) == ("i32", False) and _specialize(32, unspecialised) == ("i32", False)
+    assert _specialize(x, unspecialised) == ("*fp32", False)
