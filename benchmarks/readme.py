@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from fusecore.report import Record, read_jsonl
@@ -42,10 +43,22 @@ def _sweep_cases() -> set[tuple[str, str]]:
     return {(c.domain, c.name) for c in cases() if not c.headline}
 
 
-def _headline(records: list[Record]) -> list[str]:
-    """One row per case variant: baseline, the fastest other implementation, fusekit's fastest.
+@dataclass(frozen=True)
+class Headline:
+    """One case variant's headline: fusekit's fastest like-for-like row, the case's baseline row
+    and the fastest other implementation timed in the same run (None if there is none)."""
 
-    Tuning sweeps and breakdowns (``headline=False``) stay in the JSON files and plots.
+    domain: str
+    case: str
+    best: Record
+    base: Record
+    peer: Record | None
+
+
+def headline(records: list[Record]) -> list[Headline]:
+    """One entry per case variant that has a fusekit row and its baseline.
+
+    Tuning sweeps and breakdowns (``headline=False``) are left out: they stay in the JSON files.
     """
     sweeps = _sweep_cases()
     groups: dict[tuple[str, str], list[Record]] = {}
@@ -53,11 +66,7 @@ def _headline(records: list[Record]) -> list[str]:
         if (r.domain, r.case.split("[", 1)[0]) in sweeps:
             continue
         groups.setdefault((r.domain, r.case), []).append(r)
-    rows = [
-        "| domain | case | baseline ms | fastest other (ms) | fusekit (ms) | × baseline | × other | % of floor "
-        "| peak memory |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
+    out = []
     for (domain, case), group in groups.items():
         ours = [r for r in group if _is_fusekit(r)]
         # like for like: a CUDA-graph replay, or a run that skips the trajectory, is the headline
@@ -71,14 +80,26 @@ def _headline(records: list[Record]) -> list[str]:
         if base is None:  # component rows (no baseline in their variant) stay in the JSON only
             continue
         peers = [r for r in group if not _is_fusekit(r) and r is not base]
-        peer = min(peers, key=lambda r: r.median_ms) if peers else None
+        out.append(Headline(domain, case, best, base, min(peers, key=lambda r: r.median_ms) if peers else None))
+    return out
+
+
+def _headline(records: list[Record]) -> list[str]:
+    """The headline table: one row per case variant (:func:`headline`)."""
+    rows = [
+        "| domain | case | baseline ms | fastest other (ms) | fusekit (ms) | × baseline | × other | % of floor "
+        "| peak memory |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for h in headline(records):
+        best, base, peer = h.best, h.base, h.peer
         floor = f"{100 * best.fraction_of_floor:.1f}" if best.fraction_of_floor is not None else "-"
         mem = f"{best.peak_memory_bytes / 2**20:.0f} MiB" if best.peak_memory_bytes else "-"
         rows.append(
-            f"| {domain} | {case} | {_ms(base.median_ms) if base else '-'} "
+            f"| {h.domain} | {h.case} | {_ms(base.median_ms)} "
             f"| {f'{peer.implementation} ({_ms(peer.median_ms)})' if peer else '-'} "
             f"| {best.implementation} ({_ms(best.median_ms)}) "
-            f"| {f'{base.median_ms / best.median_ms:.2f}x' if base else '-'} "
+            f"| {base.median_ms / best.median_ms:.2f}x "
             f"| {f'{peer.median_ms / best.median_ms:.2f}x' if peer else '-'} | {floor} | {mem} |"
         )
     return rows
