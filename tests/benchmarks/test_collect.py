@@ -1,0 +1,52 @@
+"""benchmarks.collect: a GPU run's files merged into a results folder."""
+
+import pytest
+
+from benchmarks.collect import collect, main, plot_name
+from fusecore.report import Record, read_jsonl, set_speedups, write_jsonl
+
+
+def _rows(case: str, ms: float, commit: str) -> list[Record]:
+    env = {"commit": commit, "gpu": "NVIDIA H100 80GB HBM3"}
+    rows = [Record("gnn", f"{case}[x]", impl, m, m, m, True, "do_bench", env=env)
+            for impl, m in (("PyG eager", 4 * ms), ("fused (gnnfuse)", ms))]
+    set_speedups(rows, "PyG eager")
+    return rows
+
+
+def test_collect_merges_by_case_copies_logs_and_names_plots(tmp_path):
+    results, run = tmp_path / "results", tmp_path / "run"
+    (results / "H100").mkdir(parents=True)
+    run.mkdir()
+    write_jsonl(_rows("gatconv", 1.0, "old") + _rows("agnnconv", 2.0, "old"), results / "H100" / "gnn.jsonl",
+                append=False)
+    write_jsonl(_rows("gatconv", 0.5, "new"), run / "gnn.jsonl", append=False)
+    (run / "gnn-bench.log").write_text("log\n")
+    written = collect(run, "H100", "s8", results=results)
+    merged = read_jsonl(results / "H100" / "gnn.jsonl")
+    by_case = {(r.case, r.implementation): r for r in merged}
+    assert len(merged) == 4
+    assert by_case[("gatconv[x]", "fused (gnnfuse)")].median_ms == 0.5  # the rerun case replaced
+    assert by_case[("agnnconv[x]", "fused (gnnfuse)")].env["commit"] == "old"  # the other case kept
+    assert (results / "H100" / "gnn-bench.s8.log").read_text() == "log\n"
+    assert results / "H100" / "gnn-bench.s8.log" in written
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        pass
+    else:  # plots redrawn from the merged rows under the folder's names
+        assert (results / "H100" / "gnn-speedup.png").stat().st_size > 0
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        collect(tmp_path / "missing", "H100", "s8", results=results)
+    assert main([str(run), "--gpu", "H100", "--tag", "s9", "--results", str(results)]) == 0
+    assert (results / "H100" / "gnn-bench.s9.log").exists() and len(read_jsonl(results / "H100" / "gnn.jsonl")) == 4
+
+
+@pytest.mark.parametrize("domain, name, expected", [
+    ("gnn", "speedup.png", "gnn-speedup.png"),
+    ("gnn", "floor_fraction.png", "gnn-floor_fraction.png"),
+    ("llm", "llm_ms_per_token.png", "llm-ms-per-token.png"),
+    ("sim", "sim-complexity.png", "sim-complexity.png"),
+])
+def test_plot_names_match_the_committed_folders(domain, name, expected):
+    assert plot_name(domain, name) == expected
