@@ -2,12 +2,12 @@
 
     python -m benchmarks.collect RUN_DIR --gpu H100 --tag s8
 
-``RUN_DIR`` holds what a run on the GPU machine wrote: ``<domain>.jsonl`` result files (the
-``results.jsonl`` of ``python -m benchmarks --out``, renamed per domain), ``<name>.log`` logs.
-Each result file's rows replace, in ``<gpu>/<domain>.jsonl``, the rows of the cases it ran (the
-other cases keep their earlier runs: :func:`benchmarks.__main__.merge`); each domain's plots
-are redrawn from the merged file as ``<domain>-<plot>.png``; logs are copied as
-``<name>.<tag>.log``.  Then ``python -m benchmarks.readme`` regenerates the README's section.
+``RUN_DIR`` holds what a run on the GPU machine wrote: ``*.jsonl`` result files (the
+``results.jsonl`` of ``python -m benchmarks --out``, any domains, under any names) and
+``<name>.log`` logs.  Each domain's rows replace, in ``<gpu>/<domain>.jsonl``, the rows of the
+cases that ran (the other cases keep their earlier runs: :func:`benchmarks.__main__.merge`); each
+merged domain's plots are redrawn from its merged file as ``<domain>-<plot>.png``; logs are
+copied as ``<name>.<tag>.log``.  Then ``python -m benchmarks.readme`` regenerates the README's section.
 """
 
 from __future__ import annotations
@@ -43,10 +43,13 @@ def collect(run_dir: Path, gpu: str, tag: str, results: Path = RESULTS) -> list[
     dest = results / gpu
     dest.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
+    by_domain: dict[str, list] = {}
     for source in sorted(run_dir.glob("*.jsonl")):
-        domain = source.stem
+        for row in read_jsonl(source):
+            by_domain.setdefault(row.domain, []).append(row)
+    for domain, rows in by_domain.items():
         target = dest / f"{domain}.jsonl"
-        merged = merge(read_jsonl(source), read_jsonl(target) if target.exists() else [])
+        merged = merge(rows, read_jsonl(target) if target.exists() else [])
         written.append(write_jsonl(merged, target, append=False))
         with tempfile.TemporaryDirectory() as tmp:
             for plot in write_plots([r for r in merged if r.domain == domain], Path(tmp)):
@@ -59,7 +62,7 @@ def collect(run_dir: Path, gpu: str, tag: str, results: Path = RESULTS) -> list[
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.collect", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("run_dir", type=Path, help="what the GPU run wrote (<domain>.jsonl, *.log)")
+    parser.add_argument("run_dir", type=Path, help="what the GPU run wrote (*.jsonl, *.log)")
     parser.add_argument("--gpu", required=True, help="results folder name, e.g. H100 or H200")
     parser.add_argument("--tag", required=True, help="session tag for the logs, e.g. s8")
     parser.add_argument("--results", type=Path, default=RESULTS, help="results root (default: benchmarks/results)")

@@ -20,7 +20,8 @@ def test_collect_merges_by_case_copies_logs_and_names_plots(tmp_path):
     run.mkdir()
     write_jsonl(_rows("gatconv", 1.0, "old") + _rows("agnnconv", 2.0, "old"), results / "H100" / "gnn.jsonl",
                 append=False)
-    write_jsonl(_rows("gatconv", 0.5, "new"), run / "gnn.jsonl", append=False)
+    llm = Record("llm", "decode[y]", "fused per-layer kernels", 1.0, 1.0, 1.0, True, "do_bench", env={"commit": "new"})
+    write_jsonl(_rows("gatconv", 0.5, "new") + [llm], run / "results.jsonl", append=False)  # mixed domains
     (run / "gnn-bench.log").write_text("log\n")
     written = collect(run, "H100", "s8", results=results)
     merged = read_jsonl(results / "H100" / "gnn.jsonl")
@@ -28,6 +29,7 @@ def test_collect_merges_by_case_copies_logs_and_names_plots(tmp_path):
     assert len(merged) == 4
     assert by_case[("gatconv[x]", "fused (gnnfuse)")].median_ms == 0.5  # the rerun case replaced
     assert by_case[("agnnconv[x]", "fused (gnnfuse)")].env["commit"] == "old"  # the other case kept
+    assert [r.case for r in read_jsonl(results / "H100" / "llm.jsonl")] == ["decode[y]"]  # filed by domain
     assert (results / "H100" / "gnn-bench.s8.log").read_text() == "log\n"
     assert results / "H100" / "gnn-bench.s8.log" in written
     try:
