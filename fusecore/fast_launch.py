@@ -161,27 +161,30 @@ def _compiling() -> bool:
 class _Recorded:
     """How Triton called one specialisation's launcher: what to repeat on later launches."""
 
-    __slots__ = ("kernel", "launcher", "lead", "all_params", "tensors")
+    __slots__ = ("kernel", "launcher", "lead", "all_params")
 
-    def __init__(self, kernel: Any, launcher: Any, lead: tuple, all_params: bool, tensors: tuple[int, ...]):
+    def __init__(self, kernel: Any, launcher: Any, lead: tuple, all_params: bool):
         self.kernel = kernel
         self.launcher = launcher
         self.lead = lead  # what Triton passes between the stream and the kernel arguments
         self.all_params = all_params  # constexpr parameters passed too (Triton >= 3.3)
-        self.tensors = tensors  # positions of the passed arguments that are (CUDA) tensors
 
 
 def _binder(params: list[inspect.Parameter], constexpr: tuple[bool, ...], host_tensors: bool = False):
-    """``bind(*args, **kwargs) -> (values, key, options)`` for one kernel signature.
+    """``bind(*args, **kwargs) -> (values, full, runtime, key, options)`` or ``None``, for one kernel signature.
 
     Generated code, so Python's own call binding places the arguments and applies the
     defaults (it raises ``TypeError`` for a missing or doubled argument): ``values`` in
-    parameter order, ``key`` with :func:`arg_key` of each runtime argument and the value of
-    each constexpr, ``options`` the remaining keywords (``num_warps=`` ...).
+    parameter order; ``full`` the same with every tensor replaced by its address, and
+    ``runtime`` only its non-constexpr entries (what a launcher is passed, with or without the
+    constexprs); ``key`` :func:`arg_key` of each runtime argument and the value of each
+    constexpr; ``options`` the remaining keywords (``num_warps=`` ...).  ``None`` when an
+    argument's specialisation is not handled here (:func:`arg_key` gives ``_SLOW``).  A plain
+    tensor is keyed inline, with its address read once (what one function call per argument
+    cost, most of the direct path's host time with many arguments).
     """
-    key_of = (lambda value: arg_key(value, True)) if host_tensors else arg_key
-    namespace: dict[str, Any] = {"__fl_key": key_of}
-    signature, keys = [], []
+    namespace: dict[str, Any] = {"__fl_key": arg_key, "__fl_T": _Tensor, "__fl_S": _SLOW, "__fl_host": host_tensors}
+    signature, lines, full, runtime, keys = [], [], [], [], []
     for i, (param, is_constexpr) in enumerate(zip(params, constexpr)):
         name = param.name
         if param.default is inspect.Parameter.empty:
@@ -189,10 +192,33 @@ def _binder(params: list[inspect.Parameter], constexpr: tuple[bool, ...], host_t
         else:
             namespace[f"__fl_default{i}"] = param.default
             signature.append(f"{name}=__fl_default{i}")
-        keys.append(name if is_constexpr else f"__fl_key({name})")
-    values = f"({', '.join(p.name for p in params)},)" if params else "()"
-    key = f"({', '.join(keys)},)" if params else "()"
-    source = f"def bind({', '.join(signature + ['**__fl_options'])}):\n    return {values}, {key}, __fl_options\n"
+        if is_constexpr:
+            full.append(name)
+            keys.append(name)
+            continue
+        device = "" if host_tensors else f" and {name}.is_cuda"
+        lines += [
+            f"    if type({name}) is __fl_T{device}:",
+            f"        a{i} = {name}.data_ptr()",
+            f"        k{i} = ({name}.dtype, a{i} & 15 == 0)",
+            "    else:",
+            f"        k{i} = __fl_key({name}, __fl_host)",
+            f"        if k{i} is __fl_S:",
+            "            return None",
+            f"        a{i} = {name}.data_ptr() if isinstance({name}, __fl_T) else {name}",
+        ]
+        full.append(f"a{i}")
+        runtime.append(f"a{i}")
+        keys.append(f"k{i}")
+
+    def tuple_of(items: list[str]) -> str:
+        return f"({', '.join(items)},)" if items else "()"
+
+    values = tuple_of([p.name for p in params])
+    source = "\n".join([
+        f"def bind({', '.join(signature + ['**__fl_options'])}):", *lines,
+        f"    return {values}, {tuple_of(full)}, {tuple_of(runtime)}, {tuple_of(keys)}, __fl_options", "",
+    ])
     exec(source, namespace)  # noqa: S102 - the kernel's own parameter names, checked by Triton
     return namespace["bind"]
 
@@ -248,11 +274,12 @@ def _install_into(base: type) -> type:
             if not hasattr(self, "_fast_entries"):
                 self._fast_setup()
             try:
-                values, key, options = self._fast_bind(*args, **kwargs)
+                bound = self._fast_bind(*args, **kwargs)
             except TypeError:  # a missing or doubled argument: Triton's path raises its error
                 return self._slow(grid, args, kwargs)
-            if _SLOW in key:
+            if bound is None:  # an argument whose specialisation is not mirrored here
                 return self._slow(grid, args, kwargs)
+            values, full, runtime, key, options = bound
             driver = self._fast_driver
             device = driver.get_current_device()
             key = (device, *key, *options.items()) if options else (device, *key)
@@ -267,12 +294,10 @@ def _install_into(base: type) -> type:
             if callable(grid):
                 grid = grid(dict(zip(self._fast_names, values)))
             size = len(grid)
-            passed = list(values) if entry.all_params else [values[i] for i in self._fast_runtime]
-            for i in entry.tensors:  # the address: Triton's launcher would ask the driver to check it again
-                passed[i] = passed[i].data_ptr()
+            # tensors as addresses: Triton's launcher would ask the driver to check each pointer again
             entry.launcher(
                 grid[0], grid[1] if size > 1 else 1, grid[2] if size > 2 else 1,
-                driver.get_current_stream(device), *entry.lead, *passed,
+                driver.get_current_stream(device), *entry.lead, *(full if entry.all_params else runtime),
             )
             return entry.kernel
 
@@ -309,8 +334,7 @@ def _install_into(base: type) -> type:
                 passed = values if all_params else [values[i] for i in self._fast_runtime]
                 lead = len(call) - 4 - len(passed)
                 if lead >= 0 and all(a is b for a, b in zip(call[4 + lead:], passed)):
-                    tensors = tuple(i for i, v in enumerate(passed) if isinstance(v, _Tensor))
-                    return _Recorded(kernel, launcher, tuple(call[4:4 + lead]), all_params, tensors)
+                    return _Recorded(kernel, launcher, tuple(call[4:4 + lead]), all_params)
             return None
 
     FastJITFunction.__name__ = FastJITFunction.__qualname__ = "FastJITFunction"

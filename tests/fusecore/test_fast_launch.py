@@ -167,10 +167,17 @@ def test_generated_binder_binds_and_keys_like_arg_key(gen):
         bind = fast_launch._binder(params, constexpr, host)
         for _ in range(50):
             x, y, n, scale, bias = (samples[int(i)] for i in torch.randint(0, len(samples), (5,), generator=gen))
-            values, key, options = bind(x, y, n, scale, 32, bias=bias, num_warps=4)
-            assert values == (x, y, n, scale, 32, False, bias) and options == {"num_warps": 4}
+            bound = bind(x, y, n, scale, 32, bias=bias, num_warps=4)
             want = (*(arg_key(v, host) for v in (x, y, n, scale)), 32, False, arg_key(bias, host))
+            if fast_launch._SLOW in want:
+                assert bound is None
+                continue
+            values, full, runtime, key, options = bound
+            assert values == (x, y, n, scale, 32, False, bias) and options == {"num_warps": 4}
             assert key == want
+            address = [v.data_ptr() if isinstance(v, torch.Tensor) else v for v in values]
+            assert full == tuple(address) and runtime == tuple(address[:4] + address[6:])
+            assert all(type(v) is not torch.Tensor and not isinstance(v, torch.Tensor) for v in full)
 
 
 @pytest.mark.parametrize("all_params", [True, False], ids=["constexprs passed", "runtime args only"])
