@@ -24,7 +24,7 @@ from .kernels.decode_attention import decode_attention_kernel
 from .kernels.embed import embed_kernel
 from .kernels.gate_up import gate_up_kernel
 from .kernels.lm_head import lm_head_kernel, pick_kernel
-from .kernels.looped import DONE_COUNTS, STAGES_PER_LAYER, looped_decode_kernel
+from .kernels.looped import COUNT_LINE, DONE_COUNTS, STAGES_PER_LAYER, looped_decode_kernel
 from .kernels.matvec import SMALL_BATCH
 from .kernels.qkv_attention import qkv_attention_kernel
 from .kernels.qkv_rope import qkv_rope_kernel
@@ -61,7 +61,11 @@ class DecodePlan:
     split_k: int = 1  # K parts per down-projection tile (summed in order by the last part to finish)
     o_split: int = 1  # K parts per output-projection tile
     num_stages: int | None = None  # software-pipeline depth of the K loops (None: Triton's default)
-    acquire_loads: bool = False  # looped kernel: barrier polls are ld.acquire (inline PTX; compiled only)
+    # Waits poll with ld.acquire (inline PTX; compiled only) instead of volatile loads and one acquire read:
+    # acquire_loads in the looped kernel and the fused Q/K/V + attention launch, looped_acquire_loads in
+    # the looped kernel alone.
+    acquire_loads: bool = False
+    looped_acquire_loads: bool = False
     # Nanoseconds a thread of the looped kernel sleeps between two reads of a count it waits on
     # (fusecore/grid_sync.py; compiled only): fewer polls of the one cache line of the counts
     # while the stage waited for streams its weights.  0: poll back to back.
@@ -82,6 +86,14 @@ class DecodePlan:
     block_k_o: int = 0
     block_k_gate_up: int = 0
     block_k_down: int = 0
+    # Dataflow schedule: each of its four done counts (attention, o_proj, gate_up, down) in a 128-byte
+    # line of its own, after the line of the Q/K/V group counts, instead of all in one line: a stage's
+    # waiting programs poll one line while the other stages' signals go to others.
+    spread_counts: bool = False
+    # Looped path: the embedding, the looped kernel and the token pick launched with programmatic
+    # dependent launch (each scheduled while the one before it still runs, and waiting for it on the GPU)
+    # instead of one after another (fusecore/launch_order.py; compiled only).
+    looped_pdl: bool = False
     # Warps per program of the per-layer launch of each instruction (0: num_warps).  At batch 8
     # (16-row tensor-core tiles) the Q/K/V tiles are bound by their shared-memory traffic and
     # registers, not HBM (ncu, H200: 13.8% of DRAM bandwidth, 77% of L1, 3 programs per SM), and
@@ -266,7 +278,13 @@ def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, 
     pairs = batch * cfg.num_key_value_heads
     most_splits = cdiv(max_slots, block_s)
     if n_splits is None:
-        n_splits = max(1, min(cdiv(2 * sms, pairs), most_splits, 32))
+        # Session 9 (H100, Llama-3.2-1B batch 8, 520 slots): at batches 3..8 with caches up to 1024 slots, one
+        # attention tile per SM (3 splits of 192 slots at batch 8) instead of two (5 splits of 128, the last
+        # one nearly empty): the looped kernel's programs fit 2 per SM, and 320 attention tiles took more than
+        # a wave.  Looped step 1.3141 ms against 1.3468 with 5 splits (same call), per-layer 1.3517 against
+        # 1.3491 and 1.3455 against 1.3461 (two calls: equal).  Measured at batch 8 and 520 slots only.
+        per_sm = 1 if compiled and 3 <= batch <= 8 and max_slots <= 1024 else 2
+        n_splits = max(1, min(cdiv(per_sm * sms, pairs), most_splits, 32))
     n_splits = max(1, min(n_splits, max_slots))
     # whole BLOCK_S blocks per split: no split ends in a half-empty block
     split_len = cdiv(cdiv(max_slots, n_splits), block_s) * block_s
@@ -336,6 +354,15 @@ def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, 
     # 0.383, LM head 0.131 against 0.151; Q/K/V in 8 K parts 0.211 against 0.191, but the step with
     # 4 parts 1.135 against 1.186 with one load); 64-row tiles (batch 64) once (2.009 against 2.170
     # ms per step).
+    # Session 9 (H100, tests/llmfuse/ab_step.py, same call, ms per step, Llama-3.2-1B context 512): the looped
+    # path (dependency-ordered tiles, batch <= 8) with its four done counts a 128-byte line apart
+    # (spread_counts), acquire-load polls (looped_acquire_loads) and the embedding / looped kernel / token pick
+    # chained by programmatic dependent launch (looped_pdl): batch 8 1.3141 / 1.3133 (with the attention
+    # splits above) against 1.3891 for HEAD's looped path and 1.3517 for the per-layer launches; without
+    # each: spread_counts 1.3348, looped_acquire_loads 1.3350, looped_pdl 1.3145 (call 2: 1.3782 against
+    # 1.3838).  Batch 1 1.2781, without the acquire loads 1.3410, without all three 1.3961 (HEAD
+    # 1.3948-1.3989 in calls 1-2); per-layer 0.9809.
+    # Llama-3.1-8B batch 8: 6.5366 against 6.6752 (call 2) and the per-layer 6.4449.
     # Session 7 (H200 plan_sweep, call 2): W_down's K parts add into the deferred sums and end, without
     # a count or a merge (defer_down), where W_down's tiles fit one wave at 8 programs per SM: then the
     # last part's merge is the launch's tail.  Llama-3.2-1B (1024 tiles): 0.7715 / 0.7711 ms against
@@ -348,6 +375,8 @@ def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, 
                          "maxnreg": maxnreg, "qkv_split": qkv_split, "mlp_split": mlp_split,
                          "fuse_attention": one_row,
                          "dataflow": compiled and batch <= 8,
+                         "spread_counts": compiled and batch <= 8, "looped_pdl": compiled and batch <= 8,
+                         "looped_acquire_loads": compiled and batch <= 8,
                          "poll_sleep_ns": 1024 if one_row else 0,
                          "block_k_qkv": 512 if wide_qkv else 0, "block_k_o": 1024 if wide_o else 0,
                          "block_k_gate_up": 128 if one_row else 0,
@@ -355,8 +384,8 @@ def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, 
                          "pdl_weights_o": 2 * one_row, "defer_down": one_row and tiles["down"] * split_k <= 8 * sms,
                          "square_sum_load": int(plan.block_b == 16),
                          "square_sum_load_qkv": int(plan.block_b == 16)})
-    for option in ("acquire_loads", "pdl", "poll_sleep_ns", "wait_prefetch", "attn_prefetch", "pdl_weights",
-                   "pdl_weights_o"):
+    for option in ("acquire_loads", "looped_acquire_loads", "pdl", "looped_pdl", "poll_sleep_ns", "wait_prefetch",
+                   "attn_prefetch", "pdl_weights", "pdl_weights_o"):
         if tuning.get(option) and not compiled:
             raise ValueError(f"{option}={tuning[option]!r} needs the compiled kernels on a CUDA device (sm_90+)")
     return _tuned(plan, tuning) if tuning else plan
@@ -446,7 +475,9 @@ class DecodeBuffers:
     kv_start: torch.Tensor  # [B] int64: first valid slot of each row (left padding)
     seed: torch.Tensor  # 0-d int64: Philox key of fused sampling
     inv_temperature: torch.Tensor  # 0-d float32: 1 / temperature of fused sampling
-    counter: torch.Tensor  # [1 + Hkv + 4] int32: grid barrier count; per-KV-head Q/K/V tile counts; dataflow's
+    # int32: grid barrier count; per-KV-head Q/K/V tile counts; dataflow's done counts (4), after them
+    # (plan.spread_counts: from the next 128-byte line on, one line each); room for both layouts
+    counter: torch.Tensor  # [ceil((1 + Hkv) / 32) · 32 + 4 · 32] int32
     timeout: torch.Tensor  # [2] int32: a wait gave up (looped kernel, fused Q/K/V + attention); prefetch sink
 
     @classmethod
@@ -478,7 +509,8 @@ class DecodeBuffers:
             kv_start=torch.zeros(B, dtype=torch.int64, device=device),
             seed=torch.zeros((), dtype=torch.int64, device=device),
             inv_temperature=torch.ones((), dtype=f32, device=device),
-            counter=torch.zeros(1 + cfg.num_key_value_heads + DONE_COUNTS, dtype=torch.int32, device=device),
+            counter=torch.zeros(cdiv(1 + cfg.num_key_value_heads, COUNT_LINE) * COUNT_LINE + DONE_COUNTS * COUNT_LINE,
+                                dtype=torch.int32, device=device),
             timeout=torch.zeros(2, dtype=torch.int32, device=device),
         )
 
@@ -663,7 +695,7 @@ _LOOPED_GRIDS = PlanCache(maxsize=64)
 
 def looped_decode(w: LlamaWeights, cfg: LlamaConfig, cache: KVCache, buf: DecodeBuffers, plan: DecodePlan,
                   inv_freq: torch.Tensor, write_logits: bool, stop_stage: int | None = None,
-                  sample: bool = False) -> int:
+                  sample: bool = False, zero_counts: bool = True) -> int:
     """The looped path: all layers and the LM head in one launch; returns its grid.
 
     With ``plan.dataflow`` one program per tile of every stage, ordered by dependency.
@@ -672,6 +704,8 @@ def looped_decode(w: LlamaWeights, cfg: LlamaConfig, cache: KVCache, buf: Decode
     registers and shared memory — and no more than the largest stage has tiles: the grid
     barriers need every program resident at once.  ``stop_stage`` (tests) stops after that
     many stages of the schedule in :mod:`llmfuse.kernels.looped` (default: all ``5 L + 1``).
+    ``zero_counts=False``: the counts are zero already (:func:`embed` zeroed them just before, in
+    :func:`fused_step`), so no memset (a graph node of its own) precedes the launch.
     """
     total = STAGES_PER_LAYER * cfg.num_hidden_layers + 1
     stop = total if stop_stage is None else stop_stage
@@ -697,15 +731,19 @@ def looped_decode(w: LlamaWeights, cfg: LlamaConfig, cache: KVCache, buf: Decode
         MERGE_SPLITS=plan.merge_splits,
         BLOCK_D=plan.block_d, BLOCK_V=plan.block_v, DOT_PREC=plan.dot_prec, ROW_PREFETCH=plan.row_prefetch,
         SQ_LOAD=plan.square_sum_load, SQ_LOAD_QKV=plan.square_sum_load_qkv,
-        QKV_SPLIT=plan.qkv_split, MLP_SPLIT=plan.mlp_split, ACQUIRE_LOADS=plan.acquire_loads,
+        QKV_SPLIT=plan.qkv_split, MLP_SPLIT=plan.mlp_split,
+        ACQUIRE_LOADS=plan.acquire_loads or plan.looped_acquire_loads,
         POLL_SLEEP=plan.poll_sleep_ns, PREFETCH=plan.prefetch, PREFETCH_BLOCK=plan.prefetch_block,
         DATAFLOW=plan.dataflow, WAIT_PREFETCH=plan.wait_prefetch if plan.dataflow else 0,
         ATTN_PREFETCH=plan.attention_prefetch_lines(cfg, cache.k.element_size()) if plan.dataflow else 0,
+        DONE_STRIDE=COUNT_LINE if plan.spread_counts else 1, USE_PDL=plan.looped_pdl,
     )
-    buf.counter.zero_()  # the timeout flag stays raised until the buffers are remade
+    pdl = {"launch_pdl": True} if plan.looped_pdl else {}
+    if zero_counts:
+        buf.counter.zero_()  # the timeout flag stays raised until the buffers are remade
     if plan.dataflow:  # one program per tile; each keeps its own tile's registers: no cap
         grid = cfg.num_hidden_layers * sum(n for name, n in tiles.items() if name != "lm_head") + tiles["lm_head"]
-        looped_decode_kernel[(grid,)](*args, **constexprs, **plan.launch_options())
+        looped_decode_kernel[(grid,)](*args, **constexprs, **plan.launch_options(), **pdl)
         return grid
     constexprs.update(plan.looped_launch_options())
     programs = plan.looped_programs
@@ -719,7 +757,7 @@ def looped_decode(w: LlamaWeights, cfg: LlamaConfig, cache: KVCache, buf: Decode
 
         key = (tuple(constexprs.items()), str(w.dtype), str(device), max(tiles.values()))
         programs = _LOOPED_GRIDS.get(key, occupancy_grid)
-    looped_decode_kernel[(programs,)](*args, **constexprs)
+    looped_decode_kernel[(programs,)](*args, **constexprs, **pdl)
     return programs
 
 
@@ -741,10 +779,10 @@ def fused_step(w: LlamaWeights, cfg: LlamaConfig, cache: KVCache, buf: DecodeBuf
     if tokens.shape != (plan.batch,) or tokens.dtype != torch.int64 or tokens.device != buf.x.device:
         raise ValueError(f"tokens must be an int64 tensor of shape ({plan.batch},) on {buf.x.device}, got "
                          f"{tokens.dtype} {tuple(tokens.shape)} on {tokens.device}")
-    embed(w, tokens, buf, pdl=plan.pdl and not looped)
+    embed(w, tokens, buf, pdl=plan.looped_pdl if looped else plan.pdl)
     if looped:
-        looped_decode(w, cfg, cache, buf, plan, inv_freq, write_logits, sample=sample)
+        looped_decode(w, cfg, cache, buf, plan, inv_freq, write_logits, sample=sample, zero_counts=False)
     else:
         decode_layers(w, cfg, cache, buf, plan, inv_freq)
         lm_head(w, cfg, buf, plan, write_logits, sample=sample)
-    return greedy_tokens(buf, pdl=plan.pdl and not looped)
+    return greedy_tokens(buf, pdl=plan.looped_pdl if looped else plan.pdl)

@@ -71,6 +71,7 @@ import triton.language as tl
 
 from fusecore.backend import jit
 from fusecore.grid_sync import signal, wait_for
+from fusecore.launch_order import after_previous_kernel
 
 from .decode_attention import attention_prefetch, decode_attention_tile
 from .gate_up import gate_up_prefetch, gate_up_tile
@@ -82,6 +83,7 @@ from .residual_proj import residual_proj_prefetch, residual_proj_tile
 
 STAGES_PER_LAYER = 5
 DONE_COUNTS = 4  # DATAFLOW: tiles finished so far of attention, o_proj, gate_up and down
+COUNT_LINE = 32  # int32 counts per 128-byte line (DONE_STRIDE with plan.spread_counts)
 
 
 @jit
@@ -117,8 +119,11 @@ def looped_decode_kernel(
     DOT_PREC: tl.constexpr, ROW_PREFETCH: tl.constexpr, QKV_SPLIT: tl.constexpr, MLP_SPLIT: tl.constexpr,
     PREFETCH: tl.constexpr, PREFETCH_BLOCK: tl.constexpr, ACQUIRE_LOADS: tl.constexpr, POLL_SLEEP: tl.constexpr,
     DATAFLOW: tl.constexpr, WAIT_PREFETCH: tl.constexpr, ATTN_PREFETCH: tl.constexpr, SQ_LOAD: tl.constexpr,
-    SQ_LOAD_QKV: tl.constexpr,
+    SQ_LOAD_QKV: tl.constexpr, DONE_STRIDE: tl.constexpr, USE_PDL: tl.constexpr,
 ):
+    # USE_PDL: launched with programmatic dependent launch after the embedding, which writes x and zeroes
+    # the counts: every program waits for it before anything else (compiled only)
+    after_previous_kernel(USE_PDL)
     pid = tl.program_id(0)
     qkv_tiles = (HQ + 2 * HKV) * tl.cdiv(D // 2, BLOCK_P) * QKV_SPLIT
     attn_tiles = B * HKV * n_splits
@@ -132,21 +137,24 @@ def looped_decode_kernel(
     if DATAFLOW:
         per_layer = qkv_tiles + attn_tiles + o_tiles + mlp_tiles + down_tiles
         group_count = counter_ptr + 1  # [Hkv] Q/K/V tiles finished per KV head group
-        done = counter_ptr + 1 + HKV  # [DONE_COUNTS] attention, o_proj, gate_up, down tiles finished
+        # [DONE_COUNTS] attention, o_proj, gate_up, down tiles finished, DONE_STRIDE apart (1: after the group
+        # counts; COUNT_LINE: from the next line on, a line each)
+        done = counter_ptr + tl.cdiv(1 + HKV, DONE_STRIDE) * DONE_STRIDE
         layer = pid // per_layer
         tile = pid % per_layer
         stage = layer * 5
         if layer >= L:
             if L * 5 < stop_stage:
                 lm_head_prefetch(pid - L * per_layer, head_ptr, H, V, BLOCK_V, WAIT_PREFETCH)
-                wait_for(done + 3, L * down_tiles, max_polls, timeout_ptr, ACQUIRE_LOADS, POLL_SLEEP)
+                wait_for(done + 3 * DONE_STRIDE, L * down_tiles, max_polls, timeout_ptr, ACQUIRE_LOADS, POLL_SLEEP)
                 lm_head_tile(pid - L * per_layer, x_ptr, final_norm_ptr, head_ptr, logits_ptr, best_ptr, best_idx_ptr,
                              seed_ptr, inv_temp_ptr, slot_ptr, B, H, V, n_vocab_tiles, eps, WRITE_LOGITS, SAMPLE,
                              BLOCK_B, BLOCK_V, BLOCK_K, DOT_PREC, ROW_PREFETCH, SQ_LOAD)
         elif tile < qkv_tiles:
             if stage < stop_stage:
                 qkv_prefetch(tile, layer, wqkv_ptr, H, HQ, HKV, D, BLOCK_P, BLOCK_K, QKV_SPLIT, WAIT_PREFETCH)
-                wait_for(done + 3, layer * down_tiles, max_polls, timeout_ptr, ACQUIRE_LOADS, POLL_SLEEP)
+                wait_for(done + 3 * DONE_STRIDE, layer * down_tiles, max_polls, timeout_ptr, ACQUIRE_LOADS,
+                         POLL_SLEEP)
                 qkv_rope_tile(tile, layer, x_ptr, x_ptr, attn_norm_ptr, wqkv_ptr, bqkv_ptr, inv_freq_ptr, kv_start_ptr,
                               slot_ptr, q_ptr, k_cache_ptr, v_cache_ptr, pair_part_ptr, pair_sq_ptr, pair_sem_ptr,
                               B, H, HQ, HKV, D, S, eps, HAS_BIAS, BLOCK_B, BLOCK_P, BLOCK_K, DOT_PREC, ROW_PREFETCH,
@@ -172,26 +180,28 @@ def looped_decode_kernel(
                 residual_proj_tile(tile - qkv_tiles - attn_tiles, layer, attn_ptr, wo_ptr, x_ptr, x_ptr, proj_part_ptr,
                                    proj_sem_ptr, B, H, attn_width, o_split, BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC,
                                    ROW_PREFETCH, 0)
-                signal(done + 1)
+                signal(done + DONE_STRIDE)
         elif tile < qkv_tiles + attn_tiles + o_tiles + mlp_tiles:
             if stage + 3 < stop_stage:
-                gate_up_prefetch(tile - qkv_tiles - attn_tiles - o_tiles, layer, w_gate_up_ptr, H, I, BLOCK_N, BLOCK_K,
-                                 MLP_SPLIT, WAIT_PREFETCH)
-                wait_for(done + 1, (layer + 1) * o_tiles, max_polls, timeout_ptr, ACQUIRE_LOADS, POLL_SLEEP)
+                gate_up_prefetch(tile - qkv_tiles - attn_tiles - o_tiles, layer, w_gate_up_ptr, H, I, BLOCK_N,
+                                 BLOCK_K, MLP_SPLIT, WAIT_PREFETCH)
+                wait_for(done + DONE_STRIDE, (layer + 1) * o_tiles, max_polls, timeout_ptr, ACQUIRE_LOADS,
+                         POLL_SLEEP)
                 gate_up_tile(tile - qkv_tiles - attn_tiles - o_tiles, layer, x_ptr, mlp_norm_ptr, w_gate_up_ptr, h_ptr,
                              pair_part_ptr, pair_sq_ptr, pair_sem_ptr, B, H, I, eps, BLOCK_B, BLOCK_N, BLOCK_K,
                              DOT_PREC,
                              ROW_PREFETCH, MLP_SPLIT, SQ_LOAD)
-                signal(done + 2)
+                signal(done + 2 * DONE_STRIDE)
         else:
             if stage + 4 < stop_stage:
                 residual_proj_prefetch(tile - qkv_tiles - attn_tiles - o_tiles - mlp_tiles, layer, w_down_ptr, H, I,
                                        split_k, BLOCK_N, BLOCK_K, WAIT_PREFETCH)
-                wait_for(done + 2, (layer + 1) * mlp_tiles, max_polls, timeout_ptr, ACQUIRE_LOADS, POLL_SLEEP)
+                wait_for(done + 2 * DONE_STRIDE, (layer + 1) * mlp_tiles, max_polls, timeout_ptr, ACQUIRE_LOADS,
+                         POLL_SLEEP)
                 residual_proj_tile(tile - qkv_tiles - attn_tiles - o_tiles - mlp_tiles, layer, h_ptr, w_down_ptr, x_ptr,
                                    x_ptr, proj_part_ptr, proj_sem_ptr, B, H, I, split_k, BLOCK_B, BLOCK_N, BLOCK_K,
                                    DOT_PREC, ROW_PREFETCH, 0)
-                signal(done + 3)
+                signal(done + 3 * DONE_STRIDE)
     else:
         nprog = tl.num_programs(0)
         sink = tl.zeros([], dtype=tl.float32)
@@ -202,8 +212,8 @@ def looped_decode_kernel(
                 for tile in range(pid, qkv_tiles, nprog):
                     qkv_rope_tile(tile, layer, x_ptr, x_ptr, attn_norm_ptr, wqkv_ptr, bqkv_ptr, inv_freq_ptr,
                                   kv_start_ptr, slot_ptr, q_ptr, k_cache_ptr, v_cache_ptr, pair_part_ptr, pair_sq_ptr,
-                                  pair_sem_ptr, B, H, HQ, HKV, D, S, eps, HAS_BIAS, BLOCK_B, BLOCK_P, BLOCK_K, DOT_PREC,
-                                  ROW_PREFETCH, QKV_SPLIT, SQ_LOAD_QKV, False)
+                                  pair_sem_ptr, B, H, HQ, HKV, D, S, eps, HAS_BIAS, BLOCK_B, BLOCK_P, BLOCK_K,
+                                  DOT_PREC, ROW_PREFETCH, QKV_SPLIT, SQ_LOAD_QKV, False)
                     # no grid barrier after this stage: each tile signals its KV head's group
                     signal_qkv_group(tile, counter_ptr + 1, HQ, HKV, D, BLOCK_P, QKV_SPLIT)
             if stage + 1 < stop_stage:

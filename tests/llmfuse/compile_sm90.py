@@ -7,7 +7,7 @@ with ``triton.compile`` for ``GPUTarget("cuda", 90, 32)`` (frontend, LLVM and pt
 the exact arguments and constexprs a decode step passes, instead of launching it.  A
 failure prints the kernel and the compiler's error and exits non-zero.
 
-``--report MODEL BATCH [TUNING_JSON ...]`` (MODEL ``1b`` or ``8b``: Llama-3.2-1B / 3.1-8B shapes with two
+``--report MODEL BATCH [--looped] [TUNING_JSON ...]`` (MODEL ``1b`` or ``8b``: Llama-3.2-1B / 3.1-8B shapes with two
 layers and a short vocabulary, which change no kernel's code) compiles the per-layer step of the GPU plan
 an H100/H200 gets at context 512 (``make_plan`` with a 132-SM device), once per tuning (``'{}'``: the
 default), and prints what ptxas allotted each kernel — registers, local memory, warps per SM
@@ -128,8 +128,9 @@ REPORT_MODELS = {"1b": dict(hidden_size=2048, intermediate_size=8192, head_dim=6
 REPORT_SLOTS = 520
 
 
-def report(model: str, batch: int, tunings: list[dict]) -> int:
-    """Print the resources of every kernel of one per-layer step of the GPU plan, per tuning."""
+def report(model: str, batch: int, tunings: list[dict], looped: bool = False) -> int:
+    """Print the resources of every kernel of one per-layer step of the GPU plan, per tuning (``looped``:
+    of the looped step instead — the embedding and the looped kernel)."""
     cfg = LlamaConfig(vocab_size=1003, num_hidden_layers=2, num_attention_heads=32, num_key_value_heads=8,
                       **REPORT_MODELS[model])
     w = random_weights(cfg, dtype=torch.bfloat16)
@@ -139,8 +140,9 @@ def report(model: str, batch: int, tunings: list[dict]) -> int:
         buf = ops.DecodeBuffers.allocate(cfg, plan, torch.bfloat16, torch.device("cpu"))
         cache = ref.KVCache.empty(cfg, batch, REPORT_SLOTS, dtype=torch.bfloat16, device="cpu")
         ops.fused_step(w, cfg, cache, buf, plan, cfg.rope_inv_freq(), torch.zeros(batch, dtype=torch.int64),
-                       looped=False, write_logits=True)
-        print(f"== Llama {model}, batch {batch}, tuning {tuning or 'default'}: tiles {plan.tiles(cfg)}")
+                       looped=looped, write_logits=True)
+        print(f"== Llama {model}, batch {batch}, {'looped' if looped else 'per-layer'} step, "
+              f"tuning {tuning or 'default'}: tiles {plan.tiles(cfg)}")
         print(compile_check.format_report(CompileInsteadOfLaunch.resources))
     return 0
 
@@ -158,10 +160,12 @@ def main(argv: list[str]) -> int:
     h100 = DeviceFacts("NVIDIA H100 80GB HBM3", "cuda", 132, 50 << 20, 227 << 10, (9, 0))
     ops.device_facts = lambda device: h100
     if argv[:1] == ["--report"]:
+        looped = "--looped" in argv
+        argv = [arg for arg in argv if arg != "--looped"]
         if len(argv) < 3 or argv[1] not in REPORT_MODELS:
-            print(f"usage: compile_sm90.py --report {{{','.join(REPORT_MODELS)}}} BATCH [TUNING_JSON ...]")
+            print(f"usage: compile_sm90.py --report {{{','.join(REPORT_MODELS)}}} BATCH [--looped] [TUNING_JSON ...]")
             return 2
-        return report(argv[1], int(argv[2]), [json.loads(text) for text in argv[3:]] or [{}])
+        return report(argv[1], int(argv[2]), [json.loads(text) for text in argv[3:]] or [{}], looped)
     configs = [
         (LlamaConfig(vocab_size=1003, hidden_size=256, intermediate_size=688, num_hidden_layers=2,
                      num_attention_heads=8, num_key_value_heads=2, head_dim=64), torch.bfloat16,

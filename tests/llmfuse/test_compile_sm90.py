@@ -42,3 +42,18 @@ def test_report_gives_each_kernel_of_the_1b_step_its_registers_and_occupancy():
     for kernel in ("qkv_attention_kernel", "residual_proj_kernel", "gate_up_kernel", "lm_head_kernel"):
         warps, registers, warps_per_sm = int(rows[kernel][1]), int(rows[kernel][2]), int(rows[kernel][5])
         assert 0 < registers <= 255 and warps_per_sm >= warps, rows[kernel]
+
+
+@pytest.mark.skipif(fusecore.COMPILED, reason="with a GPU the kernels are compiled and run by the other tests")
+@pytest.mark.skipif(not PTXAS.exists(), reason="triton's bundled ptxas is missing")
+def test_report_of_the_looped_step_gives_the_looped_kernel_one_row():
+    """``--report 1b 8 --looped``: the looped step (embedding, looped kernel, token pick) of the batch-8 plan;
+    the looped kernel, one budget for all its tiles, within the hardware's 255 registers."""
+    env = {**os.environ, "PYTHONPATH": str(SCRIPT.parents[2]), "TRITON_DEFAULT_FP_FUSION": "1"}
+    env.pop("TRITON_INTERPRET", None)
+    run = subprocess.run([sys.executable, str(SCRIPT), "--report", "1b", "8", "--looped"], capture_output=True,
+                         text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    assert "looped step" in run.stdout
+    rows = [line.split() for line in run.stdout.splitlines() if line.startswith("looped_decode_kernel")]
+    assert len(rows) == 1 and 0 < int(rows[0][2]) <= 255, rows

@@ -65,8 +65,10 @@ def test_dataflow_schedule_at_the_gpu_plan_of_batch_9_has_no_race(batch9_trace):
                        "v_cache", "logits", "sem", "pair_sem", "proj_sem", "counter"}
 
 
-def test_dataflow_schedule_with_row_sums_and_split_attention_has_no_race(gen):
-    trace, plan = _traced_step(1, 3, ROW_SUMS, gen)
+# spread_counts: the done counts a 128-byte line apart (the GPU default up to batch 8, session 9)
+@pytest.mark.parametrize("spread_counts", [False, True])
+def test_dataflow_schedule_with_row_sums_and_split_attention_has_no_race(spread_counts, gen):
+    trace, plan = _traced_step(1, 3, {**ROW_SUMS, "spread_counts": spread_counts}, gen)
     assert plan.n_splits > 1 and plan.row_sums
     assert check_happens_before(trace)["rounds"] > 0
 

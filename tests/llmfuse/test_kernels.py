@@ -258,7 +258,8 @@ def test_plan_tuning_is_checked():
     with pytest.raises(ValueError, match="need every block >= 16"):
         ops.make_plan(CFG, 3, SLOTS, torch.float32, cpu, block_b=16, block_n=8)
     for gpu_only, value in (("pdl", True), ("acquire_loads", True), ("poll_sleep_ns", 128), ("wait_prefetch", 8),
-                            ("attn_prefetch", True), ("pdl_weights", 1), ("pdl_weights_o", 2)):
+                            ("attn_prefetch", True), ("pdl_weights", 1), ("pdl_weights_o", 2),
+                            ("looped_acquire_loads", True), ("looped_pdl", True)):
         with pytest.raises(ValueError, match=f"{gpu_only}={value} needs the compiled kernels"):
             ops.make_plan(CFG, 3, SLOTS, torch.float32, cpu, **{gpu_only: value})
     for name in ("pdl_weights", "pdl_weights_o"):

@@ -41,14 +41,22 @@ def _snapshot(buf, cache):
             "k_cache": cache.k, "v_cache": cache.v}
 
 
+# attention blocks and merge rounds smaller than the plan's (several per tile), and the dataflow
+# schedule's done counts a 128-byte line apart (spread_counts)
+SMALL_BLOCKS = {"block_s": 16, "merge_splits": 2}
+
+
 # row-sum tiles; tensor-core tiles with split K (the Q/K/V and gate/up K splits: test_kernels.py,
-# and the GPU tests below, whose default plans split them)
-@pytest.mark.parametrize("batch, split_k", [(1, 1), (9, 2)])
-def test_looped_kernel_matches_interpreter_after_every_stage(batch, split_k, gen):
+# and the GPU tests below, whose default plans split them); the persistent kernel and the
+# dependency-ordered schedule (dataflow)
+@pytest.mark.parametrize("batch, split_k, tuning", [
+    (1, 1, {}), (9, 2, {}), (1, 1, SMALL_BLOCKS), (9, 2, {**SMALL_BLOCKS, "dataflow": True, "spread_counts": True}),
+    (1, 1, {"dataflow": True})])
+def test_looped_kernel_matches_interpreter_after_every_stage(batch, split_k, tuning, gen):
     device = test_device()
     w = random_weights(CFG, dtype=torch.float32, device=device, generator=gen, std=0.1)
     plan, buf0, cache0, _ = _state(CFG, w, batch, 19, torch.float32, gen, device, looped_programs=1,
-                                   split_k=split_k)
+                                   split_k=split_k, **tuning)
     inv_freq = CFG.rope_inv_freq().to(device)
     total = STAGES_PER_LAYER * CFG.num_hidden_layers + 1
     for stop in range(total + 1):
@@ -119,6 +127,10 @@ def test_dataflow_schedule_is_chosen_at_any_batch_and_by_default_up_to_batch_8_o
         default = ops.make_plan(CFG, batch, 8, torch.float32, torch.device(test_device()))
         assert default.dataflow == (fusecore.COMPILED and batch <= 8)
         assert default.poll_sleep_ns == (1024 if fusecore.COMPILED and batch == 1 else 0)
+        # session 9: the dataflow schedule's counts a line apart, acquire-load polls, PDL around its launch
+        for field in ("spread_counts", "looped_acquire_loads", "looped_pdl"):
+            assert getattr(default, field) == (fusecore.COMPILED and batch <= 8), field
+        assert not default.acquire_loads  # the per-layer fused Q/K/V + attention launch polls as before
 
 
 def test_looped_rejects_bad_stop_stage(gen):
