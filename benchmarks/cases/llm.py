@@ -60,7 +60,7 @@ def step_bytes(cfg: LlamaConfig, w: LlamaWeights, batch: int, context: int) -> i
 
 
 # Replays of a step, captured in a CUDA graph, before its CUDA-graph timed row (the fused paths and the
-# compiled reference).  H200, session 7 (llmfuse/README.md, session 7): the first CUDA-graph timing of a
+# compiled reference).  H200, session 7 (llmfuse/JOURNAL.md, session 7): the first CUDA-graph timing of a
 # process (the Llama-3.1-8B step) ran 4.237 / 4.271 / 4.282 ms, every later one 4.12-4.16 (the same
 # plan, a new plan, fresh weights), with the SM and memory clocks, power and temperatures steady and no
 # throttle reason; a bulk copy of the weights, 2 s idle or 64 eager steps before it changed nothing,
@@ -384,7 +384,7 @@ def _looped_prefixes(ctx: Context, cfg: LlamaConfig, w: LlamaWeights, cache: ref
 # 0.8473 (now the default where its tiles fit one wave), of 64 1.083; looped 1.240, without the
 # attention prefetch 1.239.  Llama-3.1-8B batch 1: default (PDL, slots prefetched) 4.327, session 4's
 # 4.378.
-# Fifth call: batch 1 with the final defaults 0.8515 against session 4's 0.9371 (llmfuse/README.md).
+# Fifth call: batch 1 with the final defaults 0.8515 against session 4's 0.9371 (llmfuse/JOURNAL.md).
 # Session 5, round 2 (batch 8; ncu of the per-layer step: the Q/K/V launch at 13.8% of the DRAM
 # bandwidth and 77% of L1, half its shared-memory wavefronts excessive: the pipelined float32 x
 # chunk read unswizzled by the tensor-core operand).  First call: batch 8 default 1.306; 9 attention

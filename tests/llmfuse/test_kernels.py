@@ -383,7 +383,7 @@ def test_batch1_gpu_defaults_follow_their_reasons(monkeypatch):
     """The batch-1 GPU plan (computed here for a 132-SM H200 without one): Llama-3.2-1B's Q/K/V +
     attention (264 programs) and W_o (256) launches have <= 2 tiles per SM and get the wider chunks,
     gate/up tiles the narrower ones (8 programs per SM); Llama-3.1-8B's Q/K/V, W_o and W_down keep
-    block_k (H200 plan_sweep, sessions 5 and 6: llmfuse/README.md); 1B's W_down defers its sums
+    block_k (H200 plan_sweep, sessions 5 and 6: llmfuse/JOURNAL.md); 1B's W_down defers its sums
     (session 7).
     Both get PDL with the attention tiles' slots prefetched and the first weight chunk (W_o: two)
     loaded before each tile's wait; batch 8 none of it, but wider Q/K/V tiles."""

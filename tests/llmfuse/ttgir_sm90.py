@@ -7,7 +7,7 @@ PTX), with registers, local memory, shared memory and programs per SM:
 Arguments: the batch, the plan fields (``make_plan`` tuning) as JSON, the launches (qkv_rope,
 attention, o_proj, gate_up, down) and the output folder.  The plan is the one a 132-SM H200 gets.
 Read the shared-memory encodings (``#ttg.swizzled_shared``) of the pipelined buffers
-(``ttg.local_alloc``) in the TTGIR: the round-2 bank conflicts of README.md were one without a swizzle.
+(``ttg.local_alloc``) in the TTGIR: the round-2 bank conflicts of llmfuse/JOURNAL.md were one without a swizzle.
 """
 
 import json
