@@ -13,7 +13,7 @@ Public functions, for users with their own projections (each one autograd op):
 
 All run one code path (:class:`AttentionInputs` names the score and its tensors; the
 kernels select the score with a constexpr).  Launch sequence of one forward: the light
-width classes (one launch each), the medium rows, the super-row pieces and their logsumexp
+width classes (one launch for all of them), the medium rows, the super-row pieces and their logsumexp
 merge (in training the kernels also store the caller's output, see :func:`_forward_saving`).
 Backward: ``δ = <g, out>`` (and an output bias's partial sums), the source pass over the
 reverse CSR (light, medium, pieces + sums), the destination pass (light, medium, pieces + sums;
@@ -241,9 +241,9 @@ def attention_forward(
     light, row_meta, merge_meta = _launch_plan(
         schedule, key, lambda: _forward_plan(schedule, inputs, value.dtype, use_dropout, has_add, has_final))
     buckets = schedule.incoming
-    for (_, rows, starts, stops), (grid, meta) in zip(buckets.light, light):
+    for grid, ranges, counts, meta in light:
         attention_forward_light_kernel[grid](
-            graph.csr_src, graph.csr_eid, rows, starts, stops, *tensors, out, lse, add, final, rows.numel(), heads,
+            graph.csr_src, graph.csr_eid, *ranges, *tensors, out, lse, add, final, *counts, heads,
             head_dim, inputs.edge_dim, *scalars, add_stride, **meta,
         )
     for (rows, starts, stops, count, pieces), meta in zip(_row_launches(buckets), row_meta):
@@ -285,17 +285,39 @@ def _flags(inputs: AttentionInputs, use_dropout: bool) -> dict:
             "KEY_SCALE": inputs.keys_from_values}
 
 
+# Light width classes start a new launch at these widths (each launch covers the classes between
+# two breaks, each class still compiled for its own tile: kernels/tiles.py); () = one launch per pass.
+# Session 9 (H100, arxiv-like, GAT bf16 training step, same call): one launch per pass against one per
+# class (2, 4, ..., 64) gave 1.66-1.75 ms against 2.16-2.27 as called, 986 against 984 µs replayed.
+LIGHT_LAUNCH_BREAKS: tuple[int, ...] = ()
+
+
 def _light_plan(schedule, inputs: AttentionInputs, buckets: Buckets, kernel_pass: str, flags: dict) -> list:
-    """``(grid, keyword arguments)`` of the light launches of ``kernel_pass``, one per width class."""
+    """``(grid, (rows, starts, stops), counts, keyword arguments)`` of the light launches of
+    ``kernel_pass``: the width classes grouped by :data:`LIGHT_LAUNCH_BREAKS`, each launch over its
+    classes' slice of ``buckets.light_all`` with the classes' row counts as ``n0 .. n6``."""
+    from .kernels.tiles import LIGHT_SLOTS, pack_light
+
     block_h, block_d = schedule.block_h, schedule.block_d
     light_tiles, _ = _tile_budget(schedule, inputs, kernel_pass)
-    plan = []
+    groups: list[list[tuple[int, int, int]]] = []
     for width, rows, _, _ in buckets.light:
-        per_program = _light_rows(schedule, inputs, width, light_tiles)
-        plan.append(((cdiv(rows.numel(), per_program),), {
-            "ROWS": per_program, "BLOCK_E": width, "BLOCK_H": block_h, "BLOCK_D": block_d, **flags,
+        if not groups or width in LIGHT_LAUNCH_BREAKS:
+            groups.append([])
+        groups[-1].append((width, rows.numel(), _light_rows(schedule, inputs, width, light_tiles)))
+    plan, begin = [], 0
+    for group in groups:
+        counts = [0] * LIGHT_SLOTS
+        for width, count, _ in group:
+            counts[width.bit_length() - 1] = count
+        end = begin + sum(counts)
+        programs = sum(cdiv(count, per_program) for _, count, per_program in group)
+        width, _, per_program = group[0]
+        plan.append(((programs,), tuple(t[begin:end] for t in buckets.light_all), tuple(counts), {
+            "LIGHT": pack_light({w: r for w, _, r in group}), "BLOCK_H": block_h, "BLOCK_D": block_d, **flags,
             **_edge_flags(inputs, block_h, block_d, per_program * width), "num_warps": schedule.num_warps,
         }))
+        begin = end
     return plan
 
 
@@ -391,10 +413,10 @@ def attention_backward(
     grad_s = _new_output((max(graph.num_edges, 1), heads), acc, device)
     src_tensors = (*inputs.pointers(), lse, grad_out, delta)
     outgoing = schedule.outgoing
-    for (_, rows, starts, stops), (grid, meta) in zip(outgoing.light, plan["source light"]):
+    for grid, ranges, counts, meta in plan["source light"]:
         attention_backward_src_light_kernel[grid](
-            graph.rev_dst, graph.rev_pos, graph.rev_eid, rows, starts, stops, *src_tensors, grad_value, grad_src,
-            grad_s, rows.numel(), heads, head_dim, edge_dim, *scalars, **meta,
+            graph.rev_dst, graph.rev_pos, graph.rev_eid, *ranges, *src_tensors, grad_value, grad_src,
+            grad_s, *counts, heads, head_dim, edge_dim, *scalars, **meta,
         )
     for (rows, starts, stops, count, pieces), meta in zip(_row_launches(outgoing), plan["source rows"]):
         if pieces:
@@ -428,9 +450,9 @@ def attention_backward(
     dst_tensors = (*inputs.pointers(), grad_s, lse, grad_out)
     # outputs not asked for get a tensor the kernel never writes
     edge_outputs = (grad_s if grad_attr is None else grad_attr, grad_s if attr_sums is None else attr_sums)
-    for (_, rows, starts, stops), (grid, meta) in zip(incoming.light, plan["destination light"]):
+    for grid, ranges, counts, meta in plan["destination light"]:
         attention_backward_dst_light_kernel[grid](
-            graph.csr_src, graph.csr_eid, rows, starts, stops, *dst_tensors, grad_dst, *edge_outputs, rows.numel(),
+            graph.csr_src, graph.csr_eid, *ranges, *dst_tensors, grad_dst, *edge_outputs, *counts,
             heads, head_dim, edge_dim, *scalars, **meta,
         )
     for (rows, starts, stops, count, pieces), meta in zip(_row_launches(incoming), plan["destination rows"]):
@@ -468,7 +490,8 @@ def _backward_plan(schedule, inputs: AttentionInputs, dtype: torch.dtype, use_dr
     }
     incoming = schedule.incoming
     if inputs.score == SCORE_GAT:
-        per_program = schedule.light_rows_per_program(ROW_SUM_LIGHT_EDGES, block_h)
+        # a whole feature tile of rows per program, whatever the light classes' cap (TileLimits.max_light_rows)
+        per_program = max(1, schedule.tiles.tile_elements // (ROW_SUM_LIGHT_EDGES * block_h))
         plan["row sums light"] = ((cdiv(incoming.light_all[0].numel(), per_program),), {
             "ROWS": per_program, "BLOCK_E": ROW_SUM_LIGHT_EDGES, "BLOCK_W": block_h, "PIECES": False})
         plan["row sums"] = {"ROWS": 1, "BLOCK_W": block_h,

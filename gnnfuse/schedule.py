@@ -6,10 +6,10 @@ by degree ``d``:
 ``light``   ``d <= light_max_degree`` (at most 64): grouped by ``width``, the power of two
             at or above ``d``; a program takes many rows of one width, all their edges in
             one ``[rows, width]`` tile (no loop, no masked waste beyond the rounding).  A
-            width class too small to fill the device joins the next wider one (one launch
-            fewer, which is what small graphs such as Cora are bound by);
-            ``ScheduleOptions.light_widths`` picks fewer widths (fewer launches, more masked
-            slots).
+            width class too small to fill the device joins the next wider one.  One launch
+            per pass covers every class, each class's programs running code compiled for its
+            own tile (:mod:`gnnfuse.kernels.tiles`); ``ScheduleOptions.light_widths`` picks
+            fewer widths (more masked slots).
             Rows of degree 0 are light: their program writes the zeros (and ``lse = -inf``).
             Graphs under ``SMALL_GRAPH_EDGES`` edges on the GPU get no light rows at all:
             every row goes to the row kernel, one launch per pass (they are launch-bound).
@@ -57,7 +57,12 @@ class TileLimits:
     max_light_rows: int
 
 
-GPU_TILES = TileLimits(tile_elements=4096, max_edge_block=64, max_light_rows=64)
+# At most 8 light rows per program on the GPU: the light width classes share one launch per pass and so
+# one register allocation, that of their widest tile (kernels/tiles.py); sm_90, GAT bf16 8 × 16: the
+# width-1 class at 32 rows per program took 123 registers (16 warps per SM), width 2 at 16 rows 80, the
+# classes of width 4 (8 rows) to 16 at most 72; at 8 rows widths 1 and 2 take 32 and 40, all five in one
+# kernel 72.
+GPU_TILES = TileLimits(tile_elements=4096, max_edge_block=64, max_light_rows=8)
 INTERPRETER_TILES = TileLimits(tile_elements=32768, max_edge_block=256, max_light_rows=512)
 DEFAULT_NUM_WARPS = 4
 EDGES_PER_ROW_ELEMENT = 64  # on the GPU the edge block may grow to tile_elements / 64 (64 edges at 4096)
@@ -84,8 +89,8 @@ class ScheduleOptions:
     :func:`gnnfuse.ops.row_kernel_lanes`); ``light_widths``: the tile widths of the light
     classes, increasing powers of two up to 64 (default: every power of two up to
     ``light_max_degree``): a row goes to the narrowest width >= its degree and rows above the
-    widest are not light, so fewer widths mean fewer launches per pass at the cost of masked
-    edge slots.  The last four are tuning knobs for GPU experiments.
+    widest are not light (fewer widths: fewer classes, more masked edge slots).  The last four are
+    tuning knobs for GPU experiments.
     """
 
     light_max_degree: int | None = None
@@ -130,8 +135,8 @@ class Buckets:
 
     ``light``: ``(width, rows, starts, stops)``, rows of degree <= width (and > width / 2);
     ``medium``: ``(rows, starts, stops)``;
-    ``light_all``: ``(rows, starts, stops)`` of every light row, width classes in order (one
-    launch covers them where a kernel's cost does not depend on the width: row sums);
+    ``light_all``: ``(rows, starts, stops)`` of every light row, width classes in order (the
+    classes' lists are views of these: a light launch covers several classes, :func:`gnnfuse.ops._light_plan`);
     ``piece_edges``: the most edges one piece of a split row holds;
     ``piece_row[p]``, ``piece_start[p]``, ``piece_stop[p]``: super row and absolute edge range
     of piece ``p``; the pieces of ``super_rows[s]`` are ``super_piece_ptr[s] :
@@ -243,11 +248,17 @@ def _buckets(
         return rows.to(node_dtype), indptr[rows], indptr[rows + 1]
 
     light_classes = _light_classes(degree, light_max, min_rows, light_widths)
-    light = [(width, *with_ranges(rows)) for width, rows in light_classes]
+    light_rows = torch.cat([rows for _, rows in light_classes]) if light_classes else degree[:0].long()
+    light_all = with_ranges(light_rows)
+    # each class's lists are views of light_all's (one launch may cover several classes: ops._light_plan)
+    light, begin = [], 0
+    for width, rows in light_classes:
+        end = begin + rows.numel()
+        light.append((width, *(t[begin:end] for t in light_all)))
+        begin = end
     medium_mask = (degree > light_max) & (degree <= split)
     medium_rows = torch.nonzero(medium_mask).flatten()
     medium_rows = medium_rows[torch.argsort(degree[medium_rows], descending=True, stable=True)]
-    light_rows = torch.cat([rows for _, rows in light_classes]) if light_classes else medium_rows[:0]
     super_rows = torch.nonzero(degree > split).flatten()
     super_rows = super_rows[torch.argsort(degree[super_rows], descending=True, stable=True)]
     super_degree = degree[super_rows].cpu()
@@ -262,7 +273,7 @@ def _buckets(
     return Buckets(
         light=tuple(light),
         medium=with_ranges(medium_rows),
-        light_all=with_ranges(light_rows),
+        light_all=light_all,
         super_rows=super_rows.to(node_dtype),
         piece_row=piece_row.to(device=device, dtype=node_dtype),
         piece_start=(row_start + plan.piece_start).to(device),

@@ -48,7 +48,17 @@ from .edge_features import (
     store_attr_grad,
 )
 from .scores import attn_grad_terms, edge_scores, gather_keys, score_grad
-from .tiles import flat_head_tile, head_tile, item_edges, lane_add, lane_total, light_edges, row_ranges
+from .tiles import (
+    ONE,
+    flat_head_tile,
+    head_tile,
+    item_edges,
+    lane_add,
+    lane_total,
+    light_edges,
+    light_slot_count,
+    row_ranges,
+)
 
 
 @jit
@@ -160,15 +170,49 @@ def attention_backward_src_light_kernel(
     rev_dst_ptr, rev_pos_ptr, rev_eid_ptr, rows_ptr, starts_ptr, stops_ptr,
     src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, lse_ptr, grad_out_ptr, delta_ptr,
     grad_value_ptr, grad_src_ptr, grad_s_ptr,
+    n0, n1, n2, n3, n4, n5, n6, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
+    LIGHT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr, BLOCK_K: tl.constexpr, EDGE_DOT: tl.constexpr,
+    KEY_SCALE: tl.constexpr,
+):
+    """The source pass over the light width classes of ``LIGHT`` in one launch (as
+    :func:`~gnnfuse.kernels.attention_forward.attention_forward_light_kernel`)."""
+    seed, rng_offset = dropout_seed(seed, rng_offset, DROPOUT)
+    pid = tl.program_id(0).to(tl.int64)
+    first = pid * 0
+    row0 = pid * 0
+    # slot k: the class of width 2**k; its LIGHT field f = log2(rows per program) + 1 (a static loop over
+    # the values f can take, so that rows and width reach the class's code as constexprs)
+    for k in tl.static_range(7):  # tiles.LIGHT_SLOTS
+        for f in tl.static_range(1, 16):  # 4 bits per slot (tiles.pack_light)
+            if ((ONE * LIGHT) >> (4 * k)) & 15 == f:
+                count = light_slot_count(k, n0, n1, n2, n3, n4, n5, n6)
+                programs = (count + (ONE << (f - 1)) - 1) >> (f - 1)
+                local = pid - first
+                if (local >= 0) & (local < programs):
+                    _src_light_rows(
+                        local, rev_dst_ptr, rev_pos_ptr, rev_eid_ptr, rows_ptr + row0, starts_ptr + row0,
+                        stops_ptr + row0, src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr,
+                        lse_ptr, grad_out_ptr, delta_ptr, grad_value_ptr, grad_src_ptr, grad_s_ptr,
+                        count, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
+                        ONE << (f - 1), ONE << k, BLOCK_H, BLOCK_D, DROPOUT, SCORE, EDGE, BLOCK_K, EDGE_DOT, KEY_SCALE,
+                    )
+                first += programs
+                row0 += count
+
+
+@jit
+def _src_light_rows(
+    pid, rev_dst_ptr, rev_pos_ptr, rev_eid_ptr, rows_ptr, starts_ptr, stops_ptr,
+    src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, lse_ptr, grad_out_ptr, delta_ptr,
+    grad_value_ptr, grad_src_ptr, grad_s_ptr,
     num_rows, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
     ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr, BLOCK_K: tl.constexpr, EDGE_DOT: tl.constexpr,
     KEY_SCALE: tl.constexpr,
 ):
-    """The source pass for ``ROWS`` light source rows per program, edges in one tile."""
+    """The source pass for ``ROWS`` light source rows of program ``pid`` of their class, edges in one tile."""
     acc_dtype = lse_ptr.dtype.element_ty
-    seed, rng_offset = dropout_seed(seed, rng_offset, DROPOUT)
-    pid = tl.program_id(0).to(tl.int64)
     offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
     c_offs, c_mask = flat_head_tile(H, D, BLOCK_H, BLOCK_D)
     HD = H * D
@@ -344,15 +388,49 @@ def attention_backward_dst_kernel(
 def attention_backward_dst_light_kernel(
     src_ptr, eid_ptr, rows_ptr, starts_ptr, stops_ptr, src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr,
     w_edge_ptr, grad_s_ptr, lse_ptr, grad_out_ptr, grad_dst_ptr, grad_attr_ptr, attr_sums_ptr,
+    n0, n1, n2, n3, n4, n5, n6, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
+    LIGHT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_K: tl.constexpr, DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr,
+    EDGE_DOT: tl.constexpr, KEY_SCALE: tl.constexpr, ATTR_GRAD: tl.constexpr, WEIGHT_GRAD: tl.constexpr,
+):
+    """The destination pass over the light width classes of ``LIGHT`` in one launch (as
+    :func:`~gnnfuse.kernels.attention_forward.attention_forward_light_kernel`)."""
+    seed, rng_offset = dropout_seed(seed, rng_offset, DROPOUT)
+    pid = tl.program_id(0).to(tl.int64)
+    first = pid * 0
+    row0 = pid * 0
+    # slot k: the class of width 2**k; its LIGHT field f = log2(rows per program) + 1 (a static loop over
+    # the values f can take, so that rows and width reach the class's code as constexprs)
+    for k in tl.static_range(7):  # tiles.LIGHT_SLOTS
+        for f in tl.static_range(1, 16):  # 4 bits per slot (tiles.pack_light)
+            if ((ONE * LIGHT) >> (4 * k)) & 15 == f:
+                count = light_slot_count(k, n0, n1, n2, n3, n4, n5, n6)
+                programs = (count + (ONE << (f - 1)) - 1) >> (f - 1)
+                local = pid - first
+                if (local >= 0) & (local < programs):
+                    _dst_light_rows(
+                        local, src_ptr, eid_ptr, rows_ptr + row0, starts_ptr + row0, stops_ptr + row0, src_term_ptr,
+                        dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, grad_s_ptr, lse_ptr, grad_out_ptr,
+                        grad_dst_ptr, grad_attr_ptr, attr_sums_ptr,
+                        count, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
+                        ONE << (f - 1), ONE << k, BLOCK_H, BLOCK_D, BLOCK_K, DROPOUT, SCORE, EDGE, EDGE_DOT, KEY_SCALE,
+                        ATTR_GRAD, WEIGHT_GRAD,
+                    )
+                first += programs
+                row0 += count
+
+
+@jit
+def _dst_light_rows(
+    pid, src_ptr, eid_ptr, rows_ptr, starts_ptr, stops_ptr, src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr,
+    w_edge_ptr, grad_s_ptr, lse_ptr, grad_out_ptr, grad_dst_ptr, grad_attr_ptr, attr_sums_ptr,
     num_rows, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
     ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_K: tl.constexpr, DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr,
     EDGE_DOT: tl.constexpr, KEY_SCALE: tl.constexpr, ATTR_GRAD: tl.constexpr, WEIGHT_GRAD: tl.constexpr,
 ):
-    """The destination pass for ``ROWS`` light rows per program, edges in one tile."""
+    """The destination pass for ``ROWS`` light rows of program ``pid`` of their class, edges in one tile."""
     acc_dtype = grad_s_ptr.dtype.element_ty
-    seed, rng_offset = dropout_seed(seed, rng_offset, DROPOUT)
-    pid = tl.program_id(0).to(tl.int64)
     offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
     c_offs, c_mask = flat_head_tile(H, D, BLOCK_H, BLOCK_D)
     HD = H * D

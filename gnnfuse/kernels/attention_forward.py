@@ -22,9 +22,9 @@ dtype for the backward and ``final`` gets ``out (+ add)`` in the values' dtype, 
 
 Two kernels, by row kind (:mod:`gnnfuse.schedule`):
 
-* :func:`attention_forward_light_kernel` — ``ROWS`` light rows per program, all their edges
-  in one ``[ROWS, BLOCK_E]`` tile (``BLOCK_E >=`` the rows' degree): an exact softmax per
-  row, no loop;
+* :func:`attention_forward_light_kernel` — every light width class in one launch, each program
+  running :func:`_forward_light_rows` for ``ROWS`` light rows of its class, all their edges in one
+  ``[ROWS, BLOCK_E]`` tile (``BLOCK_E >=`` the rows' degree): an exact softmax per row, no loop;
 * :func:`attention_forward_rows_kernel` — one item per program, its edges in blocks of
   ``BLOCK_E`` with an online softmax (``LANES``: a running max, sum and output per edge lane,
   merged once after the loop, so the loop has no reduction across threads; otherwise one
@@ -50,7 +50,16 @@ from fusecore.backend import jit
 from .dropout import attention_dropout, dropout_seed
 from .edge_features import edge_attr_tile, edge_weight_heads, edge_weight_tile, project_edges, row_edge_terms
 from .scores import edge_scores, gather_keys
-from .tiles import finish_softmax, flat_head_tile, head_tile, item_edges, light_edges, store_output
+from .tiles import (
+    ONE,
+    finish_softmax,
+    flat_head_tile,
+    head_tile,
+    item_edges,
+    light_edges,
+    light_slot_count,
+    store_output,
+)
 
 
 @jit
@@ -164,14 +173,48 @@ def attention_forward_rows_kernel(
 def attention_forward_light_kernel(
     src_ptr, eid_ptr, rows_ptr, starts_ptr, stops_ptr,
     src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, out_ptr, lse_ptr, add_ptr, final_ptr,
+    n0, n1, n2, n3, n4, n5, n6, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, add_stride,
+    LIGHT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr, BLOCK_K: tl.constexpr, EDGE_DOT: tl.constexpr,
+    KEY_SCALE: tl.constexpr, ADD: tl.constexpr, FINAL: tl.constexpr,
+):
+    """The light width classes of ``LIGHT`` in one launch (:mod:`gnnfuse.kernels.tiles`): each program
+    runs :func:`_forward_light_rows` compiled for its class's tile."""
+    seed, rng_offset = dropout_seed(seed, rng_offset, DROPOUT)
+    pid = tl.program_id(0).to(tl.int64)
+    first = pid * 0
+    row0 = pid * 0
+    # slot k: the class of width 2**k; its LIGHT field f = log2(rows per program) + 1 (a static loop over
+    # the values f can take, so that rows and width reach the class's code as constexprs)
+    for k in tl.static_range(7):  # tiles.LIGHT_SLOTS
+        for f in tl.static_range(1, 16):  # 4 bits per slot (tiles.pack_light)
+            if ((ONE * LIGHT) >> (4 * k)) & 15 == f:
+                count = light_slot_count(k, n0, n1, n2, n3, n4, n5, n6)
+                programs = (count + (ONE << (f - 1)) - 1) >> (f - 1)
+                local = pid - first
+                if (local >= 0) & (local < programs):
+                    _forward_light_rows(
+                        local, src_ptr, eid_ptr, rows_ptr + row0, starts_ptr + row0, stops_ptr + row0, src_term_ptr,
+                        dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, out_ptr, lse_ptr, add_ptr, final_ptr,
+                        count, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, add_stride,
+                        ONE << (f - 1), ONE << k, BLOCK_H, BLOCK_D, DROPOUT, SCORE, EDGE, BLOCK_K, EDGE_DOT, KEY_SCALE,
+                        ADD, FINAL,
+                    )
+                first += programs
+                row0 += count
+
+
+@jit
+def _forward_light_rows(
+    pid, src_ptr, eid_ptr, rows_ptr, starts_ptr, stops_ptr,
+    src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, out_ptr, lse_ptr, add_ptr, final_ptr,
     num_rows, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, add_stride,
     ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr, BLOCK_K: tl.constexpr, EDGE_DOT: tl.constexpr,
     KEY_SCALE: tl.constexpr, ADD: tl.constexpr, FINAL: tl.constexpr,
 ):
+    """``ROWS`` light rows of degree <= ``BLOCK_E`` for program ``pid`` of their class."""
     acc_dtype = lse_ptr.dtype.element_ty
-    seed, rng_offset = dropout_seed(seed, rng_offset, DROPOUT)
-    pid = tl.program_id(0).to(tl.int64)
     offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
     c_offs, c_mask = flat_head_tile(H, D, BLOCK_H, BLOCK_D)
     HD = H * D

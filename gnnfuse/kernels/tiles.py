@@ -13,7 +13,17 @@
   ``[ROWS, BLOCK_H, BLOCK_D]`` (per-node kernels);
 * :func:`finish_softmax` — output and logsumexp from an online softmax's running state;
 * :func:`store_output` — the forward's output store, with the added term and the second output;
-* :func:`lane_add`, :func:`lane_total` — edge-loop sums kept per edge lane or reduced per trip.
+* :func:`lane_add`, :func:`lane_total` — edge-loop sums kept per edge lane or reduced per trip;
+* :func:`pack_light`, :func:`light_slot_count` — the width classes one light launch covers
+  (:data:`LIGHT_SLOTS` slots, slot ``k`` the rows of width ``2**k``: see below).
+
+One light launch covers several width classes: its programs are numbered class after class (the
+classes' rows side by side in one list, narrowest width first), and each program runs the code of
+its own class, compiled for that class's tile (``ROWS`` rows of ``BLOCK_E = 2**k`` edges).  Which
+classes a launch has and their rows per program are one constexpr ``LIGHT`` (4 bits per slot:
+``log2(ROWS) + 1``, 0 for a class the launch does not have: :func:`pack_light`); the classes' row
+counts are plain int arguments ``n0 .. n6`` (a class's bounds in program ids come from them: no
+table read before the rows).
 
 All positions and ids come back as int64, so address arithmetic never overflows int32.
 """
@@ -21,6 +31,22 @@ All positions and ids come back as int64, so address arithmetic never overflows 
 import triton.language as tl
 
 from fusecore.backend import jit
+
+LIGHT_SLOTS = 7  # light width classes one launch can cover: widths 1, 2, 4, ... 64 (schedule.MAX_LIGHT_DEGREE)
+LIGHT_SLOT_BITS = 4
+ONE = tl.constexpr(1)  # shifts of constexprs stay constexprs only from a constexpr on the left
+
+
+def pack_light(rows_by_width: dict[int, int]) -> int:
+    """The ``LIGHT`` constexpr of a light launch: ``{width: rows per program}`` packed 4 bits per
+    slot (slot ``log2(width)`` holds ``log2(rows) + 1``; widths and rows powers of two)."""
+    packed = 0
+    for width, rows in rows_by_width.items():
+        slot, field = width.bit_length() - 1, rows.bit_length()
+        if width != 1 << slot or rows != 1 << (field - 1) or slot >= LIGHT_SLOTS or field >= 1 << LIGHT_SLOT_BITS:
+            raise ValueError(f"light class of width {width} with {rows} rows per program cannot be packed")
+        packed |= field << (LIGHT_SLOT_BITS * slot)
+    return packed
 
 
 @jit
@@ -138,3 +164,22 @@ def lane_total(acc, LANES: tl.constexpr):
     if LANES:
         acc = tl.sum(acc, axis=0)
     return acc
+
+
+@jit
+def light_slot_count(K: tl.constexpr, n0, n1, n2, n3, n4, n5, n6):
+    """Row count of slot ``K`` among the launch's int arguments ``n0 .. n6``, as an int64 scalar."""
+    count = n0
+    if K == 1:
+        count = n1
+    if K == 2:
+        count = n2
+    if K == 3:
+        count = n3
+    if K == 4:
+        count = n4
+    if K == 5:
+        count = n5
+    if K == 6:
+        count = n6
+    return tl.full([], 0, tl.int64) + count

@@ -1,0 +1,68 @@
+"""One launch per pass for every light width class (kernels/tiles.py, ops._light_plan)."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from gnn_testing import corner_case_edges
+
+from fusecore import use_reference
+from gnnfuse import Graph, ScheduleOptions, ops
+from gnnfuse.kernels.tiles import LIGHT_SLOTS, pack_light
+
+
+def test_pack_light_puts_log2_rows_plus_one_in_each_width_slot():
+    assert pack_light({}) == 0
+    assert pack_light({1: 8, 4: 2, 64: 1}) == 4 | (2 << 8) | (1 << 24)
+    for bad in ({3: 1}, {2: 3}, {1 << LIGHT_SLOTS: 1}, {1: 1 << 15}):
+        with pytest.raises(ValueError):
+            pack_light(bad)
+
+
+def _widths_graph(device: torch.device) -> Graph:
+    """40 rows each of in-degree 1, 2, 3, 5, 9 and 13: five light width classes at light_max_degree 16."""
+    degrees = [1, 2, 3, 5, 9, 13] * 40
+    dst = torch.repeat_interleave(torch.arange(len(degrees)), torch.tensor(degrees))
+    src = torch.arange(dst.numel()) % len(degrees)
+    return Graph(torch.stack([src, dst]).to(device), len(degrees))
+
+
+def test_every_light_class_in_one_launch_per_pass(gen, monkeypatch):
+    import gnnfuse.schedule
+    from fusecore.testing import test_device
+
+    device = test_device()
+    # small tiles on one multiprocessor: no class is merged into the next for being too small
+    monkeypatch.setattr(gnnfuse.schedule, "device_facts", lambda _: SimpleNamespace(sm_count=1))
+    options = ScheduleOptions(light_max_degree=16, split_degree=16, tile_elements=256)
+    for graph in (_widths_graph(device), Graph(corner_case_edges(gen).to(device), 29)):
+        n, heads, dim = graph.num_nodes, 2, 3
+        wh = torch.randn(n, heads, dim, generator=gen).to(device).requires_grad_(True)
+        el = torch.randn(n, heads, generator=gen).to(device).requires_grad_(True)
+        er = torch.randn(n, heads, generator=gen).to(device).requires_grad_(True)
+        out = ops.gat_attention(graph, wh, el, er, schedule=options)
+        g = torch.randn(out.shape, generator=gen).to(device)
+        grads = torch.autograd.grad(out, (wh, el, er), g)
+        with use_reference():
+            ref = ops.gat_attention(graph, wh, el, er, schedule=options)
+            ref_grads = torch.autograd.grad(ref, (wh, el, er), g)
+        for got, want in ((out, ref), *zip(grads, ref_grads)):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+        schedule = graph.schedule(heads, dim, torch.float32, options)
+        for buckets, kind, part in ((schedule.incoming, "forward", 0), (schedule.outgoing, "backward", "source light")):
+            # the classes' lists are views of light_all's, side by side in class order
+            begin = 0
+            for _, rows, starts, _ in buckets.light:
+                assert rows.data_ptr() == buckets.light_all[0][begin:].data_ptr()
+                assert starts.data_ptr() == buckets.light_all[1][begin:].data_ptr()
+                begin += rows.numel()
+            assert begin == buckets.light_all[0].numel()
+            plans = [plan for key, plan in schedule.launches.items() if key[0] == kind]
+            assert len(plans) == 1
+            light = plans[0][part]
+            assert len(light) == (1 if buckets.light else 0)
+            for _, _, counts, _ in light:
+                assert len(counts) == LIGHT_SLOTS and sum(counts) == begin
+                assert [c for c in counts if c] == [rows.numel() for _, rows, _, _ in buckets.light]
+        if graph.num_nodes == 240:
+            assert [w for w, *_ in schedule.incoming.light] == [1, 2, 4, 8, 16]
