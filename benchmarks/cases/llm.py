@@ -163,12 +163,12 @@ def decode_case(ctx: Context) -> None:
     """ms per decode step: HF eager, reference eager / compiled, fused per-layer and looped kernels.
 
     HF eager and the compiled reference are timed at the TARGETS.md points (``HF_AT``,
-    ``COMPILED_AT``); ``llm/decode_baselines`` times them at every point of the grid."""
+    ``COMPILED_AT``); ``llm/baseline_grid`` times them at every point of the grid."""
     _decode_grid(ctx, every_point=False)
 
 
-@case("llm", "decode_baselines", baseline="reference decoder eager", headline=False)
-def decode_baselines_case(ctx: Context) -> None:
+@case("llm", "baseline_grid", baseline="reference decoder eager", headline=False)
+def baseline_grid_case(ctx: Context) -> None:
     """The decode case with HF eager and the compiled reference at every (model, batch, context).
 
     The full grid of the issue's benchmark (batch 1, 8, 64; context 512, 4096; both models), each
