@@ -67,6 +67,16 @@ def merge(new: list[Record], old: list[Record]) -> list[Record]:
     return [r for r in old if name(r) not in rerun] + list(new)
 
 
+def _saver(done: list[Record], ctx: Context, baseline: str, path: Path):
+    """``on_record`` for a case: rewrite ``path`` with the finished cases' records and this case's so far."""
+
+    def save(_record: Record) -> None:
+        set_speedups(ctx.records, baseline)
+        write_jsonl([*done, *ctx.records], path, append=False)
+
+    return save
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -100,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     for c in _progress(selected, "cases"):
         ctx = Context(quick=args.quick, device=device, case=c)
+        if args.out:  # the run so far, after every record: a run killed mid-case keeps what it measured
+            ctx.on_record = _saver(records, ctx, c.baseline, args.out / "results.jsonl")
         t0 = time.perf_counter()
         try:
             c.run(ctx)

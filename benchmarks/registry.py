@@ -78,6 +78,9 @@ class Context:
     # median is over those replays): 25 ms per replay keeps a replayed row near 0.3 s and its
     # median as stable as the called rows' (each replay averages many calls already).
     replay_rep_ms: float = 25.0
+    # Called with each record as soon as it is timed (the harness saves the run so far: a case
+    # cut short by a time limit keeps the rows it measured).
+    on_record: Callable[[Record], None] | None = None
 
     @property
     def gpu(self) -> bool:
@@ -127,6 +130,8 @@ class Context:
             peak_memory_bytes=peak, params=params,
         )
         self.records.append(record)
+        if self.on_record is not None:
+            self.on_record(record)
         return record
 
     def check(self, what: str, out: torch.Tensor, ref: torch.Tensor, tol: float) -> float:

@@ -87,7 +87,8 @@ def test_headline_leaves_out_sweeps_and_compares_with_other_code(monkeypatch):
 
 def test_a_run_cut_short_keeps_the_cases_that_finished(tmp_path, monkeypatch, capsys):
     """A GPU run killed by its time limit (here: a case that exits the process) still leaves the
-    earlier cases' rows in results.jsonl and their table in the log."""
+    earlier cases' rows in results.jsonl and their table in the log, and the rows the killed case
+    had timed before it ended."""
     import benchmarks.__main__ as bench_main
     from benchmarks import cases as case_pkg
     from benchmarks.registry import Case
@@ -96,13 +97,18 @@ def test_a_run_cut_short_keeps_the_cases_that_finished(tmp_path, monkeypatch, ca
     core = [c for c in cases() if c.domain == "core"]
 
     def killed(ctx):
+        ctx.time("none", lambda: None)
+        ctx.time("timed before the limit", lambda: None)
         raise SystemExit("time limit")
 
     monkeypatch.setattr(bench_main, "cases", lambda: [*core, Case("core", "killed", "none", killed)])
     with pytest.raises(SystemExit):
         bench_main.main(["--quick", "--domain", "core", "--out", str(tmp_path)])
     kept = read_jsonl(tmp_path / "results.jsonl")
-    assert kept and {r.case.split("[")[0] for r in kept} == {c.name for c in core}
+    assert kept and {r.case.split("[")[0] for r in kept} == {c.name for c in core} | {"killed"}
+    partial = [r for r in kept if r.case == "killed"]
+    assert [r.implementation for r in partial] == ["none", "timed before the limit"]
+    assert partial[1].speedup is not None  # against the case's baseline, timed before it
     assert "fused (fusecore)" in capsys.readouterr().out
 
 
