@@ -290,19 +290,28 @@ def _flags(inputs: AttentionInputs, use_dropout: bool) -> dict:
 # Session 9 (H100, arxiv-like, GAT bf16 training step, same call): one launch per pass against one per
 # class (2, 4, ..., 64) gave 1.66-1.75 ms against 2.16-2.27 as called, 986 against 984 µs replayed.
 LIGHT_LAUNCH_BREAKS: tuple[int, ...] = ()
+# Kernels with edge features keep one launch per class, each over its own (16-byte aligned) row lists:
+# the session-9 final run (H100, arxiv-like, CUDA graph) timed the Graph Transformer with 16 edge features
+# at 7.985 against 6.777 ms forward+backward in fp32 (session 8, per-class launches) and 1.154 against
+# 0.997 ms forward in bf16 with one launch per pass, while its rows per program, registers (sm_90 report:
+# 204 / 124 / 96 against at most 194 / 125 / 94 per class) and BLOCK_K / EDGE_DOT were unchanged.  This
+# restores session 8's launches for them; not re-timed on a GPU yet.
+LIGHT_LAUNCH_PER_CLASS_WITH_EDGES = True
 
 
 def _light_plan(schedule, inputs: AttentionInputs, buckets: Buckets, kernel_pass: str, flags: dict) -> list:
     """``(grid, (rows, starts, stops), counts, keyword arguments)`` of the light launches of
-    ``kernel_pass``: the width classes grouped by :data:`LIGHT_LAUNCH_BREAKS`, each launch over its
-    classes' slice of ``buckets.light_all`` with the classes' row counts as ``n0 .. n6``."""
+    ``kernel_pass``: the width classes grouped by :data:`LIGHT_LAUNCH_BREAKS` (one class per launch
+    with edge features: :data:`LIGHT_LAUNCH_PER_CLASS_WITH_EDGES`), each launch over its classes' slice
+    of ``buckets.light_all`` with the classes' row counts as ``n0 .. n6``."""
     from .kernels.tiles import LIGHT_SLOTS, pack_light
 
     block_h, block_d = schedule.block_h, schedule.block_d
     light_tiles, _ = _tile_budget(schedule, inputs, kernel_pass)
+    per_class = inputs.has_edge and LIGHT_LAUNCH_PER_CLASS_WITH_EDGES
     groups: list[list[tuple[int, int, int]]] = []
     for width, rows, _, _ in buckets.light:
-        if not groups or width in LIGHT_LAUNCH_BREAKS:
+        if not groups or per_class or width in LIGHT_LAUNCH_BREAKS:
             groups.append([])
         groups[-1].append((width, rows.numel(), _light_rows(schedule, inputs, width, light_tiles)))
     plan, begin = [], 0
@@ -313,7 +322,10 @@ def _light_plan(schedule, inputs: AttentionInputs, buckets: Buckets, kernel_pass
         end = begin + sum(counts)
         programs = sum(cdiv(count, per_program) for _, count, per_program in group)
         width, _, per_program = group[0]
-        plan.append(((programs,), tuple(t[begin:end] for t in buckets.light_all), tuple(counts), {
+        ranges = tuple(t[begin:end] for t in buckets.light_all)
+        if per_class:  # a list of its own, as aligned as a fresh tensor (a view starts anywhere)
+            ranges = tuple(t.clone() for t in ranges)
+        plan.append(((programs,), ranges, tuple(counts), {
             "LIGHT": pack_light({w: r for w, _, r in group}), "BLOCK_H": block_h, "BLOCK_D": block_d, **flags,
             **_edge_flags(inputs, block_h, block_d, per_program * width), "num_warps": schedule.num_warps,
         }))

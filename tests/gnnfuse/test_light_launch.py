@@ -66,3 +66,44 @@ def test_every_light_class_in_one_launch_per_pass(gen, monkeypatch):
                 assert [c for c in counts if c] == [rows.numel() for _, rows, _, _ in buckets.light]
         if graph.num_nodes == 240:
             assert [w for w, *_ in schedule.incoming.light] == [1, 2, 4, 8, 16]
+
+
+def test_edge_feature_kernels_launch_one_class_at_a_time_over_aligned_lists(gen, monkeypatch):
+    """With edge features each light class keeps a launch of its own (ops.LIGHT_LAUNCH_PER_CLASS_WITH_EDGES):
+    one nonzero count per launch, row lists equal to the class's and 16-byte aligned; values and
+    gradients (edge features and their weight too) as the reference's."""
+    import gnnfuse.schedule
+    from fusecore.testing import test_device
+
+    device = test_device()
+    monkeypatch.setattr(gnnfuse.schedule, "device_facts", lambda _: SimpleNamespace(sm_count=1))
+    options = ScheduleOptions(light_max_degree=16, split_degree=16, tile_elements=256)
+    graph = _widths_graph(device)
+    n, heads, dim, k = graph.num_nodes, 2, 4, 3
+
+    def leaf(*shape):
+        return torch.randn(*shape, generator=gen).to(device).requires_grad_(True)
+
+    q, key, v = leaf(n, heads, dim), leaf(n, heads, dim), leaf(n, heads, dim)
+    attr, weight = leaf(graph.num_edges, k), leaf(heads * dim, k)
+    inputs = (q, key, v, attr, weight)
+    out = ops.transformer_attention(graph, *inputs, schedule=options)
+    g = torch.randn(out.shape, generator=gen).to(device)
+    grads = torch.autograd.grad(out, inputs, g)
+    with use_reference():
+        ref = ops.transformer_attention(graph, *inputs, schedule=options)
+        ref_grads = torch.autograd.grad(ref, inputs, g)
+    for got, want in ((out, ref), *zip(grads, ref_grads)):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    schedule = graph.schedule(heads, dim, torch.float32, options)
+    parts = {"forward": (0,), "backward": ("source light", "destination light")}
+    for (kind, *_), plan in schedule.launches.items():
+        for part in parts[kind]:
+            buckets = schedule.incoming if part in (0, "destination light") else schedule.outgoing
+            light = plan[part]
+            assert len(light) == len(buckets.light)
+            for (_, ranges, counts, _), (_, rows, starts, stops) in zip(light, buckets.light):
+                assert [c for c in counts if c] == [rows.numel()]
+                for got, want in zip(ranges, (rows, starts, stops)):
+                    assert got.data_ptr() % 16 == 0 and torch.equal(got, want)
+    assert [w for w, *_ in schedule.incoming.light] == [1, 2, 4, 8, 16]
