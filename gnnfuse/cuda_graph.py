@@ -2,7 +2,7 @@
 
 Called as usual, a layer's step on a graph like ogbn-arxiv spends more host time issuing its
 launches (Triton's launch path, torch's ops, the autograd engine) than the GPU spends running
-them (``README.md``, sessions 4-6).  Full-graph training repeats the same launches on the same
+them (``JOURNAL.md``, sessions 4-6).  Full-graph training repeats the same launches on the same
 graph every step, so :func:`capture` records them once — the forward and the backward, each
 one CUDA graph (``torch.cuda.make_graphed_callables``) — and every later call replays them:
 

@@ -197,7 +197,7 @@ class GATConv(_DGLHeadsConv):
         wh = self.fc(h).view(feat.shape[0], self._num_heads, self._out_feats)
         # the bias is added in the kernel's store (in training into a second, final output); fc stays
         # its own module: ops.gat(..., weight=fc.weight), one autograd node for the whole call, was no
-        # faster as called on the H200 (gnn/layer_host, README session 7)
+        # faster as called on the H200 (gnn/layer_host, gnnfuse/JOURNAL.md session 7)
         out = ops.gat(
             graph, wh, self.attn_l, self.attn_r, negative_slope=self.negative_slope, dropout=self._dropout(),
             rng=rng, schedule=schedule, out_add=self.bias,
