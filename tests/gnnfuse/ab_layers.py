@@ -1,0 +1,163 @@
+"""Same-call A/B of gnnfuse layer variants: forward and training step, as called and replayed.
+
+    python3 tests/gnnfuse/ab_layers.py TAG ROW [ROW ...]      ROW = LAYER-DTYPE[:name=value,...]
+    e.g. gat-bf16  gat-bf16:LIGHT_LAUNCH_BREAKS=(8,)  tredge-fp32:LIGHT_LAUNCH_PER_CLASS_WITH_EDGES=False
+
+LAYER is ``gat``, ``gatv2``, ``tr`` (GraphTransformerConv), ``tredge`` (with 16 edge features) or
+``agnn``; DTYPE ``fp32`` or ``bf16``.  Each ``name=value`` (a Python literal) sets that module constant
+of ``gnnfuse.ops`` for the row, or ``max_light_rows=N`` the GPU's light rows per program
+(``gnnfuse.schedule.GPU_TILES``); the graph's schedules and launch plans are rebuilt for every row and
+the constants restored after it.  Each row checks the layer's output against its first row of the
+same layer and dtype (a variant changes launches, never values beyond rounding), then times, as the
+benchmarks do (``fusecore.timing.measure``): ``fwd`` = the layer without autograd, ``step`` = forward
+and backward with the parameters' gradients; ``called`` = back to back, the host's work included
+(``host`` its issue time alone), ``graph`` = replayed from a CUDA graph (GPU time); µs, one JSON line
+per row.  The code under test is whatever ``PYTHONPATH`` names, so one GPU call can time HEAD against
+the working tree: here ``git archive HEAD gnnfuse fusecore benchmarks pyproject.toml | tar -x -C
+.ab_gnn/head`` (an ignored folder, carried), there ``PYTHONPATH=.ab_gnn/head python3
+tests/gnnfuse/ab_layers.py head gat-bf16`` before and after ``PYTHONPATH=. python3
+tests/gnnfuse/ab_layers.py tree gat-bf16 gat-bf16:LIGHT_LAUNCH_BREAKS=(8,)``.  The graph is the
+benchmarks' arxiv-like one (``--graph`` picks another of ``benchmarks.cases.gnn``'s names).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import json
+import sys
+
+import torch
+
+LAYERS = ("gat", "gatv2", "tr", "tredge", "agnn")
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+IN_FEATS, HEADS, HEAD_DIM, EDGE_DIM = 128, 8, 16, 16
+
+
+def parse(row: str) -> tuple[str, str, dict]:
+    """``LAYER-DTYPE[:name=value,...]`` as (layer, dtype name, settings); values are Python literals."""
+    spec, _, fields = row.partition(":")
+    layer, _, dtype = spec.partition("-")
+    if layer not in LAYERS or dtype not in DTYPES:
+        raise ValueError(f"row {row!r}: expected LAYER-DTYPE with LAYER in {LAYERS} and DTYPE in {tuple(DTYPES)}")
+    settings = {}
+    for item in filter(None, _split_fields(fields)):
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"row {row!r}: {item!r} is not name=value")
+        settings[name.strip()] = ast.literal_eval(value.strip())
+    return layer, dtype, settings
+
+
+def _split_fields(fields: str) -> list[str]:
+    """Split on commas outside brackets (a tuple value holds commas)."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(fields):
+        depth += ch in "([{"
+        depth -= ch in ")]}"
+        if ch == "," and depth == 0:
+            parts.append(fields[start:i])
+            start = i + 1
+    parts.append(fields[start:])
+    return parts
+
+
+def apply(settings: dict):
+    """Set ``settings`` on gnnfuse.ops / the GPU tile limits; returns the function restoring them."""
+    from gnnfuse import ops, schedule
+
+    saved_tiles = schedule.GPU_TILES
+    saved = {}
+    for name, value in settings.items():
+        if name == "max_light_rows":
+            schedule.GPU_TILES = dataclasses.replace(schedule.GPU_TILES, max_light_rows=int(value))
+            continue
+        if not hasattr(ops, name) or not name.isupper():
+            raise ValueError(f"gnnfuse.ops has no constant {name!r}")
+        saved[name] = getattr(ops, name)
+        setattr(ops, name, value)
+
+    def restore():
+        schedule.GPU_TILES = saved_tiles
+        for name, value in saved.items():
+            setattr(ops, name, value)
+
+    return restore
+
+
+def build(layer: str, dtype: torch.dtype, graph, num_nodes: int, device: torch.device):
+    """The layer, its inputs and ``(forward, step)`` closures."""
+    from gnnfuse.nn import AGNNConv, GATConv, GATv2Conv, GraphTransformerConv
+
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    torch.manual_seed(0)
+    module = {"gat": lambda: GATConv(IN_FEATS, HEAD_DIM, HEADS),
+              "gatv2": lambda: GATv2Conv(IN_FEATS, HEAD_DIM, HEADS),
+              "tr": lambda: GraphTransformerConv(IN_FEATS, HEAD_DIM, heads=HEADS),
+              "tredge": lambda: GraphTransformerConv(IN_FEATS, HEAD_DIM, heads=HEADS, edge_dim=EDGE_DIM),
+              "agnn": AGNNConv}[layer]().to(device, dtype)
+    x = torch.randn(num_nodes, IN_FEATS, generator=gen).to(device, dtype).requires_grad_(layer == "agnn")
+    extra = (torch.randn(graph.num_edges, EDGE_DIM, generator=gen).to(device, dtype),) if layer == "tredge" else ()
+    params = [*module.parameters(), *([x] if layer == "agnn" else [])]
+
+    def forward():
+        with torch.no_grad():
+            return module(graph, x, *extra)
+
+    grad = torch.randn(forward().shape, generator=gen).to(device, dtype)
+
+    def step():
+        for p in params:
+            p.grad = None
+        module(graph, x, *extra).backward(grad)
+
+    return forward, step
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("tag")
+    parser.add_argument("rows", nargs="+")
+    parser.add_argument("--graph", default="arxiv-like")
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args(argv)
+    rows = [(row, *parse(row)) for row in args.rows]  # every row parsed before anything runs
+
+    from benchmarks.cases.gnn import _edges
+    from fusecore.testing import rel_error, test_device
+    from fusecore.timing import measure
+    from gnnfuse import Graph
+
+    device = test_device()
+    gpu = device.type == "cuda"
+    edges, num_nodes = _edges(args.graph, device)
+    first: dict[tuple[str, str], torch.Tensor] = {}
+    for row, layer, dtype_name, settings in rows:
+        restore = apply(settings)
+        try:
+            graph = Graph(edges, num_nodes)  # fresh schedules and launch plans under the settings
+            forward, step = build(layer, DTYPES[dtype_name], graph, num_nodes, device)
+            out = forward().float()
+            reference = first.setdefault((layer, dtype_name), out)
+            error = rel_error(out, reference)
+            step()
+            result = {"tag": args.tag, "row": row, "rel_error_vs_first": error}
+            for _ in range(args.rounds):
+                for kind, fn in (("fwd", forward), ("step", step)):
+                    called = measure(fn, device=device, back_to_back=gpu, rep_ms=200 if gpu else 1)
+                    result.setdefault(f"{kind} called", []).append(round(called.median_ms * 1e3, 1))
+                    if gpu:
+                        result.setdefault(f"{kind} host", []).append(round(called.host_ms * 1e3, 1))
+                        graph_timing = measure(fn, device=device, cuda_graph=True, rep_ms=100)
+                        result.setdefault(f"{kind} graph", []).append(round(graph_timing.median_ms * 1e3, 1))
+        except Exception as exc:  # one broken row must not hide the others
+            result = {"tag": args.tag, "row": row, "error": f"{type(exc).__name__}: {exc}"[:2000]}
+        finally:
+            restore()
+        print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,43 @@
+"""tests/gnnfuse/ab_layers.py, the same-call A/B driver: row parsing, settings applied and restored, a run."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+import ab_layers  # noqa: E402
+
+from gnnfuse import ops, schedule  # noqa: E402
+
+
+def test_rows_parse_with_literal_values_and_bracketed_commas():
+    assert ab_layers.parse("gat-bf16") == ("gat", "bf16", {})
+    assert ab_layers.parse("tredge-fp32:LIGHT_LAUNCH_BREAKS=(4, 16),max_light_rows=4") == (
+        "tredge", "fp32", {"LIGHT_LAUNCH_BREAKS": (4, 16), "max_light_rows": 4})
+    for bad in ("gcn-fp32", "gat-fp64", "gat-fp32:LIGHT_LAUNCH_BREAKS", "gat-fp32:X=not a literal"):
+        with pytest.raises((ValueError, SyntaxError)):
+            ab_layers.parse(bad)
+
+
+def test_settings_are_restored_and_unknown_names_refused():
+    breaks, tiles = ops.LIGHT_LAUNCH_BREAKS, schedule.GPU_TILES
+    restore = ab_layers.apply({"LIGHT_LAUNCH_BREAKS": (8,), "max_light_rows": 2})
+    assert ops.LIGHT_LAUNCH_BREAKS == (8,) and schedule.GPU_TILES.max_light_rows == 2
+    restore()
+    assert ops.LIGHT_LAUNCH_BREAKS is breaks and schedule.GPU_TILES is tiles
+    with pytest.raises(ValueError, match="no constant"):
+        ab_layers.apply({"NO_SUCH_CONSTANT": 1})
+
+
+def test_a_run_prints_one_checked_row_per_variant(capsys):
+    breaks = ops.LIGHT_LAUNCH_BREAKS
+    assert ab_layers.main(["cpu", "gat-fp32", "gat-fp32:LIGHT_LAUNCH_BREAKS=(2, 8)",
+                           "--graph", "tiny-power-law", "--rounds", "1"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [line["row"] for line in lines] == ["gat-fp32", "gat-fp32:LIGHT_LAUNCH_BREAKS=(2, 8)"]
+    for line in lines:
+        assert "error" not in line and line["rel_error_vs_first"] < 1e-5
+        assert len(line["fwd called"]) == len(line["step called"]) == 1
+    assert ops.LIGHT_LAUNCH_BREAKS is breaks
