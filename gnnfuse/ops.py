@@ -290,7 +290,7 @@ def _flags(inputs: AttentionInputs, use_dropout: bool) -> dict:
 # Session 9 (H100, arxiv-like, GAT bf16 training step, same call): one launch per pass against one per
 # class (2, 4, ..., 64) gave 1.66-1.75 ms against 2.16-2.27 as called, 986 against 984 µs replayed.
 LIGHT_LAUNCH_BREAKS: tuple[int, ...] = ()
-# Kernels with edge features keep one launch per class, each over its own (16-byte aligned) row lists:
+# Kernels with edge features keep one launch per class (each over 16-byte aligned row lists, as every launch):
 # the session-9 final run (H100, arxiv-like, CUDA graph) timed the Graph Transformer with 16 edge features
 # at 7.985 against 6.777 ms forward+backward in fp32 (session 8, per-class launches) and 1.154 against
 # 0.997 ms forward in bf16 with one launch per pass, while its rows per program, registers (sm_90 report:
@@ -322,9 +322,10 @@ def _light_plan(schedule, inputs: AttentionInputs, buckets: Buckets, kernel_pass
         end = begin + sum(counts)
         programs = sum(cdiv(count, per_program) for _, count, per_program in group)
         width, _, per_program = group[0]
-        ranges = tuple(t[begin:end] for t in buckets.light_all)
-        if per_class:  # a list of its own, as aligned as a fresh tensor (a view starts anywhere)
-            ranges = tuple(t.clone() for t in ranges)
+        # a launch's slice of the row lists, copied where it does not start 16-byte aligned (a fresh
+        # tensor is), so the kernel keeps Triton's divisibility hint on them
+        ranges = tuple(t[begin:end] if t[begin:].data_ptr() % 16 == 0 else t[begin:end].clone()
+                       for t in buckets.light_all)
         plan.append(((programs,), ranges, tuple(counts), {
             "LIGHT": pack_light({w: r for w, _, r in group}), "BLOCK_H": block_h, "BLOCK_D": block_d, **flags,
             **_edge_flags(inputs, block_h, block_d, per_program * width), "num_warps": schedule.num_warps,
