@@ -164,37 +164,39 @@ def decode_case(ctx: Context) -> None:
     """ms per decode step: HF eager, reference eager / compiled, fused per-layer and looped kernels.
 
     HF eager and the compiled reference are timed at the TARGETS.md points (``HF_AT``,
-    ``COMPILED_AT``); ``llm/baseline_grid_1b`` and ``_8b`` time them at every point of the grid."""
+    ``COMPILED_AT``); the ``llm/baseline_grid_*`` cases time them at every point of the grid."""
     _decode_grid(ctx, every_point=False)
 
 
-@case("llm", "baseline_grid_1b", baseline="reference decoder eager", headline=False)
-def baseline_grid_1b_case(ctx: Context) -> None:
-    """The decode case with HF eager and the compiled reference at every (batch, context), Llama-3.2-1B.
+def _grid_case(model: str, tag: str, context: int) -> None:
+    """Register ``llm/baseline_grid_{tag}_ctx{context}``: the decode case with HF eager and the
+    compiled reference at every batch of one model and context."""
 
-    The full grid of the issue's benchmark (batch 1, 8, 64; context 512, 4096), each baseline in
-    the same run as the fused rows.  Each point compiles the reference anew (a static cache per
-    shape) and builds an HF model, so a model's grid takes minutes (``--case baseline_grid`` runs
-    both models' cases); HF eager is skipped, with a message, where its weights, cache and prefill
-    do not fit beside ours.
-    """
-    _decode_grid(ctx, every_point=True, only="Llama-3.2-1B")
+    def run(ctx: Context) -> None:
+        _decode_grid(ctx, every_point=True, only=model, only_context=context)
 
-
-@case("llm", "baseline_grid_8b", baseline="reference decoder eager", headline=False)
-def baseline_grid_8b_case(ctx: Context) -> None:
-    """``llm/baseline_grid_1b`` for Llama-3.1-8B."""
-    _decode_grid(ctx, every_point=True, only="Llama-3.1-8B")
+    run.__doc__ = (f"The decode case with HF eager and the compiled reference at batch 1, 8 and 64, {model}, "
+                   f"context {context}: the issue's full baseline grid is the four ``llm/baseline_grid_*`` cases. "
+                   "Each point compiles the reference anew (a static cache per shape) and builds an HF model, "
+                   "so one case takes minutes (one per GPU call); HF eager is skipped, with a message, where "
+                   "its weights, cache and prefill do not fit beside ours.")
+    case("llm", f"baseline_grid_{tag}_ctx{context}", baseline="reference decoder eager", headline=False)(run)
 
 
-def _decode_grid(ctx: Context, every_point: bool, only: str | None = None) -> None:
+for _model, _tag in (("Llama-3.2-1B", "1b"), ("Llama-3.1-8B", "8b")):
+    for _context in (512, 4096):
+        _grid_case(_model, _tag, _context)
+
+
+def _decode_grid(ctx: Context, every_point: bool, only: str | None = None, only_context: int | None = None) -> None:
     dtype = torch.bfloat16 if ctx.gpu else torch.float32
     if ctx.quick:
         models = [("tiny", TINY, [1, 3], [16])]
     else:
         models = [("Llama-3.2-1B", LLAMA_3_2_1B, [1, 8, 64], [512, 4096]),
                   ("Llama-3.1-8B", LLAMA_3_1_8B, [1, 8, 64], [512, 4096])]
-        models = [m for m in models if only is None or m[0] == only]
+        models = [(name, cfg, batches, [c for c in contexts if only_context in (None, c)])
+                  for name, cfg, batches, contexts in models if only in (None, name)]
     for name, cfg, batches, contexts in models:
         gen = torch.Generator(device=ctx.device).manual_seed(0)
         w = random_weights(cfg, dtype=dtype, device=ctx.device, generator=gen)
