@@ -180,8 +180,8 @@ def _binder(params: list[inspect.Parameter], constexpr: tuple[bool, ...], host_t
     constexprs); ``key`` :func:`arg_key` of each runtime argument and the value of each
     constexpr; ``options`` the remaining keywords (``num_warps=`` ...).  ``None`` when an
     argument's specialisation is not handled here (:func:`arg_key` gives ``_SLOW``).  A plain
-    tensor is keyed inline, with its address read once (what one function call per argument
-    cost, most of the direct path's host time with many arguments).
+    tensor, int or float is keyed inline (as :func:`arg_key` keys it), a tensor's address read once
+    (what one function call per argument cost, most of the direct path's host time with many arguments).
     """
     namespace: dict[str, Any] = {"__fl_key": arg_key, "__fl_T": _Tensor, "__fl_S": _SLOW, "__fl_host": host_tensors}
     signature, lines, full, runtime, keys = [], [], [], [], []
@@ -201,6 +201,13 @@ def _binder(params: list[inspect.Parameter], constexpr: tuple[bool, ...], host_t
             f"    if type({name}) is __fl_T{device}:",
             f"        a{i} = {name}.data_ptr()",
             f"        k{i} = ({name}.dtype, a{i} & 15 == 0)",
+            f"    elif type({name}) is int:",  # arg_key's int key, inline
+            f"        a{i} = {name}",
+            f"        k{i} = ({name} == 1, {name} & 15 == 0, -0x80000000 <= {name} <= 0x7FFFFFFF, "
+            f"{name} >= 0x8000000000000000)",
+            f"    elif type({name}) is float:",
+            f"        a{i} = {name}",
+            f"        k{i} = float",
             "    else:",
             f"        k{i} = __fl_key({name}, __fl_host)",
             f"        if k{i} is __fl_S:",

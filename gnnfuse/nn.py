@@ -194,13 +194,18 @@ class GATConv(_DGLHeadsConv):
                 rng: PhiloxStream | DevicePhiloxStream | None = None) -> torch.Tensor:
         graph = self._graph(graph, feat, self.fc.weight.dtype)
         h = self._feat_dropout(feat)
-        wh = self.fc(h).view(feat.shape[0], self._num_heads, self._out_feats)
-        # the bias is added in the kernel's store (in training into a second, final output); fc stays
-        # its own module: ops.gat(..., weight=fc.weight), one autograd node for the whole call, was no
-        # faster as called on the H200 (gnn/layer_host, gnnfuse/JOURNAL.md session 7)
+        # float16 / bfloat16: the projection and the node scores in one kernel, inside the op's one
+        # autograd node (ops.fuses_projection); else fc stays its own module (the op's own torch
+        # product was no faster as called on the H200: gnn/layer_host, gnnfuse/JOURNAL.md session 7).
+        # The bias is added in the kernel's store (in training into a second, final output).
+        weight = self.fc.weight
+        if ops.fuses_projection(h, weight, self._num_heads, self._out_feats):
+            first, projected = h, {"weight": weight}
+        else:
+            first, projected = self.fc(h).view(feat.shape[0], self._num_heads, self._out_feats), {}
         out = ops.gat(
-            graph, wh, self.attn_l, self.attn_r, negative_slope=self.negative_slope, dropout=self._dropout(),
-            rng=rng, schedule=schedule, out_add=self.bias,
+            graph, first, self.attn_l, self.attn_r, negative_slope=self.negative_slope, dropout=self._dropout(),
+            rng=rng, schedule=schedule, out_add=self.bias, **projected,
         )
         return self._finish(out, h)
 

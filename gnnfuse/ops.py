@@ -755,6 +755,51 @@ def _node_scores_forward(wh: torch.Tensor, attn_l: torch.Tensor, attn_r: torch.T
     return el, er
 
 
+# GAT's projection with the node scores in its epilogue (kernels/projection.py), for float16 and
+# bfloat16 inputs (float32 keeps torch's product: a tl.dot of float32 would round through TF32 on
+# the GPU) and padded widths BLOCK_H·BLOCK_D from 16 (tl.dot's least) to PROJECTION_MAX_COLUMNS
+# (one program holds a row block's every column in registers).  Otherwise the projection is
+# torch's and a node-score pass reads Wh again.
+FUSED_PROJECTION = True
+PROJECTION_MAX_COLUMNS = 256
+PROJECTION_BLOCK_M = 64  # nodes per program
+PROJECTION_BLOCK_F = 64  # input features per tl.dot
+PROJECTION_WARPS = 4
+PROJECTION_STAGES = 3
+
+
+def fuses_projection(x: torch.Tensor, weight: torch.Tensor, heads: int, head_dim: int) -> bool:
+    """Whether :func:`gat` with ``weight`` projects ``x [N, F]`` by ``weight [H·D, F]`` and computes the
+    node scores in one kernel (:func:`_projection_scores`); else torch's product and a node-score pass."""
+    width = next_power_of_2(heads) * next_power_of_2(head_dim)
+    return (FUSED_PROJECTION and x.dtype in (torch.float16, torch.bfloat16) and weight.dtype == x.dtype
+            and MIN_DOT <= width <= PROJECTION_MAX_COLUMNS and x.dim() == 2 and x.stride(1) == 1)
+
+
+def _projection_scores(x: torch.Tensor, weight: torch.Tensor, attn_l: torch.Tensor, attn_r: torch.Tensor,
+                       heads: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(wh [N, H, D], el, er [N, H])``: ``wh = x Wᵀ`` and its node scores in one kernel
+    (:func:`fuses_projection` says where it applies)."""
+    from .kernels.projection import projection_scores_kernel
+
+    num_nodes, in_feats = x.shape
+    wh = _new_output((num_nodes, heads, head_dim), x.dtype, x.device)
+    acc = accumulation_dtype(x.dtype)
+    el = _new_output((num_nodes, heads), acc, x.device)
+    er = _new_output((num_nodes, heads), acc, x.device)
+    if num_nodes:
+        block_h, block_d = next_power_of_2(heads), next_power_of_2(head_dim)
+        # PROJECTION_BLOCK_M rows up to 128 columns, fewer beyond: the accumulator's registers stay put
+        block_m = max(MIN_DOT, PROJECTION_BLOCK_M * 128 // max(128, block_h * block_d))
+        block_f = max(MIN_DOT, min(PROJECTION_BLOCK_F, next_power_of_2(in_feats)))
+        projection_scores_kernel[(cdiv(num_nodes, block_m),)](
+            x, weight.contiguous(), attn_l.contiguous(), attn_r.contiguous(), wh, el, er, num_nodes, in_feats,
+            x.stride(0), heads, head_dim, BLOCK_M=block_m, BLOCK_F=block_f, BLOCK_H=block_h, BLOCK_D=block_d,
+            num_warps=PROJECTION_WARPS, num_stages=PROJECTION_STAGES,
+        )
+    return wh, el, er
+
+
 def _node_scores_backward(wh, attn_l, attn_r, grad_el, grad_er, grad_agg, parts: torch.Tensor) -> torch.Tensor:
     """``grad_wh``: ``grad_agg`` plus the node scores' share, in one kernel, which also writes the
     partial sums of ``∂attn_l``, ``∂attn_r`` into ``parts[0]``, ``parts[1]`` (:func:`_node_part_buffer`)."""
@@ -809,11 +854,14 @@ class GATFunction(torch.autograd.Function):
     def forward(ctx, x, weight, attn_l, attn_r, graph, negative_slope, dropout_p, seed, offset, options,  # type: ignore[override]
                 out_add):
         heads, head_dim = attn_l.shape[-2], attn_l.shape[-1]
-        wh = x if weight is None else torch.nn.functional.linear(x, weight).view(x.shape[0], heads, head_dim)
         attn_l3 = attn_l.view(1, heads, head_dim)
         attn_r3 = attn_r.view(1, heads, head_dim)
         ctx.attn_shapes = (attn_l.shape, attn_r.shape)
-        el, er = _node_scores_forward(wh, attn_l3, attn_r3)
+        if weight is not None and fuses_projection(x, weight, heads, head_dim):
+            wh, el, er = _projection_scores(x, weight, attn_l3, attn_r3, heads, head_dim)
+        else:
+            wh = x if weight is None else torch.nn.functional.linear(x, weight).view(x.shape[0], heads, head_dim)
+            el, er = _node_scores_forward(wh, attn_l3, attn_r3)
         inputs = AttentionInputs(SCORE_GAT, el, er, wh, negative_slope=negative_slope,
                                  out_add=_addend_layout(ctx, out_add, heads, head_dim))
         ctx.negative_slope = negative_slope
@@ -955,9 +1003,11 @@ def gat(
     which the backward reads; its gradient from the backward's ``δ`` kernel: :func:`_forward_saving`).
     ``weight``: ``[H·D, F]`` (a layer's ``fc.weight``); then ``wh`` is the unprojected input
     ``x [N, F]`` and the op projects it itself, ``x Wᵀ`` viewed ``[N, H, D]``, in the same
-    autograd node (:class:`GATFunction`), gradients reaching ``x`` and ``weight``.  Opt-in: four
-    autograd nodes fewer per training step than ``fc`` then ``gat``, but on the H200 no faster as
-    called (gnn/layer_host, session 7), so :class:`~gnnfuse.nn.GATConv` keeps ``fc`` as its own module.
+    autograd node (:class:`GATFunction`), gradients reaching ``x`` and ``weight``.  For float16 and
+    bfloat16 (:func:`fuses_projection`) the projection and the node scores are one kernel, which
+    saves the node-score pass's read of ``Wh``: :class:`~gnnfuse.nn.GATConv` takes this path there
+    and keeps ``fc`` as its own module elsewhere (the op alone, with torch's product, was no faster
+    as called on the H200: gnn/layer_host, session 7).
     """
     graph = as_graph(graph)
     backend.check_dtypes(FLOAT_DTYPES, wh=wh, attn_l=attn_l, attn_r=attn_r, weight=weight)

@@ -1,0 +1,60 @@
+"""GAT's projection with its node scores in the epilogue: ``Wh`` and ``el``, ``er`` from one read of ``x``.
+
+(:func:`projection_scores_kernel`.)  For nodes ``n``, heads ``h`` and lanes ``d``::
+
+    Wh[n, h, d] = Σ_f x[n, f] · W[h·D + d, f]                   (rounded to Wh's dtype)
+    el[n, h]    = Σ_d Wh[n, h, d] · attn_l[h, d]                (from the rounded Wh, as
+    er[n, h]    = Σ_d Wh[n, h, d] · attn_r[h, d]                 the node-score kernel reads it)
+
+One program owns ``BLOCK_M`` nodes and every column (``BLOCK_H · BLOCK_D``, the heads padded to
+powers of two): the product is a ``tl.dot`` over ``BLOCK_F``-wide slices of the input, and the
+scores are per-head sums of the accumulator tile before it leaves registers.  Bytes: ``x`` read
+once, ``W`` once per program (from L2), ``Wh`` and the two ``[N, H]`` scores written once — the
+same as the projection alone, where a separate node-score pass reads ``Wh`` again.
+"""
+
+import triton.language as tl
+
+from fusecore.backend import jit
+
+
+@jit
+def projection_scores_kernel(
+    x_ptr, w_ptr, attn_l_ptr, attn_r_ptr, wh_ptr, el_ptr, er_ptr, num_nodes, F, stride_x, H, D,
+    BLOCK_M: tl.constexpr, BLOCK_F: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """``x [N, F]`` (row stride ``stride_x``, unit column stride), ``W [H·D, F]`` contiguous,
+    ``attn_l``, ``attn_r`` ``H·D`` contiguous, ``Wh [N, H, D]`` contiguous, ``el``, ``er`` ``[N, H]``
+    in the accumulation dtype (float32; float64 for float64 inputs)."""
+    acc_dtype = el_ptr.dtype.element_ty
+    pid = tl.program_id(0).to(tl.int64)
+    offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_mask = offs_m < num_nodes
+    # column c of the padded tile = head c // BLOCK_D, lane c % BLOCK_D
+    offs_c = tl.arange(0, BLOCK_H * BLOCK_D)
+    c_head = offs_c // BLOCK_D
+    c_lane = offs_c % BLOCK_D
+    c_mask = (c_head < H) & (c_lane < D)
+    c_offs = c_head * D + c_lane  # row of W, column of Wh's flattened [H·D]
+    offs_f = tl.arange(0, BLOCK_F)
+    acc = tl.zeros((BLOCK_M, BLOCK_H * BLOCK_D), dtype=acc_dtype)
+    for f0 in range(0, F, BLOCK_F):
+        f = f0 + offs_f
+        f_mask = f < F
+        a = tl.load(x_ptr + offs_m[:, None] * stride_x + f[None, :], mask=m_mask[:, None] & f_mask[None, :], other=0.0)
+        b = tl.load(w_ptr + c_offs[None, :] * F + f[:, None], mask=f_mask[:, None] & c_mask[None, :], other=0.0)
+        acc = tl.dot(a, b, acc)
+    wh = acc.to(wh_ptr.dtype.element_ty)
+    tl.store(wh_ptr + offs_m[:, None] * (H * D) + c_offs[None, :], wh, mask=m_mask[:, None] & c_mask[None, :])
+    # the scores from the rounded Wh: the values the attention and the backward read
+    wh3 = tl.reshape(wh.to(acc_dtype), (BLOCK_M, BLOCK_H, BLOCK_D))
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    hd_mask = (offs_h[:, None] < H) & (offs_d[None, :] < D)
+    hd_offs = offs_h[:, None] * D + offs_d[None, :]
+    attn_l = tl.load(attn_l_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)
+    attn_r = tl.load(attn_r_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)
+    rh_offs = offs_m[:, None] * H + offs_h[None, :]
+    rh_mask = m_mask[:, None] & (offs_h[None, :] < H)
+    tl.store(el_ptr + rh_offs, tl.sum(wh3 * attn_l[None, :, :], axis=2), mask=rh_mask)
+    tl.store(er_ptr + rh_offs, tl.sum(wh3 * attn_r[None, :, :], axis=2), mask=rh_mask)

@@ -1,0 +1,114 @@
+"""GAT's projection with the node scores in its epilogue (gnnfuse/kernels/projection.py).
+
+The kernel against a float64 oracle (the product rounded to the input dtype, the scores from the
+rounded product) at odd sizes, poisoned outputs; where the fused path applies; and GATConv with
+it against GATConv with torch's projection and the node-score pass, forward and every gradient.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gnn_testing import corner_case_edges, poison_op_outputs
+
+from fusecore.testing import assert_all_written, assert_close, fresh_generator, test_device, tolerance
+from gnnfuse import Graph, ops
+from gnnfuse.nn import GATConv
+
+DEVICE = test_device()
+HALF = (torch.bfloat16, torch.float16)
+
+
+def _oracle(x, weight, attn_l, attn_r, heads, head_dim):
+    wh = (x.double() @ weight.double().t()).to(x.dtype).view(-1, heads, head_dim)
+    w64 = wh.double()
+    el = (w64 * attn_l.double().view(1, heads, head_dim)).sum(-1)
+    er = (w64 * attn_r.double().view(1, heads, head_dim)).sum(-1)
+    return wh, el, er
+
+
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize(
+    "num_nodes, in_feats, heads, head_dim",
+    [(1, 1, 1, 16), (61, 5, 3, 5), (64, 16, 8, 16), (130, 100, 2, 8), (67, 130, 4, 64), (0, 7, 2, 8)],
+)
+def test_projection_scores_matches_float64(dtype, num_nodes, in_feats, heads, head_dim, monkeypatch):
+    gen = fresh_generator()
+    seed = gen.initial_seed()
+    created = poison_op_outputs(monkeypatch)
+    x = torch.randn(num_nodes, in_feats, generator=gen).to(DEVICE, dtype)
+    weight = (torch.randn(heads * head_dim, in_feats, generator=gen) / in_feats**0.5).to(DEVICE, dtype)
+    attn_l = torch.randn(1, heads, head_dim, generator=gen).to(DEVICE, dtype)
+    attn_r = torch.randn(1, heads, head_dim, generator=gen).to(DEVICE, dtype)
+    assert ops.fuses_projection(x, weight, heads, head_dim)
+    wh, el, er = ops._projection_scores(x, weight, attn_l, attn_r, heads, head_dim)
+    assert wh.shape == (num_nodes, heads, head_dim) and wh.dtype == dtype
+    assert el.shape == er.shape == (num_nodes, heads) and el.dtype == torch.float32
+    for tensor in created:
+        assert_all_written(tensor)
+    ref_wh, ref_el, ref_er = _oracle(x, weight, attn_l, attn_r, heads, head_dim)
+    if num_nodes:
+        assert_close(wh.float(), ref_wh.float(), dtype, name=f"wh (seed {seed})")
+        # the scores are summed in float32 from the kernel's own Wh (one ulp of dtype off the oracle's)
+        assert_close(el, ref_el.float(), dtype, name=f"el (seed {seed})")
+        assert_close(er, ref_er.float(), dtype, name=f"er (seed {seed})")
+
+
+def test_projection_reads_a_row_strided_input(monkeypatch):
+    gen = fresh_generator()
+    poison_op_outputs(monkeypatch)
+    wide = torch.randn(37, 50, generator=gen).to(DEVICE, torch.bfloat16)
+    x = wide[:, 3:43]  # row stride 50, unit column stride
+    weight = torch.randn(32, 40, generator=gen).to(DEVICE, torch.bfloat16)
+    attn = torch.randn(1, 4, 8, generator=gen).to(DEVICE, torch.bfloat16)
+    assert ops.fuses_projection(x, weight, 4, 8)
+    wh, el, er = ops._projection_scores(x, weight, attn, attn, 4, 8)
+    ref_wh, ref_el, _ = _oracle(x.contiguous(), weight, attn, attn, 4, 8)
+    assert_close(wh.float(), ref_wh.float(), torch.bfloat16)
+    assert_close(el, ref_el.float(), torch.bfloat16)
+    assert torch.equal(el, er)
+
+
+def test_where_the_fused_projection_applies():
+    x = torch.zeros(4, 8, dtype=torch.bfloat16)
+
+    def weight(rows, dtype=torch.bfloat16):
+        return torch.zeros(rows, 8, dtype=dtype)
+
+    assert ops.fuses_projection(x, weight(128), 8, 16)
+    assert ops.fuses_projection(x.half(), weight(15, torch.float16), 3, 5)  # padded 4 x 8 = 32 columns
+    assert not ops.fuses_projection(x.float(), weight(128, torch.float32), 8, 16)  # float32: torch's product
+    assert not ops.fuses_projection(x, weight(128, torch.float16), 8, 16)  # mixed dtypes
+    assert not ops.fuses_projection(x, weight(8), 1, 8)  # 8 columns: below tl.dot's 16
+    assert not ops.fuses_projection(x, weight(512), 8, 64)  # 512 columns: above PROJECTION_MAX_COLUMNS
+    assert not ops.fuses_projection(torch.zeros(8, 4, dtype=torch.bfloat16).t(), weight(128), 8, 16)  # column-strided
+
+
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("residual", [False, True])
+def test_gatconv_with_the_fused_projection_matches_the_unfused_layer(dtype, residual, monkeypatch):
+    gen = fresh_generator()
+    seed = gen.initial_seed()
+    num_nodes = 29
+    graph = Graph(corner_case_edges(gen, num_nodes).to(DEVICE), num_nodes)
+    torch.manual_seed(seed)
+    layer = GATConv(19, 6, 3, residual=residual, allow_zero_in_degree=True).to(DEVICE, dtype)
+    with torch.no_grad():
+        for name, p in layer.named_parameters():
+            if "bias" in name:
+                p.normal_()
+    x = torch.randn(num_nodes, 19, generator=gen).to(DEVICE, dtype).requires_grad_()
+    grad = torch.randn(num_nodes, 3, 6, generator=gen).to(DEVICE, dtype)
+    assert ops.fuses_projection(x, layer.fc.weight, 3, 6)
+    results = []
+    for fused in (True, False):
+        monkeypatch.setattr(ops, "FUSED_PROJECTION", fused)
+        x.grad = None
+        layer.zero_grad(set_to_none=True)
+        out = layer(graph, x)
+        out.backward(grad)
+        results.append([out.detach(), x.grad, *(p.grad for p in layer.parameters())])
+    names = ["out", "x.grad", *(f"{n}.grad" for n, _ in layer.named_parameters())]
+    for name, got, want in zip(names, *results):
+        assert got is not None and want is not None, name
+        assert_close(got.float(), want.float(), tol=2 * tolerance(dtype), name=f"{name} (seed {seed})")
