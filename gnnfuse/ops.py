@@ -289,7 +289,13 @@ def _flags(inputs: AttentionInputs, use_dropout: bool) -> dict:
 # two breaks, each class still compiled for its own tile: kernels/tiles.py); () = one launch per pass.
 # Session 9 (H100, arxiv-like, GAT bf16 training step, same call): one launch per pass against one per
 # class (2, 4, ..., 64) gave 1.66-1.75 ms against 2.16-2.27 as called, 986 against 984 µs replayed.
-LIGHT_LAUNCH_BREAKS: tuple[int, ...] = ()
+# Session 10 (H100, same-call A/B, replayed, forward / training step): two launches per pass, the
+# narrow classes (1-4) and the wide ones (8-16), against one: GAT bf16 337.5 / 971.8 against
+# 347.1 / 984.0 µs, and with the fused projection 326.0 / 963.0 against 336.1 / 973.0; GATv2 fp32
+# 880.8 / 3314 against 892.2 / 3353; Graph Transformer bf16 583 / 2255 against 601 / 2317;
+# (4, 16) was no better than () (GAT bf16 348.0 / 1000.5).  Half the merged kernel's code per launch
+# (the instruction-cache lead of gnnfuse/JOURNAL.md, session 9) fits; not profiled.
+LIGHT_LAUNCH_BREAKS: tuple[int, ...] = (8,)
 # Kernels with edge features keep one launch per class (each over 16-byte aligned row lists, as every launch):
 # the session-9 final run (H100, arxiv-like, CUDA graph) timed the Graph Transformer with 16 edge features
 # at 7.985 against 6.777 ms forward+backward in fp32 (session 8, per-class launches) and 1.154 against

@@ -7,6 +7,7 @@ import torch
 from gnn_testing import corner_case_edges
 
 from fusecore import use_reference
+from fusecore.testing import assert_close
 from gnnfuse import Graph, ScheduleOptions, ops
 from gnnfuse.kernels.tiles import LIGHT_SLOTS, pack_light
 
@@ -27,10 +28,12 @@ def _widths_graph(device: torch.device) -> Graph:
     return Graph(torch.stack([src, dst]).to(device), len(degrees))
 
 
-def test_every_light_class_in_one_launch_per_pass(gen, monkeypatch):
+@pytest.mark.parametrize("breaks", [(), (8,)])  # one launch per pass; the default's narrow and wide launches
+def test_light_classes_launch_grouped_by_the_breaks(gen, monkeypatch, breaks):
     import gnnfuse.schedule
     from fusecore.testing import test_device
 
+    monkeypatch.setattr(ops, "LIGHT_LAUNCH_BREAKS", breaks)
     device = test_device()
     # small tiles on one multiprocessor: no class is merged into the next for being too small
     monkeypatch.setattr(gnnfuse.schedule, "device_facts", lambda _: SimpleNamespace(sm_count=1))
@@ -47,7 +50,7 @@ def test_every_light_class_in_one_launch_per_pass(gen, monkeypatch):
             ref = ops.gat_attention(graph, wh, el, er, schedule=options)
             ref_grads = torch.autograd.grad(ref, (wh, el, er), g)
         for got, want in ((out, ref), *zip(grads, ref_grads)):
-            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+            assert_close(got, want)  # the float32 tolerance of fusecore.testing.TOLERANCES, as a relative norm
         schedule = graph.schedule(heads, dim, torch.float32, options)
         for buckets, kind, part in ((schedule.incoming, "forward", 0), (schedule.outgoing, "backward", "source light")):
             # the classes' lists are views of light_all's, side by side in class order
@@ -60,10 +63,16 @@ def test_every_light_class_in_one_launch_per_pass(gen, monkeypatch):
             plans = [plan for key, plan in schedule.launches.items() if key[0] == kind]
             assert len(plans) == 1
             light = plans[0][part]
-            assert len(light) == (1 if buckets.light else 0)
-            for _, _, counts, _ in light:
-                assert len(counts) == LIGHT_SLOTS and sum(counts) == begin
-                assert [c for c in counts if c] == [rows.numel() for _, rows, _, _ in buckets.light]
+            groups: list[list[int]] = []  # the classes' row counts, a new launch at each break
+            for width, rows, _, _ in buckets.light:
+                if not groups or width in breaks:
+                    groups.append([])
+                groups[-1].append(rows.numel())
+            assert len(light) == len(groups)
+            for (_, ranges, counts, _), group in zip(light, groups):
+                assert len(counts) == LIGHT_SLOTS and sum(counts) == sum(group) == ranges[0].numel()
+                assert [c for c in counts if c] == group
+            assert sum(map(sum, groups)) == begin
         if graph.num_nodes == 240:
             assert [w for w, *_ in schedule.incoming.light] == [1, 2, 4, 8, 16]
 
@@ -94,7 +103,7 @@ def test_edge_feature_kernels_launch_one_class_at_a_time_over_aligned_lists(gen,
         ref = ops.transformer_attention(graph, *inputs, schedule=options)
         ref_grads = torch.autograd.grad(ref, inputs, g)
     for got, want in ((out, ref), *zip(grads, ref_grads)):
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+        assert_close(got, want)  # the float32 tolerance of fusecore.testing.TOLERANCES, as a relative norm
     schedule = graph.schedule(heads, dim, torch.float32, options)
     parts = {"forward": (0,), "backward": ("source light", "destination light")}
     for (kind, *_), plan in schedule.launches.items():
