@@ -40,7 +40,8 @@ def test_projection_scores_matches_float64(dtype, num_nodes, in_feats, heads, he
     weight = (torch.randn(heads * head_dim, in_feats, generator=gen) / in_feats**0.5).to(DEVICE, dtype)
     attn_l = torch.randn(1, heads, head_dim, generator=gen).to(DEVICE, dtype)
     attn_r = torch.randn(1, heads, head_dim, generator=gen).to(DEVICE, dtype)
-    assert ops.fuses_projection(x, weight, heads, head_dim)
+    # the layer fuses only 16-byte aligned rows; the kernel itself takes any row stride
+    assert ops.fuses_projection(x, weight, heads, head_dim) == (in_feats % 8 == 0 and x.data_ptr() % 16 == 0)
     wh, el, er = ops._projection_scores(x, weight, attn_l, attn_r, heads, head_dim)
     assert wh.shape == (num_nodes, heads, head_dim) and wh.dtype == dtype
     assert el.shape == er.shape == (num_nodes, heads) and el.dtype == torch.float32
@@ -57,11 +58,12 @@ def test_projection_scores_matches_float64(dtype, num_nodes, in_feats, heads, he
 def test_projection_reads_a_row_strided_input(monkeypatch):
     gen = fresh_generator()
     poison_op_outputs(monkeypatch)
-    wide = torch.randn(37, 50, generator=gen).to(DEVICE, torch.bfloat16)
-    x = wide[:, 3:43]  # row stride 50, unit column stride
+    wide = torch.randn(37, 56, generator=gen).to(DEVICE, torch.bfloat16)
+    x = wide[:, 8:48]  # row stride 56, unit column stride, rows 16-byte aligned
     weight = torch.randn(32, 40, generator=gen).to(DEVICE, torch.bfloat16)
     attn = torch.randn(1, 4, 8, generator=gen).to(DEVICE, torch.bfloat16)
     assert ops.fuses_projection(x, weight, 4, 8)
+    assert not ops.fuses_projection(wide[:, 3:43], weight, 4, 8)  # rows start 6 bytes in
     wh, el, er = ops._projection_scores(x, weight, attn, attn, 4, 8)
     ref_wh, ref_el, _ = _oracle(x.contiguous(), weight, attn, attn, 4, 8)
     assert_close(wh.float(), ref_wh.float(), torch.bfloat16)
@@ -82,6 +84,8 @@ def test_where_the_fused_projection_applies():
     assert not ops.fuses_projection(x, weight(8), 1, 8)  # 8 columns: below tl.dot's 16
     assert not ops.fuses_projection(x, weight(512), 8, 64)  # 512 columns: above PROJECTION_MAX_COLUMNS
     assert not ops.fuses_projection(torch.zeros(8, 4, dtype=torch.bfloat16).t(), weight(128), 8, 16)  # column-strided
+    reddit = torch.zeros(4, 602, dtype=torch.bfloat16)  # rows 1204 bytes apart: not 16-byte aligned
+    assert not ops.fuses_projection(reddit, torch.zeros(64, 602, dtype=torch.bfloat16), 4, 16)
 
 
 @pytest.mark.parametrize("dtype", HALF)
@@ -92,12 +96,12 @@ def test_gatconv_with_the_fused_projection_matches_the_unfused_layer(dtype, resi
     num_nodes = 29
     graph = Graph(corner_case_edges(gen, num_nodes).to(DEVICE), num_nodes)
     torch.manual_seed(seed)
-    layer = GATConv(19, 6, 3, residual=residual, allow_zero_in_degree=True).to(DEVICE, dtype)
+    layer = GATConv(24, 6, 3, residual=residual, allow_zero_in_degree=True).to(DEVICE, dtype)
     with torch.no_grad():
         for name, p in layer.named_parameters():
             if "bias" in name:
                 p.normal_()
-    x = torch.randn(num_nodes, 19, generator=gen).to(DEVICE, dtype).requires_grad_()
+    x = torch.randn(num_nodes, 24, generator=gen).to(DEVICE, dtype).requires_grad_()
     grad = torch.randn(num_nodes, 3, 6, generator=gen).to(DEVICE, dtype)
     assert ops.fuses_projection(x, layer.fc.weight, 3, 6)
     results = []
