@@ -156,7 +156,10 @@ class GATConv(_DGLHeadsConv):
     ``feat`` is ``[N, in_feats]`` (float16 / bfloat16 / float32 / float64, the dtype of the
     layer's parameters).  Returns ``[N, H, D]`` in ``feat``'s dtype.  The attention itself
     runs in one fused kernel that stores only the logsumexp per (node, head); attention
-    dropout is drawn from the counter-based RNG and regenerated in backward.
+    dropout is drawn from the counter-based RNG and regenerated in backward.  For float16 and
+    bfloat16 inputs with 16-byte aligned rows (:func:`gnnfuse.ops.fuses_projection`) the projection
+    and the node scores ``attn_l · Wh``, ``attn_r · Wh`` are one kernel too: ``fc.weight`` is read
+    directly, so hooks registered on the ``fc`` module do not run there.
     """
 
     def __init__(
