@@ -307,13 +307,13 @@ def check_dtypes(allowed: tuple[torch.dtype, ...], same: bool = True, **tensors:
     """
     dtype = None
     first = None
-    names = ", ".join(str(d).replace("torch.", "") for d in allowed)
     for name, tensor in tensors.items():
         if tensor is None:
             continue
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
         if tensor.dtype not in allowed:
+            names = ", ".join(str(d).replace("torch.", "") for d in allowed)
             raise TypeError(f"{name} has dtype {str(tensor.dtype).replace('torch.', '')}; expected one of {names}")
         if dtype is None:
             dtype, first = tensor.dtype, name
