@@ -294,6 +294,11 @@ def _gatconv_runs(ctx: Context, spec: GraphSpec, graph: Graph, dtype: torch.dtyp
     # into GEMM and attention, e.g. for in_feats not a multiple of 8 in 16-bit types.
     ctx.time("projection GEMM only (fc)", _forward(lambda: layer.fc(x)), params=params,
              variant=f"{spec.name},{tag},fwd,parts")
+    if ops.fuses_projection(x, layer.fc.weight, spec.heads, spec.head_dim):
+        # where the layer fuses them, it runs this instead of fc and the attention op's node-score pass
+        ctx.time("fused projection + node scores", _forward(lambda: ops._projection_scores(
+            x, layer.fc.weight, layer.attn_l, layer.attn_r, spec.heads, spec.head_dim)), params=params,
+            variant=f"{spec.name},{tag},fwd,parts")
 
 
 def _run_graphs(ctx: Context, specs: list[GraphSpec], run: Callable) -> None:

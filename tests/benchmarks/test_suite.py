@@ -3,8 +3,9 @@
 import json
 
 import pytest
+import torch
 
-from benchmarks import readme
+from benchmarks import readme, registry
 from benchmarks.__main__ import main
 from benchmarks.registry import DOMAINS, cases
 from fusecore.report import read_jsonl
@@ -151,3 +152,19 @@ def test_replayed_rows_get_the_short_replay_budget(monkeypatch):
     ctx.rep_ms = 10.0
     ctx.time("replayed, short case", lambda: None, cuda_graph=True)
     assert seen == [(False, 100.0), (True, ctx.replay_rep_ms), (True, 10.0)] and ctx.replay_rep_ms < 100.0
+
+
+def test_gatconv_bf16_runs_time_the_fused_projection_component():
+    """The quick suite runs GATConv in float32 only; in bfloat16 the layer fuses its projection and
+    node scores (gnnfuse.ops.fuses_projection), and the case times that kernel as a component row."""
+    from benchmarks.cases import gnn as cases
+    from gnnfuse import Graph
+
+    case = next(c for c in registry.cases() if c.domain == "gnn" and c.name == "gatconv")
+    ctx = registry.Context(quick=True, device=torch.device("cpu"), case=case)
+    spec = cases.QUICK[0]
+    edges, n = cases._edges(spec.name, ctx.device)
+    cases._gatconv_runs(ctx, spec, Graph(edges, n), torch.bfloat16, torch.Generator().manual_seed(0))
+    rows = {(r.implementation, r.case) for r in ctx.records}
+    assert ("fused projection + node scores", f"gatconv[{spec.name},bf16,fwd,parts]") in rows
+    assert ctx.checks and all(err <= tol for _, err, tol in ctx.checks)
