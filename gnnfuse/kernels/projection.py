@@ -17,6 +17,8 @@ import triton.language as tl
 
 from fusecore.backend import jit
 
+from .tiles import flat_head_tile, head_tile
+
 
 @jit
 def projection_scores_kernel(
@@ -30,12 +32,7 @@ def projection_scores_kernel(
     pid = tl.program_id(0).to(tl.int64)
     offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     m_mask = offs_m < num_nodes
-    # column c of the padded tile = head c // BLOCK_D, lane c % BLOCK_D
-    offs_c = tl.arange(0, BLOCK_H * BLOCK_D)
-    c_head = offs_c // BLOCK_D
-    c_lane = offs_c % BLOCK_D
-    c_mask = (c_head < H) & (c_lane < D)
-    c_offs = c_head * D + c_lane  # row of W, column of Wh's flattened [H·D]
+    c_offs, c_mask = flat_head_tile(H, D, BLOCK_H, BLOCK_D)  # a row of W, a column of Wh's [H·D]
     offs_f = tl.arange(0, BLOCK_F)
     acc = tl.zeros((BLOCK_M, BLOCK_H * BLOCK_D), dtype=acc_dtype)
     for f0 in range(0, F, BLOCK_F):
@@ -48,12 +45,10 @@ def projection_scores_kernel(
     tl.store(wh_ptr + offs_m[:, None] * (H * D) + c_offs[None, :], wh, mask=m_mask[:, None] & c_mask[None, :])
     # the scores from the rounded Wh: the values the attention and the backward read
     wh3 = tl.reshape(wh.to(acc_dtype), (BLOCK_M, BLOCK_H, BLOCK_D))
-    offs_h = tl.arange(0, BLOCK_H)
-    offs_d = tl.arange(0, BLOCK_D)
-    hd_mask = (offs_h[:, None] < H) & (offs_d[None, :] < D)
-    hd_offs = offs_h[:, None] * D + offs_d[None, :]
+    _, _, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
     attn_l = tl.load(attn_l_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)
     attn_r = tl.load(attn_r_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)
+    offs_h = tl.arange(0, BLOCK_H)  # (head_tile's own offs_h / h_mask here compile to other PTX)
     rh_offs = offs_m[:, None] * H + offs_h[None, :]
     rh_mask = m_mask[:, None] & (offs_h[None, :] < H)
     tl.store(el_ptr + rh_offs, tl.sum(wh3 * attn_l[None, :, :], axis=2), mask=rh_mask)
