@@ -385,11 +385,14 @@ def attention_backward(
     dropout_p: float, seed: int | torch.Tensor, offset: int, options: ScheduleOptions | None,
     grad_value_dtype: torch.dtype | None = None, edge_grads: tuple[bool, bool] = (True, True),
     bias_parts: torch.Tensor | None = None,
+    term_grad_dtypes: tuple[torch.dtype | None, torch.dtype | None] = (None, None),
 ) -> tuple[torch.Tensor, ...]:
     """Gradients of the fused attention, without atomics:
     ``(∂value, ∂src-side, ∂dst_term, ∂edge_attr, attr_sums)``.
 
-    ``∂value`` in ``grad_value_dtype`` (default: the values' dtype), the rest in the
+    ``∂value`` in ``grad_value_dtype`` (default: the values' dtype), the source-side and destination
+    gradients in ``term_grad_dtypes`` (default: the accumulation dtype; a caller that only casts them
+    names its dtype here and the kernels round once as they store, no cast pass), the rest in the
     accumulation dtype.  The source-side output is ``∂el [N, H]`` (GAT), ``∂k`` (dot) or, for
     GATv2, the per-source-row partial sums of ``∂attn`` ``[N, H, D]`` (the score's share of
     ``∂fs`` is already in ``∂value``).  With edge features, as ``edge_grads = (attr, weight)``
@@ -414,8 +417,8 @@ def attention_backward(
     edge_dim = inputs.edge_dim
     src_shape = (num_nodes, heads) if inputs.score == SCORE_GAT else (num_nodes, heads, head_dim)
     grad_value = _new_output(tuple(value.shape), grad_value_dtype or value.dtype, device)
-    grad_src = _new_output(src_shape, acc, device)
-    grad_dst = _new_output(src_shape, acc, device)
+    grad_src = _new_output(src_shape, term_grad_dtypes[0] or acc, device)
+    grad_dst = _new_output(src_shape, term_grad_dtypes[1] or acc, device)
     attr_grad, weight_grad = (inputs.has_edge and edge_grads[0]), (inputs.has_edge and edge_grads[1])
     grad_attr = _new_output((graph.num_edges, edge_dim), acc, device) if attr_grad else None
     attr_sums = _new_output((num_nodes, 2, edge_dim, heads), acc, device) if weight_grad else None
@@ -580,11 +583,13 @@ def _forward_saving(ctx, graph: Graph, inputs: AttentionInputs, launch: tuple, d
 
 def _backward_saved(ctx, inputs: AttentionInputs, grad_out: torch.Tensor,
                     grad_value_dtype: torch.dtype | None = None, edge_grads: tuple[bool, bool] = (True, True),
-                    bias_parts: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+                    bias_parts: torch.Tensor | None = None,
+                    term_grad_dtypes: tuple[torch.dtype | None, torch.dtype | None] = (None, None),
+                    ) -> tuple[torch.Tensor, ...]:
     """:func:`attention_backward` from what :func:`_forward_saving` kept (``out``, ``lse`` last)."""
     out, lse = ctx.saved_tensors[-2:]
     return attention_backward(ctx.graph, inputs, lse, out, grad_out.contiguous(), *ctx.launch, grad_value_dtype,
-                              edge_grads, bias_parts)
+                              edge_grads, bias_parts, term_grad_dtypes)
 
 
 def _bias_grad_wanted(ctx) -> bool:
@@ -1101,9 +1106,10 @@ class GATv2Function(torch.autograd.Function):
     def backward(ctx, grad_out):  # type: ignore[override]
         fs, fd, attn = ctx.saved_tensors[:3]
         inputs = AttentionInputs(SCORE_GATV2, fs, fd, fs, attn=attn, negative_slope=ctx.negative_slope)
-        grad_fs, attn_parts, grad_fd, *_ = _backward_saved(ctx, inputs, grad_out)
+        # ∂fd stored in fd's dtype by the kernels; the ∂attn partials stay in the accumulation dtype
+        grad_fs, attn_parts, grad_fd, *_ = _backward_saved(ctx, inputs, grad_out, term_grad_dtypes=(None, fd.dtype))
         grad_attn = attn_parts.sum(0).reshape(attn.shape).to(attn.dtype)
-        return grad_fs, grad_fd.to(fd.dtype), grad_attn, *_NO_GRADS
+        return grad_fs, grad_fd, grad_attn, *_NO_GRADS
 
 
 class TransformerAttentionFunction(torch.autograd.Function):
@@ -1132,14 +1138,14 @@ class TransformerAttentionFunction(torch.autograd.Function):
                                  scale=ctx.scale)
         edge_grads = (ctx.needs_input_grad[3], ctx.needs_input_grad[4])
         parts = _node_part_buffer(value, 1)[0] if _bias_grad_wanted(ctx) else None
-        grad_v, grad_k, grad_q, grad_attr, attr_sums = _backward_saved(ctx, inputs, grad_out, edge_grads=edge_grads,
-                                                                       bias_parts=parts)
+        grad_v, grad_k, grad_q, grad_attr, attr_sums = _backward_saved(
+            ctx, inputs, grad_out, edge_grads=edge_grads, bias_parts=parts, term_grad_dtypes=(key.dtype, query.dtype))
         if grad_attr is not None:
             grad_attr = grad_attr.to(edge_attr.dtype)
         grad_weight = None
         if attr_sums is not None:
             grad_weight = edge_weight_grad(attr_sums, grad_out, query, ctx.scale).to(edge_weight.dtype)
-        return (grad_q.to(query.dtype), grad_k.to(key.dtype), grad_v, grad_attr, grad_weight, *_NO_GRADS,
+        return (grad_q, grad_k, grad_v, grad_attr, grad_weight, *_NO_GRADS,
                 _addend_grad(ctx, grad_out, None if parts is None else parts.sum(0)))
 
 
