@@ -162,10 +162,25 @@ def _edge_flags(inputs: AttentionInputs, block_h: int, block_d: int, edges_per_p
     return {"BLOCK_K": _block_k(inputs), "EDGE_DOT": dot}
 
 
-def _light_rows(schedule, inputs: AttentionInputs, width: int, light_tiles: int) -> int:
+# The GAT forward's light rows with the edge loop unrolled (kernels/attention_forward.py,
+# ``UNROLLED``): one [rows, H, D] tile per edge slot, rows per program as for width
+# LIGHT_UNROLLED_ROW_WIDTH whatever the class's width (8 rows of 8 heads × 16 at the GPU's tiles).
+LIGHT_FORWARD_UNROLLED = True
+LIGHT_UNROLLED_ROW_WIDTH = 4
+
+
+def _unrolled(inputs: AttentionInputs, kernel_pass: str) -> bool:
+    """Whether ``kernel_pass``'s light rows run with the edge loop unrolled (GAT forward)."""
+    return LIGHT_FORWARD_UNROLLED and kernel_pass == "forward" and inputs.score == SCORE_GAT
+
+
+def _light_rows(schedule, inputs: AttentionInputs, width: int, light_tiles: int, kernel_pass: str) -> int:
     """Light rows of ``width`` edges per program: a tile near the budget, and with edge features
     at least 16 edges per program, so the projection is a matrix product (``K`` rank-1 updates
-    gather each feature column separately: many times the load instructions of the product)."""
+    gather each feature column separately: many times the load instructions of the product).
+    Unrolled (:func:`_unrolled`): the rows of width :data:`LIGHT_UNROLLED_ROW_WIDTH` for every width."""
+    if _unrolled(inputs, kernel_pass):
+        width = LIGHT_UNROLLED_ROW_WIDTH
     rows = schedule.light_rows_per_program(width, light_tiles * schedule.block_h * schedule.block_d)
     if _edge_dot(inputs, schedule.block_h, schedule.block_d):
         rows = max(rows, MIN_DOT // width)
@@ -319,7 +334,7 @@ def _light_plan(schedule, inputs: AttentionInputs, buckets: Buckets, kernel_pass
     for width, rows, _, _ in buckets.light:
         if not groups or per_class or width in LIGHT_LAUNCH_BREAKS:
             groups.append([])
-        groups[-1].append((width, rows.numel(), _light_rows(schedule, inputs, width, light_tiles)))
+        groups[-1].append((width, rows.numel(), _light_rows(schedule, inputs, width, light_tiles, kernel_pass)))
     plan, begin = [], 0
     for group in groups:
         counts = [0] * LIGHT_SLOTS
@@ -335,6 +350,7 @@ def _light_plan(schedule, inputs: AttentionInputs, buckets: Buckets, kernel_pass
         plan.append(((programs,), ranges, tuple(counts), {
             "LIGHT": pack_light({w: r for w, _, r in group}), "BLOCK_H": block_h, "BLOCK_D": block_d, **flags,
             **_edge_flags(inputs, block_h, block_d, per_program * width), "num_warps": schedule.num_warps,
+            **({"UNROLLED": _unrolled(inputs, kernel_pass)} if kernel_pass == "forward" else {}),
         }))
         begin = end
     return plan

@@ -58,6 +58,7 @@ from .tiles import (
     item_edges,
     light_edges,
     light_slot_count,
+    row_ranges,
     store_output,
 )
 
@@ -176,10 +177,11 @@ def attention_forward_light_kernel(
     n0, n1, n2, n3, n4, n5, n6, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, add_stride,
     LIGHT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr, BLOCK_K: tl.constexpr, EDGE_DOT: tl.constexpr,
-    KEY_SCALE: tl.constexpr, ADD: tl.constexpr, FINAL: tl.constexpr,
+    KEY_SCALE: tl.constexpr, ADD: tl.constexpr, FINAL: tl.constexpr, UNROLLED: tl.constexpr = False,
 ):
     """The light width classes of ``LIGHT`` in one launch (:mod:`gnnfuse.kernels.tiles`): each program
-    runs :func:`_forward_light_rows` compiled for its class's tile."""
+    runs :func:`_forward_light_rows` compiled for its class's tile (:func:`_forward_light_unrolled`
+    with ``UNROLLED``, GAT score, no edge features)."""
     seed, rng_offset = dropout_seed(seed, rng_offset, DROPOUT)
     pid = tl.program_id(0).to(tl.int64)
     first = pid * 0
@@ -193,15 +195,72 @@ def attention_forward_light_kernel(
                 programs = (count + (ONE << (f - 1)) - 1) >> (f - 1)
                 local = pid - first
                 if (local >= 0) & (local < programs):
-                    _forward_light_rows(
-                        local, src_ptr, eid_ptr, rows_ptr + row0, starts_ptr + row0, stops_ptr + row0, src_term_ptr,
-                        dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, out_ptr, lse_ptr, add_ptr, final_ptr,
-                        count, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, add_stride,
-                        ONE << (f - 1), ONE << k, BLOCK_H, BLOCK_D, DROPOUT, SCORE, EDGE, BLOCK_K, EDGE_DOT, KEY_SCALE,
-                        ADD, FINAL,
-                    )
+                    if UNROLLED:
+                        _forward_light_unrolled(
+                            local, src_ptr, rows_ptr + row0, starts_ptr + row0, stops_ptr + row0, src_term_ptr,
+                            dst_term_ptr, value_ptr, out_ptr, lse_ptr, add_ptr, final_ptr, count, H, D,
+                            negative_slope, dropout_p, keep_scale, seed, rng_offset, add_stride, ONE << (f - 1),
+                            ONE << k, BLOCK_H, BLOCK_D, DROPOUT, ADD, FINAL,
+                        )
+                    else:
+                        _forward_light_rows(
+                            local, src_ptr, eid_ptr, rows_ptr + row0, starts_ptr + row0, stops_ptr + row0,
+                            src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, out_ptr, lse_ptr,
+                            add_ptr, final_ptr, count, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed,
+                            rng_offset, add_stride, ONE << (f - 1), ONE << k, BLOCK_H, BLOCK_D, DROPOUT, SCORE, EDGE,
+                            BLOCK_K, EDGE_DOT, KEY_SCALE, ADD, FINAL,
+                        )
                 first += programs
                 row0 += count
+
+
+@jit
+def _forward_light_unrolled(
+    pid, src_ptr, rows_ptr, starts_ptr, stops_ptr, src_term_ptr, dst_term_ptr, value_ptr, out_ptr, lse_ptr, add_ptr,
+    final_ptr, num_rows, H, D, negative_slope, dropout_p, keep_scale, seed, rng_offset, add_stride,
+    ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    DROPOUT: tl.constexpr, ADD: tl.constexpr, FINAL: tl.constexpr,
+):
+    """GAT: ``ROWS`` light rows of degree <= ``BLOCK_E``, the edge slots unrolled: slot ``e`` gathers
+    one ``[ROWS, BLOCK_H, BLOCK_D]`` tile (the rows' ``e``-th sources) and folds it into a running
+    softmax per row and head, so every gather is independent of the scores (all in flight at once)
+    and nothing is reduced across threads (the ``[ROWS · BLOCK_E, H, D]`` tile of
+    :func:`_forward_light_rows` is summed over its edges across warps, through shared memory)."""
+    acc_dtype = lse_ptr.dtype.element_ty
+    offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
+    HD = H * D
+    _, r_mask, rows, start, degree = row_ranges(pid, rows_ptr, starts_ptr, stops_ptr, num_rows, ROWS)
+    rh_mask = r_mask[:, None] & h_mask[None, :]
+    dst_i = tl.load(dst_term_ptr + rows[:, None] * H + offs_h[None, :], mask=rh_mask, other=0.0).to(acc_dtype)
+    m = tl.full([ROWS, BLOCK_H], float("-inf"), dtype=acc_dtype)
+    l = tl.zeros([ROWS, BLOCK_H], dtype=acc_dtype)
+    acc = tl.zeros([ROWS, BLOCK_H, BLOCK_D], dtype=acc_dtype)
+    for e in tl.static_range(BLOCK_E):
+        e_mask = e < degree                                                    # [ROWS] (0 for masked rows)
+        pos = start + e
+        src = tl.load(src_ptr + pos, mask=e_mask, other=0).to(tl.int64)
+        src_j = tl.load(src_term_ptr + src[:, None] * H + offs_h[None, :], mask=e_mask[:, None] & h_mask[None, :],
+                        other=0.0).to(acc_dtype)
+        val_j = tl.load(value_ptr + src[:, None, None] * HD + hd_offs[None, :, :],
+                        mask=e_mask[:, None, None] & hd_mask[None, :, :], other=0.0).to(acc_dtype)
+        s = tl.where(e_mask[:, None], edge_scores(src_j, dst_i, negative_slope, negative_slope, 0), float("-inf"))
+        m_new = tl.maximum(m, s)
+        m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)                 # a row that has seen no edge yet
+        rescale = tl.exp(m - m_safe)
+        p = tl.exp(s - m_safe)
+        l = l * rescale + p
+        if DROPOUT:
+            p = attention_dropout(p, pos[:, None], rng_offset + offs_h[None, :], seed, dropout_p, keep_scale)
+        acc = acc * rescale[:, :, None] + p[:, :, None] * val_j
+        m = m_new
+    has_edges = l > 0
+    l_safe = tl.where(has_edges, l, 1.0)
+    out = acc / l_safe[:, :, None]
+    lse = tl.where(has_edges, m + tl.log(l_safe), float("-inf"))
+    out_mask = r_mask[:, None, None] & hd_mask[None, :, :]
+    store_output(out_ptr, final_ptr, add_ptr, out, rows[:, None, None] * HD + hd_offs[None, :, :],
+                 rows[:, None, None] * add_stride + hd_offs[None, :, :], out_mask, ADD, FINAL)
+    tl.store(lse_ptr + rows[:, None] * H + offs_h[None, :], lse.to(lse_ptr.dtype.element_ty), mask=rh_mask)
 
 
 @jit

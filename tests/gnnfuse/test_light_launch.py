@@ -29,11 +29,13 @@ def _widths_graph(device: torch.device) -> Graph:
 
 
 @pytest.mark.parametrize("breaks", [(), (8,)])  # one launch per pass; the default's narrow and wide launches
-def test_light_classes_launch_grouped_by_the_breaks(gen, monkeypatch, breaks):
+@pytest.mark.parametrize("unrolled", [True, False])  # the GAT forward's light rows with the edge slots unrolled
+def test_light_classes_launch_grouped_by_the_breaks(gen, monkeypatch, breaks, unrolled):
     import gnnfuse.schedule
     from fusecore.testing import test_device
 
     monkeypatch.setattr(ops, "LIGHT_LAUNCH_BREAKS", breaks)
+    monkeypatch.setattr(ops, "LIGHT_FORWARD_UNROLLED", unrolled)
     device = test_device()
     # small tiles on one multiprocessor: no class is merged into the next for being too small
     monkeypatch.setattr(gnnfuse.schedule, "device_facts", lambda _: SimpleNamespace(sm_count=1))
