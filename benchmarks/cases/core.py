@@ -85,3 +85,21 @@ def fast_launch_case(ctx: Context) -> None:
             ctx.check(f"{variant}: direct launch equals Triton's", outs[1], outs[0], 1e-6)
     finally:
         set_fast_launch(before)
+
+
+@case("core", "column_sum", baseline="torch .sum(0)")
+def column_sum_case(ctx: Context) -> None:
+    """A linear layer's bias gradient ``Σ_n ∂y_n`` of a ``[N, 128]`` gradient (a Graph Transformer
+    projection on the arxiv-like graph): fusecore.linear.column_sum against torch's reduction, which
+    nn.Linear's backward calls; bytes moved = the gradient read once."""
+    from fusecore.linear import column_sum
+
+    rows = 4099 if ctx.quick else 169_343
+    gen = torch.Generator(device=ctx.device).manual_seed(5)
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn(rows, 128, device=ctx.device, generator=gen).to(dtype)
+        variant = f"{rows}x128,{str(dtype).replace('torch.', '')}"
+        ctx.check(f"{variant} column_sum", column_sum(x).cpu(), x.double().sum(0).cpu(), 2e-2 if dtype != torch.float32
+                  else 1e-5)
+        for impl, fn in (("torch .sum(0)", lambda: x.sum(0)), ("column_sum (fusecore)", lambda: column_sum(x))):
+            ctx.time(impl, fn, bytes_moved=x.numel() * x.element_size(), variant=variant, params={"rows": rows})
