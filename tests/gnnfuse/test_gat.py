@@ -68,9 +68,10 @@ def test_float64_gradcheck(gen, device):
         assert torch.autograd.gradcheck(fused, inputs, eps=1e-6, atol=1e-7, fast_mode=True)
 
 
-def test_attention_dropout_mask_is_regenerated_not_stored(gen, device):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # bfloat16: the unrolled light forward
+def test_attention_dropout_mask_is_regenerated_not_stored(gen, device, dtype):
     graph = Graph(corner_case_edges(gen).to(device), 29)
-    wh, el, er = random_inputs(gen, 29, 3, 4, torch.float32, device)
+    wh, el, er = random_inputs(gen, 29, 3, 4, dtype, device)
     check_against_reference(graph, wh, el, er, gen, dropout=0.4, rng_seed=123, schedule=SCHEDULES["mixed"])
     keep = dropout_keep_mask(graph.to("cpu"), 3, 0.4, 123, 5)
     assert 0.45 < keep.float().mean().item() < 0.75
@@ -79,10 +80,11 @@ def test_attention_dropout_mask_is_regenerated_not_stored(gen, device):
     assert not torch.equal(a, b)
 
 
-def test_every_output_and_scratch_element_is_written(gen, device, monkeypatch):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_every_output_and_scratch_element_is_written(gen, device, monkeypatch, dtype):
     created = poison_op_outputs(monkeypatch)
     graph = Graph(corner_case_edges(gen).to(device), 29)
-    wh, el, er = random_inputs(gen, 29, 3, 5, torch.float32, device)
+    wh, el, er = random_inputs(gen, 29, 3, 5, dtype, device)
     leaves = [t.requires_grad_(True) for t in (wh, el, er)]
     out = ops.gat_attention(graph, *leaves, schedule=SCHEDULES["mixed"])
     out.sum().backward()

@@ -29,7 +29,8 @@ def _widths_graph(device: torch.device) -> Graph:
 
 
 @pytest.mark.parametrize("breaks", [(), (8,)])  # one launch per pass; the default's narrow and wide launches
-@pytest.mark.parametrize("unrolled", [True, False])  # the GAT forward's light rows with the edge slots unrolled
+# the GAT forward's light rows with the edge slots unrolled (bfloat16 and float16 only) or in one tile
+@pytest.mark.parametrize("unrolled", [True, False])
 def test_light_classes_launch_grouped_by_the_breaks(gen, monkeypatch, breaks, unrolled):
     import gnnfuse.schedule
     from fusecore.testing import test_device
@@ -42,9 +43,10 @@ def test_light_classes_launch_grouped_by_the_breaks(gen, monkeypatch, breaks, un
     options = ScheduleOptions(light_max_degree=16, split_degree=16, tile_elements=256)
     for graph in (_widths_graph(device), Graph(corner_case_edges(gen).to(device), 29)):
         n, heads, dim = graph.num_nodes, 2, 3
-        wh = torch.randn(n, heads, dim, generator=gen).to(device).requires_grad_(True)
-        el = torch.randn(n, heads, generator=gen).to(device).requires_grad_(True)
-        er = torch.randn(n, heads, generator=gen).to(device).requires_grad_(True)
+        dtype = torch.bfloat16 if unrolled else torch.float32
+        wh = torch.randn(n, heads, dim, generator=gen).to(device, dtype).requires_grad_(True)
+        el = torch.randn(n, heads, generator=gen).to(device, dtype).requires_grad_(True)
+        er = torch.randn(n, heads, generator=gen).to(device, dtype).requires_grad_(True)
         out = ops.gat_attention(graph, wh, el, er, schedule=options)
         g = torch.randn(out.shape, generator=gen).to(device)
         grads = torch.autograd.grad(out, (wh, el, er), g)
@@ -52,8 +54,8 @@ def test_light_classes_launch_grouped_by_the_breaks(gen, monkeypatch, breaks, un
             ref = ops.gat_attention(graph, wh, el, er, schedule=options)
             ref_grads = torch.autograd.grad(ref, (wh, el, er), g)
         for got, want in ((out, ref), *zip(grads, ref_grads)):
-            assert_close(got, want)  # the float32 tolerance of fusecore.testing.TOLERANCES, as a relative norm
-        schedule = graph.schedule(heads, dim, torch.float32, options)
+            assert_close(got, want)  # the dtype's tolerance of fusecore.testing.TOLERANCES, as a relative norm
+        schedule = graph.schedule(heads, dim, dtype, options)
         for buckets, kind, part in ((schedule.incoming, "forward", 0), (schedule.outgoing, "backward", "source light")):
             # the classes' lists are views of light_all's, side by side in class order
             begin = 0
@@ -65,6 +67,8 @@ def test_light_classes_launch_grouped_by_the_breaks(gen, monkeypatch, breaks, un
             plans = [plan for key, plan in schedule.launches.items() if key[0] == kind]
             assert len(plans) == 1
             light = plans[0][part]
+            if kind == "forward":
+                assert all(meta["UNROLLED"] == unrolled for *_, meta in light)
             groups: list[list[int]] = []  # the classes' row counts, a new launch at each break
             for width, rows, _, _ in buckets.light:
                 if not groups or width in breaks:
