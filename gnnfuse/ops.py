@@ -169,15 +169,21 @@ def _edge_flags(inputs: AttentionInputs, block_h: int, block_d: int, edges_per_p
 # 298.5 with the [rows · edges, H, D] tile, unrolled 4 rows 330.7, 8 rows 288.6, 16 rows 274.2 (that
 # row with 16 light rows for every kernel); GAT fp32 unrolled at 8 rows 566.5 against 541.0, so float32
 # keeps the tile form.
+# The same form for GATv2 and the dot score (no edge features) is switched by LIGHT_UNROLLED_SCORES, and
+# for float32 by LIGHT_UNROLLED_FLOAT32.
 LIGHT_FORWARD_UNROLLED = True
+LIGHT_UNROLLED_SCORES: tuple[int, ...] = (SCORE_GAT,)
+LIGHT_UNROLLED_FLOAT32 = False
 LIGHT_UNROLLED_ROW_WIDTH = 2
 LIGHT_UNROLLED_MAX_ROWS = 16
 
 
 def _unrolled(inputs: AttentionInputs, kernel_pass: str) -> bool:
-    """Whether ``kernel_pass``'s light rows run with the edge loop unrolled (GAT forward, 2-byte floats)."""
-    return (LIGHT_FORWARD_UNROLLED and kernel_pass == "forward" and inputs.score == SCORE_GAT
-            and inputs.value.dtype in (torch.float16, torch.bfloat16))
+    """Whether ``kernel_pass``'s light rows run with the edge slots unrolled (module constants above)."""
+    dtype = inputs.value.dtype
+    return (LIGHT_FORWARD_UNROLLED and kernel_pass == "forward" and not inputs.has_edge
+            and inputs.score in LIGHT_UNROLLED_SCORES
+            and (dtype in (torch.float16, torch.bfloat16) or (dtype == torch.float32 and LIGHT_UNROLLED_FLOAT32)))
 
 
 def _light_rows(schedule, inputs: AttentionInputs, width: int, light_tiles: int, kernel_pass: str) -> int:
@@ -187,6 +193,9 @@ def _light_rows(schedule, inputs: AttentionInputs, width: int, light_tiles: int,
     Unrolled (:func:`_unrolled`): the rows of width :data:`LIGHT_UNROLLED_ROW_WIDTH` for every width."""
     row_elements = light_tiles * schedule.block_h * schedule.block_d
     if _unrolled(inputs, kernel_pass):
+        # feature tiles gathered per edge slot: keys and values for the dot score, else one
+        slot_tiles = 2 if inputs.score == SCORE_DOT and not inputs.keys_from_values else 1
+        row_elements = slot_tiles * schedule.block_h * schedule.block_d
         tiles = schedule.tiles
         most = max(tiles.max_light_rows, LIGHT_UNROLLED_MAX_ROWS)
         return max(1, min(most, tiles.tile_elements // (LIGHT_UNROLLED_ROW_WIDTH * row_elements)))

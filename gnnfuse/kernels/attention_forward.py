@@ -181,7 +181,7 @@ def attention_forward_light_kernel(
 ):
     """The light width classes of ``LIGHT`` in one launch (:mod:`gnnfuse.kernels.tiles`): each program
     runs :func:`_forward_light_rows` compiled for its class's tile (:func:`_forward_light_unrolled`
-    with ``UNROLLED``, GAT score, no edge features)."""
+    with ``UNROLLED``: no edge features)."""
     seed, rng_offset = dropout_seed(seed, rng_offset, DROPOUT)
     pid = tl.program_id(0).to(tl.int64)
     first = pid * 0
@@ -198,9 +198,9 @@ def attention_forward_light_kernel(
                     if UNROLLED:
                         _forward_light_unrolled(
                             local, src_ptr, rows_ptr + row0, starts_ptr + row0, stops_ptr + row0, src_term_ptr,
-                            dst_term_ptr, value_ptr, out_ptr, lse_ptr, add_ptr, final_ptr, count, H, D,
-                            negative_slope, dropout_p, keep_scale, seed, rng_offset, add_stride, ONE << (f - 1),
-                            ONE << k, BLOCK_H, BLOCK_D, DROPOUT, ADD, FINAL,
+                            dst_term_ptr, attn_ptr, value_ptr, out_ptr, lse_ptr, add_ptr, final_ptr, count, H, D,
+                            negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, add_stride,
+                            ONE << (f - 1), ONE << k, BLOCK_H, BLOCK_D, DROPOUT, SCORE, KEY_SCALE, ADD, FINAL,
                         )
                     else:
                         _forward_light_rows(
@@ -216,22 +216,30 @@ def attention_forward_light_kernel(
 
 @jit
 def _forward_light_unrolled(
-    pid, src_ptr, rows_ptr, starts_ptr, stops_ptr, src_term_ptr, dst_term_ptr, value_ptr, out_ptr, lse_ptr, add_ptr,
-    final_ptr, num_rows, H, D, negative_slope, dropout_p, keep_scale, seed, rng_offset, add_stride,
+    pid, src_ptr, rows_ptr, starts_ptr, stops_ptr, src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, out_ptr, lse_ptr,
+    add_ptr, final_ptr, num_rows, H, D, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, add_stride,
     ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-    DROPOUT: tl.constexpr, ADD: tl.constexpr, FINAL: tl.constexpr,
+    DROPOUT: tl.constexpr, SCORE: tl.constexpr, KEY_SCALE: tl.constexpr, ADD: tl.constexpr, FINAL: tl.constexpr,
 ):
-    """GAT: ``ROWS`` light rows of degree <= ``BLOCK_E``, the edge slots unrolled: slot ``e`` gathers
-    one ``[ROWS, BLOCK_H, BLOCK_D]`` tile (the rows' ``e``-th sources) and folds it into a running
-    softmax per row and head, so every gather is independent of the scores (all in flight at once)
-    and nothing is reduced across threads (the ``[ROWS · BLOCK_E, H, D]`` tile of
+    """``ROWS`` light rows of degree <= ``BLOCK_E`` (no edge features), the edge slots unrolled: slot
+    ``e`` gathers the rows' ``e``-th sources as ``[ROWS, BLOCK_H, BLOCK_D]`` tiles and folds them into a
+    running softmax per row and head, so every gather is independent of the scores (all in flight at
+    once) and nothing is reduced across warps (the ``[ROWS · BLOCK_E, H, D]`` tile of
     :func:`_forward_light_rows` is summed over its edges across warps, through shared memory)."""
     acc_dtype = lse_ptr.dtype.element_ty
     offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
     HD = H * D
     _, r_mask, rows, start, degree = row_ranges(pid, rows_ptr, starts_ptr, stops_ptr, num_rows, ROWS)
     rh_mask = r_mask[:, None] & h_mask[None, :]
-    dst_i = tl.load(dst_term_ptr + rows[:, None] * H + offs_h[None, :], mask=rh_mask, other=0.0).to(acc_dtype)
+    feat_rows = r_mask[:, None, None] & hd_mask[None, :, :]
+    if SCORE == 0:
+        dst_i = tl.load(dst_term_ptr + rows[:, None] * H + offs_h[None, :], mask=rh_mask, other=0.0).to(acc_dtype)
+    else:
+        dst_i = tl.load(dst_term_ptr + rows[:, None, None] * HD + hd_offs[None, :, :], mask=feat_rows,
+                        other=0.0).to(acc_dtype)
+        if SCORE == 2:
+            dst_i = dst_i * scale
+        attn = tl.load(attn_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
     m = tl.full([ROWS, BLOCK_H], float("-inf"), dtype=acc_dtype)
     l = tl.zeros([ROWS, BLOCK_H], dtype=acc_dtype)
     acc = tl.zeros([ROWS, BLOCK_H, BLOCK_D], dtype=acc_dtype)
@@ -239,11 +247,23 @@ def _forward_light_unrolled(
         e_mask = e < degree                                                    # [ROWS] (0 for masked rows)
         pos = start + e
         src = tl.load(src_ptr + pos, mask=e_mask, other=0).to(tl.int64)
-        src_j = tl.load(src_term_ptr + src[:, None] * H + offs_h[None, :], mask=e_mask[:, None] & h_mask[None, :],
-                        other=0.0).to(acc_dtype)
-        val_j = tl.load(value_ptr + src[:, None, None] * HD + hd_offs[None, :, :],
-                        mask=e_mask[:, None, None] & hd_mask[None, :, :], other=0.0).to(acc_dtype)
-        s = tl.where(e_mask[:, None], edge_scores(src_j, dst_i, negative_slope, negative_slope, 0), float("-inf"))
+        feat_mask = e_mask[:, None, None] & hd_mask[None, :, :]
+        if SCORE == 0:
+            src_j = tl.load(src_term_ptr + src[:, None] * H + offs_h[None, :], mask=e_mask[:, None] & h_mask[None, :],
+                            other=0.0).to(acc_dtype)
+            val_j = tl.load(value_ptr + src[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
+                            other=0.0).to(acc_dtype)
+            s = edge_scores(src_j, dst_i, negative_slope, negative_slope, 0)
+        else:
+            src_j, val_j = gather_keys(src_term_ptr, value_ptr, src, e_mask, H, HD, offs_h, h_mask, hd_offs, hd_mask,
+                                       acc_dtype, KEY_SCALE)
+            if SCORE == 1:
+                val_j = src_j
+            elif not KEY_SCALE:
+                val_j = tl.load(value_ptr + src[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
+                                other=0.0).to(acc_dtype)
+            s = edge_scores(src_j, dst_i, attn, negative_slope, SCORE)
+        s = tl.where(e_mask[:, None], s, float("-inf"))
         m_new = tl.maximum(m, s)
         m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)                 # a row that has seen no edge yet
         rescale = tl.exp(m - m_safe)
@@ -257,9 +277,8 @@ def _forward_light_unrolled(
     l_safe = tl.where(has_edges, l, 1.0)
     out = acc / l_safe[:, :, None]
     lse = tl.where(has_edges, m + tl.log(l_safe), float("-inf"))
-    out_mask = r_mask[:, None, None] & hd_mask[None, :, :]
     store_output(out_ptr, final_ptr, add_ptr, out, rows[:, None, None] * HD + hd_offs[None, :, :],
-                 rows[:, None, None] * add_stride + hd_offs[None, :, :], out_mask, ADD, FINAL)
+                 rows[:, None, None] * add_stride + hd_offs[None, :, :], feat_rows, ADD, FINAL)
     tl.store(lse_ptr + rows[:, None] * H + offs_h[None, :], lse.to(lse_ptr.dtype.element_ty), mask=rh_mask)
 
 

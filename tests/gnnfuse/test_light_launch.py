@@ -122,3 +122,42 @@ def test_edge_feature_kernels_launch_one_class_at_a_time_over_aligned_lists(gen,
                 for got, want in zip(ranges, (rows, starts, stops)):
                     assert got.data_ptr() % 16 == 0 and torch.equal(got, want)
     assert [w for w, *_ in schedule.incoming.light] == [1, 2, 4, 8, 16]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", ["gat", "gatv2", "dot", "agnn"])
+def test_unrolled_light_forward_matches_the_reference_for_every_score(gen, monkeypatch, name, dtype):
+    """The unrolled light rows (kernels/attention_forward.py, UNROLLED) for every score, switched on for
+    all of them and for float32 too: outputs and gradients against the reference, with dropout."""
+    from fusecore import PhiloxStream
+    from fusecore.testing import test_device
+
+    monkeypatch.setattr(ops, "LIGHT_UNROLLED_SCORES", (0, 1, 2))
+    monkeypatch.setattr(ops, "LIGHT_UNROLLED_FLOAT32", True)
+    device = test_device()
+    options = ScheduleOptions(light_max_degree=16, split_degree=16, tile_elements=256)
+    graph = _widths_graph(device)
+    n, heads, dim = graph.num_nodes, 3, 5
+    q, k, v = (torch.randn(n, heads, dim, generator=gen).to(device, dtype).requires_grad_(True) for _ in range(3))
+    attn = torch.randn(1, heads, dim, generator=gen).to(device, dtype).requires_grad_(True)
+    beta = torch.tensor([0.8], device=device, dtype=dtype, requires_grad=True)
+    calls = {
+        "gat": (lambda: ops.gat_attention(graph, v, q[:, :, 0], k[:, :, 0], dropout=0.3, rng=PhiloxStream(5),
+                                          schedule=options), (v, q, k)),
+        "gatv2": (lambda: ops.gatv2(graph, q, k, attn, dropout=0.3, rng=PhiloxStream(5), schedule=options),
+                  (q, k, attn)),
+        "dot": (lambda: ops.transformer_attention(graph, q, k, v, dropout=0.3, rng=PhiloxStream(5), schedule=options),
+                (q, k, v)),
+        "agnn": (lambda: ops.agnn(graph, v, beta, schedule=options), (v, beta)),
+    }
+    fn, leaves = calls[name]
+    out = fn()
+    g = torch.randn(out.shape, generator=gen).to(device, dtype)
+    grads = torch.autograd.grad(out, leaves, g)
+    with use_reference():
+        ref = fn()
+        ref_grads = torch.autograd.grad(ref, leaves, g)
+    for got, want in ((out, ref), *zip(grads, ref_grads)):
+        assert_close(got, want, dtype=dtype)
+    plans = [plan for key, plan in graph.schedule(heads, dim, dtype, options).launches.items() if key[0] == "forward"]
+    assert plans and all(meta["UNROLLED"] for plan in plans for *_, meta in plan[0])
