@@ -169,11 +169,16 @@ def _edge_flags(inputs: AttentionInputs, block_h: int, block_d: int, edges_per_p
 # 298.5 with the [rows · edges, H, D] tile, unrolled 4 rows 330.7, 8 rows 288.6, 16 rows 274.2 (that
 # row with 16 light rows for every kernel); GAT fp32 unrolled at 8 rows 566.5 against 541.0, so float32
 # keeps the tile form.
-# The same form for GATv2 and the dot score (no edge features) is switched by LIGHT_UNROLLED_SCORES, and
-# for float32 by LIGHT_UNROLLED_FLOAT32.
+# The same form for GATv2 and the dot score (no edge features; two tiles a slot: 8 rows), same call
+# (session 11, call 5, replayed forward / training step µs): Graph Transformer bf16 577.5 / 1677 → 538.7
+# / 1658, fp32 1406 / 3374 → 1375 / 3339; GATv2 bf16 439.6 / 1857 → 391.9 / 1830.  Scores unrolled in
+# 2-byte floats: LIGHT_UNROLLED_SCORES; in float32: LIGHT_UNROLLED_FLOAT32_SCORES.  AGNN (keys formed from
+# the gathered values) stays in tile form: its A/B row did not run before the call's limit, and at 16 rows
+# it takes 255 registers with spills (sm_90 report) — LIGHT_UNROLLED_KEYS_FROM_VALUES switches it on.
 LIGHT_FORWARD_UNROLLED = True
-LIGHT_UNROLLED_SCORES: tuple[int, ...] = (SCORE_GAT,)
-LIGHT_UNROLLED_FLOAT32 = False
+LIGHT_UNROLLED_SCORES: tuple[int, ...] = (SCORE_GAT, SCORE_GATV2, SCORE_DOT)
+LIGHT_UNROLLED_FLOAT32_SCORES: tuple[int, ...] = (SCORE_DOT,)
+LIGHT_UNROLLED_KEYS_FROM_VALUES = False
 LIGHT_UNROLLED_ROW_WIDTH = 2
 LIGHT_UNROLLED_MAX_ROWS = 16
 
@@ -181,9 +186,13 @@ LIGHT_UNROLLED_MAX_ROWS = 16
 def _unrolled(inputs: AttentionInputs, kernel_pass: str) -> bool:
     """Whether ``kernel_pass``'s light rows run with the edge slots unrolled (module constants above)."""
     dtype = inputs.value.dtype
-    return (LIGHT_FORWARD_UNROLLED and kernel_pass == "forward" and not inputs.has_edge
-            and inputs.score in LIGHT_UNROLLED_SCORES
-            and (dtype in (torch.float16, torch.bfloat16) or (dtype == torch.float32 and LIGHT_UNROLLED_FLOAT32)))
+    if not (LIGHT_FORWARD_UNROLLED and kernel_pass == "forward" and not inputs.has_edge):
+        return False
+    if inputs.keys_from_values and not LIGHT_UNROLLED_KEYS_FROM_VALUES:
+        return False
+    if dtype in (torch.float16, torch.bfloat16):
+        return inputs.score in LIGHT_UNROLLED_SCORES
+    return dtype == torch.float32 and inputs.score in LIGHT_UNROLLED_FLOAT32_SCORES
 
 
 def _light_rows(schedule, inputs: AttentionInputs, width: int, light_tiles: int, kernel_pass: str) -> int:
@@ -193,8 +202,9 @@ def _light_rows(schedule, inputs: AttentionInputs, width: int, light_tiles: int,
     Unrolled (:func:`_unrolled`): the rows of width :data:`LIGHT_UNROLLED_ROW_WIDTH` for every width."""
     row_elements = light_tiles * schedule.block_h * schedule.block_d
     if _unrolled(inputs, kernel_pass):
-        # feature tiles gathered per edge slot: keys and values for the dot score, else one
-        slot_tiles = 2 if inputs.score == SCORE_DOT and not inputs.keys_from_values else 1
+        # tiles a slot holds: keys and values (dot), the source term and its LeakyReLU against the row's
+        # (GATv2), one (GAT; AGNN's keys scaled from the values)
+        slot_tiles = 1 if inputs.score == SCORE_GAT or inputs.keys_from_values else 2
         row_elements = slot_tiles * schedule.block_h * schedule.block_d
         tiles = schedule.tiles
         most = max(tiles.max_light_rows, LIGHT_UNROLLED_MAX_ROWS)

@@ -128,12 +128,13 @@ def test_edge_feature_kernels_launch_one_class_at_a_time_over_aligned_lists(gen,
 @pytest.mark.parametrize("name", ["gat", "gatv2", "dot", "agnn"])
 def test_unrolled_light_forward_matches_the_reference_for_every_score(gen, monkeypatch, name, dtype):
     """The unrolled light rows (kernels/attention_forward.py, UNROLLED) for every score, switched on for
-    all of them and for float32 too: outputs and gradients against the reference, with dropout."""
+    all of them (AGNN too) and for float32 too: outputs and gradients against the reference, with dropout."""
     from fusecore import PhiloxStream
     from fusecore.testing import test_device
 
     monkeypatch.setattr(ops, "LIGHT_UNROLLED_SCORES", (0, 1, 2))
-    monkeypatch.setattr(ops, "LIGHT_UNROLLED_FLOAT32", True)
+    monkeypatch.setattr(ops, "LIGHT_UNROLLED_FLOAT32_SCORES", (0, 1, 2))
+    monkeypatch.setattr(ops, "LIGHT_UNROLLED_KEYS_FROM_VALUES", True)
     device = test_device()
     options = ScheduleOptions(light_max_degree=16, split_degree=16, tile_elements=256)
     graph = _widths_graph(device)
