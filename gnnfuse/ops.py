@@ -181,12 +181,19 @@ LIGHT_UNROLLED_FLOAT32_SCORES: tuple[int, ...] = (SCORE_DOT,)
 LIGHT_UNROLLED_KEYS_FROM_VALUES = False
 LIGHT_UNROLLED_ROW_WIDTH = 2
 LIGHT_UNROLLED_MAX_ROWS = 16
+# The backward's source pass in the same form (kernels/attention_backward.py, ``_src_light_unrolled``;
+# the same scores and dtypes): off, not yet timed on a GPU.  Nsight Compute (session 11, H100,
+# arxiv-like) put its tile form at 363 µs of the GAT bf16 training step's ~950 and 508 of the Graph
+# Transformer's ~1660, L1-bound (76-82%) with DRAM at 38-41%, like the forward's tile form before.
+LIGHT_SOURCE_UNROLLED = False
+UNROLLED_PASSES = ("forward", "source")
 
 
 def _unrolled(inputs: AttentionInputs, kernel_pass: str) -> bool:
     """Whether ``kernel_pass``'s light rows run with the edge slots unrolled (module constants above)."""
     dtype = inputs.value.dtype
-    if not (LIGHT_FORWARD_UNROLLED and kernel_pass == "forward" and not inputs.has_edge):
+    switched = LIGHT_FORWARD_UNROLLED if kernel_pass == "forward" else LIGHT_SOURCE_UNROLLED
+    if not (switched and kernel_pass in UNROLLED_PASSES and not inputs.has_edge):
         return False
     if inputs.keys_from_values and not LIGHT_UNROLLED_KEYS_FROM_VALUES:
         return False
@@ -202,9 +209,13 @@ def _light_rows(schedule, inputs: AttentionInputs, width: int, light_tiles: int,
     Unrolled (:func:`_unrolled`): the rows of width :data:`LIGHT_UNROLLED_ROW_WIDTH` for every width."""
     row_elements = light_tiles * schedule.block_h * schedule.block_d
     if _unrolled(inputs, kernel_pass):
-        # tiles a slot holds: keys and values (dot), the source term and its LeakyReLU against the row's
-        # (GATv2), one (GAT; AGNN's keys scaled from the values)
-        slot_tiles = 1 if inputs.score == SCORE_GAT or inputs.keys_from_values else 2
+        # tiles a slot holds: forward, keys and values (dot), the source term and its LeakyReLU against
+        # the row's (GATv2), one (GAT; AGNN's keys scaled from the values); source pass, g and (GATv2,
+        # dot) the destination's term, whose gradient terms add into the row's sums
+        if kernel_pass == "forward":
+            slot_tiles = 1 if inputs.score == SCORE_GAT or inputs.keys_from_values else 2
+        else:
+            slot_tiles = 1 if inputs.score == SCORE_GAT else 2
         row_elements = slot_tiles * schedule.block_h * schedule.block_d
         tiles = schedule.tiles
         most = max(tiles.max_light_rows, LIGHT_UNROLLED_MAX_ROWS)
@@ -378,7 +389,7 @@ def _light_plan(schedule, inputs: AttentionInputs, buckets: Buckets, kernel_pass
         plan.append(((programs,), ranges, tuple(counts), {
             "LIGHT": pack_light({w: r for w, _, r in group}), "BLOCK_H": block_h, "BLOCK_D": block_d, **flags,
             **_edge_flags(inputs, block_h, block_d, per_program * width), "num_warps": schedule.num_warps,
-            **({"UNROLLED": _unrolled(inputs, kernel_pass)} if kernel_pass == "forward" else {}),
+            **({"UNROLLED": _unrolled(inputs, kernel_pass)} if kernel_pass in UNROLLED_PASSES else {}),
         }))
         begin = end
     return plan

@@ -127,12 +127,8 @@ def attention_backward_src_kernel(
             else:
                 src_e = src_j
         s = edge_scores(src_e, dst_i, attn, negative_slope, SCORE)
-        alpha = tl.where(eh_mask, tl.exp(s - lse_i), 0.0)
-        if DROPOUT:
-            alpha_kept = attention_dropout(alpha, pos[:, None], rng_offset + offs_h[None, :], seed, dropout_p,
-                                           keep_scale)
-        else:
-            alpha_kept = alpha
+        alpha, alpha_kept = _recomputed_weights(s, lse_i, eh_mask, pos[:, None], rng_offset + offs_h[None, :], seed,
+                                                dropout_p, keep_scale, DROPOUT)
         g_i = tl.load(grad_out_ptr + dst[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
                       other=0.0).to(acc_dtype)
         kept_g = alpha_kept[:, :, None] * g_i
@@ -166,6 +162,18 @@ def attention_backward_src_kernel(
 
 
 @jit
+def _recomputed_weights(s, lse_i, mask, pos, streams, seed, dropout_p, keep_scale, DROPOUT: tl.constexpr):
+    """``(α, α')``: the forward's attention weights ``exp(s − lse)`` (0 where masked) and the same with
+    its dropout regenerated from the counters ``(pos, streams)``."""
+    alpha = tl.where(mask, tl.exp(s - lse_i), 0.0)
+    if DROPOUT:
+        kept = attention_dropout(alpha, pos, streams, seed, dropout_p, keep_scale)
+    else:
+        kept = alpha
+    return alpha, kept
+
+
+@jit
 def attention_backward_src_light_kernel(
     rev_dst_ptr, rev_pos_ptr, rev_eid_ptr, rows_ptr, starts_ptr, stops_ptr,
     src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, lse_ptr, grad_out_ptr, delta_ptr,
@@ -173,10 +181,11 @@ def attention_backward_src_light_kernel(
     n0, n1, n2, n3, n4, n5, n6, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
     LIGHT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr, BLOCK_K: tl.constexpr, EDGE_DOT: tl.constexpr,
-    KEY_SCALE: tl.constexpr,
+    KEY_SCALE: tl.constexpr, UNROLLED: tl.constexpr = False,
 ):
     """The source pass over the light width classes of ``LIGHT`` in one launch (as
-    :func:`~gnnfuse.kernels.attention_forward.attention_forward_light_kernel`)."""
+    :func:`~gnnfuse.kernels.attention_forward.attention_forward_light_kernel`; ``UNROLLED``:
+    :func:`_src_light_unrolled`, no edge features)."""
     seed, rng_offset = dropout_seed(seed, rng_offset, DROPOUT)
     pid = tl.program_id(0).to(tl.int64)
     first = pid * 0
@@ -190,15 +199,105 @@ def attention_backward_src_light_kernel(
                 programs = (count + (ONE << (f - 1)) - 1) >> (f - 1)
                 local = pid - first
                 if (local >= 0) & (local < programs):
-                    _src_light_rows(
-                        local, rev_dst_ptr, rev_pos_ptr, rev_eid_ptr, rows_ptr + row0, starts_ptr + row0,
-                        stops_ptr + row0, src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr,
-                        lse_ptr, grad_out_ptr, delta_ptr, grad_value_ptr, grad_src_ptr, grad_s_ptr,
-                        count, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
-                        ONE << (f - 1), ONE << k, BLOCK_H, BLOCK_D, DROPOUT, SCORE, EDGE, BLOCK_K, EDGE_DOT, KEY_SCALE,
-                    )
+                    if UNROLLED:
+                        _src_light_unrolled(
+                            local, rev_dst_ptr, rev_pos_ptr, rows_ptr + row0, starts_ptr + row0, stops_ptr + row0,
+                            src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, lse_ptr, grad_out_ptr, delta_ptr,
+                            grad_value_ptr, grad_src_ptr, grad_s_ptr, count, H, D, negative_slope, scale, dropout_p,
+                            keep_scale, seed, rng_offset, ONE << (f - 1), ONE << k, BLOCK_H, BLOCK_D, DROPOUT,
+                            SCORE, KEY_SCALE,
+                        )
+                    else:
+                        _src_light_rows(
+                            local, rev_dst_ptr, rev_pos_ptr, rev_eid_ptr, rows_ptr + row0, starts_ptr + row0,
+                            stops_ptr + row0, src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr,
+                            lse_ptr, grad_out_ptr, delta_ptr, grad_value_ptr, grad_src_ptr, grad_s_ptr,
+                            count, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
+                            ONE << (f - 1), ONE << k, BLOCK_H, BLOCK_D, DROPOUT, SCORE, EDGE, BLOCK_K, EDGE_DOT,
+                            KEY_SCALE,
+                        )
                 first += programs
                 row0 += count
+
+
+@jit
+def _src_light_unrolled(
+    pid, rev_dst_ptr, rev_pos_ptr, rows_ptr, starts_ptr, stops_ptr, src_term_ptr, dst_term_ptr, attn_ptr, value_ptr,
+    lse_ptr, grad_out_ptr, delta_ptr, grad_value_ptr, grad_src_ptr, grad_s_ptr,
+    num_rows, H, D, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
+    ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    DROPOUT: tl.constexpr, SCORE: tl.constexpr, KEY_SCALE: tl.constexpr,
+):
+    """The source pass for ``ROWS`` light source rows (no edge features), the out-edge slots unrolled
+    (as :func:`~gnnfuse.kernels.attention_forward._forward_light_unrolled`): the row's own terms read
+    once, slot ``e`` gathering the rows' ``e``-th destinations as ``[ROWS, BLOCK_H, BLOCK_D]`` tiles
+    (``g``, and ``dst`` for GATv2 / dot) and adding into per-row sums, nothing reduced across warps."""
+    acc_dtype = lse_ptr.dtype.element_ty
+    offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
+    HD = H * D
+    _, r_mask, rows, start, degree = row_ranges(pid, rows_ptr, starts_ptr, stops_ptr, num_rows, ROWS)
+    rh_mask = r_mask[:, None] & h_mask[None, :]
+    row_offs = rows[:, None, None] * HD + hd_offs[None, :, :]
+    row_mask = r_mask[:, None, None] & hd_mask[None, :, :]
+    val_row = tl.load(value_ptr + row_offs, mask=row_mask, other=0.0).to(acc_dtype)
+    if SCORE == 0:
+        src_row = tl.load(src_term_ptr + rows[:, None] * H + offs_h[None, :], mask=rh_mask, other=0.0).to(acc_dtype)
+        acc_src = tl.zeros([ROWS, BLOCK_H], dtype=acc_dtype)
+        attn = src_row
+    else:
+        if SCORE == 1:
+            src_row = val_row
+        else:
+            src_row, _ = gather_keys(src_term_ptr, value_ptr, rows, r_mask, H, HD, offs_h, h_mask, hd_offs, hd_mask,
+                                     acc_dtype, KEY_SCALE)
+        acc_src = tl.zeros([ROWS, BLOCK_H, BLOCK_D], dtype=acc_dtype)
+        attn = tl.load(attn_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
+    acc_val = tl.zeros([ROWS, BLOCK_H, BLOCK_D], dtype=acc_dtype)
+    for e in tl.static_range(BLOCK_E):
+        e_mask = e < degree                                                    # [ROWS] (0 for masked rows)
+        eh_mask = e_mask[:, None] & h_mask[None, :]
+        feat_mask = e_mask[:, None, None] & hd_mask[None, :, :]
+        q = start + e
+        dst = tl.load(rev_dst_ptr + q, mask=e_mask, other=0).to(tl.int64)
+        pos = tl.load(rev_pos_ptr + q, mask=e_mask, other=0).to(tl.int64)
+        eh_offs = dst[:, None] * H + offs_h[None, :]
+        lse_i = tl.load(lse_ptr + eh_offs, mask=eh_mask, other=0.0).to(acc_dtype)
+        delta_i = tl.load(delta_ptr + eh_offs, mask=eh_mask, other=0.0).to(acc_dtype)
+        g_i = tl.load(grad_out_ptr + dst[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
+                      other=0.0).to(acc_dtype)
+        if SCORE == 0:
+            dst_i = tl.load(dst_term_ptr + eh_offs, mask=eh_mask, other=0.0).to(acc_dtype)
+            s = edge_scores(src_row, dst_i, negative_slope, negative_slope, 0)
+        else:
+            dst_i = tl.load(dst_term_ptr + dst[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
+                            other=0.0).to(acc_dtype)
+            if SCORE == 2:
+                dst_i = dst_i * scale
+            s = edge_scores(src_row, dst_i, attn, negative_slope, SCORE)
+        alpha, alpha_kept = _recomputed_weights(s, lse_i, eh_mask, pos[:, None], rng_offset + offs_h[None, :], seed,
+                                                dropout_p, keep_scale, DROPOUT)
+        grad_s = alpha_kept * tl.sum(g_i * val_row, axis=2) - alpha * delta_i  # [ROWS, BLOCK_H]
+        if SCORE == 0:
+            grad_edge_head = tl.where(eh_mask, score_grad(grad_s, src_row, dst_i, attn, negative_slope, 0), 0.0)
+            acc_src += grad_edge_head
+            acc_val += alpha_kept[:, :, None] * g_i
+        else:
+            grad_edge_head = grad_s
+            grad_src = score_grad(grad_s, src_row, dst_i, attn, negative_slope, SCORE)
+            if SCORE == 1:
+                acc_val += alpha_kept[:, :, None] * g_i + grad_src
+                acc_src += attn_grad_terms(grad_s, src_row, dst_i, negative_slope)
+            else:
+                acc_val += alpha_kept[:, :, None] * g_i
+                acc_src += grad_src
+        tl.store(grad_s_ptr + pos[:, None] * H + offs_h[None, :], grad_edge_head.to(grad_s_ptr.dtype.element_ty),
+                 mask=eh_mask)
+    if SCORE == 0:
+        tl.store(grad_src_ptr + rows[:, None] * H + offs_h[None, :], acc_src.to(grad_src_ptr.dtype.element_ty),
+                 mask=rh_mask)
+    else:
+        tl.store(grad_src_ptr + row_offs, acc_src.to(grad_src_ptr.dtype.element_ty), mask=row_mask)
+    tl.store(grad_value_ptr + row_offs, acc_val.to(grad_value_ptr.dtype.element_ty), mask=row_mask)
 
 
 @jit

@@ -126,15 +126,17 @@ def test_edge_feature_kernels_launch_one_class_at_a_time_over_aligned_lists(gen,
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("name", ["gat", "gatv2", "dot", "agnn"])
-def test_unrolled_light_forward_matches_the_reference_for_every_score(gen, monkeypatch, name, dtype):
-    """The unrolled light rows (kernels/attention_forward.py, UNROLLED) for every score, switched on for
-    all of them (AGNN too) and for float32 too: outputs and gradients against the reference, with dropout."""
+def test_unrolled_light_rows_match_the_reference_for_every_score(gen, monkeypatch, name, dtype):
+    """The unrolled light rows of the forward and of the backward's source pass (UNROLLED in
+    kernels/attention_forward.py and kernels/attention_backward.py) for every score, switched on for all
+    of them (AGNN too) and for float32 too: outputs and gradients against the reference, with dropout."""
     from fusecore import PhiloxStream
     from fusecore.testing import test_device
 
     monkeypatch.setattr(ops, "LIGHT_UNROLLED_SCORES", (0, 1, 2))
     monkeypatch.setattr(ops, "LIGHT_UNROLLED_FLOAT32_SCORES", (0, 1, 2))
     monkeypatch.setattr(ops, "LIGHT_UNROLLED_KEYS_FROM_VALUES", True)
+    monkeypatch.setattr(ops, "LIGHT_SOURCE_UNROLLED", True)
     device = test_device()
     options = ScheduleOptions(light_max_degree=16, split_degree=16, tile_elements=256)
     graph = _widths_graph(device)
@@ -160,5 +162,7 @@ def test_unrolled_light_forward_matches_the_reference_for_every_score(gen, monke
         ref_grads = torch.autograd.grad(ref, leaves, g)
     for got, want in ((out, ref), *zip(grads, ref_grads)):
         assert_close(got, want, dtype=dtype)
-    plans = [plan for key, plan in graph.schedule(heads, dim, dtype, options).launches.items() if key[0] == "forward"]
-    assert plans and all(meta["UNROLLED"] for plan in plans for *_, meta in plan[0])
+    launches = graph.schedule(heads, dim, dtype, options).launches
+    forward = [plan[0] for key, plan in launches.items() if key[0] == "forward"]
+    source = [plan["source light"] for key, plan in launches.items() if key[0] == "backward"]
+    assert forward and source and all(meta["UNROLLED"] for light in forward + source for *_, meta in light)
