@@ -186,13 +186,17 @@ LIGHT_UNROLLED_MAX_ROWS = 16
 # arxiv-like) put its tile form at 363 µs of the GAT bf16 training step's ~950 and 508 of the Graph
 # Transformer's ~1660, L1-bound (76-82%) with DRAM at 38-41%, like the forward's tile form before.
 LIGHT_SOURCE_UNROLLED = False
-UNROLLED_PASSES = ("forward", "source")
+# ... and the destination pass (GATv2 and the dot score; ``_dst_light_unrolled``): off, not yet timed
+# (its tile form: 35 + 86 µs of the Transformer bf16 step, ncu).
+LIGHT_DESTINATION_UNROLLED = False
+UNROLLED_PASSES = ("forward", "source", "destination")
 
 
 def _unrolled(inputs: AttentionInputs, kernel_pass: str) -> bool:
     """Whether ``kernel_pass``'s light rows run with the edge slots unrolled (module constants above)."""
     dtype = inputs.value.dtype
-    switched = LIGHT_FORWARD_UNROLLED if kernel_pass == "forward" else LIGHT_SOURCE_UNROLLED
+    switched = {"forward": LIGHT_FORWARD_UNROLLED, "source": LIGHT_SOURCE_UNROLLED,
+                "destination": LIGHT_DESTINATION_UNROLLED}.get(kernel_pass, False)
     if not (switched and kernel_pass in UNROLLED_PASSES and not inputs.has_edge):
         return False
     if inputs.keys_from_values and not LIGHT_UNROLLED_KEYS_FROM_VALUES:
@@ -211,7 +215,9 @@ def _light_rows(schedule, inputs: AttentionInputs, width: int, light_tiles: int,
     if _unrolled(inputs, kernel_pass):
         # tiles a slot holds: forward, keys and values (dot), the source term and its LeakyReLU against
         # the row's (GATv2), one (GAT; AGNN's keys scaled from the values); source pass, g and (GATv2,
-        # dot) the destination's term, whose gradient terms add into the row's sums
+        # dot) the destination's term, whose gradient terms add into the row's sums; destination pass,
+        # the source's key (or term) and its gradient term (at 16 rows, 168 / 255 registers for dot /
+        # GATv2 on sm_90: 8 rows)
         if kernel_pass == "forward":
             slot_tiles = 1 if inputs.score == SCORE_GAT or inputs.keys_from_values else 2
         else:

@@ -491,9 +491,11 @@ def attention_backward_dst_light_kernel(
     LIGHT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_K: tl.constexpr, DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr,
     EDGE_DOT: tl.constexpr, KEY_SCALE: tl.constexpr, ATTR_GRAD: tl.constexpr, WEIGHT_GRAD: tl.constexpr,
+    UNROLLED: tl.constexpr = False,
 ):
     """The destination pass over the light width classes of ``LIGHT`` in one launch (as
-    :func:`~gnnfuse.kernels.attention_forward.attention_forward_light_kernel`)."""
+    :func:`~gnnfuse.kernels.attention_forward.attention_forward_light_kernel`; ``UNROLLED``:
+    :func:`_dst_light_unrolled`, no edge features)."""
     seed, rng_offset = dropout_seed(seed, rng_offset, DROPOUT)
     pid = tl.program_id(0).to(tl.int64)
     first = pid * 0
@@ -507,16 +509,56 @@ def attention_backward_dst_light_kernel(
                 programs = (count + (ONE << (f - 1)) - 1) >> (f - 1)
                 local = pid - first
                 if (local >= 0) & (local < programs):
-                    _dst_light_rows(
-                        local, src_ptr, eid_ptr, rows_ptr + row0, starts_ptr + row0, stops_ptr + row0, src_term_ptr,
-                        dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, grad_s_ptr, lse_ptr, grad_out_ptr,
-                        grad_dst_ptr, grad_attr_ptr, attr_sums_ptr,
-                        count, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
-                        ONE << (f - 1), ONE << k, BLOCK_H, BLOCK_D, BLOCK_K, DROPOUT, SCORE, EDGE, EDGE_DOT, KEY_SCALE,
-                        ATTR_GRAD, WEIGHT_GRAD,
-                    )
+                    if UNROLLED:
+                        _dst_light_unrolled(
+                            local, src_ptr, rows_ptr + row0, starts_ptr + row0, stops_ptr + row0, src_term_ptr,
+                            dst_term_ptr, attn_ptr, value_ptr, grad_s_ptr, grad_dst_ptr, count, H, D, negative_slope,
+                            scale, ONE << (f - 1), ONE << k, BLOCK_H, BLOCK_D, SCORE, KEY_SCALE,
+                        )
+                    else:
+                        _dst_light_rows(
+                            local, src_ptr, eid_ptr, rows_ptr + row0, starts_ptr + row0, stops_ptr + row0,
+                            src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, grad_s_ptr, lse_ptr,
+                            grad_out_ptr, grad_dst_ptr, grad_attr_ptr, attr_sums_ptr,
+                            count, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
+                            ONE << (f - 1), ONE << k, BLOCK_H, BLOCK_D, BLOCK_K, DROPOUT, SCORE, EDGE, EDGE_DOT,
+                            KEY_SCALE, ATTR_GRAD, WEIGHT_GRAD,
+                        )
                 first += programs
                 row0 += count
+
+
+@jit
+def _dst_light_unrolled(
+    pid, src_ptr, rows_ptr, starts_ptr, stops_ptr, src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, grad_s_ptr,
+    grad_dst_ptr, num_rows, H, D, negative_slope, scale,
+    ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    SCORE: tl.constexpr, KEY_SCALE: tl.constexpr,
+):
+    """The destination pass (GATv2, dot; no edge features) for ``ROWS`` light rows, the edge slots
+    unrolled: the row's own term read once, slot ``e`` gathering the rows' ``e``-th sources as
+    ``[ROWS, BLOCK_H, BLOCK_D]`` tiles with their ``∂s`` and adding ``∂s/∂dst · ∂s`` into the row's sum."""
+    acc_dtype = grad_s_ptr.dtype.element_ty
+    offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
+    HD = H * D
+    _, r_mask, rows, start, degree = row_ranges(pid, rows_ptr, starts_ptr, stops_ptr, num_rows, ROWS)
+    row_offs = rows[:, None, None] * HD + hd_offs[None, :, :]
+    row_mask = r_mask[:, None, None] & hd_mask[None, :, :]
+    dst_row = tl.load(dst_term_ptr + row_offs, mask=row_mask, other=0.0).to(acc_dtype)
+    attn = tl.load(attn_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
+    acc = tl.zeros([ROWS, BLOCK_H, BLOCK_D], dtype=acc_dtype)
+    for e in tl.static_range(BLOCK_E):
+        e_mask = e < degree                                                    # [ROWS] (0 for masked rows)
+        pos = start + e
+        src = tl.load(src_ptr + pos, mask=e_mask, other=0).to(tl.int64)
+        grad_s = tl.load(grad_s_ptr + pos[:, None] * H + offs_h[None, :], mask=e_mask[:, None] & h_mask[None, :],
+                         other=0.0)
+        src_j, _ = gather_keys(src_term_ptr, value_ptr, src, e_mask, H, HD, offs_h, h_mask, hd_offs, hd_mask,
+                               acc_dtype, KEY_SCALE)
+        if SCORE == 2:
+            src_j = src_j * scale
+        acc += score_grad(grad_s, dst_row, src_j, attn, negative_slope, SCORE)
+    tl.store(grad_dst_ptr + row_offs, acc.to(grad_dst_ptr.dtype.element_ty), mask=row_mask)
 
 
 @jit

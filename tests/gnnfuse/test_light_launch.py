@@ -127,9 +127,10 @@ def test_edge_feature_kernels_launch_one_class_at_a_time_over_aligned_lists(gen,
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("name", ["gat", "gatv2", "dot", "agnn"])
 def test_unrolled_light_rows_match_the_reference_for_every_score(gen, monkeypatch, name, dtype):
-    """The unrolled light rows of the forward and of the backward's source pass (UNROLLED in
-    kernels/attention_forward.py and kernels/attention_backward.py) for every score, switched on for all
-    of them (AGNN too) and for float32 too: outputs and gradients against the reference, with dropout."""
+    """The unrolled light rows of the forward and of the backward's source and destination passes
+    (UNROLLED in kernels/attention_forward.py and kernels/attention_backward.py) for every score,
+    switched on for all of them (AGNN too) and for float32 too: outputs and gradients against the
+    reference, with dropout."""
     from fusecore import PhiloxStream
     from fusecore.testing import test_device
 
@@ -137,6 +138,7 @@ def test_unrolled_light_rows_match_the_reference_for_every_score(gen, monkeypatc
     monkeypatch.setattr(ops, "LIGHT_UNROLLED_FLOAT32_SCORES", (0, 1, 2))
     monkeypatch.setattr(ops, "LIGHT_UNROLLED_KEYS_FROM_VALUES", True)
     monkeypatch.setattr(ops, "LIGHT_SOURCE_UNROLLED", True)
+    monkeypatch.setattr(ops, "LIGHT_DESTINATION_UNROLLED", True)
     device = test_device()
     options = ScheduleOptions(light_max_degree=16, split_degree=16, tile_elements=256)
     graph = _widths_graph(device)
@@ -164,5 +166,8 @@ def test_unrolled_light_rows_match_the_reference_for_every_score(gen, monkeypatc
         assert_close(got, want, dtype=dtype)
     launches = graph.schedule(heads, dim, dtype, options).launches
     forward = [plan[0] for key, plan in launches.items() if key[0] == "forward"]
-    source = [plan["source light"] for key, plan in launches.items() if key[0] == "backward"]
-    assert forward and source and all(meta["UNROLLED"] for light in forward + source for *_, meta in light)
+    backward = [plan for key, plan in launches.items() if key[0] == "backward"]
+    source = [plan["source light"] for plan in backward]
+    destination = [plan["destination light"] for plan in backward if "destination light" in plan]
+    assert forward and source and (name == "gat" or destination)  # GAT's destination pass is a row sum
+    assert all(meta["UNROLLED"] for light in forward + source + destination for *_, meta in light)
