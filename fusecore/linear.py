@@ -28,7 +28,9 @@ from .plan import cdiv, next_power_of_2
 # COLUMN_WARPS warps), up to COLUMN_BLOCK_MAX columns per program (more: a second grid axis), about
 # PROGRAMS_PER_SM programs per multiprocessor.  Second stage (the partials, at most PROGRAMS_PER_SM × SMs
 # rows): FINAL_BLOCK_C columns per program, so that it runs on several multiprocessors — one program
-# over 482 × 128 partials took 28 µs on an H100 (ncu, session 11), as long as the first stage.
+# over 482 × 128 partials took 28 µs on an H100 (ncu, session 11), as long as the first stage.  With these
+# settings (benchmarks core/column_sum, H100, [169 343, 128]): 34.6 µs in bfloat16 (42% of the copy floor)
+# and 48.9 in float32 (59%), against torch's .sum(0) at 139.8 and 176.1 µs.
 COLUMN_TILE = 8192
 COLUMN_WARPS = 8
 COLUMN_BLOCK_MAX = 128
