@@ -5,7 +5,8 @@
 
 LAYER is ``gat``, ``gatv2``, ``tr`` (GraphTransformerConv), ``tredge`` (with 16 edge features) or
 ``agnn``; DTYPE ``fp32`` or ``bf16``.  Each ``name=value`` (a Python literal) sets that module constant
-of ``gnnfuse.ops`` for the row, or ``max_light_rows=N`` the GPU's light rows per program
+of ``gnnfuse.ops`` for the row (``schedule.NAME=value``: of ``gnnfuse.schedule``, e.g.
+``schedule.DEFAULT_LIGHT_MAX=32``), or ``max_light_rows=N`` the GPU's light rows per program
 (``gnnfuse.schedule.GPU_TILES``); the graph's schedules and launch plans are rebuilt for every row and
 the constants restored after it.  Each row checks the layer's output against its first row of the
 same layer and dtype (a variant changes launches, never values beyond rounding), then times, as the
@@ -64,24 +65,27 @@ def _split_fields(fields: str) -> list[str]:
 
 
 def apply(settings: dict):
-    """Set ``settings`` on gnnfuse.ops / the GPU tile limits; returns the function restoring them."""
+    """Set ``settings`` on gnnfuse.ops (``NAME``), gnnfuse.schedule (``schedule.NAME``) or the GPU tile
+    limits (``max_light_rows``); returns the function restoring them."""
     from gnnfuse import ops, schedule
 
     saved_tiles = schedule.GPU_TILES
-    saved = {}
+    saved = []
     for name, value in settings.items():
         if name == "max_light_rows":
             schedule.GPU_TILES = dataclasses.replace(schedule.GPU_TILES, max_light_rows=int(value))
             continue
-        if not hasattr(ops, name) or not name.isupper():
-            raise ValueError(f"gnnfuse.ops has no constant {name!r}")
-        saved[name] = getattr(ops, name)
-        setattr(ops, name, value)
+        module, _, constant = name.rpartition(".")
+        target = {"": ops, "schedule": schedule}.get(module)
+        if target is None or not hasattr(target, constant) or not constant.isupper():
+            raise ValueError(f"gnnfuse.{module or 'ops'} has no constant {constant!r}")
+        saved.append((target, constant, getattr(target, constant)))
+        setattr(target, constant, value)
 
     def restore():
         schedule.GPU_TILES = saved_tiles
-        for name, value in saved.items():
-            setattr(ops, name, value)
+        for target, constant, value in reversed(saved):
+            setattr(target, constant, value)
 
     return restore
 

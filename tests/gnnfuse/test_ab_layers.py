@@ -22,13 +22,15 @@ def test_rows_parse_with_literal_values_and_bracketed_commas():
 
 
 def test_settings_are_restored_and_unknown_names_refused():
-    breaks, tiles = ops.LIGHT_LAUNCH_BREAKS, schedule.GPU_TILES
-    restore = ab_layers.apply({"LIGHT_LAUNCH_BREAKS": (8,), "max_light_rows": 2})
+    breaks, tiles, light_max = ops.LIGHT_LAUNCH_BREAKS, schedule.GPU_TILES, schedule.DEFAULT_LIGHT_MAX
+    restore = ab_layers.apply({"LIGHT_LAUNCH_BREAKS": (8,), "max_light_rows": 2, "schedule.DEFAULT_LIGHT_MAX": 32})
     assert ops.LIGHT_LAUNCH_BREAKS == (8,) and schedule.GPU_TILES.max_light_rows == 2
+    assert schedule.DEFAULT_LIGHT_MAX == 32
     restore()
-    assert ops.LIGHT_LAUNCH_BREAKS is breaks and schedule.GPU_TILES is tiles
-    with pytest.raises(ValueError, match="no constant"):
-        ab_layers.apply({"NO_SUCH_CONSTANT": 1})
+    assert ops.LIGHT_LAUNCH_BREAKS is breaks and schedule.GPU_TILES is tiles and schedule.DEFAULT_LIGHT_MAX == light_max
+    for bad in ("NO_SUCH_CONSTANT", "schedule.NO_SUCH_CONSTANT", "nn.GATConv", "schedule.build_schedule"):
+        with pytest.raises(ValueError, match="no constant"):
+            ab_layers.apply({bad: 1})
 
 
 def test_a_run_prints_one_checked_row_per_variant(capsys):
