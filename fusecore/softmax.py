@@ -26,6 +26,19 @@ def online_rescale(m_old, m_new):
     return tl.where(m_old == float("-inf"), 0.0, tl.exp(m_old - m_new))
 
 
+@jit
+def online_update(m, total, s):
+    """One step of an elementwise online softmax: ``(m_new, rescale, p, total_new)`` for running max
+    ``m`` and sum ``total`` meeting scores ``s`` (same shape): ``p = exp(s − m_new)``, ``rescale =
+    exp(m − m_new)`` (the factor for everything accumulated so far), a state that has seen only
+    ``−inf`` staying empty (0, not NaN)."""
+    m_new = tl.maximum(m, s)
+    m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)
+    rescale = tl.exp(m - m_safe)
+    p = tl.exp(s - m_safe)
+    return m_new, rescale, p, total * rescale + p
+
+
 def merge_partials(out: torch.Tensor, lse: torch.Tensor, dim: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Merge normalized partial attention outputs along ``dim`` by their logsumexp.
 

@@ -189,15 +189,14 @@ LIGHT_SOURCE_UNROLLED = False
 # ... and the destination pass (GATv2 and the dot score; ``_dst_light_unrolled``): off, not yet timed
 # (its tile form: 35 + 86 µs of the Transformer bf16 step, ncu).
 LIGHT_DESTINATION_UNROLLED = False
-UNROLLED_PASSES = ("forward", "source", "destination")
 
 
 def _unrolled(inputs: AttentionInputs, kernel_pass: str) -> bool:
     """Whether ``kernel_pass``'s light rows run with the edge slots unrolled (module constants above)."""
     dtype = inputs.value.dtype
     switched = {"forward": LIGHT_FORWARD_UNROLLED, "source": LIGHT_SOURCE_UNROLLED,
-                "destination": LIGHT_DESTINATION_UNROLLED}.get(kernel_pass, False)
-    if not (switched and kernel_pass in UNROLLED_PASSES and not inputs.has_edge):
+                "destination": LIGHT_DESTINATION_UNROLLED}[kernel_pass]
+    if not switched or inputs.has_edge:
         return False
     if inputs.keys_from_values and not LIGHT_UNROLLED_KEYS_FROM_VALUES:
         return False
@@ -211,7 +210,6 @@ def _light_rows(schedule, inputs: AttentionInputs, width: int, light_tiles: int,
     at least 16 edges per program, so the projection is a matrix product (``K`` rank-1 updates
     gather each feature column separately: many times the load instructions of the product).
     Unrolled (:func:`_unrolled`): the rows of width :data:`LIGHT_UNROLLED_ROW_WIDTH` for every width."""
-    row_elements = light_tiles * schedule.block_h * schedule.block_d
     if _unrolled(inputs, kernel_pass):
         # tiles a slot holds: forward, keys and values (dot), the source term and its LeakyReLU against
         # the row's (GATv2), one (GAT; AGNN's keys scaled from the values); source pass, g and (GATv2,
@@ -226,7 +224,7 @@ def _light_rows(schedule, inputs: AttentionInputs, width: int, light_tiles: int,
         tiles = schedule.tiles
         most = max(tiles.max_light_rows, LIGHT_UNROLLED_MAX_ROWS)
         return max(1, min(most, tiles.tile_elements // (LIGHT_UNROLLED_ROW_WIDTH * row_elements)))
-    rows = schedule.light_rows_per_program(width, row_elements)
+    rows = schedule.light_rows_per_program(width, light_tiles * schedule.block_h * schedule.block_d)
     if _edge_dot(inputs, schedule.block_h, schedule.block_d):
         rows = max(rows, MIN_DOT // width)
     return rows
@@ -395,7 +393,7 @@ def _light_plan(schedule, inputs: AttentionInputs, buckets: Buckets, kernel_pass
         plan.append(((programs,), ranges, tuple(counts), {
             "LIGHT": pack_light({w: r for w, _, r in group}), "BLOCK_H": block_h, "BLOCK_D": block_d, **flags,
             **_edge_flags(inputs, block_h, block_d, per_program * width), "num_warps": schedule.num_warps,
-            **({"UNROLLED": _unrolled(inputs, kernel_pass)} if kernel_pass in UNROLLED_PASSES else {}),
+            "UNROLLED": _unrolled(inputs, kernel_pass),
         }))
         begin = end
     return plan

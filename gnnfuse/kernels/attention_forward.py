@@ -46,6 +46,7 @@ source ids, ``N·H·D`` outputs and ``N·H`` lse written; with ``EDGE`` ``E·K``
 import triton.language as tl
 
 from fusecore.backend import jit
+from fusecore.softmax import online_update
 
 from .dropout import attention_dropout, dropout_seed
 from .edge_features import edge_attr_tile, edge_weight_heads, edge_weight_tile, project_edges, row_edge_terms
@@ -124,11 +125,7 @@ def attention_forward_rows_kernel(
             s += tl.sum(attr[:, :, None] * u[None, :, :], axis=1)
         s = tl.where(e_mask[:, None], s, float("-inf"))
         if LANES:
-            m_new = tl.maximum(m, s)
-            m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)  # a lane that has seen no edge yet
-            rescale = tl.exp(m - m_safe)
-            p = tl.exp(s - m_safe)
-            l = l * rescale + p
+            m_new, rescale, p, l = online_update(m, l, s)  # a lane that has seen no edge yet stays empty
         else:
             m_new = tl.maximum(m, tl.max(s, axis=0))
             rescale = tl.exp(m - m_new)
@@ -264,11 +261,7 @@ def _forward_light_unrolled(
                                 other=0.0).to(acc_dtype)
             s = edge_scores(src_j, dst_i, attn, negative_slope, SCORE)
         s = tl.where(e_mask[:, None], s, float("-inf"))
-        m_new = tl.maximum(m, s)
-        m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)                 # a row that has seen no edge yet
-        rescale = tl.exp(m - m_safe)
-        p = tl.exp(s - m_safe)
-        l = l * rescale + p
+        m_new, rescale, p, l = online_update(m, l, s)  # a row that has seen no edge yet stays empty
         if DROPOUT:
             p = attention_dropout(p, pos[:, None], rng_offset + offs_h[None, :], seed, dropout_p, keep_scale)
         acc = acc * rescale[:, :, None] + p[:, :, None] * val_j

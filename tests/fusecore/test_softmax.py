@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fusecore.backend import jit
-from fusecore.softmax import merge_partials, online_rescale
+from fusecore.softmax import merge_partials, online_rescale, online_update
 from fusecore.testing import assert_all_written, poisoned, test_device
 
 
@@ -116,3 +116,42 @@ def test_online_rescale_empty_state_is_zero_not_nan():
     out = poisoned((4,), torch.float32, device)
     _rescale_kernel[(1,)](m_old, m_new, out, BLOCK=4)
     torch.testing.assert_close(out.cpu(), torch.tensor([0.0, 0.0, math.exp(-2.0), 1.0]), rtol=1e-6, atol=0)
+
+
+@jit
+def _update_kernel(s_ptr, out_ptr, STEPS: tl.constexpr, BLOCK: tl.constexpr):
+    """Fold STEPS score vectors into a running (max, sum, weighted sum of the step index)."""
+    offs = tl.arange(0, BLOCK)
+    m = tl.full([BLOCK], float("-inf"), dtype=tl.float32)
+    total = tl.zeros([BLOCK], dtype=tl.float32)
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for k in tl.static_range(STEPS):
+        m, rescale, p, total = online_update(m, total, tl.load(s_ptr + k * BLOCK + offs))
+        acc = acc * rescale + p * k
+    tl.store(out_ptr + offs, m)
+    tl.store(out_ptr + BLOCK + offs, total)
+    tl.store(out_ptr + 2 * BLOCK + offs, acc / tl.where(total > 0, total, 1.0))
+
+
+def test_online_update_matches_a_float64_softmax_and_keeps_empty_states_empty():
+    """online_update folded over steps gives the max, Σ exp(s − max) and the softmax-weighted mean of
+    the step index; a lane whose scores are all −inf keeps max −inf and sum 0 (no NaN)."""
+    device = test_device()
+    gen = torch.Generator().manual_seed(3)
+    steps, block = 5, 8
+    scores = torch.randn(steps, block, generator=gen) * 4
+    scores[:, 0] = -math.inf                      # an empty lane
+    scores[:2, 1] = -math.inf                     # a lane that starts empty
+    out = poisoned((3 * block,), torch.float32, device)
+    _update_kernel[(1,)](scores.to(device), out, STEPS=steps, BLOCK=block)
+    m, total, mean = out.cpu().double().reshape(3, block)
+    s = scores.double()
+    ref_m = s.max(0).values
+    safe = torch.where(torch.isinf(ref_m), 0.0, ref_m)
+    weights = torch.exp(s - safe)
+    ref_total = weights.sum(0)
+    ref_mean = (weights * torch.arange(steps, dtype=torch.float64)[:, None]).sum(0) / ref_total.clamp_min(1e-300)
+    assert m[0].item() == -math.inf and total[0].item() == 0.0 and mean[0].item() == 0.0
+    torch.testing.assert_close(m[1:], ref_m[1:], rtol=0, atol=0)
+    torch.testing.assert_close(total[1:], ref_total[1:], rtol=1e-6, atol=0)
+    torch.testing.assert_close(mean[1:], ref_mean[1:], rtol=1e-5, atol=1e-6)
