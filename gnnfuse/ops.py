@@ -162,33 +162,37 @@ def _edge_flags(inputs: AttentionInputs, block_h: int, block_d: int, edges_per_p
     return {"BLOCK_K": _block_k(inputs), "EDGE_DOT": dot}
 
 
-# The GAT forward's light rows with the edge loop unrolled (kernels/attention_forward.py,
-# ``UNROLLED``), float16/bfloat16: one [rows, H, D] tile per edge slot, rows per program as for width
-# LIGHT_UNROLLED_ROW_WIDTH whatever the class's width, up to LIGHT_UNROLLED_MAX_ROWS (16 rows of 8 heads
-# × 16 at the GPU's tiles).  Session 11 (H100, arxiv-like, same call, replayed forward µs): GAT bf16
-# 298.5 with the [rows · edges, H, D] tile, unrolled 4 rows 330.7, 8 rows 288.6, 16 rows 274.2 (that
-# row with 16 light rows for every kernel); GAT fp32 unrolled at 8 rows 566.5 against 541.0, so float32
-# keeps the tile form.
-# The same form for GATv2 and the dot score (no edge features; two tiles a slot: 8 rows), same call
-# (session 11, call 5, replayed forward / training step µs): Graph Transformer bf16 577.5 / 1677 → 538.7
-# / 1658, fp32 1406 / 3374 → 1375 / 3339; GATv2 bf16 439.6 / 1857 → 391.9 / 1830.  Scores unrolled in
-# 2-byte floats: LIGHT_UNROLLED_SCORES; in float32: LIGHT_UNROLLED_FLOAT32_SCORES.  AGNN (keys formed from
-# the gathered values) stays in tile form: its A/B row did not run before the call's limit, and at 16 rows
-# it takes 255 registers with spills (sm_90 report) — LIGHT_UNROLLED_KEYS_FROM_VALUES switches it on.
+# The light rows with the edge loop unrolled (kernels/attention_forward.py and attention_backward.py,
+# ``UNROLLED``): one [rows, H, D] tile per edge slot (two for GATv2 and the dot score), rows per program as
+# for width LIGHT_UNROLLED_ROW_WIDTH whatever the class's width, up to LIGHT_UNROLLED_MAX_ROWS (16 rows of 8
+# heads × 16 at the GPU's tiles with one tile a slot, 8 with two).  No barrier and no shared memory (the
+# tile form sums its [rows · edges, H, D] tile across warps through shared memory), every gather of the
+# program in flight at once.  Which passes and scores (module constants, read at schedule time):
+#   forward, session 11 (H100, arxiv-like, same call, replayed forward / training step µs): GAT bf16 298.5 →
+#   273.2 (4 rows 330.7, 8 rows 288.6); GAT fp32 at 8 rows 566.5 against 541.0, so GAT float32 keeps the
+#   tile form; Graph Transformer bf16 577.5 / 1677 → 538.7 / 1658, fp32 1406 / 3374 → 1375 / 3339; GATv2
+#   bf16 439.6 / 1857 → 391.9 / 1830.  AGNN (keys formed from the gathered values; two tiles a slot, 8
+#   rows: at 16 it took 255 registers with spills), session 12 (H200, same call): bf16 697.7 / 3152 →
+#   283.7 / 2722.
+#   backward's source pass (``_src_light_unrolled``) and destination pass (``_dst_light_unrolled``,
+#   GATv2 and the dot score), session 12 (H200, same call, replayed training step µs; the tile form was
+#   L1-bound, ncu session 11): GAT bf16 885 → 799 (source); Graph Transformer bf16 1492 → 1351 (source)
+#   → 1313 (both), fp32 3078 → 2857 (both); GATv2 bf16 1736 → 1742 (source) → 1652 (both), fp32 2888 →
+#   2670 (both); GAT fp32 1350 → 1191 (source); AGNN bf16 2722 → 1087, fp32 (forward too) 2486 → 1402.
+#   Light rows up to degree 32 (schedule.DEFAULT_LIGHT_MAX=32, a launch break at 32), same call: GAT bf16
+#   forward 254.1 → 249.5, step 798 → 796; Graph Transformer bf16 464 → 499, step 1312 → 1360: kept at 16.
+# Scores unrolled in 2-byte floats: LIGHT_UNROLLED_SCORES (every pass); in float32: per pass,
+# LIGHT_UNROLLED_FLOAT32_SCORES.
 LIGHT_FORWARD_UNROLLED = True
+LIGHT_SOURCE_UNROLLED = True
+LIGHT_DESTINATION_UNROLLED = True
 LIGHT_UNROLLED_SCORES: tuple[int, ...] = (SCORE_GAT, SCORE_GATV2, SCORE_DOT)
-LIGHT_UNROLLED_FLOAT32_SCORES: tuple[int, ...] = (SCORE_DOT,)
-LIGHT_UNROLLED_KEYS_FROM_VALUES = False
+LIGHT_UNROLLED_FLOAT32_SCORES: dict[str, tuple[int, ...]] = {
+    "forward": (SCORE_DOT,), "source": (SCORE_GAT, SCORE_GATV2, SCORE_DOT), "destination": (SCORE_GATV2, SCORE_DOT),
+}
+LIGHT_UNROLLED_KEYS_FROM_VALUES = True
 LIGHT_UNROLLED_ROW_WIDTH = 2
 LIGHT_UNROLLED_MAX_ROWS = 16
-# The backward's source pass in the same form (kernels/attention_backward.py, ``_src_light_unrolled``;
-# the same scores and dtypes): off, not yet timed on a GPU.  Nsight Compute (session 11, H100,
-# arxiv-like) put its tile form at 363 µs of the GAT bf16 training step's ~950 and 508 of the Graph
-# Transformer's ~1660, L1-bound (76-82%) with DRAM at 38-41%, like the forward's tile form before.
-LIGHT_SOURCE_UNROLLED = False
-# ... and the destination pass (GATv2 and the dot score; ``_dst_light_unrolled``): off, not yet timed
-# (its tile form: 35 + 86 µs of the Transformer bf16 step, ncu).
-LIGHT_DESTINATION_UNROLLED = False
 
 
 def _unrolled(inputs: AttentionInputs, kernel_pass: str) -> bool:
@@ -202,7 +206,7 @@ def _unrolled(inputs: AttentionInputs, kernel_pass: str) -> bool:
         return False
     if dtype in (torch.float16, torch.bfloat16):
         return inputs.score in LIGHT_UNROLLED_SCORES
-    return dtype == torch.float32 and inputs.score in LIGHT_UNROLLED_FLOAT32_SCORES
+    return dtype == torch.float32 and inputs.score in LIGHT_UNROLLED_FLOAT32_SCORES[kernel_pass]
 
 
 def _light_rows(schedule, inputs: AttentionInputs, width: int, light_tiles: int, kernel_pass: str) -> int:
@@ -211,15 +215,12 @@ def _light_rows(schedule, inputs: AttentionInputs, width: int, light_tiles: int,
     gather each feature column separately: many times the load instructions of the product).
     Unrolled (:func:`_unrolled`): the rows of width :data:`LIGHT_UNROLLED_ROW_WIDTH` for every width."""
     if _unrolled(inputs, kernel_pass):
-        # tiles a slot holds: forward, keys and values (dot), the source term and its LeakyReLU against
-        # the row's (GATv2), one (GAT; AGNN's keys scaled from the values); source pass, g and (GATv2,
-        # dot) the destination's term, whose gradient terms add into the row's sums; destination pass,
-        # the source's key (or term) and its gradient term (at 16 rows, 168 / 255 registers for dot /
-        # GATv2 on sm_90: 8 rows)
-        if kernel_pass == "forward":
-            slot_tiles = 1 if inputs.score == SCORE_GAT or inputs.keys_from_values else 2
-        else:
-            slot_tiles = 1 if inputs.score == SCORE_GAT else 2
+        # tiles a slot holds: forward, keys and values (dot; AGNN's keys scaled from the values, at 16
+        # rows 255 registers with spills on sm_90), the source term and its LeakyReLU against the row's
+        # (GATv2), one (GAT); source pass, g and (GATv2, dot) the destination's term, whose gradient terms
+        # add into the row's sums; destination pass, the source's key (or term) and its gradient term (at
+        # 16 rows, 168 / 255 registers for dot / GATv2 on sm_90: 8 rows)
+        slot_tiles = 1 if inputs.score == SCORE_GAT else 2
         row_elements = slot_tiles * schedule.block_h * schedule.block_d
         tiles = schedule.tiles
         most = max(tiles.max_light_rows, LIGHT_UNROLLED_MAX_ROWS)

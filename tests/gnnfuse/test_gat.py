@@ -81,7 +81,8 @@ def test_attention_dropout_mask_is_regenerated_not_stored(gen, device, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("source_unrolled", [False, True])  # the backward's source pass unrolled (off by default)
+# the backward's source pass in tile form or unrolled (the default)
+@pytest.mark.parametrize("source_unrolled", [False, True])
 def test_every_output_and_scratch_element_is_written(gen, device, monkeypatch, dtype, source_unrolled):
     monkeypatch.setattr(ops, "LIGHT_SOURCE_UNROLLED", source_unrolled)
     created = poison_op_outputs(monkeypatch)

@@ -29,21 +29,23 @@ def _widths_graph(device: torch.device) -> Graph:
 
 
 @pytest.mark.parametrize("breaks", [(), (8,)])  # one launch per pass; the default's narrow and wide launches
-# the GAT forward's light rows with the edge slots unrolled (bfloat16 and float16 only) or in one tile
-@pytest.mark.parametrize("unrolled", [True, False])
+# the GAT's light rows (forward and the backward's source pass) with the edge slots unrolled (bfloat16), or
+# in one tile (float32, and bfloat16 with the passes switched off)
+@pytest.mark.parametrize("unrolled", [True, False, "bf16-off"])
 def test_light_classes_launch_grouped_by_the_breaks(gen, monkeypatch, breaks, unrolled):
     import gnnfuse.schedule
     from fusecore.testing import test_device
 
     monkeypatch.setattr(ops, "LIGHT_LAUNCH_BREAKS", breaks)
-    monkeypatch.setattr(ops, "LIGHT_FORWARD_UNROLLED", unrolled)
+    for name in ("LIGHT_FORWARD_UNROLLED", "LIGHT_SOURCE_UNROLLED"):
+        monkeypatch.setattr(ops, name, unrolled is True)
     device = test_device()
     # small tiles on one multiprocessor: no class is merged into the next for being too small
     monkeypatch.setattr(gnnfuse.schedule, "device_facts", lambda _: SimpleNamespace(sm_count=1))
     options = ScheduleOptions(light_max_degree=16, split_degree=16, tile_elements=256)
     for graph in (_widths_graph(device), Graph(corner_case_edges(gen).to(device), 29)):
         n, heads, dim = graph.num_nodes, 2, 3
-        dtype = torch.bfloat16 if unrolled else torch.float32
+        dtype = torch.float32 if unrolled is False else torch.bfloat16
         wh = torch.randn(n, heads, dim, generator=gen).to(device, dtype).requires_grad_(True)
         el = torch.randn(n, heads, generator=gen).to(device, dtype).requires_grad_(True)
         er = torch.randn(n, heads, generator=gen).to(device, dtype).requires_grad_(True)
@@ -67,8 +69,7 @@ def test_light_classes_launch_grouped_by_the_breaks(gen, monkeypatch, breaks, un
             plans = [plan for key, plan in schedule.launches.items() if key[0] == kind]
             assert len(plans) == 1
             light = plans[0][part]
-            if kind == "forward":
-                assert all(meta["UNROLLED"] == unrolled for *_, meta in light)
+            assert all(meta["UNROLLED"] == (unrolled is True) for *_, meta in light)
             groups: list[list[int]] = []  # the classes' row counts, a new launch at each break
             for width, rows, _, _ in buckets.light:
                 if not groups or width in breaks:
@@ -135,7 +136,8 @@ def test_unrolled_light_rows_match_the_reference_for_every_score(gen, monkeypatc
     from fusecore.testing import test_device
 
     monkeypatch.setattr(ops, "LIGHT_UNROLLED_SCORES", (0, 1, 2))
-    monkeypatch.setattr(ops, "LIGHT_UNROLLED_FLOAT32_SCORES", (0, 1, 2))
+    every_pass = dict.fromkeys(("forward", "source", "destination"), (0, 1, 2))
+    monkeypatch.setattr(ops, "LIGHT_UNROLLED_FLOAT32_SCORES", every_pass)
     monkeypatch.setattr(ops, "LIGHT_UNROLLED_KEYS_FROM_VALUES", True)
     monkeypatch.setattr(ops, "LIGHT_SOURCE_UNROLLED", True)
     monkeypatch.setattr(ops, "LIGHT_DESTINATION_UNROLLED", True)
