@@ -192,7 +192,9 @@ LIGHT_UNROLLED_FLOAT32_SCORES: dict[str, tuple[int, ...]] = {
 }
 LIGHT_UNROLLED_KEYS_FROM_VALUES = True
 LIGHT_UNROLLED_ROW_WIDTH = 2
-LIGHT_UNROLLED_MAX_ROWS = 16
+# rows per program at most, and warps per program (None: the schedule's), by pass
+LIGHT_UNROLLED_MAX_ROWS: dict[str, int] = {"forward": 16, "source": 16, "destination": 16}
+LIGHT_UNROLLED_WARPS: dict[str, int | None] = {"forward": None, "source": None, "destination": None}
 
 
 def _unrolled(inputs: AttentionInputs, kernel_pass: str) -> bool:
@@ -223,7 +225,7 @@ def _light_rows(schedule, inputs: AttentionInputs, width: int, light_tiles: int,
         slot_tiles = 1 if inputs.score == SCORE_GAT else 2
         row_elements = slot_tiles * schedule.block_h * schedule.block_d
         tiles = schedule.tiles
-        most = max(tiles.max_light_rows, LIGHT_UNROLLED_MAX_ROWS)
+        most = max(tiles.max_light_rows, LIGHT_UNROLLED_MAX_ROWS[kernel_pass])
         return max(1, min(most, tiles.tile_elements // (LIGHT_UNROLLED_ROW_WIDTH * row_elements)))
     rows = schedule.light_rows_per_program(width, light_tiles * schedule.block_h * schedule.block_d)
     if _edge_dot(inputs, schedule.block_h, schedule.block_d):
@@ -379,6 +381,8 @@ def _light_plan(schedule, inputs: AttentionInputs, buckets: Buckets, kernel_pass
         if not groups or per_class or width in LIGHT_LAUNCH_BREAKS:
             groups.append([])
         groups[-1].append((width, rows.numel(), _light_rows(schedule, inputs, width, light_tiles, kernel_pass)))
+    unrolled = _unrolled(inputs, kernel_pass)
+    warps = (unrolled and LIGHT_UNROLLED_WARPS[kernel_pass]) or schedule.num_warps
     plan, begin = [], 0
     for group in groups:
         counts = [0] * LIGHT_SLOTS
@@ -393,8 +397,8 @@ def _light_plan(schedule, inputs: AttentionInputs, buckets: Buckets, kernel_pass
                        for t in buckets.light_all)
         plan.append(((programs,), ranges, tuple(counts), {
             "LIGHT": pack_light({w: r for w, _, r in group}), "BLOCK_H": block_h, "BLOCK_D": block_d, **flags,
-            **_edge_flags(inputs, block_h, block_d, per_program * width), "num_warps": schedule.num_warps,
-            "UNROLLED": _unrolled(inputs, kernel_pass),
+            **_edge_flags(inputs, block_h, block_d, per_program * width), "num_warps": warps,
+            "UNROLLED": unrolled,
         }))
         begin = end
     return plan
