@@ -195,12 +195,6 @@ LIGHT_UNROLLED_ROW_WIDTH = 2
 # rows per program at most, and warps per program (None: the schedule's), by pass
 LIGHT_UNROLLED_MAX_ROWS: dict[str, int] = {"forward": 16, "source": 16, "destination": 16}
 LIGHT_UNROLLED_WARPS: dict[str, int | None] = {"forward": None, "source": None, "destination": None}
-# The forward's medium rows in the same form where its light rows are unrolled
-# (kernels/attention_forward.py: attention_forward_medium_kernel): as many rows a program as the light
-# rows, trips of MEDIUM_UNROLLED_SLOTS edge slots.  The row kernel they replace: ncu (session 12, H200,
-# GAT bf16, arxiv-like) 92 µs of the 254 µs forward, L1-bound (74%), DRAM 15%, 30% occupancy.
-MEDIUM_FORWARD_UNROLLED = False
-MEDIUM_UNROLLED_SLOTS = 4
 
 
 def _unrolled(inputs: AttentionInputs, kernel_pass: str) -> bool:
@@ -285,11 +279,7 @@ def attention_forward(
     ``out_add`` is added to ``out``, or with ``final`` (``[N, H, D]``, any float dtype) ``final``
     gets ``out + out_add`` (or ``out`` alone) in its dtype and ``out`` stays the attention's own.
     """
-    from .kernels.attention_forward import (
-        attention_forward_light_kernel,
-        attention_forward_medium_kernel,
-        attention_forward_rows_kernel,
-    )
+    from .kernels.attention_forward import attention_forward_light_kernel, attention_forward_rows_kernel
     from .kernels.merge import lse_merge_kernel
 
     value = inputs.value
@@ -323,12 +313,6 @@ def attention_forward(
             target_lse = _new_output((count, heads), acc, value.device)
         else:
             target_out, target_lse = out, lse
-        if "ROWS" in meta:  # medium rows, unrolled (_forward_plan)
-            attention_forward_medium_kernel[(cdiv(count, meta["ROWS"]),)](
-                graph.csr_src, graph.csr_eid, rows, starts, stops, *tensors, out, lse, add, final, count, heads,
-                head_dim, inputs.edge_dim, *scalars, add_stride, **meta,
-            )
-            continue
         attention_forward_rows_kernel[(count,)](
             graph.csr_src, graph.csr_eid, rows, starts, stops, *tensors, target_out, target_lse, add, final, heads,
             head_dim, inputs.edge_dim, *scalars, add_stride, **meta,
@@ -430,17 +414,10 @@ def _forward_plan(schedule, inputs: AttentionInputs, dtype: torch.dtype, use_dro
     light = _light_plan(schedule, inputs, schedule.incoming, "forward",
                         {**flags, "ADD": has_add, "FINAL": has_final})
     lanes = row_kernel_lanes(schedule, inputs.score, "forward", dtype)
-    medium_unrolled = MEDIUM_FORWARD_UNROLLED and _unrolled(inputs, "forward")
     rows = [{"BLOCK_E": row_block_e, "BLOCK_H": block_h, "BLOCK_D": block_d, "PIECES": pieces, **flags,
              "BLOCK_K": _block_k(inputs), "LANES": lanes, "ADD": has_add and not pieces,
              "FINAL": has_final and not pieces, "num_warps": schedule.num_warps}
             for *_, pieces in _row_launches(schedule.incoming)]
-    if medium_unrolled and schedule.incoming.medium[0].numel():
-        # the medium rows' launch (the first of _row_launches) in the unrolled form: "ROWS" marks it
-        rows[0] = {"ROWS": _light_rows(schedule, inputs, 1, 1, "forward"), "BLOCK_E": MEDIUM_UNROLLED_SLOTS,
-                   "BLOCK_H": block_h, "BLOCK_D": block_d, "DROPOUT": flags["DROPOUT"], "SCORE": flags["SCORE"],
-                   "KEY_SCALE": flags["KEY_SCALE"], "ADD": has_add, "FINAL": has_final,
-                   "num_warps": LIGHT_UNROLLED_WARPS["forward"] or schedule.num_warps}
     merge = {"BLOCK_P": max(1, MERGE_TILE // (block_h * block_d)), "BLOCK_H": block_h, "BLOCK_D": block_d,
              "ADD": has_add, "FINAL": has_final}
     return light, rows, merge

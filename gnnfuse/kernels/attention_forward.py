@@ -212,39 +212,17 @@ def attention_forward_light_kernel(
 
 
 @jit
-def attention_forward_medium_kernel(
-    src_ptr, eid_ptr, rows_ptr, starts_ptr, stops_ptr,
-    src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, out_ptr, lse_ptr, add_ptr, final_ptr,
-    num_rows, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, add_stride,
-    ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-    DROPOUT: tl.constexpr, SCORE: tl.constexpr, KEY_SCALE: tl.constexpr, ADD: tl.constexpr, FINAL: tl.constexpr,
-):
-    """Medium rows (any degree; no edge features, no pieces) ``ROWS`` to a program, in the form of
-    :func:`_forward_light_unrolled`: trips of ``BLOCK_E`` unrolled edge slots up to the largest degree
-    among the program's rows (the schedule sorts medium rows by degree, so little is masked)."""
-    seed, rng_offset = dropout_seed(seed, rng_offset, DROPOUT)
-    pid = tl.program_id(0).to(tl.int64)
-    _forward_light_unrolled(
-        pid, src_ptr, rows_ptr, starts_ptr, stops_ptr, src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, out_ptr,
-        lse_ptr, add_ptr, final_ptr, num_rows, H, D, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
-        add_stride, ROWS, BLOCK_E, BLOCK_H, BLOCK_D, DROPOUT, SCORE, KEY_SCALE, ADD, FINAL, True,
-    )
-
-
-@jit
 def _forward_light_unrolled(
     pid, src_ptr, rows_ptr, starts_ptr, stops_ptr, src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, out_ptr, lse_ptr,
     add_ptr, final_ptr, num_rows, H, D, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, add_stride,
     ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     DROPOUT: tl.constexpr, SCORE: tl.constexpr, KEY_SCALE: tl.constexpr, ADD: tl.constexpr, FINAL: tl.constexpr,
-    LOOP: tl.constexpr = False,
 ):
     """``ROWS`` light rows of degree <= ``BLOCK_E`` (no edge features), the edge slots unrolled: slot
     ``e`` gathers the rows' ``e``-th sources as ``[ROWS, BLOCK_H, BLOCK_D]`` tiles and folds them into a
     running softmax per row and head, so every gather is independent of the scores (all in flight at
     once) and nothing is reduced across warps (the ``[ROWS · BLOCK_E, H, D]`` tile of
-    :func:`_forward_light_rows` is summed over its edges across warps, through shared memory).  With
-    ``LOOP`` the rows have any degree: trips of ``BLOCK_E`` slots up to the rows' largest degree."""
+    :func:`_forward_light_rows` is summed over its edges across warps, through shared memory)."""
     acc_dtype = lse_ptr.dtype.element_ty
     offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
     HD = H * D
@@ -253,7 +231,6 @@ def _forward_light_unrolled(
     feat_rows = r_mask[:, None, None] & hd_mask[None, :, :]
     if SCORE == 0:
         dst_i = tl.load(dst_term_ptr + rows[:, None] * H + offs_h[None, :], mask=rh_mask, other=0.0).to(acc_dtype)
-        attn = dst_i  # unused
     else:
         dst_i = tl.load(dst_term_ptr + rows[:, None, None] * HD + hd_offs[None, :, :], mask=feat_rows,
                         other=0.0).to(acc_dtype)
@@ -263,39 +240,7 @@ def _forward_light_unrolled(
     m = tl.full([ROWS, BLOCK_H], float("-inf"), dtype=acc_dtype)
     l = tl.zeros([ROWS, BLOCK_H], dtype=acc_dtype)
     acc = tl.zeros([ROWS, BLOCK_H, BLOCK_D], dtype=acc_dtype)
-    if LOOP:
-        for e0 in range(0, tl.max(degree, axis=0), BLOCK_E):
-            m, l, acc = _forward_slots(
-                e0, m, l, acc, src_ptr, src_term_ptr, value_ptr, start, degree, dst_i, attn, H, HD, offs_h, h_mask,
-                hd_offs, hd_mask, negative_slope, dropout_p, keep_scale, seed, rng_offset, BLOCK_E, DROPOUT, SCORE,
-                KEY_SCALE,
-            )
-    else:
-        m, l, acc = _forward_slots(
-            0, m, l, acc, src_ptr, src_term_ptr, value_ptr, start, degree, dst_i, attn, H, HD, offs_h, h_mask,
-            hd_offs, hd_mask, negative_slope, dropout_p, keep_scale, seed, rng_offset, BLOCK_E, DROPOUT, SCORE,
-            KEY_SCALE,
-        )
-    has_edges = l > 0
-    l_safe = tl.where(has_edges, l, 1.0)
-    out = acc / l_safe[:, :, None]
-    lse = tl.where(has_edges, m + tl.log(l_safe), float("-inf"))
-    store_output(out_ptr, final_ptr, add_ptr, out, rows[:, None, None] * HD + hd_offs[None, :, :],
-                 rows[:, None, None] * add_stride + hd_offs[None, :, :], feat_rows, ADD, FINAL)
-    tl.store(lse_ptr + rows[:, None] * H + offs_h[None, :], lse.to(lse_ptr.dtype.element_ty), mask=rh_mask)
-
-
-@jit
-def _forward_slots(
-    e0, m, l, acc, src_ptr, src_term_ptr, value_ptr, start, degree, dst_i, attn, H, HD, offs_h, h_mask, hd_offs,
-    hd_mask, negative_slope, dropout_p, keep_scale, seed, rng_offset,
-    BLOCK_E: tl.constexpr, DROPOUT: tl.constexpr, SCORE: tl.constexpr, KEY_SCALE: tl.constexpr,
-):
-    """Edge slots ``e0 .. e0 + BLOCK_E`` of :func:`_forward_light_unrolled`'s rows folded into their
-    running softmax ``(m, l, acc)``, unrolled; returns the new state."""
-    acc_dtype = m.dtype
-    for i in tl.static_range(BLOCK_E):
-        e = e0 + i
+    for e in tl.static_range(BLOCK_E):
         e_mask = e < degree                                                    # [ROWS] (0 for masked rows)
         pos = start + e
         src = tl.load(src_ptr + pos, mask=e_mask, other=0).to(tl.int64)
@@ -321,7 +266,13 @@ def _forward_slots(
             p = attention_dropout(p, pos[:, None], rng_offset + offs_h[None, :], seed, dropout_p, keep_scale)
         acc = acc * rescale[:, :, None] + p[:, :, None] * val_j
         m = m_new
-    return m, l, acc
+    has_edges = l > 0
+    l_safe = tl.where(has_edges, l, 1.0)
+    out = acc / l_safe[:, :, None]
+    lse = tl.where(has_edges, m + tl.log(l_safe), float("-inf"))
+    store_output(out_ptr, final_ptr, add_ptr, out, rows[:, None, None] * HD + hd_offs[None, :, :],
+                 rows[:, None, None] * add_stride + hd_offs[None, :, :], feat_rows, ADD, FINAL)
+    tl.store(lse_ptr + rows[:, None] * H + offs_h[None, :], lse.to(lse_ptr.dtype.element_ty), mask=rh_mask)
 
 
 @jit
