@@ -66,20 +66,27 @@ def _split_fields(fields: str) -> list[str]:
 
 def apply(settings: dict):
     """Set ``settings`` on gnnfuse.ops (``NAME``), gnnfuse.schedule (``schedule.NAME``) or the GPU tile
-    limits (``max_light_rows``); returns the function restoring them."""
+    limits (``max_light_rows``); returns the function restoring them.  Every setting is checked before
+    any is set: a refused one leaves the modules as they were."""
     from gnnfuse import ops, schedule
 
-    saved_tiles = schedule.GPU_TILES
-    saved = []
+    tiles = schedule.GPU_TILES
+    changes = []
     for name, value in settings.items():
         if name == "max_light_rows":
-            schedule.GPU_TILES = dataclasses.replace(schedule.GPU_TILES, max_light_rows=int(value))
+            tiles = dataclasses.replace(tiles, max_light_rows=int(value))
             continue
         module, _, constant = name.rpartition(".")
         target = {"": ops, "schedule": schedule}.get(module)
         if target is None or not hasattr(target, constant) or not constant.isupper():
             raise ValueError(f"gnnfuse.{module or 'ops'} has no constant {constant!r}")
-        saved.append((target, constant, getattr(target, constant)))
+        current = getattr(target, constant)
+        if isinstance(current, dict) and (not isinstance(value, dict) or set(value) != set(current)):
+            raise ValueError(f"{name}: expected a dict with the keys {sorted(current)}, got {value!r}")
+        changes.append((target, constant, value))
+    saved_tiles, schedule.GPU_TILES = schedule.GPU_TILES, tiles
+    saved = [(target, constant, getattr(target, constant)) for target, constant, _ in changes]
+    for target, constant, value in changes:
         setattr(target, constant, value)
 
     def restore():

@@ -16,6 +16,8 @@ def test_rows_parse_with_literal_values_and_bracketed_commas():
     assert ab_layers.parse("gat-bf16") == ("gat", "bf16", {})
     assert ab_layers.parse("tredge-fp32:LIGHT_LAUNCH_BREAKS=(4, 16),max_light_rows=4") == (
         "tredge", "fp32", {"LIGHT_LAUNCH_BREAKS": (4, 16), "max_light_rows": 4})
+    assert ab_layers.parse('gat-fp32:LIGHT_UNROLLED_WARPS={"forward": 8, "source": None, "destination": 2}')[2] == {
+        "LIGHT_UNROLLED_WARPS": {"forward": 8, "source": None, "destination": 2}}
     for bad in ("gcn-fp32", "gat-fp64", "gat-fp32:LIGHT_LAUNCH_BREAKS", "gat-fp32:X=not a literal"):
         with pytest.raises((ValueError, SyntaxError)):
             ab_layers.parse(bad)
@@ -29,8 +31,14 @@ def test_settings_are_restored_and_unknown_names_refused():
     restore()
     assert ops.LIGHT_LAUNCH_BREAKS is breaks and schedule.GPU_TILES is tiles and schedule.DEFAULT_LIGHT_MAX == light_max
     for bad in ("NO_SUCH_CONSTANT", "schedule.NO_SUCH_CONSTANT", "nn.GATConv", "schedule.build_schedule"):
-        with pytest.raises(ValueError, match="no constant"):
-            ab_layers.apply({bad: 1})
+        with pytest.raises(ValueError, match="no constant"):  # nothing set, the good settings before it neither
+            ab_layers.apply({"LIGHT_LAUNCH_BREAKS": (8,), "max_light_rows": 2, bad: 1})
+        assert ops.LIGHT_LAUNCH_BREAKS is breaks and schedule.GPU_TILES is tiles
+    warps = ops.LIGHT_UNROLLED_WARPS  # a per-pass constant takes a dict with every pass
+    for bad in (8, {"forward": 8}, {"forward": 8, "source": 8, "destination": 8, "other": 8}):
+        with pytest.raises(ValueError, match="keys"):
+            ab_layers.apply({"LIGHT_UNROLLED_WARPS": bad})
+    assert ops.LIGHT_UNROLLED_WARPS is warps
 
 
 def test_a_run_prints_one_checked_row_per_variant(capsys):
