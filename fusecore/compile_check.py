@@ -33,7 +33,12 @@ machine.  With ``FUSEKIT_COMPILE_DUMP=<folder>`` each
 specialisation's compiler stages (TTIR, TTGIR — layouts, shared-memory buffers and their
 swizzling, pipelining —, LLVM IR and PTX) are written there as ``<kernel>.<hash>.<stage>``, with
 its constexprs and launch options in ``<kernel>.<hash>.txt``: what the compiler made of a kernel,
-read without a GPU.  ``python -m fusecore.compile_check --compare BEFORE AFTER`` compares two such
+read without a GPU.  With ``FUSEKIT_COMPILE_ONLY=1`` launches are compiled (and reported, dumped) but
+not run: outputs keep whatever they were allocated with, so only code whose launches do not depend on
+earlier kernels' values gets through — a layer's forward and backward does; it is the way to read the
+resources that the GPU machine's Triton gives (installed beside this one, e.g. ``pip install --target``
+of its version and ``PYTHONPATH`` on it, where that version's interpreter cannot run against this
+machine's packages).  ``python -m fusecore.compile_check --compare BEFORE AFTER`` compares two such
 folders specialisation by specialisation, PTX with debug info stripped: proof that a refactor left
 the compiled kernels unchanged.
 
@@ -75,6 +80,7 @@ except ImportError:  # pragma: no cover - older Triton
 ENV_VAR = "FUSEKIT_COMPILE_FOR"
 REPORT_ENV_VAR = "FUSEKIT_COMPILE_REPORT"
 DUMP_ENV_VAR = "FUSEKIT_COMPILE_DUMP"
+COMPILE_ONLY_ENV_VAR = "FUSEKIT_COMPILE_ONLY"
 # the compiler stages written per specialisation with FUSEKIT_COMPILE_DUMP (those the target has)
 DUMPED_STAGES = ("ttir", "ttgir", "llir", "ptx")
 
@@ -293,6 +299,8 @@ class CheckedFunction(JITFunction):
 
     def run(self, *args: Any, grid: Any, warmup: bool, **kwargs: Any):
         self.check(args, kwargs)
+        if os.environ.get(COMPILE_ONLY_ENV_VAR, "").strip() not in ("", "0"):
+            return None  # compiled, not run: the launch's outputs stay as they were allocated
         return self.interpreted.run(*args, grid=grid, warmup=warmup, **kwargs)
 
     def check(self, args: tuple, kwargs: dict) -> None:

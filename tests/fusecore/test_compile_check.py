@@ -180,3 +180,23 @@ def test_arguments_are_specialised_as_a_gpu_launch_does():
     unspecialised = SimpleNamespace(is_const=False, do_not_specialize=True, do_not_specialize_on_alignment=True)
     assert _specialize(1, unspecialised) == ("i32", False) and _specialize(32, unspecialised) == ("i32", False)
     assert _specialize(x, unspecialised) == ("*fp32", False)
+
+
+@pytest.mark.skipif(COMPILED, reason="the check runs under the interpreter, on machines without a GPU")
+def test_compile_only_compiles_and_reports_without_running(tmp_path):
+    """FUSEKIT_COMPILE_ONLY=1: each launch is compiled and reported, and not interpreted (its output
+    keeps the value it was allocated with)."""
+    report = tmp_path / "resources.jsonl"
+    env = {**os.environ, "FUSEKIT_COMPILE_FOR": "sm_90", "FUSEKIT_COMPILE_REPORT": str(report),
+           "FUSEKIT_COMPILE_ONLY": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{Path(__file__).parent / 'data'}"}
+    env.pop("FUSEKIT_BACKEND", None)
+    code = ("import torch\n"
+            "from compile_check_kernels import good_kernel\n"
+            "x, out = torch.randn(13), torch.full((1,), float('nan'))\n"
+            "good_kernel[(1,)](x, out, 13, BLOCK=16, num_warps=2)\n"
+            "print('untouched' if out.isnan().all() else 'written')\n")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "untouched"
+    entries = [json.loads(line) for line in report.read_text().splitlines()]
+    assert [e["kernel"].rsplit(".", 1)[-1] for e in entries] == ["good_kernel"] and 0 < entries[0]["registers"] <= 255
