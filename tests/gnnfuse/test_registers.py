@@ -1,0 +1,39 @@
+"""tests/gnnfuse/registers.py: a layer row's kernels compiled for sm_90 on the CPU, resources printed."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fusecore.backend import COMPILED
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = Path(__file__).parent / "registers.py"
+
+
+@pytest.mark.skipif(COMPILED, reason="compile-only runs under the interpreter, on machines without a GPU")
+def test_a_row_prints_its_kernels_resources(tmp_path):
+    env = {**os.environ, "FUSEKIT_COMPILE_FOR": "sm_90", "FUSEKIT_COMPILE_ONLY": "1", "PYTHONPATH": str(ROOT),
+           "FUSEKIT_COMPILE_REPORT": str(tmp_path / "report.jsonl")}
+    env.pop("FUSEKIT_BACKEND", None)
+    done = subprocess.run([sys.executable, str(SCRIPT), "gat-bf16", "gat-bf16:LIGHT_SOURCE_UNROLLED=False",
+                           "--nodes", "4000"], env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    sections = done.stdout.split("== ")[1:]
+    assert [s.splitlines()[0] for s in sections] == ["gat-bf16", "gat-bf16:LIGHT_SOURCE_UNROLLED=False"]
+    for section in sections:  # every row reports its own specialisations, those of the row before included
+        for kernel in ("attention_forward_light_kernel", "attention_backward_src_light_kernel",
+                       "attention_forward_rows_kernel", "row_sum_kernel"):
+            assert kernel in section, section
+        assert "specialisations, 0 with local memory" in section
+    assert "UNROLLED=True" in sections[0] and "UNROLLED=False" in sections[1]
+
+
+def test_it_refuses_to_run_without_compile_only():
+    env = {k: v for k, v in os.environ.items() if k != "FUSEKIT_COMPILE_ONLY"}
+    env["PYTHONPATH"] = str(ROOT)
+    done = subprocess.run([sys.executable, str(SCRIPT), "gat-bf16"], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 2 and "FUSEKIT_COMPILE_ONLY=1" in done.stderr
