@@ -84,7 +84,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     rows = [parse(row) for row in args.rows]  # every row checked before any runs
     from fusecore.compile_check import KernelResources, format_report
-
     from gnnfuse import Graph
 
     gpu_like()
