@@ -34,9 +34,10 @@ H100_SMS = 132
 
 
 def power_law_edges(num_nodes: int, seed: int = 0) -> torch.Tensor:
-    """Edges ``[2, E]`` of a graph whose in-degrees fall like ``P(d >= x) ~ 1 / x`` up to 1000 (mean ~7.5, as the arxiv-like
-    graph's 8), so at the default size every light width class is large enough to keep its own code (a
-    class smaller than the device's share joins the next), with medium rows and split super rows."""
+    """Edges ``[2, E]`` of a graph whose in-degrees fall like ``P(d >= x) ~ 1 / x`` up to 1000 (mean ~7.5,
+    as the arxiv-like graph's 8), so at the default size every light width class is large enough to keep
+    its own code (a class smaller than the device's share joins the next), with medium rows and split
+    super rows."""
     gen = torch.Generator().manual_seed(seed)
     degree = (1.0 / torch.rand(num_nodes, generator=gen).clamp_min(1e-3)).long().clamp(1, 1000)
     dst = torch.repeat_interleave(torch.arange(num_nodes), degree)
