@@ -13,7 +13,10 @@ torch's generator on every call); :func:`gnnfuse.capture` passes a device stream
 The projections of GATv2Conv (``fc_src``, ``fc_dst``) and GraphTransformerConv (``lin_query``,
 ``lin_key``, ``lin_value``, ``lin_skip``) run through :func:`fusecore.linear.linear`, which takes
 their parameters (so those sub-modules' own forward hooks do not run) and sums the bias
-gradients with a kernel of its own: torch's reduction was a quarter of the Transformer's step.
+gradients with a kernel of its own: torch's reduction was a quarter of the Transformer's step.  A
+layer's projections of one input with one shape are grouped (:func:`fusecore.linear.linears`): in
+float16/bfloat16 one launch reads the input once for all of them, and the backward sums their input
+gradients into one buffer.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import torch
 from torch import nn
 
 from fusecore import DevicePhiloxStream, PhiloxStream, backend
-from fusecore.linear import linear
+from fusecore.linear import linear, linears
 
 from . import ops
 from .graph import Graph, as_graph
@@ -43,6 +46,20 @@ ZERO_IN_DEGREE_MESSAGE = (
 def _project(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """``module(x)`` from its parameters, bias gradient by :func:`fusecore.linear.linear`."""
     return linear(x, module.weight, module.bias)
+
+
+def _project_all(modules: list[nn.Linear], x: torch.Tensor) -> list[torch.Tensor]:
+    """``[m(x) for m in modules]``, the modules of one weight shape and bias presence grouped into one
+    :func:`fusecore.linear.linears` call each (order kept)."""
+    groups: dict[tuple, list[int]] = {}
+    for i, module in enumerate(modules):
+        groups.setdefault((tuple(module.weight.shape), module.bias is not None), []).append(i)
+    out: list[torch.Tensor] = [x] * len(modules)
+    for members in groups.values():
+        ys = linears(x, [modules[i].weight for i in members], [modules[i].bias for i in members])
+        for i, y in zip(members, ys):
+            out[i] = y
+    return out
 
 
 def _positive_int(name: str, value: Any) -> int:
@@ -280,8 +297,10 @@ class GATv2Conv(_DGLHeadsConv):
         graph = self._graph(graph, feat, self.fc_src.weight.dtype)
         shape = (feat.shape[0], self._num_heads, self._out_feats)
         h = self._feat_dropout(feat)
-        feat_src = _project(self.fc_src, h).view(shape)
-        feat_dst = feat_src if self.share_weights else _project(self.fc_dst, h).view(shape)
+        if self.share_weights:
+            feat_src = feat_dst = _project(self.fc_src, h).view(shape)
+        else:
+            feat_src, feat_dst = (y.view(shape) for y in _project_all([self.fc_src, self.fc_dst], h))
         out = ops.gatv2(
             graph, feat_src, feat_dst, self.attn, negative_slope=self.negative_slope, dropout=self._dropout(),
             rng=rng, schedule=schedule,
@@ -380,13 +399,14 @@ class GraphTransformerConv(nn.Module):
         elif edge_feat is not None:
             raise ValueError("edge_feat was given but the layer has no edge_dim (construct it with edge_dim=...)")
         dropout = self.dropout if self.training else 0.0
-        root = _project(self.lin_skip, feat) if self.root_weight else None
+        projections = [self.lin_query, self.lin_key, self.lin_value] + ([self.lin_skip] if self.root_weight else [])
+        query, key, value, *rest = _project_all(projections, feat)
+        root = rest[0] if rest else None
         # a plain root term (concatenated heads, no gate) is added in the kernel's store in inference
         root_add = root.view(shape) if root is not None and self.concat and self.lin_beta is None else None
         out = ops.transformer_attention(
-            graph, _project(self.lin_query, feat).view(shape), _project(self.lin_key, feat).view(shape),
-            _project(self.lin_value, feat).view(shape),
-            edge_feat, edge_weight, dropout=dropout, rng=rng, schedule=schedule, out_add=root_add,
+            graph, query.view(shape), key.view(shape), value.view(shape), edge_feat, edge_weight,
+            dropout=dropout, rng=rng, schedule=schedule, out_add=root_add,
         )
         out = out.reshape(feat.shape[0], -1) if self.concat else out.mean(dim=1)
         if root is not None and root_add is None:

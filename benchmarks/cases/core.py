@@ -103,3 +103,51 @@ def column_sum_case(ctx: Context) -> None:
                   else 1e-5)
         for impl, fn in (("torch .sum(0)", lambda: x.sum(0)), ("column_sum (fusecore)", lambda: column_sum(x))):
             ctx.time(impl, fn, bytes_moved=x.numel() * x.element_size(), variant=variant, params={"rows": rows})
+
+
+@case("core", "linears", baseline="one F.linear per map")
+def linears_case(ctx: Context) -> None:
+    """A layer's G projections of one input (a Graph Transformer's query, key, value and skip: G = 4;
+    GATv2's source and destination: G = 2) on the arxiv-like graph's features ``[169 343, 128]`` →
+    ``[169 343, 128]`` each, bfloat16: fusecore.linear.linears (one grouped launch, ``x`` read once)
+    against one cuBLAS product per map (``x`` read G times).  Bytes moved = ``x`` once, the G outputs,
+    weights and biases.  On the GPU the grouped launch is also timed at other warps / pipeline stages /
+    row blocks (params), to choose the defaults."""
+    import torch.nn.functional as F
+
+    from fusecore import linear as linear_module
+    from fusecore.linear import linears
+
+    rows, feats, out = (4099, 128, 128) if ctx.quick else (169_343, 128, 128)
+    gen = torch.Generator(device=ctx.device).manual_seed(7)
+    dtype = torch.bfloat16
+    x = torch.randn(rows, feats, device=ctx.device, generator=gen).to(dtype)
+    settings = [(linear_module.LINEARS_WARPS, linear_module.LINEARS_STAGES, linear_module.LINEARS_BLOCK_M)]
+    if ctx.gpu:
+        settings += [s for s in ((8, 1, 64), (8, 2, 64), (4, 1, 64), (4, 2, 64), (8, 3, 128), (8, 1, 128))
+                     if s != settings[0]]
+    for group in (4, 2):
+        weights = [(torch.randn(out, feats, device=ctx.device, generator=gen) / feats ** 0.5).to(dtype)
+                   for _ in range(group)]
+        biases = [torch.randn(out, device=ctx.device, generator=gen).to(dtype) for _ in range(group)]
+        variant = f"G={group},{rows}x{feats}->{out},bfloat16"
+        moved = (rows * feats + group * (rows * out + out * feats + out)) * x.element_size()
+        want = [F.linear(x, w, b) for w, b in zip(weights, biases)]
+        params = {"rows": rows, "in": feats, "out": out, "group": group}
+        ctx.time("one F.linear per map", lambda: [F.linear(x, w, b) for w, b in zip(weights, biases)],
+                 bytes_moved=moved, variant=variant, params=dict(params))
+        saved = settings[0]
+        try:
+            for warps, stages, block_m in settings:
+                linear_module.LINEARS_WARPS, linear_module.LINEARS_STAGES, linear_module.LINEARS_BLOCK_M = (
+                    warps, stages, block_m)
+                got = linears(x, weights, biases)
+                for g in range(group):
+                    ctx.check(f"{variant} {warps}w{stages}s{block_m}m map {g}", got[g].float().cpu(),
+                              want[g].double().cpu(), 2e-2)
+                impl = "linears (fusecore)" if (warps, stages, block_m) == saved else (
+                    f"linears (fusecore), {warps} warps, {stages} stages, {block_m} rows")
+                ctx.time(impl, lambda: linears(x, weights, biases), bytes_moved=moved, variant=variant,
+                         params={**params, "warps": warps, "stages": stages, "block_m": block_m})
+        finally:
+            linear_module.LINEARS_WARPS, linear_module.LINEARS_STAGES, linear_module.LINEARS_BLOCK_M = saved

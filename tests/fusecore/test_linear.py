@@ -92,3 +92,75 @@ def test_linear_gradients_only_where_asked_and_without_autograd(device):
     assert out.grad_fn is None and torch.equal(out, F.linear(x, weight, bias))
     no_bias = linear(x, weight.requires_grad_(), None)
     assert torch.equal(no_bias, F.linear(x, weight))
+
+
+LINEARS_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _oracle(x, weights, biases):
+    return [x.double() @ w.double().t() + (0 if b is None else b.double()) for w, b in zip(weights, biases)]
+
+
+@pytest.mark.parametrize("dtype", LINEARS_DTYPES)
+@pytest.mark.parametrize("rows, feats, out, group", [
+    (1, 16, 16, 2), (37, 24, 40, 3), (130, 72, 16, 4), (67, 8, 136, 2), (5, 13, 17, 3), (0, 32, 16, 4),
+])
+@pytest.mark.parametrize("bias", [True, False])
+def test_linears_forward_and_gradients(device, poison, dtype, rows, feats, out, group, bias):
+    """Every map's output against a float64 oracle, and every gradient against float64 F.linear; the
+    grouped launch where fuses_linears says so (feats a multiple of 8 in float16/bfloat16), each map's
+    own product otherwise."""
+    gen = fresh_generator(device)
+    x = torch.randn(rows, feats, generator=gen, device=device).to(dtype)
+    weights = [(torch.randn(out, feats, generator=gen, device=device) / feats ** 0.5).to(dtype) for _ in range(group)]
+    biases = [torch.randn(out, generator=gen, device=device).to(dtype) if bias else None for _ in range(group)]
+    grads = [torch.randn(rows, out, generator=gen, device=device).to(dtype) for _ in range(group)]
+    fused = linear_module.fuses_linears(x, weights, biases)
+    assert fused == (dtype != torch.float32 and feats % 8 == 0 and out >= 16)
+    leaves = [t.clone().requires_grad_() for t in (x, *weights, *(b for b in biases if b is not None))]
+    lx, lw, lb = leaves[0], leaves[1:1 + group], leaves[1 + group:] or [None] * group
+    ys = linear_module.linears(lx, lw, lb)
+    assert len(ys) == group
+    for g, (y, want) in enumerate(zip(ys, _oracle(x, weights, biases))):
+        assert y.dtype == dtype and y.shape == (rows, out) and y.is_contiguous()
+        assert_close(y, want, dtype=dtype, name=f"output {g}")
+    torch.autograd.backward(ys, grads)
+    ref = [t.detach().double().requires_grad_() for t in leaves]
+    rx, rw, rb = ref[0], ref[1:1 + group], ref[1 + group:] or [None] * group
+    torch.autograd.backward([F.linear(rx, w, b) for w, b in zip(rw, rb)], [g.double() for g in grads])
+    names = ["x"] + [f"weights[{g}]" for g in range(group)] + [f"biases[{g}]" for g in range(group)]
+    for name, ours, theirs in zip(names, leaves, ref):
+        assert_close(ours.grad, theirs.grad, dtype=dtype, name=f"grad of {name}")
+
+
+def test_linears_partial_gradients_and_no_autograd(device, poison):
+    gen = fresh_generator(device)
+    x = torch.randn(45, 32, generator=gen, device=device).to(torch.bfloat16)
+    weights = [torch.randn(24, 32, generator=gen, device=device).to(torch.bfloat16).requires_grad_() for _ in range(3)]
+    biases = [torch.randn(24, generator=gen, device=device).to(torch.bfloat16).requires_grad_() for _ in range(3)]
+    ys = linear_module.linears(x, weights, biases)  # x without gradient; only the second output used
+    ys[1].float().square().sum().backward()
+    assert x.grad is None
+    assert all(torch.count_nonzero(p.grad) == 0 for p in (weights[0], weights[2], biases[0], biases[2]))
+    want = 2 * (x.double() @ weights[1].double().t() + biases[1].double())
+    assert_close(weights[1].grad, want.t() @ x.double(), dtype=torch.bfloat16, name="grad of weights[1]")
+    with torch.no_grad():
+        plain = linear_module.linears(x, weights, biases)
+    assert all(y.grad_fn is None for y in plain)
+    for y, want in zip(plain, _oracle(x, weights, biases)):
+        assert_close(y, want, dtype=torch.bfloat16, name="no-grad output")
+
+
+def test_linears_rejects_bad_input(device):
+    x = torch.ones(4, 16, device=device, dtype=torch.bfloat16)
+    w = torch.ones(16, 16, device=device, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="one or more weights"):
+        linear_module.linears(x, [])
+    with pytest.raises(ValueError, match="as many biases"):
+        linear_module.linears(x, [w, w], [None])
+    with pytest.raises(ValueError, match=r"weights\[1\] must have shape \[out, in=16\]"):
+        linear_module.linears(x, [w, torch.ones(16, 8, device=device, dtype=torch.bfloat16)])
+    with pytest.raises(ValueError, match=r"biases\[0\] must have shape \[16\]"):
+        linear_module.linears(x, [w, w], [torch.ones(3, device=device, dtype=torch.bfloat16), None])
+    with pytest.raises(ValueError, match="x must be a tensor"):
+        linear_module.linears("x", [w])

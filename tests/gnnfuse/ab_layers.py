@@ -6,7 +6,8 @@
 LAYER is ``gat``, ``gatv2``, ``tr`` (GraphTransformerConv), ``tredge`` (with 16 edge features) or
 ``agnn``; DTYPE ``fp32`` or ``bf16``.  Each ``name=value`` (a Python literal) sets that module constant
 of ``gnnfuse.ops`` for the row (``schedule.NAME=value``: of ``gnnfuse.schedule``, e.g.
-``schedule.DEFAULT_LIGHT_MAX=32``), or ``max_light_rows=N`` the GPU's light rows per program
+``schedule.DEFAULT_LIGHT_MAX=32``; ``linear.NAME=value``: of ``fusecore.linear``, e.g.
+``linear.FUSED_LINEARS=False``), or ``max_light_rows=N`` the GPU's light rows per program
 (``gnnfuse.schedule.GPU_TILES``); the graph's schedules and launch plans are rebuilt for every row and
 the constants restored after it.  Each row checks the layer's output against its first row of the
 same layer and dtype (a variant changes launches, never values beyond rounding), then times, as the
@@ -68,6 +69,7 @@ def apply(settings: dict):
     """Set ``settings`` on gnnfuse.ops (``NAME``), gnnfuse.schedule (``schedule.NAME``) or the GPU tile
     limits (``max_light_rows``); returns the function restoring them.  Every setting is checked before
     any is set: a refused one leaves the modules as they were."""
+    from fusecore import linear
     from gnnfuse import ops, schedule
 
     tiles = schedule.GPU_TILES
@@ -77,9 +79,10 @@ def apply(settings: dict):
             tiles = dataclasses.replace(tiles, max_light_rows=int(value))
             continue
         module, _, constant = name.rpartition(".")
-        target = {"": ops, "schedule": schedule}.get(module)
+        target = {"": ops, "schedule": schedule, "linear": linear}.get(module)
         if target is None or not hasattr(target, constant) or not constant.isupper():
-            raise ValueError(f"gnnfuse.{module or 'ops'} has no constant {constant!r}")
+            raise ValueError(f"{'fusecore' if module == 'linear' else 'gnnfuse'}.{module or 'ops'} has no constant "
+                             f"{constant!r}")
         current = getattr(target, constant)
         if isinstance(current, dict) and (not isinstance(value, dict) or set(value) != set(current)):
             raise ValueError(f"{name}: expected a dict with the keys {sorted(current)}, got {value!r}")

@@ -9,6 +9,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 import ab_layers  # noqa: E402
 
+from fusecore import linear  # noqa: E402
 from gnnfuse import ops, schedule  # noqa: E402
 
 
@@ -25,12 +26,15 @@ def test_rows_parse_with_literal_values_and_bracketed_commas():
 
 def test_settings_are_restored_and_unknown_names_refused():
     breaks, tiles, light_max = ops.LIGHT_LAUNCH_BREAKS, schedule.GPU_TILES, schedule.DEFAULT_LIGHT_MAX
-    restore = ab_layers.apply({"LIGHT_LAUNCH_BREAKS": (8,), "max_light_rows": 2, "schedule.DEFAULT_LIGHT_MAX": 32})
+    restore = ab_layers.apply({"LIGHT_LAUNCH_BREAKS": (8,), "max_light_rows": 2, "schedule.DEFAULT_LIGHT_MAX": 32,
+                               "linear.FUSED_LINEARS": False})
     assert ops.LIGHT_LAUNCH_BREAKS == (8,) and schedule.GPU_TILES.max_light_rows == 2
-    assert schedule.DEFAULT_LIGHT_MAX == 32
+    assert schedule.DEFAULT_LIGHT_MAX == 32 and linear.FUSED_LINEARS is False
     restore()
     assert ops.LIGHT_LAUNCH_BREAKS is breaks and schedule.GPU_TILES is tiles and schedule.DEFAULT_LIGHT_MAX == light_max
-    for bad in ("NO_SUCH_CONSTANT", "schedule.NO_SUCH_CONSTANT", "nn.GATConv", "schedule.build_schedule"):
+    assert linear.FUSED_LINEARS is True
+    for bad in ("NO_SUCH_CONSTANT", "schedule.NO_SUCH_CONSTANT", "nn.GATConv", "schedule.build_schedule",
+                "linear.linears"):
         with pytest.raises(ValueError, match="no constant"):  # nothing set, the good settings before it neither
             ab_layers.apply({"LIGHT_LAUNCH_BREAKS": (8,), "max_light_rows": 2, bad: 1})
         assert ops.LIGHT_LAUNCH_BREAKS is breaks and schedule.GPU_TILES is tiles
