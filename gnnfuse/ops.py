@@ -181,6 +181,9 @@ def _edge_flags(inputs: AttentionInputs, block_h: int, block_d: int, edges_per_p
 #   2670 (both); GAT fp32 1350 → 1191 (source); AGNN bf16 2722 → 1087, fp32 (forward too) 2486 → 1402.
 #   Light rows up to degree 32 (schedule.DEFAULT_LIGHT_MAX=32, a launch break at 32), same call: GAT bf16
 #   forward 254.1 → 249.5, step 798 → 796; Graph Transformer bf16 464 → 499, step 1312 → 1360: kept at 16.
+#   GATv2's float32 forward unrolled, session 13 (H200, same call, replayed): 873.7 → 843.1 µs, and with the
+#   halved row-kernel edge blocks (ROW_EDGE_TILES) 804.2 → 777.1; GAT's float32 forward unrolled 503.7 against
+#   503.1 µs, its step 1198.8 against 1206.1: GAT float32 keeps the tile form.
 # Scores unrolled in 2-byte floats: LIGHT_UNROLLED_SCORES (every pass); in float32: per pass,
 # LIGHT_UNROLLED_FLOAT32_SCORES.
 LIGHT_FORWARD_UNROLLED = True
@@ -188,7 +191,8 @@ LIGHT_SOURCE_UNROLLED = True
 LIGHT_DESTINATION_UNROLLED = True
 LIGHT_UNROLLED_SCORES: tuple[int, ...] = (SCORE_GAT, SCORE_GATV2, SCORE_DOT)
 LIGHT_UNROLLED_FLOAT32_SCORES: dict[str, tuple[int, ...]] = {
-    "forward": (SCORE_DOT,), "source": (SCORE_GAT, SCORE_GATV2, SCORE_DOT), "destination": (SCORE_GATV2, SCORE_DOT),
+    "forward": (SCORE_GATV2, SCORE_DOT), "source": (SCORE_GAT, SCORE_GATV2, SCORE_DOT),
+    "destination": (SCORE_GATV2, SCORE_DOT),
 }
 LIGHT_UNROLLED_KEYS_FROM_VALUES = True
 LIGHT_UNROLLED_ROW_WIDTH = 2
@@ -196,6 +200,16 @@ LIGHT_UNROLLED_ROW_WIDTH = 2
 # call, GAT bf16 replayed forward / step µs, default 255 / 799): source pass at 8 rows 808; 8 warps in the
 # source pass 898, in the forward and destination passes 287 / 838; 2 warps everywhere 275 / 892.
 LIGHT_UNROLLED_MAX_ROWS: dict[str, int] = {"forward": 16, "source": 16, "destination": 16}
+# Feature tiles counted per edge slot (rows per program = tile budget // (LIGHT_UNROLLED_ROW_WIDTH · slot
+# tiles · H·D)), by pass and score: one for GAT, two for GATv2 and the dot score — and four for GATv2's
+# source pass, whose slot holds the destination's term, its LeakyReLU and their gradient terms (150 → 64
+# registers on sm_90, Triton 3.6): 4 rows a program instead of 8.  Session 13 (H200, same call,
+# replayed, GATv2 bf16): training step 1700 → 1509 µs, forward unchanged.
+LIGHT_UNROLLED_SLOT_TILES: dict[str, dict[int, int]] = {
+    "forward": {SCORE_GAT: 1, SCORE_GATV2: 2, SCORE_DOT: 2},
+    "source": {SCORE_GAT: 1, SCORE_GATV2: 4, SCORE_DOT: 2},
+    "destination": {SCORE_GAT: 1, SCORE_GATV2: 2, SCORE_DOT: 2},
+}
 LIGHT_UNROLLED_WARPS: dict[str, int | None] = {"forward": None, "source": None, "destination": None}
 # ... and a register cap per thread (ptxas ``maxnreg``; None: ptxas's choice) to trade registers for resident
 # warps: not yet timed (the GAT bf16 source pass: 113 registers, 24% occupancy, 260 µs of the step, ncu).
@@ -227,8 +241,7 @@ def _light_rows(schedule, inputs: AttentionInputs, width: int, light_tiles: int,
         # (GATv2), one (GAT); source pass, g and (GATv2, dot) the destination's term, whose gradient terms
         # add into the row's sums; destination pass, the source's key (or term) and its gradient term (at
         # 16 rows, 168 / 255 registers for dot / GATv2 on sm_90 with Triton 3.9: 8 rows)
-        slot_tiles = 1 if inputs.score == SCORE_GAT else 2
-        row_elements = slot_tiles * schedule.block_h * schedule.block_d
+        row_elements = LIGHT_UNROLLED_SLOT_TILES[kernel_pass][inputs.score] * schedule.block_h * schedule.block_d
         tiles = schedule.tiles
         most = max(tiles.max_light_rows, LIGHT_UNROLLED_MAX_ROWS[kernel_pass])
         return max(1, min(most, tiles.tile_elements // (LIGHT_UNROLLED_ROW_WIDTH * row_elements)))
@@ -246,11 +259,24 @@ LIGHT_TILES = {
     "destination": {SCORE_GAT: 1, SCORE_GATV2: 2, SCORE_DOT: 2},
 }
 # ... and the row kernel, which keeps the row's own terms once, so only per-edge tiles count there.
+# GATv2's counted twice what they were before session 13, halving its edge blocks (16 / 8 / 16 edges;
+# registers on sm_90 168 / 168 / 236 → 80 / 96 / 95, Triton 3.6).  Same call (H200, arxiv-like, replayed
+# forward / training step µs): bf16 368.4 / 1700 → 327.0 / 1551, fp32 873.7 / 2685 → 804.2 / 2561.  The
+# same halving for GAT's backward (802.5 against 807.7 µs a step) and the Transformer's (bf16 1350 against
+# 1341, fp32 2875 against 2873) was within noise: not taken.
 ROW_EDGE_TILES = {
-    "forward": {SCORE_GAT: 1, SCORE_GATV2: 1, SCORE_DOT: 2},
-    "source": {SCORE_GAT: 1, SCORE_GATV2: 2, SCORE_DOT: 2},
-    "destination": {SCORE_GAT: 1, SCORE_GATV2: 1, SCORE_DOT: 1},
+    "forward": {SCORE_GAT: 1, SCORE_GATV2: 2, SCORE_DOT: 2},
+    "source": {SCORE_GAT: 1, SCORE_GATV2: 4, SCORE_DOT: 2},
+    "destination": {SCORE_GAT: 1, SCORE_GATV2: 2, SCORE_DOT: 1},
 }
+
+
+# The forward row kernel for these scores loads each edge block's source indices one trip ahead
+# (``PREFETCH``): the trip's key and value gathers (which the compiler already issues together) then
+# wait on no index load of their own.  Nsight Compute (session 13, H200, bf16): the Transformer's medium
+# rows take 169 µs of its 482 µs forward, stalled on L1TEX scoreboard 73% of the time at 20% of DRAM
+# bandwidth; GAT's 93 µs.  Off until timed.
+ROW_PREFETCH_SCORES: tuple[int, ...] = ()
 
 
 def _tile_budget(schedule, inputs: AttentionInputs, kernel_pass: str) -> tuple[int, int]:
@@ -423,7 +449,8 @@ def _forward_plan(schedule, inputs: AttentionInputs, dtype: torch.dtype, use_dro
     lanes = row_kernel_lanes(schedule, inputs.score, "forward", dtype)
     rows = [{"BLOCK_E": row_block_e, "BLOCK_H": block_h, "BLOCK_D": block_d, "PIECES": pieces, **flags,
              "BLOCK_K": _block_k(inputs), "LANES": lanes, "ADD": has_add and not pieces,
-             "FINAL": has_final and not pieces, "num_warps": schedule.num_warps}
+             "FINAL": has_final and not pieces, "PREFETCH": inputs.score in ROW_PREFETCH_SCORES,
+             "num_warps": schedule.num_warps}
             for *_, pieces in _row_launches(schedule.incoming)]
     merge = {"BLOCK_P": max(1, MERGE_TILE // (block_h * block_d)), "BLOCK_H": block_h, "BLOCK_D": block_d,
              "ADD": has_add, "FINAL": has_final}

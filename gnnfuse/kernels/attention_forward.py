@@ -72,9 +72,12 @@ def attention_forward_rows_kernel(
     BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     PIECES: tl.constexpr, DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr,
     BLOCK_K: tl.constexpr, KEY_SCALE: tl.constexpr, LANES: tl.constexpr, ADD: tl.constexpr, FINAL: tl.constexpr,
+    PREFETCH: tl.constexpr = False,
 ):
     acc_dtype = lse_ptr.dtype.element_ty
     seed, rng_offset = dropout_seed(seed, rng_offset, DROPOUT)
+    # PREFETCH: each edge block's source indices are loaded one trip ahead, so a trip's gathers wait on no
+    # index load of their own (the compiler hoists loads within a trip, not across trips).
     pid = tl.program_id(0).to(tl.int64)
     offs_e = tl.arange(0, BLOCK_E)
     offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
@@ -107,10 +110,16 @@ def attention_forward_rows_kernel(
         m = tl.full([BLOCK_H], float("-inf"), dtype=acc_dtype)
         l = tl.zeros([BLOCK_H], dtype=acc_dtype)
         acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=acc_dtype)
+    if PREFETCH:
+        src_next = tl.load(src_ptr + start + offs_e, mask=start + offs_e < stop, other=0)
     for e0 in range(start, stop, BLOCK_E):
         pos = e0 + offs_e
         e_mask = pos < stop
-        src = tl.load(src_ptr + pos, mask=e_mask, other=0).to(tl.int64)
+        if PREFETCH:
+            src = src_next.to(tl.int64)
+            src_next = tl.load(src_ptr + pos + BLOCK_E, mask=pos + BLOCK_E < stop, other=0)
+        else:
+            src = tl.load(src_ptr + pos, mask=e_mask, other=0).to(tl.int64)
         feat_mask = e_mask[:, None, None] & hd_mask[None, :, :]
         if SCORE == 0:
             eh_mask = e_mask[:, None] & h_mask[None, :]

@@ -179,3 +179,44 @@ def test_unrolled_light_rows_match_the_reference_for_every_score(gen, monkeypatc
     assert all(meta["maxnreg"] == 96 for light in source for *_, meta in light)
     assert all("maxnreg" not in meta for light in forward + destination for *_, meta in light)
     assert all(meta["num_warps"] == 2 for light in destination for *_, meta in light)
+
+
+@pytest.mark.parametrize("lanes", [False, True])
+@pytest.mark.parametrize("name", ["gat", "gatv2", "dot", "agnn"])
+def test_row_kernel_prefetch_matches_the_reference(gen, monkeypatch, name, lanes):
+    """The forward row kernel with each edge block's indices loaded a trip ahead (``PREFETCH``, set for
+    every score through ops.ROW_PREFETCH_SCORES): outputs and gradients equal the reference's, per-lane
+    state or not, with dropout, on rows of 2 to 12 edges in blocks of at most 8 (rows of 13 split into pieces of 7)."""
+    from fusecore import PhiloxStream
+    from fusecore.testing import test_device
+
+    monkeypatch.setattr(ops, "ROW_PREFETCH_SCORES", (0, 1, 2))
+    device = test_device()
+    options = ScheduleOptions(light_max_degree=1, split_degree=12, piece_edges=7, edge_lanes=lanes, tile_elements=256)
+    graph = _widths_graph(device)
+    n, heads, dim = graph.num_nodes, 3, 5
+    dtype = torch.bfloat16
+    q, k, v = (torch.randn(n, heads, dim, generator=gen).to(device, dtype).requires_grad_(True) for _ in range(3))
+    attn = torch.randn(1, heads, dim, generator=gen).to(device, dtype).requires_grad_(True)
+    beta = torch.tensor([0.8], device=device, dtype=dtype, requires_grad=True)
+    calls = {
+        "gat": (lambda: ops.gat_attention(graph, v, q[:, :, 0], k[:, :, 0], dropout=0.3, rng=PhiloxStream(5),
+                                          schedule=options), (v, q, k)),
+        "gatv2": (lambda: ops.gatv2(graph, q, k, attn, dropout=0.3, rng=PhiloxStream(5), schedule=options),
+                  (q, k, attn)),
+        "dot": (lambda: ops.transformer_attention(graph, q, k, v, dropout=0.3, rng=PhiloxStream(5), schedule=options),
+                (q, k, v)),
+        "agnn": (lambda: ops.agnn(graph, v, beta, schedule=options), (v, beta)),
+    }
+    fn, leaves = calls[name]
+    out = fn()
+    g = torch.randn(out.shape, generator=gen).to(device, dtype)
+    grads = torch.autograd.grad(out, leaves, g)
+    with use_reference():
+        ref = fn()
+        ref_grads = torch.autograd.grad(ref, leaves, g)
+    for got, want in ((out, ref), *zip(grads, ref_grads)):
+        assert_close(got, want, dtype=dtype)
+    launches = graph.schedule(heads, dim, dtype, options).launches
+    rows = [launch for key, plan in launches.items() if key[0] == "forward" for launch in plan[1]]
+    assert rows and all(launch["PREFETCH"] and launch["BLOCK_E"] <= 8 for launch in rows)  # rows of 2-3 trips
