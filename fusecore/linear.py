@@ -14,7 +14,8 @@ partials' sum, stored in the output dtype — deterministic (no atomics), one ro
 
 ``linears(x, weights, biases)`` is ``tuple(linear(x, w, b) for w, b in zip(weights, biases))`` — up to
 :data:`MAX_GROUP` maps of one input, as a layer's query, key, value and skip projections — whose forward
-is one Triton launch for float16/bfloat16 CUDA inputs (:func:`fuses_linears`): a program owns a block
+can be one Triton launch for float16/bfloat16 inputs (:func:`fuses_linears`; off by default, as
+:data:`FUSED_LINEARS` says why: slower than cuBLAS as measured): a program owns a block
 of rows of ``x`` and writes that block of every output, so ``x`` leaves DRAM once instead of once per
 map (a ``[169 343, 128]`` bfloat16 input is 43 MB, each output as much: four cuBLAS products move
 8 × 43 MB, the grouped launch 5 × 43).  Its backward takes ``∂x = Σ_g ∂y_g W_g`` as one product and
@@ -139,11 +140,17 @@ class _Linear(torch.autograd.Function):
         return grad_x, grad_w, grad_b
 
 
-# The grouped forward (``linears_kernel``): float16/bfloat16 only — a float32 ``tl.dot`` would round through
-# TF32 on the GPU where torch's product does not — output widths up to LINEARS_MAX_COLUMNS per program
-# (more: a second grid axis), input rows 16-byte aligned (vector loads).  LINEARS_BLOCK_M rows per program
-# at up to 128 columns; LINEARS_BLOCK_F input features per tl.dot.
-FUSED_LINEARS = True
+# The grouped forward (``linears_kernel``), OFF: measured slower than one cuBLAS product per map, though it
+# moves 5/8 of their bytes — session 13, H200, benchmarks core/linears, [169 343, 128] → 4 × [169 343, 128]
+# bf16: 122.9 µs against 113.1 (cuBLAS at ~3.0 TB/s, the grouped launch at ~1.75 TB/s: 252 registers, two
+# programs a multiprocessor), 2 maps 68.9 against 57.9; no setting of warps (4, 8), stages (1-3) or rows
+# (64, 128) won.  In the layers (same call, replayed forward / step µs): Graph Transformer bf16 471.9 /
+# 1319 against 462.8 / 1311, GATv2 bf16 330.9 / 1380 against 320.5 / 1345.  Where on: float16/bfloat16
+# only (a float32 ``tl.dot`` would round through TF32 on the GPU where torch's product does not), output
+# widths up to LINEARS_MAX_COLUMNS per program (more: a second grid axis), input rows 16-byte aligned
+# (vector loads).  LINEARS_BLOCK_M rows per program at up to 128 columns; LINEARS_BLOCK_F input features
+# per tl.dot.
+FUSED_LINEARS = False
 MAX_GROUP = 4
 MIN_DOT = 16
 LINEARS_MAX_COLUMNS = 128

@@ -275,8 +275,10 @@ ROW_EDGE_TILES = {
 # (``PREFETCH``): the trip's key and value gathers (which the compiler already issues together) then
 # wait on no index load of their own.  Nsight Compute (session 13, H200, bf16): the Transformer's medium
 # rows take 169 µs of its 482 µs forward, stalled on L1TEX scoreboard 73% of the time at 20% of DRAM
-# bandwidth; GAT's 93 µs.  Off until timed.
-ROW_PREFETCH_SCORES: tuple[int, ...] = ()
+# bandwidth; GAT's 93 µs.  Same call (H200, arxiv-like, replayed forward / training step µs): Transformer
+# bf16 471.9 / 1319 → 447.6 / 1296, GAT bf16 253.7 / 797 → 248.4 / 792.  AGNN's dot score takes it too
+# (not timed apart); GATv2's is being timed.
+ROW_PREFETCH_SCORES: tuple[int, ...] = (SCORE_GAT, SCORE_DOT)
 
 
 def _tile_budget(schedule, inputs: AttentionInputs, kernel_pass: str) -> tuple[int, int]:

@@ -97,6 +97,12 @@ def test_linear_gradients_only_where_asked_and_without_autograd(device):
 LINEARS_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
+@pytest.fixture
+def grouped(monkeypatch):
+    """The grouped forward launch on, whatever the library's default (fusecore.linear.FUSED_LINEARS)."""
+    monkeypatch.setattr(linear_module, "FUSED_LINEARS", True)
+
+
 def _oracle(x, weights, biases):
     return [x.double() @ w.double().t() + (0 if b is None else b.double()) for w, b in zip(weights, biases)]
 
@@ -106,7 +112,7 @@ def _oracle(x, weights, biases):
     (1, 16, 16, 2), (37, 24, 40, 3), (130, 72, 16, 4), (67, 8, 136, 2), (5, 13, 17, 3), (0, 32, 16, 4),
 ])
 @pytest.mark.parametrize("bias", [True, False])
-def test_linears_forward_and_gradients(device, poison, dtype, rows, feats, out, group, bias):
+def test_linears_forward_and_gradients(device, poison, grouped, dtype, rows, feats, out, group, bias):
     """Every map's output against a float64 oracle, and every gradient against float64 F.linear; the
     grouped launch where fuses_linears says so (feats a multiple of 8 in float16/bfloat16), each map's
     own product otherwise."""
@@ -133,7 +139,7 @@ def test_linears_forward_and_gradients(device, poison, dtype, rows, feats, out, 
         assert_close(ours.grad, theirs.grad, dtype=dtype, name=f"grad of {name}")
 
 
-def test_linears_partial_gradients_and_no_autograd(device, poison):
+def test_linears_partial_gradients_and_no_autograd(device, poison, grouped):
     gen = fresh_generator(device)
     x = torch.randn(45, 32, generator=gen, device=device).to(torch.bfloat16)
     weights = [torch.randn(24, 32, generator=gen, device=device).to(torch.bfloat16).requires_grad_() for _ in range(3)]
@@ -151,7 +157,7 @@ def test_linears_partial_gradients_and_no_autograd(device, poison):
         assert_close(y, want, dtype=torch.bfloat16, name="no-grad output")
 
 
-def test_linears_rejects_bad_input(device):
+def test_linears_rejects_bad_input(device, grouped):
     x = torch.ones(4, 16, device=device, dtype=torch.bfloat16)
     w = torch.ones(16, 16, device=device, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="one or more weights"):
