@@ -200,6 +200,11 @@ def _layer_runs(
     if family.reference_max_edges is None or graph.num_edges <= family.reference_max_edges:
         implementations.insert(0, ("unfused torch (gnnfuse.reference)", reference))
     if dtype in spec.compile_pyg and ctx.gpu:
+        # Every variant compiles PyG's forward afresh: dynamo's guards count recompilations of one code
+        # object across variants (graphs, dtypes, grad mode), and past its recompile limit (8) it silently
+        # runs the function eagerly — session 13 found the Transformer-with-edge-features bf16 "compiled"
+        # baseline at eager PyG's time (7.60 against 7.59 ms) for that reason.
+        torch._dynamo.reset()
         compiled = torch.compile(pyg, dynamic=False)
         try:  # compile (forward and training graphs) up front; a failure drops only this baseline
             with torch.no_grad():
