@@ -279,6 +279,21 @@ ROW_EDGE_TILES = {
 # bf16 471.9 / 1319 → 447.6 / 1296, GAT bf16 253.7 / 797 → 248.4 / 792; the next call, GATv2 bf16 327.8 /
 # 1373 → 294.2 / 1340.  AGNN's dot score takes it too (not timed apart).
 ROW_PREFETCH_SCORES: tuple[int, ...] = (SCORE_GAT, SCORE_GATV2, SCORE_DOT)
+# ... and for these (without edge features) the gathers too, a trip ahead (``PREFETCH`` 2: two trips of
+# gathers in flight per program, for their registers).  Off until timed.
+ROW_PREFETCH_GATHER_SCORES: tuple[int, ...] = ()
+
+
+# The backward's row kernels (source and destination passes) for these scores load each edge block's
+# indices one trip ahead, as the forward's.  Off until timed.
+ROW_BACKWARD_PREFETCH_SCORES: tuple[int, ...] = ()
+
+
+def _row_prefetch(inputs: AttentionInputs) -> int:
+    """The forward row kernel's ``PREFETCH``: 2 (indices and gathers ahead), 1 (indices), 0."""
+    if inputs.score in ROW_PREFETCH_GATHER_SCORES and not inputs.has_edge:
+        return 2
+    return int(inputs.score in ROW_PREFETCH_SCORES)
 
 
 def _tile_budget(schedule, inputs: AttentionInputs, kernel_pass: str) -> tuple[int, int]:
@@ -451,7 +466,7 @@ def _forward_plan(schedule, inputs: AttentionInputs, dtype: torch.dtype, use_dro
     lanes = row_kernel_lanes(schedule, inputs.score, "forward", dtype)
     rows = [{"BLOCK_E": row_block_e, "BLOCK_H": block_h, "BLOCK_D": block_d, "PIECES": pieces, **flags,
              "BLOCK_K": _block_k(inputs), "LANES": lanes, "ADD": has_add and not pieces,
-             "FINAL": has_final and not pieces, "PREFETCH": inputs.score in ROW_PREFETCH_SCORES,
+             "FINAL": has_final and not pieces, "PREFETCH": _row_prefetch(inputs),
              "num_warps": schedule.num_warps}
             for *_, pieces in _row_launches(schedule.incoming)]
     merge = {"BLOCK_P": max(1, MERGE_TILE // (block_h * block_d)), "BLOCK_H": block_h, "BLOCK_D": block_d,
@@ -607,7 +622,7 @@ def _backward_plan(schedule, inputs: AttentionInputs, dtype: torch.dtype, use_dr
         "source light": _light_plan(schedule, inputs, schedule.outgoing, "source", flags),
         "source rows": [{"BLOCK_E": row_block_e, "BLOCK_H": block_h, "BLOCK_D": block_d, "PIECES": pieces, **flags,
                          **_edge_flags(inputs, block_h, block_d, row_block_e), "LANES": lanes,
-                         "num_warps": schedule.num_warps}
+                         "PREFETCH": inputs.score in ROW_BACKWARD_PREFETCH_SCORES, "num_warps": schedule.num_warps}
                         for *_, pieces in _row_launches(schedule.outgoing)],
     }
     incoming = schedule.incoming
@@ -624,7 +639,8 @@ def _backward_plan(schedule, inputs: AttentionInputs, dtype: torch.dtype, use_dr
     plan["destination light"] = _light_plan(schedule, inputs, incoming, "destination", flags)
     plan["destination rows"] = [
         {"BLOCK_E": row_block_e, "BLOCK_H": block_h, "BLOCK_D": block_d, "PIECES": pieces, **flags,
-         "BLOCK_K": _block_k(inputs), "LANES": lanes, "num_warps": schedule.num_warps}
+         "BLOCK_K": _block_k(inputs), "LANES": lanes, "PREFETCH": inputs.score in ROW_BACKWARD_PREFETCH_SCORES,
+         "num_warps": schedule.num_warps}
         for *_, pieces in _row_launches(incoming)]
     return plan
 

@@ -70,7 +70,10 @@ def attention_backward_src_kernel(
     BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     PIECES: tl.constexpr, DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr,
     BLOCK_K: tl.constexpr, EDGE_DOT: tl.constexpr, KEY_SCALE: tl.constexpr, LANES: tl.constexpr,
+    PREFETCH: tl.constexpr = False,
 ):
+    """The source pass's row kernel; ``PREFETCH``: each edge block's reverse-CSR destinations and positions
+    loaded one trip ahead (the trip's gathers then wait on no index load of their own)."""
     acc_dtype = lse_ptr.dtype.element_ty
     seed, rng_offset = dropout_seed(seed, rng_offset, DROPOUT)
     pid = tl.program_id(0).to(tl.int64)
@@ -101,11 +104,20 @@ def attention_backward_src_kernel(
         attn = tl.load(attn_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
     if EDGE:
         w_tile = edge_weight_tile(w_edge_ptr, K, H, D, BLOCK_K, BLOCK_H, BLOCK_D)
+    if PREFETCH:
+        dst_next = tl.load(rev_dst_ptr + start + offs_e, mask=start + offs_e < stop, other=0)
+        pos_next = tl.load(rev_pos_ptr + start + offs_e, mask=start + offs_e < stop, other=0)
     for q0 in range(start, stop, BLOCK_E):
         q = q0 + offs_e
         e_mask = q < stop
-        dst = tl.load(rev_dst_ptr + q, mask=e_mask, other=0).to(tl.int64)
-        pos = tl.load(rev_pos_ptr + q, mask=e_mask, other=0).to(tl.int64)
+        if PREFETCH:
+            dst = dst_next.to(tl.int64)
+            pos = pos_next.to(tl.int64)
+            dst_next = tl.load(rev_dst_ptr + q + BLOCK_E, mask=q + BLOCK_E < stop, other=0)
+            pos_next = tl.load(rev_pos_ptr + q + BLOCK_E, mask=q + BLOCK_E < stop, other=0)
+        else:
+            dst = tl.load(rev_dst_ptr + q, mask=e_mask, other=0).to(tl.int64)
+            pos = tl.load(rev_pos_ptr + q, mask=e_mask, other=0).to(tl.int64)
         eh_mask = e_mask[:, None] & h_mask[None, :]
         eh_offs = dst[:, None] * H + offs_h[None, :]
         feat_mask = e_mask[:, None, None] & hd_mask[None, :, :]
@@ -412,13 +424,15 @@ def attention_backward_dst_kernel(
     BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
     PIECES: tl.constexpr, DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr,
     KEY_SCALE: tl.constexpr, ATTR_GRAD: tl.constexpr, WEIGHT_GRAD: tl.constexpr, LANES: tl.constexpr,
+    PREFETCH: tl.constexpr = False,
 ):
     """``∂L/∂dst_i = Σ_{j->i} ∂s/∂dst · ∂L/∂s_ij`` for GATv2 (``∂L/∂fd``) and the dot score
     (``∂L/∂q``, the keys gathered again), from the source pass's ``∂L/∂s`` at CSR positions.
     With ``EDGE`` (the row form of :mod:`gnnfuse.kernels.edge_features`: no per-edge projection)
     the edge terms of ``∂q`` come from the row's ``B`` sums after the loop; it also recomputes
     ``α'`` and writes ``∂attr`` per edge (``ATTR_GRAD``) and the row's ``A``, ``B`` sums
-    (``WEIGHT_GRAD``): only the gradients autograd asks for are formed."""
+    (``WEIGHT_GRAD``): only the gradients autograd asks for are formed.  ``PREFETCH``: each edge block's
+    source indices loaded one trip ahead."""
     acc_dtype = grad_s_ptr.dtype.element_ty
     seed, rng_offset = dropout_seed(seed, rng_offset, DROPOUT)
     pid = tl.program_id(0).to(tl.int64)
@@ -441,11 +455,17 @@ def attention_backward_dst_kernel(
         z = row_edge_terms(w_heads, g_i)                                                     # W g  [BLOCK_K, BLOCK_H]
         sums_a = tl.zeros([BLOCK_K, BLOCK_H], dtype=acc_dtype)
         sums_b = tl.zeros([BLOCK_K, BLOCK_H], dtype=acc_dtype)
+    if PREFETCH:
+        src_next = tl.load(src_ptr + start + offs_e, mask=start + offs_e < stop, other=0)
     for e0 in range(start, stop, BLOCK_E):
         pos = e0 + offs_e
         e_mask = pos < stop
         eh_mask = e_mask[:, None] & h_mask[None, :]
-        src = tl.load(src_ptr + pos, mask=e_mask, other=0).to(tl.int64)
+        if PREFETCH:
+            src = src_next.to(tl.int64)
+            src_next = tl.load(src_ptr + pos + BLOCK_E, mask=pos + BLOCK_E < stop, other=0)
+        else:
+            src = tl.load(src_ptr + pos, mask=e_mask, other=0).to(tl.int64)
         grad_s = tl.load(grad_s_ptr + pos[:, None] * H + offs_h[None, :], mask=eh_mask, other=0.0)
         src_j, _ = gather_keys(src_term_ptr, value_ptr, src, e_mask, H, HD, offs_h, h_mask, hd_offs, hd_mask,
                                acc_dtype, KEY_SCALE)

@@ -65,6 +65,25 @@ from .tiles import (
 
 
 @jit
+def _trip_tiles(src_term_ptr, value_ptr, src, mask, H, HD, offs_h, h_mask, hd_offs, hd_mask,
+                SCORE: tl.constexpr, KEY_SCALE: tl.constexpr):
+    """The gathers of one edge block ``src [E]`` (0 where masked), as stored (no conversion), for a row
+    kernel that issues them a trip ahead: ``(a, b)`` = GAT (source terms ``[E, H]``, values), GATv2 (source
+    terms ``[E, H, D]`` twice: its values), the dot score (keys, values), ``KEY_SCALE`` (node scales ``[E,
+    H]``, values)."""
+    feat_mask = mask[:, None, None] & hd_mask[None, :, :]
+    if SCORE == 0 or KEY_SCALE:
+        a = tl.load(src_term_ptr + src[:, None] * H + offs_h[None, :], mask=mask[:, None] & h_mask[None, :], other=0.0)
+    else:
+        a = tl.load(src_term_ptr + src[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask, other=0.0)
+    if SCORE == 1:
+        b = a
+    else:
+        b = tl.load(value_ptr + src[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask, other=0.0)
+    return a, b
+
+
+@jit
 def attention_forward_rows_kernel(
     src_ptr, eid_ptr, rows_ptr, starts_ptr, stops_ptr,
     src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, out_ptr, lse_ptr, add_ptr, final_ptr,
@@ -72,12 +91,13 @@ def attention_forward_rows_kernel(
     BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     PIECES: tl.constexpr, DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr,
     BLOCK_K: tl.constexpr, KEY_SCALE: tl.constexpr, LANES: tl.constexpr, ADD: tl.constexpr, FINAL: tl.constexpr,
-    PREFETCH: tl.constexpr = False,
+    PREFETCH: tl.constexpr = 0,
 ):
     acc_dtype = lse_ptr.dtype.element_ty
     seed, rng_offset = dropout_seed(seed, rng_offset, DROPOUT)
-    # PREFETCH: each edge block's source indices are loaded one trip ahead, so a trip's gathers wait on no
-    # index load of their own (the compiler hoists loads within a trip, not across trips).
+    # PREFETCH 1: each edge block's source indices are loaded one trip ahead, so a trip's gathers wait on no
+    # index load of their own (the compiler hoists loads within a trip, not across trips); 2 (not with EDGE):
+    # the block's gathers too (:func:`_trip_tiles`), issued a trip ahead, indices two trips ahead.
     pid = tl.program_id(0).to(tl.int64)
     offs_e = tl.arange(0, BLOCK_E)
     offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
@@ -110,18 +130,41 @@ def attention_forward_rows_kernel(
         m = tl.full([BLOCK_H], float("-inf"), dtype=acc_dtype)
         l = tl.zeros([BLOCK_H], dtype=acc_dtype)
         acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=acc_dtype)
-    if PREFETCH:
+    if PREFETCH == 2:
+        first = start + offs_e
+        src_c = tl.load(src_ptr + first, mask=first < stop, other=0).to(tl.int64)
+        a_c, b_c = _trip_tiles(src_term_ptr, value_ptr, src_c, first < stop, H, HD, offs_h, h_mask, hd_offs, hd_mask,
+                               SCORE, KEY_SCALE)
+        src_next = tl.load(src_ptr + first + BLOCK_E, mask=first + BLOCK_E < stop, other=0)
+    elif PREFETCH == 1:
         src_next = tl.load(src_ptr + start + offs_e, mask=start + offs_e < stop, other=0)
     for e0 in range(start, stop, BLOCK_E):
         pos = e0 + offs_e
         e_mask = pos < stop
-        if PREFETCH:
+        if PREFETCH == 2:
+            src = src_c
+            a_raw = a_c
+            b_raw = b_c
+            ahead = pos + BLOCK_E
+            src_c = src_next.to(tl.int64)
+            a_c, b_c = _trip_tiles(src_term_ptr, value_ptr, src_c, ahead < stop, H, HD, offs_h, h_mask, hd_offs,
+                                   hd_mask, SCORE, KEY_SCALE)
+            src_next = tl.load(src_ptr + ahead + BLOCK_E, mask=ahead + BLOCK_E < stop, other=0)
+        elif PREFETCH == 1:
             src = src_next.to(tl.int64)
             src_next = tl.load(src_ptr + pos + BLOCK_E, mask=pos + BLOCK_E < stop, other=0)
         else:
             src = tl.load(src_ptr + pos, mask=e_mask, other=0).to(tl.int64)
         feat_mask = e_mask[:, None, None] & hd_mask[None, :, :]
-        if SCORE == 0:
+        if PREFETCH == 2:
+            if KEY_SCALE:
+                key_values = b_raw.to(acc_dtype)
+                src_j = key_values * a_raw.to(acc_dtype)[:, :, None]
+            else:
+                src_j = a_raw.to(acc_dtype)
+                key_values = src_j
+            val_pre = b_raw.to(acc_dtype)
+        elif SCORE == 0:
             eh_mask = e_mask[:, None] & h_mask[None, :]
             src_j = tl.load(src_term_ptr + src[:, None] * H + offs_h[None, :], mask=eh_mask, other=0.0).to(acc_dtype)
         else:
@@ -146,6 +189,8 @@ def attention_forward_rows_kernel(
             val_j = src_j
         elif KEY_SCALE:
             val_j = key_values
+        elif PREFETCH == 2:
+            val_j = val_pre
         else:
             val_j = tl.load(value_ptr + src[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
                             other=0.0).to(acc_dtype)

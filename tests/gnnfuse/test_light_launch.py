@@ -181,16 +181,21 @@ def test_unrolled_light_rows_match_the_reference_for_every_score(gen, monkeypatc
     assert all(meta["num_warps"] == 2 for light in destination for *_, meta in light)
 
 
+@pytest.mark.parametrize("depth", [1, 2])
 @pytest.mark.parametrize("lanes", [False, True])
 @pytest.mark.parametrize("name", ["gat", "gatv2", "dot", "agnn"])
-def test_row_kernel_prefetch_matches_the_reference(gen, monkeypatch, name, lanes):
-    """The forward row kernel with each edge block's indices loaded a trip ahead (``PREFETCH``, set for
-    every score through ops.ROW_PREFETCH_SCORES): outputs and gradients equal the reference's, per-lane
-    state or not, with dropout, on rows of 2 to 12 edges in blocks of at most 8 (rows of 13 split into pieces of 7)."""
+def test_row_kernel_prefetch_matches_the_reference(gen, monkeypatch, name, lanes, depth):
+    """The forward row kernel with each edge block's indices (``PREFETCH`` 1) or its indices and gathers
+    (2) loaded a trip ahead, set for every score through ops.ROW_PREFETCH_SCORES /
+    ROW_PREFETCH_GATHER_SCORES, and (depth 1) the backward's row kernels with their indices a trip ahead
+    (ops.ROW_BACKWARD_PREFETCH_SCORES): outputs and gradients equal the reference's, per-lane state or not, with
+    dropout, on rows of 2 to 12 edges in blocks of at most 8 (rows of 13 split into pieces of 7)."""
     from fusecore import PhiloxStream
     from fusecore.testing import test_device
 
     monkeypatch.setattr(ops, "ROW_PREFETCH_SCORES", (0, 1, 2))
+    monkeypatch.setattr(ops, "ROW_PREFETCH_GATHER_SCORES", (0, 1, 2) if depth == 2 else ())
+    monkeypatch.setattr(ops, "ROW_BACKWARD_PREFETCH_SCORES", (0, 1, 2) if depth == 1 else ())
     device = test_device()
     options = ScheduleOptions(light_max_degree=1, split_degree=12, piece_edges=7, edge_lanes=lanes, tile_elements=256)
     graph = _widths_graph(device)
@@ -219,4 +224,7 @@ def test_row_kernel_prefetch_matches_the_reference(gen, monkeypatch, name, lanes
         assert_close(got, want, dtype=dtype)
     launches = graph.schedule(heads, dim, dtype, options).launches
     rows = [launch for key, plan in launches.items() if key[0] == "forward" for launch in plan[1]]
-    assert rows and all(launch["PREFETCH"] and launch["BLOCK_E"] <= 8 for launch in rows)  # rows of 2-3 trips
+    assert rows and all(launch["PREFETCH"] == depth and launch["BLOCK_E"] <= 8 for launch in rows)  # 2-3 trips
+    backward = [launch for key, plan in launches.items() if key[0] == "backward"
+                for part in ("source rows", "destination rows") for launch in plan.get(part, [])]
+    assert backward and all(launch["PREFETCH"] == (depth == 1) for launch in backward)
