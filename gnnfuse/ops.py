@@ -68,8 +68,12 @@ def _row_launches(buckets: Buckets):
 # as measured on the H200 (gnn/tiles_reddit, gnn/tiles_arxiv, gnn/lanes_backward, gnn/lanes_gatv2): the
 # forward's per-lane online softmax is 1.1-2x faster for GAT and the dot score (2x in bfloat16); for
 # GATv2 1.57x in bfloat16 at Reddit scale (5.51 -> 3.52 ms) but 0.96x in float32 (float16 not
-# measured); the backward's per-lane sums gain nothing (GAT 0.75x, Transformer 1.01x).
-FORWARD_LANE_SCORES = (SCORE_GAT, SCORE_DOT)
+# measured); the backward's per-lane sums gain nothing (GAT 0.75x, Transformer 1.01x).  Session 13 (H200,
+# same call, replayed forward / step µs), GATv2 float32 with the halved edge blocks of ROW_EDGE_TILES, per-lane
+# state on against off: arxiv-like 751.9 / 2265 → 662.5 / 2165, Reddit-scale graph (128 features) 7454 /
+# 25176 → 4116 / 21801 — the halved block had doubled the per-trip reductions on long rows (Reddit forward
+# 4.25 → 5.06 ms): per-lane state for GATv2 in float32 too.
+FORWARD_LANE_SCORES = (SCORE_GAT, SCORE_GATV2, SCORE_DOT)
 FORWARD_LANE_SCORES_BF16 = (SCORE_GAT, SCORE_GATV2, SCORE_DOT)
 BACKWARD_LANE_SCORES: tuple[int, ...] = ()
 

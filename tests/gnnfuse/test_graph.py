@@ -437,8 +437,8 @@ def test_as_graph_cache_sees_a_replaced_data_edge_index_and_a_grown_dgl_graph():
 
 
 def test_row_kernel_lanes_follow_score_pass_and_dtype(monkeypatch):
-    # The compiled defaults as measured: per-lane forward state for GAT and the dot score in every dtype,
-    # for GATv2 in bfloat16 only; never in the backward; ScheduleOptions.edge_lanes overrides all.
+    # The compiled defaults as measured: per-lane forward state for every score in every dtype (GATv2's
+    # float32 since session 13); never in the backward; ScheduleOptions.edge_lanes overrides all.
     from gnnfuse import ops
     from gnnfuse.kernels.scores import SCORE_DOT, SCORE_GAT, SCORE_GATV2
 
@@ -448,7 +448,7 @@ def test_row_kernel_lanes_follow_score_pass_and_dtype(monkeypatch):
     forward = {(score, dtype): ops.row_kernel_lanes(auto, score, "forward", dtype)
                for score in (SCORE_GAT, SCORE_GATV2, SCORE_DOT) for dtype in (torch.float32, torch.bfloat16)}
     assert forward == {(SCORE_GAT, torch.float32): True, (SCORE_GAT, torch.bfloat16): True,
-                       (SCORE_GATV2, torch.float32): False, (SCORE_GATV2, torch.bfloat16): True,
+                       (SCORE_GATV2, torch.float32): True, (SCORE_GATV2, torch.bfloat16): True,
                        (SCORE_DOT, torch.float32): True, (SCORE_DOT, torch.bfloat16): True}
     assert not ops.row_kernel_lanes(auto, SCORE_GAT, "backward", torch.bfloat16)
     forced = graph.schedule(2, 4, torch.float32, ScheduleOptions(edge_lanes=False))
