@@ -34,7 +34,7 @@ from torch.autograd.function import once_differentiable
 
 from .backend import check_devices, jit, reference_enabled
 from .device import device_facts
-from .plan import cdiv, next_power_of_2
+from .plan import MIN_DOT, cdiv, next_power_of_2
 
 # First stage: [BLOCK_R, BLOCK_C] tiles of COLUMN_TILE elements (32 float32 accumulators a thread at
 # COLUMN_WARPS warps), up to COLUMN_BLOCK_MAX columns per program (more: a second grid axis), about
@@ -152,7 +152,6 @@ class _Linear(torch.autograd.Function):
 # per tl.dot.
 FUSED_LINEARS = False
 MAX_GROUP = 4
-MIN_DOT = 16
 LINEARS_MAX_COLUMNS = 128
 LINEARS_BLOCK_M = 64
 LINEARS_BLOCK_F = 64
@@ -303,8 +302,7 @@ def linears(x: torch.Tensor, weights: Sequence[torch.Tensor],
     records = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, *weights, *biases))
     if not records:
         return _linears_forward(x, weights, biases)
-    params = (*weights, *biases) if biases[0] is not None else (*weights, *([None] * len(weights)))
-    return _Linears.apply(x, len(weights), *params)
+    return _Linears.apply(x, len(weights), *weights, *biases)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -28,6 +28,9 @@ import torch
 
 from .device import device_facts
 
+# Every dimension of a tl.dot operand must be at least this (block sizes of matrix-product tiles).
+MIN_DOT = 16
+
 
 def cdiv(a: int, b: int) -> int:
     """Ceiling division of non-negative ints."""

@@ -37,6 +37,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from fusecore import DevicePhiloxStream, PhiloxStream, backend, cdiv, next_power_of_2
+from fusecore.plan import MIN_DOT
 
 from .graph import Graph, as_graph
 from .kernels.dropout import DROPOUT_DEVICE, DROPOUT_HOST, DROPOUT_OFF
@@ -145,7 +146,6 @@ class AttentionInputs:
         return self.src_term, self.dst_term, attn, self.value, attr, weight
 
 
-MIN_DOT = 16  # every dimension of a tl.dot operand must be >= 16
 NORMALIZE_EPS = 1e-12  # torch.nn.functional.normalize's default eps (AGNN's cosine)
 
 

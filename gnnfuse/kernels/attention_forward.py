@@ -157,13 +157,12 @@ def attention_forward_rows_kernel(
             src = tl.load(src_ptr + pos, mask=e_mask, other=0).to(tl.int64)
         feat_mask = e_mask[:, None, None] & hd_mask[None, :, :]
         if PREFETCH == 2:
+            val_pre = b_raw.to(acc_dtype)
             if KEY_SCALE:
-                key_values = b_raw.to(acc_dtype)
-                src_j = key_values * a_raw.to(acc_dtype)[:, :, None]
+                key_values = val_pre
+                src_j = val_pre * a_raw.to(acc_dtype)[:, :, None]
             else:
                 src_j = a_raw.to(acc_dtype)
-                key_values = src_j
-            val_pre = b_raw.to(acc_dtype)
         elif SCORE == 0:
             eh_mask = e_mask[:, None] & h_mask[None, :]
             src_j = tl.load(src_term_ptr + src[:, None] * H + offs_h[None, :], mask=eh_mask, other=0.0).to(acc_dtype)

@@ -125,27 +125,13 @@ def test_edge_feature_kernels_launch_one_class_at_a_time_over_aligned_lists(gen,
     assert [w for w, *_ in schedule.incoming.light] == [1, 2, 4, 8, 16]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("name", ["gat", "gatv2", "dot", "agnn"])
-def test_unrolled_light_rows_match_the_reference_for_every_score(gen, monkeypatch, name, dtype):
-    """The unrolled light rows of the forward and of the backward's source and destination passes
-    (UNROLLED in kernels/attention_forward.py and kernels/attention_backward.py) for every score,
-    switched on for all of them (AGNN too) and for float32 too: outputs and gradients against the
-    reference, with dropout."""
+def _matches_the_reference(gen, name: str, dtype: torch.dtype, options: ScheduleOptions) -> dict:
+    """One op of score ``name`` (gat, gatv2, dot, agnn; dropout 0.3 where it has any) on the widths graph,
+    3 heads × 5: output and gradients against the reference path; returns the schedule's launch plans."""
     from fusecore import PhiloxStream
     from fusecore.testing import test_device
 
-    monkeypatch.setattr(ops, "LIGHT_UNROLLED_SCORES", (0, 1, 2))
-    every_pass = dict.fromkeys(("forward", "source", "destination"), (0, 1, 2))
-    monkeypatch.setattr(ops, "LIGHT_UNROLLED_FLOAT32_SCORES", every_pass)
-    monkeypatch.setattr(ops, "LIGHT_UNROLLED_KEYS_FROM_VALUES", True)
-    monkeypatch.setattr(ops, "LIGHT_SOURCE_UNROLLED", True)
-    monkeypatch.setattr(ops, "LIGHT_DESTINATION_UNROLLED", True)
-    # a register cap on one pass and a warp count on another: launch options, the values unchanged
-    monkeypatch.setattr(ops, "LIGHT_UNROLLED_MAXNREG", {"forward": None, "source": 96, "destination": None})
-    monkeypatch.setattr(ops, "LIGHT_UNROLLED_WARPS", {"forward": None, "source": None, "destination": 2})
     device = test_device()
-    options = ScheduleOptions(light_max_degree=16, split_degree=16, tile_elements=256)
     graph = _widths_graph(device)
     n, heads, dim = graph.num_nodes, 3, 5
     q, k, v = (torch.randn(n, heads, dim, generator=gen).to(device, dtype).requires_grad_(True) for _ in range(3))
@@ -170,6 +156,27 @@ def test_unrolled_light_rows_match_the_reference_for_every_score(gen, monkeypatc
     for got, want in ((out, ref), *zip(grads, ref_grads)):
         assert_close(got, want, dtype=dtype)
     launches = graph.schedule(heads, dim, dtype, options).launches
+    return launches
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", ["gat", "gatv2", "dot", "agnn"])
+def test_unrolled_light_rows_match_the_reference_for_every_score(gen, monkeypatch, name, dtype):
+    """The unrolled light rows of the forward and of the backward's source and destination passes
+    (UNROLLED in kernels/attention_forward.py and kernels/attention_backward.py) for every score,
+    switched on for all of them (AGNN too) and for float32 too: outputs and gradients against the
+    reference, with dropout."""
+    monkeypatch.setattr(ops, "LIGHT_UNROLLED_SCORES", (0, 1, 2))
+    every_pass = dict.fromkeys(("forward", "source", "destination"), (0, 1, 2))
+    monkeypatch.setattr(ops, "LIGHT_UNROLLED_FLOAT32_SCORES", every_pass)
+    monkeypatch.setattr(ops, "LIGHT_UNROLLED_KEYS_FROM_VALUES", True)
+    monkeypatch.setattr(ops, "LIGHT_SOURCE_UNROLLED", True)
+    monkeypatch.setattr(ops, "LIGHT_DESTINATION_UNROLLED", True)
+    # a register cap on one pass and a warp count on another: launch options, the values unchanged
+    monkeypatch.setattr(ops, "LIGHT_UNROLLED_MAXNREG", {"forward": None, "source": 96, "destination": None})
+    monkeypatch.setattr(ops, "LIGHT_UNROLLED_WARPS", {"forward": None, "source": None, "destination": 2})
+    options = ScheduleOptions(light_max_degree=16, split_degree=16, tile_elements=256)
+    launches = _matches_the_reference(gen, name, dtype, options)
     forward = [plan[0] for key, plan in launches.items() if key[0] == "forward"]
     backward = [plan for key, plan in launches.items() if key[0] == "backward"]
     source = [plan["source light"] for plan in backward]
@@ -190,39 +197,11 @@ def test_row_kernel_prefetch_matches_the_reference(gen, monkeypatch, name, lanes
     ROW_PREFETCH_GATHER_SCORES, and (depth 1) the backward's row kernels with their indices a trip ahead
     (ops.ROW_BACKWARD_PREFETCH_SCORES): outputs and gradients equal the reference's, per-lane state or not, with
     dropout, on rows of 2 to 12 edges in blocks of at most 8 (rows of 13 split into pieces of 7)."""
-    from fusecore import PhiloxStream
-    from fusecore.testing import test_device
-
     monkeypatch.setattr(ops, "ROW_PREFETCH_SCORES", (0, 1, 2))
     monkeypatch.setattr(ops, "ROW_PREFETCH_GATHER_SCORES", (0, 1, 2) if depth == 2 else ())
     monkeypatch.setattr(ops, "ROW_BACKWARD_PREFETCH_SCORES", (0, 1, 2) if depth == 1 else ())
-    device = test_device()
     options = ScheduleOptions(light_max_degree=1, split_degree=12, piece_edges=7, edge_lanes=lanes, tile_elements=256)
-    graph = _widths_graph(device)
-    n, heads, dim = graph.num_nodes, 3, 5
-    dtype = torch.bfloat16
-    q, k, v = (torch.randn(n, heads, dim, generator=gen).to(device, dtype).requires_grad_(True) for _ in range(3))
-    attn = torch.randn(1, heads, dim, generator=gen).to(device, dtype).requires_grad_(True)
-    beta = torch.tensor([0.8], device=device, dtype=dtype, requires_grad=True)
-    calls = {
-        "gat": (lambda: ops.gat_attention(graph, v, q[:, :, 0], k[:, :, 0], dropout=0.3, rng=PhiloxStream(5),
-                                          schedule=options), (v, q, k)),
-        "gatv2": (lambda: ops.gatv2(graph, q, k, attn, dropout=0.3, rng=PhiloxStream(5), schedule=options),
-                  (q, k, attn)),
-        "dot": (lambda: ops.transformer_attention(graph, q, k, v, dropout=0.3, rng=PhiloxStream(5), schedule=options),
-                (q, k, v)),
-        "agnn": (lambda: ops.agnn(graph, v, beta, schedule=options), (v, beta)),
-    }
-    fn, leaves = calls[name]
-    out = fn()
-    g = torch.randn(out.shape, generator=gen).to(device, dtype)
-    grads = torch.autograd.grad(out, leaves, g)
-    with use_reference():
-        ref = fn()
-        ref_grads = torch.autograd.grad(ref, leaves, g)
-    for got, want in ((out, ref), *zip(grads, ref_grads)):
-        assert_close(got, want, dtype=dtype)
-    launches = graph.schedule(heads, dim, dtype, options).launches
+    launches = _matches_the_reference(gen, name, torch.bfloat16, options)
     rows = [launch for key, plan in launches.items() if key[0] == "forward" for launch in plan[1]]
     assert rows and all(launch["PREFETCH"] == depth and launch["BLOCK_E"] <= 8 for launch in rows)  # 2-3 trips
     backward = [launch for key, plan in launches.items() if key[0] == "backward"
