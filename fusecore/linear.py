@@ -12,10 +12,16 @@ Transformer layer's training step).  Where autograd records nothing, or under ``
 sums over slabs of rows in float32 (float64 for float64 input), written ``[P, C]``, then the
 partials' sum, stored in the output dtype — deterministic (no atomics), one rounding.
 
-``linears(x, weights, biases)`` is ``tuple(linear(x, w, b) for w, b in zip(weights, biases))`` — up to
-:data:`MAX_GROUP` maps of one input, as a layer's query, key, value and skip projections — whose forward
-can be one Triton launch for float16/bfloat16 inputs (:func:`fuses_linears`; off by default, as
-:data:`FUSED_LINEARS` says why: slower than cuBLAS as measured): a program owns a block
+``linears(x, weights, biases)`` is ``tuple(linear(x, w, b) for w, b in zip(weights, biases))`` — maps of
+one input, as a layer's query, key, value and skip projections — computed as **one** product with the
+weights stacked, ``y = x [W_0; W_1; …]ᵀ + [b_0; b_1; …]``, the outputs returned as column blocks of ``y``
+(views ``y[..., a_g : b_g]``, row stride the total width): ``x`` is read once, one launch instead of one per
+map, and the backward is one ``∂x`` product, one ``∂W`` product and one bias column sum over the whole
+``∂y``.  A consumer that takes the blocks' base ``y`` itself as its autograd input can store every block's
+gradient in place into one ``∂y`` (gnnfuse's attention ops do); through the views, autograd gives each block a
+zero-filled ``∂y`` of its own and adds them.  The grouped Triton forward below is the alternative for
+float16/bfloat16 inputs (:func:`fuses_linears`; off by default, as :data:`FUSED_LINEARS` says why: slower than
+cuBLAS as measured), with one output tensor per map: a program owns a block
 of rows of ``x`` and writes that block of every output, so ``x`` leaves DRAM once instead of once per
 map (a ``[169 343, 128]`` bfloat16 input is 43 MB, each output as much: four cuBLAS products move
 8 × 43 MB, the grouped launch 5 × 43).  Its backward takes ``∂x = Σ_g ∂y_g W_g`` as one product and
@@ -280,7 +286,9 @@ def linears(x: torch.Tensor, weights: Sequence[torch.Tensor],
     """``tuple(F.linear(x, W_g, b_g) for g)``: maps ``weights[g] [out, in]`` with ``biases[g] [out]`` (or
     None) of one input ``x [..., in]``, outputs ``[..., out_g]`` in ``x``'s dtype.  Where
     :func:`fuses_linears` holds, the forward is one grouped launch and the backward accumulates ``∂x`` in
-    one buffer (module doc); otherwise each map is :func:`linear`."""
+    one buffer; otherwise, for two or more maps whose weights (and biases: all or none) share a dtype and
+    device, one :func:`linear` of the stacked weights, the outputs its column blocks (views with unit
+    column stride and the total width as row stride; module doc); else each map is :func:`linear`."""
     weights = tuple(weights)
     biases = tuple(biases) if biases is not None else (None,) * len(weights)
     if not isinstance(x, torch.Tensor) or x.dim() == 0:
@@ -296,6 +304,9 @@ def linears(x: torch.Tensor, weights: Sequence[torch.Tensor],
             raise ValueError(f"linears: biases[{g}] must have shape [{w.shape[0]}], "
                              f"got {list(getattr(b, 'shape', [b]))}")
     if not fuses_linears(x, weights, biases):
+        if _stackable(weights, biases):
+            bias = None if biases[0] is None else torch.cat(biases)
+            return linear(x, torch.cat(weights), bias).split([w.shape[0] for w in weights], dim=-1)
         return tuple(linear(x, w, b) for w, b in zip(weights, biases))
     check_devices(x=x, **{f"weights[{g}]": w for g, w in enumerate(weights)},
                   **{f"biases[{g}]": b for g, b in enumerate(biases)})
@@ -303,6 +314,20 @@ def linears(x: torch.Tensor, weights: Sequence[torch.Tensor],
     if not records:
         return _linears_forward(x, weights, biases)
     return _Linears.apply(x, len(weights), *weights, *biases)
+
+
+# linears as one product of the stacked weights (module doc).  H200, [169 343, 128] → 4 × 128 in bfloat16,
+# session 14 (CUDA graphs, µs, four products / one): forward 113.5 / 67.2, ∂x 154.1 / 63.4, ∂W 120.2 / 68.1;
+# two maps 58.3 / 41.6, 70.9 / 40.5, 65.5 / 47.5; float32, four maps 646.8 / 551.4, 681.0 / 562.9, 518.8 / 436.8.
+STACK_LINEARS = True
+
+
+def _stackable(weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor | None]) -> bool:
+    """Whether :func:`linears` computes the maps as one product of stacked weights (:data:`STACK_LINEARS`):
+    two or more maps, all with a bias or none, every parameter of one dtype and device."""
+    params = [*weights, *(b for b in biases if b is not None)]
+    return (STACK_LINEARS and len(weights) > 1 and len({b is None for b in biases}) == 1
+            and len({(t.dtype, t.device) for t in params}) == 1)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

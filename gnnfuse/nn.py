@@ -49,18 +49,11 @@ def _project(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return linear(x, module.weight, module.bias)
 
 
-def _project_all(modules: list[nn.Linear], x: torch.Tensor) -> list[torch.Tensor]:
-    """``[m(x) for m in modules]``, the modules of one weight shape and bias presence grouped into one
-    :func:`fusecore.linear.linears` call each (order kept)."""
-    groups: dict[tuple, list[int]] = {}
-    for i, module in enumerate(modules):
-        groups.setdefault((tuple(module.weight.shape), module.bias is not None), []).append(i)
-    out: list[torch.Tensor] = [x] * len(modules)
-    for members in groups.values():
-        ys = linears(x, [modules[i].weight for i in members], [modules[i].bias for i in members])
-        for i, y in zip(members, ys):
-            out[i] = y
-    return out
+def _project_all(modules: list[nn.Linear], x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``[m(x) for m in modules]`` as one :func:`fusecore.linear.linears` call: one product of the stacked
+    weights whose column blocks are the outputs, which the attention ops read in place and whose gradients
+    they store into one buffer (``gnnfuse.ops._packed_columns``)."""
+    return linears(x, [m.weight for m in modules], [m.bias for m in modules])
 
 
 def _positive_int(name: str, value: Any) -> int:
@@ -400,11 +393,13 @@ class GraphTransformerConv(nn.Module):
         elif edge_feat is not None:
             raise ValueError("edge_feat was given but the layer has no edge_dim (construct it with edge_dim=...)")
         dropout = self.dropout if self.training else 0.0
-        projections = [self.lin_query, self.lin_key, self.lin_value] + ([self.lin_skip] if self.root_weight else [])
+        # a plain root term (concatenated heads, no gate) is added in the kernel's store, and is projected with
+        # q, k, v as one product; a gated or head-averaged one is used outside the attention: its own product
+        plain_root = self.root_weight and self.concat and self.lin_beta is None
+        projections = [self.lin_query, self.lin_key, self.lin_value] + ([self.lin_skip] if plain_root else [])
         query, key, value, *rest = _project_all(projections, feat)
-        root = rest[0] if rest else None
-        # a plain root term (concatenated heads, no gate) is added in the kernel's store in inference
-        root_add = root.view(shape) if root is not None and self.concat and self.lin_beta is None else None
+        root = rest[0] if rest else (_project(self.lin_skip, feat) if self.root_weight else None)
+        root_add = root.view(shape) if plain_root else None
         out = ops.transformer_attention(
             graph, query.view(shape), key.view(shape), value.view(shape), edge_feat, edge_weight,
             dropout=dropout, rng=rng, schedule=schedule, out_add=root_add,

@@ -103,7 +103,7 @@ def _dropout_args(dropout_p: float, seed: int | torch.Tensor) -> tuple[float, in
 
 @dataclass(frozen=True)
 class AttentionInputs:
-    """The tensors of one fused attention call by role (contiguous, on one device).
+    """The tensors of one fused attention call by role (on one device).
 
     ``score`` is :data:`~gnnfuse.kernels.scores.SCORE_GAT`, ``SCORE_GATV2`` or ``SCORE_DOT``;
     ``src_term`` / ``dst_term`` are the score's two sides (``el`` / ``er`` ``[N, H]``; ``fs`` /
@@ -114,6 +114,10 @@ class AttentionInputs:
     with ``src_term`` a per-node scale ``[N, H]`` (AGNN: one gathered tile per edge instead of two);
     ``out_add``: ``[H, D]`` or ``[N, H, D]`` added to the output as the forward stores it (a
     layer's bias or root term; in training into a second output, see :func:`_forward_saving`).
+
+    The ``[N, H, D]`` roles share one row stride (:attr:`feat_stride`), each row's heads and features
+    contiguous: separate contiguous tensors, or column blocks of one ``[N, W]`` projection output
+    (:func:`_feature_rows`, :func:`_packed_columns`) read in place.
     """
 
     score: int
@@ -136,6 +140,19 @@ class AttentionInputs:
     def edge_dim(self) -> int:
         return 0 if self.edge_attr is None else int(self.edge_attr.shape[1])
 
+    @property
+    def feat_stride(self) -> int:
+        """The row stride of the ``[N, H, D]`` roles, which the kernels read with one stride."""
+        features = [t for t in (self.src_term, self.dst_term, self.value) if t.dim() == 3]
+        stride = features[0].stride(0)
+        for t in features:
+            if not _rows_alike(t) or (t.stride(0) != stride and t.shape[0] > 1):
+                raise ValueError(
+                    "the [N, H, D] attention inputs must share one row stride with contiguous heads and features, "
+                    f"got strides {[tuple(f.stride()) for f in features]}"
+                )
+        return stride
+
     def pointers(self) -> tuple[torch.Tensor, ...]:
         """(src_term, dst_term, attn, value, edge_attr, edge_weight) kernel arguments; unused
         roles get a tensor the kernel never reads."""
@@ -144,6 +161,60 @@ class AttentionInputs:
         attr = unused if self.edge_attr is None else self.edge_attr
         weight = unused if self.edge_weight is None else self.edge_weight
         return self.src_term, self.dst_term, attn, self.value, attr, weight
+
+
+def _rows_alike(t: torch.Tensor) -> bool:
+    """Whether ``t [N, H, D]`` has contiguous heads and features in each row (any row stride)."""
+    return t.shape[0] <= 1 or (t.stride(2) == 1 or t.shape[2] == 1) and (t.stride(1) == t.shape[2] or t.shape[1] == 1)
+
+
+def _feature_rows(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``tensors`` (``[N, H, D]``) as the kernels read them: unchanged when they already share a row stride
+    with contiguous heads and features (column blocks of one projection output, read in place), else
+    contiguous copies where needed."""
+    if all(_rows_alike(t) for t in tensors) and len({t.stride(0) for t in tensors if t.shape[0] > 1}) <= 1:
+        return tensors
+    return tuple(t.contiguous() for t in tensors)
+
+
+def _packed_columns(*views: torch.Tensor | None) -> tuple[torch.Tensor, tuple[int | None, ...]] | None:
+    """``(base, column offsets)`` when every given view (None skipped, offset None) is an ``[N, H, D]`` block
+    of the columns of one contiguous 2-D tensor ``base [N, W]`` that requires a gradient (a layer's
+    projections computed as one product), no two blocks sharing a column; else None.
+
+    An attention Function given ``base`` itself instead of the views returns one ``[N, W]`` gradient with
+    the blocks' gradients stored in place, where autograd would otherwise give each view a zero-filled
+    ``[N, W]`` gradient of its own and add them up."""
+    present = [v for v in views if v is not None]
+    if torch.compiler.is_compiling() or not torch.is_grad_enabled() or not present:
+        return None
+    base = present[0]._base
+    if base is None or base.dim() != 2 or not base.is_contiguous() or not base.requires_grad:
+        return None
+    rows, width = base.shape
+    offsets, spans = [], []
+    for v in views:
+        if v is None:
+            offsets.append(None)
+            continue
+        if v._base is not base or v.dim() != 3 or v.shape[0] != rows or rows < 2:
+            return None
+        heads, head_dim = v.shape[1], v.shape[2]
+        offset = v.storage_offset() - base.storage_offset()
+        if v.stride() != (width, head_dim, 1) or not 0 <= offset <= width - heads * head_dim:
+            return None
+        offsets.append(offset)
+        spans.append((offset, offset + heads * head_dim))
+    spans.sort()
+    if any(a[1] > b[0] for a, b in zip(spans, spans[1:])):
+        return None
+    return base, tuple(offsets)
+
+
+def _column_block(base: torch.Tensor, offset: int, heads: int, head_dim: int) -> torch.Tensor:
+    """The ``[N, H, D]`` view of ``base [N, W]``'s columns ``offset : offset + H·D``."""
+    return base.as_strided((base.shape[0], heads, head_dim), (base.stride(0), head_dim, 1),
+                           base.storage_offset() + offset)
 
 
 NORMALIZE_EPS = 1e-12  # torch.nn.functional.normalize's default eps (AGNN's cosine)
@@ -215,9 +286,11 @@ LIGHT_UNROLLED_SLOT_TILES: dict[str, dict[int, int]] = {
     "destination": {SCORE_GAT: 1, SCORE_GATV2: 2, SCORE_DOT: 2},
 }
 LIGHT_UNROLLED_WARPS: dict[str, int | None] = {"forward": None, "source": None, "destination": None}
-# ... and a register cap per thread (ptxas ``maxnreg``; None: ptxas's choice) to trade registers for resident
-# warps: not yet timed (the GAT bf16 source pass: 113 registers, 24% occupancy, 260 µs of the step, ncu).
-LIGHT_UNROLLED_MAXNREG: dict[str, int | None] = {"forward": None, "source": None, "destination": None}
+# ... and a register cap per thread (ptxas ``maxnreg``) per pass and score, in 2-byte floats (absent: ptxas's
+# choice), trading registers for resident warps.  The GAT bf16 source pass (113 registers, 24% occupancy,
+# 260 µs of the step, ncu session 11) at 96, session 14 (H200, same call, replayed forward / step µs):
+# 248.6 / 792.6 → 247.7 / 772.0; GATv2 bf16's source pass at 96 lost, 278.2 / 1290 → 277.9 / 1554.
+LIGHT_UNROLLED_MAXNREG: dict[str, dict[int, int]] = {"forward": {}, "source": {SCORE_GAT: 96}, "destination": {}}
 
 
 def _unrolled(inputs: AttentionInputs, kernel_pass: str) -> bool:
@@ -328,7 +401,7 @@ def attention_forward(
     graph: Graph, inputs: AttentionInputs, dropout_p: float, seed: int | torch.Tensor, offset: int,
     options: ScheduleOptions | None, out_dtype: torch.dtype | None = None, final: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Launch the fused forward on checked, contiguous inputs; returns ``(out, lse)``.
+    """Launch the fused forward on checked inputs (:class:`AttentionInputs`); returns ``(out, lse)``.
 
     ``out`` is written in ``out_dtype`` (default: the values' dtype; the backward asks for
     the accumulation dtype so that ``δ = <g, out>`` is not computed from a rounded output).
@@ -351,7 +424,8 @@ def attention_forward(
     tensors = inputs.pointers()
     add = inputs.out_add
     has_add = add is not None
-    add, add_stride = (add, add[0].numel() if add.dim() == 3 else 0) if has_add else (lse, 0)
+    add, add_stride = (add, add.stride(0) if add.dim() == 3 else 0) if has_add else (lse, 0)
+    feat_stride = inputs.feat_stride
     has_final = final is not None
     final = final if has_final else out  # never written without FINAL
     key = ("forward", _call_kind(inputs, value.dtype, use_dropout), has_add, has_final)
@@ -361,7 +435,7 @@ def attention_forward(
     for grid, ranges, counts, meta in light:
         attention_forward_light_kernel[grid](
             graph.csr_src, graph.csr_eid, *ranges, *tensors, out, lse, add, final, *counts, heads,
-            head_dim, inputs.edge_dim, *scalars, add_stride, **meta,
+            head_dim, inputs.edge_dim, *scalars, add_stride, feat_stride, **meta,
         )
     for (rows, starts, stops, count, pieces), meta in zip(_row_launches(buckets), row_meta):
         if pieces:
@@ -371,7 +445,7 @@ def attention_forward(
             target_out, target_lse = out, lse
         attention_forward_rows_kernel[(count,)](
             graph.csr_src, graph.csr_eid, rows, starts, stops, *tensors, target_out, target_lse, add, final, heads,
-            head_dim, inputs.edge_dim, *scalars, add_stride, **meta,
+            head_dim, inputs.edge_dim, *scalars, add_stride, feat_stride, **meta,
         )
         if pieces:
             lse_merge_kernel[(buckets.super_rows.numel(),)](
@@ -439,7 +513,8 @@ def _light_plan(schedule, inputs: AttentionInputs, buckets: Buckets, kernel_pass
         groups[-1].append((width, rows.numel(), _light_rows(schedule, inputs, width, light_tiles, kernel_pass)))
     unrolled = _unrolled(inputs, kernel_pass)
     warps = (unrolled and LIGHT_UNROLLED_WARPS[kernel_pass]) or schedule.num_warps
-    cap = LIGHT_UNROLLED_MAXNREG[kernel_pass] if unrolled else None
+    two_byte = inputs.value.dtype in (torch.float16, torch.bfloat16)
+    cap = LIGHT_UNROLLED_MAXNREG[kernel_pass].get(inputs.score) if unrolled and two_byte else None
     options = {"num_warps": warps, **({"maxnreg": cap} if cap else {})}
     plan, begin = [], 0
     for group in groups:
@@ -498,7 +573,7 @@ def _merge_sums(buckets: Buckets, part: torch.Tensor, out: torch.Tensor) -> None
     width = part[0].numel()
     block_w = min(1024, next_power_of_2(width))
     sum_merge_kernel[(buckets.super_rows.numel(),)](
-        buckets.super_piece_ptr, buckets.super_rows, part, out, width,
+        buckets.super_piece_ptr, buckets.super_rows, part, out, width, out.stride(0),
         BLOCK_P=max(1, MERGE_TILE // block_w), BLOCK_W=block_w,
     )
 
@@ -509,6 +584,7 @@ def attention_backward(
     grad_value_dtype: torch.dtype | None = None, edge_grads: tuple[bool, bool] = (True, True),
     bias_parts: torch.Tensor | None = None,
     term_grad_dtypes: tuple[torch.dtype | None, torch.dtype | None] = (None, None),
+    grad_targets: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """Gradients of the fused attention, without atomics:
     ``(∂value, ∂src-side, ∂dst_term, ∂edge_attr, attr_sums)``.
@@ -523,7 +599,9 @@ def attention_backward(
     per-destination sums ``A``, ``B`` from which :func:`edge_weight_grad` forms ``∂edge_weight``;
     None where not asked for or without edge features.  ``bias_parts`` (:func:`_node_part_buffer`):
     filled with per-node-block partial sums of ``g`` (an output bias's gradient ``Σ_n g_n``, summed by
-    the caller) from the read of ``g`` that forms ``δ``.
+    the caller) from the read of ``g`` that forms ``δ``.  ``grad_targets`` ``(∂value, ∂k or None, ∂dst)``:
+    ``[N, H, D]`` tensors of one row stride the kernels store these gradients into (column blocks of one
+    ``[N, W]`` gradient, :func:`_packed_columns`) instead of new ones; ``∂k`` only for the dot score.
     """
     from .kernels.attention_backward import (
         attention_backward_dst_kernel,
@@ -539,9 +617,21 @@ def attention_backward(
     acc = accumulation_dtype(value.dtype)
     edge_dim = inputs.edge_dim
     src_shape = (num_nodes, heads) if inputs.score == SCORE_GAT else (num_nodes, heads, head_dim)
-    grad_value = _new_output(tuple(value.shape), grad_value_dtype or value.dtype, device)
-    grad_src = _new_output(src_shape, term_grad_dtypes[0] or acc, device)
-    grad_dst = _new_output(src_shape, term_grad_dtypes[1] or acc, device)
+    if grad_targets is None:
+        grad_value = _new_output(tuple(value.shape), grad_value_dtype or value.dtype, device)
+        grad_src = _new_output(src_shape, term_grad_dtypes[0] or acc, device)
+        grad_dst = _new_output(src_shape, term_grad_dtypes[1] or acc, device)
+    else:
+        grad_value, grad_src, grad_dst = grad_targets
+        if grad_src is None:
+            grad_src = _new_output(src_shape, term_grad_dtypes[0] or acc, device)
+        stored = (grad_value, grad_dst) + ((grad_src,) if inputs.score == SCORE_DOT else ())
+        if inputs.score == SCORE_GAT or not all(
+                t.dim() == 3 and _rows_alike(t) and (t.stride(0) == grad_value.stride(0) or num_nodes < 2)
+                for t in stored):
+            raise ValueError("grad_targets must be [N, H, D] tensors of one row stride with contiguous heads and "
+                             "features (GATv2 and the dot score only)")
+    grad_stride = grad_value.stride(0)
     attr_grad, weight_grad = (inputs.has_edge and edge_grads[0]), (inputs.has_edge and edge_grads[1])
     grad_attr = _new_output((graph.num_edges, edge_dim), acc, device) if attr_grad else None
     attr_sums = _new_output((num_nodes, 2, edge_dim, heads), acc, device) if weight_grad else None
@@ -557,11 +647,12 @@ def attention_backward(
     delta = _head_dot(grad_out, out, acc, bias_parts)
     grad_s = _new_output((max(graph.num_edges, 1), heads), acc, device)
     src_tensors = (*inputs.pointers(), lse, grad_out, delta)
+    feat_stride, piece_stride = inputs.feat_stride, heads * head_dim  # piece buffers are contiguous
     outgoing = schedule.outgoing
     for grid, ranges, counts, meta in plan["source light"]:
         attention_backward_src_light_kernel[grid](
             graph.rev_dst, graph.rev_pos, graph.rev_eid, *ranges, *src_tensors, grad_value, grad_src,
-            grad_s, *counts, heads, head_dim, edge_dim, *scalars, **meta,
+            grad_s, *counts, heads, head_dim, edge_dim, *scalars, feat_stride, grad_stride, **meta,
         )
     for (rows, starts, stops, count, pieces), meta in zip(_row_launches(outgoing), plan["source rows"]):
         if pieces:
@@ -571,7 +662,8 @@ def attention_backward(
             target_value, target_src = grad_value, grad_src
         attention_backward_src_kernel[(count,)](
             graph.rev_dst, graph.rev_pos, graph.rev_eid, rows, starts, stops, *src_tensors,
-            target_value, target_src, grad_s, heads, head_dim, edge_dim, *scalars, **meta,
+            target_value, target_src, grad_s, heads, head_dim, edge_dim, *scalars, feat_stride,
+            piece_stride if pieces else grad_stride, **meta,
         )
         if pieces:
             _merge_sums(outgoing, target_value, grad_value)
@@ -598,7 +690,7 @@ def attention_backward(
     for grid, ranges, counts, meta in plan["destination light"]:
         attention_backward_dst_light_kernel[grid](
             graph.csr_src, graph.csr_eid, *ranges, *dst_tensors, grad_dst, *edge_outputs, *counts,
-            heads, head_dim, edge_dim, *scalars, **meta,
+            heads, head_dim, edge_dim, *scalars, feat_stride, grad_stride, **meta,
         )
     for (rows, starts, stops, count, pieces), meta in zip(_row_launches(incoming), plan["destination rows"]):
         if pieces:
@@ -608,7 +700,7 @@ def attention_backward(
             target_dst, target_sums = grad_dst, edge_outputs[1]
         attention_backward_dst_kernel[(count,)](
             graph.csr_src, graph.csr_eid, rows, starts, stops, *dst_tensors, target_dst, edge_outputs[0], target_sums,
-            heads, head_dim, edge_dim, *scalars, **meta,
+            heads, head_dim, edge_dim, *scalars, feat_stride, piece_stride if pieces else grad_stride, **meta,
         )
         if pieces:
             _merge_sums(incoming, target_dst, grad_dst)
@@ -709,11 +801,28 @@ def _backward_saved(ctx, inputs: AttentionInputs, grad_out: torch.Tensor,
                     grad_value_dtype: torch.dtype | None = None, edge_grads: tuple[bool, bool] = (True, True),
                     bias_parts: torch.Tensor | None = None,
                     term_grad_dtypes: tuple[torch.dtype | None, torch.dtype | None] = (None, None),
-                    ) -> tuple[torch.Tensor, ...]:
+                    grad_targets: tuple | None = None) -> tuple[torch.Tensor, ...]:
     """:func:`attention_backward` from what :func:`_forward_saving` kept (``out``, ``lse`` last)."""
     out, lse = ctx.saved_tensors[-2:]
     return attention_backward(ctx.graph, inputs, lse, out, grad_out.contiguous(), *ctx.launch, grad_value_dtype,
-                              edge_grads, bias_parts, term_grad_dtypes)
+                              edge_grads, bias_parts, term_grad_dtypes, grad_targets)
+
+
+def _unpack(base: torch.Tensor, packing: tuple) -> list[torch.Tensor | None]:
+    """The ``[N, H, D]`` column blocks of ``base`` named by ``packing = (H, D, offsets)``
+    (:func:`_packed_columns`; None where an offset is None)."""
+    heads, head_dim, offsets = packing
+    return [None if o is None else _column_block(base, o, heads, head_dim) for o in offsets]
+
+
+def _packed_gradient(base: torch.Tensor, packing: tuple) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
+    """``(∂base, its blocks)``: a new ``[N, W]`` gradient (zero-filled where the blocks leave columns
+    uncovered) and its column blocks, into which the backward stores each block's gradient."""
+    heads, head_dim, offsets = packing
+    covered = heads * head_dim * sum(o is not None for o in offsets)
+    grad = (_new_output(tuple(base.shape), base.dtype, base.device) if covered == base.shape[1]
+            else torch.zeros_like(base))
+    return grad, _unpack(grad, packing)
 
 
 def _bias_grad_wanted(ctx) -> bool:
@@ -1059,14 +1168,15 @@ class GATFunction(torch.autograd.Function):
 
 def _addend_layout(ctx, out_add: torch.Tensor | None, heads: int, head_dim: int) -> torch.Tensor | None:
     """``out_add`` (checked by :func:`_check_addend`) as the kernels read it, ``[H, D]`` (a bias) or
-    ``[N, H, D]`` contiguous, viewed inside an autograd Function (no view node of its own);
-    ``ctx.add_shape`` keeps the caller's shape for the gradient."""
+    ``[N, H, D]`` with contiguous heads and features (any row stride), viewed inside an autograd Function
+    (no view node of its own); ``ctx.add_shape`` keeps the caller's shape for the gradient."""
     if out_add is None:
         return None
     ctx.add_shape = out_add.shape
     if out_add.numel() == heads * head_dim:
         return out_add.reshape(heads, head_dim).contiguous()
-    return out_add.reshape(-1, heads, head_dim).contiguous()
+    add = out_add.reshape(-1, heads, head_dim)
+    return add if _rows_alike(add) else add.contiguous()
 
 
 def _check_addend(out_add: torch.Tensor | None, graph: Graph, heads: int, head_dim: int,
@@ -1220,20 +1330,34 @@ class GATv2Function(torch.autograd.Function):
     sums of ``∂attn`` (summed here), the destination pass gives ``∂fd``."""
 
     @staticmethod
-    def forward(ctx, fs, fd, attn, graph, negative_slope, dropout_p, seed, offset, options):  # type: ignore[override]
+    def forward(ctx, fs, fd, attn, graph, negative_slope, dropout_p, seed, offset, options,  # type: ignore[override]
+                packing=None):
+        ctx.packing = packing
+        saved = (fs, fd, attn)
+        if packing is not None:  # fs: the [N, W] output both sides are column blocks of (_packed_columns)
+            fs, fd = _unpack(fs, packing)
         inputs = AttentionInputs(SCORE_GATV2, fs, fd, fs, attn=attn, negative_slope=negative_slope)
         ctx.negative_slope = negative_slope
-        return _forward_saving(ctx, graph, inputs, (dropout_p, seed, offset, options), 3, fs, fd, attn)
+        return _forward_saving(ctx, graph, inputs, (dropout_p, seed, offset, options), 3, *saved)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):  # type: ignore[override]
         fs, fd, attn = ctx.saved_tensors[:3]
+        targets = None
+        if ctx.packing is not None:
+            base = fs
+            fs, fd = _unpack(base, ctx.packing)
+            grad_base, (grad_fs, grad_fd) = _packed_gradient(base, ctx.packing)
+            targets = (grad_fs, None, grad_fd)
         inputs = AttentionInputs(SCORE_GATV2, fs, fd, fs, attn=attn, negative_slope=ctx.negative_slope)
         # ∂fd stored in fd's dtype by the kernels; the ∂attn partials stay in the accumulation dtype
-        grad_fs, attn_parts, grad_fd, *_ = _backward_saved(ctx, inputs, grad_out, term_grad_dtypes=(None, fd.dtype))
+        grad_fs, attn_parts, grad_fd, *_ = _backward_saved(ctx, inputs, grad_out, term_grad_dtypes=(None, fd.dtype),
+                                                           grad_targets=targets)
         grad_attn = attn_parts.sum(0).reshape(attn.shape).to(attn.dtype)
-        return grad_fs, grad_fd, grad_attn, *_NO_GRADS
+        if ctx.packing is not None:
+            return grad_base, None, grad_attn, *_NO_GRADS, None
+        return grad_fs, grad_fd, grad_attn, *_NO_GRADS, None
 
 
 class TransformerAttentionFunction(torch.autograd.Function):
@@ -1245,32 +1369,50 @@ class TransformerAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, query, key, value, edge_attr, edge_weight, graph, scale, dropout_p, seed, offset, options,  # type: ignore[override]
-                out_add):
+                out_add, packing=None):
+        ctx.packing = packing
+        saved = (query, key, value)
+        if packing is not None:  # query: the [N, W] output q, k, v (and the root term) are column blocks of
+            query, key, value, packed_add = _unpack(query, packing)
+            out_add = packed_add if packed_add is not None else out_add
+        heads, head_dim = value.shape[1], value.shape[2]
+        add = _addend_layout(ctx, out_add, heads, head_dim)
         inputs = AttentionInputs(SCORE_DOT, key, query, value, edge_attr=edge_attr, edge_weight=edge_weight,
-                                 scale=scale, out_add=_addend_layout(ctx, out_add, value.shape[1], value.shape[2]))
+                                 scale=scale, out_add=add)
         ctx.scale = scale
         return _forward_saving(ctx, graph, inputs, (dropout_p, seed, offset, options), 5,
-                               query, key, value, edge_attr, edge_weight, add_index=11)
+                               *saved, edge_attr, edge_weight, add_index=11)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):  # type: ignore[override]
         if not ctx.attention_grads:
-            return None, None, None, None, None, *_NO_GRADS, _addend_grad(ctx, grad_out, None)
+            return None, None, None, None, None, *_NO_GRADS, _addend_grad(ctx, grad_out, None), None
         query, key, value, edge_attr, edge_weight = ctx.saved_tensors[:5]
+        targets = packed_add = None
+        if ctx.packing is not None:
+            base = query
+            query, key, value, _ = _unpack(base, ctx.packing)
+            grad_base, (grad_q, grad_k, grad_v, packed_add) = _packed_gradient(base, ctx.packing)
+            targets = (grad_v, grad_k, grad_q)
         inputs = AttentionInputs(SCORE_DOT, key, query, value, edge_attr=edge_attr, edge_weight=edge_weight,
                                  scale=ctx.scale)
         edge_grads = (ctx.needs_input_grad[3], ctx.needs_input_grad[4])
         parts = _node_part_buffer(value, 1)[0] if _bias_grad_wanted(ctx) else None
         grad_v, grad_k, grad_q, grad_attr, attr_sums = _backward_saved(
-            ctx, inputs, grad_out, edge_grads=edge_grads, bias_parts=parts, term_grad_dtypes=(key.dtype, query.dtype))
+            ctx, inputs, grad_out, edge_grads=edge_grads, bias_parts=parts, term_grad_dtypes=(key.dtype, query.dtype),
+            grad_targets=targets)
         if grad_attr is not None:
             grad_attr = grad_attr.to(edge_attr.dtype)
         grad_weight = None
         if attr_sums is not None:
             grad_weight = edge_weight_grad(attr_sums, grad_out, query, ctx.scale).to(edge_weight.dtype)
-        return (grad_q, grad_k, grad_v, grad_attr, grad_weight, *_NO_GRADS,
-                _addend_grad(ctx, grad_out, None if parts is None else parts.sum(0)))
+        add_grad = _addend_grad(ctx, grad_out, None if parts is None else parts.sum(0))
+        if ctx.packing is not None:
+            if packed_add is not None:  # the root term's gradient is g itself
+                packed_add.copy_(grad_out.view(packed_add.shape))
+            return grad_base, None, None, grad_attr, grad_weight, *_NO_GRADS, add_grad, None
+        return grad_q, grad_k, grad_v, grad_attr, grad_weight, *_NO_GRADS, add_grad, None
 
 
 def _normalize_rows(h: torch.Tensor, beta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -1384,10 +1526,15 @@ def gatv2(
             graph, feat_src, feat_dst, attn, negative_slope=negative_slope, dropout=dropout, seed=seed, offset=offset
         )[0].to(feat_src.dtype)
     backend.check_devices(feat_src=feat_src, feat_dst=feat_dst, attn=attn, graph=graph.indptr)
+    packed = _packed_columns(feat_src, feat_dst)
+    if packed is not None:
+        base, offsets = packed
+        sides, packing = (base, None), (heads, head_dim, offsets)
+    else:
+        sides, packing = _feature_rows(feat_src, feat_dst), None
     return _apply(
-        GATv2Function,
-        feat_src.contiguous(), feat_dst.contiguous(), attn.reshape(heads, head_dim).contiguous(), graph,
-        float(negative_slope), dropout, seed, offset, schedule,
+        GATv2Function, *sides, attn.reshape(heads, head_dim).contiguous(), graph,
+        float(negative_slope), dropout, seed, offset, schedule, packing,
     )
 
 
@@ -1459,12 +1606,19 @@ def transformer_attention(
         # The kernels read edge_attr rows in input order through the graph's edge-id maps: no permuted copy.
         edge_attr = edge_attr.contiguous()
         weight_khd = edge_weight.t().reshape(edge_attr.shape[1], heads, head_dim).contiguous()
-    out = _apply(
-        TransformerAttentionFunction,
-        query.contiguous(), key.contiguous(), value.contiguous(), edge_attr, weight_khd, graph, float(scale), dropout,
-        seed, offset, schedule, out_add,
+    per_node_add = add if add is not None and add.dim() == 3 else None
+    packed = _packed_columns(query, key, value, per_node_add) if per_node_add is not None else None
+    packed = packed or _packed_columns(query, key, value, None)
+    if packed is not None:
+        base, offsets = packed
+        features, packing = (base, None, None), (heads, head_dim, offsets)
+        out_add = None if offsets[3] is not None else out_add
+    else:
+        features, packing = _feature_rows(query, key, value), None
+    return _apply(
+        TransformerAttentionFunction, *features, edge_attr, weight_khd, graph, float(scale), dropout,
+        seed, offset, schedule, out_add, packing,
     )
-    return out
 
 
 def agnn(

@@ -28,6 +28,11 @@ the light form from ``∂L/∂e_p`` formed in registers, the row form from ``W q
 per row, without any per-edge projection).  ``LANES`` (row
 kernels): the edge-loop sums are kept per edge lane and reduced once after the loop.
 
+Strides: the ``[N, H, D]`` inputs are read with the row stride ``feat_stride`` (as in the forward), and the
+feature gradients ``∂value``, ``∂dst`` and the dot score's ``∂k`` are stored with ``grad_stride`` (``H·D``
+for a contiguous tensor or a piece buffer; the row width of one ``[N, W]`` gradient when they are column
+blocks of it); ``g`` and GATv2's ``∂attn`` partials are contiguous.
+
 Bytes: the source pass gathers ``E·H·D`` elements of g (and of ``dst`` for GATv2 / dot) plus
 ``E·H`` of lse and δ, writes ``E·H`` of ∂s and ``N·H·D`` gradients; the destination pass reads
 ``E·H`` (GAT) or ``E·H·(D + 1)`` (and ``E·K`` edge features, writing ``E·K`` gradients, with ``EDGE``).
@@ -66,7 +71,7 @@ def attention_backward_src_kernel(
     rev_dst_ptr, rev_pos_ptr, rev_eid_ptr, rows_ptr, starts_ptr, stops_ptr,
     src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, lse_ptr, grad_out_ptr, delta_ptr,
     grad_value_ptr, grad_src_ptr, grad_s_ptr,
-    H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
+    H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, feat_stride, grad_stride,
     BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     PIECES: tl.constexpr, DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr,
     BLOCK_K: tl.constexpr, EDGE_DOT: tl.constexpr, KEY_SCALE: tl.constexpr, LANES: tl.constexpr,
@@ -81,7 +86,7 @@ def attention_backward_src_kernel(
     offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
     HD = H * D
     row, start, stop, out_index = item_edges(pid, rows_ptr, starts_ptr, stops_ptr, PIECES)
-    val_j = tl.load(value_ptr + row * HD + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)
+    val_j = tl.load(value_ptr + row * feat_stride + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)
     # sums over the row's edges, per edge lane with LANES (tiles.lane_add)
     if LANES:
         acc_val = tl.zeros([BLOCK_E, BLOCK_H, BLOCK_D], dtype=acc_dtype)
@@ -99,7 +104,8 @@ def attention_backward_src_kernel(
             src_j = (val_j * tl.load(src_term_ptr + row * H + offs_h, mask=h_mask, other=0.0).to(acc_dtype)[:, None])
             src_j = src_j[None, :, :]
         else:
-            src_j = tl.load(src_term_ptr + row * HD + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
+            src_j = tl.load(src_term_ptr + row * feat_stride + hd_offs, mask=hd_mask,
+                            other=0.0).to(acc_dtype)[None, :, :]
         acc_src = tl.zeros_like(acc_val)
         attn = tl.load(attn_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
     if EDGE:
@@ -127,7 +133,7 @@ def attention_backward_src_kernel(
             dst_i = tl.load(dst_term_ptr + eh_offs, mask=eh_mask, other=0.0).to(acc_dtype)
             src_e = src_j
         else:
-            dst_i = tl.load(dst_term_ptr + dst[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
+            dst_i = tl.load(dst_term_ptr + dst[:, None, None] * feat_stride + hd_offs[None, :, :], mask=feat_mask,
                             other=0.0).to(acc_dtype)
             if SCORE == 2:
                 dst_i = dst_i * scale
@@ -165,12 +171,25 @@ def attention_backward_src_kernel(
                  mask=eh_mask)
     acc_val = lane_total(acc_val, LANES)
     acc_src = lane_total(acc_src, LANES)
-    tl.store(grad_value_ptr + out_index * HD + hd_offs, acc_val.to(grad_value_ptr.dtype.element_ty),
+    tl.store(grad_value_ptr + out_index * grad_stride + hd_offs, acc_val.to(grad_value_ptr.dtype.element_ty),
              mask=hd_mask)
     if SCORE == 0:
         tl.store(grad_src_ptr + out_index * H + offs_h, acc_src.to(grad_src_ptr.dtype.element_ty), mask=h_mask)
     else:
-        tl.store(grad_src_ptr + out_index * HD + hd_offs, acc_src.to(grad_src_ptr.dtype.element_ty), mask=hd_mask)
+        src_stride = _src_grad_stride(HD, grad_stride, SCORE)
+        tl.store(grad_src_ptr + out_index * src_stride + hd_offs, acc_src.to(grad_src_ptr.dtype.element_ty),
+                 mask=hd_mask)
+
+
+@jit
+def _src_grad_stride(HD, grad_stride, SCORE: tl.constexpr):
+    """The row stride of the source pass's second output: ``∂k`` (dot score) is a feature gradient laid out
+    like ``∂v`` (``grad_stride``); GATv2's ``∂attn`` partials are their own ``[N, H, D]`` tensor."""
+    if SCORE == 2:
+        stride = grad_stride
+    else:
+        stride = HD
+    return stride
 
 
 @jit
@@ -191,7 +210,7 @@ def attention_backward_src_light_kernel(
     src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, lse_ptr, grad_out_ptr, delta_ptr,
     grad_value_ptr, grad_src_ptr, grad_s_ptr,
     n0, n1, n2, n3, n4, n5, n6, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
-    LIGHT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    feat_stride, grad_stride, LIGHT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr, BLOCK_K: tl.constexpr, EDGE_DOT: tl.constexpr,
     KEY_SCALE: tl.constexpr, UNROLLED: tl.constexpr = False,
 ):
@@ -216,8 +235,8 @@ def attention_backward_src_light_kernel(
                             local, rev_dst_ptr, rev_pos_ptr, rows_ptr + row0, starts_ptr + row0, stops_ptr + row0,
                             src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, lse_ptr, grad_out_ptr, delta_ptr,
                             grad_value_ptr, grad_src_ptr, grad_s_ptr, count, H, D, negative_slope, scale, dropout_p,
-                            keep_scale, seed, rng_offset, ONE << (f - 1), ONE << k, BLOCK_H, BLOCK_D, DROPOUT,
-                            SCORE, KEY_SCALE,
+                            keep_scale, seed, rng_offset, feat_stride, grad_stride, ONE << (f - 1), ONE << k, BLOCK_H,
+                            BLOCK_D, DROPOUT, SCORE, KEY_SCALE,
                         )
                     else:
                         _src_light_rows(
@@ -225,8 +244,8 @@ def attention_backward_src_light_kernel(
                             stops_ptr + row0, src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr,
                             lse_ptr, grad_out_ptr, delta_ptr, grad_value_ptr, grad_src_ptr, grad_s_ptr,
                             count, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
-                            ONE << (f - 1), ONE << k, BLOCK_H, BLOCK_D, DROPOUT, SCORE, EDGE, BLOCK_K, EDGE_DOT,
-                            KEY_SCALE,
+                            feat_stride, grad_stride, ONE << (f - 1), ONE << k, BLOCK_H, BLOCK_D, DROPOUT, SCORE, EDGE,
+                            BLOCK_K, EDGE_DOT, KEY_SCALE,
                         )
                 first += programs
                 row0 += count
@@ -236,7 +255,7 @@ def attention_backward_src_light_kernel(
 def _src_light_unrolled(
     pid, rev_dst_ptr, rev_pos_ptr, rows_ptr, starts_ptr, stops_ptr, src_term_ptr, dst_term_ptr, attn_ptr, value_ptr,
     lse_ptr, grad_out_ptr, delta_ptr, grad_value_ptr, grad_src_ptr, grad_s_ptr,
-    num_rows, H, D, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
+    num_rows, H, D, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, feat_stride, grad_stride,
     ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     DROPOUT: tl.constexpr, SCORE: tl.constexpr, KEY_SCALE: tl.constexpr,
 ):
@@ -249,9 +268,9 @@ def _src_light_unrolled(
     HD = H * D
     _, r_mask, rows, start, degree = row_ranges(pid, rows_ptr, starts_ptr, stops_ptr, num_rows, ROWS)
     rh_mask = r_mask[:, None] & h_mask[None, :]
-    row_offs = rows[:, None, None] * HD + hd_offs[None, :, :]
     row_mask = r_mask[:, None, None] & hd_mask[None, :, :]
-    val_row = tl.load(value_ptr + row_offs, mask=row_mask, other=0.0).to(acc_dtype)
+    val_row = tl.load(value_ptr + rows[:, None, None] * feat_stride + hd_offs[None, :, :], mask=row_mask,
+                      other=0.0).to(acc_dtype)
     if SCORE == 0:
         src_row = tl.load(src_term_ptr + rows[:, None] * H + offs_h[None, :], mask=rh_mask, other=0.0).to(acc_dtype)
         acc_src = tl.zeros([ROWS, BLOCK_H], dtype=acc_dtype)
@@ -260,8 +279,8 @@ def _src_light_unrolled(
         if SCORE == 1:
             src_row = val_row
         else:
-            src_row, _ = gather_keys(src_term_ptr, value_ptr, rows, r_mask, H, HD, offs_h, h_mask, hd_offs, hd_mask,
-                                     acc_dtype, KEY_SCALE)
+            src_row, _ = gather_keys(src_term_ptr, value_ptr, rows, r_mask, H, feat_stride, offs_h, h_mask, hd_offs,
+                                     hd_mask, acc_dtype, KEY_SCALE)
         acc_src = tl.zeros([ROWS, BLOCK_H, BLOCK_D], dtype=acc_dtype)
         attn = tl.load(attn_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
     acc_val = tl.zeros([ROWS, BLOCK_H, BLOCK_D], dtype=acc_dtype)
@@ -281,7 +300,7 @@ def _src_light_unrolled(
             dst_i = tl.load(dst_term_ptr + eh_offs, mask=eh_mask, other=0.0).to(acc_dtype)
             s = edge_scores(src_row, dst_i, negative_slope, negative_slope, 0)
         else:
-            dst_i = tl.load(dst_term_ptr + dst[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
+            dst_i = tl.load(dst_term_ptr + dst[:, None, None] * feat_stride + hd_offs[None, :, :], mask=feat_mask,
                             other=0.0).to(acc_dtype)
             if SCORE == 2:
                 dst_i = dst_i * scale
@@ -308,8 +327,10 @@ def _src_light_unrolled(
         tl.store(grad_src_ptr + rows[:, None] * H + offs_h[None, :], acc_src.to(grad_src_ptr.dtype.element_ty),
                  mask=rh_mask)
     else:
-        tl.store(grad_src_ptr + row_offs, acc_src.to(grad_src_ptr.dtype.element_ty), mask=row_mask)
-    tl.store(grad_value_ptr + row_offs, acc_val.to(grad_value_ptr.dtype.element_ty), mask=row_mask)
+        src_offs = rows[:, None, None] * _src_grad_stride(HD, grad_stride, SCORE) + hd_offs[None, :, :]
+        tl.store(grad_src_ptr + src_offs, acc_src.to(grad_src_ptr.dtype.element_ty), mask=row_mask)
+    tl.store(grad_value_ptr + rows[:, None, None] * grad_stride + hd_offs[None, :, :],
+             acc_val.to(grad_value_ptr.dtype.element_ty), mask=row_mask)
 
 
 @jit
@@ -317,7 +338,7 @@ def _src_light_rows(
     pid, rev_dst_ptr, rev_pos_ptr, rev_eid_ptr, rows_ptr, starts_ptr, stops_ptr,
     src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, lse_ptr, grad_out_ptr, delta_ptr,
     grad_value_ptr, grad_src_ptr, grad_s_ptr,
-    num_rows, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
+    num_rows, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, feat_stride, grad_stride,
     ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr, BLOCK_K: tl.constexpr, EDGE_DOT: tl.constexpr,
     KEY_SCALE: tl.constexpr,
@@ -348,16 +369,16 @@ def _src_light_rows(
         s = edge_scores(src_e, dst_i, negative_slope, negative_slope, SCORE)
         attn = s
     else:
-        val_j = tl.load(value_ptr + rows_flat[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
+        val_j = tl.load(value_ptr + rows_flat[:, None, None] * feat_stride + hd_offs[None, :, :], mask=feat_mask,
                         other=0.0).to(acc_dtype)
-        dst_i = tl.load(dst_term_ptr + dst_flat[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
+        dst_i = tl.load(dst_term_ptr + dst_flat[:, None, None] * feat_stride + hd_offs[None, :, :], mask=feat_mask,
                         other=0.0).to(acc_dtype)
         if SCORE == 2:
             dst_i = dst_i * scale
         if SCORE == 1:
             src_e = val_j
         else:
-            src_e, _ = gather_keys(src_term_ptr, value_ptr, rows_flat, e_flat, H, HD, offs_h, h_mask, hd_offs,
+            src_e, _ = gather_keys(src_term_ptr, value_ptr, rows_flat, e_flat, H, feat_stride, offs_h, h_mask, hd_offs,
                                    hd_mask, acc_dtype, KEY_SCALE)
         if EDGE:
             eid_flat = tl.load(rev_eid_ptr + tl.reshape(q, [ROWS * BLOCK_E]), mask=e_flat, other=0).to(tl.int64)
@@ -376,9 +397,9 @@ def _src_light_rows(
     if SCORE == 0:
         # GAT's values are the source row's own features: one [ROWS, H, D] tile broadcast over the
         # row's edges against g gathered as [ROWS, BLOCK_E, H, D], not a per-edge copy of the row
-        row_offs = rows[:, None, None] * HD + hd_offs[None, :, :]
         row_mask = r_mask[:, None, None] & hd_mask[None, :, :]
-        val_row = tl.load(value_ptr + row_offs, mask=row_mask, other=0.0).to(acc_dtype)
+        val_row = tl.load(value_ptr + rows[:, None, None] * feat_stride + hd_offs[None, :, :], mask=row_mask,
+                          other=0.0).to(acc_dtype)
         g_i = tl.load(grad_out_ptr + dst[:, :, None, None] * HD + hd_offs[None, None, :, :],
                       mask=e_mask[:, :, None, None] & hd_mask[None, None, :, :], other=0.0).to(acc_dtype)
         grad_s = alpha_kept * tl.sum(g_i * val_row[:, None, :, :], axis=3) - alpha * delta_i
@@ -386,7 +407,8 @@ def _src_light_rows(
         tl.store(grad_src_ptr + rows[:, None] * H + offs_h[None, :],
                  tl.sum(grad_edge_head, axis=1).to(grad_src_ptr.dtype.element_ty), mask=rh_mask)
         acc_val = tl.sum(alpha_kept[:, :, :, None] * g_i, axis=1)
-        tl.store(grad_value_ptr + row_offs, acc_val.to(grad_value_ptr.dtype.element_ty), mask=row_mask)
+        tl.store(grad_value_ptr + rows[:, None, None] * grad_stride + hd_offs[None, :, :],
+                 acc_val.to(grad_value_ptr.dtype.element_ty), mask=row_mask)
     else:
         g_i = tl.load(grad_out_ptr + dst_flat[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
                       other=0.0).to(acc_dtype)
@@ -407,11 +429,11 @@ def _src_light_rows(
             grad_val = kept_g
             src_terms = grad_src
         acc_src = tl.sum(tl.reshape(src_terms, [ROWS, BLOCK_E, BLOCK_H * BLOCK_D]), axis=1)
-        tl.store(grad_src_ptr + rows[:, None] * HD + c_offs[None, :], acc_src.to(grad_src_ptr.dtype.element_ty),
-                 mask=r_mask[:, None] & c_mask[None, :])
+        tl.store(grad_src_ptr + rows[:, None] * _src_grad_stride(HD, grad_stride, SCORE) + c_offs[None, :],
+                 acc_src.to(grad_src_ptr.dtype.element_ty), mask=r_mask[:, None] & c_mask[None, :])
         acc_val = tl.sum(tl.reshape(grad_val, [ROWS, BLOCK_E, BLOCK_H * BLOCK_D]), axis=1)
-        tl.store(grad_value_ptr + rows[:, None] * HD + c_offs[None, :], acc_val.to(grad_value_ptr.dtype.element_ty),
-                 mask=r_mask[:, None] & c_mask[None, :])
+        tl.store(grad_value_ptr + rows[:, None] * grad_stride + c_offs[None, :],
+                 acc_val.to(grad_value_ptr.dtype.element_ty), mask=r_mask[:, None] & c_mask[None, :])
     tl.store(grad_s_ptr + pos[:, :, None] * H + offs_h[None, None, :],
              grad_edge_head.to(grad_s_ptr.dtype.element_ty), mask=eh_mask)
 
@@ -420,7 +442,7 @@ def _src_light_rows(
 def attention_backward_dst_kernel(
     src_ptr, eid_ptr, rows_ptr, starts_ptr, stops_ptr, src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr,
     w_edge_ptr, grad_s_ptr, lse_ptr, grad_out_ptr, grad_dst_ptr, grad_attr_ptr, attr_sums_ptr,
-    H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
+    H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, feat_stride, grad_stride,
     BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
     PIECES: tl.constexpr, DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr,
     KEY_SCALE: tl.constexpr, ATTR_GRAD: tl.constexpr, WEIGHT_GRAD: tl.constexpr, LANES: tl.constexpr,
@@ -440,7 +462,7 @@ def attention_backward_dst_kernel(
     offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
     HD = H * D
     row, start, stop, out_index = item_edges(pid, rows_ptr, starts_ptr, stops_ptr, PIECES)
-    dst_i = tl.load(dst_term_ptr + row * HD + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
+    dst_i = tl.load(dst_term_ptr + row * feat_stride + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
     attn = tl.load(attn_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
     if LANES:
         acc = tl.zeros([BLOCK_E, BLOCK_H, BLOCK_D], dtype=acc_dtype)
@@ -467,8 +489,8 @@ def attention_backward_dst_kernel(
         else:
             src = tl.load(src_ptr + pos, mask=e_mask, other=0).to(tl.int64)
         grad_s = tl.load(grad_s_ptr + pos[:, None] * H + offs_h[None, :], mask=eh_mask, other=0.0)
-        src_j, _ = gather_keys(src_term_ptr, value_ptr, src, e_mask, H, HD, offs_h, h_mask, hd_offs, hd_mask,
-                               acc_dtype, KEY_SCALE)
+        src_j, _ = gather_keys(src_term_ptr, value_ptr, src, e_mask, H, feat_stride, offs_h, h_mask, hd_offs,
+                               hd_mask, acc_dtype, KEY_SCALE)
         if EDGE:
             eid = tl.load(eid_ptr + pos, mask=e_mask, other=0).to(tl.int64)
             attr = edge_attr_tile(attr_ptr, eid, e_mask, K, acc_dtype, BLOCK_K)[:, :, None]   # [BLOCK_E, BLOCK_K, 1]
@@ -494,7 +516,7 @@ def attention_backward_dst_kernel(
     if EDGE:
         # the key path's Σ_p ∂s_p e_p = Σ_k B[k] W[k] (scaled like the keys)
         acc += tl.sum(sums_b[:, :, None] * w_heads, axis=0) * scale
-    tl.store(grad_dst_ptr + out_index * HD + hd_offs, acc.to(grad_dst_ptr.dtype.element_ty), mask=hd_mask)
+    tl.store(grad_dst_ptr + out_index * grad_stride + hd_offs, acc.to(grad_dst_ptr.dtype.element_ty), mask=hd_mask)
     if WEIGHT_GRAD:
         offs_k = tl.arange(0, BLOCK_K)
         kh_offs = out_index * (2 * K * H) + offs_k[:, None] * H + offs_h[None, :]
@@ -508,7 +530,7 @@ def attention_backward_dst_light_kernel(
     src_ptr, eid_ptr, rows_ptr, starts_ptr, stops_ptr, src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr,
     w_edge_ptr, grad_s_ptr, lse_ptr, grad_out_ptr, grad_dst_ptr, grad_attr_ptr, attr_sums_ptr,
     n0, n1, n2, n3, n4, n5, n6, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
-    LIGHT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    feat_stride, grad_stride, LIGHT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_K: tl.constexpr, DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr,
     EDGE_DOT: tl.constexpr, KEY_SCALE: tl.constexpr, ATTR_GRAD: tl.constexpr, WEIGHT_GRAD: tl.constexpr,
     UNROLLED: tl.constexpr = False,
@@ -533,7 +555,8 @@ def attention_backward_dst_light_kernel(
                         _dst_light_unrolled(
                             local, src_ptr, rows_ptr + row0, starts_ptr + row0, stops_ptr + row0, src_term_ptr,
                             dst_term_ptr, attn_ptr, value_ptr, grad_s_ptr, grad_dst_ptr, count, H, D, negative_slope,
-                            scale, ONE << (f - 1), ONE << k, BLOCK_H, BLOCK_D, SCORE, KEY_SCALE,
+                            scale, feat_stride, grad_stride, ONE << (f - 1), ONE << k, BLOCK_H, BLOCK_D, SCORE,
+                            KEY_SCALE,
                         )
                     else:
                         _dst_light_rows(
@@ -541,8 +564,8 @@ def attention_backward_dst_light_kernel(
                             src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, grad_s_ptr, lse_ptr,
                             grad_out_ptr, grad_dst_ptr, grad_attr_ptr, attr_sums_ptr,
                             count, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
-                            ONE << (f - 1), ONE << k, BLOCK_H, BLOCK_D, BLOCK_K, DROPOUT, SCORE, EDGE, EDGE_DOT,
-                            KEY_SCALE, ATTR_GRAD, WEIGHT_GRAD,
+                            feat_stride, grad_stride, ONE << (f - 1), ONE << k, BLOCK_H, BLOCK_D, BLOCK_K, DROPOUT,
+                            SCORE, EDGE, EDGE_DOT, KEY_SCALE, ATTR_GRAD, WEIGHT_GRAD,
                         )
                 first += programs
                 row0 += count
@@ -551,7 +574,7 @@ def attention_backward_dst_light_kernel(
 @jit
 def _dst_light_unrolled(
     pid, src_ptr, rows_ptr, starts_ptr, stops_ptr, src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, grad_s_ptr,
-    grad_dst_ptr, num_rows, H, D, negative_slope, scale,
+    grad_dst_ptr, num_rows, H, D, negative_slope, scale, feat_stride, grad_stride,
     ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     SCORE: tl.constexpr, KEY_SCALE: tl.constexpr,
 ):
@@ -560,11 +583,10 @@ def _dst_light_unrolled(
     ``[ROWS, BLOCK_H, BLOCK_D]`` tiles with their ``∂s`` and adding ``∂s/∂dst · ∂s`` into the row's sum."""
     acc_dtype = grad_s_ptr.dtype.element_ty
     offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
-    HD = H * D
     _, r_mask, rows, start, degree = row_ranges(pid, rows_ptr, starts_ptr, stops_ptr, num_rows, ROWS)
-    row_offs = rows[:, None, None] * HD + hd_offs[None, :, :]
     row_mask = r_mask[:, None, None] & hd_mask[None, :, :]
-    dst_row = tl.load(dst_term_ptr + row_offs, mask=row_mask, other=0.0).to(acc_dtype)
+    dst_row = tl.load(dst_term_ptr + rows[:, None, None] * feat_stride + hd_offs[None, :, :], mask=row_mask,
+                      other=0.0).to(acc_dtype)
     attn = tl.load(attn_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
     acc = tl.zeros([ROWS, BLOCK_H, BLOCK_D], dtype=acc_dtype)
     for e in tl.static_range(BLOCK_E):
@@ -573,19 +595,20 @@ def _dst_light_unrolled(
         src = tl.load(src_ptr + pos, mask=e_mask, other=0).to(tl.int64)
         grad_s = tl.load(grad_s_ptr + pos[:, None] * H + offs_h[None, :], mask=e_mask[:, None] & h_mask[None, :],
                          other=0.0)
-        src_j, _ = gather_keys(src_term_ptr, value_ptr, src, e_mask, H, HD, offs_h, h_mask, hd_offs, hd_mask,
-                               acc_dtype, KEY_SCALE)
+        src_j, _ = gather_keys(src_term_ptr, value_ptr, src, e_mask, H, feat_stride, offs_h, h_mask, hd_offs,
+                               hd_mask, acc_dtype, KEY_SCALE)
         if SCORE == 2:
             src_j = src_j * scale
         acc += score_grad(grad_s, dst_row, src_j, attn, negative_slope, SCORE)
-    tl.store(grad_dst_ptr + row_offs, acc.to(grad_dst_ptr.dtype.element_ty), mask=row_mask)
+    tl.store(grad_dst_ptr + rows[:, None, None] * grad_stride + hd_offs[None, :, :],
+             acc.to(grad_dst_ptr.dtype.element_ty), mask=row_mask)
 
 
 @jit
 def _dst_light_rows(
     pid, src_ptr, eid_ptr, rows_ptr, starts_ptr, stops_ptr, src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr,
     w_edge_ptr, grad_s_ptr, lse_ptr, grad_out_ptr, grad_dst_ptr, grad_attr_ptr, attr_sums_ptr,
-    num_rows, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
+    num_rows, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, feat_stride, grad_stride,
     ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_K: tl.constexpr, DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr,
     EDGE_DOT: tl.constexpr, KEY_SCALE: tl.constexpr, ATTR_GRAD: tl.constexpr, WEIGHT_GRAD: tl.constexpr,
@@ -605,9 +628,9 @@ def _dst_light_rows(
     feat_mask = e_flat[:, None, None] & hd_mask[None, :, :]
     eh_flat = e_flat[:, None] & h_mask[None, :]
     grad_s = tl.load(grad_s_ptr + pos_flat[:, None] * H + offs_h[None, :], mask=eh_flat, other=0.0)
-    src_j, _ = gather_keys(src_term_ptr, value_ptr, src_flat, e_flat, H, HD, offs_h, h_mask, hd_offs, hd_mask,
-                           acc_dtype, KEY_SCALE)
-    dst_i = tl.load(dst_term_ptr + rows_flat[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
+    src_j, _ = gather_keys(src_term_ptr, value_ptr, src_flat, e_flat, H, feat_stride, offs_h, h_mask, hd_offs,
+                           hd_mask, acc_dtype, KEY_SCALE)
+    dst_i = tl.load(dst_term_ptr + rows_flat[:, None, None] * feat_stride + hd_offs[None, :, :], mask=feat_mask,
                     other=0.0).to(acc_dtype)
     attn = tl.load(attn_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
     if EDGE:
@@ -643,7 +666,7 @@ def _dst_light_rows(
         src_j = src_j * scale
     terms = score_grad(grad_s, dst_i, src_j, attn, negative_slope, SCORE)
     acc = tl.sum(tl.reshape(terms, [ROWS, BLOCK_E, BLOCK_H * BLOCK_D]), axis=1)
-    tl.store(grad_dst_ptr + rows[:, None] * HD + c_offs[None, :], acc.to(grad_dst_ptr.dtype.element_ty),
+    tl.store(grad_dst_ptr + rows[:, None] * grad_stride + c_offs[None, :], acc.to(grad_dst_ptr.dtype.element_ty),
              mask=r_mask[:, None] & c_mask[None, :])
 
 

@@ -36,7 +36,9 @@ Two kernels, by row kind (:mod:`gnnfuse.schedule`):
 Heads and head size are padded to powers of two (``BLOCK_H``, ``BLOCK_D``) and masked;
 accumulation is in the dtype of ``lse`` (float32, or float64 for float64 inputs).  Pointer
 arguments a score does not use (``attn`` outside GATv2, ``value`` for GATv2, ``attr`` and
-``w_edge`` without ``EDGE``) are never read.
+``w_edge`` without ``EDGE``) are never read.  The ``[N, H, D]`` inputs (keys, queries, values; GATv2's
+two sides) share a row stride ``feat_stride`` (``H·D`` when contiguous; larger when they are column
+blocks of one ``[N, W]`` projection output, read in place); heads and features within a row are contiguous.
 
 Bytes per launch (the gather floor): ``E·H·D`` value elements gathered (GATv2: the same tile
 scores and aggregates; dot: keys and values, ``2·E·H·D``; GAT: ``E·H`` node scores), ``E``
@@ -65,7 +67,7 @@ from .tiles import (
 
 
 @jit
-def _trip_tiles(src_term_ptr, value_ptr, src, mask, H, HD, offs_h, h_mask, hd_offs, hd_mask,
+def _trip_tiles(src_term_ptr, value_ptr, src, mask, H, FS, offs_h, h_mask, hd_offs, hd_mask,
                 SCORE: tl.constexpr, KEY_SCALE: tl.constexpr):
     """The gathers of one edge block ``src [E]`` (0 where masked), as stored (no conversion), for a row
     kernel that issues them a trip ahead: ``(a, b)`` = GAT (source terms ``[E, H]``, values), GATv2 (source
@@ -75,11 +77,11 @@ def _trip_tiles(src_term_ptr, value_ptr, src, mask, H, HD, offs_h, h_mask, hd_of
     if SCORE == 0 or KEY_SCALE:
         a = tl.load(src_term_ptr + src[:, None] * H + offs_h[None, :], mask=mask[:, None] & h_mask[None, :], other=0.0)
     else:
-        a = tl.load(src_term_ptr + src[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask, other=0.0)
+        a = tl.load(src_term_ptr + src[:, None, None] * FS + hd_offs[None, :, :], mask=feat_mask, other=0.0)
     if SCORE == 1:
         b = a
     else:
-        b = tl.load(value_ptr + src[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask, other=0.0)
+        b = tl.load(value_ptr + src[:, None, None] * FS + hd_offs[None, :, :], mask=feat_mask, other=0.0)
     return a, b
 
 
@@ -87,7 +89,7 @@ def _trip_tiles(src_term_ptr, value_ptr, src, mask, H, HD, offs_h, h_mask, hd_of
 def attention_forward_rows_kernel(
     src_ptr, eid_ptr, rows_ptr, starts_ptr, stops_ptr,
     src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, out_ptr, lse_ptr, add_ptr, final_ptr,
-    H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, add_stride,
+    H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, add_stride, feat_stride,
     BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     PIECES: tl.constexpr, DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr,
     BLOCK_K: tl.constexpr, KEY_SCALE: tl.constexpr, LANES: tl.constexpr, ADD: tl.constexpr, FINAL: tl.constexpr,
@@ -107,7 +109,7 @@ def attention_forward_rows_kernel(
         dst_i = tl.load(dst_term_ptr + row * H + offs_h, mask=h_mask, other=0.0).to(acc_dtype)[None, :]
         attn = dst_i
     else:
-        dst_i = tl.load(dst_term_ptr + row * HD + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)
+        dst_i = tl.load(dst_term_ptr + row * feat_stride + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)
         if SCORE == 2:
             dst_i = dst_i * scale
         dst_i = dst_i[None, :, :]
@@ -133,8 +135,8 @@ def attention_forward_rows_kernel(
     if PREFETCH == 2:
         first = start + offs_e
         src_c = tl.load(src_ptr + first, mask=first < stop, other=0).to(tl.int64)
-        a_c, b_c = _trip_tiles(src_term_ptr, value_ptr, src_c, first < stop, H, HD, offs_h, h_mask, hd_offs, hd_mask,
-                               SCORE, KEY_SCALE)
+        a_c, b_c = _trip_tiles(src_term_ptr, value_ptr, src_c, first < stop, H, feat_stride, offs_h, h_mask, hd_offs,
+                               hd_mask, SCORE, KEY_SCALE)
         src_next = tl.load(src_ptr + first + BLOCK_E, mask=first + BLOCK_E < stop, other=0)
     elif PREFETCH == 1:
         src_next = tl.load(src_ptr + start + offs_e, mask=start + offs_e < stop, other=0)
@@ -147,7 +149,8 @@ def attention_forward_rows_kernel(
             b_raw = b_c
             ahead = pos + BLOCK_E
             src_c = src_next.to(tl.int64)
-            a_c, b_c = _trip_tiles(src_term_ptr, value_ptr, src_c, ahead < stop, H, HD, offs_h, h_mask, hd_offs,
+            a_c, b_c = _trip_tiles(src_term_ptr, value_ptr, src_c, ahead < stop, H, feat_stride, offs_h, h_mask,
+                                   hd_offs,
                                    hd_mask, SCORE, KEY_SCALE)
             src_next = tl.load(src_ptr + ahead + BLOCK_E, mask=ahead + BLOCK_E < stop, other=0)
         elif PREFETCH == 1:
@@ -167,8 +170,8 @@ def attention_forward_rows_kernel(
             eh_mask = e_mask[:, None] & h_mask[None, :]
             src_j = tl.load(src_term_ptr + src[:, None] * H + offs_h[None, :], mask=eh_mask, other=0.0).to(acc_dtype)
         else:
-            src_j, key_values = gather_keys(src_term_ptr, value_ptr, src, e_mask, H, HD, offs_h, h_mask, hd_offs,
-                                            hd_mask, acc_dtype, KEY_SCALE)
+            src_j, key_values = gather_keys(src_term_ptr, value_ptr, src, e_mask, H, feat_stride, offs_h, h_mask,
+                                            hd_offs, hd_mask, acc_dtype, KEY_SCALE)
         s = edge_scores(src_j, dst_i, attn, negative_slope, SCORE)
         if EDGE:
             eid = tl.load(eid_ptr + pos, mask=e_mask, other=0).to(tl.int64)
@@ -191,7 +194,7 @@ def attention_forward_rows_kernel(
         elif PREFETCH == 2:
             val_j = val_pre
         else:
-            val_j = tl.load(value_ptr + src[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
+            val_j = tl.load(value_ptr + src[:, None, None] * feat_stride + hd_offs[None, :, :], mask=feat_mask,
                             other=0.0).to(acc_dtype)
         if LANES:
             acc = acc * rescale[:, :, None] + p[:, :, None] * val_j
@@ -225,7 +228,7 @@ def attention_forward_light_kernel(
     src_ptr, eid_ptr, rows_ptr, starts_ptr, stops_ptr,
     src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, out_ptr, lse_ptr, add_ptr, final_ptr,
     n0, n1, n2, n3, n4, n5, n6, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, add_stride,
-    LIGHT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    feat_stride, LIGHT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr, BLOCK_K: tl.constexpr, EDGE_DOT: tl.constexpr,
     KEY_SCALE: tl.constexpr, ADD: tl.constexpr, FINAL: tl.constexpr, UNROLLED: tl.constexpr = False,
 ):
@@ -249,7 +252,7 @@ def attention_forward_light_kernel(
                         _forward_light_unrolled(
                             local, src_ptr, rows_ptr + row0, starts_ptr + row0, stops_ptr + row0, src_term_ptr,
                             dst_term_ptr, attn_ptr, value_ptr, out_ptr, lse_ptr, add_ptr, final_ptr, count, H, D,
-                            negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, add_stride,
+                            negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, add_stride, feat_stride,
                             ONE << (f - 1), ONE << k, BLOCK_H, BLOCK_D, DROPOUT, SCORE, KEY_SCALE, ADD, FINAL,
                         )
                     else:
@@ -257,7 +260,8 @@ def attention_forward_light_kernel(
                             local, src_ptr, eid_ptr, rows_ptr + row0, starts_ptr + row0, stops_ptr + row0,
                             src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, out_ptr, lse_ptr,
                             add_ptr, final_ptr, count, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed,
-                            rng_offset, add_stride, ONE << (f - 1), ONE << k, BLOCK_H, BLOCK_D, DROPOUT, SCORE, EDGE,
+                            rng_offset, add_stride, feat_stride, ONE << (f - 1), ONE << k, BLOCK_H, BLOCK_D, DROPOUT,
+                            SCORE, EDGE,
                             BLOCK_K, EDGE_DOT, KEY_SCALE, ADD, FINAL,
                         )
                 first += programs
@@ -268,7 +272,7 @@ def attention_forward_light_kernel(
 def _forward_light_unrolled(
     pid, src_ptr, rows_ptr, starts_ptr, stops_ptr, src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, out_ptr, lse_ptr,
     add_ptr, final_ptr, num_rows, H, D, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, add_stride,
-    ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    feat_stride, ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     DROPOUT: tl.constexpr, SCORE: tl.constexpr, KEY_SCALE: tl.constexpr, ADD: tl.constexpr, FINAL: tl.constexpr,
 ):
     """``ROWS`` light rows of degree <= ``BLOCK_E`` (no edge features), the edge slots unrolled: slot
@@ -285,7 +289,7 @@ def _forward_light_unrolled(
     if SCORE == 0:
         dst_i = tl.load(dst_term_ptr + rows[:, None] * H + offs_h[None, :], mask=rh_mask, other=0.0).to(acc_dtype)
     else:
-        dst_i = tl.load(dst_term_ptr + rows[:, None, None] * HD + hd_offs[None, :, :], mask=feat_rows,
+        dst_i = tl.load(dst_term_ptr + rows[:, None, None] * feat_stride + hd_offs[None, :, :], mask=feat_rows,
                         other=0.0).to(acc_dtype)
         if SCORE == 2:
             dst_i = dst_i * scale
@@ -301,16 +305,16 @@ def _forward_light_unrolled(
         if SCORE == 0:
             src_j = tl.load(src_term_ptr + src[:, None] * H + offs_h[None, :], mask=e_mask[:, None] & h_mask[None, :],
                             other=0.0).to(acc_dtype)
-            val_j = tl.load(value_ptr + src[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
+            val_j = tl.load(value_ptr + src[:, None, None] * feat_stride + hd_offs[None, :, :], mask=feat_mask,
                             other=0.0).to(acc_dtype)
             s = edge_scores(src_j, dst_i, negative_slope, negative_slope, 0)
         else:
-            src_j, val_j = gather_keys(src_term_ptr, value_ptr, src, e_mask, H, HD, offs_h, h_mask, hd_offs, hd_mask,
-                                       acc_dtype, KEY_SCALE)
+            src_j, val_j = gather_keys(src_term_ptr, value_ptr, src, e_mask, H, feat_stride, offs_h, h_mask, hd_offs,
+                                       hd_mask, acc_dtype, KEY_SCALE)
             if SCORE == 1:
                 val_j = src_j
             elif not KEY_SCALE:
-                val_j = tl.load(value_ptr + src[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
+                val_j = tl.load(value_ptr + src[:, None, None] * feat_stride + hd_offs[None, :, :], mask=feat_mask,
                                 other=0.0).to(acc_dtype)
             s = edge_scores(src_j, dst_i, attn, negative_slope, SCORE)
         s = tl.where(e_mask[:, None], s, float("-inf"))
@@ -332,7 +336,7 @@ def _forward_light_unrolled(
 def _forward_light_rows(
     pid, src_ptr, eid_ptr, rows_ptr, starts_ptr, stops_ptr,
     src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, out_ptr, lse_ptr, add_ptr, final_ptr,
-    num_rows, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, add_stride,
+    num_rows, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, add_stride, feat_stride,
     ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr, BLOCK_K: tl.constexpr, EDGE_DOT: tl.constexpr,
     KEY_SCALE: tl.constexpr, ADD: tl.constexpr, FINAL: tl.constexpr,
@@ -357,8 +361,8 @@ def _forward_light_rows(
         dst_i = tl.load(dst_term_ptr + rows[:, None] * H + offs_h[None, :], mask=rh_mask, other=0.0).to(acc_dtype)
         s = edge_scores(src_j, dst_i[:, None, :], negative_slope, negative_slope, SCORE)
     else:
-        src_j, key_values = gather_keys(src_term_ptr, value_ptr, src_flat, e_flat, H, HD, offs_h, h_mask, hd_offs,
-                                        hd_mask, acc_dtype, KEY_SCALE)
+        src_j, key_values = gather_keys(src_term_ptr, value_ptr, src_flat, e_flat, H, feat_stride, offs_h, h_mask,
+                                        hd_offs, hd_mask, acc_dtype, KEY_SCALE)
         if EDGE:
             eid_flat = tl.load(eid_ptr + tl.reshape(pos, [ROWS * BLOCK_E]), mask=e_flat, other=0).to(tl.int64)
             w_tile = edge_weight_tile(w_edge_ptr, K, H, D, BLOCK_K, BLOCK_H, BLOCK_D)
@@ -367,7 +371,7 @@ def _forward_light_rows(
             src_j += edge_j
         # The row's own term, read per edge (cache hits) to stay in the flat edge layout.
         rows_flat = tl.reshape(rows[:, None] + tl.zeros([ROWS, BLOCK_E], dtype=tl.int64), [ROWS * BLOCK_E])
-        dst_i = tl.load(dst_term_ptr + rows_flat[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
+        dst_i = tl.load(dst_term_ptr + rows_flat[:, None, None] * feat_stride + hd_offs[None, :, :], mask=feat_mask,
                         other=0.0).to(acc_dtype)
         if SCORE == 2:
             dst_i = dst_i * scale
@@ -389,7 +393,7 @@ def _forward_light_rows(
     elif KEY_SCALE:
         val_j = key_values
     else:
-        val_j = tl.load(value_ptr + src_flat[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
+        val_j = tl.load(value_ptr + src_flat[:, None, None] * feat_stride + hd_offs[None, :, :], mask=feat_mask,
                         other=0.0).to(acc_dtype)
         if EDGE:
             val_j += edge_j

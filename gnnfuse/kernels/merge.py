@@ -59,8 +59,10 @@ def lse_merge_kernel(
 
 
 @jit
-def sum_merge_kernel(piece_ptr, rows_ptr, part_ptr, out_ptr, W, BLOCK_P: tl.constexpr, BLOCK_W: tl.constexpr):
-    """out[row, :W] = Σ over the row's pieces of part[piece, :W], ``BLOCK_P`` pieces at a time."""
+def sum_merge_kernel(piece_ptr, rows_ptr, part_ptr, out_ptr, W, out_stride, BLOCK_P: tl.constexpr,
+                     BLOCK_W: tl.constexpr):
+    """out[row, :W] = Σ over the row's pieces of part[piece, :W], ``BLOCK_P`` pieces at a time (``out``'s rows
+    ``out_stride`` elements apart)."""
     pid = tl.program_id(0).to(tl.int64)
     row = tl.load(rows_ptr + pid).to(tl.int64)
     first = tl.load(piece_ptr + pid).to(tl.int64)
@@ -75,4 +77,4 @@ def sum_merge_kernel(piece_ptr, rows_ptr, part_ptr, out_ptr, W, BLOCK_P: tl.cons
             values = tl.load(part_ptr + k[:, None] * W + offs_w[None, :],
                              mask=(k < last)[:, None] & w_mask[None, :], other=0.0)
             acc += tl.sum(values, axis=0)
-        tl.store(out_ptr + row * W + offs_w, acc.to(out_ptr.dtype.element_ty), mask=w_mask)
+        tl.store(out_ptr + row * out_stride + offs_w, acc.to(out_ptr.dtype.element_ty), mask=w_mask)

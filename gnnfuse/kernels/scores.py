@@ -72,20 +72,21 @@ def attn_grad_terms(grad_s, src_term, dst_term, negative_slope):
 
 
 @jit
-def gather_keys(src_term_ptr, value_ptr, idx, mask, H, HD, offs_h, h_mask, hd_offs, hd_mask,
+def gather_keys(src_term_ptr, value_ptr, idx, mask, H, FS, offs_h, h_mask, hd_offs, hd_mask,
                 acc_dtype: tl.constexpr, KEY_SCALE: tl.constexpr):
     """(keys, values) ``[E, BLOCK_H, BLOCK_D]`` of the nodes ``idx [E]`` (0 where masked): the keys
     read from ``src_term``, or (``KEY_SCALE``) the values read once and scaled by ``src_term [N, H]``;
-    ``values`` is only read (and meaningful) with ``KEY_SCALE``."""
+    ``values`` is only read (and meaningful) with ``KEY_SCALE``; ``FS``: the row stride of the feature
+    tensors read."""
     feat_mask = mask[:, None, None] & hd_mask[None, :, :]
     if KEY_SCALE:
-        values = tl.load(value_ptr + idx[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
+        values = tl.load(value_ptr + idx[:, None, None] * FS + hd_offs[None, :, :], mask=feat_mask,
                          other=0.0).to(acc_dtype)
         node_scale = tl.load(src_term_ptr + idx[:, None] * H + offs_h[None, :], mask=mask[:, None] & h_mask[None, :],
                              other=0.0).to(acc_dtype)
         keys = values * node_scale[:, :, None]
     else:
-        keys = tl.load(src_term_ptr + idx[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
+        keys = tl.load(src_term_ptr + idx[:, None, None] * FS + hd_offs[None, :, :], mask=feat_mask,
                        other=0.0).to(acc_dtype)
         values = keys
     return keys, values

@@ -128,7 +128,11 @@ def test_linears_forward_and_gradients(device, poison, grouped, dtype, rows, fea
     ys = linear_module.linears(lx, lw, lb)
     assert len(ys) == group
     for g, (y, want) in enumerate(zip(ys, _oracle(x, weights, biases))):
-        assert y.dtype == dtype and y.shape == (rows, out) and y.is_contiguous()
+        assert y.dtype == dtype and y.shape == (rows, out)
+        if fused:
+            assert y.is_contiguous()
+        else:  # column block g of one [rows, group · out] product
+            assert y.stride(-1) == 1 and (rows < 2 or y.stride(0) == group * out) and y._base is ys[0]._base
         assert_close(y, want, dtype=dtype, name=f"output {g}")
     torch.autograd.backward(ys, grads)
     ref = [t.detach().double().requires_grad_() for t in leaves]
@@ -170,3 +174,28 @@ def test_linears_rejects_bad_input(device, grouped):
         linear_module.linears(x, [w, w], [torch.ones(3, device=device, dtype=torch.bfloat16), None])
     with pytest.raises(ValueError, match="x must be a tensor"):
         linear_module.linears("x", [w])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_linears_stacked_and_per_map_agree(device, poison, monkeypatch, dtype):
+    """The default path (one product of the stacked weights, outputs its column blocks) against one product per
+    map (STACK_LINEARS off): the same outputs and gradients within the dtype's rounding; a mix of maps with
+    and without a bias is never stacked."""
+    gen = fresh_generator(device)
+    x = torch.randn(53, 24, generator=gen, device=device).to(dtype)
+    weights = [(torch.randn(40, 24, generator=gen, device=device) / 5).to(dtype) for _ in range(3)]
+    biases = [torch.randn(40, generator=gen, device=device).to(dtype) for _ in range(3)]
+    grads = [torch.randn(53, 40, generator=gen, device=device).to(dtype) for _ in range(3)]
+    results = []
+    for stack in (True, False):
+        monkeypatch.setattr(linear_module, "STACK_LINEARS", stack)
+        leaves = [t.clone().requires_grad_() for t in (x, *weights, *biases)]
+        ys = linear_module.linears(leaves[0], leaves[1:4], leaves[4:])
+        assert all((y._base is not None) == stack and y.stride(0) == (120 if stack else 40) for y in ys)
+        torch.autograd.backward(ys, grads)
+        results.append([*ys, *(t.grad for t in leaves)])
+    for i, (a, b) in enumerate(zip(*results)):
+        assert_close(a, b.double(), dtype=dtype, name=f"tensor {i}")
+    monkeypatch.setattr(linear_module, "STACK_LINEARS", True)
+    mixed = linear_module.linears(x, weights[:2], [biases[0], None])
+    assert all(y.is_contiguous() for y in mixed)
