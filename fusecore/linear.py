@@ -19,14 +19,9 @@ weights stacked, ``y = x [W_0; W_1; …]ᵀ + [b_0; b_1; …]``, the outputs ret
 map, and the backward is one ``∂x`` product, one ``∂W`` product and one bias column sum over the whole
 ``∂y``.  A consumer that takes the blocks' base ``y`` itself as its autograd input can store every block's
 gradient in place into one ``∂y`` (gnnfuse's attention ops do); through the views, autograd gives each block a
-zero-filled ``∂y`` of its own and adds them.  The grouped Triton forward below is the alternative for
-float16/bfloat16 inputs (:func:`fuses_linears`; off by default, as :data:`FUSED_LINEARS` says why: slower than
-cuBLAS as measured), with one output tensor per map: a program owns a block
-of rows of ``x`` and writes that block of every output, so ``x`` leaves DRAM once instead of once per
-map (a ``[169 343, 128]`` bfloat16 input is 43 MB, each output as much: four cuBLAS products move
-8 × 43 MB, the grouped launch 5 × 43).  Its backward takes ``∂x = Σ_g ∂y_g W_g`` as one product and
-in-place accumulating ones into a single buffer (autograd would add the maps' ``∂x`` with extra
-elementwise passes), ``∂W_g``, ``∂b_g`` as :func:`linear`'s.
+zero-filled ``∂y`` of its own and adds them.  (A grouped Triton launch writing one tensor per map, ``x`` read
+once, was measured before this and removed: 122.9 µs for four ``[169 343, 128]`` bfloat16 maps on an H200
+against 113.1 for four cuBLAS products and 67.2 for the stacked one.)
 """
 
 from __future__ import annotations
@@ -40,7 +35,7 @@ from torch.autograd.function import once_differentiable
 
 from .backend import check_devices, jit, reference_enabled
 from .device import device_facts
-from .plan import MIN_DOT, cdiv, next_power_of_2
+from .plan import cdiv, next_power_of_2
 
 # First stage: [BLOCK_R, BLOCK_C] tiles of COLUMN_TILE elements (32 float32 accumulators a thread at
 # COLUMN_WARPS warps), up to COLUMN_BLOCK_MAX columns per program (more: a second grid axis), about
@@ -146,149 +141,13 @@ class _Linear(torch.autograd.Function):
         return grad_x, grad_w, grad_b
 
 
-# The grouped forward (``linears_kernel``), OFF: measured slower than one cuBLAS product per map, though it
-# moves 5/8 of their bytes — session 13, H200, benchmarks core/linears, [169 343, 128] → 4 × [169 343, 128]
-# bf16: 122.9 µs against 113.1 (cuBLAS at ~3.0 TB/s, the grouped launch at ~1.75 TB/s: 252 registers, two
-# programs a multiprocessor), 2 maps 68.9 against 57.9; no setting of warps (4, 8), stages (1-3) or rows
-# (64, 128) won.  In the layers (same call, replayed forward / step µs): Graph Transformer bf16 471.9 /
-# 1319 against 462.8 / 1311, GATv2 bf16 330.9 / 1380 against 320.5 / 1345.  Where on: float16/bfloat16
-# only (a float32 ``tl.dot`` would round through TF32 on the GPU where torch's product does not), output
-# widths up to LINEARS_MAX_COLUMNS per program (more: a second grid axis), input rows 16-byte aligned
-# (vector loads).  LINEARS_BLOCK_M rows per program at up to 128 columns; LINEARS_BLOCK_F input features
-# per tl.dot.
-FUSED_LINEARS = False
-MAX_GROUP = 4
-LINEARS_MAX_COLUMNS = 128
-LINEARS_BLOCK_M = 64
-LINEARS_BLOCK_F = 64
-LINEARS_WARPS = 4
-LINEARS_STAGES = 3
-
-
-@jit
-def _pick(g: tl.constexpr, a0, a1, a2, a3):
-    """The ``g``-th of four arguments (``g`` a compile-time index)."""
-    if g == 0:
-        return a0
-    elif g == 1:
-        return a1
-    elif g == 2:
-        return a2
-    else:
-        return a3
-
-
-@jit
-def linears_kernel(
-    x_ptr, w0, w1, w2, w3, b0, b1, b2, b3, y0, y1, y2, y3, num_rows, F, OUT, stride_x,
-    G: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_F: tl.constexpr,
-):
-    """``y_g[m, n] = Σ_f x[m, f] · W_g[n, f] + b_g[n]`` for ``g < G``: ``x [M, F]`` (row stride
-    ``stride_x``, unit column stride), ``W_g [OUT, F]`` and ``y_g [M, OUT]`` contiguous, ``b_g [OUT]``.
-    Program ``(i, j)`` owns rows ``i·BLOCK_M…`` and columns ``j·BLOCK_N…`` of every output; the maps are
-    unrolled, so its slices of ``x`` are read from DRAM by the first and from cache by the others.
-    Accumulates in float32, one rounding into the output dtype (as cuBLAS)."""
-    pid_m = tl.program_id(0).to(tl.int64)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_f = tl.arange(0, BLOCK_F)
-    m_mask = offs_m < num_rows
-    n_mask = offs_n < OUT
-    for g in tl.static_range(G):
-        w_ptr = _pick(g, w0, w1, w2, w3)
-        y_ptr = _pick(g, y0, y1, y2, y3)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for f0 in range(0, F, BLOCK_F):
-            f = f0 + offs_f
-            f_mask = f < F
-            a = tl.load(x_ptr + offs_m[:, None] * stride_x + f[None, :], mask=m_mask[:, None] & f_mask[None, :],
-                        other=0.0)
-            b = tl.load(w_ptr + offs_n[None, :] * F + f[:, None], mask=f_mask[:, None] & n_mask[None, :], other=0.0)
-            acc = tl.dot(a, b, acc)
-        if HAS_BIAS:
-            acc += tl.load(_pick(g, b0, b1, b2, b3) + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-        tl.store(y_ptr + offs_m[:, None] * OUT + offs_n[None, :], acc.to(y_ptr.dtype.element_ty),
-                 mask=m_mask[:, None] & n_mask[None, :])
-
-
-def fuses_linears(x: torch.Tensor, weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor | None]) -> bool:
-    """Whether :func:`linears` computes its forward in one grouped launch (the module doc): float16 or
-    bfloat16 throughout, ``x`` 2-D with 16-byte aligned rows, 2 to :data:`MAX_GROUP` maps of one output
-    width of at least 16, biases all given or all absent, the kernel mode not the reference."""
-    dtype = x.dtype
-    if not (FUSED_LINEARS and dtype in (torch.float16, torch.bfloat16) and 2 <= len(weights) <= MAX_GROUP):
-        return False
-    out = weights[0].shape[0]
-    has_bias = biases[0] is not None
-    return (x.dim() == 2 and x.stride(1) == 1 and x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0
-            and out >= MIN_DOT and not reference_enabled() and not torch.compiler.is_compiling()
-            and all(w.dtype == dtype and w.shape == weights[0].shape for w in weights)
-            and all((b is not None) == has_bias and (b is None or b.dtype == dtype) for b in biases))
-
-
-def _linears_forward(x: torch.Tensor, weights: Sequence[torch.Tensor],
-                     biases: Sequence[torch.Tensor | None]) -> tuple[torch.Tensor, ...]:
-    rows, feats = x.shape
-    out = weights[0].shape[0]
-    ys = tuple(_new((rows, out), x.dtype, x.device) for _ in weights)
-    if rows and feats:
-        group = len(weights)
-        ws = [w.contiguous() for w in weights] + [weights[0]] * (MAX_GROUP - group)
-        has_bias = biases[0] is not None
-        bs = [b.contiguous() if has_bias else ws[0] for b in biases] + [ws[0]] * (MAX_GROUP - group)
-        block_n = min(LINEARS_MAX_COLUMNS, max(MIN_DOT, next_power_of_2(out)))
-        block_m = max(MIN_DOT, LINEARS_BLOCK_M * 128 // max(128, block_n))
-        block_f = max(MIN_DOT, min(LINEARS_BLOCK_F, next_power_of_2(feats)))
-        linears_kernel[(cdiv(rows, block_m), cdiv(out, block_n))](
-            x, *ws, *bs, *ys, *([ys[0]] * (MAX_GROUP - group)), rows, feats, out, x.stride(0),
-            G=group, HAS_BIAS=has_bias, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_F=block_f,
-            num_warps=LINEARS_WARPS, num_stages=LINEARS_STAGES,
-        )
-    elif rows:
-        for y, b in zip(ys, biases):
-            y.copy_(b.expand_as(y) if b is not None else torch.zeros_like(y))
-    return ys
-
-
-class _Linears(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, group, *params):  # type: ignore[override]
-        weights, biases = params[:group], params[group:]
-        ctx.save_for_backward(x, *weights)
-        ctx.group, ctx.has_bias = group, biases[0] is not None
-        return _linears_forward(x, weights, biases)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, *grads):  # type: ignore[override]
-        x, *weights = ctx.saved_tensors
-        group = ctx.group
-        needs = ctx.needs_input_grad
-        grad_x = None
-        grad_ws: list[torch.Tensor | None] = [None] * group
-        grad_bs: list[torch.Tensor | None] = [None] * group
-        for g, (grad, weight) in enumerate(zip(grads, weights)):
-            if grad is None:  # an output that reached no loss
-                continue
-            if needs[0]:  # ∂x = Σ_g ∂y_g W_g, accumulated in place (no elementwise sums)
-                grad_x = grad @ weight if grad_x is None else grad_x.addmm_(grad, weight)
-            if needs[2 + g]:
-                grad_ws[g] = grad.t() @ x
-            if ctx.has_bias and needs[2 + group + g]:
-                grad_bs[g] = column_sum(grad)
-        if needs[0] and grad_x is None:
-            grad_x = torch.zeros_like(x)
-        return (grad_x, None, *grad_ws, *grad_bs)
-
-
 def linears(x: torch.Tensor, weights: Sequence[torch.Tensor],
             biases: Sequence[torch.Tensor | None] | None = None) -> tuple[torch.Tensor, ...]:
     """``tuple(F.linear(x, W_g, b_g) for g)``: maps ``weights[g] [out, in]`` with ``biases[g] [out]`` (or
-    None) of one input ``x [..., in]``, outputs ``[..., out_g]`` in ``x``'s dtype.  Where
-    :func:`fuses_linears` holds, the forward is one grouped launch and the backward accumulates ``∂x`` in
-    one buffer; otherwise, for two or more maps whose weights (and biases: all or none) share a dtype and
-    device, one :func:`linear` of the stacked weights, the outputs its column blocks (views with unit
-    column stride and the total width as row stride; module doc); else each map is :func:`linear`."""
+    None) of one input ``x [..., in]``, outputs ``[..., out_g]`` in ``x``'s dtype.  For two or more maps
+    whose weights (and biases: all or none) share a dtype and device, one :func:`linear` of the stacked
+    weights, the outputs its column blocks (views with unit column stride and the total width as row
+    stride; module doc); else each map is :func:`linear`."""
     weights = tuple(weights)
     biases = tuple(biases) if biases is not None else (None,) * len(weights)
     if not isinstance(x, torch.Tensor) or x.dim() == 0:
@@ -303,22 +162,16 @@ def linears(x: torch.Tensor, weights: Sequence[torch.Tensor],
         if b is not None and (not isinstance(b, torch.Tensor) or tuple(b.shape) != (w.shape[0],)):
             raise ValueError(f"linears: biases[{g}] must have shape [{w.shape[0]}], "
                              f"got {list(getattr(b, 'shape', [b]))}")
-    if not fuses_linears(x, weights, biases):
-        if _stackable(weights, biases):
-            bias = None if biases[0] is None else torch.cat(biases)
-            return linear(x, torch.cat(weights), bias).split([w.shape[0] for w in weights], dim=-1)
-        return tuple(linear(x, w, b) for w, b in zip(weights, biases))
-    check_devices(x=x, **{f"weights[{g}]": w for g, w in enumerate(weights)},
-                  **{f"biases[{g}]": b for g, b in enumerate(biases)})
-    records = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, *weights, *biases))
-    if not records:
-        return _linears_forward(x, weights, biases)
-    return _Linears.apply(x, len(weights), *weights, *biases)
+    if _stackable(weights, biases):
+        bias = None if biases[0] is None else torch.cat(biases)
+        return linear(x, torch.cat(weights), bias).split([w.shape[0] for w in weights], dim=-1)
+    return tuple(linear(x, w, b) for w, b in zip(weights, biases))
 
 
 # linears as one product of the stacked weights (module doc).  H200, [169 343, 128] → 4 × 128 in bfloat16,
 # session 14 (CUDA graphs, µs, four products / one): forward 113.5 / 67.2, ∂x 154.1 / 63.4, ∂W 120.2 / 68.1;
-# two maps 58.3 / 41.6, 70.9 / 40.5, 65.5 / 47.5; float32, four maps 646.8 / 551.4, 681.0 / 562.9, 518.8 / 436.8.
+# two maps 58.3 / 41.6, 70.9 / 40.5, 65.5 / 47.5; float32, four maps 646.8 / 551.4, 681.0 / 562.9, 518.8 / 436.8
+# (benchmarks/results/H200/core-linears-probe.s14c1.log).
 STACK_LINEARS = True
 
 

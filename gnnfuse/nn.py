@@ -14,10 +14,10 @@ The projections of GATv2Conv (``fc_src``, ``fc_dst``) and GraphTransformerConv (
 ``lin_key``, ``lin_value``, ``lin_skip``) run through :func:`fusecore.linear.linear`, which takes
 their parameters (so those sub-modules' own forward hooks do not run) and sums the bias
 gradients with a kernel of its own: torch's reduction was a quarter of the Transformer's step.  A
-layer's projections of one input with one shape are grouped (:func:`fusecore.linear.linears`): with
-``fusecore.linear.FUSED_LINEARS`` on, one float16/bfloat16 launch reads the input once for all of them
-and the backward sums their input gradients into one buffer; it is off, as that launch measured slower
-than cuBLAS's products (the flag's comment), so each projection is :func:`fusecore.linear.linear`.
+layer's projections of one input are one product of the stacked weights (:func:`fusecore.linear.linears`):
+the input is read once, and the attention ops read the outputs, column blocks of that product, in place and
+store their gradients into one buffer, whose backward is one product for the input's gradient and one for
+the weights'.
 """
 
 from __future__ import annotations

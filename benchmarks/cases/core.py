@@ -109,49 +109,54 @@ def column_sum_case(ctx: Context) -> None:
 def linears_case(ctx: Context) -> None:
     """A layer's G projections of one input (a Graph Transformer's query, key, value and skip: G = 4;
     GATv2's source and destination: G = 2) on the arxiv-like graph's features ``[169 343, 128]`` →
-    ``[169 343, 128]`` each, bfloat16: fusecore.linear.linears (one grouped launch, ``x`` read once)
-    against one cuBLAS product per map (``x`` read G times).  Bytes moved = ``x`` once, the G outputs,
-    weights and biases.  On the GPU the grouped launch is also timed at other warps / pipeline stages /
-    row blocks (params), to choose the defaults.  The grouped launch is timed whether or not the library
-    takes it by default (``fusecore.linear.FUSED_LINEARS``)."""
+    ``[169 343, 128]`` each, bfloat16 and float32: fusecore.linear.linears (one product of the stacked
+    weights, ``x`` read once, the outputs its column blocks) against one cuBLAS product per map (``x`` read G
+    times), forward; and the backward of each as gnnfuse's attention ops drive it (``variant`` ``…,bwd``):
+    one ``[N, G·out]`` gradient through the stacked product (one ``∂x`` and one ``∂W`` product, one bias
+    column sum) against G gradients through the per-map products.  Bytes moved = ``x`` once, the G outputs
+    (gradients), weights and biases (the backward: the gradients, ``x`` twice, ``∂x``, ``∂W``)."""
     import torch.nn.functional as F
 
-    from fusecore import linear as linear_module
-    from fusecore.linear import linears
+    from fusecore.linear import linear, linears
 
     rows, feats, out = (4099, 128, 128) if ctx.quick else (169_343, 128, 128)
     gen = torch.Generator(device=ctx.device).manual_seed(7)
-    dtype = torch.bfloat16
-    x = torch.randn(rows, feats, device=ctx.device, generator=gen).to(dtype)
-    settings = [(linear_module.LINEARS_WARPS, linear_module.LINEARS_STAGES, linear_module.LINEARS_BLOCK_M)]
-    if ctx.gpu:
-        settings += [s for s in ((8, 1, 64), (8, 2, 64), (4, 1, 64), (4, 2, 64), (8, 3, 128), (8, 1, 128))
-                     if s != settings[0]]
-    for group in (4, 2):
-        weights = [(torch.randn(out, feats, device=ctx.device, generator=gen) / feats ** 0.5).to(dtype)
-                   for _ in range(group)]
-        biases = [torch.randn(out, device=ctx.device, generator=gen).to(dtype) for _ in range(group)]
-        variant = f"G={group},{rows}x{feats}->{out},bfloat16"
-        moved = (rows * feats + group * (rows * out + out * feats + out)) * x.element_size()
-        want = [F.linear(x, w, b) for w, b in zip(weights, biases)]
-        params = {"rows": rows, "in": feats, "out": out, "group": group}
-        ctx.time("one F.linear per map", lambda: [F.linear(x, w, b) for w, b in zip(weights, biases)],
-                 bytes_moved=moved, variant=variant, params=dict(params))
-        saved = settings[0]
-        fused = linear_module.FUSED_LINEARS
-        linear_module.FUSED_LINEARS = True  # the grouped launch, whatever the library's default
-        try:
-            for warps, stages, block_m in settings:
-                linear_module.LINEARS_WARPS, linear_module.LINEARS_STAGES, linear_module.LINEARS_BLOCK_M = (
-                    warps, stages, block_m)
+    for dtype in (torch.bfloat16, torch.float32):
+        x = torch.randn(rows, feats, device=ctx.device, generator=gen).to(dtype)
+        size = x.element_size()
+        name = str(dtype).replace("torch.", "")
+        for group in (4, 2):
+            weights = [(torch.randn(out, feats, device=ctx.device, generator=gen) / feats ** 0.5).to(dtype)
+                       .requires_grad_() for _ in range(group)]
+            biases = [torch.randn(out, device=ctx.device, generator=gen).to(dtype).requires_grad_()
+                      for _ in range(group)]
+            params = {"rows": rows, "in": feats, "out": out, "group": group}
+            variant = f"G={group},{rows}x{feats}->{out},{name}"
+            moved = (rows * feats + group * (rows * out + out * feats + out)) * size
+            tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
+            with torch.no_grad():
+                want = [F.linear(x, w, b) for w, b in zip(weights, biases)]
                 got = linears(x, weights, biases)
                 for g in range(group):
-                    ctx.check(f"{variant} {warps}w{stages}s{block_m}m map {g}", got[g].float().cpu(),
-                              want[g].double().cpu(), 2e-2)
-                impl = "linears (fusecore)" if (warps, stages, block_m) == saved else (
-                    f"linears (fusecore), {warps} warps, {stages} stages, {block_m} rows")
-                ctx.time(impl, lambda: linears(x, weights, biases), bytes_moved=moved, variant=variant,
-                         params={**params, "warps": warps, "stages": stages, "block_m": block_m})
-        finally:
-            linear_module.LINEARS_WARPS, linear_module.LINEARS_STAGES, linear_module.LINEARS_BLOCK_M = saved
-            linear_module.FUSED_LINEARS = fused
+                    ctx.check(f"{variant} map {g}", got[g].float().cpu(), want[g].double().cpu(), tol)
+                ctx.time("one F.linear per map", lambda: [F.linear(x, w, b) for w, b in zip(weights, biases)],
+                         bytes_moved=moved, variant=variant, params=dict(params), cuda_graph=ctx.gpu)
+                ctx.time("linears (fusecore)", lambda: linears(x, weights, biases), bytes_moved=moved,
+                         variant=variant, params=dict(params), cuda_graph=ctx.gpu)
+            grads = [torch.randn(rows, out, device=ctx.device, generator=gen).to(dtype) for _ in range(group)]
+            grad = torch.cat(grads, dim=1)
+            stacked_w, stacked_b = torch.cat(weights).detach().requires_grad_(), torch.cat(biases).detach()
+            stacked_b.requires_grad_()
+            leaf = x.detach().requires_grad_()
+            ys = [F.linear(leaf, w, b) for w, b in zip(weights, biases)]
+            y = linear(leaf, stacked_w, stacked_b)
+            back_moved = (group * rows * out + 2 * rows * feats + rows * feats + group * out * feats) * size
+            ctx.time("one F.linear per map", lambda: torch.autograd.grad(ys, [leaf, *weights, *biases], grads,
+                                                                         retain_graph=True),
+                     bytes_moved=back_moved, variant=variant + ",bwd", params=dict(params))
+            ctx.time("linears (fusecore)", lambda: torch.autograd.grad(y, [leaf, stacked_w, stacked_b], grad,
+                                                                       retain_graph=True),
+                     bytes_moved=back_moved, variant=variant + ",bwd", params=dict(params))
+            per_map = torch.autograd.grad(ys, [leaf], grads, retain_graph=True)[0]
+            stacked = torch.autograd.grad(y, [leaf], grad, retain_graph=True)[0]
+            ctx.check(f"{variant} ∂x", stacked.float().cpu(), per_map.double().cpu(), tol)

@@ -97,12 +97,6 @@ def test_linear_gradients_only_where_asked_and_without_autograd(device):
 LINEARS_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
-@pytest.fixture
-def grouped(monkeypatch):
-    """The grouped forward launch on, whatever the library's default (fusecore.linear.FUSED_LINEARS)."""
-    monkeypatch.setattr(linear_module, "FUSED_LINEARS", True)
-
-
 def _oracle(x, weights, biases):
     return [x.double() @ w.double().t() + (0 if b is None else b.double()) for w, b in zip(weights, biases)]
 
@@ -112,27 +106,22 @@ def _oracle(x, weights, biases):
     (1, 16, 16, 2), (37, 24, 40, 3), (130, 72, 16, 4), (67, 8, 136, 2), (5, 13, 17, 3), (0, 32, 16, 4),
 ])
 @pytest.mark.parametrize("bias", [True, False])
-def test_linears_forward_and_gradients(device, poison, grouped, dtype, rows, feats, out, group, bias):
-    """Every map's output against a float64 oracle, and every gradient against float64 F.linear; the
-    grouped launch where fuses_linears says so (feats a multiple of 8 in float16/bfloat16), each map's
-    own product otherwise."""
+def test_linears_forward_and_gradients(device, poison, dtype, rows, feats, out, group, bias):
+    """Every map's output (a column block of one product of the stacked weights) against a float64 oracle,
+    and every gradient (through the blocks, autograd adding their gradients) against float64 F.linear."""
     gen = fresh_generator(device)
     x = torch.randn(rows, feats, generator=gen, device=device).to(dtype)
     weights = [(torch.randn(out, feats, generator=gen, device=device) / feats ** 0.5).to(dtype) for _ in range(group)]
     biases = [torch.randn(out, generator=gen, device=device).to(dtype) if bias else None for _ in range(group)]
     grads = [torch.randn(rows, out, generator=gen, device=device).to(dtype) for _ in range(group)]
-    fused = linear_module.fuses_linears(x, weights, biases)
-    assert fused == (dtype != torch.float32 and feats % 8 == 0 and out >= 16)
     leaves = [t.clone().requires_grad_() for t in (x, *weights, *(b for b in biases if b is not None))]
     lx, lw, lb = leaves[0], leaves[1:1 + group], leaves[1 + group:] or [None] * group
     ys = linear_module.linears(lx, lw, lb)
     assert len(ys) == group
     for g, (y, want) in enumerate(zip(ys, _oracle(x, weights, biases))):
         assert y.dtype == dtype and y.shape == (rows, out)
-        if fused:
-            assert y.is_contiguous()
-        else:  # column block g of one [rows, group · out] product
-            assert y.stride(-1) == 1 and (rows < 2 or y.stride(0) == group * out) and y._base is ys[0]._base
+        # column block g of one [rows, group · out] product
+        assert y.stride(-1) == 1 and (rows < 2 or y.stride(0) == group * out) and y._base is ys[0]._base
         assert_close(y, want, dtype=dtype, name=f"output {g}")
     torch.autograd.backward(ys, grads)
     ref = [t.detach().double().requires_grad_() for t in leaves]
@@ -143,7 +132,7 @@ def test_linears_forward_and_gradients(device, poison, grouped, dtype, rows, fea
         assert_close(ours.grad, theirs.grad, dtype=dtype, name=f"grad of {name}")
 
 
-def test_linears_partial_gradients_and_no_autograd(device, poison, grouped):
+def test_linears_partial_gradients_and_no_autograd(device, poison):
     gen = fresh_generator(device)
     x = torch.randn(45, 32, generator=gen, device=device).to(torch.bfloat16)
     weights = [torch.randn(24, 32, generator=gen, device=device).to(torch.bfloat16).requires_grad_() for _ in range(3)]
@@ -161,7 +150,7 @@ def test_linears_partial_gradients_and_no_autograd(device, poison, grouped):
         assert_close(y, want, dtype=torch.bfloat16, name="no-grad output")
 
 
-def test_linears_rejects_bad_input(device, grouped):
+def test_linears_rejects_bad_input(device):
     x = torch.ones(4, 16, device=device, dtype=torch.bfloat16)
     w = torch.ones(16, 16, device=device, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="one or more weights"):

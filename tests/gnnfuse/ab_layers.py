@@ -7,7 +7,7 @@ LAYER is ``gat``, ``gatv2``, ``tr`` (GraphTransformerConv), ``tredge`` (with 16 
 ``agnn``; DTYPE ``fp32`` or ``bf16``.  Each ``name=value`` (a Python literal) sets that module constant
 of ``gnnfuse.ops`` for the row (``schedule.NAME=value``: of ``gnnfuse.schedule``, e.g.
 ``schedule.DEFAULT_LIGHT_MAX=32``; ``linear.NAME=value``: of ``fusecore.linear``, e.g.
-``linear.FUSED_LINEARS=False``), or ``max_light_rows=N`` the GPU's light rows per program
+``linear.STACK_LINEARS=False``), or ``max_light_rows=N`` the GPU's light rows per program
 (``gnnfuse.schedule.GPU_TILES``); the graph's schedules and launch plans are rebuilt for every row and
 the constants restored after it.  Each row checks the layer's output against its first row of the
 same layer and dtype (a variant changes launches, never values beyond rounding), then times, as the

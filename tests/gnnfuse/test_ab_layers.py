@@ -26,14 +26,14 @@ def test_rows_parse_with_literal_values_and_bracketed_commas():
 
 def test_settings_are_restored_and_unknown_names_refused():
     breaks, tiles, light_max = ops.LIGHT_LAUNCH_BREAKS, schedule.GPU_TILES, schedule.DEFAULT_LIGHT_MAX
-    grouped = linear.FUSED_LINEARS
+    stacked = linear.STACK_LINEARS
     restore = ab_layers.apply({"LIGHT_LAUNCH_BREAKS": (8,), "max_light_rows": 2, "schedule.DEFAULT_LIGHT_MAX": 32,
-                               "linear.FUSED_LINEARS": not grouped})
+                               "linear.STACK_LINEARS": not stacked})
     assert ops.LIGHT_LAUNCH_BREAKS == (8,) and schedule.GPU_TILES.max_light_rows == 2
-    assert schedule.DEFAULT_LIGHT_MAX == 32 and linear.FUSED_LINEARS is (not grouped)
+    assert schedule.DEFAULT_LIGHT_MAX == 32 and linear.STACK_LINEARS is (not stacked)
     restore()
     assert ops.LIGHT_LAUNCH_BREAKS is breaks and schedule.GPU_TILES is tiles and schedule.DEFAULT_LIGHT_MAX == light_max
-    assert linear.FUSED_LINEARS is grouped
+    assert linear.STACK_LINEARS is stacked
     for bad in ("NO_SUCH_CONSTANT", "schedule.NO_SUCH_CONSTANT", "nn.GATConv", "schedule.build_schedule",
                 "linear.linears"):
         with pytest.raises(ValueError, match="no constant"):  # nothing set, the good settings before it neither
