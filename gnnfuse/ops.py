@@ -289,7 +289,8 @@ LIGHT_UNROLLED_WARPS: dict[str, int | None] = {"forward": None, "source": None, 
 # ... and a register cap per thread (ptxas ``maxnreg``) per pass and score, in 2-byte floats (absent: ptxas's
 # choice), trading registers for resident warps.  The GAT bf16 source pass (113 registers, 24% occupancy,
 # 260 µs of the step, ncu session 11) at 96, session 14 (H200, same call, replayed forward / step µs):
-# 248.6 / 792.6 → 247.7 / 772.0; GATv2 bf16's source pass at 96 lost, 278.2 / 1290 → 277.9 / 1554.
+# 248.6 / 792.6 → 247.7 / 772.0 (it then keeps 8-16 bytes a thread in local memory, Triton 3.6's ptxas);
+# GATv2 bf16's source pass at 96 lost, 278.2 / 1290 → 277.9 / 1554.
 LIGHT_UNROLLED_MAXNREG: dict[str, dict[int, int]] = {"forward": {}, "source": {SCORE_GAT: 96}, "destination": {}}
 
 

@@ -27,7 +27,12 @@ def test_a_row_prints_its_kernels_resources(tmp_path):
         for kernel in ("attention_forward_light_kernel", "attention_backward_src_light_kernel",
                        "attention_forward_rows_kernel", "row_sum_kernel"):
             assert kernel in section, section
-        assert "specialisations, 0 with local memory" in section
+        # local memory only where a register cap asks for it: the GAT bf16 source pass at maxnreg 96
+        # (ops.LIGHT_UNROLLED_MAXNREG; 8-16 bytes with the GPU's Triton 3.6, more with later ones)
+        for line in section.splitlines()[3:]:
+            parts = line.split()
+            if len(parts) > 4 and parts[1].isdigit():
+                assert parts[3] == "0" or ("src_light_kernel" in parts[0] and "UNROLLED=True" in line), line
     # the second row's plans are its own: the source pass in tile form there, unrolled in the first
     source = [[line for line in section.splitlines() if "src_light_kernel" in line] for section in sections]
     assert source[0] and all("UNROLLED=True" in line for line in source[0])
