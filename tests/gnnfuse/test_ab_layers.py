@@ -56,3 +56,13 @@ def test_a_run_prints_one_checked_row_per_variant(capsys):
         assert "error" not in line and line["rel_error_vs_first"] < 1e-5
         assert len(line["fwd called"]) == len(line["step called"]) == 1
     assert ops.LIGHT_LAUNCH_BREAKS is breaks
+
+
+def test_host_profile_runs_a_row(capsys):
+    """tests/gnnfuse/host_profile.py on a tiny graph: both kinds timed and profiled."""
+    import host_profile
+
+    assert host_profile.main(["gatv2-fp32", "--graph", "tiny-power-law", "--calls", "2", "--top", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "== gatv2-fp32 fwd: issue" in out and "== gatv2-fp32 step: issue" in out
+    assert out.count("ncalls") == 4
