@@ -58,7 +58,9 @@ def word_to_uniform(word):
 
 @jit
 def word_to_open_uniform(word):
-    """uint32 -> float32 uniform in (0, 1): safe for log()."""
+    """uint32 -> float32 uniform in (0, 1]: safe for log().  ``top + 0.5`` is rounded to float32 (24
+    significant bits), so above ``2**23`` it is an even integer and the top word gives exactly 1.0 (a
+    zero Box-Muller radius, once in 2**24 draws); :func:`normal_reference` rounds the same way."""
     return ((word >> 8).to(tl.float32) + 0.5) * 5.9604644775390625e-08
 
 
@@ -217,7 +219,7 @@ def normal_reference(seed: int, stream, position) -> np.ndarray:
     words = philox_reference(seed, stream, position).astype(np.float64)
     top = np.floor(words / 256.0)
     uniform = top * TWO_POW_M24
-    open_uniform = (top + 0.5) * TWO_POW_M24
+    open_uniform = (top + 0.5).astype(np.float32).astype(np.float64) * TWO_POW_M24  # as word_to_open_uniform
     r0 = np.sqrt(-2.0 * np.log(open_uniform[..., 0]))
     r1 = np.sqrt(-2.0 * np.log(open_uniform[..., 2]))
     t0 = TWO_PI * uniform[..., 1]

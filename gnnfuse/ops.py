@@ -111,7 +111,8 @@ class AttentionInputs:
     ``v``); ``attn`` GATv2's ``[H, D]`` vector; ``edge_attr`` ``[E, K]`` (input edge order) and
     ``edge_weight`` ``[K, H, D]``: the dot score's edge features, projected in registers and
     added to keys and values; ``keys_from_values``: the dot score's keys are ``value · src_term``
-    with ``src_term`` a per-node scale ``[N, H]`` (AGNN: one gathered tile per edge instead of two);
+    with ``src_term`` a per-node scale ``[N, H]`` (AGNN: one gathered tile per edge instead of two), and
+    the queries ``value · dst_term`` with ``dst_term`` a per-node scale ``[N, H]`` too (never stored);
     ``out_add``: ``[H, D]`` or ``[N, H, D]`` added to the output as the forward stores it (a
     layer's bias or root term; in training into a second output, see :func:`_forward_saving`).
 
@@ -156,7 +157,7 @@ class AttentionInputs:
     def pointers(self) -> tuple[torch.Tensor, ...]:
         """(src_term, dst_term, attn, value, edge_attr, edge_weight) kernel arguments; unused
         roles get a tensor the kernel never reads."""
-        unused = self.dst_term
+        unused = self.value  # [N, H, D]: as large as any unused read (attn's H·D elements) at N >= 1
         attn = unused if self.attn is None else self.attn
         attr = unused if self.edge_attr is None else self.edge_attr
         weight = unused if self.edge_weight is None else self.edge_weight
@@ -1417,21 +1418,22 @@ class TransformerAttentionFunction(torch.autograd.Function):
 
 
 def _normalize_rows(h: torch.Tensor, beta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """AGNN's ``(r [N, H], q [N, H, D])``: ``r = 1 / max(‖h‖, ε)``, ``q = β h r``, in the accumulation
-    dtype, from one per-node kernel (:mod:`gnnfuse.kernels.normalize`)."""
+    """AGNN's per-node scales ``(r, c)``, ``[N, H]`` each in the accumulation dtype: ``r = 1 / max(‖h‖, ε)``
+    (keys ``h r``) and ``c = β r`` (queries ``h c``, formed by the attention kernels), from one per-node
+    kernel (:mod:`gnnfuse.kernels.normalize`)."""
     from .kernels.normalize import normalize_kernel
 
     num_nodes, heads, head_dim = h.shape
     acc = accumulation_dtype(h.dtype)
     inverse_norm = _new_output((num_nodes, heads), acc, h.device)
-    query = _new_output(tuple(h.shape), acc, h.device)
+    query_scale = _new_output((num_nodes, heads), acc, h.device)
     block_h, block_d, rows = _node_tile_rows(heads, head_dim)
     if num_nodes:
         normalize_kernel[(cdiv(num_nodes, rows),)](
-            h, beta, inverse_norm, query, num_nodes, heads, head_dim, NORMALIZE_EPS,
+            h, beta, inverse_norm, query_scale, num_nodes, heads, head_dim, NORMALIZE_EPS,
             ROWS=rows, BLOCK_H=block_h, BLOCK_D=block_d,
         )
-    return inverse_norm, query
+    return inverse_norm, query_scale
 
 
 def _normalize_rows_backward(h, beta, grad_value, grad_key, grad_query) -> tuple[torch.Tensor, torch.Tensor]:
@@ -1453,25 +1455,26 @@ def _normalize_rows_backward(h, beta, grad_value, grad_key, grad_query) -> tuple
 
 
 class AGNNFunction(torch.autograd.Function):
-    """AGNN from features ``h [N, H, D]`` and ``β``: unit rows ``ĥ = h · r`` (``r = 1 / max(‖h‖, ε)``
-    per node and head) and queries ``q = β ĥ`` from one per-node kernel, then the dot-product
-    kernels with ``v = h`` and keys formed from the gathered values, ``k_j = h_j r_j`` (one tile
-    per edge).  Backward: the attention's ``∂v``, ``∂k``, ``∂q`` and the normalization's backward
-    in one per-node kernel, ``∂β = Σ ∂q · ĥ`` reduced in the accumulation dtype (the sum cancels
-    strongly: softmax gradients sum to zero per row, so half-precision ``∂q`` would lose it)."""
+    """AGNN from features ``h [N, H, D]`` and ``β``: per-node scales ``r = 1 / max(‖h‖, ε)`` and ``c = β r``
+    from one per-node kernel, then the dot-product kernels with ``v = h``, keys formed from the gathered
+    values, ``k_j = h_j r_j`` (one tile per edge), and queries from the row's values, ``q_i = h_i c_i`` (no
+    ``[N, H, D]`` query tensor written, read or saved).  Backward: the attention's ``∂v``, ``∂k``, ``∂q`` and
+    the normalization's backward in one per-node kernel, ``∂β = Σ ∂q · ĥ`` reduced in the accumulation dtype
+    (the sum cancels strongly: softmax gradients sum to zero per row, so half-precision ``∂q`` would lose
+    it)."""
 
     @staticmethod
     def forward(ctx, h, beta, graph, options):  # type: ignore[override]
-        inverse_norm, query = _normalize_rows(h, beta)
-        inputs = AttentionInputs(SCORE_DOT, inverse_norm, query, h, keys_from_values=True)
+        inverse_norm, query_scale = _normalize_rows(h, beta)
+        inputs = AttentionInputs(SCORE_DOT, inverse_norm, query_scale, h, keys_from_values=True)
         no_dropout = (0.0, 0, 0, options)
-        return _forward_saving(ctx, graph, inputs, no_dropout, 2, h, beta, inverse_norm, query)
+        return _forward_saving(ctx, graph, inputs, no_dropout, 2, h, beta, inverse_norm, query_scale)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):  # type: ignore[override]
-        h, beta, inverse_norm, query = ctx.saved_tensors[:4]
-        inputs = AttentionInputs(SCORE_DOT, inverse_norm, query, h, keys_from_values=True)
+        h, beta, inverse_norm, query_scale = ctx.saved_tensors[:4]
+        inputs = AttentionInputs(SCORE_DOT, inverse_norm, query_scale, h, keys_from_values=True)
         grad_value, grad_key, grad_query, *_ = _backward_saved(ctx, inputs, grad_out,
                                                                  grad_value_dtype=inverse_norm.dtype)
         grad_h, grad_beta = _normalize_rows_backward(h, beta, grad_value, grad_key, grad_query)

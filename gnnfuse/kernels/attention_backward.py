@@ -52,7 +52,7 @@ from .edge_features import (
     row_edge_terms,
     store_attr_grad,
 )
-from .scores import attn_grad_terms, edge_scores, gather_keys, score_grad
+from .scores import attn_grad_terms, edge_scores, gather_keys, gather_queries, row_query, score_grad
 from .tiles import (
     ONE,
     flat_head_tile,
@@ -133,8 +133,8 @@ def attention_backward_src_kernel(
             dst_i = tl.load(dst_term_ptr + eh_offs, mask=eh_mask, other=0.0).to(acc_dtype)
             src_e = src_j
         else:
-            dst_i = tl.load(dst_term_ptr + dst[:, None, None] * feat_stride + hd_offs[None, :, :], mask=feat_mask,
-                            other=0.0).to(acc_dtype)
+            dst_i = gather_queries(dst_term_ptr, value_ptr, dst, e_mask, H, feat_stride, offs_h, h_mask, hd_offs,
+                                   hd_mask, acc_dtype, KEY_SCALE)
             if SCORE == 2:
                 dst_i = dst_i * scale
             if EDGE:
@@ -300,8 +300,8 @@ def _src_light_unrolled(
             dst_i = tl.load(dst_term_ptr + eh_offs, mask=eh_mask, other=0.0).to(acc_dtype)
             s = edge_scores(src_row, dst_i, negative_slope, negative_slope, 0)
         else:
-            dst_i = tl.load(dst_term_ptr + dst[:, None, None] * feat_stride + hd_offs[None, :, :], mask=feat_mask,
-                            other=0.0).to(acc_dtype)
+            dst_i = gather_queries(dst_term_ptr, value_ptr, dst, e_mask, H, feat_stride, offs_h, h_mask, hd_offs,
+                                   hd_mask, acc_dtype, KEY_SCALE)
             if SCORE == 2:
                 dst_i = dst_i * scale
             s = edge_scores(src_row, dst_i, attn, negative_slope, SCORE)
@@ -371,8 +371,8 @@ def _src_light_rows(
     else:
         val_j = tl.load(value_ptr + rows_flat[:, None, None] * feat_stride + hd_offs[None, :, :], mask=feat_mask,
                         other=0.0).to(acc_dtype)
-        dst_i = tl.load(dst_term_ptr + dst_flat[:, None, None] * feat_stride + hd_offs[None, :, :], mask=feat_mask,
-                        other=0.0).to(acc_dtype)
+        dst_i = gather_queries(dst_term_ptr, value_ptr, dst_flat, e_flat, H, feat_stride, offs_h, h_mask, hd_offs,
+                               hd_mask, acc_dtype, KEY_SCALE)
         if SCORE == 2:
             dst_i = dst_i * scale
         if SCORE == 1:
@@ -462,7 +462,8 @@ def attention_backward_dst_kernel(
     offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
     HD = H * D
     row, start, stop, out_index = item_edges(pid, rows_ptr, starts_ptr, stops_ptr, PIECES)
-    dst_i = tl.load(dst_term_ptr + row * feat_stride + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
+    dst_i = row_query(dst_term_ptr, value_ptr, row, H, feat_stride, offs_h, h_mask, hd_offs, hd_mask, acc_dtype,
+                      KEY_SCALE)
     attn = tl.load(attn_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
     if LANES:
         acc = tl.zeros([BLOCK_E, BLOCK_H, BLOCK_D], dtype=acc_dtype)
@@ -585,8 +586,8 @@ def _dst_light_unrolled(
     offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
     _, r_mask, rows, start, degree = row_ranges(pid, rows_ptr, starts_ptr, stops_ptr, num_rows, ROWS)
     row_mask = r_mask[:, None, None] & hd_mask[None, :, :]
-    dst_row = tl.load(dst_term_ptr + rows[:, None, None] * feat_stride + hd_offs[None, :, :], mask=row_mask,
-                      other=0.0).to(acc_dtype)
+    dst_row = gather_queries(dst_term_ptr, value_ptr, rows, r_mask, H, feat_stride, offs_h, h_mask, hd_offs, hd_mask,
+                             acc_dtype, KEY_SCALE)
     attn = tl.load(attn_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
     acc = tl.zeros([ROWS, BLOCK_H, BLOCK_D], dtype=acc_dtype)
     for e in tl.static_range(BLOCK_E):
@@ -630,8 +631,8 @@ def _dst_light_rows(
     grad_s = tl.load(grad_s_ptr + pos_flat[:, None] * H + offs_h[None, :], mask=eh_flat, other=0.0)
     src_j, _ = gather_keys(src_term_ptr, value_ptr, src_flat, e_flat, H, feat_stride, offs_h, h_mask, hd_offs,
                            hd_mask, acc_dtype, KEY_SCALE)
-    dst_i = tl.load(dst_term_ptr + rows_flat[:, None, None] * feat_stride + hd_offs[None, :, :], mask=feat_mask,
-                    other=0.0).to(acc_dtype)
+    dst_i = gather_queries(dst_term_ptr, value_ptr, rows_flat, e_flat, H, feat_stride, offs_h, h_mask, hd_offs,
+                           hd_mask, acc_dtype, KEY_SCALE)
     attn = tl.load(attn_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
     if EDGE:
         eid_flat = tl.load(eid_ptr + pos_flat, mask=e_flat, other=0).to(tl.int64)

@@ -52,7 +52,7 @@ from fusecore.softmax import online_update
 
 from .dropout import attention_dropout, dropout_seed
 from .edge_features import edge_attr_tile, edge_weight_heads, edge_weight_tile, project_edges, row_edge_terms
-from .scores import edge_scores, gather_keys
+from .scores import edge_scores, gather_keys, gather_queries, row_query
 from .tiles import (
     ONE,
     finish_softmax,
@@ -109,10 +109,10 @@ def attention_forward_rows_kernel(
         dst_i = tl.load(dst_term_ptr + row * H + offs_h, mask=h_mask, other=0.0).to(acc_dtype)[None, :]
         attn = dst_i
     else:
-        dst_i = tl.load(dst_term_ptr + row * feat_stride + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)
+        dst_i = row_query(dst_term_ptr, value_ptr, row, H, feat_stride, offs_h, h_mask, hd_offs, hd_mask, acc_dtype,
+                          KEY_SCALE)
         if SCORE == 2:
             dst_i = dst_i * scale
-        dst_i = dst_i[None, :, :]
         attn = tl.load(attn_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
     if EDGE:
         # e_p is never formed (kernels/edge_features.py): score term attr_p · u, value term
@@ -289,8 +289,8 @@ def _forward_light_unrolled(
     if SCORE == 0:
         dst_i = tl.load(dst_term_ptr + rows[:, None] * H + offs_h[None, :], mask=rh_mask, other=0.0).to(acc_dtype)
     else:
-        dst_i = tl.load(dst_term_ptr + rows[:, None, None] * feat_stride + hd_offs[None, :, :], mask=feat_rows,
-                        other=0.0).to(acc_dtype)
+        dst_i = gather_queries(dst_term_ptr, value_ptr, rows, r_mask, H, feat_stride, offs_h, h_mask, hd_offs, hd_mask,
+                               acc_dtype, KEY_SCALE)
         if SCORE == 2:
             dst_i = dst_i * scale
         attn = tl.load(attn_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
@@ -371,8 +371,8 @@ def _forward_light_rows(
             src_j += edge_j
         # The row's own term, read per edge (cache hits) to stay in the flat edge layout.
         rows_flat = tl.reshape(rows[:, None] + tl.zeros([ROWS, BLOCK_E], dtype=tl.int64), [ROWS * BLOCK_E])
-        dst_i = tl.load(dst_term_ptr + rows_flat[:, None, None] * feat_stride + hd_offs[None, :, :], mask=feat_mask,
-                        other=0.0).to(acc_dtype)
+        dst_i = gather_queries(dst_term_ptr, value_ptr, rows_flat, e_flat, H, feat_stride, offs_h, h_mask, hd_offs,
+                               hd_mask, acc_dtype, KEY_SCALE)
         if SCORE == 2:
             dst_i = dst_i * scale
         attn = tl.load(attn_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]

@@ -2,16 +2,17 @@
 
 AGNN's score is ``β cos(h_i, h_j) = q_i · k_j`` with unit rows ``ĥ = h · r``,
 ``r = 1 / max(‖h‖, ε)`` per node and head (``torch.nn.functional.normalize``), ``q = β ĥ`` and
-``k = ĥ`` (the attention kernels form ``k_j = h_j r_j`` from the gathered values).
+``k = ĥ`` (the attention kernels form ``k_j = h_j r_j`` from the gathered values and ``q_i = h_i c_i``
+from the row's values, :func:`~gnnfuse.kernels.scores.gather_queries`: neither is stored).
 
-:func:`normalize_kernel` writes ``r [N, H]`` and ``q [N, H, D]`` from one read of ``h``.
+:func:`normalize_kernel` writes ``r [N, H]`` and ``c = β r [N, H]`` from one read of ``h``.
 :func:`normalize_backward_kernel` turns the attention's gradients ``∂v``, ``∂k``, ``∂q`` into::
 
     ∂ĥ = β ∂q + ∂k
     ∂h = ∂v + r (∂ĥ − ĥ (ĥ · ∂ĥ))      (ĥ · ∂ĥ dropped where ‖h‖ <= ε: the clamp passes no gradient to ‖h‖)
     ∂β = Σ_{n, h} ∂q · ĥ                (per-program partial sums, added by the launcher)
 
-Bytes: forward ``N·H·D`` read, ``N·H·D + N·H`` written; backward four ``N·H·D`` reads, one written.
+Bytes: forward ``N·H·D`` read, ``2 N·H`` written; backward four ``N·H·D`` reads, one written.
 """
 
 import triton.language as tl
@@ -32,15 +33,14 @@ def _unit_rows(h_ptr, pid, num_nodes, H, D, eps, acc_dtype: tl.constexpr, ROWS: 
 
 
 @jit
-def normalize_kernel(h_ptr, beta_ptr, inverse_norm_ptr, query_ptr, num_nodes, H, D, eps,
+def normalize_kernel(h_ptr, beta_ptr, inverse_norm_ptr, query_scale_ptr, num_nodes, H, D, eps,
                      ROWS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
     acc_dtype = inverse_norm_ptr.dtype.element_ty
     pid = tl.program_id(0).to(tl.int64)
-    h, _, r, feat_offs, feat_mask, rh_offs, rh_mask = _unit_rows(h_ptr, pid, num_nodes, H, D, eps, acc_dtype, ROWS,
-                                                                 BLOCK_H, BLOCK_D)
+    _, _, r, _, _, rh_offs, rh_mask = _unit_rows(h_ptr, pid, num_nodes, H, D, eps, acc_dtype, ROWS, BLOCK_H, BLOCK_D)
     beta = tl.load(beta_ptr).to(acc_dtype)
     tl.store(inverse_norm_ptr + rh_offs, r, mask=rh_mask)
-    tl.store(query_ptr + feat_offs, (h * (beta * r)[:, :, None]).to(query_ptr.dtype.element_ty), mask=feat_mask)
+    tl.store(query_scale_ptr + rh_offs, beta * r, mask=rh_mask)
 
 
 @jit
