@@ -587,6 +587,7 @@ def attention_backward(
     bias_parts: torch.Tensor | None = None,
     term_grad_dtypes: tuple[torch.dtype | None, torch.dtype | None] = (None, None),
     grad_targets: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor] | None = None,
+    grad_out_copy: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """Gradients of the fused attention, without atomics:
     ``(∂value, ∂src-side, ∂dst_term, ∂edge_attr, attr_sums)``.
@@ -604,6 +605,8 @@ def attention_backward(
     the caller) from the read of ``g`` that forms ``δ``.  ``grad_targets`` ``(∂value, ∂k or None, ∂dst)``:
     ``[N, H, D]`` tensors of one row stride the kernels store these gradients into (column blocks of one
     ``[N, W]`` gradient, :func:`_packed_columns`) instead of new ones; ``∂k`` only for the dot score.
+    ``grad_out_copy``: an ``[N, H, D]`` block ``g`` is stored into as ``δ`` is formed (a per-node addend's
+    gradient in a packed gradient).
     """
     from .kernels.attention_backward import (
         attention_backward_dst_kernel,
@@ -646,7 +649,7 @@ def attention_backward(
     plan = _launch_plan(schedule, key,
                         lambda: _backward_plan(schedule, inputs, value.dtype, use_dropout, attr_grad, weight_grad))
     # δ_i = <g_i, out_i> per head: one pass over node rows instead of one over edges.
-    delta = _head_dot(grad_out, out, acc, bias_parts)
+    delta = _head_dot(grad_out, out, acc, bias_parts, grad_out_copy)
     grad_s = _new_output((max(graph.num_edges, 1), heads), acc, device)
     src_tensors = (*inputs.pointers(), lse, grad_out, delta)
     feat_stride, piece_stride = inputs.feat_stride, heads * head_dim  # piece buffers are contiguous
@@ -803,11 +806,12 @@ def _backward_saved(ctx, inputs: AttentionInputs, grad_out: torch.Tensor,
                     grad_value_dtype: torch.dtype | None = None, edge_grads: tuple[bool, bool] = (True, True),
                     bias_parts: torch.Tensor | None = None,
                     term_grad_dtypes: tuple[torch.dtype | None, torch.dtype | None] = (None, None),
-                    grad_targets: tuple | None = None) -> tuple[torch.Tensor, ...]:
+                    grad_targets: tuple | None = None, grad_out_copy: torch.Tensor | None = None,
+                    ) -> tuple[torch.Tensor, ...]:
     """:func:`attention_backward` from what :func:`_forward_saving` kept (``out``, ``lse`` last)."""
     out, lse = ctx.saved_tensors[-2:]
     return attention_backward(ctx.graph, inputs, lse, out, grad_out.contiguous(), *ctx.launch, grad_value_dtype,
-                              edge_grads, bias_parts, term_grad_dtypes, grad_targets)
+                              edge_grads, bias_parts, term_grad_dtypes, grad_targets, grad_out_copy)
 
 
 def _unpack(base: torch.Tensor, packing: tuple) -> list[torch.Tensor | None]:
@@ -990,10 +994,12 @@ def _node_part_buffer(like: torch.Tensor, count: int) -> torch.Tensor:
     return _new_output((count, programs, heads, head_dim), accumulation_dtype(like.dtype), like.device)
 
 
-def _head_dot(a: torch.Tensor, b: torch.Tensor, acc: torch.dtype, parts: torch.Tensor | None = None) -> torch.Tensor:
+def _head_dot(a: torch.Tensor, b: torch.Tensor, acc: torch.dtype, parts: torch.Tensor | None = None,
+              copy: torch.Tensor | None = None) -> torch.Tensor:
     """``Σ_d a · b`` per (node, head) of two contiguous ``[N, H, D]`` tensors, in ``acc``; with
-    ``parts`` (one sum of :func:`_node_part_buffer`) also the per-program partial sums of ``a``,
-    from the same read."""
+    ``parts`` (one sum of :func:`_node_part_buffer`) also the per-program partial sums of ``a``, and with
+    ``copy`` (``[N, H, D]``, contiguous heads and features, any row stride) ``a`` stored into it, from the
+    same read."""
     from .kernels.node_scores import head_dot_kernel
 
     num_nodes, heads, head_dim = a.shape
@@ -1001,8 +1007,9 @@ def _head_dot(a: torch.Tensor, b: torch.Tensor, acc: torch.dtype, parts: torch.T
     block_h, block_d, rows = _node_tile_rows(heads, head_dim)
     if num_nodes:
         head_dot_kernel[(cdiv(num_nodes, rows),)](
-            a, b, out, out if parts is None else parts, num_nodes, heads, head_dim, ROWS=rows, BLOCK_H=block_h,
-            BLOCK_D=block_d, COLUMN_SUMS=parts is not None,
+            a, b, out, out if parts is None else parts, a if copy is None else copy, num_nodes, heads, head_dim,
+            0 if copy is None else copy.stride(0), ROWS=rows, BLOCK_H=block_h, BLOCK_D=block_d,
+            COLUMN_SUMS=parts is not None, COPY=copy is not None,
         )
     return out
 
@@ -1403,16 +1410,14 @@ class TransformerAttentionFunction(torch.autograd.Function):
         parts = _node_part_buffer(value, 1)[0] if _bias_grad_wanted(ctx) else None
         grad_v, grad_k, grad_q, grad_attr, attr_sums = _backward_saved(
             ctx, inputs, grad_out, edge_grads=edge_grads, bias_parts=parts, term_grad_dtypes=(key.dtype, query.dtype),
-            grad_targets=targets)
+            grad_targets=targets, grad_out_copy=packed_add)
         if grad_attr is not None:
             grad_attr = grad_attr.to(edge_attr.dtype)
         grad_weight = None
         if attr_sums is not None:
             grad_weight = edge_weight_grad(attr_sums, grad_out, query, ctx.scale).to(edge_weight.dtype)
         add_grad = _addend_grad(ctx, grad_out, None if parts is None else parts.sum(0))
-        if ctx.packing is not None:
-            if packed_add is not None:  # the root term's gradient is g itself
-                packed_add.copy_(grad_out.view(packed_add.shape))
+        if ctx.packing is not None:  # the root term's gradient, g itself, was stored by the δ kernel
             return grad_base, None, None, grad_attr, grad_weight, *_NO_GRADS, add_grad, None
         return grad_q, grad_k, grad_v, grad_attr, grad_weight, *_NO_GRADS, add_grad, None
 

@@ -78,17 +78,25 @@ def node_scores_backward_kernel(
 
 
 @jit
-def head_dot_kernel(a_ptr, b_ptr, out_ptr, part_a_ptr, num_nodes, H, D, ROWS: tl.constexpr, BLOCK_H: tl.constexpr,
-                    BLOCK_D: tl.constexpr, COLUMN_SUMS: tl.constexpr):
+def head_dot_kernel(a_ptr, b_ptr, out_ptr, part_a_ptr, copy_ptr, num_nodes, H, D, copy_stride,
+                    ROWS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, COLUMN_SUMS: tl.constexpr,
+                    COPY: tl.constexpr = False):
     """``out[n, h] = Σ_d a[n, h, d] · b[n, h, d]`` (the backward's ``δ = <g, out>`` per node and head);
     with ``COLUMN_SUMS`` also ``part_a[p] = Σ_{n in program p} a[n]`` ``[H, D]`` in ``out``'s dtype
-    (an output bias's gradient ``Σ_n g_n``, summed over programs by the launcher), from the same read of ``a``."""
+    (an output bias's gradient ``Σ_n g_n``, summed over programs by the launcher), and with ``COPY`` ``a``
+    itself stored into ``copy [N, H, D]`` (rows ``copy_stride`` apart: a per-node addend's gradient, ``g``,
+    in place in a packed gradient), from the same read of ``a``."""
     acc_dtype = out_ptr.dtype.element_ty
     pid = tl.program_id(0).to(tl.int64)
     _, _, feat_offs, feat_mask, rh_offs, rh_mask = node_rows(pid, num_nodes, H, D, ROWS, BLOCK_H, BLOCK_D)
     a = tl.load(a_ptr + feat_offs, mask=feat_mask, other=0.0).to(acc_dtype)
     b = tl.load(b_ptr + feat_offs, mask=feat_mask, other=0.0).to(acc_dtype)
     tl.store(out_ptr + rh_offs, tl.sum(a * b, axis=2), mask=rh_mask)
+    if COPY:
+        offs_r, _, _, _, _, _ = node_rows(pid, num_nodes, H, D, ROWS, BLOCK_H, BLOCK_D)
+        _, _, hd_offs, _ = head_tile(H, D, BLOCK_H, BLOCK_D)
+        tl.store(copy_ptr + offs_r[:, None, None] * copy_stride + hd_offs[None, :, :],
+                 a.to(copy_ptr.dtype.element_ty), mask=feat_mask)
     if COLUMN_SUMS:
         _, _, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
         tl.store(part_a_ptr + pid * (H * D) + hd_offs, tl.sum(a, axis=0), mask=hd_mask)
