@@ -98,17 +98,9 @@ def gather_queries(dst_term_ptr, value_ptr, idx, mask, H, FS, offs_h, h_mask, hd
     """Destination terms ``[n, BLOCK_H, BLOCK_D]`` of the nodes ``idx [n]`` (0 where masked): read from
     ``dst_term [N, H, D]`` (row stride ``FS``), or, with ``KEY_SCALE`` (AGNN), formed from the values and a
     per-node scale in the destination-term slot, ``q_i = h_i · c_i`` with ``c = dst_term [N, H]`` (``β r``):
-    AGNN's queries are never stored."""
-    feat_mask = mask[:, None, None] & hd_mask[None, :, :]
-    if KEY_SCALE:
-        rows = tl.load(value_ptr + idx[:, None, None] * FS + hd_offs[None, :, :], mask=feat_mask,
-                       other=0.0).to(acc_dtype)
-        node_scale = tl.load(dst_term_ptr + idx[:, None] * H + offs_h[None, :], mask=mask[:, None] & h_mask[None, :],
-                             other=0.0).to(acc_dtype)
-        terms = rows * node_scale[:, :, None]
-    else:
-        terms = tl.load(dst_term_ptr + idx[:, None, None] * FS + hd_offs[None, :, :], mask=feat_mask,
-                        other=0.0).to(acc_dtype)
+    AGNN's queries are never stored.  The keys' gather (:func:`gather_keys`) with the other side's slot."""
+    terms, _ = gather_keys(dst_term_ptr, value_ptr, idx, mask, H, FS, offs_h, h_mask, hd_offs, hd_mask, acc_dtype,
+                           KEY_SCALE)
     return terms
 
 
