@@ -212,6 +212,19 @@ def _packed_columns(*views: torch.Tensor | None) -> tuple[torch.Tensor, tuple[in
     return base, tuple(offsets)
 
 
+def _function_features(heads: int, head_dim: int, views: tuple[torch.Tensor, ...],
+                       addend: torch.Tensor | None = None) -> tuple[tuple, tuple | None]:
+    """An attention Function's feature arguments and ``packing`` for ``views`` (its ``[N, H, D]`` inputs) and
+    a per-node ``addend``: ``((base, None, ...), (H, D, offsets))`` when they are column blocks of one product
+    (:func:`_packed_columns`, with the addend if it is one of them too: its offset last, else None), else
+    ``(views as the kernels read them, None)``."""
+    packed = (_packed_columns(*views, addend) if addend is not None else None) or _packed_columns(*views, None)
+    if packed is None:
+        return _feature_rows(*views), None
+    base, offsets = packed
+    return (base,) + (None,) * (len(views) - 1), (heads, head_dim, offsets)
+
+
 def _column_block(base: torch.Tensor, offset: int, heads: int, head_dim: int) -> torch.Tensor:
     """The ``[N, H, D]`` view of ``base [N, W]``'s columns ``offset : offset + H·D``."""
     return base.as_strided((base.shape[0], heads, head_dim), (base.stride(0), head_dim, 1),
@@ -1344,7 +1357,7 @@ class GATv2Function(torch.autograd.Function):
         ctx.packing = packing
         saved = (fs, fd, attn)
         if packing is not None:  # fs: the [N, W] output both sides are column blocks of (_packed_columns)
-            fs, fd = _unpack(fs, packing)
+            fs, fd, _ = _unpack(fs, packing)
         inputs = AttentionInputs(SCORE_GATV2, fs, fd, fs, attn=attn, negative_slope=negative_slope)
         ctx.negative_slope = negative_slope
         return _forward_saving(ctx, graph, inputs, (dropout_p, seed, offset, options), 3, *saved)
@@ -1356,8 +1369,8 @@ class GATv2Function(torch.autograd.Function):
         targets = None
         if ctx.packing is not None:
             base = fs
-            fs, fd = _unpack(base, ctx.packing)
-            grad_base, (grad_fs, grad_fd) = _packed_gradient(base, ctx.packing)
+            fs, fd, _ = _unpack(base, ctx.packing)
+            grad_base, (grad_fs, grad_fd, _) = _packed_gradient(base, ctx.packing)
             targets = (grad_fs, None, grad_fd)
         inputs = AttentionInputs(SCORE_GATV2, fs, fd, fs, attn=attn, negative_slope=ctx.negative_slope)
         # ∂fd stored in fd's dtype by the kernels; the ∂attn partials stay in the accumulation dtype
@@ -1535,12 +1548,7 @@ def gatv2(
             graph, feat_src, feat_dst, attn, negative_slope=negative_slope, dropout=dropout, seed=seed, offset=offset
         )[0].to(feat_src.dtype)
     backend.check_devices(feat_src=feat_src, feat_dst=feat_dst, attn=attn, graph=graph.indptr)
-    packed = _packed_columns(feat_src, feat_dst)
-    if packed is not None:
-        base, offsets = packed
-        sides, packing = (base, None), (heads, head_dim, offsets)
-    else:
-        sides, packing = _feature_rows(feat_src, feat_dst), None
+    sides, packing = _function_features(heads, head_dim, (feat_src, feat_dst))
     return _apply(
         GATv2Function, *sides, attn.reshape(heads, head_dim).contiguous(), graph,
         float(negative_slope), dropout, seed, offset, schedule, packing,
@@ -1616,14 +1624,9 @@ def transformer_attention(
         edge_attr = edge_attr.contiguous()
         weight_khd = edge_weight.t().reshape(edge_attr.shape[1], heads, head_dim).contiguous()
     per_node_add = add if add is not None and add.dim() == 3 else None
-    packed = _packed_columns(query, key, value, per_node_add) if per_node_add is not None else None
-    packed = packed or _packed_columns(query, key, value, None)
-    if packed is not None:
-        base, offsets = packed
-        features, packing = (base, None, None), (heads, head_dim, offsets)
-        out_add = None if offsets[3] is not None else out_add
-    else:
-        features, packing = _feature_rows(query, key, value), None
+    features, packing = _function_features(heads, head_dim, (query, key, value), per_node_add)
+    if packing is not None and packing[2][3] is not None:
+        out_add = None  # a block of the product: the Function reads it, and stores its gradient, there
     return _apply(
         TransformerAttentionFunction, *features, edge_attr, weight_khd, graph, float(scale), dropout,
         seed, offset, schedule, out_add, packing,
