@@ -19,7 +19,9 @@ the working tree: here ``git archive HEAD gnnfuse fusecore benchmarks pyproject.
 .ab_gnn/head`` (an ignored folder, carried), there ``PYTHONPATH=.ab_gnn/head python3
 tests/gnnfuse/ab_layers.py head gat-bf16`` before and after ``PYTHONPATH=. python3
 tests/gnnfuse/ab_layers.py tree gat-bf16 gat-bf16:LIGHT_LAUNCH_BREAKS=(8,)``.  The graph is the
-benchmarks' arxiv-like one (``--graph`` picks another of ``benchmarks.cases.gnn``'s names).
+benchmarks' arxiv-like one (``--graph`` picks another of ``benchmarks.cases.gnn``'s names), the layer's
+shape the benchmarks' for that graph (input features, heads, head size: 128, 8, 16 on arxiv-like, 602, 4,
+16 on reddit-scale; ``--shape IN,HEADS,DIM`` another).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import torch
 
 LAYERS = ("gat", "gatv2", "tr", "tredge", "agnn")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-IN_FEATS, HEADS, HEAD_DIM, EDGE_DIM = 128, 8, 16, 16
+EDGE_DIM = 16
 
 
 def parse(row: str) -> tuple[str, str, dict]:
@@ -100,18 +102,28 @@ def apply(settings: dict):
     return restore
 
 
-def build(layer: str, dtype: torch.dtype, graph, num_nodes: int, device: torch.device):
-    """The layer, its inputs and ``(forward, step)`` closures."""
+def graph_shape(graph_name: str) -> tuple[int, int, int]:
+    """(input features, heads, head size) the benchmarks give layers on ``graph_name``."""
+    from benchmarks.cases.gnn import FULL, QUICK
+
+    spec = next((s for s in (*FULL, *QUICK) if s.name == graph_name), None)
+    return (spec.in_feats, spec.heads, spec.head_dim) if spec else (128, 8, 16)
+
+
+def build(layer: str, dtype: torch.dtype, graph, num_nodes: int, device: torch.device,
+          shape: tuple[int, int, int] = (128, 8, 16)):
+    """The layer (``shape`` = input features, heads, head size), its inputs and ``(forward, step)`` closures."""
+    in_feats, heads, head_dim = shape
     from gnnfuse.nn import AGNNConv, GATConv, GATv2Conv, GraphTransformerConv
 
     gen = torch.Generator(device="cpu").manual_seed(0)
     torch.manual_seed(0)
-    module = {"gat": lambda: GATConv(IN_FEATS, HEAD_DIM, HEADS),
-              "gatv2": lambda: GATv2Conv(IN_FEATS, HEAD_DIM, HEADS),
-              "tr": lambda: GraphTransformerConv(IN_FEATS, HEAD_DIM, heads=HEADS),
-              "tredge": lambda: GraphTransformerConv(IN_FEATS, HEAD_DIM, heads=HEADS, edge_dim=EDGE_DIM),
+    module = {"gat": lambda: GATConv(in_feats, head_dim, heads),
+              "gatv2": lambda: GATv2Conv(in_feats, head_dim, heads),
+              "tr": lambda: GraphTransformerConv(in_feats, head_dim, heads=heads),
+              "tredge": lambda: GraphTransformerConv(in_feats, head_dim, heads=heads, edge_dim=EDGE_DIM),
               "agnn": AGNNConv}[layer]().to(device, dtype)
-    x = torch.randn(num_nodes, IN_FEATS, generator=gen).to(device, dtype).requires_grad_(layer == "agnn")
+    x = torch.randn(num_nodes, in_feats, generator=gen).to(device, dtype).requires_grad_(layer == "agnn")
     extra = (torch.randn(graph.num_edges, EDGE_DIM, generator=gen).to(device, dtype),) if layer == "tredge" else ()
     params = [*module.parameters(), *([x] if layer == "agnn" else [])]
 
@@ -135,7 +147,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("rows", nargs="+")
     parser.add_argument("--graph", default="arxiv-like")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--shape", default=None, help="IN,HEADS,DIM (default: the benchmarks' shape for --graph)")
     args = parser.parse_args(argv)
+    shape = tuple(int(v) for v in args.shape.split(",")) if args.shape else graph_shape(args.graph)
+    if len(shape) != 3 or min(shape) < 1:
+        parser.error(f"--shape: expected three positive ints IN,HEADS,DIM, got {args.shape!r}")
     rows = [(row, *parse(row)) for row in args.rows]  # every row parsed before anything runs
 
     from benchmarks.cases.gnn import _edges
@@ -151,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         restore = apply(settings)
         try:
             graph = Graph(edges, num_nodes)  # fresh schedules and launch plans under the settings
-            forward, step = build(layer, DTYPES[dtype_name], graph, num_nodes, device)
+            forward, step = build(layer, DTYPES[dtype_name], graph, num_nodes, device, shape)
             out = forward().float()
             reference = first.setdefault((layer, dtype_name), out)
             error = rel_error(out, reference)

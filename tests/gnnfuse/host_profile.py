@@ -52,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         restore = ab_layers.apply(settings)
         try:
             graph = Graph(edges, num_nodes)
-            forward, step = ab_layers.build(layer, ab_layers.DTYPES[dtype_name], graph, num_nodes, device)
+            forward, step = ab_layers.build(layer, ab_layers.DTYPES[dtype_name], graph, num_nodes, device,
+                                            ab_layers.graph_shape(args.graph))
             for kind, fn in (("fwd", forward), ("step", step)):
                 for _ in range(min(20, args.calls)):  # compile, build the schedule and launch plans, settle
                     fn()

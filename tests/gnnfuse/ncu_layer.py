@@ -17,7 +17,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from ab_layers import DTYPES, apply, build, parse  # noqa: E402
+from ab_layers import DTYPES, apply, build, graph_shape, parse  # noqa: E402
 
 
 def main(argv: list[str]) -> int:
@@ -30,7 +30,7 @@ def main(argv: list[str]) -> int:
     apply(settings)
     edges, num_nodes = _edges(graph_name, device)
     graph = Graph(edges, num_nodes)
-    forward, step = build(layer, DTYPES[dtype_name], graph, num_nodes, device)
+    forward, step = build(layer, DTYPES[dtype_name], graph, num_nodes, device, graph_shape(graph_name))
     for _ in range(3):
         forward()
         step()

@@ -56,6 +56,13 @@ def test_a_run_prints_one_checked_row_per_variant(capsys):
         assert "error" not in line and line["rel_error_vs_first"] < 1e-5
         assert len(line["fwd called"]) == len(line["step called"]) == 1
     assert ops.LIGHT_LAUNCH_BREAKS is breaks
+    # the layer's shape is the benchmarks' for the graph unless --shape names one
+    assert ab_layers.graph_shape("reddit-scale") == (602, 4, 16)
+    assert ab_layers.graph_shape("tiny-power-law") == (16, 2, 8)
+    assert ab_layers.main(["cpu", "agnn-fp32", "--graph", "tiny-power-law", "--rounds", "1", "--shape", "8,1,8"]) == 0
+    assert "error" not in json.loads(capsys.readouterr().out)
+    with pytest.raises(SystemExit):
+        ab_layers.main(["cpu", "gat-fp32", "--shape", "8,2"])
 
 
 def test_host_profile_runs_a_row(capsys):
