@@ -362,6 +362,38 @@ ROW_EDGE_TILES = {
     "destination": {SCORE_GAT: 1, SCORE_GATV2: 2, SCORE_DOT: 1},
 }
 
+# ... and at most this many edges a block on the GPU, by pass and score (absent: no cap).  A medium row is a
+# chain of dependent round trips (its range, the first indices, each block's gathers, the lane merge, the
+# stores): bound by rows in flight more than by bytes per trip, so a short block (fewer registers, more
+# resident programs, less masked waste on rows of a few dozen edges) wins.  Nsight Compute (session 15, H200,
+# GAT bf16 forward on the Reddit-scale graph, 4 heads x 16: 230 640 medium rows of median in-degree 39): the
+# row kernel at 64-edge blocks took 2.72 ms at 124 registers, 25% occupancy, 24% of DRAM bandwidth.  Same-call
+# A/B (session 15, H200, replayed forward / training step µs, against no cap; `tests/gnnfuse/ab_layers.py`):
+# Reddit-scale GAT bf16 2343 / 10 586 -> 1575 / 5060 (source pass at 16 edges: 5142), fp32 2533 / 9517 -> 2196 /
+# 7658; Graph Transformer bf16 2493 / 12 681 -> 2113 / 7676 (destination at 32: 8051, at 8: 7817; source at 16:
+# 7920), fp32 4564 / 15 810 -> 4098 / 11 874; GATv2 bf16 1980 / 10 275 -> 1469 / 8248 (destination at 32: 9166),
+# fp32 2829 / 13 254 -> 2438 / 10 529; arxiv-like (8 x 16) GAT bf16 258.7 / 777.7 -> 223.3 / 739.7, fp32 488.8 /
+# 1169 -> 453.0 / 1134, the others within 1%.  Their blocks before the cap: 64 edges (GAT) and 32 at Reddit
+# scale, 32 and 16 on arxiv-like.
+ROW_MAX_EDGES: dict[str, dict[int, int]] = {
+    "forward": {SCORE_GAT: 16, SCORE_GATV2: 16, SCORE_DOT: 16},
+    "source": {SCORE_GAT: 8, SCORE_GATV2: 8, SCORE_DOT: 8},
+    "destination": {SCORE_GAT: 16, SCORE_GATV2: 16, SCORE_DOT: 16},
+}
+# AGNN (the dot score with keys from values, one 128-wide head on arxiv-like) keeps its destination pass's
+# 32-edge blocks: capped at 16 its training step went 1016 -> 1095 µs in bf16 and 1318 -> 1418 in fp32 (same call).
+ROW_MAX_EDGES_KEYS_FROM_VALUES: dict[str, int | None] = {"forward": 16, "source": 8, "destination": None}
+
+
+def row_max_edges(inputs: AttentionInputs, kernel_pass: str) -> int | None:
+    """The row kernel's edge-block cap for ``kernel_pass`` on the GPU (None: no cap; never under the
+    interpreter, whose larger blocks are what keeps the CPU path usable)."""
+    if backend.INTERPRET:
+        return None
+    if inputs.keys_from_values:
+        return ROW_MAX_EDGES_KEYS_FROM_VALUES[kernel_pass]
+    return ROW_MAX_EDGES[kernel_pass].get(inputs.score)
+
 
 # The forward row kernel for these scores loads each edge block's source indices one trip ahead
 # (``PREFETCH``): the trip's key and value gathers (which the compiler already issues together) then
@@ -406,6 +438,9 @@ def _tile_budget(schedule, inputs: AttentionInputs, kernel_pass: str) -> tuple[i
     block_e = schedule.medium_block_e
     while block_e > 1 and block_e * per_edge > schedule.medium_block_e:
         block_e //= 2
+    cap = row_max_edges(inputs, kernel_pass)
+    if cap:
+        block_e = min(block_e, cap)
     if _edge_dot(inputs, schedule.block_h, schedule.block_d):
         block_e = max(block_e, MIN_DOT)  # a matrix product per tile (see _light_rows)
     # rows per light program stay a power of two (tl.arange): round the tile count up

@@ -3,25 +3,24 @@
     python3 tests/gnnfuse/ab_layers.py TAG ROW [ROW ...]      ROW = LAYER-DTYPE[:name=value,...]
     e.g. gat-bf16  gat-bf16:LIGHT_LAUNCH_BREAKS=(8,)  tredge-fp32:LIGHT_LAUNCH_PER_CLASS_WITH_EDGES=False
 
-LAYER is ``gat``, ``gatv2``, ``tr`` (GraphTransformerConv), ``tredge`` (with 16 edge features) or
-``agnn``; DTYPE ``fp32`` or ``bf16``.  Each ``name=value`` (a Python literal) sets that module constant
-of ``gnnfuse.ops`` for the row (``schedule.NAME=value``: of ``gnnfuse.schedule``, e.g.
+LAYER is ``gat``, ``gatv2``, ``tr`` (GraphTransformerConv), ``tredge`` (with 16 edge features) or ``agnn``;
+DTYPE ``fp32`` or ``bf16``. Each ``name=value`` (a Python literal) sets that module constant of
+``gnnfuse.ops`` for the row (``schedule.NAME=value``: of ``gnnfuse.schedule``, e.g.
 ``schedule.DEFAULT_LIGHT_MAX=32``; ``linear.NAME=value``: of ``fusecore.linear``, e.g.
 ``linear.STACK_LINEARS=False``), or ``max_light_rows=N`` the GPU's light rows per program
-(``gnnfuse.schedule.GPU_TILES``); the graph's schedules and launch plans are rebuilt for every row and
-the constants restored after it.  Each row checks the layer's output against its first row of the
-same layer and dtype (a variant changes launches, never values beyond rounding), then times, as the
-benchmarks do (``fusecore.timing.measure``): ``fwd`` = the layer without autograd, ``step`` = forward
-and backward with the parameters' gradients; ``called`` = back to back, the host's work included
-(``host`` its issue time alone), ``graph`` = replayed from a CUDA graph (GPU time); µs, one JSON line
-per row.  The code under test is whatever ``PYTHONPATH`` names, so one GPU call can time HEAD against
-the working tree: here ``git archive HEAD gnnfuse fusecore benchmarks pyproject.toml | tar -x -C
-.ab_gnn/head`` (an ignored folder, carried), there ``PYTHONPATH=.ab_gnn/head python3
-tests/gnnfuse/ab_layers.py head gat-bf16`` before and after ``PYTHONPATH=. python3
-tests/gnnfuse/ab_layers.py tree gat-bf16 gat-bf16:LIGHT_LAUNCH_BREAKS=(8,)``.  The graph is the
-benchmarks' arxiv-like one (``--graph`` picks another of ``benchmarks.cases.gnn``'s names), the layer's
-shape the benchmarks' for that graph (input features, heads, head size: 128, 8, 16 on arxiv-like, 602, 4,
-16 on reddit-scale; ``--shape IN,HEADS,DIM`` another).
+(``gnnfuse.schedule.GPU_TILES``); the graph's schedules and launch plans are
+rebuilt for every row and the constants restored after it. Each row checks the layer's output against its
+first row of the same layer and dtype (a variant changes launches, never values beyond rounding), then times,
+as the benchmarks do (``fusecore.timing.measure``): ``fwd`` = the layer without autograd, ``step`` = forward
+and backward with the parameters' gradients; ``called`` = back to back, the host's work included (``host`` its
+issue time alone), ``graph`` = replayed from a CUDA graph (GPU time); µs, one JSON line per row. The code
+under test is whatever ``PYTHONPATH`` names, so one GPU call can time HEAD against the working tree: here
+``git archive HEAD gnnfuse fusecore benchmarks pyproject.toml | tar -x -C .ab_gnn/head`` (an ignored folder,
+carried), there ``PYTHONPATH=.ab_gnn/head python3 tests/gnnfuse/ab_layers.py head gat-bf16`` before and after
+``PYTHONPATH=. python3 tests/gnnfuse/ab_layers.py tree gat-bf16 gat-bf16:LIGHT_LAUNCH_BREAKS=(8,)``. The graph
+is the benchmarks' arxiv-like one (``--graph`` picks another of ``benchmarks.cases.gnn``'s names), the layer's
+shape the benchmarks' for that graph (input features, heads, head size: 128, 8, 16 on arxiv-like, 602, 4, 16
+on reddit-scale; ``--shape IN,HEADS,DIM`` another).
 """
 
 from __future__ import annotations
@@ -67,18 +66,21 @@ def _split_fields(fields: str) -> list[str]:
     return parts
 
 
+GPU_TILE_FIELDS = ("max_light_rows",)  # row settings of gnnfuse.schedule.GPU_TILES
+
+
 def apply(settings: dict):
     """Set ``settings`` on gnnfuse.ops (``NAME``), gnnfuse.schedule (``schedule.NAME``) or the GPU tile
-    limits (``max_light_rows``); returns the function restoring them.  Every setting is checked before
-    any is set: a refused one leaves the modules as they were."""
+    limits (``max_light_rows``); returns the function restoring them.  Every setting is
+    checked before any is set: a refused one leaves the modules as they were."""
     from fusecore import linear
     from gnnfuse import ops, schedule
 
     tiles = schedule.GPU_TILES
     changes = []
     for name, value in settings.items():
-        if name == "max_light_rows":
-            tiles = dataclasses.replace(tiles, max_light_rows=int(value))
+        if name in GPU_TILE_FIELDS:
+            tiles = dataclasses.replace(tiles, **{name: int(value)})
             continue
         module, _, constant = name.rpartition(".")
         target = {"": ops, "schedule": schedule, "linear": linear}.get(module)

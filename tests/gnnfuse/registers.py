@@ -77,7 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("rows", nargs="+")
     parser.add_argument("--nodes", type=int, default=60000)
+    parser.add_argument("--shape", default="128,8,16", help="IN,HEADS,DIM of the layer (default 128,8,16)")
     args = parser.parse_args(argv)
+    shape = tuple(int(v) for v in args.shape.split(","))
     if os.environ.get("FUSEKIT_COMPILE_FOR", "").strip() != "sm_90" or \
             os.environ.get("FUSEKIT_COMPILE_ONLY", "").strip() in ("", "0"):
         print("registers.py: set FUSEKIT_COMPILE_FOR=sm_90 and FUSEKIT_COMPILE_ONLY=1 (see the module docstring)",
@@ -101,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
                 kernel._compiled.clear()  # report this row's specialisations, even those an earlier row had
             done = len(report.read_text().splitlines()) if report.exists() else 0
             graph = Graph(edges, args.nodes)  # fresh schedules and launch plans under the row's settings
-            _, step = build(layer, DTYPES[dtype_name], graph, graph.num_nodes, torch.device("cpu"))
+            _, step = build(layer, DTYPES[dtype_name], graph, graph.num_nodes, torch.device("cpu"), shape)
             step()
             lines = report.read_text().splitlines()[done:]
         finally:

@@ -211,3 +211,29 @@ def test_row_kernel_prefetch_matches_the_reference(gen, monkeypatch, name, lanes
     backward = [launch for key, plan in launches.items() if key[0] == "backward"
                 for part in ("source rows", "destination rows") for launch in plan.get(part, [])]
     assert backward and all(launch["PREFETCH"] == (depth == 1) for launch in backward)
+
+
+def test_row_kernel_edge_blocks_are_capped_on_the_gpu_only(monkeypatch):
+    """``ops.ROW_MAX_EDGES``: the GPU's row-kernel edge block per pass and score (AGNN's destination pass
+    uncapped); under the interpreter the schedule's larger blocks stay."""
+    from fusecore import backend
+    from gnnfuse.kernels.scores import SCORE_DOT, SCORE_GAT, SCORE_GATV2
+
+    schedule = Graph(torch.tensor([[0, 1], [1, 0]]), 2).schedule(4, 16, torch.float32)
+    feats, scale = torch.zeros(2, 4, 16), torch.zeros(2, 4)
+    inputs = {SCORE_GAT: ops.AttentionInputs(SCORE_GAT, scale, scale, feats),
+              SCORE_GATV2: ops.AttentionInputs(SCORE_GATV2, feats, feats, feats, attn=feats[0]),
+              SCORE_DOT: ops.AttentionInputs(SCORE_DOT, feats, feats, feats)}
+    agnn = ops.AttentionInputs(SCORE_DOT, scale, scale, feats, keys_from_values=True)
+    passes = ("forward", "source", "destination")
+    uncapped = {(p, s): ops._tile_budget(schedule, x, p)[1] for p in passes for s, x in inputs.items()}
+    assert all(block > 16 for block in uncapped.values())  # the interpreter's blocks
+    monkeypatch.setattr(backend, "INTERPRET", False)
+    for p in passes:
+        for s, x in inputs.items():
+            assert ops._tile_budget(schedule, x, p)[1] == min(uncapped[p, s], ops.ROW_MAX_EDGES[p][s])
+        cap = ops.ROW_MAX_EDGES_KEYS_FROM_VALUES[p]
+        block = ops._tile_budget(schedule, agnn, p)[1]
+        assert block <= cap if cap else block > 16
+    monkeypatch.setitem(ops.ROW_MAX_EDGES, "forward", {})  # absent: no cap
+    assert ops._tile_budget(schedule, inputs[SCORE_GAT], "forward")[1] == uncapped["forward", SCORE_GAT]
