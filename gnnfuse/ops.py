@@ -537,6 +537,19 @@ def _flags(inputs: AttentionInputs, use_dropout: bool) -> dict:
 # (4, 16) was no better than () (GAT bf16 348.0 / 1000.5).  Half the merged kernel's code per launch
 # (the instruction-cache lead of gnnfuse/JOURNAL.md, session 9) fits; not profiled.
 LIGHT_LAUNCH_BREAKS: tuple[int, ...] = (8,)
+# ... except for these scores in 2-byte floats.  Session 15 (H200, arxiv-like, same call, replayed forward / step
+# µs, one launch per pass against (8,)): GAT bf16 258.6 / 777.3 -> 253.2 / 767.7, Graph Transformer bf16 330.7 /
+# 1137 -> 327.0 / 1116, AGNN bf16 equal (207 / 1027); GATv2 bf16 259.4 / 1294 -> 262.7 / 1313, GAT fp32 488.8 /
+# 1169 -> 489.1 / 1173 and Graph Transformer fp32 1016 / 2564 -> 1026 / 2562 kept their two launches.  One launch
+# fewer a pass is also ~20 µs less host work a pass for the host-bound training steps.
+LIGHT_LAUNCH_BREAKS_2BYTE: dict[int, tuple[int, ...]] = {SCORE_GAT: (), SCORE_DOT: ()}
+
+
+def _light_breaks(inputs: AttentionInputs) -> tuple[int, ...]:
+    """The widths at which ``inputs``' light classes start a new launch (the two constants above)."""
+    if inputs.value.dtype in (torch.float16, torch.bfloat16):
+        return LIGHT_LAUNCH_BREAKS_2BYTE.get(inputs.score, LIGHT_LAUNCH_BREAKS)
+    return LIGHT_LAUNCH_BREAKS
 # Kernels with edge features keep one launch per class (each over 16-byte aligned row lists, as every launch):
 # the session-9 final run (H100, arxiv-like, CUDA graph) timed the Graph Transformer with 16 edge features
 # at 7.985 against 6.777 ms forward+backward in fp32 (session 8, per-class launches) and 1.154 against
@@ -548,7 +561,7 @@ LIGHT_LAUNCH_PER_CLASS_WITH_EDGES = True
 
 def _light_plan(schedule, inputs: AttentionInputs, buckets: Buckets, kernel_pass: str, flags: dict) -> list:
     """``(grid, (rows, starts, stops), counts, keyword arguments)`` of the light launches of
-    ``kernel_pass``: the width classes grouped by :data:`LIGHT_LAUNCH_BREAKS` (one class per launch
+    ``kernel_pass``: the width classes grouped by :func:`_light_breaks` (one class per launch
     with edge features: :data:`LIGHT_LAUNCH_PER_CLASS_WITH_EDGES`), each launch over its classes' slice
     of ``buckets.light_all`` with the classes' row counts as ``n0 .. n6``."""
     from .kernels.tiles import LIGHT_SLOTS, pack_light
@@ -556,9 +569,10 @@ def _light_plan(schedule, inputs: AttentionInputs, buckets: Buckets, kernel_pass
     block_h, block_d = schedule.block_h, schedule.block_d
     light_tiles, _ = _tile_budget(schedule, inputs, kernel_pass)
     per_class = inputs.has_edge and LIGHT_LAUNCH_PER_CLASS_WITH_EDGES
+    breaks = _light_breaks(inputs)
     groups: list[list[tuple[int, int, int]]] = []
     for width, rows, _, _ in buckets.light:
-        if not groups or per_class or width in LIGHT_LAUNCH_BREAKS:
+        if not groups or per_class or width in breaks:
             groups.append([])
         groups[-1].append((width, rows.numel(), _light_rows(schedule, inputs, width, light_tiles, kernel_pass)))
     unrolled = _unrolled(inputs, kernel_pass)

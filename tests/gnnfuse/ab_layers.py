@@ -1,7 +1,7 @@
 """Same-call A/B of gnnfuse layer variants: forward and training step, as called and replayed.
 
     python3 tests/gnnfuse/ab_layers.py TAG ROW [ROW ...]      ROW = LAYER-DTYPE[:name=value,...]
-    e.g. gat-bf16  gat-bf16:LIGHT_LAUNCH_BREAKS=(8,)  tredge-fp32:LIGHT_LAUNCH_PER_CLASS_WITH_EDGES=False
+    e.g. gat-fp32  gat-fp32:LIGHT_LAUNCH_BREAKS=()  tredge-fp32:LIGHT_LAUNCH_PER_CLASS_WITH_EDGES=False
 
 LAYER is ``gat``, ``gatv2``, ``tr`` (GraphTransformerConv), ``tredge`` (with 16 edge features) or ``agnn``;
 DTYPE ``fp32`` or ``bf16``. Each ``name=value`` (a Python literal) sets that module constant of
@@ -17,7 +17,7 @@ issue time alone), ``graph`` = replayed from a CUDA graph (GPU time); µs, one J
 under test is whatever ``PYTHONPATH`` names, so one GPU call can time HEAD against the working tree: here
 ``git archive HEAD gnnfuse fusecore benchmarks pyproject.toml | tar -x -C .ab_gnn/head`` (an ignored folder,
 carried), there ``PYTHONPATH=.ab_gnn/head python3 tests/gnnfuse/ab_layers.py head gat-bf16`` before and after
-``PYTHONPATH=. python3 tests/gnnfuse/ab_layers.py tree gat-bf16 gat-bf16:LIGHT_LAUNCH_BREAKS=(8,)``. The graph
+``PYTHONPATH=. python3 tests/gnnfuse/ab_layers.py tree gat-fp32 gat-fp32:LIGHT_LAUNCH_BREAKS=()``. The graph
 is the benchmarks' arxiv-like one (``--graph`` picks another of ``benchmarks.cases.gnn``'s names), the layer's
 shape the benchmarks' for that graph (input features, heads, head size: 128, 8, 16 on arxiv-like, 602, 4, 16
 on reddit-scale; ``--shape IN,HEADS,DIM`` another).

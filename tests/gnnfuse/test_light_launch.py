@@ -37,6 +37,7 @@ def test_light_classes_launch_grouped_by_the_breaks(gen, monkeypatch, breaks, un
     from fusecore.testing import test_device
 
     monkeypatch.setattr(ops, "LIGHT_LAUNCH_BREAKS", breaks)
+    monkeypatch.setattr(ops, "LIGHT_LAUNCH_BREAKS_2BYTE", {})  # every dtype and score follows LIGHT_LAUNCH_BREAKS
     for name in ("LIGHT_FORWARD_UNROLLED", "LIGHT_SOURCE_UNROLLED"):
         monkeypatch.setattr(ops, name, unrolled is True)
     device = test_device()
@@ -84,6 +85,20 @@ def test_light_classes_launch_grouped_by_the_breaks(gen, monkeypatch, breaks, un
             assert [w for w, *_ in schedule.incoming.light] == [1, 2, 4, 8, 16]
 
 
+def test_light_breaks_per_score_in_two_byte_floats(monkeypatch):
+    """``ops.LIGHT_LAUNCH_BREAKS_2BYTE`` overrides the breaks for its scores in 2-byte floats only."""
+    from gnnfuse.kernels.scores import SCORE_DOT, SCORE_GAT, SCORE_GATV2
+
+    monkeypatch.setattr(ops, "LIGHT_LAUNCH_BREAKS", (8,))
+    monkeypatch.setattr(ops, "LIGHT_LAUNCH_BREAKS_2BYTE", {SCORE_GAT: (), SCORE_DOT: (4,)})
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        feats, scale = torch.zeros(2, 2, 3, dtype=dtype), torch.zeros(2, 2, dtype=dtype)
+        two_byte = dtype != torch.float32
+        assert ops._light_breaks(ops.AttentionInputs(SCORE_GAT, scale, scale, feats)) == (() if two_byte else (8,))
+        assert ops._light_breaks(ops.AttentionInputs(SCORE_DOT, feats, feats, feats)) == ((4,) if two_byte else (8,))
+        assert ops._light_breaks(ops.AttentionInputs(SCORE_GATV2, feats, feats, feats, attn=feats[0])) == (8,)
+
+
 def test_edge_feature_kernels_launch_one_class_at_a_time_over_aligned_lists(gen, monkeypatch):
     """With edge features each light class keeps a launch of its own (ops.LIGHT_LAUNCH_PER_CLASS_WITH_EDGES):
     one nonzero count per launch, row lists equal to the class's and 16-byte aligned; values and
@@ -125,14 +140,15 @@ def test_edge_feature_kernels_launch_one_class_at_a_time_over_aligned_lists(gen,
     assert [w for w, *_ in schedule.incoming.light] == [1, 2, 4, 8, 16]
 
 
-def _matches_the_reference(gen, name: str, dtype: torch.dtype, options: ScheduleOptions) -> dict:
-    """One op of score ``name`` (gat, gatv2, dot, agnn; dropout 0.3 where it has any) on the widths graph,
-    3 heads × 5: output and gradients against the reference path; returns the schedule's launch plans."""
+def _matches_the_reference(gen, name: str, dtype: torch.dtype, options: ScheduleOptions, graph=None) -> dict:
+    """One op of score ``name`` (gat, gatv2, dot, agnn; dropout 0.3 where it has any) on ``graph`` (default
+    the widths graph), 3 heads × 5: output and gradients against the reference path; returns the schedule's
+    launch plans."""
     from fusecore import PhiloxStream
     from fusecore.testing import test_device
 
     device = test_device()
-    graph = _widths_graph(device)
+    graph = _widths_graph(device) if graph is None else graph.to(device)
     n, heads, dim = graph.num_nodes, 3, 5
     q, k, v = (torch.randn(n, heads, dim, generator=gen).to(device, dtype).requires_grad_(True) for _ in range(3))
     attn = torch.randn(1, heads, dim, generator=gen).to(device, dtype).requires_grad_(True)
@@ -237,3 +253,29 @@ def test_row_kernel_edge_blocks_are_capped_on_the_gpu_only(monkeypatch):
         assert block <= cap if cap else block > 16
     monkeypatch.setitem(ops.ROW_MAX_EDGES, "forward", {})  # absent: no cap
     assert ops._tile_budget(schedule, inputs[SCORE_GAT], "forward")[1] == uncapped["forward", SCORE_GAT]
+
+
+@pytest.mark.parametrize("lanes", [False, True])
+@pytest.mark.parametrize("name", ["gat", "gatv2", "dot", "agnn"])
+def test_capped_row_kernel_blocks_match_the_reference(gen, monkeypatch, name, lanes):
+    """The GPU's edge-block caps (``ops.ROW_MAX_EDGES``) applied under the interpreter: rows of 17 to 70 edges
+    in and out, those above 50 split into pieces of 24, every pass's row kernel looping over several capped
+    blocks: outputs and gradients equal the reference's."""
+    monkeypatch.setattr(ops, "row_max_edges", lambda inputs, kernel_pass: (
+        ops.ROW_MAX_EDGES_KEYS_FROM_VALUES[kernel_pass] if inputs.keys_from_values
+        else ops.ROW_MAX_EDGES[kernel_pass].get(inputs.score)))
+    n = 90
+    degree = 17 + torch.randperm(54, generator=gen)[torch.arange(n) % 54]
+    dst = torch.repeat_interleave(torch.arange(n), degree)
+    src = torch.randint(0, n, (dst.numel(),), generator=gen)
+    graph = Graph(torch.stack([src, dst]), n)
+    options = ScheduleOptions(light_max_degree=1, split_degree=50, piece_edges=24, edge_lanes=lanes)
+    launches = _matches_the_reference(gen, name, torch.float32, options, graph)
+    blocks = {part: [launch["BLOCK_E"] for key, plan in launches.items() for launch in
+                     (plan[1] if key[0] == "forward" and part == "forward" else
+                      plan.get(part, []) if key[0] == "backward" and isinstance(plan, dict) else [])]
+              for part in ("forward", "source rows", "destination rows")}
+    assert blocks["forward"] and max(blocks["forward"]) <= 16
+    assert blocks["source rows"] and max(blocks["source rows"]) <= 8
+    if name in ("gatv2", "dot"):  # GAT's destination pass sums per row without a row kernel; AGNN's is uncapped
+        assert blocks["destination rows"] and max(blocks["destination rows"]) <= 16
