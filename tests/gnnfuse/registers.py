@@ -46,7 +46,8 @@ def power_law_edges(num_nodes: int, seed: int = 0) -> torch.Tensor:
 
 
 def gpu_like():
-    """Make the CPU schedule the GPU's: its tiles, multiprocessor count and per-lane row-kernel defaults."""
+    """Make the CPU schedule the GPU's: its tiles, multiprocessor count, per-lane row-kernel defaults and
+    row-kernel edge-block caps."""
     from gnnfuse import ops, schedule
 
     schedule.INTERPRETER_TILES = schedule.GPU_TILES
@@ -60,6 +61,13 @@ def gpu_like():
         return score in ops.BACKWARD_LANE_SCORES
 
     ops.row_kernel_lanes = gpu_lanes
+
+    def gpu_row_max_edges(inputs, kernel_pass):
+        if inputs.keys_from_values:
+            return ops.ROW_MAX_EDGES_KEYS_FROM_VALUES[kernel_pass]
+        return ops.ROW_MAX_EDGES[kernel_pass].get(inputs.score)
+
+    ops.row_max_edges = gpu_row_max_edges
 
 
 def checked_kernels():
