@@ -25,7 +25,9 @@ by degree ``d``:
 
 Block sizes follow the feature tile: heads and head size are padded to powers of two
 (``block_h × block_d``) and the edge block is sized so one tile of gathered features stays
-near 4096 elements on the GPU (larger under the interpreter, see :class:`TileLimits`).
+near 4096 elements on the GPU (larger under the interpreter, see :class:`TileLimits`); the row
+kernels divide it by the tiles they hold per edge and, on the GPU, cap it per pass
+(``gnnfuse.ops.ROW_EDGE_TILES``, ``ROW_MAX_EDGES``).
 ``split_degree`` defaults to about ``E / (8 · multiprocessors)``, so no single row takes
 longer than an even share of the graph, whatever its degree.
 """
