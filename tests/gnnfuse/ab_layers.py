@@ -13,7 +13,8 @@ rebuilt for every row and the constants restored after it. Each row checks the l
 first row of the same layer and dtype (a variant changes launches, never values beyond rounding), then times,
 as the benchmarks do (``fusecore.timing.measure``): ``fwd`` = the layer without autograd, ``step`` = forward
 and backward with the parameters' gradients; ``called`` = back to back, the host's work included (``host`` its
-issue time alone), ``graph`` = replayed from a CUDA graph (GPU time); µs, one JSON line per row. The code
+issue time alone), ``graph`` = replayed from a CUDA graph (GPU time); µs, one JSON line per row, with the
+share of the gather floor (``floor %``, :func:`floor_bytes`) the replayed time reaches on a GPU. The code
 under test is whatever ``PYTHONPATH`` names, so one GPU call can time HEAD against the working tree: here
 ``git archive HEAD gnnfuse fusecore benchmarks pyproject.toml | tar -x -C .ab_gnn/head`` (an ignored folder,
 carried), there ``PYTHONPATH=.ab_gnn/head python3 tests/gnnfuse/ab_layers.py head gat-bf16`` before and after
@@ -143,6 +144,20 @@ def build(layer: str, dtype: torch.dtype, graph, num_nodes: int, device: torch.d
     return forward, step
 
 
+def floor_bytes(layer: str, graph, shape: tuple[int, int, int], dtype: torch.dtype, backward: bool) -> int:
+    """The layer's gather floor (``gnnfuse.ops.attention_floor_bytes``), as the benchmarks count it: one
+    gathered tile per edge (GAT, GATv2, AGNN: one head as wide as the input), keys and values for the
+    Transformer, plus the raw edge features with them."""
+    from gnnfuse.ops import attention_floor_bytes
+
+    in_feats, heads, head_dim = shape
+    if layer == "agnn":
+        heads, head_dim = 1, in_feats
+    gathered = 2 if layer in ("tr", "tredge") else 1
+    return attention_floor_bytes(graph, heads, head_dim, dtype, backward, gathered=gathered,
+                                 edge_elements=EDGE_DIM if layer == "tredge" else 0)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("tag")
@@ -157,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = [(row, *parse(row)) for row in args.rows]  # every row parsed before anything runs
 
     from benchmarks.cases.gnn import _edges
+    from fusecore import device_facts
+    from fusecore.report import floor_ms
     from fusecore.testing import rel_error, test_device
     from fusecore.timing import measure
     from gnnfuse import Graph
@@ -183,6 +200,12 @@ def main(argv: list[str] | None = None) -> int:
                         result.setdefault(f"{kind} host", []).append(round(called.host_ms * 1e3, 1))
                         graph_timing = measure(fn, device=device, cuda_graph=True, rep_ms=100)
                         result.setdefault(f"{kind} graph", []).append(round(graph_timing.median_ms * 1e3, 1))
+            if gpu:  # the gather floor's share of the replayed time (GPU time), first round
+                for kind in ("fwd", "step"):
+                    floor = floor_ms(device_facts(device), floor_bytes(layer, graph, shape, DTYPES[dtype_name],
+                                                                      kind == "step"))
+                    if floor:
+                        result[f"{kind} floor %"] = round(100 * floor / (result[f"{kind} graph"][0] * 1e-3), 1)
         except Exception as exc:  # one broken row must not hide the others
             result = {"tag": args.tag, "row": row, "error": f"{type(exc).__name__}: {exc}"[:2000]}
         finally:

@@ -65,6 +65,25 @@ def test_a_run_prints_one_checked_row_per_variant(capsys):
         ab_layers.main(["cpu", "gat-fp32", "--shape", "8,2"])
 
 
+def test_floor_bytes_are_the_benchmarks_floors():
+    """ab_layers' gather floor per layer equals the benchmark families' (benchmarks.cases.gnn)."""
+    import torch
+
+    from benchmarks.cases import gnn as cases
+    from gnnfuse import Graph
+
+    graph = Graph(torch.tensor([[0, 1, 2, 2], [1, 2, 0, 1]]), 3)
+    spec = cases.GraphSpec("tiny", 16, 2, 8, ())
+    families = {"gat": cases.GAT, "gatv2": cases.GATV2, "tr": cases.TRANSFORMER, "tredge": cases.TRANSFORMER_EDGE}
+    for dtype in (torch.float32, torch.bfloat16):
+        for backward in (False, True):
+            for layer, family in families.items():
+                want = family.floor(graph, spec, dtype, backward)
+                assert ab_layers.floor_bytes(layer, graph, (16, 2, 8), dtype, backward) == want
+            agnn = cases.AGNN.floor(graph, cases.GraphSpec("tiny", 16, 1, 16, ()), dtype, backward)
+            assert ab_layers.floor_bytes("agnn", graph, (16, 2, 8), dtype, backward) == agnn
+
+
 def test_host_profile_runs_a_row(capsys):
     """tests/gnnfuse/host_profile.py on a tiny graph: both kinds timed and profiled."""
     import host_profile
