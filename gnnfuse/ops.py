@@ -385,14 +385,17 @@ ROW_MAX_EDGES: dict[str, dict[int, int]] = {
 ROW_MAX_EDGES_KEYS_FROM_VALUES: dict[str, int | None] = {"forward": 16, "source": 8, "destination": None}
 
 
-def row_max_edges(inputs: AttentionInputs, kernel_pass: str) -> int | None:
-    """The row kernel's edge-block cap for ``kernel_pass`` on the GPU (None: no cap; never under the
-    interpreter, whose larger blocks are what keeps the CPU path usable)."""
-    if backend.INTERPRET:
-        return None
+def gpu_row_max_edges(inputs: AttentionInputs, kernel_pass: str) -> int | None:
+    """The GPU's row-kernel edge-block cap for ``kernel_pass`` (the tables above; None: no cap)."""
     if inputs.keys_from_values:
         return ROW_MAX_EDGES_KEYS_FROM_VALUES[kernel_pass]
     return ROW_MAX_EDGES[kernel_pass].get(inputs.score)
+
+
+def row_max_edges(inputs: AttentionInputs, kernel_pass: str) -> int | None:
+    """:func:`gpu_row_max_edges`, but never under the interpreter, whose larger blocks are what keeps the
+    CPU path usable."""
+    return None if backend.INTERPRET else gpu_row_max_edges(inputs, kernel_pass)
 
 
 # The forward row kernel for these scores loads each edge block's source indices one trip ahead
@@ -550,6 +553,8 @@ def _light_breaks(inputs: AttentionInputs) -> tuple[int, ...]:
     if inputs.value.dtype in (torch.float16, torch.bfloat16):
         return LIGHT_LAUNCH_BREAKS_2BYTE.get(inputs.score, LIGHT_LAUNCH_BREAKS)
     return LIGHT_LAUNCH_BREAKS
+
+
 # Kernels with edge features keep one launch per class (each over 16-byte aligned row lists, as every launch):
 # the session-9 final run (H100, arxiv-like, CUDA graph) timed the Graph Transformer with 16 edge features
 # at 7.985 against 6.777 ms forward+backward in fp32 (session 8, per-class launches) and 1.154 against

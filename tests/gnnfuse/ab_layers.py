@@ -105,6 +105,17 @@ def apply(settings: dict):
     return restore
 
 
+def parse_shape(text: str, parser: argparse.ArgumentParser) -> tuple[int, int, int]:
+    """``--shape IN,HEADS,DIM`` as three positive ints (a parser error otherwise)."""
+    try:
+        shape = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        shape = ()
+    if len(shape) != 3 or min(shape) < 1:
+        parser.error(f"--shape: expected three positive ints IN,HEADS,DIM, got {text!r}")
+    return shape
+
+
 def graph_shape(graph_name: str) -> tuple[int, int, int]:
     """(input features, heads, head size) the benchmarks give layers on ``graph_name``."""
     from benchmarks.cases.gnn import FULL, QUICK
@@ -166,9 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--shape", default=None, help="IN,HEADS,DIM (default: the benchmarks' shape for --graph)")
     args = parser.parse_args(argv)
-    shape = tuple(int(v) for v in args.shape.split(",")) if args.shape else graph_shape(args.graph)
-    if len(shape) != 3 or min(shape) < 1:
-        parser.error(f"--shape: expected three positive ints IN,HEADS,DIM, got {args.shape!r}")
+    shape = parse_shape(args.shape, parser) if args.shape else graph_shape(args.graph)
     rows = [(row, *parse(row)) for row in args.rows]  # every row parsed before anything runs
 
     from benchmarks.cases.gnn import _edges

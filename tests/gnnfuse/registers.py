@@ -28,7 +28,7 @@ from types import SimpleNamespace
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from ab_layers import DTYPES, apply, build, parse  # noqa: E402
+from ab_layers import DTYPES, apply, build, parse, parse_shape  # noqa: E402
 
 H100_SMS = 132
 
@@ -62,12 +62,7 @@ def gpu_like():
 
     ops.row_kernel_lanes = gpu_lanes
 
-    def gpu_row_max_edges(inputs, kernel_pass):
-        if inputs.keys_from_values:
-            return ops.ROW_MAX_EDGES_KEYS_FROM_VALUES[kernel_pass]
-        return ops.ROW_MAX_EDGES[kernel_pass].get(inputs.score)
-
-    ops.row_max_edges = gpu_row_max_edges
+    ops.row_max_edges = ops.gpu_row_max_edges
 
 
 def checked_kernels():
@@ -87,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=60000)
     parser.add_argument("--shape", default="128,8,16", help="IN,HEADS,DIM of the layer (default 128,8,16)")
     args = parser.parse_args(argv)
-    shape = tuple(int(v) for v in args.shape.split(","))
+    shape = parse_shape(args.shape, parser)
     if os.environ.get("FUSEKIT_COMPILE_FOR", "").strip() != "sm_90" or \
             os.environ.get("FUSEKIT_COMPILE_ONLY", "").strip() in ("", "0"):
         print("registers.py: set FUSEKIT_COMPILE_FOR=sm_90 and FUSEKIT_COMPILE_ONLY=1 (see the module docstring)",

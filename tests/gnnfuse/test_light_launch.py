@@ -261,9 +261,7 @@ def test_capped_row_kernel_blocks_match_the_reference(gen, monkeypatch, name, la
     """The GPU's edge-block caps (``ops.ROW_MAX_EDGES``) applied under the interpreter: rows of 17 to 70 edges
     in and out, those above 50 split into pieces of 24, every pass's row kernel looping over several capped
     blocks: outputs and gradients equal the reference's."""
-    monkeypatch.setattr(ops, "row_max_edges", lambda inputs, kernel_pass: (
-        ops.ROW_MAX_EDGES_KEYS_FROM_VALUES[kernel_pass] if inputs.keys_from_values
-        else ops.ROW_MAX_EDGES[kernel_pass].get(inputs.score)))
+    monkeypatch.setattr(ops, "row_max_edges", ops.gpu_row_max_edges)
     n = 90
     degree = 17 + torch.randperm(54, generator=gen)[torch.arange(n) % 54]
     dst = torch.repeat_interleave(torch.arange(n), degree)
