@@ -22,6 +22,18 @@ gradient in place into one ``∂y`` (gnnfuse's attention ops do); through the vi
 zero-filled ``∂y`` of its own and adds them.  (A grouped Triton launch writing one tensor per map, ``x`` read
 once, was measured before this and removed: 122.9 µs for four ``[169 343, 128]`` bfloat16 maps on an H200
 against 113.1 for four cuBLAS products and 67.2 for the stacked one.)
+
+**float32 products on the tensor cores.**  For float32 operands every product here — ``linear``'s forward,
+its ``∂x`` and ``∂W``, and :func:`matmul` (which gnnfuse's ops call for their own projections' gradients) —
+is :func:`product`, a Triton ``tl.dot`` with ``input_precision="tf32x3"`` (:data:`FLOAT32_PRODUCT`): each
+operand is split into a TF32 part and a TF32 remainder, ``a·b ≈ a_hi·b_hi + a_hi·b_lo + a_lo·b_hi`` on the
+tensor cores, accumulated in float32.  Each product keeps ~21 of float32's 24 mantissa bits (the split and the
+dropped ``a_lo·b_lo``), so a sum over ``K`` terms carries about the error float32's own rounding gives it
+(``tests/fusecore/test_linear.py`` compares both against float64 on the GPU).  torch's float32 product is
+cuBLAS on the FP32 units, compute-bound for a graph layer's shapes: four ``[169 343, 128]`` maps took 551 µs
+on the H200 (session 14), where moving the bytes takes ~100.  ``FLOAT32_PRODUCT = None`` keeps torch's.  The
+interpreter computes the same tiles in exact float32 (it has no TF32).  ``∂W = ∂yᵀ x`` sums over the rows:
+with few output tiles the rows are split among programs whose float32 partials :func:`column_sum` adds.
 """
 
 from __future__ import annotations
@@ -33,7 +45,7 @@ import torch.nn.functional as F
 import triton.language as tl
 from torch.autograd.function import once_differentiable
 
-from .backend import check_devices, jit, reference_enabled
+from .backend import check_devices, jit, kernel_devices, reference_enabled
 from .device import device_facts
 from .plan import cdiv, next_power_of_2
 
@@ -119,12 +131,136 @@ def column_sum(x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.T
     return out[0]
 
 
+# float32 products (module doc): "tf32x3", or None for torch's own float32 product.  Tiles: BLOCK_M × BLOCK_N
+# outputs (BLOCK_N at most the padded width), BLOCK_K-deep slices, PRODUCT_WARPS warps, PRODUCT_STAGES slices in
+# flight; the column blocks of one row block are neighbours in the launch order (x read once from DRAM).  A
+# product with fewer than SPLIT_TILES_PER_SM output tiles per multiprocessor and a long reduction (∂W = ∂yᵀ x over
+# the rows) splits the reduction into slices of at least SPLIT_MIN_K, up to that many programs per multiprocessor.
+FLOAT32_PRODUCT: str | None = "tf32x3"
+PRODUCT_BLOCK_M = 128
+PRODUCT_BLOCK_N = 128
+PRODUCT_BLOCK_K = 32
+PRODUCT_WARPS = 8
+PRODUCT_STAGES = 3
+SPLIT_TILES_PER_SM = 2
+SPLIT_MIN_K = 1024
+
+
+@jit
+def product_kernel(a_ptr, b_ptr, bias_ptr, c_ptr, M, N, K, k_per_split,
+                   stride_am, stride_ak, stride_bk, stride_bn, stride_cs, stride_cm,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr):
+    """``c[s, m, n] = Σ_k a[m, k] · b[k, n] (+ bias[n])`` over the reduction slice ``k ∈ [s · k_per_split,
+    (s + 1) · k_per_split)`` of split ``s = program_id(2)``; ``a``, ``b`` with any strides, ``c`` float32 with
+    unit column stride; output columns of block ``program_id(0)``, rows of block ``program_id(1)``."""
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1).to(tl.int64)
+    pid_s = tl.program_id(2).to(tl.int64)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_mask = offs_m < M
+    n_mask = offs_n < N
+    k_start = pid_s * k_per_split
+    k_stop = tl.minimum(k_start + k_per_split, K)
+    offs_k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(k_start, k_stop, BLOCK_K):
+        k = k0 + offs_k
+        k_mask = k < k_stop
+        a = tl.load(a_ptr + offs_m[:, None] * stride_am + k[None, :] * stride_ak,
+                    mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+        b = tl.load(b_ptr + k[:, None] * stride_bk + offs_n[None, :] * stride_bn,
+                    mask=k_mask[:, None] & n_mask[None, :], other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0)[None, :]
+    tl.store(c_ptr + pid_s * stride_cs + offs_m[:, None] * stride_cm + offs_n[None, :], acc,
+             mask=m_mask[:, None] & n_mask[None, :])
+
+
+def uses_product(*tensors: torch.Tensor | None) -> bool:
+    """Whether products of these float32 tensors run as :func:`product` (:data:`FLOAT32_PRODUCT` set, every
+    tensor float32 on a device the kernels run on, not under the reference backend, ``torch.compile`` or
+    autocast — whose products of float32 tensors are torch's, in its lower dtype)."""
+    if FLOAT32_PRODUCT is None or reference_enabled() or torch.compiler.is_compiling():
+        return False
+    present = [t for t in tensors if t is not None]
+    return (all(t.dtype == torch.float32 and t.device.type in kernel_devices() for t in present)
+            and not any(torch.is_autocast_enabled(t.device.type) for t in present[:1]))
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """The ``input_precision`` of a kernel's ``tl.dot`` over operands of ``dtype`` where the kernel follows
+    :data:`FLOAT32_PRODUCT`: that setting for float32 (callers check :func:`uses_product` first), Triton's
+    default otherwise (16-bit operands are exact on the tensor cores whatever it says)."""
+    return FLOAT32_PRODUCT if dtype == torch.float32 and FLOAT32_PRODUCT is not None else "tf32"
+
+
+def _splits(tiles: int, k: int, device: torch.device) -> int:
+    """How many slices :func:`product` cuts a reduction of length ``k`` into over ``tiles`` output tiles."""
+    sms = device_facts(device).sm_count
+    if tiles >= SPLIT_TILES_PER_SM * sms or k < 2 * SPLIT_MIN_K:
+        return 1
+    return max(1, min(cdiv(SPLIT_TILES_PER_SM * sms, tiles), k // SPLIT_MIN_K))
+
+
+def product(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``a @ b (+ bias)`` for float32 ``a [M, K]``, ``b [K, N]`` (any strides: transposed views are read in
+    place) and ``bias [N]``: float32 ``[M, N]``, products in :data:`FLOAT32_PRODUCT` precision (module doc).
+    A long reduction over few output tiles is split into slices (:func:`_splits`) whose float32 partials
+    :func:`column_sum` adds (no atomics: the same result on every run)."""
+    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
+        raise ValueError(f"product: expected a [M, K] and b [K, N], got {list(a.shape)} and {list(b.shape)}")
+    if bias is not None and tuple(bias.shape) != (b.shape[1],):
+        raise ValueError(f"product: bias must have shape [{b.shape[1]}], got {list(bias.shape)}")
+    if not uses_product(a, b, bias):
+        raise ValueError("product: a, b and bias must be float32 tensors on a device the kernels run on, with "
+                         f"FLOAT32_PRODUCT set; got {a.dtype} / {b.dtype} on {a.device} / {b.device}")
+    check_devices(a=a, b=b, bias=bias)
+    (m, k), n = a.shape, b.shape[1]
+    if m == 0 or n == 0 or k == 0:
+        out = torch.zeros((m, n), dtype=torch.float32, device=a.device)
+        return out if bias is None else out + bias
+    block_n = max(16, min(PRODUCT_BLOCK_N, next_power_of_2(n)))
+    block_m = max(16, min(PRODUCT_BLOCK_M, next_power_of_2(m)))
+    tiles = cdiv(m, block_m) * cdiv(n, block_n)
+    splits = _splits(tiles, k, a.device)
+    k_per_split = cdiv(cdiv(k, splits), PRODUCT_BLOCK_K) * PRODUCT_BLOCK_K
+    splits = cdiv(k, k_per_split)
+    out = _new((splits, m, n) if splits > 1 else (m, n), torch.float32, a.device)
+    product_kernel[(cdiv(n, block_n), cdiv(m, block_m), splits)](
+        a, b, bias if splits == 1 else None, out, m, n, k, k_per_split,
+        a.stride(0), a.stride(1), b.stride(0), b.stride(1), m * n, n,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=PRODUCT_BLOCK_K, HAS_BIAS=bias is not None and splits == 1,
+        PRECISION=FLOAT32_PRODUCT, num_warps=PRODUCT_WARPS, num_stages=PRODUCT_STAGES,
+    )
+    if splits == 1:
+        return out
+    total = column_sum(out.view(splits, m * n)).view(m, n)
+    return total if bias is None else total + bias
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` of 2-D tensors: :func:`product` where it applies (:func:`uses_product`: float32), else torch's."""
+    return product(a, b) if uses_product(a, b) else a @ b
+
+
+def _forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)``, float32 through :func:`product` (:func:`uses_product`)."""
+    if not uses_product(x, weight, bias):
+        return F.linear(x, weight, bias)
+    if x.dim() == 2:
+        return product(x, weight.t(), bias)
+    return product(x.reshape(-1, x.shape[-1]), weight.t(), bias).view(*x.shape[:-1], weight.shape[0])
+
+
 class _Linear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias):  # type: ignore[override]
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
-        return F.linear(x, weight, bias)
+        return _forward(x, weight, bias)
 
     @staticmethod
     @once_differentiable
@@ -133,9 +269,10 @@ class _Linear(torch.autograd.Function):
         grad2 = grad.reshape(-1, grad.shape[-1])
         grad_x = grad_w = grad_b = None
         if ctx.needs_input_grad[0]:
-            grad_x = grad @ weight
+            grad_x = matmul(grad2, weight)
+            grad_x = grad_x if grad.dim() == 2 else grad_x.view(*grad.shape[:-1], weight.shape[1])
         if ctx.needs_input_grad[1]:
-            grad_w = grad2.t() @ x.reshape(-1, x.shape[-1])
+            grad_w = matmul(grad2.t(), x.reshape(-1, x.shape[-1]))
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_b = column_sum(grad2)
         return grad_x, grad_w, grad_b
@@ -188,6 +325,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     [out]``, one dtype; returns ``[..., out]``) with the bias gradient from :func:`column_sum` (module
     doc).  A module's forward hooks do not see this call: it takes the parameters, not the module."""
     records = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
-    if not records or bias is None or torch.compiler.is_compiling() or reference_enabled():
+    if torch.compiler.is_compiling() or reference_enabled() or torch.is_autocast_enabled(x.device.type):
+        return F.linear(x, weight, bias)  # autocast: torch's product in autocast's dtype, its own backward
+    if not records:
+        return _forward(x, weight, bias)
+    if bias is None and not uses_product(x, weight):
         return F.linear(x, weight, bias)
     return _Linear.apply(x, weight, bias)

@@ -178,10 +178,11 @@ class GATConv(_DGLHeadsConv):
     ``feat`` is ``[N, in_feats]`` (float16 / bfloat16 / float32 / float64, the dtype of the
     layer's parameters).  Returns ``[N, H, D]`` in ``feat``'s dtype.  The attention itself
     runs in one fused kernel that stores only the logsumexp per (node, head); attention
-    dropout is drawn from the counter-based RNG and regenerated in backward.  For float16 and
-    bfloat16 inputs with 16-byte aligned rows (:func:`gnnfuse.ops.fuses_projection`) the projection
-    and the node scores ``attn_l · Wh``, ``attn_r · Wh`` are one kernel too: ``fc.weight`` is read
-    directly, so hooks registered on the ``fc`` module do not run there.
+    dropout is drawn from the counter-based RNG and regenerated in backward.  For inputs with
+    16-byte aligned rows (:func:`gnnfuse.ops.fuses_projection`) the projection and the node scores
+    ``attn_l · Wh``, ``attn_r · Wh`` are one kernel too; float32 projections are products on the
+    tensor cores in three TF32 parts (:mod:`fusecore.linear`, float32's accuracy).  ``fc.weight`` is
+    read directly, so hooks registered on the ``fc`` module do not run.
     """
 
     def __init__(
@@ -219,15 +220,15 @@ class GATConv(_DGLHeadsConv):
                 rng: PhiloxStream | DevicePhiloxStream | None = None) -> torch.Tensor:
         graph = self._graph(graph, feat, self.fc.weight.dtype)
         h = self._feat_dropout(feat)
-        # float16 / bfloat16: the projection and the node scores in one kernel, inside the op's one
-        # autograd node (ops.fuses_projection); else fc stays its own module (the op's own torch
-        # product was no faster as called on the H200: gnn/layer_host, gnnfuse/JOURNAL.md session 7).
-        # The bias is added in the kernel's store (in training into a second, final output).
+        # Aligned rows: the projection and the node scores in one kernel, inside the op's one autograd
+        # node (ops.fuses_projection); else fc's product is fusecore.linear's, outside the op (the op's
+        # own torch product was no faster as called on the H200: gnn/layer_host, gnnfuse/JOURNAL.md
+        # session 7).  The bias is added in the kernel's store (in training into a second, final output).
         weight = self.fc.weight
         if ops.fuses_projection(h, weight, self._num_heads, self._out_feats):
             first, projected = h, {"weight": weight}
         else:
-            first, projected = self.fc(h).view(feat.shape[0], self._num_heads, self._out_feats), {}
+            first, projected = _project(self.fc, h).view(feat.shape[0], self._num_heads, self._out_feats), {}
         out = ops.gat(
             graph, first, self.attn_l, self.attn_r, negative_slope=self.negative_slope, dropout=self._dropout(),
             rng=rng, schedule=schedule, out_add=self.bias, **projected,

@@ -37,6 +37,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from fusecore import DevicePhiloxStream, PhiloxStream, backend, cdiv, next_power_of_2
+from fusecore.linear import dot_precision, linear, matmul, uses_product
 from fusecore.plan import MIN_DOT
 
 from .graph import Graph, as_graph
@@ -832,8 +833,8 @@ def edge_weight_grad(
     width = grad_out.shape[1] * grad_out.shape[2]
     sums_a = attr_sums[:, 0].reshape(num_nodes, edge_dim * heads)
     sums_b = attr_sums[:, 1].reshape(num_nodes, edge_dim * heads)
-    grad = sums_a.t() @ grad_out.reshape(num_nodes, width).to(acc)
-    grad += (sums_b.t() @ query.reshape(num_nodes, width).to(acc)) * scale
+    grad = matmul(sums_a.t(), grad_out.reshape(num_nodes, width).to(acc))
+    grad += matmul(sums_b.t(), query.reshape(num_nodes, width).to(acc)) * scale
     return grad.view(edge_dim, heads, heads, -1).diagonal(dim1=1, dim2=2).permute(0, 2, 1)
 
 
@@ -1098,10 +1099,11 @@ def _node_scores_forward(wh: torch.Tensor, attn_l: torch.Tensor, attn_r: torch.T
 
 
 # GAT's projection with the node scores in its epilogue (kernels/projection.py), for float16 and
-# bfloat16 inputs (float32 keeps torch's product: a tl.dot of float32 would round through TF32 on
-# the GPU), padded widths BLOCK_H·BLOCK_D from 16 (tl.dot's least) to PROJECTION_MAX_COLUMNS
-# (one program holds a row block's every column in registers) and input rows 16-byte aligned.
-# Otherwise the projection is torch's and a node-score pass reads Wh again.  Session 10 (H100,
+# bfloat16 inputs, and float32 ones where fusecore.linear's float32 products apply (tl.dot in three TF32
+# parts: fusecore.linear.FLOAT32_PRODUCT; a plain float32 tl.dot would round through TF32), padded
+# widths BLOCK_H·BLOCK_D from 16 (tl.dot's least) to PROJECTION_MAX_COLUMNS (one program holds a row
+# block's every column in registers) and input rows 16-byte aligned.  Otherwise the projection is
+# fusecore.linear's and a node-score pass reads Wh again.  Session 10 (H100,
 # same-call A/B, replayed): GAT bf16 on the arxiv-like graph (128 features) 336.1 / 973.0 µs forward /
 # training step against 346.9 / 984.1 unfused; on the Reddit-scale graph (602 features, rows 1204
 # bytes apart: no vector loads) the layer's forward took 2.643 against session 9's 2.537 ms unfused,
@@ -1118,9 +1120,10 @@ def fuses_projection(x: torch.Tensor, weight: torch.Tensor, heads: int, head_dim
     """Whether :func:`gat` with ``weight`` projects ``x [N, F]`` by ``weight [H·D, F]`` and computes the
     node scores in one kernel (:func:`_projection_scores`); else torch's product and a node-score pass."""
     width = next_power_of_2(heads) * next_power_of_2(head_dim)
-    return (FUSED_PROJECTION and x.dtype in (torch.float16, torch.bfloat16) and weight.dtype == x.dtype
+    tensor_cores = x.dtype in (torch.float16, torch.bfloat16) or uses_product(x, weight)
+    return (FUSED_PROJECTION and tensor_cores and weight.dtype == x.dtype
             and MIN_DOT <= width <= PROJECTION_MAX_COLUMNS and x.dim() == 2 and x.stride(1) == 1
-            and x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0)  # 16-byte rows: vector loads
+            and x.stride(0) * x.element_size() % 16 == 0 and x.data_ptr() % 16 == 0)  # 16-byte rows: vector loads
 
 
 def _projection_scores(x: torch.Tensor, weight: torch.Tensor, attn_l: torch.Tensor, attn_r: torch.Tensor,
@@ -1138,11 +1141,12 @@ def _projection_scores(x: torch.Tensor, weight: torch.Tensor, attn_l: torch.Tens
         block_h, block_d = next_power_of_2(heads), next_power_of_2(head_dim)
         # PROJECTION_BLOCK_M rows up to 128 columns, fewer beyond: the accumulator's registers stay put
         block_m = max(MIN_DOT, PROJECTION_BLOCK_M * 128 // max(128, block_h * block_d))
-        block_f = max(MIN_DOT, min(PROJECTION_BLOCK_F, next_power_of_2(in_feats)))
+        # input slices of PROJECTION_BLOCK_F 2-byte elements' bytes (half as many float32 ones: the same shared memory)
+        block_f = max(MIN_DOT, min(PROJECTION_BLOCK_F * 2 // x.element_size(), next_power_of_2(in_feats)))
         projection_scores_kernel[(cdiv(num_nodes, block_m),)](
             x, weight.contiguous(), attn_l.contiguous(), attn_r.contiguous(), wh, el, er, num_nodes, in_feats,
             x.stride(0), heads, head_dim, BLOCK_M=block_m, BLOCK_F=block_f, BLOCK_H=block_h, BLOCK_D=block_d,
-            num_warps=PROJECTION_WARPS, num_stages=PROJECTION_STAGES,
+            PRECISION=dot_precision(x.dtype), num_warps=PROJECTION_WARPS, num_stages=PROJECTION_STAGES,
         )
     return wh, el, er
 
@@ -1207,7 +1211,7 @@ class GATFunction(torch.autograd.Function):
         if weight is not None and fuses_projection(x, weight, heads, head_dim):
             wh, el, er = _projection_scores(x, weight, attn_l3, attn_r3, heads, head_dim)
         else:
-            wh = x if weight is None else torch.nn.functional.linear(x, weight).view(x.shape[0], heads, head_dim)
+            wh = x if weight is None else linear(x, weight).view(x.shape[0], heads, head_dim)
             el, er = _node_scores_forward(wh, attn_l3, attn_r3)
         inputs = AttentionInputs(SCORE_GAT, el, er, wh, negative_slope=negative_slope,
                                  out_add=_addend_layout(ctx, out_add, heads, head_dim))
@@ -1235,9 +1239,9 @@ class GATFunction(torch.autograd.Function):
         else:
             flat = grad_wh.view(grad_wh.shape[0], weight.shape[0])
             if ctx.needs_input_grad[1]:
-                grad_weight = flat.t() @ x
+                grad_weight = matmul(flat.t(), x)
             if ctx.needs_input_grad[0]:
-                grad_x = flat @ weight
+                grad_x = matmul(flat, weight)
         grad_l, grad_r = sums[0].view(ctx.attn_shapes[0]), sums[1].view(ctx.attn_shapes[1])
         return grad_x, grad_weight, grad_l, grad_r, *_NO_GRADS, _addend_grad(ctx, grad_out, sums[2] if bias else None)
 

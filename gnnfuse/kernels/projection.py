@@ -24,10 +24,12 @@ from .tiles import flat_head_tile, head_tile
 def projection_scores_kernel(
     x_ptr, w_ptr, attn_l_ptr, attn_r_ptr, wh_ptr, el_ptr, er_ptr, num_nodes, F, stride_x, H, D,
     BLOCK_M: tl.constexpr, BLOCK_F: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     """``x [N, F]`` (row stride ``stride_x``, unit column stride), ``W [H·D, F]`` contiguous,
     ``attn_l``, ``attn_r`` ``H·D`` contiguous, ``Wh [N, H, D]`` contiguous, ``el``, ``er`` ``[N, H]``
-    in the accumulation dtype (float32; float64 for float64 inputs)."""
+    in the accumulation dtype (float32; float64 for float64 inputs); ``PRECISION`` the ``tl.dot``
+    input precision (``"tf32x3"`` for float32: fusecore.linear.dot_precision)."""
     acc_dtype = el_ptr.dtype.element_ty
     pid = tl.program_id(0).to(tl.int64)
     offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -40,7 +42,7 @@ def projection_scores_kernel(
         f_mask = f < F
         a = tl.load(x_ptr + offs_m[:, None] * stride_x + f[None, :], mask=m_mask[:, None] & f_mask[None, :], other=0.0)
         b = tl.load(w_ptr + c_offs[None, :] * F + f[:, None], mask=f_mask[:, None] & c_mask[None, :], other=0.0)
-        acc = tl.dot(a, b, acc)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
     wh = acc.to(wh_ptr.dtype.element_ty)
     tl.store(wh_ptr + offs_m[:, None] * (H * D) + c_offs[None, :], wh, mask=m_mask[:, None] & c_mask[None, :])
     # the scores from the rounded Wh: the values the attention and the backward read

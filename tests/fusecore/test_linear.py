@@ -1,6 +1,7 @@
-"""fusecore.linear: column_sum against a float64 oracle at odd sizes, and linear's forward and
-gradients against torch.nn.functional.linear (the same kernels of cuBLAS, the bias gradient from
-column_sum)."""
+"""fusecore.linear: column_sum against a float64 oracle at odd sizes; linear's forward and gradients
+against torch.nn.functional.linear (16-bit and float64: the same cuBLAS calls, the bias gradient from
+column_sum; float32: the tensor-core product, against float64); product / matmul against float64 at odd
+sizes, strided operands and split reductions, and its accuracy on the GPU beside torch's float32 product."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import torch
 import torch.nn.functional as F
 
 from fusecore import linear as linear_module
-from fusecore.linear import column_sum, linear
-from fusecore.testing import assert_close, fresh_generator, poisoned, test_device
+from fusecore.backend import COMPILED
+from fusecore.linear import column_sum, linear, matmul, product, uses_product
+from fusecore.testing import assert_all_written, assert_close, fresh_generator, poisoned, test_device
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
@@ -72,7 +74,11 @@ def test_linear_matches_torch(device, dtype, shape):
     theirs = [t.clone().requires_grad_() for t in (x, weight, bias)]
     out = linear(*ours)
     assert out.grad_fn is not None and "Linear" in type(out.grad_fn).__name__
-    assert torch.equal(out, F.linear(*theirs))  # the same forward call
+    if dtype == torch.float32:  # the tensor-core product (module doc)
+        assert uses_product(x) and out.shape == F.linear(*theirs).shape
+        assert_close(out, F.linear(*(t.double() for t in (x, weight, bias))), dtype=dtype, name="output")
+    else:
+        assert torch.equal(out, F.linear(*theirs))  # the same forward call
     out.backward(grad)
     F.linear(*theirs).backward(grad)
     for name, a, b in zip(("x", "weight", "bias"), ours, theirs):
@@ -89,9 +95,114 @@ def test_linear_gradients_only_where_asked_and_without_autograd(device):
     assert_close(bias.grad, torch.full((4,), 9.0, dtype=torch.float64), tol=1e-6)
     with torch.no_grad():
         out = linear(x, weight, bias)
-    assert out.grad_fn is None and torch.equal(out, F.linear(x, weight, bias))
+    assert out.grad_fn is None
+    assert_close(out, F.linear(x.double(), weight.double(), bias.double()), dtype=torch.float32, name="no-grad")
     no_bias = linear(x, weight.requires_grad_(), None)
-    assert torch.equal(no_bias, F.linear(x, weight))
+    assert_close(no_bias, F.linear(x.double(), weight.double()), dtype=torch.float32, name="without a bias")
+    no_bias.sum().backward()
+    assert_close(weight.grad, torch.ones(9, 4, dtype=torch.float64).t() @ x.double(), dtype=torch.float32,
+                 name="grad of weight")
+
+
+@pytest.mark.parametrize("m, k, n", [(1, 1, 1), (7, 24, 5), (130, 33, 17), (61, 200, 129), (300, 16, 260),
+                                     (2, 4099, 3)])
+@pytest.mark.parametrize("layout", ["rows", "a transposed", "b transposed"])
+def test_product_matches_float64(device, poison, monkeypatch, m, k, n, layout):
+    """product(a, b, bias) against float64 at odd sizes, with either operand a transposed view read in place,
+    and with the reduction split (few output tiles, a long reduction: partials summed by column_sum)."""
+    monkeypatch.setattr(linear_module, "SPLIT_MIN_K", 64)  # split the long reductions of these small sizes
+    gen = fresh_generator(device)
+    a = torch.randn(m, k, generator=gen, device=device)
+    b = torch.randn(k, n, generator=gen, device=device)
+    if layout == "a transposed":
+        a = a.t().contiguous().t()
+    elif layout == "b transposed":
+        b = b.t().contiguous().t()
+    bias = torch.randn(n, generator=gen, device=device)
+    want = a.double() @ b.double()
+    for with_bias in (False, True):
+        out = product(a, b, bias if with_bias else None)
+        assert out.shape == (m, n) and out.dtype == torch.float32 and out.is_contiguous()
+        assert_all_written(out)
+        assert_close(out, want + (bias.double() if with_bias else 0), dtype=torch.float32,
+                     name=f"product {m}x{k}x{n} {layout} bias={with_bias} (seed {gen.initial_seed()})")
+    assert_close(matmul(a, b), want, dtype=torch.float32, name="matmul")
+
+
+def test_product_splits_long_reductions_over_few_tiles(device, monkeypatch):
+    """The split rule: one slice where the output tiles fill the machine or the reduction is short; else
+    slices of at least SPLIT_MIN_K, up to SPLIT_TILES_PER_SM programs per multiprocessor."""
+    sms = linear_module.device_facts(device).sm_count
+    assert linear_module._splits(2 * sms, 10**6, device) == 1
+    assert linear_module._splits(1, 2 * linear_module.SPLIT_MIN_K - 1, device) == 1
+    many = linear_module._splits(1, 10**9, device)
+    assert many == linear_module.SPLIT_TILES_PER_SM * sms
+    assert linear_module._splits(1, 3 * linear_module.SPLIT_MIN_K, device) == min(3, many)
+
+
+def test_product_empty_and_bad_input(device, poison):
+    for m, k, n in [(0, 5, 3), (4, 0, 3), (4, 5, 0)]:
+        a, b = torch.ones(m, k, device=device), torch.ones(k, n, device=device)
+        bias = torch.full((n,), 2.0, device=device)
+        assert torch.equal(product(a, b, bias), torch.full((m, n), 2.0, device=device))
+    a = torch.ones(4, 5, device=device)
+    with pytest.raises(ValueError, match=r"expected a \[M, K\] and b \[K, N\], got \[4, 5\] and \[4, 3\]"):
+        product(a, torch.ones(4, 3, device=device))
+    with pytest.raises(ValueError, match=r"bias must have shape \[3\]"):
+        product(a, torch.ones(5, 3, device=device), torch.ones(4, device=device))
+    with pytest.raises(ValueError, match="must be float32 tensors"):
+        product(a.double(), torch.ones(5, 3, device=device, dtype=torch.float64))
+
+
+def test_float32_product_off_is_torch(device, monkeypatch):
+    """FLOAT32_PRODUCT = None: linear and matmul are torch's own float32 products, bit for bit."""
+    monkeypatch.setattr(linear_module, "FLOAT32_PRODUCT", None)
+    gen = fresh_generator(device)
+    x, weight = torch.randn(37, 24, generator=gen, device=device), torch.randn(9, 24, generator=gen, device=device)
+    assert not uses_product(x, weight)
+    assert torch.equal(linear(x, weight), F.linear(x, weight))
+    assert torch.equal(matmul(x, weight.t()), x @ weight.t())
+
+
+def test_autocast_keeps_torchs_product(device):
+    """Under autocast linear is F.linear in autocast's dtype, as a user of autocast expects."""
+    x, weight = torch.randn(5, 16, device=device), torch.randn(3, 16, device=device)
+    assert uses_product(x, weight)
+    with torch.autocast(device.type, dtype=torch.bfloat16):
+        assert not uses_product(x, weight)
+        out = linear(x, weight)
+        assert out.dtype == torch.bfloat16 and torch.equal(out, F.linear(x, weight))
+        bias = torch.randn(3, device=device, requires_grad=True)
+        trained = linear(x, weight.requires_grad_(), bias)
+        assert trained.dtype == torch.bfloat16
+    trained.float().sum().backward()  # torch's own backward, gradients in the parameters' dtype
+    assert weight.grad.dtype == bias.grad.dtype == torch.float32
+
+
+@pytest.mark.skipif(not COMPILED, reason="TF32 exists on the GPU only (the interpreter's products are exact)")
+def test_float32_product_accuracy_on_the_gpu(device):
+    """The tensor-core product in three TF32 parts keeps float32's accuracy: against float64, its error at a
+    graph layer's shape is within 4x torch's float32 product's (cuBLAS, FP32 units), where one TF32 part alone
+    (plain "tf32") is far off — so the bound would catch a product that lost the remainders."""
+    gen = fresh_generator(device)
+    for m, k, n in [(20_011, 128, 512), (3001, 602, 64), (512, 20_011, 128)]:
+        a = torch.randn(m, k, generator=gen, device=device)
+        b = torch.randn(k, n, generator=gen, device=device) / k ** 0.5
+        want = a.double() @ b.double()
+        scale = want.abs().max().item()
+        theirs = ((a @ b).double() - want).abs().max().item() / scale
+        ours = (product(a, b).double() - want).abs().max().item() / scale
+        assert ours <= 4 * theirs + 1e-7, f"{m}x{k}x{n}: tf32x3 error {ours:.2e}, torch float32 {theirs:.2e}"
+        tf32 = torch.empty(m, n, device=device)
+        linear_module.product_kernel[(triton_cdiv(n, 64), triton_cdiv(m, 64), 1)](
+            a, b, None, tf32, m, n, k, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), m * n, n,
+            BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, HAS_BIAS=False, PRECISION="tf32")
+        single = (tf32.double() - want).abs().max().item() / scale
+        assert single > 8 * ours, f"{m}x{k}x{n}: plain tf32 {single:.2e} not worse than tf32x3 {ours:.2e}"
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
 
 
 LINEARS_DTYPES = (torch.bfloat16, torch.float16, torch.float32)

@@ -1,8 +1,9 @@
 """GAT's projection with the node scores in its epilogue (gnnfuse/kernels/projection.py).
 
 The kernel against a float64 oracle (the product rounded to the input dtype, the scores from the
-rounded product) at odd sizes, poisoned outputs; where the fused path applies; and GATConv with
-it against GATConv with torch's projection and the node-score pass, forward and every gradient.
+rounded product) at odd sizes, poisoned outputs, in 16-bit floats and in float32 (products in three
+TF32 parts on the GPU: fusecore.linear); where the fused path applies; and GATConv with it against
+GATConv with the unfused projection and the node-score pass, forward and every gradient.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from gnnfuse.nn import GATConv
 
 DEVICE = test_device()
 HALF = (torch.bfloat16, torch.float16)
+FUSED = (*HALF, torch.float32)
 
 
 def _oracle(x, weight, attn_l, attn_r, heads, head_dim):
@@ -27,7 +29,7 @@ def _oracle(x, weight, attn_l, attn_r, heads, head_dim):
     return wh, el, er
 
 
-@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("dtype", FUSED)
 @pytest.mark.parametrize(
     "num_nodes, in_feats, heads, head_dim",
     [(1, 1, 1, 16), (61, 5, 3, 5), (64, 16, 8, 16), (130, 100, 2, 8), (67, 130, 4, 64), (0, 7, 2, 8)],
@@ -41,7 +43,8 @@ def test_projection_scores_matches_float64(dtype, num_nodes, in_feats, heads, he
     attn_l = torch.randn(1, heads, head_dim, generator=gen).to(DEVICE, dtype)
     attn_r = torch.randn(1, heads, head_dim, generator=gen).to(DEVICE, dtype)
     # the layer fuses only 16-byte aligned rows; the kernel itself takes any row stride
-    assert ops.fuses_projection(x, weight, heads, head_dim) == (in_feats % 8 == 0 and x.data_ptr() % 16 == 0)
+    aligned = in_feats * x.element_size() % 16 == 0 and x.data_ptr() % 16 == 0
+    assert ops.fuses_projection(x, weight, heads, head_dim) == aligned
     wh, el, er = ops._projection_scores(x, weight, attn_l, attn_r, heads, head_dim)
     assert wh.shape == (num_nodes, heads, head_dim) and wh.dtype == dtype
     assert el.shape == er.shape == (num_nodes, heads) and el.dtype == torch.float32
@@ -72,23 +75,37 @@ def test_projection_reads_a_row_strided_input(monkeypatch):
 
 
 def test_where_the_fused_projection_applies():
-    x = torch.zeros(4, 8, dtype=torch.bfloat16)
+    x = torch.zeros(4, 8, dtype=torch.bfloat16, device=DEVICE)
 
     def weight(rows, dtype=torch.bfloat16):
-        return torch.zeros(rows, 8, dtype=dtype)
+        return torch.zeros(rows, 8, dtype=dtype, device=DEVICE)
 
     assert ops.fuses_projection(x, weight(128), 8, 16)
     assert ops.fuses_projection(x.half(), weight(15, torch.float16), 3, 5)  # padded 4 x 8 = 32 columns
-    assert not ops.fuses_projection(x.float(), weight(128, torch.float32), 8, 16)  # float32: torch's product
+    assert ops.fuses_projection(x.float(), weight(128, torch.float32), 8, 16)  # float32: three TF32 parts
+    assert not ops.fuses_projection(x.double(), weight(128, torch.float64), 8, 16)  # float64: torch's product
     assert not ops.fuses_projection(x, weight(128, torch.float16), 8, 16)  # mixed dtypes
     assert not ops.fuses_projection(x, weight(8), 1, 8)  # 8 columns: below tl.dot's 16
     assert not ops.fuses_projection(x, weight(512), 8, 64)  # 512 columns: above PROJECTION_MAX_COLUMNS
-    assert not ops.fuses_projection(torch.zeros(8, 4, dtype=torch.bfloat16).t(), weight(128), 8, 16)  # column-strided
-    reddit = torch.zeros(4, 602, dtype=torch.bfloat16)  # rows 1204 bytes apart: not 16-byte aligned
-    assert not ops.fuses_projection(reddit, torch.zeros(64, 602, dtype=torch.bfloat16), 4, 16)
+    column_strided = torch.zeros(8, 4, dtype=torch.bfloat16, device=DEVICE).t()
+    assert not ops.fuses_projection(column_strided, weight(128), 8, 16)
+    reddit = torch.zeros(4, 602, dtype=torch.bfloat16, device=DEVICE)  # rows 1204 bytes apart: not 16-byte aligned
+    assert not ops.fuses_projection(reddit, torch.zeros(64, 602, dtype=torch.bfloat16, device=DEVICE), 4, 16)
+    assert not ops.fuses_projection(reddit.float(), torch.zeros(64, 602, device=DEVICE), 4, 16)  # 2408 bytes apart
 
 
-@pytest.mark.parametrize("dtype", HALF)
+def test_float32_projection_follows_the_float32_product_setting(monkeypatch):
+    """float32 fuses only while fusecore.linear's tensor-core product is on (else a float32 tl.dot would
+    round through one TF32 part)."""
+    from fusecore import linear as core_linear
+
+    x, weight = torch.zeros(4, 8, device=DEVICE), torch.zeros(128, 8, device=DEVICE)
+    assert ops.fuses_projection(x, weight, 8, 16)
+    monkeypatch.setattr(core_linear, "FLOAT32_PRODUCT", None)
+    assert not ops.fuses_projection(x, weight, 8, 16)
+
+
+@pytest.mark.parametrize("dtype", FUSED)
 @pytest.mark.parametrize("residual", [False, True])
 def test_gatconv_with_the_fused_projection_matches_the_unfused_layer(dtype, residual, monkeypatch):
     gen = fresh_generator()
