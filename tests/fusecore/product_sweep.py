@@ -6,8 +6,9 @@ machine, at the products of gnnfuse's float32 layers, beside torch's float32 pro
 Every row: the median µs of CUDA-graph replays (``fusecore.timing``), the share of the memory floor
 (operands read once, output written once, at the device's copy bandwidth) and the largest error against a
 float64 product relative to its largest magnitude, torch's beside it.  Configurations are
-``BLOCK_M,BLOCK_N,BLOCK_K,warps,stages`` set on the module's constants; the split rows also vary
-``SPLIT_TILES_PER_SM`` and ``SPLIT_MIN_K``.  A tuning tool: the benchmark case is ``core/linears``.
+``BLOCK_M,BLOCK_N,BLOCK_K,warps,stages`` set on the module's constants, each with both three-part forms
+(``FLOAT32_PRODUCT`` "tf32x3" and "presplit", whose timing includes splitting ``b``); the split rows also
+vary ``SPLIT_TILES_PER_SM``.  A tuning tool: the benchmark case is ``core/linears``.
 """
 
 from __future__ import annotations
@@ -22,17 +23,15 @@ from fusecore import linear as L
 from fusecore.device import device_facts
 from fusecore.timing import measure
 
-CONFIGS = [(128, 128, 32, 8, 3), (64, 128, 32, 4, 3), (128, 64, 32, 4, 3), (64, 64, 32, 4, 4),
-           (128, 256, 32, 8, 3), (128, 128, 64, 8, 2)]
+CONFIGS = [(128, 64, 32, 4, 3), (128, 128, 32, 8, 3), (64, 64, 32, 4, 4), (128, 64, 32, 4, 4), (64, 128, 32, 4, 3)]
 # name: (M, K, N, a transposed) — a [M, K] @ b [K, N]
 SHAPES = {
     "GAT fwd arxiv 128->128": (169_343, 128, 128, False),
     "GATv2 fwd arxiv 128->256": (169_343, 128, 256, False),
     "TR fwd arxiv 128->512": (169_343, 128, 512, False),
     "TR dx arxiv 512->128": (169_343, 512, 128, False),
-    "TR dW arxiv [512,N]@[N,128]": (512, 169_343, 128, True),
     "GAT fwd reddit 602->64": (232_965, 602, 64, False),
-    "GAT dW reddit [64,N]@[N,602]": (64, 232_965, 602, True),
+    "TR dW arxiv [512,N]@[N,128]": (512, 169_343, 128, True),
     "edge dW arxiv [128,N]@[N,128]": (128, 169_343, 128, True),
 }
 
@@ -54,18 +53,21 @@ def _sweep(label: str, a: torch.Tensor, b: torch.Tensor, transposed: bool, quick
     configs = CONFIGS[:2] if quick else CONFIGS
     splits = [(L.SPLIT_TILES_PER_SM, L.SPLIT_MIN_K)]
     if transposed:  # the ∂W products: their reduction over the rows is split
-        configs = configs[:4]
-        splits = [(1, 1024), (2, 1024), (4, 1024), (2, 4096)]
-    for (bm, bn, bk, warps, stages), (tiles_per_sm, min_k) in itertools.product(configs, splits):
+        configs = configs[:2]
+        splits = [(2, 1024), (4, 1024)]
+    for (bm, bn, bk, warps, stages), (tiles_per_sm, min_k), precision in itertools.product(configs, splits,
+                                                                                           L.PRECISIONS):
         L.PRODUCT_BLOCK_M, L.PRODUCT_BLOCK_N, L.PRODUCT_BLOCK_K = bm, bn, bk
         L.PRODUCT_WARPS, L.PRODUCT_STAGES = warps, stages
         L.SPLIT_TILES_PER_SM, L.SPLIT_MIN_K = tiles_per_sm, min_k
+        L.FLOAT32_PRODUCT = precision
         config = f"{bm},{bn},{bk},{warps},{stages}"
         try:
-            _row(label, "product tf32x3", lambda: L.product(a, b), want, floor_us, config=config,
+            _row(label, f"product {precision}", lambda: L.product(a, b), want, floor_us, config=config,
                  split=f"{tiles_per_sm},{min_k}" if transposed else None)
         except Exception as error:  # out of shared memory for this tile: say so and go on
-            print(json.dumps({"shape": label, "config": config, "failed": str(error)[:160]}), flush=True)
+            print(json.dumps({"shape": label, "config": config, "precision": precision,
+                              "failed": str(error)[:160]}), flush=True)
         finally:
             for name, value in saved.items():
                 setattr(L, name, value)
@@ -78,7 +80,7 @@ def main(argv: list[str]) -> int:
     gen = torch.Generator(device=device).manual_seed(3)
     saved = {name: getattr(L, name) for name in ("PRODUCT_BLOCK_M", "PRODUCT_BLOCK_N", "PRODUCT_BLOCK_K",
                                                  "PRODUCT_WARPS", "PRODUCT_STAGES", "SPLIT_TILES_PER_SM",
-                                                 "SPLIT_MIN_K")}
+                                                 "SPLIT_MIN_K", "FLOAT32_PRODUCT")}
     print(f"# {torch.cuda.get_device_name()} — fusecore.linear.product sweep; defaults {saved}", flush=True)
     for label, (m, k, n, transposed) in SHAPES.items():
         if quick:

@@ -107,9 +107,12 @@ def test_linear_gradients_only_where_asked_and_without_autograd(device):
 @pytest.mark.parametrize("m, k, n", [(1, 1, 1), (7, 24, 5), (130, 33, 17), (61, 200, 129), (300, 16, 260),
                                      (2, 4099, 3)])
 @pytest.mark.parametrize("layout", ["rows", "a transposed", "b transposed"])
-def test_product_matches_float64(device, poison, monkeypatch, m, k, n, layout):
-    """product(a, b, bias) against float64 at odd sizes, with either operand a transposed view read in place,
-    and with the reduction split (few output tiles, a long reduction: partials summed by column_sum)."""
+@pytest.mark.parametrize("precision", linear_module.PRECISIONS)
+def test_product_matches_float64(device, poison, monkeypatch, m, k, n, layout, precision):
+    """product(a, b, bias) against float64 at odd sizes, each three-part form, with either operand a transposed
+    view read in place, and with the reduction split (few output tiles, a long reduction: partials summed by
+    column_sum)."""
+    monkeypatch.setattr(linear_module, "FLOAT32_PRODUCT", precision)
     monkeypatch.setattr(linear_module, "SPLIT_MIN_K", 64)  # split the long reductions of these small sizes
     gen = fresh_generator(device)
     a = torch.randn(m, k, generator=gen, device=device)
@@ -125,8 +128,50 @@ def test_product_matches_float64(device, poison, monkeypatch, m, k, n, layout):
         assert out.shape == (m, n) and out.dtype == torch.float32 and out.is_contiguous()
         assert_all_written(out)
         assert_close(out, want + (bias.double() if with_bias else 0), dtype=torch.float32,
-                     name=f"product {m}x{k}x{n} {layout} bias={with_bias} (seed {gen.initial_seed()})")
+                     name=f"product {precision} {m}x{k}x{n} {layout} bias={with_bias} (seed {gen.initial_seed()})")
     assert_close(matmul(a, b), want, dtype=torch.float32, name="matmul")
+
+
+def test_split_tf32_is_exact(device):
+    """b_hi has no bits below TF32's mantissa, and b_hi + b_lo is b exactly (strides kept)."""
+    gen = fresh_generator(device)
+    b = (torch.randn(40, 24, generator=gen, device=device) * 1e3).t()
+    hi, lo = linear_module.split_tf32(b)
+    assert hi.stride() == lo.stride() == b.stride()
+    assert torch.all(hi.view(torch.int32) & 8191 == 0)
+    assert torch.equal(hi + lo, b) and torch.all(lo.abs() <= hi.abs() * 2.0 ** -10)
+
+
+@pytest.mark.parametrize("backward", [False, True])
+def test_linear_float32_paths(device, monkeypatch, backward):
+    """float32 linear: aligned rows take the product, others (and every gradient unless BACKWARD_PRODUCTS) torch's;
+    forward and gradients against float64 either way."""
+    monkeypatch.setattr(linear_module, "BACKWARD_PRODUCTS", backward)
+    calls = []
+    real = linear_module.product
+    monkeypatch.setattr(linear_module, "product", lambda *args: calls.append(args[0].shape) or real(*args))
+    gen = fresh_generator(device)
+    for feats, aligned in ((24, True), (22, False)):
+        calls.clear()
+        x = torch.randn(37, feats, generator=gen, device=device, requires_grad=True)
+        weight = torch.randn(9, feats, generator=gen, device=device, requires_grad=True)
+        bias = torch.randn(9, generator=gen, device=device, requires_grad=True)
+        grad = torch.randn(37, 9, generator=gen, device=device)
+        out = linear(x, weight, bias)
+        out.backward(grad)
+        assert len(calls) == aligned + 2 * backward, (feats, calls)
+        ref = [t.detach().double().requires_grad_() for t in (x, weight, bias)]
+        want = F.linear(*ref)
+        want.backward(grad.double())
+        assert_close(out, want, dtype=torch.float32, name=f"out ({feats} features)")
+        for name, ours, theirs in zip(("x", "weight", "bias"), (x, weight, bias), ref):
+            assert_close(ours.grad, theirs.grad, dtype=torch.float32, name=f"grad of {name} ({feats} features)")
+
+
+def test_float32_product_setting_is_checked(device, monkeypatch):
+    monkeypatch.setattr(linear_module, "FLOAT32_PRODUCT", "tf32")
+    with pytest.raises(ValueError, match="FLOAT32_PRODUCT must be one of"):
+        product(torch.ones(4, 5, device=device), torch.ones(5, 3, device=device))
 
 
 def test_product_splits_long_reductions_over_few_tiles(device, monkeypatch):
@@ -180,10 +225,12 @@ def test_autocast_keeps_torchs_product(device):
 
 
 @pytest.mark.skipif(not COMPILED, reason="TF32 exists on the GPU only (the interpreter's products are exact)")
-def test_float32_product_accuracy_on_the_gpu(device):
+@pytest.mark.parametrize("precision", linear_module.PRECISIONS)
+def test_float32_product_accuracy_on_the_gpu(device, monkeypatch, precision):
     """The tensor-core product in three TF32 parts keeps float32's accuracy: against float64, its error at a
     graph layer's shape is within 4x torch's float32 product's (cuBLAS, FP32 units), where one TF32 part alone
     (plain "tf32") is far off — so the bound would catch a product that lost the remainders."""
+    monkeypatch.setattr(linear_module, "FLOAT32_PRODUCT", precision)
     gen = fresh_generator(device)
     for m, k, n in [(20_011, 128, 512), (3001, 602, 64), (512, 20_011, 128)]:
         a = torch.randn(m, k, generator=gen, device=device)
@@ -192,10 +239,10 @@ def test_float32_product_accuracy_on_the_gpu(device):
         scale = want.abs().max().item()
         theirs = ((a @ b).double() - want).abs().max().item() / scale
         ours = (product(a, b).double() - want).abs().max().item() / scale
-        assert ours <= 4 * theirs + 1e-7, f"{m}x{k}x{n}: tf32x3 error {ours:.2e}, torch float32 {theirs:.2e}"
+        assert ours <= 4 * theirs + 1e-7, f"{m}x{k}x{n}: {precision} error {ours:.2e}, torch float32 {theirs:.2e}"
         tf32 = torch.empty(m, n, device=device)
         linear_module.product_kernel[(triton_cdiv(n, 64), triton_cdiv(m, 64), 1)](
-            a, b, None, tf32, m, n, k, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), m * n, n,
+            a, b, None, None, tf32, m, n, k, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), m * n, n,
             BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, HAS_BIAS=False, PRECISION="tf32")
         single = (tf32.double() - want).abs().max().item() / scale
         assert single > 8 * ours, f"{m}x{k}x{n}: plain tf32 {single:.2e} not worse than tf32x3 {ours:.2e}"
