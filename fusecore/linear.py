@@ -23,18 +23,18 @@ zero-filled ``∂y`` of its own and adds them.  (A grouped Triton launch writing
 once, was measured before this and removed: 122.9 µs for four ``[169 343, 128]`` bfloat16 maps on an H200
 against 113.1 for four cuBLAS products and 67.2 for the stacked one.)
 
-**float32 products on the tensor cores.**  For float32 operands ``linear``'s forward (rows 16-byte aligned) is
-:func:`product`, a Triton kernel whose products are TF32 tensor-core products in three parts
-(:data:`FLOAT32_PRODUCT`, :func:`three_part_dot`): each operand split into a TF32 part and a TF32 remainder,
-``a·b ≈ a_hi·b_hi + a_hi·b_lo + a_lo·b_hi``, accumulated in float32.  Each product keeps ~21 of float32's 24
-mantissa bits (the split and the dropped ``a_lo·b_lo``), so a sum over ``K`` terms carries about the error
-float32's own rounding gives it (``tests/fusecore/test_linear.py`` compares both against float64 on the GPU).
-torch's float32 product is cuBLAS on the FP32 units, compute-bound for a graph layer's shapes (four
-``[169 343, 128]`` maps: 551 µs on the H200, where moving the bytes takes ~100).  The gradients' products
-(:func:`matmul`) stay torch's unless :data:`BACKWARD_PRODUCTS` is set (measured slower or equal: the sweep
-below).  ``FLOAT32_PRODUCT = None`` keeps torch's everywhere.  The interpreter computes the same tiles in
-exact float32 (it has no TF32).  ``∂W = ∂yᵀ x`` sums over the rows: with few output tiles the rows are split
-among programs whose float32 partials :func:`column_sum` adds.
+**float32 products on the tensor cores.**  For float32 operands ``linear``'s forward (rows 16-byte aligned)
+is :func:`product`, a Triton kernel whose products are TF32 tensor-core products in three parts
+(:data:`FLOAT32_PRODUCT`, Triton's ``input_precision="tf32x3"``): each operand split into a TF32 part and
+a TF32 remainder, ``a·b ≈ a_hi·b_hi + a_hi·b_lo + a_lo·b_hi``, accumulated in float32.  Each product keeps
+~21 of float32's 24 mantissa bits (the split and the dropped ``a_lo·b_lo``), so a sum over ``K`` terms
+carries about the error float32's own rounding gives it (``tests/fusecore/test_linear.py`` compares both
+against float64 on the GPU).  torch's float32 product is cuBLAS on the FP32 units, compute-bound for a
+graph layer's shapes (four ``[169 343, 128]`` maps: 551 µs on the H200, where moving the bytes takes ~100).
+The gradients' products (:func:`matmul`) stay torch's unless :data:`BACKWARD_PRODUCTS` is set (measured
+slower or equal: the sweep below).  ``FLOAT32_PRODUCT = None`` keeps torch's everywhere.  The interpreter
+computes the same tiles in exact float32 (it has no TF32).  ``∂W = ∂yᵀ x`` sums over the rows: with few
+output tiles the rows are split among programs whose float32 partials :func:`column_sum` adds.
 """
 
 from __future__ import annotations
@@ -132,19 +132,20 @@ def column_sum(x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.T
     return out[0]
 
 
-# float32 products (module doc): "tf32x3" (Triton's three-part product: both operands split in registers), "presplit"
-# (the same three products with the small operand b split once in memory, ``b_hi`` = b with its low 13 mantissa bits
-# cleared and ``b_lo = b - b_hi``, so that the kernel loads both parts as they are and splits only ``a``), or None
-# for torch's own float32 product.  Tiles: BLOCK_M × BLOCK_N outputs (BLOCK_N at most the padded width),
-# BLOCK_K-deep slices, PRODUCT_WARPS warps, PRODUCT_STAGES slices in flight; the column blocks of one row block are
-# neighbours in the launch order (x read once from DRAM).  A product with fewer than SPLIT_TILES_PER_SM output
-# tiles per multiprocessor and a long reduction (∂W = ∂yᵀ x over the rows) splits the reduction into slices of at
-# least SPLIT_MIN_K, up to that many programs per multiprocessor.  BACKWARD_PRODUCTS: linear's ∂x and ∂W (and
-# :func:`matmul`) through :func:`product` too; off, they are torch's.
-# H100 sweep (session 16 call 2, tests/fusecore/product_sweep.py, µs, cuBLAS float32 → tf32x3 at its best tile
-# 128 × 64 × 32, 4 warps, 3 stages): [169 343, 128] → 128 159 → 141, → 256 314 → 271, → 512 622 → 531; ∂x 512 → 128
-# 521 → 489; ∂W [512, N]@[N, 128] 427 → 386 (split 2, 1024); but rows of 602 float32 (2408 bytes: not 16-byte
-# aligned) 419 → 589 and its ∂W 808 → 1054 (cuBLAS kept: :func:`_aligned_rows`, BACKWARD_PRODUCTS off).
+# float32 products (module doc): "tf32x3" (Triton's three-part TF32 product), or None for torch's own float32
+# product.  Tiles: BLOCK_M × BLOCK_N outputs (BLOCK_N at most the padded width), BLOCK_K-deep slices, PRODUCT_WARPS
+# warps, PRODUCT_STAGES slices in flight; the column blocks of one row block are neighbours in the launch order (x
+# read once from DRAM).  A product with fewer than SPLIT_TILES_PER_SM output tiles per multiprocessor and a long
+# reduction (∂W = ∂yᵀ x over the rows) splits the reduction into slices of at least SPLIT_MIN_K, up to that many
+# programs per multiprocessor.  BACKWARD_PRODUCTS: linear's ∂x and ∂W (and :func:`matmul`) through :func:`product`
+# too; off, they are torch's.
+# H100 sweeps (session 16 calls 2 and 3, tests/fusecore/product_sweep.py, µs, cuBLAS float32 → tf32x3 at its best
+# tile, 128 × 64 × 32, 4 warps, 3 stages): [169 343, 128] → 128 157 → 141, → 256 312 → 270, → 512 617 → 530; ∂x
+# 512 → 128 517 → 488; ∂W [512, N]@[N, 128] 426 → 383 (split 2, 1024); but rows of 602 float32 (2408 bytes: not
+# 16-byte aligned) 418 → 587 at best and their ∂W 808 → 1054 (cuBLAS kept there: :func:`_aligned_rows`); the
+# gradients' few-percent gains lost to the layers' steps in call 2's A/B (BACKWARD_PRODUCTS off).  A pre-split form
+# (the weight split into TF32 parts once in memory, only ``a`` split in the kernel) was slower at every tile and
+# 3-10x less accurate (call 3), and was removed.
 FLOAT32_PRODUCT: str | None = "tf32x3"
 BACKWARD_PRODUCTS = False
 PRODUCT_BLOCK_M = 128
@@ -154,35 +155,18 @@ PRODUCT_WARPS = 4
 PRODUCT_STAGES = 3
 SPLIT_TILES_PER_SM = 2
 SPLIT_MIN_K = 1024
-PRECISIONS = ("tf32x3", "presplit")
+PRECISIONS = ("tf32x3",)
 
 
 @jit
-def three_part_dot(a, b, b_lo, acc, PRECISION: tl.constexpr):
-    """``acc + a · b`` in float32's accuracy from TF32 tensor-core products (module doc): ``"tf32x3"`` splits both
-    operands itself; ``"presplit"`` takes ``b`` and ``b_lo`` as the caller's split of the small operand (``b``
-    exact in TF32, ``b_lo`` the remainder) and splits ``a`` here: ``a_hi = a`` with its low 13 mantissa bits
-    cleared (exact in TF32 whatever the hardware's rounding), ``a_lo = a - a_hi`` (exact);
-    ``acc + a_lo·b_hi + a_hi·b_lo + a_hi·b_hi`` (the dropped ``a_lo·b_lo`` is ~2⁻²² of the product)."""
-    if PRECISION == "presplit":
-        a_hi = (a.to(tl.uint32, bitcast=True) & 0xFFFFE000).to(tl.float32, bitcast=True)
-        acc = tl.dot(a - a_hi, b, acc, input_precision="tf32")
-        acc = tl.dot(a_hi, b_lo, acc, input_precision="tf32")
-        acc = tl.dot(a_hi, b, acc, input_precision="tf32")
-    else:
-        acc = tl.dot(a, b, acc, input_precision=PRECISION)
-    return acc
-
-
-@jit
-def product_kernel(a_ptr, b_ptr, b_lo_ptr, bias_ptr, c_ptr, M, N, K, k_per_split,
+def product_kernel(a_ptr, b_ptr, bias_ptr, c_ptr, M, N, K, k_per_split,
                    stride_am, stride_ak, stride_bk, stride_bn, stride_cs, stride_cm,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr):
     """``c[s, m, n] = Σ_k a[m, k] · b[k, n] (+ bias[n])`` over the reduction slice ``k ∈ [s · k_per_split,
-    (s + 1) · k_per_split)`` of split ``s = program_id(2)``; ``a``, ``b`` with any strides (``b_lo``, for
-    ``"presplit"``: ``b``'s remainder, ``b``'s strides), ``c`` float32 with unit column stride; output columns of
-    block ``program_id(0)``, rows of block ``program_id(1)``; products by :func:`three_part_dot`."""
+    (s + 1) · k_per_split)`` of split ``s = program_id(2)``; ``a``, ``b`` with any strides, ``c`` float32 with
+    unit column stride; output columns of block ``program_id(0)``, rows of block ``program_id(1)``; ``tl.dot`` in
+    ``PRECISION`` (module doc)."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1).to(tl.int64)
     pid_s = tl.program_id(2).to(tl.int64)
@@ -199,26 +183,13 @@ def product_kernel(a_ptr, b_ptr, b_lo_ptr, bias_ptr, c_ptr, M, N, K, k_per_split
         k_mask = k < k_stop
         a = tl.load(a_ptr + offs_m[:, None] * stride_am + k[None, :] * stride_ak,
                     mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-        b_offs = k[:, None] * stride_bk + offs_n[None, :] * stride_bn
-        b_mask = k_mask[:, None] & n_mask[None, :]
-        b = tl.load(b_ptr + b_offs, mask=b_mask, other=0.0)
-        b_lo = b
-        if PRECISION == "presplit":
-            b_lo = tl.load(b_lo_ptr + b_offs, mask=b_mask, other=0.0)
-        acc = three_part_dot(a, b, b_lo, acc, PRECISION)
+        b = tl.load(b_ptr + k[:, None] * stride_bk + offs_n[None, :] * stride_bn,
+                    mask=k_mask[:, None] & n_mask[None, :], other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0)[None, :]
     tl.store(c_ptr + pid_s * stride_cs + offs_m[:, None] * stride_cm + offs_n[None, :], acc,
              mask=m_mask[:, None] & n_mask[None, :])
-
-
-def split_tf32(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(b_hi, b_lo)`` of a float32 tensor: ``b_hi`` = ``b`` with its low 13 mantissa bits cleared (exact in
-    TF32), ``b_lo = b - b_hi`` (exact in float32), both laid out as ``torch.empty_like(b)`` (``b``'s strides
-    where ``b`` is dense)."""
-    hi = torch.empty_like(b)
-    torch.bitwise_and(b.view(torch.int32), -8192, out=hi.view(torch.int32))
-    return hi, torch.sub(b, hi, out=torch.empty_like(b))
 
 
 def uses_product(*tensors: torch.Tensor | None) -> bool:
@@ -233,7 +204,7 @@ def uses_product(*tensors: torch.Tensor | None) -> bool:
 
 
 def dot_precision(dtype: torch.dtype) -> str:
-    """The ``PRECISION`` of a kernel's :func:`three_part_dot` over operands of ``dtype`` where the kernel follows
+    """The ``input_precision`` of a kernel's ``tl.dot`` over operands of ``dtype`` where the kernel follows
     :data:`FLOAT32_PRODUCT`: that setting for float32 (callers check :func:`uses_product` first), Triton's
     default ``"tf32"`` otherwise (16-bit operands are exact on the tensor cores whatever it says)."""
     if FLOAT32_PRODUCT is not None and FLOAT32_PRODUCT not in PRECISIONS:
@@ -280,12 +251,9 @@ def product(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) 
     k_per_split = cdiv(cdiv(k, splits), PRODUCT_BLOCK_K) * PRODUCT_BLOCK_K
     splits = cdiv(k, k_per_split)
     precision = dot_precision(torch.float32)
-    b_lo = None
-    if precision == "presplit":
-        b, b_lo = split_tf32(b)  # both with the strides of empty_like(b)
     out = _new((splits, m, n) if splits > 1 else (m, n), torch.float32, a.device)
     product_kernel[(cdiv(n, block_n), cdiv(m, block_m), splits)](
-        a, b, b_lo, bias if splits == 1 else None, out, m, n, k, k_per_split,
+        a, b, bias if splits == 1 else None, out, m, n, k, k_per_split,
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), m * n, n,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=PRODUCT_BLOCK_K, HAS_BIAS=bias is not None and splits == 1,
         PRECISION=precision, num_warps=PRODUCT_WARPS, num_stages=PRODUCT_STAGES,

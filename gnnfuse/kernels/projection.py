@@ -16,22 +16,20 @@ same as the projection alone, where a separate node-score pass reads ``Wh`` agai
 import triton.language as tl
 
 from fusecore.backend import jit
-from fusecore.linear import three_part_dot
 
 from .tiles import flat_head_tile, head_tile
 
 
 @jit
 def projection_scores_kernel(
-    x_ptr, w_ptr, w_lo_ptr, attn_l_ptr, attn_r_ptr, wh_ptr, el_ptr, er_ptr, num_nodes, F, stride_x, H, D,
+    x_ptr, w_ptr, attn_l_ptr, attn_r_ptr, wh_ptr, el_ptr, er_ptr, num_nodes, F, stride_x, H, D,
     BLOCK_M: tl.constexpr, BLOCK_F: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
     """``x [N, F]`` (row stride ``stride_x``, unit column stride), ``W [H·D, F]`` contiguous,
     ``attn_l``, ``attn_r`` ``H·D`` contiguous, ``Wh [N, H, D]`` contiguous, ``el``, ``er`` ``[N, H]``
-    in the accumulation dtype (float32; float64 for float64 inputs); ``PRECISION`` the product's
-    (fusecore.linear.three_part_dot: ``"tf32x3"`` / ``"presplit"`` for float32, with ``W_lo`` the
-    remainder of ``W``'s split for ``"presplit"``; ``"tf32"`` for 16-bit inputs)."""
+    in the accumulation dtype (float32; float64 for float64 inputs); ``PRECISION`` the ``tl.dot``
+    input precision (``"tf32x3"`` for float32: fusecore.linear.dot_precision)."""
     acc_dtype = el_ptr.dtype.element_ty
     pid = tl.program_id(0).to(tl.int64)
     offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -43,13 +41,8 @@ def projection_scores_kernel(
         f = f0 + offs_f
         f_mask = f < F
         a = tl.load(x_ptr + offs_m[:, None] * stride_x + f[None, :], mask=m_mask[:, None] & f_mask[None, :], other=0.0)
-        w_offs = c_offs[None, :] * F + f[:, None]
-        w_mask = f_mask[:, None] & c_mask[None, :]
-        b = tl.load(w_ptr + w_offs, mask=w_mask, other=0.0)
-        b_lo = b
-        if PRECISION == "presplit":
-            b_lo = tl.load(w_lo_ptr + w_offs, mask=w_mask, other=0.0)
-        acc = three_part_dot(a, b, b_lo, acc, PRECISION)
+        b = tl.load(w_ptr + c_offs[None, :] * F + f[:, None], mask=f_mask[:, None] & c_mask[None, :], other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
     wh = acc.to(wh_ptr.dtype.element_ty)
     tl.store(wh_ptr + offs_m[:, None] * (H * D) + c_offs[None, :], wh, mask=m_mask[:, None] & c_mask[None, :])
     # the scores from the rounded Wh: the values the attention and the backward read

@@ -6,9 +6,9 @@ machine, at the products of gnnfuse's float32 layers, beside torch's float32 pro
 Every row: the median µs of CUDA-graph replays (``fusecore.timing``), the share of the memory floor
 (operands read once, output written once, at the device's copy bandwidth) and the largest error against a
 float64 product relative to its largest magnitude, torch's beside it.  Configurations are
-``BLOCK_M,BLOCK_N,BLOCK_K,warps,stages`` set on the module's constants, each with both three-part forms
-(``FLOAT32_PRODUCT`` "tf32x3" and "presplit", whose timing includes splitting ``b``); the split rows also
-vary ``SPLIT_TILES_PER_SM``.  A tuning tool: the benchmark case is ``core/linears``.
+``BLOCK_M,BLOCK_N,BLOCK_K,warps,stages`` set on the module's constants, with each form in
+``fusecore.linear.PRECISIONS``; the split rows also vary ``SPLIT_TILES_PER_SM``.  A tuning tool: the
+benchmark case is ``core/linears``.
 """
 
 from __future__ import annotations

@@ -134,22 +134,3 @@ def test_gatconv_with_the_fused_projection_matches_the_unfused_layer(dtype, resi
         assert got is not None and want is not None, name
         assert_close(got.float(), want.float(), tol=2 * tolerance(dtype), name=f"{name} (seed {seed})")
 
-
-@pytest.mark.parametrize("precision", ["tf32x3", "presplit"])
-def test_float32_projection_in_each_three_part_form(precision, monkeypatch):
-    """The fused float32 projection with either three-part product (fusecore.linear.FLOAT32_PRODUCT; "presplit"
-    passes W's TF32 split to the kernel) against the float64 oracle."""
-    from fusecore import linear as core_linear
-
-    monkeypatch.setattr(core_linear, "FLOAT32_PRODUCT", precision)
-    gen = fresh_generator()
-    created = poison_op_outputs(monkeypatch)
-    x = torch.randn(83, 40, generator=gen).to(DEVICE)
-    weight = (torch.randn(3 * 12, 40, generator=gen) / 40**0.5).to(DEVICE)
-    attn_l, attn_r = (torch.randn(1, 3, 12, generator=gen).to(DEVICE) for _ in range(2))
-    assert ops.fuses_projection(x, weight, 3, 12)
-    wh, el, er = ops._projection_scores(x, weight, attn_l, attn_r, 3, 12)
-    for tensor in created:
-        assert_all_written(tensor)
-    for got, want, name in zip((wh, el, er), _oracle(x, weight, attn_l, attn_r, 3, 12), ("wh", "el", "er")):
-        assert_close(got, want, torch.float32, name=f"{name} ({precision}, seed {gen.initial_seed()})")
