@@ -155,6 +155,16 @@ PRODUCT_WARPS = 4
 PRODUCT_STAGES = 3
 SPLIT_TILES_PER_SM = 2
 SPLIT_MIN_K = 1024
+# Products not split (ROWS_KERNEL): product_rows_kernel, persistent over row blocks, ROWS_BLOCK_M × ROWS_BLOCK_N
+# tiles reduced over PRODUCT_BLOCK_K slices, ROWS_WARPS warps, the flattened loop (ROWS_FLATTEN) ROWS_STAGES slices
+# deep, ROWS_PROGRAMS_PER_SM programs per multiprocessor in all (spread over the column blocks).
+ROWS_KERNEL = True
+ROWS_BLOCK_M = 128
+ROWS_BLOCK_N = 64
+ROWS_WARPS = 4
+ROWS_STAGES = 3
+ROWS_FLATTEN = True
+ROWS_PROGRAMS_PER_SM = 2
 PRECISIONS = ("tf32x3",)
 
 
@@ -190,6 +200,39 @@ def product_kernel(a_ptr, b_ptr, bias_ptr, c_ptr, M, N, K, k_per_split,
         acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0)[None, :]
     tl.store(c_ptr + pid_s * stride_cs + offs_m[:, None] * stride_cm + offs_n[None, :], acc,
              mask=m_mask[:, None] & n_mask[None, :])
+
+
+@jit
+def product_rows_kernel(a_ptr, b_ptr, bias_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                        HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, STAGES: tl.constexpr, FLATTEN: tl.constexpr):
+    """``c[m, n] = Σ_k a[m, k] · b[k, n] (+ bias[n])``, persistent: program ``(n, p)`` owns column block ``n`` and
+    walks row blocks ``p, p + P, …`` (``P = num_programs(1)``), each reduced over ``BLOCK_K``-deep slices; with
+    ``FLATTEN`` the compiler flattens the row-block and slice loops into one and pipelines it ``STAGES`` deep, so
+    the next row block's loads are in flight while this one's last product and store run (a graph layer's
+    reduction, K = 128, is four slices: too short to pipeline on its own)."""
+    pid_n = tl.program_id(0)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    offs_k = tl.arange(0, BLOCK_K)
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0)
+    for tile in tl.range(tl.program_id(1), tl.cdiv(M, BLOCK_M), tl.num_programs(1), num_stages=STAGES,
+                         flatten=FLATTEN):
+        offs_m = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+        m_mask = offs_m < M
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            k = k0 + offs_k
+            k_mask = k < K
+            a = tl.load(a_ptr + offs_m[:, None] * stride_am + k[None, :] * stride_ak,
+                        mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+            b = tl.load(b_ptr + k[:, None] * stride_bk + offs_n[None, :] * stride_bn,
+                        mask=k_mask[:, None] & n_mask[None, :], other=0.0)
+            acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        if HAS_BIAS:
+            acc += bias[None, :]
+        tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :], acc, mask=m_mask[:, None] & n_mask[None, :])
 
 
 def uses_product(*tensors: torch.Tensor | None) -> bool:
@@ -244,13 +287,26 @@ def product(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) 
     if m == 0 or n == 0 or k == 0:
         out = torch.zeros((m, n), dtype=torch.float32, device=a.device)
         return out if bias is None else out + bias
+    precision = dot_precision(torch.float32)
     block_n = max(16, min(PRODUCT_BLOCK_N, next_power_of_2(n)))
     block_m = max(16, min(PRODUCT_BLOCK_M, next_power_of_2(m)))
     tiles = cdiv(m, block_m) * cdiv(n, block_n)
     splits = _splits(tiles, k, a.device)
+    if ROWS_KERNEL and splits == 1:
+        block_n = max(16, min(ROWS_BLOCK_N, next_power_of_2(n)))
+        block_m = max(16, min(ROWS_BLOCK_M, next_power_of_2(m)))
+        column_blocks = cdiv(n, block_n)
+        programs = min(cdiv(m, block_m), max(1, cdiv(ROWS_PROGRAMS_PER_SM * device_facts(a.device).sm_count,
+                                                     column_blocks)))
+        out = _new((m, n), torch.float32, a.device)
+        product_rows_kernel[(column_blocks, programs)](
+            a, b, bias, out, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), n,
+            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=PRODUCT_BLOCK_K, HAS_BIAS=bias is not None,
+            PRECISION=precision, STAGES=ROWS_STAGES, FLATTEN=ROWS_FLATTEN, num_warps=ROWS_WARPS,
+        )
+        return out
     k_per_split = cdiv(cdiv(k, splits), PRODUCT_BLOCK_K) * PRODUCT_BLOCK_K
     splits = cdiv(k, k_per_split)
-    precision = dot_precision(torch.float32)
     out = _new((splits, m, n) if splits > 1 else (m, n), torch.float32, a.device)
     product_kernel[(cdiv(n, block_n), cdiv(m, block_m), splits)](
         a, b, bias if splits == 1 else None, out, m, n, k, k_per_split,

@@ -6,14 +6,13 @@ machine, at the products of gnnfuse's float32 layers, beside torch's float32 pro
 Every row: the median µs of CUDA-graph replays (``fusecore.timing``), the share of the memory floor
 (operands read once, output written once, at the device's copy bandwidth) and the largest error against a
 float64 product relative to its largest magnitude, torch's beside it.  Configurations are
-``BLOCK_M,BLOCK_N,BLOCK_K,warps,stages`` set on the module's constants, with each form in
-``fusecore.linear.PRECISIONS``; the split rows also vary ``SPLIT_TILES_PER_SM``.  A tuning tool: the
-benchmark case is ``core/linears``.
+``BLOCK_M,BLOCK_N,BLOCK_K,warps,stages`` of the slice kernel (the split rows also vary ``SPLIT_TILES_PER_SM``)
+and ``BLOCK_M,BLOCK_N,warps,stages,flatten,programs per SM`` of the persistent row-block kernel, set on the
+module's constants.  A tuning tool: the benchmark case is ``core/linears``.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import sys
 
@@ -23,17 +22,22 @@ from fusecore import linear as L
 from fusecore.device import device_facts
 from fusecore.timing import measure
 
-CONFIGS = [(128, 64, 32, 4, 3), (128, 128, 32, 8, 3), (64, 64, 32, 4, 4), (128, 64, 32, 4, 4), (64, 128, 32, 4, 3)]
+# slice kernel (product_kernel): BLOCK_M, BLOCK_N, BLOCK_K, warps, stages
+CONFIGS = [(128, 64, 32, 4, 3), (128, 128, 32, 8, 3)]
+# persistent row-block kernel (product_rows_kernel): BLOCK_M, BLOCK_N, warps, stages, flatten, programs per SM
+ROWS_CONFIGS = [(128, 64, 4, 3, True, 2), (64, 64, 4, 3, True, 3), (64, 64, 4, 4, True, 3), (128, 128, 8, 3, True, 1),
+                (64, 128, 4, 3, True, 2), (128, 64, 4, 3, False, 2), (128, 64, 4, 4, True, 2), (128, 64, 4, 2, True, 2)]
 # name: (M, K, N, a transposed) — a [M, K] @ b [K, N]
 SHAPES = {
     "GAT fwd arxiv 128->128": (169_343, 128, 128, False),
     "GATv2 fwd arxiv 128->256": (169_343, 128, 256, False),
     "TR fwd arxiv 128->512": (169_343, 128, 512, False),
     "TR dx arxiv 512->128": (169_343, 512, 128, False),
-    "GAT fwd reddit 602->64": (232_965, 602, 64, False),
     "TR dW arxiv [512,N]@[N,128]": (512, 169_343, 128, True),
-    "edge dW arxiv [128,N]@[N,128]": (128, 169_343, 128, True),
 }
+SETTINGS = ("PRODUCT_BLOCK_M", "PRODUCT_BLOCK_N", "PRODUCT_BLOCK_K", "PRODUCT_WARPS", "PRODUCT_STAGES",
+            "SPLIT_TILES_PER_SM", "SPLIT_MIN_K", "FLOAT32_PRODUCT", "ROWS_KERNEL", "ROWS_BLOCK_M", "ROWS_BLOCK_N",
+            "ROWS_WARPS", "ROWS_STAGES", "ROWS_FLATTEN", "ROWS_PROGRAMS_PER_SM")
 
 
 def _row(label: str, impl: str, fn, want: torch.Tensor, floor_us: float, **extra) -> None:
@@ -50,24 +54,30 @@ def _sweep(label: str, a: torch.Tensor, b: torch.Tensor, transposed: bool, quick
     want = a.double() @ b.double()
     floor_us = (m * k + k * n + m * n) * 4 / bandwidth * 1e6
     _row(label, "torch float32 (cuBLAS)", lambda: a @ b, want, floor_us)
-    configs = CONFIGS[:2] if quick else CONFIGS
+    configs = CONFIGS[:1] if quick else CONFIGS
     splits = [(L.SPLIT_TILES_PER_SM, L.SPLIT_MIN_K)]
     if transposed:  # the ∂W products: their reduction over the rows is split
-        configs = configs[:2]
         splits = [(2, 1024), (4, 1024)]
-    for (bm, bn, bk, warps, stages), (tiles_per_sm, min_k), precision in itertools.product(configs, splits,
-                                                                                           L.PRECISIONS):
-        L.PRODUCT_BLOCK_M, L.PRODUCT_BLOCK_N, L.PRODUCT_BLOCK_K = bm, bn, bk
-        L.PRODUCT_WARPS, L.PRODUCT_STAGES = warps, stages
-        L.SPLIT_TILES_PER_SM, L.SPLIT_MIN_K = tiles_per_sm, min_k
-        L.FLOAT32_PRODUCT = precision
-        config = f"{bm},{bn},{bk},{warps},{stages}"
+    rows = [] if transposed else [(cfg, None) for cfg in (ROWS_CONFIGS[:1] if quick else ROWS_CONFIGS)]
+    for config, split in [*[(cfg, sp) for cfg in configs for sp in splits], *rows]:
         try:
-            _row(label, f"product {precision}", lambda: L.product(a, b), want, floor_us, config=config,
-                 split=f"{tiles_per_sm},{min_k}" if transposed else None)
+            if split is not None or transposed:
+                bm, bn, bk, warps, stages = config
+                L.ROWS_KERNEL = False
+                L.PRODUCT_BLOCK_M, L.PRODUCT_BLOCK_N, L.PRODUCT_BLOCK_K = bm, bn, bk
+                L.PRODUCT_WARPS, L.PRODUCT_STAGES = warps, stages
+                L.SPLIT_TILES_PER_SM, L.SPLIT_MIN_K = split
+                impl, extra = "product (slices)", {"config": ",".join(map(str, config)),
+                                                   "split": f"{split[0]},{split[1]}" if transposed else None}
+            else:
+                bm, bn, warps, stages, flatten, per_sm = config
+                L.ROWS_KERNEL = True
+                L.ROWS_BLOCK_M, L.ROWS_BLOCK_N, L.ROWS_WARPS = bm, bn, warps
+                L.ROWS_STAGES, L.ROWS_FLATTEN, L.ROWS_PROGRAMS_PER_SM = stages, flatten, per_sm
+                impl, extra = "product (row blocks)", {"config": ",".join(map(str, config))}
+            _row(label, impl, lambda: L.product(a, b), want, floor_us, **extra)
         except Exception as error:  # out of shared memory for this tile: say so and go on
-            print(json.dumps({"shape": label, "config": config, "precision": precision,
-                              "failed": str(error)[:160]}), flush=True)
+            print(json.dumps({"shape": label, "config": str(config), "failed": str(error)[:160]}), flush=True)
         finally:
             for name, value in saved.items():
                 setattr(L, name, value)
@@ -78,9 +88,7 @@ def main(argv: list[str]) -> int:
     device = torch.device("cuda")
     bandwidth = device_facts(device).peak.bandwidth
     gen = torch.Generator(device=device).manual_seed(3)
-    saved = {name: getattr(L, name) for name in ("PRODUCT_BLOCK_M", "PRODUCT_BLOCK_N", "PRODUCT_BLOCK_K",
-                                                 "PRODUCT_WARPS", "PRODUCT_STAGES", "SPLIT_TILES_PER_SM",
-                                                 "SPLIT_MIN_K", "FLOAT32_PRODUCT")}
+    saved = {name: getattr(L, name) for name in SETTINGS}
     print(f"# {torch.cuda.get_device_name()} — fusecore.linear.product sweep; defaults {saved}", flush=True)
     for label, (m, k, n, transposed) in SHAPES.items():
         if quick:

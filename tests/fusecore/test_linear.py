@@ -107,11 +107,14 @@ def test_linear_gradients_only_where_asked_and_without_autograd(device):
 @pytest.mark.parametrize("m, k, n", [(1, 1, 1), (7, 24, 5), (130, 33, 17), (61, 200, 129), (300, 16, 260),
                                      (2, 4099, 3)])
 @pytest.mark.parametrize("layout", ["rows", "a transposed", "b transposed"])
-@pytest.mark.parametrize("precision", linear_module.PRECISIONS)
-def test_product_matches_float64(device, poison, monkeypatch, m, k, n, layout, precision):
+@pytest.mark.parametrize("rows_kernel", [True, False])
+def test_product_matches_float64(device, poison, monkeypatch, m, k, n, layout, rows_kernel):
     """product(a, b, bias) against float64 at odd sizes, with either operand a transposed view read in place,
-    and with the reduction split (few output tiles, a long reduction: partials summed by column_sum)."""
-    monkeypatch.setattr(linear_module, "FLOAT32_PRODUCT", precision)
+    short reductions by the row-block loop (product_rows_kernel, programs walking several row blocks) or by
+    slices, and long ones split (few output tiles: partials summed by column_sum)."""
+    monkeypatch.setattr(linear_module, "ROWS_KERNEL", rows_kernel)
+    monkeypatch.setattr(linear_module, "ROWS_BLOCK_M", 16)  # several row blocks per program at these sizes
+    monkeypatch.setattr(linear_module, "ROWS_PROGRAMS_PER_SM", 1)
     monkeypatch.setattr(linear_module, "SPLIT_MIN_K", 64)  # split the long reductions of these small sizes
     gen = fresh_generator(device)
     a = torch.randn(m, k, generator=gen, device=device)
@@ -127,7 +130,8 @@ def test_product_matches_float64(device, poison, monkeypatch, m, k, n, layout, p
         assert out.shape == (m, n) and out.dtype == torch.float32 and out.is_contiguous()
         assert_all_written(out)
         assert_close(out, want + (bias.double() if with_bias else 0), dtype=torch.float32,
-                     name=f"product {precision} {m}x{k}x{n} {layout} bias={with_bias} (seed {gen.initial_seed()})")
+                     name=f"product {m}x{k}x{n} {layout} rows={rows_kernel} bias={with_bias} "
+                          f"(seed {gen.initial_seed()})")
     assert_close(matmul(a, b), want, dtype=torch.float32, name="matmul")
 
 
