@@ -46,6 +46,7 @@ import torch.nn.functional as F
 import triton.language as tl
 from torch.autograd.function import once_differentiable
 
+from . import backend
 from .backend import check_devices, jit, kernel_devices, reference_enabled
 from .device import device_facts
 from .plan import cdiv, next_power_of_2
@@ -162,10 +163,10 @@ ROWS_KERNEL = True
 ROWS_BLOCK_M = 128
 ROWS_BLOCK_N = 64
 ROWS_WARPS = 4
-ROWS_STAGES = 3
+ROWS_STAGES = 4
 ROWS_FLATTEN = True
 ROWS_PROGRAMS_PER_SM = 2
-PRECISIONS = ("tf32x3",)
+PRECISIONS = ("tf32x3", "bf16x6")  # bf16x6: each operand in three bfloat16 parts, six products (A/B; Triton 3.4+)
 
 
 @jit
@@ -253,7 +254,9 @@ def dot_precision(dtype: torch.dtype) -> str:
     if FLOAT32_PRODUCT is not None and FLOAT32_PRODUCT not in PRECISIONS:
         raise ValueError(f"fusecore.linear.FLOAT32_PRODUCT must be one of {PRECISIONS} or None, "
                          f"got {FLOAT32_PRODUCT!r}")
-    return FLOAT32_PRODUCT if dtype == torch.float32 and FLOAT32_PRODUCT is not None else "tf32"
+    if dtype != torch.float32 or FLOAT32_PRODUCT is None:
+        return "tf32"
+    return "tf32x3" if backend.INTERPRET else FLOAT32_PRODUCT  # the interpreter's products are exact anyway
 
 
 def _aligned_rows(x: torch.Tensor) -> bool:

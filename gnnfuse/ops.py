@@ -1118,7 +1118,7 @@ PROJECTION_STAGES = 3
 # Per dtype name ("float32", ...): programs per multiprocessor of a persistent projection launch (row blocks walked
 # in one flattened, pipelined loop: fusecore.linear's product_rows_kernel does the same), or absent: one program per
 # row block.
-PROJECTION_PERSISTENT: dict[str, int] = {}
+PROJECTION_PERSISTENT: dict[str, int] = {"float32": 0, "bfloat16": 0, "float16": 0}
 
 
 def fuses_projection(x: torch.Tensor, weight: torch.Tensor, heads: int, head_dim: int) -> bool:

@@ -23,17 +23,20 @@ from fusecore.device import device_facts
 from fusecore.timing import measure
 
 # slice kernel (product_kernel): BLOCK_M, BLOCK_N, BLOCK_K, warps, stages
-CONFIGS = [(128, 64, 32, 4, 3), (128, 128, 32, 8, 3)]
-# persistent row-block kernel (product_rows_kernel): BLOCK_M, BLOCK_N, warps, stages, flatten, programs per SM
-ROWS_CONFIGS = [(128, 64, 4, 3, True, 2), (64, 64, 4, 3, True, 3), (64, 64, 4, 4, True, 3), (128, 128, 8, 3, True, 1),
-                (64, 128, 4, 3, True, 2), (128, 64, 4, 3, False, 2), (128, 64, 4, 4, True, 2), (128, 64, 4, 2, True, 2)]
+CONFIGS = [(128, 64, 32, 4, 3)]
+# persistent row-block kernel (product_rows_kernel): BLOCK_M, BLOCK_N, warps, stages, flatten, programs per SM,
+# FLOAT32_PRODUCT
+ROWS_CONFIGS = [
+    (128, 64, 4, 4, True, 2, "tf32x3"), (128, 64, 4, 4, True, 2, "bf16x6"), (128, 64, 4, 4, True, 3, "tf32x3"),
+    (128, 64, 4, 5, True, 2, "tf32x3"), (128, 32, 4, 4, True, 3, "tf32x3"), (128, 64, 4, 4, False, 2, "tf32x3"),
+    (256, 64, 8, 3, True, 1, "tf32x3"), (128, 128, 8, 4, True, 1, "bf16x6"),
+]
 # name: (M, K, N, a transposed) — a [M, K] @ b [K, N]
 SHAPES = {
     "GAT fwd arxiv 128->128": (169_343, 128, 128, False),
     "GATv2 fwd arxiv 128->256": (169_343, 128, 256, False),
     "TR fwd arxiv 128->512": (169_343, 128, 512, False),
     "TR dx arxiv 512->128": (169_343, 512, 128, False),
-    "TR dW arxiv [512,N]@[N,128]": (512, 169_343, 128, True),
 }
 SETTINGS = ("PRODUCT_BLOCK_M", "PRODUCT_BLOCK_N", "PRODUCT_BLOCK_K", "PRODUCT_WARPS", "PRODUCT_STAGES",
             "SPLIT_TILES_PER_SM", "SPLIT_MIN_K", "FLOAT32_PRODUCT", "ROWS_KERNEL", "ROWS_BLOCK_M", "ROWS_BLOCK_N",
@@ -70,7 +73,7 @@ def _sweep(label: str, a: torch.Tensor, b: torch.Tensor, transposed: bool, quick
                 impl, extra = "product (slices)", {"config": ",".join(map(str, config)),
                                                    "split": f"{split[0]},{split[1]}" if transposed else None}
             else:
-                bm, bn, warps, stages, flatten, per_sm = config
+                bm, bn, warps, stages, flatten, per_sm, L.FLOAT32_PRODUCT = config
                 L.ROWS_KERNEL = True
                 L.ROWS_BLOCK_M, L.ROWS_BLOCK_N, L.ROWS_WARPS = bm, bn, warps
                 L.ROWS_STAGES, L.ROWS_FLATTEN, L.ROWS_PROGRAMS_PER_SM = stages, flatten, per_sm
