@@ -37,7 +37,6 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from fusecore import DevicePhiloxStream, PhiloxStream, backend, cdiv, next_power_of_2
-from fusecore.device import device_facts
 from fusecore.linear import dot_precision, linear, matmul, uses_product
 from fusecore.plan import MIN_DOT
 
@@ -1115,10 +1114,6 @@ PROJECTION_BLOCK_M = 64  # nodes per program
 PROJECTION_BLOCK_F = 64  # input features per tl.dot
 PROJECTION_WARPS = 4
 PROJECTION_STAGES = 3
-# Per dtype name ("float32", ...): programs per multiprocessor of a persistent projection launch (row blocks walked
-# in one flattened, pipelined loop: fusecore.linear's product_rows_kernel does the same), or absent: one program per
-# row block.
-PROJECTION_PERSISTENT: dict[str, int] = {"float32": 0, "bfloat16": 0, "float16": 0}
 
 
 def fuses_projection(x: torch.Tensor, weight: torch.Tensor, heads: int, head_dim: int) -> bool:
@@ -1148,15 +1143,10 @@ def _projection_scores(x: torch.Tensor, weight: torch.Tensor, attn_l: torch.Tens
         block_m = max(MIN_DOT, PROJECTION_BLOCK_M * 128 // max(128, block_h * block_d))
         # input slices of PROJECTION_BLOCK_F 2-byte elements' bytes (half as many float32 ones: the same shared memory)
         block_f = max(MIN_DOT, min(PROJECTION_BLOCK_F * 2 // x.element_size(), next_power_of_2(in_feats)))
-        programs = cdiv(num_nodes, block_m)
-        per_sm = PROJECTION_PERSISTENT.get(str(x.dtype).removeprefix("torch."))
-        if per_sm:
-            programs = min(programs, per_sm * device_facts(x.device).sm_count)
-        projection_scores_kernel[(programs,)](
+        projection_scores_kernel[(cdiv(num_nodes, block_m),)](
             x, weight.contiguous(), attn_l.contiguous(), attn_r.contiguous(), wh, el, er, num_nodes, in_feats,
             x.stride(0), heads, head_dim, BLOCK_M=block_m, BLOCK_F=block_f, BLOCK_H=block_h, BLOCK_D=block_d,
-            PRECISION=dot_precision(x.dtype), PERSISTENT=bool(per_sm), STAGES=PROJECTION_STAGES,
-            num_warps=PROJECTION_WARPS, num_stages=PROJECTION_STAGES,
+            PRECISION=dot_precision(x.dtype), num_warps=PROJECTION_WARPS, num_stages=PROJECTION_STAGES,
         )
     return wh, el, er
 

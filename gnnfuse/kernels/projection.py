@@ -24,33 +24,15 @@ from .tiles import flat_head_tile, head_tile
 def projection_scores_kernel(
     x_ptr, w_ptr, attn_l_ptr, attn_r_ptr, wh_ptr, el_ptr, er_ptr, num_nodes, F, stride_x, H, D,
     BLOCK_M: tl.constexpr, BLOCK_F: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-    PRECISION: tl.constexpr, PERSISTENT: tl.constexpr, STAGES: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     """``x [N, F]`` (row stride ``stride_x``, unit column stride), ``W [H·D, F]`` contiguous,
     ``attn_l``, ``attn_r`` ``H·D`` contiguous, ``Wh [N, H, D]`` contiguous, ``el``, ``er`` ``[N, H]``
     in the accumulation dtype (float32; float64 for float64 inputs); ``PRECISION`` the ``tl.dot``
-    input precision (``"tf32x3"`` for float32: fusecore.linear.dot_precision).  One row block per
-    program, or (``PERSISTENT``) row blocks ``p, p + P, …`` per program in one flattened loop pipelined
-    ``STAGES`` deep (the next block's loads in flight during this one's epilogue)."""
-    if PERSISTENT:
-        for block in tl.range(tl.program_id(0), tl.cdiv(num_nodes, BLOCK_M), tl.num_programs(0), num_stages=STAGES,
-                              flatten=True):
-            _project_block(x_ptr, w_ptr, attn_l_ptr, attn_r_ptr, wh_ptr, el_ptr, er_ptr, num_nodes, F, stride_x, H, D,
-                           block, BLOCK_M, BLOCK_F, BLOCK_H, BLOCK_D, PRECISION)
-    else:
-        _project_block(x_ptr, w_ptr, attn_l_ptr, attn_r_ptr, wh_ptr, el_ptr, er_ptr, num_nodes, F, stride_x, H, D,
-                       tl.program_id(0), BLOCK_M, BLOCK_F, BLOCK_H, BLOCK_D, PRECISION)
-
-
-@jit
-def _project_block(
-    x_ptr, w_ptr, attn_l_ptr, attn_r_ptr, wh_ptr, el_ptr, er_ptr, num_nodes, F, stride_x, H, D, block,
-    BLOCK_M: tl.constexpr, BLOCK_F: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-    PRECISION: tl.constexpr,
-):
-    """Row block ``block`` of :func:`projection_scores_kernel`."""
+    input precision (``"tf32x3"`` for float32: fusecore.linear.dot_precision)."""
     acc_dtype = el_ptr.dtype.element_ty
-    offs_m = (block * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    pid = tl.program_id(0).to(tl.int64)
+    offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     m_mask = offs_m < num_nodes
     c_offs, c_mask = flat_head_tile(H, D, BLOCK_H, BLOCK_D)  # a row of W, a column of Wh's [H·D]
     offs_f = tl.arange(0, BLOCK_F)

@@ -34,13 +34,7 @@ def _oracle(x, weight, attn_l, attn_r, heads, head_dim):
     "num_nodes, in_feats, heads, head_dim",
     [(1, 1, 1, 16), (61, 5, 3, 5), (64, 16, 8, 16), (130, 100, 2, 8), (67, 130, 4, 64), (0, 7, 2, 8)],
 )
-@pytest.mark.parametrize("persistent", [False, True])
-def test_projection_scores_matches_float64(dtype, num_nodes, in_feats, heads, head_dim, persistent, monkeypatch):
-    """One program per row block, or persistent programs walking several (ops.PROJECTION_PERSISTENT: one
-    program per multiprocessor, 16-row blocks)."""
-    if persistent:
-        monkeypatch.setattr(ops, "PROJECTION_PERSISTENT", {str(dtype).removeprefix("torch."): 1})
-        monkeypatch.setattr(ops, "PROJECTION_BLOCK_M", 16)
+def test_projection_scores_matches_float64(dtype, num_nodes, in_feats, heads, head_dim, monkeypatch):
     gen = fresh_generator()
     seed = gen.initial_seed()
     created = poison_op_outputs(monkeypatch)
