@@ -176,6 +176,24 @@ PRECISIONS = ("tf32x3", "bf16x6")  # bf16x6: each operand in three bfloat16 part
 
 
 @jit
+def _slices(a_ptr, b_ptr, offs_m, m_mask, offs_n, n_mask, k_start, k_stop, stride_am, stride_ak, stride_bk, stride_bn,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
+    """``Σ_k a[offs_m, k] · b[k, offs_n]`` over ``k ∈ [k_start, k_stop)`` in ``BLOCK_K``-deep slices, float32
+    ``[BLOCK_M, BLOCK_N]`` (masked rows, columns and reduction tail read as zeros)."""
+    offs_k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(k_start, k_stop, BLOCK_K):
+        k = k0 + offs_k
+        k_mask = k < k_stop
+        a = tl.load(a_ptr + offs_m[:, None] * stride_am + k[None, :] * stride_ak,
+                    mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+        b = tl.load(b_ptr + k[:, None] * stride_bk + offs_n[None, :] * stride_bn,
+                    mask=k_mask[:, None] & n_mask[None, :], other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+    return acc
+
+
+@jit
 def product_kernel(a_ptr, b_ptr, bias_ptr, c_ptr, M, N, K, k_per_split,
                    stride_am, stride_ak, stride_bk, stride_bn, stride_cs, stride_cm,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -193,16 +211,8 @@ def product_kernel(a_ptr, b_ptr, bias_ptr, c_ptr, M, N, K, k_per_split,
     n_mask = offs_n < N
     k_start = pid_s * k_per_split
     k_stop = tl.minimum(k_start + k_per_split, K)
-    offs_k = tl.arange(0, BLOCK_K)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(k_start, k_stop, BLOCK_K):
-        k = k0 + offs_k
-        k_mask = k < k_stop
-        a = tl.load(a_ptr + offs_m[:, None] * stride_am + k[None, :] * stride_ak,
-                    mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-        b = tl.load(b_ptr + k[:, None] * stride_bk + offs_n[None, :] * stride_bn,
-                    mask=k_mask[:, None] & n_mask[None, :], other=0.0)
-        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+    acc = _slices(a_ptr, b_ptr, offs_m, m_mask, offs_n, n_mask, k_start, k_stop, stride_am, stride_ak, stride_bk,
+                  stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0)[None, :]
     tl.store(c_ptr + pid_s * stride_cs + offs_m[:, None] * stride_cm + offs_n[None, :], acc,
@@ -221,22 +231,14 @@ def product_rows_kernel(a_ptr, b_ptr, bias_ptr, c_ptr, M, N, K, stride_am, strid
     pid_n = tl.program_id(0)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
-    offs_k = tl.arange(0, BLOCK_K)
     if HAS_BIAS:
         bias = tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0)
     for tile in tl.range(tl.program_id(1), tl.cdiv(M, BLOCK_M), tl.num_programs(1), num_stages=STAGES,
                          flatten=FLATTEN):
         offs_m = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
         m_mask = offs_m < M
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            k = k0 + offs_k
-            k_mask = k < K
-            a = tl.load(a_ptr + offs_m[:, None] * stride_am + k[None, :] * stride_ak,
-                        mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-            b = tl.load(b_ptr + k[:, None] * stride_bk + offs_n[None, :] * stride_bn,
-                        mask=k_mask[:, None] & n_mask[None, :], other=0.0)
-            acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        acc = _slices(a_ptr, b_ptr, offs_m, m_mask, offs_n, n_mask, 0, K, stride_am, stride_ak, stride_bk, stride_bn,
+                      BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
         if HAS_BIAS:
             acc += bias[None, :]
         tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :], acc, mask=m_mask[:, None] & n_mask[None, :])
