@@ -163,15 +163,18 @@ SPLIT_MIN_K = 1024
 # against 140 / 270 / 527 / 489 for the slice kernel (cuBLAS float32 155 / 307 / 638 / 520); bf16x6 (three
 # bfloat16 parts, six products) 117 / 218 / 426 / 402 at errors 1.4-2.0e-7.  In the layers (b = W viewed
 # transposed) the two kernels tied (Transformer fp32 forward 986.8 / 986.8 µs, GATv2 581 / 585) and bf16x6 lost
-# (1043): the sweep's b layout is not the layers'.  Triton lowers tf32x3 to three wgmma per slice, each waited on
-# before the next, with b split in registers and written back to shared memory (ttgir): ~30% of the copy floor.
+# (1043): the sweep's b layout is not the layers'.  In the layers (call 7, same call) 128 × 128 tiles at 8 warps, one
+# program per multiprocessor: GATv2 fp32 forward 584.6 → 577.1 µs, Transformer fp32 985.3 → 964.0 (outputs bitwise
+# equal to the 128 × 64 defaults'), hence these defaults; in the sweep's layout that tile lost (189.7 against
+# 132.8).  Triton lowers tf32x3 to three wgmma per slice, each waited on before the next, with b split in registers
+# and written back to shared memory (ttgir): ~30% of the copy floor.
 ROWS_KERNEL = True
 ROWS_BLOCK_M = 128
-ROWS_BLOCK_N = 64
-ROWS_WARPS = 4
+ROWS_BLOCK_N = 128
+ROWS_WARPS = 8
 ROWS_STAGES = 4
 ROWS_FLATTEN = True
-ROWS_PROGRAMS_PER_SM = 2
+ROWS_PROGRAMS_PER_SM = 1
 PRECISIONS = ("tf32x3", "bf16x6")  # bf16x6: each operand in three bfloat16 parts, six products (measured above)
 
 
