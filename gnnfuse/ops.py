@@ -1118,7 +1118,8 @@ PROJECTION_STAGES = 3
 
 def fuses_projection(x: torch.Tensor, weight: torch.Tensor, heads: int, head_dim: int) -> bool:
     """Whether :func:`gat` with ``weight`` projects ``x [N, F]`` by ``weight [H·D, F]`` and computes the
-    node scores in one kernel (:func:`_projection_scores`); else torch's product and a node-score pass."""
+    node scores in one kernel (:func:`_projection_scores`); else fusecore.linear's product and a node-score
+    pass."""
     width = next_power_of_2(heads) * next_power_of_2(head_dim)
     tensor_cores = x.dtype in (torch.float16, torch.bfloat16) or uses_product(x, weight)
     return (FUSED_PROJECTION and tensor_cores and weight.dtype == x.dtype
