@@ -59,9 +59,8 @@ def _inputs(kind: str, graph: Graph, gen: torch.Generator, dtype: torch.dtype, d
     return q, k, v
 
 
-# every score on medium rows; the GAT also with super-row pieces beside light and medium rows ("mixed")
-@pytest.mark.parametrize(("kind", "schedule"), [("gat", "medium"), ("gatv2", "medium"), ("transformer", "medium"),
-                                                ("transformer-edges", "medium"), ("agnn", "medium"), ("gat", "mixed")])
+@pytest.mark.parametrize("kind", ["gat", "gatv2", "transformer", "transformer-edges", "agnn"])
+@pytest.mark.parametrize("schedule", ["medium", "super", "mixed"])
 def test_persistent_rows_equal_one_program_per_item(gen, monkeypatch, kind, schedule):
     device = test_device()
     graph = _graph(gen, device)
@@ -78,7 +77,7 @@ def test_persistent_rows_equal_one_program_per_item(gen, monkeypatch, kind, sche
     sched = graph.schedule(2, 5, dtype, options)
     items = max(sched.incoming.medium[0].numel(), sched.incoming.num_pieces)
     assert items > 3  # the grids below are smaller than the item count
-    for programs in (1, 3, items + 5):
+    for programs in (1, 2, 3, items, items + 5):
         with monkeypatch.context() as patch:
             patch.setattr(ops, "device_facts", lambda _: SimpleNamespace(sm_count=1))
             patch.setattr(ops, "ROW_PERSISTENT_PROGRAMS_PER_SM", programs)
@@ -99,7 +98,7 @@ def test_persistent_rows_gradients_and_bfloat16(gen, monkeypatch):
     """The training path (the forward storing its float32 output for the backward) and 2-byte values."""
     device = test_device()
     graph = _graph(gen, device)
-    options = SCHEDULES["medium"]
+    options = SCHEDULES["mixed"]
     for dtype in (torch.float32, torch.bfloat16):
         wh, el, er = (t.requires_grad_(True) for t in _inputs("gat", graph, gen, dtype, device))
         out = ops.gat_attention(graph, wh, el, er, schedule=options)
