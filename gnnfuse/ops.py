@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 from torch.autograd.function import once_differentiable
 
-from fusecore import DevicePhiloxStream, PhiloxStream, backend, cdiv, device_facts, next_power_of_2
+from fusecore import DevicePhiloxStream, PhiloxStream, backend, cdiv, next_power_of_2
 from fusecore.linear import dot_precision, linear, matmul, uses_product
 from fusecore.plan import MIN_DOT
 
@@ -421,21 +421,6 @@ ROW_PREFETCH_GATHER_SCORES: tuple[int, ...] = (SCORE_GATV2, SCORE_DOT)
 ROW_BACKWARD_PREFETCH_SCORES: tuple[int, ...] = (SCORE_GATV2, SCORE_DOT)
 
 
-# The forward row kernel as a persistent grid of this many programs per multiprocessor (None: one program per
-# item), for the scores whose rows load their indices ahead (``PREFETCH`` >= 1): each program walks items G
-# apart and loads the next item's range and first source ids while the current one gathers
-# (kernels/attention_forward.py).  Off until measured on the GPU.
-ROW_PERSISTENT_PROGRAMS_PER_SM: int | None = None
-
-
-def _row_programs(schedule, inputs: AttentionInputs, prefetch: int) -> int | None:
-    """Programs of the forward row kernel's persistent grid (None: one per item)."""
-    per_sm = ROW_PERSISTENT_PROGRAMS_PER_SM
-    if per_sm is None or prefetch < 1:
-        return None
-    return max(1, per_sm * device_facts(inputs.value.device).sm_count)
-
-
 def _row_prefetch(inputs: AttentionInputs) -> int:
     """The forward row kernel's ``PREFETCH``: 2 (indices and gathers ahead), 1 (indices), 0."""
     if inputs.score in ROW_PREFETCH_GATHER_SCORES and not inputs.has_edge:
@@ -506,15 +491,15 @@ def attention_forward(
             graph.csr_src, graph.csr_eid, *ranges, *tensors, out, lse, add, final, *counts, heads,
             head_dim, inputs.edge_dim, *scalars, add_stride, feat_stride, **meta,
         )
-    for (rows, starts, stops, count, pieces), (programs, meta) in zip(_row_launches(buckets), row_meta):
+    for (rows, starts, stops, count, pieces), meta in zip(_row_launches(buckets), row_meta):
         if pieces:
             target_out = _new_output((count, heads, head_dim), acc, value.device)
             target_lse = _new_output((count, heads), acc, value.device)
         else:
             target_out, target_lse = out, lse
-        attention_forward_rows_kernel[(count if programs is None else min(count, programs),)](
+        attention_forward_rows_kernel[(count,)](
             graph.csr_src, graph.csr_eid, rows, starts, stops, *tensors, target_out, target_lse, add, final, heads,
-            head_dim, inputs.edge_dim, *scalars, add_stride, feat_stride, count, **meta,
+            head_dim, inputs.edge_dim, *scalars, add_stride, feat_stride, **meta,
         )
         if pieces:
             lse_merge_kernel[(buckets.super_rows.numel(),)](
@@ -632,12 +617,10 @@ def _forward_plan(schedule, inputs: AttentionInputs, dtype: torch.dtype, use_dro
     light = _light_plan(schedule, inputs, schedule.incoming, "forward",
                         {**flags, "ADD": has_add, "FINAL": has_final})
     lanes = row_kernel_lanes(schedule, inputs.score, "forward", dtype)
-    prefetch = _row_prefetch(inputs)
-    programs = _row_programs(schedule, inputs, prefetch)
-    rows = [(programs, {"BLOCK_E": row_block_e, "BLOCK_H": block_h, "BLOCK_D": block_d, "PIECES": pieces, **flags,
-                        "BLOCK_K": _block_k(inputs), "LANES": lanes, "ADD": has_add and not pieces,
-                        "FINAL": has_final and not pieces, "PREFETCH": prefetch, "PERSISTENT": programs is not None,
-                        "num_warps": schedule.num_warps})
+    rows = [{"BLOCK_E": row_block_e, "BLOCK_H": block_h, "BLOCK_D": block_d, "PIECES": pieces, **flags,
+             "BLOCK_K": _block_k(inputs), "LANES": lanes, "ADD": has_add and not pieces,
+             "FINAL": has_final and not pieces, "PREFETCH": _row_prefetch(inputs),
+             "num_warps": schedule.num_warps}
             for *_, pieces in _row_launches(schedule.incoming)]
     merge = {"BLOCK_P": max(1, MERGE_TILE // (block_h * block_d)), "BLOCK_H": block_h, "BLOCK_D": block_d,
              "ADD": has_add, "FINAL": has_final}

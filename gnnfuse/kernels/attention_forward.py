@@ -59,7 +59,6 @@ from .tiles import (
     flat_head_tile,
     head_tile,
     item_edges,
-    item_edges_masked,
     light_edges,
     light_slot_count,
     row_ranges,
@@ -87,75 +86,25 @@ def _trip_tiles(src_term_ptr, value_ptr, src, mask, H, FS, offs_h, h_mask, hd_of
 
 
 @jit
-def first_indices(src_ptr, start, stop, BLOCK_E: tl.constexpr):
-    """The source ids of an item's first edge block (0 past its end)."""
-    offs = start + tl.arange(0, BLOCK_E)
-    return tl.load(src_ptr + offs, mask=offs < stop, other=0)
-
-
-@jit
 def attention_forward_rows_kernel(
     src_ptr, eid_ptr, rows_ptr, starts_ptr, stops_ptr,
     src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, out_ptr, lse_ptr, add_ptr, final_ptr,
-    H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, add_stride, feat_stride, n_items,
+    H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, add_stride, feat_stride,
     BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     PIECES: tl.constexpr, DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr,
     BLOCK_K: tl.constexpr, KEY_SCALE: tl.constexpr, LANES: tl.constexpr, ADD: tl.constexpr, FINAL: tl.constexpr,
-    PREFETCH: tl.constexpr = 0, PERSISTENT: tl.constexpr = False,
+    PREFETCH: tl.constexpr = 0,
 ):
+    acc_dtype = lse_ptr.dtype.element_ty
+    seed, rng_offset = dropout_seed(seed, rng_offset, DROPOUT)
     # PREFETCH 1: each edge block's source indices are loaded one trip ahead, so a trip's gathers wait on no
     # index load of their own (the compiler hoists loads within a trip, not across trips); 2 (not with EDGE):
     # the block's gathers too (:func:`_trip_tiles`), issued a trip ahead, indices two trips ahead.
-    # PERSISTENT: the grid is smaller than the ``n_items`` items and program p takes items p, p + G, p + 2G, ...
-    # (G programs); it loads the range of the item two ahead and the first source ids of the next item before
-    # each item's edges, so an item starts with its gathers instead of two dependent round trips (its range,
-    # then its first ids).  Otherwise one item per program (``n_items`` unused).
-    if PERSISTENT:
-        pid = tl.program_id(0)
-        step = tl.num_programs(0)
-        row, start, stop, out_index = item_edges_masked(pid, n_items, rows_ptr, starts_ptr, stops_ptr, PIECES)
-        src_first = first_indices(src_ptr, start, stop, BLOCK_E)
-        row_n, start_n, stop_n, out_n = item_edges_masked(pid + step, n_items, rows_ptr, starts_ptr, stops_ptr,
-                                                          PIECES)
-        for item in range(pid, n_items, step):
-            row_a, start_a, stop_a, out_a = item_edges_masked(item + 2 * step, n_items, rows_ptr, starts_ptr,
-                                                              stops_ptr, PIECES)
-            src_first_n = first_indices(src_ptr, start_n, stop_n, BLOCK_E)
-            _forward_item(
-                row, start, stop, out_index, src_first, src_ptr, eid_ptr, src_term_ptr, dst_term_ptr, attn_ptr,
-                value_ptr, attr_ptr, w_edge_ptr, out_ptr, lse_ptr, add_ptr, final_ptr, H, D, K, negative_slope,
-                scale, dropout_p, keep_scale, seed, rng_offset, add_stride, feat_stride, BLOCK_E, BLOCK_H, BLOCK_D,
-                DROPOUT, SCORE, EDGE, BLOCK_K, KEY_SCALE, LANES, ADD, FINAL, PREFETCH)
-            row, start, stop, out_index, src_first = row_n, start_n, stop_n, out_n, src_first_n
-            row_n, start_n, stop_n, out_n = row_a, start_a, stop_a, out_a
-    else:
-        row, start, stop, out_index = item_edges(tl.program_id(0).to(tl.int64), rows_ptr, starts_ptr, stops_ptr,
-                                                 PIECES)
-        _forward_item(
-            row, start, stop, out_index, first_indices(src_ptr, start, stop, BLOCK_E), src_ptr, eid_ptr,
-            src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, out_ptr, lse_ptr, add_ptr,
-            final_ptr, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, add_stride,
-            feat_stride, BLOCK_E, BLOCK_H, BLOCK_D, DROPOUT, SCORE, EDGE, BLOCK_K, KEY_SCALE, LANES, ADD, FINAL,
-            PREFETCH)
-
-
-@jit
-def _forward_item(
-    row, start, stop, out_index, src_first, src_ptr, eid_ptr,
-    src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, out_ptr, lse_ptr, add_ptr, final_ptr,
-    H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, add_stride, feat_stride,
-    BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-    DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr,
-    BLOCK_K: tl.constexpr, KEY_SCALE: tl.constexpr, LANES: tl.constexpr, ADD: tl.constexpr, FINAL: tl.constexpr,
-    PREFETCH: tl.constexpr,
-):
-    """One item of :func:`attention_forward_rows_kernel`: row ``row``'s edges ``start : stop`` (``src_first``:
-    the source ids of its first edge block, as :func:`first_indices` loads them), result at ``out_index``."""
-    acc_dtype = lse_ptr.dtype.element_ty
-    seed, rng_offset = dropout_seed(seed, rng_offset, DROPOUT)
+    pid = tl.program_id(0).to(tl.int64)
     offs_e = tl.arange(0, BLOCK_E)
     offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
     HD = H * D
+    row, start, stop, out_index = item_edges(pid, rows_ptr, starts_ptr, stops_ptr, PIECES)
     if SCORE == 0:
         dst_i = tl.load(dst_term_ptr + row * H + offs_h, mask=h_mask, other=0.0).to(acc_dtype)[None, :]
         attn = dst_i
@@ -185,12 +134,12 @@ def _forward_item(
         acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=acc_dtype)
     if PREFETCH == 2:
         first = start + offs_e
-        src_c = src_first.to(tl.int64)
+        src_c = tl.load(src_ptr + first, mask=first < stop, other=0).to(tl.int64)
         a_c, b_c = _trip_tiles(src_term_ptr, value_ptr, src_c, first < stop, H, feat_stride, offs_h, h_mask, hd_offs,
                                hd_mask, SCORE, KEY_SCALE)
         src_next = tl.load(src_ptr + first + BLOCK_E, mask=first + BLOCK_E < stop, other=0)
     elif PREFETCH == 1:
-        src_next = src_first
+        src_next = tl.load(src_ptr + start + offs_e, mask=start + offs_e < stop, other=0)
     for e0 in range(start, stop, BLOCK_E):
         pos = e0 + offs_e
         e_mask = pos < stop

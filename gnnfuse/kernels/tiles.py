@@ -85,21 +85,6 @@ def item_edges(pid, rows_ptr, starts_ptr, stops_ptr, PIECES: tl.constexpr):
 
 
 @jit
-def item_edges_masked(item, n_items, rows_ptr, starts_ptr, stops_ptr, PIECES: tl.constexpr):
-    """:func:`item_edges` of item ``item`` if ``item < n_items``, else an empty item (row 0, no edges): a
-    persistent program's look-ahead past the end of its list."""
-    valid = item < n_items
-    row = tl.load(rows_ptr + item, mask=valid, other=0).to(tl.int64)
-    start = tl.load(starts_ptr + item, mask=valid, other=0).to(tl.int64)
-    stop = tl.load(stops_ptr + item, mask=valid, other=0).to(tl.int64)
-    if PIECES:
-        out_index = item.to(tl.int64)
-    else:
-        out_index = row
-    return row, start, stop, out_index
-
-
-@jit
 def row_ranges(pid, rows_ptr, starts_ptr, stops_ptr, num_rows, ROWS: tl.constexpr):
     """(offs_r, r_mask, rows, start, degree) of the program's ``ROWS`` items of a schedule list
     (positions ``offs_r`` in the list; masked items have degree 0)."""
