@@ -421,6 +421,22 @@ ROW_PREFETCH_GATHER_SCORES: tuple[int, ...] = (SCORE_GATV2, SCORE_DOT)
 ROW_BACKWARD_PREFETCH_SCORES: tuple[int, ...] = (SCORE_GATV2, SCORE_DOT)
 
 
+# The row kernels' warps per program and register cap (ptxas ``maxnreg``), per pass (None / absent: the
+# schedule's warps, ptxas's choice).  A medium row is a chain of dependent round trips, so the kernel's
+# throughput follows the programs resident per multiprocessor (session 17: a persistent grid of 8 programs per
+# multiprocessor walking the rows, each loading the next row's range and first ids ahead, ran the Reddit-scale
+# GAT bf16 forward in 2167 µs and at 4 per multiprocessor in 3126, against 1604 with one program per row at 48
+# registers, ~10 resident; H100, same call).
+ROW_WARPS: dict[str, int | None] = {"forward": None, "source": None, "destination": None}
+ROW_MAXNREG: dict[str, int | None] = {"forward": None, "source": None, "destination": None}
+
+
+def _row_options(schedule, kernel_pass: str) -> dict:
+    """The row kernel's launch options for ``kernel_pass`` (:data:`ROW_WARPS`, :data:`ROW_MAXNREG`)."""
+    cap = ROW_MAXNREG[kernel_pass]
+    return {"num_warps": ROW_WARPS[kernel_pass] or schedule.num_warps, **({"maxnreg": cap} if cap else {})}
+
+
 def _row_prefetch(inputs: AttentionInputs) -> int:
     """The forward row kernel's ``PREFETCH``: 2 (indices and gathers ahead), 1 (indices), 0."""
     if inputs.score in ROW_PREFETCH_GATHER_SCORES and not inputs.has_edge:
@@ -620,7 +636,7 @@ def _forward_plan(schedule, inputs: AttentionInputs, dtype: torch.dtype, use_dro
     rows = [{"BLOCK_E": row_block_e, "BLOCK_H": block_h, "BLOCK_D": block_d, "PIECES": pieces, **flags,
              "BLOCK_K": _block_k(inputs), "LANES": lanes, "ADD": has_add and not pieces,
              "FINAL": has_final and not pieces, "PREFETCH": _row_prefetch(inputs),
-             "num_warps": schedule.num_warps}
+             **_row_options(schedule, "forward")}
             for *_, pieces in _row_launches(schedule.incoming)]
     merge = {"BLOCK_P": max(1, MERGE_TILE // (block_h * block_d)), "BLOCK_H": block_h, "BLOCK_D": block_d,
              "ADD": has_add, "FINAL": has_final}
@@ -795,7 +811,8 @@ def _backward_plan(schedule, inputs: AttentionInputs, dtype: torch.dtype, use_dr
         "source light": _light_plan(schedule, inputs, schedule.outgoing, "source", flags),
         "source rows": [{"BLOCK_E": row_block_e, "BLOCK_H": block_h, "BLOCK_D": block_d, "PIECES": pieces, **flags,
                          **_edge_flags(inputs, block_h, block_d, row_block_e), "LANES": lanes,
-                         "PREFETCH": inputs.score in ROW_BACKWARD_PREFETCH_SCORES, "num_warps": schedule.num_warps}
+                         "PREFETCH": inputs.score in ROW_BACKWARD_PREFETCH_SCORES,
+                         **_row_options(schedule, "source")}
                         for *_, pieces in _row_launches(schedule.outgoing)],
     }
     incoming = schedule.incoming
@@ -813,7 +830,7 @@ def _backward_plan(schedule, inputs: AttentionInputs, dtype: torch.dtype, use_dr
     plan["destination rows"] = [
         {"BLOCK_E": row_block_e, "BLOCK_H": block_h, "BLOCK_D": block_d, "PIECES": pieces, **flags,
          "BLOCK_K": _block_k(inputs), "LANES": lanes, "PREFETCH": inputs.score in ROW_BACKWARD_PREFETCH_SCORES,
-         "num_warps": schedule.num_warps}
+         **_row_options(schedule, "destination")}
         for *_, pieces in _row_launches(incoming)]
     return plan
 

@@ -281,3 +281,43 @@ def test_capped_row_kernel_blocks_match_the_reference(gen, monkeypatch, name, la
     assert blocks["source rows"] and max(blocks["source rows"]) <= 8
     if name in ("gatv2", "dot"):  # GAT's destination pass sums per row without a row kernel; AGNN's is uncapped
         assert blocks["destination rows"] and max(blocks["destination rows"]) <= 16
+
+
+def test_row_kernel_launch_options_per_pass(gen, monkeypatch):
+    """``ops.ROW_WARPS`` / ``ops.ROW_MAXNREG`` reach the row kernels' launches of their pass only; values unchanged."""
+    from gnn_testing import SCHEDULES
+
+    from fusecore.testing import test_device
+
+    device = test_device()
+    graph = Graph(corner_case_edges(gen).to(device), 29)
+    options = SCHEDULES["mixed"]  # medium rows and super-row pieces
+    n, heads, dim = graph.num_nodes, 2, 3
+    wh, el, er = (torch.randn(*shape, generator=gen).to(device).requires_grad_(True)
+                  for shape in ((n, heads, dim), (n, heads), (n, heads)))
+    q, k, v = (torch.randn(n, heads, dim, generator=gen).to(device).requires_grad_(True) for _ in range(3))
+    g = torch.randn(n, heads, dim, generator=gen).to(device)
+
+    def run():
+        gat = ops.gat_attention(graph, wh, el, er, schedule=options)
+        tr = ops.transformer_attention(graph, q, k, v, schedule=options)
+        return (gat, tr, *torch.autograd.grad(gat, (wh, el, er), g), *torch.autograd.grad(tr, (q, k, v), g))
+
+    want = run()
+    monkeypatch.setattr(ops, "ROW_WARPS", {"forward": 2, "source": None, "destination": 8})
+    monkeypatch.setattr(ops, "ROW_MAXNREG", {"forward": None, "source": 64, "destination": None})
+    schedule = graph.schedule(heads, dim, torch.float32, options)
+    schedule.launches.clear()
+    got = run()
+    for a, b in zip(got, want):
+        assert_close(a, b)
+    seen = {"forward": 0, "source rows": 0, "destination rows": 0}
+    for (kind, *_), plan in schedule.launches.items():
+        parts = {"forward": plan[1]} if kind == "forward" else plan
+        for part, want_warps, want_cap in (("forward", 2, None), ("source rows", schedule.num_warps, 64),
+                                           ("destination rows", 8, None)):
+            for meta in parts.get(part, []):
+                assert meta["num_warps"] == want_warps and meta.get("maxnreg") == want_cap, (part, meta)
+                seen[part] += 1
+    assert seen["forward"] and seen["destination rows"], seen
+    schedule.launches.clear()
