@@ -426,7 +426,11 @@ ROW_BACKWARD_PREFETCH_SCORES: tuple[int, ...] = (SCORE_GATV2, SCORE_DOT)
 # throughput follows the programs resident per multiprocessor (session 17: a persistent grid of 8 programs per
 # multiprocessor walking the rows, each loading the next row's range and first ids ahead, ran the Reddit-scale
 # GAT bf16 forward in 2167 µs and at 4 per multiprocessor in 3126, against 1604 with one program per row at 48
-# registers, ~10 resident; H100, same call).
+# registers, ~10 resident; H100, same call).  Nor did more resident programs help (session 17, H100, same call,
+# Reddit-scale forward µs replayed, against 1591-1607 for GAT bf16 at 48 registers / 40 warps per multiprocessor):
+# capped at 40 registers (48 warps) 1678, at 32 (64 warps, 32 bytes spilled) 1857, 8 warps a program 2436, 8-edge
+# blocks 1946; GAT fp32 at 40 2331 against 2324; Transformer bf16 at 40 2584 against 2317; GATv2 bf16 at 48 1455
+# against 1473; on arxiv-like every cap lost (float32 spills: GATv2 577 -> 980, AGNN 338 -> 889).
 ROW_WARPS: dict[str, int | None] = {"forward": None, "source": None, "destination": None}
 ROW_MAXNREG: dict[str, int | None] = {"forward": None, "source": None, "destination": None}
 
