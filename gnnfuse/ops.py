@@ -49,7 +49,7 @@ from .schedule import Buckets, ScheduleOptions
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 MERGE_TILE = 4096  # elements of partial results a merge program reads per loop trip
 ROW_SUM_MAX_EDGES = 256  # edges per loop trip of the ∂er sum of a medium row or piece (rows only H wide)
-ROW_SUM_LIGHT_EDGES = 16  # edge slots per light row in the ∂er sum of all light rows (>= DEFAULT_LIGHT_MAX)
+ROW_SUM_LIGHT_EDGES = 16  # edge slots per trip of a light row in the ∂er sum of all light rows
 
 
 def _new_output(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -560,13 +560,15 @@ def _flags(inputs: AttentionInputs, use_dropout: bool) -> dict:
 # 880.8 / 3314 against 892.2 / 3353; Graph Transformer bf16 583 / 2255 against 601 / 2317;
 # (4, 16) was no better than () (GAT bf16 348.0 / 1000.5).  Half the merged kernel's code per launch
 # (the instruction-cache lead of gnnfuse/JOURNAL.md, session 9) fits; not profiled.
-LIGHT_LAUNCH_BREAKS: tuple[int, ...] = (8,)
+# The width-32 class (dense graphs only, schedule.DENSE_LIGHT_MAX) starts a launch of its own, as measured in
+# session 17; no other graph has that class, so the break changes nothing there.
+LIGHT_LAUNCH_BREAKS: tuple[int, ...] = (8, 32)
 # ... except for these scores in 2-byte floats.  Session 15 (H200, arxiv-like, same call, replayed forward / step
 # µs, one launch per pass against (8,)): GAT bf16 258.6 / 777.3 -> 253.2 / 767.7, Graph Transformer bf16 330.7 /
 # 1137 -> 327.0 / 1116, AGNN bf16 equal (207 / 1027); GATv2 bf16 259.4 / 1294 -> 262.7 / 1313, GAT fp32 488.8 /
 # 1169 -> 489.1 / 1173 and Graph Transformer fp32 1016 / 2564 -> 1026 / 2562 kept their two launches.  One launch
 # fewer a pass is also ~20 µs less host work a pass for the host-bound training steps.
-LIGHT_LAUNCH_BREAKS_2BYTE: dict[int, tuple[int, ...]] = {SCORE_GAT: (), SCORE_DOT: ()}
+LIGHT_LAUNCH_BREAKS_2BYTE: dict[int, tuple[int, ...]] = {SCORE_GAT: (32,), SCORE_DOT: (32,)}
 
 
 def _light_breaks(inputs: AttentionInputs) -> tuple[int, ...]:

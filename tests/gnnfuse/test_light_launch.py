@@ -321,3 +321,42 @@ def test_row_kernel_launch_options_per_pass(gen, monkeypatch):
                 seen[part] += 1
     assert seen["forward"] and seen["destination rows"], seen
     schedule.launches.clear()
+
+
+def test_dense_graphs_take_light_rows_up_to_32_in_a_launch_of_their_own(gen):
+    """Mean in-degree >= ``schedule.DENSE_MEAN_DEGREE``: light rows up to ``DENSE_LIGHT_MAX`` (32), the width-32
+    class launched apart (``ops.LIGHT_LAUNCH_BREAKS``); sparse graphs keep 16; values and gradients as the reference.
+    """
+    import gnnfuse.schedule as sched
+    from fusecore.testing import test_device
+
+    device = test_device()
+    degrees = torch.randint(24, 49, (48,), generator=gen)
+    dst = torch.repeat_interleave(torch.arange(48), degrees)
+    dense = Graph(torch.stack([torch.randint(0, 48, (dst.numel(),), generator=gen), dst]).to(device), 48)
+    assert dense.num_edges >= sched.DENSE_MEAN_DEGREE * dense.num_nodes
+    sparse = Graph(corner_case_edges(gen).to(device), 29)
+    n, heads, dim = 48, 2, 3
+    for dtype in (torch.float32, torch.bfloat16):
+        assert dense.schedule(heads, dim, dtype).light_max_degree == sched.DENSE_LIGHT_MAX == 32
+        assert sparse.schedule(heads, dim, dtype).light_max_degree == sched.DEFAULT_LIGHT_MAX == 16
+        assert dense.schedule(heads, dim, dtype, ScheduleOptions(light_max_degree=8)).light_max_degree == 8
+        wh, el, er = (torch.randn(*shape, generator=gen).to(device, dtype).requires_grad_(True)
+                      for shape in ((n, heads, dim), (n, heads), (n, heads)))
+        q, k, v = (torch.randn(n, heads, dim, generator=gen).to(device, dtype).requires_grad_(True) for _ in range(3))
+        g = torch.randn(n, heads, dim, generator=gen).to(device, dtype)
+        for op, inputs in ((ops.gat_attention, (wh, el, er)), (ops.transformer_attention, (q, k, v))):
+            out = op(dense, *inputs)
+            grads = torch.autograd.grad(out, inputs, g)
+            with use_reference():
+                ref = op(dense, *inputs)
+                ref_grads = torch.autograd.grad(ref, inputs, g)
+            for got, want in ((out, ref), *zip(grads, ref_grads)):
+                assert_close(got, want)  # the dtype's tolerance of fusecore.testing.TOLERANCES
+        schedule = dense.schedule(heads, dim, dtype)
+        widths = [w for w, *_ in schedule.incoming.light]
+        assert 32 in widths and schedule.incoming.medium[0].numel() > 0
+        for (kind, *_), plan in schedule.launches.items():
+            if kind == "forward":
+                # the last launch holds the width-32 class alone: one nonzero class count
+                assert [c for c in plan[0][-1][2] if c] == [schedule.incoming.light[-1][1].numel()]
