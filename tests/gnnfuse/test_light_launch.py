@@ -323,7 +323,7 @@ def test_row_kernel_launch_options_per_pass(gen, monkeypatch):
     schedule.launches.clear()
 
 
-def test_dense_graphs_take_light_rows_up_to_32_in_a_launch_of_their_own(gen):
+def test_dense_graphs_take_light_rows_up_to_32_in_a_launch_of_their_own(gen, monkeypatch):
     """Mean in-degree >= ``schedule.DENSE_MEAN_DEGREE``: light rows up to ``DENSE_LIGHT_MAX`` (32), the width-32
     class launched apart (``ops.LIGHT_LAUNCH_BREAKS``); sparse graphs keep 16; values and gradients as the reference.
     """
@@ -331,6 +331,7 @@ def test_dense_graphs_take_light_rows_up_to_32_in_a_launch_of_their_own(gen):
     from fusecore.testing import test_device
 
     device = test_device()
+    monkeypatch.setattr(sched, "SMALL_GRAPH_EDGES", 0)  # on the GPU a graph this small would take no light rows
     degrees = torch.randint(24, 49, (48,), generator=gen)
     dst = torch.repeat_interleave(torch.arange(48), degrees)
     dense = Graph(torch.stack([torch.randint(0, 48, (dst.numel(),), generator=gen), dst]).to(device), 48)
