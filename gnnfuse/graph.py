@@ -9,8 +9,8 @@ edge ``u -> v``), a PyG ``Data`` or a DGL graph (read through ``edges()`` /
   edge, edges of one destination contiguous, in input order within a row) and
   ``csr_eid [E]`` (the input edge id at each CSR position).  The forward pass and the
   aggregation run over it.  "Edge position" everywhere in gnnfuse means the CSR position.
-* the **reverse CSR by source** — ``rev_indptr [N + 1]``, ``rev_dst [E]``, ``rev_pos [E]``
-  (the CSR position of each outgoing edge) and ``rev_eid [E]`` (its input edge id), so the
+* the **reverse CSR by source** — ``rev_indptr [N + 1]``, ``rev_dst [E]`` and ``rev_pos [E]``
+  (the CSR position of each outgoing edge: per-edge data is addressed by it), so the
   backward pass accumulates gradients of source features per source row, without atomics;
 * degree statistics and per-(feature shape, dtype, device) :class:`~gnnfuse.schedule.Schedule`
   objects, cached in a :class:`fusecore.PlanCache` on the graph.
@@ -245,7 +245,6 @@ class Graph:
         self.rev_indptr = _indptr(out_degree, pos_dtype)
         self.rev_pos = rev_pos.to(pos_dtype)
         self.rev_dst = csr_dst[rev_pos].to(node_dtype)
-        self.rev_eid = csr_eid[rev_pos].to(pos_dtype)
         self._src = src
         self._dst = dst
         self.schedules = PlanCache(maxsize=16)

@@ -246,6 +246,12 @@ def _block_k(inputs: AttentionInputs) -> int:
     return max(MIN_DOT, next_power_of_2(inputs.edge_dim))
 
 
+def _projects(inputs: AttentionInputs, kernel_pass: str) -> bool:
+    """Whether ``kernel_pass``'s kernels project edge features: the forward and the destination pass do;
+    the source pass reads the per-edge terms of :func:`_edge_terms` instead."""
+    return inputs.has_edge and kernel_pass != "source"
+
+
 def _edge_flags(inputs: AttentionInputs, block_h: int, block_d: int, edges_per_program: int) -> dict:
     """BLOCK_K and EDGE_DOT of a launch projecting ``edges_per_program`` edges per tile."""
     dot = _edge_dot(inputs, block_h, block_d) and edges_per_program >= MIN_DOT
@@ -314,7 +320,7 @@ def _unrolled(inputs: AttentionInputs, kernel_pass: str) -> bool:
     dtype = inputs.value.dtype
     switched = {"forward": LIGHT_FORWARD_UNROLLED, "source": LIGHT_SOURCE_UNROLLED,
                 "destination": LIGHT_DESTINATION_UNROLLED}[kernel_pass]
-    if not switched or inputs.has_edge:
+    if not switched or _projects(inputs, kernel_pass):
         return False
     if inputs.keys_from_values and not LIGHT_UNROLLED_KEYS_FROM_VALUES:
         return False
@@ -339,7 +345,7 @@ def _light_rows(schedule, inputs: AttentionInputs, width: int, light_tiles: int,
         most = max(tiles.max_light_rows, LIGHT_UNROLLED_MAX_ROWS[kernel_pass])
         return max(1, min(most, tiles.tile_elements // (LIGHT_UNROLLED_ROW_WIDTH * row_elements)))
     rows = schedule.light_rows_per_program(width, light_tiles * schedule.block_h * schedule.block_d)
-    if _edge_dot(inputs, schedule.block_h, schedule.block_d):
+    if _projects(inputs, kernel_pass) and _edge_dot(inputs, schedule.block_h, schedule.block_d):
         rows = max(rows, MIN_DOT // width)
     return rows
 
@@ -456,7 +462,7 @@ def _tile_budget(schedule, inputs: AttentionInputs, kernel_pass: str) -> tuple[i
     values, edge features, output gradients in backward) takes proportionally fewer rows per
     light program and a smaller power-of-two edge block, so its registers stay in budget.
     """
-    edge = int(inputs.has_edge)
+    edge = int(_projects(inputs, kernel_pass))
     light = LIGHT_TILES[kernel_pass][inputs.score] + edge
     per_edge = ROW_EDGE_TILES[kernel_pass][inputs.score] + edge
     block_e = schedule.medium_block_e
@@ -465,7 +471,7 @@ def _tile_budget(schedule, inputs: AttentionInputs, kernel_pass: str) -> tuple[i
     cap = row_max_edges(inputs, kernel_pass)
     if cap:
         block_e = min(block_e, cap)
-    if _edge_dot(inputs, schedule.block_h, schedule.block_d):
+    if edge and _edge_dot(inputs, schedule.block_h, schedule.block_d):
         block_e = max(block_e, MIN_DOT)  # a matrix product per tile (see _light_rows)
     # rows per light program stay a power of two (tl.arange): round the tile count up
     return next_power_of_2(light), block_e
@@ -596,7 +602,8 @@ def _light_plan(schedule, inputs: AttentionInputs, buckets: Buckets, kernel_pass
 
     block_h, block_d = schedule.block_h, schedule.block_d
     light_tiles, _ = _tile_budget(schedule, inputs, kernel_pass)
-    per_class = inputs.has_edge and LIGHT_LAUNCH_PER_CLASS_WITH_EDGES
+    projects = _projects(inputs, kernel_pass)
+    per_class = projects and LIGHT_LAUNCH_PER_CLASS_WITH_EDGES
     breaks = _light_breaks(inputs)
     groups: list[list[tuple[int, int, int]]] = []
     for width, rows, _, _ in buckets.light:
@@ -622,7 +629,8 @@ def _light_plan(schedule, inputs: AttentionInputs, buckets: Buckets, kernel_pass
                        for t in buckets.light_all)
         plan.append(((programs,), ranges, tuple(counts), {
             "LIGHT": pack_light({w: r for w, _, r in group}), "BLOCK_H": block_h, "BLOCK_D": block_d, **flags,
-            **_edge_flags(inputs, block_h, block_d, per_program * width), **options,
+            **(_edge_flags(inputs, block_h, block_d, per_program * width) if kernel_pass != "source" else {}),
+            **options,
             "UNROLLED": unrolled,
         }))
         begin = end
@@ -688,7 +696,7 @@ def attention_backward(
     accumulation dtype.  The source-side output is ``∂el [N, H]`` (GAT), ``∂k`` (dot) or, for
     GATv2, the per-source-row partial sums of ``∂attn`` ``[N, H, D]`` (the score's share of
     ``∂fs`` is already in ``∂value``).  With edge features, as ``edge_grads = (attr, weight)``
-    asks: ``∂edge_attr [E, K]`` (input edge order) and ``attr_sums [N, 2, K, H]``, the
+    asks: ``∂edge_attr [E, K]`` (input edge order) and ``attr_sums [N, 2, H, K]``, the
     per-destination sums ``A``, ``B`` from which :func:`edge_weight_grad` forms ``∂edge_weight``;
     None where not asked for or without edge features.  ``bias_parts`` (:func:`_node_part_buffer`):
     filled with per-node-block partial sums of ``g`` (an output bias's gradient ``Σ_n g_n``, summed by
@@ -729,7 +737,7 @@ def attention_backward(
     grad_stride = grad_value.stride(0)
     attr_grad, weight_grad = (inputs.has_edge and edge_grads[0]), (inputs.has_edge and edge_grads[1])
     grad_attr = _new_output((graph.num_edges, edge_dim), acc, device) if attr_grad else None
-    attr_sums = _new_output((num_nodes, 2, edge_dim, heads), acc, device) if weight_grad else None
+    attr_sums = _new_output((num_nodes, 2, heads, edge_dim), acc, device) if weight_grad else None
     if num_nodes == 0:
         return grad_value, grad_src, grad_dst, grad_attr, attr_sums
     schedule = graph.schedule(heads, head_dim, value.dtype, options)
@@ -741,13 +749,16 @@ def attention_backward(
     # δ_i = <g_i, out_i> per head: one pass over node rows instead of one over edges.
     delta = _head_dot(grad_out, out, acc, bias_parts, grad_out_copy)
     grad_s = _new_output((max(graph.num_edges, 1), heads), acc, device)
-    src_tensors = (*inputs.pointers(), lse, grad_out, delta)
+    src_term, dst_term, attn, _, attr, weight = inputs.pointers()
+    # edge features reach the source pass as two terms per edge and head (kernels/edge_features.py)
+    terms = _edge_terms(graph, inputs, grad_out, acc, schedule) if inputs.has_edge else grad_s
+    src_tensors = (src_term, dst_term, attn, value, terms, lse, grad_out, delta)
     feat_stride, piece_stride = inputs.feat_stride, heads * head_dim  # piece buffers are contiguous
     outgoing = schedule.outgoing
     for grid, ranges, counts, meta in plan["source light"]:
         attention_backward_src_light_kernel[grid](
-            graph.rev_dst, graph.rev_pos, graph.rev_eid, *ranges, *src_tensors, grad_value, grad_src,
-            grad_s, *counts, heads, head_dim, edge_dim, *scalars, feat_stride, grad_stride, **meta,
+            graph.rev_dst, graph.rev_pos, *ranges, *src_tensors, grad_value, grad_src,
+            grad_s, *counts, heads, head_dim, *scalars, feat_stride, grad_stride, **meta,
         )
     for (rows, starts, stops, count, pieces), meta in zip(_row_launches(outgoing), plan["source rows"]):
         if pieces:
@@ -756,8 +767,8 @@ def attention_backward(
         else:
             target_value, target_src = grad_value, grad_src
         attention_backward_src_kernel[(count,)](
-            graph.rev_dst, graph.rev_pos, graph.rev_eid, rows, starts, stops, *src_tensors,
-            target_value, target_src, grad_s, heads, head_dim, edge_dim, *scalars, feat_stride,
+            graph.rev_dst, graph.rev_pos, rows, starts, stops, *src_tensors,
+            target_value, target_src, grad_s, heads, head_dim, *scalars, feat_stride,
             piece_stride if pieces else grad_stride, **meta,
         )
         if pieces:
@@ -790,7 +801,7 @@ def attention_backward(
     for (rows, starts, stops, count, pieces), meta in zip(_row_launches(incoming), plan["destination rows"]):
         if pieces:
             target_dst = _new_output((count, heads, head_dim), acc, device)
-            target_sums = _new_output((count, 2, edge_dim, heads), acc, device) if weight_grad else grad_s
+            target_sums = _new_output((count, 2, heads, edge_dim), acc, device) if weight_grad else grad_s
         else:
             target_dst, target_sums = grad_dst, edge_outputs[1]
         attention_backward_dst_kernel[(count,)](
@@ -802,6 +813,34 @@ def attention_backward(
             if weight_grad:
                 _merge_sums(incoming, target_sums, attr_sums)
     return grad_value, grad_src, grad_dst, grad_attr, attr_sums
+
+
+# CSR positions per program of the edge-terms pass (kernels/edge_features.py ``edge_terms_kernel``): on the GPU a
+# block of a few destinations' edges; under the interpreter, where every program costs Python time, larger.
+EDGE_TERMS_BLOCK = 64
+EDGE_TERMS_BLOCK_INTERPRETED = 512
+
+
+def _edge_terms(graph: Graph, inputs: AttentionInputs, grad_out: torch.Tensor, acc: torch.dtype,
+                schedule) -> torch.Tensor:
+    """``[E, 2, H]`` in ``acc``: per CSR position ``p`` and head, ``t_p = q̃_i · e_p`` and ``r_p = g_i · e_p``
+    (``i`` the edge's destination, ``e_p`` its projected features, ``q̃ = scale · q``), the source pass's
+    edge-feature terms."""
+    from .kernels.edge_features import edge_terms_kernel
+
+    heads, head_dim = inputs.value.shape[1], inputs.value.shape[2]
+    num_edges = graph.num_edges
+    terms = _new_output((max(num_edges, 1), 2, heads), acc, inputs.value.device)
+    if num_edges == 0:
+        return terms
+    block = EDGE_TERMS_BLOCK_INTERPRETED if backend.INTERPRET else EDGE_TERMS_BLOCK
+    edge_terms_kernel[(cdiv(num_edges, block),)](
+        graph.csr_dst, graph.csr_eid, inputs.edge_attr, inputs.edge_weight, inputs.dst_term, grad_out, terms,
+        num_edges, heads, head_dim, inputs.edge_dim, inputs.scale, inputs.feat_stride,
+        BLOCK_P=block, BLOCK_H=schedule.block_h, BLOCK_D=schedule.block_d,
+        **_edge_flags(inputs, schedule.block_h, schedule.block_d, block),
+    )
+    return terms
 
 
 def _backward_plan(schedule, inputs: AttentionInputs, dtype: torch.dtype, use_dropout: bool, attr_grad: bool,
@@ -816,7 +855,7 @@ def _backward_plan(schedule, inputs: AttentionInputs, dtype: torch.dtype, use_dr
     plan = {
         "source light": _light_plan(schedule, inputs, schedule.outgoing, "source", flags),
         "source rows": [{"BLOCK_E": row_block_e, "BLOCK_H": block_h, "BLOCK_D": block_d, "PIECES": pieces, **flags,
-                         **_edge_flags(inputs, block_h, block_d, row_block_e), "LANES": lanes,
+                         "LANES": lanes,
                          "PREFETCH": inputs.score in ROW_BACKWARD_PREFETCH_SCORES,
                          **_row_options(schedule, "source")}
                         for *_, pieces in _row_launches(schedule.outgoing)],
@@ -841,24 +880,36 @@ def _backward_plan(schedule, inputs: AttentionInputs, dtype: torch.dtype, use_dr
     return plan
 
 
+# Nodes per program of the edge weight's gradient (kernels/edge_features.py ``edge_weight_grad_kernel``): a few
+# programs per multiprocessor on large graphs; under the interpreter, where every program costs Python time, more.
+EDGE_WEIGHT_GRAD_NODES = 1024
+EDGE_WEIGHT_GRAD_NODES_INTERPRETED = 8192
+
+
 def edge_weight_grad(
     attr_sums: torch.Tensor, grad_out: torch.Tensor, query: torch.Tensor, scale: float
 ) -> torch.Tensor:
     """``∂W_e [K, H, D] = Σ_i A_i ⊗ g_i + B_i ⊗ (scale · q_i)`` per head, from the destination
-    pass's ``attr_sums [N, 2, K, H]`` (:mod:`gnnfuse.kernels.edge_features`): a deterministic
-    reduction over nodes, in the accumulation dtype.
+    pass's ``attr_sums [N, 2, H, K]`` (:mod:`gnnfuse.kernels.edge_features`): a deterministic
+    reduction over nodes in the accumulation dtype — per-head products over node blocks
+    (``edge_weight_grad_kernel``, each byte of the sums, ``g`` and ``q`` read once), then the
+    blocks' partials added in a fixed order."""
+    from .kernels.edge_features import edge_weight_grad_kernel
 
-    Each sum is one plain ``[K·H, N] @ [N, H·D]`` matrix product (all head pairs) of which the
-    diagonal head blocks are kept: ``H`` times the useful work, but a full-speed GEMM, where the
-    per-head batched form (a ``[K, N] @ [N, D]`` per head) runs as a slow batched GEMV."""
-    num_nodes, _, edge_dim, heads = attr_sums.shape
+    num_nodes, _, heads, edge_dim = attr_sums.shape
+    head_dim = grad_out.shape[2]
     acc = attr_sums.dtype
-    width = grad_out.shape[1] * grad_out.shape[2]
-    sums_a = attr_sums[:, 0].reshape(num_nodes, edge_dim * heads)
-    sums_b = attr_sums[:, 1].reshape(num_nodes, edge_dim * heads)
-    grad = matmul(sums_a.t(), grad_out.reshape(num_nodes, width).to(acc))
-    grad += matmul(sums_b.t(), query.reshape(num_nodes, width).to(acc)) * scale
-    return grad.view(edge_dim, heads, heads, -1).diagonal(dim1=1, dim2=2).permute(0, 2, 1)
+    if num_nodes == 0:
+        return torch.zeros(edge_dim, heads, head_dim, dtype=acc, device=attr_sums.device)
+    nodes = EDGE_WEIGHT_GRAD_NODES_INTERPRETED if backend.INTERPRET else EDGE_WEIGHT_GRAD_NODES
+    programs = cdiv(num_nodes, nodes)
+    partial = _new_output((programs, edge_dim, heads, head_dim), acc, attr_sums.device)
+    edge_weight_grad_kernel[(programs,)](
+        attr_sums, grad_out.contiguous(), query, partial, num_nodes, heads, head_dim, edge_dim, scale,
+        query.stride(0), nodes, BLOCK_N=64, BLOCK_K=max(MIN_DOT, next_power_of_2(edge_dim)),
+        BLOCK_D=max(MIN_DOT, next_power_of_2(head_dim)), DOT_PRECISION="ieee",
+    )
+    return partial.sum(dim=0)
 
 
 def _forward_saving(ctx, graph: Graph, inputs: AttentionInputs, launch: tuple, differentiable: int,

@@ -68,17 +68,19 @@ from .tiles import (
 
 @jit
 def attention_backward_src_kernel(
-    rev_dst_ptr, rev_pos_ptr, rev_eid_ptr, rows_ptr, starts_ptr, stops_ptr,
-    src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, lse_ptr, grad_out_ptr, delta_ptr,
+    rev_dst_ptr, rev_pos_ptr, rows_ptr, starts_ptr, stops_ptr,
+    src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, terms_ptr, lse_ptr, grad_out_ptr, delta_ptr,
     grad_value_ptr, grad_src_ptr, grad_s_ptr,
-    H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, feat_stride, grad_stride,
+    H, D, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, feat_stride, grad_stride,
     BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     PIECES: tl.constexpr, DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr,
-    BLOCK_K: tl.constexpr, EDGE_DOT: tl.constexpr, KEY_SCALE: tl.constexpr, LANES: tl.constexpr,
-    PREFETCH: tl.constexpr = False,
+    KEY_SCALE: tl.constexpr, LANES: tl.constexpr, PREFETCH: tl.constexpr = False,
 ):
     """The source pass's row kernel; ``PREFETCH``: each edge block's reverse-CSR destinations and positions
-    loaded one trip ahead (the trip's gathers then wait on no index load of their own)."""
+    loaded one trip ahead (the trip's gathers then wait on no index load of their own).  ``EDGE`` (dot score):
+    the edge features enter through the terms ``(t_p, r_p)`` at CSR position ``p`` (``terms [E, 2, H]``,
+    :func:`~gnnfuse.kernels.edge_features.edge_terms_kernel`), added to the score and to ``<g_i, v_j>``."""
+    tl.static_assert(not EDGE or SCORE == 2, "edge features: dot score only")
     acc_dtype = lse_ptr.dtype.element_ty
     seed, rng_offset = dropout_seed(seed, rng_offset, DROPOUT)
     pid = tl.program_id(0).to(tl.int64)
@@ -108,8 +110,6 @@ def attention_backward_src_kernel(
                             other=0.0).to(acc_dtype)[None, :, :]
         acc_src = tl.zeros_like(acc_val)
         attn = tl.load(attn_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
-    if EDGE:
-        w_tile = edge_weight_tile(w_edge_ptr, K, H, D, BLOCK_K, BLOCK_H, BLOCK_D)
     if PREFETCH:
         dst_next = tl.load(rev_dst_ptr + start + offs_e, mask=start + offs_e < stop, other=0)
         pos_next = tl.load(rev_pos_ptr + start + offs_e, mask=start + offs_e < stop, other=0)
@@ -137,24 +137,20 @@ def attention_backward_src_kernel(
                                    hd_mask, acc_dtype, KEY_SCALE)
             if SCORE == 2:
                 dst_i = dst_i * scale
-            if EDGE:
-                eid = tl.load(rev_eid_ptr + q, mask=e_mask, other=0).to(tl.int64)
-                edge_e = project_edges(attr_ptr, w_edge_ptr, w_tile, eid, e_mask, K, HD, hd_offs, hd_mask, acc_dtype,
-                                       BLOCK_E, BLOCK_H, BLOCK_D, BLOCK_K, EDGE_DOT)
-                src_e = src_j + edge_e
-            else:
-                src_e = src_j
+            src_e = src_j
         s = edge_scores(src_e, dst_i, attn, negative_slope, SCORE)
+        if EDGE:
+            terms_offs = pos[:, None] * (2 * H) + offs_h[None, :]
+            s += tl.load(terms_ptr + terms_offs, mask=eh_mask, other=0.0).to(acc_dtype)
         alpha, alpha_kept = _recomputed_weights(s, lse_i, eh_mask, pos[:, None], rng_offset + offs_h[None, :], seed,
                                                 dropout_p, keep_scale, DROPOUT)
         g_i = tl.load(grad_out_ptr + dst[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
                       other=0.0).to(acc_dtype)
         kept_g = alpha_kept[:, :, None] * g_i
         acc_val = lane_add(acc_val, kept_g, LANES)
+        g_dot_val = tl.sum(g_i * val_j[None, :, :], axis=2)
         if EDGE:
-            g_dot_val = tl.sum(g_i * (val_j[None, :, :] + edge_e), axis=2)
-        else:
-            g_dot_val = tl.sum(g_i * val_j[None, :, :], axis=2)
+            g_dot_val += tl.load(terms_ptr + terms_offs + H, mask=eh_mask, other=0.0).to(acc_dtype)
         grad_s = alpha_kept * g_dot_val - alpha * delta_i
         grad_src = score_grad(grad_s, src_e, dst_i, attn, negative_slope, SCORE)
         if SCORE == 0:
@@ -206,17 +202,18 @@ def _recomputed_weights(s, lse_i, mask, pos, streams, seed, dropout_p, keep_scal
 
 @jit
 def attention_backward_src_light_kernel(
-    rev_dst_ptr, rev_pos_ptr, rev_eid_ptr, rows_ptr, starts_ptr, stops_ptr,
-    src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, lse_ptr, grad_out_ptr, delta_ptr,
+    rev_dst_ptr, rev_pos_ptr, rows_ptr, starts_ptr, stops_ptr,
+    src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, terms_ptr, lse_ptr, grad_out_ptr, delta_ptr,
     grad_value_ptr, grad_src_ptr, grad_s_ptr,
-    n0, n1, n2, n3, n4, n5, n6, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
+    n0, n1, n2, n3, n4, n5, n6, H, D, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
     feat_stride, grad_stride, LIGHT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-    DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr, BLOCK_K: tl.constexpr, EDGE_DOT: tl.constexpr,
-    KEY_SCALE: tl.constexpr, UNROLLED: tl.constexpr = False,
+    DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr, KEY_SCALE: tl.constexpr,
+    UNROLLED: tl.constexpr = False,
 ):
     """The source pass over the light width classes of ``LIGHT`` in one launch (as
     :func:`~gnnfuse.kernels.attention_forward.attention_forward_light_kernel`; ``UNROLLED``:
-    :func:`_src_light_unrolled`, no edge features)."""
+    :func:`_src_light_unrolled`).  ``EDGE``: the edge terms of :func:`attention_backward_src_kernel`."""
+    tl.static_assert(not EDGE or SCORE == 2, "edge features: dot score only")
     seed, rng_offset = dropout_seed(seed, rng_offset, DROPOUT)
     pid = tl.program_id(0).to(tl.int64)
     first = pid * 0
@@ -233,19 +230,19 @@ def attention_backward_src_light_kernel(
                     if UNROLLED:
                         _src_light_unrolled(
                             local, rev_dst_ptr, rev_pos_ptr, rows_ptr + row0, starts_ptr + row0, stops_ptr + row0,
-                            src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, lse_ptr, grad_out_ptr, delta_ptr,
-                            grad_value_ptr, grad_src_ptr, grad_s_ptr, count, H, D, negative_slope, scale, dropout_p,
-                            keep_scale, seed, rng_offset, feat_stride, grad_stride, ONE << (f - 1), ONE << k, BLOCK_H,
-                            BLOCK_D, DROPOUT, SCORE, KEY_SCALE,
+                            src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, terms_ptr, lse_ptr, grad_out_ptr,
+                            delta_ptr, grad_value_ptr, grad_src_ptr, grad_s_ptr, count, H, D, negative_slope, scale,
+                            dropout_p, keep_scale, seed, rng_offset, feat_stride, grad_stride, ONE << (f - 1), ONE << k,
+                            BLOCK_H, BLOCK_D, DROPOUT, SCORE, EDGE, KEY_SCALE,
                         )
                     else:
                         _src_light_rows(
-                            local, rev_dst_ptr, rev_pos_ptr, rev_eid_ptr, rows_ptr + row0, starts_ptr + row0,
-                            stops_ptr + row0, src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr,
+                            local, rev_dst_ptr, rev_pos_ptr, rows_ptr + row0, starts_ptr + row0,
+                            stops_ptr + row0, src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, terms_ptr,
                             lse_ptr, grad_out_ptr, delta_ptr, grad_value_ptr, grad_src_ptr, grad_s_ptr,
-                            count, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
+                            count, H, D, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
                             feat_stride, grad_stride, ONE << (f - 1), ONE << k, BLOCK_H, BLOCK_D, DROPOUT, SCORE, EDGE,
-                            BLOCK_K, EDGE_DOT, KEY_SCALE,
+                            KEY_SCALE,
                         )
                 first += programs
                 row0 += count
@@ -254,12 +251,13 @@ def attention_backward_src_light_kernel(
 @jit
 def _src_light_unrolled(
     pid, rev_dst_ptr, rev_pos_ptr, rows_ptr, starts_ptr, stops_ptr, src_term_ptr, dst_term_ptr, attn_ptr, value_ptr,
-    lse_ptr, grad_out_ptr, delta_ptr, grad_value_ptr, grad_src_ptr, grad_s_ptr,
+    terms_ptr, lse_ptr, grad_out_ptr, delta_ptr, grad_value_ptr, grad_src_ptr, grad_s_ptr,
     num_rows, H, D, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, feat_stride, grad_stride,
     ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-    DROPOUT: tl.constexpr, SCORE: tl.constexpr, KEY_SCALE: tl.constexpr,
+    DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr, KEY_SCALE: tl.constexpr,
 ):
-    """The source pass for ``ROWS`` light source rows (no edge features), the out-edge slots unrolled
+    """The source pass for ``ROWS`` light source rows (``EDGE``: with the edge terms of
+    :func:`attention_backward_src_kernel`), the out-edge slots unrolled
     (as :func:`~gnnfuse.kernels.attention_forward._forward_light_unrolled`): the row's own terms read
     once, slot ``e`` gathering the rows' ``e``-th destinations as ``[ROWS, BLOCK_H, BLOCK_D]`` tiles
     (``g``, and ``dst`` for GATv2 / dot) and adding into per-row sums, nothing reduced across warps."""
@@ -305,9 +303,14 @@ def _src_light_unrolled(
             if SCORE == 2:
                 dst_i = dst_i * scale
             s = edge_scores(src_row, dst_i, attn, negative_slope, SCORE)
+        g_dot_val = tl.sum(g_i * val_row, axis=2)
+        if EDGE:
+            terms_offs = pos[:, None] * (2 * H) + offs_h[None, :]
+            s += tl.load(terms_ptr + terms_offs, mask=eh_mask, other=0.0).to(acc_dtype)
+            g_dot_val += tl.load(terms_ptr + terms_offs + H, mask=eh_mask, other=0.0).to(acc_dtype)
         alpha, alpha_kept = _recomputed_weights(s, lse_i, eh_mask, pos[:, None], rng_offset + offs_h[None, :], seed,
                                                 dropout_p, keep_scale, DROPOUT)
-        grad_s = alpha_kept * tl.sum(g_i * val_row, axis=2) - alpha * delta_i  # [ROWS, BLOCK_H]
+        grad_s = alpha_kept * g_dot_val - alpha * delta_i  # [ROWS, BLOCK_H]
         if SCORE == 0:
             grad_edge_head = tl.where(eh_mask, score_grad(grad_s, src_row, dst_i, attn, negative_slope, 0), 0.0)
             acc_src += grad_edge_head
@@ -335,13 +338,12 @@ def _src_light_unrolled(
 
 @jit
 def _src_light_rows(
-    pid, rev_dst_ptr, rev_pos_ptr, rev_eid_ptr, rows_ptr, starts_ptr, stops_ptr,
-    src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, lse_ptr, grad_out_ptr, delta_ptr,
+    pid, rev_dst_ptr, rev_pos_ptr, rows_ptr, starts_ptr, stops_ptr,
+    src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, terms_ptr, lse_ptr, grad_out_ptr, delta_ptr,
     grad_value_ptr, grad_src_ptr, grad_s_ptr,
-    num_rows, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, feat_stride, grad_stride,
+    num_rows, H, D, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, feat_stride, grad_stride,
     ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-    DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr, BLOCK_K: tl.constexpr, EDGE_DOT: tl.constexpr,
-    KEY_SCALE: tl.constexpr,
+    DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr, KEY_SCALE: tl.constexpr,
 ):
     """The source pass for ``ROWS`` light source rows of program ``pid`` of their class, edges in one tile."""
     acc_dtype = lse_ptr.dtype.element_ty
@@ -380,14 +382,11 @@ def _src_light_rows(
         else:
             src_e, _ = gather_keys(src_term_ptr, value_ptr, rows_flat, e_flat, H, feat_stride, offs_h, h_mask, hd_offs,
                                    hd_mask, acc_dtype, KEY_SCALE)
-        if EDGE:
-            eid_flat = tl.load(rev_eid_ptr + tl.reshape(q, [ROWS * BLOCK_E]), mask=e_flat, other=0).to(tl.int64)
-            w_tile = edge_weight_tile(w_edge_ptr, K, H, D, BLOCK_K, BLOCK_H, BLOCK_D)
-            edge_e = project_edges(attr_ptr, w_edge_ptr, w_tile, eid_flat, e_flat, K, HD, hd_offs, hd_mask,
-                                   acc_dtype, ROWS * BLOCK_E, BLOCK_H, BLOCK_D, BLOCK_K, EDGE_DOT)
-            src_e += edge_e
         attn = tl.load(attn_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
         s = tl.reshape(edge_scores(src_e, dst_i, attn, negative_slope, SCORE), [ROWS, BLOCK_E, BLOCK_H])
+        if EDGE:
+            terms_offs = pos[:, :, None] * (2 * H) + offs_h[None, None, :]
+            s += tl.load(terms_ptr + terms_offs, mask=eh_mask, other=0.0).to(acc_dtype)
     alpha = tl.where(eh_mask, tl.exp(s - lse_i), 0.0)
     if DROPOUT:
         alpha_kept = attention_dropout(alpha, pos[:, :, None], rng_offset + offs_h[None, None, :], seed, dropout_p,
@@ -413,11 +412,9 @@ def _src_light_rows(
         g_i = tl.load(grad_out_ptr + dst_flat[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
                       other=0.0).to(acc_dtype)
         kept_g = tl.reshape(alpha_kept, [ROWS * BLOCK_E, BLOCK_H])[:, :, None] * g_i
+        g_dot_val = tl.reshape(tl.sum(g_i * val_j, axis=2), [ROWS, BLOCK_E, BLOCK_H])
         if EDGE:
-            val_e = val_j + edge_e
-        else:
-            val_e = val_j
-        g_dot_val = tl.reshape(tl.sum(g_i * val_e, axis=2), [ROWS, BLOCK_E, BLOCK_H])
+            g_dot_val += tl.load(terms_ptr + terms_offs + H, mask=eh_mask, other=0.0).to(acc_dtype)
         grad_s = alpha_kept * g_dot_val - alpha * delta_i
         grad_edge_head = grad_s
         grad_s_flat = tl.reshape(grad_s, [ROWS * BLOCK_E, BLOCK_H])
@@ -520,7 +517,7 @@ def attention_backward_dst_kernel(
     tl.store(grad_dst_ptr + out_index * grad_stride + hd_offs, acc.to(grad_dst_ptr.dtype.element_ty), mask=hd_mask)
     if WEIGHT_GRAD:
         offs_k = tl.arange(0, BLOCK_K)
-        kh_offs = out_index * (2 * K * H) + offs_k[:, None] * H + offs_h[None, :]
+        kh_offs = out_index * (2 * K * H) + offs_h[None, :] * K + offs_k[:, None]  # attr_sums [N, 2, H, K]
         kh_mask = (offs_k < K)[:, None] & h_mask[None, :]
         tl.store(attr_sums_ptr + kh_offs, sums_a.to(attr_sums_ptr.dtype.element_ty), mask=kh_mask)
         tl.store(attr_sums_ptr + K * H + kh_offs, sums_b.to(attr_sums_ptr.dtype.element_ty), mask=kh_mask)
@@ -656,7 +653,7 @@ def _dst_light_rows(
             if WEIGHT_GRAD:
                 offs_kh = tl.arange(0, BLOCK_K * BLOCK_H)
                 k_of, h_of = offs_kh // BLOCK_H, offs_kh % BLOCK_H
-                kh_offs = rows[:, None] * (2 * K * H) + (k_of * H + h_of)[None, :]
+                kh_offs = rows[:, None] * (2 * K * H) + (h_of * K + k_of)[None, :]  # attr_sums [N, 2, H, K]
                 kh_mask = r_mask[:, None] & ((k_of < K) & (h_of < H))[None, :]
                 terms_a, terms_b = attr_outer(attr_ptr, eid_flat, e_flat, alpha, grad_s, K, acc_dtype, BLOCK_K)
                 sums_a = tl.sum(tl.reshape(terms_a, [ROWS, BLOCK_E, BLOCK_K * BLOCK_H]), axis=1)

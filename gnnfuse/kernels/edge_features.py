@@ -31,17 +31,25 @@ edge's destination; see :mod:`gnnfuse.kernels.attention_backward`)::
 
 (in a row kernel ``∂attr_p[k] = Σ_h α'_p[h] z_i[k, h] + ∂s_p[h] u_i[k, h]`` with
 ``z_i = W g_i`` like ``u_i``, and the key path's ``Σ_p ∂s_p e_p = Σ_k B_i[k, h] W[k, h, :]``),
-so the weight gradient needs only the per-destination ``[N, K, H]`` sums ``A``, ``B``
-(of :func:`attr_outer` terms, written by the destination pass, one writer per row) and a
-reduction over nodes on the host (two plain matrix products) — deterministic, no atomics, no
-``E×H×D`` buffer.
+so the weight gradient needs only the per-destination sums ``A``, ``B`` (``attr_sums [N, 2, H, K]``:
+of :func:`attr_outer` terms, written by the destination pass, one writer per row) and a
+reduction over nodes (:func:`edge_weight_grad_kernel`: per-head products over node blocks, the
+blocks' partial sums added in a fixed order) — deterministic, no atomics, no ``E×H×D`` buffer.
+
+The backward's source pass walks the reverse CSR, so its edges have many destinations and the
+row form does not apply; it needs ``e_p`` only through two scalars per edge and head,
+``t_p = q̃_i · e_p`` (the score's edge term) and ``r_p = g_i · e_p`` (the edge term of
+``<g_i, v_j + e_p>``).  :func:`edge_terms_kernel` forms both first, in CSR order (edge blocks
+of consecutive positions, mostly of one destination: its ``q̃_i`` and ``g_i`` are cache hits),
+into an ``[E, 2, H]`` buffer; the source pass then reads ``2·H`` values per edge instead of
+projecting ``K`` features to ``H·D``.
 """
 
 import triton.language as tl
 
 from fusecore.backend import jit
 
-from .tiles import flat_head_tile
+from .tiles import flat_head_tile, head_tile
 
 
 @jit
@@ -126,3 +134,81 @@ def attr_outer(attr_ptr, eid, e_mask, alpha, grad_s, K, acc_dtype: tl.constexpr,
     give ``A`` and ``B``."""
     attr = edge_attr_tile(attr_ptr, eid, e_mask, K, acc_dtype, BLOCK_K)[:, :, None]
     return attr * alpha[:, None, :], attr * grad_s[:, None, :]
+
+
+@jit
+def edge_terms_kernel(
+    dst_ptr, eid_ptr, attr_ptr, w_ptr, query_ptr, grad_out_ptr, terms_ptr, E, H, D, K, scale, feat_stride,
+    BLOCK_P: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
+    EDGE_DOT: tl.constexpr,
+):
+    """``terms[p] = (t_p, r_p)`` ``[2, H]`` for the CSR positions ``p`` of block ``program_id``:
+    ``t_p[h] = Σ_d e_p[h, d] · scale · q[i, h, d]`` and ``r_p[h] = Σ_d e_p[h, d] · g[i, h, d]`` with
+    ``i = dst[p]`` the edge's destination and ``e_p = W_e · attr[eid[p]]`` (:func:`project_edges`).
+
+    ``q`` ``[N, H, D]`` is read with row stride ``feat_stride``, ``g`` contiguous; ``terms`` is
+    ``[E, 2, H]`` in the accumulation dtype.  Bytes: ``E·K`` features and ``2·E·H`` terms, plus
+    ``q`` and ``g`` rows (one per destination in a block, cache hits for the rest)."""
+    acc_dtype = terms_ptr.dtype.element_ty
+    pid = tl.program_id(0).to(tl.int64)
+    p = pid * BLOCK_P + tl.arange(0, BLOCK_P)
+    p_mask = p < E
+    offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
+    HD = H * D
+    i = tl.load(dst_ptr + p, mask=p_mask, other=0).to(tl.int64)
+    eid = tl.load(eid_ptr + p, mask=p_mask, other=0).to(tl.int64)
+    w_tile = edge_weight_tile(w_ptr, K, H, D, BLOCK_K, BLOCK_H, BLOCK_D)
+    e = project_edges(attr_ptr, w_ptr, w_tile, eid, p_mask, K, HD, hd_offs, hd_mask, acc_dtype, BLOCK_P, BLOCK_H,
+                      BLOCK_D, BLOCK_K, EDGE_DOT)
+    feat_mask = p_mask[:, None, None] & hd_mask[None, :, :]
+    q = tl.load(query_ptr + i[:, None, None] * feat_stride + hd_offs[None, :, :], mask=feat_mask,
+                other=0.0).to(acc_dtype)
+    g = tl.load(grad_out_ptr + i[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
+                other=0.0).to(acc_dtype)
+    # q scaled before the products, as the source pass scales the gathered queries
+    t = tl.sum(e * (q * scale), axis=2)
+    r = tl.sum(e * g, axis=2)
+    offs = p[:, None] * (2 * H) + offs_h[None, :]
+    ph_mask = p_mask[:, None] & h_mask[None, :]
+    tl.store(terms_ptr + offs, t.to(terms_ptr.dtype.element_ty), mask=ph_mask)
+    tl.store(terms_ptr + offs + H, r.to(terms_ptr.dtype.element_ty), mask=ph_mask)
+
+
+@jit
+def edge_weight_grad_kernel(
+    sums_ptr, grad_out_ptr, query_ptr, partial_ptr, N, H, D, K, scale, feat_stride, nodes_per_program,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """``partial[pid, :, h, :] = Σ_n A[n, h]ᵀ g[n, h] + B[n, h]ᵀ (scale · q[n, h])`` ``[K, D]`` per head over
+    the nodes ``[pid · nodes_per_program, (pid + 1) · nodes_per_program)`` (``sums [N, 2, H, K]``: ``A``
+    then ``B``; ``g [N, H, D]`` contiguous, ``q`` with row stride ``feat_stride``): one ``[K, BLOCK_N] @
+    [BLOCK_N, D]`` product per node block and head, every byte read once (a head's ``K`` sums and ``D``
+    features are contiguous).  The caller adds the programs' partials: ``∂W [K, H, D]``."""
+    acc_dtype = partial_ptr.dtype.element_ty
+    pid = tl.program_id(0).to(tl.int64)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_d = tl.arange(0, BLOCK_D)
+    k_mask = offs_k < K
+    d_mask = offs_d < D
+    first = pid * nodes_per_program
+    last = tl.minimum(first + nodes_per_program, N)
+    HK = H * K
+    for h in range(0, H):
+        acc = tl.zeros([BLOCK_K, BLOCK_D], dtype=acc_dtype)
+        for n0 in range(first, last, BLOCK_N):
+            n = n0 + offs_n
+            n_mask = n < last
+            nk_mask = n_mask[:, None] & k_mask[None, :]
+            nd_mask = n_mask[:, None] & d_mask[None, :]
+            sums = sums_ptr + n[:, None] * (2 * HK) + h * K + offs_k[None, :]
+            a = tl.load(sums, mask=nk_mask, other=0.0)
+            b = tl.load(sums + HK, mask=nk_mask, other=0.0)
+            g = tl.load(grad_out_ptr + n[:, None] * (H * D) + h * D + offs_d[None, :], mask=nd_mask,
+                        other=0.0).to(acc_dtype)
+            q = tl.load(query_ptr + n[:, None] * feat_stride + h * D + offs_d[None, :], mask=nd_mask,
+                        other=0.0).to(acc_dtype) * scale
+            acc += tl.dot(tl.trans(a), g, input_precision=DOT_PRECISION)
+            acc += tl.dot(tl.trans(b), q, input_precision=DOT_PRECISION)
+        tl.store(partial_ptr + pid * (K * H * D) + offs_k[:, None] * (H * D) + h * D + offs_d[None, :], acc,
+                 mask=k_mask[:, None] & d_mask[None, :])

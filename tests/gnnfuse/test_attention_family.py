@@ -119,6 +119,21 @@ def test_edge_feature_gradients_only_where_asked(gen, device, frozen):
     check_op("transformer+edge", graph, leaves, gen, schedule=SCHEDULES["mixed"], frozen=(frozen,))
 
 
+@pytest.mark.parametrize("source_unrolled", [True, False])
+def test_edge_terms_and_weight_gradient_over_many_programs(gen, device, monkeypatch, source_unrolled):
+    """The backward's edge-feature terms ``(q̃_i · e_p, g_i · e_p)`` formed in CSR blocks of 16 positions and
+    ``∂W_e`` summed from node blocks of 7 (many programs each, partial blocks at the ends), read by the
+    source pass's unrolled and tile light forms: every gradient against the float64 oracle."""
+    monkeypatch.setattr(ops, "EDGE_TERMS_BLOCK_INTERPRETED", 16)
+    monkeypatch.setattr(ops, "EDGE_TERMS_BLOCK", 16)
+    monkeypatch.setattr(ops, "EDGE_WEIGHT_GRAD_NODES_INTERPRETED", 7)
+    monkeypatch.setattr(ops, "EDGE_WEIGHT_GRAD_NODES", 7)
+    monkeypatch.setattr(ops, "LIGHT_SOURCE_UNROLLED", source_unrolled)
+    graph = Graph(corner_case_edges(gen).to(device), 29)
+    leaves = make_leaves(OPS["transformer+edge"], graph, 3, 5, torch.float32, device, gen)
+    check_op("transformer+edge", graph, leaves, gen, schedule=SCHEDULES["mixed"])
+
+
 @pytest.mark.parametrize("name", ["transformer", "agnn"])
 @pytest.mark.parametrize("schedule", ["light", "super"])
 def test_dot_product_without_edges_and_agnn(gen, device, name, schedule):
