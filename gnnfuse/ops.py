@@ -880,9 +880,11 @@ def _backward_plan(schedule, inputs: AttentionInputs, dtype: torch.dtype, use_dr
     return plan
 
 
-# Nodes per program of the edge weight's gradient (kernels/edge_features.py ``edge_weight_grad_kernel``): a few
-# programs per multiprocessor on large graphs; under the interpreter, where every program costs Python time, more.
-EDGE_WEIGHT_GRAD_NODES = 1024
+# Nodes per program (each program one head) of the edge weight's gradient (kernels/edge_features.py
+# ``edge_weight_grad_kernel``): a short chain of node blocks per program; under the interpreter, where every program
+# costs Python time, more.  Session 18 (H100, arxiv-like, Nsight Compute): all heads in one program of 1024 nodes,
+# 166 programs, took 282 µs (8% occupancy, latency-bound).
+EDGE_WEIGHT_GRAD_NODES = 256
 EDGE_WEIGHT_GRAD_NODES_INTERPRETED = 8192
 
 
@@ -904,7 +906,7 @@ def edge_weight_grad(
     nodes = EDGE_WEIGHT_GRAD_NODES_INTERPRETED if backend.INTERPRET else EDGE_WEIGHT_GRAD_NODES
     programs = cdiv(num_nodes, nodes)
     partial = _new_output((programs, edge_dim, heads, head_dim), acc, attr_sums.device)
-    edge_weight_grad_kernel[(programs,)](
+    edge_weight_grad_kernel[(programs, heads)](
         attr_sums, grad_out.contiguous(), query, partial, num_nodes, heads, head_dim, edge_dim, scale,
         query.stride(0), nodes, BLOCK_N=64, BLOCK_K=max(MIN_DOT, next_power_of_2(edge_dim)),
         BLOCK_D=max(MIN_DOT, next_power_of_2(head_dim)), DOT_PRECISION="ieee",

@@ -93,12 +93,19 @@ def project_edges(attr_ptr, w_ptr, w_tile, eid, e_mask, K, HD, hd_offs, hd_mask,
 
     ``DOT``: one matrix product ``attr [NUM_E, BLOCK_K] · w_tile`` (needs ``NUM_E``, ``BLOCK_K``
     and ``BLOCK_H · BLOCK_D`` >= 16 and a 16/32-bit dtype); otherwise ``K`` rank-1 updates.
+    Features and weight both in one 2-byte float: the product of the stored operands on the tensor cores
+    (a product of two 2-byte floats is exact in float32, and the sums are float32); otherwise float32
+    operands with full float32 products ("ieee", not tf32), to match a float32 GEMM.
     """
     if DOT:
-        attr = edge_attr_tile(attr_ptr, eid, e_mask, K, acc_dtype, BLOCK_K)
-        # float32 operands whatever the storage dtype, full float32 products ("ieee", not tf32):
-        # the projection is a small share of the work and the result must match PyG's float32 GEMM
-        e = tl.reshape(tl.dot(attr, w_tile.to(acc_dtype), input_precision="ieee"), [NUM_E, BLOCK_H, BLOCK_D])
+        attr_type = attr_ptr.dtype.element_ty
+        if (attr_type == w_tile.dtype) and ((attr_type == tl.bfloat16) or (attr_type == tl.float16)):
+            attr = edge_attr_tile(attr_ptr, eid, e_mask, K, attr_type, BLOCK_K)
+            e = tl.dot(attr, w_tile, out_dtype=tl.float32).to(acc_dtype)
+        else:
+            attr = edge_attr_tile(attr_ptr, eid, e_mask, K, acc_dtype, BLOCK_K)
+            e = tl.dot(attr, w_tile.to(acc_dtype), input_precision="ieee")
+        e = tl.reshape(e, [NUM_E, BLOCK_H, BLOCK_D])
     else:
         e = tl.zeros([NUM_E, BLOCK_H, BLOCK_D], dtype=acc_dtype)
         for k in range(0, K):
@@ -179,13 +186,15 @@ def edge_weight_grad_kernel(
     sums_ptr, grad_out_ptr, query_ptr, partial_ptr, N, H, D, K, scale, feat_stride, nodes_per_program,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    """``partial[pid, :, h, :] = Σ_n A[n, h]ᵀ g[n, h] + B[n, h]ᵀ (scale · q[n, h])`` ``[K, D]`` per head over
-    the nodes ``[pid · nodes_per_program, (pid + 1) · nodes_per_program)`` (``sums [N, 2, H, K]``: ``A``
-    then ``B``; ``g [N, H, D]`` contiguous, ``q`` with row stride ``feat_stride``): one ``[K, BLOCK_N] @
-    [BLOCK_N, D]`` product per node block and head, every byte read once (a head's ``K`` sums and ``D``
-    features are contiguous).  The caller adds the programs' partials: ``∂W [K, H, D]``."""
+    """``partial[pid, :, h, :] = Σ_n A[n, h]ᵀ g[n, h] + B[n, h]ᵀ (scale · q[n, h])`` ``[K, D]`` for head
+    ``h = program_id(1)`` over the nodes ``[pid · nodes_per_program, (pid + 1) · nodes_per_program)``
+    (``sums [N, 2, H, K]``: ``A`` then ``B``; ``g [N, H, D]`` contiguous, ``q`` with row stride
+    ``feat_stride``): one ``[K, BLOCK_N] @ [BLOCK_N, D]`` product per node block, every byte read once (a
+    head's ``K`` sums and ``D`` features are contiguous).  The caller adds the programs' partials:
+    ``∂W [K, H, D]``."""
     acc_dtype = partial_ptr.dtype.element_ty
     pid = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
     offs_n = tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     offs_d = tl.arange(0, BLOCK_D)
@@ -194,21 +203,20 @@ def edge_weight_grad_kernel(
     first = pid * nodes_per_program
     last = tl.minimum(first + nodes_per_program, N)
     HK = H * K
-    for h in range(0, H):
-        acc = tl.zeros([BLOCK_K, BLOCK_D], dtype=acc_dtype)
-        for n0 in range(first, last, BLOCK_N):
-            n = n0 + offs_n
-            n_mask = n < last
-            nk_mask = n_mask[:, None] & k_mask[None, :]
-            nd_mask = n_mask[:, None] & d_mask[None, :]
-            sums = sums_ptr + n[:, None] * (2 * HK) + h * K + offs_k[None, :]
-            a = tl.load(sums, mask=nk_mask, other=0.0)
-            b = tl.load(sums + HK, mask=nk_mask, other=0.0)
-            g = tl.load(grad_out_ptr + n[:, None] * (H * D) + h * D + offs_d[None, :], mask=nd_mask,
-                        other=0.0).to(acc_dtype)
-            q = tl.load(query_ptr + n[:, None] * feat_stride + h * D + offs_d[None, :], mask=nd_mask,
-                        other=0.0).to(acc_dtype) * scale
-            acc += tl.dot(tl.trans(a), g, input_precision=DOT_PRECISION)
-            acc += tl.dot(tl.trans(b), q, input_precision=DOT_PRECISION)
-        tl.store(partial_ptr + pid * (K * H * D) + offs_k[:, None] * (H * D) + h * D + offs_d[None, :], acc,
-                 mask=k_mask[:, None] & d_mask[None, :])
+    acc = tl.zeros([BLOCK_K, BLOCK_D], dtype=acc_dtype)
+    for n0 in range(first, last, BLOCK_N):
+        n = n0 + offs_n
+        n_mask = n < last
+        nk_mask = n_mask[:, None] & k_mask[None, :]
+        nd_mask = n_mask[:, None] & d_mask[None, :]
+        sums = sums_ptr + n[:, None] * (2 * HK) + h * K + offs_k[None, :]
+        a = tl.load(sums, mask=nk_mask, other=0.0)
+        b = tl.load(sums + HK, mask=nk_mask, other=0.0)
+        g = tl.load(grad_out_ptr + n[:, None] * (H * D) + h * D + offs_d[None, :], mask=nd_mask,
+                    other=0.0).to(acc_dtype)
+        q = tl.load(query_ptr + n[:, None] * feat_stride + h * D + offs_d[None, :], mask=nd_mask,
+                    other=0.0).to(acc_dtype) * scale
+        acc += tl.dot(tl.trans(a), g, input_precision=DOT_PRECISION)
+        acc += tl.dot(tl.trans(b), q, input_precision=DOT_PRECISION)
+    tl.store(partial_ptr + pid * (K * H * D) + offs_k[:, None] * (H * D) + h * D + offs_d[None, :], acc,
+             mask=k_mask[:, None] & d_mask[None, :])

@@ -46,11 +46,13 @@ def power_law_edges(num_nodes: int, seed: int = 0) -> torch.Tensor:
 
 
 def gpu_like():
-    """Make the CPU schedule the GPU's: its tiles, multiprocessor count, per-lane row-kernel defaults and
-    row-kernel edge-block caps."""
+    """Make the CPU schedule the GPU's: its tiles, multiprocessor count, per-lane row-kernel defaults,
+    row-kernel edge-block caps and the edge-feature gradient passes' blocks."""
     from gnnfuse import ops, schedule
 
     schedule.INTERPRETER_TILES = schedule.GPU_TILES
+    ops.EDGE_TERMS_BLOCK_INTERPRETED = ops.EDGE_TERMS_BLOCK
+    ops.EDGE_WEIGHT_GRAD_NODES_INTERPRETED = ops.EDGE_WEIGHT_GRAD_NODES
     schedule.device_facts = lambda _device: SimpleNamespace(sm_count=H100_SMS)
 
     def gpu_lanes(sched, score, kernel_pass, dtype):
