@@ -15,8 +15,11 @@ With ``α_ij`` recomputed from the saved ``lse`` (no attention matrix stored), d
 :func:`attention_backward_src_kernel` (and its light form) walks the reverse CSR: each
 program owns source rows (or pieces of split ones), so ``∂L/∂val_j`` and the per-source
 second output are written once, without atomics.  That second output is ``∂L/∂el`` ``[N, H]``
-for GAT, ``∂L/∂k`` for the dot score and, for GATv2 (whose values are its source terms, so
-the score's share is added into ``∂L/∂fs``), the source row's partial sum of ``∂L/∂a``
+for GAT, ``∂L/∂k`` for the dot score (with edge features, whose source-side reads would be a per-edge
+projection, the score's and ``<g_i, e_p>``'s edge terms come per edge and head from ``terms [E, 2, H]``,
+formed before the pass by :func:`~gnnfuse.kernels.edge_features.edge_terms_kernel`) and, for GATv2
+(whose values are its source terms, so the score's share is added into ``∂L/∂fs``), the source row's
+partial sum of ``∂L/∂a``
 (summed over rows by the launcher: deterministic, no atomics).  The pass also writes a
 per-(edge, head) value at the edge's CSR position — ``∂L/∂z`` for GAT, ``∂L/∂s`` otherwise,
 an E×H buffer, never E×H×D — which the destination pass reduces per row: a plain
