@@ -247,15 +247,24 @@ def _block_k(inputs: AttentionInputs) -> int:
 
 
 def _projects(inputs: AttentionInputs, kernel_pass: str) -> bool:
-    """Whether ``kernel_pass``'s kernels project edge features: the forward and the destination pass do;
-    the source pass reads the per-edge terms of :func:`_edge_terms` instead."""
-    return inputs.has_edge and kernel_pass != "source"
+    """Whether ``kernel_pass``'s kernels project edge features: only the forward's do; the source pass
+    reads the per-edge terms of :func:`_edge_terms`, the destination pass sums raw features per row."""
+    return inputs.has_edge and kernel_pass == "forward"
 
 
 def _edge_flags(inputs: AttentionInputs, block_h: int, block_d: int, edges_per_program: int) -> dict:
     """BLOCK_K and EDGE_DOT of a launch projecting ``edges_per_program`` edges per tile."""
     dot = _edge_dot(inputs, block_h, block_d) and edges_per_program >= MIN_DOT
     return {"BLOCK_K": _block_k(inputs), "EDGE_DOT": dot}
+
+
+def _pass_edge_flags(inputs: AttentionInputs, block_h: int, block_d: int, edges_per_program: int,
+                     kernel_pass: str) -> dict:
+    """The edge-feature constexprs a light launch of ``kernel_pass`` takes: the forward's projection
+    (:func:`_edge_flags`), the destination pass's feature width, none for the source pass."""
+    if kernel_pass == "forward":
+        return _edge_flags(inputs, block_h, block_d, edges_per_program)
+    return {"BLOCK_K": _block_k(inputs)} if kernel_pass == "destination" else {}
 
 
 # The light rows with the edge loop unrolled (kernels/attention_forward.py and attention_backward.py,
@@ -341,9 +350,12 @@ def _light_rows(schedule, inputs: AttentionInputs, width: int, light_tiles: int,
         # add into the row's sums; destination pass, the source's key (or term) and its gradient term (at
         # 16 rows, 168 / 255 registers for dot / GATv2 on sm_90 with Triton 3.9: 8 rows)
         row_elements = LIGHT_UNROLLED_SLOT_TILES[kernel_pass][inputs.score] * schedule.block_h * schedule.block_d
+        if inputs.has_edge and kernel_pass == "destination":
+            row_elements += 2 * schedule.block_h * _block_k(inputs)  # the rows' edge-feature sums A, B
         tiles = schedule.tiles
         most = max(tiles.max_light_rows, LIGHT_UNROLLED_MAX_ROWS[kernel_pass])
-        return max(1, min(most, tiles.tile_elements // (LIGHT_UNROLLED_ROW_WIDTH * row_elements)))
+        rows = max(1, min(most, tiles.tile_elements // (LIGHT_UNROLLED_ROW_WIDTH * row_elements)))
+        return 1 << (rows.bit_length() - 1)  # a power of two (tl.arange)
     rows = schedule.light_rows_per_program(width, light_tiles * schedule.block_h * schedule.block_d)
     if _projects(inputs, kernel_pass) and _edge_dot(inputs, schedule.block_h, schedule.block_d):
         rows = max(rows, MIN_DOT // width)
@@ -629,8 +641,7 @@ def _light_plan(schedule, inputs: AttentionInputs, buckets: Buckets, kernel_pass
                        for t in buckets.light_all)
         plan.append(((programs,), ranges, tuple(counts), {
             "LIGHT": pack_light({w: r for w, _, r in group}), "BLOCK_H": block_h, "BLOCK_D": block_d, **flags,
-            **(_edge_flags(inputs, block_h, block_d, per_program * width) if kernel_pass != "source" else {}),
-            **options,
+            **_pass_edge_flags(inputs, block_h, block_d, per_program * width, kernel_pass), **options,
             "UNROLLED": unrolled,
         }))
         begin = end
@@ -789,24 +800,28 @@ def attention_backward(
             if pieces:
                 _merge_sums(incoming, target_dst, grad_dst)
         return grad_value, grad_src, grad_dst, grad_attr, attr_sums
-    # GATv2 / dot: ∂dst gathers the source terms again, weighted by the source pass's ∂s.
-    dst_tensors = (*inputs.pointers(), grad_s, lse, grad_out)
-    # outputs not asked for get a tensor the kernel never writes
-    edge_outputs = (grad_s if grad_attr is None else grad_attr, grad_s if attr_sums is None else attr_sums)
+    if attr_grad:
+        # ∂attr per edge from α' (left in the terms by the source pass) and ∂s, in CSR order
+        _edge_attr_grad(graph, inputs, grad_out, terms, grad_s, grad_attr, schedule)
+    # GATv2 / dot: ∂dst gathers the source terms again, weighted by the source pass's ∂s (with edge features:
+    # and the rows' feature sums, from α' and ∂s).
+    dst_tensors = (*inputs.pointers(), grad_s, terms)
+    dst_scalars = (inputs.negative_slope, inputs.scale)
+    sums = grad_s if attr_sums is None else attr_sums  # a tensor the kernels never write where not asked for
     for grid, ranges, counts, meta in plan["destination light"]:
         attention_backward_dst_light_kernel[grid](
-            graph.csr_src, graph.csr_eid, *ranges, *dst_tensors, grad_dst, *edge_outputs, *counts,
-            heads, head_dim, edge_dim, *scalars, feat_stride, grad_stride, **meta,
+            graph.csr_src, graph.csr_eid, *ranges, *dst_tensors, grad_dst, sums, *counts,
+            heads, head_dim, edge_dim, *dst_scalars, feat_stride, grad_stride, **meta,
         )
     for (rows, starts, stops, count, pieces), meta in zip(_row_launches(incoming), plan["destination rows"]):
         if pieces:
             target_dst = _new_output((count, heads, head_dim), acc, device)
             target_sums = _new_output((count, 2, heads, edge_dim), acc, device) if weight_grad else grad_s
         else:
-            target_dst, target_sums = grad_dst, edge_outputs[1]
+            target_dst, target_sums = grad_dst, sums
         attention_backward_dst_kernel[(count,)](
-            graph.csr_src, graph.csr_eid, rows, starts, stops, *dst_tensors, target_dst, edge_outputs[0], target_sums,
-            heads, head_dim, edge_dim, *scalars, feat_stride, piece_stride if pieces else grad_stride, **meta,
+            graph.csr_src, graph.csr_eid, rows, starts, stops, *dst_tensors, target_dst, target_sums,
+            heads, head_dim, edge_dim, *dst_scalars, feat_stride, piece_stride if pieces else grad_stride, **meta,
         )
         if pieces:
             _merge_sums(incoming, target_dst, grad_dst)
@@ -847,6 +862,25 @@ def _edge_terms(graph: Graph, inputs: AttentionInputs, grad_out: torch.Tensor, a
     return terms
 
 
+def _edge_attr_grad(graph: Graph, inputs: AttentionInputs, grad_out: torch.Tensor, terms: torch.Tensor,
+                    grad_s: torch.Tensor, grad_attr: torch.Tensor, schedule) -> None:
+    """``∂edge_attr [E, K]`` (input edge order) from ``α'`` (``terms[:, 0]``, as the source pass leaves it)
+    and ``∂s`` per CSR position: :func:`~gnnfuse.kernels.edge_features.edge_attr_grad_kernel`."""
+    from .kernels.edge_features import edge_attr_grad_kernel
+
+    num_edges = graph.num_edges
+    if num_edges == 0:
+        return
+    heads, head_dim = inputs.value.shape[1], inputs.value.shape[2]
+    block = EDGE_TERMS_BLOCK_INTERPRETED if backend.INTERPRET else EDGE_TERMS_BLOCK
+    edge_attr_grad_kernel[(cdiv(num_edges, block),)](
+        graph.csr_dst, graph.csr_eid, inputs.edge_weight, inputs.dst_term, grad_out, terms, grad_s, grad_attr,
+        num_edges, heads, head_dim, inputs.edge_dim, inputs.scale, inputs.feat_stride,
+        BLOCK_P=block, BLOCK_H=schedule.block_h, BLOCK_D=schedule.block_d,
+        **_edge_flags(inputs, schedule.block_h, schedule.block_d, block),
+    )
+
+
 def _backward_plan(schedule, inputs: AttentionInputs, dtype: torch.dtype, use_dropout: bool, attr_grad: bool,
                    weight_grad: bool) -> dict:
     """The backward's launches (:func:`_launch_plan`) by part: the source pass's light classes and
@@ -873,7 +907,8 @@ def _backward_plan(schedule, inputs: AttentionInputs, dtype: torch.dtype, use_dr
         plan["row sums"] = {"ROWS": 1, "BLOCK_W": block_h,
                             "BLOCK_E": max(16, min(ROW_SUM_MAX_EDGES, schedule.tiles.tile_elements // block_h))}
         return plan
-    flags = {**flags, "ATTR_GRAD": attr_grad, "WEIGHT_GRAD": weight_grad}
+    flags = {"SCORE": inputs.score, "EDGE": inputs.has_edge, "KEY_SCALE": inputs.keys_from_values,
+             "WEIGHT_GRAD": weight_grad}
     _, row_block_e = _tile_budget(schedule, inputs, "destination")
     plan["destination light"] = _light_plan(schedule, inputs, incoming, "destination", flags)
     plan["destination rows"] = [

@@ -46,15 +46,7 @@ import triton.language as tl
 from fusecore.backend import jit
 
 from .dropout import attention_dropout, dropout_seed
-from .edge_features import (
-    attr_outer,
-    edge_attr_tile,
-    edge_weight_heads,
-    edge_weight_tile,
-    project_edges,
-    row_edge_terms,
-    store_attr_grad,
-)
+from .edge_features import edge_attr_tile
 from .scores import attn_grad_terms, edge_scores, gather_keys, gather_queries, row_query, score_grad
 from .tiles import (
     ONE,
@@ -149,6 +141,9 @@ def attention_backward_src_kernel(
                                                 dropout_p, keep_scale, DROPOUT)
         g_i = tl.load(grad_out_ptr + dst[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
                       other=0.0).to(acc_dtype)
+        if EDGE:
+            # the score's term is read: α' takes its place for the destination pass (edge-feature sums)
+            tl.store(terms_ptr + terms_offs, alpha_kept.to(terms_ptr.dtype.element_ty), mask=eh_mask)
         kept_g = alpha_kept[:, :, None] * g_i
         acc_val = lane_add(acc_val, kept_g, LANES)
         g_dot_val = tl.sum(g_i * val_j[None, :, :], axis=2)
@@ -313,6 +308,8 @@ def _src_light_unrolled(
             g_dot_val += tl.load(terms_ptr + terms_offs + H, mask=eh_mask, other=0.0).to(acc_dtype)
         alpha, alpha_kept = _recomputed_weights(s, lse_i, eh_mask, pos[:, None], rng_offset + offs_h[None, :], seed,
                                                 dropout_p, keep_scale, DROPOUT)
+        if EDGE:
+            tl.store(terms_ptr + terms_offs, alpha_kept.to(terms_ptr.dtype.element_ty), mask=eh_mask)
         grad_s = alpha_kept * g_dot_val - alpha * delta_i  # [ROWS, BLOCK_H]
         if SCORE == 0:
             grad_edge_head = tl.where(eh_mask, score_grad(grad_s, src_row, dst_i, attn, negative_slope, 0), 0.0)
@@ -396,6 +393,8 @@ def _src_light_rows(
                                        keep_scale)
     else:
         alpha_kept = alpha
+    if EDGE:
+        tl.store(terms_ptr + terms_offs, alpha_kept.to(terms_ptr.dtype.element_ty), mask=eh_mask)
     if SCORE == 0:
         # GAT's values are the source row's own features: one [ROWS, H, D] tile broadcast over the
         # row's edges against g gathered as [ROWS, BLOCK_E, H, D], not a per-edge copy of the row
@@ -439,24 +438,62 @@ def _src_light_rows(
 
 
 @jit
+def _edge_sums_add(sums_b, sums_a, attr, grad_s, alpha_kept, WEIGHT_GRAD: tl.constexpr):
+    """Edge-feature sums plus one tile's terms, ``[M, BLOCK_H, BLOCK_K]``: ``B[m, h, k] += ∂s[m, h] · attr[m, k]``
+    and (``WEIGHT_GRAD``) ``A[m, h, k] += α'[m, h] · attr[m, k]`` (``m`` a row, or an edge whose terms the
+    caller sums per row)."""
+    sums_b += grad_s[:, :, None] * attr[:, None, :]
+    if WEIGHT_GRAD:
+        sums_a += alpha_kept[:, :, None] * attr[:, None, :]
+    return sums_b, sums_a
+
+
+@jit
+def _edge_key_terms(sums_b, w_edge_ptr, K, HD, hd_offs, hd_mask, scale, BLOCK_K: tl.constexpr):
+    """The key path's edge term of ``∂q``, ``scale · Σ_k B[r, h, k] W[k, h, :]`` ``[ROWS, BLOCK_H, BLOCK_D]``
+    from the rows' sums ``B [ROWS, BLOCK_H, BLOCK_K]``: one weight row ``W[k] [H, D]`` per ``k``
+    (``hd_offs``, ``hd_mask``: the ``[BLOCK_H, BLOCK_D]`` head tile)."""
+    offs_k = tl.arange(0, BLOCK_K)
+    out = tl.zeros([sums_b.shape[0], hd_offs.shape[0], hd_offs.shape[1]], dtype=sums_b.dtype)
+    for k in tl.static_range(BLOCK_K):
+        b_k = tl.sum(tl.where(offs_k[None, None, :] == k, sums_b, 0.0), axis=2)                # [ROWS, BLOCK_H]
+        w_k = tl.load(w_edge_ptr + k * HD + hd_offs, mask=hd_mask & (hd_offs * 0 + k < K),
+                      other=0.0).to(sums_b.dtype)
+        out += b_k[:, :, None] * w_k[None, :, :]
+    return out * scale
+
+
+@jit
+def _store_edge_sums(attr_sums_ptr, sums_b, sums_a, out_index, out_mask, H, K, offs_h, h_mask,
+                     BLOCK_K: tl.constexpr):
+    """The rows' ``A``, ``B`` (``[ROWS, BLOCK_H, BLOCK_K]``) into ``attr_sums [N, 2, H, K]`` at ``out_index [ROWS]``
+    (where ``out_mask``)."""
+    offs_k = tl.arange(0, BLOCK_K)
+    hk = offs_h[:, None] * K + offs_k[None, :]
+    hk_mask = h_mask[:, None] & (offs_k < K)[None, :]
+    offs = out_index[:, None, None] * (2 * K * H) + hk[None, :, :]
+    mask = out_mask[:, None, None] & hk_mask[None, :, :]
+    tl.store(attr_sums_ptr + offs, sums_a.to(attr_sums_ptr.dtype.element_ty), mask=mask)
+    tl.store(attr_sums_ptr + K * H + offs, sums_b.to(attr_sums_ptr.dtype.element_ty), mask=mask)
+
+
+@jit
 def attention_backward_dst_kernel(
     src_ptr, eid_ptr, rows_ptr, starts_ptr, stops_ptr, src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr,
-    w_edge_ptr, grad_s_ptr, lse_ptr, grad_out_ptr, grad_dst_ptr, grad_attr_ptr, attr_sums_ptr,
-    H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, feat_stride, grad_stride,
+    w_edge_ptr, grad_s_ptr, terms_ptr, grad_dst_ptr, attr_sums_ptr,
+    H, D, K, negative_slope, scale, feat_stride, grad_stride,
     BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
-    PIECES: tl.constexpr, DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr,
-    KEY_SCALE: tl.constexpr, ATTR_GRAD: tl.constexpr, WEIGHT_GRAD: tl.constexpr, LANES: tl.constexpr,
+    PIECES: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr,
+    KEY_SCALE: tl.constexpr, WEIGHT_GRAD: tl.constexpr, LANES: tl.constexpr,
     PREFETCH: tl.constexpr = False,
 ):
     """``∂L/∂dst_i = Σ_{j->i} ∂s/∂dst · ∂L/∂s_ij`` for GATv2 (``∂L/∂fd``) and the dot score
     (``∂L/∂q``, the keys gathered again), from the source pass's ``∂L/∂s`` at CSR positions.
-    With ``EDGE`` (the row form of :mod:`gnnfuse.kernels.edge_features`: no per-edge projection)
-    the edge terms of ``∂q`` come from the row's ``B`` sums after the loop; it also recomputes
-    ``α'`` and writes ``∂attr`` per edge (``ATTR_GRAD``) and the row's ``A``, ``B`` sums
-    (``WEIGHT_GRAD``): only the gradients autograd asks for are formed.  ``PREFETCH``: each edge block's
-    source indices loaded one trip ahead."""
+    With ``EDGE`` no edge is projected: the row sums ``B = Σ_p ∂s_p ⊗ attr_p`` give the key path's edge
+    term ``Σ_k B[k] W[k]`` after the loop, and (``WEIGHT_GRAD``) ``A = Σ_p α'_p ⊗ attr_p`` — ``α'_p`` as the
+    source pass stored it in ``terms[p, 0]`` — with ``B`` go to ``attr_sums``.  ``PREFETCH``: each edge
+    block's source indices loaded one trip ahead."""
     acc_dtype = grad_s_ptr.dtype.element_ty
-    seed, rng_offset = dropout_seed(seed, rng_offset, DROPOUT)
     pid = tl.program_id(0).to(tl.int64)
     offs_e = tl.arange(0, BLOCK_E)
     offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
@@ -470,14 +507,8 @@ def attention_backward_dst_kernel(
     else:
         acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=acc_dtype)
     if EDGE:
-        query = dst_i * scale
-        lse_i = tl.load(lse_ptr + row * H + offs_h, mask=h_mask, other=0.0).to(acc_dtype)[None, :]
-        w_heads = edge_weight_heads(w_edge_ptr, K, HD, hd_offs, hd_mask, acc_dtype, BLOCK_K)
-        u = row_edge_terms(w_heads, tl.reshape(query, [BLOCK_H, BLOCK_D]))                   # W q̃  [BLOCK_K, BLOCK_H]
-        g_i = tl.load(grad_out_ptr + row * HD + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)
-        z = row_edge_terms(w_heads, g_i)                                                     # W g  [BLOCK_K, BLOCK_H]
-        sums_a = tl.zeros([BLOCK_K, BLOCK_H], dtype=acc_dtype)
-        sums_b = tl.zeros([BLOCK_K, BLOCK_H], dtype=acc_dtype)
+        sums_a = tl.zeros([BLOCK_H, BLOCK_K], dtype=acc_dtype)
+        sums_b = tl.zeros([BLOCK_H, BLOCK_K], dtype=acc_dtype)
     if PREFETCH:
         src_next = tl.load(src_ptr + start + offs_e, mask=start + offs_e < stop, other=0)
     for e0 in range(start, stop, BLOCK_E):
@@ -494,52 +525,41 @@ def attention_backward_dst_kernel(
                                hd_mask, acc_dtype, KEY_SCALE)
         if EDGE:
             eid = tl.load(eid_ptr + pos, mask=e_mask, other=0).to(tl.int64)
-            attr = edge_attr_tile(attr_ptr, eid, e_mask, K, acc_dtype, BLOCK_K)[:, :, None]   # [BLOCK_E, BLOCK_K, 1]
-            sums_b += tl.sum(attr * grad_s[:, None, :], axis=0)
-            if ATTR_GRAD or WEIGHT_GRAD:
-                s = tl.sum(src_j * query, axis=2) + tl.sum(attr * u[None, :, :], axis=1)
-                alpha = tl.where(eh_mask, tl.exp(s - lse_i), 0.0)
-                if DROPOUT:
-                    alpha = attention_dropout(alpha, pos[:, None], rng_offset + offs_h[None, :], seed, dropout_p,
-                                              keep_scale)
-                if ATTR_GRAD:
-                    # ∂attr_p[k] = Σ_h α'_p[h] (W g)[k, h] + ∂s_p[h] (W q̃)[k, h]
-                    grad_attr = tl.sum(alpha[:, None, :] * z[None, :, :] + grad_s[:, None, :] * u[None, :, :], axis=2)
-                    offs_k = tl.arange(0, BLOCK_K)
-                    tl.store(grad_attr_ptr + eid[:, None] * K + offs_k[None, :],
-                             grad_attr.to(grad_attr_ptr.dtype.element_ty), mask=e_mask[:, None] & (offs_k < K)[None, :])
-                if WEIGHT_GRAD:
-                    sums_a += tl.sum(attr * alpha[:, None, :], axis=0)
+            attr = edge_attr_tile(attr_ptr, eid, e_mask, K, acc_dtype, BLOCK_K)                  # [BLOCK_E, BLOCK_K]
+            alpha_kept = tl.load(terms_ptr + pos[:, None] * (2 * H) + offs_h[None, :], mask=eh_mask, other=0.0)
+            terms_b, terms_a = _edge_sums_add(tl.zeros([BLOCK_E, BLOCK_H, BLOCK_K], dtype=acc_dtype),
+                                              tl.zeros([BLOCK_E, BLOCK_H, BLOCK_K], dtype=acc_dtype),
+                                              attr, grad_s, alpha_kept, WEIGHT_GRAD)
+            sums_b += tl.sum(terms_b, axis=0)
+            if WEIGHT_GRAD:
+                sums_a += tl.sum(terms_a, axis=0)
         if SCORE == 2:
             src_j = src_j * scale
         acc = lane_add(acc, score_grad(grad_s, dst_i, src_j, attn, negative_slope, SCORE), LANES)
     acc = lane_total(acc, LANES)
     if EDGE:
-        # the key path's Σ_p ∂s_p e_p = Σ_k B[k] W[k] (scaled like the keys)
-        acc += tl.sum(sums_b[:, :, None] * w_heads, axis=0) * scale
+        row_b = tl.reshape(sums_b, [1, BLOCK_H, BLOCK_K])
+        acc += tl.reshape(_edge_key_terms(row_b, w_edge_ptr, K, HD, hd_offs, hd_mask, scale, BLOCK_K),
+                          [BLOCK_H, BLOCK_D])
+        if WEIGHT_GRAD:
+            _store_edge_sums(attr_sums_ptr, row_b, tl.reshape(sums_a, [1, BLOCK_H, BLOCK_K]),
+                             out_index + tl.zeros([1], dtype=tl.int64), tl.full([1], True, tl.int1), H, K, offs_h,
+                             h_mask, BLOCK_K)
     tl.store(grad_dst_ptr + out_index * grad_stride + hd_offs, acc.to(grad_dst_ptr.dtype.element_ty), mask=hd_mask)
-    if WEIGHT_GRAD:
-        offs_k = tl.arange(0, BLOCK_K)
-        kh_offs = out_index * (2 * K * H) + offs_h[None, :] * K + offs_k[:, None]  # attr_sums [N, 2, H, K]
-        kh_mask = (offs_k < K)[:, None] & h_mask[None, :]
-        tl.store(attr_sums_ptr + kh_offs, sums_a.to(attr_sums_ptr.dtype.element_ty), mask=kh_mask)
-        tl.store(attr_sums_ptr + K * H + kh_offs, sums_b.to(attr_sums_ptr.dtype.element_ty), mask=kh_mask)
 
 
 @jit
 def attention_backward_dst_light_kernel(
     src_ptr, eid_ptr, rows_ptr, starts_ptr, stops_ptr, src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr,
-    w_edge_ptr, grad_s_ptr, lse_ptr, grad_out_ptr, grad_dst_ptr, grad_attr_ptr, attr_sums_ptr,
-    n0, n1, n2, n3, n4, n5, n6, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
-    feat_stride, grad_stride, LIGHT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_K: tl.constexpr, DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr,
-    EDGE_DOT: tl.constexpr, KEY_SCALE: tl.constexpr, ATTR_GRAD: tl.constexpr, WEIGHT_GRAD: tl.constexpr,
+    w_edge_ptr, grad_s_ptr, terms_ptr, grad_dst_ptr, attr_sums_ptr,
+    n0, n1, n2, n3, n4, n5, n6, H, D, K, negative_slope, scale, feat_stride, grad_stride,
+    LIGHT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
+    SCORE: tl.constexpr, EDGE: tl.constexpr, KEY_SCALE: tl.constexpr, WEIGHT_GRAD: tl.constexpr,
     UNROLLED: tl.constexpr = False,
 ):
     """The destination pass over the light width classes of ``LIGHT`` in one launch (as
     :func:`~gnnfuse.kernels.attention_forward.attention_forward_light_kernel`; ``UNROLLED``:
-    :func:`_dst_light_unrolled`, no edge features)."""
-    seed, rng_offset = dropout_seed(seed, rng_offset, DROPOUT)
+    :func:`_dst_light_unrolled`); ``EDGE``: the edge sums of :func:`attention_backward_dst_kernel`."""
     pid = tl.program_id(0).to(tl.int64)
     first = pid * 0
     row0 = pid * 0
@@ -554,19 +574,19 @@ def attention_backward_dst_light_kernel(
                 if (local >= 0) & (local < programs):
                     if UNROLLED:
                         _dst_light_unrolled(
-                            local, src_ptr, rows_ptr + row0, starts_ptr + row0, stops_ptr + row0, src_term_ptr,
-                            dst_term_ptr, attn_ptr, value_ptr, grad_s_ptr, grad_dst_ptr, count, H, D, negative_slope,
-                            scale, feat_stride, grad_stride, ONE << (f - 1), ONE << k, BLOCK_H, BLOCK_D, SCORE,
-                            KEY_SCALE,
+                            local, src_ptr, eid_ptr, rows_ptr + row0, starts_ptr + row0, stops_ptr + row0,
+                            src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, grad_s_ptr,
+                            terms_ptr, grad_dst_ptr, attr_sums_ptr, count, H, D, K, negative_slope, scale,
+                            feat_stride, grad_stride, ONE << (f - 1), ONE << k, BLOCK_H, BLOCK_D, BLOCK_K, SCORE,
+                            EDGE, KEY_SCALE, WEIGHT_GRAD,
                         )
                     else:
                         _dst_light_rows(
                             local, src_ptr, eid_ptr, rows_ptr + row0, starts_ptr + row0, stops_ptr + row0,
-                            src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, grad_s_ptr, lse_ptr,
-                            grad_out_ptr, grad_dst_ptr, grad_attr_ptr, attr_sums_ptr,
-                            count, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
-                            feat_stride, grad_stride, ONE << (f - 1), ONE << k, BLOCK_H, BLOCK_D, BLOCK_K, DROPOUT,
-                            SCORE, EDGE, EDGE_DOT, KEY_SCALE, ATTR_GRAD, WEIGHT_GRAD,
+                            src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, grad_s_ptr,
+                            terms_ptr, grad_dst_ptr, attr_sums_ptr, count, H, D, K, negative_slope, scale,
+                            feat_stride, grad_stride, ONE << (f - 1), ONE << k, BLOCK_H, BLOCK_D, BLOCK_K, SCORE,
+                            EDGE, KEY_SCALE, WEIGHT_GRAD,
                         )
                 first += programs
                 row0 += count
@@ -574,33 +594,48 @@ def attention_backward_dst_light_kernel(
 
 @jit
 def _dst_light_unrolled(
-    pid, src_ptr, rows_ptr, starts_ptr, stops_ptr, src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, grad_s_ptr,
-    grad_dst_ptr, num_rows, H, D, negative_slope, scale, feat_stride, grad_stride,
-    ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-    SCORE: tl.constexpr, KEY_SCALE: tl.constexpr,
+    pid, src_ptr, eid_ptr, rows_ptr, starts_ptr, stops_ptr, src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr,
+    w_edge_ptr, grad_s_ptr, terms_ptr, grad_dst_ptr, attr_sums_ptr, num_rows, H, D, K, negative_slope, scale,
+    feat_stride, grad_stride, ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr, KEY_SCALE: tl.constexpr,
+    WEIGHT_GRAD: tl.constexpr,
 ):
-    """The destination pass (GATv2, dot; no edge features) for ``ROWS`` light rows, the edge slots
-    unrolled: the row's own term read once, slot ``e`` gathering the rows' ``e``-th sources as
-    ``[ROWS, BLOCK_H, BLOCK_D]`` tiles with their ``∂s`` and adding ``∂s/∂dst · ∂s`` into the row's sum."""
+    """The destination pass (GATv2, dot) for ``ROWS`` light rows, the edge slots unrolled: the row's own
+    term read once, slot ``e`` gathering the rows' ``e``-th sources as ``[ROWS, BLOCK_H, BLOCK_D]`` tiles
+    with their ``∂s`` and adding ``∂s/∂dst · ∂s`` into the row's sum (``EDGE``: and the slot's edge features
+    into the rows' sums, as :func:`attention_backward_dst_kernel`)."""
     acc_dtype = grad_s_ptr.dtype.element_ty
     offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
+    HD = H * D
     _, r_mask, rows, start, degree = row_ranges(pid, rows_ptr, starts_ptr, stops_ptr, num_rows, ROWS)
     row_mask = r_mask[:, None, None] & hd_mask[None, :, :]
     dst_row = gather_queries(dst_term_ptr, value_ptr, rows, r_mask, H, feat_stride, offs_h, h_mask, hd_offs, hd_mask,
                              acc_dtype, KEY_SCALE)
     attn = tl.load(attn_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
     acc = tl.zeros([ROWS, BLOCK_H, BLOCK_D], dtype=acc_dtype)
+    if EDGE:
+        sums_a = tl.zeros([ROWS, BLOCK_H, BLOCK_K], dtype=acc_dtype)
+        sums_b = tl.zeros([ROWS, BLOCK_H, BLOCK_K], dtype=acc_dtype)
     for e in tl.static_range(BLOCK_E):
         e_mask = e < degree                                                    # [ROWS] (0 for masked rows)
+        eh_mask = e_mask[:, None] & h_mask[None, :]
         pos = start + e
         src = tl.load(src_ptr + pos, mask=e_mask, other=0).to(tl.int64)
-        grad_s = tl.load(grad_s_ptr + pos[:, None] * H + offs_h[None, :], mask=e_mask[:, None] & h_mask[None, :],
-                         other=0.0)
+        grad_s = tl.load(grad_s_ptr + pos[:, None] * H + offs_h[None, :], mask=eh_mask, other=0.0)
         src_j, _ = gather_keys(src_term_ptr, value_ptr, src, e_mask, H, feat_stride, offs_h, h_mask, hd_offs,
                                hd_mask, acc_dtype, KEY_SCALE)
+        if EDGE:
+            eid = tl.load(eid_ptr + pos, mask=e_mask, other=0).to(tl.int64)
+            attr = edge_attr_tile(attr_ptr, eid, e_mask, K, acc_dtype, BLOCK_K)                  # [ROWS, BLOCK_K]
+            alpha_kept = tl.load(terms_ptr + pos[:, None] * (2 * H) + offs_h[None, :], mask=eh_mask, other=0.0)
+            sums_b, sums_a = _edge_sums_add(sums_b, sums_a, attr, grad_s, alpha_kept, WEIGHT_GRAD)
         if SCORE == 2:
             src_j = src_j * scale
         acc += score_grad(grad_s, dst_row, src_j, attn, negative_slope, SCORE)
+    if EDGE:
+        acc += _edge_key_terms(sums_b, w_edge_ptr, K, HD, hd_offs, hd_mask, scale, BLOCK_K)
+        if WEIGHT_GRAD:
+            _store_edge_sums(attr_sums_ptr, sums_b, sums_a, rows, r_mask, H, K, offs_h, h_mask, BLOCK_K)
     tl.store(grad_dst_ptr + rows[:, None, None] * grad_stride + hd_offs[None, :, :],
              acc.to(grad_dst_ptr.dtype.element_ty), mask=row_mask)
 
@@ -608,11 +643,10 @@ def _dst_light_unrolled(
 @jit
 def _dst_light_rows(
     pid, src_ptr, eid_ptr, rows_ptr, starts_ptr, stops_ptr, src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr,
-    w_edge_ptr, grad_s_ptr, lse_ptr, grad_out_ptr, grad_dst_ptr, grad_attr_ptr, attr_sums_ptr,
-    num_rows, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, feat_stride, grad_stride,
-    ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_K: tl.constexpr, DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr,
-    EDGE_DOT: tl.constexpr, KEY_SCALE: tl.constexpr, ATTR_GRAD: tl.constexpr, WEIGHT_GRAD: tl.constexpr,
+    w_edge_ptr, grad_s_ptr, terms_ptr, grad_dst_ptr, attr_sums_ptr, num_rows, H, D, K, negative_slope, scale,
+    feat_stride, grad_stride, ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr, KEY_SCALE: tl.constexpr,
+    WEIGHT_GRAD: tl.constexpr,
 ):
     """The destination pass for ``ROWS`` light rows of program ``pid`` of their class, edges in one tile."""
     acc_dtype = grad_s_ptr.dtype.element_ty
@@ -626,7 +660,6 @@ def _dst_light_rows(
     pos_flat = tl.reshape(pos, [ROWS * BLOCK_E])
     e_flat = tl.reshape(e_mask, [ROWS * BLOCK_E])
     rows_flat = tl.reshape(rows[:, None] + tl.zeros([ROWS, BLOCK_E], dtype=tl.int64), [ROWS * BLOCK_E])
-    feat_mask = e_flat[:, None, None] & hd_mask[None, :, :]
     eh_flat = e_flat[:, None] & h_mask[None, :]
     grad_s = tl.load(grad_s_ptr + pos_flat[:, None] * H + offs_h[None, :], mask=eh_flat, other=0.0)
     src_j, _ = gather_keys(src_term_ptr, value_ptr, src_flat, e_flat, H, feat_stride, offs_h, h_mask, hd_offs,
@@ -634,41 +667,25 @@ def _dst_light_rows(
     dst_i = gather_queries(dst_term_ptr, value_ptr, rows_flat, e_flat, H, feat_stride, offs_h, h_mask, hd_offs,
                            hd_mask, acc_dtype, KEY_SCALE)
     attn = tl.load(attn_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
-    if EDGE:
-        eid_flat = tl.load(eid_ptr + pos_flat, mask=e_flat, other=0).to(tl.int64)
-        w_tile = edge_weight_tile(w_edge_ptr, K, H, D, BLOCK_K, BLOCK_H, BLOCK_D)
-        src_j += project_edges(attr_ptr, w_edge_ptr, w_tile, eid_flat, e_flat, K, HD, hd_offs, hd_mask, acc_dtype,
-                               ROWS * BLOCK_E, BLOCK_H, BLOCK_D, BLOCK_K, EDGE_DOT)
-        if ATTR_GRAD or WEIGHT_GRAD:
-            query = dst_i * scale
-            lse_i = tl.load(lse_ptr + rows_flat[:, None] * H + offs_h[None, :], mask=eh_flat,
-                            other=0.0).to(acc_dtype)
-            alpha = tl.where(eh_flat, tl.exp(tl.sum(src_j * query, axis=2) - lse_i), 0.0)
-            if DROPOUT:
-                alpha = attention_dropout(alpha, pos_flat[:, None], rng_offset + offs_h[None, :], seed, dropout_p,
-                                          keep_scale)
-            if ATTR_GRAD:
-                g_i = tl.load(grad_out_ptr + rows_flat[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
-                              other=0.0).to(acc_dtype)
-                grad_e = alpha[:, :, None] * g_i + grad_s[:, :, None] * query
-                store_attr_grad(grad_attr_ptr, w_edge_ptr, w_tile, grad_e, eid_flat, e_flat, K, HD, hd_offs,
-                                hd_mask, ROWS * BLOCK_E, BLOCK_H, BLOCK_D, BLOCK_K, EDGE_DOT)
-            if WEIGHT_GRAD:
-                offs_kh = tl.arange(0, BLOCK_K * BLOCK_H)
-                k_of, h_of = offs_kh // BLOCK_H, offs_kh % BLOCK_H
-                kh_offs = rows[:, None] * (2 * K * H) + (h_of * K + k_of)[None, :]  # attr_sums [N, 2, H, K]
-                kh_mask = r_mask[:, None] & ((k_of < K) & (h_of < H))[None, :]
-                terms_a, terms_b = attr_outer(attr_ptr, eid_flat, e_flat, alpha, grad_s, K, acc_dtype, BLOCK_K)
-                sums_a = tl.sum(tl.reshape(terms_a, [ROWS, BLOCK_E, BLOCK_K * BLOCK_H]), axis=1)
-                sums_b = tl.sum(tl.reshape(terms_b, [ROWS, BLOCK_E, BLOCK_K * BLOCK_H]), axis=1)
-                tl.store(attr_sums_ptr + kh_offs, sums_a.to(attr_sums_ptr.dtype.element_ty), mask=kh_mask)
-                tl.store(attr_sums_ptr + K * H + kh_offs, sums_b.to(attr_sums_ptr.dtype.element_ty), mask=kh_mask)
     if SCORE == 2:
         src_j = src_j * scale
     terms = score_grad(grad_s, dst_i, src_j, attn, negative_slope, SCORE)
-    acc = tl.sum(tl.reshape(terms, [ROWS, BLOCK_E, BLOCK_H * BLOCK_D]), axis=1)
-    tl.store(grad_dst_ptr + rows[:, None] * grad_stride + c_offs[None, :], acc.to(grad_dst_ptr.dtype.element_ty),
-             mask=r_mask[:, None] & c_mask[None, :])
+    acc = tl.reshape(tl.sum(tl.reshape(terms, [ROWS, BLOCK_E, BLOCK_H * BLOCK_D]), axis=1), [ROWS, BLOCK_H, BLOCK_D])
+    if EDGE:
+        eid = tl.load(eid_ptr + pos, mask=e_mask, other=0).to(tl.int64)
+        attr = edge_attr_tile(attr_ptr, tl.reshape(eid, [ROWS * BLOCK_E]), e_flat, K, acc_dtype, BLOCK_K)
+        alpha_kept = tl.load(terms_ptr + pos_flat[:, None] * (2 * H) + offs_h[None, :], mask=eh_flat, other=0.0)
+        zeros = tl.zeros([ROWS * BLOCK_E, BLOCK_H, BLOCK_K], dtype=acc_dtype)
+        terms_b, terms_a = _edge_sums_add(zeros, zeros, attr, grad_s, alpha_kept, WEIGHT_GRAD)
+        sums_b = tl.reshape(tl.sum(tl.reshape(terms_b, [ROWS, BLOCK_E, BLOCK_H * BLOCK_K]), axis=1),
+                            [ROWS, BLOCK_H, BLOCK_K])
+        acc += _edge_key_terms(sums_b, w_edge_ptr, K, HD, hd_offs, hd_mask, scale, BLOCK_K)
+        if WEIGHT_GRAD:
+            sums_a = tl.reshape(tl.sum(tl.reshape(terms_a, [ROWS, BLOCK_E, BLOCK_H * BLOCK_K]), axis=1),
+                                [ROWS, BLOCK_H, BLOCK_K])
+            _store_edge_sums(attr_sums_ptr, sums_b, sums_a, rows, r_mask, H, K, offs_h, h_mask, BLOCK_K)
+    tl.store(grad_dst_ptr + rows[:, None, None] * grad_stride + hd_offs[None, :, :],
+             acc.to(grad_dst_ptr.dtype.element_ty), mask=r_mask[:, None, None] & hd_mask[None, :, :])
 
 
 @jit

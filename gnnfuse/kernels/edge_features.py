@@ -18,8 +18,8 @@ backward's destination pass) never forms ``e_p`` at all: with ``u_i[k, h] = Σ_d
     Σ_p α_p e_p[h, :]       = Σ_k A_i[k, h] W[k, h, :],  A_i[k, h] = Σ_p α_p[h] attr_p[k]   (values)
 
 so per edge only ``K·H`` products remain (instead of the ``K·H·D`` of a projection) and the
-``W`` terms are applied once per row.  Kernels that gather per edge from many rows (light
-tiles, the backward's source pass) project with :func:`project_edges`.
+``W`` terms are applied once per row.  The forward's light tiles, which gather per edge for many
+rows, project with :func:`project_edges`.
 
 Backward, with ``∂e_p = α'_p g_i + ∂s_p q̃_i`` per head (value path + key path, ``i`` the
 edge's destination; see :mod:`gnnfuse.kernels.attention_backward`)::
@@ -29,10 +29,9 @@ edge's destination; see :mod:`gnnfuse.kernels.attention_backward`)::
                 = Σ_i A_i[k, h] g_i[h, :] + B_i[k, h] q̃_i[h, :]
     A_i[k, h] = Σ_{p -> i} attr_p[k] α'_p[h],   B_i[k, h] = Σ_{p -> i} attr_p[k] ∂s_p[h]
 
-(in a row kernel ``∂attr_p[k] = Σ_h α'_p[h] z_i[k, h] + ∂s_p[h] u_i[k, h]`` with
-``z_i = W g_i`` like ``u_i``, and the key path's ``Σ_p ∂s_p e_p = Σ_k B_i[k, h] W[k, h, :]``),
-so the weight gradient needs only the per-destination sums ``A``, ``B`` (``attr_sums [N, 2, H, K]``:
-of :func:`attr_outer` terms, written by the destination pass, one writer per row) and a
+(and the key path's ``Σ_p ∂s_p e_p = Σ_k B_i[k, h] W[k, h, :]``), so the weight gradient needs
+only the per-destination sums ``A``, ``B`` (``attr_sums [N, 2, H, K]``, written by the destination
+pass, one writer per row) and a
 reduction over nodes (:func:`edge_weight_grad_kernel`: per-head products over node blocks, the
 blocks' partial sums added in a fixed order) — deterministic, no atomics, no ``E×H×D`` buffer.
 
@@ -42,7 +41,11 @@ row form does not apply; it needs ``e_p`` only through two scalars per edge and 
 ``<g_i, v_j + e_p>``).  :func:`edge_terms_kernel` forms both first, in CSR order (edge blocks
 of consecutive positions, mostly of one destination: its ``q̃_i`` and ``g_i`` are cache hits),
 into an ``[E, 2, H]`` buffer; the source pass then reads ``2·H`` values per edge instead of
-projecting ``K`` features to ``H·D``.
+projecting ``K`` features to ``H·D``, and leaves ``α'_p`` in the place of ``t_p``.  With it the
+destination pass projects nothing either: per edge it adds ``∂s_p ⊗ attr_p`` and ``α'_p ⊗ attr_p``
+into the row's ``B``, ``A`` and applies ``W`` once per row (the key path's ``Σ_k B[k] W[k]``);
+``∂attr`` (only where autograd asks for it) is :func:`edge_attr_grad_kernel`'s, in CSR order
+from ``∂e_p = α'_p g_i + ∂s_p q̃_i``.
 """
 
 import triton.language as tl
@@ -135,15 +138,6 @@ def store_attr_grad(grad_attr_ptr, w_ptr, w_tile, grad_e, eid, e_mask, K, HD, hd
 
 
 @jit
-def attr_outer(attr_ptr, eid, e_mask, alpha, grad_s, K, acc_dtype: tl.constexpr, BLOCK_K: tl.constexpr):
-    """``(attr[eid_e, k] · alpha[e, h], attr[eid_e, k] · grad_s[e, h])`` per edge, each ``[E, BLOCK_K,
-    BLOCK_H]`` (0 where masked), from one read of the features: summed over a row's edges they
-    give ``A`` and ``B``."""
-    attr = edge_attr_tile(attr_ptr, eid, e_mask, K, acc_dtype, BLOCK_K)[:, :, None]
-    return attr * alpha[:, None, :], attr * grad_s[:, None, :]
-
-
-@jit
 def edge_terms_kernel(
     dst_ptr, eid_ptr, attr_ptr, w_ptr, query_ptr, grad_out_ptr, terms_ptr, E, H, D, K, scale, feat_stride,
     BLOCK_P: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -220,3 +214,35 @@ def edge_weight_grad_kernel(
         acc += tl.dot(tl.trans(b), q, input_precision=DOT_PRECISION)
     tl.store(partial_ptr + pid * (K * H * D) + offs_k[:, None] * (H * D) + h * D + offs_d[None, :], acc,
              mask=k_mask[:, None] & d_mask[None, :])
+
+
+@jit
+def edge_attr_grad_kernel(
+    dst_ptr, eid_ptr, w_ptr, query_ptr, grad_out_ptr, terms_ptr, grad_s_ptr, grad_attr_ptr, E, H, D, K, scale,
+    feat_stride, BLOCK_P: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
+    EDGE_DOT: tl.constexpr,
+):
+    """``∂attr[eid[p], k] = Σ_{h,d} ∂e_p[h, d] W[k, h, d]`` for the CSR positions ``p`` of block
+    ``program_id``, ``∂e_p = α'_p g_i + ∂s_p · scale · q_i`` per head (``i = dst[p]``; ``α'_p`` from
+    ``terms[p, 0]`` as the source pass left it, ``∂s_p`` from its ``grad_s [E, H]``;
+    :func:`store_attr_grad`).  Bytes: ``3·E·H`` reads, ``E·K`` writes, ``q`` and ``g`` rows."""
+    acc_dtype = terms_ptr.dtype.element_ty
+    pid = tl.program_id(0).to(tl.int64)
+    p = pid * BLOCK_P + tl.arange(0, BLOCK_P)
+    p_mask = p < E
+    offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
+    HD = H * D
+    i = tl.load(dst_ptr + p, mask=p_mask, other=0).to(tl.int64)
+    eid = tl.load(eid_ptr + p, mask=p_mask, other=0).to(tl.int64)
+    ph_mask = p_mask[:, None] & h_mask[None, :]
+    alpha_kept = tl.load(terms_ptr + p[:, None] * (2 * H) + offs_h[None, :], mask=ph_mask, other=0.0)
+    grad_s = tl.load(grad_s_ptr + p[:, None] * H + offs_h[None, :], mask=ph_mask, other=0.0)
+    feat_mask = p_mask[:, None, None] & hd_mask[None, :, :]
+    q = tl.load(query_ptr + i[:, None, None] * feat_stride + hd_offs[None, :, :], mask=feat_mask,
+                other=0.0).to(acc_dtype)
+    g = tl.load(grad_out_ptr + i[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
+                other=0.0).to(acc_dtype)
+    grad_e = alpha_kept[:, :, None] * g + grad_s[:, :, None] * (q * scale)
+    w_tile = edge_weight_tile(w_ptr, K, H, D, BLOCK_K, BLOCK_H, BLOCK_D)
+    store_attr_grad(grad_attr_ptr, w_ptr, w_tile, grad_e, eid, p_mask, K, HD, hd_offs, hd_mask, BLOCK_P, BLOCK_H,
+                    BLOCK_D, BLOCK_K, EDGE_DOT)
