@@ -316,6 +316,9 @@ LIGHT_UNROLLED_SLOT_TILES: dict[str, dict[int, int]] = {
     "destination": {SCORE_GAT: 1, SCORE_GATV2: 2, SCORE_DOT: 2},
 }
 LIGHT_UNROLLED_WARPS: dict[str, int | None] = {"forward": None, "source": None, "destination": None}
+# The destination pass's unrolled rows with edge features hold the rows' sums A, B ([H, K] each) besides their
+# slot tiles; counted in the rows per program (True) or not (False).
+LIGHT_UNROLLED_COUNT_EDGE_SUMS = True
 # ... and a register cap per thread (ptxas ``maxnreg``) per pass and score, in 2-byte floats (absent: ptxas's
 # choice), trading registers for resident warps.  The GAT bf16 source pass (113 registers, 24% occupancy,
 # 260 µs of the step, ncu session 11) at 96, session 14 (H200, same call, replayed forward / step µs):
@@ -350,7 +353,7 @@ def _light_rows(schedule, inputs: AttentionInputs, width: int, light_tiles: int,
         # add into the row's sums; destination pass, the source's key (or term) and its gradient term (at
         # 16 rows, 168 / 255 registers for dot / GATv2 on sm_90 with Triton 3.9: 8 rows)
         row_elements = LIGHT_UNROLLED_SLOT_TILES[kernel_pass][inputs.score] * schedule.block_h * schedule.block_d
-        if inputs.has_edge and kernel_pass == "destination":
+        if inputs.has_edge and kernel_pass == "destination" and LIGHT_UNROLLED_COUNT_EDGE_SUMS:
             row_elements += 2 * schedule.block_h * _block_k(inputs)  # the rows' edge-feature sums A, B
         tiles = schedule.tiles
         most = max(tiles.max_light_rows, LIGHT_UNROLLED_MAX_ROWS[kernel_pass])
