@@ -316,9 +316,12 @@ LIGHT_UNROLLED_SLOT_TILES: dict[str, dict[int, int]] = {
     "destination": {SCORE_GAT: 1, SCORE_GATV2: 2, SCORE_DOT: 2},
 }
 LIGHT_UNROLLED_WARPS: dict[str, int | None] = {"forward": None, "source": None, "destination": None}
-# The destination pass's unrolled rows with edge features hold the rows' sums A, B ([H, K] each) besides their
-# slot tiles; counted in the rows per program (True) or not (False).
-LIGHT_UNROLLED_COUNT_EDGE_SUMS = True
+# With edge features the destination pass's light rows keep the tile form (all of a program's edges at once, their
+# feature sums reduced per row) unless this is set.  Session 18 (H100, arxiv-like, 16 edge features, same call,
+# replayed training step µs): tile form 2744 (bf16) / 4350 (fp32) against 2998 / 4572 unrolled, and against
+# 2916 / 4842 for session 18's earlier tree whose destination pass still projected every edge; unrolled with the
+# rows' sums not counted in the rows per program 3013.
+LIGHT_DESTINATION_UNROLLED_WITH_EDGES = False
 # ... and a register cap per thread (ptxas ``maxnreg``) per pass and score, in 2-byte floats (absent: ptxas's
 # choice), trading registers for resident warps.  The GAT bf16 source pass (113 registers, 24% occupancy,
 # 260 µs of the step, ncu session 11) at 96, session 14 (H200, same call, replayed forward / step µs):
@@ -333,6 +336,8 @@ def _unrolled(inputs: AttentionInputs, kernel_pass: str) -> bool:
     switched = {"forward": LIGHT_FORWARD_UNROLLED, "source": LIGHT_SOURCE_UNROLLED,
                 "destination": LIGHT_DESTINATION_UNROLLED}[kernel_pass]
     if not switched or _projects(inputs, kernel_pass):
+        return False
+    if inputs.has_edge and kernel_pass == "destination" and not LIGHT_DESTINATION_UNROLLED_WITH_EDGES:
         return False
     if inputs.keys_from_values and not LIGHT_UNROLLED_KEYS_FROM_VALUES:
         return False
@@ -353,7 +358,7 @@ def _light_rows(schedule, inputs: AttentionInputs, width: int, light_tiles: int,
         # add into the row's sums; destination pass, the source's key (or term) and its gradient term (at
         # 16 rows, 168 / 255 registers for dot / GATv2 on sm_90 with Triton 3.9: 8 rows)
         row_elements = LIGHT_UNROLLED_SLOT_TILES[kernel_pass][inputs.score] * schedule.block_h * schedule.block_d
-        if inputs.has_edge and kernel_pass == "destination" and LIGHT_UNROLLED_COUNT_EDGE_SUMS:
+        if inputs.has_edge and kernel_pass == "destination":
             row_elements += 2 * schedule.block_h * _block_k(inputs)  # the rows' edge-feature sums A, B
         tiles = schedule.tiles
         most = max(tiles.max_light_rows, LIGHT_UNROLLED_MAX_ROWS[kernel_pass])
