@@ -25,10 +25,11 @@ per-(edge, head) value at the edge's CSR position — ``∂L/∂z`` for GAT, ``�
 an E×H buffer, never E×H×D — which the destination pass reduces per row: a plain
 :func:`row_sum_kernel` for GAT (``∂L/∂er``; all light rows in one launch),
 :func:`attention_backward_dst_kernel` (and its light form) for GATv2 (``∂L/∂fd``) and the dot
-score (``∂L/∂q``, gathering the keys again; with edge features it also writes ``∂attr`` —
-where autograd asks for it — and the per-row sums of :mod:`gnnfuse.kernels.edge_features`:
-the light form from ``∂L/∂e_p`` formed in registers, the row form from ``W q̃`` and ``W g``
-per row, without any per-edge projection).  ``LANES`` (row
+score (``∂L/∂q``, gathering the keys again; with edge features, whose ``α'_p`` the source pass
+leaves in ``terms[p, 0]``, it sums ``∂s_p ⊗ attr_p`` and ``α'_p ⊗ attr_p`` per row — no edge is
+projected — adds the key path's ``Σ_k B[k] W[k]`` once per row and writes the sums ``A``, ``B``
+where the weight's gradient is asked for; ``∂attr`` is
+:func:`~gnnfuse.kernels.edge_features.edge_attr_grad_kernel`'s).  ``LANES`` (row
 kernels): the edge-loop sums are kept per edge lane and reduced once after the loop.
 
 Strides: the ``[N, H, D]`` inputs are read with the row stride ``feat_stride`` (as in the forward), and the
@@ -37,8 +38,9 @@ for a contiguous tensor or a piece buffer; the row width of one ``[N, W]`` gradi
 blocks of it); ``g`` and GATv2's ``∂attn`` partials are contiguous.
 
 Bytes: the source pass gathers ``E·H·D`` elements of g (and of ``dst`` for GATv2 / dot) plus
-``E·H`` of lse and δ, writes ``E·H`` of ∂s and ``N·H·D`` gradients; the destination pass reads
-``E·H`` (GAT) or ``E·H·(D + 1)`` (and ``E·K`` edge features, writing ``E·K`` gradients, with ``EDGE``).
+``E·H`` of lse and δ (with ``EDGE`` ``2·E·H`` terms, ``α'`` written back), writes ``E·H`` of ∂s and
+``N·H·D`` gradients; the destination pass reads ``E·H`` (GAT) or ``E·H·(D + 1)`` (with ``EDGE`` also
+``E·H`` of ``α'`` and ``E·K`` edge features, writing ``N·2·H·K`` sums).
 """
 
 import triton.language as tl
