@@ -138,6 +138,26 @@ def store_attr_grad(grad_attr_ptr, w_ptr, w_tile, grad_e, eid, e_mask, K, HD, hd
 
 
 @jit
+def _csr_block_rows(dst_ptr, eid_ptr, query_ptr, grad_out_ptr, E, H, D, feat_stride, acc_dtype: tl.constexpr,
+                    BLOCK_P: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The CSR positions ``p`` of block ``program_id`` (and their mask), the head tile, their input edge ids, and
+    their destinations' ``q`` (row stride ``feat_stride``) and ``g`` rows ``[BLOCK_P, BLOCK_H, BLOCK_D]`` in
+    ``acc_dtype``."""
+    pid = tl.program_id(0).to(tl.int64)
+    p = pid * BLOCK_P + tl.arange(0, BLOCK_P)
+    p_mask = p < E
+    offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
+    i = tl.load(dst_ptr + p, mask=p_mask, other=0).to(tl.int64)
+    eid = tl.load(eid_ptr + p, mask=p_mask, other=0).to(tl.int64)
+    feat_mask = p_mask[:, None, None] & hd_mask[None, :, :]
+    q = tl.load(query_ptr + i[:, None, None] * feat_stride + hd_offs[None, :, :], mask=feat_mask,
+                other=0.0).to(acc_dtype)
+    g = tl.load(grad_out_ptr + i[:, None, None] * (H * D) + hd_offs[None, :, :], mask=feat_mask,
+                other=0.0).to(acc_dtype)
+    return p, p_mask, offs_h, h_mask, hd_offs, hd_mask, eid, q, g
+
+
+@jit
 def edge_terms_kernel(
     dst_ptr, eid_ptr, attr_ptr, w_ptr, query_ptr, grad_out_ptr, terms_ptr, E, H, D, K, scale, feat_stride,
     BLOCK_P: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -151,21 +171,11 @@ def edge_terms_kernel(
     ``[E, 2, H]`` in the accumulation dtype.  Bytes: ``E·K`` features and ``2·E·H`` terms, plus
     ``q`` and ``g`` rows (one per destination in a block, cache hits for the rest)."""
     acc_dtype = terms_ptr.dtype.element_ty
-    pid = tl.program_id(0).to(tl.int64)
-    p = pid * BLOCK_P + tl.arange(0, BLOCK_P)
-    p_mask = p < E
-    offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
-    HD = H * D
-    i = tl.load(dst_ptr + p, mask=p_mask, other=0).to(tl.int64)
-    eid = tl.load(eid_ptr + p, mask=p_mask, other=0).to(tl.int64)
+    p, p_mask, offs_h, h_mask, hd_offs, hd_mask, eid, q, g = _csr_block_rows(
+        dst_ptr, eid_ptr, query_ptr, grad_out_ptr, E, H, D, feat_stride, acc_dtype, BLOCK_P, BLOCK_H, BLOCK_D)
     w_tile = edge_weight_tile(w_ptr, K, H, D, BLOCK_K, BLOCK_H, BLOCK_D)
-    e = project_edges(attr_ptr, w_ptr, w_tile, eid, p_mask, K, HD, hd_offs, hd_mask, acc_dtype, BLOCK_P, BLOCK_H,
+    e = project_edges(attr_ptr, w_ptr, w_tile, eid, p_mask, K, H * D, hd_offs, hd_mask, acc_dtype, BLOCK_P, BLOCK_H,
                       BLOCK_D, BLOCK_K, EDGE_DOT)
-    feat_mask = p_mask[:, None, None] & hd_mask[None, :, :]
-    q = tl.load(query_ptr + i[:, None, None] * feat_stride + hd_offs[None, :, :], mask=feat_mask,
-                other=0.0).to(acc_dtype)
-    g = tl.load(grad_out_ptr + i[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
-                other=0.0).to(acc_dtype)
     # q scaled before the products, as the source pass scales the gathered queries
     t = tl.sum(e * (q * scale), axis=2)
     r = tl.sum(e * g, axis=2)
@@ -227,21 +237,12 @@ def edge_attr_grad_kernel(
     ``terms[p, 0]`` as the source pass left it, ``∂s_p`` from its ``grad_s [E, H]``;
     :func:`store_attr_grad`).  Bytes: ``3·E·H`` reads, ``E·K`` writes, ``q`` and ``g`` rows."""
     acc_dtype = terms_ptr.dtype.element_ty
-    pid = tl.program_id(0).to(tl.int64)
-    p = pid * BLOCK_P + tl.arange(0, BLOCK_P)
-    p_mask = p < E
-    offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
+    p, p_mask, offs_h, h_mask, hd_offs, hd_mask, eid, q, g = _csr_block_rows(
+        dst_ptr, eid_ptr, query_ptr, grad_out_ptr, E, H, D, feat_stride, acc_dtype, BLOCK_P, BLOCK_H, BLOCK_D)
     HD = H * D
-    i = tl.load(dst_ptr + p, mask=p_mask, other=0).to(tl.int64)
-    eid = tl.load(eid_ptr + p, mask=p_mask, other=0).to(tl.int64)
     ph_mask = p_mask[:, None] & h_mask[None, :]
     alpha_kept = tl.load(terms_ptr + p[:, None] * (2 * H) + offs_h[None, :], mask=ph_mask, other=0.0)
     grad_s = tl.load(grad_s_ptr + p[:, None] * H + offs_h[None, :], mask=ph_mask, other=0.0)
-    feat_mask = p_mask[:, None, None] & hd_mask[None, :, :]
-    q = tl.load(query_ptr + i[:, None, None] * feat_stride + hd_offs[None, :, :], mask=feat_mask,
-                other=0.0).to(acc_dtype)
-    g = tl.load(grad_out_ptr + i[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
-                other=0.0).to(acc_dtype)
     grad_e = alpha_kept[:, :, None] * g + grad_s[:, :, None] * (q * scale)
     w_tile = edge_weight_tile(w_ptr, K, H, D, BLOCK_K, BLOCK_H, BLOCK_D)
     store_attr_grad(grad_attr_ptr, w_ptr, w_tile, grad_e, eid, p_mask, K, HD, hd_offs, hd_mask, BLOCK_P, BLOCK_H,

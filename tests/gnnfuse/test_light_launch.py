@@ -100,9 +100,10 @@ def test_light_breaks_per_score_in_two_byte_floats(monkeypatch):
 
 
 def test_edge_feature_kernels_launch_one_class_at_a_time_over_aligned_lists(gen, monkeypatch):
-    """With edge features each light class keeps a launch of its own (ops.LIGHT_LAUNCH_PER_CLASS_WITH_EDGES):
-    one nonzero count per launch, row lists equal to the class's and 16-byte aligned; values and
-    gradients (edge features and their weight too) as the reference's."""
+    """With edge features each light class of the forward (whose light tiles project the features) keeps a
+    launch of its own (ops.LIGHT_LAUNCH_PER_CLASS_WITH_EDGES): one nonzero count per launch, row lists equal
+    to the class's and 16-byte aligned; the backward's passes, which project nothing, group their classes as
+    without edge features; values and gradients (edge features and their weight too) as the reference's."""
     import gnnfuse.schedule
     from fusecore.testing import test_device
 
@@ -127,9 +128,17 @@ def test_edge_feature_kernels_launch_one_class_at_a_time_over_aligned_lists(gen,
     for got, want in ((out, ref), *zip(grads, ref_grads)):
         assert_close(got, want)  # the float32 tolerance of fusecore.testing.TOLERANCES, as a relative norm
     schedule = graph.schedule(heads, dim, torch.float32, options)
-    parts = {"forward": (0,), "backward": ("source light", "destination light")}
     for (kind, *_), plan in schedule.launches.items():
-        for part in parts[kind]:
+        if kind == "backward":
+            for part, buckets in (("source light", schedule.outgoing), ("destination light", schedule.incoming)):
+                launches = plan[part]
+                assert 1 <= len(launches) <= len(buckets.light)
+                rows = sum(r.numel() for _, r, _, _ in buckets.light)
+                assert sum(sum(counts) for _, _, counts, _ in launches) == rows
+            # the five destination classes in fewer launches (grouped by ops.LIGHT_LAUNCH_BREAKS)
+            assert len(plan["destination light"]) < len(schedule.incoming.light) == 5
+            continue
+        for part in (0,):
             buckets = schedule.incoming if part in (0, "destination light") else schedule.outgoing
             light = plan[part]
             assert len(light) == len(buckets.light)
