@@ -570,10 +570,14 @@ def _launch_plan(schedule, key: tuple, build):
     return plan
 
 
+def _score_flags(inputs: AttentionInputs) -> dict:
+    """The compile-time score switches every attention kernel takes."""
+    return {"SCORE": inputs.score, "EDGE": inputs.has_edge, "KEY_SCALE": inputs.keys_from_values}
+
+
 def _flags(inputs: AttentionInputs, use_dropout: bool) -> dict:
-    """The compile-time score and dropout switches every attention kernel takes."""
-    return {"DROPOUT": use_dropout, "SCORE": inputs.score, "EDGE": inputs.has_edge,
-            "KEY_SCALE": inputs.keys_from_values}
+    """:func:`_score_flags` and the dropout switch of the kernels that weight edges by their softmax."""
+    return {"DROPOUT": use_dropout, **_score_flags(inputs)}
 
 
 # Light width classes start a new launch at these widths (each launch covers the classes between
@@ -762,13 +766,12 @@ def attention_backward(
     schedule = graph.schedule(heads, head_dim, value.dtype, options)
     keep_scale, use_dropout = _dropout_args(dropout_p, seed)
     scalars = (inputs.negative_slope, inputs.scale, dropout_p, keep_scale, seed, offset)
-    key = ("backward", _call_kind(inputs, value.dtype, use_dropout), attr_grad, weight_grad)
-    plan = _launch_plan(schedule, key,
-                        lambda: _backward_plan(schedule, inputs, value.dtype, use_dropout, attr_grad, weight_grad))
+    key = ("backward", _call_kind(inputs, value.dtype, use_dropout), weight_grad)
+    plan = _launch_plan(schedule, key, lambda: _backward_plan(schedule, inputs, value.dtype, use_dropout, weight_grad))
     # δ_i = <g_i, out_i> per head: one pass over node rows instead of one over edges.
     delta = _head_dot(grad_out, out, acc, bias_parts, grad_out_copy)
     grad_s = _new_output((max(graph.num_edges, 1), heads), acc, device)
-    src_term, dst_term, attn, _, attr, weight = inputs.pointers()
+    src_term, dst_term, attn, *_ = inputs.pointers()
     # edge features reach the source pass as two terms per edge and head (kernels/edge_features.py)
     terms = _edge_terms(graph, inputs, grad_out, acc, schedule) if inputs.has_edge else grad_s
     src_tensors = (src_term, dst_term, attn, value, terms, lse, grad_out, delta)
@@ -848,6 +851,20 @@ EDGE_TERMS_BLOCK = 32
 EDGE_TERMS_BLOCK_INTERPRETED = 512
 
 
+def _csr_edge_pass(kernel, graph: Graph, inputs: AttentionInputs, tensors: tuple, schedule) -> None:
+    """Launch one of the CSR-order edge-feature passes of :mod:`gnnfuse.kernels.edge_features` over every
+    CSR position, :data:`EDGE_TERMS_BLOCK` a program: ``kernel(csr_dst, csr_eid, *tensors, E, H, D, K, scale,
+    feat_stride, ...)``."""
+    num_edges = graph.num_edges
+    heads, head_dim = inputs.value.shape[1], inputs.value.shape[2]
+    block = EDGE_TERMS_BLOCK_INTERPRETED if backend.INTERPRET else EDGE_TERMS_BLOCK
+    kernel[(cdiv(num_edges, block),)](
+        graph.csr_dst, graph.csr_eid, *tensors, num_edges, heads, head_dim, inputs.edge_dim, inputs.scale,
+        inputs.feat_stride, BLOCK_P=block, BLOCK_H=schedule.block_h, BLOCK_D=schedule.block_d,
+        **_edge_flags(inputs, schedule.block_h, schedule.block_d, block),
+    )
+
+
 def _edge_terms(graph: Graph, inputs: AttentionInputs, grad_out: torch.Tensor, acc: torch.dtype,
                 schedule) -> torch.Tensor:
     """``[E, 2, H]`` in ``acc``: per CSR position ``p`` and head, ``t_p = q̃_i · e_p`` and ``r_p = g_i · e_p``
@@ -855,18 +872,10 @@ def _edge_terms(graph: Graph, inputs: AttentionInputs, grad_out: torch.Tensor, a
     edge-feature terms."""
     from .kernels.edge_features import edge_terms_kernel
 
-    heads, head_dim = inputs.value.shape[1], inputs.value.shape[2]
-    num_edges = graph.num_edges
-    terms = _new_output((max(num_edges, 1), 2, heads), acc, inputs.value.device)
-    if num_edges == 0:
-        return terms
-    block = EDGE_TERMS_BLOCK_INTERPRETED if backend.INTERPRET else EDGE_TERMS_BLOCK
-    edge_terms_kernel[(cdiv(num_edges, block),)](
-        graph.csr_dst, graph.csr_eid, inputs.edge_attr, inputs.edge_weight, inputs.dst_term, grad_out, terms,
-        num_edges, heads, head_dim, inputs.edge_dim, inputs.scale, inputs.feat_stride,
-        BLOCK_P=block, BLOCK_H=schedule.block_h, BLOCK_D=schedule.block_d,
-        **_edge_flags(inputs, schedule.block_h, schedule.block_d, block),
-    )
+    terms = _new_output((max(graph.num_edges, 1), 2, inputs.value.shape[1]), acc, inputs.value.device)
+    if graph.num_edges:
+        _csr_edge_pass(edge_terms_kernel, graph, inputs,
+                       (inputs.edge_attr, inputs.edge_weight, inputs.dst_term, grad_out, terms), schedule)
     return terms
 
 
@@ -876,20 +885,12 @@ def _edge_attr_grad(graph: Graph, inputs: AttentionInputs, grad_out: torch.Tenso
     and ``∂s`` per CSR position: :func:`~gnnfuse.kernels.edge_features.edge_attr_grad_kernel`."""
     from .kernels.edge_features import edge_attr_grad_kernel
 
-    num_edges = graph.num_edges
-    if num_edges == 0:
-        return
-    heads, head_dim = inputs.value.shape[1], inputs.value.shape[2]
-    block = EDGE_TERMS_BLOCK_INTERPRETED if backend.INTERPRET else EDGE_TERMS_BLOCK
-    edge_attr_grad_kernel[(cdiv(num_edges, block),)](
-        graph.csr_dst, graph.csr_eid, inputs.edge_weight, inputs.dst_term, grad_out, terms, grad_s, grad_attr,
-        num_edges, heads, head_dim, inputs.edge_dim, inputs.scale, inputs.feat_stride,
-        BLOCK_P=block, BLOCK_H=schedule.block_h, BLOCK_D=schedule.block_d,
-        **_edge_flags(inputs, schedule.block_h, schedule.block_d, block),
-    )
+    if graph.num_edges:
+        _csr_edge_pass(edge_attr_grad_kernel, graph, inputs,
+                       (inputs.edge_weight, inputs.dst_term, grad_out, terms, grad_s, grad_attr), schedule)
 
 
-def _backward_plan(schedule, inputs: AttentionInputs, dtype: torch.dtype, use_dropout: bool, attr_grad: bool,
+def _backward_plan(schedule, inputs: AttentionInputs, dtype: torch.dtype, use_dropout: bool,
                    weight_grad: bool) -> dict:
     """The backward's launches (:func:`_launch_plan`) by part: the source pass's light classes and
     row-kernel launches, then GAT's ``∂er`` row sums or the destination pass's light classes and
@@ -915,8 +916,7 @@ def _backward_plan(schedule, inputs: AttentionInputs, dtype: torch.dtype, use_dr
         plan["row sums"] = {"ROWS": 1, "BLOCK_W": block_h,
                             "BLOCK_E": max(16, min(ROW_SUM_MAX_EDGES, schedule.tiles.tile_elements // block_h))}
         return plan
-    flags = {"SCORE": inputs.score, "EDGE": inputs.has_edge, "KEY_SCALE": inputs.keys_from_values,
-             "WEIGHT_GRAD": weight_grad}
+    flags = {**_score_flags(inputs), "WEIGHT_GRAD": weight_grad}
     _, row_block_e = _tile_budget(schedule, inputs, "destination")
     plan["destination light"] = _light_plan(schedule, inputs, incoming, "destination", flags)
     plan["destination rows"] = [

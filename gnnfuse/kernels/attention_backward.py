@@ -440,12 +440,13 @@ def _src_light_rows(
 
 
 @jit
-def _edge_sums_add(sums_b, sums_a, attr, grad_s, alpha_kept, WEIGHT_GRAD: tl.constexpr):
+def _edge_sums_add(sums_b, sums_a, attr, grad_s, alpha_ptrs, alpha_mask, WEIGHT_GRAD: tl.constexpr):
     """Edge-feature sums plus one tile's terms, ``[M, BLOCK_H, BLOCK_K]``: ``B[m, h, k] += ∂s[m, h] · attr[m, k]``
     and (``WEIGHT_GRAD``) ``A[m, h, k] += α'[m, h] · attr[m, k]`` (``m`` a row, or an edge whose terms the
-    caller sums per row)."""
+    caller sums per row), ``α' [M, BLOCK_H]`` loaded from ``alpha_ptrs`` (where ``alpha_mask``) only then."""
     sums_b += grad_s[:, :, None] * attr[:, None, :]
     if WEIGHT_GRAD:
+        alpha_kept = tl.load(alpha_ptrs, mask=alpha_mask, other=0.0)
         sums_a += alpha_kept[:, :, None] * attr[:, None, :]
     return sums_b, sums_a
 
@@ -528,10 +529,10 @@ def attention_backward_dst_kernel(
         if EDGE:
             eid = tl.load(eid_ptr + pos, mask=e_mask, other=0).to(tl.int64)
             attr = edge_attr_tile(attr_ptr, eid, e_mask, K, acc_dtype, BLOCK_K)                  # [BLOCK_E, BLOCK_K]
-            alpha_kept = tl.load(terms_ptr + pos[:, None] * (2 * H) + offs_h[None, :], mask=eh_mask, other=0.0)
             terms_b, terms_a = _edge_sums_add(tl.zeros([BLOCK_E, BLOCK_H, BLOCK_K], dtype=acc_dtype),
                                               tl.zeros([BLOCK_E, BLOCK_H, BLOCK_K], dtype=acc_dtype),
-                                              attr, grad_s, alpha_kept, WEIGHT_GRAD)
+                                              attr, grad_s, terms_ptr + pos[:, None] * (2 * H) + offs_h[None, :],
+                                              eh_mask, WEIGHT_GRAD)
             sums_b += tl.sum(terms_b, axis=0)
             if WEIGHT_GRAD:
                 sums_a += tl.sum(terms_a, axis=0)
@@ -629,8 +630,9 @@ def _dst_light_unrolled(
         if EDGE:
             eid = tl.load(eid_ptr + pos, mask=e_mask, other=0).to(tl.int64)
             attr = edge_attr_tile(attr_ptr, eid, e_mask, K, acc_dtype, BLOCK_K)                  # [ROWS, BLOCK_K]
-            alpha_kept = tl.load(terms_ptr + pos[:, None] * (2 * H) + offs_h[None, :], mask=eh_mask, other=0.0)
-            sums_b, sums_a = _edge_sums_add(sums_b, sums_a, attr, grad_s, alpha_kept, WEIGHT_GRAD)
+            sums_b, sums_a = _edge_sums_add(sums_b, sums_a, attr, grad_s,
+                                            terms_ptr + pos[:, None] * (2 * H) + offs_h[None, :], eh_mask,
+                                            WEIGHT_GRAD)
         if SCORE == 2:
             src_j = src_j * scale
         acc += score_grad(grad_s, dst_row, src_j, attn, negative_slope, SCORE)
@@ -676,9 +678,10 @@ def _dst_light_rows(
     if EDGE:
         eid = tl.load(eid_ptr + pos, mask=e_mask, other=0).to(tl.int64)
         attr = edge_attr_tile(attr_ptr, tl.reshape(eid, [ROWS * BLOCK_E]), e_flat, K, acc_dtype, BLOCK_K)
-        alpha_kept = tl.load(terms_ptr + pos_flat[:, None] * (2 * H) + offs_h[None, :], mask=eh_flat, other=0.0)
         zeros = tl.zeros([ROWS * BLOCK_E, BLOCK_H, BLOCK_K], dtype=acc_dtype)
-        terms_b, terms_a = _edge_sums_add(zeros, zeros, attr, grad_s, alpha_kept, WEIGHT_GRAD)
+        terms_b, terms_a = _edge_sums_add(zeros, zeros, attr, grad_s,
+                                          terms_ptr + pos_flat[:, None] * (2 * H) + offs_h[None, :], eh_flat,
+                                          WEIGHT_GRAD)
         sums_b = tl.reshape(tl.sum(tl.reshape(terms_b, [ROWS, BLOCK_E, BLOCK_H * BLOCK_K]), axis=1),
                             [ROWS, BLOCK_H, BLOCK_K])
         acc += _edge_key_terms(sums_b, w_edge_ptr, K, HD, hd_offs, hd_mask, scale, BLOCK_K)
