@@ -247,9 +247,10 @@ def _block_k(inputs: AttentionInputs) -> int:
 
 
 def _projects(inputs: AttentionInputs, kernel_pass: str) -> bool:
-    """Whether ``kernel_pass``'s kernels project edge features: only the forward's do; the source pass
-    reads the per-edge terms of :func:`_edge_terms`, the destination pass sums raw features per row."""
-    return inputs.has_edge and kernel_pass == "forward"
+    """Whether ``kernel_pass``'s light kernels project edge features per edge: only the forward's tile form
+    does (the unrolled form and the row kernels apply ``W_e`` once per row); the source pass reads the
+    per-edge terms of :func:`_edge_terms`, the destination pass sums raw features per row."""
+    return inputs.has_edge and kernel_pass == "forward" and not _unrolled(inputs, kernel_pass)
 
 
 def _edge_flags(inputs: AttentionInputs, block_h: int, block_d: int, edges_per_program: int) -> dict:
@@ -316,6 +317,10 @@ LIGHT_UNROLLED_SLOT_TILES: dict[str, dict[int, int]] = {
     "destination": {SCORE_GAT: 1, SCORE_GATV2: 2, SCORE_DOT: 2},
 }
 LIGHT_UNROLLED_WARPS: dict[str, int | None] = {"forward": None, "source": None, "destination": None}
+# With edge features the forward's light rows run unrolled too (the rows' u = W q̃ once, per slot K·H products for
+# the score and the feature sums A, Σ_k A W once per row) unless this is cleared (then the tile form projects every
+# edge's features, one class a launch).  Not yet timed on a GPU.
+LIGHT_FORWARD_UNROLLED_WITH_EDGES = True
 # With edge features the destination pass's light rows keep the tile form (all of a program's edges at once, their
 # feature sums reduced per row) unless this is set.  Session 18 (H100, arxiv-like, 16 edge features, same call,
 # replayed training step µs): tile form 2744 (bf16) / 4350 (fp32) against 2998 / 4572 unrolled, and against
@@ -335,9 +340,10 @@ def _unrolled(inputs: AttentionInputs, kernel_pass: str) -> bool:
     dtype = inputs.value.dtype
     switched = {"forward": LIGHT_FORWARD_UNROLLED, "source": LIGHT_SOURCE_UNROLLED,
                 "destination": LIGHT_DESTINATION_UNROLLED}[kernel_pass]
-    if not switched or _projects(inputs, kernel_pass):
+    if not switched:
         return False
-    if inputs.has_edge and kernel_pass == "destination" and not LIGHT_DESTINATION_UNROLLED_WITH_EDGES:
+    if inputs.has_edge and not {"forward": LIGHT_FORWARD_UNROLLED_WITH_EDGES, "source": True,
+                                "destination": LIGHT_DESTINATION_UNROLLED_WITH_EDGES}[kernel_pass]:
         return False
     if inputs.keys_from_values and not LIGHT_UNROLLED_KEYS_FROM_VALUES:
         return False
@@ -358,8 +364,9 @@ def _light_rows(schedule, inputs: AttentionInputs, width: int, light_tiles: int,
         # add into the row's sums; destination pass, the source's key (or term) and its gradient term (at
         # 16 rows, 168 / 255 registers for dot / GATv2 on sm_90 with Triton 3.9: 8 rows)
         row_elements = LIGHT_UNROLLED_SLOT_TILES[kernel_pass][inputs.score] * schedule.block_h * schedule.block_d
-        if inputs.has_edge and kernel_pass == "destination":
-            row_elements += 2 * schedule.block_h * _block_k(inputs)  # the rows' edge-feature sums A, B
+        if inputs.has_edge and kernel_pass != "source":
+            # the rows' edge-feature terms: u and A (forward), the sums A, B (destination)
+            row_elements += 2 * schedule.block_h * _block_k(inputs)
         tiles = schedule.tiles
         most = max(tiles.max_light_rows, LIGHT_UNROLLED_MAX_ROWS[kernel_pass])
         rows = max(1, min(most, tiles.tile_elements // (LIGHT_UNROLLED_ROW_WIDTH * row_elements)))
@@ -484,15 +491,14 @@ def _tile_budget(schedule, inputs: AttentionInputs, kernel_pass: str) -> tuple[i
     """
     edge = int(_projects(inputs, kernel_pass))
     light = LIGHT_TILES[kernel_pass][inputs.score] + edge
-    per_edge = ROW_EDGE_TILES[kernel_pass][inputs.score] + edge
+    # the forward row kernel's per-lane edge-feature sums [BLOCK_E, H, K]
+    per_edge = ROW_EDGE_TILES[kernel_pass][inputs.score] + int(inputs.has_edge and kernel_pass == "forward")
     block_e = schedule.medium_block_e
     while block_e > 1 and block_e * per_edge > schedule.medium_block_e:
         block_e //= 2
     cap = row_max_edges(inputs, kernel_pass)
     if cap:
         block_e = min(block_e, cap)
-    if edge and _edge_dot(inputs, schedule.block_h, schedule.block_d):
-        block_e = max(block_e, MIN_DOT)  # a matrix product per tile (see _light_rows)
     # rows per light program stay a power of two (tl.arange): round the tile count up
     return next_power_of_2(light), block_e
 

@@ -48,7 +48,7 @@ import triton.language as tl
 from fusecore.backend import jit
 
 from .dropout import attention_dropout, dropout_seed
-from .edge_features import edge_attr_tile
+from .edge_features import edge_attr_tile, rows_edge_values
 from .scores import attn_grad_terms, edge_scores, gather_keys, gather_queries, row_query, score_grad
 from .tiles import (
     ONE,
@@ -452,21 +452,6 @@ def _edge_sums_add(sums_b, sums_a, attr, grad_s, alpha_ptrs, alpha_mask, WEIGHT_
 
 
 @jit
-def _edge_key_terms(sums_b, w_edge_ptr, K, HD, hd_offs, hd_mask, scale, BLOCK_K: tl.constexpr):
-    """The key path's edge term of ``∂q``, ``scale · Σ_k B[r, h, k] W[k, h, :]`` ``[ROWS, BLOCK_H, BLOCK_D]``
-    from the rows' sums ``B [ROWS, BLOCK_H, BLOCK_K]``: one weight row ``W[k] [H, D]`` per ``k``
-    (``hd_offs``, ``hd_mask``: the ``[BLOCK_H, BLOCK_D]`` head tile)."""
-    offs_k = tl.arange(0, BLOCK_K)
-    out = tl.zeros([sums_b.shape[0], hd_offs.shape[0], hd_offs.shape[1]], dtype=sums_b.dtype)
-    for k in tl.static_range(BLOCK_K):
-        b_k = tl.sum(tl.where(offs_k[None, None, :] == k, sums_b, 0.0), axis=2)                # [ROWS, BLOCK_H]
-        w_k = tl.load(w_edge_ptr + k * HD + hd_offs, mask=hd_mask & (hd_offs * 0 + k < K),
-                      other=0.0).to(sums_b.dtype)
-        out += b_k[:, :, None] * w_k[None, :, :]
-    return out * scale
-
-
-@jit
 def _store_edge_sums(attr_sums_ptr, sums_b, sums_a, out_index, out_mask, H, K, offs_h, h_mask,
                      BLOCK_K: tl.constexpr):
     """The rows' ``A``, ``B`` (``[ROWS, BLOCK_H, BLOCK_K]``) into ``attr_sums [N, 2, H, K]`` at ``out_index [ROWS]``
@@ -542,8 +527,8 @@ def attention_backward_dst_kernel(
     acc = lane_total(acc, LANES)
     if EDGE:
         row_b = tl.reshape(sums_b, [1, BLOCK_H, BLOCK_K])
-        acc += tl.reshape(_edge_key_terms(row_b, w_edge_ptr, K, HD, hd_offs, hd_mask, scale, BLOCK_K),
-                          [BLOCK_H, BLOCK_D])
+        acc += tl.reshape(rows_edge_values(row_b, w_edge_ptr, K, HD, hd_offs, hd_mask, BLOCK_K, False),
+                          [BLOCK_H, BLOCK_D]) * scale
         if WEIGHT_GRAD:
             _store_edge_sums(attr_sums_ptr, row_b, tl.reshape(sums_a, [1, BLOCK_H, BLOCK_K]),
                              out_index + tl.zeros([1], dtype=tl.int64), tl.full([1], True, tl.int1), H, K, offs_h,
@@ -637,7 +622,7 @@ def _dst_light_unrolled(
             src_j = src_j * scale
         acc += score_grad(grad_s, dst_row, src_j, attn, negative_slope, SCORE)
     if EDGE:
-        acc += _edge_key_terms(sums_b, w_edge_ptr, K, HD, hd_offs, hd_mask, scale, BLOCK_K)
+        acc += rows_edge_values(sums_b, w_edge_ptr, K, HD, hd_offs, hd_mask, BLOCK_K, True) * scale
         if WEIGHT_GRAD:
             _store_edge_sums(attr_sums_ptr, sums_b, sums_a, rows, r_mask, H, K, offs_h, h_mask, BLOCK_K)
     tl.store(grad_dst_ptr + rows[:, None, None] * grad_stride + hd_offs[None, :, :],
@@ -684,7 +669,7 @@ def _dst_light_rows(
                                           WEIGHT_GRAD)
         sums_b = tl.reshape(tl.sum(tl.reshape(terms_b, [ROWS, BLOCK_E, BLOCK_H * BLOCK_K]), axis=1),
                             [ROWS, BLOCK_H, BLOCK_K])
-        acc += _edge_key_terms(sums_b, w_edge_ptr, K, HD, hd_offs, hd_mask, scale, BLOCK_K)
+        acc += rows_edge_values(sums_b, w_edge_ptr, K, HD, hd_offs, hd_mask, BLOCK_K, True) * scale
         if WEIGHT_GRAD:
             sums_a = tl.reshape(tl.sum(tl.reshape(terms_a, [ROWS, BLOCK_E, BLOCK_H * BLOCK_K]), axis=1),
                                 [ROWS, BLOCK_H, BLOCK_K])

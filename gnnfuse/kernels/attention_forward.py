@@ -51,7 +51,7 @@ from fusecore.backend import jit
 from fusecore.softmax import online_update
 
 from .dropout import attention_dropout, dropout_seed
-from .edge_features import edge_attr_tile, edge_weight_heads, edge_weight_tile, project_edges, row_edge_terms
+from .edge_features import edge_attr_tile, edge_weight_tile, project_edges, rows_edge_terms, rows_edge_values
 from .scores import edge_scores, gather_keys, gather_queries, row_query
 from .tiles import (
     ONE,
@@ -116,13 +116,13 @@ def attention_forward_rows_kernel(
         attn = tl.load(attn_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
     if EDGE:
         # e_p is never formed (kernels/edge_features.py): score term attr_p · u, value term
-        # Σ_k A[k] W[k] once after the loop, A[k, h] = Σ_p α_p[h] attr_p[k] rescaled like acc.
-        w_heads = edge_weight_heads(w_edge_ptr, K, HD, hd_offs, hd_mask, acc_dtype, BLOCK_K)
-        u = row_edge_terms(w_heads, tl.reshape(dst_i, [BLOCK_H, BLOCK_D]))
+        # Σ_k A[k] W[k] once after the loop, A[h, k] = Σ_p α_p[h] attr_p[k] rescaled like acc.
+        u = tl.reshape(rows_edge_terms(w_edge_ptr, tl.reshape(dst_i, [1, BLOCK_H, BLOCK_D]), K, HD, hd_offs, hd_mask,
+                                       BLOCK_K, False), [BLOCK_H, BLOCK_K])
         if LANES:
-            acc_attr = tl.zeros([BLOCK_E, BLOCK_K, BLOCK_H], dtype=acc_dtype)
+            acc_attr = tl.zeros([BLOCK_E, BLOCK_H, BLOCK_K], dtype=acc_dtype)
         else:
-            acc_attr = tl.zeros([BLOCK_K, BLOCK_H], dtype=acc_dtype)
+            acc_attr = tl.zeros([BLOCK_H, BLOCK_K], dtype=acc_dtype)
     if LANES:
         # Online-softmax state per edge lane: no reduction across threads inside the loop.
         m = tl.full([BLOCK_E, BLOCK_H], float("-inf"), dtype=acc_dtype)
@@ -176,7 +176,7 @@ def attention_forward_rows_kernel(
         if EDGE:
             eid = tl.load(eid_ptr + pos, mask=e_mask, other=0).to(tl.int64)
             attr = edge_attr_tile(attr_ptr, eid, e_mask, K, acc_dtype, BLOCK_K)
-            s += tl.sum(attr[:, :, None] * u[None, :, :], axis=1)
+            s += tl.sum(attr[:, None, :] * u[None, :, :], axis=2)
         s = tl.where(e_mask[:, None], s, float("-inf"))
         if LANES:
             m_new, rescale, p, l = online_update(m, l, s)  # a lane that has seen no edge yet stays empty
@@ -199,11 +199,11 @@ def attention_forward_rows_kernel(
         if LANES:
             acc = acc * rescale[:, :, None] + p[:, :, None] * val_j
             if EDGE:
-                acc_attr = acc_attr * rescale[:, None, :] + attr[:, :, None] * p[:, None, :]
+                acc_attr = acc_attr * rescale[:, :, None] + p[:, :, None] * attr[:, None, :]
         else:
             acc = acc * rescale[:, None] + tl.sum(p[:, :, None] * val_j, axis=0)
             if EDGE:
-                acc_attr = acc_attr * rescale[None, :] + tl.sum(attr[:, :, None] * p[:, None, :], axis=0)
+                acc_attr = acc_attr * rescale[:, None] + tl.sum(p[:, :, None] * attr[:, None, :], axis=0)
         m = m_new
     if LANES:
         # merge the lanes: weights exp(m_lane - m_row) (0 for lanes without edges)
@@ -213,9 +213,10 @@ def attention_forward_rows_kernel(
         l = tl.sum(l * weight, axis=0)
         acc = tl.sum(acc * weight[:, :, None], axis=0)
         if EDGE:
-            acc_attr = tl.sum(acc_attr * weight[:, None, :], axis=0)
+            acc_attr = tl.sum(acc_attr * weight[:, :, None], axis=0)
     if EDGE:
-        acc += tl.sum(acc_attr[:, :, None] * w_heads, axis=0)
+        acc += tl.reshape(rows_edge_values(tl.reshape(acc_attr, [1, BLOCK_H, BLOCK_K]), w_edge_ptr, K, HD, hd_offs,
+                                           hd_mask, BLOCK_K, False), [BLOCK_H, BLOCK_D])
     out, lse = finish_softmax(acc, m, l)
     # ADD and FINAL never with PIECES: a split row gets its term and final output in the merge
     store_output(out_ptr, final_ptr, add_ptr, out, out_index * HD + hd_offs, row * add_stride + hd_offs, hd_mask,
@@ -234,7 +235,7 @@ def attention_forward_light_kernel(
 ):
     """The light width classes of ``LIGHT`` in one launch (:mod:`gnnfuse.kernels.tiles`): each program
     runs :func:`_forward_light_rows` compiled for its class's tile (:func:`_forward_light_unrolled`
-    with ``UNROLLED``: no edge features)."""
+    with ``UNROLLED``)."""
     seed, rng_offset = dropout_seed(seed, rng_offset, DROPOUT)
     pid = tl.program_id(0).to(tl.int64)
     first = pid * 0
@@ -250,10 +251,11 @@ def attention_forward_light_kernel(
                 if (local >= 0) & (local < programs):
                     if UNROLLED:
                         _forward_light_unrolled(
-                            local, src_ptr, rows_ptr + row0, starts_ptr + row0, stops_ptr + row0, src_term_ptr,
-                            dst_term_ptr, attn_ptr, value_ptr, out_ptr, lse_ptr, add_ptr, final_ptr, count, H, D,
-                            negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, add_stride, feat_stride,
-                            ONE << (f - 1), ONE << k, BLOCK_H, BLOCK_D, DROPOUT, SCORE, KEY_SCALE, ADD, FINAL,
+                            local, src_ptr, eid_ptr, rows_ptr + row0, starts_ptr + row0, stops_ptr + row0,
+                            src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, out_ptr, lse_ptr,
+                            add_ptr, final_ptr, count, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed,
+                            rng_offset, add_stride, feat_stride, ONE << (f - 1), ONE << k, BLOCK_H, BLOCK_D, DROPOUT,
+                            SCORE, EDGE, BLOCK_K, KEY_SCALE, ADD, FINAL,
                         )
                     else:
                         _forward_light_rows(
@@ -270,16 +272,20 @@ def attention_forward_light_kernel(
 
 @jit
 def _forward_light_unrolled(
-    pid, src_ptr, rows_ptr, starts_ptr, stops_ptr, src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, out_ptr, lse_ptr,
-    add_ptr, final_ptr, num_rows, H, D, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, add_stride,
-    feat_stride, ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-    DROPOUT: tl.constexpr, SCORE: tl.constexpr, KEY_SCALE: tl.constexpr, ADD: tl.constexpr, FINAL: tl.constexpr,
+    pid, src_ptr, eid_ptr, rows_ptr, starts_ptr, stops_ptr, src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr,
+    w_edge_ptr, out_ptr, lse_ptr, add_ptr, final_ptr, num_rows, H, D, K, negative_slope, scale, dropout_p, keep_scale,
+    seed, rng_offset, add_stride, feat_stride, ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr, DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr, BLOCK_K: tl.constexpr,
+    KEY_SCALE: tl.constexpr, ADD: tl.constexpr, FINAL: tl.constexpr,
 ):
-    """``ROWS`` light rows of degree <= ``BLOCK_E`` (no edge features), the edge slots unrolled: slot
-    ``e`` gathers the rows' ``e``-th sources as ``[ROWS, BLOCK_H, BLOCK_D]`` tiles and folds them into a
-    running softmax per row and head, so every gather is independent of the scores (all in flight at
-    once) and nothing is reduced across warps (the ``[ROWS · BLOCK_E, H, D]`` tile of
-    :func:`_forward_light_rows` is summed over its edges across warps, through shared memory)."""
+    """``ROWS`` light rows of degree <= ``BLOCK_E``, the edge slots unrolled: slot ``e`` gathers the rows'
+    ``e``-th sources as ``[ROWS, BLOCK_H, BLOCK_D]`` tiles and folds them into a running softmax per row
+    and head, so every gather is independent of the scores (all in flight at once) and nothing is reduced
+    across warps (the ``[ROWS · BLOCK_E, H, D]`` tile of :func:`_forward_light_rows` is summed over its
+    edges across warps, through shared memory).  With ``EDGE`` (dot score) no edge is projected, as in
+    the row kernel: the rows' ``u = W q̃`` ``[ROWS, BLOCK_H, BLOCK_K]`` once, per slot the score term
+    ``Σ_k attr_p[k] u[h, k]`` and ``A[h, k] += α_p[h] attr_p[k]`` (rescaled like the output), and
+    ``Σ_k A[h, k] W[k, h, :]`` added once after the last slot."""
     acc_dtype = lse_ptr.dtype.element_ty
     offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
     HD = H * D
@@ -294,6 +300,9 @@ def _forward_light_unrolled(
         if SCORE == 2:
             dst_i = dst_i * scale
         attn = tl.load(attn_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
+        if EDGE:
+            u = rows_edge_terms(w_edge_ptr, dst_i, K, HD, hd_offs, hd_mask, BLOCK_K, True)  # [ROWS, BLOCK_H, BLOCK_K]
+            acc_attr = tl.zeros([ROWS, BLOCK_H, BLOCK_K], dtype=acc_dtype)
     m = tl.full([ROWS, BLOCK_H], float("-inf"), dtype=acc_dtype)
     l = tl.zeros([ROWS, BLOCK_H], dtype=acc_dtype)
     acc = tl.zeros([ROWS, BLOCK_H, BLOCK_D], dtype=acc_dtype)
@@ -317,12 +326,20 @@ def _forward_light_unrolled(
                 val_j = tl.load(value_ptr + src[:, None, None] * feat_stride + hd_offs[None, :, :], mask=feat_mask,
                                 other=0.0).to(acc_dtype)
             s = edge_scores(src_j, dst_i, attn, negative_slope, SCORE)
+            if EDGE:
+                eid = tl.load(eid_ptr + pos, mask=e_mask, other=0).to(tl.int64)
+                attr = edge_attr_tile(attr_ptr, eid, e_mask, K, acc_dtype, BLOCK_K)           # [ROWS, BLOCK_K]
+                s += tl.sum(attr[:, None, :] * u, axis=2)
         s = tl.where(e_mask[:, None], s, float("-inf"))
         m_new, rescale, p, l = online_update(m, l, s)  # a row that has seen no edge yet stays empty
         if DROPOUT:
             p = attention_dropout(p, pos[:, None], rng_offset + offs_h[None, :], seed, dropout_p, keep_scale)
         acc = acc * rescale[:, :, None] + p[:, :, None] * val_j
+        if EDGE:
+            acc_attr = acc_attr * rescale[:, :, None] + p[:, :, None] * attr[:, None, :]
         m = m_new
+    if EDGE:
+        acc += rows_edge_values(acc_attr, w_edge_ptr, K, HD, hd_offs, hd_mask, BLOCK_K, True)
     has_edges = l > 0
     l_safe = tl.where(has_edges, l, 1.0)
     out = acc / l_safe[:, :, None]

@@ -12,14 +12,15 @@ the same rows, in input order.
 
 A kernel that owns a destination row ``i`` (the row kernels of the forward and of the
 backward's destination pass) never forms ``e_p`` at all: with ``u_i[k, h] = Σ_d W[k, h, d] q̃_i[h, d]``
-(:func:`row_edge_terms`, once per row)::
+(:func:`rows_edge_terms`, once per row)::
 
     q̃_i · e_p              = Σ_k attr_p[k] u_i[k, h]                       (score)
     Σ_p α_p e_p[h, :]       = Σ_k A_i[k, h] W[k, h, :],  A_i[k, h] = Σ_p α_p[h] attr_p[k]   (values)
 
 so per edge only ``K·H`` products remain (instead of the ``K·H·D`` of a projection) and the
-``W`` terms are applied once per row.  The forward's light tiles, which gather per edge for many
-rows, project with :func:`project_edges`.
+``W`` terms are applied once per row (:func:`rows_edge_values`).  The forward's light rows do the same
+unrolled (one edge slot of many rows at a time); in the tile form (all of a program's edges at once) they
+project with :func:`project_edges`.
 
 Backward, with ``∂e_p = α'_p g_i + ∂s_p q̃_i`` per head (value path + key path, ``i`` the
 edge's destination; see :mod:`gnnfuse.kernels.attention_backward`)::
@@ -74,18 +75,60 @@ def edge_attr_tile(attr_ptr, eid, e_mask, K, acc_dtype: tl.constexpr, BLOCK_K: t
 
 
 @jit
-def row_edge_terms(w_heads, row_vector):
-    """``Σ_d W[k, h, d] · v[h, d]`` ``[BLOCK_K, BLOCK_H]`` of one row's ``[BLOCK_H, BLOCK_D]`` vector
-    ``v`` (``u = W q̃``, ``z = W g``; ``w_heads`` from :func:`edge_weight_heads`)."""
-    return tl.sum(w_heads * row_vector[None, :, :], axis=2)
+def _weight_row(w_ptr, k, K, HD, hd_offs, hd_mask, dtype: tl.constexpr, VOLATILE: tl.constexpr = False):
+    """``W[k]`` as a zero-padded ``[BLOCK_H, BLOCK_D]`` head tile in ``dtype`` (zero for ``k >= K``).
+    ``VOLATILE``: a load the compiler may neither merge with an earlier load of the same row nor move."""
+    return tl.load(w_ptr + k * HD + hd_offs, mask=hd_mask & (hd_offs * 0 + k < K), other=0.0,
+                   volatile=VOLATILE).to(dtype)
 
 
 @jit
-def edge_weight_heads(w_ptr, K, HD, hd_offs, hd_mask, acc_dtype: tl.constexpr, BLOCK_K: tl.constexpr):
-    """``W`` as a zero-padded ``[BLOCK_K, BLOCK_H, BLOCK_D]`` tile in ``acc_dtype`` (per-head layout)."""
+def _row_term(w_ptr, vectors, u, offs_k, k, K, HD, hd_offs, hd_mask):
+    u_k = tl.sum(vectors * _weight_row(w_ptr, k, K, HD, hd_offs, hd_mask, vectors.dtype)[None, :, :], axis=2)
+    return tl.where(offs_k[None, None, :] == k, u_k[:, :, None], u)
+
+
+@jit
+def rows_edge_terms(w_ptr, vectors, K, HD, hd_offs, hd_mask, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr):
+    """``u[r, h, k] = Σ_d W[k, h, d] · v[r, h, d]`` ``[ROWS, BLOCK_H, BLOCK_K]`` of the rows' vectors
+    ``v [ROWS, BLOCK_H, BLOCK_D]`` (``u = W q̃``), one weight row ``W[k]`` at a time, no ``[K, H, D]`` tile
+    held (``hd_offs``, ``hd_mask``: the ``[BLOCK_H, BLOCK_D]`` head tile).  ``UNROLL``: the ``BLOCK_K`` steps
+    unrolled (the compiler may then issue every row's load at once); otherwise a loop over ``K``, one row
+    live at a time."""
     offs_k = tl.arange(0, BLOCK_K)
-    return tl.load(w_ptr + offs_k[:, None, None] * HD + hd_offs[None, :, :],
-                   mask=(offs_k < K)[:, None, None] & hd_mask[None, :, :], other=0.0).to(acc_dtype)
+    u = tl.zeros([vectors.shape[0], vectors.shape[1], BLOCK_K], dtype=vectors.dtype)
+    if UNROLL:
+        for k in tl.static_range(BLOCK_K):
+            u = _row_term(w_ptr, vectors, u, offs_k, k, K, HD, hd_offs, hd_mask)
+    else:
+        for k in range(0, K):
+            u = _row_term(w_ptr, vectors, u, offs_k, k, K, HD, hd_offs, hd_mask)
+    return u
+
+
+@jit
+def _row_value(sums, out, w_ptr, offs_k, k, K, HD, hd_offs, hd_mask):
+    s_k = tl.sum(tl.where(offs_k[None, None, :] == k, sums, 0.0), axis=2)                     # [ROWS, BLOCK_H]
+    # loaded again, never kept from rows_edge_terms: the compiler would otherwise keep every row W[k]
+    # (replicated across the threads of wider tiles) live through a kernel's edge loop (sm_90: the forward
+    # row kernel at 218 registers against 72)
+    return out + s_k[:, :, None] * _weight_row(w_ptr, k, K, HD, hd_offs, hd_mask, sums.dtype, True)[None, :, :]
+
+
+@jit
+def rows_edge_values(sums, w_ptr, K, HD, hd_offs, hd_mask, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr):
+    """``Σ_k S[r, h, k] W[k, h, :]`` ``[ROWS, BLOCK_H, BLOCK_D]`` of the rows' sums ``S [ROWS, BLOCK_H,
+    BLOCK_K]`` (the forward's ``A``, the destination pass's ``B``), one weight row ``W[k]`` at a time
+    (``UNROLL`` as :func:`rows_edge_terms`)."""
+    offs_k = tl.arange(0, BLOCK_K)
+    out = tl.zeros([sums.shape[0], hd_offs.shape[0], hd_offs.shape[1]], dtype=sums.dtype)
+    if UNROLL:
+        for k in tl.static_range(BLOCK_K):
+            out = _row_value(sums, out, w_ptr, offs_k, k, K, HD, hd_offs, hd_mask)
+    else:
+        for k in range(0, K):
+            out = _row_value(sums, out, w_ptr, offs_k, k, K, HD, hd_offs, hd_mask)
+    return out
 
 
 @jit

@@ -83,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("rows", nargs="+")
     parser.add_argument("--nodes", type=int, default=60000)
     parser.add_argument("--shape", default="128,8,16", help="IN,HEADS,DIM of the layer (default 128,8,16)")
+    parser.add_argument("--forward", action="store_true", help="the forward's kernels alone (no training step)")
     args = parser.parse_args(argv)
     shape = parse_shape(args.shape, parser)
     if os.environ.get("FUSEKIT_COMPILE_FOR", "").strip() != "sm_90" or \
@@ -108,8 +109,8 @@ def main(argv: list[str] | None = None) -> int:
                 kernel._compiled.clear()  # report this row's specialisations, even those an earlier row had
             done = len(report.read_text().splitlines()) if report.exists() else 0
             graph = Graph(edges, args.nodes)  # fresh schedules and launch plans under the row's settings
-            _, step = build(layer, DTYPES[dtype_name], graph, graph.num_nodes, torch.device("cpu"), shape)
-            step()
+            forward, step = build(layer, DTYPES[dtype_name], graph, graph.num_nodes, torch.device("cpu"), shape)
+            (forward if args.forward else step)()
             lines = report.read_text().splitlines()[done:]
         finally:
             restore()

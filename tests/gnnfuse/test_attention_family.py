@@ -123,12 +123,13 @@ def test_edge_feature_gradients_only_where_asked(gen, device, frozen):
 def test_edge_terms_and_weight_gradient_over_many_programs(gen, device, monkeypatch, unrolled):
     """The backward's edge-feature terms ``(q̃_i · e_p, g_i · e_p)`` formed (and ``∂attr`` from ``α'``) in CSR
     blocks of 16 positions and ``∂W_e`` summed from node blocks of 7 (many programs each, partial blocks at
-    the ends), with the source and destination passes' light rows unrolled and in the tile form: every
-    gradient against the float64 oracle."""
+    the ends), with the light rows of the forward, source and destination passes unrolled and in the tile form
+    (the forward's projecting every edge): the output and every gradient against the float64 oracle."""
     monkeypatch.setattr(ops, "EDGE_TERMS_BLOCK_INTERPRETED", 16)
     monkeypatch.setattr(ops, "EDGE_TERMS_BLOCK", 16)
     monkeypatch.setattr(ops, "EDGE_WEIGHT_GRAD_NODES_INTERPRETED", 7)
     monkeypatch.setattr(ops, "EDGE_WEIGHT_GRAD_NODES", 7)
+    monkeypatch.setattr(ops, "LIGHT_FORWARD_UNROLLED_WITH_EDGES", unrolled)
     monkeypatch.setattr(ops, "LIGHT_SOURCE_UNROLLED", unrolled)
     monkeypatch.setattr(ops, "LIGHT_DESTINATION_UNROLLED_WITH_EDGES", unrolled)
     graph = Graph(corner_case_edges(gen).to(device), 29)
