@@ -317,10 +317,13 @@ LIGHT_UNROLLED_SLOT_TILES: dict[str, dict[int, int]] = {
     "destination": {SCORE_GAT: 1, SCORE_GATV2: 2, SCORE_DOT: 2},
 }
 LIGHT_UNROLLED_WARPS: dict[str, int | None] = {"forward": None, "source": None, "destination": None}
-# With edge features the forward's light rows run unrolled too (the rows' u = W q̃ once, per slot K·H products for
-# the score and the feature sums A, Σ_k A W once per row) unless this is cleared (then the tile form projects every
-# edge's features, one class a launch).  Not yet timed on a GPU.
-LIGHT_FORWARD_UNROLLED_WITH_EDGES = True
+# With edge features the forward's light rows keep the tile form (every edge's features projected on the tensor cores,
+# one class a launch) unless this is set: then they run unrolled too (the rows' u = W q̃ once, per slot K·H products
+# for the score and the feature sums A, Σ_k A W once per row).  Not the default: on sm_90 (Triton 3.6) the unrolled
+# form with edge features takes 112 registers against 53-64 and ~130 s to compile per specialisation (its per-row
+# K-steps unrolled in every width class); not timed on a GPU (session 19: the first call's compile outlasted its
+# time limit).
+LIGHT_FORWARD_UNROLLED_WITH_EDGES = False
 # With edge features the destination pass's light rows keep the tile form (all of a program's edges at once, their
 # feature sums reduced per row) unless this is set.  Session 18 (H100, arxiv-like, 16 edge features, same call,
 # replayed training step µs): tile form 2744 (bf16) / 4350 (fp32) against 2998 / 4572 unrolled, and against
