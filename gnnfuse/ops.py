@@ -449,6 +449,8 @@ ROW_PREFETCH_SCORES: tuple[int, ...] = (SCORE_GAT, SCORE_GATV2, SCORE_DOT)
 # 289.7 / 1336 → 278.3 / 1329, Transformer fp32 (with the backward's prefetch below) 1278 / 2865 → 1114 /
 # 2699, AGNN bf16 (the same) 273.5 / 1077 → 249.9 / 1026; GAT bf16 248.0 / 793 → 257.6 / 803: not GAT.
 ROW_PREFETCH_GATHER_SCORES: tuple[int, ...] = (SCORE_GATV2, SCORE_DOT)
+# ... with edge features too (the trip's edge ids and features still loaded in the trip) if this is set.
+ROW_PREFETCH_GATHERS_WITH_EDGES = False
 
 
 # The backward's row kernels (source and destination passes) for these scores load each edge block's
@@ -479,9 +481,15 @@ def _row_options(schedule, kernel_pass: str) -> dict:
 
 def _row_prefetch(inputs: AttentionInputs) -> int:
     """The forward row kernel's ``PREFETCH``: 2 (indices and gathers ahead), 1 (indices), 0."""
-    if inputs.score in ROW_PREFETCH_GATHER_SCORES and not inputs.has_edge:
+    if inputs.score in ROW_PREFETCH_GATHER_SCORES and (ROW_PREFETCH_GATHERS_WITH_EDGES or not inputs.has_edge):
         return 2
     return int(inputs.score in ROW_PREFETCH_SCORES)
+
+
+# Feature tiles the forward row kernel's per-lane edge-feature sums ``[BLOCK_E, H, K]`` count for (with edge features):
+# with one its edge block is 8 on the GPU's tiles.  Session 19 (H100, Nsight Compute, arxiv-like bf16): the row kernel
+# at 72 registers took 300 + 47 µs at 8 edges against 363 + 60 at 16 edges and 168 registers (W_e kept live then).
+ROW_EDGE_SUM_TILES = 1
 
 
 def _tile_budget(schedule, inputs: AttentionInputs, kernel_pass: str) -> tuple[int, int]:
@@ -494,10 +502,9 @@ def _tile_budget(schedule, inputs: AttentionInputs, kernel_pass: str) -> tuple[i
     """
     edge = int(_projects(inputs, kernel_pass))
     light = LIGHT_TILES[kernel_pass][inputs.score] + edge
-    # the forward row kernel's per-lane edge-feature sums [BLOCK_E, H, K] (with them its edge block is 8 on the GPU's
-    # tiles; session 19, H100, the row kernel at 72 registers: 300 + 47 µs against 363 + 60 at 16 edges and 168
-    # registers, Nsight Compute; 16 edges at 72 registers not timed)
-    per_edge = ROW_EDGE_TILES[kernel_pass][inputs.score] + int(inputs.has_edge and kernel_pass == "forward")
+    per_edge = ROW_EDGE_TILES[kernel_pass][inputs.score]
+    if inputs.has_edge and kernel_pass == "forward":
+        per_edge += ROW_EDGE_SUM_TILES
     block_e = schedule.medium_block_e
     while block_e > 1 and block_e * per_edge > schedule.medium_block_e:
         block_e //= 2
