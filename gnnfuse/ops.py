@@ -449,8 +449,10 @@ ROW_PREFETCH_SCORES: tuple[int, ...] = (SCORE_GAT, SCORE_GATV2, SCORE_DOT)
 # 289.7 / 1336 → 278.3 / 1329, Transformer fp32 (with the backward's prefetch below) 1278 / 2865 → 1114 /
 # 2699, AGNN bf16 (the same) 273.5 / 1077 → 249.9 / 1026; GAT bf16 248.0 / 793 → 257.6 / 803: not GAT.
 ROW_PREFETCH_GATHER_SCORES: tuple[int, ...] = (SCORE_GATV2, SCORE_DOT)
-# ... with edge features too (the trip's edge ids and features still loaded in the trip) if this is set.
-ROW_PREFETCH_GATHERS_WITH_EDGES = False
+# ... with edge features too (the trip's edge ids and features still loaded in the trip; 90-96 registers on sm_90
+# against 72-80).  Session 19 (H100, arxiv-like, same call, replayed forward / step µs): bf16 768 / 2776 -> 719 /
+# 2729, fp32 1256 / 4317 -> 1255 / 4333 (within noise).
+ROW_PREFETCH_GATHERS_WITH_EDGES = True
 
 
 # The backward's row kernels (source and destination passes) for these scores load each edge block's
@@ -631,21 +633,27 @@ def _light_breaks(inputs: AttentionInputs) -> tuple[int, ...]:
 # at 7.985 against 6.777 ms forward+backward in fp32 (session 8, per-class launches) and 1.154 against
 # 0.997 ms forward in bf16 with one launch per pass, while its rows per program, registers (sm_90 report:
 # 204 / 124 / 96 against at most 194 / 125 / 94 per class) and BLOCK_K / EDGE_DOT were unchanged.  This
-# restores session 8's launches for them; not re-timed on a GPU yet.
+# restores session 8's launches for them.  Session 19 (H100, arxiv-like, same call, replayed forward / step µs, the
+# forward's light rows in the tile form): one launch per pass against one per class, bf16 775 / 2804 against 768 /
+# 2776, fp32 1234 / 4290 against 1256 / 4317: per class in 2-byte floats (the first constant), not in float32 and
+# float64 (the second).
 LIGHT_LAUNCH_PER_CLASS_WITH_EDGES = True
+LIGHT_LAUNCH_PER_CLASS_WITH_EDGES_FLOAT32 = False
 
 
 def _light_plan(schedule, inputs: AttentionInputs, buckets: Buckets, kernel_pass: str, flags: dict) -> list:
     """``(grid, (rows, starts, stops), counts, keyword arguments)`` of the light launches of
     ``kernel_pass``: the width classes grouped by :func:`_light_breaks` (one class per launch
-    with edge features: :data:`LIGHT_LAUNCH_PER_CLASS_WITH_EDGES`), each launch over its classes' slice
+    with edge features in 2-byte floats: :data:`LIGHT_LAUNCH_PER_CLASS_WITH_EDGES`), each launch over its classes' slice
     of ``buckets.light_all`` with the classes' row counts as ``n0 .. n6``."""
     from .kernels.tiles import LIGHT_SLOTS, pack_light
 
     block_h, block_d = schedule.block_h, schedule.block_d
     light_tiles, _ = _tile_budget(schedule, inputs, kernel_pass)
     projects = _projects(inputs, kernel_pass)
-    per_class = projects and LIGHT_LAUNCH_PER_CLASS_WITH_EDGES
+    two_byte = inputs.value.dtype in (torch.float16, torch.bfloat16)
+    per_class = projects and (LIGHT_LAUNCH_PER_CLASS_WITH_EDGES if two_byte
+                              else LIGHT_LAUNCH_PER_CLASS_WITH_EDGES_FLOAT32)
     breaks = _light_breaks(inputs)
     groups: list[list[tuple[int, int, int]]] = []
     for width, rows, _, _ in buckets.light:
@@ -654,7 +662,6 @@ def _light_plan(schedule, inputs: AttentionInputs, buckets: Buckets, kernel_pass
         groups[-1].append((width, rows.numel(), _light_rows(schedule, inputs, width, light_tiles, kernel_pass)))
     unrolled = _unrolled(inputs, kernel_pass)
     warps = (unrolled and LIGHT_UNROLLED_WARPS[kernel_pass]) or schedule.num_warps
-    two_byte = inputs.value.dtype in (torch.float16, torch.bfloat16)
     cap = LIGHT_UNROLLED_MAXNREG[kernel_pass].get(inputs.score) if unrolled and two_byte else None
     options = {"num_warps": warps, **({"maxnreg": cap} if cap else {})}
     plan, begin = [], 0
