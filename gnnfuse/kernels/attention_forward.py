@@ -9,10 +9,10 @@ GATv2 or scaled dot product) and values ``val_j`` (``Wh_j``, ``fs_j`` or ``v_j``
     out_i  = Σ_j α_ijh (val_j + e_p)[h, :]
 
 ``e_p = W_e · attr_p`` (``EDGE``, dot score only) is the edge feature at CSR position ``p``
-(input edge ``eid[p]``: ``attr`` is read in the caller's edge order) projected in registers
-(:mod:`gnnfuse.kernels.edge_features`); it is added to the key and to the value, as in PyG's
-TransformerConv.  ``keep_ph = uniform(seed,
-stream=p, position=offset + h) >= p_drop`` is attention dropout, regenerated in the backward
+(input edge ``eid[p]``: ``attr`` is read in the caller's edge order), added to the key and to the value, as
+in PyG's TransformerConv; never stored (:mod:`gnnfuse.kernels.edge_features`): the light tiles project it in
+registers, the row kernel and the unrolled light rows never form it (``W_e`` applied once per row).
+``keep_ph = uniform(seed, stream=p, position=offset + h) >= p_drop`` is attention dropout, regenerated in the backward
 pass from the same counter, never stored.  Only ``lse [N, H]`` is written beside the output.
 With ``ADD`` a term ``add[i]`` (a bias, ``add_stride = 0``, or a per-node tensor, ``add_stride =
 H·D``) is added to the output as it is stored (the layer's bias or root term without a pass of
@@ -98,8 +98,9 @@ def attention_forward_rows_kernel(
     acc_dtype = lse_ptr.dtype.element_ty
     seed, rng_offset = dropout_seed(seed, rng_offset, DROPOUT)
     # PREFETCH 1: each edge block's source indices are loaded one trip ahead, so a trip's gathers wait on no
-    # index load of their own (the compiler hoists loads within a trip, not across trips); 2 (not with EDGE):
-    # the block's gathers too (:func:`_trip_tiles`), issued a trip ahead, indices two trips ahead.
+    # index load of their own (the compiler hoists loads within a trip, not across trips); 2: the block's
+    # gathers too (:func:`_trip_tiles`), issued a trip ahead, indices two trips ahead (with EDGE the trip's
+    # edge ids and features are still loaded in the trip).
     pid = tl.program_id(0).to(tl.int64)
     offs_e = tl.arange(0, BLOCK_E)
     offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
