@@ -481,6 +481,15 @@ def _row_options(schedule, kernel_pass: str) -> dict:
     return {"num_warps": ROW_WARPS[kernel_pass] or schedule.num_warps, **({"maxnreg": cap} if cap else {})}
 
 
+def _row_edge_options(inputs: AttentionInputs, kernel_pass: str) -> dict:
+    """The row kernel's edge-feature constexprs for ``kernel_pass`` (:data:`ROW_EDGE_FORM`, :data:`ROW_ATTR_AHEAD`);
+    none without edge features, so those kernels keep one specialisation."""
+    if not inputs.has_edge:
+        return {}
+    ahead = {"ATTR_AHEAD": ROW_ATTR_AHEAD} if kernel_pass == "forward" else {}
+    return {"EDGE_FORM": ROW_EDGE_FORM[kernel_pass], **ahead}
+
+
 def _row_prefetch(inputs: AttentionInputs) -> int:
     """The forward row kernel's ``PREFETCH``: 2 (indices and gathers ahead), 1 (indices), 0."""
     if inputs.score in ROW_PREFETCH_GATHER_SCORES and (ROW_PREFETCH_GATHERS_WITH_EDGES or not inputs.has_edge):
@@ -492,6 +501,13 @@ def _row_prefetch(inputs: AttentionInputs) -> int:
 # with one its edge block is 8 on the GPU's tiles.  Session 19 (H100, Nsight Compute, arxiv-like bf16): the row kernel
 # at 72 registers took 300 + 47 µs at 8 edges against 363 + 60 at 16 edges and 168 registers (W_e kept live then).
 ROW_EDGE_SUM_TILES = 1
+# With edge features, how the row kernels (the forward's and the destination pass's) meet ``W_e`` in ``u = W_e q̃``
+# and ``Σ_k A[k] W_e[k]`` (``EDGE_FORM``, :func:`gnnfuse.kernels.edge_features.rows_edge_terms`): 0 one weight row
+# at a time in a loop over ``K``, 2 one product with the whole ``[K, H, D]`` tile (loaded again for the epilogue).
+ROW_EDGE_FORM = {"forward": 0, "destination": 0}
+# With edge features and the gathers a trip ahead (``PREFETCH`` 2), the forward row kernel's edge features too
+# (``ATTR_AHEAD``: features a trip ahead, edge ids two).
+ROW_ATTR_AHEAD = False
 
 
 def _tile_budget(schedule, inputs: AttentionInputs, kernel_pass: str) -> tuple[int, int]:
@@ -698,7 +714,7 @@ def _forward_plan(schedule, inputs: AttentionInputs, dtype: torch.dtype, use_dro
     rows = [{"BLOCK_E": row_block_e, "BLOCK_H": block_h, "BLOCK_D": block_d, "PIECES": pieces, **flags,
              "BLOCK_K": _block_k(inputs), "LANES": lanes, "ADD": has_add and not pieces,
              "FINAL": has_final and not pieces, "PREFETCH": _row_prefetch(inputs),
-             **_row_options(schedule, "forward")}
+             **_row_edge_options(inputs, "forward"), **_row_options(schedule, "forward")}
             for *_, pieces in _row_launches(schedule.incoming)]
     merge = {"BLOCK_P": max(1, MERGE_TILE // (block_h * block_d)), "BLOCK_H": block_h, "BLOCK_D": block_d,
              "ADD": has_add, "FINAL": has_final}
@@ -947,7 +963,7 @@ def _backward_plan(schedule, inputs: AttentionInputs, dtype: torch.dtype, use_dr
     plan["destination rows"] = [
         {"BLOCK_E": row_block_e, "BLOCK_H": block_h, "BLOCK_D": block_d, "PIECES": pieces, **flags,
          "BLOCK_K": _block_k(inputs), "LANES": lanes, "PREFETCH": inputs.score in ROW_BACKWARD_PREFETCH_SCORES,
-         **_row_options(schedule, "destination")}
+         **_row_edge_options(inputs, "destination"), **_row_options(schedule, "destination")}
         for *_, pieces in _row_launches(incoming)]
     return plan
 

@@ -473,7 +473,7 @@ def attention_backward_dst_kernel(
     BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
     PIECES: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr,
     KEY_SCALE: tl.constexpr, WEIGHT_GRAD: tl.constexpr, LANES: tl.constexpr,
-    PREFETCH: tl.constexpr = False,
+    PREFETCH: tl.constexpr = False, EDGE_FORM: tl.constexpr = 0,
 ):
     """``∂L/∂dst_i = Σ_{j->i} ∂s/∂dst · ∂L/∂s_ij`` for GATv2 (``∂L/∂fd``) and the dot score
     (``∂L/∂q``, the keys gathered again), from the source pass's ``∂L/∂s`` at CSR positions.
@@ -527,7 +527,7 @@ def attention_backward_dst_kernel(
     acc = lane_total(acc, LANES)
     if EDGE:
         row_b = tl.reshape(sums_b, [1, BLOCK_H, BLOCK_K])
-        acc += tl.reshape(rows_edge_values(row_b, w_edge_ptr, K, HD, hd_offs, hd_mask, BLOCK_K, False),
+        acc += tl.reshape(rows_edge_values(row_b, w_edge_ptr, K, HD, hd_offs, hd_mask, BLOCK_K, EDGE_FORM),
                           [BLOCK_H, BLOCK_D]) * scale
         if WEIGHT_GRAD:
             _store_edge_sums(attr_sums_ptr, row_b, tl.reshape(sums_a, [1, BLOCK_H, BLOCK_K]),
@@ -622,7 +622,7 @@ def _dst_light_unrolled(
             src_j = src_j * scale
         acc += score_grad(grad_s, dst_row, src_j, attn, negative_slope, SCORE)
     if EDGE:
-        acc += rows_edge_values(sums_b, w_edge_ptr, K, HD, hd_offs, hd_mask, BLOCK_K, True) * scale
+        acc += rows_edge_values(sums_b, w_edge_ptr, K, HD, hd_offs, hd_mask, BLOCK_K, 1) * scale
         if WEIGHT_GRAD:
             _store_edge_sums(attr_sums_ptr, sums_b, sums_a, rows, r_mask, H, K, offs_h, h_mask, BLOCK_K)
     tl.store(grad_dst_ptr + rows[:, None, None] * grad_stride + hd_offs[None, :, :],
@@ -669,7 +669,7 @@ def _dst_light_rows(
                                           WEIGHT_GRAD)
         sums_b = tl.reshape(tl.sum(tl.reshape(terms_b, [ROWS, BLOCK_E, BLOCK_H * BLOCK_K]), axis=1),
                             [ROWS, BLOCK_H, BLOCK_K])
-        acc += rows_edge_values(sums_b, w_edge_ptr, K, HD, hd_offs, hd_mask, BLOCK_K, True) * scale
+        acc += rows_edge_values(sums_b, w_edge_ptr, K, HD, hd_offs, hd_mask, BLOCK_K, 1) * scale
         if WEIGHT_GRAD:
             sums_a = tl.reshape(tl.sum(tl.reshape(terms_a, [ROWS, BLOCK_E, BLOCK_H * BLOCK_K]), axis=1),
                                 [ROWS, BLOCK_H, BLOCK_K])

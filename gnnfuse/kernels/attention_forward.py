@@ -93,14 +93,16 @@ def attention_forward_rows_kernel(
     BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     PIECES: tl.constexpr, DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr,
     BLOCK_K: tl.constexpr, KEY_SCALE: tl.constexpr, LANES: tl.constexpr, ADD: tl.constexpr, FINAL: tl.constexpr,
-    PREFETCH: tl.constexpr = 0,
+    PREFETCH: tl.constexpr = 0, EDGE_FORM: tl.constexpr = 0, ATTR_AHEAD: tl.constexpr = False,
 ):
     acc_dtype = lse_ptr.dtype.element_ty
     seed, rng_offset = dropout_seed(seed, rng_offset, DROPOUT)
     # PREFETCH 1: each edge block's source indices are loaded one trip ahead, so a trip's gathers wait on no
     # index load of their own (the compiler hoists loads within a trip, not across trips); 2: the block's
     # gathers too (:func:`_trip_tiles`), issued a trip ahead, indices two trips ahead (with EDGE the trip's
-    # edge ids and features are still loaded in the trip).
+    # edge ids and features are loaded in the trip, or with ATTR_AHEAD the same way as the gathers: features a
+    # trip ahead, edge ids two).  EDGE_FORM: how u and the epilogue's Σ_k A[k] W[k] meet W_e
+    # (:func:`~gnnfuse.kernels.edge_features.rows_edge_terms`).
     pid = tl.program_id(0).to(tl.int64)
     offs_e = tl.arange(0, BLOCK_E)
     offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
@@ -119,7 +121,7 @@ def attention_forward_rows_kernel(
         # e_p is never formed (kernels/edge_features.py): score term attr_p · u, value term
         # Σ_k A[k] W[k] once after the loop, A[h, k] = Σ_p α_p[h] attr_p[k] rescaled like acc.
         u = tl.reshape(rows_edge_terms(w_edge_ptr, tl.reshape(dst_i, [1, BLOCK_H, BLOCK_D]), K, HD, hd_offs, hd_mask,
-                                       BLOCK_K, False), [BLOCK_H, BLOCK_K])
+                                       BLOCK_K, EDGE_FORM), [BLOCK_H, BLOCK_K])
         if LANES:
             acc_attr = tl.zeros([BLOCK_E, BLOCK_H, BLOCK_K], dtype=acc_dtype)
         else:
@@ -139,6 +141,10 @@ def attention_forward_rows_kernel(
         a_c, b_c = _trip_tiles(src_term_ptr, value_ptr, src_c, first < stop, H, feat_stride, offs_h, h_mask, hd_offs,
                                hd_mask, SCORE, KEY_SCALE)
         src_next = tl.load(src_ptr + first + BLOCK_E, mask=first + BLOCK_E < stop, other=0)
+        if EDGE and ATTR_AHEAD:
+            eid_c = tl.load(eid_ptr + first, mask=first < stop, other=0).to(tl.int64)
+            attr_c = edge_attr_tile(attr_ptr, eid_c, first < stop, K, acc_dtype, BLOCK_K)
+            eid_next = tl.load(eid_ptr + first + BLOCK_E, mask=first + BLOCK_E < stop, other=0)
     elif PREFETCH == 1:
         src_next = tl.load(src_ptr + start + offs_e, mask=start + offs_e < stop, other=0)
     for e0 in range(start, stop, BLOCK_E):
@@ -154,6 +160,10 @@ def attention_forward_rows_kernel(
                                    hd_offs,
                                    hd_mask, SCORE, KEY_SCALE)
             src_next = tl.load(src_ptr + ahead + BLOCK_E, mask=ahead + BLOCK_E < stop, other=0)
+            if EDGE and ATTR_AHEAD:
+                attr = attr_c
+                attr_c = edge_attr_tile(attr_ptr, eid_next.to(tl.int64), ahead < stop, K, acc_dtype, BLOCK_K)
+                eid_next = tl.load(eid_ptr + ahead + BLOCK_E, mask=ahead + BLOCK_E < stop, other=0)
         elif PREFETCH == 1:
             src = src_next.to(tl.int64)
             src_next = tl.load(src_ptr + pos + BLOCK_E, mask=pos + BLOCK_E < stop, other=0)
@@ -175,8 +185,9 @@ def attention_forward_rows_kernel(
                                             hd_offs, hd_mask, acc_dtype, KEY_SCALE)
         s = edge_scores(src_j, dst_i, attn, negative_slope, SCORE)
         if EDGE:
-            eid = tl.load(eid_ptr + pos, mask=e_mask, other=0).to(tl.int64)
-            attr = edge_attr_tile(attr_ptr, eid, e_mask, K, acc_dtype, BLOCK_K)
+            if not (PREFETCH == 2 and ATTR_AHEAD):
+                eid = tl.load(eid_ptr + pos, mask=e_mask, other=0).to(tl.int64)
+                attr = edge_attr_tile(attr_ptr, eid, e_mask, K, acc_dtype, BLOCK_K)
             s += tl.sum(attr[:, None, :] * u[None, :, :], axis=2)
         s = tl.where(e_mask[:, None], s, float("-inf"))
         if LANES:
@@ -217,7 +228,7 @@ def attention_forward_rows_kernel(
             acc_attr = tl.sum(acc_attr * weight[:, :, None], axis=0)
     if EDGE:
         acc += tl.reshape(rows_edge_values(tl.reshape(acc_attr, [1, BLOCK_H, BLOCK_K]), w_edge_ptr, K, HD, hd_offs,
-                                           hd_mask, BLOCK_K, False), [BLOCK_H, BLOCK_D])
+                                           hd_mask, BLOCK_K, EDGE_FORM), [BLOCK_H, BLOCK_D])
     out, lse = finish_softmax(acc, m, l)
     # ADD and FINAL never with PIECES: a split row gets its term and final output in the merge
     store_output(out_ptr, final_ptr, add_ptr, out, out_index * HD + hd_offs, row * add_stride + hd_offs, hd_mask,
@@ -302,7 +313,7 @@ def _forward_light_unrolled(
             dst_i = dst_i * scale
         attn = tl.load(attn_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
         if EDGE:
-            u = rows_edge_terms(w_edge_ptr, dst_i, K, HD, hd_offs, hd_mask, BLOCK_K, True)  # [ROWS, BLOCK_H, BLOCK_K]
+            u = rows_edge_terms(w_edge_ptr, dst_i, K, HD, hd_offs, hd_mask, BLOCK_K, 1)  # [ROWS, BLOCK_H, BLOCK_K]
             acc_attr = tl.zeros([ROWS, BLOCK_H, BLOCK_K], dtype=acc_dtype)
     m = tl.full([ROWS, BLOCK_H], float("-inf"), dtype=acc_dtype)
     l = tl.zeros([ROWS, BLOCK_H], dtype=acc_dtype)
@@ -340,7 +351,7 @@ def _forward_light_unrolled(
             acc_attr = acc_attr * rescale[:, :, None] + p[:, :, None] * attr[:, None, :]
         m = m_new
     if EDGE:
-        acc += rows_edge_values(acc_attr, w_edge_ptr, K, HD, hd_offs, hd_mask, BLOCK_K, True)
+        acc += rows_edge_values(acc_attr, w_edge_ptr, K, HD, hd_offs, hd_mask, BLOCK_K, 1)
     has_edges = l > 0
     l_safe = tl.where(has_edges, l, 1.0)
     out = acc / l_safe[:, :, None]

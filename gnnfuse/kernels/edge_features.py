@@ -89,15 +89,28 @@ def _row_term(w_ptr, vectors, u, offs_k, k, K, HD, hd_offs, hd_mask):
 
 
 @jit
-def rows_edge_terms(w_ptr, vectors, K, HD, hd_offs, hd_mask, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr):
-    """``u[r, h, k] = Σ_d W[k, h, d] · v[r, h, d]`` ``[ROWS, BLOCK_H, BLOCK_K]`` of the rows' vectors
-    ``v [ROWS, BLOCK_H, BLOCK_D]`` (``u = W q̃``), one weight row ``W[k]`` at a time, no ``[K, H, D]`` tile
-    held (``hd_offs``, ``hd_mask``: the ``[BLOCK_H, BLOCK_D]`` head tile).  ``UNROLL``: the ``BLOCK_K`` steps
-    unrolled (the compiler may then issue every row's load at once); otherwise a loop over ``K``, one row
-    live at a time."""
+def _weight_tile(w_ptr, K, HD, hd_offs, hd_mask, BLOCK_K: tl.constexpr, dtype: tl.constexpr,
+                 VOLATILE: tl.constexpr = False):
+    """``W`` as a zero-padded ``[BLOCK_K, BLOCK_H, BLOCK_D]`` tile in ``dtype`` (``VOLATILE`` as
+    :func:`_weight_row`)."""
     offs_k = tl.arange(0, BLOCK_K)
+    return tl.load(w_ptr + offs_k[:, None, None] * HD + hd_offs[None, :, :],
+                   mask=(offs_k < K)[:, None, None] & hd_mask[None, :, :], other=0.0, volatile=VOLATILE).to(dtype)
+
+
+@jit
+def rows_edge_terms(w_ptr, vectors, K, HD, hd_offs, hd_mask, BLOCK_K: tl.constexpr, FORM: tl.constexpr):
+    """``u[r, h, k] = Σ_d W[k, h, d] · v[r, h, d]`` ``[ROWS, BLOCK_H, BLOCK_K]`` of the rows' vectors
+    ``v [ROWS, BLOCK_H, BLOCK_D]`` (``u = W q̃``; ``hd_offs``, ``hd_mask``: the ``[BLOCK_H, BLOCK_D]`` head
+    tile).  ``FORM`` 0: a loop over ``K``, one weight row ``W[k]`` live at a time; 1: the same ``BLOCK_K`` steps
+    unrolled (the compiler may then issue every row's load at once); 2: one product with the whole ``[BLOCK_K,
+    BLOCK_H, BLOCK_D]`` tile, dead once ``u`` is formed (for one row: ``ROWS · BLOCK_K · H · D`` products at once)."""
+    offs_k = tl.arange(0, BLOCK_K)
+    if FORM == 2:
+        w = _weight_tile(w_ptr, K, HD, hd_offs, hd_mask, BLOCK_K, vectors.dtype)
+        return tl.permute(tl.sum(w[None, :, :, :] * vectors[:, None, :, :], axis=3), (0, 2, 1))
     u = tl.zeros([vectors.shape[0], vectors.shape[1], BLOCK_K], dtype=vectors.dtype)
-    if UNROLL:
+    if FORM == 1:
         for k in tl.static_range(BLOCK_K):
             u = _row_term(w_ptr, vectors, u, offs_k, k, K, HD, hd_offs, hd_mask)
     else:
@@ -116,13 +129,16 @@ def _row_value(sums, out, w_ptr, offs_k, k, K, HD, hd_offs, hd_mask):
 
 
 @jit
-def rows_edge_values(sums, w_ptr, K, HD, hd_offs, hd_mask, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr):
+def rows_edge_values(sums, w_ptr, K, HD, hd_offs, hd_mask, BLOCK_K: tl.constexpr, FORM: tl.constexpr):
     """``Σ_k S[r, h, k] W[k, h, :]`` ``[ROWS, BLOCK_H, BLOCK_D]`` of the rows' sums ``S [ROWS, BLOCK_H,
-    BLOCK_K]`` (the forward's ``A``, the destination pass's ``B``), one weight row ``W[k]`` at a time
-    (``UNROLL`` as :func:`rows_edge_terms`)."""
+    BLOCK_K]`` (the forward's ``A``, the destination pass's ``B``), ``FORM`` as :func:`rows_edge_terms`; the
+    weights are loaded again (volatile), never kept from :func:`rows_edge_terms`."""
     offs_k = tl.arange(0, BLOCK_K)
+    if FORM == 2:
+        w = _weight_tile(w_ptr, K, HD, hd_offs, hd_mask, BLOCK_K, sums.dtype, True)
+        return tl.sum(tl.permute(sums, (0, 2, 1))[:, :, :, None] * w[None, :, :, :], axis=1)
     out = tl.zeros([sums.shape[0], hd_offs.shape[0], hd_offs.shape[1]], dtype=sums.dtype)
-    if UNROLL:
+    if FORM == 1:
         for k in tl.static_range(BLOCK_K):
             out = _row_value(sums, out, w_ptr, offs_k, k, K, HD, hd_offs, hd_mask)
     else:

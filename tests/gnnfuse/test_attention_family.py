@@ -137,6 +137,19 @@ def test_edge_terms_and_weight_gradient_over_many_programs(gen, device, monkeypa
     check_op("transformer+edge", graph, leaves, gen, schedule=SCHEDULES["mixed"])
 
 
+@pytest.mark.parametrize("schedule", ["mixed", "super"])
+def test_row_kernels_edge_weight_tile_and_features_ahead(gen, device, monkeypatch, schedule):
+    """The row kernels with edge features meeting ``W_e`` as one ``[K, H, D]`` tile (``ROW_EDGE_FORM`` 2, forward
+    and destination pass) and the forward's edge features loaded a trip ahead with its gathers (``ROW_ATTR_AHEAD``):
+    the output and every gradient against the float64 oracle, whole medium rows and split super rows."""
+    monkeypatch.setattr(ops, "ROW_EDGE_FORM", {"forward": 2, "destination": 2})
+    monkeypatch.setattr(ops, "ROW_ATTR_AHEAD", True)
+    monkeypatch.setattr(ops, "ROW_PREFETCH_GATHERS_WITH_EDGES", True)
+    graph = Graph(corner_case_edges(gen).to(device), 29)
+    leaves = make_leaves(OPS["transformer+edge"], graph, 3, 5, torch.float32, device, gen)
+    check_op("transformer+edge", graph, leaves, gen, schedule=SCHEDULES[schedule])
+
+
 @pytest.mark.parametrize("name", ["transformer", "agnn"])
 @pytest.mark.parametrize("schedule", ["light", "super"])
 def test_dot_product_without_edges_and_agnn(gen, device, name, schedule):
