@@ -486,8 +486,7 @@ def _row_edge_options(inputs: AttentionInputs, kernel_pass: str) -> dict:
     none without edge features, so those kernels keep one specialisation."""
     if not inputs.has_edge:
         return {}
-    ahead = {"ATTR_AHEAD": ROW_ATTR_AHEAD} if kernel_pass == "forward" else {}
-    return {"EDGE_FORM": ROW_EDGE_FORM[kernel_pass], **ahead}
+    return {"EDGE_FORM": ROW_EDGE_FORM[kernel_pass], "ATTR_AHEAD": ROW_ATTR_AHEAD[kernel_pass]}
 
 
 def _row_prefetch(inputs: AttentionInputs) -> int:
@@ -503,11 +502,16 @@ def _row_prefetch(inputs: AttentionInputs) -> int:
 ROW_EDGE_SUM_TILES = 1
 # With edge features, how the row kernels (the forward's and the destination pass's) meet ``W_e`` in ``u = W_e q̃``
 # and ``Σ_k A[k] W_e[k]`` (``EDGE_FORM``, :func:`gnnfuse.kernels.edge_features.rows_edge_terms`): 0 one weight row
-# at a time in a loop over ``K``, 2 one product with the whole ``[K, H, D]`` tile (loaded again for the epilogue).
-ROW_EDGE_FORM = {"forward": 0, "destination": 0}
-# With edge features and the gathers a trip ahead (``PREFETCH`` 2), the forward row kernel's edge features too
-# (``ATTR_AHEAD``: features a trip ahead, edge ids two).
-ROW_ATTR_AHEAD = False
+# at a time in a loop over ``K`` (the epilogue's rows volatile: one L2 round trip after another), 2 one product with
+# the whole ``[K, H, D]`` tile (loaded again, volatile, for the epilogue: one round trip).  And with the gathers a trip
+# ahead (``PREFETCH`` 2) the forward row kernel's edge features too (``ATTR_AHEAD``: features a trip ahead, edge ids
+# two); the destination pass's row kernel (indices a trip ahead, ``PREFETCH``) its edge ids with them, so that no
+# trip waits on an id load before its feature loads.  Session 20 (H200, arxiv-like + 16 edge features, same call,
+# replayed forward / step µs): bf16 685 / 2574 -> 563 / 2440 (forward tile alone 593 / 2480, destination tile alone
+# 685 / 2557, forward features ahead alone 618 / 2506), fp32 1169 / 4049 -> 1098 / 3942; sm_90 registers 90-96
+# either way (20 warps per multiprocessor; the destination's whole-row kernel 80 -> 96).
+ROW_EDGE_FORM = {"forward": 2, "destination": 2}
+ROW_ATTR_AHEAD = {"forward": True, "destination": True}
 
 
 def _tile_budget(schedule, inputs: AttentionInputs, kernel_pass: str) -> tuple[int, int]:

@@ -473,14 +473,15 @@ def attention_backward_dst_kernel(
     BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
     PIECES: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr,
     KEY_SCALE: tl.constexpr, WEIGHT_GRAD: tl.constexpr, LANES: tl.constexpr,
-    PREFETCH: tl.constexpr = False, EDGE_FORM: tl.constexpr = 0,
+    PREFETCH: tl.constexpr = False, EDGE_FORM: tl.constexpr = 0, ATTR_AHEAD: tl.constexpr = False,
 ):
     """``∂L/∂dst_i = Σ_{j->i} ∂s/∂dst · ∂L/∂s_ij`` for GATv2 (``∂L/∂fd``) and the dot score
     (``∂L/∂q``, the keys gathered again), from the source pass's ``∂L/∂s`` at CSR positions.
     With ``EDGE`` no edge is projected: the row sums ``B = Σ_p ∂s_p ⊗ attr_p`` give the key path's edge
     term ``Σ_k B[k] W[k]`` after the loop, and (``WEIGHT_GRAD``) ``A = Σ_p α'_p ⊗ attr_p`` — ``α'_p`` as the
     source pass stored it in ``terms[p, 0]`` — with ``B`` go to ``attr_sums``.  ``PREFETCH``: each edge
-    block's source indices loaded one trip ahead."""
+    block's source indices loaded one trip ahead (with ``ATTR_AHEAD`` its edge ids too, so that a trip's edge
+    features wait on no id load of their own); ``EDGE_FORM`` as the forward row kernel's."""
     acc_dtype = grad_s_ptr.dtype.element_ty
     pid = tl.program_id(0).to(tl.int64)
     offs_e = tl.arange(0, BLOCK_E)
@@ -499,6 +500,8 @@ def attention_backward_dst_kernel(
         sums_b = tl.zeros([BLOCK_H, BLOCK_K], dtype=acc_dtype)
     if PREFETCH:
         src_next = tl.load(src_ptr + start + offs_e, mask=start + offs_e < stop, other=0)
+        if EDGE and ATTR_AHEAD:
+            eid_next = tl.load(eid_ptr + start + offs_e, mask=start + offs_e < stop, other=0)
     for e0 in range(start, stop, BLOCK_E):
         pos = e0 + offs_e
         e_mask = pos < stop
@@ -512,7 +515,11 @@ def attention_backward_dst_kernel(
         src_j, _ = gather_keys(src_term_ptr, value_ptr, src, e_mask, H, feat_stride, offs_h, h_mask, hd_offs,
                                hd_mask, acc_dtype, KEY_SCALE)
         if EDGE:
-            eid = tl.load(eid_ptr + pos, mask=e_mask, other=0).to(tl.int64)
+            if PREFETCH and ATTR_AHEAD:
+                eid = eid_next.to(tl.int64)
+                eid_next = tl.load(eid_ptr + pos + BLOCK_E, mask=pos + BLOCK_E < stop, other=0)
+            else:
+                eid = tl.load(eid_ptr + pos, mask=e_mask, other=0).to(tl.int64)
             attr = edge_attr_tile(attr_ptr, eid, e_mask, K, acc_dtype, BLOCK_K)                  # [BLOCK_E, BLOCK_K]
             terms_b, terms_a = _edge_sums_add(tl.zeros([BLOCK_E, BLOCK_H, BLOCK_K], dtype=acc_dtype),
                                               tl.zeros([BLOCK_E, BLOCK_H, BLOCK_K], dtype=acc_dtype),

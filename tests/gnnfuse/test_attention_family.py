@@ -137,13 +137,15 @@ def test_edge_terms_and_weight_gradient_over_many_programs(gen, device, monkeypa
     check_op("transformer+edge", graph, leaves, gen, schedule=SCHEDULES["mixed"])
 
 
+@pytest.mark.parametrize("form, ahead", [(2, True), (0, False), (2, False)])
 @pytest.mark.parametrize("schedule", ["mixed", "super"])
-def test_row_kernels_edge_weight_tile_and_features_ahead(gen, device, monkeypatch, schedule):
+def test_row_kernels_edge_weight_forms_and_features_ahead(gen, device, monkeypatch, schedule, form, ahead):
     """The row kernels with edge features meeting ``W_e`` as one ``[K, H, D]`` tile (``ROW_EDGE_FORM`` 2, forward
-    and destination pass) and the forward's edge features loaded a trip ahead with its gathers (``ROW_ATTR_AHEAD``):
-    the output and every gradient against the float64 oracle, whole medium rows and split super rows."""
-    monkeypatch.setattr(ops, "ROW_EDGE_FORM", {"forward": 2, "destination": 2})
-    monkeypatch.setattr(ops, "ROW_ATTR_AHEAD", True)
+    and destination pass) or a row at a time (0), their edge features loaded a trip ahead or not
+    (``ROW_ATTR_AHEAD``: the forward's with its gathers, the destination pass's edge ids with its indices): the
+    output and every gradient against the float64 oracle, whole medium rows and split super rows."""
+    monkeypatch.setattr(ops, "ROW_EDGE_FORM", {"forward": form, "destination": form})
+    monkeypatch.setattr(ops, "ROW_ATTR_AHEAD", {"forward": ahead, "destination": ahead})
     monkeypatch.setattr(ops, "ROW_PREFETCH_GATHERS_WITH_EDGES", True)
     graph = Graph(corner_case_edges(gen).to(device), 29)
     leaves = make_leaves(OPS["transformer+edge"], graph, 3, 5, torch.float32, device, gen)
