@@ -506,10 +506,14 @@ ROW_EDGE_SUM_TILES = 1
 # the whole ``[K, H, D]`` tile (loaded again, volatile, for the epilogue: one round trip).  And with the gathers a trip
 # ahead (``PREFETCH`` 2) the forward row kernel's edge features too (``ATTR_AHEAD``: features a trip ahead, edge ids
 # two); the destination pass's row kernel (indices a trip ahead, ``PREFETCH``) its edge ids with them, so that no
-# trip waits on an id load before its feature loads.  Session 20 (H200, arxiv-like + 16 edge features, same call,
-# replayed forward / step µs): bf16 685 / 2574 -> 563 / 2440 (forward tile alone 593 / 2480, destination tile alone
-# 685 / 2557, forward features ahead alone 618 / 2506), fp32 1169 / 4049 -> 1098 / 3942; sm_90 registers 90-96
-# either way (20 warps per multiprocessor; the destination's whole-row kernel 80 -> 96).
+# trip waits on an id load before its feature loads.  Session 20 (H200, arxiv-like + 16 edge features, replayed
+# forward / step µs, each call against its own rows): call 1, bf16 685 / 2574 -> 563 / 2440 (forward tile alone 593
+# / 2480, destination tile alone 685 / 2557, forward features ahead alone 618 / 2506), fp32 1169 / 4049 -> 1098 /
+# 3942; call 3, all four 557 / 2386 against 679 / 2548 for none, the destination's tile off 557 / 2402, its ids ahead
+# off 557 / 2407 (fp32 1095 / 3875 against 1165 / 4013, 1095 / 3910, 1095 / 3904).  Ncu (call 3, bf16): forward
+# row kernel 141 + 21 µs at 95 registers (H100, session 19, row-at-a-time: 300 + 47 at 72).  sm_90 registers
+# 90-96 in bf16 either way (20 warps per multiprocessor; the destination's whole-row kernel 80 -> 96); fp32 96 ->
+# 116 (forward), 128 -> 119-122 (destination).
 ROW_EDGE_FORM = {"forward": 2, "destination": 2}
 ROW_ATTR_AHEAD = {"forward": True, "destination": True}
 
@@ -656,15 +660,18 @@ def _light_breaks(inputs: AttentionInputs) -> tuple[int, ...]:
 # restores session 8's launches for them.  Session 19 (H100, arxiv-like, same call, replayed forward / step µs, the
 # forward's light rows in the tile form): one launch per pass against one per class, bf16 775 / 2804 against 768 /
 # 2776, fp32 1234 / 4290 against 1256 / 4317: per class in 2-byte floats (the first constant), not in float32 and
-# float64 (the second).
-LIGHT_LAUNCH_PER_CLASS_WITH_EDGES = True
+# float64 (the second).  Session 20 (H200, same call): bf16 one launch per pass 566 / 2433 against 561 / 2410 replayed,
+# but the forward's host issue time (host_profile.py, 200 calls, two rows each) 740 / 732 µs against 950 / 918: four
+# launches fewer are ~200 µs of host on that machine, where the as-called layer is host-bound (the forward issues in
+# more than its GPU time) — so one launch per pass in 2-byte floats too.
+LIGHT_LAUNCH_PER_CLASS_WITH_EDGES = False
 LIGHT_LAUNCH_PER_CLASS_WITH_EDGES_FLOAT32 = False
 
 
 def _light_plan(schedule, inputs: AttentionInputs, buckets: Buckets, kernel_pass: str, flags: dict) -> list:
     """``(grid, (rows, starts, stops), counts, keyword arguments)`` of the light launches of
     ``kernel_pass``: the width classes grouped by :func:`_light_breaks` (one class per launch
-    with edge features in 2-byte floats: :data:`LIGHT_LAUNCH_PER_CLASS_WITH_EDGES`), each launch over its classes' slice
+    with edge features where :data:`LIGHT_LAUNCH_PER_CLASS_WITH_EDGES` asks for it), each launch over its classes' slice
     of ``buckets.light_all`` with the classes' row counts as ``n0 .. n6``."""
     from .kernels.tiles import LIGHT_SLOTS, pack_light
 
