@@ -898,18 +898,26 @@ def attention_backward(
 # The pass replaced the source pass's per-edge projection.  Session 18 (H100, arxiv-like, 16 edge features, same
 # call, replayed forward / training step µs, against session 17's tree): bf16 922 / 4567 -> 854 / 2930 (with the
 # 2-byte projections on the tensor cores and the dW_e grid below), fp32 1428 / 5783 -> 1428 / 4845; 32 positions
-# a program against 64: bf16 step 2911 against 2930, fp32 4836 against 4845.
+# a program against 64: bf16 step 2911 against 2930, fp32 4836 against 4845.  Session 20 (H200, after the row kernels'
+# changes, same call, training step µs): bf16 64 positions 2348 / 2349 against 2410 / 2412 for 32 (call 7, alternating
+# rows; call 4: 2351 against 2410), 16 positions 2432; fp32 64 positions 3922 against 3908 (call 4).  So 2-byte floats
+# take the second constant.
 EDGE_TERMS_BLOCK = 32
-EDGE_TERMS_BLOCK_INTERPRETED = 512
+EDGE_TERMS_BLOCK_2BYTE = 64
+EDGE_TERMS_BLOCK_INTERPRETED = 512  # 0: the GPU's blocks under the interpreter too
 
 
 def _csr_edge_pass(kernel, graph: Graph, inputs: AttentionInputs, tensors: tuple, schedule) -> None:
     """Launch one of the CSR-order edge-feature passes of :mod:`gnnfuse.kernels.edge_features` over every
-    CSR position, :data:`EDGE_TERMS_BLOCK` a program: ``kernel(csr_dst, csr_eid, *tensors, E, H, D, K, scale,
+    CSR position, :data:`EDGE_TERMS_BLOCK` (2-byte values: :data:`EDGE_TERMS_BLOCK_2BYTE`) a program:
+    ``kernel(csr_dst, csr_eid, *tensors, E, H, D, K, scale,
     feat_stride, ...)``."""
     num_edges = graph.num_edges
     heads, head_dim = inputs.value.shape[1], inputs.value.shape[2]
-    block = EDGE_TERMS_BLOCK_INTERPRETED if backend.INTERPRET else EDGE_TERMS_BLOCK
+    if backend.INTERPRET and EDGE_TERMS_BLOCK_INTERPRETED:
+        block = EDGE_TERMS_BLOCK_INTERPRETED
+    else:
+        block = EDGE_TERMS_BLOCK_2BYTE if inputs.value.element_size() == 2 else EDGE_TERMS_BLOCK
     kernel[(cdiv(num_edges, block),)](
         graph.csr_dst, graph.csr_eid, *tensors, num_edges, heads, head_dim, inputs.edge_dim, inputs.scale,
         inputs.feat_stride, BLOCK_P=block, BLOCK_H=schedule.block_h, BLOCK_D=schedule.block_d,

@@ -51,7 +51,7 @@ def gpu_like():
     from gnnfuse import ops, schedule
 
     schedule.INTERPRETER_TILES = schedule.GPU_TILES
-    ops.EDGE_TERMS_BLOCK_INTERPRETED = ops.EDGE_TERMS_BLOCK
+    ops.EDGE_TERMS_BLOCK_INTERPRETED = 0  # the GPU's blocks (by value dtype)
     ops.EDGE_WEIGHT_GRAD_NODES_INTERPRETED = ops.EDGE_WEIGHT_GRAD_NODES
     schedule.device_facts = lambda _device: SimpleNamespace(sm_count=H100_SMS)
 

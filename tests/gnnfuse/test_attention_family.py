@@ -127,6 +127,7 @@ def test_edge_terms_and_weight_gradient_over_many_programs(gen, device, monkeypa
     (the forward's projecting every edge): the output and every gradient against the float64 oracle."""
     monkeypatch.setattr(ops, "EDGE_TERMS_BLOCK_INTERPRETED", 16)
     monkeypatch.setattr(ops, "EDGE_TERMS_BLOCK", 16)
+    monkeypatch.setattr(ops, "EDGE_TERMS_BLOCK_2BYTE", 16)
     monkeypatch.setattr(ops, "EDGE_WEIGHT_GRAD_NODES_INTERPRETED", 7)
     monkeypatch.setattr(ops, "EDGE_WEIGHT_GRAD_NODES", 7)
     monkeypatch.setattr(ops, "LIGHT_FORWARD_UNROLLED_WITH_EDGES", unrolled)
