@@ -652,20 +652,18 @@ def _light_breaks(inputs: AttentionInputs) -> tuple[int, ...]:
     return LIGHT_LAUNCH_BREAKS
 
 
-# Kernels with edge features keep one launch per class (each over 16-byte aligned row lists, as every launch):
-# the session-9 final run (H100, arxiv-like, CUDA graph) timed the Graph Transformer with 16 edge features
-# at 7.985 against 6.777 ms forward+backward in fp32 (session 8, per-class launches) and 1.154 against
-# 0.997 ms forward in bf16 with one launch per pass, while its rows per program, registers (sm_90 report:
-# 204 / 124 / 96 against at most 194 / 125 / 94 per class) and BLOCK_K / EDGE_DOT were unchanged.  This
-# restores session 8's launches for them.  Session 19 (H100, arxiv-like, same call, replayed forward / step µs, the
-# forward's light rows in the tile form): one launch per pass against one per class, bf16 775 / 2804 against 768 /
-# 2776, fp32 1234 / 4290 against 1256 / 4317: per class in 2-byte floats (the first constant), not in float32 and
-# float64 (the second).  Session 20 (H200, same call): bf16 one launch per pass 566 / 2433 against 561 / 2410 replayed,
-# but the forward's host issue time (host_profile.py, 200 calls, two rows each) 740 / 732 µs against 950 / 918: four
-# launches fewer are ~200 µs of host on that machine, where the as-called layer is host-bound (the forward issues in
-# more than its GPU time) — so one launch per pass in 2-byte floats too.
+# Whether kernels with edge features launch each light class on its own (each over 16-byte aligned row lists, as
+# every launch).  The session-9 final run (H100, arxiv-like, CUDA graph) timed the Graph Transformer with 16 edge
+# features at 7.985 against 6.777 ms forward+backward in fp32 (session 8, per-class launches) and 1.154 against
+# 0.997 ms forward in bf16 with one launch per pass, while its rows per program, registers (sm_90 report: 204 / 124 /
+# 96 against at most 194 / 125 / 94 per class) and BLOCK_K / EDGE_DOT were unchanged; per-class launches came back
+# then.  Session 19 (H100, arxiv-like, same call, replayed forward / step µs, the forward's light rows in the tile
+# form): one launch per pass against one per class, bf16 775 / 2804 against 768 / 2776, fp32 1234 / 4290 against
+# 1256 / 4317: per class then in 2-byte floats only.  Session 20 (H200, same call): bf16 one launch per pass 566 /
+# 2433 against 561 / 2410 replayed, but the forward's host issue time (host_profile.py, 200 calls, two rows each) 740
+# / 732 µs against 950 / 918: four launches fewer are ~200 µs of host on that machine, where the as-called layer is
+# host-bound (the forward issues in more than its GPU time) — so one launch per pass in every dtype.
 LIGHT_LAUNCH_PER_CLASS_WITH_EDGES = False
-LIGHT_LAUNCH_PER_CLASS_WITH_EDGES_FLOAT32 = False
 
 
 def _light_plan(schedule, inputs: AttentionInputs, buckets: Buckets, kernel_pass: str, flags: dict) -> list:
@@ -678,9 +676,7 @@ def _light_plan(schedule, inputs: AttentionInputs, buckets: Buckets, kernel_pass
     block_h, block_d = schedule.block_h, schedule.block_d
     light_tiles, _ = _tile_budget(schedule, inputs, kernel_pass)
     projects = _projects(inputs, kernel_pass)
-    two_byte = inputs.value.dtype in (torch.float16, torch.bfloat16)
-    per_class = projects and (LIGHT_LAUNCH_PER_CLASS_WITH_EDGES if two_byte
-                              else LIGHT_LAUNCH_PER_CLASS_WITH_EDGES_FLOAT32)
+    per_class = projects and LIGHT_LAUNCH_PER_CLASS_WITH_EDGES
     breaks = _light_breaks(inputs)
     groups: list[list[tuple[int, int, int]]] = []
     for width, rows, _, _ in buckets.light:
@@ -689,6 +685,7 @@ def _light_plan(schedule, inputs: AttentionInputs, buckets: Buckets, kernel_pass
         groups[-1].append((width, rows.numel(), _light_rows(schedule, inputs, width, light_tiles, kernel_pass)))
     unrolled = _unrolled(inputs, kernel_pass)
     warps = (unrolled and LIGHT_UNROLLED_WARPS[kernel_pass]) or schedule.num_warps
+    two_byte = inputs.value.dtype in (torch.float16, torch.bfloat16)
     cap = LIGHT_UNROLLED_MAXNREG[kernel_pass].get(inputs.score) if unrolled and two_byte else None
     options = {"num_warps": warps, **({"maxnreg": cap} if cap else {})}
     plan, begin = [], 0

@@ -101,7 +101,7 @@ def test_light_breaks_per_score_in_two_byte_floats(monkeypatch):
 
 def test_edge_feature_kernels_launch_one_class_at_a_time_over_aligned_lists(gen, monkeypatch):
     """With edge features each light class of the forward (whose light tiles project the features) can keep a
-    launch of its own (ops.LIGHT_LAUNCH_PER_CLASS_WITH_EDGES / _FLOAT32, off by default, set here): one nonzero
+    launch of its own (ops.LIGHT_LAUNCH_PER_CLASS_WITH_EDGES, off by default, set here): one nonzero
     count per launch, row lists equal
     to the class's and 16-byte aligned; the backward's passes, which project nothing, group their classes as
     without edge features; values and gradients (edge features and their weight too) as the reference's."""
@@ -110,7 +110,6 @@ def test_edge_feature_kernels_launch_one_class_at_a_time_over_aligned_lists(gen,
 
     device = test_device()
     monkeypatch.setattr(gnnfuse.schedule, "device_facts", lambda _: SimpleNamespace(sm_count=1))
-    monkeypatch.setattr(ops, "LIGHT_LAUNCH_PER_CLASS_WITH_EDGES_FLOAT32", True)
     monkeypatch.setattr(ops, "LIGHT_LAUNCH_PER_CLASS_WITH_EDGES", True)
     options = ScheduleOptions(light_max_degree=16, split_degree=16, tile_elements=256)
     graph = _widths_graph(device)
