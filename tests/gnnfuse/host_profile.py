@@ -8,7 +8,12 @@ time per call of ``N`` calls back to back (the host's work alone; on a GPU the k
 wall time per call including the final synchronisation (on a GPU: ``max(host, GPU)`` when one of them
 dominates), then a cProfile of ``N`` more calls, the top ``K`` functions by own time and by cumulative
 time.  A step whose issue time exceeds its GPU time (``ab_layers.py``'s ``graph`` column) is host-bound:
-this says where that host time goes.  On the CPU (Triton's interpreter) the kernels run inside the issue
+this says where that host time goes.  ``--launches`` adds, without the profiler's distortion: each compiled
+kernel's launches per call and host µs per launch (:func:`fusecore.fast_launch.launch_profile`), and the issue
+time again with the compiled launches stubbed out at two depths (``launcher``: everything but the driver
+launch itself runs; ``launch``: the whole launch call is a no-op), so the launches' share of the host time is
+measured rather than inferred; ``--primitives`` times single host operations the layers repeat (current
+device and stream, ``torch.empty``, the compile check) in a hot loop.  On the CPU (Triton's interpreter) the kernels run inside the issue
 time, so there the numbers only check that the tool runs.
 """
 
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import io
 import pstats
 import sys
@@ -39,6 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--graph", default="arxiv-like")
     parser.add_argument("--calls", type=int, default=100)
     parser.add_argument("--top", type=int, default=28)
+    parser.add_argument("--launches", action="store_true", help="per-kernel launch host time and stubbed issue times")
+    parser.add_argument("--primitives", action="store_true", help="hot-loop cost of single host operations")
+    parser.add_argument("--no-cprofile", action="store_true", help="skip the cProfile tables")
     args = parser.parse_args(argv)
     rows = [(row, *ab_layers.parse(row)) for row in args.rows]
 
@@ -47,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     from gnnfuse import Graph
 
     device = test_device()
+    if args.primitives:
+        _primitives(device)
     edges, num_nodes = _edges(args.graph, device)
     for row, layer, dtype_name, settings in rows:
         restore = ab_layers.apply(settings)
@@ -66,6 +77,10 @@ def main(argv: list[str] | None = None) -> int:
                 done = time.perf_counter()
                 print(f"== {row} {kind}: issue {1e6 * (issued - start) / args.calls:.1f} us/call, "
                       f"wall {1e6 * (done - start) / args.calls:.1f} us/call", flush=True)
+                if args.launches:
+                    _launch_table(fn, args.calls, device)
+                if args.no_cprofile:
+                    continue
                 profile = cProfile.Profile()
                 profile.enable()
                 for _ in range(args.calls):
@@ -80,6 +95,93 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             restore()
     return 0
+
+
+def _issue_us(fn, calls: int, device: torch.device) -> float:
+    _synchronize(device)
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    issued = time.perf_counter()
+    _synchronize(device)
+    return 1e6 * (issued - start) / calls
+
+
+def _launch_table(fn, calls: int, device: torch.device) -> None:
+    """Per-kernel launches and host time, then the issue time with launches stubbed out."""
+    from fusecore import fast_launch
+
+    with fast_launch.launch_profile() as stats:
+        for _ in range(calls):
+            fn()
+    _synchronize(device)
+    total = sum(s.host_s for s in stats.values())
+    count = sum(s.launches for s in stats.values())
+    print(f"   launches: {count / calls:.1f}/call, {1e6 * total / calls:.1f} us/call of host "
+          f"({1e6 * total / max(count, 1):.1f} us each)")
+    for name, s in sorted(stats.items(), key=lambda kv: -kv[1].host_s):
+        print(f"     {name:44s} {s.launches / calls:5.1f}/call {1e6 * s.host_s / max(s.launches, 1):7.1f} us each")
+    classes = tuple(fast_launch._classes.values())
+    kernels = [o for o in gc.get_objects() if isinstance(o, classes) and hasattr(o, "_fast_entries")]
+    baseline = _issue_us(fn, calls, device)
+    swapped = [(e, e.launcher) for k in kernels for e in k._fast_entries.values() if e is not None]
+    for entry, _ in swapped:  # depth "launcher": the direct path runs up to the driver launch
+        entry.launcher = _noop
+    try:
+        without_driver = _issue_us(fn, calls, device)
+    finally:
+        for entry, launcher in swapped:
+            entry.launcher = launcher
+    saved = [(cls, cls._fast_launch) for cls in classes]
+    for cls in classes:  # depth "launch": the whole launch call does nothing
+        cls._fast_launch = _noop
+    try:
+        without_launch = _issue_us(fn, calls, device)
+    finally:
+        for cls, orig in saved:
+            cls._fast_launch = orig
+    print(f"   issue us/call: as is {baseline:.1f}; driver launch stubbed {without_driver:.1f}; "
+          f"whole launch stubbed {without_launch:.1f}", flush=True)
+
+
+def _noop(*args) -> None:
+    return None
+
+
+def _primitives(device: torch.device) -> None:
+    """Hot-loop host cost (µs) of single operations the layers repeat."""
+    n = 20000 if device.type == "cuda" else 2000
+    shape = (169_343, 8, 16)
+
+    def timed(label: str, op) -> None:
+        for _ in range(200):
+            op()
+        start = time.perf_counter()
+        for _ in range(n):
+            op()
+        print(f"   {label:48s} {1e6 * (time.perf_counter() - start) / n:7.2f} us", flush=True)
+
+    def nothing():
+        return None
+
+    print("== primitives (hot loop, us per call)")
+    timed("python call", nothing)
+    timed("torch.compiler.is_compiling()", torch.compiler.is_compiling)
+    if device.type == "cuda":
+        from triton.runtime import driver
+
+        active = driver.active
+        timed("torch.cuda.current_device()", torch.cuda.current_device)
+        timed("triton driver get_current_device()", active.get_current_device)
+        timed("triton driver get_current_stream(0)", lambda: active.get_current_stream(0))
+        timed("torch.cuda.current_stream()", torch.cuda.current_stream)
+    timed("torch.empty(169343x8x16 bf16)", lambda: torch.empty(shape, dtype=torch.bfloat16, device=device))
+    timed("torch.empty((0,), fp32)", lambda: torch.empty((0,), device=device))
+    x = torch.empty(shape, dtype=torch.bfloat16, device=device)
+    timed("tensor.data_ptr()", x.data_ptr)
+    timed("tensor.reshape(N, 128)", lambda: x.reshape(shape[0], 128))
+    timed("tensor.stride(0)", lambda: x.stride(0))
+    timed("tensor.contiguous() (already)", x.contiguous)
 
 
 if __name__ == "__main__":
