@@ -13,8 +13,10 @@ kernel's launches per call and host µs per launch (:func:`fusecore.fast_launch.
 time again with the compiled launches stubbed out at two depths (``launcher``: everything but the driver
 launch itself runs; ``launch``: the whole launch call is a no-op), so the launches' share of the host time is
 measured rather than inferred; ``--primitives`` times single host operations the layers repeat (current
-device and stream, ``torch.empty``, the compile check) in a hot loop.  On the CPU (Triton's interpreter) the kernels run inside the issue
-time, so there the numbers only check that the tool runs.
+device and stream, ``torch.empty``, the compile check) in a hot loop; ``--sections`` the inclusive host
+time per call of the layer path's main functions (:data:`SECTIONS`, timers patched in).  On the CPU
+(Triton's interpreter) the kernels run inside the issue time, so there the numbers only check that the tool
+runs.
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=28)
     parser.add_argument("--launches", action="store_true", help="per-kernel launch host time and stubbed issue times")
     parser.add_argument("--primitives", action="store_true", help="hot-loop cost of single host operations")
+    parser.add_argument("--sections", action="store_true",
+                        help="inclusive host µs per call of the layer path's main functions (timers, no profiler)")
     parser.add_argument("--no-cprofile", action="store_true", help="skip the cProfile tables")
     args = parser.parse_args(argv)
     rows = [(row, *ab_layers.parse(row)) for row in args.rows]
@@ -79,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"wall {1e6 * (done - start) / args.calls:.1f} us/call", flush=True)
                 if args.launches:
                     _launch_table(fn, args.calls, device)
+                if args.sections:
+                    _section_table(fn, args.calls, device)
                 if args.no_cprofile:
                     continue
                 profile = cProfile.Profile()
@@ -142,6 +148,60 @@ def _launch_table(fn, calls: int, device: torch.device) -> None:
             cls._fast_launch = orig
     print(f"   issue us/call: as is {baseline:.1f}; driver launch stubbed {without_driver:.1f}; "
           f"whole launch stubbed {without_launch:.1f}", flush=True)
+
+
+# (module, attribute) of the functions --sections times, inclusive of what they call
+SECTIONS = (
+    ("gnnfuse.nn", "_graph_and_features"), ("gnnfuse.nn", "_project_all"), ("fusecore.linear", "linear"),
+    ("torch", "cat"), ("torch.nn.functional", "linear"), ("gnnfuse.ops", "transformer_attention"),
+    ("gnnfuse.ops", "gat_attention"), ("gnnfuse.ops", "gatv2_attention"), ("gnnfuse.ops", "agnn"),
+    ("gnnfuse.ops", "_apply"), ("gnnfuse.ops", "attention_forward"), ("gnnfuse.ops", "attention_backward"),
+    ("gnnfuse.ops", "_function_features"), ("gnnfuse.ops", "edge_weight_grad"), ("gnnfuse.ops", "_new_output"),
+    ("fusecore.backend", "check_devices"), ("fusecore.backend", "check_dtypes"), ("fusecore.linear", "column_sum"),
+    ("torch", "empty"), ("torch.autograd", "backward"),
+)
+
+
+def _section_table(fn, calls: int, device: torch.device) -> None:
+    """Inclusive host µs per call of :data:`SECTIONS` and of all compiled launches together."""
+    import importlib
+
+    from fusecore import fast_launch
+
+    totals: dict[str, list] = {}
+    patched = []
+
+    def timer(label, original):
+        cell = totals.setdefault(label, [0, 0.0])
+
+        def timed(*a, **k):
+            start = time.perf_counter()
+            try:
+                return original(*a, **k)
+            finally:
+                cell[0] += 1
+                cell[1] += time.perf_counter() - start
+        return timed
+
+    for module_name, attribute in SECTIONS:
+        module = importlib.import_module(module_name)
+        original = getattr(module, attribute, None)
+        if original is None:
+            continue
+        patched.append((module, attribute, original))
+        setattr(module, attribute, timer(f"{module_name}.{attribute}", original))
+    for cls in fast_launch._classes.values():
+        patched.append((cls, "_fast_launch", cls._fast_launch))
+        cls._fast_launch = timer("compiled launches", cls._fast_launch)
+    try:
+        wall = _issue_us(fn, calls, device)
+    finally:
+        for owner, attribute, original in reversed(patched):
+            setattr(owner, attribute, original)
+    print(f"   sections (inclusive host us per call; issue {wall:.1f} us/call with the timers on):")
+    for label, (count, seconds) in sorted(totals.items(), key=lambda kv: -kv[1][1]):
+        if count:
+            print(f"     {label:44s} {count / calls:5.1f}/call {1e6 * seconds / calls:8.1f} us", flush=True)
 
 
 def _noop(*args) -> None:
