@@ -170,6 +170,18 @@ class _Recorded:
         self.all_params = all_params  # constexpr parameters passed too (Triton >= 3.3)
 
 
+def _current_device(driver: Any):
+    """The driver's ``get_current_device``, or, where that is ``torch.cuda.current_device`` (3.0 µs a call on
+    the H100 machine's host in session 21, ``tests/gnnfuse/host_profile.py --primitives``), the query it ends
+    in, ``torch._C._cuda_getDevice``, without torch.cuda's per-call initialisation check.  The direct path
+    runs only after a first launch through Triton's path, so CUDA is initialised by then."""
+    query = driver.get_current_device
+    raw = getattr(torch._C, "_cuda_getDevice", None)
+    if raw is not None and query is getattr(torch.cuda, "current_device", None):
+        return raw
+    return query
+
+
 def _binder(params: list[inspect.Parameter], constexpr: tuple[bool, ...], host_tensors: bool = False):
     """``bind(*args, **kwargs) -> (values, full, runtime, key, options)`` or ``None``, for one kernel signature.
 
@@ -254,6 +266,7 @@ def _install_into(base: type) -> type:
 
                 driver = drivers.active
             self._fast_driver = driver
+            self._fast_device = _current_device(driver)
 
         def __getitem__(self, grid):
             def launch(*args, **kwargs):
@@ -288,7 +301,7 @@ def _install_into(base: type) -> type:
                 return self._slow(grid, args, kwargs)
             values, full, runtime, key, options = bound
             driver = self._fast_driver
-            device = driver.get_current_device()
+            device = self._fast_device()
             key = (device, *key, *options.items()) if options else (device, *key)
             try:
                 entry = self._fast_entries.get(key, _SLOW)

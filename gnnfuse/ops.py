@@ -57,13 +57,24 @@ def _new_output(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
     return torch.empty(shape, dtype=dtype, device=device)
 
 
-def _row_launches(buckets: Buckets):
-    """(rows, starts, stops, count, pieces) for the medium rows and the super pieces."""
+def _row_launches(buckets: Buckets, mixed: bool = False):
+    """(rows, starts, stops, count, pieces) of the row-kernel launches: the medium rows (``pieces`` False) and the
+    super pieces (True), or with ``mixed``, where there are both, one launch of the pieces then the medium rows
+    (``pieces`` 2, ``Buckets.pieces_then_medium``)."""
     rows, starts, stops = buckets.medium
-    if rows.numel():
-        yield rows, starts, stops, rows.numel(), False
-    if buckets.num_pieces:
-        yield buckets.piece_row, buckets.piece_start, buckets.piece_stop, buckets.num_pieces, True
+    medium, pieces = rows.numel(), buckets.num_pieces
+    if mixed and medium and pieces:
+        yield *buckets.pieces_then_medium, pieces + medium, 2
+        return
+    if medium:
+        yield rows, starts, stops, medium, False
+    if pieces:
+        yield buckets.piece_row, buckets.piece_start, buckets.piece_stop, pieces, True
+
+
+# Passes whose row kernel covers the super-row pieces and the medium rows in one launch (the kernels' PIECES=2)
+# instead of two: a launch fewer a call, and the medium rows start while the pieces run.
+ROW_LAUNCH_MIXED = {"forward": True, "destination": True}
 
 
 # Where the compiled row kernels keep per-edge-lane state by default (ScheduleOptions.edge_lanes=None),
@@ -581,19 +592,22 @@ def attention_forward(
             graph.csr_src, graph.csr_eid, *ranges, *tensors, out, lse, add, final, *counts, heads,
             head_dim, inputs.edge_dim, *scalars, add_stride, feat_stride, **meta,
         )
-    for (rows, starts, stops, count, pieces), meta in zip(_row_launches(buckets), row_meta):
+    for (rows, starts, stops, count, pieces), meta in zip(_row_launches(buckets, ROW_LAUNCH_MIXED["forward"]),
+                                                          row_meta):
+        num_pieces = buckets.num_pieces if pieces else 0
         if pieces:
-            target_out = _new_output((count, heads, head_dim), acc, value.device)
-            target_lse = _new_output((count, heads), acc, value.device)
+            piece_out = _new_output((num_pieces, heads, head_dim), acc, value.device)
+            piece_lse = _new_output((num_pieces, heads), acc, value.device)
         else:
-            target_out, target_lse = out, lse
+            piece_out, piece_lse = out, lse  # never written
+        target_out, target_lse = (piece_out, piece_lse) if pieces is True else (out, lse)
         attention_forward_rows_kernel[(count,)](
             graph.csr_src, graph.csr_eid, rows, starts, stops, *tensors, target_out, target_lse, add, final, heads,
-            head_dim, inputs.edge_dim, *scalars, add_stride, feat_stride, **meta,
+            head_dim, inputs.edge_dim, *scalars, add_stride, feat_stride, piece_out, piece_lse, num_pieces, **meta,
         )
         if pieces:
             lse_merge_kernel[(buckets.super_rows.numel(),)](
-                buckets.super_piece_ptr, buckets.super_rows, target_out, target_lse, out, lse, add, final, heads,
+                buckets.super_piece_ptr, buckets.super_rows, piece_out, piece_lse, out, lse, add, final, heads,
                 head_dim, add_stride, **merge_meta,
             )
     return out, lse
@@ -720,10 +734,10 @@ def _forward_plan(schedule, inputs: AttentionInputs, dtype: torch.dtype, use_dro
                         {**flags, "ADD": has_add, "FINAL": has_final})
     lanes = row_kernel_lanes(schedule, inputs.score, "forward", dtype)
     rows = [{"BLOCK_E": row_block_e, "BLOCK_H": block_h, "BLOCK_D": block_d, "PIECES": pieces, **flags,
-             "BLOCK_K": _block_k(inputs), "LANES": lanes, "ADD": has_add and not pieces,
-             "FINAL": has_final and not pieces, "PREFETCH": _row_prefetch(inputs),
+             "BLOCK_K": _block_k(inputs), "LANES": lanes, "ADD": has_add and pieces is not True,
+             "FINAL": has_final and pieces is not True, "PREFETCH": _row_prefetch(inputs),
              **_row_edge_options(inputs, "forward"), **_row_options(schedule, "forward")}
-            for *_, pieces in _row_launches(schedule.incoming)]
+            for *_, pieces in _row_launches(schedule.incoming, ROW_LAUNCH_MIXED["forward"])]
     merge = {"BLOCK_P": max(1, MERGE_TILE // (block_h * block_d)), "BLOCK_H": block_h, "BLOCK_D": block_d,
              "ADD": has_add, "FINAL": has_final}
     return light, rows, merge
@@ -873,20 +887,24 @@ def attention_backward(
             graph.csr_src, graph.csr_eid, *ranges, *dst_tensors, grad_dst, sums, *counts,
             heads, head_dim, edge_dim, *dst_scalars, feat_stride, grad_stride, **meta,
         )
-    for (rows, starts, stops, count, pieces), meta in zip(_row_launches(incoming), plan["destination rows"]):
+    mixed = ROW_LAUNCH_MIXED["destination"]
+    for (rows, starts, stops, count, pieces), meta in zip(_row_launches(incoming, mixed), plan["destination rows"]):
+        num_pieces = incoming.num_pieces if pieces else 0
         if pieces:
-            target_dst = _new_output((count, heads, head_dim), acc, device)
-            target_sums = _new_output((count, 2, heads, edge_dim), acc, device) if weight_grad else grad_s
+            piece_dst = _new_output((num_pieces, heads, head_dim), acc, device)
+            piece_sums = _new_output((num_pieces, 2, heads, edge_dim), acc, device) if weight_grad else grad_s
         else:
-            target_dst, target_sums = grad_dst, sums
+            piece_dst, piece_sums = grad_dst, sums  # never written
+        target_dst, target_sums, stride = ((piece_dst, piece_sums, piece_stride) if pieces is True
+                                           else (grad_dst, sums, grad_stride))
         attention_backward_dst_kernel[(count,)](
             graph.csr_src, graph.csr_eid, rows, starts, stops, *dst_tensors, target_dst, target_sums,
-            heads, head_dim, edge_dim, *dst_scalars, feat_stride, piece_stride if pieces else grad_stride, **meta,
+            heads, head_dim, edge_dim, *dst_scalars, feat_stride, stride, piece_dst, piece_sums, num_pieces, **meta,
         )
         if pieces:
-            _merge_sums(incoming, target_dst, grad_dst)
+            _merge_sums(incoming, piece_dst, grad_dst)
             if weight_grad:
-                _merge_sums(incoming, target_sums, attr_sums)
+                _merge_sums(incoming, piece_sums, attr_sums)
     return grad_value, grad_src, grad_dst, grad_attr, attr_sums
 
 
@@ -980,7 +998,7 @@ def _backward_plan(schedule, inputs: AttentionInputs, dtype: torch.dtype, use_dr
         {"BLOCK_E": row_block_e, "BLOCK_H": block_h, "BLOCK_D": block_d, "PIECES": pieces, **flags,
          "BLOCK_K": _block_k(inputs), "LANES": lanes, "PREFETCH": inputs.score in ROW_BACKWARD_PREFETCH_SCORES,
          **_row_edge_options(inputs, "destination"), **_row_options(schedule, "destination")}
-        for *_, pieces in _row_launches(incoming)]
+        for *_, pieces in _row_launches(incoming, ROW_LAUNCH_MIXED["destination"])]
     return plan
 
 
@@ -995,27 +1013,27 @@ EDGE_WEIGHT_GRAD_NODES_INTERPRETED = 8192
 def edge_weight_grad(
     attr_sums: torch.Tensor, grad_out: torch.Tensor, query: torch.Tensor, scale: float
 ) -> torch.Tensor:
-    """``∂W_e [K, H, D] = Σ_i A_i ⊗ g_i + B_i ⊗ (scale · q_i)`` per head, from the destination
-    pass's ``attr_sums [N, 2, H, K]`` (:mod:`gnnfuse.kernels.edge_features`): a deterministic
-    reduction over nodes in the accumulation dtype — per-head products over node blocks
-    (``edge_weight_grad_kernel``, each byte of the sums, ``g`` and ``q`` read once), then the
-    blocks' partials added in a fixed order."""
+    """``∂W_e = Σ_i A_i ⊗ g_i + B_i ⊗ (scale · q_i)`` per head, from the destination pass's ``attr_sums
+    [N, 2, H, K]`` (:mod:`gnnfuse.kernels.edge_features`), as ``[H·D, K]`` (``lin_edge.weight``'s layout, so
+    autograd keeps it as the parameter's gradient without a copy): a deterministic reduction over nodes in
+    the accumulation dtype — per-head products over node blocks (``edge_weight_grad_kernel``, each byte of
+    the sums, ``g`` and ``q`` read once), then the blocks' partials added in a fixed order."""
     from .kernels.edge_features import edge_weight_grad_kernel
 
     num_nodes, _, heads, edge_dim = attr_sums.shape
     head_dim = grad_out.shape[2]
     acc = attr_sums.dtype
     if num_nodes == 0:
-        return torch.zeros(edge_dim, heads, head_dim, dtype=acc, device=attr_sums.device)
+        return torch.zeros(heads * head_dim, edge_dim, dtype=acc, device=attr_sums.device)
     nodes = EDGE_WEIGHT_GRAD_NODES_INTERPRETED if backend.INTERPRET else EDGE_WEIGHT_GRAD_NODES
     programs = cdiv(num_nodes, nodes)
-    partial = _new_output((programs, edge_dim, heads, head_dim), acc, attr_sums.device)
+    partial = _new_output((programs, heads * head_dim, edge_dim), acc, attr_sums.device)
     edge_weight_grad_kernel[(programs, heads)](
         attr_sums, grad_out.contiguous(), query, partial, num_nodes, heads, head_dim, edge_dim, scale,
         query.stride(0), nodes, BLOCK_N=64, BLOCK_K=max(MIN_DOT, next_power_of_2(edge_dim)),
         BLOCK_D=max(MIN_DOT, next_power_of_2(head_dim)), DOT_PRECISION="ieee",
     )
-    return partial.sum(dim=0)
+    return partial[0] if programs == 1 else partial.sum(dim=0)
 
 
 def _forward_saving(ctx, graph: Graph, inputs: AttentionInputs, launch: tuple, differentiable: int,
@@ -1623,10 +1641,11 @@ class GATv2Function(torch.autograd.Function):
 
 class TransformerAttentionFunction(torch.autograd.Function):
     """Scaled dot-product graph attention from ``(q, k, v[, edge_attr, edge_weight])``
-    (``edge_attr [E, K]`` in the graph's input edge order, ``edge_weight [K, H, D]``): forward
-    saves the inputs, ``out`` and ``lse``; backward is FlashAttention's over the graph — ``∂v``,
-    ``∂k`` in the source pass, ``∂q`` (and, where autograd asks for them, ``∂edge_attr`` and the
-    sums giving ``∂edge_weight``) in the destination pass."""
+    (``edge_attr [E, K]`` in the graph's input edge order, ``edge_weight [H·D, K]``, ``lin_edge.weight``
+    itself: the forward forms the kernels' ``[K, H, D]`` copy and saves it, the backward returns
+    ``∂edge_weight`` in the parameter's layout): forward saves the inputs, ``out`` and ``lse``; backward is
+    FlashAttention's over the graph — ``∂v``, ``∂k`` in the source pass, ``∂q`` (and, where autograd asks
+    for them, ``∂edge_attr`` and the sums giving ``∂edge_weight``) in the destination pass."""
 
     @staticmethod
     def forward(ctx, query, key, value, edge_attr, edge_weight, graph, scale, dropout_p, seed, offset, options,  # type: ignore[override]
@@ -1638,6 +1657,8 @@ class TransformerAttentionFunction(torch.autograd.Function):
             out_add = packed_add if packed_add is not None else out_add
         heads, head_dim = value.shape[1], value.shape[2]
         add = _addend_layout(ctx, out_add, heads, head_dim)
+        if edge_weight is not None:
+            edge_weight = edge_weight.t().reshape(edge_weight.shape[1], heads, head_dim).contiguous()
         inputs = AttentionInputs(SCORE_DOT, key, query, value, edge_attr=edge_attr, edge_weight=edge_weight,
                                  scale=scale, out_add=add)
         ctx.scale = scale
@@ -1857,17 +1878,15 @@ def transformer_attention(
         return out if add is None else out + add
     backend.check_devices(query=query, key=key, value=value, edge_attr=edge_attr, edge_weight=edge_weight,
                           out_add=add, graph=graph.indptr)
-    weight_khd = None
     if edge_attr is not None:
         # The kernels read edge_attr rows in input order through the graph's edge-id maps: no permuted copy.
         edge_attr = edge_attr.contiguous()
-        weight_khd = edge_weight.t().reshape(edge_attr.shape[1], heads, head_dim).contiguous()
     per_node_add = add if add is not None and add.dim() == 3 else None
     features, packing = _function_features(heads, head_dim, (query, key, value), per_node_add)
     if packing is not None and packing[2][3] is not None:
         out_add = None  # a block of the product: the Function reads it, and stores its gradient, there
     return _apply(
-        TransformerAttentionFunction, *features, edge_attr, weight_khd, graph, float(scale), dropout,
+        TransformerAttentionFunction, *features, edge_attr, edge_weight, graph, float(scale), dropout,
         seed, offset, schedule, out_add, packing,
     )
 

@@ -151,7 +151,9 @@ class Buckets:
     ``piece_edges``: the most edges one piece of a split row holds;
     ``piece_row[p]``, ``piece_start[p]``, ``piece_stop[p]``: super row and absolute edge range
     of piece ``p``; the pieces of ``super_rows[s]`` are ``super_piece_ptr[s] :
-    super_piece_ptr[s + 1]``.
+    super_piece_ptr[s + 1]``; ``pieces_then_medium``: ``(rows, starts, stops)`` of every piece (piece
+    ``p`` at position ``p``) followed by every medium row, for a row-kernel launch covering both
+    (:data:`gnnfuse.ops.ROW_LAUNCH_MIXED`).
     """
 
     light: tuple[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor], ...]
@@ -163,6 +165,7 @@ class Buckets:
     piece_stop: torch.Tensor
     super_piece_ptr: torch.Tensor
     piece_edges: int
+    pieces_then_medium: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
     @property
     def num_pieces(self) -> int:
@@ -281,16 +284,20 @@ def _buckets(
     row_start = indptr.cpu().to(torch.int64)[piece_row]
     super_piece_ptr = torch.zeros(super_rows.numel() + 1, dtype=torch.int64)
     super_piece_ptr[1:] = torch.cumsum(plan.item_pieces, 0)
+    medium = with_ranges(medium_rows)
+    pieces = (piece_row.to(device=device, dtype=node_dtype), (row_start + plan.piece_start).to(device),
+              (row_start + plan.piece_stop).to(device))
     return Buckets(
         light=tuple(light),
-        medium=with_ranges(medium_rows),
+        medium=medium,
         light_all=light_all,
         super_rows=super_rows.to(node_dtype),
-        piece_row=piece_row.to(device=device, dtype=node_dtype),
-        piece_start=(row_start + plan.piece_start).to(device),
-        piece_stop=(row_start + plan.piece_stop).to(device),
+        piece_row=pieces[0],
+        piece_start=pieces[1],
+        piece_stop=pieces[2],
         super_piece_ptr=super_piece_ptr.to(device),
         piece_edges=piece_edges,
+        pieces_then_medium=tuple(torch.cat((p.to(m.dtype), m)) for p, m in zip(pieces, medium)),
     )
 
 

@@ -469,7 +469,7 @@ def _store_edge_sums(attr_sums_ptr, sums_b, sums_a, out_index, out_mask, H, K, o
 def attention_backward_dst_kernel(
     src_ptr, eid_ptr, rows_ptr, starts_ptr, stops_ptr, src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr,
     w_edge_ptr, grad_s_ptr, terms_ptr, grad_dst_ptr, attr_sums_ptr,
-    H, D, K, negative_slope, scale, feat_stride, grad_stride,
+    H, D, K, negative_slope, scale, feat_stride, grad_stride, piece_dst_ptr, piece_sums_ptr, num_pieces,
     BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
     PIECES: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr,
     KEY_SCALE: tl.constexpr, WEIGHT_GRAD: tl.constexpr, LANES: tl.constexpr,
@@ -481,13 +481,15 @@ def attention_backward_dst_kernel(
     term ``Σ_k B[k] W[k]`` after the loop, and (``WEIGHT_GRAD``) ``A = Σ_p α'_p ⊗ attr_p`` — ``α'_p`` as the
     source pass stored it in ``terms[p, 0]`` — with ``B`` go to ``attr_sums``.  ``PREFETCH``: each edge
     block's source indices loaded one trip ahead (with ``ATTR_AHEAD`` its edge ids too, so that a trip's edge
-    features wait on no id load of their own); ``EDGE_FORM`` as the forward row kernel's."""
+    features wait on no id load of their own); ``EDGE_FORM`` as the forward row kernel's.  ``PIECES=2``: the
+    ``num_pieces`` super-row pieces first (their partials to ``piece_dst`` / ``piece_sums``, at the piece
+    index), then the medium rows, in one launch."""
     acc_dtype = grad_s_ptr.dtype.element_ty
     pid = tl.program_id(0).to(tl.int64)
     offs_e = tl.arange(0, BLOCK_E)
     offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
     HD = H * D
-    row, start, stop, out_index = item_edges(pid, rows_ptr, starts_ptr, stops_ptr, PIECES)
+    row, start, stop, out_index = item_edges(pid, rows_ptr, starts_ptr, stops_ptr, PIECES == 1)
     dst_i = row_query(dst_term_ptr, value_ptr, row, H, feat_stride, offs_h, h_mask, hd_offs, hd_mask, acc_dtype,
                       KEY_SCALE)
     attn = tl.load(attn_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
@@ -537,10 +539,26 @@ def attention_backward_dst_kernel(
         acc += tl.reshape(rows_edge_values(row_b, w_edge_ptr, K, HD, hd_offs, hd_mask, BLOCK_K, EDGE_FORM),
                           [BLOCK_H, BLOCK_D]) * scale
         if WEIGHT_GRAD:
-            _store_edge_sums(attr_sums_ptr, row_b, tl.reshape(sums_a, [1, BLOCK_H, BLOCK_K]),
-                             out_index + tl.zeros([1], dtype=tl.int64), tl.full([1], True, tl.int1), H, K, offs_h,
-                             h_mask, BLOCK_K)
-    tl.store(grad_dst_ptr + out_index * grad_stride + hd_offs, acc.to(grad_dst_ptr.dtype.element_ty), mask=hd_mask)
+            row_a = tl.reshape(sums_a, [1, BLOCK_H, BLOCK_K])
+            one = tl.full([1], True, tl.int1)
+            if PIECES == 2:  # the pieces first, their sums to the piece buffer
+                if pid < num_pieces:
+                    _store_edge_sums(piece_sums_ptr, row_b, row_a, pid + tl.zeros([1], dtype=tl.int64), one, H, K,
+                                     offs_h, h_mask, BLOCK_K)
+                else:
+                    _store_edge_sums(attr_sums_ptr, row_b, row_a, row + tl.zeros([1], dtype=tl.int64), one, H, K,
+                                     offs_h, h_mask, BLOCK_K)
+            else:
+                _store_edge_sums(attr_sums_ptr, row_b, row_a, out_index + tl.zeros([1], dtype=tl.int64), one, H, K,
+                                 offs_h, h_mask, BLOCK_K)
+    if PIECES == 2:
+        if pid < num_pieces:  # a piece's partial, contiguous in the piece buffer
+            tl.store(piece_dst_ptr + pid * HD + hd_offs, acc.to(piece_dst_ptr.dtype.element_ty), mask=hd_mask)
+        else:
+            tl.store(grad_dst_ptr + row * grad_stride + hd_offs, acc.to(grad_dst_ptr.dtype.element_ty), mask=hd_mask)
+    else:
+        tl.store(grad_dst_ptr + out_index * grad_stride + hd_offs, acc.to(grad_dst_ptr.dtype.element_ty),
+                 mask=hd_mask)
 
 
 @jit

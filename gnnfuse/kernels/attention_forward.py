@@ -31,7 +31,9 @@ Two kernels, by row kind (:mod:`gnnfuse.schedule`):
   state per row, reduced over the block every trip).  An item is a whole medium row (``PIECES=False``:
   final output written at the row) or one piece of a split super row (``PIECES=True``: the
   normalized partial output and its logsumexp written at the piece index, merged later by
-  :mod:`gnnfuse.kernels.merge`).  Edge ranges ``starts[i] : stops[i]`` come from the schedule.
+  :mod:`gnnfuse.kernels.merge`); ``PIECES=2`` runs both in one launch, the ``num_pieces`` pieces
+  first (their partials to ``piece_out`` / ``piece_lse``), then the medium rows.  Edge ranges
+  ``starts[i] : stops[i]`` come from the schedule.
 
 Heads and head size are padded to powers of two (``BLOCK_H``, ``BLOCK_D``) and masked;
 accumulation is in the dtype of ``lse`` (float32, or float64 for float64 inputs).  Pointer
@@ -90,6 +92,7 @@ def attention_forward_rows_kernel(
     src_ptr, eid_ptr, rows_ptr, starts_ptr, stops_ptr,
     src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, out_ptr, lse_ptr, add_ptr, final_ptr,
     H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, add_stride, feat_stride,
+    piece_out_ptr, piece_lse_ptr, num_pieces,
     BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     PIECES: tl.constexpr, DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr,
     BLOCK_K: tl.constexpr, KEY_SCALE: tl.constexpr, LANES: tl.constexpr, ADD: tl.constexpr, FINAL: tl.constexpr,
@@ -107,7 +110,7 @@ def attention_forward_rows_kernel(
     offs_e = tl.arange(0, BLOCK_E)
     offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
     HD = H * D
-    row, start, stop, out_index = item_edges(pid, rows_ptr, starts_ptr, stops_ptr, PIECES)
+    row, start, stop, out_index = item_edges(pid, rows_ptr, starts_ptr, stops_ptr, PIECES == 1)
     if SCORE == 0:
         dst_i = tl.load(dst_term_ptr + row * H + offs_h, mask=h_mask, other=0.0).to(acc_dtype)[None, :]
         attn = dst_i
@@ -230,10 +233,19 @@ def attention_forward_rows_kernel(
         acc += tl.reshape(rows_edge_values(tl.reshape(acc_attr, [1, BLOCK_H, BLOCK_K]), w_edge_ptr, K, HD, hd_offs,
                                            hd_mask, BLOCK_K, EDGE_FORM), [BLOCK_H, BLOCK_D])
     out, lse = finish_softmax(acc, m, l)
-    # ADD and FINAL never with PIECES: a split row gets its term and final output in the merge
-    store_output(out_ptr, final_ptr, add_ptr, out, out_index * HD + hd_offs, row * add_stride + hd_offs, hd_mask,
-                 ADD, FINAL)
-    tl.store(lse_ptr + out_index * H + offs_h, lse.to(lse_ptr.dtype.element_ty), mask=h_mask)
+    # ADD and FINAL never for a piece: a split row gets its term and final output in the merge
+    if PIECES == 2:
+        if pid < num_pieces:
+            tl.store(piece_out_ptr + pid * HD + hd_offs, out.to(piece_out_ptr.dtype.element_ty), mask=hd_mask)
+            tl.store(piece_lse_ptr + pid * H + offs_h, lse.to(piece_lse_ptr.dtype.element_ty), mask=h_mask)
+        else:
+            store_output(out_ptr, final_ptr, add_ptr, out, row * HD + hd_offs, row * add_stride + hd_offs, hd_mask,
+                         ADD, FINAL)
+            tl.store(lse_ptr + row * H + offs_h, lse.to(lse_ptr.dtype.element_ty), mask=h_mask)
+    else:
+        store_output(out_ptr, final_ptr, add_ptr, out, out_index * HD + hd_offs, row * add_stride + hd_offs, hd_mask,
+                     ADD, FINAL)
+        tl.store(lse_ptr + out_index * H + offs_h, lse.to(lse_ptr.dtype.element_ty), mask=h_mask)
 
 
 @jit

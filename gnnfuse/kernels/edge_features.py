@@ -249,12 +249,12 @@ def edge_weight_grad_kernel(
     sums_ptr, grad_out_ptr, query_ptr, partial_ptr, N, H, D, K, scale, feat_stride, nodes_per_program,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    """``partial[pid, :, h, :] = Σ_n A[n, h]ᵀ g[n, h] + B[n, h]ᵀ (scale · q[n, h])`` ``[K, D]`` for head
+    """``partial[pid, h, :, :] = (Σ_n A[n, h]ᵀ g[n, h] + B[n, h]ᵀ (scale · q[n, h]))ᵀ`` ``[D, K]`` for head
     ``h = program_id(1)`` over the nodes ``[pid · nodes_per_program, (pid + 1) · nodes_per_program)``
     (``sums [N, 2, H, K]``: ``A`` then ``B``; ``g [N, H, D]`` contiguous, ``q`` with row stride
     ``feat_stride``): one ``[K, BLOCK_N] @ [BLOCK_N, D]`` product per node block, every byte read once (a
-    head's ``K`` sums and ``D`` features are contiguous).  The caller adds the programs' partials:
-    ``∂W [K, H, D]``."""
+    head's ``K`` sums and ``D`` features are contiguous), stored transposed.  The caller adds the programs'
+    partials: ``∂W [H·D, K]``, the layout of ``lin_edge.weight`` itself (no transposed copy of the gradient)."""
     acc_dtype = partial_ptr.dtype.element_ty
     pid = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
@@ -281,7 +281,7 @@ def edge_weight_grad_kernel(
                     other=0.0).to(acc_dtype) * scale
         acc += tl.dot(tl.trans(a), g, input_precision=DOT_PRECISION)
         acc += tl.dot(tl.trans(b), q, input_precision=DOT_PRECISION)
-    tl.store(partial_ptr + pid * (K * H * D) + offs_k[:, None] * (H * D) + h * D + offs_d[None, :], acc,
+    tl.store(partial_ptr + pid * (K * H * D) + (h * D + offs_d[None, :]) * K + offs_k[:, None], acc,
              mask=k_mask[:, None] & d_mask[None, :])
 
 

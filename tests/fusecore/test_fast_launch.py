@@ -392,3 +392,18 @@ def test_gpu_kernels_launch_inside_torch_compile(enabled):
     for n in (1, 1000, 4099):
         x = torch.randn(n, device="cuda")
         torch.testing.assert_close(compiled(x), (x * 3 + 2) * 2)
+
+
+def test_current_device_query_skips_torch_cuda_wrapper_only_for_torchs_own_query(monkeypatch):
+    """The direct path asks torch's raw device query where the driver's is ``torch.cuda.current_device``,
+    and keeps any other driver's query as it is."""
+    raw = lambda: 0  # noqa: E731 - stands in for torch._C._cuda_getDevice
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", raw, raising=False)
+    torch_driver = type("TorchDriver", (), {"get_current_device": staticmethod(torch.cuda.current_device)})()
+    assert fast_launch._current_device(torch_driver) is raw
+
+    def own_query():
+        return 3
+
+    other = type("OtherDriver", (), {"get_current_device": staticmethod(own_query)})()
+    assert fast_launch._current_device(other) is own_query

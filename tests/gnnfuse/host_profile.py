@@ -232,6 +232,7 @@ def _primitives(device: torch.device) -> None:
 
         active = driver.active
         timed("torch.cuda.current_device()", torch.cuda.current_device)
+        timed("torch._C._cuda_getDevice()", torch._C._cuda_getDevice)
         timed("triton driver get_current_device()", active.get_current_device)
         timed("triton driver get_current_stream(0)", lambda: active.get_current_stream(0))
         timed("torch.cuda.current_stream()", torch.cuda.current_stream)

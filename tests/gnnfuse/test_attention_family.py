@@ -200,6 +200,38 @@ def test_attention_dropout_is_regenerated_in_backward(gen, device, name):
     assert not torch.equal(a, b)
 
 
+@pytest.mark.parametrize("mixed", [True, False], ids=["one launch", "two launches"])
+@pytest.mark.parametrize("name", ["gatv2", "transformer+edge"])
+def test_row_launch_of_pieces_and_medium_rows(gen, device, monkeypatch, name, mixed):
+    """The forward's and the destination pass's super-row pieces and medium rows in one row-kernel launch
+    (``ROW_LAUNCH_MIXED``, the kernels' ``PIECES=2``: pieces first, then the rows) or in two: the output and
+    every gradient (with edge features the destination pass's edge sums too) against the float64 oracle
+    (training: the forward's FINAL store), and with a per-node addend, inference and training (ADD, ADD
+    with FINAL), every buffer poisoned before and written."""
+    monkeypatch.setattr(ops, "ROW_LAUNCH_MIXED", {"forward": mixed, "destination": mixed})
+    graph = Graph(corner_case_edges(gen).to(device), 29)
+    buckets = graph.schedule(3, 5, torch.float32, SCHEDULES["mixed"]).incoming
+    assert buckets.num_pieces and buckets.medium[0].numel()
+    assert [p for *_, p in ops._row_launches(buckets, mixed)] == ([2] if mixed else [False, True])
+    leaves = make_leaves(OPS[name], graph, 3, 5, torch.float32, device, gen)
+    check_op(name, graph, leaves, gen, schedule=SCHEDULES["mixed"])
+    if name != "transformer+edge":
+        return
+    created = poison_op_outputs(monkeypatch)
+    add = torch.randn(graph.num_nodes, 3, 5, generator=gen).to(device)
+    expected = _transformer_oracle(graph.to("cpu"), *(t.double().cpu() for t in leaves)) + add.double().cpu()
+    with torch.no_grad():
+        out = ops.transformer_attention(graph, *leaves, schedule=SCHEDULES["mixed"], out_add=add)
+    assert_close(out, expected, tol=TOLERANCES[torch.float32], name="out + addend, inference")
+    trained = [t.clone().requires_grad_(True) for t in leaves]
+    out = ops.transformer_attention(graph, *trained, schedule=SCHEDULES["mixed"], out_add=add)
+    assert_close(out, expected, tol=TOLERANCES[torch.float32], name="out + addend, training")
+    for i, t in enumerate(created):
+        if t.dim() == 2:
+            t = torch.where(torch.isneginf(t), 0.0, t)  # lse is -inf for rows (and pieces) without edges
+        assert_all_written(t, name=f"buffer {i} {tuple(t.shape)}")
+
+
 @pytest.mark.parametrize("name", ["gatv2", "transformer+edge"])
 def test_every_output_and_scratch_element_is_written(gen, device, monkeypatch, name):
     created = poison_op_outputs(monkeypatch)
