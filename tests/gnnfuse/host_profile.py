@@ -28,6 +28,7 @@ import io
 import pstats
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -113,6 +114,18 @@ def _issue_us(fn, calls: int, device: torch.device) -> float:
     return 1e6 * (issued - start) / calls
 
 
+def _issue_us_patched(fn, calls: int, device: torch.device, patches: list[tuple]) -> float:
+    """:func:`_issue_us` with ``(owner, attribute, value)`` set for the measurement and restored after it."""
+    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
+    for owner, name, value in patches:
+        setattr(owner, name, value)
+    try:
+        return _issue_us(fn, calls, device)
+    finally:
+        for owner, name, value in reversed(saved):
+            setattr(owner, name, value)
+
+
 def _launch_table(fn, calls: int, device: torch.device) -> None:
     """Per-kernel launches and host time, then the issue time with launches stubbed out."""
     from fusecore import fast_launch
@@ -128,24 +141,14 @@ def _launch_table(fn, calls: int, device: torch.device) -> None:
     for name, s in sorted(stats.items(), key=lambda kv: -kv[1].host_s):
         print(f"     {name:44s} {s.launches / calls:5.1f}/call {1e6 * s.host_s / max(s.launches, 1):7.1f} us each")
     classes = tuple(fast_launch._classes.values())
-    kernels = [o for o in gc.get_objects() if isinstance(o, classes) and hasattr(o, "_fast_entries")]
+    with warnings.catch_warnings():  # isinstance over every object touches deprecated module attributes
+        warnings.simplefilter("ignore")
+        kernels = [o for o in gc.get_objects() if isinstance(o, classes) and hasattr(o, "_fast_entries")]
     baseline = _issue_us(fn, calls, device)
-    swapped = [(e, e.launcher) for k in kernels for e in k._fast_entries.values() if e is not None]
-    for entry, _ in swapped:  # depth "launcher": the direct path runs up to the driver launch
-        entry.launcher = _noop
-    try:
-        without_driver = _issue_us(fn, calls, device)
-    finally:
-        for entry, launcher in swapped:
-            entry.launcher = launcher
-    saved = [(cls, cls._fast_launch) for cls in classes]
-    for cls in classes:  # depth "launch": the whole launch call does nothing
-        cls._fast_launch = _noop
-    try:
-        without_launch = _issue_us(fn, calls, device)
-    finally:
-        for cls, orig in saved:
-            cls._fast_launch = orig
+    # depth "launcher": the direct path runs up to the driver launch; depth "launch": the launch call does nothing
+    without_driver = _issue_us_patched(fn, calls, device, [(entry, "launcher", _noop) for k in kernels
+                                                           for entry in k._fast_entries.values() if entry is not None])
+    without_launch = _issue_us_patched(fn, calls, device, [(cls, "_fast_launch", _noop) for cls in classes])
     print(f"   issue us/call: as is {baseline:.1f}; driver launch stubbed {without_driver:.1f}; "
           f"whole launch stubbed {without_launch:.1f}", flush=True)
 
