@@ -78,7 +78,10 @@ def _row_launches(buckets: Buckets, mixed: bool = False):
 # features forward 604.6 -> 601.9 (604.7 with these two off in the same tree), training step 2619 -> 2618; without
 # edge features forward 393.7 -> 389.0, step 1308.8 -> 1306.1.  The launches a call: forward 4 -> 3, step 16 -> 14
 # (host_profile.py; 30-50 µs of host each on that machine); the edge-feature step as called 3118 -> 2991 µs (means of
-# four, ±5% host noise).
+# four, ±5% host noise).  Call 6 (same call, on against off, replayed forward / step µs): GAT bf16 234.2 / 821 against
+# 241.3 / 827, GATv2 bf16 278.9 / 1406 against 281.0 / 1423, AGNN bf16 209.0 / 1131 against 216.1 / 1139, Transformer
+# fp32 with edge features 1150 / 4158 against 1176 / 4173; GATv2 fp32 584.6 / 2218 against 577.2 / 2206 (the one loss,
+# kept for its launch less).
 ROW_LAUNCH_MIXED = {"forward": True, "destination": True}
 
 
