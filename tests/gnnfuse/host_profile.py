@@ -73,15 +73,8 @@ def main(argv: list[str] | None = None) -> int:
             for kind, fn in (("fwd", forward), ("step", step)):
                 for _ in range(min(20, args.calls)):  # compile, build the schedule and launch plans, settle
                     fn()
-                _synchronize(device)
-                start = time.perf_counter()
-                for _ in range(args.calls):
-                    fn()
-                issued = time.perf_counter()
-                _synchronize(device)
-                done = time.perf_counter()
-                print(f"== {row} {kind}: issue {1e6 * (issued - start) / args.calls:.1f} us/call, "
-                      f"wall {1e6 * (done - start) / args.calls:.1f} us/call", flush=True)
+                issue, wall = _timed_calls(fn, args.calls, device)
+                print(f"== {row} {kind}: issue {issue:.1f} us/call, wall {wall:.1f} us/call", flush=True)
                 if args.launches:
                     _launch_table(fn, args.calls, device)
                 if args.sections:
@@ -104,14 +97,20 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _issue_us(fn, calls: int, device: torch.device) -> float:
+def _timed_calls(fn, calls: int, device: torch.device) -> tuple[float, float]:
+    """(issue µs, wall µs) per call of ``calls`` calls back to back, from a synchronised start."""
     _synchronize(device)
     start = time.perf_counter()
     for _ in range(calls):
         fn()
     issued = time.perf_counter()
     _synchronize(device)
-    return 1e6 * (issued - start) / calls
+    done = time.perf_counter()
+    return 1e6 * (issued - start) / calls, 1e6 * (done - start) / calls
+
+
+def _issue_us(fn, calls: int, device: torch.device) -> float:
+    return _timed_calls(fn, calls, device)[0]
 
 
 def _issue_us_patched(fn, calls: int, device: torch.device, patches: list[tuple]) -> float:
@@ -157,7 +156,7 @@ def _launch_table(fn, calls: int, device: torch.device) -> None:
 SECTIONS = (
     ("gnnfuse.nn", "_graph_and_features"), ("gnnfuse.nn", "_project_all"), ("fusecore.linear", "linear"),
     ("torch", "cat"), ("torch.nn.functional", "linear"), ("gnnfuse.ops", "transformer_attention"),
-    ("gnnfuse.ops", "gat_attention"), ("gnnfuse.ops", "gatv2_attention"), ("gnnfuse.ops", "agnn"),
+    ("gnnfuse.ops", "gat"), ("gnnfuse.ops", "gatv2"), ("gnnfuse.ops", "agnn"),
     ("gnnfuse.ops", "_apply"), ("gnnfuse.ops", "attention_forward"), ("gnnfuse.ops", "attention_backward"),
     ("gnnfuse.ops", "_function_features"), ("gnnfuse.ops", "edge_weight_grad"), ("gnnfuse.ops", "_new_output"),
     ("fusecore.backend", "check_devices"), ("fusecore.backend", "check_dtypes"), ("fusecore.linear", "column_sum"),
@@ -172,7 +171,6 @@ def _section_table(fn, calls: int, device: torch.device) -> None:
     from fusecore import fast_launch
 
     totals: dict[str, list] = {}
-    patched = []
 
     def timer(label, original):
         cell = totals.setdefault(label, [0, 0.0])
@@ -186,21 +184,13 @@ def _section_table(fn, calls: int, device: torch.device) -> None:
                 cell[1] += time.perf_counter() - start
         return timed
 
+    patches = []
     for module_name, attribute in SECTIONS:
         module = importlib.import_module(module_name)
-        original = getattr(module, attribute, None)
-        if original is None:
-            continue
-        patched.append((module, attribute, original))
-        setattr(module, attribute, timer(f"{module_name}.{attribute}", original))
-    for cls in fast_launch._classes.values():
-        patched.append((cls, "_fast_launch", cls._fast_launch))
-        cls._fast_launch = timer("compiled launches", cls._fast_launch)
-    try:
-        wall = _issue_us(fn, calls, device)
-    finally:
-        for owner, attribute, original in reversed(patched):
-            setattr(owner, attribute, original)
+        patches.append((module, attribute, timer(f"{module_name}.{attribute}", getattr(module, attribute))))
+    patches += [(cls, "_fast_launch", timer("compiled launches", cls._fast_launch))
+                for cls in fast_launch._classes.values()]
+    wall = _issue_us_patched(fn, calls, device, patches)
     print(f"   sections (inclusive host us per call; issue {wall:.1f} us/call with the timers on):")
     for label, (count, seconds) in sorted(totals.items(), key=lambda kv: -kv[1][1]):
         if count:
@@ -224,11 +214,8 @@ def _primitives(device: torch.device) -> None:
             op()
         print(f"   {label:48s} {1e6 * (time.perf_counter() - start) / n:7.2f} us", flush=True)
 
-    def nothing():
-        return None
-
     print("== primitives (hot loop, us per call)")
-    timed("python call", nothing)
+    timed("python call", _noop)
     timed("torch.compiler.is_compiling()", torch.compiler.is_compiling)
     if device.type == "cuda":
         from triton.runtime import driver

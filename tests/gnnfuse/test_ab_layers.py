@@ -92,3 +92,20 @@ def test_host_profile_runs_a_row(capsys):
     out = capsys.readouterr().out
     assert "== gatv2-fp32 fwd: issue" in out and "== gatv2-fp32 step: issue" in out
     assert out.count("ncalls") == 4
+
+
+def test_host_profile_launch_section_and_primitive_tables(capsys):
+    """host_profile.py's --launches, --sections and --primitives tables print (on the CPU the interpreter runs the
+    kernels, so no compiled launch is counted there), and --no-cprofile skips the profiler's tables."""
+    import host_profile
+
+    args = ["gat-fp32", "--graph", "tiny-power-law", "--calls", "1", "--launches", "--sections", "--primitives",
+            "--no-cprofile"]
+    assert host_profile.main(args) == 0
+    out = capsys.readouterr().out
+    assert "== primitives" in out and "torch.empty" in out
+    for kind in ("fwd", "step"):
+        assert f"== gat-fp32 {kind}: issue" in out
+    assert out.count("issue us/call: as is") == 2 and out.count("sections (inclusive host us per call") == 2
+    assert "gnnfuse.ops.attention_forward" in out and "gnnfuse.nn._graph_and_features" in out
+    assert "ncalls" not in out
