@@ -29,6 +29,10 @@ see :func:`fusecore.plan.persistent_grid`).  Under the interpreter programs run 
 another, so a kernel that waits on other programs runs there with a single program, whose
 waits end at once (or its programs in an order that respects the counts).
 
+A program that must not wait at all uses :func:`last_to_arrive` instead: every party stores its
+share, then counts itself in, and only the last one to arrive (which sees everyone's stores) goes
+on to combine them — a split-K sum's last part, the last piece of a split graph row.
+
 An acquire whose value is unused may be deleted by the compiler: :mod:`fusecore.kernel_lint`
 checks for it, and :func:`wait_for` uses its acquire read's value.
 """
@@ -43,6 +47,19 @@ def signal(count_ptr):
     """Add 1 to a count in device memory after all this program's threads' stores; the count before."""
     tl.debug_barrier()
     return tl.atomic_add(count_ptr, 1, sem="release", scope="gpu")
+
+
+@jit
+def last_to_arrive(count_ptr, parties):
+    """Count this program in at ``count_ptr`` after all its threads' stores; whether it is the last of ``parties``.
+
+    A CTA barrier, then one atomic add with acquire-release order at GPU scope: the release publishes this
+    program's stores, and in the program that returns true the acquire makes every other party's stores
+    (made before their own arrival) visible to its later loads — read them with ``cache_modifier=".cg"`` (L2),
+    as the multiprocessor's L1 may hold older lines.  Nobody waits.  The count is not reset here: the caller
+    resets it (``tl.atomic_xchg(count_ptr, 0)`` in the last program) or zeroes it before each launch."""
+    tl.debug_barrier()
+    return tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu") == parties - 1
 
 
 @jit

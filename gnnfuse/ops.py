@@ -57,10 +57,12 @@ def _new_output(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
     return torch.empty(shape, dtype=dtype, device=device)
 
 
-def _row_launches(buckets: Buckets, mixed: bool = False):
+def _row_launches(buckets: Buckets, mixed: bool = False, merged: bool = False):
     """(rows, starts, stops, count, pieces) of the row-kernel launches: the medium rows (``pieces`` False) and the
     super pieces (True), or with ``mixed``, where there are both, one launch of the pieces then the medium rows
-    (``pieces`` 2, ``Buckets.pieces_then_medium``)."""
+    (``pieces`` 2, ``Buckets.pieces_then_medium``).  With ``merged`` (the pieces' merge inside their launch,
+    :data:`PIECE_MERGE_IN_ROWS`) a launch of pieces alone takes the form 2 too (its partials to the piece buffers,
+    the merged rows to the outputs)."""
     rows, starts, stops = buckets.medium
     medium, pieces = rows.numel(), buckets.num_pieces
     if mixed and medium and pieces:
@@ -69,7 +71,20 @@ def _row_launches(buckets: Buckets, mixed: bool = False):
     if medium:
         yield rows, starts, stops, medium, False
     if pieces:
-        yield buckets.piece_row, buckets.piece_start, buckets.piece_stop, pieces, True
+        yield buckets.piece_row, buckets.piece_start, buckets.piece_stop, pieces, 2 if merged else True
+
+
+# Passes whose split super rows are merged inside the pieces' row-kernel launch, by the last piece of each row to
+# finish (a count per super row, zeroed for the call; kernels/merge.py ``last_piece``), instead of in a merge launch
+# of their own after it: a launch fewer a pass with super rows.
+PIECE_MERGE_IN_ROWS = {"forward": True, "source": True, "destination": True}
+
+
+def _piece_counts(buckets: Buckets, merged: bool, like: torch.Tensor) -> torch.Tensor:
+    """The zeroed int32 count per super row of a launch with the merge inside (``like``, never read, otherwise)."""
+    if not merged:
+        return like
+    return torch.zeros(buckets.super_rows.numel(), dtype=torch.int32, device=like.device)
 
 
 # Passes whose row kernel covers the super-row pieces and the medium rows in one launch (the kernels' PIECES=2,
@@ -591,17 +606,18 @@ def attention_forward(
     feat_stride = inputs.feat_stride
     has_final = final is not None
     final = final if has_final else out  # never written without FINAL
-    key = ("forward", _call_kind(inputs, value.dtype, use_dropout), has_add, has_final)
+    mixed, merged = ROW_LAUNCH_MIXED["forward"], PIECE_MERGE_IN_ROWS["forward"]
+    key = ("forward", _call_kind(inputs, value.dtype, use_dropout), has_add, has_final, mixed, merged)
     light, row_meta, merge_meta = _launch_plan(
-        schedule, key, lambda: _forward_plan(schedule, inputs, value.dtype, use_dropout, has_add, has_final))
+        schedule, key, lambda: _forward_plan(schedule, inputs, value.dtype, use_dropout, has_add, has_final, mixed,
+                                             merged))
     buckets = schedule.incoming
     for grid, ranges, counts, meta in light:
         attention_forward_light_kernel[grid](
             graph.csr_src, graph.csr_eid, *ranges, *tensors, out, lse, add, final, *counts, heads,
             head_dim, inputs.edge_dim, *scalars, add_stride, feat_stride, **meta,
         )
-    for (rows, starts, stops, count, pieces), meta in zip(_row_launches(buckets, ROW_LAUNCH_MIXED["forward"]),
-                                                          row_meta):
+    for (rows, starts, stops, count, pieces), meta in zip(_row_launches(buckets, mixed, merged), row_meta):
         num_pieces = buckets.num_pieces if pieces else 0
         if pieces:
             piece_out = _new_output((num_pieces, heads, head_dim), acc, value.device)
@@ -611,9 +627,10 @@ def attention_forward(
         target_out, target_lse = (piece_out, piece_lse) if pieces is True else (out, lse)
         attention_forward_rows_kernel[(count,)](
             graph.csr_src, graph.csr_eid, rows, starts, stops, *tensors, target_out, target_lse, add, final, heads,
-            head_dim, inputs.edge_dim, *scalars, add_stride, feat_stride, piece_out, piece_lse, num_pieces, **meta,
+            head_dim, inputs.edge_dim, *scalars, add_stride, feat_stride, piece_out, piece_lse, num_pieces,
+            buckets.piece_super, buckets.super_piece_ptr, _piece_counts(buckets, merged and bool(pieces), lse), **meta,
         )
-        if pieces:
+        if pieces and not merged:
             lse_merge_kernel[(buckets.super_rows.numel(),)](
                 buckets.super_piece_ptr, buckets.super_rows, piece_out, piece_lse, out, lse, add, final, heads,
                 head_dim, add_stride, **merge_meta,
@@ -732,22 +749,23 @@ def _light_plan(schedule, inputs: AttentionInputs, buckets: Buckets, kernel_pass
 
 
 def _forward_plan(schedule, inputs: AttentionInputs, dtype: torch.dtype, use_dropout: bool, has_add: bool,
-                  has_final: bool) -> tuple[list, list, dict]:
+                  has_final: bool, mixed: bool, merged: bool) -> tuple[list, list, dict]:
     """The forward's launches (:func:`_launch_plan`): light classes, row-kernel launches (medium rows,
-    super-row pieces), the pieces' merge."""
+    super-row pieces), the pieces' merge (``merged``: inside the pieces' launch)."""
     block_h, block_d = schedule.block_h, schedule.block_d
     flags = _flags(inputs, use_dropout)
     _, row_block_e = _tile_budget(schedule, inputs, "forward")
     light = _light_plan(schedule, inputs, schedule.incoming, "forward",
                         {**flags, "ADD": has_add, "FINAL": has_final})
     lanes = row_kernel_lanes(schedule, inputs.score, "forward", dtype)
+    merge_p = max(1, MERGE_TILE // (block_h * block_d))
     rows = [{"BLOCK_E": row_block_e, "BLOCK_H": block_h, "BLOCK_D": block_d, "PIECES": pieces, **flags,
              "BLOCK_K": _block_k(inputs), "LANES": lanes, "ADD": has_add and pieces is not True,
              "FINAL": has_final and pieces is not True, "PREFETCH": _row_prefetch(inputs),
-             **_row_edge_options(inputs, "forward"), **_row_options(schedule, "forward")}
-            for *_, pieces in _row_launches(schedule.incoming, ROW_LAUNCH_MIXED["forward"])]
-    merge = {"BLOCK_P": max(1, MERGE_TILE // (block_h * block_d)), "BLOCK_H": block_h, "BLOCK_D": block_d,
-             "ADD": has_add, "FINAL": has_final}
+             **_row_edge_options(inputs, "forward"), **_row_options(schedule, "forward"),
+             "MERGE": merged and pieces == 2, "MERGE_P": merge_p}
+            for *_, pieces in _row_launches(schedule.incoming, mixed, merged)]
+    merge = {"BLOCK_P": merge_p, "BLOCK_H": block_h, "BLOCK_D": block_d, "ADD": has_add, "FINAL": has_final}
     return light, rows, merge
 
 
@@ -761,14 +779,19 @@ def gat_forward(
     return attention_forward(graph, inputs, dropout_p, seed, offset, options, out_dtype)
 
 
+def _sum_tiles(width: int) -> tuple[int, int]:
+    """(pieces, columns) a sum merge (kernels/merge.py ``merge_sums``) reads per loop trip for rows of ``width``."""
+    block_w = min(1024, next_power_of_2(max(1, width)))
+    return max(1, MERGE_TILE // block_w), block_w
+
+
 def _merge_sums(buckets: Buckets, part: torch.Tensor, out: torch.Tensor) -> None:
     from .kernels.merge import sum_merge_kernel
 
     width = part[0].numel()
-    block_w = min(1024, next_power_of_2(width))
+    block_p, block_w = _sum_tiles(width)
     sum_merge_kernel[(buckets.super_rows.numel(),)](
-        buckets.super_piece_ptr, buckets.super_rows, part, out, width, out.stride(0),
-        BLOCK_P=max(1, MERGE_TILE // block_w), BLOCK_W=block_w,
+        buckets.super_piece_ptr, buckets.super_rows, part, out, width, out.stride(0), BLOCK_P=block_p, BLOCK_W=block_w,
     )
 
 
@@ -837,8 +860,11 @@ def attention_backward(
     schedule = graph.schedule(heads, head_dim, value.dtype, options)
     keep_scale, use_dropout = _dropout_args(dropout_p, seed)
     scalars = (inputs.negative_slope, inputs.scale, dropout_p, keep_scale, seed, offset)
-    key = ("backward", _call_kind(inputs, value.dtype, use_dropout), weight_grad)
-    plan = _launch_plan(schedule, key, lambda: _backward_plan(schedule, inputs, value.dtype, use_dropout, weight_grad))
+    mixed = ROW_LAUNCH_MIXED["destination"]
+    merged_src, merged_dst = PIECE_MERGE_IN_ROWS["source"], PIECE_MERGE_IN_ROWS["destination"]
+    key = ("backward", _call_kind(inputs, value.dtype, use_dropout), weight_grad, mixed, merged_src, merged_dst)
+    plan = _launch_plan(schedule, key, lambda: _backward_plan(schedule, inputs, value.dtype, use_dropout, weight_grad,
+                                                              mixed, merged_src, merged_dst))
     # δ_i = <g_i, out_i> per head: one pass over node rows instead of one over edges.
     delta = _head_dot(grad_out, out, acc, bias_parts, grad_out_copy)
     grad_s = _new_output((max(graph.num_edges, 1), heads), acc, device)
@@ -862,9 +888,10 @@ def attention_backward(
         attention_backward_src_kernel[(count,)](
             graph.rev_dst, graph.rev_pos, rows, starts, stops, *src_tensors,
             target_value, target_src, grad_s, heads, head_dim, *scalars, feat_stride,
-            piece_stride if pieces else grad_stride, **meta,
+            piece_stride if pieces else grad_stride, outgoing.piece_super, outgoing.super_piece_ptr,
+            _piece_counts(outgoing, merged_src and pieces, lse), grad_value, grad_src, grad_stride, **meta,
         )
-        if pieces:
+        if pieces and not merged_src:
             _merge_sums(outgoing, target_value, grad_value)
             _merge_sums(outgoing, target_src, grad_src)
     incoming = schedule.incoming
@@ -874,12 +901,15 @@ def attention_backward(
         rows, starts, stops = incoming.light_all
         if rows.numel():
             grid, meta = plan["row sums light"]
-            row_sum_kernel[grid](rows, starts, stops, grad_s, grad_dst, rows.numel(), heads, **meta)
+            row_sum_kernel[grid](rows, starts, stops, grad_s, grad_dst, rows.numel(), heads, incoming.piece_super,
+                                 incoming.super_piece_ptr, grad_s, grad_dst, **meta)  # the last four never read
         for rows, starts, stops, count, pieces in _row_launches(incoming):
             target_dst = _new_output((count, heads), acc, device) if pieces else grad_dst
-            row_sum_kernel[(count,)](rows, starts, stops, grad_s, target_dst, count, heads, PIECES=pieces,
-                                     **plan["row sums"])
-            if pieces:
+            merge = merged_dst and pieces
+            row_sum_kernel[(count,)](rows, starts, stops, grad_s, target_dst, count, heads, incoming.piece_super,
+                                     incoming.super_piece_ptr, _piece_counts(incoming, merge, lse), grad_dst,
+                                     PIECES=pieces, MERGE=merge, **plan["row sums"])
+            if pieces and not merge:
                 _merge_sums(incoming, target_dst, grad_dst)
         return grad_value, grad_src, grad_dst, grad_attr, attr_sums
     if attr_grad:
@@ -895,8 +925,8 @@ def attention_backward(
             graph.csr_src, graph.csr_eid, *ranges, *dst_tensors, grad_dst, sums, *counts,
             heads, head_dim, edge_dim, *dst_scalars, feat_stride, grad_stride, **meta,
         )
-    mixed = ROW_LAUNCH_MIXED["destination"]
-    for (rows, starts, stops, count, pieces), meta in zip(_row_launches(incoming, mixed), plan["destination rows"]):
+    for (rows, starts, stops, count, pieces), meta in zip(_row_launches(incoming, mixed, merged_dst),
+                                                          plan["destination rows"]):
         num_pieces = incoming.num_pieces if pieces else 0
         if pieces:
             piece_dst = _new_output((num_pieces, heads, head_dim), acc, device)
@@ -907,9 +937,11 @@ def attention_backward(
                                            else (grad_dst, sums, grad_stride))
         attention_backward_dst_kernel[(count,)](
             graph.csr_src, graph.csr_eid, rows, starts, stops, *dst_tensors, target_dst, target_sums,
-            heads, head_dim, edge_dim, *dst_scalars, feat_stride, stride, piece_dst, piece_sums, num_pieces, **meta,
+            heads, head_dim, edge_dim, *dst_scalars, feat_stride, stride, piece_dst, piece_sums, num_pieces,
+            incoming.piece_super, incoming.super_piece_ptr, _piece_counts(incoming, merged_dst and bool(pieces), lse),
+            **meta,
         )
-        if pieces:
+        if pieces and not merged_dst:
             _merge_sums(incoming, piece_dst, grad_dst)
             if weight_grad:
                 _merge_sums(incoming, piece_sums, attr_sums)
@@ -974,20 +1006,25 @@ def _edge_attr_grad(graph: Graph, inputs: AttentionInputs, grad_out: torch.Tenso
 
 
 def _backward_plan(schedule, inputs: AttentionInputs, dtype: torch.dtype, use_dropout: bool,
-                   weight_grad: bool) -> dict:
+                   weight_grad: bool, mixed: bool, merged_src: bool, merged_dst: bool) -> dict:
     """The backward's launches (:func:`_launch_plan`) by part: the source pass's light classes and
     row-kernel launches, then GAT's ``∂er`` row sums or the destination pass's light classes and
-    row-kernel launches."""
+    row-kernel launches (``mixed``: :data:`ROW_LAUNCH_MIXED`; ``merged_*``: :data:`PIECE_MERGE_IN_ROWS`)."""
     block_h, block_d = schedule.block_h, schedule.block_d
+    heads, head_dim = inputs.value.shape[1:]
     flags = _flags(inputs, use_dropout)
     lanes = row_kernel_lanes(schedule, inputs.score, "backward", dtype)
     _, row_block_e = _tile_budget(schedule, inputs, "source")
+    value_tiles = _sum_tiles(heads * head_dim)
+    src_tiles = _sum_tiles(heads if inputs.score == SCORE_GAT else heads * head_dim)
     plan = {
         "source light": _light_plan(schedule, inputs, schedule.outgoing, "source", flags),
         "source rows": [{"BLOCK_E": row_block_e, "BLOCK_H": block_h, "BLOCK_D": block_d, "PIECES": pieces, **flags,
                          "LANES": lanes,
                          "PREFETCH": inputs.score in ROW_BACKWARD_PREFETCH_SCORES,
-                         **_row_options(schedule, "source")}
+                         **_row_options(schedule, "source"),
+                         **({"MERGE": True, "MERGE_P": value_tiles[0], "MERGE_W": value_tiles[1],
+                             "SRC_P": src_tiles[0], "SRC_W": src_tiles[1]} if merged_src and pieces else {})}
                         for *_, pieces in _row_launches(schedule.outgoing)],
     }
     incoming = schedule.incoming
@@ -996,17 +1033,20 @@ def _backward_plan(schedule, inputs: AttentionInputs, dtype: torch.dtype, use_dr
         per_program = max(1, schedule.tiles.tile_elements // (ROW_SUM_LIGHT_EDGES * block_h))
         plan["row sums light"] = ((cdiv(incoming.light_all[0].numel(), per_program),), {
             "ROWS": per_program, "BLOCK_E": ROW_SUM_LIGHT_EDGES, "BLOCK_W": block_h, "PIECES": False})
-        plan["row sums"] = {"ROWS": 1, "BLOCK_W": block_h,
+        plan["row sums"] = {"ROWS": 1, "BLOCK_W": block_h, "MERGE_P": max(1, MERGE_TILE // block_h),
                             "BLOCK_E": max(16, min(ROW_SUM_MAX_EDGES, schedule.tiles.tile_elements // block_h))}
         return plan
     flags = {**_score_flags(inputs), "WEIGHT_GRAD": weight_grad}
     _, row_block_e = _tile_budget(schedule, inputs, "destination")
     plan["destination light"] = _light_plan(schedule, inputs, incoming, "destination", flags)
+    sums_tiles = _sum_tiles(2 * heads * inputs.edge_dim)
     plan["destination rows"] = [
         {"BLOCK_E": row_block_e, "BLOCK_H": block_h, "BLOCK_D": block_d, "PIECES": pieces, **flags,
          "BLOCK_K": _block_k(inputs), "LANES": lanes, "PREFETCH": inputs.score in ROW_BACKWARD_PREFETCH_SCORES,
-         **_row_edge_options(inputs, "destination"), **_row_options(schedule, "destination")}
-        for *_, pieces in _row_launches(incoming, ROW_LAUNCH_MIXED["destination"])]
+         **_row_edge_options(inputs, "destination"), **_row_options(schedule, "destination"),
+         **({"MERGE": True, "MERGE_P": value_tiles[0], "MERGE_W": value_tiles[1], "SUMS_P": sums_tiles[0],
+             "SUMS_W": sums_tiles[1]} if merged_dst and pieces == 2 else {})}
+        for *_, pieces in _row_launches(incoming, mixed, merged_dst)]
     return plan
 
 

@@ -49,6 +49,7 @@ from fusecore.backend import jit
 
 from .dropout import attention_dropout, dropout_seed
 from .edge_features import edge_attr_tile, rows_edge_values
+from .merge import last_piece, merge_sums
 from .scores import attn_grad_terms, edge_scores, gather_keys, gather_queries, row_query, score_grad
 from .tiles import (
     ONE,
@@ -69,14 +70,21 @@ def attention_backward_src_kernel(
     src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, terms_ptr, lse_ptr, grad_out_ptr, delta_ptr,
     grad_value_ptr, grad_src_ptr, grad_s_ptr,
     H, D, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, feat_stride, grad_stride,
+    piece_super_ptr, piece_ptr, piece_count_ptr, merged_value_ptr, merged_src_ptr, merged_stride,
     BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     PIECES: tl.constexpr, DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr,
     KEY_SCALE: tl.constexpr, LANES: tl.constexpr, PREFETCH: tl.constexpr = False,
+    MERGE: tl.constexpr = False, MERGE_P: tl.constexpr = 1, MERGE_W: tl.constexpr = 1, SRC_P: tl.constexpr = 1,
+    SRC_W: tl.constexpr = 1,
 ):
     """The source pass's row kernel; ``PREFETCH``: each edge block's reverse-CSR destinations and positions
     loaded one trip ahead (the trip's gathers then wait on no index load of their own).  ``EDGE`` (dot score):
     the edge features enter through the terms ``(t_p, r_p)`` at CSR position ``p`` (``terms [E, 2, H]``,
-    :func:`~gnnfuse.kernels.edge_features.edge_terms_kernel`), added to the score and to ``<g_i, v_j>``."""
+    :func:`~gnnfuse.kernels.edge_features.edge_terms_kernel`), added to the score and to ``<g_i, v_j>``.
+    ``MERGE`` (with ``PIECES``: ``grad_value`` / ``grad_src`` are then the piece buffers, ``grad_stride`` theirs):
+    the last piece of each super row to finish sums that row's partials into ``merged_value`` / ``merged_src``
+    (the gradients, rows ``merged_stride`` apart as ``grad_stride`` otherwise; :mod:`gnnfuse.kernels.merge`;
+    ``MERGE_P`` / ``MERGE_W``, ``SRC_P`` / ``SRC_W``: its tiles)."""
     tl.static_assert(not EDGE or SCORE == 2, "edge features: dot score only")
     acc_dtype = lse_ptr.dtype.element_ty
     seed, rng_offset = dropout_seed(seed, rng_offset, DROPOUT)
@@ -175,6 +183,16 @@ def attention_backward_src_kernel(
         src_stride = _src_grad_stride(HD, grad_stride, SCORE)
         tl.store(grad_src_ptr + out_index * src_stride + hd_offs, acc_src.to(grad_src_ptr.dtype.element_ty),
                  mask=hd_mask)
+    if MERGE:  # the last piece of the row to finish sums the row's pieces
+        tl.static_assert(PIECES, "MERGE: a launch of pieces")
+        last, first, end = last_piece(pid, piece_super_ptr, piece_ptr, piece_count_ptr)
+        if last:
+            merge_sums(first, end, row, grad_value_ptr, merged_value_ptr, HD, merged_stride, MERGE_P, MERGE_W)
+            if SCORE == 0:
+                merge_sums(first, end, row, grad_src_ptr, merged_src_ptr, H, H, SRC_P, SRC_W)
+            else:
+                src_stride = _src_grad_stride(HD, merged_stride, SCORE)
+                merge_sums(first, end, row, grad_src_ptr, merged_src_ptr, HD, src_stride, SRC_P, SRC_W)
 
 
 @jit
@@ -470,10 +488,13 @@ def attention_backward_dst_kernel(
     src_ptr, eid_ptr, rows_ptr, starts_ptr, stops_ptr, src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr,
     w_edge_ptr, grad_s_ptr, terms_ptr, grad_dst_ptr, attr_sums_ptr,
     H, D, K, negative_slope, scale, feat_stride, grad_stride, piece_dst_ptr, piece_sums_ptr, num_pieces,
+    piece_super_ptr, piece_ptr, piece_count_ptr,
     BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
     PIECES: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr,
     KEY_SCALE: tl.constexpr, WEIGHT_GRAD: tl.constexpr, LANES: tl.constexpr,
     PREFETCH: tl.constexpr = False, EDGE_FORM: tl.constexpr = 0, ATTR_AHEAD: tl.constexpr = False,
+    MERGE: tl.constexpr = False, MERGE_P: tl.constexpr = 1, MERGE_W: tl.constexpr = 1, SUMS_P: tl.constexpr = 1,
+    SUMS_W: tl.constexpr = 1,
 ):
     """``∂L/∂dst_i = Σ_{j->i} ∂s/∂dst · ∂L/∂s_ij`` for GATv2 (``∂L/∂fd``) and the dot score
     (``∂L/∂q``, the keys gathered again), from the source pass's ``∂L/∂s`` at CSR positions.
@@ -483,7 +504,9 @@ def attention_backward_dst_kernel(
     block's source indices loaded one trip ahead (with ``ATTR_AHEAD`` its edge ids too, so that a trip's edge
     features wait on no id load of their own); ``EDGE_FORM`` as the forward row kernel's.  ``PIECES=2``: the
     ``num_pieces`` super-row pieces first (their partials to ``piece_dst`` / ``piece_sums``, at the piece
-    index), then the medium rows, in one launch."""
+    index), then the medium rows, in one launch; with ``MERGE`` the last piece of each super row to finish sums
+    that row's partials into ``grad_dst`` (and ``attr_sums``) (:mod:`gnnfuse.kernels.merge`; ``MERGE_P`` /
+    ``MERGE_W``, ``SUMS_P`` / ``SUMS_W``: its tiles)."""
     acc_dtype = grad_s_ptr.dtype.element_ty
     pid = tl.program_id(0).to(tl.int64)
     offs_e = tl.arange(0, BLOCK_E)
@@ -554,6 +577,13 @@ def attention_backward_dst_kernel(
     if PIECES == 2:
         if pid < num_pieces:  # a piece's partial, contiguous in the piece buffer
             tl.store(piece_dst_ptr + pid * HD + hd_offs, acc.to(piece_dst_ptr.dtype.element_ty), mask=hd_mask)
+            if MERGE:  # the last piece of the row to finish sums the row's pieces
+                last, first, end = last_piece(pid, piece_super_ptr, piece_ptr, piece_count_ptr)
+                if last:
+                    merge_sums(first, end, row, piece_dst_ptr, grad_dst_ptr, HD, grad_stride, MERGE_P, MERGE_W)
+                    if EDGE and WEIGHT_GRAD:
+                        merge_sums(first, end, row, piece_sums_ptr, attr_sums_ptr, 2 * H * K, 2 * H * K, SUMS_P,
+                                   SUMS_W)
         else:
             tl.store(grad_dst_ptr + row * grad_stride + hd_offs, acc.to(grad_dst_ptr.dtype.element_ty), mask=hd_mask)
     else:
@@ -706,11 +736,15 @@ def _dst_light_rows(
 @jit
 def row_sum_kernel(
     rows_ptr, starts_ptr, stops_ptr, values_ptr, out_ptr, num_rows, W,
+    piece_super_ptr, piece_ptr, piece_count_ptr, merged_ptr,
     ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_W: tl.constexpr, PIECES: tl.constexpr,
+    MERGE: tl.constexpr = False, MERGE_P: tl.constexpr = 1,
 ):
     """``out[row, :W] = Σ_{p in the row's CSR range} values[p, :W]`` for ``ROWS`` items per program
     (rows of any degree: ``[ROWS, BLOCK_E]`` edge tiles up to the largest degree among them; items
-    sorted by degree waste little), written per item instead of per row with ``PIECES``."""
+    sorted by degree waste little), written per item instead of per row with ``PIECES``; with ``MERGE``
+    (pieces, one a program) the last piece of each super row to finish sums that row's pieces into
+    ``merged[row, :W]`` (:mod:`gnnfuse.kernels.merge`)."""
     pid = tl.program_id(0).to(tl.int64)
     offs_w = tl.arange(0, BLOCK_W)
     w_mask = offs_w < W
@@ -728,3 +762,9 @@ def row_sum_kernel(
         out_index = rows
     tl.store(out_ptr + out_index[:, None] * W + offs_w[None, :], acc.to(out_ptr.dtype.element_ty),
              mask=r_mask[:, None] & w_mask[None, :])
+    if MERGE:
+        tl.static_assert(PIECES and ROWS == 1, "MERGE: one piece a program")
+        last, first, end = last_piece(pid, piece_super_ptr, piece_ptr, piece_count_ptr)
+        if last:
+            merge_sums(first, end, tl.load(rows_ptr + pid).to(tl.int64), out_ptr, merged_ptr, W, W, MERGE_P,
+                       BLOCK_W)

@@ -32,7 +32,10 @@ Two kernels, by row kind (:mod:`gnnfuse.schedule`):
   final output written at the row) or one piece of a split super row (``PIECES=True``: the
   normalized partial output and its logsumexp written at the piece index, merged later by
   :mod:`gnnfuse.kernels.merge`); ``PIECES=2`` runs both in one launch, the ``num_pieces`` pieces
-  first (their partials to ``piece_out`` / ``piece_lse``), then the medium rows.  Edge ranges
+  first (their partials to ``piece_out`` / ``piece_lse``), then the medium rows; with ``MERGE`` the last
+  piece of each super row to finish merges that row's pieces (``piece_super``, ``piece_ptr``: the
+  schedule's piece → super row map and piece ranges; ``piece_count``: one zeroed int32 count per
+  super row) instead of a merge launch.  Edge ranges
   ``starts[i] : stops[i]`` come from the schedule.
 
 Heads and head size are padded to powers of two (``BLOCK_H``, ``BLOCK_D``) and masked;
@@ -54,6 +57,7 @@ from fusecore.softmax import online_update
 
 from .dropout import attention_dropout, dropout_seed
 from .edge_features import edge_attr_tile, edge_weight_tile, project_edges, rows_edge_terms, rows_edge_values
+from .merge import last_piece, merge_lse
 from .scores import edge_scores, gather_keys, gather_queries, row_query
 from .tiles import (
     ONE,
@@ -92,11 +96,12 @@ def attention_forward_rows_kernel(
     src_ptr, eid_ptr, rows_ptr, starts_ptr, stops_ptr,
     src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, out_ptr, lse_ptr, add_ptr, final_ptr,
     H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, add_stride, feat_stride,
-    piece_out_ptr, piece_lse_ptr, num_pieces,
+    piece_out_ptr, piece_lse_ptr, num_pieces, piece_super_ptr, piece_ptr, piece_count_ptr,
     BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     PIECES: tl.constexpr, DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr,
     BLOCK_K: tl.constexpr, KEY_SCALE: tl.constexpr, LANES: tl.constexpr, ADD: tl.constexpr, FINAL: tl.constexpr,
     PREFETCH: tl.constexpr = 0, EDGE_FORM: tl.constexpr = 0, ATTR_AHEAD: tl.constexpr = False,
+    MERGE: tl.constexpr = False, MERGE_P: tl.constexpr = 1,
 ):
     acc_dtype = lse_ptr.dtype.element_ty
     seed, rng_offset = dropout_seed(seed, rng_offset, DROPOUT)
@@ -238,6 +243,11 @@ def attention_forward_rows_kernel(
         if pid < num_pieces:
             tl.store(piece_out_ptr + pid * HD + hd_offs, out.to(piece_out_ptr.dtype.element_ty), mask=hd_mask)
             tl.store(piece_lse_ptr + pid * H + offs_h, lse.to(piece_lse_ptr.dtype.element_ty), mask=h_mask)
+            if MERGE:  # the last piece of the row to finish merges the row's pieces (kernels/merge.py)
+                last, first, end = last_piece(pid, piece_super_ptr, piece_ptr, piece_count_ptr)
+                if last:
+                    merge_lse(first, end, row, piece_out_ptr, piece_lse_ptr, out_ptr, lse_ptr, add_ptr, final_ptr, H,
+                              D, add_stride, MERGE_P, BLOCK_H, BLOCK_D, ADD, FINAL)
         else:
             store_output(out_ptr, final_ptr, add_ptr, out, row * HD + hd_offs, row * add_stride + hd_offs, hd_mask,
                          ADD, FINAL)

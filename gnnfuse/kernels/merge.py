@@ -8,30 +8,44 @@ piece_ptr[s + 1]`` for the ``s``-th super row), each with a normalized partial o
 
 (:mod:`fusecore.softmax`), here computed online over blocks of ``BLOCK_P`` pieces (running
 maximum and rescaled sums, as in the forward kernel) so a row split into thousands of pieces
-takes a few dozen loop trips.  Backward partials are plain sums: ``g_i = Σ_k g_k``.  One
-program per super row; bytes: the partials read once, one row written.
+takes a few dozen loop trips.  Backward partials are plain sums: ``g_i = Σ_k g_k``.  Bytes: the
+partials read once, one row written.
+
+Two ways to run a merge: a launch of its own after the pieces' launch (one program per super row:
+``lse_merge_kernel``, ``sum_merge_kernel``), or inside the pieces' launch, by the last piece of each
+super row to finish (:func:`last_piece`, then :func:`merge_lse` / :func:`merge_sums`; a launch fewer,
+and the merge starts as soon as its row's pieces are done).  The loads of the partials bypass L1
+(``.cg``) either way: in the second form other multiprocessors stored them during the same launch.
 """
 
 import triton.language as tl
 
 from fusecore.backend import jit
+from fusecore.grid_sync import last_to_arrive
 from fusecore.softmax import online_rescale
 
 from .tiles import finish_softmax, head_tile, store_output
 
 
 @jit
-def lse_merge_kernel(
-    piece_ptr, rows_ptr, part_out_ptr, part_lse_ptr, out_ptr, lse_ptr, add_ptr, final_ptr, H, D, add_stride,
-    BLOCK_P: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, ADD: tl.constexpr, FINAL: tl.constexpr,
-):
-    """One super row per program; its pieces read ``BLOCK_P`` at a time with an online rescale
-    (``ADD``, ``FINAL``: the row's ``add`` term and second output, as in
+def last_piece(pid, piece_super_ptr, piece_ptr, count_ptr):
+    """After piece ``pid`` stored its partial: ``(last, first, end)`` — whether it is the last of its super row's
+    pieces to finish (counted in at ``count_ptr[s]``, zeroed before the launch;
+    :func:`fusecore.grid_sync.last_to_arrive`) and that row's piece range ``first : end`` (``s = piece_super[pid]``)."""
+    s = tl.load(piece_super_ptr + pid).to(tl.int64)
+    first = tl.load(piece_ptr + s).to(tl.int64)
+    end = tl.load(piece_ptr + s + 1).to(tl.int64)
+    last = last_to_arrive(count_ptr + s, (end - first).to(tl.int32))
+    return last, first, end
+
+
+@jit
+def merge_lse(first, last, row, part_out_ptr, part_lse_ptr, out_ptr, lse_ptr, add_ptr, final_ptr, H, D, add_stride,
+              BLOCK_P: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, ADD: tl.constexpr,
+              FINAL: tl.constexpr):
+    """Row ``row``'s output and logsumexp from its pieces ``first : last``, ``BLOCK_P`` pieces at a time with an
+    online rescale (``ADD``, ``FINAL``: the row's ``add`` term and second output, as in
     :mod:`gnnfuse.kernels.attention_forward`)."""
-    pid = tl.program_id(0).to(tl.int64)
-    row = tl.load(rows_ptr + pid).to(tl.int64)
-    first = tl.load(piece_ptr + pid).to(tl.int64)
-    last = tl.load(piece_ptr + pid + 1).to(tl.int64)
     offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
     offs_p = tl.arange(0, BLOCK_P)
     HD = H * D
@@ -43,13 +57,13 @@ def lse_merge_kernel(
         k = k0 + offs_p
         p_mask = k < last
         lse_k = tl.load(part_lse_ptr + k[:, None] * H + offs_h[None, :],
-                        mask=p_mask[:, None] & h_mask[None, :], other=float("-inf"))
+                        mask=p_mask[:, None] & h_mask[None, :], other=float("-inf"), cache_modifier=".cg")
         m_new = tl.maximum(m, tl.max(lse_k, axis=0))
         m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)
         rescale = online_rescale(m, m_safe)
         weight = online_rescale(lse_k, m_safe[None, :])
         part = tl.load(part_out_ptr + k[:, None, None] * HD + hd_offs[None, :, :],
-                       mask=p_mask[:, None, None] & hd_mask[None, :, :], other=0.0)
+                       mask=p_mask[:, None, None] & hd_mask[None, :, :], other=0.0, cache_modifier=".cg")
         total = total * rescale + tl.sum(weight, axis=0)
         acc = acc * rescale[:, None] + tl.sum(weight[:, :, None] * part, axis=0)
         m = m_new
@@ -59,14 +73,9 @@ def lse_merge_kernel(
 
 
 @jit
-def sum_merge_kernel(piece_ptr, rows_ptr, part_ptr, out_ptr, W, out_stride, BLOCK_P: tl.constexpr,
-                     BLOCK_W: tl.constexpr):
-    """out[row, :W] = Σ over the row's pieces of part[piece, :W], ``BLOCK_P`` pieces at a time (``out``'s rows
+def merge_sums(first, last, row, part_ptr, out_ptr, W, out_stride, BLOCK_P: tl.constexpr, BLOCK_W: tl.constexpr):
+    """out[row, :W] = Σ over pieces ``first : last`` of part[piece, :W], ``BLOCK_P`` pieces at a time (``out``'s rows
     ``out_stride`` elements apart)."""
-    pid = tl.program_id(0).to(tl.int64)
-    row = tl.load(rows_ptr + pid).to(tl.int64)
-    first = tl.load(piece_ptr + pid).to(tl.int64)
-    last = tl.load(piece_ptr + pid + 1).to(tl.int64)
     offs_p = tl.arange(0, BLOCK_P)
     for w0 in range(0, W, BLOCK_W):
         offs_w = w0 + tl.arange(0, BLOCK_W)
@@ -75,6 +84,31 @@ def sum_merge_kernel(piece_ptr, rows_ptr, part_ptr, out_ptr, W, out_stride, BLOC
         for k0 in range(first, last, BLOCK_P):
             k = k0 + offs_p
             values = tl.load(part_ptr + k[:, None] * W + offs_w[None, :],
-                             mask=(k < last)[:, None] & w_mask[None, :], other=0.0)
+                             mask=(k < last)[:, None] & w_mask[None, :], other=0.0, cache_modifier=".cg")
             acc += tl.sum(values, axis=0)
         tl.store(out_ptr + row * out_stride + offs_w, acc.to(out_ptr.dtype.element_ty), mask=w_mask)
+
+
+@jit
+def lse_merge_kernel(
+    piece_ptr, rows_ptr, part_out_ptr, part_lse_ptr, out_ptr, lse_ptr, add_ptr, final_ptr, H, D, add_stride,
+    BLOCK_P: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, ADD: tl.constexpr, FINAL: tl.constexpr,
+):
+    """One super row per program (:func:`merge_lse`)."""
+    pid = tl.program_id(0).to(tl.int64)
+    row = tl.load(rows_ptr + pid).to(tl.int64)
+    first = tl.load(piece_ptr + pid).to(tl.int64)
+    last = tl.load(piece_ptr + pid + 1).to(tl.int64)
+    merge_lse(first, last, row, part_out_ptr, part_lse_ptr, out_ptr, lse_ptr, add_ptr, final_ptr, H, D, add_stride,
+              BLOCK_P, BLOCK_H, BLOCK_D, ADD, FINAL)
+
+
+@jit
+def sum_merge_kernel(piece_ptr, rows_ptr, part_ptr, out_ptr, W, out_stride, BLOCK_P: tl.constexpr,
+                     BLOCK_W: tl.constexpr):
+    """One super row per program (:func:`merge_sums`)."""
+    pid = tl.program_id(0).to(tl.int64)
+    row = tl.load(rows_ptr + pid).to(tl.int64)
+    first = tl.load(piece_ptr + pid).to(tl.int64)
+    last = tl.load(piece_ptr + pid + 1).to(tl.int64)
+    merge_sums(first, last, row, part_ptr, out_ptr, W, out_stride, BLOCK_P, BLOCK_W)

@@ -36,6 +36,7 @@ hand (``g_next``; the batch-1 tiles, ``_one_row``).
 import triton.language as tl
 
 from fusecore.backend import jit
+from fusecore.grid_sync import last_to_arrive
 from fusecore.launch_order import after_previous_kernel
 
 SMALL_BATCH = tl.constexpr(8)  # batches up to this use row sums (CUDA cores), larger ones tl.dot
@@ -362,8 +363,7 @@ def rows_dot_pair_split(
         tl.store(part_ptr + k_part * B * n_rows + off_a, acc_a, mask=mask)
         tl.store(part_ptr + k_part * B * n_rows + off_b, acc_b, mask=mask)
         tl.store(sq_ptr + (block * SPLIT + k_part) * B + b, sumsq, mask=bmask)
-        tl.debug_barrier()
-        last = tl.atomic_add(sem_ptr + block, 1, sem="acq_rel", scope="gpu") == SPLIT - 1
+        last = last_to_arrive(sem_ptr + block, SPLIT)
         if last:
             acc_a = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)
             acc_b = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)

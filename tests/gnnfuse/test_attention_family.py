@@ -200,21 +200,42 @@ def test_attention_dropout_is_regenerated_in_backward(gen, device, name):
     assert not torch.equal(a, b)
 
 
+@pytest.mark.parametrize("merged", [True, False], ids=["merged inside", "merge launches"])
 @pytest.mark.parametrize("mixed", [True, False], ids=["one launch", "two launches"])
 @pytest.mark.parametrize("name", ["gatv2", "transformer+edge"])
-def test_row_launch_of_pieces_and_medium_rows(gen, device, monkeypatch, name, mixed):
+def test_row_launch_of_pieces_and_medium_rows(gen, device, monkeypatch, name, mixed, merged):
     """The forward's and the destination pass's super-row pieces and medium rows in one row-kernel launch
-    (``ROW_LAUNCH_MIXED``, the kernels' ``PIECES=2``: pieces first, then the rows) or in two: the output and
-    every gradient (with edge features the destination pass's edge sums too) against the float64 oracle
-    (training: the forward's FINAL store), and with a per-node addend, inference and training (ADD, ADD
-    with FINAL), every buffer poisoned before and written."""
+    (``ROW_LAUNCH_MIXED``, the kernels' ``PIECES=2``: pieces first, then the rows) or in two, and the split rows
+    merged by the last piece of each to finish (``PIECE_MERGE_IN_ROWS``, every pass: no merge launch at all) or
+    by merge launches: the output and every gradient (with edge features the destination pass's edge sums too)
+    against the float64 oracle (training: the forward's FINAL store), and with a per-node addend, inference and
+    training (ADD, ADD with FINAL), every buffer poisoned before and written."""
+    from gnnfuse.kernels import merge
+
     monkeypatch.setattr(ops, "ROW_LAUNCH_MIXED", {"forward": mixed, "destination": mixed})
+    monkeypatch.setattr(ops, "PIECE_MERGE_IN_ROWS", dict.fromkeys(("forward", "source", "destination"), merged))
+    merges = []
+    for kernel in ("lse_merge_kernel", "sum_merge_kernel"):
+        launch = getattr(merge, kernel)
+
+        class Counted:  # counts the merge kernel's launches
+            def __getitem__(self, grid, launch=launch, kernel=kernel):
+                merges.append(kernel)
+                return launch[grid]
+
+        monkeypatch.setattr(merge, kernel, Counted())
     graph = Graph(corner_case_edges(gen).to(device), 29)
-    buckets = graph.schedule(3, 5, torch.float32, SCHEDULES["mixed"]).incoming
-    assert buckets.num_pieces and buckets.medium[0].numel()
-    assert [p for *_, p in ops._row_launches(buckets, mixed)] == ([2] if mixed else [False, True])
+    schedule = graph.schedule(3, 5, torch.float32, SCHEDULES["mixed"])
+    buckets = schedule.incoming
+    assert buckets.num_pieces and buckets.medium[0].numel() and schedule.outgoing.num_pieces
+    assert [p for *_, p in ops._row_launches(buckets, mixed, merged)] == ([2] if mixed else [False, 2 if merged
+                                                                                                else True])
+    ptr = buckets.super_piece_ptr.tolist()
+    assert buckets.piece_super.tolist() == [s for s in range(len(ptr) - 1) for _ in range(ptr[s + 1] - ptr[s])]
     leaves = make_leaves(OPS[name], graph, 3, 5, torch.float32, device, gen)
     check_op(name, graph, leaves, gen, schedule=SCHEDULES["mixed"])
+    # forward, source pass (two sums), destination pass (with edge features two sums)
+    assert len(merges) == (0 if merged else 1 + 2 + (2 if name == "transformer+edge" else 1)), merges
     if name != "transformer+edge":
         return
     created = poison_op_outputs(monkeypatch)
