@@ -48,6 +48,10 @@ from .schedule import Buckets, ScheduleOptions
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 MERGE_TILE = 4096  # elements of partial results a merge program reads per loop trip
+# The same for a merge inside a row kernel (PIECE_MERGE_IN_ROWS): its registers count towards the row kernel's, so a
+# smaller tile (sm_90, GAT fp32: a 4096-element tile took the forward row kernel from 69 to 96 registers and the
+# pieces' row sums from 64 to 167).
+MERGE_TILE_INSIDE = 512
 ROW_SUM_MAX_EDGES = 256  # edges per loop trip of the ∂er sum of a medium row or piece (rows only H wide)
 ROW_SUM_LIGHT_EDGES = 16  # edge slots per trip of a light row in the ∂er sum of all light rows
 
@@ -758,7 +762,7 @@ def _forward_plan(schedule, inputs: AttentionInputs, dtype: torch.dtype, use_dro
     light = _light_plan(schedule, inputs, schedule.incoming, "forward",
                         {**flags, "ADD": has_add, "FINAL": has_final})
     lanes = row_kernel_lanes(schedule, inputs.score, "forward", dtype)
-    merge_p = max(1, MERGE_TILE // (block_h * block_d))
+    merge_p = max(1, (MERGE_TILE_INSIDE if merged else MERGE_TILE) // (block_h * block_d))
     rows = [{"BLOCK_E": row_block_e, "BLOCK_H": block_h, "BLOCK_D": block_d, "PIECES": pieces, **flags,
              "BLOCK_K": _block_k(inputs), "LANES": lanes, "ADD": has_add and pieces is not True,
              "FINAL": has_final and pieces is not True, "PREFETCH": _row_prefetch(inputs),
@@ -779,10 +783,11 @@ def gat_forward(
     return attention_forward(graph, inputs, dropout_p, seed, offset, options, out_dtype)
 
 
-def _sum_tiles(width: int) -> tuple[int, int]:
-    """(pieces, columns) a sum merge (kernels/merge.py ``merge_sums``) reads per loop trip for rows of ``width``."""
-    block_w = min(1024, next_power_of_2(max(1, width)))
-    return max(1, MERGE_TILE // block_w), block_w
+def _sum_tiles(width: int, tile: int = MERGE_TILE) -> tuple[int, int]:
+    """(pieces, columns) a sum merge (kernels/merge.py ``merge_sums``) reads per loop trip for rows of ``width``
+    (``tile`` elements at most, unless one row is wider)."""
+    block_w = min(tile, 1024, next_power_of_2(max(1, width)))
+    return max(1, tile // block_w), block_w
 
 
 def _merge_sums(buckets: Buckets, part: torch.Tensor, out: torch.Tensor) -> None:
@@ -1015,8 +1020,8 @@ def _backward_plan(schedule, inputs: AttentionInputs, dtype: torch.dtype, use_dr
     flags = _flags(inputs, use_dropout)
     lanes = row_kernel_lanes(schedule, inputs.score, "backward", dtype)
     _, row_block_e = _tile_budget(schedule, inputs, "source")
-    value_tiles = _sum_tiles(heads * head_dim)
-    src_tiles = _sum_tiles(heads if inputs.score == SCORE_GAT else heads * head_dim)
+    value_tiles = _sum_tiles(heads * head_dim, MERGE_TILE_INSIDE)
+    src_tiles = _sum_tiles(heads if inputs.score == SCORE_GAT else heads * head_dim, MERGE_TILE_INSIDE)
     plan = {
         "source light": _light_plan(schedule, inputs, schedule.outgoing, "source", flags),
         "source rows": [{"BLOCK_E": row_block_e, "BLOCK_H": block_h, "BLOCK_D": block_d, "PIECES": pieces, **flags,
@@ -1033,13 +1038,13 @@ def _backward_plan(schedule, inputs: AttentionInputs, dtype: torch.dtype, use_dr
         per_program = max(1, schedule.tiles.tile_elements // (ROW_SUM_LIGHT_EDGES * block_h))
         plan["row sums light"] = ((cdiv(incoming.light_all[0].numel(), per_program),), {
             "ROWS": per_program, "BLOCK_E": ROW_SUM_LIGHT_EDGES, "BLOCK_W": block_h, "PIECES": False})
-        plan["row sums"] = {"ROWS": 1, "BLOCK_W": block_h, "MERGE_P": max(1, MERGE_TILE // block_h),
+        plan["row sums"] = {"ROWS": 1, "BLOCK_W": block_h, "MERGE_P": max(1, MERGE_TILE_INSIDE // block_h),
                             "BLOCK_E": max(16, min(ROW_SUM_MAX_EDGES, schedule.tiles.tile_elements // block_h))}
         return plan
     flags = {**_score_flags(inputs), "WEIGHT_GRAD": weight_grad}
     _, row_block_e = _tile_budget(schedule, inputs, "destination")
     plan["destination light"] = _light_plan(schedule, inputs, incoming, "destination", flags)
-    sums_tiles = _sum_tiles(2 * heads * inputs.edge_dim)
+    sums_tiles = _sum_tiles(2 * heads * inputs.edge_dim, MERGE_TILE_INSIDE)
     plan["destination rows"] = [
         {"BLOCK_E": row_block_e, "BLOCK_H": block_h, "BLOCK_D": block_d, "PIECES": pieces, **flags,
          "BLOCK_K": _block_k(inputs), "LANES": lanes, "PREFETCH": inputs.score in ROW_BACKWARD_PREFETCH_SCORES,

@@ -185,14 +185,15 @@ def attention_backward_src_kernel(
                  mask=hd_mask)
     if MERGE:  # the last piece of the row to finish sums the row's pieces
         tl.static_assert(PIECES, "MERGE: a launch of pieces")
-        last, first, end = last_piece(pid, piece_super_ptr, piece_ptr, piece_count_ptr)
-        if last:
-            merge_sums(first, end, row, grad_value_ptr, merged_value_ptr, HD, merged_stride, MERGE_P, MERGE_W)
+        merger, merge_from, merge_to = last_piece(pid, piece_super_ptr, piece_ptr, piece_count_ptr)
+        if merger:
+            merge_sums(merge_from, merge_to, row, grad_value_ptr, merged_value_ptr, HD, merged_stride, MERGE_P,
+                       MERGE_W)
             if SCORE == 0:
-                merge_sums(first, end, row, grad_src_ptr, merged_src_ptr, H, H, SRC_P, SRC_W)
+                merge_sums(merge_from, merge_to, row, grad_src_ptr, merged_src_ptr, H, H, SRC_P, SRC_W)
             else:
                 src_stride = _src_grad_stride(HD, merged_stride, SCORE)
-                merge_sums(first, end, row, grad_src_ptr, merged_src_ptr, HD, src_stride, SRC_P, SRC_W)
+                merge_sums(merge_from, merge_to, row, grad_src_ptr, merged_src_ptr, HD, src_stride, SRC_P, SRC_W)
 
 
 @jit
@@ -578,12 +579,14 @@ def attention_backward_dst_kernel(
         if pid < num_pieces:  # a piece's partial, contiguous in the piece buffer
             tl.store(piece_dst_ptr + pid * HD + hd_offs, acc.to(piece_dst_ptr.dtype.element_ty), mask=hd_mask)
             if MERGE:  # the last piece of the row to finish sums the row's pieces
-                last, first, end = last_piece(pid, piece_super_ptr, piece_ptr, piece_count_ptr)
-                if last:
-                    merge_sums(first, end, row, piece_dst_ptr, grad_dst_ptr, HD, grad_stride, MERGE_P, MERGE_W)
+                merger, merge_from, merge_to = last_piece(pid, piece_super_ptr, piece_ptr, piece_count_ptr)
+                if merger:
+                    merge_sums(merge_from, merge_to, row, piece_dst_ptr, grad_dst_ptr, HD, grad_stride, MERGE_P,
+                               MERGE_W)
                     if EDGE and WEIGHT_GRAD:
-                        merge_sums(first, end, row, piece_sums_ptr, attr_sums_ptr, 2 * H * K, 2 * H * K, SUMS_P,
-                                   SUMS_W)
+                        sums_width = 2 * H * K
+                        merge_sums(merge_from, merge_to, row, piece_sums_ptr, attr_sums_ptr, sums_width, sums_width,
+                                   SUMS_P, SUMS_W)
         else:
             tl.store(grad_dst_ptr + row * grad_stride + hd_offs, acc.to(grad_dst_ptr.dtype.element_ty), mask=hd_mask)
     else:
@@ -764,7 +767,7 @@ def row_sum_kernel(
              mask=r_mask[:, None] & w_mask[None, :])
     if MERGE:
         tl.static_assert(PIECES and ROWS == 1, "MERGE: one piece a program")
-        last, first, end = last_piece(pid, piece_super_ptr, piece_ptr, piece_count_ptr)
-        if last:
-            merge_sums(first, end, tl.load(rows_ptr + pid).to(tl.int64), out_ptr, merged_ptr, W, W, MERGE_P,
+        merger, merge_from, merge_to = last_piece(pid, piece_super_ptr, piece_ptr, piece_count_ptr)
+        if merger:
+            merge_sums(merge_from, merge_to, tl.load(rows_ptr + pid).to(tl.int64), out_ptr, merged_ptr, W, W, MERGE_P,
                        BLOCK_W)

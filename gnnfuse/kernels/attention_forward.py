@@ -244,10 +244,10 @@ def attention_forward_rows_kernel(
             tl.store(piece_out_ptr + pid * HD + hd_offs, out.to(piece_out_ptr.dtype.element_ty), mask=hd_mask)
             tl.store(piece_lse_ptr + pid * H + offs_h, lse.to(piece_lse_ptr.dtype.element_ty), mask=h_mask)
             if MERGE:  # the last piece of the row to finish merges the row's pieces (kernels/merge.py)
-                last, first, end = last_piece(pid, piece_super_ptr, piece_ptr, piece_count_ptr)
-                if last:
-                    merge_lse(first, end, row, piece_out_ptr, piece_lse_ptr, out_ptr, lse_ptr, add_ptr, final_ptr, H,
-                              D, add_stride, MERGE_P, BLOCK_H, BLOCK_D, ADD, FINAL)
+                merger, merge_from, merge_to = last_piece(pid, piece_super_ptr, piece_ptr, piece_count_ptr)
+                if merger:
+                    merge_lse(merge_from, merge_to, row, piece_out_ptr, piece_lse_ptr, out_ptr, lse_ptr, add_ptr,
+                              final_ptr, H, D, add_stride, MERGE_P, BLOCK_H, BLOCK_D, ADD, FINAL)
         else:
             store_output(out_ptr, final_ptr, add_ptr, out, row * HD + hd_offs, row * add_stride + hd_offs, hd_mask,
                          ADD, FINAL)
