@@ -87,6 +87,18 @@ def _row_launches(buckets: Buckets, mixed: bool = False, merged: bool = False):
 # With 4096-element merge tiles inside (the separate merge's) the GAT bf16 forward took 282.9 µs: the row kernel's
 # registers (69 -> 96 in fp32 on sm_90) cost it occupancy (MERGE_TILE_INSIDE).
 PIECE_MERGE_IN_ROWS = {"forward": True, "source": True, "destination": True}
+# ... where no row has more pieces than this many trips of the inside merge's tile (MERGE_TILE_INSIDE): one program
+# merges a row, a trip at a time, each an L2 round trip, and inside the pieces' launch the last row's merge ends the
+# launch.  A pass with a longer row keeps its merge launches (one node of in-degree 10^6: 2110 pieces, 528 trips of 4
+# pieces at H·D = 128; the arxiv-like graph's longest row 103 pieces, 26 trips; Reddit-scale's 350, 44 trips).
+MERGE_INSIDE_MAX_TRIPS = 64
+
+
+def _merge_inside(buckets: Buckets, kernel_pass: str, width: int) -> bool:
+    """Whether ``kernel_pass`` merges its split rows inside the pieces' launch (:data:`PIECE_MERGE_IN_ROWS`,
+    :data:`MERGE_INSIDE_MAX_TRIPS`; ``width``: the widest partial row it merges, in elements)."""
+    return PIECE_MERGE_IN_ROWS[kernel_pass] and (
+        buckets.max_row_pieces <= MERGE_INSIDE_MAX_TRIPS * _sum_tiles(width, MERGE_TILE_INSIDE)[0])
 
 
 def _piece_counts(buckets: Buckets, merged: bool, like: torch.Tensor) -> torch.Tensor:
@@ -615,12 +627,12 @@ def attention_forward(
     feat_stride = inputs.feat_stride
     has_final = final is not None
     final = final if has_final else out  # never written without FINAL
-    mixed, merged = ROW_LAUNCH_MIXED["forward"], PIECE_MERGE_IN_ROWS["forward"]
+    buckets = schedule.incoming
+    mixed, merged = ROW_LAUNCH_MIXED["forward"], _merge_inside(buckets, "forward", schedule.block_h * schedule.block_d)
     key = ("forward", _call_kind(inputs, value.dtype, use_dropout), has_add, has_final, mixed, merged)
     light, row_meta, merge_meta = _launch_plan(
         schedule, key, lambda: _forward_plan(schedule, inputs, value.dtype, use_dropout, has_add, has_final, mixed,
                                              merged))
-    buckets = schedule.incoming
     for grid, ranges, counts, meta in light:
         attention_forward_light_kernel[grid](
             graph.csr_src, graph.csr_eid, *ranges, *tensors, out, lse, add, final, *counts, heads,
@@ -871,7 +883,9 @@ def attention_backward(
     keep_scale, use_dropout = _dropout_args(dropout_p, seed)
     scalars = (inputs.negative_slope, inputs.scale, dropout_p, keep_scale, seed, offset)
     mixed = ROW_LAUNCH_MIXED["destination"]
-    merged_src, merged_dst = PIECE_MERGE_IN_ROWS["source"], PIECE_MERGE_IN_ROWS["destination"]
+    width = schedule.block_h * schedule.block_d
+    merged_src = _merge_inside(schedule.outgoing, "source", width)
+    merged_dst = _merge_inside(schedule.incoming, "destination", max(width, 2 * heads * edge_dim))
     key = ("backward", _call_kind(inputs, value.dtype, use_dropout), weight_grad, mixed, merged_src, merged_dst)
     plan = _launch_plan(schedule, key, lambda: _backward_plan(schedule, inputs, value.dtype, use_dropout, weight_grad,
                                                               mixed, merged_src, merged_dst))

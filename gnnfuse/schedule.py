@@ -151,7 +151,8 @@ class Buckets:
     ``piece_edges``: the most edges one piece of a split row holds;
     ``piece_row[p]``, ``piece_start[p]``, ``piece_stop[p]``: super row and absolute edge range
     of piece ``p``; the pieces of ``super_rows[s]`` are ``super_piece_ptr[s] :
-    super_piece_ptr[s + 1]`` and ``piece_super[p]`` is ``s``; ``pieces_then_medium``: ``(rows, starts,
+    super_piece_ptr[s + 1]`` and ``piece_super[p]`` is ``s`` (``max_row_pieces``: the most pieces of one row);
+    ``pieces_then_medium``: ``(rows, starts,
     stops)`` of every piece (piece ``p`` at position ``p``) followed by every medium row, for a row-kernel
     launch covering both (:data:`gnnfuse.ops.ROW_LAUNCH_MIXED`).
     """
@@ -165,6 +166,7 @@ class Buckets:
     piece_stop: torch.Tensor
     super_piece_ptr: torch.Tensor
     piece_super: torch.Tensor
+    max_row_pieces: int
     piece_edges: int
     pieces_then_medium: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
@@ -299,6 +301,7 @@ def _buckets(
         super_piece_ptr=super_piece_ptr.to(device),
         piece_super=torch.repeat_interleave(torch.arange(super_rows.numel(), dtype=torch.int32),
                                             plan.item_pieces.to(torch.int64)).to(device),
+        max_row_pieces=int(plan.item_pieces.max()) if plan.item_pieces.numel() else 0,
         piece_edges=piece_edges,
         pieces_then_medium=tuple(torch.cat((p.to(m.dtype), m)) for p, m in zip(pieces, medium)),
     )

@@ -200,20 +200,24 @@ def test_attention_dropout_is_regenerated_in_backward(gen, device, name):
     assert not torch.equal(a, b)
 
 
-@pytest.mark.parametrize("merged", [True, False], ids=["merged inside", "merge launches"])
+@pytest.mark.parametrize("merged", [True, False, "capped"], ids=["merged inside", "merge launches", "too many pieces"])
 @pytest.mark.parametrize("mixed", [True, False], ids=["one launch", "two launches"])
 @pytest.mark.parametrize("name", ["gatv2", "transformer+edge"])
 def test_row_launch_of_pieces_and_medium_rows(gen, device, monkeypatch, name, mixed, merged):
     """The forward's and the destination pass's super-row pieces and medium rows in one row-kernel launch
     (``ROW_LAUNCH_MIXED``, the kernels' ``PIECES=2``: pieces first, then the rows) or in two, and the split rows
     merged by the last piece of each to finish (``PIECE_MERGE_IN_ROWS``, every pass: no merge launch at all) or
-    by merge launches: the output and every gradient (with edge features the destination pass's edge sums too)
-    against the float64 oracle (training: the forward's FINAL store), and with a per-node addend, inference and
-    training (ADD, ADD with FINAL), every buffer poisoned before and written."""
+    by merge launches (asked for, or where a row has more pieces than ``MERGE_INSIDE_MAX_TRIPS`` allows): the
+    output and every gradient (with edge features the destination pass's edge sums too) against the float64
+    oracle (training: the forward's FINAL store), and with a per-node addend, inference and training (ADD, ADD
+    with FINAL), every buffer poisoned before and written."""
     from gnnfuse.kernels import merge
 
     monkeypatch.setattr(ops, "ROW_LAUNCH_MIXED", {"forward": mixed, "destination": mixed})
-    monkeypatch.setattr(ops, "PIECE_MERGE_IN_ROWS", dict.fromkeys(("forward", "source", "destination"), merged))
+    monkeypatch.setattr(ops, "PIECE_MERGE_IN_ROWS", dict.fromkeys(("forward", "source", "destination"), bool(merged)))
+    if merged == "capped":  # every row with two pieces or more is too long to merge inside
+        monkeypatch.setattr(ops, "MERGE_INSIDE_MAX_TRIPS", 0)
+        merged = False
     merges = []
     for kernel in ("lse_merge_kernel", "sum_merge_kernel"):
         launch = getattr(merge, kernel)
@@ -228,6 +232,7 @@ def test_row_launch_of_pieces_and_medium_rows(gen, device, monkeypatch, name, mi
     schedule = graph.schedule(3, 5, torch.float32, SCHEDULES["mixed"])
     buckets = schedule.incoming
     assert buckets.num_pieces and buckets.medium[0].numel() and schedule.outgoing.num_pieces
+    assert buckets.max_row_pieces == max(b - a for a, b in zip(buckets.super_piece_ptr, buckets.super_piece_ptr[1:]))
     assert [p for *_, p in ops._row_launches(buckets, mixed, merged)] == ([2] if mixed else [False, 2 if merged
                                                                                                 else True])
     ptr = buckets.super_piece_ptr.tolist()
