@@ -1059,7 +1059,7 @@ def _backward_plan(schedule, inputs: AttentionInputs, dtype: torch.dtype, use_dr
         per_program = max(1, schedule.tiles.tile_elements // (ROW_SUM_LIGHT_EDGES * block_h))
         plan["row sums light"] = ((cdiv(incoming.light_all[0].numel(), per_program),), {
             "ROWS": per_program, "BLOCK_E": ROW_SUM_LIGHT_EDGES, "BLOCK_W": block_h, "PIECES": False})
-        plan["row sums"] = {"ROWS": 1, "BLOCK_W": block_h, "MERGE_P": max(1, MERGE_TILE_INSIDE // block_h),
+        plan["row sums"] = {"ROWS": 1, "BLOCK_W": block_h, "MERGE_P": _sum_tiles(block_h, MERGE_TILE_INSIDE)[0],
                             "BLOCK_E": max(16, min(ROW_SUM_MAX_EDGES, schedule.tiles.tile_elements // block_h))}
         return plan
     flags = {**_score_flags(inputs), "WEIGHT_GRAD": weight_grad}
