@@ -5,6 +5,7 @@ import json
 import pytest
 import torch
 
+import fusecore.testing
 from benchmarks import readme, registry
 from benchmarks.__main__ import main
 from benchmarks.registry import DOMAINS, cases
@@ -161,7 +162,7 @@ def test_gatconv_bf16_runs_time_the_fused_projection_component():
     from gnnfuse import Graph
 
     case = next(c for c in registry.cases() if c.domain == "gnn" and c.name == "gatconv")
-    ctx = registry.Context(quick=True, device=torch.device("cpu"), case=case)
+    ctx = registry.Context(quick=True, device=fusecore.testing.test_device(), case=case)
     spec = cases.QUICK[0]
     edges, n = cases._edges(spec.name, ctx.device)
     cases._gatconv_runs(ctx, spec, Graph(edges, n), torch.bfloat16, torch.Generator().manual_seed(0))

@@ -380,8 +380,8 @@ def _edge_positions(buckets) -> list[torch.Tensor]:
     """The tensors of ``buckets`` that hold edge positions (``(rows, starts, stops)`` lists: their ranges)."""
     import dataclasses
 
-    names = {f.name for f in dataclasses.fields(buckets)}
-    assert names == _POSITION_FIELDS | _OTHER_FIELDS, f"Buckets fields not sorted: {names ^ (_POSITION_FIELDS | _OTHER_FIELDS)}"
+    names, sorted_names = {f.name for f in dataclasses.fields(buckets)}, _POSITION_FIELDS | _OTHER_FIELDS
+    assert names == sorted_names, f"Buckets fields not sorted into positions or other: {names ^ sorted_names}"
     tensors = []
     for name in sorted(_POSITION_FIELDS):
         value = getattr(buckets, name)
