@@ -11,7 +11,9 @@
 * :class:`AllocationAudit` — records every tensor an op allocates (launcher buffers, tensors
   saved for backward), so a test can bound memory by construction, on any device;
 * :func:`no_host_sync` — fails any host synchronisation inside a block (a value read back to
-  the host, ``nonzero``), on the CPU through the interpreter too.
+  the host, ``nonzero``), on the CPU through the interpreter too;
+* :func:`pytest_runtest_logreport` — with ``FUSEKIT_FAILURE_LOG`` set, every failure written out the
+  moment it happens (the tests' conftest and ``-p fusecore.testing`` load it).
 """
 
 from __future__ import annotations
@@ -206,3 +208,27 @@ def no_host_sync(device: torch.device | str | None = None) -> Iterator[None]:
                 delattr(torch.Tensor, name)
             else:
                 setattr(torch.Tensor, name, method)
+
+
+# ---------------------------------------------------------------- failures as they happen
+
+FAILURE_LOG_ENV = "FUSEKIT_FAILURE_LOG"
+
+
+def pytest_runtest_logreport(report) -> None:
+    """A pytest hook: with ``$FUSEKIT_FAILURE_LOG`` set to a path, append each failed test phase there
+    (a ``==== <node id> [<phase>]`` line, then its report, at most 4000 characters) and its node id to
+    ``<path>.ids``, the moment pytest knows of it.
+
+    GPU runs are cut by a time limit (``timeout N pytest ...``), often before pytest prints its summary,
+    which is where failures are named; with this log every failure up to the cut is named and can be
+    rerun (``pytest $(cat <path>.ids)``).  Under pytest-xdist only the controller writes (the workers'
+    reports reach it), so each failure is written once.
+    """
+    path = os.environ.get(FAILURE_LOG_ENV)
+    if not path or not report.failed or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    with open(path, "a", encoding="utf-8") as log:
+        log.write(f"==== {report.nodeid} [{report.when}]\n{report.longreprtext[-4000:]}\n")
+    with open(path + ".ids", "a", encoding="utf-8") as ids:
+        ids.write(report.nodeid + "\n")

@@ -11,6 +11,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import fusecore  # noqa: E402  (fixes the kernel mode before any test module defines kernels)
+from fusecore.testing import pytest_runtest_logreport  # noqa: E402, F401  (FUSEKIT_FAILURE_LOG: failures as they happen)
 
 DATASETS = Path(os.environ.get("FUSEKIT_DATASETS", ROOT.parent / "shared" / "datasets"))
 

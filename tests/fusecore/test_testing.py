@@ -102,3 +102,41 @@ def test_no_host_sync_refuses_host_reads_and_lets_launches_through():
             read()
     # everything is restored on the way out, also after a failure
     assert y.sum().item() == pytest.approx(float(y.sum())) and torch.nonzero(y >= y).shape == (37, 1)
+
+
+def test_failure_log_names_each_failure_as_it_happens(tmp_path):
+    """FUSEKIT_FAILURE_LOG: a pytest run writes each failed phase (call, setup) with its report and node
+    id when it happens, and nothing for passing or skipped tests; unset, nothing is written."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    (tmp_path / "test_sample.py").write_text(
+        "import pytest\n\n"
+        "@pytest.fixture\n"
+        "def broken():\n    raise RuntimeError('fixture broke')\n\n"
+        "def test_passes():\n    pass\n\n"
+        "def test_fails():\n    assert 1 + 1 == 3, 'arithmetic'\n\n"
+        "def test_setup_fails(broken):\n    pass\n\n"
+        "@pytest.mark.skip(reason='skipped')\n"
+        "def test_skipped():\n    assert False\n"
+    )
+    log = tmp_path / "failures.txt"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    env.pop("PYTEST_XDIST_WORKER", None)
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "fusecore.testing", "-p", "no:cacheprovider",
+               "test_sample.py"]
+    unset = subprocess.run(command, cwd=tmp_path, env={k: v for k, v in env.items() if k != "FUSEKIT_FAILURE_LOG"},
+                           capture_output=True, text=True, timeout=300)
+    assert unset.returncode == 1 and not log.exists()
+    run = subprocess.run(command, cwd=tmp_path, env={**env, "FUSEKIT_FAILURE_LOG": str(log)},
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert (tmp_path / "failures.txt.ids").read_text().splitlines() == [
+        "test_sample.py::test_fails", "test_sample.py::test_setup_fails"]
+    text = log.read_text()
+    assert "==== test_sample.py::test_fails [call]" in text and "arithmetic" in text
+    assert "==== test_sample.py::test_setup_fails [setup]" in text and "fixture broke" in text
+    assert "test_passes" not in text and "test_skipped" not in text
