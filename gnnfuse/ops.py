@@ -306,7 +306,9 @@ def _block_k(inputs: AttentionInputs) -> int:
 def _projects(inputs: AttentionInputs, kernel_pass: str) -> bool:
     """Whether ``kernel_pass``'s light kernels project edge features per edge: only the forward's tile form
     does (the unrolled form and the row kernels apply ``W_e`` once per row); the source pass reads the
-    per-edge terms of :func:`_edge_terms`, the destination pass sums raw features per row."""
+    per-edge terms of :func:`_edge_terms`, the destination pass sums raw features per row.  Decided per pass, for
+    the classes up to :data:`LIGHT_UNROLLED_MAX_WIDTH` (a wider class in the tile form projects as the flags of
+    :func:`_edge_flags` ask, within the pass's tile budget)."""
     return inputs.has_edge and kernel_pass == "forward" and not _unrolled(inputs, kernel_pass)
 
 
@@ -393,10 +395,19 @@ LIGHT_DESTINATION_UNROLLED_WITH_EDGES = False
 # 248.6 / 792.6 → 247.7 / 772.0 (it then keeps 8-16 bytes a thread in local memory, Triton 3.6's ptxas);
 # GATv2 bf16's source pass at 96 lost, 278.2 / 1290 → 277.9 / 1554.
 LIGHT_UNROLLED_MAXNREG: dict[str, dict[int, int]] = {"forward": {}, "source": {SCORE_GAT: 96}, "destination": {}}
+# The widest light class that runs unrolled; wider classes (reachable only through ScheduleOptions: the defaults'
+# widest is schedule.DENSE_LIGHT_MAX, 32) keep the tile form, in a launch of their own.  Unrolled, a width-64
+# class is 64 gathers of [rows, H, D] per program in straight-line code: the Graph Transformer's width-64 light
+# forward had not compiled for sm_90 after 10 minutes on a CPU machine (session 23), and the three compiled
+# tests reaching it took 233-332 s each on the H200 machine.
+LIGHT_UNROLLED_MAX_WIDTH = 32
 
 
-def _unrolled(inputs: AttentionInputs, kernel_pass: str) -> bool:
-    """Whether ``kernel_pass``'s light rows run with the edge slots unrolled (module constants above)."""
+def _unrolled(inputs: AttentionInputs, kernel_pass: str, width: int | None = None) -> bool:
+    """Whether ``kernel_pass``'s light rows (of class ``width``; None: of the classes up to
+    :data:`LIGHT_UNROLLED_MAX_WIDTH`) run with the edge slots unrolled (module constants above)."""
+    if width is not None and width > LIGHT_UNROLLED_MAX_WIDTH:
+        return False
     dtype = inputs.value.dtype
     switched = {"forward": LIGHT_FORWARD_UNROLLED, "source": LIGHT_SOURCE_UNROLLED,
                 "destination": LIGHT_DESTINATION_UNROLLED}[kernel_pass]
@@ -417,7 +428,7 @@ def _light_rows(schedule, inputs: AttentionInputs, width: int, light_tiles: int,
     at least 16 edges per program, so the projection is a matrix product (``K`` rank-1 updates
     gather each feature column separately: many times the load instructions of the product).
     Unrolled (:func:`_unrolled`): the rows of width :data:`LIGHT_UNROLLED_ROW_WIDTH` for every width."""
-    if _unrolled(inputs, kernel_pass):
+    if _unrolled(inputs, kernel_pass, width):
         # tiles a slot holds: forward, keys and values (dot; AGNN's keys scaled from the values, at 16
         # rows 255 registers with spills on sm_90, Triton 3.9), the source term and its LeakyReLU against the row's
         # (GATv2), one (GAT); source pass, g and (GATv2, dot) the destination's term, whose gradient terms
@@ -742,16 +753,18 @@ def _light_plan(schedule, inputs: AttentionInputs, buckets: Buckets, kernel_pass
     breaks = _light_breaks(inputs)
     groups: list[list[tuple[int, int, int]]] = []
     for width, rows, _, _ in buckets.light:
-        if not groups or per_class or width in breaks:
+        # a launch is unrolled or not as a whole: a class on the other side of LIGHT_UNROLLED_MAX_WIDTH starts one
+        if (not groups or per_class or width in breaks
+                or _unrolled(inputs, kernel_pass, width) != _unrolled(inputs, kernel_pass, groups[-1][0][0])):
             groups.append([])
         groups[-1].append((width, rows.numel(), _light_rows(schedule, inputs, width, light_tiles, kernel_pass)))
-    unrolled = _unrolled(inputs, kernel_pass)
-    warps = (unrolled and LIGHT_UNROLLED_WARPS[kernel_pass]) or schedule.num_warps
     two_byte = inputs.value.dtype in (torch.float16, torch.bfloat16)
-    cap = LIGHT_UNROLLED_MAXNREG[kernel_pass].get(inputs.score) if unrolled and two_byte else None
-    options = {"num_warps": warps, **({"maxnreg": cap} if cap else {})}
     plan, begin = [], 0
     for group in groups:
+        unrolled = _unrolled(inputs, kernel_pass, group[-1][0])
+        warps = (unrolled and LIGHT_UNROLLED_WARPS[kernel_pass]) or schedule.num_warps
+        cap = LIGHT_UNROLLED_MAXNREG[kernel_pass].get(inputs.score) if unrolled and two_byte else None
+        options = {"num_warps": warps, **({"maxnreg": cap} if cap else {})}
         counts = [0] * LIGHT_SLOTS
         for width, count, _ in group:
             counts[width.bit_length() - 1] = count

@@ -219,6 +219,35 @@ def test_unrolled_light_rows_match_the_reference_for_every_score(gen, monkeypatc
     assert all(meta["num_warps"] == 2 for light in destination for *_, meta in light)
 
 
+@pytest.mark.parametrize("name", ["gat", "dot"])
+def test_light_classes_wider_than_the_unrolled_cap_launch_in_the_tile_form(gen, monkeypatch, name):
+    """ops.LIGHT_UNROLLED_MAX_WIDTH: classes up to it run unrolled, wider ones in the tile form in a launch of their
+    own (a launch is one form), without the unrolled form's register cap; values as the reference's."""
+    import gnnfuse.schedule
+
+    monkeypatch.setattr(ops, "LIGHT_UNROLLED_MAX_WIDTH", 4)
+    monkeypatch.setattr(ops, "LIGHT_LAUNCH_BREAKS", ())
+    monkeypatch.setattr(ops, "LIGHT_LAUNCH_BREAKS_2BYTE", {})
+    monkeypatch.setattr(ops, "LIGHT_SOURCE_UNROLLED", True)
+    monkeypatch.setattr(ops, "LIGHT_UNROLLED_MAXNREG", {"forward": {}, "source": dict.fromkeys((0, 1, 2), 96),
+                                                        "destination": {}})
+    # small tiles on one multiprocessor: no class is merged into the next for being too small
+    monkeypatch.setattr(gnnfuse.schedule, "device_facts", lambda _: SimpleNamespace(sm_count=1))
+    options = ScheduleOptions(light_max_degree=16, split_degree=16, tile_elements=256)
+    launches = _matches_the_reference(gen, name, torch.bfloat16, options)
+    forward = [plan[0] for key, plan in launches.items() if key[0] == "forward"]
+    source = [plan["source light"] for key, plan in launches.items() if key[0] == "backward"]
+    assert forward and source
+    for light in forward:  # the incoming rows' widths 1, 2, 4 unrolled; 8 and 16 in the tile form
+        assert [[1 << i for i, c in enumerate(counts) if c] for _, _, counts, _ in light] == [[1, 2, 4], [8, 16]]
+    for light, kernel_pass in [*((light, "forward") for light in forward), *((light, "source") for light in source)]:
+        for _, _, counts, meta in light:
+            widths = [1 << i for i, c in enumerate(counts) if c]
+            assert all(w <= 4 for w in widths) or not any(w <= 4 for w in widths)  # one form a launch
+            assert meta["UNROLLED"] is (max(widths) <= 4)
+            assert meta.get("maxnreg") == (96 if meta["UNROLLED"] and kernel_pass == "source" else None)
+
+
 @pytest.mark.parametrize("depth", [1, 2])
 @pytest.mark.parametrize("lanes", [False, True])
 @pytest.mark.parametrize("name", ["gat", "gatv2", "dot", "agnn"])
