@@ -109,3 +109,18 @@ def test_host_profile_launch_section_and_primitive_tables(capsys):
     assert out.count("issue us/call: as is") == 2 and out.count("sections (inclusive host us per call") == 2
     assert "gnnfuse.ops.attention_forward" in out and "gnnfuse.nn._graph_and_features" in out
     assert "ncalls" not in out
+
+
+def test_kernel_times_aggregates_by_name_and_runs_a_row(capsys):
+    """tests/gnnfuse/kernel_times.py: kernels merged by name, per call, longest first, shares of the total; a run on
+    a tiny graph prints one line per kind (no CUDA kernels on the CPU: an empty table)."""
+    import kernel_times
+
+    total, table = kernel_times.aggregate([("rows", 30.0, 2), ("light", 10.0, 2), ("rows", 20.0, 2)], calls=2)
+    assert total == 30.0
+    assert table == [["rows", 2.0, 25.0, 83.3], ["light", 1.0, 5.0, 16.7]]
+    assert kernel_times.aggregate([], calls=3) == (0.0, [])
+    assert kernel_times.main(["gat-fp32", "--graph", "tiny-power-law", "--calls", "1"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(line["row"], line["kind"]) for line in lines] == [("gat-fp32", "fwd"), ("gat-fp32", "step")]
+    assert all("error" not in line and isinstance(line["kernels"], list) for line in lines)
