@@ -175,69 +175,7 @@ ROWS_WARPS = 8
 ROWS_STAGES = 4
 ROWS_FLATTEN = True
 ROWS_PROGRAMS_PER_SM = 1
-# STACKED: the same three TF32 products as one tf32 reduction 3K deep, b's two parts split once per call into memory
-# (:func:`tf32_parts`) and streamed from there like any operand, a's parts formed in registers (:func:`stacked_slices`).
-STACKED = "tf32x3-stacked"
-PRECISIONS = ("tf32x3", "bf16x6", STACKED)  # bf16x6: each operand in three bfloat16 parts, six products (above)
-TF32_PARTS_BLOCK = 64  # tf32_parts_kernel's tiles: TF32_PARTS_BLOCK × TF32_PARTS_BLOCK elements of b
-
-
-@jit
-def tf32_high(x):
-    """float32 ``x`` rounded to TF32 (10 mantissa bits; to nearest, ties away from zero: PTX's ``cvt.rna.tf32``),
-    as float32: ``x - tf32_high(x)`` is exact, and a TF32 product reads all of ``tf32_high(x)``."""
-    bits = x.to(tl.int32, bitcast=True)
-    return ((bits + 0x1000) & -8192).to(tl.float32, bitcast=True)  # -8192: 0xFFFFE000, the sign, exponent, 10 bits
-
-
-@jit
-def tf32_parts_kernel(b_ptr, out_ptr, K, N, stride_bk, stride_bn, BLOCK: tl.constexpr):
-    """``out [N, 2K]``, row ``n`` = ``(hi(b[:, n]), b[:, n] - hi(b[:, n]))`` with ``hi`` = :func:`tf32_high`, for
-    ``b [K, N]`` float32 with any strides: the stacked operand of :func:`stacked_slices`."""
-    offs_k = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    offs_n = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = (offs_k < K)[:, None] & (offs_n < N)[None, :]
-    b = tl.load(b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn, mask=mask, other=0.0)
-    high = tf32_high(b)
-    out = out_ptr + offs_n[None, :] * (2 * K) + offs_k[:, None]
-    tl.store(out, high, mask=mask)
-    tl.store(out + K, b - high, mask=mask)
-
-
-def tf32_parts(b: torch.Tensor) -> torch.Tensor:
-    """``[N, 2K]`` float32: each column of the float32 ``b [K, N]`` (any strides) as its TF32 part and the
-    remainder (:func:`tf32_parts_kernel`), the ``b`` operand of a :data:`STACKED` product."""
-    k, n = b.shape
-    out = _new((n, 2 * k), torch.float32, b.device)
-    if k and n:
-        tf32_parts_kernel[(cdiv(k, TF32_PARTS_BLOCK), cdiv(n, TF32_PARTS_BLOCK))](
-            b, out, k, n, b.stride(0), b.stride(1), BLOCK=TF32_PARTS_BLOCK)
-    return out
-
-
-@jit
-def stacked_slices(a_ptr, parts_ptr, offs_m, m_mask, offs_n, n_mask, k_start, k_stop, K, stride_am, stride_ak,
-                   stride_pn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """``Σ_k a[offs_m, k] · b[k, offs_n]`` over ``k ∈ [k_start, k_stop)`` as :data:`STACKED`'s three TF32
-    products, ``a_lo·b_hi + a_hi·b_lo + a_hi·b_hi`` (``x_hi`` = :func:`tf32_high`, ``x_lo = x - x_hi``; the
-    small terms summed first), each slice of each term one ``tf32`` ``tl.dot``: a reduction three spans deep
-    over ``b``'s parts as :func:`tf32_parts` lays them out (``parts_ptr``, row stride ``stride_pn``, the
-    remainder ``K`` columns after the TF32 part) and ``a``'s, formed in registers.  float32 ``[BLOCK_M,
-    BLOCK_N]``; masked rows, columns and reduction tail read as zeros."""
-    offs_k = tl.arange(0, BLOCK_K)
-    span = tl.cdiv(k_stop - k_start, BLOCK_K) * BLOCK_K
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, 3 * span, BLOCK_K):
-        part = k0 // span  # 0: a_lo · b_hi, 1: a_hi · b_lo, 2: a_hi · b_hi
-        k = k_start + (k0 - part * span) + offs_k
-        k_mask = k < k_stop
-        a = tl.load(a_ptr + offs_m[:, None] * stride_am + k[None, :] * stride_ak,
-                    mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-        b = tl.load(parts_ptr + offs_n[None, :] * stride_pn + (k + tl.where(part == 1, K, 0))[:, None],
-                    mask=k_mask[:, None] & n_mask[None, :], other=0.0)
-        high = tf32_high(a)
-        acc = tl.dot(tl.where(part == 0, a - high, high), b, acc, input_precision="tf32")
-    return acc
+PRECISIONS = ("tf32x3", "bf16x6")  # bf16x6: each operand in three bfloat16 parts, six products (measured above)
 
 
 @jit
@@ -276,12 +214,8 @@ def product_kernel(a_ptr, b_ptr, bias_ptr, c_ptr, M, N, K, k_per_split,
     n_mask = offs_n < N
     k_start = pid_s * k_per_split
     k_stop = tl.minimum(k_start + k_per_split, K)
-    if PRECISION == "tf32x3-stacked":  # b_ptr: tf32_parts of b, row stride stride_bn
-        acc = stacked_slices(a_ptr, b_ptr, offs_m, m_mask, offs_n, n_mask, k_start, k_stop, K, stride_am, stride_ak,
-                             stride_bn, BLOCK_M, BLOCK_N, BLOCK_K)
-    else:
-        acc = _slices(a_ptr, b_ptr, offs_m, m_mask, offs_n, n_mask, k_start, k_stop, stride_am, stride_ak, stride_bk,
-                      stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
+    acc = _slices(a_ptr, b_ptr, offs_m, m_mask, offs_n, n_mask, k_start, k_stop, stride_am, stride_ak, stride_bk,
+                  stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0)[None, :]
     tl.store(c_ptr + pid_s * stride_cs + offs_m[:, None] * stride_cm + offs_n[None, :], acc,
@@ -306,12 +240,8 @@ def product_rows_kernel(a_ptr, b_ptr, bias_ptr, c_ptr, M, N, K, stride_am, strid
                          flatten=FLATTEN):
         offs_m = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
         m_mask = offs_m < M
-        if PRECISION == "tf32x3-stacked":  # b_ptr: tf32_parts of b, row stride stride_bn
-            acc = stacked_slices(a_ptr, b_ptr, offs_m, m_mask, offs_n, n_mask, 0, K, K, stride_am, stride_ak,
-                                 stride_bn, BLOCK_M, BLOCK_N, BLOCK_K)
-        else:
-            acc = _slices(a_ptr, b_ptr, offs_m, m_mask, offs_n, n_mask, 0, K, stride_am, stride_ak, stride_bk,
-                          stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
+        acc = _slices(a_ptr, b_ptr, offs_m, m_mask, offs_n, n_mask, 0, K, stride_am, stride_ak, stride_bk, stride_bn,
+                      BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
         if HAS_BIAS:
             acc += bias[None, :]
         tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :], acc, mask=m_mask[:, None] & n_mask[None, :])
@@ -337,9 +267,7 @@ def dot_precision(dtype: torch.dtype) -> str:
                          f"got {FLOAT32_PRODUCT!r}")
     if dtype != torch.float32 or FLOAT32_PRODUCT is None:
         return "tf32"
-    if backend.INTERPRET and FLOAT32_PRODUCT != STACKED:
-        return "tf32x3"  # the interpreter's products are exact anyway (STACKED's split runs there too: its own code)
-    return FLOAT32_PRODUCT
+    return "tf32x3" if backend.INTERPRET else FLOAT32_PRODUCT  # the interpreter's products are exact anyway
 
 
 def _aligned_rows(x: torch.Tensor) -> bool:
@@ -374,8 +302,6 @@ def product(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) 
         out = torch.zeros((m, n), dtype=torch.float32, device=a.device)
         return out if bias is None else out + bias
     precision = dot_precision(torch.float32)
-    if precision == STACKED:  # b as its two TF32 parts, [N, 2K]: read like b viewed [K, N] with row stride 2K
-        b = tf32_parts(b).t()
     block_n = max(16, min(PRODUCT_BLOCK_N, next_power_of_2(n)))
     block_m = max(16, min(PRODUCT_BLOCK_M, next_power_of_2(m)))
     tiles = cdiv(m, block_m) * cdiv(n, block_n)

@@ -37,7 +37,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from fusecore import DevicePhiloxStream, PhiloxStream, backend, cdiv, next_power_of_2
-from fusecore.linear import STACKED, dot_precision, linear, matmul, tf32_parts, uses_product
+from fusecore.linear import dot_precision, linear, matmul, uses_product
 from fusecore.plan import MIN_DOT
 
 from .graph import Graph, as_graph
@@ -1429,12 +1429,10 @@ def _projection_scores(x: torch.Tensor, weight: torch.Tensor, attn_l: torch.Tens
         block_m = max(MIN_DOT, PROJECTION_BLOCK_M * 128 // max(128, block_h * block_d))
         # input slices of PROJECTION_BLOCK_F 2-byte elements' bytes (half as many float32 ones: the same shared memory)
         block_f = max(MIN_DOT, min(PROJECTION_BLOCK_F * 2 // x.element_size(), next_power_of_2(in_feats)))
-        precision = dot_precision(x.dtype)
-        w = tf32_parts(weight.t()) if precision == STACKED else weight.contiguous()
         projection_scores_kernel[(cdiv(num_nodes, block_m),)](
-            x, w, attn_l.contiguous(), attn_r.contiguous(), wh, el, er, num_nodes, in_feats,
+            x, weight.contiguous(), attn_l.contiguous(), attn_r.contiguous(), wh, el, er, num_nodes, in_feats,
             x.stride(0), heads, head_dim, BLOCK_M=block_m, BLOCK_F=block_f, BLOCK_H=block_h, BLOCK_D=block_d,
-            PRECISION=precision, num_warps=PROJECTION_WARPS, num_stages=PROJECTION_STAGES,
+            PRECISION=dot_precision(x.dtype), num_warps=PROJECTION_WARPS, num_stages=PROJECTION_STAGES,
         )
     return wh, el, er
 

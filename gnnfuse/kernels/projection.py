@@ -16,7 +16,6 @@ same as the projection alone, where a separate node-score pass reads ``Wh`` agai
 import triton.language as tl
 
 from fusecore.backend import jit
-from fusecore.linear import stacked_slices
 
 from .tiles import flat_head_tile, head_tile
 
@@ -30,26 +29,20 @@ def projection_scores_kernel(
     """``x [N, F]`` (row stride ``stride_x``, unit column stride), ``W [H·D, F]`` contiguous,
     ``attn_l``, ``attn_r`` ``H·D`` contiguous, ``Wh [N, H, D]`` contiguous, ``el``, ``er`` ``[N, H]``
     in the accumulation dtype (float32; float64 for float64 inputs); ``PRECISION`` the ``tl.dot``
-    input precision (float32: fusecore.linear.dot_precision; with ``"tf32x3-stacked"`` ``w_ptr`` holds
-    ``W``'s two TF32 parts, ``[H·D, 2F]``: fusecore.linear.stacked_slices)."""
+    input precision (``"tf32x3"`` for float32: fusecore.linear.dot_precision)."""
     acc_dtype = el_ptr.dtype.element_ty
     pid = tl.program_id(0).to(tl.int64)
     offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     m_mask = offs_m < num_nodes
     c_offs, c_mask = flat_head_tile(H, D, BLOCK_H, BLOCK_D)  # a row of W, a column of Wh's [H·D]
-    if PRECISION == "tf32x3-stacked":  # w_ptr: W's TF32 parts, [H·D, 2F] (fusecore.linear.tf32_parts of Wᵀ)
-        acc = stacked_slices(x_ptr, w_ptr, offs_m, m_mask, c_offs, c_mask, 0, F, F, stride_x, 1, 2 * F,
-                             BLOCK_M, BLOCK_H * BLOCK_D, BLOCK_F)
-    else:
-        offs_f = tl.arange(0, BLOCK_F)
-        acc = tl.zeros((BLOCK_M, BLOCK_H * BLOCK_D), dtype=acc_dtype)
-        for f0 in range(0, F, BLOCK_F):
-            f = f0 + offs_f
-            f_mask = f < F
-            a = tl.load(x_ptr + offs_m[:, None] * stride_x + f[None, :], mask=m_mask[:, None] & f_mask[None, :],
-                        other=0.0)
-            b = tl.load(w_ptr + c_offs[None, :] * F + f[:, None], mask=f_mask[:, None] & c_mask[None, :], other=0.0)
-            acc = tl.dot(a, b, acc, input_precision=PRECISION)
+    offs_f = tl.arange(0, BLOCK_F)
+    acc = tl.zeros((BLOCK_M, BLOCK_H * BLOCK_D), dtype=acc_dtype)
+    for f0 in range(0, F, BLOCK_F):
+        f = f0 + offs_f
+        f_mask = f < F
+        a = tl.load(x_ptr + offs_m[:, None] * stride_x + f[None, :], mask=m_mask[:, None] & f_mask[None, :], other=0.0)
+        b = tl.load(w_ptr + c_offs[None, :] * F + f[:, None], mask=f_mask[:, None] & c_mask[None, :], other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
     wh = acc.to(wh_ptr.dtype.element_ty)
     tl.store(wh_ptr + offs_m[:, None] * (H * D) + c_offs[None, :], wh, mask=m_mask[:, None] & c_mask[None, :])
     # the scores from the rounded Wh: the values the attention and the backward read
