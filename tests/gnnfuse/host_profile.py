@@ -13,7 +13,9 @@ kernel's launches per call and host µs per launch (:func:`fusecore.fast_launch.
 time again with the compiled launches stubbed out at two depths (``launcher``: everything but the driver
 launch itself runs; ``launch``: the whole launch call is a no-op), so the launches' share of the host time is
 measured rather than inferred; ``--primitives`` times single host operations the layers repeat (current
-device and stream, ``torch.empty``, the compile check) in a hot loop; ``--sections`` the inclusive host
+device and stream, ``torch.empty``, the compile check) in a hot loop, and the floor torch's autograd engine
+sets under any one-node layer (a Function with a GAT layer's leaves and no device work, forward and step);
+``--sections`` the inclusive host
 time per call of the layer path's main functions (:data:`SECTIONS`, timers patched in).  On the CPU
 (Triton's interpreter) the kernels run inside the issue time, so there the numbers only check that the tool
 runs.
@@ -233,6 +235,48 @@ def _primitives(device: torch.device) -> None:
     timed("tensor.reshape(N, 128)", lambda: x.reshape(shape[0], 128))
     timed("tensor.stride(0)", lambda: x.stride(0))
     timed("tensor.contiguous() (already)", x.contiguous)
+    _engine_floor(device, timed)
+
+
+class _Trivial(torch.autograd.Function):
+    """One autograd node with a GAT layer's four parameter leaves (W, attn_l, attn_r, bias) and its saved
+    tensors, but no device work: its forward returns a view of a preallocated output, its backward the
+    preallocated gradients.  Its training step's host time is what torch's autograd engine costs a layer
+    whose forward and backward are one node each (:func:`_engine_floor`)."""
+
+    @staticmethod
+    def forward(ctx, x, *leaves):  # type: ignore[override]
+        ctx.save_for_backward(x, *leaves)
+        ctx.grads = _Trivial.grads
+        return _Trivial.out.view_as(_Trivial.out)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        ctx.saved_tensors  # noqa: B018 - unpacked as a real backward does
+        return (None, *ctx.grads)
+
+
+def _engine_floor(device: torch.device, timed) -> None:
+    """Host µs of a forward and a training step (forward + ``backward(grad)``, the leaves' gradients reset
+    first, as ``ab_layers.build``'s step does) of :class:`_Trivial`: the floor under any one-node layer's step."""
+    shapes = [(128, 128), (1, 8, 16), (1, 8, 16), (128,)]
+    leaves = [torch.zeros(s, device=device, requires_grad=True) for s in shapes]
+    _Trivial.grads = [torch.zeros(s, device=device) for s in shapes]
+    _Trivial.out = torch.zeros(64, 8, 16, device=device)
+    x = torch.zeros(64, 128, device=device)
+    grad = torch.zeros(64, 8, 16, device=device)
+
+    def forward():
+        with torch.no_grad():
+            return _Trivial.apply(x, *leaves)
+
+    def step():
+        for leaf in leaves:
+            leaf.grad = None
+        _Trivial.apply(x, *leaves).backward(grad)
+
+    timed("one-node autograd Function, forward (no_grad)", forward)
+    timed("one-node autograd Function, forward + backward", step)
 
 
 if __name__ == "__main__":

@@ -103,7 +103,7 @@ def test_host_profile_launch_section_and_primitive_tables(capsys):
             "--no-cprofile"]
     assert host_profile.main(args) == 0
     out = capsys.readouterr().out
-    assert "== primitives" in out and "torch.empty" in out
+    assert "== primitives" in out and "torch.empty" in out and "one-node autograd Function, forward + backward" in out
     for kind in ("fwd", "step"):
         assert f"== gat-fp32 {kind}: issue" in out
     assert out.count("issue us/call: as is") == 2 and out.count("sections (inclusive host us per call") == 2
