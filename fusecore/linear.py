@@ -29,7 +29,11 @@ is :func:`product`, a Triton kernel whose products are TF32 tensor-core products
 a TF32 remainder, ``a·b ≈ a_hi·b_hi + a_hi·b_lo + a_lo·b_hi``, accumulated in float32.  Each product keeps
 ~21 of float32's 24 mantissa bits (the split and the dropped ``a_lo·b_lo``), so a sum over ``K`` terms
 carries about the error float32's own rounding gives it (``tests/fusecore/test_linear.py`` compares both
-against float64 on the GPU).  torch's float32 product is cuBLAS on the FP32 units, compute-bound for a
+against float64 on the GPU).  Where the reduction is at most :data:`HELD_MAX_K` deep (a graph layer's input
+features), :func:`product_held_kernel` splits each program's column block of ``b`` into its two parts once and holds
+them in shared memory while it walks row blocks of ``a`` (13-16% faster at the layers' shapes on the H200, same
+accuracy); otherwise the row-block or slice kernels, Triton's tf32x3 per slice.  torch's float32 product is cuBLAS
+on the FP32 units, compute-bound for a
 graph layer's shapes (four ``[169 343, 128]`` maps: 551 µs on the H200, where moving the bytes takes ~100).
 The gradients' products (:func:`matmul`) stay torch's unless :data:`BACKWARD_PRODUCTS` is set (measured
 slower or equal: the sweep below).  ``FLOAT32_PRODUCT = None`` keeps torch's everywhere.  The interpreter
@@ -177,6 +181,34 @@ ROWS_FLATTEN = True
 ROWS_PROGRAMS_PER_SM = 1
 PRECISIONS = ("tf32x3", "bf16x6")  # bf16x6: each operand in three bfloat16 parts, six products (measured above)
 
+# Reductions at most HELD_MAX_K deep (a graph layer's input features) in "tf32x3": product_held_kernel, which splits
+# its column block of b into TF32 parts once and holds them in shared memory for every row block it walks (Triton's
+# tf32x3 splits b again for every slice, writes both parts back to shared memory and waits on each of the three
+# wgmma); a is split in registers.  HELD_BLOCK_M × HELD_BLOCK_N tiles, the reduction in HELD_CHUNK_K-deep chunks
+# (at most HELD_MAX_K / HELD_CHUNK_K of them, coded out: a chunk's parts are values, not memory), HELD_WARPS warps,
+# HELD_STAGES row blocks' loads in flight, HELD_PROGRAMS_PER_SM programs per multiprocessor in all (one wave: rounded
+# down per column block).  Only where the held parts and the pipelined row blocks fit the device's shared memory
+# (:func:`_held_tiling`).  HELD_SUMS: how the parts' products are summed — the tensor cores' own float32 accumulation
+# loses bits that an add on the CUDA cores keeps, so 2 (each chunk's three products from zero, then added: Triton's
+# own tf32x3 order) is as accurate as the row-block kernel, 1 (a second accumulator for the remainders' products) as
+# torch's cuBLAS float32, 0 (one accumulator) twice that.  H200, session 25 (calls 2-3, `.gpu/px_sweep2.py`; b the
+# layers' transposed weight; µs, relative error against float64): [169 343, 128] → 128 / 256 / 512 with the
+# defaults 86.4 / 164.5 / 325.9 at 1.9-2.2e-7, against the row-block kernel 103.0 / 192.0 / 374.3 (same errors) and
+# cuBLAS 157.8 / 289.2 / 631.7 (4.9-5.4e-7); 64 × 128 tiles at 4 warps: SUMS 0 80.4 / 150.5 / 291.4 (1.1e-6),
+# SUMS 1 83.9 / 155.5 / 297.3 (5.4-6.2e-7), SUMS 2 129.2 / 238.2 / 448.3 (255 registers: spills).  In the layers
+# (replayed, HEAD's row-block kernel in the same calls): Transformer fp32 forward 785.2 against 844.1 µs, GATv2 fp32
+# 525.3 against 563.7.  GAT's fused projection (all 128 columns and the node scores in one program) on these parts:
+# 140 µs with SUMS 2, 115 with SUMS 1, against its slice kernel's 118 — not taken.
+HELD_KERNEL = True
+HELD_MAX_K = 128
+HELD_CHUNK_K = 32
+HELD_BLOCK_M = 128
+HELD_BLOCK_N = 64
+HELD_WARPS = 8
+HELD_STAGES = 3
+HELD_PROGRAMS_PER_SM = 1
+HELD_SUMS = 2  # 0: every part into one accumulator; 1: the remainders' products in a second; 2: per chunk, then added
+
 
 @jit
 def _slices(a_ptr, b_ptr, offs_m, m_mask, offs_n, n_mask, k_start, k_stop, stride_am, stride_ak, stride_bk, stride_bn,
@@ -247,6 +279,115 @@ def product_rows_kernel(a_ptr, b_ptr, bias_ptr, c_ptr, M, N, K, stride_am, strid
         tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :], acc, mask=m_mask[:, None] & n_mask[None, :])
 
 
+@jit
+def _tf32_parts(x):
+    """``(hi, lo)``: ``hi`` = float32 ``x`` rounded to TF32 (10 fraction bits; to nearest, ties away from zero;
+    truncated where rounding would overflow), ``lo = x - hi`` exactly (0 where ``x`` is not finite); the tensor
+    cores read ``hi`` exactly and ``lo`` to 11 significant bits."""
+    bits = x.to(tl.uint32, bitcast=True)
+    magnitude = bits & 0x7FFFFFFF
+    hi = tl.where(magnitude < 0x7F7FF000, (bits + 0x1000) & 0xFFFFE000, bits & 0xFFFFE000).to(tl.float32, bitcast=True)
+    return hi, tl.where(magnitude < 0x7F800000, x - hi, 0.0)
+
+
+@jit
+def _held_chunk_parts(b_ptr, k0, K, offs_n, n_mask, stride_bk, stride_bn, CHUNK: tl.constexpr):
+    """The TF32 parts of ``b[k0 : k0 + CHUNK, offs_n]`` (rows past ``K`` and masked columns zero)."""
+    offs_k = k0 + tl.arange(0, CHUNK)
+    b = tl.load(b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn,
+                mask=(offs_k < K)[:, None] & n_mask[None, :], other=0.0)
+    return _tf32_parts(b)
+
+
+@jit
+def _held_parts(b_ptr, K, offs_n, n_mask, stride_bk, stride_bn, CHUNK: tl.constexpr, CHUNKS: tl.constexpr):
+    """The TF32 parts of float32 ``b[:K, offs_n]`` (``K ≤ CHUNKS · CHUNK``, ``CHUNKS`` ≤ 4) for :func:`_held_rows`:
+    ``(hi_0, lo_0, …, hi_3, lo_3)``, chunk ``j`` rows ``[j · CHUNK, (j + 1) · CHUNK)`` (rows past ``K`` and masked
+    columns zero; chunks past ``CHUNKS`` repeat chunk 0 and are never read).  Computed before a loop, the parts stay
+    in shared memory for all of it."""
+    hi0, lo0 = _held_chunk_parts(b_ptr, 0, K, offs_n, n_mask, stride_bk, stride_bn, CHUNK)
+    hi1, lo1, hi2, lo2, hi3, lo3 = hi0, lo0, hi0, lo0, hi0, lo0
+    if CHUNKS > 1:
+        hi1, lo1 = _held_chunk_parts(b_ptr, CHUNK, K, offs_n, n_mask, stride_bk, stride_bn, CHUNK)
+    if CHUNKS > 2:
+        hi2, lo2 = _held_chunk_parts(b_ptr, 2 * CHUNK, K, offs_n, n_mask, stride_bk, stride_bn, CHUNK)
+    if CHUNKS > 3:
+        hi3, lo3 = _held_chunk_parts(b_ptr, 3 * CHUNK, K, offs_n, n_mask, stride_bk, stride_bn, CHUNK)
+    return hi0, lo0, hi1, lo1, hi2, lo2, hi3, lo3
+
+
+@jit
+def _held_chunk(a_ptr, offs_m, m_mask, k0, K, stride_am, stride_ak, b_hi, b_lo, big, small,
+                CHUNK: tl.constexpr, SUMS: tl.constexpr):
+    """Adds chunk ``[k0, k0 + CHUNK)`` of ``a[offs_m] @ b`` to the accumulators ``(big, small)``: ``a_hi·b_hi`` to
+    ``big`` and the remainders' products ``a_lo·b_hi + a_hi·b_lo`` to ``small`` (``SUMS`` 1), all to ``big``
+    (``SUMS`` 0), or the chunk's three products summed from zero and then added to ``big`` (``SUMS`` 2)."""
+    offs_k = k0 + tl.arange(0, CHUNK)
+    a = tl.load(a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak,
+                mask=m_mask[:, None] & (offs_k < K)[None, :], other=0.0)
+    a_hi, a_lo = _tf32_parts(a)
+    if SUMS == 0:
+        big = tl.dot(a_lo, b_hi, big, input_precision="tf32")
+        big = tl.dot(a_hi, b_lo, big, input_precision="tf32")
+        big = tl.dot(a_hi, b_hi, big, input_precision="tf32")
+    elif SUMS == 1:
+        small = tl.dot(a_lo, b_hi, small, input_precision="tf32")
+        small = tl.dot(a_hi, b_lo, small, input_precision="tf32")
+        big = tl.dot(a_hi, b_hi, big, input_precision="tf32")
+    else:
+        part = tl.dot(a_lo, b_hi, tl.zeros_like(big), input_precision="tf32")
+        part = tl.dot(a_hi, b_lo, part, input_precision="tf32")
+        big += tl.dot(a_hi, b_hi, part, input_precision="tf32")
+    return big, small
+
+
+@jit
+def _held_rows(a_ptr, offs_m, m_mask, K, stride_am, stride_ak, hi0, lo0, hi1, lo1, hi2, lo2, hi3, lo3,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNK: tl.constexpr, CHUNKS: tl.constexpr,
+              SUMS: tl.constexpr):
+    """``a[offs_m, :K] @ b`` as float32 ``[BLOCK_M, BLOCK_N]`` from :func:`_held_parts`' parts of ``b``: ``a`` (float32,
+    masked rows zero) split into TF32 parts in registers, ``a_hi·b_hi + (a_lo·b_hi + a_hi·b_lo)`` on the tensor
+    cores (module doc), ``SUMS`` as :data:`HELD_SUMS`."""
+    big = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    small = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    big, small = _held_chunk(a_ptr, offs_m, m_mask, 0, K, stride_am, stride_ak, hi0, lo0, big, small, CHUNK, SUMS)
+    if CHUNKS > 1:
+        big, small = _held_chunk(a_ptr, offs_m, m_mask, CHUNK, K, stride_am, stride_ak, hi1, lo1, big, small,
+                                 CHUNK, SUMS)
+    if CHUNKS > 2:
+        big, small = _held_chunk(a_ptr, offs_m, m_mask, 2 * CHUNK, K, stride_am, stride_ak, hi2, lo2, big, small,
+                                 CHUNK, SUMS)
+    if CHUNKS > 3:
+        big, small = _held_chunk(a_ptr, offs_m, m_mask, 3 * CHUNK, K, stride_am, stride_ak, hi3, lo3, big, small,
+                                 CHUNK, SUMS)
+    if SUMS == 1:
+        big += small
+    return big
+
+
+@jit
+def product_held_kernel(a_ptr, b_ptr, bias_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNK: tl.constexpr, CHUNKS: tl.constexpr,
+                        HAS_BIAS: tl.constexpr, STAGES: tl.constexpr, SUMS: tl.constexpr):
+    """``c[m, n] = Σ_k a[m, k] · b[k, n] (+ bias[n])`` for ``K ≤ CHUNKS · CHUNK`` (``CHUNKS`` ≤ 4), products in three
+    TF32 parts: program ``(n, p)`` splits column block ``n`` of ``b`` into its parts once (:func:`_held_parts`, held in
+    shared memory across the loop) and walks row blocks ``p, p + P, …`` (``P = num_programs(1)``), ``STAGES`` deep
+    (:func:`_held_rows`)."""
+    pid_n = tl.program_id(0)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0)
+    hi0, lo0, hi1, lo1, hi2, lo2, hi3, lo3 = _held_parts(b_ptr, K, offs_n, n_mask, stride_bk, stride_bn, CHUNK, CHUNKS)
+    for tile in tl.range(tl.program_id(1), tl.cdiv(M, BLOCK_M), tl.num_programs(1), num_stages=STAGES):
+        offs_m = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+        m_mask = offs_m < M
+        acc = _held_rows(a_ptr, offs_m, m_mask, K, stride_am, stride_ak, hi0, lo0, hi1, lo1, hi2, lo2, hi3, lo3,
+                        BLOCK_M, BLOCK_N, CHUNK, CHUNKS, SUMS)
+        if HAS_BIAS:
+            acc += bias[None, :]
+        tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :], acc, mask=m_mask[:, None] & n_mask[None, :])
+
 def uses_product(*tensors: torch.Tensor | None) -> bool:
     """Whether products of these float32 tensors run as :func:`product` (:data:`FLOAT32_PRODUCT` set, every
     tensor float32 on a device the kernels run on, not under the reference backend, ``torch.compile`` or
@@ -284,6 +425,29 @@ def _splits(tiles: int, k: int, device: torch.device) -> int:
     return max(1, min(cdiv(SPLIT_TILES_PER_SM * sms, tiles), k // SPLIT_MIN_K))
 
 
+def _held_tiling(m: int, k: int, n: int, precision: str, device: torch.device) -> tuple[int, int, int, int, int] | None:
+    """``(BLOCK_M, BLOCK_N, CHUNK, CHUNKS, programs)`` of :func:`product_held_kernel` for ``[m, k] @ [k, n]``, or
+    None where it does not apply: :data:`HELD_KERNEL` off, not "tf32x3", a reduction deeper than
+    :data:`HELD_MAX_K`, or held parts and pipelined row blocks beyond the device's shared memory per block."""
+    if not HELD_KERNEL or precision != "tf32x3" or k > HELD_MAX_K:
+        return None
+    chunk = max(16, min(HELD_CHUNK_K, next_power_of_2(k)))
+    chunks = cdiv(k, chunk)
+    if chunks > 4:
+        return None
+    block_n = max(16, min(HELD_BLOCK_N, next_power_of_2(n)))
+    block_m = max(16, min(HELD_BLOCK_M, next_power_of_2(m)))
+    facts = device_facts(device)
+    depth = chunks * chunk
+    # the held parts, the row blocks in flight and the store's staging tile, float32, and 1 KB for barriers
+    shared = 4 * (2 * depth * block_n + max(1, HELD_STAGES - 1) * block_m * depth + block_m * block_n) + 1024
+    if facts.kind != "cpu" and shared > facts.smem_per_block_bytes:
+        return None
+    # one wave: programs per column block rounded down (rounded up, the last few would run after the rest)
+    programs = min(cdiv(m, block_m), max(1, HELD_PROGRAMS_PER_SM * facts.sm_count // cdiv(n, block_n)))
+    return block_m, block_n, chunk, chunks, programs
+
+
 def product(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``a @ b (+ bias)`` for float32 ``a [M, K]``, ``b [K, N]`` (any strides: transposed views are read in
     place) and ``bias [N]``: float32 ``[M, N]``, products in :data:`FLOAT32_PRODUCT` precision (module doc).
@@ -306,12 +470,22 @@ def product(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) 
     block_m = max(16, min(PRODUCT_BLOCK_M, next_power_of_2(m)))
     tiles = cdiv(m, block_m) * cdiv(n, block_n)
     splits = _splits(tiles, k, a.device)
+    held = _held_tiling(m, k, n, precision, a.device)
+    if held is not None:
+        block_m, block_n, chunk, chunks, programs = held
+        out = _new((m, n), torch.float32, a.device)
+        product_held_kernel[(cdiv(n, block_n), programs)](
+            a, b, bias, out, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), n,
+            BLOCK_M=block_m, BLOCK_N=block_n, CHUNK=chunk, CHUNKS=chunks, HAS_BIAS=bias is not None,
+            STAGES=HELD_STAGES, SUMS=HELD_SUMS, num_warps=HELD_WARPS,
+        )
+        return out
     if ROWS_KERNEL and splits == 1:
         block_n = max(16, min(ROWS_BLOCK_N, next_power_of_2(n)))
         block_m = max(16, min(ROWS_BLOCK_M, next_power_of_2(m)))
         column_blocks = cdiv(n, block_n)
-        programs = min(cdiv(m, block_m), max(1, cdiv(ROWS_PROGRAMS_PER_SM * device_facts(a.device).sm_count,
-                                                     column_blocks)))
+        sms = device_facts(a.device).sm_count
+        programs = min(cdiv(m, block_m), max(1, ROWS_PROGRAMS_PER_SM * sms // column_blocks))  # one wave
         out = _new((m, n), torch.float32, a.device)
         product_rows_kernel[(column_blocks, programs)](
             a, b, bias, out, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), n,

@@ -107,11 +107,16 @@ def test_linear_gradients_only_where_asked_and_without_autograd(device):
 @pytest.mark.parametrize("m, k, n", [(1, 1, 1), (7, 24, 5), (130, 33, 17), (61, 200, 129), (300, 16, 260),
                                      (2, 4099, 3)])
 @pytest.mark.parametrize("layout", ["rows", "a transposed", "b transposed"])
-@pytest.mark.parametrize("rows_kernel", [True, False])
-def test_product_matches_float64(device, poison, monkeypatch, m, k, n, layout, rows_kernel):
+@pytest.mark.parametrize("kernel", ["held", "rows", "slices"])
+def test_product_matches_float64(device, poison, monkeypatch, m, k, n, layout, kernel):
     """product(a, b, bias) against float64 at odd sizes, with either operand a transposed view read in place,
-    short reductions by the row-block loop (product_rows_kernel, programs walking several row blocks) or by
-    slices, and long ones split (few output tiles: partials summed by column_sum)."""
+    short reductions by the held-parts kernel (product_held_kernel, programs walking several row blocks), the
+    row-block loop (product_rows_kernel) or by slices, and long ones split (few output tiles: partials summed by
+    column_sum)."""
+    rows_kernel = kernel != "slices"
+    monkeypatch.setattr(linear_module, "HELD_KERNEL", kernel == "held")
+    monkeypatch.setattr(linear_module, "HELD_BLOCK_M", 16)
+    monkeypatch.setattr(linear_module, "HELD_PROGRAMS_PER_SM", 1)
     monkeypatch.setattr(linear_module, "ROWS_KERNEL", rows_kernel)
     monkeypatch.setattr(linear_module, "ROWS_BLOCK_M", 16)  # several row blocks per program at these sizes
     monkeypatch.setattr(linear_module, "ROWS_PROGRAMS_PER_SM", 1)
@@ -130,9 +135,26 @@ def test_product_matches_float64(device, poison, monkeypatch, m, k, n, layout, r
         assert out.shape == (m, n) and out.dtype == torch.float32 and out.is_contiguous()
         assert_all_written(out)
         assert_close(out, want + (bias.double() if with_bias else 0), dtype=torch.float32,
-                     name=f"product {m}x{k}x{n} {layout} rows={rows_kernel} bias={with_bias} "
+                     name=f"product {m}x{k}x{n} {layout} {kernel} bias={with_bias} "
                           f"(seed {gen.initial_seed()})")
     assert_close(matmul(a, b), want, dtype=torch.float32, name="matmul")
+
+
+@pytest.mark.parametrize("sums", [0, 1, 2])
+def test_product_held_sums_match_float64(device, poison, monkeypatch, sums):
+    """Every way product_held_kernel sums its TF32 parts' products (HELD_SUMS), one to four reduction chunks, with
+    a bias, against float64."""
+    monkeypatch.setattr(linear_module, "HELD_SUMS", sums)
+    monkeypatch.setattr(linear_module, "HELD_BLOCK_M", 32)
+    gen = fresh_generator(device)
+    for m, k, n in [(97, 128, 80), (33, 70, 16), (5, 9, 130)]:
+        a = torch.randn(m, k, generator=gen, device=device)
+        b = torch.randn(n, k, generator=gen, device=device).t()  # a layer's weight, read transposed
+        bias = torch.randn(n, generator=gen, device=device)
+        out = product(a, b, bias)
+        assert_all_written(out)
+        assert_close(out, a.double() @ b.double() + bias.double(), dtype=torch.float32,
+                     name=f"held sums={sums} {m}x{k}x{n} (seed {gen.initial_seed()})")
 
 
 @pytest.mark.parametrize("backward", [False, True])
@@ -218,14 +240,15 @@ def test_autocast_keeps_torchs_product(device):
 
 
 @pytest.mark.skipif(not COMPILED, reason="TF32 exists on the GPU only (the interpreter's products are exact)")
-@pytest.mark.parametrize("precision", linear_module.PRECISIONS)
-def test_float32_product_accuracy_on_the_gpu(device, monkeypatch, precision):
+@pytest.mark.parametrize("precision, held", [("tf32x3", True), ("tf32x3", False), ("bf16x6", False)])
+def test_float32_product_accuracy_on_the_gpu(device, monkeypatch, precision, held):
     """The tensor-core product in three TF32 parts keeps float32's accuracy: against float64, its error at a
     graph layer's shape is within 4x torch's float32 product's (cuBLAS, FP32 units), where one TF32 part alone
     (plain "tf32") is far off — so the bound would catch a product that lost the remainders."""
     monkeypatch.setattr(linear_module, "FLOAT32_PRODUCT", precision)
+    monkeypatch.setattr(linear_module, "HELD_KERNEL", held)
     gen = fresh_generator(device)
-    for m, k, n in [(20_011, 128, 512), (3001, 602, 64), (512, 20_011, 128)]:
+    for m, k, n in [(20_011, 128, 512), (3001, 602, 64), (512, 20_011, 128), (20_011, 100, 72)]:
         a = torch.randn(m, k, generator=gen, device=device)
         b = torch.randn(k, n, generator=gen, device=device) / k ** 0.5
         want = a.double() @ b.double()
