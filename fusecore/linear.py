@@ -191,8 +191,9 @@ PRECISIONS = ("tf32x3", "bf16x6")  # bf16x6: each operand in three bfloat16 part
 # (:func:`_held_tiling`).  HELD_SUMS: how the parts' products are summed — the tensor cores' own float32 accumulation
 # loses bits that an add on the CUDA cores keeps, so 2 (each chunk's three products from zero, then added: Triton's
 # own tf32x3 order) is as accurate as the row-block kernel, 1 (a second accumulator for the remainders' products) as
-# torch's cuBLAS float32, 0 (one accumulator) twice that.  H200, session 25 (calls 2-3, `.gpu/px_sweep2.py`; b the
-# layers' transposed weight; µs, relative error against float64): [169 343, 128] → 128 / 256 / 512 with the
+# torch's cuBLAS float32, 0 (one accumulator) twice that.  H200, session 25 (call 2; its rows now in
+# tests/fusecore/product_sweep.py; b the layers' transposed weight; µs, relative error against float64):
+# [169 343, 128] → 128 / 256 / 512 with the
 # defaults 86.4 / 164.5 / 325.9 at 1.9-2.2e-7, against the row-block kernel 103.0 / 192.0 / 374.3 (same errors) and
 # cuBLAS 157.8 / 289.2 / 631.7 (4.9-5.4e-7); 64 × 128 tiles at 4 warps: SUMS 0 80.4 / 150.5 / 291.4 (1.1e-6),
 # SUMS 1 83.9 / 155.5 / 297.3 (5.4-6.2e-7), SUMS 2 129.2 / 238.2 / 448.3 (255 registers: spills).  In the layers

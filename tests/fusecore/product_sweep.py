@@ -7,8 +7,9 @@ Every row: the median µs of CUDA-graph replays (``fusecore.timing``), the share
 (operands read once, output written once, at the device's copy bandwidth) and the largest error against a
 float64 product relative to its largest magnitude, torch's beside it.  Configurations are
 ``BLOCK_M,BLOCK_N,BLOCK_K,warps,stages`` of the slice kernel (the split rows also vary ``SPLIT_TILES_PER_SM``)
-and ``BLOCK_M,BLOCK_N,warps,stages,flatten,programs per SM`` of the persistent row-block kernel, set on the
-module's constants.  A tuning tool: the benchmark case is ``core/linears``.
+and ``BLOCK_M,BLOCK_N,warps,stages,flatten,programs per SM`` of the persistent row-block kernel and
+``BLOCK_M,BLOCK_N,warps,stages,programs per SM,HELD_SUMS`` of the held-parts kernel (reductions of at most
+``HELD_MAX_K``), set on the module's constants.  A tuning tool: the benchmark case is ``core/linears``.
 """
 
 from __future__ import annotations
@@ -31,16 +32,21 @@ ROWS_CONFIGS = [
     (128, 64, 4, 5, True, 2, "tf32x3"), (128, 32, 4, 4, True, 3, "tf32x3"), (128, 64, 4, 4, False, 2, "tf32x3"),
     (256, 64, 8, 3, True, 1, "tf32x3"), (128, 128, 8, 4, True, 1, "bf16x6"),
 ]
-# name: (M, K, N, a transposed) — a [M, K] @ b [K, N]
+# held-parts kernel (product_held_kernel, reductions up to HELD_MAX_K): BLOCK_M, BLOCK_N, warps, stages, programs per
+# SM, HELD_SUMS
+HELD_CONFIGS = [(128, 64, 8, 3, 1, 2), (64, 64, 4, 2, 2, 2), (64, 128, 4, 3, 1, 1), (64, 128, 4, 3, 1, 0)]
+# name: (M, K, N, a transposed, b a transposed view) — a [M, K] @ b [K, N]; the layers' forward reads b = Wᵀ
 SHAPES = {
-    "GAT fwd arxiv 128->128": (169_343, 128, 128, False),
-    "GATv2 fwd arxiv 128->256": (169_343, 128, 256, False),
-    "TR fwd arxiv 128->512": (169_343, 128, 512, False),
-    "TR dx arxiv 512->128": (169_343, 512, 128, False),
+    "GAT fwd arxiv 128->128": (169_343, 128, 128, False, True),
+    "GATv2 fwd arxiv 128->256": (169_343, 128, 256, False, True),
+    "TR fwd arxiv 128->512": (169_343, 128, 512, False, True),
+    "TR fwd arxiv 128->512, b row-major": (169_343, 128, 512, False, False),
+    "TR dx arxiv 512->128": (169_343, 512, 128, False, False),
 }
 SETTINGS = ("PRODUCT_BLOCK_M", "PRODUCT_BLOCK_N", "PRODUCT_BLOCK_K", "PRODUCT_WARPS", "PRODUCT_STAGES",
             "SPLIT_TILES_PER_SM", "SPLIT_MIN_K", "FLOAT32_PRODUCT", "ROWS_KERNEL", "ROWS_BLOCK_M", "ROWS_BLOCK_N",
-            "ROWS_WARPS", "ROWS_STAGES", "ROWS_FLATTEN", "ROWS_PROGRAMS_PER_SM")
+            "ROWS_WARPS", "ROWS_STAGES", "ROWS_FLATTEN", "ROWS_PROGRAMS_PER_SM", "HELD_KERNEL", "HELD_BLOCK_M",
+            "HELD_BLOCK_N", "HELD_WARPS", "HELD_STAGES", "HELD_PROGRAMS_PER_SM", "HELD_SUMS")
 
 
 def _row(label: str, impl: str, fn, want: torch.Tensor, floor_us: float, **extra) -> None:
@@ -62,9 +68,16 @@ def _sweep(label: str, a: torch.Tensor, b: torch.Tensor, transposed: bool, quick
     if transposed:  # the ∂W products: their reduction over the rows is split
         splits = [(2, 1024), (4, 1024)]
     rows = [] if transposed else [(cfg, None) for cfg in (ROWS_CONFIGS[:1] if quick else ROWS_CONFIGS)]
-    for config, split in [*[(cfg, sp) for cfg in configs for sp in splits], *rows]:
+    held = [] if transposed or k > L.HELD_MAX_K else [(cfg, "held") for cfg in (HELD_CONFIGS[:1] if quick
+                                                                                  else HELD_CONFIGS)]
+    for config, split in [*[(cfg, sp) for cfg in configs for sp in splits], *rows, *held]:
         try:
-            if split is not None or transposed:
+            L.HELD_KERNEL = split == "held"
+            if split == "held":
+                (L.HELD_BLOCK_M, L.HELD_BLOCK_N, L.HELD_WARPS, L.HELD_STAGES, L.HELD_PROGRAMS_PER_SM,
+                 L.HELD_SUMS) = config
+                impl, extra = "product (held parts)", {"config": ",".join(map(str, config))}
+            elif split is not None or transposed:
                 bm, bn, bk, warps, stages = config
                 L.ROWS_KERNEL = False
                 L.PRODUCT_BLOCK_M, L.PRODUCT_BLOCK_N, L.PRODUCT_BLOCK_K = bm, bn, bk
@@ -93,12 +106,13 @@ def main(argv: list[str]) -> int:
     gen = torch.Generator(device=device).manual_seed(3)
     saved = {name: getattr(L, name) for name in SETTINGS}
     print(f"# {torch.cuda.get_device_name()} — fusecore.linear.product sweep; defaults {saved}", flush=True)
-    for label, (m, k, n, transposed) in SHAPES.items():
+    for label, (m, k, n, transposed, b_transposed) in SHAPES.items():
         if quick:
             m, k = (min(m, 4096), k) if not transposed else (m, min(k, 8192))
         a = torch.randn(k, m, device=device, generator=gen).t() if transposed else \
             torch.randn(m, k, device=device, generator=gen)
-        b = torch.randn(k, n, device=device, generator=gen) / k ** 0.5
+        b = (torch.randn(n, k, device=device, generator=gen).t() if b_transposed else
+             torch.randn(k, n, device=device, generator=gen)) / k ** 0.5
         _sweep(label, a, b, transposed, quick, bandwidth, saved)
     return 0
 
