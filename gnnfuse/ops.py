@@ -1199,7 +1199,8 @@ def _addend_grad(ctx, grad_out: torch.Tensor, bias_sum: torch.Tensor | None) -> 
     if ctx.add_per_node:
         return grad_out.to(ctx.add_dtype).view(ctx.add_shape)
     if bias_sum is None:
-        bias_sum = grad_out.sum(0, dtype=accumulation_dtype(grad_out.dtype))
+        rows = grad_out.reshape(grad_out.shape[0], -1)
+        bias_sum = column_sum(rows, accumulation_dtype(grad_out.dtype)).view(grad_out.shape[1:])
     return bias_sum.to(ctx.add_dtype).view(ctx.add_shape)
 
 

@@ -384,3 +384,23 @@ def test_peak_memory_stays_far_below_one_edge_feature_tensor(gen, device, name):
     node_feature_bytes = n * heads * dim * 4
     edge_bytes = 3 * e * heads * 4 + 4 * e * EDGE_DIM * 4
     assert peak < 12 * node_feature_bytes + edge_bytes < e * heads * dim * 4 / 2
+
+
+@pytest.mark.parametrize("name", ["gat", "transformer", "transformer+edge"])
+def test_addend_gradient_alone(gen, device, name):
+    """Only the ``[H, D]`` addend (a bias) asks for a gradient, so the attention's backward does not run: ``∂bias =
+    Σ_n g_n``, summed by fusecore's column sum (``ops._addend_grad``), against float64; no other gradient."""
+    graph = Graph(corner_case_edges(gen).to(device), 29)
+    if name == "gat":
+        shapes = [(graph.num_nodes, 3, 5), (1, 3, 5), (1, 3, 5)]
+        leaves = [torch.randn(s, generator=gen).to(device) for s in shapes]
+        fused = ops.gat
+    else:
+        leaves = make_leaves(OPS[name], graph, 3, 5, torch.float32, device, gen)
+        fused = OPS[name].fused
+    bias = torch.randn(3 * 5, generator=gen).to(device).requires_grad_(True)
+    out = fused(graph, *leaves, schedule=SCHEDULES["mixed"], out_add=bias)
+    grad = torch.randn(out.shape, generator=gen).to(device)
+    out.backward(grad)
+    assert bias.grad.shape == bias.shape and all(t.grad is None for t in leaves)
+    assert_close(bias.grad, grad.double().sum(0).flatten(), tol=TOLERANCES[torch.float32], name=f"{name} ∂bias")
