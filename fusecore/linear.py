@@ -191,7 +191,8 @@ PRECISIONS = ("tf32x3", "bf16x6")  # bf16x6: each operand in three bfloat16 part
 # (:func:`_held_tiling`).  HELD_SUMS: how the parts' products are summed — the tensor cores' own float32 accumulation
 # loses bits that an add on the CUDA cores keeps, so 2 (each chunk's three products from zero, then added: Triton's
 # own tf32x3 order) is as accurate as the row-block kernel, 1 (a second accumulator for the remainders' products) as
-# torch's cuBLAS float32, 0 (one accumulator) twice that.  H200, session 25 (call 2; its rows now in
+# torch's cuBLAS float32; summing all three into one accumulator (measured as SUMS 0, removed) was twice that, and
+# could not keep an infinite input's remainders (inf · 0) out of its result.  H200, session 25 (call 2; its rows now in
 # tests/fusecore/product_sweep.py; b the layers' transposed weight; µs, relative error against float64):
 # [169 343, 128] → 128 / 256 / 512 with the
 # defaults 86.4 / 164.5 / 325.9 at 1.9-2.2e-7, against the row-block kernel 103.0 / 192.0 / 374.3 (same errors) and
@@ -208,7 +209,7 @@ HELD_BLOCK_N = 64
 HELD_WARPS = 8
 HELD_STAGES = 3
 HELD_PROGRAMS_PER_SM = 1
-HELD_SUMS = 2  # 0: every part into one accumulator; 1: the remainders' products in a second; 2: per chunk, then added
+HELD_SUMS = 2  # 1: the remainders' products in an accumulator of their own; 2: per chunk from zero, then added
 
 
 @jit
@@ -283,12 +284,21 @@ def product_rows_kernel(a_ptr, b_ptr, bias_ptr, c_ptr, M, N, K, stride_am, strid
 @jit
 def _tf32_parts(x):
     """``(hi, lo)``: ``hi`` = float32 ``x`` rounded to TF32 (10 fraction bits; to nearest, ties away from zero;
-    truncated where rounding would overflow), ``lo = x - hi`` exactly (0 where ``x`` is not finite); the tensor
+    truncated where rounding would overflow; infinities kept, NaN as the quiet NaN ``0x7FC00000``, which the tensor
+    cores, reading 19 bits, still see as NaN), ``lo = x - hi`` exactly (0 where ``x`` is not finite); the tensor
     cores read ``hi`` exactly and ``lo`` to 11 significant bits."""
     bits = x.to(tl.uint32, bitcast=True)
     magnitude = bits & 0x7FFFFFFF
-    hi = tl.where(magnitude < 0x7F7FF000, (bits + 0x1000) & 0xFFFFE000, bits & 0xFFFFE000).to(tl.float32, bitcast=True)
+    hi = tl.where(magnitude < 0x7F7FF000, (bits + 0x1000) & 0xFFFFE000, bits & 0xFFFFE000)
+    hi = tl.where(magnitude > 0x7F800000, 0x7FC00000, hi).to(tl.float32, bitcast=True)
     return hi, tl.where(magnitude < 0x7F800000, x - hi, 0.0)
+
+
+@jit
+def _finite_or_zero(x):
+    """``x`` where finite, else 0: the remainders' products of an infinite input (``±inf · 0`` is NaN, ``+inf`` and
+    ``-inf`` parts cancel to NaN) — its ``hi · hi`` product carries the infinity (or NaN) as torch's product has it."""
+    return tl.where(tl.abs(x) < float("inf"), x, 0.0)
 
 
 @jit
@@ -321,23 +331,20 @@ def _held_parts(b_ptr, K, offs_n, n_mask, stride_bk, stride_bn, CHUNK: tl.conste
 def _held_chunk(a_ptr, offs_m, m_mask, k0, K, stride_am, stride_ak, b_hi, b_lo, big, small,
                 CHUNK: tl.constexpr, SUMS: tl.constexpr):
     """Adds chunk ``[k0, k0 + CHUNK)`` of ``a[offs_m] @ b`` to the accumulators ``(big, small)``: ``a_hi·b_hi`` to
-    ``big`` and the remainders' products ``a_lo·b_hi + a_hi·b_lo`` to ``small`` (``SUMS`` 1), all to ``big``
-    (``SUMS`` 0), or the chunk's three products summed from zero and then added to ``big`` (``SUMS`` 2)."""
+    ``big`` and the remainders' products ``a_lo·b_hi + a_hi·b_lo`` to ``small`` (``SUMS`` 1), or the chunk's
+    remainders' products summed from zero, then its ``a_hi·b_hi`` onto them, then that added to ``big`` (``SUMS`` 2,
+    Triton's tf32x3 order); non-finite remainder sums count as 0 (:func:`_finite_or_zero`)."""
     offs_k = k0 + tl.arange(0, CHUNK)
     a = tl.load(a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak,
                 mask=m_mask[:, None] & (offs_k < K)[None, :], other=0.0)
     a_hi, a_lo = _tf32_parts(a)
-    if SUMS == 0:
-        big = tl.dot(a_lo, b_hi, big, input_precision="tf32")
-        big = tl.dot(a_hi, b_lo, big, input_precision="tf32")
-        big = tl.dot(a_hi, b_hi, big, input_precision="tf32")
-    elif SUMS == 1:
+    if SUMS == 1:
         small = tl.dot(a_lo, b_hi, small, input_precision="tf32")
         small = tl.dot(a_hi, b_lo, small, input_precision="tf32")
         big = tl.dot(a_hi, b_hi, big, input_precision="tf32")
     else:
         part = tl.dot(a_lo, b_hi, tl.zeros_like(big), input_precision="tf32")
-        part = tl.dot(a_hi, b_lo, part, input_precision="tf32")
+        part = _finite_or_zero(tl.dot(a_hi, b_lo, part, input_precision="tf32"))
         big += tl.dot(a_hi, b_hi, part, input_precision="tf32")
     return big, small
 
@@ -362,7 +369,7 @@ def _held_rows(a_ptr, offs_m, m_mask, K, stride_am, stride_ak, hi0, lo0, hi1, lo
         big, small = _held_chunk(a_ptr, offs_m, m_mask, 3 * CHUNK, K, stride_am, stride_ak, hi3, lo3, big, small,
                                  CHUNK, SUMS)
     if SUMS == 1:
-        big += small
+        big += _finite_or_zero(small)
     return big
 
 
@@ -430,6 +437,8 @@ def _held_tiling(m: int, k: int, n: int, precision: str, device: torch.device) -
     """``(BLOCK_M, BLOCK_N, CHUNK, CHUNKS, programs)`` of :func:`product_held_kernel` for ``[m, k] @ [k, n]``, or
     None where it does not apply: :data:`HELD_KERNEL` off, not "tf32x3", a reduction deeper than
     :data:`HELD_MAX_K`, or held parts and pipelined row blocks beyond the device's shared memory per block."""
+    if HELD_SUMS not in (1, 2):
+        raise ValueError(f"fusecore.linear.HELD_SUMS must be 1 or 2, got {HELD_SUMS!r}")
     if not HELD_KERNEL or precision != "tf32x3" or k > HELD_MAX_K:
         return None
     chunk = max(16, min(HELD_CHUNK_K, next_power_of_2(k)))

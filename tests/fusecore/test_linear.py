@@ -140,7 +140,7 @@ def test_product_matches_float64(device, poison, monkeypatch, m, k, n, layout, k
     assert_close(matmul(a, b), want, dtype=torch.float32, name="matmul")
 
 
-@pytest.mark.parametrize("sums", [0, 1, 2])
+@pytest.mark.parametrize("sums", [1, 2])
 def test_product_held_sums_match_float64(device, poison, monkeypatch, sums):
     """Every way product_held_kernel sums its TF32 parts' products (HELD_SUMS), one to four reduction chunks, with
     a bias, against float64."""
@@ -155,6 +155,38 @@ def test_product_held_sums_match_float64(device, poison, monkeypatch, sums):
         assert_all_written(out)
         assert_close(out, a.double() @ b.double() + bias.double(), dtype=torch.float32,
                      name=f"held sums={sums} {m}x{k}x{n} (seed {gen.initial_seed()})")
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the interpreter's inf - inf
+@pytest.mark.parametrize("sums", [1, 2])
+def test_product_held_non_finite_inputs_as_torch(device, poison, monkeypatch, sums):
+    """Infinities and NaN (one whose payload sits in the 13 bits TF32 drops) in either operand give torch's ±inf and
+    NaN: the remainders of an infinite value (its ``inf · 0`` products) never reach the result, a NaN stays NaN."""
+    monkeypatch.setattr(linear_module, "HELD_SUMS", sums)
+    gen = fresh_generator(device)
+    m, k, n = 19, 40, 24
+    a = torch.randn(m, k, generator=gen, device=device)
+    weight = torch.randint(-3, 4, (n, k), generator=gen, device=device).float()  # exact in TF32: remainders 0
+    weight[5] += 0.999  # rounds up in TF32: a negative remainder beside a positive part
+    low_nan = torch.tensor([0x7F800001], dtype=torch.int32, device=device).view(torch.float32)
+    a[2, 3], a[7, 0], a[11, 39] = float("inf"), float("-inf"), low_nan
+    weight[:, 0] = 1.0  # -inf · 1 in every column of row 7
+    b = weight.t()
+    out = product(a, b)
+    want = a @ b if device.type == "cpu" else (a.double() @ b.double()).float()
+    assert torch.equal(torch.isnan(out), torch.isnan(want)), "NaN where torch's product has none, or the reverse"
+    infinite = torch.isinf(want)
+    assert torch.equal(torch.isinf(out), infinite) and torch.equal(out[infinite], want[infinite])
+    finite = torch.isfinite(want)
+    assert_close(out[finite], (a.double() @ b.double())[finite], dtype=torch.float32,
+                 name=f"finite entries sums={sums}")
+
+
+def test_product_held_sums_setting_is_checked(device, monkeypatch):
+    monkeypatch.setattr(linear_module, "HELD_SUMS", 0)
+    a = torch.ones(4, 8, device=device)
+    with pytest.raises(ValueError, match="HELD_SUMS must be 1 or 2"):
+        product(a, a.t())
 
 
 @pytest.mark.parametrize("backward", [False, True])
