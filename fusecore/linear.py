@@ -200,7 +200,8 @@ PRECISIONS = ("tf32x3", "bf16x6")  # bf16x6: each operand in three bfloat16 part
 # SUMS 1 83.9 / 155.5 / 297.3 (5.4-6.2e-7), SUMS 2 129.2 / 238.2 / 448.3 (255 registers: spills).  In the layers
 # (replayed, HEAD's row-block kernel in the same calls): Transformer fp32 forward 785.2 against 844.1 µs, GATv2 fp32
 # 525.3 against 563.7.  GAT's fused projection (all 128 columns and the node scores in one program) on these parts:
-# 140 µs with SUMS 2, 115 with SUMS 1, against its slice kernel's 118 — not taken.
+# 140 µs with SUMS 2, 115 with SUMS 1, against its slice kernel's 118 — not taken.  The non-finite guards
+# (:func:`_finite_or_zero`, NaN through :func:`_tf32_parts`) came after these timings (two selects; not re-timed).
 HELD_KERNEL = True
 HELD_MAX_K = 128
 HELD_CHUNK_K = 32
