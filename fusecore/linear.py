@@ -194,8 +194,8 @@ PRECISIONS = ("tf32x3", "bf16x6")  # bf16x6: each operand in three bfloat16 part
 # torch's cuBLAS float32; summing all three into one accumulator (measured as SUMS 0, removed) was twice that, and
 # could not keep an infinite input's remainders (inf · 0) out of its result.  H200, session 25 (call 2; its rows now in
 # tests/fusecore/product_sweep.py; b the layers' transposed weight; µs, relative error against float64):
-# [169 343, 128] → 128 / 256 / 512 with the
-# defaults 86.4 / 164.5 / 325.9 at 1.9-2.2e-7, against the row-block kernel 103.0 / 192.0 / 374.3 (same errors) and
+# [169 343, 128] → 128 / 256 / 512 with the defaults 86.4 / 164.5 / 325.9 at 1.9-2.2e-7, against the row-block
+# kernel 103.0 / 192.0 / 374.3 (same errors) and
 # cuBLAS 157.8 / 289.2 / 631.7 (4.9-5.4e-7); 64 × 128 tiles at 4 warps: SUMS 0 80.4 / 150.5 / 291.4 (1.1e-6),
 # SUMS 1 83.9 / 155.5 / 297.3 (5.4-6.2e-7), SUMS 2 129.2 / 238.2 / 448.3 (255 registers: spills).  In the layers
 # (replayed, HEAD's row-block kernel in the same calls): Transformer fp32 forward 785.2 against 844.1 µs, GATv2 fp32
@@ -397,6 +397,7 @@ def product_held_kernel(a_ptr, b_ptr, bias_ptr, c_ptr, M, N, K, stride_am, strid
             acc += bias[None, :]
         tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :], acc, mask=m_mask[:, None] & n_mask[None, :])
 
+
 def uses_product(*tensors: torch.Tensor | None) -> bool:
     """Whether products of these float32 tensors run as :func:`product` (:data:`FLOAT32_PRODUCT` set, every
     tensor float32 on a device the kernels run on, not under the reference backend, ``torch.compile`` or
@@ -477,10 +478,6 @@ def product(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) 
         out = torch.zeros((m, n), dtype=torch.float32, device=a.device)
         return out if bias is None else out + bias
     precision = dot_precision(torch.float32)
-    block_n = max(16, min(PRODUCT_BLOCK_N, next_power_of_2(n)))
-    block_m = max(16, min(PRODUCT_BLOCK_M, next_power_of_2(m)))
-    tiles = cdiv(m, block_m) * cdiv(n, block_n)
-    splits = _splits(tiles, k, a.device)
     held = _held_tiling(m, k, n, precision, a.device)
     if held is not None:
         block_m, block_n, chunk, chunks, programs = held
@@ -491,6 +488,10 @@ def product(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) 
             STAGES=HELD_STAGES, SUMS=HELD_SUMS, num_warps=HELD_WARPS,
         )
         return out
+    block_n = max(16, min(PRODUCT_BLOCK_N, next_power_of_2(n)))
+    block_m = max(16, min(PRODUCT_BLOCK_M, next_power_of_2(m)))
+    tiles = cdiv(m, block_m) * cdiv(n, block_n)
+    splits = _splits(tiles, k, a.device)
     if ROWS_KERNEL and splits == 1:
         block_n = max(16, min(ROWS_BLOCK_N, next_power_of_2(n)))
         block_m = max(16, min(ROWS_BLOCK_M, next_power_of_2(m)))
