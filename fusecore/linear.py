@@ -188,7 +188,7 @@ PRECISIONS = ("tf32x3", "bf16x6")  # bf16x6: each operand in three bfloat16 part
 # (at most HELD_MAX_K / HELD_CHUNK_K of them, coded out: a chunk's parts are values, not memory), HELD_WARPS warps,
 # HELD_STAGES row blocks' loads in flight, HELD_PROGRAMS_PER_SM programs per multiprocessor in all (one wave: rounded
 # down per column block).  Only where the held parts and the pipelined row blocks fit the device's shared memory
-# (:func:`_held_tiling`).  HELD_SUMS: how the parts' products are summed — the tensor cores' own float32 accumulation
+# (:func:`held_tiling`).  HELD_SUMS: how the parts' products are summed — the tensor cores' own float32 accumulation
 # loses bits that an add on the CUDA cores keeps, so 2 (each chunk's three products from zero, then added: Triton's
 # own tf32x3 order) is as accurate as the row-block kernel, 1 (a second accumulator for the remainders' products) as
 # torch's cuBLAS float32; summing all three into one accumulator (measured as SUMS 0, removed) was twice that, and
@@ -312,8 +312,8 @@ def _held_chunk_parts(b_ptr, k0, K, offs_n, n_mask, stride_bk, stride_bn, CHUNK:
 
 
 @jit
-def _held_parts(b_ptr, K, offs_n, n_mask, stride_bk, stride_bn, CHUNK: tl.constexpr, CHUNKS: tl.constexpr):
-    """The TF32 parts of float32 ``b[:K, offs_n]`` (``K ≤ CHUNKS · CHUNK``, ``CHUNKS`` ≤ 4) for :func:`_held_rows`:
+def held_parts(b_ptr, K, offs_n, n_mask, stride_bk, stride_bn, CHUNK: tl.constexpr, CHUNKS: tl.constexpr):
+    """The TF32 parts of float32 ``b[:K, offs_n]`` (``K ≤ CHUNKS · CHUNK``, ``CHUNKS`` ≤ 4) for :func:`held_rows`:
     ``(hi_0, lo_0, …, hi_3, lo_3)``, chunk ``j`` rows ``[j · CHUNK, (j + 1) · CHUNK)`` (rows past ``K`` and masked
     columns zero; chunks past ``CHUNKS`` repeat chunk 0 and are never read).  Computed before a loop, the parts stay
     in shared memory for all of it."""
@@ -351,10 +351,10 @@ def _held_chunk(a_ptr, offs_m, m_mask, k0, K, stride_am, stride_ak, b_hi, b_lo, 
 
 
 @jit
-def _held_rows(a_ptr, offs_m, m_mask, K, stride_am, stride_ak, hi0, lo0, hi1, lo1, hi2, lo2, hi3, lo3,
+def held_rows(a_ptr, offs_m, m_mask, K, stride_am, stride_ak, hi0, lo0, hi1, lo1, hi2, lo2, hi3, lo3,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNK: tl.constexpr, CHUNKS: tl.constexpr,
               SUMS: tl.constexpr):
-    """``a[offs_m, :K] @ b`` as float32 ``[BLOCK_M, BLOCK_N]`` from :func:`_held_parts`' parts of ``b``: ``a`` (float32,
+    """``a[offs_m, :K] @ b`` as float32 ``[BLOCK_M, BLOCK_N]`` from :func:`held_parts`' parts of ``b``: ``a`` (float32,
     masked rows zero) split into TF32 parts in registers, ``a_hi·b_hi + (a_lo·b_hi + a_hi·b_lo)`` on the tensor
     cores (module doc), ``SUMS`` as :data:`HELD_SUMS`."""
     big = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -379,19 +379,19 @@ def product_held_kernel(a_ptr, b_ptr, bias_ptr, c_ptr, M, N, K, stride_am, strid
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNK: tl.constexpr, CHUNKS: tl.constexpr,
                         HAS_BIAS: tl.constexpr, STAGES: tl.constexpr, SUMS: tl.constexpr):
     """``c[m, n] = Σ_k a[m, k] · b[k, n] (+ bias[n])`` for ``K ≤ CHUNKS · CHUNK`` (``CHUNKS`` ≤ 4), products in three
-    TF32 parts: program ``(n, p)`` splits column block ``n`` of ``b`` into its parts once (:func:`_held_parts`, held in
+    TF32 parts: program ``(n, p)`` splits column block ``n`` of ``b`` into its parts once (:func:`held_parts`, held in
     shared memory across the loop) and walks row blocks ``p, p + P, …`` (``P = num_programs(1)``), ``STAGES`` deep
-    (:func:`_held_rows`)."""
+    (:func:`held_rows`)."""
     pid_n = tl.program_id(0)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
     if HAS_BIAS:
         bias = tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0)
-    hi0, lo0, hi1, lo1, hi2, lo2, hi3, lo3 = _held_parts(b_ptr, K, offs_n, n_mask, stride_bk, stride_bn, CHUNK, CHUNKS)
+    hi0, lo0, hi1, lo1, hi2, lo2, hi3, lo3 = held_parts(b_ptr, K, offs_n, n_mask, stride_bk, stride_bn, CHUNK, CHUNKS)
     for tile in tl.range(tl.program_id(1), tl.cdiv(M, BLOCK_M), tl.num_programs(1), num_stages=STAGES):
         offs_m = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
         m_mask = offs_m < M
-        acc = _held_rows(a_ptr, offs_m, m_mask, K, stride_am, stride_ak, hi0, lo0, hi1, lo1, hi2, lo2, hi3, lo3,
+        acc = held_rows(a_ptr, offs_m, m_mask, K, stride_am, stride_ak, hi0, lo0, hi1, lo1, hi2, lo2, hi3, lo3,
                         BLOCK_M, BLOCK_N, CHUNK, CHUNKS, SUMS)
         if HAS_BIAS:
             acc += bias[None, :]
@@ -435,7 +435,7 @@ def _splits(tiles: int, k: int, device: torch.device) -> int:
     return max(1, min(cdiv(SPLIT_TILES_PER_SM * sms, tiles), k // SPLIT_MIN_K))
 
 
-def _held_tiling(m: int, k: int, n: int, precision: str, device: torch.device) -> tuple[int, int, int, int, int] | None:
+def held_tiling(m: int, k: int, n: int, precision: str, device: torch.device) -> tuple[int, int, int, int, int] | None:
     """``(BLOCK_M, BLOCK_N, CHUNK, CHUNKS, programs)`` of :func:`product_held_kernel` for ``[m, k] @ [k, n]``, or
     None where it does not apply: :data:`HELD_KERNEL` off, not "tf32x3", a reduction deeper than
     :data:`HELD_MAX_K`, or held parts and pipelined row blocks beyond the device's shared memory per block."""
@@ -478,7 +478,7 @@ def product(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) 
         out = torch.zeros((m, n), dtype=torch.float32, device=a.device)
         return out if bias is None else out + bias
     precision = dot_precision(torch.float32)
-    held = _held_tiling(m, k, n, precision, a.device)
+    held = held_tiling(m, k, n, precision, a.device)
     if held is not None:
         block_m, block_n, chunk, chunks, programs = held
         out = _new((m, n), torch.float32, a.device)

@@ -37,6 +37,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from fusecore import DevicePhiloxStream, PhiloxStream, backend, cdiv, next_power_of_2
+from fusecore import linear as linear_module
 from fusecore.linear import column_sum, dot_precision, linear, matmul, uses_product
 from fusecore.plan import MIN_DOT
 
@@ -1395,6 +1396,10 @@ def _node_scores_forward(wh: torch.Tensor, attn_l: torch.Tensor, attn_r: torch.T
 # bytes apart: no vector loads) the layer's forward took 2.643 against session 9's 2.537 ms unfused,
 # hence the alignment condition (not re-timed with it).
 FUSED_PROJECTION = True
+# float32 projections with a reduction of at most fusecore.linear.HELD_MAX_K: fusecore.linear's held-parts product
+# with the node scores in each column block's epilogue (gnnfuse/kernels/projection.py), where the slice kernel
+# splits W into its TF32 parts again for every slice.
+PROJECTION_HELD = True
 PROJECTION_MAX_COLUMNS = 256
 PROJECTION_BLOCK_M = 64  # nodes per program
 PROJECTION_BLOCK_F = 64  # input features per tl.dot
@@ -1413,18 +1418,40 @@ def fuses_projection(x: torch.Tensor, weight: torch.Tensor, heads: int, head_dim
             and x.stride(0) * x.element_size() % 16 == 0 and x.data_ptr() % 16 == 0)  # 16-byte rows: vector loads
 
 
+def _projection_held_tiling(x: torch.Tensor, weight: torch.Tensor, heads: int,
+                            head_dim: int) -> tuple[int, int, int, int, int] | None:
+    """fusecore.linear's held-parts tiling of the float32 projection ``[N, F] @ [F, H·D]`` where
+    :func:`_projection_scores` runs it (:data:`PROJECTION_HELD`): its column blocks whole heads (``D`` a power of two
+    dividing the block width, which divides ``H·D``); else None (the slice kernel)."""
+    if not PROJECTION_HELD or x.dtype != torch.float32:
+        return None
+    width = heads * head_dim
+    held = linear_module.held_tiling(x.shape[0], x.shape[1], width, dot_precision(x.dtype), x.device)
+    if held is None or head_dim & (head_dim - 1) or held[1] % head_dim or width % held[1]:
+        return None
+    return held
+
+
 def _projection_scores(x: torch.Tensor, weight: torch.Tensor, attn_l: torch.Tensor, attn_r: torch.Tensor,
                        heads: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(wh [N, H, D], el, er [N, H])``: ``wh = x Wᵀ`` and its node scores in one kernel
     (:func:`fuses_projection` says where it applies)."""
-    from .kernels.projection import projection_scores_kernel
+    from .kernels.projection import projection_scores_held_kernel, projection_scores_kernel
 
     num_nodes, in_feats = x.shape
     wh = _new_output((num_nodes, heads, head_dim), x.dtype, x.device)
     acc = accumulation_dtype(x.dtype)
     el = _new_output((num_nodes, heads), acc, x.device)
     er = _new_output((num_nodes, heads), acc, x.device)
-    if num_nodes:
+    held = _projection_held_tiling(x, weight, heads, head_dim)
+    if num_nodes and held is not None:
+        block_m, block_n, chunk, chunks, programs = held
+        projection_scores_held_kernel[(heads * head_dim // block_n, programs)](
+            x, weight.contiguous(), attn_l.contiguous(), attn_r.contiguous(), wh, el, er, num_nodes, in_feats,
+            x.stride(0), heads, D=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, CHUNK=chunk, CHUNKS=chunks,
+            STAGES=linear_module.HELD_STAGES, SUMS=linear_module.HELD_SUMS, num_warps=linear_module.HELD_WARPS,
+        )
+    elif num_nodes:
         block_h, block_d = next_power_of_2(heads), next_power_of_2(head_dim)
         # PROJECTION_BLOCK_M rows up to 128 columns, fewer beyond: the accumulator's registers stay put
         block_m = max(MIN_DOT, PROJECTION_BLOCK_M * 128 // max(128, block_h * block_d))

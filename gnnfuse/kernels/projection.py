@@ -11,11 +11,17 @@ powers of two): the product is a ``tl.dot`` over ``BLOCK_F``-wide slices of the 
 scores are per-head sums of the accumulator tile before it leaves registers.  Bytes: ``x`` read
 once, ``W`` once per program (from L2), ``Wh`` and the two ``[N, H]`` scores written once — the
 same as the projection alone, where a separate node-score pass reads ``Wh`` again.
+
+float32 with a short reduction (:func:`projection_scores_held_kernel`): fusecore.linear's held-parts
+product (``W``'s column block split into its TF32 parts once per program and held in shared memory
+while the program walks row blocks), its column blocks whole heads wide, so each block's heads get
+their scores in the block's own epilogue.
 """
 
 import triton.language as tl
 
 from fusecore.backend import jit
+from fusecore.linear import held_parts, held_rows
 
 from .tiles import flat_head_tile, head_tile
 
@@ -55,3 +61,36 @@ def projection_scores_kernel(
     rh_mask = m_mask[:, None] & (offs_h[None, :] < H)
     tl.store(el_ptr + rh_offs, tl.sum(wh3 * attn_l[None, :, :], axis=2), mask=rh_mask)
     tl.store(er_ptr + rh_offs, tl.sum(wh3 * attn_r[None, :, :], axis=2), mask=rh_mask)
+
+
+@jit
+def projection_scores_held_kernel(
+    x_ptr, w_ptr, attn_l_ptr, attn_r_ptr, wh_ptr, el_ptr, er_ptr, num_nodes, F, stride_x, H,
+    D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNK: tl.constexpr, CHUNKS: tl.constexpr,
+    STAGES: tl.constexpr, SUMS: tl.constexpr,
+):
+    """float32 ``x [N, F]`` (row stride ``stride_x``, unit column stride, ``F ≤ CHUNKS · CHUNK``), ``W [H·D, F]``
+    contiguous, ``attn_l``, ``attn_r`` ``H·D`` contiguous, ``Wh [N, H, D]`` contiguous, ``el``, ``er`` float32
+    ``[N, H]``; ``D`` a power of two dividing ``BLOCK_N``, which divides ``H·D``.  Program ``(c, p)`` owns columns
+    ``[c · BLOCK_N, (c + 1) · BLOCK_N)`` — heads ``c · BLOCK_N / D`` onwards — holds their TF32 parts of ``Wᵀ``
+    (fusecore.linear ``held_parts``) and walks row blocks ``p, p + P, …`` ``STAGES`` deep (``held_rows``,
+    ``SUMS`` as fusecore.linear.HELD_SUMS); each block's scores are its heads' sums of the product tile."""
+    HEADS: tl.constexpr = BLOCK_N // D
+    pid_n = tl.program_id(0)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < H * D
+    # b = Wᵀ [F, H·D] read in place: b[k, n] = W[n, k]
+    hi0, lo0, hi1, lo1, hi2, lo2, hi3, lo3 = held_parts(w_ptr, F, offs_n, n_mask, 1, F, CHUNK, CHUNKS)
+    offs_h = pid_n * HEADS + tl.arange(0, HEADS)
+    for tile in tl.range(tl.program_id(1), tl.cdiv(num_nodes, BLOCK_M), tl.num_programs(1), num_stages=STAGES):
+        offs_m = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+        m_mask = offs_m < num_nodes
+        acc = held_rows(x_ptr, offs_m, m_mask, F, stride_x, 1, hi0, lo0, hi1, lo1, hi2, lo2, hi3, lo3,
+                         BLOCK_M, BLOCK_N, CHUNK, CHUNKS, SUMS)
+        tl.store(wh_ptr + offs_m[:, None] * (H * D) + offs_n[None, :], acc, mask=m_mask[:, None])
+        wh3 = tl.reshape(acc, (BLOCK_M, HEADS, D))
+        attn_l = tl.reshape(tl.load(attn_l_ptr + offs_n), (HEADS, D))  # in the loop: no registers held across it
+        attn_r = tl.reshape(tl.load(attn_r_ptr + offs_n), (HEADS, D))
+        rh_offs = offs_m[:, None] * H + offs_h[None, :]
+        tl.store(el_ptr + rh_offs, tl.sum(wh3 * attn_l[None, :, :], axis=2), mask=m_mask[:, None])
+        tl.store(er_ptr + rh_offs, tl.sum(wh3 * attn_r[None, :, :], axis=2), mask=m_mask[:, None])

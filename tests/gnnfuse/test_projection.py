@@ -58,6 +58,54 @@ def test_projection_scores_matches_float64(dtype, num_nodes, in_feats, heads, he
         assert_close(er, ref_er.float(), dtype, name=f"er (seed {seed})")
 
 
+@pytest.mark.parametrize("held", [True, False])
+@pytest.mark.parametrize(
+    "num_nodes, in_feats, heads, head_dim, block_m",
+    [(300, 128, 8, 16, 16), (1, 3, 4, 16, 128), (257, 33, 2, 32, 32), (45, 128, 1, 64, 16), (97, 8, 16, 8, 64)],
+)
+def test_float32_projection_held_and_sliced(held, num_nodes, in_feats, heads, head_dim, block_m, monkeypatch):
+    """The float32 projection on fusecore.linear's held TF32 parts (column blocks of whole heads, each with its
+    heads' scores; small row blocks so that every program walks several, two programs per column block on the
+    interpreter's two "SMs") and on the slice kernel, against the float64 oracle."""
+    from fusecore import linear as core_linear
+
+    monkeypatch.setattr(ops, "PROJECTION_HELD", held)
+    monkeypatch.setattr(core_linear, "HELD_BLOCK_M", block_m)
+    monkeypatch.setattr(core_linear, "HELD_PROGRAMS_PER_SM", 2)
+    gen = fresh_generator()
+    seed = gen.initial_seed()
+    created = poison_op_outputs(monkeypatch)
+    x = torch.randn(num_nodes, in_feats, generator=gen).to(DEVICE)
+    weight = (torch.randn(heads * head_dim, in_feats, generator=gen) / in_feats**0.5).to(DEVICE)
+    attn_l = torch.randn(1, heads, head_dim, generator=gen).to(DEVICE)
+    attn_r = torch.randn(1, heads, head_dim, generator=gen).to(DEVICE)
+    assert (ops._projection_held_tiling(x, weight, heads, head_dim) is not None) == held
+    wh, el, er = ops._projection_scores(x, weight, attn_l, attn_r, heads, head_dim)
+    for tensor in created:
+        assert_all_written(tensor)
+    ref_wh, ref_el, ref_er = _oracle(x, weight, attn_l, attn_r, heads, head_dim)
+    assert_close(wh, ref_wh.float(), torch.float32, name=f"wh (seed {seed})")
+    assert_close(el, ref_el.float(), torch.float32, name=f"el (seed {seed})")
+    assert_close(er, ref_er.float(), torch.float32, name=f"er (seed {seed})")
+
+
+def test_where_the_held_projection_applies():
+    """Whole heads per column block, a reduction of at most fusecore.linear.HELD_MAX_K, float32 only."""
+    from fusecore import linear as core_linear
+
+    def tiling(in_feats, heads, head_dim, dtype=torch.float32):
+        x = torch.zeros(4, in_feats, dtype=dtype, device=DEVICE)
+        weight = torch.zeros(heads * head_dim, in_feats, dtype=dtype, device=DEVICE)
+        return ops._projection_held_tiling(x, weight, heads, head_dim)
+
+    assert tiling(128, 8, 16)[1] == core_linear.HELD_BLOCK_N
+    assert tiling(128, 2, 8)[1] == 16
+    assert tiling(129, 8, 16) is None  # deeper than HELD_MAX_K
+    assert tiling(64, 3, 5) is None  # a head size that is not a power of two
+    assert tiling(64, 1, 128) is None  # a head wider than the column block
+    assert tiling(64, 8, 16, torch.bfloat16) is None
+
+
 def test_projection_reads_a_row_strided_input(monkeypatch):
     gen = fresh_generator()
     poison_op_outputs(monkeypatch)
