@@ -304,48 +304,62 @@ def _finite_or_zero(x):
 
 @jit
 def _held_chunk_parts(b_ptr, k0, K, offs_n, n_mask, stride_bk, stride_bn, CHUNK: tl.constexpr):
-    """The TF32 parts of ``b[k0 : k0 + CHUNK, offs_n]`` (rows past ``K`` and masked columns zero)."""
+    """The TF32 parts of ``b[k0 : k0 + CHUNK, offs_n]`` (rows past ``K`` and masked columns zero) and whether every
+    element is finite."""
     offs_k = k0 + tl.arange(0, CHUNK)
     b = tl.load(b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn,
                 mask=(offs_k < K)[:, None] & n_mask[None, :], other=0.0)
-    return _tf32_parts(b)
+    hi, lo = _tf32_parts(b)
+    return hi, lo, tl.min(tl.where(tl.abs(b) < float("inf"), 1, 0))
 
 
 @jit
 def held_parts(b_ptr, K, offs_n, n_mask, stride_bk, stride_bn, CHUNK: tl.constexpr, CHUNKS: tl.constexpr):
     """The TF32 parts of float32 ``b[:K, offs_n]`` (``K ≤ CHUNKS · CHUNK``, ``CHUNKS`` ≤ 4) for :func:`held_rows`:
-    ``(hi_0, lo_0, …, hi_3, lo_3)``, chunk ``j`` rows ``[j · CHUNK, (j + 1) · CHUNK)`` (rows past ``K`` and masked
-    columns zero; chunks past ``CHUNKS`` repeat chunk 0 and are never read).  Computed before a loop, the parts stay
-    in shared memory for all of it."""
-    hi0, lo0 = _held_chunk_parts(b_ptr, 0, K, offs_n, n_mask, stride_bk, stride_bn, CHUNK)
+    ``(hi_0, lo_0, …, hi_3, lo_3, finite)``, chunk ``j`` rows ``[j · CHUNK, (j + 1) · CHUNK)`` (rows past ``K`` and
+    masked columns zero; chunks past ``CHUNKS`` repeat chunk 0 and are never read), ``finite`` 1 where every element
+    of the block is finite, else 0 (:func:`held_rows`' ``GUARD``).  Computed before a loop, the parts stay in shared
+    memory for all of it."""
+    hi0, lo0, finite = _held_chunk_parts(b_ptr, 0, K, offs_n, n_mask, stride_bk, stride_bn, CHUNK)
     hi1, lo1, hi2, lo2, hi3, lo3 = hi0, lo0, hi0, lo0, hi0, lo0
     if CHUNKS > 1:
-        hi1, lo1 = _held_chunk_parts(b_ptr, CHUNK, K, offs_n, n_mask, stride_bk, stride_bn, CHUNK)
+        hi1, lo1, ok = _held_chunk_parts(b_ptr, CHUNK, K, offs_n, n_mask, stride_bk, stride_bn, CHUNK)
+        finite = tl.minimum(finite, ok)
     if CHUNKS > 2:
-        hi2, lo2 = _held_chunk_parts(b_ptr, 2 * CHUNK, K, offs_n, n_mask, stride_bk, stride_bn, CHUNK)
+        hi2, lo2, ok = _held_chunk_parts(b_ptr, 2 * CHUNK, K, offs_n, n_mask, stride_bk, stride_bn, CHUNK)
+        finite = tl.minimum(finite, ok)
     if CHUNKS > 3:
-        hi3, lo3 = _held_chunk_parts(b_ptr, 3 * CHUNK, K, offs_n, n_mask, stride_bk, stride_bn, CHUNK)
-    return hi0, lo0, hi1, lo1, hi2, lo2, hi3, lo3
+        hi3, lo3, ok = _held_chunk_parts(b_ptr, 3 * CHUNK, K, offs_n, n_mask, stride_bk, stride_bn, CHUNK)
+        finite = tl.minimum(finite, ok)
+    return hi0, lo0, hi1, lo1, hi2, lo2, hi3, lo3, finite
 
 
 @jit
 def _held_chunk(a_ptr, offs_m, m_mask, k0, K, stride_am, stride_ak, b_hi, b_lo, big, small,
-                CHUNK: tl.constexpr, SUMS: tl.constexpr):
+                CHUNK: tl.constexpr, SUMS: tl.constexpr, GUARD: tl.constexpr):
     """Adds chunk ``[k0, k0 + CHUNK)`` of ``a[offs_m] @ b`` to the accumulators ``(big, small)``: ``a_hi·b_hi`` to
     ``big`` and the remainders' products ``a_lo·b_hi + a_hi·b_lo`` to ``small`` (``SUMS`` 1), or the chunk's
     remainders' products summed from zero, then its ``a_hi·b_hi`` onto them, then that added to ``big`` (``SUMS`` 2,
-    Triton's tf32x3 order); non-finite remainder sums count as 0 (:func:`_finite_or_zero`)."""
+    Triton's tf32x3 order).  An infinite input's remainders must not reach the result (``±inf · 0`` is NaN, ``+inf``
+    and ``-inf`` parts of a weight that rounds up cancel to NaN; the ``hi · hi`` product carries the infinity as
+    torch's product has it): without ``GUARD`` (every element of ``b`` finite) a non-finite element of ``a`` enters
+    the remainders as 0 (its ``a_lo`` is 0 already), so the three products stay one chain of tensor-core
+    accumulations; with it, a non-finite remainder sum counts as 0 (:func:`_finite_or_zero`), an operation on the
+    accumulator between the products (measured: 11-15% slower, session 26)."""
     offs_k = k0 + tl.arange(0, CHUNK)
     a = tl.load(a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak,
                 mask=m_mask[:, None] & (offs_k < K)[None, :], other=0.0)
     a_hi, a_lo = _tf32_parts(a)
+    a_hi_lo = a_hi if GUARD else tl.where(tl.abs(a) < float("inf"), a_hi, 0.0)  # the a_hi of a_hi · b_lo
     if SUMS == 1:
         small = tl.dot(a_lo, b_hi, small, input_precision="tf32")
-        small = tl.dot(a_hi, b_lo, small, input_precision="tf32")
+        small = tl.dot(a_hi_lo, b_lo, small, input_precision="tf32")
         big = tl.dot(a_hi, b_hi, big, input_precision="tf32")
     else:
         part = tl.dot(a_lo, b_hi, tl.zeros_like(big), input_precision="tf32")
-        part = _finite_or_zero(tl.dot(a_hi, b_lo, part, input_precision="tf32"))
+        part = tl.dot(a_hi_lo, b_lo, part, input_precision="tf32")
+        if GUARD:
+            part = _finite_or_zero(part)
         big += tl.dot(a_hi, b_hi, part, input_precision="tf32")
     return big, small
 
@@ -353,25 +367,43 @@ def _held_chunk(a_ptr, offs_m, m_mask, k0, K, stride_am, stride_ak, b_hi, b_lo, 
 @jit
 def held_rows(a_ptr, offs_m, m_mask, K, stride_am, stride_ak, hi0, lo0, hi1, lo1, hi2, lo2, hi3, lo3,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNK: tl.constexpr, CHUNKS: tl.constexpr,
-              SUMS: tl.constexpr):
+              SUMS: tl.constexpr, GUARD: tl.constexpr):
     """``a[offs_m, :K] @ b`` as float32 ``[BLOCK_M, BLOCK_N]`` from :func:`held_parts`' parts of ``b``: ``a`` (float32,
     masked rows zero) split into TF32 parts in registers, ``a_hi·b_hi + (a_lo·b_hi + a_hi·b_lo)`` on the tensor
-    cores (module doc), ``SUMS`` as :data:`HELD_SUMS`."""
+    cores (module doc), ``SUMS`` as :data:`HELD_SUMS`; ``GUARD`` where ``b`` has a non-finite element
+    (:func:`held_parts`' ``finite`` 0; see :func:`_held_chunk`)."""
     big = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     small = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    big, small = _held_chunk(a_ptr, offs_m, m_mask, 0, K, stride_am, stride_ak, hi0, lo0, big, small, CHUNK, SUMS)
+    big, small = _held_chunk(a_ptr, offs_m, m_mask, 0, K, stride_am, stride_ak, hi0, lo0, big, small, CHUNK, SUMS,
+                             GUARD)
     if CHUNKS > 1:
         big, small = _held_chunk(a_ptr, offs_m, m_mask, CHUNK, K, stride_am, stride_ak, hi1, lo1, big, small,
-                                 CHUNK, SUMS)
+                                 CHUNK, SUMS, GUARD)
     if CHUNKS > 2:
         big, small = _held_chunk(a_ptr, offs_m, m_mask, 2 * CHUNK, K, stride_am, stride_ak, hi2, lo2, big, small,
-                                 CHUNK, SUMS)
+                                 CHUNK, SUMS, GUARD)
     if CHUNKS > 3:
         big, small = _held_chunk(a_ptr, offs_m, m_mask, 3 * CHUNK, K, stride_am, stride_ak, hi3, lo3, big, small,
-                                 CHUNK, SUMS)
+                                 CHUNK, SUMS, GUARD)
     if SUMS == 1:
-        big += _finite_or_zero(small)
+        big += _finite_or_zero(small) if GUARD else small
     return big
+
+
+@jit
+def _held_walk(a_ptr, bias, c_ptr, M, N, K, stride_am, stride_ak, stride_cm, offs_n, n_mask,
+               hi0, lo0, hi1, lo1, hi2, lo2, hi3, lo3, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               CHUNK: tl.constexpr, CHUNKS: tl.constexpr, HAS_BIAS: tl.constexpr, STAGES: tl.constexpr,
+               SUMS: tl.constexpr, GUARD: tl.constexpr):
+    """:func:`product_held_kernel`'s row blocks ``p, p + P, …``, ``STAGES`` deep."""
+    for tile in tl.range(tl.program_id(1), tl.cdiv(M, BLOCK_M), tl.num_programs(1), num_stages=STAGES):
+        offs_m = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+        m_mask = offs_m < M
+        acc = held_rows(a_ptr, offs_m, m_mask, K, stride_am, stride_ak, hi0, lo0, hi1, lo1, hi2, lo2, hi3, lo3,
+                        BLOCK_M, BLOCK_N, CHUNK, CHUNKS, SUMS, GUARD)
+        if HAS_BIAS:
+            acc += bias[None, :]
+        tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :], acc, mask=m_mask[:, None] & n_mask[None, :])
 
 
 @jit
@@ -385,17 +417,15 @@ def product_held_kernel(a_ptr, b_ptr, bias_ptr, c_ptr, M, N, K, stride_am, strid
     pid_n = tl.program_id(0)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
-    if HAS_BIAS:
-        bias = tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0)
-    hi0, lo0, hi1, lo1, hi2, lo2, hi3, lo3 = held_parts(b_ptr, K, offs_n, n_mask, stride_bk, stride_bn, CHUNK, CHUNKS)
-    for tile in tl.range(tl.program_id(1), tl.cdiv(M, BLOCK_M), tl.num_programs(1), num_stages=STAGES):
-        offs_m = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-        m_mask = offs_m < M
-        acc = held_rows(a_ptr, offs_m, m_mask, K, stride_am, stride_ak, hi0, lo0, hi1, lo1, hi2, lo2, hi3, lo3,
-                        BLOCK_M, BLOCK_N, CHUNK, CHUNKS, SUMS)
-        if HAS_BIAS:
-            acc += bias[None, :]
-        tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :], acc, mask=m_mask[:, None] & n_mask[None, :])
+    bias = tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0) if HAS_BIAS else 0.0
+    hi0, lo0, hi1, lo1, hi2, lo2, hi3, lo3, finite = held_parts(b_ptr, K, offs_n, n_mask, stride_bk, stride_bn, CHUNK,
+                                                                CHUNKS)
+    if finite:  # one branch per program: the loop without the non-finite guard wherever b's block is finite
+        _held_walk(a_ptr, bias, c_ptr, M, N, K, stride_am, stride_ak, stride_cm, offs_n, n_mask, hi0, lo0, hi1, lo1,
+                   hi2, lo2, hi3, lo3, BLOCK_M, BLOCK_N, CHUNK, CHUNKS, HAS_BIAS, STAGES, SUMS, False)
+    else:
+        _held_walk(a_ptr, bias, c_ptr, M, N, K, stride_am, stride_ak, stride_cm, offs_n, n_mask, hi0, lo0, hi1, lo1,
+                   hi2, lo2, hi3, lo3, BLOCK_M, BLOCK_N, CHUNK, CHUNKS, HAS_BIAS, 1, SUMS, True)
 
 
 def uses_product(*tensors: torch.Tensor | None) -> bool:

@@ -159,10 +159,14 @@ def test_product_held_sums_match_float64(device, poison, monkeypatch, sums):
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the interpreter's inf - inf
 @pytest.mark.parametrize("sums", [1, 2])
-def test_product_held_non_finite_inputs_as_torch(device, poison, monkeypatch, sums):
+@pytest.mark.parametrize("weight_inf", [False, True])
+def test_product_held_non_finite_inputs_as_torch(device, poison, monkeypatch, sums, weight_inf):
     """Infinities and NaN (one whose payload sits in the 13 bits TF32 drops) in either operand give torch's ±inf and
-    NaN: the remainders of an infinite value (its ``inf · 0`` products) never reach the result, a NaN stays NaN."""
+    NaN: the remainders of an infinite value (its ``inf · 0`` products) never reach the result, a NaN stays NaN —
+    with a finite weight (the unguarded loop: ``a``'s non-finite elements enter the remainders as 0) and with an
+    infinite one in the second column block (``weight_inf``: that block's programs take the guarded loop)."""
     monkeypatch.setattr(linear_module, "HELD_SUMS", sums)
+    monkeypatch.setattr(linear_module, "HELD_BLOCK_N", 16)
     gen = fresh_generator(device)
     m, k, n = 19, 40, 24
     a = torch.randn(m, k, generator=gen, device=device)
@@ -171,6 +175,8 @@ def test_product_held_non_finite_inputs_as_torch(device, poison, monkeypatch, su
     low_nan = torch.tensor([0x7F800001], dtype=torch.int32, device=device).view(torch.float32)
     a[2, 3], a[7, 0], a[11, 39] = float("inf"), float("-inf"), low_nan
     weight[:, 0] = 1.0  # -inf · 1 in every column of row 7
+    if weight_inf:
+        weight[17, 30] = float("inf")  # column 17: a[:, 30] · inf, whose remainders (a_lo · inf) must not count
     b = weight.t()
     out = product(a, b)
     want = a @ b if device.type == "cpu" else (a.double() @ b.double()).float()
