@@ -67,14 +67,14 @@ def projection_scores_kernel(
 def _held_scores_walk(x_ptr, attn_l_ptr, attn_r_ptr, wh_ptr, el_ptr, er_ptr, num_nodes, F, stride_x, H, offs_n, offs_h,
                       hi0, lo0, hi1, lo1, hi2, lo2, hi3, lo3, D: tl.constexpr, BLOCK_M: tl.constexpr,
                       BLOCK_N: tl.constexpr, CHUNK: tl.constexpr, CHUNKS: tl.constexpr, STAGES: tl.constexpr,
-                      SUMS: tl.constexpr, GUARD: tl.constexpr):
+                      SUMS: tl.constexpr, GUARD: tl.constexpr, CVT: tl.constexpr):
     """:func:`projection_scores_held_kernel`'s row blocks ``p, p + P, …``, ``STAGES`` deep."""
     HEADS: tl.constexpr = BLOCK_N // D
     for tile in tl.range(tl.program_id(1), tl.cdiv(num_nodes, BLOCK_M), tl.num_programs(1), num_stages=STAGES):
         offs_m = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
         m_mask = offs_m < num_nodes
         acc = held_rows(x_ptr, offs_m, m_mask, F, stride_x, 1, hi0, lo0, hi1, lo1, hi2, lo2, hi3, lo3,
-                        BLOCK_M, BLOCK_N, CHUNK, CHUNKS, SUMS, GUARD)
+                        BLOCK_M, BLOCK_N, CHUNK, CHUNKS, SUMS, GUARD, CVT)
         tl.store(wh_ptr + offs_m[:, None] * (H * D) + offs_n[None, :], acc, mask=m_mask[:, None])
         wh3 = tl.reshape(acc, (BLOCK_M, HEADS, D))
         attn_l = tl.reshape(tl.load(attn_l_ptr + offs_n), (HEADS, D))  # in the loop: no registers held across it
@@ -88,26 +88,31 @@ def _held_scores_walk(x_ptr, attn_l_ptr, attn_r_ptr, wh_ptr, el_ptr, er_ptr, num
 def projection_scores_held_kernel(
     x_ptr, w_ptr, attn_l_ptr, attn_r_ptr, wh_ptr, el_ptr, er_ptr, num_nodes, F, stride_x, H,
     D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNK: tl.constexpr, CHUNKS: tl.constexpr,
-    STAGES: tl.constexpr, SUMS: tl.constexpr,
+    STAGES: tl.constexpr, SUMS: tl.constexpr, GUARDS: tl.constexpr, CVT: tl.constexpr,
 ):
     """float32 ``x [N, F]`` (row stride ``stride_x``, unit column stride, ``F ≤ CHUNKS · CHUNK``), ``W [H·D, F]``
     contiguous, ``attn_l``, ``attn_r`` ``H·D`` contiguous, ``Wh [N, H, D]`` contiguous, ``el``, ``er`` float32
     ``[N, H]``; ``D`` a power of two dividing ``BLOCK_N``, which divides ``H·D``.  Program ``(c, p)`` owns columns
     ``[c · BLOCK_N, (c + 1) · BLOCK_N)`` — heads ``c · BLOCK_N / D`` onwards — holds their TF32 parts of ``Wᵀ``
-    (fusecore.linear ``held_parts``) and walks row blocks ``p, p + P, …`` ``STAGES`` deep (``held_rows``,
-    ``SUMS`` as fusecore.linear.HELD_SUMS, guarded against non-finite remainders where ``W``'s block has a
-    non-finite element); each block's scores are its heads' sums of the product tile."""
+    (fusecore.linear ``held_parts``) and walks row blocks ``p, p + P, …`` ``STAGES`` deep (``held_rows``;
+    ``SUMS``, ``GUARDS`` and ``CVT`` as fusecore.linear's ``product_held_kernel``); each block's scores are its
+    heads' sums of the product tile."""
     HEADS: tl.constexpr = BLOCK_N // D
     pid_n = tl.program_id(0)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_h = pid_n * HEADS + tl.arange(0, HEADS)
     # b = Wᵀ [F, H·D] read in place: b[k, n] = W[n, k]
-    hi0, lo0, hi1, lo1, hi2, lo2, hi3, lo3, finite = held_parts(w_ptr, F, offs_n, offs_n < H * D, 1, F, CHUNK, CHUNKS)
-    if finite:
+    hi0, lo0, hi1, lo1, hi2, lo2, hi3, lo3, finite = held_parts(w_ptr, F, offs_n, offs_n < H * D, 1, F, CHUNK, CHUNKS,
+                                                                CVT)
+    if GUARDS != 2:
         _held_scores_walk(x_ptr, attn_l_ptr, attn_r_ptr, wh_ptr, el_ptr, er_ptr, num_nodes, F, stride_x, H, offs_n,
                           offs_h, hi0, lo0, hi1, lo1, hi2, lo2, hi3, lo3, D, BLOCK_M, BLOCK_N, CHUNK, CHUNKS, STAGES,
-                          SUMS, False)
+                          SUMS, GUARDS, CVT)
+    elif finite:
+        _held_scores_walk(x_ptr, attn_l_ptr, attn_r_ptr, wh_ptr, el_ptr, er_ptr, num_nodes, F, stride_x, H, offs_n,
+                          offs_h, hi0, lo0, hi1, lo1, hi2, lo2, hi3, lo3, D, BLOCK_M, BLOCK_N, CHUNK, CHUNKS, STAGES,
+                          SUMS, 2, CVT)
     else:
         _held_scores_walk(x_ptr, attn_l_ptr, attn_r_ptr, wh_ptr, el_ptr, er_ptr, num_nodes, F, stride_x, H, offs_n,
                           offs_h, hi0, lo0, hi1, lo1, hi2, lo2, hi3, lo3, D, BLOCK_M, BLOCK_N, CHUNK, CHUNKS, 1,
-                          SUMS, True)
+                          SUMS, 1, CVT)

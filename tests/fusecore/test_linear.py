@@ -160,12 +160,15 @@ def test_product_held_sums_match_float64(device, poison, monkeypatch, sums):
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the interpreter's inf - inf
 @pytest.mark.parametrize("sums", [1, 2])
 @pytest.mark.parametrize("weight_inf", [False, True])
-def test_product_held_non_finite_inputs_as_torch(device, poison, monkeypatch, sums, weight_inf):
+@pytest.mark.parametrize("guards", ["chunk", "branch"])
+def test_product_held_non_finite_inputs_as_torch(device, poison, monkeypatch, sums, weight_inf, guards):
     """Infinities and NaN (one whose payload sits in the 13 bits TF32 drops) in either operand give torch's ±inf and
     NaN: the remainders of an infinite value (its ``inf · 0`` products) never reach the result, a NaN stays NaN —
     with a finite weight (the unguarded loop: ``a``'s non-finite elements enter the remainders as 0) and with an
-    infinite one in the second column block (``weight_inf``: that block's programs take the guarded loop)."""
+    infinite one in the second column block (``weight_inf``: under ``HELD_GUARDS`` "branch" that block's programs take
+    the guarded loop), each way of guarding the remainders and both TF32 splits on the GPU (``HELD_SPLIT``)."""
     monkeypatch.setattr(linear_module, "HELD_SUMS", sums)
+    monkeypatch.setattr(linear_module, "HELD_GUARDS", guards)
     monkeypatch.setattr(linear_module, "HELD_BLOCK_N", 16)
     gen = fresh_generator(device)
     m, k, n = 19, 40, 24
@@ -300,6 +303,30 @@ def test_float32_product_accuracy_on_the_gpu(device, monkeypatch, precision, hel
             BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, HAS_BIAS=False, PRECISION="tf32")
         single = (tf32.double() - want).abs().max().item() / scale
         assert single > 8 * ours, f"{m}x{k}x{n}: plain tf32 {single:.2e} not worse than tf32x3 {ours:.2e}"
+
+
+@pytest.mark.skipif(not COMPILED, reason="the hardware's TF32 conversion is inline PTX (compiled only)")
+@pytest.mark.parametrize("guards", ["chunk", "branch"])
+def test_held_split_by_the_hardware_matches_the_bits(device, monkeypatch, guards):
+    """``HELD_SPLIT`` "cvt" (``cvt.rna.tf32.f32``) and "bits" round alike: the held product bit for bit equal, with
+    ties, values that round up to the next binade, infinities and NaN among the inputs.  (They part only within
+    2^-11 of the largest finite float, which the hardware rounds to infinity — as Triton's own tf32x3 does — where
+    the bits truncate.)"""
+    monkeypatch.setattr(linear_module, "HELD_GUARDS", guards)
+    gen = fresh_generator(device)
+    a = torch.randn(3001, 128, generator=gen, device=device)
+    b = torch.randn(128, 200, generator=gen, device=device)
+    bits = a.view(torch.int32)
+    bits[:64] = (bits[:64] & ~0x1FFF) | 0x1000  # exact ties at TF32's last bit
+    bits[64:96] |= 0x7FFFFF  # fractions that round up into the next binade
+    a[100, :3] = torch.tensor([float("inf"), float("-inf"), float("nan")], device=device)
+    b[7, 150] = float("-inf")
+    outs = {}
+    for split in ("cvt", "bits"):
+        monkeypatch.setattr(linear_module, "HELD_SPLIT", split)
+        outs[split] = product(a, b)
+    assert torch.equal(outs["cvt"].view(torch.int32), outs["bits"].view(torch.int32)) or torch.equal(
+        outs["cvt"].nan_to_num(), outs["bits"].nan_to_num()), "the two TF32 splits differ"
 
 
 def triton_cdiv(a: int, b: int) -> int:
