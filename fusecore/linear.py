@@ -10,7 +10,8 @@ Transformer layer's training step).  Where autograd records nothing, or under ``
 
 ``column_sum(x [R, C])`` is ``x.sum(0)`` in two launches of one Triton kernel: per-program partial
 sums over slabs of rows in float32 (float64 for float64 input), written ``[P, C]``, then the
-partials' sum, stored in the output dtype — deterministic (no atomics), one rounding.
+partials' sum, stored in the output dtype — deterministic (no atomics), one rounding.  A few rows
+(at most :data:`ONE_PASS_ROWS`, as a split product's partials) are summed in one launch over column blocks.
 
 ``linears(x, weights, biases)`` is ``tuple(linear(x, w, b) for w, b in zip(weights, biases))`` — maps of
 one input, as a layer's query, key, value and skip projections — computed as **one** product with the
@@ -67,6 +68,10 @@ COLUMN_WARPS = 8
 COLUMN_BLOCK_MAX = 128
 PROGRAMS_PER_SM = 4
 FINAL_BLOCK_C = 16
+# At most this many rows: one launch, each program all rows of a block of columns (the first stage's slabs would be
+# a row each, its partials a copy of x: a split float32 product's 33 × [512, 128] partials took 24 µs in two launches
+# on an H200, session 26).
+ONE_PASS_ROWS = 64
 SUM_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
@@ -129,7 +134,13 @@ def column_sum(x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.T
     check_devices(x=x)
     if x.stride(1) != 1:
         x = x.contiguous()
-    block_r, block_c, rows_per_program = _tiling(rows, cols, PROGRAMS_PER_SM * device_facts(x.device).sm_count)
+    sms = device_facts(x.device).sm_count
+    if rows <= ONE_PASS_ROWS:  # column blocks of FINAL_BLOCK_C up to COLUMN_BLOCK_MAX, one per SM or more
+        block_c_max = min(COLUMN_BLOCK_MAX, max(FINAL_BLOCK_C, next_power_of_2(cdiv(cols, sms))))
+        out = _new((1, cols), out_dtype, x.device)
+        _launch(x, out, *_tiling(rows, cols, 1, block_c_max))
+        return out[0]
+    block_r, block_c, rows_per_program = _tiling(rows, cols, PROGRAMS_PER_SM * sms)
     partial = _new((cdiv(rows, rows_per_program), cols), acc, x.device)
     _launch(x, partial, block_r, block_c, rows_per_program)
     out = _new((1, cols), out_dtype, x.device)

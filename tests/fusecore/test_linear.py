@@ -29,7 +29,8 @@ def poison(monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("rows, cols", [(1, 1), (2, 3), (31, 129), (97, 7), (1000, 128), (3, 300), (613, 257)])
+@pytest.mark.parametrize("rows, cols", [(1, 1), (2, 3), (31, 129), (97, 7), (1000, 128), (3, 300), (613, 257),
+                                        (64, 1000), (65, 33)])  # one pass up to ONE_PASS_ROWS rows, two beyond
 def test_column_sum_matches_float64(device, poison, dtype, rows, cols):
     gen = fresh_generator(device)
     x = torch.randn(rows, cols, generator=gen, device=device).to(dtype)
