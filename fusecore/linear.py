@@ -211,8 +211,10 @@ PRECISIONS = ("tf32x3", "bf16x6")  # bf16x6: each operand in three bfloat16 part
 # SUMS 1 83.9 / 155.5 / 297.3 (5.4-6.2e-7), SUMS 2 129.2 / 238.2 / 448.3 (255 registers: spills).  In the layers
 # (replayed, HEAD's row-block kernel in the same calls): Transformer fp32 forward 785.2 against 844.1 µs, GATv2 fp32
 # 525.3 against 563.7.  GAT's fused projection (all 128 columns and the node scores in one program) on these parts:
-# 140 µs with SUMS 2, 115 with SUMS 1, against its slice kernel's 118 — not taken.  The non-finite guards
-# (:func:`_finite_or_zero`, NaN through :func:`_tf32_parts`) came after these timings (two selects; not re-timed).
+# 140 µs with SUMS 2, 115 with SUMS 1, against its slice kernel's 118 — not taken (session 26's projection keeps each
+# program's 64 columns: gnnfuse/kernels/projection.py).  The non-finite guards (:func:`_finite_or_zero`, NaN through
+# :func:`_tf32_parts`) came after these timings and cost 13-15% (session 26, H200, kernel times: 512 columns 378 µs,
+# 256 columns 190); the hardware's split (HELD_SPLIT) took most of it back (349 / 172; no guard 327).
 HELD_KERNEL = True
 HELD_MAX_K = 128
 HELD_CHUNK_K = 32
@@ -222,12 +224,9 @@ HELD_WARPS = 8
 HELD_STAGES = 3
 HELD_PROGRAMS_PER_SM = 1
 HELD_SUMS = 2  # 1: the remainders' products in an accumulator of their own; 2: per chunk from zero, then added
-# How an infinite input's remainders are kept out of the sums (_held_chunk): "chunk" each chunk's remainder sum
-# through _finite_or_zero; "branch" that only in programs whose block of b has a non-finite element, elsewhere a's
-# non-finite elements enter the remainders as 0; "none" not at all (wrong for infinite inputs: measurement only).
-GUARD_MODES = ("none", "chunk", "branch")
-HELD_GUARDS = "chunk"
-HELD_SPLIT = "cvt"  # the TF32 split of the compiled kernels: "cvt" (the hardware's conversion) or "bits"
+# The TF32 split of the compiled held kernels (_tf32_parts): "cvt", the hardware's conversion (Transformer fp32's
+# [169 343, 128] → 512 product on an H200, session 26: 349 against 375 µs), or "bits", integer operations.
+HELD_SPLIT = "cvt"
 
 
 @jit
@@ -302,13 +301,16 @@ def product_rows_kernel(a_ptr, b_ptr, bias_ptr, c_ptr, M, N, K, stride_am, strid
 @jit
 def _tf32_parts(x, CVT: tl.constexpr = False):
     """``(hi, lo)``: ``hi`` = float32 ``x`` rounded to TF32 (10 fraction bits; to nearest, ties away from zero;
-    truncated where rounding would overflow; infinities kept, NaN as a quiet NaN, which the tensor cores, reading 19
-    bits, still see as NaN), ``lo = x - hi`` exactly (0 where ``x`` is not finite); the tensor cores read ``hi``
-    exactly and ``lo`` to 11 significant bits.  ``CVT``: ``hi`` by the hardware's conversion (``cvt.rna.tf32.f32``,
-    inline PTX, compiled only; the rounding Triton's own tf32x3 uses), else by integer operations on the bits."""
+    infinities kept, NaN as the quiet NaN ``0x7FC00000``, which the tensor cores, reading 19 bits, still see as NaN),
+    ``lo = x - hi`` exactly (0 where ``x`` is not finite); the tensor cores read ``hi`` exactly and ``lo`` to 11
+    significant bits.  ``CVT``: ``hi`` by the hardware's conversion (``cvt.rna.tf32.f32``, inline PTX, compiled only;
+    the rounding of Triton's own tf32x3, which rounds the last values below the largest float to infinity and a NaN
+    whose payload sits in the 13 dropped bits to infinity — the latter undone here), else by integer operations on
+    the bits (which truncate where rounding would overflow)."""
     if CVT:
         hi = tl.inline_asm_elementwise("cvt.rna.tf32.f32 $0, $1;", "=r,f", [x], dtype=tl.uint32, is_pure=True,
                                        pack=1).to(tl.float32, bitcast=True)
+        hi = tl.where(x == x, hi, float("nan"))
         return hi, tl.where(tl.abs(x) < float("inf"), x - hi, 0.0)
     bits = x.to(tl.uint32, bitcast=True)
     magnitude = bits & 0x7FFFFFFF
@@ -326,63 +328,53 @@ def _finite_or_zero(x):
 
 @jit
 def _held_chunk_parts(b_ptr, k0, K, offs_n, n_mask, stride_bk, stride_bn, CHUNK: tl.constexpr, CVT: tl.constexpr):
-    """The TF32 parts of ``b[k0 : k0 + CHUNK, offs_n]`` (rows past ``K`` and masked columns zero) and whether every
-    element is finite."""
+    """The TF32 parts of ``b[k0 : k0 + CHUNK, offs_n]`` (rows past ``K`` and masked columns zero)."""
     offs_k = k0 + tl.arange(0, CHUNK)
     b = tl.load(b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn,
                 mask=(offs_k < K)[:, None] & n_mask[None, :], other=0.0)
-    hi, lo = _tf32_parts(b, CVT)
-    return hi, lo, tl.min(tl.where(tl.abs(b) < float("inf"), 1, 0))
+    return _tf32_parts(b, CVT)
 
 
 @jit
 def held_parts(b_ptr, K, offs_n, n_mask, stride_bk, stride_bn, CHUNK: tl.constexpr, CHUNKS: tl.constexpr,
                CVT: tl.constexpr = False):
     """The TF32 parts of float32 ``b[:K, offs_n]`` (``K ≤ CHUNKS · CHUNK``, ``CHUNKS`` ≤ 4) for :func:`held_rows`:
-    ``(hi_0, lo_0, …, hi_3, lo_3, finite)``, chunk ``j`` rows ``[j · CHUNK, (j + 1) · CHUNK)`` (rows past ``K`` and
-    masked columns zero; chunks past ``CHUNKS`` repeat chunk 0 and are never read), ``finite`` 1 where every element
-    of the block is finite, else 0 (:func:`held_rows`' ``GUARD``).  Computed before a loop, the parts stay in shared
-    memory for all of it."""
-    hi0, lo0, finite = _held_chunk_parts(b_ptr, 0, K, offs_n, n_mask, stride_bk, stride_bn, CHUNK, CVT)
+    ``(hi_0, lo_0, …, hi_3, lo_3)``, chunk ``j`` rows ``[j · CHUNK, (j + 1) · CHUNK)`` (rows past ``K`` and masked
+    columns zero; chunks past ``CHUNKS`` repeat chunk 0 and are never read; ``CVT`` as :func:`_tf32_parts`).
+    Computed before a loop, the parts stay in shared memory for all of it."""
+    hi0, lo0 = _held_chunk_parts(b_ptr, 0, K, offs_n, n_mask, stride_bk, stride_bn, CHUNK, CVT)
     hi1, lo1, hi2, lo2, hi3, lo3 = hi0, lo0, hi0, lo0, hi0, lo0
     if CHUNKS > 1:
-        hi1, lo1, ok = _held_chunk_parts(b_ptr, CHUNK, K, offs_n, n_mask, stride_bk, stride_bn, CHUNK, CVT)
-        finite = tl.minimum(finite, ok)
+        hi1, lo1 = _held_chunk_parts(b_ptr, CHUNK, K, offs_n, n_mask, stride_bk, stride_bn, CHUNK, CVT)
     if CHUNKS > 2:
-        hi2, lo2, ok = _held_chunk_parts(b_ptr, 2 * CHUNK, K, offs_n, n_mask, stride_bk, stride_bn, CHUNK, CVT)
-        finite = tl.minimum(finite, ok)
+        hi2, lo2 = _held_chunk_parts(b_ptr, 2 * CHUNK, K, offs_n, n_mask, stride_bk, stride_bn, CHUNK, CVT)
     if CHUNKS > 3:
-        hi3, lo3, ok = _held_chunk_parts(b_ptr, 3 * CHUNK, K, offs_n, n_mask, stride_bk, stride_bn, CHUNK, CVT)
-        finite = tl.minimum(finite, ok)
-    return hi0, lo0, hi1, lo1, hi2, lo2, hi3, lo3, finite
+        hi3, lo3 = _held_chunk_parts(b_ptr, 3 * CHUNK, K, offs_n, n_mask, stride_bk, stride_bn, CHUNK, CVT)
+    return hi0, lo0, hi1, lo1, hi2, lo2, hi3, lo3
 
 
 @jit
 def _held_chunk(a_ptr, offs_m, m_mask, k0, K, stride_am, stride_ak, b_hi, b_lo, big, small,
-                CHUNK: tl.constexpr, SUMS: tl.constexpr, GUARD: tl.constexpr, CVT: tl.constexpr):
+                CHUNK: tl.constexpr, SUMS: tl.constexpr, CVT: tl.constexpr):
     """Adds chunk ``[k0, k0 + CHUNK)`` of ``a[offs_m] @ b`` to the accumulators ``(big, small)``: ``a_hi·b_hi`` to
     ``big`` and the remainders' products ``a_lo·b_hi + a_hi·b_lo`` to ``small`` (``SUMS`` 1), or the chunk's
     remainders' products summed from zero, then its ``a_hi·b_hi`` onto them, then that added to ``big`` (``SUMS`` 2,
-    Triton's tf32x3 order).  An infinite input's remainders must not reach the result (``±inf · 0`` is NaN, ``+inf``
-    and ``-inf`` parts of a weight that rounds up cancel to NaN; the ``hi · hi`` product carries the infinity as
-    torch's product has it): without ``GUARD`` (every element of ``b`` finite) a non-finite element of ``a`` enters
-    the remainders as 0 (its ``a_lo`` is 0 already), so the three products stay one chain of tensor-core
-    accumulations; with it, a non-finite remainder sum counts as 0 (:func:`_finite_or_zero`), an operation on the
-    accumulator between the products (measured: 11-15% slower, session 26)."""
+    Triton's tf32x3 order); non-finite remainder sums count as 0 (:func:`_finite_or_zero`: an infinite input's
+    ``inf · 0`` remainders, and the ``+inf`` and ``-inf`` parts of a weight that rounds up, must not reach the
+    result).  Measured on an H200 (session 26, Transformer fp32's [169 343, 128] → 512 product, µs): that guard
+    costs 22 µs of 349 (without it 327); guarding instead only where ``b`` holds a non-finite element, with ``a``'s
+    non-finite elements entering ``a_hi · b_lo`` as 0 (a select per element of ``a``), cost more (393)."""
     offs_k = k0 + tl.arange(0, CHUNK)
     a = tl.load(a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak,
                 mask=m_mask[:, None] & (offs_k < K)[None, :], other=0.0)
     a_hi, a_lo = _tf32_parts(a, CVT)
-    a_hi_lo = tl.where(tl.abs(a) < float("inf"), a_hi, 0.0) if GUARD == 2 else a_hi  # the a_hi of a_hi · b_lo
     if SUMS == 1:
         small = tl.dot(a_lo, b_hi, small, input_precision="tf32")
-        small = tl.dot(a_hi_lo, b_lo, small, input_precision="tf32")
+        small = tl.dot(a_hi, b_lo, small, input_precision="tf32")
         big = tl.dot(a_hi, b_hi, big, input_precision="tf32")
     else:
         part = tl.dot(a_lo, b_hi, tl.zeros_like(big), input_precision="tf32")
-        part = tl.dot(a_hi_lo, b_lo, part, input_precision="tf32")
-        if GUARD == 1:
-            part = _finite_or_zero(part)
+        part = _finite_or_zero(tl.dot(a_hi, b_lo, part, input_precision="tf32"))
         big += tl.dot(a_hi, b_hi, part, input_precision="tf32")
     return big, small
 
@@ -390,79 +382,59 @@ def _held_chunk(a_ptr, offs_m, m_mask, k0, K, stride_am, stride_ak, b_hi, b_lo, 
 @jit
 def held_rows(a_ptr, offs_m, m_mask, K, stride_am, stride_ak, hi0, lo0, hi1, lo1, hi2, lo2, hi3, lo3,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNK: tl.constexpr, CHUNKS: tl.constexpr,
-              SUMS: tl.constexpr, GUARD: tl.constexpr, CVT: tl.constexpr = False):
+              SUMS: tl.constexpr, CVT: tl.constexpr = False):
     """``a[offs_m, :K] @ b`` as float32 ``[BLOCK_M, BLOCK_N]`` from :func:`held_parts`' parts of ``b``: ``a`` (float32,
     masked rows zero) split into TF32 parts in registers, ``a_hi·b_hi + (a_lo·b_hi + a_hi·b_lo)`` on the tensor
-    cores (module doc), ``SUMS`` as :data:`HELD_SUMS`; ``GUARD`` where ``b`` has a non-finite element
-    (:func:`held_parts`' ``finite`` 0; see :func:`_held_chunk`)."""
+    cores (module doc), ``SUMS`` as :data:`HELD_SUMS`, ``CVT`` as :func:`_tf32_parts`."""
     big = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     small = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     big, small = _held_chunk(a_ptr, offs_m, m_mask, 0, K, stride_am, stride_ak, hi0, lo0, big, small, CHUNK, SUMS,
-                             GUARD, CVT)
+                             CVT)
     if CHUNKS > 1:
         big, small = _held_chunk(a_ptr, offs_m, m_mask, CHUNK, K, stride_am, stride_ak, hi1, lo1, big, small,
-                                 CHUNK, SUMS, GUARD, CVT)
+                                 CHUNK, SUMS, CVT)
     if CHUNKS > 2:
         big, small = _held_chunk(a_ptr, offs_m, m_mask, 2 * CHUNK, K, stride_am, stride_ak, hi2, lo2, big, small,
-                                 CHUNK, SUMS, GUARD, CVT)
+                                 CHUNK, SUMS, CVT)
     if CHUNKS > 3:
         big, small = _held_chunk(a_ptr, offs_m, m_mask, 3 * CHUNK, K, stride_am, stride_ak, hi3, lo3, big, small,
-                                 CHUNK, SUMS, GUARD, CVT)
+                                 CHUNK, SUMS, CVT)
     if SUMS == 1:
-        big += _finite_or_zero(small) if GUARD == 1 else small
+        big += _finite_or_zero(small)
     return big
-
-
-@jit
-def _held_walk(a_ptr, bias, c_ptr, M, N, K, stride_am, stride_ak, stride_cm, offs_n, n_mask,
-               hi0, lo0, hi1, lo1, hi2, lo2, hi3, lo3, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-               CHUNK: tl.constexpr, CHUNKS: tl.constexpr, HAS_BIAS: tl.constexpr, STAGES: tl.constexpr,
-               SUMS: tl.constexpr, GUARD: tl.constexpr, CVT: tl.constexpr):
-    """:func:`product_held_kernel`'s row blocks ``p, p + P, …``, ``STAGES`` deep."""
-    for tile in tl.range(tl.program_id(1), tl.cdiv(M, BLOCK_M), tl.num_programs(1), num_stages=STAGES):
-        offs_m = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-        m_mask = offs_m < M
-        acc = held_rows(a_ptr, offs_m, m_mask, K, stride_am, stride_ak, hi0, lo0, hi1, lo1, hi2, lo2, hi3, lo3,
-                        BLOCK_M, BLOCK_N, CHUNK, CHUNKS, SUMS, GUARD, CVT)
-        if HAS_BIAS:
-            acc += bias[None, :]
-        tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :], acc, mask=m_mask[:, None] & n_mask[None, :])
 
 
 @jit
 def product_held_kernel(a_ptr, b_ptr, bias_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNK: tl.constexpr, CHUNKS: tl.constexpr,
-                        HAS_BIAS: tl.constexpr, STAGES: tl.constexpr, SUMS: tl.constexpr, GUARDS: tl.constexpr,
-                        CVT: tl.constexpr):
+                        HAS_BIAS: tl.constexpr, STAGES: tl.constexpr, SUMS: tl.constexpr, CVT: tl.constexpr):
     """``c[m, n] = Σ_k a[m, k] · b[k, n] (+ bias[n])`` for ``K ≤ CHUNKS · CHUNK`` (``CHUNKS`` ≤ 4), products in three
     TF32 parts: program ``(n, p)`` splits column block ``n`` of ``b`` into its parts once (:func:`held_parts`, held in
     shared memory across the loop) and walks row blocks ``p, p + P, …`` (``P = num_programs(1)``), ``STAGES`` deep
-    (:func:`held_rows`); non-finite remainders kept out as :data:`HELD_GUARDS` says (``GUARDS``, its index in
-    :data:`GUARD_MODES`), ``CVT`` as :func:`_tf32_parts`."""
+    (:func:`held_rows`; ``CVT`` as :func:`_tf32_parts`)."""
     pid_n = tl.program_id(0)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
-    bias = tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0) if HAS_BIAS else 0.0
-    hi0, lo0, hi1, lo1, hi2, lo2, hi3, lo3, finite = held_parts(b_ptr, K, offs_n, n_mask, stride_bk, stride_bn, CHUNK,
-                                                                CHUNKS, CVT)
-    if GUARDS != 2:
-        _held_walk(a_ptr, bias, c_ptr, M, N, K, stride_am, stride_ak, stride_cm, offs_n, n_mask, hi0, lo0, hi1, lo1,
-                   hi2, lo2, hi3, lo3, BLOCK_M, BLOCK_N, CHUNK, CHUNKS, HAS_BIAS, STAGES, SUMS, GUARDS, CVT)
-    elif finite:  # one branch per program: the loop without the accumulator guard wherever b's block is finite
-        _held_walk(a_ptr, bias, c_ptr, M, N, K, stride_am, stride_ak, stride_cm, offs_n, n_mask, hi0, lo0, hi1, lo1,
-                   hi2, lo2, hi3, lo3, BLOCK_M, BLOCK_N, CHUNK, CHUNKS, HAS_BIAS, STAGES, SUMS, 2, CVT)
-    else:
-        _held_walk(a_ptr, bias, c_ptr, M, N, K, stride_am, stride_ak, stride_cm, offs_n, n_mask, hi0, lo0, hi1, lo1,
-                   hi2, lo2, hi3, lo3, BLOCK_M, BLOCK_N, CHUNK, CHUNKS, HAS_BIAS, 1, SUMS, 1, CVT)
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0)
+    hi0, lo0, hi1, lo1, hi2, lo2, hi3, lo3 = held_parts(b_ptr, K, offs_n, n_mask, stride_bk, stride_bn, CHUNK, CHUNKS,
+                                                        CVT)
+    for tile in tl.range(tl.program_id(1), tl.cdiv(M, BLOCK_M), tl.num_programs(1), num_stages=STAGES):
+        offs_m = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+        m_mask = offs_m < M
+        acc = held_rows(a_ptr, offs_m, m_mask, K, stride_am, stride_ak, hi0, lo0, hi1, lo1, hi2, lo2, hi3, lo3,
+                        BLOCK_M, BLOCK_N, CHUNK, CHUNKS, SUMS, CVT)
+        if HAS_BIAS:
+            acc += bias[None, :]
+        tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :], acc, mask=m_mask[:, None] & n_mask[None, :])
 
 
-def held_modes() -> tuple[int, bool]:
-    """``(GUARDS, CVT)`` constexprs of the held kernels from :data:`HELD_GUARDS` and :data:`HELD_SPLIT` (the
-    hardware conversion only where the kernels are compiled)."""
-    if HELD_GUARDS not in GUARD_MODES or HELD_SPLIT not in ("cvt", "bits"):
-        raise ValueError(f"fusecore.linear: HELD_GUARDS must be one of {GUARD_MODES} and HELD_SPLIT 'cvt' or "
-                         f"'bits', got {HELD_GUARDS!r} / {HELD_SPLIT!r}")
-    return GUARD_MODES.index(HELD_GUARDS), HELD_SPLIT == "cvt" and not backend.INTERPRET
+def held_split() -> bool:
+    """The held kernels' ``CVT`` constexpr: :data:`HELD_SPLIT` "cvt" where the kernels are compiled (the
+    interpreter runs no inline PTX)."""
+    if HELD_SPLIT not in ("cvt", "bits"):
+        raise ValueError(f"fusecore.linear.HELD_SPLIT must be 'cvt' or 'bits', got {HELD_SPLIT!r}")
+    return HELD_SPLIT == "cvt" and not backend.INTERPRET
 
 
 def uses_product(*tensors: torch.Tensor | None) -> bool:
@@ -549,11 +521,10 @@ def product(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) 
     if held is not None:
         block_m, block_n, chunk, chunks, programs = held
         out = _new((m, n), torch.float32, a.device)
-        guards, cvt = held_modes()
         product_held_kernel[(cdiv(n, block_n), programs)](
             a, b, bias, out, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), n,
             BLOCK_M=block_m, BLOCK_N=block_n, CHUNK=chunk, CHUNKS=chunks, HAS_BIAS=bias is not None,
-            STAGES=HELD_STAGES, SUMS=HELD_SUMS, GUARDS=guards, CVT=cvt, num_warps=HELD_WARPS,
+            STAGES=HELD_STAGES, SUMS=HELD_SUMS, CVT=held_split(), num_warps=HELD_WARPS,
         )
         return out
     block_n = max(16, min(PRODUCT_BLOCK_N, next_power_of_2(n)))

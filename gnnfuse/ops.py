@@ -1446,11 +1446,10 @@ def _projection_scores(x: torch.Tensor, weight: torch.Tensor, attn_l: torch.Tens
     held = _projection_held_tiling(x, weight, heads, head_dim)
     if num_nodes and held is not None:
         block_m, block_n, chunk, chunks, programs = held
-        guards, cvt = linear_module.held_modes()
         projection_scores_held_kernel[(heads * head_dim // block_n, programs)](
             x, weight.contiguous(), attn_l.contiguous(), attn_r.contiguous(), wh, el, er, num_nodes, in_feats,
             x.stride(0), heads, D=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, CHUNK=chunk, CHUNKS=chunks,
-            STAGES=linear_module.HELD_STAGES, SUMS=linear_module.HELD_SUMS, GUARDS=guards, CVT=cvt,
+            STAGES=linear_module.HELD_STAGES, SUMS=linear_module.HELD_SUMS, CVT=linear_module.held_split(),
             num_warps=linear_module.HELD_WARPS,
         )
     elif num_nodes:

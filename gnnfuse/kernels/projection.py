@@ -64,17 +64,29 @@ def projection_scores_kernel(
 
 
 @jit
-def _held_scores_walk(x_ptr, attn_l_ptr, attn_r_ptr, wh_ptr, el_ptr, er_ptr, num_nodes, F, stride_x, H, offs_n, offs_h,
-                      hi0, lo0, hi1, lo1, hi2, lo2, hi3, lo3, D: tl.constexpr, BLOCK_M: tl.constexpr,
-                      BLOCK_N: tl.constexpr, CHUNK: tl.constexpr, CHUNKS: tl.constexpr, STAGES: tl.constexpr,
-                      SUMS: tl.constexpr, GUARD: tl.constexpr, CVT: tl.constexpr):
-    """:func:`projection_scores_held_kernel`'s row blocks ``p, p + P, …``, ``STAGES`` deep."""
+def projection_scores_held_kernel(
+    x_ptr, w_ptr, attn_l_ptr, attn_r_ptr, wh_ptr, el_ptr, er_ptr, num_nodes, F, stride_x, H,
+    D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNK: tl.constexpr, CHUNKS: tl.constexpr,
+    STAGES: tl.constexpr, SUMS: tl.constexpr, CVT: tl.constexpr,
+):
+    """float32 ``x [N, F]`` (row stride ``stride_x``, unit column stride, ``F ≤ CHUNKS · CHUNK``), ``W [H·D, F]``
+    contiguous, ``attn_l``, ``attn_r`` ``H·D`` contiguous, ``Wh [N, H, D]`` contiguous, ``el``, ``er`` float32
+    ``[N, H]``; ``D`` a power of two dividing ``BLOCK_N``, which divides ``H·D``.  Program ``(c, p)`` owns columns
+    ``[c · BLOCK_N, (c + 1) · BLOCK_N)`` — heads ``c · BLOCK_N / D`` onwards — holds their TF32 parts of ``Wᵀ``
+    (fusecore.linear ``held_parts``) and walks row blocks ``p, p + P, …`` ``STAGES`` deep (``held_rows``;
+    ``SUMS`` and ``CVT`` as fusecore.linear's ``product_held_kernel``); each block's scores are its heads' sums of
+    the product tile."""
     HEADS: tl.constexpr = BLOCK_N // D
+    pid_n = tl.program_id(0)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_h = pid_n * HEADS + tl.arange(0, HEADS)
+    # b = Wᵀ [F, H·D] read in place: b[k, n] = W[n, k]
+    hi0, lo0, hi1, lo1, hi2, lo2, hi3, lo3 = held_parts(w_ptr, F, offs_n, offs_n < H * D, 1, F, CHUNK, CHUNKS, CVT)
     for tile in tl.range(tl.program_id(1), tl.cdiv(num_nodes, BLOCK_M), tl.num_programs(1), num_stages=STAGES):
         offs_m = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
         m_mask = offs_m < num_nodes
         acc = held_rows(x_ptr, offs_m, m_mask, F, stride_x, 1, hi0, lo0, hi1, lo1, hi2, lo2, hi3, lo3,
-                        BLOCK_M, BLOCK_N, CHUNK, CHUNKS, SUMS, GUARD, CVT)
+                        BLOCK_M, BLOCK_N, CHUNK, CHUNKS, SUMS, CVT)
         tl.store(wh_ptr + offs_m[:, None] * (H * D) + offs_n[None, :], acc, mask=m_mask[:, None])
         wh3 = tl.reshape(acc, (BLOCK_M, HEADS, D))
         attn_l = tl.reshape(tl.load(attn_l_ptr + offs_n), (HEADS, D))  # in the loop: no registers held across it
@@ -82,37 +94,3 @@ def _held_scores_walk(x_ptr, attn_l_ptr, attn_r_ptr, wh_ptr, el_ptr, er_ptr, num
         rh_offs = offs_m[:, None] * H + offs_h[None, :]
         tl.store(el_ptr + rh_offs, tl.sum(wh3 * attn_l[None, :, :], axis=2), mask=m_mask[:, None])
         tl.store(er_ptr + rh_offs, tl.sum(wh3 * attn_r[None, :, :], axis=2), mask=m_mask[:, None])
-
-
-@jit
-def projection_scores_held_kernel(
-    x_ptr, w_ptr, attn_l_ptr, attn_r_ptr, wh_ptr, el_ptr, er_ptr, num_nodes, F, stride_x, H,
-    D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNK: tl.constexpr, CHUNKS: tl.constexpr,
-    STAGES: tl.constexpr, SUMS: tl.constexpr, GUARDS: tl.constexpr, CVT: tl.constexpr,
-):
-    """float32 ``x [N, F]`` (row stride ``stride_x``, unit column stride, ``F ≤ CHUNKS · CHUNK``), ``W [H·D, F]``
-    contiguous, ``attn_l``, ``attn_r`` ``H·D`` contiguous, ``Wh [N, H, D]`` contiguous, ``el``, ``er`` float32
-    ``[N, H]``; ``D`` a power of two dividing ``BLOCK_N``, which divides ``H·D``.  Program ``(c, p)`` owns columns
-    ``[c · BLOCK_N, (c + 1) · BLOCK_N)`` — heads ``c · BLOCK_N / D`` onwards — holds their TF32 parts of ``Wᵀ``
-    (fusecore.linear ``held_parts``) and walks row blocks ``p, p + P, …`` ``STAGES`` deep (``held_rows``;
-    ``SUMS``, ``GUARDS`` and ``CVT`` as fusecore.linear's ``product_held_kernel``); each block's scores are its
-    heads' sums of the product tile."""
-    HEADS: tl.constexpr = BLOCK_N // D
-    pid_n = tl.program_id(0)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_h = pid_n * HEADS + tl.arange(0, HEADS)
-    # b = Wᵀ [F, H·D] read in place: b[k, n] = W[n, k]
-    hi0, lo0, hi1, lo1, hi2, lo2, hi3, lo3, finite = held_parts(w_ptr, F, offs_n, offs_n < H * D, 1, F, CHUNK, CHUNKS,
-                                                                CVT)
-    if GUARDS != 2:
-        _held_scores_walk(x_ptr, attn_l_ptr, attn_r_ptr, wh_ptr, el_ptr, er_ptr, num_nodes, F, stride_x, H, offs_n,
-                          offs_h, hi0, lo0, hi1, lo1, hi2, lo2, hi3, lo3, D, BLOCK_M, BLOCK_N, CHUNK, CHUNKS, STAGES,
-                          SUMS, GUARDS, CVT)
-    elif finite:
-        _held_scores_walk(x_ptr, attn_l_ptr, attn_r_ptr, wh_ptr, el_ptr, er_ptr, num_nodes, F, stride_x, H, offs_n,
-                          offs_h, hi0, lo0, hi1, lo1, hi2, lo2, hi3, lo3, D, BLOCK_M, BLOCK_N, CHUNK, CHUNKS, STAGES,
-                          SUMS, 2, CVT)
-    else:
-        _held_scores_walk(x_ptr, attn_l_ptr, attn_r_ptr, wh_ptr, el_ptr, er_ptr, num_nodes, F, stride_x, H, offs_n,
-                          offs_h, hi0, lo0, hi1, lo1, hi2, lo2, hi3, lo3, D, BLOCK_M, BLOCK_N, CHUNK, CHUNKS, 1,
-                          SUMS, 1, CVT)

@@ -161,15 +161,14 @@ def test_product_held_sums_match_float64(device, poison, monkeypatch, sums):
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the interpreter's inf - inf
 @pytest.mark.parametrize("sums", [1, 2])
 @pytest.mark.parametrize("weight_inf", [False, True])
-@pytest.mark.parametrize("guards", ["chunk", "branch"])
-def test_product_held_non_finite_inputs_as_torch(device, poison, monkeypatch, sums, weight_inf, guards):
+@pytest.mark.parametrize("split", ["cvt", "bits"])
+def test_product_held_non_finite_inputs_as_torch(device, poison, monkeypatch, sums, weight_inf, split):
     """Infinities and NaN (one whose payload sits in the 13 bits TF32 drops) in either operand give torch's ±inf and
     NaN: the remainders of an infinite value (its ``inf · 0`` products) never reach the result, a NaN stays NaN —
-    with a finite weight (the unguarded loop: ``a``'s non-finite elements enter the remainders as 0) and with an
-    infinite one in the second column block (``weight_inf``: under ``HELD_GUARDS`` "branch" that block's programs take
-    the guarded loop), each way of guarding the remainders and both TF32 splits on the GPU (``HELD_SPLIT``)."""
+    with infinite inputs in ``a`` alone and in the weight too (``weight_inf``), both TF32 splits (``HELD_SPLIT``;
+    the interpreter has only the bits)."""
     monkeypatch.setattr(linear_module, "HELD_SUMS", sums)
-    monkeypatch.setattr(linear_module, "HELD_GUARDS", guards)
+    monkeypatch.setattr(linear_module, "HELD_SPLIT", split)
     monkeypatch.setattr(linear_module, "HELD_BLOCK_N", 16)
     gen = fresh_generator(device)
     m, k, n = 19, 40, 24
@@ -196,6 +195,10 @@ def test_product_held_sums_setting_is_checked(device, monkeypatch):
     monkeypatch.setattr(linear_module, "HELD_SUMS", 0)
     a = torch.ones(4, 8, device=device)
     with pytest.raises(ValueError, match="HELD_SUMS must be 1 or 2"):
+        product(a, a.t())
+    monkeypatch.setattr(linear_module, "HELD_SUMS", 2)
+    monkeypatch.setattr(linear_module, "HELD_SPLIT", "rna")
+    with pytest.raises(ValueError, match="HELD_SPLIT must be 'cvt' or 'bits'"):
         product(a, a.t())
 
 
@@ -307,13 +310,11 @@ def test_float32_product_accuracy_on_the_gpu(device, monkeypatch, precision, hel
 
 
 @pytest.mark.skipif(not COMPILED, reason="the hardware's TF32 conversion is inline PTX (compiled only)")
-@pytest.mark.parametrize("guards", ["chunk", "branch"])
-def test_held_split_by_the_hardware_matches_the_bits(device, monkeypatch, guards):
+def test_held_split_by_the_hardware_matches_the_bits(device):
     """``HELD_SPLIT`` "cvt" (``cvt.rna.tf32.f32``) and "bits" round alike: the held product bit for bit equal, with
     ties, values that round up to the next binade, infinities and NaN among the inputs.  (They part only within
     2^-11 of the largest finite float, which the hardware rounds to infinity — as Triton's own tf32x3 does — where
     the bits truncate.)"""
-    monkeypatch.setattr(linear_module, "HELD_GUARDS", guards)
     gen = fresh_generator(device)
     a = torch.randn(3001, 128, generator=gen, device=device)
     b = torch.randn(128, 200, generator=gen, device=device)
@@ -324,8 +325,9 @@ def test_held_split_by_the_hardware_matches_the_bits(device, monkeypatch, guards
     b[7, 150] = float("-inf")
     outs = {}
     for split in ("cvt", "bits"):
-        monkeypatch.setattr(linear_module, "HELD_SPLIT", split)
-        outs[split] = product(a, b)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(linear_module, "HELD_SPLIT", split)
+            outs[split] = product(a, b)
     assert torch.equal(outs["cvt"].view(torch.int32), outs["bits"].view(torch.int32)) or torch.equal(
         outs["cvt"].nan_to_num(), outs["bits"].nan_to_num()), "the two TF32 splits differ"
 
