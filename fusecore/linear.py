@@ -307,10 +307,19 @@ def _tf32_parts(x, CVT: tl.constexpr = False):
     the rounding of Triton's own tf32x3, which rounds the last values below the largest float to infinity and a NaN
     whose payload sits in the 13 dropped bits to infinity — the latter undone here), else by integer operations on
     the bits (which truncate where rounding would overflow)."""
-    if CVT:
+    if CVT == 1:
         hi = tl.inline_asm_elementwise("cvt.rna.tf32.f32 $0, $1;", "=r,f", [x], dtype=tl.uint32, is_pure=True,
                                        pack=1).to(tl.float32, bitcast=True)
         hi = tl.where(x == x, hi, float("nan"))
+        return hi, tl.where(tl.abs(x) < float("inf"), x - hi, 0.0)
+    if CVT == 2:
+        hi = tl.inline_asm_elementwise(
+            "{ .reg .pred p; cvt.rna.tf32.f32 $0, $1; testp.notanumber.f32 p, $1; @p mov.b32 $0, 0x7FC00000; }",
+            "=r,f", [x], dtype=tl.uint32, is_pure=True, pack=1).to(tl.float32, bitcast=True)
+        return hi, tl.where(tl.abs(x) < float("inf"), x - hi, 0.0)
+    if CVT == 3:
+        hi = tl.inline_asm_elementwise("cvt.rna.tf32.f32 $0, $1;", "=r,f", [x], dtype=tl.uint32, is_pure=True,
+                                       pack=1).to(tl.float32, bitcast=True)
         return hi, tl.where(tl.abs(x) < float("inf"), x - hi, 0.0)
     bits = x.to(tl.uint32, bitcast=True)
     magnitude = bits & 0x7FFFFFFF
@@ -429,12 +438,15 @@ def product_held_kernel(a_ptr, b_ptr, bias_ptr, c_ptr, M, N, K, stride_am, strid
         tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :], acc, mask=m_mask[:, None] & n_mask[None, :])
 
 
-def held_split() -> bool:
-    """The held kernels' ``CVT`` constexpr: :data:`HELD_SPLIT` "cvt" where the kernels are compiled (the
-    interpreter runs no inline PTX)."""
-    if HELD_SPLIT not in ("cvt", "bits"):
-        raise ValueError(f"fusecore.linear.HELD_SPLIT must be 'cvt' or 'bits', got {HELD_SPLIT!r}")
-    return HELD_SPLIT == "cvt" and not backend.INTERPRET
+HELD_SPLITS = ("bits", "cvt", "cvt-asm", "cvt-raw")
+
+
+def held_split() -> int:
+    """The held kernels' ``CVT`` constexpr: :data:`HELD_SPLIT` where the kernels are compiled (the interpreter runs
+    no inline PTX)."""
+    if HELD_SPLIT not in HELD_SPLITS:
+        raise ValueError(f"fusecore.linear.HELD_SPLIT must be one of {HELD_SPLITS}, got {HELD_SPLIT!r}")
+    return 0 if backend.INTERPRET else HELD_SPLITS.index(HELD_SPLIT)
 
 
 def uses_product(*tensors: torch.Tensor | None) -> bool:
