@@ -302,25 +302,18 @@ def product_rows_kernel(a_ptr, b_ptr, bias_ptr, c_ptr, M, N, K, stride_am, strid
 def _tf32_parts(x, CVT: tl.constexpr = False):
     """``(hi, lo)``: ``hi`` = float32 ``x`` rounded to TF32 (10 fraction bits; to nearest, ties away from zero;
     infinities kept, NaN as the quiet NaN ``0x7FC00000``, which the tensor cores, reading 19 bits, still see as NaN),
-    ``lo = x - hi`` exactly (0 where ``x`` is not finite); the tensor cores read ``hi`` exactly and ``lo`` to 11
-    significant bits.  ``CVT``: ``hi`` by the hardware's conversion (``cvt.rna.tf32.f32``, inline PTX, compiled only;
-    the rounding of Triton's own tf32x3, which rounds the last values below the largest float to infinity and a NaN
-    whose payload sits in the 13 dropped bits to infinity — the latter undone here), else by integer operations on
-    the bits (which truncate where rounding would overflow)."""
-    if CVT == 1:
+    ``lo = x - hi`` exactly; the tensor cores read ``hi`` exactly and ``lo`` to 11 significant bits.  ``CVT``: ``hi``
+    by the hardware's conversion (``cvt.rna.tf32.f32``, inline PTX, compiled only; the rounding of Triton's own
+    tf32x3, which rounds the last values below the largest float to infinity, and a NaN whose payload sits in the 13
+    dropped bits to infinity — the latter undone here, but not with ``CVT`` 2, for measurement only), ``lo`` NaN where
+    ``x`` is not finite (the held kernels' remainder guard drops it); else by integer operations on the bits (which
+    truncate where rounding would overflow), ``lo`` 0 where ``x`` is not finite."""
+    if CVT:
         hi = tl.inline_asm_elementwise("cvt.rna.tf32.f32 $0, $1;", "=r,f", [x], dtype=tl.uint32, is_pure=True,
                                        pack=1).to(tl.float32, bitcast=True)
-        hi = tl.where(x == x, hi, float("nan"))
-        return hi, tl.where(tl.abs(x) < float("inf"), x - hi, 0.0)
-    if CVT == 2:
-        hi = tl.inline_asm_elementwise(
-            "{ .reg .pred p; cvt.rna.tf32.f32 $0, $1; testp.notanumber.f32 p, $1; @p mov.b32 $0, 0x7FC00000; }",
-            "=r,f", [x], dtype=tl.uint32, is_pure=True, pack=1).to(tl.float32, bitcast=True)
-        return hi, tl.where(tl.abs(x) < float("inf"), x - hi, 0.0)
-    if CVT == 3:
-        hi = tl.inline_asm_elementwise("cvt.rna.tf32.f32 $0, $1;", "=r,f", [x], dtype=tl.uint32, is_pure=True,
-                                       pack=1).to(tl.float32, bitcast=True)
-        return hi, tl.where(tl.abs(x) < float("inf"), x - hi, 0.0)
+        if CVT == 1:
+            hi = tl.where(x == x, hi, float("nan"))
+        return hi, x - hi
     bits = x.to(tl.uint32, bitcast=True)
     magnitude = bits & 0x7FFFFFFF
     hi = tl.where(magnitude < 0x7F7FF000, (bits + 0x1000) & 0xFFFFE000, bits & 0xFFFFE000)
@@ -438,7 +431,7 @@ def product_held_kernel(a_ptr, b_ptr, bias_ptr, c_ptr, M, N, K, stride_am, strid
         tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :], acc, mask=m_mask[:, None] & n_mask[None, :])
 
 
-HELD_SPLITS = ("bits", "cvt", "cvt-asm", "cvt-raw")
+HELD_SPLITS = ("bits", "cvt", "cvt-raw")
 
 
 def held_split() -> int:
