@@ -214,7 +214,8 @@ PRECISIONS = ("tf32x3", "bf16x6")  # bf16x6: each operand in three bfloat16 part
 # 140 µs with SUMS 2, 115 with SUMS 1, against its slice kernel's 118 — not taken (session 26's projection keeps each
 # program's 64 columns: gnnfuse/kernels/projection.py).  The non-finite guards (:func:`_finite_or_zero`, NaN through
 # :func:`_tf32_parts`) came after these timings and cost 13-15% (session 26, H200, kernel times: 512 columns 378 µs,
-# 256 columns 190); the hardware's split (HELD_SPLIT) took most of it back (349 / 172; no guard 327).
+# 256 columns 190); the hardware's split (HELD_SPLIT, session 26 call 6) more than took it back: 318 at 512 columns,
+# GAT's projection with its scores 94 (its slice kernel 122).
 HELD_KERNEL = True
 HELD_MAX_K = 128
 HELD_CHUNK_K = 32
@@ -225,7 +226,7 @@ HELD_STAGES = 3
 HELD_PROGRAMS_PER_SM = 1
 HELD_SUMS = 2  # 1: the remainders' products in an accumulator of their own; 2: per chunk from zero, then added
 # The TF32 split of the compiled held kernels (_tf32_parts): "cvt", the hardware's conversion (Transformer fp32's
-# [169 343, 128] → 512 product on an H200, session 26: 349 against 375 µs), or "bits", integer operations.
+# [169 343, 128] → 512 product on an H200, session 26 call 6: 318 against 379 µs), or "bits", integer operations.
 HELD_SPLIT = "cvt"
 
 
@@ -304,15 +305,14 @@ def _tf32_parts(x, CVT: tl.constexpr = False):
     infinities kept, NaN as the quiet NaN ``0x7FC00000``, which the tensor cores, reading 19 bits, still see as NaN),
     ``lo = x - hi`` exactly; the tensor cores read ``hi`` exactly and ``lo`` to 11 significant bits.  ``CVT``: ``hi``
     by the hardware's conversion (``cvt.rna.tf32.f32``, inline PTX, compiled only; the rounding of Triton's own
-    tf32x3, which rounds the last values below the largest float to infinity, and a NaN whose payload sits in the 13
-    dropped bits to infinity — the latter undone here, but not with ``CVT`` 2, for measurement only), ``lo`` NaN where
-    ``x`` is not finite (the held kernels' remainder guard drops it); else by integer operations on the bits (which
-    truncate where rounding would overflow), ``lo`` 0 where ``x`` is not finite."""
+    tf32x3), ``lo`` NaN where ``x`` is not finite (the held kernels' remainder guard drops it); it rounds the values
+    within 2^-11 of the largest float to infinity, and a NaN whose payload lies only in the 13 bits TF32 drops (a
+    hand-made signalling NaN: no arithmetic makes one) reads as infinity.  Else by integer operations on the bits,
+    which truncate where rounding would overflow and keep every NaN, ``lo`` 0 where ``x`` is not finite.  A select
+    per element to keep those NaN too cost the hardware split 10% (session 26: 354 against 318 µs)."""
     if CVT:
         hi = tl.inline_asm_elementwise("cvt.rna.tf32.f32 $0, $1;", "=r,f", [x], dtype=tl.uint32, is_pure=True,
                                        pack=1).to(tl.float32, bitcast=True)
-        if CVT == 1:
-            hi = tl.where(x == x, hi, float("nan"))
         return hi, x - hi
     bits = x.to(tl.uint32, bitcast=True)
     magnitude = bits & 0x7FFFFFFF
@@ -431,7 +431,7 @@ def product_held_kernel(a_ptr, b_ptr, bias_ptr, c_ptr, M, N, K, stride_am, strid
         tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :], acc, mask=m_mask[:, None] & n_mask[None, :])
 
 
-HELD_SPLITS = ("bits", "cvt", "cvt-raw")
+HELD_SPLITS = ("bits", "cvt")
 
 
 def held_split() -> int:
