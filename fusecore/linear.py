@@ -33,11 +33,13 @@ carries about the error float32's own rounding gives it (``tests/fusecore/test_l
 against float64 on the GPU).  Where the reduction is at most :data:`HELD_MAX_K` deep (a graph layer's input
 features), :func:`product_held_kernel` splits each program's column block of ``b`` into its two parts once and holds
 them in shared memory while it walks row blocks of ``a`` (13-16% faster at the layers' shapes on the H200, same
-accuracy); otherwise the row-block or slice kernels, Triton's tf32x3 per slice.  torch's float32 product is cuBLAS
-on the FP32 units, compute-bound for a
+accuracy; with the hardware's TF32 split, :data:`HELD_SPLIT`, 15% faster again); otherwise the row-block or slice
+kernels, Triton's tf32x3 per slice.  torch's float32 product is cuBLAS on the FP32 units, compute-bound for a
 graph layer's shapes (four ``[169 343, 128]`` maps: 551 µs on the H200, where moving the bytes takes ~100).
 The gradients' products (:func:`matmul`) stay torch's unless :data:`BACKWARD_PRODUCTS` is set (measured
-slower or equal: the sweep below).  ``FLOAT32_PRODUCT = None`` keeps torch's everywhere.  The interpreter
+slower or equal on the H100, the sweep below; on the H200 in session 26 the Transformer fp32 step's GPU time 2.6%
+lower with it — ∂W split over the rows, 369 against cuBLAS's 430 µs — but its host time higher: not the
+default).  ``FLOAT32_PRODUCT = None`` keeps torch's everywhere.  The interpreter
 computes the same tiles in exact float32 (it has no TF32).  ``∂W = ∂yᵀ x`` sums over the rows: with few
 output tiles the rows are split among programs whose float32 partials :func:`column_sum` adds.
 """
