@@ -39,3 +39,35 @@ def device():
 def gen():
     """A fresh CPU generator per test (seed printed on failure through its repr in asserts)."""
     return fusecore.testing.fresh_generator()
+
+
+def _global_switches() -> dict[str, object]:
+    """Process-wide switches a test could leave set and so change every later test in its process (an xdist
+    worker runs many): the reference path, torch.compile's tracing flag, autocast, float32 matmul precision."""
+    import torch
+
+    return {
+        "fusecore.reference_enabled()": fusecore.reference_enabled(),
+        "torch.compiler.is_compiling()": torch.compiler.is_compiling(),
+        "torch.is_autocast_enabled('cpu')": torch.is_autocast_enabled("cpu"),
+        "torch.is_autocast_enabled('cuda')": torch.is_autocast_enabled("cuda"),
+        "torch.get_float32_matmul_precision()": torch.get_float32_matmul_precision(),
+        "torch.is_grad_enabled()": torch.is_grad_enabled(),
+    }
+
+
+@pytest.fixture(autouse=True)
+def _no_global_switch_left_set():
+    """Fail the test that changes one of :func:`_global_switches` without restoring it (a compiled GPU run had one
+    xdist worker's later tests all on the reference path, session 26), and restore it for the next."""
+    before = _global_switches()
+    yield
+    after = _global_switches()
+    if after != before:
+        import torch
+
+        fusecore.set_reference(before["fusecore.reference_enabled()"])
+        torch.set_float32_matmul_precision(before["torch.get_float32_matmul_precision()"])
+        torch.set_grad_enabled(before["torch.is_grad_enabled()"])
+        changed = {k: (before[k], after[k]) for k in before if before[k] != after[k]}
+        pytest.fail(f"the test left process-wide switches changed (before, after): {changed}")
