@@ -52,7 +52,11 @@ def main(argv: list[str] | None = None) -> float:
     parser.add_argument("--reference", action="store_true",
                         help="run gnnfuse's unfused PyTorch reference path instead of the kernels (same math)")
     args = parser.parse_args(argv)
-    backend.set_reference(args.reference)
+    with backend.use_reference(args.reference):  # for this run only: main() may be called from other code
+        return _train(args)
+
+
+def _train(args: argparse.Namespace) -> float:
     device = backend.default_device()
     epochs = args.epochs or (200 if device.type == "cuda" else 30)
     torch.manual_seed(args.seed)
