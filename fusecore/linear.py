@@ -54,7 +54,7 @@ import triton.language as tl
 from torch.autograd.function import once_differentiable
 
 from . import backend
-from .backend import check_devices, jit, kernel_devices, reference_enabled
+from .backend import check_devices, jit, on_kernel_device, reference_enabled
 from .device import device_facts
 from .plan import cdiv, next_power_of_2
 
@@ -450,9 +450,15 @@ def uses_product(*tensors: torch.Tensor | None) -> bool:
     autocast — whose products of float32 tensors are torch's, in its lower dtype)."""
     if FLOAT32_PRODUCT is None or reference_enabled() or torch.compiler.is_compiling():
         return False
-    present = [t for t in tensors if t is not None]
-    return (all(t.dtype == torch.float32 and t.device.type in kernel_devices() for t in present)
-            and not any(torch.is_autocast_enabled(t.device.type) for t in present[:1]))
+    first = None
+    for t in tensors:  # a loop of attribute reads: this runs on every float32 layer call, some twice
+        if t is None:
+            continue
+        if t.dtype != torch.float32 or not on_kernel_device(t):
+            return False
+        if first is None:
+            first = t
+    return first is None or not torch.is_autocast_enabled(first.device.type)
 
 
 def dot_precision(dtype: torch.dtype) -> str:
@@ -489,6 +495,21 @@ def held_tiling(m: int, k: int, n: int, precision: str, device: torch.device) ->
         raise ValueError(f"fusecore.linear.HELD_SUMS must be 1 or 2, got {HELD_SUMS!r}")
     if not HELD_KERNEL or precision != "tf32x3" or k > HELD_MAX_K:
         return None
+    # kept per shape and setting: a layer asks on every call (~10 µs of host time to derive)
+    key = (m, k, n, device, HELD_CHUNK_K, HELD_BLOCK_M, HELD_BLOCK_N, HELD_STAGES, HELD_PROGRAMS_PER_SM)
+    tiling = _held_tilings.get(key, _MISSING)
+    if tiling is _MISSING:
+        if len(_held_tilings) >= 256:
+            _held_tilings.clear()
+        tiling = _held_tilings[key] = _derive_held_tiling(m, k, n, device)
+    return tiling
+
+
+_held_tilings: dict[tuple, tuple[int, int, int, int, int] | None] = {}
+_MISSING = object()
+
+
+def _derive_held_tiling(m: int, k: int, n: int, device: torch.device) -> tuple[int, int, int, int, int] | None:
     chunk = max(16, min(HELD_CHUNK_K, next_power_of_2(k)))
     chunks = cdiv(k, chunk)
     if chunks > 4:

@@ -42,8 +42,22 @@ from fusecore.linear import column_sum, dot_precision, linear, matmul, uses_prod
 from fusecore.plan import MIN_DOT
 
 from .graph import Graph, as_graph
+from .kernels.attention_backward import (
+    attention_backward_dst_kernel,
+    attention_backward_dst_light_kernel,
+    attention_backward_src_kernel,
+    attention_backward_src_light_kernel,
+    row_sum_kernel,
+)
+from .kernels.attention_forward import attention_forward_light_kernel, attention_forward_rows_kernel
 from .kernels.dropout import DROPOUT_DEVICE, DROPOUT_HOST, DROPOUT_OFF
+from .kernels.edge_features import edge_attr_grad_kernel, edge_terms_kernel, edge_weight_grad_kernel
+from .kernels.merge import lse_merge_kernel, sum_merge_kernel
+from .kernels.node_scores import head_dot_kernel, node_scores_backward_kernel, node_scores_kernel
+from .kernels.normalize import normalize_backward_kernel, normalize_kernel
+from .kernels.projection import projection_scores_held_kernel, projection_scores_kernel
 from .kernels.scores import SCORE_DOT, SCORE_GAT, SCORE_GATV2
+from .kernels.tiles import LIGHT_SLOTS, pack_light
 from .reference import accumulation_dtype
 from .schedule import Buckets, ScheduleOptions
 
@@ -621,8 +635,6 @@ def attention_forward(
     ``out_add`` is added to ``out``, or with ``final`` (``[N, H, D]``, any float dtype) ``final``
     gets ``out + out_add`` (or ``out`` alone) in its dtype and ``out`` stays the attention's own.
     """
-    from .kernels.attention_forward import attention_forward_light_kernel, attention_forward_rows_kernel
-    from .kernels.merge import lse_merge_kernel
 
     value = inputs.value
     num_nodes, heads, head_dim = value.shape
@@ -745,7 +757,6 @@ def _light_plan(schedule, inputs: AttentionInputs, buckets: Buckets, kernel_pass
     ``kernel_pass``: the width classes grouped by :func:`_light_breaks` (one class per launch
     with edge features where :data:`LIGHT_LAUNCH_PER_CLASS_WITH_EDGES` asks for it), each launch over its classes' slice
     of ``buckets.light_all`` with the classes' row counts as ``n0 .. n6``."""
-    from .kernels.tiles import LIGHT_SLOTS, pack_light
 
     block_h, block_d = schedule.block_h, schedule.block_d
     light_tiles, _ = _tile_budget(schedule, inputs, kernel_pass)
@@ -824,8 +835,6 @@ def _sum_tiles(width: int, tile: int = MERGE_TILE) -> tuple[int, int]:
 
 
 def _merge_sums(buckets: Buckets, part: torch.Tensor, out: torch.Tensor) -> None:
-    from .kernels.merge import sum_merge_kernel
-
     width = part[0].numel()
     block_p, block_w = _sum_tiles(width)
     sum_merge_kernel[(buckets.super_rows.numel(),)](
@@ -861,13 +870,6 @@ def attention_backward(
     ``grad_out_copy``: an ``[N, H, D]`` block ``g`` is stored into as ``δ`` is formed (a per-node addend's
     gradient in a packed gradient).
     """
-    from .kernels.attention_backward import (
-        attention_backward_dst_kernel,
-        attention_backward_dst_light_kernel,
-        attention_backward_src_kernel,
-        attention_backward_src_light_kernel,
-        row_sum_kernel,
-    )
 
     value = inputs.value
     num_nodes, heads, head_dim = value.shape
@@ -1025,7 +1027,6 @@ def _edge_terms(graph: Graph, inputs: AttentionInputs, grad_out: torch.Tensor, a
     """``[E, 2, H]`` in ``acc``: per CSR position ``p`` and head, ``t_p = q̃_i · e_p`` and ``r_p = g_i · e_p``
     (``i`` the edge's destination, ``e_p`` its projected features, ``q̃ = scale · q``), the source pass's
     edge-feature terms."""
-    from .kernels.edge_features import edge_terms_kernel
 
     terms = _new_output((max(graph.num_edges, 1), 2, inputs.value.shape[1]), acc, inputs.value.device)
     if graph.num_edges:
@@ -1038,7 +1039,6 @@ def _edge_attr_grad(graph: Graph, inputs: AttentionInputs, grad_out: torch.Tenso
                     grad_s: torch.Tensor, grad_attr: torch.Tensor, schedule) -> None:
     """``∂edge_attr [E, K]`` (input edge order) from ``α'`` (``terms[:, 0]``, as the source pass leaves it)
     and ``∂s`` per CSR position: :func:`~gnnfuse.kernels.edge_features.edge_attr_grad_kernel`."""
-    from .kernels.edge_features import edge_attr_grad_kernel
 
     if graph.num_edges:
         _csr_edge_pass(edge_attr_grad_kernel, graph, inputs,
@@ -1106,7 +1106,6 @@ def edge_weight_grad(
     autograd keeps it as the parameter's gradient without a copy): a deterministic reduction over nodes in
     the accumulation dtype — per-head products over node blocks (``edge_weight_grad_kernel``, each byte of
     the sums, ``g`` and ``q`` read once), then the blocks' partials added in a fixed order."""
-    from .kernels.edge_features import edge_weight_grad_kernel
 
     num_nodes, _, heads, edge_dim = attr_sums.shape
     head_dim = grad_out.shape[2]
@@ -1355,7 +1354,6 @@ def _head_dot(a: torch.Tensor, b: torch.Tensor, acc: torch.dtype, parts: torch.T
     ``parts`` (one sum of :func:`_node_part_buffer`) also the per-program partial sums of ``a``, and with
     ``copy`` (``[N, H, D]``, contiguous heads and features, any row stride) ``a`` stored into it, from the
     same read."""
-    from .kernels.node_scores import head_dot_kernel
 
     num_nodes, heads, head_dim = a.shape
     out = _new_output((num_nodes, heads), acc, a.device)
@@ -1370,8 +1368,6 @@ def _head_dot(a: torch.Tensor, b: torch.Tensor, acc: torch.dtype, parts: torch.T
 
 
 def _node_scores_forward(wh: torch.Tensor, attn_l: torch.Tensor, attn_r: torch.Tensor):
-    from .kernels.node_scores import node_scores_kernel
-
     num_nodes, heads, head_dim = wh.shape
     acc = accumulation_dtype(wh.dtype)
     el = _new_output((num_nodes, heads), acc, wh.device)
@@ -1436,7 +1432,6 @@ def _projection_scores(x: torch.Tensor, weight: torch.Tensor, attn_l: torch.Tens
                        heads: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(wh [N, H, D], el, er [N, H])``: ``wh = x Wᵀ`` and its node scores in one kernel
     (:func:`fuses_projection` says where it applies)."""
-    from .kernels.projection import projection_scores_held_kernel, projection_scores_kernel
 
     num_nodes, in_feats = x.shape
     wh = _new_output((num_nodes, heads, head_dim), x.dtype, x.device)
@@ -1469,7 +1464,6 @@ def _projection_scores(x: torch.Tensor, weight: torch.Tensor, attn_l: torch.Tens
 def _node_scores_backward(wh, attn_l, attn_r, grad_el, grad_er, grad_agg, parts: torch.Tensor) -> torch.Tensor:
     """``grad_wh``: ``grad_agg`` plus the node scores' share, in one kernel, which also writes the
     partial sums of ``∂attn_l``, ``∂attn_r`` into ``parts[0]``, ``parts[1]`` (:func:`_node_part_buffer`)."""
-    from .kernels.node_scores import node_scores_backward_kernel
 
     num_nodes, heads, head_dim = wh.shape
     block_h, block_d, rows = _node_tile_rows(heads, head_dim)
@@ -1817,7 +1811,6 @@ def _normalize_rows(h: torch.Tensor, beta: torch.Tensor) -> tuple[torch.Tensor, 
     """AGNN's per-node scales ``(r, c)``, ``[N, H]`` each in the accumulation dtype: ``r = 1 / max(‖h‖, ε)``
     (keys ``h r``) and ``c = β r`` (queries ``h c``, formed by the attention kernels), from one per-node
     kernel (:mod:`gnnfuse.kernels.normalize`)."""
-    from .kernels.normalize import normalize_kernel
 
     num_nodes, heads, head_dim = h.shape
     acc = accumulation_dtype(h.dtype)
@@ -1835,7 +1828,6 @@ def _normalize_rows(h: torch.Tensor, beta: torch.Tensor) -> tuple[torch.Tensor, 
 def _normalize_rows_backward(h, beta, grad_value, grad_key, grad_query) -> tuple[torch.Tensor, torch.Tensor]:
     """``(∂h, ∂β)`` of AGNN from the attention's ``∂v``, ``∂k``, ``∂q`` (one per-node kernel; ``∂β``
     summed from per-program partials in the accumulation dtype)."""
-    from .kernels.normalize import normalize_backward_kernel
 
     num_nodes, heads, head_dim = h.shape
     block_h, block_d, rows = _node_tile_rows(heads, head_dim)
