@@ -217,7 +217,9 @@ PRECISIONS = ("tf32x3", "bf16x6")  # bf16x6: each operand in three bfloat16 part
 # program's 64 columns: gnnfuse/kernels/projection.py).  The non-finite guards (:func:`_finite_or_zero`, NaN through
 # :func:`_tf32_parts`) came after these timings and cost 13-15% (session 26, H200, kernel times: 512 columns 378 µs,
 # 256 columns 190); the hardware's split (HELD_SPLIT, session 26 call 6) more than took it back: 318 at 512 columns,
-# GAT's projection with its scores 94 (its slice kernel 122).
+# GAT's projection with its scores 94 (its slice kernel 122).  Column blocks of 128 (a's split half as often) were
+# slower everywhere (session 27, H100, kernel times: 512 columns 316 µs with 128 × 64 blocks, 530 with 64 × 128, 476
+# with 32 × 128 in 4 stages; GATv2's 256 columns 162 against 274; GAT's projection 93 against 150).
 HELD_KERNEL = True
 HELD_MAX_K = 128
 HELD_CHUNK_K = 32
