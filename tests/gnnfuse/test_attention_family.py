@@ -211,23 +211,21 @@ def test_row_launch_of_pieces_and_medium_rows(gen, device, monkeypatch, name, mi
     output and every gradient (with edge features the destination pass's edge sums too) against the float64
     oracle (training: the forward's FINAL store), and with a per-node addend, inference and training (ADD, ADD
     with FINAL), every buffer poisoned before and written."""
-    from gnnfuse.kernels import merge
-
     monkeypatch.setattr(ops, "ROW_LAUNCH_MIXED", {"forward": mixed, "destination": mixed})
     monkeypatch.setattr(ops, "PIECE_MERGE_IN_ROWS", dict.fromkeys(("forward", "source", "destination"), bool(merged)))
     if merged == "capped":  # every row with two pieces or more is too long to merge inside
         monkeypatch.setattr(ops, "MERGE_INSIDE_MAX_TRIPS", 0)
         merged = False
     merges = []
-    for kernel in ("lse_merge_kernel", "sum_merge_kernel"):
-        launch = getattr(merge, kernel)
+    for kernel in ("lse_merge_kernel", "sum_merge_kernel"):  # the names ops launches them by
+        launch = getattr(ops, kernel)
 
         class Counted:  # counts the merge kernel's launches
             def __getitem__(self, grid, launch=launch, kernel=kernel):
                 merges.append(kernel)
                 return launch[grid]
 
-        monkeypatch.setattr(merge, kernel, Counted())
+        monkeypatch.setattr(ops, kernel, Counted())
     graph = Graph(corner_case_edges(gen).to(device), 29)
     schedule = graph.schedule(3, 5, torch.float32, SCHEDULES["mixed"])
     buckets = schedule.incoming
