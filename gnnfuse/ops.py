@@ -729,13 +729,18 @@ LIGHT_LAUNCH_BREAKS: tuple[int, ...] = (8, 32)
 # 1169 -> 489.1 / 1173 and Graph Transformer fp32 1016 / 2564 -> 1026 / 2562 kept their two launches.  One launch
 # fewer a pass is also ~20 µs less host work a pass for the host-bound training steps.
 LIGHT_LAUNCH_BREAKS_2BYTE: dict[int, tuple[int, ...]] = {SCORE_GAT: (32,), SCORE_DOT: (32,)}
+# ... and for these in 4-byte floats.  Session 27 (H200, arxiv-like, same call, replayed forward / step µs, two
+# rounds): GAT fp32 with one light launch a pass 362.8, 362.7 / 1047.5, 1048.2 against 362.3, 361.9 / 1052.9, 1052.0
+# with (8, 32) — equal GPU time, a launch fewer a forward and a source pass (25-40 µs of host each on the GPU machines,
+# where GAT fp32's forward is host-bound as called).
+LIGHT_LAUNCH_BREAKS_4BYTE: dict[int, tuple[int, ...]] = {SCORE_GAT: (32,)}
 
 
 def _light_breaks(inputs: AttentionInputs) -> tuple[int, ...]:
-    """The widths at which ``inputs``' light classes start a new launch (the two constants above)."""
+    """The widths at which ``inputs``' light classes start a new launch (the three constants above)."""
     if inputs.value.dtype in (torch.float16, torch.bfloat16):
         return LIGHT_LAUNCH_BREAKS_2BYTE.get(inputs.score, LIGHT_LAUNCH_BREAKS)
-    return LIGHT_LAUNCH_BREAKS
+    return LIGHT_LAUNCH_BREAKS_4BYTE.get(inputs.score, LIGHT_LAUNCH_BREAKS)
 
 
 # Whether kernels with edge features launch each light class on its own (each over 16-byte aligned row lists, as

@@ -38,6 +38,7 @@ def test_light_classes_launch_grouped_by_the_breaks(gen, monkeypatch, breaks, un
 
     monkeypatch.setattr(ops, "LIGHT_LAUNCH_BREAKS", breaks)
     monkeypatch.setattr(ops, "LIGHT_LAUNCH_BREAKS_2BYTE", {})  # every dtype and score follows LIGHT_LAUNCH_BREAKS
+    monkeypatch.setattr(ops, "LIGHT_LAUNCH_BREAKS_4BYTE", {})
     for name in ("LIGHT_FORWARD_UNROLLED", "LIGHT_SOURCE_UNROLLED"):
         monkeypatch.setattr(ops, name, unrolled is True)
     device = test_device()
@@ -86,15 +87,17 @@ def test_light_classes_launch_grouped_by_the_breaks(gen, monkeypatch, breaks, un
 
 
 def test_light_breaks_per_score_in_two_byte_floats(monkeypatch):
-    """``ops.LIGHT_LAUNCH_BREAKS_2BYTE`` overrides the breaks for its scores in 2-byte floats only."""
+    """``ops.LIGHT_LAUNCH_BREAKS_2BYTE`` overrides the breaks for its scores in 2-byte floats only,
+    ``ops.LIGHT_LAUNCH_BREAKS_4BYTE`` for its scores in 4-byte floats only."""
     from gnnfuse.kernels.scores import SCORE_DOT, SCORE_GAT, SCORE_GATV2
 
     monkeypatch.setattr(ops, "LIGHT_LAUNCH_BREAKS", (8,))
     monkeypatch.setattr(ops, "LIGHT_LAUNCH_BREAKS_2BYTE", {SCORE_GAT: (), SCORE_DOT: (4,)})
+    monkeypatch.setattr(ops, "LIGHT_LAUNCH_BREAKS_4BYTE", {SCORE_GAT: (16,)})
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         feats, scale = torch.zeros(2, 2, 3, dtype=dtype), torch.zeros(2, 2, dtype=dtype)
         two_byte = dtype != torch.float32
-        assert ops._light_breaks(ops.AttentionInputs(SCORE_GAT, scale, scale, feats)) == (() if two_byte else (8,))
+        assert ops._light_breaks(ops.AttentionInputs(SCORE_GAT, scale, scale, feats)) == (() if two_byte else (16,))
         assert ops._light_breaks(ops.AttentionInputs(SCORE_DOT, feats, feats, feats)) == ((4,) if two_byte else (8,))
         assert ops._light_breaks(ops.AttentionInputs(SCORE_GATV2, feats, feats, feats, attn=feats[0])) == (8,)
 
@@ -228,6 +231,7 @@ def test_light_classes_wider_than_the_unrolled_cap_launch_in_the_tile_form(gen, 
     monkeypatch.setattr(ops, "LIGHT_UNROLLED_MAX_WIDTH", 4)
     monkeypatch.setattr(ops, "LIGHT_LAUNCH_BREAKS", ())
     monkeypatch.setattr(ops, "LIGHT_LAUNCH_BREAKS_2BYTE", {})
+    monkeypatch.setattr(ops, "LIGHT_LAUNCH_BREAKS_4BYTE", {})
     monkeypatch.setattr(ops, "LIGHT_SOURCE_UNROLLED", True)
     monkeypatch.setattr(ops, "LIGHT_UNROLLED_MAXNREG", {"forward": {}, "source": dict.fromkeys((0, 1, 2), 96),
                                                         "destination": {}})
