@@ -56,7 +56,7 @@ from torch.autograd.function import once_differentiable
 from . import backend
 from .backend import check_devices, jit, on_kernel_device, reference_enabled
 from .device import device_facts
-from .plan import cdiv, next_power_of_2
+from .plan import PlanCache, cdiv, next_power_of_2
 
 # First stage: [BLOCK_R, BLOCK_C] tiles of COLUMN_TILE elements (32 float32 accumulators a thread at
 # COLUMN_WARPS warps), up to COLUMN_BLOCK_MAX columns per program (more: a second grid axis), about
@@ -499,16 +499,10 @@ def held_tiling(m: int, k: int, n: int, precision: str, device: torch.device) ->
         return None
     # kept per shape and setting: a layer asks on every call (~10 µs of host time to derive)
     key = (m, k, n, device, HELD_CHUNK_K, HELD_BLOCK_M, HELD_BLOCK_N, HELD_STAGES, HELD_PROGRAMS_PER_SM)
-    tiling = _held_tilings.get(key, _MISSING)
-    if tiling is _MISSING:
-        if len(_held_tilings) >= 256:
-            _held_tilings.clear()
-        tiling = _held_tilings[key] = _derive_held_tiling(m, k, n, device)
-    return tiling
+    return _held_tilings.get(key, lambda: _derive_held_tiling(m, k, n, device))
 
 
-_held_tilings: dict[tuple, tuple[int, int, int, int, int] | None] = {}
-_MISSING = object()
+_held_tilings = PlanCache(256)
 
 
 def _derive_held_tiling(m: int, k: int, n: int, device: torch.device) -> tuple[int, int, int, int, int] | None:
