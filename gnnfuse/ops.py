@@ -1401,6 +1401,15 @@ FUSED_PROJECTION = True
 # with the node scores in each column block's epilogue (gnnfuse/kernels/projection.py), where the slice kernel
 # splits W into its TF32 parts again for every slice.
 PROJECTION_HELD = True
+# 2-byte inputs whose rows are not 16 bytes apart (Reddit's 602 features: 1204 bytes) fused too, each program over
+# rows of one alignment class (kernels/projection.py ``ROW_CLASSES``, Wᵀ read), so every row's aligned body loads 16
+# bytes at a time, where the input has at least PROJECTION_CLASS_MIN_ROWS rows.  Session 28 (H100, kernel times,
+# GAT bf16 forward): Reddit scale (233 K rows of 602) 129.1 µs + 2.9 for Wᵀ against torch's product (cuBLAS's
+# 2-element-aligned kernel) 163.4 + the node-score pass 16.2, forward 1456 against 1497 µs; the fused kernel with plain
+# loads of such rows took 284 µs (H200, session 24); 128 nodes a program 135.1 µs.  On Cora (2708 rows of 1433: 24-48
+# programs, each walking all 1433 columns) 35.6 µs against 18.0 for cuBLAS's split product and the node scores.
+PROJECTION_ROW_CLASSES = True
+PROJECTION_CLASS_MIN_ROWS = 32768
 PROJECTION_MAX_COLUMNS = 256
 PROJECTION_BLOCK_M = 64  # nodes per program
 PROJECTION_BLOCK_F = 64  # input features per tl.dot
@@ -1413,10 +1422,24 @@ def fuses_projection(x: torch.Tensor, weight: torch.Tensor, heads: int, head_dim
     node scores in one kernel (:func:`_projection_scores`); else fusecore.linear's product and a node-score
     pass."""
     width = next_power_of_2(heads) * next_power_of_2(head_dim)
-    tensor_cores = x.dtype in (torch.float16, torch.bfloat16) or uses_product(x, weight)
+    two_byte = x.dtype in (torch.float16, torch.bfloat16)
+    tensor_cores = two_byte or uses_product(x, weight)
+    # rows 16 bytes apart (vector loads), or enough 2-byte rows read by alignment class (PROJECTION_ROW_CLASSES)
     return (FUSED_PROJECTION and tensor_cores and weight.dtype == x.dtype
             and MIN_DOT <= width <= PROJECTION_MAX_COLUMNS and x.dim() == 2 and x.stride(1) == 1
-            and x.stride(0) * x.element_size() % 16 == 0 and x.data_ptr() % 16 == 0)  # 16-byte rows: vector loads
+            and x.data_ptr() % 16 == 0
+            and (x.stride(0) * x.element_size() % 16 == 0
+                 or (two_byte and PROJECTION_ROW_CLASSES and x.shape[0] >= PROJECTION_CLASS_MIN_ROWS)))
+
+
+def _row_classes(x: torch.Tensor) -> int:
+    """The projection kernel's ``ROW_CLASSES`` for ``x``: for a 16-byte aligned 2-byte input (with
+    :data:`PROJECTION_ROW_CLASSES`), the rows after which a row starts at the same offset modulo 16 bytes — 1 for
+    rows 16 bytes apart, up to 8 for rows an odd number of elements apart; else (and for rows of fewer than 16
+    elements) 1: plain loads, any row stride."""
+    if not PROJECTION_ROW_CLASSES or x.element_size() != 2 or x.data_ptr() % 16 or x.shape[1] < 16:
+        return 1
+    return 16 // math.gcd(x.stride(0) * 2, 16)
 
 
 def _projection_held_tiling(x: torch.Tensor, weight: torch.Tensor, heads: int,
@@ -1454,14 +1477,16 @@ def _projection_scores(x: torch.Tensor, weight: torch.Tensor, attn_l: torch.Tens
         )
     elif num_nodes:
         block_h, block_d = next_power_of_2(heads), next_power_of_2(head_dim)
+        classes = _row_classes(x)
         # PROJECTION_BLOCK_M rows up to 128 columns, fewer beyond: the accumulator's registers stay put
         block_m = max(MIN_DOT, PROJECTION_BLOCK_M * 128 // max(128, block_h * block_d))
         # input slices of PROJECTION_BLOCK_F 2-byte elements' bytes (half as many float32 ones: the same shared memory)
         block_f = max(MIN_DOT, min(PROJECTION_BLOCK_F * 2 // x.element_size(), next_power_of_2(in_feats)))
-        projection_scores_kernel[(cdiv(num_nodes, block_m),)](
-            x, weight.contiguous(), attn_l.contiguous(), attn_r.contiguous(), wh, el, er, num_nodes, in_feats,
-            x.stride(0), heads, head_dim, BLOCK_M=block_m, BLOCK_F=block_f, BLOCK_H=block_h, BLOCK_D=block_d,
-            PRECISION=dot_precision(x.dtype), num_warps=PROJECTION_WARPS, num_stages=PROJECTION_STAGES,
+        projection_scores_kernel[(classes * cdiv(cdiv(num_nodes, classes), block_m),)](
+            x, weight.contiguous() if classes == 1 else weight.t().contiguous(), attn_l.contiguous(),
+            attn_r.contiguous(), wh, el, er, num_nodes, in_feats, x.stride(0), heads, head_dim, BLOCK_M=block_m,
+            BLOCK_F=block_f, BLOCK_H=block_h, BLOCK_D=block_d, PRECISION=dot_precision(x.dtype), ROW_CLASSES=classes,
+            ROW_VEC=16 // x.element_size(), num_warps=PROJECTION_WARPS, num_stages=PROJECTION_STAGES,
         )
     return wh, el, er
 

@@ -8,6 +8,8 @@ GATConv with the unfused projection and the node-score pass, forward and every g
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from gnn_testing import corner_case_edges, poison_op_outputs
@@ -32,19 +34,24 @@ def _oracle(x, weight, attn_l, attn_r, heads, head_dim):
 @pytest.mark.parametrize("dtype", FUSED)
 @pytest.mark.parametrize(
     "num_nodes, in_feats, heads, head_dim",
-    [(1, 1, 1, 16), (61, 5, 3, 5), (64, 16, 8, 16), (130, 100, 2, 8), (67, 130, 4, 64), (0, 7, 2, 8)],
+    [(1, 1, 1, 16), (61, 5, 3, 5), (64, 16, 8, 16), (130, 100, 2, 8), (67, 130, 4, 64), (0, 7, 2, 8),
+     (53, 602, 4, 16), (3, 602, 4, 16), (29, 37, 2, 16), (9, 17, 1, 16)],
 )
 def test_projection_scores_matches_float64(dtype, num_nodes, in_feats, heads, head_dim, monkeypatch):
     gen = fresh_generator()
     seed = gen.initial_seed()
     created = poison_op_outputs(monkeypatch)
+    monkeypatch.setattr(ops, "PROJECTION_CLASS_MIN_ROWS", 0)
     x = torch.randn(num_nodes, in_feats, generator=gen).to(DEVICE, dtype)
     weight = (torch.randn(heads * head_dim, in_feats, generator=gen) / in_feats**0.5).to(DEVICE, dtype)
     attn_l = torch.randn(1, heads, head_dim, generator=gen).to(DEVICE, dtype)
     attn_r = torch.randn(1, heads, head_dim, generator=gen).to(DEVICE, dtype)
-    # the layer fuses only 16-byte aligned rows; the kernel itself takes any row stride
-    aligned = in_feats * x.element_size() % 16 == 0 and x.data_ptr() % 16 == 0
-    assert ops.fuses_projection(x, weight, heads, head_dim) == aligned
+    # the layer fuses 16-byte aligned rows, and 2-byte rows at any stride by alignment class (rows of 37 or 17
+    # elements: 8 classes; 602 or 130: 4; 100: 2; here at any row count); the kernel itself takes any row stride
+    aligned = in_feats * x.element_size() % 16 == 0 or dtype in HALF
+    assert ops.fuses_projection(x, weight, heads, head_dim) == (aligned and x.data_ptr() % 16 == 0)
+    if dtype in HALF and in_feats >= 16:
+        assert ops._row_classes(x) == 16 // math.gcd(in_feats * 2, 16)
     wh, el, er = ops._projection_scores(x, weight, attn_l, attn_r, heads, head_dim)
     assert wh.shape == (num_nodes, heads, head_dim) and wh.dtype == dtype
     assert el.shape == er.shape == (num_nodes, heads) and el.dtype == torch.float32
@@ -122,6 +129,56 @@ def test_projection_reads_a_row_strided_input(monkeypatch):
     assert torch.equal(el, er)
 
 
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("width, start, in_feats, classes", [(61, 8, 37, 8), (58, 8, 26, 4), (45, 0, 17, 8),
+                                                            (40, 24, 16, 1)])
+def test_projection_by_row_class_of_a_strided_input(dtype, width, start, in_feats, classes, monkeypatch):
+    """Rows of a view ``width`` elements apart, starting 16-byte aligned: each program takes the rows of one
+    alignment class, loads their aligned body 16 bytes at a time and gathers the columns around it (every row
+    written, against the float64 oracle, for row counts around the class count)."""
+    gen = fresh_generator()
+    seed = gen.initial_seed()
+    created = poison_op_outputs(monkeypatch)
+    monkeypatch.setattr(ops, "PROJECTION_CLASS_MIN_ROWS", 0)
+    weight = (torch.randn(32, in_feats, generator=gen) / in_feats**0.5).to(DEVICE, dtype)
+    attn_l = torch.randn(1, 2, 16, generator=gen).to(DEVICE, dtype)
+    attn_r = torch.randn(1, 2, 16, generator=gen).to(DEVICE, dtype)
+    for num_nodes in (1, classes - 1, classes + 1, 5 * classes + 3, 131):
+        if num_nodes < 1:
+            continue
+        wide = torch.randn(num_nodes, width, generator=gen).to(DEVICE, dtype)
+        x = wide[:, start:start + in_feats]
+        assert ops.fuses_projection(x, weight, 2, 16) and ops._row_classes(x) == classes
+        wh, el, er = ops._projection_scores(x, weight, attn_l, attn_r, 2, 16)
+        for tensor in created:
+            assert_all_written(tensor)
+        created.clear()
+        ref_wh, ref_el, ref_er = _oracle(x, weight, attn_l, attn_r, 2, 16)
+        what = f"{num_nodes} rows (seed {seed})"
+        assert_close(wh.float(), ref_wh.float(), dtype, name=f"wh, {what}")
+        assert_close(el, ref_el.float(), dtype, name=f"el, {what}")
+        assert_close(er, ref_er.float(), dtype, name=f"er, {what}")
+
+
+def test_row_classes_only_where_they_apply(monkeypatch):
+    """Row classes for 16-byte aligned 2-byte inputs of >= 16 columns; otherwise plain loads (one class)."""
+    x = torch.zeros(8, 42, dtype=torch.bfloat16, device=DEVICE)
+    assert ops._row_classes(x[:, :37]) == 4  # rows 84 bytes apart
+    assert ops._row_classes(x[:, :40].contiguous()) == 1  # 80 bytes apart: aligned rows
+    assert ops._row_classes(x[:, 1:38]) == 1  # starts 2 bytes in
+    assert ops._row_classes(x[:, :15]) == 1  # under 16 columns
+    assert ops._row_classes(x.float()[:, :37]) == 1  # float32: rows must be aligned to fuse at all
+    weight = torch.zeros(32, 37, dtype=torch.bfloat16, device=DEVICE)
+    # the layer fuses them from PROJECTION_CLASS_MIN_ROWS rows (fewer rows: too few programs for the long rows)
+    assert not ops.fuses_projection(x[:, :37], weight, 2, 16)
+    monkeypatch.setattr(ops, "PROJECTION_CLASS_MIN_ROWS", 8)
+    assert ops.fuses_projection(x[:, :37], weight, 2, 16)
+    assert not ops.fuses_projection(x[:7, :37], weight, 2, 16)
+    monkeypatch.setattr(ops, "PROJECTION_ROW_CLASSES", False)
+    assert ops._row_classes(x[:, :37]) == 1
+    assert not ops.fuses_projection(x[:, :37], weight, 2, 16)
+
+
 def test_where_the_fused_projection_applies():
     x = torch.zeros(4, 8, dtype=torch.bfloat16, device=DEVICE)
 
@@ -137,8 +194,11 @@ def test_where_the_fused_projection_applies():
     assert not ops.fuses_projection(x, weight(512), 8, 64)  # 512 columns: above PROJECTION_MAX_COLUMNS
     column_strided = torch.zeros(8, 4, dtype=torch.bfloat16, device=DEVICE).t()
     assert not ops.fuses_projection(column_strided, weight(128), 8, 16)
-    reddit = torch.zeros(4, 602, dtype=torch.bfloat16, device=DEVICE)  # rows 1204 bytes apart: not 16-byte aligned
-    assert not ops.fuses_projection(reddit, torch.zeros(64, 602, dtype=torch.bfloat16, device=DEVICE), 4, 16)
+    # rows 1204 bytes apart: 4 alignment classes, fused from PROJECTION_CLASS_MIN_ROWS rows
+    reddit = torch.zeros(ops.PROJECTION_CLASS_MIN_ROWS, 602, dtype=torch.bfloat16, device=DEVICE)
+    assert ops.fuses_projection(reddit, torch.zeros(64, 602, dtype=torch.bfloat16, device=DEVICE), 4, 16)
+    assert not ops.fuses_projection(reddit[:4], torch.zeros(64, 602, dtype=torch.bfloat16, device=DEVICE), 4, 16)
+    assert not ops.fuses_projection(reddit[:, 1:], torch.zeros(64, 601, dtype=torch.bfloat16, device=DEVICE), 4, 16)
     assert not ops.fuses_projection(reddit.float(), torch.zeros(64, 602, device=DEVICE), 4, 16)  # 2408 bytes apart
 
 
@@ -153,20 +213,22 @@ def test_float32_projection_follows_the_float32_product_setting(monkeypatch):
     assert not ops.fuses_projection(x, weight, 8, 16)
 
 
-@pytest.mark.parametrize("dtype", FUSED)
+@pytest.mark.parametrize("dtype, in_feats", [*((d, 24) for d in FUSED), (torch.bfloat16, 37), (torch.float16, 26)])
 @pytest.mark.parametrize("residual", [False, True])
-def test_gatconv_with_the_fused_projection_matches_the_unfused_layer(dtype, residual, monkeypatch):
+def test_gatconv_with_the_fused_projection_matches_the_unfused_layer(dtype, in_feats, residual, monkeypatch):
+    """in_feats 37 / 26 in 2-byte floats: rows not 16 bytes apart, fused by alignment class."""
+    monkeypatch.setattr(ops, "PROJECTION_CLASS_MIN_ROWS", 0)
     gen = fresh_generator()
     seed = gen.initial_seed()
     num_nodes = 29
     graph = Graph(corner_case_edges(gen, num_nodes).to(DEVICE), num_nodes)
     torch.manual_seed(seed)
-    layer = GATConv(24, 6, 3, residual=residual, allow_zero_in_degree=True).to(DEVICE, dtype)
+    layer = GATConv(in_feats, 6, 3, residual=residual, allow_zero_in_degree=True).to(DEVICE, dtype)
     with torch.no_grad():
         for name, p in layer.named_parameters():
             if "bias" in name:
                 p.normal_()
-    x = torch.randn(num_nodes, 24, generator=gen).to(DEVICE, dtype).requires_grad_()
+    x = torch.randn(num_nodes, in_feats, generator=gen).to(DEVICE, dtype).requires_grad_()
     grad = torch.randn(num_nodes, 3, 6, generator=gen).to(DEVICE, dtype)
     assert ops.fuses_projection(x, layer.fc.weight, 3, 6)
     results = []
