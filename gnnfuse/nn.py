@@ -220,10 +220,11 @@ class GATConv(_DGLHeadsConv):
                 rng: PhiloxStream | DevicePhiloxStream | None = None) -> torch.Tensor:
         graph = self._graph(graph, feat, self.fc.weight.dtype)
         h = self._feat_dropout(feat)
-        # Aligned rows: the projection and the node scores in one kernel, inside the op's one autograd
-        # node (ops.fuses_projection); else fc's product is fusecore.linear's, outside the op (the op's
-        # own torch product was no faster as called on the H200: gnn/layer_host, gnnfuse/JOURNAL.md
-        # session 7).  The bias is added in the kernel's store (in training into a second, final output).
+        # Aligned rows (or many 2-byte rows, read by alignment class): the projection and the node scores in one
+        # kernel, inside the op's one autograd node (ops.fuses_projection); else fc's product is fusecore.linear's,
+        # outside the op (the op's own torch product was no faster as called on the H200: gnn/layer_host,
+        # gnnfuse/JOURNAL.md session 7).  The bias is added in the kernel's store (in training into a second, final
+        # output).
         weight = self.fc.weight
         if ops.fuses_projection(h, weight, self._num_heads, self._out_feats):
             first, projected = h, {"weight": weight}
