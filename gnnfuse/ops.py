@@ -1390,8 +1390,9 @@ def _node_scores_forward(wh: torch.Tensor, attn_l: torch.Tensor, attn_r: torch.T
 # bfloat16 inputs, and float32 ones where fusecore.linear's float32 products apply (tl.dot in three TF32
 # parts: fusecore.linear.FLOAT32_PRODUCT; a plain float32 tl.dot would round through TF32), padded
 # widths BLOCK_H·BLOCK_D from 16 (tl.dot's least) to PROJECTION_MAX_COLUMNS (one program holds a row
-# block's every column in registers) and input rows 16-byte aligned.  Otherwise the projection is
-# fusecore.linear's and a node-score pass reads Wh again.  Session 10 (H100,
+# block's every column in registers) and input rows 16-byte aligned (or, in 2-byte floats, read by alignment
+# class: PROJECTION_ROW_CLASSES below).  Otherwise the projection is fusecore.linear's and a node-score pass reads
+# Wh again.  Session 10 (H100,
 # same-call A/B, replayed): GAT bf16 on the arxiv-like graph (128 features) 336.1 / 973.0 µs forward /
 # training step against 346.9 / 984.1 unfused; on the Reddit-scale graph (602 features, rows 1204
 # bytes apart: no vector loads) the layer's forward took 2.643 against session 9's 2.537 ms unfused,
