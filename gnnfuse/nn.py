@@ -179,7 +179,8 @@ class GATConv(_DGLHeadsConv):
     layer's parameters).  Returns ``[N, H, D]`` in ``feat``'s dtype.  The attention itself
     runs in one fused kernel that stores only the logsumexp per (node, head); attention
     dropout is drawn from the counter-based RNG and regenerated in backward.  For inputs with
-    16-byte aligned rows (:func:`gnnfuse.ops.fuses_projection`) the projection and the node scores
+    16-byte aligned rows, and large float16 / bfloat16 inputs of any row width from 16 features
+    (:func:`gnnfuse.ops.fuses_projection`), the projection and the node scores
     ``attn_l · Wh``, ``attn_r · Wh`` are one kernel too; float32 projections are products on the
     tensor cores in three TF32 parts (:mod:`fusecore.linear`, float32's accuracy).  ``fc.weight`` is
     read directly, so hooks registered on the ``fc`` module do not run.

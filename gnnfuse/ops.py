@@ -1423,14 +1423,13 @@ def fuses_projection(x: torch.Tensor, weight: torch.Tensor, heads: int, head_dim
     node scores in one kernel (:func:`_projection_scores`); else fusecore.linear's product and a node-score
     pass."""
     width = next_power_of_2(heads) * next_power_of_2(head_dim)
-    two_byte = x.dtype in (torch.float16, torch.bfloat16)
-    tensor_cores = two_byte or uses_product(x, weight)
-    # rows 16 bytes apart (vector loads), or enough 2-byte rows read by alignment class (PROJECTION_ROW_CLASSES)
+    tensor_cores = x.dtype in (torch.float16, torch.bfloat16) or uses_product(x, weight)
+    # rows 16 bytes apart (vector loads), or enough rows read by alignment class (:func:`_row_classes`)
     return (FUSED_PROJECTION and tensor_cores and weight.dtype == x.dtype
             and MIN_DOT <= width <= PROJECTION_MAX_COLUMNS and x.dim() == 2 and x.stride(1) == 1
             and x.data_ptr() % 16 == 0
             and (x.stride(0) * x.element_size() % 16 == 0
-                 or (two_byte and PROJECTION_ROW_CLASSES and x.shape[0] >= PROJECTION_CLASS_MIN_ROWS)))
+                 or (x.shape[0] >= PROJECTION_CLASS_MIN_ROWS and _row_classes(x) > 1)))
 
 
 def _row_classes(x: torch.Tensor) -> int:

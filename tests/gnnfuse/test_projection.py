@@ -46,9 +46,10 @@ def test_projection_scores_matches_float64(dtype, num_nodes, in_feats, heads, he
     weight = (torch.randn(heads * head_dim, in_feats, generator=gen) / in_feats**0.5).to(DEVICE, dtype)
     attn_l = torch.randn(1, heads, head_dim, generator=gen).to(DEVICE, dtype)
     attn_r = torch.randn(1, heads, head_dim, generator=gen).to(DEVICE, dtype)
-    # the layer fuses 16-byte aligned rows, and 2-byte rows at any stride by alignment class (rows of 37 or 17
-    # elements: 8 classes; 602 or 130: 4; 100: 2; here at any row count); the kernel itself takes any row stride
-    aligned = in_feats * x.element_size() % 16 == 0 or dtype in HALF
+    # the layer fuses 16-byte aligned rows, and 2-byte rows of >= 16 columns at any stride by alignment class (rows
+    # of 37 or 17 elements: 8 classes; 602 or 130: 4; 100: 2; here at any row count); the kernel itself takes any
+    # row stride
+    aligned = in_feats * x.element_size() % 16 == 0 or (dtype in HALF and in_feats >= 16)
     assert ops.fuses_projection(x, weight, heads, head_dim) == (aligned and x.data_ptr() % 16 == 0)
     if dtype in HALF and in_feats >= 16:
         assert ops._row_classes(x) == 16 // math.gcd(in_feats * 2, 16)
@@ -174,6 +175,8 @@ def test_row_classes_only_where_they_apply(monkeypatch):
     monkeypatch.setattr(ops, "PROJECTION_CLASS_MIN_ROWS", 8)
     assert ops.fuses_projection(x[:, :37], weight, 2, 16)
     assert not ops.fuses_projection(x[:7, :37], weight, 2, 16)
+    # unaligned rows of under 16 columns: not by class, so not fused (plain loads of such rows are slow)
+    assert not ops.fuses_projection(x[:, :15], torch.zeros(32, 15, dtype=torch.bfloat16, device=DEVICE), 2, 16)
     monkeypatch.setattr(ops, "PROJECTION_ROW_CLASSES", False)
     assert ops._row_classes(x[:, :37]) == 1
     assert not ops.fuses_projection(x[:, :37], weight, 2, 16)
