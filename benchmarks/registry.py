@@ -17,7 +17,7 @@ import torch
 from fusecore import backend
 from fusecore.report import Record
 from fusecore.testing import rel_error
-from fusecore.timing import measure, peak_memory
+from fusecore.timing import host_probe_us, measure, peak_memory
 
 DOMAINS = ("core", "gnn", "sim", "llm")
 
@@ -105,6 +105,10 @@ class Context:
         ``back_to_back`` (GPU): wall time per call of calls issued one after another, the
         host's launch work included (``fusecore.timing.measure``); the CPU times every call so.
 
+        Every row that is not a replay records the host's speed just before and just after its
+        measurement, ``params["host_probe_us"]`` (:func:`fusecore.timing.host_probe_us`): as-called
+        rows of host-bound calls follow it.
+
         ``variant`` extends the case name (for example a size or dtype) so one case can emit
         several rows; records of one (case, variant) share a baseline.
         """
@@ -113,6 +117,8 @@ class Context:
             rep_ms = min(self.rep_ms, 20.0)
         else:
             rep_ms = min(self.rep_ms, self.replay_rep_ms) if cuda_graph else self.rep_ms
+        # the host's speed around a row whose time can include the host's issue work (not a replay)
+        probe = None if cuda_graph and on_gpu else host_probe_us()
         timing = measure(
             fn,
             device=self.device,
@@ -122,12 +128,14 @@ class Context:
             back_to_back=back_to_back and on_gpu,
             min_cpu_reps=1 if self.quick else 3,
         )
+        if probe is not None:
+            probe = [round(probe, 1), round(host_probe_us(), 1)]
         peak = peak_memory(fn, self.device) if (memory and on_gpu) else None
         name = self.case.name if variant is None else f"{self.case.name}[{variant}]"
         record = Record.from_timing(
             self.case.domain, name, implementation, timing,
             device=self.device, bytes_moved=bytes_moved, flops=flops, flop_dtype=flop_dtype,
-            peak_memory_bytes=peak, params=params,
+            peak_memory_bytes=peak, params=params if probe is None else {**(params or {}), "host_probe_us": probe},
         )
         self.records.append(record)
         if self.on_record is not None:

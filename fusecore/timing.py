@@ -145,6 +145,32 @@ def _quantiles(samples: list[float]) -> tuple[float, float]:
     return q[1], q[7]
 
 
+HOST_PROBE_ADDITIONS = 20_000  # one probe run: this many integer additions in a Python loop (~0.5-1.5 ms)
+
+
+def host_probe_us(repeats: int = 5) -> float:
+    """The host's current speed: median µs of ``repeats`` runs of a fixed pure-Python loop
+    (:data:`HOST_PROBE_ADDITIONS` integer additions), no torch and no device involved.
+
+    An as-called time of a host-bound call (a layer whose launches take longer to issue than the
+    GPU takes to run them) scales with how fast the host runs Python at that moment, and the
+    GPU machines' hosts do not run at one speed: in session 29 this loop's time on the H200
+    machine switched between two levels about 1.9x apart within one process, seconds apart, and the
+    issue time of a GAT forward followed it (gnnfuse/JOURNAL.md, "Session 29").  The benchmark
+    harness records this probe beside every row it does not replay (``params["host_probe_us"]``,
+    before and after the measurement), so a row taken in the slow state can be told from one
+    taken in the fast state.
+    """
+    samples = []
+    for _ in range(max(1, repeats)):
+        start = time.perf_counter()
+        total = 0
+        for i in range(HOST_PROBE_ADDITIONS):
+            total += i
+        samples.append((time.perf_counter() - start) * 1e6)
+    return statistics.median(samples)
+
+
 def peak_memory(fn: Callable[[], object], device: torch.device | str | None = None) -> int | None:
     """Peak bytes allocated by torch on the CUDA device while ``fn()`` runs (None on CPU).
 

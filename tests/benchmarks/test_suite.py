@@ -155,6 +155,31 @@ def test_replayed_rows_get_the_short_replay_budget(monkeypatch):
     assert seen == [(False, 100.0), (True, ctx.replay_rep_ms), (True, 10.0)] and ctx.replay_rep_ms < 100.0
 
 
+def test_called_rows_record_the_host_probe_and_replayed_rows_do_not(monkeypatch):
+    """Context.time records the host's speed (fusecore.timing.host_probe_us) just before and after
+    every row that is not a replay, beside the case's own params, which it leaves unchanged."""
+    import torch
+
+    from benchmarks import registry
+    from fusecore.timing import Timing
+
+    probes = iter([101.0, 102.0, 103.0, 104.0])
+    monkeypatch.setattr(registry, "host_probe_us", lambda: next(probes))
+    monkeypatch.setattr(registry, "measure", lambda fn, **kwargs: Timing(1.0, 1.0, 1.0, gpu_time=True, method="fake"))
+    monkeypatch.setattr(registry, "peak_memory", lambda fn, device: None)
+    seen = []
+    monkeypatch.setattr(registry.Record, "from_timing",
+                        classmethod(lambda cls, *a, params=None, **k: seen.append(params)))
+    case = registry.Case("core", "probe", "x", lambda ctx: None)
+    ctx = registry.Context(quick=False, device=torch.device("cuda"), case=case)
+    own = {"graph": "g"}
+    ctx.time("called", lambda: None, params=own)
+    ctx.time("replayed", lambda: None, cuda_graph=True, params=own)
+    ctx.time("back to back", lambda: None, back_to_back=True)
+    assert seen == [{"graph": "g", "host_probe_us": [101.0, 102.0]}, own, {"host_probe_us": [103.0, 104.0]}]
+    assert own == {"graph": "g"}
+
+
 def test_gatconv_bf16_runs_time_the_fused_projection_component():
     """The quick suite runs GATConv in float32 only; in bfloat16 the layer fuses its projection and
     node scores (gnnfuse.ops.fuses_projection), and the case times that kernel as a component row."""

@@ -1,6 +1,7 @@
 """fusecore.timing and fusecore.report: timing, records, floors, JSON lines, the table."""
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -8,7 +9,7 @@ import torch
 from benchmarks.__main__ import compare
 from fusecore.device import DeviceFacts, Peak, device_facts, lookup_peak
 from fusecore.report import Record, environment, floor_ms, format_table, read_jsonl, set_speedups, write_jsonl
-from fusecore.timing import Timing, measure, peak_memory
+from fusecore.timing import Timing, host_probe_us, measure, peak_memory
 
 FAKE = DeviceFacts("fake", "cuda", 100, 0, 0, (9, 0), Peak(2e12, {"bfloat16": 1e15}, "test"))
 
@@ -136,3 +137,15 @@ def test_gpu_back_to_back_counts_host_work():
     assert timing.method.startswith("back-to-back") and timing.host_ms >= 0.2 and timing.median_ms >= 0.2
     fast = measure(lambda: x.mul(2.0), rep_ms=20, back_to_back=True)
     assert fast.median_ms < timing.median_ms
+
+
+def test_host_probe_times_a_fixed_python_loop(monkeypatch):
+    """host_probe_us: the median of its runs of a fixed pure-Python loop, in µs; at least one run."""
+    from fusecore import timing
+
+    probe = host_probe_us(repeats=3)
+    assert 0.0 < probe < 1e6
+    ticks = iter(range(0, 10_000, 10))  # each perf_counter call 10 "seconds" later: every run 10 s
+    monkeypatch.setattr(timing, "time", SimpleNamespace(perf_counter=lambda: next(ticks)))
+    monkeypatch.setattr(timing, "HOST_PROBE_ADDITIONS", 3)
+    assert host_probe_us(repeats=0) == 10e6
