@@ -1,6 +1,6 @@
 """Same-call A/B of decode-step plans on the GPU: ms per step of plan variants, per-layer path, CUDA graph.
 
-    python3 tests/llmfuse/ab_step.py TAG ROW [ROW ...]        ROW = MODEL:BATCH:field=int,field=int
+    python3 tests/llmfuse/ab_step.py TAG ROW [ROW ...]        ROW = MODEL:BATCH:field=value,... (ints or strings)
     e.g. 1B:1:  1B:1:acquire_loads=1  8B:1:pdl_weights=2      (MODEL 1B or 8B: benchmarks/cases/llm.py)
     1B:8:looped=1,dataflow_maxnreg=128                        (looped=1: the looped path, as the decode case)
 
@@ -36,9 +36,10 @@ CONTEXT, SLOTS = 512, 520
 
 
 def parse(row: str) -> tuple[str, int, dict[str, int]]:
-    """``MODEL:BATCH:field=int,...`` as (model, batch, plan fields)."""
+    """``MODEL:BATCH:field=value,...`` as (model, batch, plan fields): integers, or strings (``dot_prec=ieee``)."""
     model, batch, fields = row.split(":")
-    return model, int(batch), {k: int(v) for k, v in (kv.split("=") for kv in fields.split(",") if kv)}
+    return model, int(batch), {k: int(v) if v.lstrip("-").isdigit() else v
+                               for k, v in (kv.split("=") for kv in fields.split(",") if kv)}
 
 
 def time_row(w, cfg, inv_freq, inputs: dict, batch: int, tuning: dict[str, int], timed: bool = True) -> dict:
