@@ -230,9 +230,9 @@ HELD_STAGES = 3
 HELD_PROGRAMS_PER_SM = 1
 # HELD_SUMS 1 since session 30: at the error of torch's own float32 product (cuBLAS, which the PyG layers use:
 # 5.4-6.2e-7 against its 4.9-5.4e-7, a third of bf16's or TF32's), and faster (H200, session 30 call 1, same call,
-# replayed: arxiv-like GAT fp32 forward 347.3 against 355.5 µs, step 1043.4 against 1049.4; session 26 kernel times:
-# the Transformer's [169 343, 128] → 512 product 285.7 against 316.4 µs).  2 stays for callers who want the row-block
-# kernel's 2e-7.
+# replayed: arxiv-like GAT fp32 forward 347.3 against 355.5 µs, step 1043.4 against 1049.4; call 4: Transformer fp32
+# forward 743.7 against 773.1, step 2307.2 against 2336.5, GATv2 fp32 forward 508.4 against 522.5, step 1830.4
+# against 1846.3).  2 stays for callers who want the row-block kernel's 2e-7.
 HELD_SUMS = 1  # 1: the remainders' products in an accumulator of their own; 2: per chunk from zero, then added
 # The TF32 split of the compiled held kernels (_tf32_parts): "cvt", the hardware's conversion (Transformer fp32's
 # [169 343, 128] → 512 product on an H200, session 26 call 6: 318 against 379 µs), or "bits", integer operations.
