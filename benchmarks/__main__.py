@@ -58,13 +58,19 @@ def compare(new: list[Record], old: list[Record], threshold: float = 0.10) -> tu
 def merge(new: list[Record], old: list[Record]) -> list[Record]:
     """``old`` with every row of a case that ``new`` ran (same domain and case name, any
     parameters) replaced by ``new``'s rows: a partial rerun updates a results file without
-    mixing two runs' rows of one case.  Each row keeps its own ``env`` (commit, date, versions)."""
+    mixing two runs' rows of one case.  A case run on some graphs only (``--graph``: its rows carry
+    ``params["graphs_selected"]``) replaces only the rows of the graphs it ran (``params["graph"]``),
+    the case's other graphs keep theirs.  Each row keeps its own ``env`` (commit, date, versions)."""
 
     def name(r: Record) -> tuple[str, str]:
         return r.domain, r.case.split("[")[0]
 
-    rerun = {name(r) for r in new}
-    return [r for r in old if name(r) not in rerun] + list(new)
+    def graph(r: Record) -> tuple[str, str, object]:
+        return *name(r), r.params.get("graph")
+
+    rerun = {name(r) for r in new if not r.params.get("graphs_selected")}
+    rerun_graphs = {graph(r) for r in new if r.params.get("graphs_selected")}
+    return [r for r in old if name(r) not in rerun and graph(r) not in rerun_graphs] + list(new)
 
 
 def _saver(done: list[Record], ctx: Context, baseline: str, path: Path):
@@ -84,6 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--domain", action="append", choices=sorted(DOMAIN_ALIASES),
                         help="run only these domains (repeatable); default: all")
     parser.add_argument("--case", action="append", help="run only cases whose name contains this")
+    parser.add_argument("--graph", action="append", metavar="NAME",
+                        help="the gnn layer cases on this graph only (repeatable; e.g. arxiv-like); a merge then "
+                             "replaces only these graphs' rows of the cases that ran")
     parser.add_argument("--out", type=Path, help="directory for results.jsonl and PNG plots")
     parser.add_argument("--compare", type=Path, help="earlier results.jsonl to compare against")
     parser.add_argument("--merge-into", type=Path, metavar="FILE",
@@ -109,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     failures: list[str] = []
     started = time.perf_counter()
     for c in _progress(selected, "cases"):
-        ctx = Context(quick=args.quick, device=device, case=c)
+        ctx = Context(quick=args.quick, device=device, case=c, graphs=tuple(args.graph) if args.graph else None)
         if args.out:  # the run so far, after every record: a run killed mid-case keeps what it measured
             ctx.on_record = _saver(records, ctx, c.baseline, args.out / "results.jsonl")
         t0 = time.perf_counter()

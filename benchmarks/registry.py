@@ -81,6 +81,10 @@ class Context:
     # Called with each record as soon as it is timed (the harness saves the run so far: a case
     # cut short by a time limit keeps the rows it measured).
     on_record: Callable[[Record], None] | None = None
+    # ``--graph``: the graphs the gnn layer cases run (None: all).  Every record of such a run carries
+    # ``params["graphs_selected"]``, so that a merge replaces only those graphs' rows of its case
+    # (:func:`benchmarks.__main__.merge`).
+    graphs: tuple[str, ...] | None = None
 
     @property
     def gpu(self) -> bool:
@@ -132,10 +136,15 @@ class Context:
             probe = [round(probe, 1), round(host_probe_us(), 1)]
         peak = peak_memory(fn, self.device) if (memory and on_gpu) else None
         name = self.case.name if variant is None else f"{self.case.name}[{variant}]"
+        params = dict(params or {})
+        if probe is not None:
+            params["host_probe_us"] = probe
+        if self.graphs is not None:
+            params["graphs_selected"] = list(self.graphs)
         record = Record.from_timing(
             self.case.domain, name, implementation, timing,
             device=self.device, bytes_moved=bytes_moved, flops=flops, flop_dtype=flop_dtype,
-            peak_memory_bytes=peak, params=params if probe is None else {**(params or {}), "host_probe_us": probe},
+            peak_memory_bytes=peak, params=params,
         )
         self.records.append(record)
         if self.on_record is not None:

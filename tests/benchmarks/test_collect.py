@@ -52,3 +52,25 @@ def test_collect_merges_by_case_copies_logs_and_names_plots(tmp_path):
 ])
 def test_plot_names_match_the_committed_folders(domain, name, expected):
     assert plot_name(domain, name) == expected
+
+
+def test_a_run_on_some_graphs_replaces_only_their_rows(tmp_path):
+    """``--graph``: rows carrying ``params["graphs_selected"]`` replace the rows of their case on the graphs
+    they ran; the case's other graphs keep theirs, and a case run whole still replaces all of its rows."""
+    from benchmarks.__main__ import merge
+
+    def rows(case, graphs, commit, selected=None):
+        out = []
+        for g in graphs:
+            params = {"graph": g, **({"graphs_selected": selected} if selected else {})}
+            out.append(Record("gnn", f"{case}[{g},fp32,fwd]", "fused (gnnfuse)", 1.0, 1.0, 1.0, True, "do_bench",
+                              params=params, env={"commit": commit}))
+        return out
+
+    old = rows("gatconv", ("cora", "arxiv-like", "reddit-scale"), "old") + rows("agnnconv", ("cora",), "old")
+    merged = merge(rows("gatconv", ("arxiv-like",), "new", ["arxiv-like"]), old)
+    assert sorted((r.case, r.env["commit"]) for r in merged) == [
+        ("agnnconv[cora,fp32,fwd]", "old"), ("gatconv[arxiv-like,fp32,fwd]", "new"),
+        ("gatconv[cora,fp32,fwd]", "old"), ("gatconv[reddit-scale,fp32,fwd]", "old")]
+    whole = merge(rows("gatconv", ("arxiv-like",), "new"), old)
+    assert sorted(r.case for r in whole) == ["agnnconv[cora,fp32,fwd]", "gatconv[arxiv-like,fp32,fwd]"]

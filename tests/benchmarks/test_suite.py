@@ -194,3 +194,26 @@ def test_gatconv_bf16_runs_time_the_fused_projection_component():
     rows = {(r.implementation, r.case) for r in ctx.records}
     assert ("fused projection + node scores", f"gatconv[{spec.name},bf16,fwd,parts]") in rows
     assert ctx.checks and all(err <= tol for _, err, tol in ctx.checks)
+
+
+def test_graph_option_runs_the_layer_cases_on_those_graphs_only(monkeypatch):
+    """``--graph NAME``: the gnn layer cases skip the other graphs, their records carry the selection (which the
+    merge reads), and a name no case knows is refused."""
+    from benchmarks.cases import gnn as cases
+
+    case = next(c for c in registry.cases() if c.domain == "gnn" and c.name == "gatconv")
+    ran = []
+    monkeypatch.setattr(cases, "_edges", lambda name, device: (torch.zeros(2, 0, dtype=torch.long), 1))
+
+    def run(ctx, spec, graph, dtype, gen):
+        ran.append((spec.name, dtype))
+        ctx.time("fused (gnnfuse)", lambda: None, params={"graph": spec.name})
+
+    ctx = registry.Context(quick=False, device=torch.device("cpu"), case=case, graphs=("arxiv-like",))
+    monkeypatch.setattr(registry, "host_probe_us", lambda: 1.0)
+    cases._run_graphs(ctx, cases.FULL, run)
+    assert ran == [("arxiv-like", torch.float32), ("arxiv-like", torch.bfloat16)]
+    assert all(r.params["graphs_selected"] == ["arxiv-like"] for r in ctx.records)
+    ctx = registry.Context(quick=False, device=torch.device("cpu"), case=case, graphs=("arxiv",))
+    with pytest.raises(ValueError, match=r"--graph \['arxiv'\]: no such graph"):
+        cases._run_graphs(ctx, cases.FULL, run)
