@@ -32,8 +32,9 @@ a TF32 remainder, ``a·b ≈ a_hi·b_hi + a_hi·b_lo + a_lo·b_hi``, accumulated
 carries about the error float32's own rounding gives it (``tests/fusecore/test_linear.py`` compares both
 against float64 on the GPU).  Where the reduction is at most :data:`HELD_MAX_K` deep (a graph layer's input
 features), :func:`product_held_kernel` splits each program's column block of ``b`` into its two parts once and holds
-them in shared memory while it walks row blocks of ``a`` (13-16% faster at the layers' shapes on the H200, same
-accuracy; with the hardware's TF32 split, :data:`HELD_SPLIT`, 15% faster again); otherwise the row-block or slice
+them in shared memory while it walks row blocks of ``a`` (13-16% faster at the layers' shapes on the H200; with the
+hardware's TF32 split, :data:`HELD_SPLIT`, 15% faster again; since session 30 its remainders' products keep an
+accumulator of their own, :data:`HELD_SUMS`, at torch's cuBLAS float32 error); otherwise the row-block or slice
 kernels, Triton's tf32x3 per slice.  torch's float32 product is cuBLAS on the FP32 units, compute-bound for a
 graph layer's shapes (four ``[169 343, 128]`` maps: 551 µs on the H200, where moving the bytes takes ~100).
 The gradients' products (:func:`matmul`) stay torch's unless :data:`BACKWARD_PRODUCTS` is set (measured
@@ -229,7 +230,7 @@ HELD_WARPS = 8
 HELD_STAGES = 3
 HELD_PROGRAMS_PER_SM = 1
 # HELD_SUMS 1 since session 30: at the error of torch's own float32 product (cuBLAS, which the PyG layers use:
-# 5.4-6.2e-7 against its 4.9-5.4e-7, a third of bf16's or TF32's), and faster (H200, session 30 call 1, same call,
+# 5.4-6.2e-7 against its 4.9-5.4e-7 relative to float64), and faster (H200, session 30 call 1, same call,
 # replayed: arxiv-like GAT fp32 forward 347.3 against 355.5 µs, step 1043.4 against 1049.4; call 4: Transformer fp32
 # forward 743.7 against 773.1, step 2307.2 against 2336.5, GATv2 fp32 forward 508.4 against 522.5, step 1830.4
 # against 1846.3).  2 stays for callers who want the row-block kernel's 2e-7.
