@@ -310,9 +310,10 @@ def _run_graphs(ctx: Context, specs: list[GraphSpec], run: Callable) -> None:
     """``run(ctx, spec, graph, dtype, gen)`` on every available graph (those of ``ctx.graphs`` when
     set) in fp32 (and bf16 at full size); failures are collected so the other graphs are still measured."""
     dtypes = [torch.float32] if ctx.quick else [torch.float32, torch.bfloat16]
-    if ctx.graphs is not None and set(ctx.graphs) - {s.name for s in FULL + QUICK}:
-        raise ValueError(f"--graph {sorted(set(ctx.graphs) - {s.name for s in FULL + QUICK})}: no such graph; "
-                         f"the layer cases' graphs are {[s.name for s in FULL + QUICK]}")
+    known = [s.name for s in FULL + QUICK]
+    if ctx.graphs is not None and set(ctx.graphs) - set(known):
+        raise ValueError(f"--graph {sorted(set(ctx.graphs) - set(known))}: no such graph; "
+                         f"the layer cases' graphs are {known}")
     failures: list[str] = []
     for spec in specs:
         if ctx.graphs is not None and spec.name not in ctx.graphs:

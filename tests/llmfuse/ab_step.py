@@ -35,7 +35,7 @@ MODELS = {"1B": LLAMA_3_2_1B, "8B": LLAMA_3_1_8B}
 CONTEXT, SLOTS = 512, 520
 
 
-def parse(row: str) -> tuple[str, int, dict[str, int]]:
+def parse(row: str) -> tuple[str, int, dict[str, int | str]]:
     """``MODEL:BATCH:field=value,...`` as (model, batch, plan fields): integers, or strings (``dot_prec=ieee``)."""
     model, batch, fields = row.split(":")
     return model, int(batch), {k: int(v) if v.lstrip("-").isdigit() else v
