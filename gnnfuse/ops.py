@@ -727,24 +727,32 @@ def _flags(inputs: AttentionInputs, use_dropout: bool) -> dict:
 # The width-32 class (dense graphs only, schedule.DENSE_LIGHT_MAX) starts a launch of its own, as measured in
 # session 17; no other graph has that class, so the break changes nothing there.
 LIGHT_LAUNCH_BREAKS: tuple[int, ...] = (8, 32)
+# The key of the dot score with keys formed from the values (AGNN's cosine, ``keys_from_values``) in the two
+# dictionaries below, apart from the Graph Transformer's dot score (``SCORE_DOT``).
+LIGHT_COSINE = 3
 # ... except for these scores in 2-byte floats.  Session 15 (H200, arxiv-like, same call, replayed forward / step
 # µs, one launch per pass against (8,)): GAT bf16 258.6 / 777.3 -> 253.2 / 767.7, Graph Transformer bf16 330.7 /
 # 1137 -> 327.0 / 1116, AGNN bf16 equal (207 / 1027); GATv2 bf16 259.4 / 1294 -> 262.7 / 1313, GAT fp32 488.8 /
 # 1169 -> 489.1 / 1173 and Graph Transformer fp32 1016 / 2564 -> 1026 / 2562 kept their two launches.  One launch
 # fewer a pass is also ~20 µs less host work a pass for the host-bound training steps.
-LIGHT_LAUNCH_BREAKS_2BYTE: dict[int, tuple[int, ...]] = {SCORE_GAT: (32,), SCORE_DOT: (32,)}
+LIGHT_LAUNCH_BREAKS_2BYTE: dict[int, tuple[int, ...]] = {SCORE_GAT: (32,), SCORE_DOT: (32,), LIGHT_COSINE: (32,)}
 # ... and for these in 4-byte floats.  Session 27 (H200, arxiv-like, same call, replayed forward / step µs, two
 # rounds): GAT fp32 with one light launch a pass 362.8, 362.7 / 1047.5, 1048.2 against 362.3, 361.9 / 1052.9, 1052.0
 # with (8, 32) — equal GPU time, a launch fewer a forward and a source pass (25-40 µs of host each on the GPU machines,
-# where GAT fp32's forward is host-bound as called).
-LIGHT_LAUNCH_BREAKS_4BYTE: dict[int, tuple[int, ...]] = {SCORE_GAT: (32,)}
+# where GAT fp32's forward is host-bound as called).  Session 31 (H200, same call, two rounds): AGNN fp32 with one
+# light launch a pass 272.8, 272.7 / 1300.0, 1299.8 against 284.0, 284.0 / 1309.5, 1308.5 with (8, 32); the Graph
+# Transformer fp32 forward lost with it (753.2, 753.1 against 743.4, 743.7; step 2264.0 against 2305.7), so its dot
+# score keeps two launches.
+LIGHT_LAUNCH_BREAKS_4BYTE: dict[int, tuple[int, ...]] = {SCORE_GAT: (32,), LIGHT_COSINE: (32,)}
 
 
 def _light_breaks(inputs: AttentionInputs) -> tuple[int, ...]:
-    """The widths at which ``inputs``' light classes start a new launch (the three constants above)."""
+    """The widths at which ``inputs``' light classes start a new launch (the three constants above; the dot
+    score with keys formed from the values looked up as :data:`LIGHT_COSINE`)."""
+    kind = LIGHT_COSINE if inputs.keys_from_values else inputs.score
     if inputs.value.dtype in (torch.float16, torch.bfloat16):
-        return LIGHT_LAUNCH_BREAKS_2BYTE.get(inputs.score, LIGHT_LAUNCH_BREAKS)
-    return LIGHT_LAUNCH_BREAKS_4BYTE.get(inputs.score, LIGHT_LAUNCH_BREAKS)
+        return LIGHT_LAUNCH_BREAKS_2BYTE.get(kind, LIGHT_LAUNCH_BREAKS)
+    return LIGHT_LAUNCH_BREAKS_4BYTE.get(kind, LIGHT_LAUNCH_BREAKS)
 
 
 # Whether kernels with edge features launch each light class on its own (each over 16-byte aligned row lists, as

@@ -71,12 +71,14 @@ GPU_TILE_FIELDS = ("max_light_rows",)  # row settings of gnnfuse.schedule.GPU_TI
 
 
 def apply(settings: dict):
-    """Set ``settings`` on gnnfuse.ops (``NAME``), gnnfuse.schedule (``schedule.NAME``) or the GPU tile
-    limits (``max_light_rows``); returns the function restoring them.  Every setting is
-    checked before any is set: a refused one leaves the modules as they were."""
+    """Set ``settings`` on gnnfuse.ops (``NAME``; a per-score dict takes any of the score kinds as keys),
+    gnnfuse.schedule (``schedule.NAME``) or the GPU tile limits (``max_light_rows``); returns the function
+    restoring them.  Every setting is checked before any is set: a refused one leaves the modules as they were."""
     from fusecore import linear
     from gnnfuse import ops, schedule
+    from gnnfuse.kernels.scores import SCORE_DOT, SCORE_GAT, SCORE_GATV2
 
+    SCORES = (SCORE_GAT, SCORE_GATV2, SCORE_DOT, ops.LIGHT_COSINE)
     tiles = schedule.GPU_TILES
     changes = []
     for name, value in settings.items():
@@ -89,8 +91,14 @@ def apply(settings: dict):
             raise ValueError(f"{'fusecore' if module == 'linear' else 'gnnfuse'}.{module or 'ops'} has no constant "
                              f"{constant!r}")
         current = getattr(target, constant)
-        if isinstance(current, dict) and (not isinstance(value, dict) or set(value) != set(current)):
-            raise ValueError(f"{name}: expected a dict with the keys {sorted(current)}, got {value!r}")
+        if isinstance(current, dict):
+            # per-pass constants take every pass; per-score ones (integer keys) any of the score kinds (and
+            # ops.LIGHT_COSINE, AGNN's key in the light launch breaks)
+            per_score = all(isinstance(key, int) for key in current)
+            keys = set(value) if isinstance(value, dict) else None
+            if keys is None or (not keys <= set(SCORES) if per_score else keys != set(current)):
+                expected = f"keys among the scores {SCORES}" if per_score else f"the keys {sorted(current)}"
+                raise ValueError(f"{name}: expected a dict with {expected}, got {value!r}")
         changes.append((target, constant, value))
     saved_tiles, schedule.GPU_TILES = schedule.GPU_TILES, tiles
     saved = [(target, constant, getattr(target, constant)) for target, constant, _ in changes]

@@ -45,6 +45,13 @@ def test_settings_are_restored_and_unknown_names_refused():
         with pytest.raises(ValueError, match="keys"):
             ab_layers.apply({"LIGHT_UNROLLED_WARPS": bad})
     assert ops.LIGHT_UNROLLED_WARPS is warps
+    four_byte = ops.LIGHT_LAUNCH_BREAKS_4BYTE  # a per-score constant takes any of the score kinds
+    ab_layers.apply({"LIGHT_LAUNCH_BREAKS_4BYTE": {0: (32,), 2: (32,), ops.LIGHT_COSINE: ()}})()
+    ab_layers.apply({"LIGHT_LAUNCH_BREAKS_4BYTE": {}})()
+    for bad in ((32,), {4: (32,)}, {"forward": (32,)}):
+        with pytest.raises(ValueError, match="scores"):
+            ab_layers.apply({"LIGHT_LAUNCH_BREAKS_4BYTE": bad})
+    assert ops.LIGHT_LAUNCH_BREAKS_4BYTE is four_byte
 
 
 def test_a_run_prints_one_checked_row_per_variant(capsys):

@@ -93,13 +93,28 @@ def test_light_breaks_per_score_in_two_byte_floats(monkeypatch):
 
     monkeypatch.setattr(ops, "LIGHT_LAUNCH_BREAKS", (8,))
     monkeypatch.setattr(ops, "LIGHT_LAUNCH_BREAKS_2BYTE", {SCORE_GAT: (), SCORE_DOT: (4,)})
-    monkeypatch.setattr(ops, "LIGHT_LAUNCH_BREAKS_4BYTE", {SCORE_GAT: (16,)})
+    monkeypatch.setattr(ops, "LIGHT_LAUNCH_BREAKS_4BYTE", {SCORE_GAT: (16,), ops.LIGHT_COSINE: (2,)})
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         feats, scale = torch.zeros(2, 2, 3, dtype=dtype), torch.zeros(2, 2, dtype=dtype)
         two_byte = dtype != torch.float32
         assert ops._light_breaks(ops.AttentionInputs(SCORE_GAT, scale, scale, feats)) == (() if two_byte else (16,))
         assert ops._light_breaks(ops.AttentionInputs(SCORE_DOT, feats, feats, feats)) == ((4,) if two_byte else (8,))
         assert ops._light_breaks(ops.AttentionInputs(SCORE_GATV2, feats, feats, feats, attn=feats[0])) == (8,)
+        # AGNN's cosine (the dot score's keys formed from the values) has a key of its own, apart from SCORE_DOT
+        cosine = ops.AttentionInputs(SCORE_DOT, scale, scale, feats, keys_from_values=True)
+        assert ops._light_breaks(cosine) == ((8,) if two_byte else (2,))
+
+
+def test_agnn_takes_one_light_launch_a_pass_and_the_graph_transformer_two_in_float32():
+    """The defaults as session 31 measured them: AGNN's cosine one light launch a pass in every dtype, the
+    Graph Transformer's dot score one in 2-byte floats and two ((8, 32)) in float32."""
+    from gnnfuse.kernels.scores import SCORE_DOT
+
+    for dtype, transformer in ((torch.float32, ops.LIGHT_LAUNCH_BREAKS), (torch.bfloat16, (32,))):
+        feats, scale = torch.zeros(2, 2, 3, dtype=dtype), torch.zeros(2, 2, dtype=dtype)
+        assert ops._light_breaks(ops.AttentionInputs(SCORE_DOT, scale, scale, feats, keys_from_values=True)) == (32,)
+        assert ops._light_breaks(ops.AttentionInputs(SCORE_DOT, feats, feats, feats)) == transformer
+    assert ops.LIGHT_LAUNCH_BREAKS == (8, 32)
 
 
 def test_edge_feature_kernels_launch_one_class_at_a_time_over_aligned_lists(gen, monkeypatch):
