@@ -728,8 +728,9 @@ def _flags(inputs: AttentionInputs, use_dropout: bool) -> dict:
 # session 17; no other graph has that class, so the break changes nothing there.
 LIGHT_LAUNCH_BREAKS: tuple[int, ...] = (8, 32)
 # The key of the dot score with keys formed from the values (AGNN's cosine, ``keys_from_values``) in the two
-# dictionaries below, apart from the Graph Transformer's dot score (``SCORE_DOT``).
-LIGHT_COSINE = 3
+# dictionaries below, apart from the Graph Transformer's dot score (``SCORE_DOT``); LIGHT_KINDS: every key they take.
+LIGHT_COSINE = max(SCORE_GAT, SCORE_GATV2, SCORE_DOT) + 1
+LIGHT_KINDS = (SCORE_GAT, SCORE_GATV2, SCORE_DOT, LIGHT_COSINE)
 # ... except for these scores in 2-byte floats.  Session 15 (H200, arxiv-like, same call, replayed forward / step
 # µs, one launch per pass against (8,)): GAT bf16 258.6 / 777.3 -> 253.2 / 767.7, Graph Transformer bf16 330.7 /
 # 1137 -> 327.0 / 1116, AGNN bf16 equal (207 / 1027); GATv2 bf16 259.4 / 1294 -> 262.7 / 1313, GAT fp32 488.8 /

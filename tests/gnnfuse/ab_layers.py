@@ -76,9 +76,7 @@ def apply(settings: dict):
     restoring them.  Every setting is checked before any is set: a refused one leaves the modules as they were."""
     from fusecore import linear
     from gnnfuse import ops, schedule
-    from gnnfuse.kernels.scores import SCORE_DOT, SCORE_GAT, SCORE_GATV2
 
-    SCORES = (SCORE_GAT, SCORE_GATV2, SCORE_DOT, ops.LIGHT_COSINE)
     tiles = schedule.GPU_TILES
     changes = []
     for name, value in settings.items():
@@ -92,12 +90,11 @@ def apply(settings: dict):
                              f"{constant!r}")
         current = getattr(target, constant)
         if isinstance(current, dict):
-            # per-pass constants take every pass; per-score ones (integer keys) any of the score kinds (and
-            # ops.LIGHT_COSINE, AGNN's key in the light launch breaks)
+            # per-pass constants take every pass; per-score ones (integer keys) any of ops.LIGHT_KINDS
             per_score = all(isinstance(key, int) for key in current)
             keys = set(value) if isinstance(value, dict) else None
-            if keys is None or (not keys <= set(SCORES) if per_score else keys != set(current)):
-                expected = f"keys among the scores {SCORES}" if per_score else f"the keys {sorted(current)}"
+            if keys is None or (not keys <= set(ops.LIGHT_KINDS) if per_score else keys != set(current)):
+                expected = f"keys among the scores {ops.LIGHT_KINDS}" if per_score else f"the keys {sorted(current)}"
                 raise ValueError(f"{name}: expected a dict with {expected}, got {value!r}")
         changes.append((target, constant, value))
     saved_tiles, schedule.GPU_TILES = schedule.GPU_TILES, tiles
