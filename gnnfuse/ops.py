@@ -731,29 +731,41 @@ LIGHT_LAUNCH_BREAKS: tuple[int, ...] = (8, 32)
 # dictionaries below, apart from the Graph Transformer's dot score (``SCORE_DOT``); LIGHT_KINDS: every key they take.
 LIGHT_COSINE = max(SCORE_GAT, SCORE_GATV2, SCORE_DOT) + 1
 LIGHT_KINDS = (SCORE_GAT, SCORE_GATV2, SCORE_DOT, LIGHT_COSINE)
+# An entry of those dictionaries: the breaks of every pass, or a dict of them by pass (:func:`_light_breaks`).
+LightBreaks = tuple[int, ...] | dict[str, tuple[int, ...]]
 # ... except for these scores in 2-byte floats.  Session 15 (H200, arxiv-like, same call, replayed forward / step
 # µs, one launch per pass against (8,)): GAT bf16 258.6 / 777.3 -> 253.2 / 767.7, Graph Transformer bf16 330.7 /
 # 1137 -> 327.0 / 1116, AGNN bf16 equal (207 / 1027); GATv2 bf16 259.4 / 1294 -> 262.7 / 1313, GAT fp32 488.8 /
 # 1169 -> 489.1 / 1173 and Graph Transformer fp32 1016 / 2564 -> 1026 / 2562 kept their two launches.  One launch
 # fewer a pass is also ~20 µs less host work a pass for the host-bound training steps.
-LIGHT_LAUNCH_BREAKS_2BYTE: dict[int, tuple[int, ...]] = {SCORE_GAT: (32,), SCORE_DOT: (32,), LIGHT_COSINE: (32,)}
+LIGHT_LAUNCH_BREAKS_2BYTE: dict[int, LightBreaks] = {SCORE_GAT: (32,), SCORE_DOT: (32,), LIGHT_COSINE: (32,)}
 # ... and for these in 4-byte floats.  Session 27 (H200, arxiv-like, same call, replayed forward / step µs, two
 # rounds): GAT fp32 with one light launch a pass 362.8, 362.7 / 1047.5, 1048.2 against 362.3, 361.9 / 1052.9, 1052.0
 # with (8, 32) — equal GPU time, a launch fewer a forward and a source pass (25-40 µs of host each on the GPU machines,
 # where GAT fp32's forward is host-bound as called).  Session 31 (H200, same call, two rounds): AGNN fp32 with one
 # light launch a pass 272.8, 272.7 / 1300.0, 1299.8 against 284.0, 284.0 / 1309.5, 1308.5 with (8, 32); the Graph
 # Transformer fp32 forward lost with it (753.2, 753.1 against 743.4, 743.7; step 2264.0 against 2305.7), so its dot
-# score keeps two launches.
-LIGHT_LAUNCH_BREAKS_4BYTE: dict[int, tuple[int, ...]] = {SCORE_GAT: (32,), LIGHT_COSINE: (32,)}
+# score keeps two launches in the forward and takes one in the backward's passes: session 32 (H200, same call, two
+# rounds) forward 746.1, 746.0 against 745.9, 746.3, step 2244.8, 2244.6 against 2296.3, 2297.2.  GATv2 fp32 with one
+# launch in every pass: forward 499.8, 499.8 against 505.6, 504.1, but step 1875.3, 1875.7 against 1814.5, 1814.7 —
+# one in the forward only.
+LIGHT_LAUNCH_BREAKS_4BYTE: dict[int, LightBreaks] = {
+    SCORE_GAT: (32,), SCORE_GATV2: {"forward": (32,)}, SCORE_DOT: {"source": (32,), "destination": (32,)},
+    LIGHT_COSINE: (32,)}
 
 
-def _light_breaks(inputs: AttentionInputs) -> tuple[int, ...]:
-    """The widths at which ``inputs``' light classes start a new launch (the three constants above; the dot
-    score with keys formed from the values looked up as :data:`LIGHT_COSINE`)."""
+def _light_breaks(inputs: AttentionInputs, kernel_pass: str = "forward") -> tuple[int, ...]:
+    """The widths at which ``inputs``' light classes start a new launch in ``kernel_pass`` (the three constants
+    above; the dot score with keys formed from the values looked up as :data:`LIGHT_COSINE`).  An entry of the
+    per-score dicts is the breaks of every pass, or a dict of them by pass ("forward", "source",
+    "destination"), a pass it leaves out taking :data:`LIGHT_LAUNCH_BREAKS`."""
     kind = LIGHT_COSINE if inputs.keys_from_values else inputs.score
-    if inputs.value.dtype in (torch.float16, torch.bfloat16):
-        return LIGHT_LAUNCH_BREAKS_2BYTE.get(kind, LIGHT_LAUNCH_BREAKS)
-    return LIGHT_LAUNCH_BREAKS_4BYTE.get(kind, LIGHT_LAUNCH_BREAKS)
+    two_byte = inputs.value.dtype in (torch.float16, torch.bfloat16)
+    table = LIGHT_LAUNCH_BREAKS_2BYTE if two_byte else LIGHT_LAUNCH_BREAKS_4BYTE
+    breaks = table.get(kind, LIGHT_LAUNCH_BREAKS)
+    if isinstance(breaks, dict):
+        return breaks.get(kernel_pass, LIGHT_LAUNCH_BREAKS)
+    return breaks
 
 
 # Whether kernels with edge features launch each light class on its own (each over 16-byte aligned row lists, as
@@ -780,7 +792,7 @@ def _light_plan(schedule, inputs: AttentionInputs, buckets: Buckets, kernel_pass
     light_tiles, _ = _tile_budget(schedule, inputs, kernel_pass)
     projects = _projects(inputs, kernel_pass)
     per_class = projects and LIGHT_LAUNCH_PER_CLASS_WITH_EDGES
-    breaks = _light_breaks(inputs)
+    breaks = _light_breaks(inputs, kernel_pass)
     groups: list[list[tuple[int, int, int]]] = []
     for width, rows, _, _ in buckets.light:
         # a launch is unrolled or not as a whole: a class on the other side of LIGHT_UNROLLED_MAX_WIDTH starts one

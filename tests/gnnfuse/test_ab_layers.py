@@ -48,6 +48,9 @@ def test_settings_are_restored_and_unknown_names_refused():
     four_byte = ops.LIGHT_LAUNCH_BREAKS_4BYTE  # a per-score constant takes any of the score kinds
     ab_layers.apply({"LIGHT_LAUNCH_BREAKS_4BYTE": {0: (32,), 2: (32,), ops.LIGHT_COSINE: ()}})()
     ab_layers.apply({"LIGHT_LAUNCH_BREAKS_4BYTE": {}})()
+    ab_layers.apply({"LIGHT_LAUNCH_BREAKS_4BYTE": {2: {"forward": (8, 32), "source": (32,)}}})()  # per pass
+    with pytest.raises(ValueError, match="per-pass entry"):
+        ab_layers.apply({"LIGHT_LAUNCH_BREAKS_4BYTE": {2: {"backward": (32,)}}})
     for bad in ((32,), {4: (32,)}, {"forward": (32,)}):
         with pytest.raises(ValueError, match="scores"):
             ab_layers.apply({"LIGHT_LAUNCH_BREAKS_4BYTE": bad})

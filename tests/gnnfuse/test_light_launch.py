@@ -28,17 +28,21 @@ def _widths_graph(device: torch.device) -> Graph:
     return Graph(torch.stack([src, dst]).to(device), len(degrees))
 
 
-@pytest.mark.parametrize("breaks", [(), (8,)])  # one launch per pass; the default's narrow and wide launches
+# one launch per pass; the default's narrow and wide launches; breaks by pass (the per-score tables' form)
+@pytest.mark.parametrize("breaks", [(), (8,), {"forward": (4, 16), "source": ()}])
 # the GAT's light rows (forward and the backward's source pass) with the edge slots unrolled (bfloat16), or
 # in one tile (float32, and bfloat16 with the passes switched off)
 @pytest.mark.parametrize("unrolled", [True, False, "bf16-off"])
 def test_light_classes_launch_grouped_by_the_breaks(gen, monkeypatch, breaks, unrolled):
     import gnnfuse.schedule
     from fusecore.testing import test_device
+    from gnnfuse.kernels.scores import SCORE_GAT
 
-    monkeypatch.setattr(ops, "LIGHT_LAUNCH_BREAKS", breaks)
-    monkeypatch.setattr(ops, "LIGHT_LAUNCH_BREAKS_2BYTE", {})  # every dtype and score follows LIGHT_LAUNCH_BREAKS
-    monkeypatch.setattr(ops, "LIGHT_LAUNCH_BREAKS_4BYTE", {})
+    per_pass = isinstance(breaks, dict)
+    monkeypatch.setattr(ops, "LIGHT_LAUNCH_BREAKS", (2,) if per_pass else breaks)
+    # every dtype follows LIGHT_LAUNCH_BREAKS, or the per-pass entry of the GAT's score
+    monkeypatch.setattr(ops, "LIGHT_LAUNCH_BREAKS_2BYTE", {SCORE_GAT: breaks} if per_pass else {})
+    monkeypatch.setattr(ops, "LIGHT_LAUNCH_BREAKS_4BYTE", {SCORE_GAT: breaks} if per_pass else {})
     for name in ("LIGHT_FORWARD_UNROLLED", "LIGHT_SOURCE_UNROLLED"):
         monkeypatch.setattr(ops, name, unrolled is True)
     device = test_device()
@@ -60,7 +64,9 @@ def test_light_classes_launch_grouped_by_the_breaks(gen, monkeypatch, breaks, un
         for got, want in ((out, ref), *zip(grads, ref_grads)):
             assert_close(got, want)  # the dtype's tolerance of fusecore.testing.TOLERANCES, as a relative norm
         schedule = graph.schedule(heads, dim, dtype, options)
-        for buckets, kind, part in ((schedule.incoming, "forward", 0), (schedule.outgoing, "backward", "source light")):
+        for buckets, kind, part, kernel_pass in ((schedule.incoming, "forward", 0, "forward"),
+                                                 (schedule.outgoing, "backward", "source light", "source")):
+            pass_breaks = breaks[kernel_pass] if per_pass else breaks
             # the classes' lists are views of light_all's, side by side in class order
             begin = 0
             for _, rows, starts, _ in buckets.light:
@@ -74,7 +80,7 @@ def test_light_classes_launch_grouped_by_the_breaks(gen, monkeypatch, breaks, un
             assert all(meta["UNROLLED"] == (unrolled is True) for *_, meta in light)
             groups: list[list[int]] = []  # the classes' row counts, a new launch at each break
             for width, rows, _, _ in buckets.light:
-                if not groups or width in breaks:
+                if not groups or width in pass_breaks:
                     groups.append([])
                 groups[-1].append(rows.numel())
             assert len(light) == len(groups)
@@ -105,15 +111,37 @@ def test_light_breaks_per_score_in_two_byte_floats(monkeypatch):
         assert ops._light_breaks(cosine) == ((8,) if two_byte else (2,))
 
 
-def test_agnn_takes_one_light_launch_a_pass_and_the_graph_transformer_two_in_float32():
-    """The defaults as session 31 measured them: AGNN's cosine one light launch a pass in every dtype, the
-    Graph Transformer's dot score one in 2-byte floats and two ((8, 32)) in float32."""
-    from gnnfuse.kernels.scores import SCORE_DOT
+def test_light_breaks_per_pass(monkeypatch):
+    """An entry of the per-score dicts may give each pass its own breaks; a pass it leaves out takes
+    ``ops.LIGHT_LAUNCH_BREAKS``, and a plain tuple serves every pass."""
+    from gnnfuse.kernels.scores import SCORE_DOT, SCORE_GAT
 
-    for dtype, transformer in ((torch.float32, ops.LIGHT_LAUNCH_BREAKS), (torch.bfloat16, (32,))):
+    monkeypatch.setattr(ops, "LIGHT_LAUNCH_BREAKS", (8,))
+    monkeypatch.setattr(ops, "LIGHT_LAUNCH_BREAKS_4BYTE", {SCORE_DOT: {"forward": (4, 16), "source": ()},
+                                                           SCORE_GAT: (2,)})
+    feats, scale = torch.zeros(2, 2, 3), torch.zeros(2, 2)
+    dot, gat = ops.AttentionInputs(SCORE_DOT, feats, feats, feats), ops.AttentionInputs(SCORE_GAT, scale, scale, feats)
+    assert [ops._light_breaks(dot, p) for p in ("forward", "source", "destination")] == [(4, 16), (), (8,)]
+    assert [ops._light_breaks(gat, p) for p in ("forward", "source", "destination")] == [(2,)] * 3
+
+
+def test_light_launch_defaults_as_measured():
+    """The defaults as sessions 31-32 measured them: AGNN's cosine one light launch a pass in every dtype; the
+    Graph Transformer's dot score one in 2-byte floats, and in float32 two ((8, 32)) in the forward and one in the
+    backward's passes; GATv2 in float32 one in the forward and two in the backward's passes."""
+    from gnnfuse.kernels.scores import SCORE_DOT, SCORE_GATV2
+
+    one, two = (32,), ops.LIGHT_LAUNCH_BREAKS
+    passes = ("forward", "source", "destination")
+    for dtype, transformer, gatv2 in ((torch.float32, (two, one, one), (one, two, two)),
+                                      (torch.bfloat16, (one,) * 3, (two,) * 3)):
         feats, scale = torch.zeros(2, 2, 3, dtype=dtype), torch.zeros(2, 2, dtype=dtype)
-        assert ops._light_breaks(ops.AttentionInputs(SCORE_DOT, scale, scale, feats, keys_from_values=True)) == (32,)
-        assert ops._light_breaks(ops.AttentionInputs(SCORE_DOT, feats, feats, feats)) == transformer
+        cosine = ops.AttentionInputs(SCORE_DOT, scale, scale, feats, keys_from_values=True)
+        dot = ops.AttentionInputs(SCORE_DOT, feats, feats, feats)
+        v2 = ops.AttentionInputs(SCORE_GATV2, feats, feats, feats, attn=feats[0])
+        assert [ops._light_breaks(cosine, p) for p in passes] == [one] * 3
+        assert tuple(ops._light_breaks(dot, p) for p in passes) == transformer
+        assert tuple(ops._light_breaks(v2, p) for p in passes) == gatv2
     assert ops.LIGHT_LAUNCH_BREAKS == (8, 32)
 
 
