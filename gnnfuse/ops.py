@@ -395,6 +395,12 @@ LIGHT_UNROLLED_SLOT_TILES: dict[str, dict[int, int]] = {
     "destination": {SCORE_GAT: 1, SCORE_GATV2: 2, SCORE_DOT: 2},
 }
 LIGHT_UNROLLED_WARPS: dict[str, int | None] = {"forward": None, "source": None, "destination": None}
+# ... and where LIGHT_UNROLLED_WARPS leaves a pass unset, on 4-byte floats, by score kind (:data:`LIGHT_KINDS`).
+# Session 32 (H200, arxiv-like, same call, one round, replayed forward / step µs): the forward's unrolled light rows
+# with 8 warps a program: GATv2 fp32 464.4 / 1777.1 against 500.2-500.7 / 1811.6-1812.0 with 4 (2 warps: 564.9 /
+# 1875.2), Graph Transformer fp32 723.7 / 2225.6 against 745.0 / 2241.2.  GAT and AGNN fp32 not timed with 8.
+LIGHT_UNROLLED_FLOAT32_WARPS: dict[str, dict[int, int]] = {
+    "forward": {SCORE_GATV2: 8, SCORE_DOT: 8}, "source": {}, "destination": {}}
 # With edge features the forward's light rows keep the tile form (every edge's features projected on the tensor cores,
 # one class a launch) unless this is set: then they run unrolled too (the rows' u = W q̃ once, per slot K·H products
 # for the score and the feature sums A, Σ_k A W once per row).  Not the default: on sm_90 (Triton 3.6) the unrolled
@@ -560,12 +566,31 @@ ROW_BACKWARD_PREFETCH_SCORES: tuple[int, ...] = (SCORE_GATV2, SCORE_DOT)
 # against 1473; on arxiv-like every cap lost (float32 spills: GATv2 577 -> 980, AGNN 338 -> 889).
 ROW_WARPS: dict[str, int | None] = {"forward": None, "source": None, "destination": None}
 ROW_MAXNREG: dict[str, int | None] = {"forward": None, "source": None, "destination": None}
+# ... and where ROW_WARPS leaves a pass unset, on 4-byte floats, by score kind (:data:`LIGHT_KINDS`).  Session 32 (H200,
+# arxiv-like, same call, one round, replayed forward / step µs): GATv2 fp32 with 8 warps in the forward's row kernel
+# 473.4 / 1784.2 against 500.2-500.7 / 1811.6-1812.0 with 4.
+ROW_FLOAT32_WARPS: dict[str, dict[int, int]] = {"forward": {SCORE_GATV2: 8}, "source": {}, "destination": {}}
 
 
-def _row_options(schedule, kernel_pass: str) -> dict:
-    """The row kernel's launch options for ``kernel_pass`` (:data:`ROW_WARPS`, :data:`ROW_MAXNREG`)."""
+def _row_options(schedule, kernel_pass: str, inputs: AttentionInputs) -> dict:
+    """The row kernel's launch options for ``kernel_pass`` (:data:`ROW_WARPS`, :data:`ROW_FLOAT32_WARPS`,
+    :data:`ROW_MAXNREG`)."""
     cap = ROW_MAXNREG[kernel_pass]
-    return {"num_warps": ROW_WARPS[kernel_pass] or schedule.num_warps, **({"maxnreg": cap} if cap else {})}
+    warps = ROW_WARPS[kernel_pass] or _float32_warps(ROW_FLOAT32_WARPS, inputs, kernel_pass) or schedule.num_warps
+    return {"num_warps": warps, **({"maxnreg": cap} if cap else {})}
+
+
+def _light_kind(inputs: AttentionInputs) -> int:
+    """The key of ``inputs``' score in the per-score tables (:data:`LIGHT_KINDS`): the dot score with keys formed
+    from the values (AGNN's cosine) as :data:`LIGHT_COSINE`, else the score."""
+    return LIGHT_COSINE if inputs.keys_from_values else inputs.score
+
+
+def _float32_warps(table: dict[str, dict[int, int]], inputs: AttentionInputs, kernel_pass: str) -> int | None:
+    """Warps per program from a per-pass, per-score-kind table of 4-byte-float kernels; None elsewhere."""
+    if inputs.value.dtype != torch.float32:
+        return None
+    return table[kernel_pass].get(_light_kind(inputs))
 
 
 def _row_edge_options(inputs: AttentionInputs, kernel_pass: str) -> dict:
@@ -759,7 +784,7 @@ def _light_breaks(inputs: AttentionInputs, kernel_pass: str = "forward") -> tupl
     above; the dot score with keys formed from the values looked up as :data:`LIGHT_COSINE`).  An entry of the
     per-score dicts is the breaks of every pass, or a dict of them by pass ("forward", "source",
     "destination"), a pass it leaves out taking :data:`LIGHT_LAUNCH_BREAKS`."""
-    kind = LIGHT_COSINE if inputs.keys_from_values else inputs.score
+    kind = _light_kind(inputs)
     two_byte = inputs.value.dtype in (torch.float16, torch.bfloat16)
     table = LIGHT_LAUNCH_BREAKS_2BYTE if two_byte else LIGHT_LAUNCH_BREAKS_4BYTE
     breaks = table.get(kind, LIGHT_LAUNCH_BREAKS)
@@ -804,7 +829,9 @@ def _light_plan(schedule, inputs: AttentionInputs, buckets: Buckets, kernel_pass
     plan, begin = [], 0
     for group in groups:
         unrolled = _unrolled(inputs, kernel_pass, group[-1][0])
-        warps = (unrolled and LIGHT_UNROLLED_WARPS[kernel_pass]) or schedule.num_warps
+        warps = (unrolled and (LIGHT_UNROLLED_WARPS[kernel_pass]
+                               or _float32_warps(LIGHT_UNROLLED_FLOAT32_WARPS, inputs, kernel_pass))
+                 or schedule.num_warps)
         cap = LIGHT_UNROLLED_MAXNREG[kernel_pass].get(inputs.score) if unrolled and two_byte else None
         options = {"num_warps": warps, **({"maxnreg": cap} if cap else {})}
         counts = [0] * LIGHT_SLOTS
@@ -840,7 +867,7 @@ def _forward_plan(schedule, inputs: AttentionInputs, dtype: torch.dtype, use_dro
     rows = [{"BLOCK_E": row_block_e, "BLOCK_H": block_h, "BLOCK_D": block_d, "PIECES": pieces, **flags,
              "BLOCK_K": _block_k(inputs), "LANES": lanes, "ADD": has_add and pieces is not True,
              "FINAL": has_final and pieces is not True, "PREFETCH": _row_prefetch(inputs),
-             **_row_edge_options(inputs, "forward"), **_row_options(schedule, "forward"),
+             **_row_edge_options(inputs, "forward"), **_row_options(schedule, "forward", inputs),
              "MERGE": merged and pieces == 2, "MERGE_P": merge_p}
             for *_, pieces in _row_launches(schedule.incoming, mixed, merged)]
     merge = {"BLOCK_P": merge_p, "BLOCK_H": block_h, "BLOCK_D": block_d, "ADD": has_add, "FINAL": has_final}
@@ -1092,7 +1119,7 @@ def _backward_plan(schedule, inputs: AttentionInputs, dtype: torch.dtype, use_dr
         "source rows": [{"BLOCK_E": row_block_e, "BLOCK_H": block_h, "BLOCK_D": block_d, "PIECES": pieces, **flags,
                          "LANES": lanes,
                          "PREFETCH": inputs.score in ROW_BACKWARD_PREFETCH_SCORES,
-                         **_row_options(schedule, "source"),
+                         **_row_options(schedule, "source", inputs),
                          **({"MERGE": True, "MERGE_P": value_tiles[0], "MERGE_W": value_tiles[1],
                              "SRC_P": src_tiles[0], "SRC_W": src_tiles[1]} if merged_src and pieces else {})}
                         for *_, pieces in _row_launches(schedule.outgoing)],
@@ -1113,7 +1140,7 @@ def _backward_plan(schedule, inputs: AttentionInputs, dtype: torch.dtype, use_dr
     plan["destination rows"] = [
         {"BLOCK_E": row_block_e, "BLOCK_H": block_h, "BLOCK_D": block_d, "PIECES": pieces, **flags,
          "BLOCK_K": _block_k(inputs), "LANES": lanes, "PREFETCH": inputs.score in ROW_BACKWARD_PREFETCH_SCORES,
-         **_row_edge_options(inputs, "destination"), **_row_options(schedule, "destination"),
+         **_row_edge_options(inputs, "destination"), **_row_options(schedule, "destination", inputs),
          **({"MERGE": True, "MERGE_P": value_tiles[0], "MERGE_W": value_tiles[1], "SUMS_P": sums_tiles[0],
              "SUMS_W": sums_tiles[1]} if merged_dst and pieces == 2 else {})}
         for *_, pieces in _row_launches(incoming, mixed, merged_dst)]

@@ -448,3 +448,31 @@ def test_dense_graphs_take_light_rows_up_to_32_in_a_launch_of_their_own(gen, mon
             if kind == "forward":
                 # the last launch holds the width-32 class alone: one nonzero class count
                 assert [c for c in plan[0][-1][2] if c] == [schedule.incoming.light[-1][1].numel()]
+
+
+def test_float32_warps_by_pass_and_score(monkeypatch):
+    """The light and row kernels' warps per program: the per-pass override when set, else the 4-byte-float table
+    by score kind (AGNN's cosine apart from the Graph Transformer's dot score), else the schedule's."""
+    from gnnfuse.kernels.scores import SCORE_DOT, SCORE_GAT, SCORE_GATV2
+
+    schedule = SimpleNamespace(num_warps=4)
+    monkeypatch.setattr(ops, "ROW_FLOAT32_WARPS", {"forward": {SCORE_GATV2: 8, ops.LIGHT_COSINE: 2}, "source": {},
+                                                   "destination": {}})
+    for dtype in (torch.float32, torch.bfloat16):
+        feats, scale = torch.zeros(2, 2, 3, dtype=dtype), torch.zeros(2, 2, dtype=dtype)
+        v2 = ops.AttentionInputs(SCORE_GATV2, feats, feats, feats, attn=feats[0])
+        cosine = ops.AttentionInputs(SCORE_DOT, scale, scale, feats, keys_from_values=True)
+        dot, gat = ops.AttentionInputs(SCORE_DOT, feats, feats, feats), ops.AttentionInputs(SCORE_GAT, scale, scale,
+                                                                                            feats)
+        fp32 = dtype == torch.float32
+        assert ops._row_options(schedule, "forward", v2)["num_warps"] == (8 if fp32 else 4)
+        assert ops._row_options(schedule, "forward", cosine)["num_warps"] == (2 if fp32 else 4)
+        assert ops._row_options(schedule, "forward", dot)["num_warps"] == 4
+        assert ops._row_options(schedule, "source", v2)["num_warps"] == 4
+        assert ops._float32_warps(ops.LIGHT_UNROLLED_FLOAT32_WARPS, gat, "forward") is None
+        monkeypatch.setattr(ops, "ROW_WARPS", {"forward": 16, "source": None, "destination": None})
+        assert ops._row_options(schedule, "forward", v2)["num_warps"] == 16
+        monkeypatch.setattr(ops, "ROW_WARPS", {"forward": None, "source": None, "destination": None})
+    # the defaults as session 32 measured them
+    assert ops.LIGHT_UNROLLED_FLOAT32_WARPS == {"forward": {SCORE_GATV2: 8, SCORE_DOT: 8}, "source": {},
+                                                "destination": {}}
