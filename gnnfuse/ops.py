@@ -566,17 +566,24 @@ ROW_BACKWARD_PREFETCH_SCORES: tuple[int, ...] = (SCORE_GATV2, SCORE_DOT)
 # against 1473; on arxiv-like every cap lost (float32 spills: GATv2 577 -> 980, AGNN 338 -> 889).
 ROW_WARPS: dict[str, int | None] = {"forward": None, "source": None, "destination": None}
 ROW_MAXNREG: dict[str, int | None] = {"forward": None, "source": None, "destination": None}
-# ... and where ROW_WARPS leaves a pass unset, on 4-byte floats, by score kind (:data:`LIGHT_KINDS`).  Session 32 (H200,
-# arxiv-like, same call, one round, replayed forward / step µs): GATv2 fp32 with 8 warps in the forward's row kernel
-# 473.4 / 1784.2 against 500.2-500.7 / 1811.6-1812.0 with 4.
+# ... and where ROW_WARPS leaves a pass unset, on 4-byte floats, by score kind (:data:`LIGHT_KINDS`), for row tiles at
+# least ROW_FLOAT32_WARPS_MIN_WIDTH wide (BLOCK_H · BLOCK_D).  Session 32 (H200, arxiv-like, 8 heads × 16, same call,
+# one round, replayed forward / step µs): GATv2 fp32 with 8 warps in the forward's row kernel 473.4 / 1784.2 against
+# 500.2-500.7 / 1811.6-1812.0 with 4.  There the 4-warp kernel holds 128 registers (16 resident warps per
+# multiprocessor; 58 and 32 at 8 warps, sm_90, Triton 3.6).  At Reddit-scale's 4 heads × 16 it holds 56 (36 warps;
+# 48 and 40 at 8), the case in which session 17 found 8-warp row programs slower (GAT bf16, Reddit-scale forward 2436
+# against 1604 µs, H100); not timed for GATv2 fp32 there, so narrower tiles keep the schedule's warps.
 ROW_FLOAT32_WARPS: dict[str, dict[int, int]] = {"forward": {SCORE_GATV2: 8}, "source": {}, "destination": {}}
+ROW_FLOAT32_WARPS_MIN_WIDTH = 128
 
 
 def _row_options(schedule, kernel_pass: str, inputs: AttentionInputs) -> dict:
-    """The row kernel's launch options for ``kernel_pass`` (:data:`ROW_WARPS`, :data:`ROW_FLOAT32_WARPS`,
-    :data:`ROW_MAXNREG`)."""
+    """The row kernel's launch options for ``kernel_pass`` (:data:`ROW_WARPS`, :data:`ROW_FLOAT32_WARPS` for tiles
+    at least :data:`ROW_FLOAT32_WARPS_MIN_WIDTH` wide, :data:`ROW_MAXNREG`)."""
     cap = ROW_MAXNREG[kernel_pass]
-    warps = ROW_WARPS[kernel_pass] or _float32_warps(ROW_FLOAT32_WARPS, inputs, kernel_pass) or schedule.num_warps
+    wide = schedule.block_h * schedule.block_d >= ROW_FLOAT32_WARPS_MIN_WIDTH
+    warps = (ROW_WARPS[kernel_pass] or (wide and _float32_warps(ROW_FLOAT32_WARPS, inputs, kernel_pass))
+             or schedule.num_warps)
     return {"num_warps": warps, **({"maxnreg": cap} if cap else {})}
 
 

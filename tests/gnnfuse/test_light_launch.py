@@ -452,10 +452,16 @@ def test_dense_graphs_take_light_rows_up_to_32_in_a_launch_of_their_own(gen, mon
 
 def test_float32_warps_by_pass_and_score(monkeypatch):
     """The light and row kernels' warps per program: the per-pass override when set, else the 4-byte-float table
-    by score kind (AGNN's cosine apart from the Graph Transformer's dot score), else the schedule's."""
+    by score kind (AGNN's cosine apart from the Graph Transformer's dot score; the row kernel's for tiles at least
+    ``ops.ROW_FLOAT32_WARPS_MIN_WIDTH`` wide), else the schedule's."""
     from gnnfuse.kernels.scores import SCORE_DOT, SCORE_GAT, SCORE_GATV2
 
-    schedule = SimpleNamespace(num_warps=4)
+    # the defaults as session 32 measured them
+    assert ops.LIGHT_UNROLLED_FLOAT32_WARPS == {"forward": {SCORE_GATV2: 8, SCORE_DOT: 8}, "source": {},
+                                                "destination": {}}
+    assert ops.ROW_FLOAT32_WARPS["forward"] == {SCORE_GATV2: 8} and ops.ROW_FLOAT32_WARPS_MIN_WIDTH == 128
+    schedule = SimpleNamespace(num_warps=4, block_h=8, block_d=16)  # a row tile 128 wide
+    narrow = SimpleNamespace(num_warps=4, block_h=4, block_d=16)
     monkeypatch.setattr(ops, "ROW_FLOAT32_WARPS", {"forward": {SCORE_GATV2: 8, ops.LIGHT_COSINE: 2}, "source": {},
                                                    "destination": {}})
     for dtype in (torch.float32, torch.bfloat16):
@@ -469,10 +475,8 @@ def test_float32_warps_by_pass_and_score(monkeypatch):
         assert ops._row_options(schedule, "forward", cosine)["num_warps"] == (2 if fp32 else 4)
         assert ops._row_options(schedule, "forward", dot)["num_warps"] == 4
         assert ops._row_options(schedule, "source", v2)["num_warps"] == 4
+        assert ops._row_options(narrow, "forward", v2)["num_warps"] == 4  # narrower than ROW_FLOAT32_WARPS_MIN_WIDTH
         assert ops._float32_warps(ops.LIGHT_UNROLLED_FLOAT32_WARPS, gat, "forward") is None
         monkeypatch.setattr(ops, "ROW_WARPS", {"forward": 16, "source": None, "destination": None})
         assert ops._row_options(schedule, "forward", v2)["num_warps"] == 16
         monkeypatch.setattr(ops, "ROW_WARPS", {"forward": None, "source": None, "destination": None})
-    # the defaults as session 32 measured them
-    assert ops.LIGHT_UNROLLED_FLOAT32_WARPS == {"forward": {SCORE_GATV2: 8, SCORE_DOT: 8}, "source": {},
-                                                "destination": {}}
