@@ -62,6 +62,7 @@ from .reference import accumulation_dtype
 from .schedule import Buckets, ScheduleOptions
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+KERNEL_PASSES = ("forward", "source", "destination")  # the keys of the per-pass settings below
 MERGE_TILE = 4096  # elements of partial results a merge program reads per loop trip
 # The same for a merge inside a row kernel (PIECE_MERGE_IN_ROWS): its registers count towards the row kernel's, so a
 # smaller tile (sm_90, GAT fp32: a 4096-element tile took the forward row kernel from 69 to 96 registers and the
@@ -789,8 +790,8 @@ LIGHT_LAUNCH_BREAKS_4BYTE: dict[int, LightBreaks] = {
 def _light_breaks(inputs: AttentionInputs, kernel_pass: str = "forward") -> tuple[int, ...]:
     """The widths at which ``inputs``' light classes start a new launch in ``kernel_pass`` (the three constants
     above; the dot score with keys formed from the values looked up as :data:`LIGHT_COSINE`).  An entry of the
-    per-score dicts is the breaks of every pass, or a dict of them by pass ("forward", "source",
-    "destination"), a pass it leaves out taking :data:`LIGHT_LAUNCH_BREAKS`."""
+    per-score dicts is the breaks of every pass, or a dict of them by pass (:data:`KERNEL_PASSES`), a pass it
+    leaves out taking :data:`LIGHT_LAUNCH_BREAKS`."""
     kind = _light_kind(inputs)
     two_byte = inputs.value.dtype in (torch.float16, torch.bfloat16)
     table = LIGHT_LAUNCH_BREAKS_2BYTE if two_byte else LIGHT_LAUNCH_BREAKS_4BYTE

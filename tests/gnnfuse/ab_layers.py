@@ -96,9 +96,9 @@ def apply(settings: dict):
             if keys is None or (not keys <= set(ops.LIGHT_KINDS) if per_score else keys != set(current)):
                 expected = f"keys among the scores {ops.LIGHT_KINDS}" if per_score else f"the keys {sorted(current)}"
                 raise ValueError(f"{name}: expected a dict with {expected}, got {value!r}")
-            passes = ("forward", "source", "destination")
-            if per_score and any(isinstance(entry, dict) and not set(entry) <= set(passes) for entry in value.values()):
-                raise ValueError(f"{name}: a per-pass entry takes keys among {passes}, got {value!r}")
+            passes = set(ops.KERNEL_PASSES)
+            if per_score and any(isinstance(entry, dict) and not set(entry) <= passes for entry in value.values()):
+                raise ValueError(f"{name}: a per-pass entry takes keys among {ops.KERNEL_PASSES}, got {value!r}")
         changes.append((target, constant, value))
     saved_tiles, schedule.GPU_TILES = schedule.GPU_TILES, tiles
     saved = [(target, constant, getattr(target, constant)) for target, constant, _ in changes]

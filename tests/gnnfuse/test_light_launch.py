@@ -143,6 +143,9 @@ def test_light_launch_defaults_as_measured():
         assert tuple(ops._light_breaks(dot, p) for p in passes) == transformer
         assert tuple(ops._light_breaks(v2, p) for p in passes) == gatv2
     assert ops.LIGHT_LAUNCH_BREAKS == (8, 32)
+    for table in (ops.LIGHT_LAUNCH_BREAKS_2BYTE, ops.LIGHT_LAUNCH_BREAKS_4BYTE):  # per-pass entries name real passes
+        assert all(set(entry) <= set(ops.KERNEL_PASSES) for entry in table.values() if isinstance(entry, dict))
+    assert set(ops.LIGHT_UNROLLED_FLOAT32_WARPS) == set(ops.ROW_FLOAT32_WARPS) == set(ops.KERNEL_PASSES)
 
 
 def test_edge_feature_kernels_launch_one_class_at_a_time_over_aligned_lists(gen, monkeypatch):
