@@ -63,6 +63,11 @@ from .schedule import Buckets, ScheduleOptions
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 KERNEL_PASSES = ("forward", "source", "destination")  # the keys of the per-pass settings below
+# The key of the dot score with keys formed from the values (AGNN's cosine, ``keys_from_values``) in the per-score
+# tables below (light-launch breaks, float32 warps), apart from the Graph Transformer's dot score (``SCORE_DOT``);
+# LIGHT_KINDS: every key they take.
+LIGHT_COSINE = max(SCORE_GAT, SCORE_GATV2, SCORE_DOT) + 1
+LIGHT_KINDS = (SCORE_GAT, SCORE_GATV2, SCORE_DOT, LIGHT_COSINE)
 MERGE_TILE = 4096  # elements of partial results a merge program reads per loop trip
 # The same for a merge inside a row kernel (PIECE_MERGE_IN_ROWS): its registers count towards the row kernel's, so a
 # smaller tile (sm_90, GAT fp32: a 4096-element tile took the forward row kernel from 69 to 96 registers and the
@@ -399,9 +404,17 @@ LIGHT_UNROLLED_WARPS: dict[str, int | None] = {"forward": None, "source": None, 
 # ... and where LIGHT_UNROLLED_WARPS leaves a pass unset, on 4-byte floats, by score kind (:data:`LIGHT_KINDS`).
 # Session 32 (H200, arxiv-like, same call, one round, replayed forward / step µs): the forward's unrolled light rows
 # with 8 warps a program: GATv2 fp32 464.4 / 1777.1 against 500.2-500.7 / 1811.6-1812.0 with 4 (2 warps: 564.9 /
-# 1875.2), Graph Transformer fp32 723.7 / 2225.6 against 745.0 / 2241.2.  GAT and AGNN fp32 not timed with 8.
+# 1875.2), Graph Transformer fp32 723.7 / 2225.6 against 745.0 / 2241.2.  Session 33 (call 2, same call, one round,
+# replayed forward / step µs, each against the same row's defaults): AGNN fp32 forward at 8 261.2 / 1271.8 against
+# 270.9 / 1281.4, its source pass at 8 271.0 / 1151.7; GATv2 fp32 destination pass at 8 437.9 / 1660.9 against 438.1 /
+# 1748.4 (its widest class at 4 warps: 187 registers, 8 resident warps per multiprocessor; at 8: 71 and 24, sm_90,
+# Triton 3.6); the Transformer fp32 source pass at 8 723.9 / 2178.4 against 724.4 / 2223.3.  GAT fp32 lost with 8:
+# forward 401.4 / 1085.4, source pass 345.7 / 1229.2, against 346.4 / 1035.9.
 LIGHT_UNROLLED_FLOAT32_WARPS: dict[str, dict[int, int]] = {
-    "forward": {SCORE_GATV2: 8, SCORE_DOT: 8}, "source": {}, "destination": {}}
+    "forward": {SCORE_GATV2: 8, SCORE_DOT: 8, LIGHT_COSINE: 8},
+    "source": {SCORE_DOT: 8, LIGHT_COSINE: 8},
+    "destination": {SCORE_GATV2: 8},
+}
 # With edge features the forward's light rows keep the tile form (every edge's features projected on the tensor cores,
 # one class a launch) unless this is set: then they run unrolled too (the rows' u = W q̃ once, per slot K·H products
 # for the score and the feature sums A, Σ_k A W once per row).  Not the default: on sm_90 (Triton 3.6) the unrolled
@@ -760,11 +773,7 @@ def _flags(inputs: AttentionInputs, use_dropout: bool) -> dict:
 # The width-32 class (dense graphs only, schedule.DENSE_LIGHT_MAX) starts a launch of its own, as measured in
 # session 17; no other graph has that class, so the break changes nothing there.
 LIGHT_LAUNCH_BREAKS: tuple[int, ...] = (8, 32)
-# The key of the dot score with keys formed from the values (AGNN's cosine, ``keys_from_values``) in the two
-# dictionaries below, apart from the Graph Transformer's dot score (``SCORE_DOT``); LIGHT_KINDS: every key they take.
-LIGHT_COSINE = max(SCORE_GAT, SCORE_GATV2, SCORE_DOT) + 1
-LIGHT_KINDS = (SCORE_GAT, SCORE_GATV2, SCORE_DOT, LIGHT_COSINE)
-# An entry of those dictionaries: the breaks of every pass, or a dict of them by pass (:func:`_light_breaks`).
+# An entry of the two dictionaries below: the breaks of every pass, or a dict of them by pass (:func:`_light_breaks`).
 LightBreaks = tuple[int, ...] | dict[str, tuple[int, ...]]
 # ... except for these scores in 2-byte floats.  Session 15 (H200, arxiv-like, same call, replayed forward / step
 # µs, one launch per pass against (8,)): GAT bf16 258.6 / 777.3 -> 253.2 / 767.7, Graph Transformer bf16 330.7 /

@@ -459,9 +459,10 @@ def test_float32_warps_by_pass_and_score(monkeypatch):
     ``ops.ROW_FLOAT32_WARPS_MIN_WIDTH`` wide), else the schedule's."""
     from gnnfuse.kernels.scores import SCORE_DOT, SCORE_GAT, SCORE_GATV2
 
-    # the defaults as session 32 measured them
-    assert ops.LIGHT_UNROLLED_FLOAT32_WARPS == {"forward": {SCORE_GATV2: 8, SCORE_DOT: 8}, "source": {},
-                                                "destination": {}}
+    # the defaults as sessions 32 and 33 measured them
+    assert ops.LIGHT_UNROLLED_FLOAT32_WARPS == {"forward": {SCORE_GATV2: 8, SCORE_DOT: 8, ops.LIGHT_COSINE: 8},
+                                                "source": {SCORE_DOT: 8, ops.LIGHT_COSINE: 8},
+                                                "destination": {SCORE_GATV2: 8}}
     assert ops.ROW_FLOAT32_WARPS["forward"] == {SCORE_GATV2: 8} and ops.ROW_FLOAT32_WARPS_MIN_WIDTH == 128
     schedule = SimpleNamespace(num_warps=4, block_h=8, block_d=16)  # a row tile 128 wide
     narrow = SimpleNamespace(num_warps=4, block_h=4, block_d=16)
@@ -480,6 +481,11 @@ def test_float32_warps_by_pass_and_score(monkeypatch):
         assert ops._row_options(schedule, "source", v2)["num_warps"] == 4
         assert ops._row_options(narrow, "forward", v2)["num_warps"] == 4  # narrower than ROW_FLOAT32_WARPS_MIN_WIDTH
         assert ops._float32_warps(ops.LIGHT_UNROLLED_FLOAT32_WARPS, gat, "forward") is None
+        light = {(name, p): ops._float32_warps(ops.LIGHT_UNROLLED_FLOAT32_WARPS, inputs, p)
+                 for name, inputs in (("gatv2", v2), ("cosine", cosine), ("dot", dot)) for p in ops.KERNEL_PASSES}
+        eight = {("gatv2", "forward"), ("gatv2", "destination"), ("cosine", "forward"), ("cosine", "source"),
+                 ("dot", "forward"), ("dot", "source")}
+        assert light == {key: (8 if fp32 and key in eight else None) for key in light}
         monkeypatch.setattr(ops, "ROW_WARPS", {"forward": 16, "source": None, "destination": None})
         assert ops._row_options(schedule, "forward", v2)["num_warps"] == 16
         monkeypatch.setattr(ops, "ROW_WARPS", {"forward": None, "source": None, "destination": None})
