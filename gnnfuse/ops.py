@@ -1407,6 +1407,17 @@ def gat_attention(
     return _apply(GATAttentionFunction, wh, el, er, graph, float(negative_slope), dropout, seed, offset, schedule)
 
 
+# Warps per program of the per-node backward kernels (GAT's node scores, AGNN's normalization); None: 4 (Triton's
+# default).  At 4 warps on sm_90 (Triton 3.6, arxiv-like 8 × 16) GAT's holds 160 registers in float32 and 168 in
+# bfloat16 (12 resident warps per multiprocessor), AGNN's 128 with 8 bytes spilled; not timed at 8.
+NODE_BACKWARD_WARPS: int | None = None
+
+
+def _node_backward_options() -> dict:
+    """Launch options of the per-node backward kernels (:data:`NODE_BACKWARD_WARPS`)."""
+    return {"num_warps": NODE_BACKWARD_WARPS} if NODE_BACKWARD_WARPS else {}
+
+
 def _node_tile_rows(heads: int, head_dim: int) -> tuple[int, int, int]:
     """(block_h, block_d, rows per program) of the per-node kernels: ~4096-element tiles."""
     block_h, block_d = next_power_of_2(heads), next_power_of_2(head_dim)
@@ -1572,6 +1583,7 @@ def _node_scores_backward(wh, attn_l, attn_r, grad_el, grad_er, grad_agg, parts:
         node_scores_backward_kernel[(programs,)](
             wh, attn_l.contiguous(), attn_r.contiguous(), grad_el.contiguous(), grad_er.contiguous(), grad_agg,
             grad_wh, parts[0], parts[1], num_nodes, heads, head_dim, ROWS=rows, BLOCK_H=block_h, BLOCK_D=block_d,
+            **_node_backward_options(),
         )
     return grad_wh
 
@@ -1936,7 +1948,7 @@ def _normalize_rows_backward(h, beta, grad_value, grad_key, grad_query) -> tuple
     if programs:
         normalize_backward_kernel[(programs,)](
             h, beta, grad_value, grad_key, grad_query, grad_h, part_beta, num_nodes, heads, head_dim, NORMALIZE_EPS,
-            ROWS=rows, BLOCK_H=block_h, BLOCK_D=block_d,
+            ROWS=rows, BLOCK_H=block_h, BLOCK_D=block_d, **_node_backward_options(),
         )
     return grad_h, part_beta.sum().reshape(beta.shape).to(beta.dtype)
 

@@ -489,3 +489,30 @@ def test_float32_warps_by_pass_and_score(monkeypatch):
         monkeypatch.setattr(ops, "ROW_WARPS", {"forward": 16, "source": None, "destination": None})
         assert ops._row_options(schedule, "forward", v2)["num_warps"] == 16
         monkeypatch.setattr(ops, "ROW_WARPS", {"forward": None, "source": None, "destination": None})
+
+
+def test_node_backward_warps_reach_the_per_node_backward_launches(monkeypatch):
+    """``ops.NODE_BACKWARD_WARPS`` (an A/B knob, off by default): the per-node backward kernels' launch options, and
+    a GAT and an AGNN training step with it set give the reference's gradients."""
+    assert ops.NODE_BACKWARD_WARPS is None and ops._node_backward_options() == {}
+    monkeypatch.setattr(ops, "NODE_BACKWARD_WARPS", 8)
+    assert ops._node_backward_options() == {"num_warps": 8}
+    from gnnfuse.nn import AGNNConv, GATConv
+
+    gen = torch.Generator().manual_seed(3)
+    n = 23
+    edges = torch.randint(0, n, (2, 97), generator=gen)
+    graph = Graph(torch.cat([edges, torch.arange(n).repeat(2, 1)], 1), n)
+    for layer in (GATConv(12, 4, 3), AGNNConv()):
+        x = torch.randn(n, 12, generator=gen, dtype=torch.float64).requires_grad_()
+        layer = layer.double()
+        grads = []
+        for reference in (False, True):
+            with use_reference(reference):
+                x.grad = None
+                for p in layer.parameters():
+                    p.grad = None
+                layer(graph, x).square().sum().backward()
+                grads.append([x.grad.clone(), *(p.grad.clone() for p in layer.parameters())])
+        for got, want in zip(*grads):
+            torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
