@@ -4,9 +4,9 @@ from benchmarks import targets
 from fusecore.report import Record, write_jsonl
 
 
-def _row(case: str, implementation: str, ms: float, **extra) -> Record:
+def _row(case: str, implementation: str, ms: float, domain: str = "gnn", **extra) -> Record:
     env = {"commit": "abc1234", "date": "2026-11-28T10:00:00+00:00"}
-    return Record(domain="gnn", case=case, implementation=implementation, median_ms=ms, p20_ms=ms, p80_ms=ms,
+    return Record(domain=domain, case=case, implementation=implementation, median_ms=ms, p20_ms=ms, p80_ms=ms,
                   gpu_time=True, method="do_bench", env=env, **extra)
 
 
@@ -55,10 +55,44 @@ def test_ratios_marks_and_missing_rows(tmp_path):
     assert "| GATv2 fp32 | 3.000 | 40.0% | - / - | abc1234, 2026-11-28 |" in lines
 
 
+def test_llm_targets_from_the_decode_rows(tmp_path):
+    def decode(model, batch, implementation, ms, floor=None):
+        return _row(f"decode[{model},B={batch},ctx=512]", implementation, ms, "llm", fraction_of_floor=floor)
+
+    per_layer, looped = "fused per-layer kernels (CUDA graph)", "looped kernel (CUDA graph)"
+    rows = [
+        decode("Llama-3.2-1B", 1, "HF transformers eager", 30.0),
+        decode("Llama-3.2-1B", 1, "reference decoder torch.compile (CUDA graphs)", 1.4),
+        decode("Llama-3.2-1B", 1, per_layer, 0.74, 0.78),
+        decode("Llama-3.2-1B", 1, looped, 1.1),
+        decode("Llama-3.2-1B", 8, per_layer, 1.2),
+        decode("Llama-3.2-1B", 8, looped, 1.0),
+        decode("Llama-3.1-8B", 1, per_layer, 4.4, 0.84),
+        _row("plan_sweep[Llama-3.2-1B,B=1]", per_layer, 0.1, "llm"),  # other llm cases stay out
+    ]
+    path = write_jsonl(rows, tmp_path / "llm.jsonl", append=False)
+    lines = targets.render_llm(path).splitlines()
+    assert ("| Llama-3.2-1B batch 1 ≤ 0.75 ms | **0.7400 ms** (fused per-layer kernels (CUDA graph); 78.0% of the "
+            "floor) | abc1234, 2026-11-28 |") in lines
+    assert any(line.startswith("| the same ≥ 40× HF eager | **40.5×** against this run's 30.00 ms; against "
+                               "TARGETS.md's 30.2 ms **40.8×** |") for line in lines)
+    assert any(line.startswith("| the same ≥ 1.9× the compiled static-cache decoder | 1.89× (1.400 ms) |")
+               for line in lines)
+    assert any(line.startswith("| Llama-3.2-1B batch 8 ≤ 0.9 ms | 1.0000 ms (looped kernel (CUDA graph)) |")
+               for line in lines)
+    assert any(line.startswith("| Llama-3.1-8B batch 1 ≥ 85% of the floor | 84.0% of the case's floor (4.400 ms); "
+                               "of TARGETS.md's 3.75 ms **85.2%** |") for line in lines)
+    looped_line = next(line for line in lines if line.startswith("| the looped kernel"))
+    assert "3.2-1B B=1 ctx=512 0.67×; 3.2-1B B=8 ctx=512 **1.20×**" in looped_line
+
+
 def test_check_fails_on_a_stale_table(tmp_path, monkeypatch):
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{targets.BEGIN}\nold\n{targets.END}\nrest\n")
+    llm_readme = tmp_path / "LLM.md"
+    llm_readme.write_text(f"{targets.BEGIN}\n{targets.END}\n")
     monkeypatch.setattr(targets, "README", readme)
+    monkeypatch.setattr(targets, "LLM_README", llm_readme)
     assert targets.main(["--check"]) == 1
     assert targets.main([]) == 0
     assert targets.main(["--check"]) == 0
