@@ -8,7 +8,7 @@
 cases that ran (the other cases keep their earlier runs: :func:`benchmarks.__main__.merge`); each
 merged domain's plots are redrawn from its merged file as ``<domain>-<plot>.png``; logs are
 copied as ``<name>.<tag>.log``.  Then ``python -m benchmarks.readme`` regenerates the README's section (and
-``python -m benchmarks.targets`` gnnfuse/README.md's targets table, from the H200 records).
+``python -m benchmarks.targets`` the gnnfuse and llmfuse READMEs' targets tables, from the H200 records).
 """
 
 from __future__ import annotations

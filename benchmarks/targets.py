@@ -97,12 +97,14 @@ def _ratio(reference: Record | None, ours: Record | None) -> float | None:
     return reference.median_ms / ours.median_ms
 
 
+def _bold(text: str, met: bool) -> str:
+    """``text``, bold when its target is met."""
+    return f"**{text}**" if met else text
+
+
 def _x(value: float | None, target: float) -> str:
     """``value×``, bold when it meets ``target``; ``-`` when not measured."""
-    if value is None:
-        return "-"
-    text = f"{value:.2f}×"
-    return f"**{text}**" if value >= target else text
+    return "-" if value is None else _bold(f"{value:.2f}×", value >= target)
 
 
 def _probe(r: Record | None) -> str:
@@ -121,7 +123,7 @@ def _cell(v: Variant, reference: Record | None, target: float) -> str:
 
 
 def _record(*rows: Record | None) -> str:
-    """Commit and date of the rows' run, and the host probe of the as-called rows (forward; step)."""
+    """Commit(s) and date(s) of the rows' run(s)."""
     present = [r for r in rows if r is not None]
     if not present:
         return "-"
@@ -166,9 +168,7 @@ def reddit_table(found: dict[tuple[str, str, str, str], Variant]) -> list[str]:
             if fwd.fused is None:
                 continue
             fraction = fwd.fused.fraction_of_floor
-            floor = "-" if fraction is None else f"{100 * fraction:.1f}%"
-            if fraction is not None and fraction >= FLOOR_FRACTION:
-                floor = f"**{floor}**"
+            floor = "-" if fraction is None else _bold(f"{100 * fraction:.1f}%", fraction >= FLOOR_FRACTION)
             shares = []
             for v in (fwd, step):
                 ours = v.fused.peak_memory_bytes if v.fused is not None else None
@@ -176,8 +176,7 @@ def reddit_table(found: dict[tuple[str, str, str, str], Variant]) -> list[str]:
                 if not ours or not theirs:
                     shares.append("-")
                     continue
-                share = ours / theirs
-                shares.append(f"**{share:.3f}**" if share <= PEAK_MEMORY_SHARE else f"{share:.3f}")
+                shares.append(_bold(f"{ours / theirs:.3f}", ours / theirs <= PEAK_MEMORY_SHARE))
             rows.append(f"| {label} {dtype} | {fwd.fused.median_ms:.3f} | {floor} | {' / '.join(shares)} "
                         f"| {_record(fwd.fused, step.fused)} |")
     return rows
@@ -212,10 +211,6 @@ def _decode(records: list[Record]) -> dict[tuple[str, int, int], dict[str, Recor
         out.setdefault((model, int(batch.removeprefix("B=")), int(context.removeprefix("ctx="))), {})[
             r.implementation] = r
     return out
-
-
-def _bold(text: str, met: bool) -> str:
-    return f"**{text}**" if met else text
 
 
 def llm_table(records: list[Record]) -> list[str]:

@@ -1,4 +1,5 @@
-"""gnnfuse's targets table: generated from the committed records, ratios and marks as TARGETS.md sets them."""
+"""The gnnfuse and llmfuse targets tables: generated from the committed records, ratios and marks as TARGETS.md
+sets them."""
 
 from benchmarks import targets
 from fusecore.report import Record, write_jsonl

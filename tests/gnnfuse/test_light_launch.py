@@ -515,4 +515,4 @@ def test_node_backward_warps_reach_the_per_node_backward_launches(monkeypatch):
                 layer(graph, x).square().sum().backward()
                 grads.append([x.grad.clone(), *(p.grad.clone() for p in layer.parameters())])
         for got, want in zip(*grads):
-            torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
+            assert_close(got, want)
