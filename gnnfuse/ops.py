@@ -68,6 +68,9 @@ KERNEL_PASSES = ("forward", "source", "destination")  # the keys of the per-pass
 # LIGHT_KINDS: every key they take.
 LIGHT_COSINE = max(SCORE_GAT, SCORE_GATV2, SCORE_DOT) + 1
 LIGHT_KINDS = (SCORE_GAT, SCORE_GATV2, SCORE_DOT, LIGHT_COSINE)
+# The dtypes of the tables kept per float width (4-byte and 2-byte floats).
+FLOAT32_DTYPES = (torch.float32,)
+TWO_BYTE_DTYPES = (torch.float16, torch.bfloat16)
 MERGE_TILE = 4096  # elements of partial results a merge program reads per loop trip
 # The same for a merge inside a row kernel (PIECE_MERGE_IN_ROWS): its registers count towards the row kernel's, so a
 # smaller tile (sm_90, GAT fp32: a 4096-element tile took the forward row kernel from 69 to 96 registers and the
@@ -415,6 +418,15 @@ LIGHT_UNROLLED_FLOAT32_WARPS: dict[str, dict[int, int]] = {
     "source": {SCORE_DOT: 8, LIGHT_COSINE: 8},
     "destination": {SCORE_GATV2: 8},
 }
+# ... and on 2-byte floats (float16, bfloat16), by score kind.  Their 4-warp light kernels hold <= 96 registers (>= 20
+# resident warps per multiprocessor, sm_90, Triton 3.6), and 8 warps lost almost everywhere (session 33, call 4, same
+# call, one round, replayed step µs against each row's defaults): GAT's source pass 991.2 against 714.8, GATv2's
+# destination pass 1145.9 against 1128.2, the Transformer's source pass 1214.0 against 1110.1, AGNN's forward pass
+# 231.4 against 191.4 µs of forward.  AGNN's source pass alone at 8 (session 34, call 1, same call): step 968.9 against
+# 1012.6, forward unchanged (191.8 / 191.4).
+LIGHT_UNROLLED_TWO_BYTE_WARPS: dict[str, dict[int, int]] = {
+    "forward": {}, "source": {LIGHT_COSINE: 8}, "destination": {},
+}
 # With edge features the forward's light rows keep the tile form (every edge's features projected on the tensor cores,
 # one class a launch) unless this is set: then they run unrolled too (the rows' u = W q̃ once, per slot K·H products
 # for the score and the feature sums A, Σ_k A W once per row).  Not the default: on sm_90 (Triton 3.6) the unrolled
@@ -457,7 +469,7 @@ def _unrolled(inputs: AttentionInputs, kernel_pass: str, width: int | None = Non
         return False
     if inputs.keys_from_values and not LIGHT_UNROLLED_KEYS_FROM_VALUES:
         return False
-    if dtype in (torch.float16, torch.bfloat16):
+    if dtype in TWO_BYTE_DTYPES:
         return inputs.score in LIGHT_UNROLLED_SCORES
     return dtype == torch.float32 and inputs.score in LIGHT_UNROLLED_FLOAT32_SCORES[kernel_pass]
 
@@ -587,7 +599,10 @@ ROW_MAXNREG: dict[str, int | None] = {"forward": None, "source": None, "destinat
 # multiprocessor; 58 and 32 at 8 warps, sm_90, Triton 3.6).  At Reddit-scale's 4 heads × 16 it holds 56 (36 warps;
 # 48 and 40 at 8), the case in which session 17 found 8-warp row programs slower (GAT bf16, Reddit-scale forward 2436
 # against 1604 µs, H100); not timed for GATv2 fp32 there, so narrower tiles keep the schedule's warps.
-ROW_FLOAT32_WARPS: dict[str, dict[int, int]] = {"forward": {SCORE_GATV2: 8}, "source": {}, "destination": {}}
+# GATv2 fp32's backward row kernels at 8 warps too, same call, one round each, replayed step µs against the defaults:
+# 1734.5 against 1748.4 (session 33, call 2) and 1647.2 against 1661.4 (session 34, call 1).
+ROW_FLOAT32_WARPS: dict[str, dict[int, int]] = {"forward": {SCORE_GATV2: 8}, "source": {SCORE_GATV2: 8},
+                                                "destination": {SCORE_GATV2: 8}}
 ROW_FLOAT32_WARPS_MIN_WIDTH = 128
 
 
@@ -596,7 +611,7 @@ def _row_options(schedule, kernel_pass: str, inputs: AttentionInputs) -> dict:
     at least :data:`ROW_FLOAT32_WARPS_MIN_WIDTH` wide, :data:`ROW_MAXNREG`)."""
     cap = ROW_MAXNREG[kernel_pass]
     wide = schedule.block_h * schedule.block_d >= ROW_FLOAT32_WARPS_MIN_WIDTH
-    warps = (ROW_WARPS[kernel_pass] or (wide and _float32_warps(ROW_FLOAT32_WARPS, inputs, kernel_pass))
+    warps = (ROW_WARPS[kernel_pass] or (wide and _kind_warps(ROW_FLOAT32_WARPS, inputs, kernel_pass))
              or schedule.num_warps)
     return {"num_warps": warps, **({"maxnreg": cap} if cap else {})}
 
@@ -607,9 +622,11 @@ def _light_kind(inputs: AttentionInputs) -> int:
     return LIGHT_COSINE if inputs.keys_from_values else inputs.score
 
 
-def _float32_warps(table: dict[str, dict[int, int]], inputs: AttentionInputs, kernel_pass: str) -> int | None:
-    """Warps per program from a per-pass, per-score-kind table of 4-byte-float kernels; None elsewhere."""
-    if inputs.value.dtype != torch.float32:
+def _kind_warps(table: dict[str, dict[int, int]], inputs: AttentionInputs, kernel_pass: str,
+                dtypes: tuple[torch.dtype, ...] = FLOAT32_DTYPES) -> int | None:
+    """Warps per program from a per-pass, per-score-kind table of the kernels on ``dtypes`` (4-byte floats unless
+    told); None for other dtypes and for kinds the table leaves out."""
+    if inputs.value.dtype not in dtypes:
         return None
     return table[kernel_pass].get(_light_kind(inputs))
 
@@ -802,7 +819,7 @@ def _light_breaks(inputs: AttentionInputs, kernel_pass: str = "forward") -> tupl
     per-score dicts is the breaks of every pass, or a dict of them by pass (:data:`KERNEL_PASSES`), a pass it
     leaves out taking :data:`LIGHT_LAUNCH_BREAKS`."""
     kind = _light_kind(inputs)
-    two_byte = inputs.value.dtype in (torch.float16, torch.bfloat16)
+    two_byte = inputs.value.dtype in TWO_BYTE_DTYPES
     table = LIGHT_LAUNCH_BREAKS_2BYTE if two_byte else LIGHT_LAUNCH_BREAKS_4BYTE
     breaks = table.get(kind, LIGHT_LAUNCH_BREAKS)
     if isinstance(breaks, dict):
@@ -842,12 +859,13 @@ def _light_plan(schedule, inputs: AttentionInputs, buckets: Buckets, kernel_pass
                 or _unrolled(inputs, kernel_pass, width) != _unrolled(inputs, kernel_pass, groups[-1][0][0])):
             groups.append([])
         groups[-1].append((width, rows.numel(), _light_rows(schedule, inputs, width, light_tiles, kernel_pass)))
-    two_byte = inputs.value.dtype in (torch.float16, torch.bfloat16)
+    two_byte = inputs.value.dtype in TWO_BYTE_DTYPES
     plan, begin = [], 0
     for group in groups:
         unrolled = _unrolled(inputs, kernel_pass, group[-1][0])
         warps = (unrolled and (LIGHT_UNROLLED_WARPS[kernel_pass]
-                               or _float32_warps(LIGHT_UNROLLED_FLOAT32_WARPS, inputs, kernel_pass))
+                               or _kind_warps(LIGHT_UNROLLED_FLOAT32_WARPS, inputs, kernel_pass)
+                               or _kind_warps(LIGHT_UNROLLED_TWO_BYTE_WARPS, inputs, kernel_pass, TWO_BYTE_DTYPES))
                  or schedule.num_warps)
         cap = LIGHT_UNROLLED_MAXNREG[kernel_pass].get(inputs.score) if unrolled and two_byte else None
         options = {"num_warps": warps, **({"maxnreg": cap} if cap else {})}
@@ -1503,7 +1521,7 @@ def fuses_projection(x: torch.Tensor, weight: torch.Tensor, heads: int, head_dim
     node scores in one kernel (:func:`_projection_scores`); else fusecore.linear's product and a node-score
     pass."""
     width = next_power_of_2(heads) * next_power_of_2(head_dim)
-    tensor_cores = x.dtype in (torch.float16, torch.bfloat16) or uses_product(x, weight)
+    tensor_cores = x.dtype in TWO_BYTE_DTYPES or uses_product(x, weight)
     # rows 16 bytes apart (vector loads), or enough rows read by alignment class (:func:`_row_classes`)
     return (FUSED_PROJECTION and tensor_cores and weight.dtype == x.dtype
             and MIN_DOT <= width <= PROJECTION_MAX_COLUMNS and x.dim() == 2 and x.stride(1) == 1

@@ -145,7 +145,8 @@ def test_light_launch_defaults_as_measured():
     assert ops.LIGHT_LAUNCH_BREAKS == (8, 32)
     for table in (ops.LIGHT_LAUNCH_BREAKS_2BYTE, ops.LIGHT_LAUNCH_BREAKS_4BYTE):  # per-pass entries name real passes
         assert all(set(entry) <= set(ops.KERNEL_PASSES) for entry in table.values() if isinstance(entry, dict))
-    assert set(ops.LIGHT_UNROLLED_FLOAT32_WARPS) == set(ops.ROW_FLOAT32_WARPS) == set(ops.KERNEL_PASSES)
+    for table in (ops.LIGHT_UNROLLED_FLOAT32_WARPS, ops.LIGHT_UNROLLED_TWO_BYTE_WARPS, ops.ROW_FLOAT32_WARPS):
+        assert set(table) == set(ops.KERNEL_PASSES)
 
 
 def test_edge_feature_kernels_launch_one_class_at_a_time_over_aligned_lists(gen, monkeypatch):
@@ -453,22 +454,29 @@ def test_dense_graphs_take_light_rows_up_to_32_in_a_launch_of_their_own(gen, mon
                 assert [c for c in plan[0][-1][2] if c] == [schedule.incoming.light[-1][1].numel()]
 
 
-def test_float32_warps_by_pass_and_score(monkeypatch):
-    """The light and row kernels' warps per program: the per-pass override when set, else the 4-byte-float table
-    by score kind (AGNN's cosine apart from the Graph Transformer's dot score; the row kernel's for tiles at least
-    ``ops.ROW_FLOAT32_WARPS_MIN_WIDTH`` wide), else the schedule's."""
+def test_warps_by_pass_score_and_float_width(monkeypatch):
+    """The light and row kernels' warps per program: the per-pass override when set, else the table of the input's
+    float width by score kind (AGNN's cosine apart from the Graph Transformer's dot score; the row kernel's only on
+    4-byte floats and for tiles at least ``ops.ROW_FLOAT32_WARPS_MIN_WIDTH`` wide), else the schedule's."""
     from gnnfuse.kernels.scores import SCORE_DOT, SCORE_GAT, SCORE_GATV2
 
-    # the defaults as sessions 32 and 33 measured them
+    # the defaults as sessions 32-34 measured them
     assert ops.LIGHT_UNROLLED_FLOAT32_WARPS == {"forward": {SCORE_GATV2: 8, SCORE_DOT: 8, ops.LIGHT_COSINE: 8},
                                                 "source": {SCORE_DOT: 8, ops.LIGHT_COSINE: 8},
                                                 "destination": {SCORE_GATV2: 8}}
-    assert ops.ROW_FLOAT32_WARPS["forward"] == {SCORE_GATV2: 8} and ops.ROW_FLOAT32_WARPS_MIN_WIDTH == 128
+    assert ops.LIGHT_UNROLLED_TWO_BYTE_WARPS == {"forward": {}, "source": {ops.LIGHT_COSINE: 8}, "destination": {}}
+    assert ops.ROW_FLOAT32_WARPS == {p: {SCORE_GATV2: 8} for p in ops.KERNEL_PASSES}
+    assert ops.ROW_FLOAT32_WARPS_MIN_WIDTH == 128
     schedule = SimpleNamespace(num_warps=4, block_h=8, block_d=16)  # a row tile 128 wide
     narrow = SimpleNamespace(num_warps=4, block_h=4, block_d=16)
     monkeypatch.setattr(ops, "ROW_FLOAT32_WARPS", {"forward": {SCORE_GATV2: 8, ops.LIGHT_COSINE: 2}, "source": {},
                                                    "destination": {}})
-    for dtype in (torch.float32, torch.bfloat16):
+    eight = {
+        torch.float32: {("gatv2", "forward"), ("gatv2", "destination"), ("cosine", "forward"), ("cosine", "source"),
+                        ("dot", "forward"), ("dot", "source")},
+        torch.bfloat16: {("cosine", "source")}, torch.float16: {("cosine", "source")},
+    }
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
         feats, scale = torch.zeros(2, 2, 3, dtype=dtype), torch.zeros(2, 2, dtype=dtype)
         v2 = ops.AttentionInputs(SCORE_GATV2, feats, feats, feats, attn=feats[0])
         cosine = ops.AttentionInputs(SCORE_DOT, scale, scale, feats, keys_from_values=True)
@@ -480,12 +488,13 @@ def test_float32_warps_by_pass_and_score(monkeypatch):
         assert ops._row_options(schedule, "forward", dot)["num_warps"] == 4
         assert ops._row_options(schedule, "source", v2)["num_warps"] == 4
         assert ops._row_options(narrow, "forward", v2)["num_warps"] == 4  # narrower than ROW_FLOAT32_WARPS_MIN_WIDTH
-        assert ops._float32_warps(ops.LIGHT_UNROLLED_FLOAT32_WARPS, gat, "forward") is None
-        light = {(name, p): ops._float32_warps(ops.LIGHT_UNROLLED_FLOAT32_WARPS, inputs, p)
+        for table, dtypes in ((ops.LIGHT_UNROLLED_FLOAT32_WARPS, ops.FLOAT32_DTYPES),
+                              (ops.LIGHT_UNROLLED_TWO_BYTE_WARPS, ops.TWO_BYTE_DTYPES)):
+            assert all(ops._kind_warps(table, gat, p, dtypes) is None for p in ops.KERNEL_PASSES)
+        light = {(name, p): (ops._kind_warps(ops.LIGHT_UNROLLED_FLOAT32_WARPS, inputs, p)
+                             or ops._kind_warps(ops.LIGHT_UNROLLED_TWO_BYTE_WARPS, inputs, p, ops.TWO_BYTE_DTYPES))
                  for name, inputs in (("gatv2", v2), ("cosine", cosine), ("dot", dot)) for p in ops.KERNEL_PASSES}
-        eight = {("gatv2", "forward"), ("gatv2", "destination"), ("cosine", "forward"), ("cosine", "source"),
-                 ("dot", "forward"), ("dot", "source")}
-        assert light == {key: (8 if fp32 and key in eight else None) for key in light}
+        assert light == {key: (8 if key in eight[dtype] else None) for key in light}
         monkeypatch.setattr(ops, "ROW_WARPS", {"forward": 16, "source": None, "destination": None})
         assert ops._row_options(schedule, "forward", v2)["num_warps"] == 16
         monkeypatch.setattr(ops, "ROW_WARPS", {"forward": None, "source": None, "destination": None})
