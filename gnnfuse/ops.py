@@ -1425,15 +1425,21 @@ def gat_attention(
     return _apply(GATAttentionFunction, wh, el, er, graph, float(negative_slope), dropout, seed, offset, schedule)
 
 
-# Warps per program of the per-node backward kernels (GAT's node scores, AGNN's normalization); None: 4 (Triton's
-# default).  At 4 warps on sm_90 (Triton 3.6, arxiv-like 8 × 16) GAT's holds 160 registers in float32 and 168 in
-# bfloat16 (12 resident warps per multiprocessor), AGNN's 128 with 8 bytes spilled; not timed at 8.
-NODE_BACKWARD_WARPS: int | None = None
+# Warps per program of the per-node backward kernels, by kernel (GAT's node scores, AGNN's normalization) and
+# element size of the features (4: float32, 2: 2-byte floats); absent: 4 (Triton's default).  At 4 warps on sm_90
+# (Triton 3.6, arxiv-like 8 × 16) GAT's holds 160 registers in float32 and 168 in bfloat16 (12 resident warps per
+# multiprocessor; 101 / 79 at 8), AGNN's 128 with 8 bytes spilled (76, none, at 8).  Session 34 (H200, arxiv-like,
+# same call, replayed step µs at 8 warps against 4): GAT bf16 709.1 / 715.7 (call 1), 708.5 and 708.4 / 716.9 and
+# 716.6 (call 2, two rounds); AGNN fp32 1130.1 / 1143.4, 1129.1 and 1128.2 / 1142.0 and 1141.1; AGNN bf16 1006.5 /
+# 1012.6 (call 1).  GAT fp32 lost: 1041.7 against 1035.6 (call 1), so it keeps 4.
+NODE_BACKWARD_WARPS: dict[str, dict[int, int]] = {"node_scores": {2: 8}, "normalize": {4: 8, 2: 8}}
 
 
-def _node_backward_options() -> dict:
-    """Launch options of the per-node backward kernels (:data:`NODE_BACKWARD_WARPS`)."""
-    return {"num_warps": NODE_BACKWARD_WARPS} if NODE_BACKWARD_WARPS else {}
+def _node_backward_options(kernel: str, features: torch.Tensor) -> dict:
+    """Launch options of the per-node backward ``kernel`` (``"node_scores"``, ``"normalize"``) on ``features``
+    (:data:`NODE_BACKWARD_WARPS`)."""
+    warps = NODE_BACKWARD_WARPS[kernel].get(features.element_size())
+    return {"num_warps": warps} if warps else {}
 
 
 def _node_tile_rows(heads: int, head_dim: int) -> tuple[int, int, int]:
@@ -1601,7 +1607,7 @@ def _node_scores_backward(wh, attn_l, attn_r, grad_el, grad_er, grad_agg, parts:
         node_scores_backward_kernel[(programs,)](
             wh, attn_l.contiguous(), attn_r.contiguous(), grad_el.contiguous(), grad_er.contiguous(), grad_agg,
             grad_wh, parts[0], parts[1], num_nodes, heads, head_dim, ROWS=rows, BLOCK_H=block_h, BLOCK_D=block_d,
-            **_node_backward_options(),
+            **_node_backward_options("node_scores", wh),
         )
     return grad_wh
 
@@ -1966,7 +1972,7 @@ def _normalize_rows_backward(h, beta, grad_value, grad_key, grad_query) -> tuple
     if programs:
         normalize_backward_kernel[(programs,)](
             h, beta, grad_value, grad_key, grad_query, grad_h, part_beta, num_nodes, heads, head_dim, NORMALIZE_EPS,
-            ROWS=rows, BLOCK_H=block_h, BLOCK_D=block_d, **_node_backward_options(),
+            ROWS=rows, BLOCK_H=block_h, BLOCK_D=block_d, **_node_backward_options("normalize", h),
         )
     return grad_h, part_beta.sum().reshape(beta.shape).to(beta.dtype)
 

@@ -501,11 +501,19 @@ def test_warps_by_pass_score_and_float_width(monkeypatch):
 
 
 def test_node_backward_warps_reach_the_per_node_backward_launches(monkeypatch):
-    """``ops.NODE_BACKWARD_WARPS`` (an A/B knob, off by default): the per-node backward kernels' launch options, and
-    a GAT and an AGNN training step with it set give the reference's gradients."""
-    assert ops.NODE_BACKWARD_WARPS is None and ops._node_backward_options() == {}
-    monkeypatch.setattr(ops, "NODE_BACKWARD_WARPS", 8)
-    assert ops._node_backward_options() == {"num_warps": 8}
+    """``ops.NODE_BACKWARD_WARPS``: the per-node backward kernels' launch options by kernel and feature width (the
+    defaults as session 34 measured them), and a GAT and an AGNN training step with every width at 8 warps give the
+    reference's gradients."""
+    assert ops.NODE_BACKWARD_WARPS == {"node_scores": {2: 8}, "normalize": {4: 8, 2: 8}}
+    for dtype, node_scores, normalize in ((torch.float32, {}, {"num_warps": 8}),
+                                          (torch.bfloat16, {"num_warps": 8}, {"num_warps": 8}),
+                                          (torch.float16, {"num_warps": 8}, {"num_warps": 8}),
+                                          (torch.float64, {}, {})):
+        feats = torch.zeros(2, 2, 3, dtype=dtype)
+        assert ops._node_backward_options("node_scores", feats) == node_scores
+        assert ops._node_backward_options("normalize", feats) == normalize
+    monkeypatch.setattr(ops, "NODE_BACKWARD_WARPS", {"node_scores": {8: 8}, "normalize": {8: 8}})
+    assert ops._node_backward_options("node_scores", torch.zeros(1, dtype=torch.float64)) == {"num_warps": 8}
     from gnnfuse.nn import AGNNConv, GATConv
 
     gen = torch.Generator().manual_seed(3)
