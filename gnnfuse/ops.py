@@ -446,6 +446,11 @@ LIGHT_DESTINATION_UNROLLED_WITH_EDGES = False
 # 248.6 / 792.6 → 247.7 / 772.0 (it then keeps 8-16 bytes a thread in local memory, Triton 3.6's ptxas);
 # GATv2 bf16's source pass at 96 lost, 278.2 / 1290 → 277.9 / 1554.
 LIGHT_UNROLLED_MAXNREG: dict[str, dict[int, int]] = {"forward": {}, "source": {SCORE_GAT: 96}, "destination": {}}
+# ... and on 4-byte floats, by score kind (:data:`LIGHT_KINDS`): an A/B knob, empty (untimed).  GAT fp32's source
+# light kernel is a third of its training step (327.7 of 1038.8 µs, session 34, call 1) at 118 registers (16
+# resident warps per multiprocessor, sm_90, Triton 3.6), and lost at 8 warps (session 33); a cap trades registers
+# for resident warps as GAT bf16's 96 does.
+LIGHT_UNROLLED_FLOAT32_MAXNREG: dict[str, dict[int, int]] = {"forward": {}, "source": {}, "destination": {}}
 # The widest light class that runs unrolled; wider classes (reachable only through ScheduleOptions: the defaults'
 # widest is schedule.DENSE_LIGHT_MAX, 32) keep the tile form, in a launch of their own.  Unrolled, a width-64
 # class is 64 gathers of [rows, H, D] per program in straight-line code: the Graph Transformer's width-64 light
@@ -611,7 +616,7 @@ def _row_options(schedule, kernel_pass: str, inputs: AttentionInputs) -> dict:
     at least :data:`ROW_FLOAT32_WARPS_MIN_WIDTH` wide, :data:`ROW_MAXNREG`)."""
     cap = ROW_MAXNREG[kernel_pass]
     wide = schedule.block_h * schedule.block_d >= ROW_FLOAT32_WARPS_MIN_WIDTH
-    warps = (ROW_WARPS[kernel_pass] or (wide and _kind_warps(ROW_FLOAT32_WARPS, inputs, kernel_pass))
+    warps = (ROW_WARPS[kernel_pass] or (wide and _by_kind(ROW_FLOAT32_WARPS, inputs, kernel_pass))
              or schedule.num_warps)
     return {"num_warps": warps, **({"maxnreg": cap} if cap else {})}
 
@@ -622,10 +627,10 @@ def _light_kind(inputs: AttentionInputs) -> int:
     return LIGHT_COSINE if inputs.keys_from_values else inputs.score
 
 
-def _kind_warps(table: dict[str, dict[int, int]], inputs: AttentionInputs, kernel_pass: str,
+def _by_kind(table: dict[str, dict[int, int]], inputs: AttentionInputs, kernel_pass: str,
                 dtypes: tuple[torch.dtype, ...] = FLOAT32_DTYPES) -> int | None:
-    """Warps per program from a per-pass, per-score-kind table of the kernels on ``dtypes`` (4-byte floats unless
-    told); None for other dtypes and for kinds the table leaves out."""
+    """The entry (warps per program, a register cap) of a per-pass, per-score-kind table of the kernels on ``dtypes``
+    (4-byte floats unless told); None for other dtypes and for kinds the table leaves out."""
     if inputs.value.dtype not in dtypes:
         return None
     return table[kernel_pass].get(_light_kind(inputs))
@@ -864,10 +869,11 @@ def _light_plan(schedule, inputs: AttentionInputs, buckets: Buckets, kernel_pass
     for group in groups:
         unrolled = _unrolled(inputs, kernel_pass, group[-1][0])
         warps = (unrolled and (LIGHT_UNROLLED_WARPS[kernel_pass]
-                               or _kind_warps(LIGHT_UNROLLED_FLOAT32_WARPS, inputs, kernel_pass)
-                               or _kind_warps(LIGHT_UNROLLED_TWO_BYTE_WARPS, inputs, kernel_pass, TWO_BYTE_DTYPES))
+                               or _by_kind(LIGHT_UNROLLED_FLOAT32_WARPS, inputs, kernel_pass)
+                               or _by_kind(LIGHT_UNROLLED_TWO_BYTE_WARPS, inputs, kernel_pass, TWO_BYTE_DTYPES))
                  or schedule.num_warps)
-        cap = LIGHT_UNROLLED_MAXNREG[kernel_pass].get(inputs.score) if unrolled and two_byte else None
+        cap = unrolled and (LIGHT_UNROLLED_MAXNREG[kernel_pass].get(inputs.score) if two_byte
+                            else _by_kind(LIGHT_UNROLLED_FLOAT32_MAXNREG, inputs, kernel_pass))
         options = {"num_warps": warps, **({"maxnreg": cap} if cap else {})}
         counts = [0] * LIGHT_SLOTS
         for width, count, _ in group:

@@ -249,10 +249,12 @@ def test_unrolled_light_rows_match_the_reference_for_every_score(gen, monkeypatc
     monkeypatch.setattr(ops, "LIGHT_UNROLLED_KEYS_FROM_VALUES", True)
     monkeypatch.setattr(ops, "LIGHT_SOURCE_UNROLLED", True)
     monkeypatch.setattr(ops, "LIGHT_DESTINATION_UNROLLED", True)
-    # a register cap on one pass (in 2-byte floats) and a warp count on another: launch options, the values
-    # unchanged
+    # a register cap on one pass (96 in 2-byte floats, 80 in 4-byte ones) and a warp count on another: launch
+    # options, the values unchanged
     monkeypatch.setattr(ops, "LIGHT_UNROLLED_MAXNREG", {"forward": {}, "source": dict.fromkeys((0, 1, 2), 96),
                                                         "destination": {}})
+    float32_caps = {"forward": {}, "source": dict.fromkeys(ops.LIGHT_KINDS, 80), "destination": {}}
+    monkeypatch.setattr(ops, "LIGHT_UNROLLED_FLOAT32_MAXNREG", float32_caps)
     monkeypatch.setattr(ops, "LIGHT_UNROLLED_WARPS", {"forward": None, "source": None, "destination": 2})
     options = ScheduleOptions(light_max_degree=16, split_degree=16, tile_elements=256)
     launches = _matches_the_reference(gen, name, dtype, options)
@@ -262,8 +264,9 @@ def test_unrolled_light_rows_match_the_reference_for_every_score(gen, monkeypatc
     destination = [plan["destination light"] for plan in backward if "destination light" in plan]
     assert forward and source and (name == "gat" or destination)  # GAT's destination pass is a row sum
     assert all(meta["UNROLLED"] for light in forward + source + destination for *_, meta in light)
-    capped = list(source) if dtype == torch.bfloat16 else []
-    assert all(meta["maxnreg"] == 96 for light in capped for *_, meta in light)
+    cap = {torch.bfloat16: 96, torch.float16: 96, torch.float32: 80}.get(dtype)
+    capped = list(source) if cap else []
+    assert all(meta["maxnreg"] == cap for light in capped for *_, meta in light)
     assert all("maxnreg" not in meta for light in forward + destination + (source if not capped else [])
                for *_, meta in light)
     assert all(meta["num_warps"] == 2 for light in destination for *_, meta in light)
@@ -490,9 +493,9 @@ def test_warps_by_pass_score_and_float_width(monkeypatch):
         assert ops._row_options(narrow, "forward", v2)["num_warps"] == 4  # narrower than ROW_FLOAT32_WARPS_MIN_WIDTH
         for table, dtypes in ((ops.LIGHT_UNROLLED_FLOAT32_WARPS, ops.FLOAT32_DTYPES),
                               (ops.LIGHT_UNROLLED_TWO_BYTE_WARPS, ops.TWO_BYTE_DTYPES)):
-            assert all(ops._kind_warps(table, gat, p, dtypes) is None for p in ops.KERNEL_PASSES)
-        light = {(name, p): (ops._kind_warps(ops.LIGHT_UNROLLED_FLOAT32_WARPS, inputs, p)
-                             or ops._kind_warps(ops.LIGHT_UNROLLED_TWO_BYTE_WARPS, inputs, p, ops.TWO_BYTE_DTYPES))
+            assert all(ops._by_kind(table, gat, p, dtypes) is None for p in ops.KERNEL_PASSES)
+        light = {(name, p): (ops._by_kind(ops.LIGHT_UNROLLED_FLOAT32_WARPS, inputs, p)
+                             or ops._by_kind(ops.LIGHT_UNROLLED_TWO_BYTE_WARPS, inputs, p, ops.TWO_BYTE_DTYPES))
                  for name, inputs in (("gatv2", v2), ("cosine", cosine), ("dot", dot)) for p in ops.KERNEL_PASSES}
         assert light == {key: (8 if key in eight[dtype] else None) for key in light}
         monkeypatch.setattr(ops, "ROW_WARPS", {"forward": 16, "source": None, "destination": None})
