@@ -449,7 +449,8 @@ LIGHT_UNROLLED_MAXNREG: dict[str, dict[int, int]] = {"forward": {}, "source": {S
 # ... and on 4-byte floats, by score kind (:data:`LIGHT_KINDS`): an A/B knob, empty (untimed).  GAT fp32's source
 # light kernel is a third of its training step (327.7 of 1038.8 µs, session 34, call 1) at 118 registers (16
 # resident warps per multiprocessor, sm_90, Triton 3.6), and lost at 8 warps (session 33); a cap trades registers
-# for resident warps as GAT bf16's 96 does.
+# for resident warps as GAT bf16's 96 does — but spills far more: 88 bytes a thread at 96 (20 resident warps), 136
+# at 80 (24), against bf16's 8-16 at 96.
 LIGHT_UNROLLED_FLOAT32_MAXNREG: dict[str, dict[int, int]] = {"forward": {}, "source": {}, "destination": {}}
 # The widest light class that runs unrolled; wider classes (reachable only through ScheduleOptions: the defaults'
 # widest is schedule.DENSE_LIGHT_MAX, 32) keep the tile form, in a launch of their own.  Unrolled, a width-64
