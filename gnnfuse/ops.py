@@ -629,7 +629,7 @@ def _light_kind(inputs: AttentionInputs) -> int:
 
 
 def _by_kind(table: dict[str, dict[int, int]], inputs: AttentionInputs, kernel_pass: str,
-                dtypes: tuple[torch.dtype, ...] = FLOAT32_DTYPES) -> int | None:
+             dtypes: tuple[torch.dtype, ...] = FLOAT32_DTYPES) -> int | None:
     """The entry (warps per program, a register cap) of a per-pass, per-score-kind table of the kernels on ``dtypes``
     (4-byte floats unless told); None for other dtypes and for kinds the table leaves out."""
     if inputs.value.dtype not in dtypes:
@@ -1438,7 +1438,8 @@ def gat_attention(
 # multiprocessor; 101 / 79 at 8), AGNN's 128 with 8 bytes spilled (76, none, at 8).  Session 34 (H200, arxiv-like,
 # same call, replayed step µs at 8 warps against 4): GAT bf16 709.1 / 715.7 (call 1), 708.5 and 708.4 / 716.9 and
 # 716.6 (call 2, two rounds); AGNN fp32 1130.1 / 1143.4, 1129.1 and 1128.2 / 1142.0 and 1141.1; AGNN bf16 1006.5 /
-# 1012.6 (call 1).  GAT fp32 lost: 1041.7 against 1035.6 (call 1), so it keeps 4.
+# 1012.6 (call 1), 973.4 and 974.1 / 978.4 and 978.1 (call 3, with its source light rows at 8).  GAT fp32 lost:
+# 1041.7 against 1035.6 (call 1), so it keeps 4.
 NODE_BACKWARD_WARPS: dict[str, dict[int, int]] = {"node_scores": {2: 8}, "normalize": {4: 8, 2: 8}}
 
 
