@@ -440,11 +440,11 @@ LIGHT_FORWARD_UNROLLED_WITH_EDGES = False
 # 2916 / 4842 for session 18's earlier tree whose destination pass still projected every edge; unrolled with the
 # rows' sums not counted in the rows per program 3013.
 LIGHT_DESTINATION_UNROLLED_WITH_EDGES = False
-# ... and a register cap per thread (ptxas ``maxnreg``) per pass and score, in 2-byte floats (absent: ptxas's
-# choice), trading registers for resident warps.  The GAT bf16 source pass (113 registers, 24% occupancy,
-# 260 µs of the step, ncu session 11) at 96, session 14 (H200, same call, replayed forward / step µs):
-# 248.6 / 792.6 → 247.7 / 772.0 (it then keeps 8-16 bytes a thread in local memory, Triton 3.6's ptxas);
-# GATv2 bf16's source pass at 96 lost, 278.2 / 1290 → 277.9 / 1554.
+# ... and a register cap per thread (ptxas ``maxnreg``) per pass and score kind (:data:`LIGHT_KINDS`), in 2-byte floats
+# (absent: ptxas's choice), trading registers for resident warps.  The GAT bf16 source pass (113 registers, 24%
+# occupancy, 260 µs of the step, ncu session 11) at 96, session 14 (H200, same call, replayed forward / step µs): 248.6
+# / 792.6 → 247.7 / 772.0 (it then keeps 8-16 bytes a thread in local memory, Triton 3.6's ptxas); GATv2 bf16's source
+# pass at 96 lost, 278.2 / 1290 → 277.9 / 1554.
 LIGHT_UNROLLED_MAXNREG: dict[str, dict[int, int]] = {"forward": {}, "source": {SCORE_GAT: 96}, "destination": {}}
 # ... and on 4-byte floats, by score kind (:data:`LIGHT_KINDS`): an A/B knob, empty (untimed).  GAT fp32's source
 # light kernel is a third of its training step (327.7 of 1038.8 µs, session 34, call 1) at 118 registers (16
@@ -865,7 +865,6 @@ def _light_plan(schedule, inputs: AttentionInputs, buckets: Buckets, kernel_pass
                 or _unrolled(inputs, kernel_pass, width) != _unrolled(inputs, kernel_pass, groups[-1][0][0])):
             groups.append([])
         groups[-1].append((width, rows.numel(), _light_rows(schedule, inputs, width, light_tiles, kernel_pass)))
-    two_byte = inputs.value.dtype in TWO_BYTE_DTYPES
     plan, begin = [], 0
     for group in groups:
         unrolled = _unrolled(inputs, kernel_pass, group[-1][0])
@@ -873,8 +872,8 @@ def _light_plan(schedule, inputs: AttentionInputs, buckets: Buckets, kernel_pass
                                or _by_kind(LIGHT_UNROLLED_FLOAT32_WARPS, inputs, kernel_pass)
                                or _by_kind(LIGHT_UNROLLED_TWO_BYTE_WARPS, inputs, kernel_pass, TWO_BYTE_DTYPES))
                  or schedule.num_warps)
-        cap = unrolled and (LIGHT_UNROLLED_MAXNREG[kernel_pass].get(inputs.score) if two_byte
-                            else _by_kind(LIGHT_UNROLLED_FLOAT32_MAXNREG, inputs, kernel_pass))
+        cap = unrolled and (_by_kind(LIGHT_UNROLLED_MAXNREG, inputs, kernel_pass, TWO_BYTE_DTYPES)
+                            or _by_kind(LIGHT_UNROLLED_FLOAT32_MAXNREG, inputs, kernel_pass))
         options = {"num_warps": warps, **({"maxnreg": cap} if cap else {})}
         counts = [0] * LIGHT_SLOTS
         for width, count, _ in group:

@@ -251,7 +251,7 @@ def test_unrolled_light_rows_match_the_reference_for_every_score(gen, monkeypatc
     monkeypatch.setattr(ops, "LIGHT_DESTINATION_UNROLLED", True)
     # a register cap on one pass (96 in 2-byte floats, 80 in 4-byte ones) and a warp count on another: launch
     # options, the values unchanged
-    monkeypatch.setattr(ops, "LIGHT_UNROLLED_MAXNREG", {"forward": {}, "source": dict.fromkeys((0, 1, 2), 96),
+    monkeypatch.setattr(ops, "LIGHT_UNROLLED_MAXNREG", {"forward": {}, "source": dict.fromkeys(ops.LIGHT_KINDS, 96),
                                                         "destination": {}})
     float32_caps = {"forward": {}, "source": dict.fromkeys(ops.LIGHT_KINDS, 80), "destination": {}}
     monkeypatch.setattr(ops, "LIGHT_UNROLLED_FLOAT32_MAXNREG", float32_caps)
