@@ -60,7 +60,8 @@ def check_pdl_order(name: str, ptx: str, prefetches: bool, weights_early: bool, 
     wait = next((i for i, line in enumerate(lines) if line.startswith("griddepcontrol.wait")), None)
     if wait is None:
         raise AssertionError(f"{name}: no griddepcontrol.wait in a PDL launch")
-    early = [line for line in lines[:wait] if any(op in line for op in ("st.global", "atom.", "red.", "ld.global"))]
+    # memory instructions by name: ``red.`` not inside the ``shared.`` of an mbarrier or shared-memory instruction
+    early = [line for line in lines[:wait] if re.search(r"(?<![\w.])(st\.global|atom\.|red\.|ld\.global)", line)]
     if name in READS_BEFORE_WAIT:
         early = [line for line in early if not line.startswith("ld.global.b64")]
     if weights_early:

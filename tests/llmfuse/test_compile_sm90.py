@@ -57,3 +57,23 @@ def test_report_of_the_looped_step_gives_the_looped_kernel_one_row():
     assert "looped step" in run.stdout
     rows = [line.split() for line in run.stdout.splitlines() if line.startswith("looped_decode_kernel")]
     assert len(rows) == 1 and 0 < int(rows[0][2]) <= 255, rows
+
+
+def test_pdl_order_check_names_memory_instructions_not_substrings():
+    """``check_pdl_order`` flags a global access before ``griddepcontrol.wait`` (here a ``red.`` reduction), not
+    shared-memory instructions whose ``shared.`` merely contains ``red.`` (an mbarrier's, a ``cp.async`` copy's)."""
+    code = (
+        "import compile_sm90 as c\n"
+        "ok = ['mbarrier.init.shared.b64 [%r1], 1;', 'mbarrier.arrive.expect_tx.shared.b64 _, [%r2], 4096;',\n"
+        "      'cp.async.cg.shared.global [%r3], [%rd1], 16;', 'griddepcontrol.wait;', 'ld.global.b32 %r4, [%rd2];']\n"
+        "c.check_pdl_order('k', '\\n'.join(ok), False, False)\n"
+        "red = ['@%p1 red.relaxed.gpu.global.add.f32 [%rd3], %f1;']\n"
+        "try:\n"
+        "    c.check_pdl_order('k', '\\n'.join(red + ok), False, False)\n"
+        "except AssertionError as e:\n"
+        "    print('flagged:', e)\n")
+    env = {**os.environ, "PYTHONPATH": f"{SCRIPT.parent}{os.pathsep}{SCRIPT.parents[2]}"}
+    env.pop("TRITON_INTERPRET", None)
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "flagged: k: memory accesses before griddepcontrol.wait" in run.stdout and "red.relaxed" in run.stdout
