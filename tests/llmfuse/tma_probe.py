@@ -13,7 +13,8 @@ by Triton (``tl.range(num_stages=...)``: ``stages - 1`` chunks in flight in shar
 turn (so they come from HBM); ``persistent``: one launch of ``per_sm`` x SMs programs, each walking its tiles'
 chunks as one flattened loop (with TMA pipelined across tile boundaries), over 4 layers' weights.  Each row
 checks ``y`` against ``W.float() @ x`` and prints µs and the share of the bandwidth floor (N·K·2 bytes at
-4.28 TB/s).  Measured in session 35 (llmfuse/JOURNAL.md, ``benchmarks/results/H200/llm-tma-probe-*.s35c*.log``).
+4.28 TB/s).  The kernels are ``fusecore.backend.jit``'s, so ``tests/llmfuse/test_tma_probe.py`` runs them under the
+interpreter.  Measured in session 35 (llmfuse/JOURNAL.md, ``benchmarks/results/H200/llm-tma-probe-*.s35c*.log``).
 """
 
 import functools
@@ -25,11 +26,13 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from fusecore.backend import jit
+
 SHAPES = {"qkv": (3072, 2048), "o": (2048, 2048), "gate_up": (16384, 2048), "down": (2048, 8192)}
 FLOOR_BYTES_PER_US = 4.28e6
 
 
-@triton.jit
+@jit
 def rows_reg(w_ptr, x_ptr, y_ptr, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """One tile of BLOCK_N rows, the next chunk's loads before the current chunk's products."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -48,7 +51,7 @@ def rows_reg(w_ptr, x_ptr, y_ptr, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.const
     tl.store(y_ptr + n, tl.sum(acc, axis=1), mask=n < N)
 
 
-@triton.jit
+@jit
 def rows_tma(desc, x_ptr, y_ptr, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr):
     """One tile of BLOCK_N rows through TMA copies, the chunk loop pipelined STAGES deep."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -60,7 +63,7 @@ def rows_tma(desc, x_ptr, y_ptr, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.conste
     tl.store(y_ptr + n, tl.sum(acc, axis=1), mask=n < N)
 
 
-@triton.jit
+@jit
 def persistent_reg(w_ptr, x_ptr, y_ptr, tiles, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    CHUNKS: tl.constexpr):
     """Tiles pid, pid + P, ... of BLOCK_N rows as one loop over (tile, chunk), a chunk ahead in registers."""
@@ -87,7 +90,7 @@ def persistent_reg(w_ptr, x_ptr, y_ptr, tiles, K, BLOCK_N: tl.constexpr, BLOCK_K
         w, x = w_next, x_next
 
 
-@triton.jit
+@jit
 def persistent_tma(desc, x_ptr, y_ptr, tiles, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNKS: tl.constexpr,
                    STAGES: tl.constexpr):
     """Tiles pid, pid + P, ... of BLOCK_N rows as one loop over (tile, chunk), TMA copies pipelined STAGES deep
