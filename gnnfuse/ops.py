@@ -446,12 +446,9 @@ LIGHT_DESTINATION_UNROLLED_WITH_EDGES = False
 # / 792.6 → 247.7 / 772.0 (it then keeps 8-16 bytes a thread in local memory, Triton 3.6's ptxas); GATv2 bf16's source
 # pass at 96 lost, 278.2 / 1290 → 277.9 / 1554.
 LIGHT_UNROLLED_MAXNREG: dict[str, dict[int, int]] = {"forward": {}, "source": {SCORE_GAT: 96}, "destination": {}}
-# ... and on 4-byte floats, by score kind (:data:`LIGHT_KINDS`): an A/B knob, empty (untimed).  GAT fp32's source
-# light kernel is a third of its training step (327.7 of 1038.8 µs, session 34, call 1) at 118 registers (16
-# resident warps per multiprocessor, sm_90, Triton 3.6), and lost at 8 warps (session 33); a cap trades registers
-# for resident warps as GAT bf16's 96 does — but spills far more: 88 bytes a thread at 96 (20 resident warps), 136
-# at 80 (24), against bf16's 8-16 at 96.
-LIGHT_UNROLLED_FLOAT32_MAXNREG: dict[str, dict[int, int]] = {"forward": {}, "source": {}, "destination": {}}
+# No cap in 4-byte floats: GAT fp32's source light kernel (a third of its step, 118 registers, 16 resident warps
+# per multiprocessor) capped at 96 spilled 88 bytes a thread and ran the step slower, 1053 against 1042 µs
+# replayed (session 35, call 1, two rounds).
 # The widest light class that runs unrolled; wider classes (reachable only through ScheduleOptions: the defaults'
 # widest is schedule.DENSE_LIGHT_MAX, 32) keep the tile form, in a launch of their own.  Unrolled, a width-64
 # class is 64 gathers of [rows, H, D] per program in straight-line code: the Graph Transformer's width-64 light
@@ -872,8 +869,7 @@ def _light_plan(schedule, inputs: AttentionInputs, buckets: Buckets, kernel_pass
                                or _by_kind(LIGHT_UNROLLED_FLOAT32_WARPS, inputs, kernel_pass)
                                or _by_kind(LIGHT_UNROLLED_TWO_BYTE_WARPS, inputs, kernel_pass, TWO_BYTE_DTYPES))
                  or schedule.num_warps)
-        cap = unrolled and (_by_kind(LIGHT_UNROLLED_MAXNREG, inputs, kernel_pass, TWO_BYTE_DTYPES)
-                            or _by_kind(LIGHT_UNROLLED_FLOAT32_MAXNREG, inputs, kernel_pass))
+        cap = unrolled and _by_kind(LIGHT_UNROLLED_MAXNREG, inputs, kernel_pass, TWO_BYTE_DTYPES)
         options = {"num_warps": warps, **({"maxnreg": cap} if cap else {})}
         counts = [0] * LIGHT_SLOTS
         for width, count, _ in group:

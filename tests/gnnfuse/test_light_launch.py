@@ -249,12 +249,10 @@ def test_unrolled_light_rows_match_the_reference_for_every_score(gen, monkeypatc
     monkeypatch.setattr(ops, "LIGHT_UNROLLED_KEYS_FROM_VALUES", True)
     monkeypatch.setattr(ops, "LIGHT_SOURCE_UNROLLED", True)
     monkeypatch.setattr(ops, "LIGHT_DESTINATION_UNROLLED", True)
-    # a register cap on one pass (96 in 2-byte floats, 80 in 4-byte ones) and a warp count on another: launch
-    # options, the values unchanged
+    # a register cap on one pass (2-byte floats only) and a warp count on another: launch options, the values
+    # unchanged
     monkeypatch.setattr(ops, "LIGHT_UNROLLED_MAXNREG", {"forward": {}, "source": dict.fromkeys(ops.LIGHT_KINDS, 96),
                                                         "destination": {}})
-    float32_caps = {"forward": {}, "source": dict.fromkeys(ops.LIGHT_KINDS, 80), "destination": {}}
-    monkeypatch.setattr(ops, "LIGHT_UNROLLED_FLOAT32_MAXNREG", float32_caps)
     monkeypatch.setattr(ops, "LIGHT_UNROLLED_WARPS", {"forward": None, "source": None, "destination": 2})
     options = ScheduleOptions(light_max_degree=16, split_degree=16, tile_elements=256)
     launches = _matches_the_reference(gen, name, dtype, options)
@@ -264,7 +262,7 @@ def test_unrolled_light_rows_match_the_reference_for_every_score(gen, monkeypatc
     destination = [plan["destination light"] for plan in backward if "destination light" in plan]
     assert forward and source and (name == "gat" or destination)  # GAT's destination pass is a row sum
     assert all(meta["UNROLLED"] for light in forward + source + destination for *_, meta in light)
-    cap = {torch.bfloat16: 96, torch.float16: 96, torch.float32: 80}.get(dtype)
+    cap = {torch.bfloat16: 96, torch.float16: 96}.get(dtype)
     capped = list(source) if cap else []
     assert all(meta["maxnreg"] == cap for light in capped for *_, meta in light)
     assert all("maxnreg" not in meta for light in forward + destination + (source if not capped else [])
