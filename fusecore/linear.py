@@ -215,8 +215,8 @@ PRECISIONS = ("tf32x3", "bf16x6")  # bf16x6: each operand in three bfloat16 part
 # (replayed, HEAD's row-block kernel in the same calls): Transformer fp32 forward 785.2 against 844.1 µs, GATv2 fp32
 # 525.3 against 563.7.  GAT's fused projection (all 128 columns and the node scores in one program) on these parts:
 # 140 µs with SUMS 2, 115 with SUMS 1, against its slice kernel's 118 — not taken (session 26's projection keeps each
-# program's 64 columns: gnnfuse/kernels/projection.py).  The non-finite guards (:func:`_finite_or_zero`, NaN through
-# :func:`_tf32_parts`) came after these timings and cost 13-15% (session 26, H200, kernel times: 512 columns 378 µs,
+# program's 64 columns: gnnfuse/kernels/projection.py).  The non-finite guards (:func:`finite_or_zero`, NaN through
+# :func:`tf32_parts`) came after these timings and cost 13-15% (session 26, H200, kernel times: 512 columns 378 µs,
 # 256 columns 190); the hardware's split (HELD_SPLIT, session 26 call 6) more than took it back: 318 at 512 columns,
 # GAT's projection with its scores 94 (its slice kernel 122).  Column blocks of 128 (a's split half as often) were
 # slower everywhere (session 27, H100, kernel times: 512 columns 316 µs with 128 × 64 blocks, 530 with 64 × 128, 476
@@ -235,7 +235,7 @@ HELD_PROGRAMS_PER_SM = 1
 # forward 743.7 against 773.1, step 2307.2 against 2336.5, GATv2 fp32 forward 508.4 against 522.5, step 1830.4
 # against 1846.3).  2 stays for callers who want the row-block kernel's 2e-7.
 HELD_SUMS = 1  # 1: the remainders' products in an accumulator of their own; 2: per chunk from zero, then added
-# The TF32 split of the compiled held kernels (_tf32_parts): "cvt", the hardware's conversion (Transformer fp32's
+# The TF32 split of the compiled held kernels (tf32_parts): "cvt", the hardware's conversion (Transformer fp32's
 # [169 343, 128] → 512 product on an H200, session 26 call 6: 318 against 379 µs), or "bits", integer operations.
 HELD_SPLIT = "cvt"
 
@@ -310,7 +310,7 @@ def product_rows_kernel(a_ptr, b_ptr, bias_ptr, c_ptr, M, N, K, stride_am, strid
 
 
 @jit
-def _tf32_parts(x, CVT: tl.constexpr = False):
+def tf32_parts(x, CVT: tl.constexpr = False):
     """``(hi, lo)``: ``hi`` = float32 ``x`` rounded to TF32 (10 fraction bits; to nearest, ties away from zero;
     infinities kept, NaN as the quiet NaN ``0x7FC00000``, which the tensor cores, reading 19 bits, still see as NaN),
     ``lo = x - hi`` exactly; the tensor cores read ``hi`` exactly and ``lo`` to 11 significant bits.  ``CVT``: ``hi``
@@ -332,10 +332,27 @@ def _tf32_parts(x, CVT: tl.constexpr = False):
 
 
 @jit
-def _finite_or_zero(x):
+def finite_or_zero(x):
     """``x`` where finite, else 0: the remainders' products of an infinite input (``±inf · 0`` is NaN, ``+inf`` and
     ``-inf`` parts cancel to NaN) — its ``hi · hi`` product carries the infinity (or NaN) as torch's product has it."""
     return tl.where(tl.abs(x) < float("inf"), x, 0.0)
+
+
+@jit
+def split_dot(a, b_hi, b_lo, big, small, B_EXACT: tl.constexpr, CVT: tl.constexpr = False):
+    """Adds the float32 product ``a @ b`` on the tensor cores at about float32's accuracy to the accumulators ``(big,
+    small)``, returned: ``a`` (float32 ``[M, K]``) is split into TF32 parts here (:func:`tf32_parts`), ``b`` comes
+    as its parts ``(b_hi, b_lo)`` (``[K, N]``); ``a_hi·b_hi`` goes to ``big`` and the remainders' products ``a_lo·b_hi
+    + a_hi·b_lo`` to ``small`` (the order of the held kernels' ``SUMS`` 1).  ``B_EXACT``: ``b`` is exact in TF32
+    (a widened float16 / bfloat16, or ``b_hi`` itself), ``b_lo`` is not read and ``a_hi·b_lo`` is left out: two
+    products instead of three.  The caller's result is ``big + finite_or_zero(small)`` once, after its last
+    product.  Every shape must suit ``tl.dot`` (each dimension >= 16)."""
+    a_hi, a_lo = tf32_parts(a, CVT)
+    small = tl.dot(a_lo, b_hi, small, input_precision="tf32")
+    if not B_EXACT:
+        small = tl.dot(a_hi, b_lo, small, input_precision="tf32")
+    big = tl.dot(a_hi, b_hi, big, input_precision="tf32")
+    return big, small
 
 
 @jit
@@ -344,7 +361,7 @@ def _held_chunk_parts(b_ptr, k0, K, offs_n, n_mask, stride_bk, stride_bn, CHUNK:
     offs_k = k0 + tl.arange(0, CHUNK)
     b = tl.load(b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn,
                 mask=(offs_k < K)[:, None] & n_mask[None, :], other=0.0)
-    return _tf32_parts(b, CVT)
+    return tf32_parts(b, CVT)
 
 
 @jit
@@ -352,7 +369,7 @@ def held_parts(b_ptr, K, offs_n, n_mask, stride_bk, stride_bn, CHUNK: tl.constex
                CVT: tl.constexpr = False):
     """The TF32 parts of float32 ``b[:K, offs_n]`` (``K ≤ CHUNKS · CHUNK``, ``CHUNKS`` ≤ 4) for :func:`held_rows`:
     ``(hi_0, lo_0, …, hi_3, lo_3)``, chunk ``j`` rows ``[j · CHUNK, (j + 1) · CHUNK)`` (rows past ``K`` and masked
-    columns zero; chunks past ``CHUNKS`` repeat chunk 0 and are never read; ``CVT`` as :func:`_tf32_parts`).
+    columns zero; chunks past ``CHUNKS`` repeat chunk 0 and are never read; ``CVT`` as :func:`tf32_parts`).
     Computed before a loop, the parts stay in shared memory for all of it."""
     hi0, lo0 = _held_chunk_parts(b_ptr, 0, K, offs_n, n_mask, stride_bk, stride_bn, CHUNK, CVT)
     hi1, lo1, hi2, lo2, hi3, lo3 = hi0, lo0, hi0, lo0, hi0, lo0
@@ -371,7 +388,7 @@ def _held_chunk(a_ptr, offs_m, m_mask, k0, K, stride_am, stride_ak, b_hi, b_lo, 
     """Adds chunk ``[k0, k0 + CHUNK)`` of ``a[offs_m] @ b`` to the accumulators ``(big, small)``: ``a_hi·b_hi`` to
     ``big`` and the remainders' products ``a_lo·b_hi + a_hi·b_lo`` to ``small`` (``SUMS`` 1), or the chunk's
     remainders' products summed from zero, then its ``a_hi·b_hi`` onto them, then that added to ``big`` (``SUMS`` 2,
-    Triton's tf32x3 order); non-finite remainder sums count as 0 (:func:`_finite_or_zero`: an infinite input's
+    Triton's tf32x3 order); non-finite remainder sums count as 0 (:func:`finite_or_zero`: an infinite input's
     ``inf · 0`` remainders, and the ``+inf`` and ``-inf`` parts of a weight that rounds up, must not reach the
     result).  Measured on an H200 (session 26, Transformer fp32's [169 343, 128] → 512 product, µs): that guard
     costs 22 µs of 349 (without it 327); guarding instead only where ``b`` holds a non-finite element, with ``a``'s
@@ -379,14 +396,12 @@ def _held_chunk(a_ptr, offs_m, m_mask, k0, K, stride_am, stride_ak, b_hi, b_lo, 
     offs_k = k0 + tl.arange(0, CHUNK)
     a = tl.load(a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak,
                 mask=m_mask[:, None] & (offs_k < K)[None, :], other=0.0)
-    a_hi, a_lo = _tf32_parts(a, CVT)
     if SUMS == 1:
-        small = tl.dot(a_lo, b_hi, small, input_precision="tf32")
-        small = tl.dot(a_hi, b_lo, small, input_precision="tf32")
-        big = tl.dot(a_hi, b_hi, big, input_precision="tf32")
+        big, small = split_dot(a, b_hi, b_lo, big, small, False, CVT)
     else:
+        a_hi, a_lo = tf32_parts(a, CVT)
         part = tl.dot(a_lo, b_hi, tl.zeros_like(big), input_precision="tf32")
-        part = _finite_or_zero(tl.dot(a_hi, b_lo, part, input_precision="tf32"))
+        part = finite_or_zero(tl.dot(a_hi, b_lo, part, input_precision="tf32"))
         big += tl.dot(a_hi, b_hi, part, input_precision="tf32")
     return big, small
 
@@ -397,7 +412,7 @@ def held_rows(a_ptr, offs_m, m_mask, K, stride_am, stride_ak, hi0, lo0, hi1, lo1
               SUMS: tl.constexpr, CVT: tl.constexpr = False):
     """``a[offs_m, :K] @ b`` as float32 ``[BLOCK_M, BLOCK_N]`` from :func:`held_parts`' parts of ``b``: ``a`` (float32,
     masked rows zero) split into TF32 parts in registers, ``a_hi·b_hi + (a_lo·b_hi + a_hi·b_lo)`` on the tensor
-    cores (module doc), ``SUMS`` as :data:`HELD_SUMS`, ``CVT`` as :func:`_tf32_parts`."""
+    cores (module doc), ``SUMS`` as :data:`HELD_SUMS`, ``CVT`` as :func:`tf32_parts`."""
     big = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     small = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     big, small = _held_chunk(a_ptr, offs_m, m_mask, 0, K, stride_am, stride_ak, hi0, lo0, big, small, CHUNK, SUMS,
@@ -412,7 +427,7 @@ def held_rows(a_ptr, offs_m, m_mask, K, stride_am, stride_ak, hi0, lo0, hi1, lo1
         big, small = _held_chunk(a_ptr, offs_m, m_mask, 3 * CHUNK, K, stride_am, stride_ak, hi3, lo3, big, small,
                                  CHUNK, SUMS, CVT)
     if SUMS == 1:
-        big += _finite_or_zero(small)
+        big += finite_or_zero(small)
     return big
 
 
@@ -423,7 +438,7 @@ def product_held_kernel(a_ptr, b_ptr, bias_ptr, c_ptr, M, N, K, stride_am, strid
     """``c[m, n] = Σ_k a[m, k] · b[k, n] (+ bias[n])`` for ``K ≤ CHUNKS · CHUNK`` (``CHUNKS`` ≤ 4), products in three
     TF32 parts: program ``(n, p)`` splits column block ``n`` of ``b`` into its parts once (:func:`held_parts`, held in
     shared memory across the loop) and walks row blocks ``p, p + P, …`` (``P = num_programs(1)``), ``STAGES`` deep
-    (:func:`held_rows`; ``CVT`` as :func:`_tf32_parts`)."""
+    (:func:`held_rows`; ``CVT`` as :func:`tf32_parts`)."""
     pid_n = tl.program_id(0)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N

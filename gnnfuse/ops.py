@@ -1190,6 +1190,14 @@ def _backward_plan(schedule, inputs: AttentionInputs, dtype: torch.dtype, use_dr
 # 166 programs, took 282 µs (8% occupancy, latency-bound).
 EDGE_WEIGHT_GRAD_NODES = 256
 EDGE_WEIGHT_GRAD_NODES_INTERPRETED = 8192
+# Its products for float32 sums (the 2-byte and float32 layers): "tf32x3", on the tensor cores at about float32's
+# accuracy (fusecore.linear.split_dot), or "ieee", on the CUDA cores (float64 sums always).  Session 36: the "ieee"
+# form compiles for sm_90 to one shared-memory read per multiply-add (256 of each per thread and node block), and
+# the kernel took 175 µs of the arxiv-like Transformer's bf16 step with 16 edge features (H200, kernel times), ~3x
+# its bytes' time.  HEADS_FIRST: the H programs of one node block launched together (they read the same lines of
+# the sums), instead of every node block of head 0 first.
+EDGE_WEIGHT_GRAD_PRODUCT = "tf32x3"
+EDGE_WEIGHT_GRAD_HEADS_FIRST = True
 
 
 def edge_weight_grad(
@@ -1207,12 +1215,18 @@ def edge_weight_grad(
     if num_nodes == 0:
         return torch.zeros(heads * head_dim, edge_dim, dtype=acc, device=attr_sums.device)
     nodes = EDGE_WEIGHT_GRAD_NODES_INTERPRETED if backend.INTERPRET else EDGE_WEIGHT_GRAD_NODES
+    if EDGE_WEIGHT_GRAD_PRODUCT not in ("tf32x3", "ieee"):
+        raise ValueError(f"gnnfuse.ops.EDGE_WEIGHT_GRAD_PRODUCT must be 'tf32x3' or 'ieee', "
+                         f"got {EDGE_WEIGHT_GRAD_PRODUCT!r}")
+    precision = "ieee" if acc == torch.float64 else EDGE_WEIGHT_GRAD_PRODUCT
     programs = cdiv(num_nodes, nodes)
     partial = _new_output((programs, heads * head_dim, edge_dim), acc, attr_sums.device)
-    edge_weight_grad_kernel[(programs, heads)](
+    grid = (heads, programs) if EDGE_WEIGHT_GRAD_HEADS_FIRST else (programs, heads)
+    edge_weight_grad_kernel[grid](
         attr_sums, grad_out.contiguous(), query, partial, num_nodes, heads, head_dim, edge_dim, scale,
         query.stride(0), nodes, BLOCK_N=64, BLOCK_K=max(MIN_DOT, next_power_of_2(edge_dim)),
-        BLOCK_D=max(MIN_DOT, next_power_of_2(head_dim)), DOT_PRECISION="ieee",
+        BLOCK_D=max(MIN_DOT, next_power_of_2(head_dim)), DOT_PRECISION=precision,
+        HEADS_FIRST=EDGE_WEIGHT_GRAD_HEADS_FIRST, CVT=linear_module.held_split() if precision == "tf32x3" else 0,
     )
     return partial[0] if programs == 1 else partial.sum(dim=0)
 

@@ -52,6 +52,7 @@ from ``∂e_p = α'_p g_i + ∂s_p q̃_i``.
 import triton.language as tl
 
 from fusecore.backend import jit
+from fusecore.linear import finite_or_zero, split_dot, tf32_parts
 
 from .tiles import flat_head_tile, head_tile
 
@@ -248,16 +249,29 @@ def edge_terms_kernel(
 def edge_weight_grad_kernel(
     sums_ptr, grad_out_ptr, query_ptr, partial_ptr, N, H, D, K, scale, feat_stride, nodes_per_program,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HEADS_FIRST: tl.constexpr = False, CVT: tl.constexpr = False,
 ):
-    """``partial[pid, h, :, :] = (Σ_n A[n, h]ᵀ g[n, h] + B[n, h]ᵀ (scale · q[n, h]))ᵀ`` ``[D, K]`` for head
-    ``h = program_id(1)`` over the nodes ``[pid · nodes_per_program, (pid + 1) · nodes_per_program)``
-    (``sums [N, 2, H, K]``: ``A`` then ``B``; ``g [N, H, D]`` contiguous, ``q`` with row stride
-    ``feat_stride``): one ``[K, BLOCK_N] @ [BLOCK_N, D]`` product per node block, every byte read once (a
-    head's ``K`` sums and ``D`` features are contiguous), stored transposed.  The caller adds the programs'
-    partials: ``∂W [H·D, K]``, the layout of ``lin_edge.weight`` itself (no transposed copy of the gradient)."""
+    """``partial[pid, h, :, :] = (Σ_n A[n, h]ᵀ g[n, h] + scale · Σ_n B[n, h]ᵀ q[n, h])ᵀ`` ``[D, K]`` for head ``h``
+    over the nodes ``[pid · nodes_per_program, (pid + 1) · nodes_per_program)`` (``sums [N, 2, H, K]``: ``A`` then
+    ``B``; ``g [N, H, D]`` contiguous, ``q`` with row stride ``feat_stride``): two ``[K, BLOCK_N] @ [BLOCK_N, D]``
+    products per node block, every byte read once (a head's ``K`` sums and ``D`` features are contiguous), stored
+    transposed.  The caller adds the programs' partials: ``∂W [H·D, K]``, the layout of ``lin_edge.weight`` itself
+    (no transposed copy of the gradient).
+
+    ``DOT_PRECISION`` "ieee": the products on the CUDA cores in the accumulation dtype (float64 too; sm_90, float32:
+    one shared-memory read per multiply-add); "tf32x3" (float32 sums): on the tensor cores through
+    :func:`fusecore.linear.split_dot` — the sums split into TF32 parts, ``g`` and ``q`` too unless they come in a
+    2-byte float (exact in TF32: two products a pair, not three) — at about float32's accuracy.  ``HEADS_FIRST``:
+    the head is ``program_id(0)`` and the node block ``program_id(1)``, so the ``H`` programs of one node block
+    run together and share each node's lines of the sums; otherwise the other way round.  ``CVT``: the split by
+    the hardware's conversion (:func:`fusecore.linear.tf32_parts`, compiled only)."""
     acc_dtype = partial_ptr.dtype.element_ty
-    pid = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1)
+    if HEADS_FIRST:
+        h = tl.program_id(0)
+        pid = tl.program_id(1).to(tl.int64)
+    else:
+        pid = tl.program_id(0).to(tl.int64)
+        h = tl.program_id(1)
     offs_n = tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     offs_d = tl.arange(0, BLOCK_D)
@@ -266,21 +280,37 @@ def edge_weight_grad_kernel(
     first = pid * nodes_per_program
     last = tl.minimum(first + nodes_per_program, N)
     HK = H * K
-    acc = tl.zeros([BLOCK_K, BLOCK_D], dtype=acc_dtype)
+    # a feature dtype TF32 holds exactly: the split leaves g and q whole
+    exact = grad_out_ptr.dtype.element_ty != tl.float32
+    acc_g = tl.zeros([BLOCK_K, BLOCK_D], dtype=acc_dtype)
+    acc_q = tl.zeros([BLOCK_K, BLOCK_D], dtype=acc_dtype)
+    rem_g = tl.zeros([BLOCK_K, BLOCK_D], dtype=acc_dtype)
+    rem_q = tl.zeros([BLOCK_K, BLOCK_D], dtype=acc_dtype)
     for n0 in range(first, last, BLOCK_N):
         n = n0 + offs_n
         n_mask = n < last
         nk_mask = n_mask[:, None] & k_mask[None, :]
         nd_mask = n_mask[:, None] & d_mask[None, :]
         sums = sums_ptr + n[:, None] * (2 * HK) + h * K + offs_k[None, :]
-        a = tl.load(sums, mask=nk_mask, other=0.0)
-        b = tl.load(sums + HK, mask=nk_mask, other=0.0)
+        a = tl.trans(tl.load(sums, mask=nk_mask, other=0.0))
+        b = tl.trans(tl.load(sums + HK, mask=nk_mask, other=0.0))
         g = tl.load(grad_out_ptr + n[:, None] * (H * D) + h * D + offs_d[None, :], mask=nd_mask,
                     other=0.0).to(acc_dtype)
         q = tl.load(query_ptr + n[:, None] * feat_stride + h * D + offs_d[None, :], mask=nd_mask,
-                    other=0.0).to(acc_dtype) * scale
-        acc += tl.dot(tl.trans(a), g, input_precision=DOT_PRECISION)
-        acc += tl.dot(tl.trans(b), q, input_precision=DOT_PRECISION)
+                    other=0.0).to(acc_dtype)
+        if DOT_PRECISION == "tf32x3":
+            if exact:
+                acc_g, rem_g = split_dot(a, g, g, acc_g, rem_g, True, CVT)
+                acc_q, rem_q = split_dot(b, q, q, acc_q, rem_q, True, CVT)
+            else:
+                g_hi, g_lo = tf32_parts(g, CVT)
+                q_hi, q_lo = tf32_parts(q, CVT)
+                acc_g, rem_g = split_dot(a, g_hi, g_lo, acc_g, rem_g, False, CVT)
+                acc_q, rem_q = split_dot(b, q_hi, q_lo, acc_q, rem_q, False, CVT)
+        else:
+            acc_g += tl.dot(a, g, input_precision=DOT_PRECISION)
+            acc_q += tl.dot(b, q, input_precision=DOT_PRECISION)
+    acc = acc_g + finite_or_zero(rem_g) + scale * (acc_q + finite_or_zero(rem_q))
     tl.store(partial_ptr + pid * (K * H * D) + (h * D + offs_d[None, :]) * K + offs_k[:, None], acc,
              mask=k_mask[:, None] & d_mask[None, :])
 

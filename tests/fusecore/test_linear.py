@@ -8,10 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+import triton.language as tl
 
 from fusecore import linear as linear_module
-from fusecore.backend import COMPILED
-from fusecore.linear import column_sum, linear, matmul, product, uses_product
+from fusecore.backend import COMPILED, jit
+from fusecore.linear import (column_sum, finite_or_zero, linear, matmul, product, split_dot, tf32_parts,
+                             uses_product)
 from fusecore.testing import assert_all_written, assert_close, fresh_generator, poisoned, test_device
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
@@ -167,7 +169,7 @@ def test_product_held_non_finite_inputs_as_torch(device, poison, monkeypatch, su
     ``inf · 0`` products) never reach the result, a NaN stays NaN — with infinite inputs in ``a`` alone and in the
     weight too (``weight_inf``), both TF32 splits (``HELD_SPLIT``; the interpreter has only the bits).  A NaN whose
     payload lies only in the 13 bits TF32 drops stays NaN through the bits and reads as infinity through the
-    hardware's conversion (:func:`fusecore.linear._tf32_parts`): its row is non-finite either way."""
+    hardware's conversion (:func:`fusecore.linear.tf32_parts`): its row is non-finite either way."""
     monkeypatch.setattr(linear_module, "HELD_SUMS", sums)
     monkeypatch.setattr(linear_module, "HELD_SPLIT", split)
     monkeypatch.setattr(linear_module, "HELD_BLOCK_N", 16)
@@ -320,7 +322,7 @@ def test_held_split_by_the_hardware_matches_the_bits(device):
     ties, values that round up to the next binade, infinities and NaN among the inputs.  (They part only within
     2^-11 of the largest finite float, which the hardware rounds to infinity — as Triton's own tf32x3 does — where
     the bits truncate, and at a NaN whose payload lies only in the 13 dropped bits, which the hardware reads as
-    infinity: :func:`fusecore.linear._tf32_parts`.)"""
+    infinity: :func:`fusecore.linear.tf32_parts`.)"""
     gen = fresh_generator(device)
     a = torch.randn(3001, 128, generator=gen, device=device)
     b = torch.randn(128, 200, generator=gen, device=device)
@@ -336,6 +338,43 @@ def test_held_split_by_the_hardware_matches_the_bits(device):
             outs[split] = product(a, b)
     assert torch.equal(outs["cvt"].nan_to_num(), outs["bits"].nan_to_num()), "the two TF32 splits differ"
     assert torch.equal(outs["cvt"].isnan(), outs["bits"].isnan()), "the two TF32 splits differ in NaN"
+
+
+@jit
+def _split_dot_kernel(a_ptr, b_ptr, out_ptr, M: tl.constexpr, K: tl.constexpr, N: tl.constexpr,
+                      B_EXACT: tl.constexpr, CVT: tl.constexpr):
+    """``out = a @ b`` through :func:`fusecore.linear.split_dot`: two K halves, one accumulator pair."""
+    m = tl.arange(0, M)
+    k = tl.arange(0, K // 2)
+    n = tl.arange(0, N)
+    big = tl.zeros([M, N], dtype=tl.float32)
+    small = tl.zeros([M, N], dtype=tl.float32)
+    for half in tl.static_range(2):
+        kk = half * (K // 2) + k
+        a = tl.load(a_ptr + m[:, None] * K + kk[None, :])
+        b = tl.load(b_ptr + kk[:, None] * N + n[None, :]).to(tl.float32)
+        if B_EXACT:
+            big, small = split_dot(a, b, b, big, small, True, CVT)
+        else:
+            b_hi, b_lo = tf32_parts(b, CVT)
+            big, small = split_dot(a, b_hi, b_lo, big, small, False, CVT)
+    tl.store(out_ptr + m[:, None] * N + n[None, :], big + finite_or_zero(small))
+
+
+@pytest.mark.parametrize("b_dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_split_dot_keeps_float32_accuracy(device, b_dtype):
+    """``split_dot`` (TF32 parts on the tensor cores) against float64: float32 operands through three products, a
+    2-byte ``b`` (exact in TF32) through two; near float32's own error, where one TF32 product is ~1e-3 off (on the
+    GPU; the interpreter's products are exact, so there it checks the parts' algebra)."""
+    gen = fresh_generator(device)
+    a = torch.randn(16, 64, generator=gen, device=device) * 3.7
+    b = torch.randn(64, 32, generator=gen, device=device).to(b_dtype)
+    out = poisoned((16, 32), torch.float32, device)
+    cvt = 0 if not COMPILED else 1
+    _split_dot_kernel[(1,)](a, b, out, M=16, K=64, N=32, B_EXACT=b_dtype != torch.float32, CVT=cvt)
+    want = a.double() @ b.double()
+    err = ((out.double() - want).abs().max() / want.abs().max()).item()
+    assert err < 2e-6, f"split_dot relative error {err:.2e}"
 
 
 def triton_cdiv(a: int, b: int) -> int:

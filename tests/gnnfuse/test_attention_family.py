@@ -119,17 +119,20 @@ def test_edge_feature_gradients_only_where_asked(gen, device, frozen):
     check_op("transformer+edge", graph, leaves, gen, schedule=SCHEDULES["mixed"], frozen=(frozen,))
 
 
-@pytest.mark.parametrize("unrolled", [True, False])
-def test_edge_terms_and_weight_gradient_over_many_programs(gen, device, monkeypatch, unrolled):
+@pytest.mark.parametrize("unrolled, product, heads_first", [(True, "tf32x3", True), (False, "ieee", False)])
+def test_edge_terms_and_weight_gradient_over_many_programs(gen, device, monkeypatch, unrolled, product, heads_first):
     """The backward's edge-feature terms ``(q̃_i · e_p, g_i · e_p)`` formed (and ``∂attr`` from ``α'``) in CSR
     blocks of 16 positions and ``∂W_e`` summed from node blocks of 7 (many programs each, partial blocks at
-    the ends), with the light rows of the forward, source and destination passes unrolled and in the tile form
-    (the forward's projecting every edge): the output and every gradient against the float64 oracle."""
+    the ends; its products on the tensor cores in TF32 parts, heads first, or on the CUDA cores, node blocks first),
+    with the light rows of the forward, source and destination passes unrolled and in the tile form (the forward's
+    projecting every edge): the output and every gradient against the float64 oracle."""
     monkeypatch.setattr(ops, "EDGE_TERMS_BLOCK_INTERPRETED", 16)
     monkeypatch.setattr(ops, "EDGE_TERMS_BLOCK", 16)
     monkeypatch.setattr(ops, "EDGE_TERMS_BLOCK_2BYTE", 16)
     monkeypatch.setattr(ops, "EDGE_WEIGHT_GRAD_NODES_INTERPRETED", 7)
     monkeypatch.setattr(ops, "EDGE_WEIGHT_GRAD_NODES", 7)
+    monkeypatch.setattr(ops, "EDGE_WEIGHT_GRAD_PRODUCT", product)
+    monkeypatch.setattr(ops, "EDGE_WEIGHT_GRAD_HEADS_FIRST", heads_first)
     monkeypatch.setattr(ops, "LIGHT_FORWARD_UNROLLED_WITH_EDGES", unrolled)
     monkeypatch.setattr(ops, "LIGHT_SOURCE_UNROLLED", unrolled)
     monkeypatch.setattr(ops, "LIGHT_DESTINATION_UNROLLED_WITH_EDGES", unrolled)
@@ -402,3 +405,11 @@ def test_addend_gradient_alone(gen, device, name):
     out.backward(grad)
     assert bias.grad.shape == bias.shape and all(t.grad is None for t in leaves)
     assert_close(bias.grad, grad.double().sum(0).flatten(), tol=TOLERANCES[torch.float32], name=f"{name} ∂bias")
+
+
+def test_edge_weight_grad_product_setting_is_checked(gen, device, monkeypatch):
+    """An unknown ``EDGE_WEIGHT_GRAD_PRODUCT`` is refused by name before anything is launched."""
+    monkeypatch.setattr(ops, "EDGE_WEIGHT_GRAD_PRODUCT", "tf32")
+    sums = torch.zeros(5, 2, 2, 3, device=device)
+    with pytest.raises(ValueError, match="EDGE_WEIGHT_GRAD_PRODUCT"):
+        ops.edge_weight_grad(sums, torch.zeros(5, 2, 4, device=device), torch.zeros(5, 2, 4, device=device), 0.5)
