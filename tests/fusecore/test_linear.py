@@ -12,8 +12,7 @@ import triton.language as tl
 
 from fusecore import linear as linear_module
 from fusecore.backend import COMPILED, jit
-from fusecore.linear import (column_sum, finite_or_zero, linear, matmul, product, split_dot, tf32_parts,
-                             uses_product)
+from fusecore.linear import column_sum, finite_or_zero, linear, matmul, product, split_dot, tf32_parts, uses_product
 from fusecore.testing import assert_all_written, assert_close, fresh_generator, poisoned, test_device
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
