@@ -1184,20 +1184,24 @@ def _backward_plan(schedule, inputs: AttentionInputs, dtype: torch.dtype, use_dr
     return plan
 
 
-# Nodes per program (each program one head) of the edge weight's gradient (kernels/edge_features.py
-# ``edge_weight_grad_kernel``): a short chain of node blocks per program; under the interpreter, where every program
-# costs Python time, more.  Session 18 (H100, arxiv-like, Nsight Compute): all heads in one program of 1024 nodes,
-# 166 programs, took 282 µs (8% occupancy, latency-bound).
-EDGE_WEIGHT_GRAD_NODES = 256
-EDGE_WEIGHT_GRAD_NODES_INTERPRETED = 8192
-# Its products for float32 sums (the 2-byte and float32 layers): "tf32x3", on the tensor cores at about float32's
-# accuracy (fusecore.linear.split_dot), or "ieee", on the CUDA cores (float64 sums always).  Session 36: the "ieee"
-# form compiles for sm_90 to one shared-memory read per multiply-add (256 of each per thread and node block), and
-# the kernel took 175 µs of the arxiv-like Transformer's bf16 step with 16 edge features (H200, kernel times), ~3x
-# its bytes' time.  HEADS_FIRST: the H programs of one node block launched together (they read the same lines of
-# the sums), instead of every node block of head 0 first.
-EDGE_WEIGHT_GRAD_PRODUCT = "tf32x3"
-EDGE_WEIGHT_GRAD_HEADS_FIRST = True
+# The edge weight's gradient (kernels/edge_features.py ``edge_weight_grad_kernel``), by the element size of the
+# features g and q (2: float16 / bfloat16; 4: float32, and float64 whose products are always "ieee"):
+# * NODES: nodes per program (each program one head); under the interpreter, where every program costs Python time,
+#   NODES_INTERPRETED.  Session 18 (H100, arxiv-like, Nsight Compute): all heads in one program of 1024 nodes, 166
+#   programs, took 282 µs (8% occupancy, latency-bound).
+# * PRODUCT: "tf32x3", the products on the tensor cores at about float32's accuracy (fusecore.linear.split_dot; two
+#   products a pair where g and q come in a 2-byte float), or "ieee", on the CUDA cores.  The "ieee" form compiles for
+#   sm_90 to one shared-memory read per multiply-add (256 of each per thread and node block).
+# * HEADS_FIRST: the H programs of one node block launched together (they read the same lines of the sums), instead of
+#   every node block of head 0 first.
+# Session 36 (H200, arxiv-like Transformer with 16 edge features, same call, replayed training step µs; kernel times):
+# bf16 "ieee" / node blocks first / 256 nodes 2384.1 (the kernel 216.0 µs), "tf32x3" / heads first / 256 2313.8
+# (148.0), the same node blocks first 2319.9, 1024 nodes 2273.4, 2048 nodes 2275.8; fp32 "ieee" / node blocks first /
+# 256 3574.4, "tf32x3" / heads first / 256 3615.7, the same at 1024 nodes 3576.3 — float32 keeps the CUDA cores.
+EDGE_WEIGHT_GRAD_NODES = {2: 2048, 4: 256}
+EDGE_WEIGHT_GRAD_NODES_INTERPRETED = 8192  # 0: the GPU's under the interpreter too
+EDGE_WEIGHT_GRAD_PRODUCT = {2: "tf32x3", 4: "ieee"}
+EDGE_WEIGHT_GRAD_HEADS_FIRST = {2: True, 4: False}
 
 
 def edge_weight_grad(
@@ -1214,19 +1218,22 @@ def edge_weight_grad(
     acc = attr_sums.dtype
     if num_nodes == 0:
         return torch.zeros(heads * head_dim, edge_dim, dtype=acc, device=attr_sums.device)
-    nodes = EDGE_WEIGHT_GRAD_NODES_INTERPRETED if backend.INTERPRET else EDGE_WEIGHT_GRAD_NODES
-    if EDGE_WEIGHT_GRAD_PRODUCT not in ("tf32x3", "ieee"):
-        raise ValueError(f"gnnfuse.ops.EDGE_WEIGHT_GRAD_PRODUCT must be 'tf32x3' or 'ieee', "
-                         f"got {EDGE_WEIGHT_GRAD_PRODUCT!r}")
-    precision = "ieee" if acc == torch.float64 else EDGE_WEIGHT_GRAD_PRODUCT
+    width = 2 if grad_out.element_size() == 2 else 4
+    interpreted = backend.INTERPRET and EDGE_WEIGHT_GRAD_NODES_INTERPRETED
+    nodes = EDGE_WEIGHT_GRAD_NODES_INTERPRETED if interpreted else EDGE_WEIGHT_GRAD_NODES[width]
+    precision = EDGE_WEIGHT_GRAD_PRODUCT[width]
+    if precision not in ("tf32x3", "ieee"):
+        raise ValueError(f"gnnfuse.ops.EDGE_WEIGHT_GRAD_PRODUCT[{width}] must be 'tf32x3' or 'ieee', got {precision!r}")
+    precision = "ieee" if acc == torch.float64 else precision
+    heads_first = EDGE_WEIGHT_GRAD_HEADS_FIRST[width]
     programs = cdiv(num_nodes, nodes)
     partial = _new_output((programs, heads * head_dim, edge_dim), acc, attr_sums.device)
-    grid = (heads, programs) if EDGE_WEIGHT_GRAD_HEADS_FIRST else (programs, heads)
+    grid = (heads, programs) if heads_first else (programs, heads)
     edge_weight_grad_kernel[grid](
         attr_sums, grad_out.contiguous(), query, partial, num_nodes, heads, head_dim, edge_dim, scale,
         query.stride(0), nodes, BLOCK_N=64, BLOCK_K=max(MIN_DOT, next_power_of_2(edge_dim)),
         BLOCK_D=max(MIN_DOT, next_power_of_2(head_dim)), DOT_PRECISION=precision,
-        HEADS_FIRST=EDGE_WEIGHT_GRAD_HEADS_FIRST, CVT=linear_module.held_split() if precision == "tf32x3" else 0,
+        HEADS_FIRST=heads_first, CVT=linear_module.held_split() if precision == "tf32x3" else 0,
     )
     return partial[0] if programs == 1 else partial.sum(dim=0)
 

@@ -52,7 +52,7 @@ def gpu_like():
 
     schedule.INTERPRETER_TILES = schedule.GPU_TILES
     ops.EDGE_TERMS_BLOCK_INTERPRETED = 0  # the GPU's blocks (by value dtype)
-    ops.EDGE_WEIGHT_GRAD_NODES_INTERPRETED = ops.EDGE_WEIGHT_GRAD_NODES
+    ops.EDGE_WEIGHT_GRAD_NODES_INTERPRETED = 0  # the GPU's node blocks (by feature dtype)
     schedule.device_facts = lambda _device: SimpleNamespace(sm_count=H100_SMS)
 
     def gpu_lanes(sched, score, kernel_pass, dtype):

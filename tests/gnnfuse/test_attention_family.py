@@ -130,9 +130,9 @@ def test_edge_terms_and_weight_gradient_over_many_programs(gen, device, monkeypa
     monkeypatch.setattr(ops, "EDGE_TERMS_BLOCK", 16)
     monkeypatch.setattr(ops, "EDGE_TERMS_BLOCK_2BYTE", 16)
     monkeypatch.setattr(ops, "EDGE_WEIGHT_GRAD_NODES_INTERPRETED", 7)
-    monkeypatch.setattr(ops, "EDGE_WEIGHT_GRAD_NODES", 7)
-    monkeypatch.setattr(ops, "EDGE_WEIGHT_GRAD_PRODUCT", product)
-    monkeypatch.setattr(ops, "EDGE_WEIGHT_GRAD_HEADS_FIRST", heads_first)
+    monkeypatch.setattr(ops, "EDGE_WEIGHT_GRAD_NODES", {2: 7, 4: 7})
+    monkeypatch.setattr(ops, "EDGE_WEIGHT_GRAD_PRODUCT", {2: product, 4: product})
+    monkeypatch.setattr(ops, "EDGE_WEIGHT_GRAD_HEADS_FIRST", {2: heads_first, 4: heads_first})
     monkeypatch.setattr(ops, "LIGHT_FORWARD_UNROLLED_WITH_EDGES", unrolled)
     monkeypatch.setattr(ops, "LIGHT_SOURCE_UNROLLED", unrolled)
     monkeypatch.setattr(ops, "LIGHT_DESTINATION_UNROLLED_WITH_EDGES", unrolled)
@@ -409,7 +409,7 @@ def test_addend_gradient_alone(gen, device, name):
 
 def test_edge_weight_grad_product_setting_is_checked(gen, device, monkeypatch):
     """An unknown ``EDGE_WEIGHT_GRAD_PRODUCT`` is refused by name before anything is launched."""
-    monkeypatch.setattr(ops, "EDGE_WEIGHT_GRAD_PRODUCT", "tf32")
+    monkeypatch.setattr(ops, "EDGE_WEIGHT_GRAD_PRODUCT", {2: "tf32x3", 4: "tf32"})
     sums = torch.zeros(5, 2, 2, 3, device=device)
     with pytest.raises(ValueError, match="EDGE_WEIGHT_GRAD_PRODUCT"):
         ops.edge_weight_grad(sums, torch.zeros(5, 2, 4, device=device), torch.zeros(5, 2, 4, device=device), 0.5)
