@@ -90,8 +90,9 @@ def apply(settings: dict):
                              f"{constant!r}")
         current = getattr(target, constant)
         if isinstance(current, dict):
-            # per-pass constants take every pass; per-score ones (integer keys) any of ops.LIGHT_KINDS
-            per_score = all(isinstance(key, int) for key in current)
+            # per-pass and per-width constants take all their keys; per-score ones (integer keys, all among
+            # ops.LIGHT_KINDS) any of ops.LIGHT_KINDS
+            per_score = all(isinstance(key, int) for key in current) and set(current) <= set(ops.LIGHT_KINDS)
             keys = set(value) if isinstance(value, dict) else None
             if keys is None or (not keys <= set(ops.LIGHT_KINDS) if per_score else keys != set(current)):
                 expected = f"keys among the scores {ops.LIGHT_KINDS}" if per_score else f"the keys {sorted(current)}"

@@ -55,6 +55,12 @@ def test_settings_are_restored_and_unknown_names_refused():
         with pytest.raises(ValueError, match="scores"):
             ab_layers.apply({"LIGHT_LAUNCH_BREAKS_4BYTE": bad})
     assert ops.LIGHT_LAUNCH_BREAKS_4BYTE is four_byte
+    nodes = ops.EDGE_WEIGHT_GRAD_NODES  # a per-width constant (keys 2 and 4) takes a dict with both widths
+    ab_layers.apply({"EDGE_WEIGHT_GRAD_NODES": {2: 1024, 4: 1024}})()
+    for bad in ({2: 1024}, {2: 1024, 4: 1024, 8: 1024}, 1024):
+        with pytest.raises(ValueError, match="keys"):
+            ab_layers.apply({"EDGE_WEIGHT_GRAD_NODES": bad})
+    assert ops.EDGE_WEIGHT_GRAD_NODES is nodes
 
 
 def test_a_run_prints_one_checked_row_per_variant(capsys):
