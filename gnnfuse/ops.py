@@ -1096,13 +1096,36 @@ def attention_backward(
 EDGE_TERMS_BLOCK = 32
 EDGE_TERMS_BLOCK_2BYTE = 64
 EDGE_TERMS_BLOCK_INTERPRETED = 512  # 0: the GPU's blocks under the interpreter too
+# The edge-terms pass per destination (``edge_terms_kernel``'s ``ROWS``, by the values' element size; 0: per edge, each
+# position projecting its edge and holding its destination's q and g rows).  Session 36 read the per-edge form's
+# sm_90 compile on the CPU: 164 registers at 64 positions and 4 warps (3 programs per multiprocessor), latency-bound;
+# the kernel took 229 µs of the arxiv-like bf16 step with 16 edge features (H200).  ROWS > 0 forms W q̃ and W g once
+# per destination, ``ROWS`` node ids at a time (at least 16 / BLOCK_H: a product's width), where a float32
+# accumulation allows (not float64).  Compiled for sm_90 on the CPU (Triton 3.6, 64 positions, 4 warps, 8 x 16 heads,
+# 16 features): ROWS 2 86 registers in bfloat16 and 87 in float32 with rows_edge_terms' FORM 0 (a weight row at a
+# time), 128 with FORM 2 (the whole [K, H, D] tile); ROWS 4 100.  Not timed on a GPU yet: off.
+EDGE_TERMS_ROWS = {2: 0, 4: 0}
+EDGE_TERMS_ROW_FORM = 0  # rows_edge_terms' FORM for W q̃ and W g in the ROWS form
 
 
-def _csr_edge_pass(kernel, graph: Graph, inputs: AttentionInputs, tensors: tuple, schedule) -> None:
+def _edge_terms_rows(inputs: AttentionInputs, block_h: int) -> dict:
+    """The ROWS form's constexprs of the edge-terms pass (:data:`EDGE_TERMS_ROWS`; none where it is off or the
+    accumulation is float64)."""
+    rows = EDGE_TERMS_ROWS[2 if inputs.value.element_size() == 2 else 4]
+    if not isinstance(rows, int) or rows < 0 or rows & (rows - 1):
+        raise ValueError(f"gnnfuse.ops.EDGE_TERMS_ROWS entries must be 0 or a power of two, got {EDGE_TERMS_ROWS!r}")
+    if rows == 0 or inputs.value.dtype == torch.float64:
+        return {}
+    return {"ROWS": max(rows, next_power_of_2(cdiv(MIN_DOT, block_h))), "FORM": EDGE_TERMS_ROW_FORM,
+            "CVT": linear_module.held_split()}
+
+
+def _csr_edge_pass(kernel, graph: Graph, inputs: AttentionInputs, tensors: tuple, schedule,
+                   extra: dict | None = None) -> None:
     """Launch one of the CSR-order edge-feature passes of :mod:`gnnfuse.kernels.edge_features` over every
     CSR position, :data:`EDGE_TERMS_BLOCK` (2-byte values: :data:`EDGE_TERMS_BLOCK_2BYTE`) a program:
     ``kernel(csr_dst, csr_eid, *tensors, E, H, D, K, scale,
-    feat_stride, ...)``."""
+    feat_stride, ..., **extra)``."""
     num_edges = graph.num_edges
     heads, head_dim = inputs.value.shape[1], inputs.value.shape[2]
     if backend.INTERPRET and EDGE_TERMS_BLOCK_INTERPRETED:
@@ -1112,7 +1135,7 @@ def _csr_edge_pass(kernel, graph: Graph, inputs: AttentionInputs, tensors: tuple
     kernel[(cdiv(num_edges, block),)](
         graph.csr_dst, graph.csr_eid, *tensors, num_edges, heads, head_dim, inputs.edge_dim, inputs.scale,
         inputs.feat_stride, BLOCK_P=block, BLOCK_H=schedule.block_h, BLOCK_D=schedule.block_d,
-        **_edge_flags(inputs, schedule.block_h, schedule.block_d, block),
+        **_edge_flags(inputs, schedule.block_h, schedule.block_d, block), **(extra or {}),
     )
 
 
@@ -1125,7 +1148,8 @@ def _edge_terms(graph: Graph, inputs: AttentionInputs, grad_out: torch.Tensor, a
     terms = _new_output((max(graph.num_edges, 1), 2, inputs.value.shape[1]), acc, inputs.value.device)
     if graph.num_edges:
         _csr_edge_pass(edge_terms_kernel, graph, inputs,
-                       (inputs.edge_attr, inputs.edge_weight, inputs.dst_term, grad_out, terms), schedule)
+                       (inputs.edge_attr, inputs.edge_weight, inputs.dst_term, grad_out, terms), schedule,
+                       _edge_terms_rows(inputs, schedule.block_h))
     return terms
 
 

@@ -218,27 +218,91 @@ def _csr_block_rows(dst_ptr, eid_ptr, query_ptr, grad_out_ptr, E, H, D, feat_str
 
 
 @jit
+def _window_rows(rows_ptr, row_stride, r0, i_last, hd_offs, hd_mask, ROWS: tl.constexpr):
+    """The ``[ROWS, BLOCK_H, BLOCK_D]`` vectors of node ids ``r0 .. r0 + ROWS − 1`` (rows ``row_stride`` apart; ids past
+    ``i_last`` zero and not read) as float32."""
+    rows = r0 + tl.arange(0, ROWS)
+    feat_mask = (rows <= i_last)[:, None, None] & hd_mask[None, :, :]
+    return tl.load(rows_ptr + rows.to(tl.int64)[:, None, None] * row_stride + hd_offs[None, :, :], mask=feat_mask,
+                   other=0.0).to(tl.float32)
+
+
+@jit
+def _row_terms(w_ptr, v, attr, at_rows, K, HD, hd_offs, hd_mask, CVT: tl.constexpr, ROWS: tl.constexpr,
+               BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, FORM: tl.constexpr):
+    """``Σ_k attr[p, k] u[r_p, h, k]`` ``[NUM_E, BLOCK_H]`` for the positions whose row is window row ``r_p``
+    (``at_rows [NUM_E, ROWS]``; 0 for the others), ``u = W v`` of the window's vectors ``v`` (:func:`_window_rows`,
+    :func:`rows_edge_terms`): one ``[NUM_E, BLOCK_K] @ [BLOCK_K, ROWS · BLOCK_H]`` product on the tensor cores in TF32
+    parts (:func:`fusecore.linear.split_dot`), then each position keeps its own row's column block."""
+    u = rows_edge_terms(w_ptr, v, K, HD, hd_offs, hd_mask, BLOCK_K, FORM)        # [ROWS, BLOCK_H, BLOCK_K]
+    u_cols = tl.reshape(tl.permute(u, (2, 0, 1)), [BLOCK_K, ROWS * BLOCK_H])   # column r · BLOCK_H + h
+    u_hi, u_lo = tf32_parts(u_cols, CVT)
+    zero = tl.zeros([attr.shape[0], ROWS * BLOCK_H], dtype=tl.float32)
+    big, small = split_dot(attr, u_hi, u_lo, zero, zero, False, CVT)
+    by_row = tl.reshape(big + finite_or_zero(small), [attr.shape[0], ROWS, BLOCK_H])
+    return tl.sum(tl.where(at_rows[:, :, None], by_row, 0.0), axis=1)
+
+
+@jit
 def edge_terms_kernel(
     dst_ptr, eid_ptr, attr_ptr, w_ptr, query_ptr, grad_out_ptr, terms_ptr, E, H, D, K, scale, feat_stride,
     BLOCK_P: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
-    EDGE_DOT: tl.constexpr,
+    EDGE_DOT: tl.constexpr, ROWS: tl.constexpr = 0, FORM: tl.constexpr = 2, CVT: tl.constexpr = False,
 ):
     """``terms[p] = (t_p, r_p)`` ``[2, H]`` for the CSR positions ``p`` of block ``program_id``:
     ``t_p[h] = Σ_d e_p[h, d] · scale · q[i, h, d]`` and ``r_p[h] = Σ_d e_p[h, d] · g[i, h, d]`` with
-    ``i = dst[p]`` the edge's destination and ``e_p = W_e · attr[eid[p]]`` (:func:`project_edges`).
+    ``i = dst[p]`` the edge's destination and ``e_p = W_e · attr[eid[p]]``.
+
+    ``ROWS`` 0: every position projects its edge (:func:`project_edges`) and meets its destination's ``q`` and ``g``
+    rows, gathered per position (cache hits for the block's repeated destinations, but each held in registers per
+    position).  ``ROWS`` > 0 (float32 accumulation): per destination instead — the CSR block's positions cover
+    destinations ``dst[first] .. dst[last]`` in order; ``ROWS`` consecutive node ids from each destination present on
+    (one trip per such window, at most one per position; the next window's rows loaded during this one's products)
+    load their ``q`` and ``g`` rows once,
+    form ``u = W (scale · q)`` and ``w = W g`` (``[BLOCK_K, H]`` each, :func:`rows_edge_terms`, ``FORM`` as there)
+    and every position takes ``t_p = Σ_k attr_p[k] u_i[k]``, ``r_p = Σ_k attr_p[k] w_i[k]`` through one product per
+    term (:func:`_row_terms`): no per-edge projection, and per position only its features and sums in registers.
+    ``CVT``: the TF32 split by the hardware's conversion (compiled only).
 
     ``q`` ``[N, H, D]`` is read with row stride ``feat_stride``, ``g`` contiguous; ``terms`` is
     ``[E, 2, H]`` in the accumulation dtype.  Bytes: ``E·K`` features and ``2·E·H`` terms, plus
     ``q`` and ``g`` rows (one per destination in a block, cache hits for the rest)."""
     acc_dtype = terms_ptr.dtype.element_ty
-    p, p_mask, offs_h, h_mask, hd_offs, hd_mask, eid, q, g = _csr_block_rows(
-        dst_ptr, eid_ptr, query_ptr, grad_out_ptr, E, H, D, feat_stride, acc_dtype, BLOCK_P, BLOCK_H, BLOCK_D)
-    w_tile = edge_weight_tile(w_ptr, K, H, D, BLOCK_K, BLOCK_H, BLOCK_D)
-    e = project_edges(attr_ptr, w_ptr, w_tile, eid, p_mask, K, H * D, hd_offs, hd_mask, acc_dtype, BLOCK_P, BLOCK_H,
-                      BLOCK_D, BLOCK_K, EDGE_DOT)
-    # q scaled before the products, as the source pass scales the gathered queries
-    t = tl.sum(e * (q * scale), axis=2)
-    r = tl.sum(e * g, axis=2)
+    if ROWS > 0:
+        tl.static_assert(acc_dtype == tl.float32, "ROWS: float32 accumulation (TF32 parts)")
+        pid = tl.program_id(0).to(tl.int64)
+        p = pid * BLOCK_P + tl.arange(0, BLOCK_P)
+        p_mask = p < E
+        offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
+        i = tl.load(dst_ptr + p, mask=p_mask, other=0).to(tl.int64)
+        eid = tl.load(eid_ptr + p, mask=p_mask, other=0).to(tl.int64)
+        i_first = tl.load(dst_ptr + pid * BLOCK_P).to(tl.int64)
+        i_last = tl.load(dst_ptr + tl.minimum(pid * BLOCK_P + BLOCK_P, E) - 1).to(tl.int64)
+        attr = edge_attr_tile(attr_ptr, eid, p_mask, K, tl.float32, BLOCK_K)
+        t = tl.zeros([BLOCK_P, BLOCK_H], dtype=tl.float32)
+        r = tl.zeros([BLOCK_P, BLOCK_H], dtype=tl.float32)
+        r0 = i_first
+        q = _window_rows(query_ptr, feat_stride, r0, i_last, hd_offs, hd_mask, ROWS)
+        g = _window_rows(grad_out_ptr, H * D, r0, i_last, hd_offs, hd_mask, ROWS)
+        while r0 <= i_last:  # at most one trip per position: r0 jumps to the next destination present
+            # the next window's rows asked for before this one's products (none past i_last: the last trip's are masked)
+            r_next = tl.min(tl.where(p_mask & (i >= r0 + ROWS), i, i_last + 1), axis=0)
+            q_next = _window_rows(query_ptr, feat_stride, r_next, i_last, hd_offs, hd_mask, ROWS)
+            g_next = _window_rows(grad_out_ptr, H * D, r_next, i_last, hd_offs, hd_mask, ROWS)
+            at_rows = (i - r0)[:, None] == tl.arange(0, ROWS)[None, :]
+            t += _row_terms(w_ptr, q, attr, at_rows, K, H * D, hd_offs, hd_mask, CVT, ROWS, BLOCK_H, BLOCK_K, FORM)
+            r += _row_terms(w_ptr, g, attr, at_rows, K, H * D, hd_offs, hd_mask, CVT, ROWS, BLOCK_H, BLOCK_K, FORM)
+            q, g, r0 = q_next, g_next, r_next
+        t = t * scale
+    else:
+        p, p_mask, offs_h, h_mask, hd_offs, hd_mask, eid, q, g = _csr_block_rows(
+            dst_ptr, eid_ptr, query_ptr, grad_out_ptr, E, H, D, feat_stride, acc_dtype, BLOCK_P, BLOCK_H, BLOCK_D)
+        w_tile = edge_weight_tile(w_ptr, K, H, D, BLOCK_K, BLOCK_H, BLOCK_D)
+        e = project_edges(attr_ptr, w_ptr, w_tile, eid, p_mask, K, H * D, hd_offs, hd_mask, acc_dtype, BLOCK_P,
+                          BLOCK_H, BLOCK_D, BLOCK_K, EDGE_DOT)
+        # q scaled before the products, as the source pass scales the gathered queries
+        t = tl.sum(e * (q * scale), axis=2)
+        r = tl.sum(e * g, axis=2)
     offs = p[:, None] * (2 * H) + offs_h[None, :]
     ph_mask = p_mask[:, None] & h_mask[None, :]
     tl.store(terms_ptr + offs, t.to(terms_ptr.dtype.element_ty), mask=ph_mask)
