@@ -198,17 +198,25 @@ def store_attr_grad(grad_attr_ptr, w_ptr, w_tile, grad_e, eid, e_mask, K, HD, hd
 
 
 @jit
+def _csr_block(dst_ptr, eid_ptr, E, H, D, BLOCK_P: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The CSR positions ``p`` of block ``program_id`` and their mask, the head tile, and the positions'
+    destinations ``i`` and input edge ids (int64)."""
+    p = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
+    p_mask = p < E
+    offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
+    i = tl.load(dst_ptr + p, mask=p_mask, other=0).to(tl.int64)
+    eid = tl.load(eid_ptr + p, mask=p_mask, other=0).to(tl.int64)
+    return p, p_mask, offs_h, h_mask, hd_offs, hd_mask, i, eid
+
+
+@jit
 def _csr_block_rows(dst_ptr, eid_ptr, query_ptr, grad_out_ptr, E, H, D, feat_stride, acc_dtype: tl.constexpr,
                     BLOCK_P: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
     """The CSR positions ``p`` of block ``program_id`` (and their mask), the head tile, their input edge ids, and
     their destinations' ``q`` (row stride ``feat_stride``) and ``g`` rows ``[BLOCK_P, BLOCK_H, BLOCK_D]`` in
     ``acc_dtype``."""
-    pid = tl.program_id(0).to(tl.int64)
-    p = pid * BLOCK_P + tl.arange(0, BLOCK_P)
-    p_mask = p < E
-    offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
-    i = tl.load(dst_ptr + p, mask=p_mask, other=0).to(tl.int64)
-    eid = tl.load(eid_ptr + p, mask=p_mask, other=0).to(tl.int64)
+    p, p_mask, offs_h, h_mask, hd_offs, hd_mask, i, eid = _csr_block(dst_ptr, eid_ptr, E, H, D, BLOCK_P, BLOCK_H,
+                                                                     BLOCK_D)
     feat_mask = p_mask[:, None, None] & hd_mask[None, :, :]
     q = tl.load(query_ptr + i[:, None, None] * feat_stride + hd_offs[None, :, :], mask=feat_mask,
                 other=0.0).to(acc_dtype)
@@ -270,14 +278,11 @@ def edge_terms_kernel(
     acc_dtype = terms_ptr.dtype.element_ty
     if ROWS > 0:
         tl.static_assert(acc_dtype == tl.float32, "ROWS: float32 accumulation (TF32 parts)")
-        pid = tl.program_id(0).to(tl.int64)
-        p = pid * BLOCK_P + tl.arange(0, BLOCK_P)
-        p_mask = p < E
-        offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
-        i = tl.load(dst_ptr + p, mask=p_mask, other=0).to(tl.int64)
-        eid = tl.load(eid_ptr + p, mask=p_mask, other=0).to(tl.int64)
-        i_first = tl.load(dst_ptr + pid * BLOCK_P).to(tl.int64)
-        i_last = tl.load(dst_ptr + tl.minimum(pid * BLOCK_P + BLOCK_P, E) - 1).to(tl.int64)
+        p, p_mask, offs_h, h_mask, hd_offs, hd_mask, i, eid = _csr_block(dst_ptr, eid_ptr, E, H, D, BLOCK_P,
+                                                                         BLOCK_H, BLOCK_D)
+        first = tl.program_id(0).to(tl.int64) * BLOCK_P
+        i_first = tl.load(dst_ptr + first).to(tl.int64)
+        i_last = tl.load(dst_ptr + tl.minimum(first + BLOCK_P, E) - 1).to(tl.int64)
         attr = edge_attr_tile(attr_ptr, eid, p_mask, K, tl.float32, BLOCK_K)
         t = tl.zeros([BLOCK_P, BLOCK_H], dtype=tl.float32)
         r = tl.zeros([BLOCK_P, BLOCK_H], dtype=tl.float32)
