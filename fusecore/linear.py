@@ -38,7 +38,8 @@ accumulator of their own, :data:`HELD_SUMS`, at torch's cuBLAS float32 error); o
 kernels, Triton's tf32x3 per slice.  Kernels of other modules take the same split through
 :func:`split_dot` (one product's TF32 parts into a big and a remainder accumulator; two products where one
 operand is exact in TF32, a widened 2-byte float: gnnfuse's edge-weight gradient).  torch's float32 product
-is cuBLAS on the FP32 units, compute-bound for a graph layer's shapes (four ``[169 343, 128]`` maps: 551 µs on the H200, where moving the bytes takes ~100).
+is cuBLAS on the FP32 units, compute-bound for a graph layer's shapes (four ``[169 343, 128]`` maps: 551 µs on
+the H200, where moving the bytes takes ~100).
 The gradients' products (:func:`matmul`) stay torch's unless :data:`BACKWARD_PRODUCTS` is set (measured
 slower or equal on the H100, the sweep below; on the H200 in session 26 the Transformer fp32 step's GPU time 2.6%
 lower with it — ∂W split over the rows, 369 against cuBLAS's 430 µs — but its host time higher: not the
