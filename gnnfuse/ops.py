@@ -1108,10 +1108,16 @@ EDGE_TERMS_ROWS = {2: 0, 4: 0}
 EDGE_TERMS_ROW_FORM = 0  # rows_edge_terms' FORM for W q̃ and W g in the ROWS form
 
 
+def _width_key(t: torch.Tensor) -> int:
+    """The key of the tables kept by element size (EDGE_TERMS_ROWS, EDGE_WEIGHT_GRAD_*): 2 for float16 / bfloat16,
+    4 otherwise (float64 takes float32's entry)."""
+    return 2 if t.dtype in TWO_BYTE_DTYPES else 4
+
+
 def _edge_terms_rows(inputs: AttentionInputs, block_h: int) -> dict:
     """The ROWS form's constexprs of the edge-terms pass (:data:`EDGE_TERMS_ROWS`; none where it is off or the
     accumulation is float64)."""
-    rows = EDGE_TERMS_ROWS[2 if inputs.value.element_size() == 2 else 4]
+    rows = EDGE_TERMS_ROWS[_width_key(inputs.value)]
     if not isinstance(rows, int) or rows < 0 or rows & (rows - 1):
         raise ValueError(f"gnnfuse.ops.EDGE_TERMS_ROWS entries must be 0 or a power of two, got {EDGE_TERMS_ROWS!r}")
     if rows == 0 or inputs.value.dtype == torch.float64:
@@ -1242,7 +1248,7 @@ def edge_weight_grad(
     acc = attr_sums.dtype
     if num_nodes == 0:
         return torch.zeros(heads * head_dim, edge_dim, dtype=acc, device=attr_sums.device)
-    width = 2 if grad_out.element_size() == 2 else 4
+    width = _width_key(grad_out)
     interpreted = backend.INTERPRET and EDGE_WEIGHT_GRAD_NODES_INTERPRETED
     nodes = EDGE_WEIGHT_GRAD_NODES_INTERPRETED if interpreted else EDGE_WEIGHT_GRAD_NODES[width]
     precision = EDGE_WEIGHT_GRAD_PRODUCT[width]

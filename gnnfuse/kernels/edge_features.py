@@ -264,12 +264,12 @@ def edge_terms_kernel(
     ``ROWS`` 0: every position projects its edge (:func:`project_edges`) and meets its destination's ``q`` and ``g``
     rows, gathered per position (cache hits for the block's repeated destinations, but each held in registers per
     position).  ``ROWS`` > 0 (float32 accumulation): per destination instead — the CSR block's positions cover
-    destinations ``dst[first] .. dst[last]`` in order; ``ROWS`` consecutive node ids from each destination present on
-    (one trip per such window, at most one per position; the next window's rows loaded during this one's products)
-    load their ``q`` and ``g`` rows once,
-    form ``u = W (scale · q)`` and ``w = W g`` (``[BLOCK_K, H]`` each, :func:`rows_edge_terms`, ``FORM`` as there)
-    and every position takes ``t_p = Σ_k attr_p[k] u_i[k]``, ``r_p = Σ_k attr_p[k] w_i[k]`` through one product per
-    term (:func:`_row_terms`): no per-edge projection, and per position only its features and sums in registers.
+    destinations ``dst[first] .. dst[last]`` in order; windows of ``ROWS`` consecutive node ids, each starting at a
+    destination present (one trip per window, at most one per position; the next window's rows loaded during this
+    one's products), load their ``q`` and ``g`` rows once and form ``u = W q`` and ``w = W g`` (``[BLOCK_K, H]`` per
+    row, :func:`rows_edge_terms`, ``FORM`` as there); every position takes ``t_p = scale · Σ_k attr_p[k] u_i[k]``
+    and ``r_p = Σ_k attr_p[k] w_i[k]`` through one product per term (:func:`_row_terms`): no per-edge projection,
+    and per position only its features and sums in registers.
     ``CVT``: the TF32 split by the hardware's conversion (compiled only).
 
     ``q`` ``[N, H, D]`` is read with row stride ``feat_stride``, ``g`` contiguous; ``terms`` is
