@@ -60,7 +60,6 @@ from torch.autograd.function import once_differentiable
 from . import backend
 from .backend import check_devices, jit, on_kernel_device, reference_enabled
 from .device import device_facts
-from .grid_sync import last_to_arrive
 from .plan import PlanCache, cdiv, next_power_of_2
 
 # First stage: [BLOCK_R, BLOCK_C] tiles of COLUMN_TILE elements (32 float32 accumulators a thread at
@@ -460,55 +459,6 @@ def product_held_kernel(a_ptr, b_ptr, bias_ptr, c_ptr, M, N, K, stride_am, strid
         tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :], acc, mask=m_mask[:, None] & n_mask[None, :])
 
 
-@jit
-def weight_grad_kernel(a_ptr, b_ptr, c_ptr, part_ptr, count_ptr, R, M, N, rows_per_split,
-                       stride_ar, stride_am, stride_br, stride_bn,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, STAGES: tl.constexpr,
-                       SPLIT: tl.constexpr, CVT: tl.constexpr):
-    """``c[m, n] = Σ_r a[r, m] · b[r, n]`` (``aᵀ b``, a linear map's ``∂W = ∂yᵀ x``: a long reduction over the rows
-    into a small float32 ``[M, N]``), products in three TF32 parts (:func:`split_dot`, the held kernels' ``SUMS`` 1
-    order).  Program ``(n, m, s)`` reduces rows ``[s · rows_per_split, (s + 1) · rows_per_split)`` of its output
-    tile, ``BLOCK_R`` rows a step, ``STAGES`` steps' loads in flight.  With ``SPLIT`` every program stores its
-    tile's partial at ``part[s]`` (float32 ``[S, M, N]``, contiguous) and counts itself in at ``count[tile]``
-    (zeroed int32, one per output tile); the last of the tile's ``S`` programs to arrive adds the ``S`` partials in
-    the order ``s = 0, 1, …`` (the same result whichever program is last) and stores ``c``.  Without it the one
-    program stores ``c`` itself."""
-    pid_n = tl.program_id(0)
-    pid_m = tl.program_id(1)
-    pid_s = tl.program_id(2)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    m_mask = offs_m < M
-    n_mask = offs_n < N
-    offs_r = tl.arange(0, BLOCK_R)
-    r_start = pid_s.to(tl.int64) * rows_per_split
-    r_stop = tl.minimum(r_start + rows_per_split, R)
-    big = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    small = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for r0 in tl.range(r_start, r_stop, BLOCK_R, num_stages=STAGES):
-        r = r0 + offs_r
-        r_mask = r < r_stop
-        a = tl.load(a_ptr + r[:, None] * stride_ar + offs_m[None, :] * stride_am,
-                    mask=r_mask[:, None] & m_mask[None, :], other=0.0)
-        b = tl.load(b_ptr + r[:, None] * stride_br + offs_n[None, :] * stride_bn,
-                    mask=r_mask[:, None] & n_mask[None, :], other=0.0)
-        b_hi, b_lo = tf32_parts(b, CVT)
-        big, small = split_dot(tl.trans(a), b_hi, b_lo, big, small, False, CVT)
-    acc = big + finite_or_zero(small)
-    offs_c = offs_m[:, None] * N + offs_n[None, :]
-    c_mask = m_mask[:, None] & n_mask[None, :]
-    if SPLIT:
-        tile_size = M * N
-        tl.store(part_ptr + pid_s.to(tl.int64) * tile_size + offs_c, acc, mask=c_mask)
-        if last_to_arrive(count_ptr + pid_m * tl.num_programs(0) + pid_n, tl.num_programs(2)):
-            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for s in range(0, tl.num_programs(2)):
-                total += tl.load(part_ptr + s * tile_size + offs_c, mask=c_mask, other=0.0, cache_modifier=".cg")
-            tl.store(c_ptr + offs_c, total, mask=c_mask)
-    else:
-        tl.store(c_ptr + offs_c, acc, mask=c_mask)
-
-
 HELD_SPLITS = ("bits", "cvt")
 
 
@@ -663,63 +613,6 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return product(a, b) if BACKWARD_PRODUCTS and uses_product(a, b) else a @ b
 
 
-# ∂W = ∂yᵀ x of float32 maps (weight_grad_kernel): WEIGHT_GRAD_BLOCK_M × WEIGHT_GRAD_BLOCK_N output tiles, the rows
-# WEIGHT_GRAD_BLOCK_R at a time, WEIGHT_GRAD_STAGES steps in flight, WEIGHT_GRAD_WARPS warps; the rows split among
-# about WEIGHT_GRAD_PROGRAMS_PER_SM programs per multiprocessor in all, at least WEIGHT_GRAD_MIN_ROWS rows each, the
-# partials added in the launch by each tile's last program.  WEIGHT_GRAD_KERNEL False: :func:`matmul` (torch's
-# product unless BACKWARD_PRODUCTS).  Not timed on a GPU yet.
-WEIGHT_GRAD_KERNEL = True
-WEIGHT_GRAD_BLOCK_M = 64
-WEIGHT_GRAD_BLOCK_N = 64
-WEIGHT_GRAD_BLOCK_R = 32
-WEIGHT_GRAD_STAGES = 3
-WEIGHT_GRAD_WARPS = 4
-WEIGHT_GRAD_PROGRAMS_PER_SM = 2
-WEIGHT_GRAD_MIN_ROWS = 256
-
-
-def weight_grad_splits(rows: int, tiles: int, device: torch.device) -> int:
-    """How many row slices :func:`weight_grad` cuts ``rows`` into over ``tiles`` output tiles: enough programs for
-    :data:`WEIGHT_GRAD_PROGRAMS_PER_SM` per multiprocessor, each at least :data:`WEIGHT_GRAD_MIN_ROWS` rows."""
-    wanted = cdiv(WEIGHT_GRAD_PROGRAMS_PER_SM * device_facts(device).sm_count, max(tiles, 1))
-    return max(1, min(wanted, rows // WEIGHT_GRAD_MIN_ROWS))
-
-
-def weight_grad(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """``gradᵀ @ x`` for ``grad [R, M]`` and ``x [R, N]`` (any strides): a linear map's weight gradient ``∂W = ∂yᵀ x``
-    (``∂y`` and the input flattened to rows), ``[M, N]``.  float32 operands on a device the kernels run on
-    (:func:`uses_product`), rows 16-byte aligned (:func:`_aligned_rows`), :data:`WEIGHT_GRAD_KERNEL` on: one
-    launch of :func:`weight_grad_kernel` (TF32 parts on the tensor cores, the rows split among programs, the
-    partials added in a fixed order: the same result on every run); otherwise :func:`matmul`."""
-    if grad.dim() != 2 or x.dim() != 2 or grad.shape[0] != x.shape[0]:
-        raise ValueError(f"weight_grad: expected grad [R, M] and x [R, N] with the same rows, got "
-                         f"{list(grad.shape)} and {list(x.shape)}")
-    if not (WEIGHT_GRAD_KERNEL and uses_product(grad, x) and _aligned_rows(grad) and _aligned_rows(x)):
-        return matmul(grad.t(), x)
-    check_devices(grad=grad, x=x)
-    (rows, m), n = grad.shape, x.shape[1]
-    if rows == 0 or m == 0 or n == 0:
-        return torch.zeros((m, n), dtype=torch.float32, device=grad.device)
-    block_m = max(16, min(WEIGHT_GRAD_BLOCK_M, next_power_of_2(m)))
-    block_n = max(16, min(WEIGHT_GRAD_BLOCK_N, next_power_of_2(n)))
-    tiles = cdiv(m, block_m) * cdiv(n, block_n)
-    splits = weight_grad_splits(rows, tiles, grad.device)
-    rows_per_split = cdiv(cdiv(rows, splits), WEIGHT_GRAD_BLOCK_R) * WEIGHT_GRAD_BLOCK_R
-    splits = cdiv(rows, rows_per_split)
-    out = _new((m, n), torch.float32, grad.device)
-    if splits > 1:
-        parts = _new((splits, m, n), torch.float32, grad.device)
-        counts = torch.zeros(tiles, dtype=torch.int32, device=grad.device)
-    else:
-        parts = counts = out  # never read
-    weight_grad_kernel[(cdiv(n, block_n), cdiv(m, block_m), splits)](
-        grad, x, out, parts, counts, rows, m, n, rows_per_split, grad.stride(0), grad.stride(1), x.stride(0),
-        x.stride(1), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_R=WEIGHT_GRAD_BLOCK_R, STAGES=WEIGHT_GRAD_STAGES,
-        SPLIT=splits > 1, CVT=held_split(), num_warps=WEIGHT_GRAD_WARPS,
-    )
-    return out
-
-
 def _forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """``F.linear(x, weight, bias)``, float32 with 16-byte aligned rows through :func:`product`
     (:func:`uses_product`, :func:`_aligned_rows`)."""
@@ -747,7 +640,7 @@ class _Linear(torch.autograd.Function):
             grad_x = matmul(grad2, weight)
             grad_x = grad_x if grad.dim() == 2 else grad_x.view(*grad.shape[:-1], weight.shape[1])
         if ctx.needs_input_grad[1]:
-            grad_w = weight_grad(grad2, x.reshape(-1, x.shape[-1]))
+            grad_w = matmul(grad2.t(), x.reshape(-1, x.shape[-1]))
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_b = column_sum(grad2)
         return grad_x, grad_w, grad_b

@@ -38,7 +38,7 @@ from torch.autograd.function import once_differentiable
 
 from fusecore import DevicePhiloxStream, PhiloxStream, backend, cdiv, next_power_of_2
 from fusecore import linear as linear_module
-from fusecore.linear import column_sum, dot_precision, linear, matmul, uses_product, weight_grad
+from fusecore.linear import column_sum, dot_precision, linear, matmul, uses_product
 from fusecore.plan import MIN_DOT
 
 from .graph import Graph, as_graph
@@ -1737,7 +1737,7 @@ class GATFunction(torch.autograd.Function):
         else:
             flat = grad_wh.view(grad_wh.shape[0], weight.shape[0])
             if ctx.needs_input_grad[1]:
-                grad_weight = weight_grad(flat, x)
+                grad_weight = matmul(flat.t(), x)
             if ctx.needs_input_grad[0]:
                 grad_x = matmul(flat, weight)
         grad_l, grad_r = sums[0].view(ctx.attn_shapes[0]), sums[1].view(ctx.attn_shapes[1])

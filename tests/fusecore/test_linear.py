@@ -12,17 +12,7 @@ import triton.language as tl
 
 from fusecore import linear as linear_module
 from fusecore.backend import COMPILED, jit
-from fusecore.linear import (
-    column_sum,
-    finite_or_zero,
-    linear,
-    matmul,
-    product,
-    split_dot,
-    tf32_parts,
-    uses_product,
-    weight_grad,
-)
+from fusecore.linear import column_sum, finite_or_zero, linear, matmul, product, split_dot, tf32_parts, uses_product
 from fusecore.testing import assert_all_written, assert_close, fresh_generator, poisoned, test_device
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
@@ -220,8 +210,8 @@ def test_product_held_sums_setting_is_checked(device, monkeypatch):
 
 @pytest.mark.parametrize("backward", [False, True])
 def test_linear_float32_paths(device, monkeypatch, backward):
-    """float32 linear: aligned rows take the product and ∂W weight_grad's kernel, others (and ∂x unless
-    BACKWARD_PRODUCTS) torch's; forward and gradients against float64 either way."""
+    """float32 linear: aligned rows take the product, others (and every gradient unless BACKWARD_PRODUCTS) torch's;
+    forward and gradients against float64 either way."""
     monkeypatch.setattr(linear_module, "BACKWARD_PRODUCTS", backward)
     calls = []
     real = linear_module.product
@@ -230,13 +220,12 @@ def test_linear_float32_paths(device, monkeypatch, backward):
     for feats, aligned in ((24, True), (22, False)):
         calls.clear()
         x = torch.randn(37, feats, generator=gen, device=device, requires_grad=True)
-        weight = torch.randn(12, feats, generator=gen, device=device, requires_grad=True)
-        bias = torch.randn(12, generator=gen, device=device, requires_grad=True)
-        grad = torch.randn(37, 12, generator=gen, device=device)
+        weight = torch.randn(9, feats, generator=gen, device=device, requires_grad=True)
+        bias = torch.randn(9, generator=gen, device=device, requires_grad=True)
+        grad = torch.randn(37, 9, generator=gen, device=device)
         out = linear(x, weight, bias)
         out.backward(grad)
-        # aligned rows: ∂W from weight_grad's kernel, so only ∂x can be a product
-        assert len(calls) == aligned + (1 if aligned else 2) * backward, (feats, calls)
+        assert len(calls) == aligned + 2 * backward, (feats, calls)
         ref = [t.detach().double().requires_grad_() for t in (x, weight, bias)]
         want = F.linear(*ref)
         want.backward(grad.double())
@@ -301,74 +290,6 @@ def test_autocast_keeps_torchs_product(device):
     assert weight.grad.dtype == bias.grad.dtype == torch.float32
 
 
-def _rows_aligned(rows: int, cols: int, gen, device) -> torch.Tensor:
-    """float32 ``[rows, cols]`` of a wider buffer whose rows start 16 bytes apart (odd widths pass the alignment
-    rule of :func:`weight_grad`'s kernel)."""
-    return torch.randn(rows, -(-cols // 4) * 4 + 4, generator=gen, device=device)[:, :cols]
-
-
-@pytest.mark.parametrize("rows, m, n", [(1, 1, 1), (7, 16, 16), (97, 9, 130), (1000, 24, 40), (4099, 64, 17),
-                                        (2000, 129, 65), (33, 80, 3)])
-@pytest.mark.parametrize("split", [False, True])
-def test_weight_grad_matches_float64(device, poison, monkeypatch, rows, m, n, split):
-    """weight_grad(grad, x) = gradᵀ x (a linear map's ∂W) by its kernel against float64 at odd sizes: output tiles
-    with masked edges, row slices with a partial last step, one program per tile or the rows split among many
-    (``split``: each tile's partials added in the launch by its last program), the same bits on a second call."""
-    monkeypatch.setattr(linear_module, "matmul", lambda *args: pytest.fail("weight_grad left its kernel"))
-    monkeypatch.setattr(linear_module, "WEIGHT_GRAD_BLOCK_M", 32)
-    monkeypatch.setattr(linear_module, "WEIGHT_GRAD_BLOCK_N", 32)
-    monkeypatch.setattr(linear_module, "WEIGHT_GRAD_MIN_ROWS", 16 if split else 10**9)
-    monkeypatch.setattr(linear_module, "WEIGHT_GRAD_PROGRAMS_PER_SM", 8)
-    gen = fresh_generator(device)
-    grad, x = _rows_aligned(rows, m, gen, device), _rows_aligned(rows, n, gen, device)
-    out = weight_grad(grad, x)
-    assert out.shape == (m, n) and out.dtype == torch.float32
-    assert_all_written(out)
-    assert_close(out, grad.double().t() @ x.double(), dtype=torch.float32,
-                 name=f"weight_grad {rows}x{m}x{n} split={split} (seed {gen.initial_seed()})")
-    assert torch.equal(weight_grad(grad, x), out), "a second call gave other bits"
-    splits = linear_module.weight_grad_splits(rows, -(-m // 32) * -(-n // 32), device)
-    assert (splits > 1) == (split and rows >= 32), splits
-
-
-@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the interpreter's inf - inf
-def test_weight_grad_non_finite_inputs_as_torch(device, poison, monkeypatch):
-    """Infinities and NaN in either operand of weight_grad give float64's ±inf and NaN, also where the row holding
-    them lies in another program's slice than the rest of the tile's rows (the partials carry them)."""
-    monkeypatch.setattr(linear_module, "WEIGHT_GRAD_MIN_ROWS", 16)
-    monkeypatch.setattr(linear_module, "WEIGHT_GRAD_PROGRAMS_PER_SM", 8)
-    gen = fresh_generator(device)
-    grad = torch.randn(200, 24, generator=gen, device=device)
-    x = torch.randint(-3, 4, (200, 20), generator=gen, device=device).float()
-    grad[5, 3], grad[150, 7], grad[90, 11] = float("inf"), float("-inf"), float("nan")
-    x[150, :] = 1.0
-    x[40, 9] = float("inf")
-    out = weight_grad(grad, x)
-    want = (grad.double().t() @ x.double())
-    assert torch.equal(torch.isnan(out), torch.isnan(want)), "NaN where float64's product has none, or the reverse"
-    infinite = torch.isinf(want)
-    assert torch.equal(torch.isinf(out), infinite) and torch.equal(out[infinite], want[infinite].float())
-    finite = torch.isfinite(want)
-    assert_close(out[finite], want[finite], dtype=torch.float32, name="finite entries")
-
-
-def test_weight_grad_empty_fallbacks_and_bad_input(device, poison, monkeypatch):
-    """No rows: zeros; operands the kernel does not take (other dtypes, unaligned rows, the setting off): torch's
-    product, the same values; rows that differ: a clear error."""
-    assert torch.equal(weight_grad(torch.ones(0, 5, device=device), torch.ones(0, 3, device=device)),
-                       torch.zeros(5, 3, device=device))
-    gen = fresh_generator(device)
-    grad, x = torch.randn(50, 6, generator=gen, device=device), torch.randn(50, 5, generator=gen, device=device)
-    for g, xx in ((grad.double(), x.double()), (grad, x)):  # float64; 6 / 5 floats a row: not 16-byte aligned
-        assert torch.equal(weight_grad(g, xx), g.t() @ xx)
-    monkeypatch.setattr(linear_module, "WEIGHT_GRAD_KERNEL", False)
-    grad, x = torch.randn(50, 8, generator=gen, device=device), torch.randn(50, 4, generator=gen, device=device)
-    assert torch.equal(weight_grad(grad, x), grad.t() @ x)
-    with pytest.raises(ValueError, match=r"weight_grad: expected grad \[R, M\] and x \[R, N\] with the same rows, "
-                                         r"got \[50, 8\] and \[49, 4\]"):
-        weight_grad(grad, x[:49])
-
-
 @pytest.mark.skipif(not COMPILED, reason="TF32 exists on the GPU only (the interpreter's products are exact)")
 @pytest.mark.parametrize("precision, held", [("tf32x3", True), ("tf32x3", False), ("bf16x6", False)])
 def test_float32_product_accuracy_on_the_gpu(device, monkeypatch, precision, held):
@@ -392,21 +313,6 @@ def test_float32_product_accuracy_on_the_gpu(device, monkeypatch, precision, hel
             BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, HAS_BIAS=False, PRECISION="tf32")
         single = (tf32.double() - want).abs().max().item() / scale
         assert single > 8 * ours, f"{m}x{k}x{n}: plain tf32 {single:.2e} not worse than tf32x3 {ours:.2e}"
-
-
-@pytest.mark.skipif(not COMPILED, reason="TF32 exists on the GPU only (the interpreter's products are exact)")
-def test_weight_grad_accuracy_on_the_gpu(device):
-    """weight_grad's TF32 parts keep float32's accuracy over long reductions: against float64, within 4x torch's
-    float32 product's error at a graph layer's ∂W shapes (rows split among many programs)."""
-    gen = fresh_generator(device)
-    for rows, m, n in [(169_343, 512, 128), (20_011, 128, 128), (3001, 64, 602 + 2)]:
-        grad = torch.randn(rows, m, generator=gen, device=device)
-        x = torch.randn(rows, n, generator=gen, device=device)
-        want = grad.double().t() @ x.double()
-        scale = want.abs().max().item()
-        theirs = ((grad.t() @ x).double() - want).abs().max().item() / scale
-        ours = (weight_grad(grad, x).double() - want).abs().max().item() / scale
-        assert ours <= 4 * theirs + 1e-7, f"{rows}x{m}x{n}: weight_grad error {ours:.2e}, torch float32 {theirs:.2e}"
 
 
 @pytest.mark.skipif(not COMPILED, reason="the hardware's TF32 conversion is inline PTX (compiled only)")
