@@ -1096,52 +1096,50 @@ def attention_backward(
 EDGE_TERMS_BLOCK = 32
 EDGE_TERMS_BLOCK_2BYTE = 64
 EDGE_TERMS_BLOCK_INTERPRETED = 512  # 0: the GPU's blocks under the interpreter too
-# The edge-terms pass per destination (``edge_terms_kernel``'s ``ROWS``, by the values' element size; 0: per edge, each
-# position projecting its edge and holding its destination's q and g rows).  Session 36 read the per-edge form's
-# sm_90 compile on the CPU: 164 registers at 64 positions and 4 warps (3 programs per multiprocessor), latency-bound;
-# the kernel took 229 µs of the arxiv-like bf16 step with 16 edge features (H200).  ROWS > 0 forms W q̃ and W g once
-# per destination, ``ROWS`` node ids at a time (at least 16 / BLOCK_H: a product's width), where a float32
-# accumulation allows (not float64).  Compiled for sm_90 on the CPU (Triton 3.6, 64 positions, 4 warps, 8 x 16 heads,
-# 16 features): ROWS 2 86 registers in bfloat16 and 87 in float32 with rows_edge_terms' FORM 0 (a weight row at a
-# time), 128 with FORM 2 (the whole [K, H, D] tile); ROWS 4 100.  Not timed on a GPU yet: off.
-EDGE_TERMS_ROWS = {2: 0, 4: 0}
-EDGE_TERMS_ROW_FORM = 0  # rows_edge_terms' FORM for W q̃ and W g in the ROWS form
+# The per-edge form holds each position's projected edge and its destination's q and g rows: 164 registers for sm_90
+# (64 positions, 4 warps, bf16; 3 programs per multiprocessor), latency-bound (229 µs of the arxiv-like bf16 step with
+# 16 edge features, H200).  A form per destination (W q̃ and W g once per destination row, windows of 2 or 4 node ids,
+# the next window prefetched, each position's terms one TF32-part product: 86-100 registers) was built in session 36
+# and timed in session 37 (call 1, same call, H200, kernel times): 1008 µs in bf16 and 1020 in fp32 against the
+# per-edge form's 228 — its windows run one after another — so it was removed (JOURNAL "Session 37").
+# EDGE_TERMS_HEADS (by the values' element size): heads per program of the edge-terms pass, a power of two, each CSR
+# block's head blocks launched side by side (0: all heads in one program); fewer heads hold fewer values a position.
+EDGE_TERMS_HEADS = {2: 0, 4: 0}
 
 
 def _width_key(t: torch.Tensor) -> int:
-    """The key of the tables kept by element size (EDGE_TERMS_ROWS, EDGE_WEIGHT_GRAD_*): 2 for float16 / bfloat16,
+    """The key of the tables kept by element size (EDGE_TERMS_HEADS, EDGE_WEIGHT_GRAD_*): 2 for float16 / bfloat16,
     4 otherwise (float64 takes float32's entry)."""
     return 2 if t.dtype in TWO_BYTE_DTYPES else 4
 
 
-def _edge_terms_rows(inputs: AttentionInputs, block_h: int) -> dict:
-    """The ROWS form's constexprs of the edge-terms pass (:data:`EDGE_TERMS_ROWS`; none where it is off or the
-    accumulation is float64)."""
-    rows = EDGE_TERMS_ROWS[_width_key(inputs.value)]
-    if not isinstance(rows, int) or rows < 0 or rows & (rows - 1):
-        raise ValueError(f"gnnfuse.ops.EDGE_TERMS_ROWS entries must be 0 or a power of two, got {EDGE_TERMS_ROWS!r}")
-    if rows == 0 or inputs.value.dtype == torch.float64:
-        return {}
-    return {"ROWS": max(rows, next_power_of_2(cdiv(MIN_DOT, block_h))), "FORM": EDGE_TERMS_ROW_FORM,
-            "CVT": linear_module.held_split()}
+def _edge_terms_heads(inputs: AttentionInputs, block_h: int) -> int:
+    """The edge-terms pass's heads per program (:data:`EDGE_TERMS_HEADS`; the schedule's ``block_h`` where that is 0
+    or at least it)."""
+    heads = EDGE_TERMS_HEADS[_width_key(inputs.value)]
+    if not isinstance(heads, int) or heads < 0 or heads & (heads - 1):
+        raise ValueError(f"gnnfuse.ops.EDGE_TERMS_HEADS entries must be 0 or a power of two, got {EDGE_TERMS_HEADS!r}")
+    return block_h if heads == 0 or heads >= block_h else heads
 
 
 def _csr_edge_pass(kernel, graph: Graph, inputs: AttentionInputs, tensors: tuple, schedule,
-                   extra: dict | None = None) -> None:
+                   block_h: int | None = None) -> None:
     """Launch one of the CSR-order edge-feature passes of :mod:`gnnfuse.kernels.edge_features` over every
     CSR position, :data:`EDGE_TERMS_BLOCK` (2-byte values: :data:`EDGE_TERMS_BLOCK_2BYTE`) a program:
-    ``kernel(csr_dst, csr_eid, *tensors, E, H, D, K, scale,
-    feat_stride, ..., **extra)``."""
+    ``kernel(csr_dst, csr_eid, *tensors, E, H, D, K, scale, feat_stride, ...)``; ``block_h`` (the edge-terms
+    pass) below the schedule's: that many heads a program, ``HEAD_BLOCKS`` programs per CSR block."""
     num_edges = graph.num_edges
     heads, head_dim = inputs.value.shape[1], inputs.value.shape[2]
     if backend.INTERPRET and EDGE_TERMS_BLOCK_INTERPRETED:
         block = EDGE_TERMS_BLOCK_INTERPRETED
     else:
         block = EDGE_TERMS_BLOCK_2BYTE if inputs.value.element_size() == 2 else EDGE_TERMS_BLOCK
-    kernel[(cdiv(num_edges, block),)](
+    block_h = schedule.block_h if block_h is None else block_h
+    head_blocks = {} if block_h == schedule.block_h else {"HEAD_BLOCKS": cdiv(heads, block_h)}
+    kernel[(cdiv(num_edges, block) * head_blocks.get("HEAD_BLOCKS", 1),)](
         graph.csr_dst, graph.csr_eid, *tensors, num_edges, heads, head_dim, inputs.edge_dim, inputs.scale,
-        inputs.feat_stride, BLOCK_P=block, BLOCK_H=schedule.block_h, BLOCK_D=schedule.block_d,
-        **_edge_flags(inputs, schedule.block_h, schedule.block_d, block), **(extra or {}),
+        inputs.feat_stride, BLOCK_P=block, BLOCK_H=block_h, BLOCK_D=schedule.block_d,
+        **_edge_flags(inputs, block_h, schedule.block_d, block), **head_blocks,
     )
 
 
@@ -1155,7 +1153,7 @@ def _edge_terms(graph: Graph, inputs: AttentionInputs, grad_out: torch.Tensor, a
     if graph.num_edges:
         _csr_edge_pass(edge_terms_kernel, graph, inputs,
                        (inputs.edge_attr, inputs.edge_weight, inputs.dst_term, grad_out, terms), schedule,
-                       _edge_terms_rows(inputs, schedule.block_h))
+                       _edge_terms_heads(inputs, schedule.block_h))
     return terms
 
 

@@ -58,11 +58,17 @@ from .tiles import flat_head_tile, head_tile
 
 
 @jit
-def edge_weight_tile(w_ptr, K, H, D, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+def edge_weight_tile(w_ptr, K, H, D, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+                     HEAD_BLOCKS: tl.constexpr = 1):
     """``W`` as a zero-padded ``[BLOCK_K, BLOCK_H · BLOCK_D]`` tile in its own dtype (columns as
-    :func:`~gnnfuse.kernels.tiles.flat_head_tile`): one operand of the projection's matrix product."""
+    :func:`~gnnfuse.kernels.tiles.flat_head_tile`): one operand of the projection's matrix product.  ``HEAD_BLOCKS``
+    > 1: the heads ``h0 .. h0 + BLOCK_H − 1`` of this program's head block (:func:`_head_block`)."""
     offs_k = tl.arange(0, BLOCK_K)
     c_offs, c_mask = flat_head_tile(H, D, BLOCK_H, BLOCK_D)
+    if HEAD_BLOCKS > 1:
+        h0 = _head_block(HEAD_BLOCKS) * BLOCK_H
+        c_mask = c_mask & (h0 + tl.arange(0, BLOCK_H * BLOCK_D) // BLOCK_D < H)
+        c_offs += h0 * D
     return tl.load(w_ptr + offs_k[:, None] * (H * D) + c_offs[None, :], mask=(offs_k < K)[:, None] & c_mask[None, :],
                    other=0.0)
 
@@ -198,12 +204,28 @@ def store_attr_grad(grad_attr_ptr, w_ptr, w_tile, grad_e, eid, e_mask, K, HD, hd
 
 
 @jit
-def _csr_block(dst_ptr, eid_ptr, E, H, D, BLOCK_P: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
-    """The CSR positions ``p`` of block ``program_id`` and their mask, the head tile, and the positions'
-    destinations ``i`` and input edge ids (int64)."""
-    p = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
+def _head_block(HEAD_BLOCKS: tl.constexpr):
+    """This program's head block of a CSR pass launched ``HEAD_BLOCKS`` programs per CSR block (the head blocks of
+    one CSR block neighbours in the launch order)."""
+    return tl.program_id(0) % HEAD_BLOCKS
+
+
+@jit
+def _csr_block(dst_ptr, eid_ptr, E, H, D, BLOCK_P: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+               HEAD_BLOCKS: tl.constexpr = 1):
+    """The CSR positions ``p`` of this program's block and their mask, the head tile, and the positions'
+    destinations ``i`` and input edge ids (int64).  ``HEAD_BLOCKS`` > 1: program ``pid`` takes CSR block
+    ``pid // HEAD_BLOCKS`` and heads ``h0 .. h0 + BLOCK_H − 1``, ``h0 = (pid % HEAD_BLOCKS) · BLOCK_H`` (absolute
+    head offsets in the tile)."""
+    p = (tl.program_id(0) // HEAD_BLOCKS).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
     p_mask = p < E
     offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
+    if HEAD_BLOCKS > 1:
+        h0 = _head_block(HEAD_BLOCKS) * BLOCK_H
+        offs_h += h0
+        h_mask = offs_h < H
+        hd_mask = hd_mask & h_mask[:, None]
+        hd_offs += h0 * D
     i = tl.load(dst_ptr + p, mask=p_mask, other=0).to(tl.int64)
     eid = tl.load(eid_ptr + p, mask=p_mask, other=0).to(tl.int64)
     return p, p_mask, offs_h, h_mask, hd_offs, hd_mask, i, eid
@@ -211,12 +233,12 @@ def _csr_block(dst_ptr, eid_ptr, E, H, D, BLOCK_P: tl.constexpr, BLOCK_H: tl.con
 
 @jit
 def _csr_block_rows(dst_ptr, eid_ptr, query_ptr, grad_out_ptr, E, H, D, feat_stride, acc_dtype: tl.constexpr,
-                    BLOCK_P: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+                    BLOCK_P: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_BLOCKS: tl.constexpr = 1):
     """The CSR positions ``p`` of block ``program_id`` (and their mask), the head tile, their input edge ids, and
     their destinations' ``q`` (row stride ``feat_stride``) and ``g`` rows ``[BLOCK_P, BLOCK_H, BLOCK_D]`` in
-    ``acc_dtype``."""
+    ``acc_dtype`` (``HEAD_BLOCKS`` as :func:`_csr_block`)."""
     p, p_mask, offs_h, h_mask, hd_offs, hd_mask, i, eid = _csr_block(dst_ptr, eid_ptr, E, H, D, BLOCK_P, BLOCK_H,
-                                                                     BLOCK_D)
+                                                                     BLOCK_D, HEAD_BLOCKS)
     feat_mask = p_mask[:, None, None] & hd_mask[None, :, :]
     q = tl.load(query_ptr + i[:, None, None] * feat_stride + hd_offs[None, :, :], mask=feat_mask,
                 other=0.0).to(acc_dtype)
@@ -226,88 +248,32 @@ def _csr_block_rows(dst_ptr, eid_ptr, query_ptr, grad_out_ptr, E, H, D, feat_str
 
 
 @jit
-def _window_rows(rows_ptr, row_stride, r0, i_last, hd_offs, hd_mask, ROWS: tl.constexpr):
-    """The ``[ROWS, BLOCK_H, BLOCK_D]`` vectors of node ids ``r0 .. r0 + ROWS − 1`` (rows ``row_stride`` apart; ids past
-    ``i_last`` zero and not read) as float32."""
-    rows = r0 + tl.arange(0, ROWS)
-    feat_mask = (rows <= i_last)[:, None, None] & hd_mask[None, :, :]
-    return tl.load(rows_ptr + rows.to(tl.int64)[:, None, None] * row_stride + hd_offs[None, :, :], mask=feat_mask,
-                   other=0.0).to(tl.float32)
-
-
-@jit
-def _row_terms(w_ptr, v, attr, at_rows, K, HD, hd_offs, hd_mask, CVT: tl.constexpr, ROWS: tl.constexpr,
-               BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, FORM: tl.constexpr):
-    """``Σ_k attr[p, k] u[r_p, h, k]`` ``[NUM_E, BLOCK_H]`` for the positions whose row is window row ``r_p``
-    (``at_rows [NUM_E, ROWS]``; 0 for the others), ``u = W v`` of the window's vectors ``v`` (:func:`_window_rows`,
-    :func:`rows_edge_terms`): one ``[NUM_E, BLOCK_K] @ [BLOCK_K, ROWS · BLOCK_H]`` product on the tensor cores in TF32
-    parts (:func:`fusecore.linear.split_dot`), then each position keeps its own row's column block."""
-    u = rows_edge_terms(w_ptr, v, K, HD, hd_offs, hd_mask, BLOCK_K, FORM)        # [ROWS, BLOCK_H, BLOCK_K]
-    u_cols = tl.reshape(tl.permute(u, (2, 0, 1)), [BLOCK_K, ROWS * BLOCK_H])   # column r · BLOCK_H + h
-    u_hi, u_lo = tf32_parts(u_cols, CVT)
-    zero = tl.zeros([attr.shape[0], ROWS * BLOCK_H], dtype=tl.float32)
-    big, small = split_dot(attr, u_hi, u_lo, zero, zero, False, CVT)
-    by_row = tl.reshape(big + finite_or_zero(small), [attr.shape[0], ROWS, BLOCK_H])
-    return tl.sum(tl.where(at_rows[:, :, None], by_row, 0.0), axis=1)
-
-
-@jit
 def edge_terms_kernel(
     dst_ptr, eid_ptr, attr_ptr, w_ptr, query_ptr, grad_out_ptr, terms_ptr, E, H, D, K, scale, feat_stride,
     BLOCK_P: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
-    EDGE_DOT: tl.constexpr, ROWS: tl.constexpr = 0, FORM: tl.constexpr = 2, CVT: tl.constexpr = False,
+    EDGE_DOT: tl.constexpr, HEAD_BLOCKS: tl.constexpr = 1,
 ):
     """``terms[p] = (t_p, r_p)`` ``[2, H]`` for the CSR positions ``p`` of block ``program_id``:
     ``t_p[h] = Σ_d e_p[h, d] · scale · q[i, h, d]`` and ``r_p[h] = Σ_d e_p[h, d] · g[i, h, d]`` with
     ``i = dst[p]`` the edge's destination and ``e_p = W_e · attr[eid[p]]``.
 
-    ``ROWS`` 0: every position projects its edge (:func:`project_edges`) and meets its destination's ``q`` and ``g``
-    rows, gathered per position (cache hits for the block's repeated destinations, but each held in registers per
-    position).  ``ROWS`` > 0 (float32 accumulation): per destination instead — the CSR block's positions cover
-    destinations ``dst[first] .. dst[last]`` in order; windows of ``ROWS`` consecutive node ids, each starting at a
-    destination present (one trip per window, at most one per position; the next window's rows loaded during this
-    one's products), load their ``q`` and ``g`` rows once and form ``u = W q`` and ``w = W g`` (``[BLOCK_K, H]`` per
-    row, :func:`rows_edge_terms`, ``FORM`` as there); every position takes ``t_p = scale · Σ_k attr_p[k] u_i[k]``
-    and ``r_p = Σ_k attr_p[k] w_i[k]`` through one product per term (:func:`_row_terms`): no per-edge projection,
-    and per position only its features and sums in registers.
-    ``CVT``: the TF32 split by the hardware's conversion (compiled only).
+    Every position projects its edge (:func:`project_edges`) and meets its destination's ``q`` and ``g`` rows,
+    gathered per position (cache hits for the block's repeated destinations).  ``HEAD_BLOCKS`` > 1: ``BLOCK_H`` of
+    the heads a program, ``HEAD_BLOCKS`` programs per CSR block (:func:`_csr_block`): fewer values held per position.
 
     ``q`` ``[N, H, D]`` is read with row stride ``feat_stride``, ``g`` contiguous; ``terms`` is
     ``[E, 2, H]`` in the accumulation dtype.  Bytes: ``E·K`` features and ``2·E·H`` terms, plus
     ``q`` and ``g`` rows (one per destination in a block, cache hits for the rest)."""
     acc_dtype = terms_ptr.dtype.element_ty
-    if ROWS > 0:
-        tl.static_assert(acc_dtype == tl.float32, "ROWS: float32 accumulation (TF32 parts)")
-        p, p_mask, offs_h, h_mask, hd_offs, hd_mask, i, eid = _csr_block(dst_ptr, eid_ptr, E, H, D, BLOCK_P,
-                                                                         BLOCK_H, BLOCK_D)
-        first = tl.program_id(0).to(tl.int64) * BLOCK_P
-        i_first = tl.load(dst_ptr + first).to(tl.int64)
-        i_last = tl.load(dst_ptr + tl.minimum(first + BLOCK_P, E) - 1).to(tl.int64)
-        attr = edge_attr_tile(attr_ptr, eid, p_mask, K, tl.float32, BLOCK_K)
-        t = tl.zeros([BLOCK_P, BLOCK_H], dtype=tl.float32)
-        r = tl.zeros([BLOCK_P, BLOCK_H], dtype=tl.float32)
-        r0 = i_first
-        q = _window_rows(query_ptr, feat_stride, r0, i_last, hd_offs, hd_mask, ROWS)
-        g = _window_rows(grad_out_ptr, H * D, r0, i_last, hd_offs, hd_mask, ROWS)
-        while r0 <= i_last:  # at most one trip per position: r0 jumps to the next destination present
-            # the next window's rows asked for before this one's products (none past i_last: the last trip's are masked)
-            r_next = tl.min(tl.where(p_mask & (i >= r0 + ROWS), i, i_last + 1), axis=0)
-            q_next = _window_rows(query_ptr, feat_stride, r_next, i_last, hd_offs, hd_mask, ROWS)
-            g_next = _window_rows(grad_out_ptr, H * D, r_next, i_last, hd_offs, hd_mask, ROWS)
-            at_rows = (i - r0)[:, None] == tl.arange(0, ROWS)[None, :]
-            t += _row_terms(w_ptr, q, attr, at_rows, K, H * D, hd_offs, hd_mask, CVT, ROWS, BLOCK_H, BLOCK_K, FORM)
-            r += _row_terms(w_ptr, g, attr, at_rows, K, H * D, hd_offs, hd_mask, CVT, ROWS, BLOCK_H, BLOCK_K, FORM)
-            q, g, r0 = q_next, g_next, r_next
-        t = t * scale
-    else:
-        p, p_mask, offs_h, h_mask, hd_offs, hd_mask, eid, q, g = _csr_block_rows(
-            dst_ptr, eid_ptr, query_ptr, grad_out_ptr, E, H, D, feat_stride, acc_dtype, BLOCK_P, BLOCK_H, BLOCK_D)
-        w_tile = edge_weight_tile(w_ptr, K, H, D, BLOCK_K, BLOCK_H, BLOCK_D)
-        e = project_edges(attr_ptr, w_ptr, w_tile, eid, p_mask, K, H * D, hd_offs, hd_mask, acc_dtype, BLOCK_P,
-                          BLOCK_H, BLOCK_D, BLOCK_K, EDGE_DOT)
-        # q scaled before the products, as the source pass scales the gathered queries
-        t = tl.sum(e * (q * scale), axis=2)
-        r = tl.sum(e * g, axis=2)
+    p, p_mask, offs_h, h_mask, hd_offs, hd_mask, eid, q, g = _csr_block_rows(
+        dst_ptr, eid_ptr, query_ptr, grad_out_ptr, E, H, D, feat_stride, acc_dtype, BLOCK_P, BLOCK_H, BLOCK_D,
+        HEAD_BLOCKS)
+    w_tile = edge_weight_tile(w_ptr, K, H, D, BLOCK_K, BLOCK_H, BLOCK_D, HEAD_BLOCKS)
+    e = project_edges(attr_ptr, w_ptr, w_tile, eid, p_mask, K, H * D, hd_offs, hd_mask, acc_dtype, BLOCK_P,
+                      BLOCK_H, BLOCK_D, BLOCK_K, EDGE_DOT)
+    # q scaled before the products, as the source pass scales the gathered queries
+    t = tl.sum(e * (q * scale), axis=2)
+    r = tl.sum(e * g, axis=2)
     offs = p[:, None] * (2 * H) + offs_h[None, :]
     ph_mask = p_mask[:, None] & h_mask[None, :]
     tl.store(terms_ptr + offs, t.to(terms_ptr.dtype.element_ty), mask=ph_mask)

@@ -149,28 +149,27 @@ def _gap_edges(gen: torch.Generator, num_nodes: int) -> torch.Tensor:
     return torch.stack([src, dst])
 
 
-@pytest.mark.parametrize("rows, form", [(1, 0), (4, 2), (16, 0)])
+@pytest.mark.parametrize("heads", [0, 2, 1])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("edges", ["corner", "gap"])
-def test_edge_terms_per_destination_match_per_edge(gen, device, monkeypatch, rows, form, dtype, edges):
-    """The edge-terms pass per destination (``EDGE_TERMS_ROWS``: ``W q̃`` and ``W g`` once per destination row, a
-    window of ``rows`` node ids at a time, at least 16 / BLOCK_H; ``W`` a row at a time or as one tile) equals the
-    per-edge form on the same inputs (both run inside the backward, CSR blocks of 16 positions), and the layer's
-    output and every gradient match the float64 oracle: the super node's many edges, isolated nodes, self loops,
-    duplicates, and a block whose destinations lie ~5,000 ids apart."""
+def test_edge_terms_in_small_blocks_and_head_blocks(gen, device, monkeypatch, heads, dtype, edges):
+    """The backward's edge-terms pass in CSR blocks of 16 positions (many programs, blocks that end inside a
+    destination's edges), all 3 heads in a program or ``heads`` a program (``EDGE_TERMS_HEADS``: 2 heads, the second
+    block half masked; 1 head, a tile too narrow for a product: the rank-1 projection): its terms equal the all-heads
+    form's, and the layer's output and every gradient match the float64 oracle — the super node's many edges,
+    isolated nodes, self loops, duplicates, and a block whose destinations lie ~5,000 ids apart."""
     for name in ("EDGE_TERMS_BLOCK_INTERPRETED", "EDGE_TERMS_BLOCK", "EDGE_TERMS_BLOCK_2BYTE"):
         monkeypatch.setattr(ops, name, 16)
-    monkeypatch.setattr(ops, "EDGE_TERMS_ROWS", {2: rows, 4: rows})
-    monkeypatch.setattr(ops, "EDGE_TERMS_ROW_FORM", form)
+    monkeypatch.setattr(ops, "EDGE_TERMS_HEADS", {2: heads, 4: heads})
     original, pairs = ops._edge_terms, []
 
     def both_forms(*args):
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(ops, "EDGE_TERMS_ROWS", {2: 0, 4: 0})
-            per_edge = original(*args)
-        per_row = original(*args)
-        pairs.append((per_edge, per_row.clone()))  # the source pass then leaves α' in place of t
-        return per_row
+            patch.setattr(ops, "EDGE_TERMS_HEADS", {2: 0, 4: 0})
+            all_heads = original(*args)
+        ours = original(*args)
+        pairs.append((all_heads, ours.clone()))  # the source pass then leaves α' in place of t
+        return ours
 
     monkeypatch.setattr(ops, "_edge_terms", both_forms)
     num_nodes = 29 if edges == "corner" else 5_021
@@ -179,17 +178,17 @@ def test_edge_terms_per_destination_match_per_edge(gen, device, monkeypatch, row
     leaves = make_leaves(OPS["transformer+edge"], graph, 3, 5, dtype, device, gen)
     check_op("transformer+edge", graph, leaves, gen, schedule=SCHEDULES["mixed"])
     assert len(pairs) == 1
-    per_edge, per_row = pairs[0]
-    assert per_row.shape == per_edge.shape == (graph.num_edges, 2, 3) and per_row.dtype == torch.float32
-    assert_close(per_row, per_edge, tol=1e-5, name="edge terms per destination")
+    all_heads, ours = pairs[0]
+    assert ours.shape == (graph.num_edges, 2, 3)
+    assert_close(ours, all_heads, tol=1e-6, name=f"edge terms, {heads} heads a program")
 
 
-def test_edge_terms_rows_setting_is_checked(gen, device, monkeypatch):
-    """An ``EDGE_TERMS_ROWS`` entry that is not 0 or a power of two is refused by name."""
-    monkeypatch.setattr(ops, "EDGE_TERMS_ROWS", {2: 0, 4: 3})
+def test_edge_terms_heads_setting_is_checked(gen, device, monkeypatch):
+    """An ``EDGE_TERMS_HEADS`` entry that is not 0 or a power of two is refused by name."""
+    monkeypatch.setattr(ops, "EDGE_TERMS_HEADS", {2: 0, 4: 3})
     graph = Graph(corner_case_edges(gen).to(device), 29)
     leaves = make_leaves(OPS["transformer+edge"], graph, 2, 8, torch.float32, device, gen)
-    with pytest.raises(ValueError, match="EDGE_TERMS_ROWS"):
+    with pytest.raises(ValueError, match="EDGE_TERMS_HEADS"):
         check_op("transformer+edge", graph, leaves, gen)
 
 
