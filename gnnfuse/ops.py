@@ -1101,45 +1101,32 @@ EDGE_TERMS_BLOCK_INTERPRETED = 512  # 0: the GPU's blocks under the interpreter 
 # 16 edge features, H200).  A form per destination (W q̃ and W g once per destination row, windows of 2 or 4 node ids,
 # the next window prefetched, each position's terms one TF32-part product: 86-100 registers) was built in session 36
 # and timed in session 37 (call 1, same call, H200, kernel times): 1008 µs in bf16 and 1020 in fp32 against the
-# per-edge form's 228 — its windows run one after another — so it was removed (JOURNAL "Session 37").
-# EDGE_TERMS_HEADS (by the values' element size): heads per program of the edge-terms pass, a power of two, each CSR
-# block's head blocks launched side by side (0: all heads in one program); fewer heads hold fewer values a position.
-EDGE_TERMS_HEADS = {2: 0, 4: 0}
+# per-edge form's 228 — its windows run one after another — so it was removed (JOURNAL "Session 37").  Nor is the
+# per-edge form bound by its registers: 4 or 2 heads a program (94 / 54 registers in bf16; each CSR block's head blocks
+# side by side) ran 230.6 / 250.5 µs in bf16 and 446 (4 heads) / 500 (2 heads, 64 positions) in fp32 against 228 / 419
+# (session 37 call 3; removed).
 
 
 def _width_key(t: torch.Tensor) -> int:
-    """The key of the tables kept by element size (EDGE_TERMS_HEADS, EDGE_WEIGHT_GRAD_*): 2 for float16 / bfloat16,
+    """The key of the tables kept by element size (EDGE_WEIGHT_GRAD_*): 2 for float16 / bfloat16,
     4 otherwise (float64 takes float32's entry)."""
     return 2 if t.dtype in TWO_BYTE_DTYPES else 4
 
 
-def _edge_terms_heads(inputs: AttentionInputs, block_h: int) -> int:
-    """The edge-terms pass's heads per program (:data:`EDGE_TERMS_HEADS`; the schedule's ``block_h`` where that is 0
-    or at least it)."""
-    heads = EDGE_TERMS_HEADS[_width_key(inputs.value)]
-    if not isinstance(heads, int) or heads < 0 or heads & (heads - 1):
-        raise ValueError(f"gnnfuse.ops.EDGE_TERMS_HEADS entries must be 0 or a power of two, got {EDGE_TERMS_HEADS!r}")
-    return block_h if heads == 0 or heads >= block_h else heads
-
-
-def _csr_edge_pass(kernel, graph: Graph, inputs: AttentionInputs, tensors: tuple, schedule,
-                   block_h: int | None = None) -> None:
+def _csr_edge_pass(kernel, graph: Graph, inputs: AttentionInputs, tensors: tuple, schedule) -> None:
     """Launch one of the CSR-order edge-feature passes of :mod:`gnnfuse.kernels.edge_features` over every
     CSR position, :data:`EDGE_TERMS_BLOCK` (2-byte values: :data:`EDGE_TERMS_BLOCK_2BYTE`) a program:
-    ``kernel(csr_dst, csr_eid, *tensors, E, H, D, K, scale, feat_stride, ...)``; ``block_h`` (the edge-terms
-    pass) below the schedule's: that many heads a program, ``HEAD_BLOCKS`` programs per CSR block."""
+    ``kernel(csr_dst, csr_eid, *tensors, E, H, D, K, scale, feat_stride, ...)``."""
     num_edges = graph.num_edges
     heads, head_dim = inputs.value.shape[1], inputs.value.shape[2]
     if backend.INTERPRET and EDGE_TERMS_BLOCK_INTERPRETED:
         block = EDGE_TERMS_BLOCK_INTERPRETED
     else:
         block = EDGE_TERMS_BLOCK_2BYTE if inputs.value.element_size() == 2 else EDGE_TERMS_BLOCK
-    block_h = schedule.block_h if block_h is None else block_h
-    head_blocks = {} if block_h == schedule.block_h else {"HEAD_BLOCKS": cdiv(heads, block_h)}
-    kernel[(cdiv(num_edges, block) * head_blocks.get("HEAD_BLOCKS", 1),)](
+    kernel[(cdiv(num_edges, block),)](
         graph.csr_dst, graph.csr_eid, *tensors, num_edges, heads, head_dim, inputs.edge_dim, inputs.scale,
-        inputs.feat_stride, BLOCK_P=block, BLOCK_H=block_h, BLOCK_D=schedule.block_d,
-        **_edge_flags(inputs, block_h, schedule.block_d, block), **head_blocks,
+        inputs.feat_stride, BLOCK_P=block, BLOCK_H=schedule.block_h, BLOCK_D=schedule.block_d,
+        **_edge_flags(inputs, schedule.block_h, schedule.block_d, block),
     )
 
 
@@ -1152,8 +1139,7 @@ def _edge_terms(graph: Graph, inputs: AttentionInputs, grad_out: torch.Tensor, a
     terms = _new_output((max(graph.num_edges, 1), 2, inputs.value.shape[1]), acc, inputs.value.device)
     if graph.num_edges:
         _csr_edge_pass(edge_terms_kernel, graph, inputs,
-                       (inputs.edge_attr, inputs.edge_weight, inputs.dst_term, grad_out, terms), schedule,
-                       _edge_terms_heads(inputs, schedule.block_h))
+                       (inputs.edge_attr, inputs.edge_weight, inputs.dst_term, grad_out, terms), schedule)
     return terms
 
 

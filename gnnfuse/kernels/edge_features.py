@@ -58,17 +58,11 @@ from .tiles import flat_head_tile, head_tile
 
 
 @jit
-def edge_weight_tile(w_ptr, K, H, D, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-                     HEAD_BLOCKS: tl.constexpr = 1):
+def edge_weight_tile(w_ptr, K, H, D, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
     """``W`` as a zero-padded ``[BLOCK_K, BLOCK_H · BLOCK_D]`` tile in its own dtype (columns as
-    :func:`~gnnfuse.kernels.tiles.flat_head_tile`): one operand of the projection's matrix product.  ``HEAD_BLOCKS``
-    > 1: the heads ``h0 .. h0 + BLOCK_H − 1`` of this program's head block (:func:`_head_block`)."""
+    :func:`~gnnfuse.kernels.tiles.flat_head_tile`): one operand of the projection's matrix product."""
     offs_k = tl.arange(0, BLOCK_K)
     c_offs, c_mask = flat_head_tile(H, D, BLOCK_H, BLOCK_D)
-    if HEAD_BLOCKS > 1:
-        h0 = _head_block(HEAD_BLOCKS) * BLOCK_H
-        c_mask = c_mask & (h0 + tl.arange(0, BLOCK_H * BLOCK_D) // BLOCK_D < H)
-        c_offs += h0 * D
     return tl.load(w_ptr + offs_k[:, None] * (H * D) + c_offs[None, :], mask=(offs_k < K)[:, None] & c_mask[None, :],
                    other=0.0)
 
@@ -204,28 +198,12 @@ def store_attr_grad(grad_attr_ptr, w_ptr, w_tile, grad_e, eid, e_mask, K, HD, hd
 
 
 @jit
-def _head_block(HEAD_BLOCKS: tl.constexpr):
-    """This program's head block of a CSR pass launched ``HEAD_BLOCKS`` programs per CSR block (the head blocks of
-    one CSR block neighbours in the launch order)."""
-    return tl.program_id(0) % HEAD_BLOCKS
-
-
-@jit
-def _csr_block(dst_ptr, eid_ptr, E, H, D, BLOCK_P: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-               HEAD_BLOCKS: tl.constexpr = 1):
-    """The CSR positions ``p`` of this program's block and their mask, the head tile, and the positions'
-    destinations ``i`` and input edge ids (int64).  ``HEAD_BLOCKS`` > 1: program ``pid`` takes CSR block
-    ``pid // HEAD_BLOCKS`` and heads ``h0 .. h0 + BLOCK_H − 1``, ``h0 = (pid % HEAD_BLOCKS) · BLOCK_H`` (absolute
-    head offsets in the tile)."""
-    p = (tl.program_id(0) // HEAD_BLOCKS).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
+def _csr_block(dst_ptr, eid_ptr, E, H, D, BLOCK_P: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The CSR positions ``p`` of block ``program_id`` and their mask, the head tile, and the positions'
+    destinations ``i`` and input edge ids (int64)."""
+    p = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
     p_mask = p < E
     offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
-    if HEAD_BLOCKS > 1:
-        h0 = _head_block(HEAD_BLOCKS) * BLOCK_H
-        offs_h += h0
-        h_mask = offs_h < H
-        hd_mask = hd_mask & h_mask[:, None]
-        hd_offs += h0 * D
     i = tl.load(dst_ptr + p, mask=p_mask, other=0).to(tl.int64)
     eid = tl.load(eid_ptr + p, mask=p_mask, other=0).to(tl.int64)
     return p, p_mask, offs_h, h_mask, hd_offs, hd_mask, i, eid
@@ -233,12 +211,12 @@ def _csr_block(dst_ptr, eid_ptr, E, H, D, BLOCK_P: tl.constexpr, BLOCK_H: tl.con
 
 @jit
 def _csr_block_rows(dst_ptr, eid_ptr, query_ptr, grad_out_ptr, E, H, D, feat_stride, acc_dtype: tl.constexpr,
-                    BLOCK_P: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_BLOCKS: tl.constexpr = 1):
+                    BLOCK_P: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
     """The CSR positions ``p`` of block ``program_id`` (and their mask), the head tile, their input edge ids, and
     their destinations' ``q`` (row stride ``feat_stride``) and ``g`` rows ``[BLOCK_P, BLOCK_H, BLOCK_D]`` in
-    ``acc_dtype`` (``HEAD_BLOCKS`` as :func:`_csr_block`)."""
+    ``acc_dtype``."""
     p, p_mask, offs_h, h_mask, hd_offs, hd_mask, i, eid = _csr_block(dst_ptr, eid_ptr, E, H, D, BLOCK_P, BLOCK_H,
-                                                                     BLOCK_D, HEAD_BLOCKS)
+                                                                     BLOCK_D)
     feat_mask = p_mask[:, None, None] & hd_mask[None, :, :]
     q = tl.load(query_ptr + i[:, None, None] * feat_stride + hd_offs[None, :, :], mask=feat_mask,
                 other=0.0).to(acc_dtype)
@@ -251,24 +229,22 @@ def _csr_block_rows(dst_ptr, eid_ptr, query_ptr, grad_out_ptr, E, H, D, feat_str
 def edge_terms_kernel(
     dst_ptr, eid_ptr, attr_ptr, w_ptr, query_ptr, grad_out_ptr, terms_ptr, E, H, D, K, scale, feat_stride,
     BLOCK_P: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
-    EDGE_DOT: tl.constexpr, HEAD_BLOCKS: tl.constexpr = 1,
+    EDGE_DOT: tl.constexpr,
 ):
     """``terms[p] = (t_p, r_p)`` ``[2, H]`` for the CSR positions ``p`` of block ``program_id``:
     ``t_p[h] = Σ_d e_p[h, d] · scale · q[i, h, d]`` and ``r_p[h] = Σ_d e_p[h, d] · g[i, h, d]`` with
     ``i = dst[p]`` the edge's destination and ``e_p = W_e · attr[eid[p]]``.
 
     Every position projects its edge (:func:`project_edges`) and meets its destination's ``q`` and ``g`` rows,
-    gathered per position (cache hits for the block's repeated destinations).  ``HEAD_BLOCKS`` > 1: ``BLOCK_H`` of
-    the heads a program, ``HEAD_BLOCKS`` programs per CSR block (:func:`_csr_block`): fewer values held per position.
+    gathered per position (cache hits for the block's repeated destinations).
 
     ``q`` ``[N, H, D]`` is read with row stride ``feat_stride``, ``g`` contiguous; ``terms`` is
     ``[E, 2, H]`` in the accumulation dtype.  Bytes: ``E·K`` features and ``2·E·H`` terms, plus
     ``q`` and ``g`` rows (one per destination in a block, cache hits for the rest)."""
     acc_dtype = terms_ptr.dtype.element_ty
     p, p_mask, offs_h, h_mask, hd_offs, hd_mask, eid, q, g = _csr_block_rows(
-        dst_ptr, eid_ptr, query_ptr, grad_out_ptr, E, H, D, feat_stride, acc_dtype, BLOCK_P, BLOCK_H, BLOCK_D,
-        HEAD_BLOCKS)
-    w_tile = edge_weight_tile(w_ptr, K, H, D, BLOCK_K, BLOCK_H, BLOCK_D, HEAD_BLOCKS)
+        dst_ptr, eid_ptr, query_ptr, grad_out_ptr, E, H, D, feat_stride, acc_dtype, BLOCK_P, BLOCK_H, BLOCK_D)
+    w_tile = edge_weight_tile(w_ptr, K, H, D, BLOCK_K, BLOCK_H, BLOCK_D)
     e = project_edges(attr_ptr, w_ptr, w_tile, eid, p_mask, K, H * D, hd_offs, hd_mask, acc_dtype, BLOCK_P,
                       BLOCK_H, BLOCK_D, BLOCK_K, EDGE_DOT)
     # q scaled before the products, as the source pass scales the gathered queries

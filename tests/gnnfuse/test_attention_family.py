@@ -149,47 +149,19 @@ def _gap_edges(gen: torch.Generator, num_nodes: int) -> torch.Tensor:
     return torch.stack([src, dst])
 
 
-@pytest.mark.parametrize("heads", [0, 2, 1])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("edges", ["corner", "gap"])
-def test_edge_terms_in_small_blocks_and_head_blocks(gen, device, monkeypatch, heads, dtype, edges):
+def test_edge_terms_in_small_blocks(gen, device, monkeypatch, dtype, edges):
     """The backward's edge-terms pass in CSR blocks of 16 positions (many programs, blocks that end inside a
-    destination's edges), all 3 heads in a program or ``heads`` a program (``EDGE_TERMS_HEADS``: 2 heads, the second
-    block half masked; 1 head, a tile too narrow for a product: the rank-1 projection): its terms equal the all-heads
-    form's, and the layer's output and every gradient match the float64 oracle — the super node's many edges,
-    isolated nodes, self loops, duplicates, and a block whose destinations lie ~5,000 ids apart."""
+    destination's edges): the layer's output and every gradient match the float64 oracle — the super node's many
+    edges, isolated nodes, self loops, duplicates, and a block whose destinations lie ~5,000 ids apart."""
     for name in ("EDGE_TERMS_BLOCK_INTERPRETED", "EDGE_TERMS_BLOCK", "EDGE_TERMS_BLOCK_2BYTE"):
         monkeypatch.setattr(ops, name, 16)
-    monkeypatch.setattr(ops, "EDGE_TERMS_HEADS", {2: heads, 4: heads})
-    original, pairs = ops._edge_terms, []
-
-    def both_forms(*args):
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(ops, "EDGE_TERMS_HEADS", {2: 0, 4: 0})
-            all_heads = original(*args)
-        ours = original(*args)
-        pairs.append((all_heads, ours.clone()))  # the source pass then leaves α' in place of t
-        return ours
-
-    monkeypatch.setattr(ops, "_edge_terms", both_forms)
     num_nodes = 29 if edges == "corner" else 5_021
     edge_index = corner_case_edges(gen) if edges == "corner" else _gap_edges(gen, num_nodes)
     graph = Graph(edge_index.to(device), num_nodes)
     leaves = make_leaves(OPS["transformer+edge"], graph, 3, 5, dtype, device, gen)
     check_op("transformer+edge", graph, leaves, gen, schedule=SCHEDULES["mixed"])
-    assert len(pairs) == 1
-    all_heads, ours = pairs[0]
-    assert ours.shape == (graph.num_edges, 2, 3)
-    assert_close(ours, all_heads, tol=1e-6, name=f"edge terms, {heads} heads a program")
-
-
-def test_edge_terms_heads_setting_is_checked(gen, device, monkeypatch):
-    """An ``EDGE_TERMS_HEADS`` entry that is not 0 or a power of two is refused by name."""
-    monkeypatch.setattr(ops, "EDGE_TERMS_HEADS", {2: 0, 4: 3})
-    graph = Graph(corner_case_edges(gen).to(device), 29)
-    leaves = make_leaves(OPS["transformer+edge"], graph, 2, 8, torch.float32, device, gen)
-    with pytest.raises(ValueError, match="EDGE_TERMS_HEADS"):
-        check_op("transformer+edge", graph, leaves, gen)
 
 
 @pytest.mark.parametrize("form, ahead", [(2, True), (0, False), (2, False)])
