@@ -1105,29 +1105,18 @@ EDGE_TERMS_BLOCK_INTERPRETED = 512  # 0: the GPU's blocks under the interpreter 
 # per-edge form bound by its registers: 4 or 2 heads a program (94 / 54 registers in bf16; each CSR block's head blocks
 # side by side) ran 230.6 / 250.5 µs in bf16 and 446 (4 heads) / 500 (2 heads, 64 positions) in fp32 against 228 / 419
 # (session 37 call 3; removed).
-# Warps per program of the edge-terms pass, by the values' element size (module note above: 4 warps at 64 positions
-# hold 164 registers a thread in bf16, 8 warps 96; sm_90 compile on the CPU, Triton 3.6).
-EDGE_TERMS_WARPS = {2: 4, 4: 4}
 
 
 def _width_key(t: torch.Tensor) -> int:
-    """The key of the tables kept by element size (EDGE_TERMS_WARPS, EDGE_WEIGHT_GRAD_*): 2 for float16 / bfloat16,
+    """The key of the tables kept by element size (EDGE_WEIGHT_GRAD_*): 2 for float16 / bfloat16,
     4 otherwise (float64 takes float32's entry)."""
     return 2 if t.dtype in TWO_BYTE_DTYPES else 4
 
 
-def _edge_terms_warps(inputs: AttentionInputs) -> int:
-    """The edge-terms pass's warps per program (:data:`EDGE_TERMS_WARPS`)."""
-    warps = EDGE_TERMS_WARPS[_width_key(inputs.value)]
-    if warps not in (1, 2, 4, 8, 16):
-        raise ValueError(f"gnnfuse.ops.EDGE_TERMS_WARPS entries must be 1, 2, 4, 8 or 16, got {EDGE_TERMS_WARPS!r}")
-    return warps
-
-
-def _csr_edge_pass(kernel, graph: Graph, inputs: AttentionInputs, tensors: tuple, schedule, num_warps: int = 4) -> None:
+def _csr_edge_pass(kernel, graph: Graph, inputs: AttentionInputs, tensors: tuple, schedule) -> None:
     """Launch one of the CSR-order edge-feature passes of :mod:`gnnfuse.kernels.edge_features` over every
-    CSR position, :data:`EDGE_TERMS_BLOCK` (2-byte values: :data:`EDGE_TERMS_BLOCK_2BYTE`) a program of
-    ``num_warps`` warps: ``kernel(csr_dst, csr_eid, *tensors, E, H, D, K, scale, feat_stride, ...)``."""
+    CSR position, :data:`EDGE_TERMS_BLOCK` (2-byte values: :data:`EDGE_TERMS_BLOCK_2BYTE`) a program:
+    ``kernel(csr_dst, csr_eid, *tensors, E, H, D, K, scale, feat_stride, ...)``."""
     num_edges = graph.num_edges
     heads, head_dim = inputs.value.shape[1], inputs.value.shape[2]
     if backend.INTERPRET and EDGE_TERMS_BLOCK_INTERPRETED:
@@ -1137,7 +1126,7 @@ def _csr_edge_pass(kernel, graph: Graph, inputs: AttentionInputs, tensors: tuple
     kernel[(cdiv(num_edges, block),)](
         graph.csr_dst, graph.csr_eid, *tensors, num_edges, heads, head_dim, inputs.edge_dim, inputs.scale,
         inputs.feat_stride, BLOCK_P=block, BLOCK_H=schedule.block_h, BLOCK_D=schedule.block_d,
-        **_edge_flags(inputs, schedule.block_h, schedule.block_d, block), num_warps=num_warps,
+        **_edge_flags(inputs, schedule.block_h, schedule.block_d, block),
     )
 
 
@@ -1150,8 +1139,7 @@ def _edge_terms(graph: Graph, inputs: AttentionInputs, grad_out: torch.Tensor, a
     terms = _new_output((max(graph.num_edges, 1), 2, inputs.value.shape[1]), acc, inputs.value.device)
     if graph.num_edges:
         _csr_edge_pass(edge_terms_kernel, graph, inputs,
-                       (inputs.edge_attr, inputs.edge_weight, inputs.dst_term, grad_out, terms), schedule,
-                       _edge_terms_warps(inputs))
+                       (inputs.edge_attr, inputs.edge_weight, inputs.dst_term, grad_out, terms), schedule)
     return terms
 
 

@@ -149,30 +149,19 @@ def _gap_edges(gen: torch.Generator, num_nodes: int) -> torch.Tensor:
     return torch.stack([src, dst])
 
 
-@pytest.mark.parametrize("dtype, warps", [(torch.float32, 4), (torch.bfloat16, 4), (torch.bfloat16, 8)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("edges", ["corner", "gap"])
-def test_edge_terms_in_small_blocks(gen, device, monkeypatch, dtype, warps, edges):
+def test_edge_terms_in_small_blocks(gen, device, monkeypatch, dtype, edges):
     """The backward's edge-terms pass in CSR blocks of 16 positions (many programs, blocks that end inside a
-    destination's edges), at 4 or 8 warps a program (``EDGE_TERMS_WARPS``): the layer's output and every gradient
-    match the float64 oracle — the super node's many edges, isolated nodes, self loops, duplicates, and a block whose
-    destinations lie ~5,000 ids apart."""
+    destination's edges): the layer's output and every gradient match the float64 oracle — the super node's many
+    edges, isolated nodes, self loops, duplicates, and a block whose destinations lie ~5,000 ids apart."""
     for name in ("EDGE_TERMS_BLOCK_INTERPRETED", "EDGE_TERMS_BLOCK", "EDGE_TERMS_BLOCK_2BYTE"):
         monkeypatch.setattr(ops, name, 16)
-    monkeypatch.setattr(ops, "EDGE_TERMS_WARPS", {2: warps, 4: warps})
     num_nodes = 29 if edges == "corner" else 5_021
     edge_index = corner_case_edges(gen) if edges == "corner" else _gap_edges(gen, num_nodes)
     graph = Graph(edge_index.to(device), num_nodes)
     leaves = make_leaves(OPS["transformer+edge"], graph, 3, 5, dtype, device, gen)
     check_op("transformer+edge", graph, leaves, gen, schedule=SCHEDULES["mixed"])
-
-
-def test_edge_terms_warps_setting_is_checked(gen, device, monkeypatch):
-    """An ``EDGE_TERMS_WARPS`` entry that is not a power of two up to 16 is refused by name."""
-    monkeypatch.setattr(ops, "EDGE_TERMS_WARPS", {2: 4, 4: 6})
-    graph = Graph(corner_case_edges(gen).to(device), 29)
-    leaves = make_leaves(OPS["transformer+edge"], graph, 2, 8, torch.float32, device, gen)
-    with pytest.raises(ValueError, match="EDGE_TERMS_WARPS"):
-        check_op("transformer+edge", graph, leaves, gen)
 
 
 @pytest.mark.parametrize("form, ahead", [(2, True), (0, False), (2, False)])
