@@ -68,7 +68,10 @@ from .plan import PlanCache, cdiv, next_power_of_2
 # rows): FINAL_BLOCK_C columns per program, so that it runs on several multiprocessors — one program
 # over 482 × 128 partials took 28 µs on an H100 (ncu, session 11), as long as the first stage.  With these
 # settings (benchmarks core/column_sum, H100, [169 343, 128]): 34.6 µs in bfloat16 (42% of the copy floor)
-# and 48.9 in float32 (59%), against torch's .sum(0) at 139.8 and 176.1 µs.
+# and 48.9 in float32 (59%), against torch's .sum(0) at 139.8 and 176.1 µs.  The slabs are counted per column
+# block since session 37: a wider x (the Transformer's four stacked biases, [169 343, 512], 4 column blocks) had
+# PROGRAMS_PER_SM slabs per multiprocessor in each block, 1764 programs in two waves; its two sums in a bf16 step
+# took 69.4 µs, 55.5 with a quarter of the slabs (H200, kernel times, session 37 call 5; ncu: 2.5 TB/s, 53% of DRAM).
 COLUMN_TILE = 8192
 COLUMN_WARPS = 8
 COLUMN_BLOCK_MAX = 128
@@ -146,7 +149,9 @@ def column_sum(x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.T
         out = _new((1, cols), out_dtype, x.device)
         _launch(x, out, *_tiling(rows, cols, 1, block_c_max))
         return out[0]
-    block_r, block_c, rows_per_program = _tiling(rows, cols, PROGRAMS_PER_SM * sms)
+    # slabs per column block: about PROGRAMS_PER_SM programs per multiprocessor in all, whatever the width
+    column_blocks = cdiv(cols, min(COLUMN_BLOCK_MAX, next_power_of_2(cols)))
+    block_r, block_c, rows_per_program = _tiling(rows, cols, max(1, PROGRAMS_PER_SM * sms // column_blocks))
     partial = _new((cdiv(rows, rows_per_program), cols), acc, x.device)
     _launch(x, partial, block_r, block_c, rows_per_program)
     out = _new((1, cols), out_dtype, x.device)
