@@ -113,8 +113,10 @@ def _new(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> to
 
 
 def _tiling(rows: int, cols: int, programs: int, block_c_max: int = COLUMN_BLOCK_MAX) -> tuple[int, int, int]:
-    """(block_r, block_c, rows_per_program) of a launch over ``rows`` in at most ``programs`` slabs."""
+    """(block_r, block_c, rows_per_program) of a launch of at most about ``programs`` programs in all: slabs of
+    ``rows`` per column block, ``programs`` shared among the column blocks (at least one slab each)."""
     block_c = min(block_c_max, next_power_of_2(cols))
+    programs = max(1, programs // cdiv(cols, block_c))
     block_r = max(1, min(COLUMN_TILE // block_c, next_power_of_2(cdiv(rows, programs))))
     return block_r, block_c, cdiv(cdiv(rows, programs), block_r) * block_r
 
@@ -149,9 +151,7 @@ def column_sum(x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.T
         out = _new((1, cols), out_dtype, x.device)
         _launch(x, out, *_tiling(rows, cols, 1, block_c_max))
         return out[0]
-    # slabs per column block: about PROGRAMS_PER_SM programs per multiprocessor in all, whatever the width
-    column_blocks = cdiv(cols, min(COLUMN_BLOCK_MAX, next_power_of_2(cols)))
-    block_r, block_c, rows_per_program = _tiling(rows, cols, max(1, PROGRAMS_PER_SM * sms // column_blocks))
+    block_r, block_c, rows_per_program = _tiling(rows, cols, PROGRAMS_PER_SM * sms)
     partial = _new((cdiv(rows, rows_per_program), cols), acc, x.device)
     _launch(x, partial, block_r, block_c, rows_per_program)
     out = _new((1, cols), out_dtype, x.device)

@@ -1104,7 +1104,8 @@ EDGE_TERMS_BLOCK_INTERPRETED = 512  # 0: the GPU's blocks under the interpreter 
 # per-edge form's 228 — its windows run one after another — so it was removed (JOURNAL "Session 37").  Nor is the
 # per-edge form bound by its registers: 4 or 2 heads a program (94 / 54 registers in bf16; each CSR block's head blocks
 # side by side) ran 230.6 / 250.5 µs in bf16 and 446 (4 heads) / 500 (2 heads, 64 positions) in fp32 against 228 / 419
-# (session 37 call 3; removed).
+# (session 37 call 3; removed), and 8 warps (96 registers) 302 µs, 32 positions (72 registers) 289 (call 5).  Nsight
+# Compute (call 4, bf16): L1 66% busy, DRAM 23%, 45% of the stalls waiting on the gathered q and g rows.
 
 
 def _width_key(t: torch.Tensor) -> int:

@@ -198,25 +198,17 @@ def store_attr_grad(grad_attr_ptr, w_ptr, w_tile, grad_e, eid, e_mask, K, HD, hd
 
 
 @jit
-def _csr_block(dst_ptr, eid_ptr, E, H, D, BLOCK_P: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
-    """The CSR positions ``p`` of block ``program_id`` and their mask, the head tile, and the positions'
-    destinations ``i`` and input edge ids (int64)."""
-    p = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
-    p_mask = p < E
-    offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
-    i = tl.load(dst_ptr + p, mask=p_mask, other=0).to(tl.int64)
-    eid = tl.load(eid_ptr + p, mask=p_mask, other=0).to(tl.int64)
-    return p, p_mask, offs_h, h_mask, hd_offs, hd_mask, i, eid
-
-
-@jit
 def _csr_block_rows(dst_ptr, eid_ptr, query_ptr, grad_out_ptr, E, H, D, feat_stride, acc_dtype: tl.constexpr,
                     BLOCK_P: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
     """The CSR positions ``p`` of block ``program_id`` (and their mask), the head tile, their input edge ids, and
     their destinations' ``q`` (row stride ``feat_stride``) and ``g`` rows ``[BLOCK_P, BLOCK_H, BLOCK_D]`` in
     ``acc_dtype``."""
-    p, p_mask, offs_h, h_mask, hd_offs, hd_mask, i, eid = _csr_block(dst_ptr, eid_ptr, E, H, D, BLOCK_P, BLOCK_H,
-                                                                     BLOCK_D)
+    pid = tl.program_id(0).to(tl.int64)
+    p = pid * BLOCK_P + tl.arange(0, BLOCK_P)
+    p_mask = p < E
+    offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
+    i = tl.load(dst_ptr + p, mask=p_mask, other=0).to(tl.int64)
+    eid = tl.load(eid_ptr + p, mask=p_mask, other=0).to(tl.int64)
     feat_mask = p_mask[:, None, None] & hd_mask[None, :, :]
     q = tl.load(query_ptr + i[:, None, None] * feat_stride + hd_offs[None, :, :], mask=feat_mask,
                 other=0.0).to(acc_dtype)
@@ -245,8 +237,8 @@ def edge_terms_kernel(
     p, p_mask, offs_h, h_mask, hd_offs, hd_mask, eid, q, g = _csr_block_rows(
         dst_ptr, eid_ptr, query_ptr, grad_out_ptr, E, H, D, feat_stride, acc_dtype, BLOCK_P, BLOCK_H, BLOCK_D)
     w_tile = edge_weight_tile(w_ptr, K, H, D, BLOCK_K, BLOCK_H, BLOCK_D)
-    e = project_edges(attr_ptr, w_ptr, w_tile, eid, p_mask, K, H * D, hd_offs, hd_mask, acc_dtype, BLOCK_P,
-                      BLOCK_H, BLOCK_D, BLOCK_K, EDGE_DOT)
+    e = project_edges(attr_ptr, w_ptr, w_tile, eid, p_mask, K, H * D, hd_offs, hd_mask, acc_dtype, BLOCK_P, BLOCK_H,
+                      BLOCK_D, BLOCK_K, EDGE_DOT)
     # q scaled before the products, as the source pass scales the gathered queries
     t = tl.sum(e * (q * scale), axis=2)
     r = tl.sum(e * g, axis=2)

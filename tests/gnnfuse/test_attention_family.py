@@ -143,7 +143,7 @@ def test_edge_terms_and_weight_gradient_over_many_programs(gen, device, monkeypa
 
 def _gap_edges(gen: torch.Generator, num_nodes: int) -> torch.Tensor:
     """Edges into three destinations far apart (ids 0, 1 and ``num_nodes − 2``): one CSR block spans almost every
-    node id, of which the per-destination edge terms must visit only those present."""
+    node id, only three of them present."""
     src = torch.randint(0, num_nodes, (40,), generator=gen)
     dst = torch.tensor([0, 1, num_nodes - 2]).repeat_interleave(torch.tensor([13, 2, 25]))
     return torch.stack([src, dst])
