@@ -86,6 +86,11 @@ class DecodePlan:
     block_k_o: int = 0
     block_k_gate_up: int = 0
     block_k_down: int = 0
+    # Output features per tile of the per-layer W_o launch (0: block_n).  At batch 1 the fused Q/K/V +
+    # attention launch fills every program slot (264 programs, 2 per SM), and W_o's 256 tiles of 8 rows get
+    # slots only as those programs exit: 128 tiles of 16 rows fit the 192 slots the Q/K/V tiles free.
+    # The looped kernel uses block_n throughout.
+    block_n_o: int = 0
     # Dataflow schedule: each of its four done counts (attention, o_proj, gate_up, down) in a 128-byte
     # line of its own, after the line of the Q/K/V group counts, instead of all in one line: a stage's
     # waiting programs poll one line while the other stages' signals go to others.
@@ -198,6 +203,10 @@ class DecodePlan:
         override = {"qkv": self.block_k_qkv, "o_proj": self.block_k_o, "gate_up": self.block_k_gate_up,
                     "down": self.block_k_down}.get(instruction, 0)
         return override or self.block_k
+
+    def o_rows(self) -> int:
+        """BLOCK_N (output features per tile) of the per-layer W_o launch: :attr:`block_n_o`, else block_n."""
+        return self.block_n_o or self.block_n
 
     def weight_prefetch_lines(self) -> int:
         """``PREFETCH_LINES`` of the per-layer matrix-vector kernels: :attr:`wait_prefetch` with PDL, else 0."""
@@ -404,7 +413,8 @@ def _tuned(plan: DecodePlan, tuning: dict[str, int]) -> DecodePlan:
             raise ValueError(f"tuning field {name} must be an int >= 0, got {value!r}")
     plan = replace(plan, **tuning)
     blocks = ("block_p", "block_n", "block_k", "block_v", "block_s")
-    optional = ("wait_prefetch", "block_k_qkv", "block_k_o", "block_k_gate_up", "block_k_down",  # 0: off / block_k
+    # 0: off / block_k / block_n
+    optional = ("wait_prefetch", "block_k_qkv", "block_k_o", "block_k_gate_up", "block_k_down", "block_n_o",
                 "warps_qkv", "warps_attention", "warps_o", "warps_gate_up", "warps_down", "warps_lm_head")
     if any(getattr(plan, b) & (getattr(plan, b) - 1) or getattr(plan, b) < 1
            for b in ("block_b", "merge_splits", *blocks)) or any(getattr(plan, b) & (getattr(plan, b) - 1)
@@ -412,7 +422,7 @@ def _tuned(plan: DecodePlan, tuning: dict[str, int]) -> DecodePlan:
         raise ValueError(f"block sizes must be powers of two: {plan}")
     if plan.block_b < plan.batch:
         raise ValueError(f"block_b = {plan.block_b} must be >= the batch {plan.batch}")
-    chunks = [plan.k_chunk(name) for name in ("qkv", "o_proj", "gate_up", "down")]
+    chunks = [plan.k_chunk(name) for name in ("qkv", "o_proj", "gate_up", "down")] + [plan.o_rows()]
     if not plan.row_sums and min(plan.block_b, *(getattr(plan, b) for b in blocks), *chunks) < 16:
         raise ValueError(f"tensor-core tiles (block_b = {plan.block_b} > {SMALL_BATCH}) need every block >= 16: "
                          f"{plan}")
@@ -495,7 +505,8 @@ class DecodeBuffers:
             attn=torch.zeros(B, hq, d, dtype=f32, device=device),
             sem=torch.zeros(B, cfg.num_key_value_heads, dtype=torch.int32, device=device),
             proj_part=torch.zeros(max(plan.split_k, plan.o_split), B, cfg.hidden_size, dtype=f32, device=device),
-            proj_sem=torch.zeros(cdiv(cfg.hidden_size, plan.block_n), dtype=torch.int32, device=device),
+            proj_sem=torch.zeros(cdiv(cfg.hidden_size, min(plan.block_n, plan.o_rows())), dtype=torch.int32,
+                                 device=device),
             pair_part=torch.zeros(max(plan.qkv_split * cfg.qkv_rows, plan.mlp_split * 2 * cfg.intermediate_size) * B,
                                   dtype=f32, device=device),
             pair_sq=torch.zeros(max(tiles["qkv"], tiles["gate_up"]) * B, dtype=f32, device=device),
@@ -589,10 +600,10 @@ def qkv_attention(w: LlamaWeights, cfg: LlamaConfig, layer: int, cache: KVCache,
 
 def o_proj(w: LlamaWeights, cfg: LlamaConfig, layer: int, buf: DecodeBuffers, plan: DecodePlan) -> None:
     """x += attn W_oᵀ (instruction 3); with ``plan.defer_down`` also x += the deferred sums, which are zeroed."""
-    residual_proj_kernel[(plan.tiles(cfg)["o_proj"],)](
+    residual_proj_kernel[(cdiv(cfg.hidden_size, plan.o_rows()) * plan.o_split,)](
         layer, buf.attn, w.wo, buf.x, buf.fix, buf.proj_part, buf.proj_sem, plan.batch, cfg.hidden_size,
         cfg.num_attention_heads * cfg.head_dim,
-        plan.o_split, BLOCK_B=plan.block_b, BLOCK_N=plan.block_n, BLOCK_K=plan.k_chunk("o_proj"),
+        plan.o_split, BLOCK_B=plan.block_b, BLOCK_N=plan.o_rows(), BLOCK_K=plan.k_chunk("o_proj"),
         DOT_PREC=plan.dot_prec, ROW_PREFETCH=plan.row_tiles("o_proj"), X_FIX=2 * plan.defer_down,
         **plan.layer_launch_options("o_proj"),
     )

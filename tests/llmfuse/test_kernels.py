@@ -133,11 +133,14 @@ def test_decode_attention_merges_more_splits_than_one_round(gen):
 
 @pytest.mark.parametrize("batch, dtype, tuning, split_k", [(*case, 1) for case in CASES] +
                          [(9, torch.float32, {}, 3), (1, torch.float32, {"block_k_o": 16}, 1),
-                          (9, torch.bfloat16, {"block_k_o": 16}, 2)])
+                          (9, torch.bfloat16, {"block_k_o": 16}, 2), (1, torch.float32, {"block_n_o": 16}, 1),
+                          (9, torch.float32, {"block_n_o": 16, "block_k_o": 16}, 3)])
 def test_o_proj_adds_residual(batch, dtype, tuning, split_k, gen):
-    """split_k > 1: the last K part of each feature tile sums all parts into x."""
+    """split_k > 1: the last K part of each feature tile sums all parts into x.  ``block_n_o``: W_o's tiles
+    narrower than the plan's block_n (48 features: three tiles of 16, the last part of each merging)."""
     cfg, w64, wk, plan, buf, cache, slot, kv_start = _setup(batch, dtype, gen, split_k=split_k, tuning=tuning)
     assert plan.split_k == split_k
+    assert plan.o_rows() == tuning.get("block_n_o", plan.block_n)
     buf.attn.copy_(torch.randn(buf.attn.shape, generator=gen))
     x0 = buf.x.cpu().double()
     ops.o_proj(wk, cfg, LAYER, buf, plan)
@@ -257,6 +260,10 @@ def test_plan_tuning_is_checked():
         ops.make_plan(CFG, 3, SLOTS, torch.float32, cpu, block_b=2)
     with pytest.raises(ValueError, match="need every block >= 16"):
         ops.make_plan(CFG, 3, SLOTS, torch.float32, cpu, block_b=16, block_n=8)
+    with pytest.raises(ValueError, match="powers of two"):
+        ops.make_plan(CFG, 3, SLOTS, torch.float32, cpu, block_n_o=24)
+    with pytest.raises(ValueError, match="need every block >= 16"):
+        ops.make_plan(CFG, 3, SLOTS, torch.float32, cpu, block_b=16, block_n_o=8)
     for gpu_only, value in (("pdl", True), ("acquire_loads", True), ("poll_sleep_ns", 128), ("wait_prefetch", 8),
                             ("attn_prefetch", True), ("pdl_weights", 1), ("pdl_weights_o", 2),
                             ("looped_acquire_loads", True), ("looped_pdl", True)):
