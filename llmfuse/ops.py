@@ -266,7 +266,10 @@ def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, 
         # Narrow tiles of 256-wide k chunks, pipelined (row_prefetch): a warp covers a row's
         # chunk, so the tiles need ~120 registers and fit 4 programs per SM (H200, 16 layers:
         # 0.951 ms per step against 0.961 for the unpipelined 512-wide tiles of the last session).
-        block_k, block_n, block_p, block_v, block_s = 256, 8, 8, 8, 64
+        # LM-head tiles of 16 rows (session 38, H200, tests/llmfuse/ab_step.py, with acquire-load polls: Llama-3.2-1B
+        # 0.7579 / 0.7591 / 0.7599 / 0.7585 / 0.7558 ms against 0.7596 / 0.7605 with 8 rows; 8B 4.135 / 4.137 against
+        # 4.147 with 8 rows alone).
+        block_k, block_n, block_p, block_v, block_s = 256, 8, 8, 16, 64
     elif compiled and batch == 2:
         block_k, block_n, block_p, block_v, block_s = 1024, 8, 8, 8, 64
     elif compiled:
@@ -390,6 +393,11 @@ def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, 
                          "block_k_qkv": 512 if wide_qkv else 0, "block_k_o": 1024 if wide_o else 0,
                          "block_k_gate_up": 128 if one_row else 0,
                          "pdl": one_row, "attn_prefetch": one_row, "pdl_weights": int(one_row),
+                         # session 38 (H200, ab_step, Llama-3.2-1B batch 1, CUDA graph): acquire-load polls in the
+                         # fused Q/K/V + attention launch 0.7629 / 0.7596 / 0.7605 ms against 0.7671 / 0.7663 /
+                         # 0.7629 / 0.7639 for volatile polls and one acquire read, the 4th call of 4 sessions to find
+                         # them faster (29: 0.7668 against 0.7693; 32: 0.7704 against 0.7715)
+                         "acquire_loads": one_row,
                          "pdl_weights_o": 2 * one_row, "defer_down": one_row and tiles["down"] * split_k <= 8 * sms,
                          "square_sum_load": int(plan.block_b == 16),
                          "square_sum_load_qkv": int(plan.block_b == 16)})

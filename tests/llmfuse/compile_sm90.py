@@ -187,7 +187,7 @@ def main(argv: list[str]) -> int:
             # PDL with prefetched weight and cache lines (each PDL kernel's PTX checked: nothing read or
             # written before its wait but the prefetches and the attention tiles' slot reads)
             plan = ops.make_plan(cfg, batch, 40, dtype, torch.device("cuda"), looped_programs=h100.sm_count,
-                                 split_k=2 if batch == 8 else None, acquire_loads=batch == 8,
+                                 split_k=2 if batch == 8 else None, acquire_loads=batch in (1, 8),
                                  pdl=batch in (1, 8), fuse_attention=batch < 64, dataflow=batch == 1,
                                  poll_sleep_ns=128 if batch < 64 else 0, wait_prefetch=8 if batch < 64 else 0,
                                  attn_prefetch=batch < 64, pdl_weights=int(pdl_weights),

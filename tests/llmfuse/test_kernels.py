@@ -416,9 +416,10 @@ def test_batch1_gpu_defaults_follow_their_reasons(monkeypatch):
     for plan in (small, large):
         assert plan.pdl and plan.attn_prefetch and plan.wait_prefetch == 0 and plan.fuse_attention
         assert plan.pdl_weights == 1 and plan.pdl_weights_o == 2
+        assert plan.acquire_loads and plan.block_v == 16 and plan.block_n_o == 0  # session 38
         assert (plan.row_tiles("qkv"), plan.row_tiles("o_proj"), plan.row_tiles("down")) == (2, 3, 2)
     batch8 = ops.make_plan(llama_1b, 8, 520, torch.bfloat16, cuda)
-    assert not batch8.pdl and not batch8.attn_prefetch and not batch8.pdl_weights
+    assert not batch8.pdl and not batch8.attn_prefetch and not batch8.pdl_weights and not batch8.acquire_loads
     assert {batch8.k_chunk(name) for name in ("qkv", "o_proj", "gate_up", "down")} == {batch8.block_k}
     # batch 8 (16-row tensor-core tiles): Q/K/V tiles of 2 · 32 rows in K parts of 512 columns, every
     # x chunk loaded twice (session 5, round 2); batch 64 (64-row tiles) neither

@@ -130,7 +130,8 @@ def test_dataflow_schedule_is_chosen_at_any_batch_and_by_default_up_to_batch_8_o
         # session 9: the dataflow schedule's counts a line apart, acquire-load polls, PDL around its launch
         for field in ("spread_counts", "looped_acquire_loads", "looped_pdl"):
             assert getattr(default, field) == (fusecore.COMPILED and batch <= 8), field
-        assert not default.acquire_loads  # the per-layer fused Q/K/V + attention launch polls as before
+        # acquire-load polls in the per-layer fused Q/K/V + attention launch at batch 1 (session 38)
+        assert default.acquire_loads == (fusecore.COMPILED and batch == 1)
 
 
 def test_looped_rejects_bad_stop_stage(gen):
