@@ -330,7 +330,8 @@ def chain_reset(state: torch.Tensor, steps: torch.Tensor, done: torch.Tensor, ep
         L=links, HAS_MASK=reset_mask is not None, RESTART=restart, BLOCK=block,
         **options,
     )
-    return state.T.contiguous()
+    # a copy: [2L, 1]ᵀ is already contiguous, and .contiguous() would return the state itself
+    return state.T.clone(memory_format=torch.contiguous_format)
 
 
 def chain_rollout(state: torch.Tensor, steps: torch.Tensor, done: torch.Tensor, ep_return: torch.Tensor,

@@ -44,6 +44,17 @@ from .specs import EnvDef
 
 AUTORESET_IDS = {AutoresetMode.NEXT_STEP: 0, AutoresetMode.SAME_STEP: 1, AutoresetMode.DISABLED: 2}
 NO_LIMIT = 2**31 - 1
+
+
+class _EnvLimit:
+    """The default ``max_episode_steps``: the env's own limit (``env_def.max_episode_steps``), as Gymnasium's
+    vector envs default to their registration's."""
+
+    def __repr__(self) -> str:
+        return "the env's own limit"
+
+
+ENV_LIMIT: Any = _EnvLimit()
 INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -89,6 +100,36 @@ class EpisodeStats:
         return self.length_sum.double().sum() / self.episodes.sum()
 
 
+def _env_device(device: torch.device | str | int | None) -> torch.device:
+    """The env's device, checked: ``cpu`` (any index: CPU tensors report plain ``cpu``) or an available CUDA
+    device (index filled in: CUDA tensors report ``cuda:0``, never ``cuda``)."""
+    if device is None:
+        device = backend.default_device()
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as exc:
+        raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:<index>', got {device!r}") from exc
+    if device.type == "cpu":
+        return torch.device("cpu")
+    if device.type != "cuda":
+        raise ValueError(f"device must be 'cpu' or 'cuda', got '{device}'")
+    if not torch.cuda.is_available():
+        raise ValueError(f"device {str(device)!r} was asked for, but no CUDA device is available")
+    index = torch.cuda.current_device() if device.index is None else device.index
+    if not 0 <= index < torch.cuda.device_count():
+        raise ValueError(f"device {str(device)!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return torch.device("cuda", index)
+
+
+def _from_numpy(array: np.ndarray, name: str) -> torch.Tensor:
+    """``array`` as a tensor of the same shape (0-d included), or a clear error naming ``name``."""
+    try:
+        return torch.from_numpy(np.array(array, copy=True, order="C").astype(array.dtype.newbyteorder("="),
+                                                                                copy=False))
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{name}: a numpy array of dtype {array.dtype} cannot be used ({exc})") from exc
+
+
 def _autoreset_mode(value: AutoresetMode | str) -> AutoresetMode:
     if isinstance(value, AutoresetMode):
         return value
@@ -105,8 +146,8 @@ class FusedVectorEnv(VectorEnv):
 
     Args:
         num_envs: number of environments, >= 1.
-        max_episode_steps: truncation limit (``None``: never truncate); ``gymnasium.make_vec``
-            passes the registration's value.
+        max_episode_steps: truncation limit (``None``: never truncate; default: the env's own,
+            e.g. 500 for CartPole-v1, the registration's value).
         autoreset_mode: ``AutoresetMode.NEXT_STEP`` (default), ``SAME_STEP`` or ``DISABLED``
             (or their names).
         device: where the state lives and the kernels run (default: the GPU when compiled,
@@ -124,12 +165,17 @@ class FusedVectorEnv(VectorEnv):
     def __init__(
         self,
         num_envs: int = 1,
-        max_episode_steps: int | None = None,
+        max_episode_steps: int | None = ENV_LIMIT,
         autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
         device: torch.device | str | None = None,
         validate: bool | None = None,
         render_mode: str | None = None,
     ):
+        if getattr(type(self), "env_def", None) is None and "env_def" not in vars(self):
+            raise TypeError(f"{type(self).__name__} is abstract: use simfuse.make_vec(env_id, num_envs) or one of "
+                            f"the env classes (simfuse.CartPoleVectorEnv ...)")
+        if max_episode_steps is ENV_LIMIT:
+            max_episode_steps = self.env_def.max_episode_steps
         if isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer)):
             raise TypeError(f"num_envs must be an int, got {type(num_envs).__name__}")
         if num_envs <= 0:
@@ -141,17 +187,14 @@ class FusedVectorEnv(VectorEnv):
             raise ValueError(f"max_episode_steps must be None or an int in [1, {NO_LIMIT}), got {max_episode_steps!r}")
         if render_mode is not None:
             raise ValueError(f"simfuse envs do not render; render_mode must be None, got {render_mode!r}")
-        self.device = torch.device(device) if device is not None else backend.default_device()
-        if self.device.type == "cuda" and self.device.index is None:
-            # tensors report "cuda:0", never "cuda": compare devices with the index filled in
-            self.device = torch.device("cuda", torch.cuda.current_device())
-        if self.device.type not in ("cpu", "cuda"):
-            raise ValueError(f"device must be 'cpu' or 'cuda', got '{self.device}'")
+        self.device = _env_device(device)
         self.num_envs = int(num_envs)
         self.max_episode_steps = None if max_episode_steps is None else int(max_episode_steps)
         self.autoreset_mode = _autoreset_mode(autoreset_mode)
         self.metadata = {**type(self).metadata, "autoreset_mode": self.autoreset_mode}
         self.render_mode = None
+        if validate is not None and not isinstance(validate, (bool, np.bool_)):
+            raise TypeError(f"validate must be a bool or None, got {validate!r}")
         self.validate = (self.device.type == "cpu") if validate is None else bool(validate)
 
         spec = self.env_def
@@ -192,7 +235,8 @@ class FusedVectorEnv(VectorEnv):
             raise ValueError(f"unknown reset options {sorted(options)}; simfuse envs accept only 'reset_mask'")
         if mask is not None:
             mask = self._reset_mask(mask)
-            if self._rng is None and seed is None:
+            if self._rng is None:
+                # the envs left out would step from a state no reset drew (seeded or not)
                 raise error.ResetNeeded("reset(options={'reset_mask': ...}) needs a full reset() first")
         super().reset(seed=seed)
         restart = seed is not None or self._rng is None
@@ -296,9 +340,13 @@ class FusedVectorEnv(VectorEnv):
                          seed=key, restart=restart, reset_mask=mask)
 
     def _launch(self, policy, num_steps: int, **writes: bool):
-        key, offset = self._rng.take(num_steps)
+        # the stream's position advances only once the launch has gone through: a rejected or failed call
+        # (outputs too large to allocate, say) leaves the env's random position where it was
+        key, offset = self._rng.seed, self._rng.offset
         limit = NO_LIMIT if self.max_episode_steps is None else self.max_episode_steps
-        return self._run_kernel(policy, num_steps, key, offset, limit, **writes)
+        out = self._run_kernel(policy, num_steps, key, offset, limit, **writes)
+        self._rng.take(num_steps)
+        return out
 
     def _run_kernel(self, policy, num_steps: int, key: int, offset: int, limit: int, **writes: bool):
         """Launch the rollout kernel (the single-step path is K = 1)."""
@@ -315,7 +363,7 @@ class FusedVectorEnv(VectorEnv):
         """Validate actions of shape ``lead`` (+ (1,) for continuous envs); return them on the device."""
         spec = self.env_def
         if isinstance(actions, np.ndarray):
-            actions = torch.from_numpy(np.ascontiguousarray(actions)).to(self.device)
+            actions = _from_numpy(actions, name).to(self.device)
         elif not isinstance(actions, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor or numpy array, got {type(actions).__name__}")
         if actions.device != self.device:
@@ -338,7 +386,7 @@ class FusedVectorEnv(VectorEnv):
 
     def _reset_mask(self, mask) -> torch.Tensor:
         if isinstance(mask, np.ndarray):
-            mask = torch.from_numpy(np.ascontiguousarray(mask)).to(self.device)
+            mask = _from_numpy(mask, "options['reset_mask']").to(self.device)
         if not isinstance(mask, torch.Tensor):
             raise TypeError(f"options['reset_mask'] must be a bool tensor or numpy array, got {type(mask).__name__}")
         backend.check_dtypes((torch.bool,), **{"options['reset_mask']": mask})

@@ -4,7 +4,7 @@ Each class docstring is the environment's specification, as in Gymnasium; the dy
 in :mod:`simfuse.kernels` (one file per env) and match ``gymnasium/envs/classic_control``
 equation for equation.  Common to all: ``reset(seed=s)`` draws env i's start state from
 Philox (s, i) (the distribution is Gymnasium's, the draws are not numpy's); truncation at
-``max_episode_steps`` (from the registration) is computed in the kernel; autoreset modes
+``max_episode_steps`` (by default the env's own, the registration's value) is computed in the kernel; autoreset modes
 NEXT_STEP, SAME_STEP and DISABLED.
 """
 
@@ -42,7 +42,7 @@ class CartPoleVectorEnv(FusedVectorEnv):
 
     ## Episode end
     Termination: |pole angle| > 12° (0.2095 rad) or |cart position| > 2.4.
-    Truncation: 500 steps (``max_episode_steps`` of the registration).  Reward threshold 475.
+    Truncation: 500 steps (``max_episode_steps``, the default; as the registration).  Reward threshold 475.
 
     ## Arguments
     ``sutton_barto_reward`` (bool, default False), then those of every simfuse env

@@ -3,7 +3,8 @@
 Every classic-control env fits one register layout: a state of four float32 vectors
 ``s0..s3`` (unused slots carried as zeros), an action as one float32 vector (discrete
 actions as their index), an observation of up to six float32 vectors ``o0..o5``.  ``ENV``
-is a ``tl.constexpr`` id (see :data:`simfuse.specs.ENV_IDS`), so each compiled kernel
+is a ``tl.constexpr`` id (an env's :attr:`simfuse.specs.EnvDef.kernel_id`, see
+:data:`simfuse.specs.ENV_DEFS`), so each compiled kernel
 contains only its own environment's arithmetic.
 """
 

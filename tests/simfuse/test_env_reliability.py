@@ -83,6 +83,57 @@ def test_step_before_reset_and_bad_construction():
     assert make("Pendulum-v1", 2, g=np.float32(9.8)).env_param == pytest.approx(9.8)
 
 
+def test_api_boundary_corner_cases(device):
+    """Session 38's audit: each case once failed (aliased output, device spelling, first masked reset with a
+    seed, random position moved by a failed rollout, classic envs never truncating, loose checks)."""
+    # reset()'s observation is a fresh tensor, also for one tile-state env (its [2L, 1] state transposed is
+    # contiguous already): stepping or editing it leaves the other alone
+    for name in ("PendulumChain-v0", "OscillatorSwarm-v0", "CartPole-v1"):
+        env = make(name, 1, device=device)
+        obs, _ = env.reset(seed=0)
+        kept = obs.clone()
+        env.step(np.ones((1, 1), np.float32) if name != "CartPole-v1" else np.ones(1, np.int64))
+        assert torch.equal(obs, kept), name
+        state = env.get_state()
+        obs.zero_()
+        assert torch.equal(env.get_state(), state), name
+    # "cpu:0" is the CPU: the env steps with CPU inputs
+    env = make("CartPole-v1", 2, device="cpu:0")
+    assert env.device == torch.device("cpu")
+    env.reset(seed=0)
+    env.step(np.array([0, 1]))
+    env.reset(options={"reset_mask": np.array([True, False])})
+    for bad in ("tpu", "cuda:99" if torch.cuda.is_available() else "cuda", 3.5):
+        with pytest.raises(ValueError, match="device"):
+            make("CartPole-v1", 2, device=bad)
+    # a masked reset before any full reset is refused, seeded or not
+    with pytest.raises(gymnasium.error.ResetNeeded, match="needs a full reset"):
+        make("Pendulum-v1", 3, device=device).reset(seed=0, options={"reset_mask": np.array([True, False, False])})
+    # a rollout that fails (here: outputs far too large to allocate) leaves the random position where it was
+    env, twin = make("CartPole-v1", 3, device=device), make("CartPole-v1", 3, device=device)
+    env.reset(seed=5)
+    twin.reset(seed=5)
+    with pytest.raises((RuntimeError, MemoryError)):
+        env.rollout("random", num_steps=10**12)
+    _assert_same(env.rollout("random", num_steps=3), twin.rollout("random", num_steps=3))
+    # the classes truncate at their own limit, as Gymnasium's vector envs and simfuse.make_vec do
+    assert simfuse.CartPoleVectorEnv(2, device=device).max_episode_steps == 500
+    assert simfuse.PendulumVectorEnv(2, device=device).max_episode_steps == 200
+    assert simfuse.AcrobotVectorEnv(2, device=device, max_episode_steps=None).max_episode_steps is None
+    with pytest.raises(TypeError, match="abstract"):
+        simfuse.FusedVectorEnv(2)
+    with pytest.raises(TypeError, match="validate must be a bool"):
+        make("CartPole-v1", 2, validate="no")
+    env = make("CartPole-v1", 1, device=device)
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match=r"shape \(1,\).*got \(\)"):  # a 0-d array is not an [N] batch
+        env.step(np.array(1))
+    big_endian = env.step(np.array([1], dtype=">i8"))[0]  # converted to native order, then used
+    assert big_endian.shape == (1, 4)
+    with pytest.raises(TypeError, match="actions"):
+        env.step(np.array([object()]))
+
+
 def test_same_seed_same_mlp_rollouts(device):
     """Two envs, one seed: identical trajectories (actions, log-probs, values) run to run."""
     torch.manual_seed(0)
