@@ -55,16 +55,20 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give --ids, or --prompt with a tokenizer in the checkpoint directory")
     dtype = getattr(torch, args.dtype) if args.dtype else None
     try:
-        model = llmfuse.from_pretrained(args.checkpoint, dtype=dtype, max_seq_len=len(ids) + args.new,
+        model = llmfuse.from_pretrained(args.checkpoint, dtype=dtype, max_seq_len=len(ids) + max(args.new, 1),
                                         looped=args.looped)
     except (ValueError, TypeError, FileNotFoundError) as exc:  # a bad checkpoint: say what is wrong, no traceback
         print(f"cannot load {args.checkpoint}: {exc}", file=sys.stderr)
         return 2
     prompt = torch.tensor([ids], dtype=torch.int64, device=model.device)
-    eos = list(model.config.eos_token_id) or None
     produced: list[int] = []
-    for token in model.stream(prompt, args.new, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                              eos_token_id=eos, seed=args.seed):
+    try:  # stops at the checkpoint's end-of-sequence ids (generation_config.json, else config.json)
+        tokens = model.stream(prompt, args.new, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                              seed=args.seed)
+    except (ValueError, TypeError) as exc:  # a bad prompt or setting: say what is wrong, no traceback
+        print(f"cannot generate: {exc}", file=sys.stderr)
+        return 2
+    for token in tokens:
         produced.append(int(token[0]))
         if tokenizer is not None:
             # decode the whole continuation each time so multi-token characters print correctly

@@ -134,11 +134,21 @@ class LlamaConfig:
                     f"{source}: field 'architectures' = {archs!r} is not supported; "
                     f"llmfuse runs {sorted(SUPPORTED_ARCHITECTURES)}"
                 )
-        model_type = cfg.get("model_type", "llama")
+        families = {SUPPORTED_ARCHITECTURES[arch] for arch in archs}
+        if len(families) > 1:
+            raise ValueError(f"{source}: field 'architectures' = {archs!r} names more than one model family")
+        # the family decides the weights (Qwen2's Q/K/V biases): without 'model_type' it comes from the
+        # architecture, and a 'model_type' that contradicts the architecture is refused, not guessed
+        model_type = cfg.get("model_type", next(iter(families)) if families else "llama")
         if not isinstance(model_type, str) or model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(
                 f"{source}: field 'model_type' = {model_type!r} is not supported; "
                 f"expected one of {sorted(SUPPORTED_MODEL_TYPES)}"
+            )
+        if families and model_type not in families:
+            raise ValueError(
+                f"{source}: field 'model_type' = {model_type!r} contradicts field 'architectures' = {archs!r} "
+                f"(a {next(iter(families))!r} model)"
             )
         act = cfg.get("hidden_act", "silu")
         if act != "silu":

@@ -12,11 +12,14 @@ seeded torch generator.
 
 from __future__ import annotations
 
+import json
 import math
+import numbers
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from fusecore import PhiloxStream, backend
@@ -27,12 +30,30 @@ from .config import LlamaConfig
 from .weights import LlamaWeights, weights_from_checkpoint, weights_from_hf_model
 
 ENGINE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# The smallest sampling temperature: logits / temperature stays finite in float32 for any logit below 1e32.
+MIN_TEMPERATURE = 1e-6
+
+
+def _is_int(value: Any) -> bool:
+    """An integer (Python's or numpy's), not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
 
 
 def _check_int(name: str, value: Any, lo: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+    if not _is_int(value) or value < lo:
         raise ValueError(f"{name} must be an int >= {lo}, got {value!r}")
-    return value
+    return int(value)
+
+
+def _token_list(name: str, value: Any, vocab: int, allow_empty: bool) -> list[int]:
+    """A token id or a list / tuple / 1-d int tensor of them, checked against the vocabulary."""
+    if isinstance(value, torch.Tensor):
+        value = value.tolist() if value.dim() <= 1 and not value.dtype.is_floating_point else value
+    items = list(value) if isinstance(value, (list, tuple)) else [value]
+    if (not items and not allow_empty) or any(not _is_int(e) or not 0 <= e < vocab for e in items):
+        raise ValueError(f"{name} must be a token id or a {'' if allow_empty else 'non-empty '}list of token ids "
+                         f"in [0, {vocab}), got {value!r}")
+    return [int(e) for e in items]
 
 
 def sample_tokens(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None,
@@ -62,14 +83,27 @@ class LlamaModel:
     """
 
     def __init__(self, config: LlamaConfig, weights: LlamaWeights, *, max_seq_len: int | None = None,
-                 max_batch_size: int = 1, looped: bool = False, cuda_graph: bool | None = None):
+                 max_batch_size: int = 1, looped: bool = False, cuda_graph: bool | None = None,
+                 eos_token_id: int | list[int] | None = None, pad_token_id: int | None = None):
         self.config = config
         self.weights = weights
         self.device = weights.device
         self.dtype = weights.dtype
         if self.dtype not in ENGINE_DTYPES:
             raise TypeError(f"dtype must be one of {ENGINE_DTYPES}, got {self.dtype}")
-        self.max_seq_len = _check_int("max_seq_len", max_seq_len or min(config.max_position_embeddings, 4096), 1)
+        try:  # the kernels run where the backend runs them: say so now, not at the first decode step
+            backend.check_devices(weights=weights.wqkv)
+        except ValueError as exc:
+            raise ValueError(f"device {str(self.device)!r} cannot run the decode kernels: {exc}") from exc
+        if max_seq_len is None:
+            max_seq_len = min(config.max_position_embeddings, 4096)
+        self.max_seq_len = _check_int("max_seq_len", max_seq_len, 1)
+        # generate()'s defaults, as transformers' generation config: stop at the model's end-of-sequence
+        # tokens (the config's unless given) and pad finished rows with pad_token_id (else the first of them)
+        self.eos_token_id = tuple(_token_list("eos_token_id", config.eos_token_id if eos_token_id is None
+                                              else eos_token_id, config.vocab_size, allow_empty=True))
+        self.pad_token_id = None if pad_token_id is None else _token_list(
+            "pad_token_id", pad_token_id, config.vocab_size, allow_empty=False)[0]
         self.looped = bool(looped)
         self.cuda_graph = self.device.type == "cuda" if cuda_graph is None else bool(cuda_graph)
         if self.cuda_graph and self.device.type != "cuda":
@@ -78,9 +112,10 @@ class LlamaModel:
         self._setup(_check_int("max_batch_size", max_batch_size, 1))
 
     def _setup(self, batch: int) -> None:
+        plan = ops.make_plan(self.config, batch, self.max_seq_len, self.dtype, self.device)  # may refuse: first
         self.batch = batch
         self.cache = ref.KVCache.empty(self.config, batch, self.max_seq_len, dtype=self.dtype, device=self.device)
-        self.plan = ops.make_plan(self.config, batch, self.max_seq_len, self.dtype, self.device)
+        self.plan = plan
         self.buffers = ops.DecodeBuffers.allocate(self.config, self.plan, self.dtype, self.device)
         self.position = 0  # host copy of buffers.slot: the next slot to fill
         self._tokens_in = torch.zeros(batch, dtype=torch.int64, device=self.device)
@@ -91,6 +126,8 @@ class LlamaModel:
         backend.check_dtypes((torch.int64, torch.int32), **{name: ids})
         if ids.dim() != dims:
             raise ValueError(f"{name} must have {dims} dimensions, got shape {tuple(ids.shape)}")
+        if ids.shape[0] == 0:
+            raise ValueError(f"{name} must hold at least one row, got shape {tuple(ids.shape)}")
         if ids.numel():
             lo, hi = int(ids.min()), int(ids.max())
             if lo < 0 or hi >= self.config.vocab_size:
@@ -203,36 +240,52 @@ class LlamaModel:
 
     def _check_generation(self, input_ids: torch.Tensor, max_new_tokens: int, temperature: float,
                           top_k: int | None, top_p: float | None, seed: int | None = None,
-                          eos_token_id: int | list[int] | None = None) -> torch.Tensor:
-        _check_int("max_new_tokens", max_new_tokens, 0)
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
+                          eos_token_id: int | list[int] | None = None, pad_token_id: int | None = None,
+                          ) -> tuple[torch.Tensor, dict[str, Any]]:
+        """The checked prompt and the generation settings (``max_new_tokens``, ``temperature``, ``top_k``,
+        ``top_p``, ``seed``, ``eos`` (a list, the model's by default), ``pad``) as plain Python values."""
+        max_new_tokens = _check_int("max_new_tokens", max_new_tokens, 0)
+        if seed is not None and (not _is_int(seed) or not 0 <= seed < 2**63):
             raise ValueError(f"seed must be an int in [0, 2**63), got {seed!r}")
-        if isinstance(temperature, bool) or not (isinstance(temperature, (int, float)) and 0 <= temperature < math.inf):
+        if isinstance(temperature, bool) or not (isinstance(temperature, numbers.Real) and 0 <= temperature < math.inf):
             raise ValueError(f"temperature must be a finite float >= 0, got {temperature!r}")
+        if 0 < temperature < MIN_TEMPERATURE:
+            raise ValueError(f"temperature must be 0 (greedy) or >= {MIN_TEMPERATURE}, got {temperature!r}")
         if top_k is not None:
-            _check_int("top_k", top_k, 1)
-        if top_p is not None and (isinstance(top_p, bool) or not (isinstance(top_p, (int, float)) and 0 < top_p <= 1)):
+            top_k = _check_int("top_k", top_k, 1)
+        if top_p is not None and (isinstance(top_p, bool) or not (isinstance(top_p, numbers.Real) and 0 < top_p <= 1)):
             raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
-        if eos_token_id is not None:
-            eos = [eos_token_id] if not isinstance(eos_token_id, (list, tuple)) else list(eos_token_id)
-            if not eos or any(isinstance(e, bool) or not isinstance(e, int) or not 0 <= e < self.config.vocab_size
-                              for e in eos):
-                raise ValueError(f"eos_token_id must be a token id or a non-empty list of token ids in "
-                                 f"[0, {self.config.vocab_size}), got {eos_token_id!r}")
+        vocab = self.config.vocab_size
+        eos = list(self.eos_token_id) if eos_token_id is None else _token_list("eos_token_id", eos_token_id, vocab,
+                                                                               allow_empty=True)
+        if pad_token_id is None:
+            pad = self.pad_token_id if self.pad_token_id is not None else (eos[0] if eos else None)
+        else:
+            pad = _token_list("pad_token_id", pad_token_id, vocab, allow_empty=False)[0]
         ids = self._check_ids("input_ids", input_ids, 2)
         T = ids.shape[1]
         if T + max_new_tokens > self.max_seq_len:
             raise ValueError(f"prompt ({T}) + max_new_tokens ({max_new_tokens}) = {T + max_new_tokens} exceeds the "
                              f"cache (max_seq_len={self.max_seq_len})")
-        return ids
+        settings = {"max_new_tokens": max_new_tokens, "temperature": float(temperature), "top_k": top_k,
+                    "top_p": None if top_p is None else float(top_p), "seed": None if seed is None else int(seed),
+                    "eos": eos, "pad": pad}
+        return ids, settings
 
-    @torch.no_grad()
     def stream(self, input_ids: torch.Tensor, max_new_tokens: int, temperature: float = 0.0,
                top_k: int | None = None, top_p: float | None = None, eos_token_id: int | list[int] | None = None,
-               seed: int | None = None, attention_mask: torch.Tensor | None = None) -> Iterator[torch.Tensor]:
-        """Yield the new tokens one step at a time, each a LongTensor [B] (arguments as :meth:`generate`)."""
-        ids = self._check_generation(input_ids, max_new_tokens, temperature, top_k, top_p, seed, eos_token_id)
-        eos = [] if eos_token_id is None else ([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id))
+               seed: int | None = None, attention_mask: torch.Tensor | None = None,
+               pad_token_id: int | None = None) -> Iterator[torch.Tensor]:
+        """Yield the new tokens one step at a time, each a LongTensor [B] (arguments as :meth:`generate`).
+        The arguments are checked when ``stream`` is called, before the first token is asked for."""
+        ids, settings = self._check_generation(input_ids, max_new_tokens, temperature, top_k, top_p, seed,
+                                               eos_token_id, pad_token_id)
+        return self._tokens(ids, attention_mask, **settings)
+
+    @torch.no_grad()
+    def _tokens(self, ids: torch.Tensor, attention_mask: torch.Tensor | None, *, max_new_tokens: int,
+                temperature: float, top_k: int | None, top_p: float | None, seed: int | None, eos: list[int],
+                pad: int | None) -> Iterator[torch.Tensor]:
         eos_t = torch.tensor(eos, dtype=torch.int64, device=self.device)
         # Temperature-only sampling is fused into the LM head (Gumbel-max, Philox); top-k / top-p
         # need the whole distribution and sample the written logits on the host.
@@ -257,7 +310,7 @@ class LlamaModel:
             token = sample_tokens(logits, temperature, top_k, top_p, gen)
         for step in range(max_new_tokens):
             if eos:
-                token = torch.where(finished, eos_t[0], token)
+                token = torch.where(finished, pad, token)
                 finished |= torch.isin(token, eos_t)
             yield token
             if step + 1 == max_new_tokens or (eos and bool(finished.all())):
@@ -269,18 +322,22 @@ class LlamaModel:
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int, temperature: float = 0.0,
                  top_k: int | None = None, top_p: float | None = None, eos_token_id: int | list[int] | None = None,
-                 seed: int | None = None, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+                 seed: int | None = None, attention_mask: torch.Tensor | None = None,
+                 pad_token_id: int | None = None) -> torch.Tensor:
         """Prompt [B, T] followed by up to ``max_new_tokens`` new tokens: LongTensor [B, T + new].
 
-        Greedy when ``temperature == 0``.  Sampling with temperature only is fused into the
-        LM head (Gumbel-max with Philox noise keyed by ``seed``: no logits leave the kernel);
-        with ``top_k`` / ``top_p`` the logits are written and sampled on the host (temperature,
-        then top-k, then top-p) with a generator seeded by ``seed``.  ``attention_mask`` [B, T] marks left padding.
-        Rows that produced an ``eos_token_id`` are padded with it afterwards; generation
-        stops early when every row has finished (as transformers does).
+        Greedy when ``temperature == 0`` (else ``temperature`` >= :data:`MIN_TEMPERATURE`).  Sampling with
+        temperature only is fused into the LM head (Gumbel-max with Philox noise keyed by ``seed``: no logits
+        leave the kernel); with ``top_k`` / ``top_p`` the logits are written and sampled on the host
+        (temperature, then top-k, then top-p) with a generator seeded by ``seed``.  ``attention_mask`` [B, T]
+        marks left padding.  As transformers' ``generate``: a row stops at any of ``eos_token_id`` (default:
+        the model's, from its ``generation_config.json`` or ``config.json``; ``[]``: never stop), later
+        positions of a finished row hold ``pad_token_id`` (default: the model's, else the first
+        end-of-sequence id), and generation ends early when every row has finished.
         """
-        ids = self._check_generation(input_ids, max_new_tokens, temperature, top_k, top_p, seed, eos_token_id)
-        new = list(self.stream(ids, max_new_tokens, temperature, top_k, top_p, eos_token_id, seed, attention_mask))
+        ids, settings = self._check_generation(input_ids, max_new_tokens, temperature, top_k, top_p, seed,
+                                               eos_token_id, pad_token_id)
+        new = list(self._tokens(ids, attention_mask, **settings))
         return torch.cat([ids, *(t[:, None] for t in new)], dim=1)
 
 
@@ -303,15 +360,34 @@ def from_pretrained(path_or_hf_model: str | Path | torch.nn.Module, *, device: t
         if not hasattr(path_or_hf_model, "config"):
             raise TypeError("path_or_hf_model must be a transformers model (with .config) or a directory path")
         config = LlamaConfig.from_hf(path_or_hf_model.config)
+        generation = getattr(path_or_hf_model, "generation_config", None)
+        generation = {} if generation is None else {k: getattr(generation, k, None)
+                                                    for k in ("eos_token_id", "pad_token_id")}
         weights = weights_from_hf_model(path_or_hf_model, config, dtype=dtype, device=device)
     elif isinstance(path_or_hf_model, (str, Path)):
         directory = Path(path_or_hf_model)
         if not directory.is_dir():
             raise FileNotFoundError(f"checkpoint directory {directory} does not exist")
         config = LlamaConfig.from_json(directory / "config.json")
+        generation = _generation_config(directory / "generation_config.json")
         weights = weights_from_checkpoint(directory, config, dtype=dtype, device=device)
     else:
         raise TypeError("path_or_hf_model must be a path or a transformers model, "
                         f"got {type(path_or_hf_model).__name__}")
     return LlamaModel(config, weights, max_seq_len=max_seq_len, max_batch_size=max_batch_size, looped=looped,
-                      cuda_graph=cuda_graph)
+                      cuda_graph=cuda_graph, eos_token_id=generation.get("eos_token_id"),
+                      pad_token_id=generation.get("pad_token_id"))
+
+
+def _generation_config(path: Path) -> dict[str, Any]:
+    """``eos_token_id`` and ``pad_token_id`` of a checkpoint's ``generation_config.json`` (what transformers'
+    ``generate`` stops at and pads with; an instruct model's end-of-turn token is often only there), or {}."""
+    if not path.is_file():
+        return {}
+    try:
+        fields = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: not a readable JSON file ({exc})") from exc
+    if not isinstance(fields, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(fields).__name__}")
+    return {k: fields.get(k) for k in ("eos_token_id", "pad_token_id")}

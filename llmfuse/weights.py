@@ -175,7 +175,7 @@ def assemble_weights(
     if dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"dtype must be one of {SUPPORTED_DTYPES}, got {dtype}")
     if names is not None:
-        _check_layer_count(config, names, where)
+        _check_layer_count(config, names, where)  # first: a config of 10**9 layers is refused before its names
     expected = _expected_tensors(config)
     if shape_of is not None:
         for name, shape in expected.items():
@@ -183,6 +183,9 @@ def assemble_weights(
             if found != shape:
                 raise CheckpointError(f"tensor {name!r} in {where(name)} has shape {found}, "
                                       f"expected {shape} for this config")
+    if names is not None:
+        # after the expected names: a misspelt tensor is reported as the missing one it should have been
+        _check_unexpected(config, names, expected, where)
 
     def load(name: str) -> torch.Tensor:
         tensor = get(name)
@@ -329,6 +332,20 @@ def _read_shard_index(index_path: Path) -> dict[str, Path]:
                                   "expected the name of a file in the checkpoint directory")
         file_of[name] = directory / fname
     return file_of
+
+
+def _check_unexpected(config: LlamaConfig, names: Iterable[str], expected: dict[str, tuple[int, ...]],
+                      where: Callable[[str], str]) -> None:
+    """A parameter of the decoder (``model.*``) that this config has no place for is refused: a bias the
+    config does not declare (a Qwen2 checkpoint under a Llama config, ``mlp_bias``) would otherwise be dropped
+    and the model would generate wrong tokens.  RoPE's stored ``inv_freq`` buffers (older checkpoints) are
+    recomputed from the config and may be present."""
+    for name in names:
+        if name.startswith("model.") and name not in expected and not name.endswith("rotary_emb.inv_freq"):
+            raise CheckpointError(
+                f"tensor {name!r} in {where(name)} has no place in a {config.model_type!r} model of this config "
+                f"(attention_bias={config.attention_bias}); check the config's 'model_type' and 'architectures'"
+            )
 
 
 def _check_layer_count(config: LlamaConfig, names: Iterable[str], where: Callable[[str], str]) -> None:

@@ -139,6 +139,12 @@ def test_config_fields_fuzzed_are_refused_or_valid(changes):
     except CLEAN as exc:
         assert "field" in str(exc) or "config" in str(exc), exc
         return
+    _assert_runnable(config)
+
+
+def _assert_runnable(config: LlamaConfig) -> None:
+    """A config that parsed is one the decoder can run: sizes >= 1, heads grouped evenly, finite positive
+    eps and RoPE frequencies, end-of-sequence ids inside the vocabulary."""
     sizes = (config.vocab_size, config.hidden_size, config.intermediate_size, config.num_hidden_layers,
              config.num_key_value_heads, config.head_dim, config.max_position_embeddings)
     assert all(isinstance(n, int) and n >= 1 for n in sizes)
@@ -146,6 +152,7 @@ def test_config_fields_fuzzed_are_refused_or_valid(changes):
     assert math.isfinite(config.rms_norm_eps) and config.rms_norm_eps > 0
     inv_freq = config.rope_inv_freq()
     assert bool(torch.isfinite(inv_freq).all()) and bool((inv_freq > 0).all())
+    assert all(0 <= e < config.vocab_size for e in config.eos_token_id)
 
 
 @FUZZ
@@ -158,9 +165,11 @@ def test_config_json_bytes_corrupted_are_refused_or_parsed(checkpoint, edits):
         path = Path(tmp) / "config.json"
         path.write_bytes(bytes(text))
         try:
-            LlamaConfig.from_json(path)
-        except CLEAN:
-            pass
+            config = LlamaConfig.from_json(path)
+        except CLEAN as exc:
+            assert "config" in str(exc) or "field" in str(exc) or "JSON" in str(exc), exc
+            return
+        _assert_runnable(config)  # the corruption left a valid config: it must be one the decoder can run
 
 
 @FUZZ

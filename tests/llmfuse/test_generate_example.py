@@ -30,3 +30,15 @@ def test_generate_example_reports_a_bad_checkpoint(tmp_path, capsys):
     (tmp_path / "config.json").write_text('{"architectures": ["GPT2LMHeadModel"]}')
     assert example.main([str(tmp_path), "--ids", "5,6"]) == 2
     assert "architectures" in capsys.readouterr().err
+
+
+def test_generate_example_reports_bad_settings(tmp_path, capsys):
+    """A bad prompt id or setting is reported in one line (exit status 2), as a bad checkpoint is."""
+    tiny_hf_model(seed=4, layers=1).save_pretrained(tmp_path)
+    spec = importlib.util.spec_from_file_location("generate_example", EXAMPLE)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    for args, message in ((["--ids", "5,6,99"], "token id 99"), (["--ids", "5", "--new", "-1"], "max_new_tokens"),
+                          (["--ids", "5", "--temperature", "-1"], "temperature"), (["--ids", "5", "--seed", "-3"], "seed")):
+        assert example.main([str(tmp_path), *args]) == 2
+        assert message in capsys.readouterr().err

@@ -135,7 +135,7 @@ def test_user_errors_are_clear(hf_llama):
         model.decode_step(torch.tensor([3], device=dev))
     with pytest.raises(TypeError, match="dtype"):
         llmfuse.from_pretrained(hf_llama, dtype=torch.int8)
-    for bad in (97, -1, [], [1, "2"], "1"):
+    for bad in (97, -1, [1, "2"], "1", 1.0):  # ([] is allowed: never stop)
         with pytest.raises(ValueError, match="eos_token_id"):
             model.generate(prompt, 2, eos_token_id=bad)
     for bad in (float("nan"), float("inf"), -0.5):
@@ -187,3 +187,89 @@ def test_gpu_cuda_graph_generation_equals_eager_launches(hf_llama, looped):
     assert torch.equal(graphed.generate(ids, 40), eager.generate(ids, 40))
     logits = graphed.decode_step(torch.tensor([1, 2, 3], device="cuda"))
     assert torch.equal(logits, eager.decode_step(torch.tensor([1, 2, 3], device="cuda")))
+
+
+def test_generation_defaults_follow_the_checkpoint_as_transformers(tmp_path):
+    """Session 38's audit.  generate() stops at the model's end-of-sequence ids by default (config.json's, or
+    generation_config.json's where the checkpoint has one: transformers' defaults), pads finished rows with
+    pad_token_id, and ``eos_token_id=[]`` never stops."""
+    hf = tiny_hf_model(seed=5, layers=1)
+    ids = torch.tensor([[20, 21, 22]])
+    model = llmfuse.from_pretrained(hf, dtype=torch.float32, max_seq_len=16)
+    free = model.generate(ids.to(test_device()), 8, eos_token_id=[])
+    assert free.shape == (1, 11)
+    stop = int(free[0, 5])  # the third new token, as the model's end-of-sequence id
+    hf.config.eos_token_id = hf.generation_config.eos_token_id = stop
+    hf.generation_config.pad_token_id = 0
+    hf.save_pretrained(tmp_path)
+    saved = llmfuse.from_pretrained(tmp_path, dtype=torch.float32, max_seq_len=16)
+    assert saved.eos_token_id == (stop,) and saved.pad_token_id == 0
+    out = saved.generate(ids.to(test_device()), 8)
+    assert out.shape[1] == 6 and int(out[0, -1]) == stop  # stopped where transformers stops
+    with torch.no_grad():
+        expected = hf.generate(ids, max_new_tokens=8, do_sample=False)
+    assert torch.equal(out.cpu(), expected)
+    # a batch whose first row finishes first: later positions hold pad_token_id, as transformers writes them
+    batch = torch.tensor([[20, 21, 22], [7, 8, 9]])
+    rows = saved.generate(batch.to(test_device()), 8, pad_token_id=3)
+    first_end = int((rows[0, 3:] == stop).nonzero()[0])
+    assert (rows[0, 3 + first_end + 1:] == 3).all()
+    # the end-of-turn id only generation_config.json names is the one generate stops at
+    (tmp_path / "generation_config.json").write_text(f'{{"eos_token_id": [{stop}], "pad_token_id": 5}}')
+    cfg = (tmp_path / "config.json").read_text().replace(f'"eos_token_id": {stop}', '"eos_token_id": 1')
+    (tmp_path / "config.json").write_text(cfg)
+    again = llmfuse.from_pretrained(tmp_path, dtype=torch.float32, max_seq_len=16)
+    assert again.eos_token_id == (stop,) and again.pad_token_id == 5
+    (tmp_path / "generation_config.json").write_text("{not json")
+    with pytest.raises(ValueError, match="generation_config.json"):
+        llmfuse.from_pretrained(tmp_path, dtype=torch.float32)
+
+
+def test_more_user_errors_are_clear(hf_llama):
+    """Session 38's audit: each of these once failed late, silently or with an internal message."""
+    import numpy as np
+
+    dev = test_device()
+    model = llmfuse.from_pretrained(hf_llama, dtype=torch.float32, max_seq_len=8)
+    prompt = torch.tensor([[4, 5, 6]], device=dev)
+    before = model.generate(prompt, 2)
+    with pytest.raises(ValueError, match="temperature must be 0"):  # 1/temperature overflows float32
+        model.generate(prompt, 2, temperature=1e-40)
+    model.prefill(prompt)
+    with pytest.raises(ValueError, match="input_ids must hold at least one row"):
+        model.generate(torch.zeros(0, 3, dtype=torch.int64, device=dev), 1)
+    assert model.batch == 1 and model.position == 3  # the prefill's state is kept
+    model.decode_step(torch.tensor([4], device=dev))
+    with pytest.raises(ValueError, match="max_seq_len must be an int >= 1, got 0"):
+        llmfuse.from_pretrained(hf_llama, dtype=torch.float32, max_seq_len=0)
+    with pytest.raises(ValueError, match="temperature"):  # checked when stream() is called, not at next()
+        model.stream(prompt, 2, temperature=-1)
+    # numpy integers are integers
+    assert torch.equal(model.generate(prompt, np.int64(2), seed=np.int64(3)), before)
+    with pytest.raises(ValueError, match="pad_token_id"):
+        model.generate(prompt, 2, pad_token_id=97)
+
+
+def test_checkpoint_family_and_unexpected_tensors_are_checked(tmp_path):
+    """A Qwen2 checkpoint without 'model_type' is a Qwen2 model (its Q/K/V biases used); one whose 'model_type'
+    contradicts its architecture is refused; a bias the config has no place for is refused, not dropped."""
+    import json
+
+    hf = tiny_hf_model(arch="qwen2", layers=1, seed=3)
+    hf.save_pretrained(tmp_path)
+    ids = torch.tensor([[4, 8, 15, 16]])
+    expected = _hf_greedy(hf, ids, torch.ones_like(ids), 4)
+    config = json.loads((tmp_path / "config.json").read_text())
+    del config["model_type"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    model = llmfuse.from_pretrained(tmp_path, dtype=torch.float32, max_seq_len=12)
+    assert model.config.attention_bias
+    assert torch.equal(model.generate(ids.to(test_device()), 4, eos_token_id=[]).cpu(), expected)
+    config["model_type"] = "llama"
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="'model_type' = 'llama' contradicts field 'architectures'"):
+        llmfuse.from_pretrained(tmp_path, dtype=torch.float32)
+    config["architectures"] = ["LlamaForCausalLM"]  # a Llama config over a checkpoint with biases
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"'model\.layers\.0\.self_attn\.[qkv]_proj\.bias'.*no place"):
+        llmfuse.from_pretrained(tmp_path, dtype=torch.float32)
