@@ -64,11 +64,22 @@ def index_dtypes(num_nodes: int, num_edges: int, forced: torch.dtype | None = No
 def _check_index_tensor(name: str, t: Any) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor of node ids, got {type(t).__name__}")
+    if t.layout != torch.strided:
+        raise TypeError(f"{name} is a sparse tensor ({t.layout}); pass its edges as a dense [2, E] edge_index "
+                        "(e.g. adjacency.coalesce().indices() for a COO matrix)")
     if t.dtype not in INDEX_DTYPES:
         raise TypeError(f"{name} must hold integer node ids of dtype int32 or int64, got dtype {t.dtype}")
     if t.device.type == "meta":
         raise ValueError(f"{name} is on device 'meta', which holds no node ids; expected a cpu or cuda tensor")
     return t
+
+
+class NodeCountError(ValueError):
+    """A node count given for a graph differs from the one the graph carries (``graph_nodes``)."""
+
+    def __init__(self, message: str, graph_nodes: int) -> None:
+        super().__init__(message)
+        self.graph_nodes = graph_nodes
 
 
 def _check_num_nodes(value: Any, what: str = "num_nodes") -> int:
@@ -111,15 +122,10 @@ def _from_scipy(matrix: Any) -> tuple[torch.Tensor, torch.Tensor, int]:
 
 
 def _from_pyg_data(data: Any) -> tuple[torch.Tensor, torch.Tensor, int | None]:
+    # Without x or num_nodes PyG guesses max id + 1 and warns: a guess carries no count
+    # (the default, or an explicit num_nodes, decides instead).
     src, dst, _ = _edges_from(data.edge_index)
-    with warnings.catch_warnings(record=True) as guessed:
-        # Without x or num_nodes PyG guesses max id + 1 and warns: a guess carries no count
-        # (the default, or an explicit num_nodes, decides instead).
-        warnings.simplefilter("always")
-        num_nodes = getattr(data, "num_nodes", None)
-    if num_nodes is None or any("num_nodes" in str(w.message) for w in guessed):
-        return src, dst, None
-    return src, dst, _check_num_nodes(num_nodes, "the Data's num_nodes")
+    return src, dst, _data_count(data)
 
 
 DGL_METHODS = ("edges", "num_nodes")
@@ -200,14 +206,16 @@ class Graph:
         if num_nodes is not None:
             num_nodes = _check_num_nodes(num_nodes)
             if carried is not None and carried != num_nodes:
-                raise ValueError(
+                raise NodeCountError(
                     f"num_nodes={num_nodes} but the {type(edge_index).__name__} given as the graph has "
-                    f"{carried} nodes"
+                    f"{carried} nodes", carried
                 )
         else:
             num_nodes = carried
-        src = src.reshape(-1).to(torch.int64)
-        dst = dst.reshape(-1).to(torch.int64)
+        # copies, never views of the caller's edge tensor: an in-place edit of it must not change this graph's
+        # edge_index while its CSR stays as built (nor keep the caller's tensor alive through a cached graph)
+        src = src.reshape(-1).to(torch.int64, copy=True)
+        dst = dst.reshape(-1).to(torch.int64, copy=True)
         num_edges = int(src.numel())
         if num_nodes is None:
             num_nodes = int(torch.maximum(src.max(), dst.max()).item()) + 1 if num_edges else 0
@@ -225,6 +233,7 @@ class Graph:
         self.num_nodes = num_nodes
         self.num_edges = num_edges
         self.device = src.device
+        self._forced_index_dtype = index_dtype  # kept by the graphs derived from this one
         node_dtype, pos_dtype = index_dtypes(num_nodes, num_edges, index_dtype)
         self.index_dtype = pos_dtype if pos_dtype == torch.int64 else node_dtype
 
@@ -271,12 +280,12 @@ class Graph:
         loops = torch.arange(self.num_nodes, device=self.device, dtype=torch.int64)
         src = torch.cat([self._src, loops])
         dst = torch.cat([self._dst, loops])
-        return Graph((src, dst), self.num_nodes)
+        return Graph((src, dst), self.num_nodes, index_dtype=self._forced_index_dtype)
 
     def remove_self_loops(self) -> Graph:
         """A new graph without edges ``i -> i``."""
         keep = self._src != self._dst
-        return Graph((self._src[keep], self._dst[keep]), self.num_nodes)
+        return Graph((self._src[keep], self._dst[keep]), self.num_nodes, index_dtype=self._forced_index_dtype)
 
     def reordered(self, method: str = "rcm") -> tuple[Graph, torch.Tensor]:
         """A relabelled copy laid out for gather locality, and the permutation ``perm``.
@@ -363,16 +372,30 @@ def _indptr(degree: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 # Graphs built from edge tensors, PyG Data or DGL graphs, keyed by the source object's id.
 # Weak references prove the objects are still the same ones (an id can be reused after its
 # object dies): the source, and for a Data the edge tensor it holds.  The version counters show
-# the tensors were not modified in place; a DGL graph's node and edge counts change with
-# add_edges / remove_edges.  Scipy matrices are converted on every call (nothing cheap shows
-# an in-place edit).
+# the tensors were not modified in place; a Data's node count is part of the key.  A DGL graph
+# can be rewired in place (add_edges / remove_edges) with no counter to show it, so a cached
+# graph of one is checked against its edges() on every hit (one comparison on the device).
+# Scipy matrices, and tensors made under torch.inference_mode (they keep no version counter),
+# are converted on every call.  Entries whose source has died are dropped at every insertion.
 _GRAPH_CACHE: dict[tuple, tuple[tuple[weakref.ref, ...], Graph]] = {}
 _GRAPH_CACHE_SIZE = 16
+
+
+def _data_count(data: Any) -> int | None:
+    """The node count a PyG Data carries (``num_nodes`` or its features' rows), None when PyG would only guess."""
+    with warnings.catch_warnings(record=True) as guessed:
+        warnings.simplefilter("always")
+        num_nodes = getattr(data, "num_nodes", None)
+    if num_nodes is None or any("num_nodes" in str(w.message) for w in guessed):
+        return None
+    return _check_num_nodes(num_nodes, "the Data's num_nodes")
 
 
 def _cache_entry(source: Any) -> tuple[tuple, tuple[weakref.ref, ...]] | None:
     """(token, weak references) identifying ``source`` unmodified, or None: do not cache."""
     if isinstance(source, torch.Tensor):
+        if source.is_inference():
+            return None
         return (id(source), source._version), (weakref.ref(source),)
     if hasattr(source, "tocoo"):
         return None
@@ -382,13 +405,28 @@ def _cache_entry(source: Any) -> tuple[tuple, tuple[weakref.ref, ...]] | None:
     except TypeError:  # tuples and other objects without weak references
         return None
     if isinstance(edges, torch.Tensor):
-        return (id(source), id(edges), edges._version), (*refs, weakref.ref(edges))
+        if edges.is_inference():
+            return None
+        return (id(source), id(edges), edges._version, _data_count(source)), (*refs, weakref.ref(edges))
     counts = [getattr(source, m, None) for m in ("num_nodes", "num_edges")]
-    return (id(source), *(c() for c in counts if callable(c))), refs
+    return (id(source), "dgl", *(c() for c in counts if callable(c))), refs
 
 
 def _alive(refs: tuple[weakref.ref, ...], objects: tuple[Any, ...]) -> bool:
     return all(ref() is obj for ref, obj in zip(refs, objects))
+
+
+def _same_dgl_edges(source: Any, graph: Graph) -> bool:
+    """Whether a DGL-like ``source`` still has ``graph``'s edges, in the same order (DGL rewires in place)."""
+    src, dst, _ = _from_dgl_like(source)
+    if src.numel() != graph.num_edges or src.device != graph.device:
+        return False
+    return bool(torch.equal(src.to(torch.int64), graph._src) and torch.equal(dst.to(torch.int64), graph._dst))
+
+
+def _drop_dead_entries() -> None:
+    for key in [k for k, (refs, _) in _GRAPH_CACHE.items() if any(ref() is None for ref in refs)]:
+        del _GRAPH_CACHE[key]
 
 
 def as_graph(source: Any, num_nodes: int | None = None) -> Graph:
@@ -397,7 +435,7 @@ def as_graph(source: Any, num_nodes: int | None = None) -> Graph:
     unmodified, so repeated layer calls with the same edge tensor do not rebuild the CSR."""
     if isinstance(source, Graph):
         if num_nodes is not None and num_nodes != source.num_nodes:
-            raise ValueError(f"num_nodes={num_nodes} but the graph has {source.num_nodes} nodes")
+            raise NodeCountError(f"num_nodes={num_nodes} but the graph has {source.num_nodes} nodes", source.num_nodes)
         return source
     entry = _cache_entry(source)
     if entry is None:
@@ -406,9 +444,11 @@ def as_graph(source: Any, num_nodes: int | None = None) -> Graph:
     objects = (source, getattr(source, "edge_index", None))[: len(refs)]
     key = (*token, num_nodes)
     hit = _GRAPH_CACHE.get(key)
-    if hit is not None and _alive(hit[0], objects):
+    if hit is not None and _alive(hit[0], objects) and (token[1] != "dgl" or _same_dgl_edges(source, hit[1])):
         return hit[1]
     graph = Graph(source, num_nodes)
+    _drop_dead_entries()
+    _GRAPH_CACHE.pop(key, None)
     if len(_GRAPH_CACHE) >= _GRAPH_CACHE_SIZE:
         _GRAPH_CACHE.pop(next(iter(_GRAPH_CACHE)))
     _GRAPH_CACHE[key] = (refs, graph)

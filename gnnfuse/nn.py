@@ -22,9 +22,11 @@ the weights'.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -32,7 +34,7 @@ from fusecore import DevicePhiloxStream, PhiloxStream, backend
 from fusecore.linear import linear, linears
 
 from . import ops
-from .graph import Graph, as_graph
+from .graph import Graph, NodeCountError, as_graph
 from .schedule import ScheduleOptions
 
 ZERO_IN_DEGREE_MESSAGE = (
@@ -57,9 +59,9 @@ def _project_all(modules: list[nn.Linear], x: torch.Tensor) -> tuple[torch.Tenso
 
 
 def _positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral) or value < 1:
         raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-    return value
+    return int(value)
 
 
 def _activation(value: Any) -> Callable[[torch.Tensor], torch.Tensor] | None:
@@ -73,8 +75,16 @@ def _graph_and_features(
     feat_name: str = "feat",
 ) -> Graph:
     """Check ``feat [N, in_feats]`` (any width when ``in_feats`` is None) against the layer's
-    dtype and the graph; return the graph as a :class:`Graph` (cached for edge tensors)."""
+    dtype and the graph; return the graph as a :class:`Graph` (cached for edge tensors).  A graph
+    that carries no node count (an edge tensor or pair, a Data without ``x`` or ``num_nodes``) has
+    ``feat``'s rows as nodes, as in PyG."""
+    if (isinstance(graph, torch.Tensor) and graph.dtype.is_floating_point and isinstance(feat, torch.Tensor)
+            and not feat.dtype.is_floating_point):
+        raise TypeError("the graph is a float tensor and feat an integer one: the arguments are (graph, feat), "
+                        "graph first (PyG's convolutions take (x, edge_index))")
     backend.check_dtypes(ops.FLOAT_DTYPES, **{feat_name: feat})
+    if feat.dim() < 2:
+        raise ValueError(f"{feat_name} must have shape [num_nodes, ...features], got {tuple(feat.shape)}")
     if in_feats is not None and (feat.dim() != 2 or feat.shape[1] != in_feats):
         raise ValueError(f"{feat_name} must have shape [num_nodes, in_feats={in_feats}], got {tuple(feat.shape)}")
     if param_dtype is not None and feat.dtype != param_dtype:
@@ -83,12 +93,10 @@ def _graph_and_features(
             f"convert one of them (e.g. layer.to({feat.dtype}))"
         )
     num_nodes = feat.shape[0]
-    if isinstance(graph, torch.Tensor):
+    try:
         graph = as_graph(graph, num_nodes)
-    else:
-        graph = as_graph(graph)
-        if graph.num_nodes != num_nodes:
-            raise ValueError(f"{feat_name} has {num_nodes} rows but the graph has num_nodes={graph.num_nodes}")
+    except NodeCountError as exc:
+        raise ValueError(f"{feat_name} has {num_nodes} rows but the graph has num_nodes={exc.graph_nodes}") from exc
     if feat.device != graph.device:
         raise ValueError(f"{feat_name} is on device '{feat.device}' but the graph is on '{graph.device}'")
     if not allow_zero_in_degree and graph.has_zero_in_degree():
@@ -183,7 +191,10 @@ class GATConv(_DGLHeadsConv):
     (:func:`gnnfuse.ops.fuses_projection`), the projection and the node scores
     ``attn_l · Wh``, ``attn_r · Wh`` are one kernel too; float32 projections are products on the
     tensor cores in three TF32 parts (:mod:`fusecore.linear`, float32's accuracy).  ``fc.weight`` is
-    read directly, so hooks registered on the ``fc`` module do not run.
+    read directly, so hooks registered on the ``fc`` module do not run.  Not supported (the kernels
+    never form the ``[E, H]`` attention): DGL's ``get_attention=True`` and ``edge_weight``, and
+    bipartite ``(feat_src, feat_dst)`` inputs.  A graph that carries no node count (an edge tensor,
+    a ``(src, dst)`` pair, a ``Data`` without ``x`` / ``num_nodes``) has ``feat``'s rows as nodes.
     """
 
     def __init__(
@@ -257,7 +268,8 @@ class GATv2Conv(_DGLHeadsConv):
 
     ``forward(graph, feat)``: ``feat`` ``[N, in_feats]``; returns ``[N, H, D]``.  The ``[E, H, D]``
     edge vectors of the score exist only in registers; only the logsumexp per (node, head) is
-    stored, attention dropout is regenerated in backward from the counter-based RNG.
+    stored, attention dropout is regenerated in backward from the counter-based RNG.  As for
+    :class:`GATConv`: no ``get_attention`` / ``edge_weight``, no bipartite inputs.
     """
 
     def __init__(
@@ -331,7 +343,9 @@ class GraphTransformerConv(nn.Module):
     set); returns ``[N, H·C]`` (concat) or ``[N, C]``.  The edge projection
     ``lin_edge(edge_feat)`` is fused too (recomputed in registers, gradients to ``edge_feat``
     and ``lin_edge.weight``): no ``[E, H·C]`` tensor exists; only the logsumexp per (node,
-    head) is stored.
+    head) is stored.  Unlike PyG's ``forward(x, edge_index, edge_attr)`` the graph comes first
+    (as in the other gnnfuse layers); ``return_attention_weights`` and bipartite ``(x_src, x_dst)``
+    inputs are not supported.
     """
 
     def __init__(
@@ -392,6 +406,11 @@ class GraphTransformerConv(nn.Module):
                     f"edge_feat must have shape [num_edges, edge_dim] = {[graph.num_edges, self.edge_dim]}, "
                     f"got {list(edge_feat.shape)}"
                 )
+            if edge_feat.dtype != feat.dtype:
+                raise TypeError(f"edge_feat has dtype {edge_feat.dtype} but feat has {feat.dtype}: they must share "
+                                "one dtype (the layer's)")
+            if edge_feat.device != feat.device:
+                raise ValueError(f"edge_feat is on device '{edge_feat.device}' but feat is on '{feat.device}'")
             edge_weight = self.lin_edge.weight
         elif edge_feat is not None:
             raise ValueError("edge_feat was given but the layer has no edge_dim (construct it with edge_dim=...)")
@@ -407,7 +426,7 @@ class GraphTransformerConv(nn.Module):
             graph, query.view(shape), key.view(shape), value.view(shape), edge_feat, edge_weight,
             dropout=dropout, rng=rng, schedule=schedule, out_add=root_add,
         )
-        out = out.reshape(feat.shape[0], -1) if self.concat else out.mean(dim=1)
+        out = out.reshape(feat.shape[0], self.heads * self.out_channels) if self.concat else out.mean(dim=1)
         if root is not None and root_add is None:
             if self.lin_beta is not None:
                 gate = torch.sigmoid(self.lin_beta(torch.cat([out, root, out - root], dim=-1)))
@@ -438,7 +457,7 @@ class AGNNConv(nn.Module):
 
     def __init__(self, init_beta: float = 1.0, learn_beta: bool = True, allow_zero_in_degree: bool = False) -> None:
         super().__init__()
-        if isinstance(init_beta, bool) or not isinstance(init_beta, (int, float)):
+        if isinstance(init_beta, (bool, np.bool_)) or not isinstance(init_beta, numbers.Real):
             raise ValueError(f"init_beta must be a float, got {init_beta!r}")
         self._allow_zero_in_degree = bool(allow_zero_in_degree)
         self.init_beta = float(init_beta)
@@ -452,7 +471,9 @@ class AGNNConv(nn.Module):
 
     def forward(self, graph: Any, feat: torch.Tensor, *, schedule: ScheduleOptions | None = None) -> torch.Tensor:
         graph = _graph_and_features(graph, feat, None, None, self._allow_zero_in_degree)
-        return ops.agnn(graph, feat, self.beta, schedule=schedule)
+        # as DGL's: a float32 beta serves features of any float dtype (cast in the graph, so its gradient is beta's)
+        beta = self.beta if self.beta.dtype == feat.dtype else self.beta.to(feat.dtype)
+        return ops.agnn(graph, feat, beta, schedule=schedule)
 
     def extra_repr(self) -> str:
         return f"init_beta={self.init_beta}, learn_beta={isinstance(self.beta, nn.Parameter)}"

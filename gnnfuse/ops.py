@@ -1751,13 +1751,14 @@ def _check_addend(out_add: torch.Tensor | None, graph: Graph, heads: int, head_d
     backend.check_dtypes(FLOAT_DTYPES, out_add=out_add)
     if out_add.dtype != dtype:
         raise TypeError(f"out_add has dtype {out_add.dtype} but the features have {dtype}: they must share a dtype")
-    if out_add.numel() == heads * head_dim and out_add.dim() <= 3 and (out_add.dim() < 3 or out_add.shape[0] == 1):
+    hd, n, shape = heads * head_dim, graph.num_nodes, tuple(out_add.shape)
+    if shape in ((hd,), (1, hd), (heads, head_dim), (1, heads, head_dim)):
         return out_add.reshape(heads, head_dim)
-    if out_add.dim() in (2, 3) and out_add.shape[0] == graph.num_nodes and out_add[0].numel() == heads * head_dim:
-        return out_add.reshape(graph.num_nodes, heads, head_dim)
+    if shape in ((n, hd), (n, heads, head_dim)):
+        return out_add.reshape(n, heads, head_dim)
     raise ValueError(
-        f"out_add must have H·D = {heads * head_dim} elements (a bias) or shape [num_nodes, H, D] = "
-        f"[{graph.num_nodes}, {heads}, {head_dim}] (or [num_nodes, H·D]), got {list(out_add.shape)}"
+        f"out_add must be a bias of shape [H·D] = [{hd}] (or [1, H·D], [H, D], [1, H, D]) or a per-node term of "
+        f"shape [num_nodes, H, D] = [{n}, {heads}, {head_dim}] (or [num_nodes, H·D]), got {list(shape)}"
     )
 
 
@@ -1919,7 +1920,7 @@ class GATv2Function(torch.autograd.Function):
                                                            grad_targets=targets)
         # Σ over the [N, H, D] per-row partials by fusecore's column sum: torch's sum(0) of this shape took 151.5 µs
         # of the arxiv-like bf16 step on the H200 (session 24, kernel_times.py); column_sum read 2.5 TB/s in that run
-        grad_attn = column_sum(attn_parts.reshape(attn_parts.shape[0], -1), attn.dtype).reshape(attn.shape)
+        grad_attn = column_sum(attn_parts.reshape(attn_parts.shape[0], attn.numel()), attn.dtype).reshape(attn.shape)
         if ctx.packing is not None:
             return grad_base, None, grad_attn, *_NO_GRADS, None
         return grad_fs, grad_fd, grad_attn, *_NO_GRADS, None

@@ -316,5 +316,5 @@ def test_output_term_is_added_in_the_store_or_after_the_op(gen, device):
         out_t.backward(upstream)
         assert_close(add_leaf.grad, expected_add_grad, tol=1e-5)
         assert value.grad is not None and torch.isfinite(value.grad).all()
-    with pytest.raises(ValueError, match=r"out_add must have H·D = 15 elements \(a bias\) or shape \[num_nodes"):
+    with pytest.raises(ValueError, match=r"out_add must be a bias of shape \[H·D\] = \[15\].*or a per-node term"):
         ops.gat(graph, wh, attn_l, attn_r, out_add=torch.ones(7, device=device))

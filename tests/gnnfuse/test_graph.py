@@ -453,3 +453,53 @@ def test_row_kernel_lanes_follow_score_pass_and_dtype(monkeypatch):
     assert not ops.row_kernel_lanes(auto, SCORE_GAT, "backward", torch.bfloat16)
     forced = graph.schedule(2, 4, torch.float32, ScheduleOptions(edge_lanes=False))
     assert not ops.row_kernel_lanes(forced, SCORE_GAT, "forward", torch.float32)
+
+
+def test_graph_cache_corner_cases_from_the_session_38_audit():
+    """Each case once failed: edge tensors made under inference_mode (no version counter), a DGL-like graph
+    rewired in place with the same counts, a Graph viewing the caller's edge tensor, cached graphs whose
+    source had died, and a Data whose node count changed."""
+    from torch_geometric.data import Data
+
+    with torch.inference_mode():
+        inference_edges = torch.tensor([[0, 1, 2, 3], [1, 2, 3, 0]])
+    assert as_graph(inference_edges).num_edges == 4  # converted, not cached (no version counter)
+    assert as_graph(Data(edge_index=inference_edges, num_nodes=4)).num_nodes == 4
+
+    class RewiredDGL(FakeDGLGraph):
+        def num_edges(self):
+            return self._src.numel()
+
+    dgl = RewiredDGL(torch.tensor([0, 1]), torch.tensor([1, 2]), 3)
+    first = as_graph(dgl)
+    assert as_graph(dgl) is first
+    dgl._src[0] = 2  # edge 0 -> 1 becomes 2 -> 1: same node and edge counts
+    rewired = as_graph(dgl)
+    assert rewired is not first and rewired.edge_index[0].tolist() == [2, 1]
+
+    edges = torch.tensor([[0, 1, 2], [1, 2, 0]])
+    g = Graph(edges)
+    edges[1, 0] = 2
+    assert g.edge_index.tolist() == [[0, 1, 2], [1, 2, 0]]  # its own copy: edge_index and CSR agree
+    assert g.edge_index.data_ptr() != edges.data_ptr()
+
+    import gc
+
+    from gnnfuse import graph as graph_module
+
+    for _ in range(3):
+        as_graph(torch.tensor([[0, 1], [1, 0]]))  # sources that die at once
+    gc.collect()
+    as_graph(torch.tensor([[0], [1]]))
+    dead = [k for k, (refs, _) in graph_module._GRAPH_CACHE.items() if any(r() is None for r in refs)]
+    assert len(dead) <= 1  # the entries of dead sources are dropped at the next insertion
+
+    data = Data(edge_index=torch.tensor([[0, 1], [1, 0]]), num_nodes=2)
+    assert as_graph(data).num_nodes == 2
+    data.num_nodes = 5
+    assert as_graph(data).num_nodes == 5
+
+    forced = Graph(torch.tensor([[0, 1], [1, 0]]), index_dtype=torch.int64)
+    assert forced.add_self_loops().index_dtype == forced.remove_self_loops().index_dtype == torch.int64
+    with pytest.raises(TypeError, match="sparse tensor"):
+        Graph(torch.tensor([[0, 1], [1, 0]]).to_sparse())
