@@ -38,7 +38,8 @@ def test_generate_example_reports_bad_settings(tmp_path, capsys):
     spec = importlib.util.spec_from_file_location("generate_example", EXAMPLE)
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
-    for args, message in ((["--ids", "5,6,99"], "token id 99"), (["--ids", "5", "--new", "-1"], "max_new_tokens"),
-                          (["--ids", "5", "--temperature", "-1"], "temperature"), (["--ids", "5", "--seed", "-3"], "seed")):
+    cases = ((["--ids", "5,6,99"], "token id 99"), (["--ids", "5", "--new", "-1"], "max_new_tokens"),
+             (["--ids", "5", "--temperature", "-1"], "temperature"), (["--ids", "5", "--seed", "-3"], "seed"))
+    for args, message in cases:
         assert example.main([str(tmp_path), *args]) == 2
         assert message in capsys.readouterr().err
