@@ -60,7 +60,9 @@ def merge(new: list[Record], old: list[Record]) -> list[Record]:
     parameters) replaced by ``new``'s rows: a partial rerun updates a results file without
     mixing two runs' rows of one case.  A case run on some graphs only (``--graph``: its rows carry
     ``params["graphs_selected"]``) replaces only the rows of the graphs it ran (``params["graph"]``),
-    the case's other graphs keep theirs.  Each row keeps its own ``env`` (commit, date, versions)."""
+    the case's other graphs keep theirs.  Each row keeps its own ``env`` (commit, date, versions).  Rows of a
+    case that failed its checks or raised (``params["case_failed"]``) are left out: they replace nothing."""
+    new = [r for r in new if not r.params.get("case_failed")]
 
     def name(r: Record) -> tuple[str, str]:
         return r.domain, r.case.split("[")[0]
@@ -131,6 +133,9 @@ def main(argv: list[str] | None = None) -> int:
             status, _ = "ERROR", failures.append(f"{c.domain}/{c.name}: {type(exc).__name__}: {exc}")
             traceback.print_exc()
         set_speedups(ctx.records, c.baseline)
+        if status != "ok":  # kept in the run's output, but never merged over a results file's rows (merge)
+            for r in ctx.records:
+                r.params["case_failed"] = status
         records.extend(ctx.records)
         worst = max((err / tol for _, err, tol in ctx.checks), default=0.0)
         print(f"[{status}] {c.domain}/{c.name}: {len(ctx.records)} records, {len(ctx.checks)} checks "

@@ -14,6 +14,7 @@ copied as ``<name>.<tag>.log``.  Then ``python -m benchmarks.readme`` regenerate
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 import sys
 import tempfile
@@ -47,6 +48,12 @@ def collect(run_dir: Path, gpu: str, tag: str, results: Path = RESULTS) -> list[
     by_domain: dict[str, list] = {}
     for source in sorted(run_dir.glob("*.jsonl")):
         for row in read_jsonl(source):
+            # a folder holds one GPU's times: refuse interpreter rows and another device's (before writing anything)
+            device = str(row.env.get("gpu", ""))
+            if not row.gpu_time or not re.search(rf"(?<![a-z0-9]){re.escape(gpu.lower())}(?![a-z0-9])", device.lower()):
+                raise ValueError(f"{source}: row {row.domain}/{row.case} ({row.implementation}) was timed on "
+                                 f"{device!r}{'' if row.gpu_time else ' (not GPU time)'}, not on a {gpu}: "
+                                 f"it does not belong in results/{gpu}")
             by_domain.setdefault(row.domain, []).append(row)
     for domain, rows in by_domain.items():
         target = dest / f"{domain}.jsonl"

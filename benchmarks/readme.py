@@ -32,9 +32,10 @@ UNLIKE_QUALIFIERS = ("cuda graph", "stats only")
 
 
 def _is_fusekit(r: Record) -> bool:
-    """Rows of fusekit's own kernels (implementation names start with 'fused' or say 'looped')."""
+    """Rows of fusekit's own kernels (implementation names start with 'fused', say 'looped', or end in
+    '(fusecore)': the core's own products and sums, e.g. ``linears (fusecore)``)."""
     name = r.implementation.lower()
-    return name.startswith("fused") or "looped" in name
+    return name.startswith("fused") or "looped" in name or name.endswith("(fusecore)")
 
 
 def _sweep_cases() -> set[tuple[str, str]]:

@@ -346,8 +346,10 @@ def reference_enabled() -> bool:
 def set_reference(enabled: bool) -> None:
     """Switch this thread's ops to (True) or away from (False) the pure-PyTorch reference path."""
     global _reference_set
+    if not isinstance(enabled, bool):  # bool("no") is True: a string must not switch the path on
+        raise TypeError(f"enabled must be True or False, got {enabled!r}")
     _reference_set = True
-    _state.reference = bool(enabled)
+    _state.reference = enabled
 
 
 @contextlib.contextmanager

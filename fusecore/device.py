@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import os
 import platform
+import re
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -26,20 +27,20 @@ class Peak:
     source: str
 
 
-# Keys are matched against torch.cuda.get_device_name() as case-insensitive substrings, in
-# order, so the more specific names come first.
+# Keys are matched against torch.cuda.get_device_name() as case-insensitive whole words (no letter or digit
+# either side: "GH200" is not an "H200"), in order, so the more specific names come first.
 PEAKS: dict[str, Peak] = {
     "H200": Peak(
         bandwidth=4.28e12,
-        flops={"bfloat16": 786e12, "float16": 786e12, "tf32": 378e12, "float32": 67e12},
+        flops={"bfloat16": 786e12, "float16": 786e12, "tf32": 494e12, "float32": 67e12},
         source="measured: H200 device-to-device copy 4.28 TB/s, bf16 8192^3 matmul 786 TFLOP/s; "
-        "fp32/tf32 datasheet",
+        "fp32/tf32 datasheet (SXM, dense)",
     ),
     "H100 80GB HBM3": Peak(
         bandwidth=3.0e12,
-        flops={"bfloat16": 798e12, "float16": 798e12, "tf32": 378e12, "float32": 67e12},
+        flops={"bfloat16": 798e12, "float16": 798e12, "tf32": 494e12, "float32": 67e12},
         source="measured: H100 SXM device-to-device copy ~3.0 TB/s, bf16 8192^3 matmul 798 TFLOP/s; "
-        "fp32/tf32 datasheet",
+        "fp32/tf32 datasheet (SXM, dense)",
     ),
     "H100 PCIe": Peak(
         bandwidth=2.0e12,
@@ -108,7 +109,7 @@ class DeviceFacts:
 def lookup_peak(name: str) -> Peak | None:
     lowered = name.lower()
     for key, peak in PEAKS.items():
-        if key.lower() in lowered:
+        if re.search(rf"(?<![a-z0-9]){re.escape(key.lower())}(?![a-z0-9])", lowered):
             return peak
     return None
 

@@ -137,6 +137,8 @@ def column_sum(x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.T
         raise ValueError(f"column_sum: x must be a 2-D tensor [rows, columns], got {getattr(x, 'shape', x)!r}")
     if x.dtype not in SUM_DTYPES:
         raise ValueError(f"column_sum: x must be one of {SUM_DTYPES}, got {x.dtype}")
+    if out_dtype is not None and out_dtype not in SUM_DTYPES:
+        raise ValueError(f"column_sum: out_dtype must be None or one of {SUM_DTYPES}, got {out_dtype!r}")
     out_dtype = x.dtype if out_dtype is None else out_dtype
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
     rows, cols = x.shape
@@ -565,6 +567,8 @@ def product(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) 
         raise ValueError("product: a, b and bias must be float32 tensors on a device the kernels run on, with "
                          f"FLOAT32_PRODUCT set; got {a.dtype} / {b.dtype} on {a.device} / {b.device}")
     check_devices(a=a, b=b, bias=bias)
+    if bias is not None:
+        bias = bias.contiguous()  # the kernels read bias[n] at offset n (a strided bias had been read wrong)
     (m, k), n = a.shape, b.shape[1]
     if m == 0 or n == 0 or k == 0:
         out = torch.zeros((m, n), dtype=torch.float32, device=a.device)

@@ -18,6 +18,7 @@ a :class:`PlanCache` keyed by the input signature (graph, feature shape, dtype, 
 
 from __future__ import annotations
 
+import numbers
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
@@ -115,15 +116,19 @@ def make_work_plan(
         raise ValueError("costs must be a 1-D tensor of item costs")
     if costs.dtype.is_floating_point or costs.dtype == torch.bool:
         raise TypeError(f"costs must be an integer tensor, got {costs.dtype}")
-    if max_piece_cost < 1:
-        raise ValueError(f"max_piece_cost must be >= 1, got {max_piece_cost}")
-    if num_chunks < 1:
-        raise ValueError(f"num_chunks must be >= 1, got {num_chunks}")
+    for name, value in (("max_piece_cost", max_piece_cost), ("num_chunks", num_chunks)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"{name} must be an int, got {value!r}")
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    max_piece_cost, num_chunks = int(max_piece_cost), int(num_chunks)
+    if costs.dtype.is_complex:
+        raise TypeError(f"costs must be an integer tensor, got {costs.dtype}")
     costs = costs.detach().to("cpu", torch.int64)
     if costs.numel() and int(costs.min()) < 0:
         raise ValueError("costs must be non-negative")
 
-    pieces = torch.div(costs + max_piece_cost - 1, max_piece_cost, rounding_mode="floor")
+    pieces = costs // max_piece_cost + (costs % max_piece_cost != 0).to(torch.int64)  # ceil, without overflow
     if keep_empty:
         pieces = pieces.clamp_min(1)
     total_pieces = int(pieces.sum())
@@ -135,8 +140,11 @@ def make_work_plan(
     # [floor(k c / n), floor((k+1) c / n)).
     item_cost = costs[piece_item]
     item_n = pieces[piece_item].clamp_min(1)
-    piece_start = torch.div(piece_index * item_cost, item_n, rounding_mode="floor")
-    piece_stop = torch.div((piece_index + 1) * item_cost, item_n, rounding_mode="floor")
+    # floor(k c / n) as k (c // n) + floor(k (c % n) / n): no product above c or n², so costs up to 2**63 - 1
+    # split exactly (k · c itself overflows int64 from c · n >= 2**63, e.g. c = 2**50 in 2**19 pieces)
+    whole, rest = item_cost // item_n, item_cost % item_n
+    piece_start = piece_index * whole + torch.div(piece_index * rest, item_n, rounding_mode="floor")
+    piece_stop = (piece_index + 1) * whole + torch.div((piece_index + 1) * rest, item_n, rounding_mode="floor")
 
     piece_cost = piece_stop - piece_start
     # Each piece also carries a fixed overhead of one unit so that chunks of empty pieces

@@ -28,11 +28,16 @@ from .timing import Timing
 def floor_ms(
     facts: DeviceFacts, bytes_moved: float | None = None, flops: float | None = None, flop_dtype: str = "bfloat16"
 ) -> float | None:
-    """The roofline floor in ms: max(bytes / bandwidth, flops / rate); None when unknown."""
+    """The roofline floor in ms: max(bytes / bandwidth, flops / rate); None when the device has no peak
+    entry.  FLOPs given for a dtype the device's entry has no rate for raise ValueError: a floor of the bytes
+    alone would understate it (and overstate the fraction reached) without a word."""
     terms = []
     if bytes_moved and facts.bandwidth:
         terms.append(bytes_moved / facts.bandwidth)
     rate = facts.flops(flop_dtype) if flops else None
+    if flops and facts.peak is not None and not rate:
+        raise ValueError(f"flop_dtype {flop_dtype!r}: the peak table has no rate for it on {facts.name} "
+                         f"(rates for {sorted(facts.peak.flops)})")
     if flops and rate:
         terms.append(flops / rate)
     return max(terms) * 1e3 if terms else None

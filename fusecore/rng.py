@@ -94,6 +94,17 @@ def check_seed(seed: int) -> int:
     return seed
 
 
+def check_position(name: str, value: int) -> int:
+    """An offset or a count of positions: an int (numpy's too) in [0, 2**63), the range of the kernels' int64
+    position arithmetic."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {value!r} of type {type(value).__name__}")
+    value = int(value)
+    if not 0 <= value < 2**63:
+        raise ValueError(f"{name} must be in [0, 2**63), got {value}")
+    return value
+
+
 @dataclass
 class PhiloxStream:
     """Host-side owner of one ``(seed, offset)`` sequence.
@@ -107,14 +118,15 @@ class PhiloxStream:
 
     def __post_init__(self) -> None:
         self.seed = check_seed(self.seed)
-        if self.offset < 0:
-            raise ValueError(f"offset must be >= 0, got {self.offset}")
+        self.offset = check_position("offset", self.offset)
 
     def take(self, positions: int) -> tuple[int, int]:
-        if positions < 0:
-            raise ValueError(f"positions must be >= 0, got {positions}")
+        positions = check_position("positions", positions)
+        if self.offset + positions >= 2**63:
+            raise ValueError(f"taking {positions} positions at offset {self.offset} would pass 2**63: the stream "
+                             "is used up (start another seed)")
         pair = (self.seed, self.offset)
-        self.offset += int(positions)
+        self.offset += positions
         return pair
 
     @classmethod
@@ -154,8 +166,7 @@ class DevicePhiloxStream:
 
     def __init__(self, seed: int, device: torch.device | str, offset: int = 0):
         seed = check_seed(seed)
-        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-            raise ValueError(f"offset must be an int >= 0, got {offset!r}")
+        offset = check_position("offset", offset)
         self.state = torch.tensor([seed, offset], dtype=torch.int64, device=device)
 
     @property
@@ -163,9 +174,11 @@ class DevicePhiloxStream:
         return self.state.device
 
     def take(self, positions: int) -> torch.Tensor:
-        """The ``(seed, offset)`` pair (int64 ``[2]`` on the device) for a launch using ``positions``."""
-        if isinstance(positions, bool) or not isinstance(positions, int) or positions < 0:
-            raise ValueError(f"positions must be an int >= 0, got {positions!r}")
+        """The ``(seed, offset)`` pair (int64 ``[2]`` on the device) for a launch using ``positions`` (< 2**62
+        a launch; the device offset is not read back, so it would wrap only after 2**63 positions in all)."""
+        positions = check_position("positions", positions)
+        if positions >= 2**62:
+            raise ValueError(f"positions must be < 2**62 a launch, got {positions}")
         pair = torch.empty(2, dtype=torch.int64, device=self.state.device)
         _take_kernel[(1,)](self.state, pair, positions)
         return pair

@@ -12,6 +12,7 @@ the result ``gpu_time=False`` so nobody mistakes interpreter times for GPU times
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -66,6 +67,11 @@ def measure(
     (CUDA only): wall clock per call of calls issued one after another (see the module
     docstring), with the host's issue time per call in ``host_ms``.
     """
+    for name, value in (("warmup_ms", warmup_ms), ("rep_ms", rep_ms)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise ValueError(f"{name} must be a finite number of milliseconds >= 0, got {value!r}")
+    if isinstance(min_cpu_reps, bool) or not isinstance(min_cpu_reps, int) or min_cpu_reps < 1:
+        raise ValueError(f"min_cpu_reps must be an int >= 1 (a median needs samples), got {min_cpu_reps!r}")
     if cuda_graph and back_to_back:
         raise ValueError("cuda_graph and back_to_back exclude each other: a replay has no host launch work")
     if back_to_back:

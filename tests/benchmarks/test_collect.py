@@ -20,7 +20,8 @@ def test_collect_merges_by_case_copies_logs_and_names_plots(tmp_path):
     run.mkdir()
     write_jsonl(_rows("gatconv", 1.0, "old") + _rows("agnnconv", 2.0, "old"), results / "H100" / "gnn.jsonl",
                 append=False)
-    llm = Record("llm", "decode[y]", "fused per-layer kernels", 1.0, 1.0, 1.0, True, "do_bench", env={"commit": "new"})
+    llm = Record("llm", "decode[y]", "fused per-layer kernels", 1.0, 1.0, 1.0, True, "do_bench",
+                 env={"commit": "new", "gpu": "NVIDIA H100 80GB HBM3"})
     write_jsonl(_rows("gatconv", 0.5, "new") + [llm], run / "results.jsonl", append=False)  # mixed domains
     (run / "gnn-bench.log").write_text("log\n")
     written = collect(run, "H100", "s8", results=results)
@@ -74,3 +75,27 @@ def test_a_run_on_some_graphs_replaces_only_their_rows(tmp_path):
         ("gatconv[cora,fp32,fwd]", "old"), ("gatconv[reddit-scale,fp32,fwd]", "old")]
     whole = merge(rows("gatconv", ("arxiv-like",), "new"), old)
     assert sorted(r.case for r in whole) == ["agnnconv[cora,fp32,fwd]", "gatconv[arxiv-like,fp32,fwd]"]
+
+
+def test_collect_refuses_rows_of_another_device_and_leaves_failed_cases_out(tmp_path):
+    """A results folder holds one GPU's times: interpreter rows and another GPU's are refused before anything
+    is written; the rows of a case that failed its checks replace nothing (session 38's audit)."""
+    from benchmarks.__main__ import merge
+
+    results, run = tmp_path / "results", tmp_path / "run"
+    (results / "H100").mkdir(parents=True)
+    run.mkdir()
+    old = _rows("gatconv", 1.0, "old")
+    write_jsonl(old, results / "H100" / "gnn.jsonl", append=False)
+    cpu = Record("gnn", "gatconv[x]", "fused (gnnfuse)", 9.0, 9.0, 9.0, False, "cpu", env={"gpu": "cpu"})
+    h200 = Record("gnn", "gatconv[x]", "fused (gnnfuse)", 0.4, 0.4, 0.4, True, "do_bench",
+                  env={"gpu": "NVIDIA H200"})
+    for row, words in ((cpu, "not GPU time"), (h200, "NVIDIA H200")):
+        write_jsonl([row], run / "results.jsonl", append=False)
+        with pytest.raises(ValueError, match=words):
+            collect(run, "H100", "s8", results=results)
+        assert [r.median_ms for r in read_jsonl(results / "H100" / "gnn.jsonl")] == [r.median_ms for r in old]
+    failed = _rows("gatconv", 0.5, "new")
+    for r in failed:
+        r.params["case_failed"] = "CHECK FAILED"
+    assert [r.env["commit"] for r in merge(failed, old)] == ["old", "old"]

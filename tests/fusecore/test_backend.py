@@ -178,3 +178,12 @@ def test_bfloat16_rounds_to_nearest_even_and_multiplies_as_on_the_gpu(device, bm
     # exact products, float32 sums of bk terms
     tol = bk * 2**-23 * (x.to(torch.bfloat16).double()[rows].abs() @ w.double().abs().T)
     assert ((out[rows].double() - expected).abs() <= tol + 1e-30).all()
+
+
+def test_set_reference_takes_a_bool():
+    """bool("no") is True: a string once switched the reference path on (session 38's audit)."""
+    before = backend.reference_enabled()
+    for bad in ("no", 0, None):
+        with pytest.raises(TypeError, match="enabled must be True or False"):
+            backend.set_reference(bad)
+    assert backend.reference_enabled() == before

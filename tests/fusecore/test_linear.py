@@ -77,6 +77,21 @@ def test_column_sum_rejects_bad_input(device):
         column_sum(torch.ones(5, device=device))
     with pytest.raises(ValueError, match="must be one of"):
         column_sum(torch.ones(5, 3, dtype=torch.int32, device=device))
+    for bad in (torch.int32, "float32"):  # an integer out_dtype once truncated the sums without a word
+        with pytest.raises(ValueError, match="out_dtype"):
+            column_sum(torch.ones(5, 3, device=device), bad)
+
+
+def test_strided_bias_is_read_as_its_values(device):
+    """A bias that is a strided view (every other element) once went to the kernels as if contiguous."""
+    gen = fresh_generator(device)
+    x = torch.randn(9, 24, generator=gen, device=device)
+    weight = torch.randn(16, 24, generator=gen, device=device)
+    bias = torch.randn(32, generator=gen, device=device)[::2]
+    expected = F.linear(*(t.double() for t in (x, weight, bias)))
+    assert_close(linear(x, weight, bias), expected, dtype=torch.float32, name="linear")
+    if uses_product(x, weight.t(), bias):
+        assert_close(product(x, weight.t(), bias), expected, dtype=torch.float32, name="product")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])

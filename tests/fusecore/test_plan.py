@@ -114,3 +114,17 @@ def test_tensor_signature():
     a = torch.zeros(2, 3)
     assert tensor_signature(a, None) == (((2, 3), "torch.float32", "cpu"), None)
     assert hash(tensor_signature(a))
+
+
+def test_huge_costs_split_exactly_and_knobs_are_integers():
+    """floor(k c / n) without the product k · c, which overflowed int64 (session 38's audit: a cost of 2**50
+    in 2**31-unit pieces gave negative starts and pieces summing to 3)."""
+    plan = make_work_plan(torch.tensor([2**50, 3]), max_piece_cost=2**31, num_chunks=4)
+    cost = plan.piece_stop - plan.piece_start
+    assert int(plan.piece_start.min()) == 0 and int(cost.sum()) == 2**50 + 3 and int(cost.max()) <= 2**31
+    assert int(cost[:-1].sum()) == 2**50
+    top = make_work_plan(torch.tensor([2**63 - 1]), max_piece_cost=2**62, num_chunks=2)
+    assert top.piece_stop.tolist()[-1] == 2**63 - 1
+    for name, bad in (("max_piece_cost", 2.5), ("num_chunks", 2.5), ("num_chunks", True)):
+        with pytest.raises(TypeError, match=name):
+            make_work_plan(torch.tensor([4]), **{"max_piece_cost": 2, "num_chunks": 2, name: bad})

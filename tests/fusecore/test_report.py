@@ -18,7 +18,8 @@ def test_floor_is_the_larger_of_memory_and_compute_time():
     assert floor_ms(FAKE, bytes_moved=2e9) == pytest.approx(1.0)
     assert floor_ms(FAKE, flops=1e12) == pytest.approx(1.0)
     assert floor_ms(FAKE, bytes_moved=2e9, flops=4e12) == pytest.approx(4.0)
-    assert floor_ms(FAKE, flops=1e12, flop_dtype="float64") is None
+    with pytest.raises(ValueError, match="flop_dtype 'float64'"):  # not a bytes-only floor without a word
+        floor_ms(FAKE, flops=1e12, flop_dtype="float64")
     assert floor_ms(device_facts("cpu"), bytes_moved=1e9) is None
 
 
@@ -27,6 +28,8 @@ def test_peak_table_lookup():
     assert "measured" in lookup_peak("NVIDIA H100 80GB HBM3").source
     assert lookup_peak("NVIDIA H100 PCIe").source == "datasheet"
     assert lookup_peak("Some Future GPU") is None
+    assert lookup_peak("NVIDIA GH200 480GB") is None  # whole model names: not the H200's measured figures
+    assert lookup_peak("NVIDIA H200").flops["tf32"] == 494e12  # SXM datasheet, dense (378e12 is the PCIe part's)
     assert FAKE.flops(torch.bfloat16) == 1e15
     with pytest.raises(ValueError):
         device_facts("meta")
@@ -149,3 +152,11 @@ def test_host_probe_times_a_fixed_python_loop(monkeypatch):
     monkeypatch.setattr(timing, "time", SimpleNamespace(perf_counter=lambda: next(ticks)))
     monkeypatch.setattr(timing, "HOST_PROBE_ADDITIONS", 3)
     assert host_probe_us(repeats=0) == 10e6
+
+
+def test_measure_refuses_budgets_that_give_no_samples():
+    """rep_ms=0 with min_cpu_reps=0 once ended in statistics' 'at least two data points' (session 38's audit)."""
+    for kwargs, name in (({"rep_ms": 0, "min_cpu_reps": 0}, "min_cpu_reps"), ({"rep_ms": float("nan")}, "rep_ms"),
+                         ({"warmup_ms": -1}, "warmup_ms"), ({"min_cpu_reps": 1.5}, "min_cpu_reps")):
+        with pytest.raises(ValueError, match=name):
+            measure(lambda: None, device="cpu", **kwargs)

@@ -144,6 +144,17 @@ def test_stream_hands_out_disjoint_offsets():
     assert s.offset == 13
     with pytest.raises(ValueError, match="positions"):
         s.take(-1)
+    for bad in (1.7, True, "2"):  # a float once advanced the offset by its integer part
+        with pytest.raises(TypeError, match="positions"):
+            s.take(bad)
+    assert s.take(np.int64(2)) == (5, 13)
+    for bad in (0.5, 2**64, -3, "3"):
+        with pytest.raises((TypeError, ValueError), match="offset"):
+            PhiloxStream(1, offset=bad)
+    late = PhiloxStream(1, offset=2**63 - 2)
+    with pytest.raises(ValueError, match="used up"):  # the int64 positions of the kernels would wrap
+        late.take(5)
+    assert late.offset == 2**63 - 2
 
 
 @pytest.mark.parametrize("bad", [-1, 2**63, 1.5, True, "3"])
@@ -192,7 +203,7 @@ def test_kernel_draws_from_a_device_pair(gen, device):
 
 
 @pytest.mark.parametrize("bad", [dict(seed=-1), dict(seed=2**63), dict(offset=-1), dict(offset=1.0), dict(positions=-2),
-                                 dict(positions=True)])
+                                 dict(positions=True), dict(offset=2**63), dict(positions=2**62)])
 def test_device_stream_validation(bad, device):
     with pytest.raises((TypeError, ValueError), match=next(iter(bad))):
         stream = DevicePhiloxStream(bad.get("seed", 1), device, offset=bad.get("offset", 0))
