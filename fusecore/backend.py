@@ -314,6 +314,8 @@ def check_dtypes(allowed: tuple[torch.dtype, ...], same: bool = True, **tensors:
     Raises ``TypeError`` naming the argument, its dtype and what was expected; returns the dtype.
     ``None`` values are skipped.
     """
+    if isinstance(allowed, torch.dtype):  # one dtype given bare
+        allowed = (allowed,)
     dtype = None
     first = None
     for name, tensor in tensors.items():

@@ -49,12 +49,13 @@ def persistent_grid(num_work: int, device: torch.device | str | None = None, pro
     ``programs_per_sm`` programs are placed on each multiprocessor (more hide latency when a
     program's registers allow several to be resident).  Returns at least 1.
     """
-    if num_work < 0:
-        raise ValueError(f"num_work must be >= 0, got {num_work}")
-    if programs_per_sm < 1:
-        raise ValueError(f"programs_per_sm must be >= 1, got {programs_per_sm}")
-    slots = device_facts(device).sm_count * programs_per_sm
-    return max(1, min(num_work, slots))
+    for name, value, lo in (("num_work", num_work, 0), ("programs_per_sm", programs_per_sm, 1)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"{name} must be an int, got {value!r}")
+        if value < lo:
+            raise ValueError(f"{name} must be >= {lo}, got {value}")
+    slots = device_facts(device).sm_count * int(programs_per_sm)
+    return max(1, min(int(num_work), slots))
 
 
 @dataclass(frozen=True)

@@ -187,3 +187,10 @@ def test_set_reference_takes_a_bool():
         with pytest.raises(TypeError, match="enabled must be True or False"):
             backend.set_reference(bad)
     assert backend.reference_enabled() == before
+
+
+def test_check_dtypes_takes_one_dtype_or_a_tuple():
+    x = torch.ones(2)
+    assert backend.check_dtypes(torch.float32, x=x) == backend.check_dtypes((torch.float32,), x=x) == torch.float32
+    with pytest.raises(TypeError, match="x has dtype float32; expected one of int64"):
+        backend.check_dtypes(torch.int64, x=x)

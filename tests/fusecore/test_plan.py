@@ -128,3 +128,10 @@ def test_huge_costs_split_exactly_and_knobs_are_integers():
     for name, bad in (("max_piece_cost", 2.5), ("num_chunks", 2.5), ("num_chunks", True)):
         with pytest.raises(TypeError, match=name):
             make_work_plan(torch.tensor([4]), **{"max_piece_cost": 2, "num_chunks": 2, name: bad})
+
+
+def test_persistent_grid_takes_integer_counts():
+    assert persistent_grid(500, "cpu", programs_per_sm=2) == min(500, 2 * device_facts("cpu").sm_count)
+    for kwargs, name in (({"programs_per_sm": 1.5}, "programs_per_sm"), ({"num_work": 2.0}, "num_work")):
+        with pytest.raises(TypeError, match=name):  # a float count once came back as a float grid
+            persistent_grid(**{"num_work": 500, "device": "cpu", **kwargs})
