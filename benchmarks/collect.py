@@ -14,12 +14,12 @@ copied as ``<name>.<tag>.log``.  Then ``python -m benchmarks.readme`` regenerate
 from __future__ import annotations
 
 import argparse
-import re
 import shutil
 import sys
 import tempfile
 from pathlib import Path
 
+from fusecore.device import names_model
 from fusecore.report import read_jsonl, write_jsonl
 
 from .__main__ import merge
@@ -50,7 +50,7 @@ def collect(run_dir: Path, gpu: str, tag: str, results: Path = RESULTS) -> list[
         for row in read_jsonl(source):
             # a folder holds one GPU's times: refuse interpreter rows and another device's (before writing anything)
             device = str(row.env.get("gpu", ""))
-            if not row.gpu_time or not re.search(rf"(?<![a-z0-9]){re.escape(gpu.lower())}(?![a-z0-9])", device.lower()):
+            if not row.gpu_time or not names_model(device, gpu):
                 raise ValueError(f"{source}: row {row.domain}/{row.case} ({row.implementation}) was timed on "
                                  f"{device!r}{'' if row.gpu_time else ' (not GPU time)'}, not on a {gpu}: "
                                  f"it does not belong in results/{gpu}")

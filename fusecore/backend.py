@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import numbers
 import os
 import sys
 import threading
@@ -306,6 +307,13 @@ def check_devices(**tensors: torch.Tensor | None) -> torch.device:
     if device is None:
         raise ValueError("no tensor given to check_devices")
     return device
+
+
+def is_int(value: Any) -> bool:
+    """Whether ``value`` is an integer the API boundaries accept as a count or an id: Python's or numpy's
+    (``numbers.Integral``; numpy's bool is not one), not a bool (``True`` is an ``int`` to Python, never a
+    count to a user)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def check_dtypes(allowed: tuple[torch.dtype, ...], same: bool = True, **tensors: torch.Tensor | None) -> torch.dtype:

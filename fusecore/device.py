@@ -106,10 +106,15 @@ class DeviceFacts:
         return asdict(self)
 
 
+def names_model(name: str, key: str) -> bool:
+    """Whether device name ``name`` names model ``key``: case-insensitive, ``key`` as whole words (no letter or
+    digit either side, so "NVIDIA GH200 480GB" does not name an "H200")."""
+    return re.search(rf"(?<![a-z0-9]){re.escape(key.lower())}(?![a-z0-9])", name.lower()) is not None
+
+
 def lookup_peak(name: str) -> Peak | None:
-    lowered = name.lower()
     for key, peak in PEAKS.items():
-        if re.search(rf"(?<![a-z0-9]){re.escape(key.lower())}(?![a-z0-9])", lowered):
+        if names_model(name, key):
             return peak
     return None
 

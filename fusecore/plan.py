@@ -18,7 +18,6 @@ a :class:`PlanCache` keyed by the input signature (graph, feature shape, dtype, 
 
 from __future__ import annotations
 
-import numbers
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
@@ -27,6 +26,7 @@ from typing import Any
 
 import torch
 
+from .backend import is_int
 from .device import device_facts
 
 # Every dimension of a tl.dot operand must be at least this (block sizes of matrix-product tiles).
@@ -50,7 +50,7 @@ def persistent_grid(num_work: int, device: torch.device | str | None = None, pro
     program's registers allow several to be resident).  Returns at least 1.
     """
     for name, value, lo in (("num_work", num_work, 0), ("programs_per_sm", programs_per_sm, 1)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        if not is_int(value):
             raise TypeError(f"{name} must be an int, got {value!r}")
         if value < lo:
             raise ValueError(f"{name} must be >= {lo}, got {value}")
@@ -118,7 +118,7 @@ def make_work_plan(
     if costs.dtype.is_floating_point or costs.dtype == torch.bool:
         raise TypeError(f"costs must be an integer tensor, got {costs.dtype}")
     for name, value in (("max_piece_cost", max_piece_cost), ("num_chunks", num_chunks)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        if not is_int(value):
             raise TypeError(f"{name} must be an int, got {value!r}")
         if value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 import triton.language as tl  # noqa: E402  (after backend: the kernel mode is fixed first)
 
-from .backend import jit, triton  # noqa: F401  (triton re-exported for kernels' tl import order)
+from .backend import is_int, jit, triton  # noqa: F401  (triton re-exported for kernels' tl import order)
 
 TWO_POW_M24 = 1.0 / (1 << 24)
 TWO_PI = 2.0 * math.pi
@@ -86,7 +86,7 @@ def normal4(seed, stream, position):
 
 
 def check_seed(seed: int) -> int:
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+    if not is_int(seed):
         raise TypeError(f"seed must be an int, got {type(seed).__name__}")
     seed = int(seed)
     if not 0 <= seed < 2**63:
@@ -97,7 +97,7 @@ def check_seed(seed: int) -> int:
 def check_position(name: str, value: int) -> int:
     """An offset or a count of positions: an int (numpy's too) in [0, 2**63), the range of the kernels' int64
     position arithmetic."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+    if not is_int(value):
         raise TypeError(f"{name} must be an int, got {value!r} of type {type(value).__name__}")
     value = int(value)
     if not 0 <= value < 2**63:

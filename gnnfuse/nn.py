@@ -59,7 +59,7 @@ def _project_all(modules: list[nn.Linear], x: torch.Tensor) -> tuple[torch.Tenso
 
 
 def _positive_int(name: str, value: Any) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral) or value < 1:
+    if not backend.is_int(value) or value < 1:
         raise ValueError(f"{name} must be an int >= 1, got {value!r}")
     return int(value)
 

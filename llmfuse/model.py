@@ -19,7 +19,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from fusecore import PhiloxStream, backend
@@ -34,13 +33,8 @@ ENGINE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MIN_TEMPERATURE = 1e-6
 
 
-def _is_int(value: Any) -> bool:
-    """An integer (Python's or numpy's), not a bool."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
-
-
 def _check_int(name: str, value: Any, lo: int) -> int:
-    if not _is_int(value) or value < lo:
+    if not backend.is_int(value) or value < lo:
         raise ValueError(f"{name} must be an int >= {lo}, got {value!r}")
     return int(value)
 
@@ -50,7 +44,7 @@ def _token_list(name: str, value: Any, vocab: int, allow_empty: bool) -> list[in
     if isinstance(value, torch.Tensor):
         value = value.tolist() if value.dim() <= 1 and not value.dtype.is_floating_point else value
     items = list(value) if isinstance(value, (list, tuple)) else [value]
-    if (not items and not allow_empty) or any(not _is_int(e) or not 0 <= e < vocab for e in items):
+    if (not items and not allow_empty) or any(not backend.is_int(e) or not 0 <= e < vocab for e in items):
         raise ValueError(f"{name} must be a token id or a {'' if allow_empty else 'non-empty '}list of token ids "
                          f"in [0, {vocab}), got {value!r}")
     return [int(e) for e in items]
@@ -245,7 +239,7 @@ class LlamaModel:
         """The checked prompt and the generation settings (``max_new_tokens``, ``temperature``, ``top_k``,
         ``top_p``, ``seed``, ``eos`` (a list, the model's by default), ``pad``) as plain Python values."""
         max_new_tokens = _check_int("max_new_tokens", max_new_tokens, 0)
-        if seed is not None and (not _is_int(seed) or not 0 <= seed < 2**63):
+        if seed is not None and (not backend.is_int(seed) or not 0 <= seed < 2**63):
             raise ValueError(f"seed must be an int in [0, 2**63), got {seed!r}")
         if isinstance(temperature, bool) or not (isinstance(temperature, numbers.Real) and 0 <= temperature < math.inf):
             raise ValueError(f"temperature must be a finite float >= 0, got {temperature!r}")
