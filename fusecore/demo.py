@@ -14,7 +14,7 @@ import torch
 
 from . import backend
 from .plan import cdiv
-from .rng import check_seed, normal_reference
+from .rng import check_position, check_seed, normal_reference
 
 BLOCK = 1024
 
@@ -56,8 +56,9 @@ def langevin(
     """
     _check(x, v, steps, dt)
     check_seed(seed)
-    if offset < 0:
-        raise ValueError(f"offset must be >= 0, got {offset}")
+    offset = check_position("offset", offset)
+    if offset + steps >= 2**63:
+        raise ValueError(f"offset + steps must be < 2**63 (the kernel's int64 positions), got {offset} + {steps}")
     if backend.reference_enabled():
         return langevin_reference(x, v, steps, dt=dt, omega=omega, gamma=gamma, sigma=sigma, seed=seed, offset=offset)
     backend.check_devices(x=x, v=v, **({} if out is None else dict(zip(("out_x", "out_v", "out_energy"), out))))

@@ -156,7 +156,12 @@ def device_facts(device: torch.device | str | int | None = None) -> DeviceFacts:
         device = torch.device("cuda", device)
     device = torch.device(device)
     if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"device_facts: '{device}' was asked for, but CUDA is not available on this machine")
+        count = torch.cuda.device_count()
         index = device.index if device.index is not None else torch.cuda.current_device()
+        if not 0 <= index < count:
+            raise ValueError(f"device_facts: '{device}' does not exist; this machine has {count} CUDA device(s)")
         return _cuda_facts(index)
     if device.type == "cpu":
         return _cpu_facts()

@@ -39,7 +39,11 @@ def cdiv(a: int, b: int) -> int:
 
 
 def next_power_of_2(n: int) -> int:
-    """Smallest power of two >= n (1 for n <= 1): block sizes for ``tl.arange`` over n elements."""
+    """Smallest power of two >= n (1 for n <= 1): block sizes for ``tl.arange`` over n elements.
+
+    ``n`` is an int (numpy's too); a float is refused rather than truncated (2.5 would give 2 < 2.5)."""
+    if not is_int(n):
+        raise TypeError(f"n must be an int, got {n!r} of type {type(n).__name__}")
     return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
 
 

@@ -78,7 +78,8 @@ def cartpole_case(ctx: Context) -> None:
         runs = [
             ("torch per-step loop", lambda: reference.unfused_random_rollout(CARTPOLE, state, steps, k, 500),
              traj_bytes),
-            ("step() python loop", step_loop, n * k * (TRAJECTORY_BYTES["CartPole-v1"] - 4)),
+            # each step reads its 4-byte action and writes obs, reward and flags: the trajectory's bytes
+            ("step() python loop", step_loop, traj_bytes),
             ("fused rollout, random", lambda: env.rollout("random", num_steps=k), traj_bytes),
             ("fused rollout, given actions", lambda: env.rollout(actions), traj_bytes + 4 * n * k),
             ("fused rollout, 2x64 MLP actor (tf32)", lambda: env.rollout(mlp_fast, num_steps=k),

@@ -78,6 +78,8 @@ def test_unfused_baseline_has_the_same_deterministic_part(device):
         ((torch.zeros(3), torch.zeros(3), 1), {"dt": 0.0}, ValueError, "dt"),
         ((torch.zeros(3), torch.zeros(3), 1), {"seed": -5}, ValueError, "seed"),
         ((torch.zeros(3), torch.zeros(3), 1), {"offset": -1}, ValueError, "offset"),
+        ((torch.zeros(3), torch.zeros(3), 1), {"offset": 1.5}, TypeError, "offset must be an int"),
+        ((torch.zeros(3), torch.zeros(3), 2), {"offset": 2**63 - 1}, ValueError, "offset \\+ steps"),
         (([0.0], torch.zeros(3), 1), {}, TypeError, "x must be a torch.Tensor"),
     ],
 )

@@ -1,5 +1,6 @@
 """fusecore.plan: work plans over uneven items, persistent grids, the plan cache."""
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -86,6 +87,23 @@ def test_persistent_grid():
         persistent_grid(5, programs_per_sm=0)
     assert cdiv(10, 3) == 4 and cdiv(0, 3) == 0
     assert [next_power_of_2(n) for n in (0, 1, 2, 3, 64, 65)] == [1, 1, 2, 4, 64, 128]
+    assert next_power_of_2(np.int64(5)) == 8
+    for bad in (2.5, True, "4"):
+        with pytest.raises(TypeError, match="n must be an int"):
+            next_power_of_2(bad)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_device_facts_without_cuda_says_so():
+    for device in ("cuda:0", "cuda", 0):
+        with pytest.raises(RuntimeError, match="CUDA is not available"):
+            device_facts(device)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_device_facts_names_a_missing_device():
+    with pytest.raises(ValueError, match="does not exist"):
+        device_facts(torch.cuda.device_count())
 
 
 def test_plan_cache_builds_once_and_evicts_lru():
