@@ -159,10 +159,33 @@ class _DGLHeadsConv(nn.Module):
             out = out + self.res_fc(h).view(h.shape[0], -1, self._out_feats)
         return out if self.activation is None else self.activation(out)
 
+    def _finish_with_attention(self, result, h: torch.Tensor, get_attention: bool):
+        """:meth:`_finish` of the op's output; with ``get_attention`` DGL's pair ``(out, α [E, H, 1])``."""
+        if not get_attention:
+            return self._finish(result, h)
+        out, attention = result
+        return self._finish(out, h), attention.unsqueeze(-1)
+
     def extra_repr(self) -> str:
         return (
             f"in_feats={self._in_feats}, out_feats={self._out_feats}, num_heads={self._num_heads}, "
             f"attn_drop={self.attn_drop_p}, negative_slope={self.negative_slope}"
+        )
+
+
+def _flag(name: str, value: Any) -> bool:
+    """A bool switch of a layer's forward (numpy's bool too), named in the error otherwise."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {value!r}")
+    return bool(value)
+
+
+def _no_edge_weight(edge_weight: Any) -> None:
+    """DGL's ``edge_weight`` (a per-edge factor on the attention) is not supported: refused by name."""
+    if edge_weight is not None:
+        raise NotImplementedError(
+            "edge_weight is not supported by the fused GATConv (the kernels never form the [E, H] attention it "
+            "would scale); scale the messages before the layer or use DGL's GATConv for edge-weighted attention"
         )
 
 
@@ -191,9 +214,14 @@ class GATConv(_DGLHeadsConv):
     (:func:`gnnfuse.ops.fuses_projection`), the projection and the node scores
     ``attn_l · Wh``, ``attn_r · Wh`` are one kernel too; float32 projections are products on the
     tensor cores in three TF32 parts (:mod:`fusecore.linear`, float32's accuracy).  ``fc.weight`` is
-    read directly, so hooks registered on the ``fc`` module do not run.  Not supported (the kernels
-    never form the ``[E, H]`` attention): DGL's ``get_attention=True`` and ``edge_weight``, and
-    bipartite ``(feat_src, feat_dst)`` inputs.  A graph that carries no node count (an edge tensor,
+    read directly, so hooks registered on the ``fc`` module do not run.
+
+    ``forward(graph, feat, get_attention=True)`` returns ``(out, α)`` as DGL does: ``α [E, H, 1]`` in
+    ``feat``'s dtype and the graph's input edge order (DGL's edge ids), the weights the aggregation used
+    (with attention dropout in training: masked and scaled).  The fused forward stores none: one pass
+    over the edges forms them from its logsumexp afterwards (``gnnfuse.ops.attention_weights``); they
+    carry no gradient.  Not supported: DGL's ``edge_weight`` (a ``NotImplementedError``) and bipartite
+    ``(feat_src, feat_dst)`` inputs.  A graph that carries no node count (an edge tensor,
     a ``(src, dst)`` pair, a ``Data`` without ``x`` / ``num_nodes``) has ``feat``'s rows as nodes.
     """
 
@@ -228,8 +256,10 @@ class GATConv(_DGLHeadsConv):
         """DGL's initialization: Xavier-normal with the ReLU gain, zero biases."""
         self._reset(self.fc.weight, self.attn_l, self.attn_r, biases=(self.bias,))
 
-    def forward(self, graph: Any, feat: torch.Tensor, *, schedule: ScheduleOptions | None = None,
-                rng: PhiloxStream | DevicePhiloxStream | None = None) -> torch.Tensor:
+    def forward(self, graph: Any, feat: torch.Tensor, edge_weight: None = None, get_attention: bool = False, *,
+                schedule: ScheduleOptions | None = None, rng: PhiloxStream | DevicePhiloxStream | None = None,
+                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        _no_edge_weight(edge_weight)
         graph = self._graph(graph, feat, self.fc.weight.dtype)
         h = self._feat_dropout(feat)
         # Aligned rows (or many 2-byte rows, read by alignment class): the projection and the node scores in one
@@ -244,9 +274,10 @@ class GATConv(_DGLHeadsConv):
             first, projected = _project(self.fc, h).view(feat.shape[0], self._num_heads, self._out_feats), {}
         out = ops.gat(
             graph, first, self.attn_l, self.attn_r, negative_slope=self.negative_slope, dropout=self._dropout(),
-            rng=rng, schedule=schedule, out_add=self.bias, **projected,
+            rng=rng, schedule=schedule, out_add=self.bias, return_attention=_flag("get_attention", get_attention),
+            **projected,
         )
-        return self._finish(out, h)
+        return self._finish_with_attention(out, h, get_attention)
 
 
 class GATv2Conv(_DGLHeadsConv):
@@ -268,8 +299,8 @@ class GATv2Conv(_DGLHeadsConv):
 
     ``forward(graph, feat)``: ``feat`` ``[N, in_feats]``; returns ``[N, H, D]``.  The ``[E, H, D]``
     edge vectors of the score exist only in registers; only the logsumexp per (node, head) is
-    stored, attention dropout is regenerated in backward from the counter-based RNG.  As for
-    :class:`GATConv`: no ``get_attention`` / ``edge_weight``, no bipartite inputs.
+    stored, attention dropout is regenerated in backward from the counter-based RNG.
+    ``get_attention=True`` returns ``(out, α [E, H, 1])`` as for :class:`GATConv`; no bipartite inputs.
     """
 
     def __init__(
@@ -301,8 +332,9 @@ class GATv2Conv(_DGLHeadsConv):
         linears = [self.fc_src] if self.share_weights else [self.fc_src, self.fc_dst]
         self._reset(*(linear.weight for linear in linears), self.attn, biases=tuple(linear.bias for linear in linears))
 
-    def forward(self, graph: Any, feat: torch.Tensor, *, schedule: ScheduleOptions | None = None,
-                rng: PhiloxStream | DevicePhiloxStream | None = None) -> torch.Tensor:
+    def forward(self, graph: Any, feat: torch.Tensor, get_attention: bool = False, *,
+                schedule: ScheduleOptions | None = None, rng: PhiloxStream | DevicePhiloxStream | None = None,
+                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         graph = self._graph(graph, feat, self.fc_src.weight.dtype)
         shape = (feat.shape[0], self._num_heads, self._out_feats)
         h = self._feat_dropout(feat)
@@ -312,9 +344,9 @@ class GATv2Conv(_DGLHeadsConv):
             feat_src, feat_dst = (y.view(shape) for y in _project_all([self.fc_src, self.fc_dst], h))
         out = ops.gatv2(
             graph, feat_src, feat_dst, self.attn, negative_slope=self.negative_slope, dropout=self._dropout(),
-            rng=rng, schedule=schedule,
+            rng=rng, schedule=schedule, return_attention=_flag("get_attention", get_attention),
         )
-        return self._finish(out, h)
+        return self._finish_with_attention(out, h, get_attention)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, share_weights={self.share_weights}"
@@ -344,8 +376,10 @@ class GraphTransformerConv(nn.Module):
     ``lin_edge(edge_feat)`` is fused too (recomputed in registers, gradients to ``edge_feat``
     and ``lin_edge.weight``): no ``[E, H·C]`` tensor exists; only the logsumexp per (node,
     head) is stored.  Unlike PyG's ``forward(x, edge_index, edge_attr)`` the graph comes first
-    (as in the other gnnfuse layers); ``return_attention_weights`` and bipartite ``(x_src, x_dst)``
-    inputs are not supported.
+    (as in the other gnnfuse layers).  ``return_attention_weights=True`` returns PyG's
+    ``(out, (edge_index, α))``: ``edge_index`` the tensor passed (else the graph's input edges
+    ``[2, E]``), ``α [E, H]`` the softmax before dropout, as PyG's, formed after the forward from its
+    logsumexp (no gradient).  Bipartite ``(x_src, x_dst)`` inputs are not supported.
     """
 
     def __init__(
@@ -392,9 +426,13 @@ class GraphTransformerConv(nn.Module):
                 module.reset_parameters()
 
     def forward(
-        self, graph: Any, feat: torch.Tensor, edge_feat: torch.Tensor | None = None, *,
+        self, graph: Any, feat: torch.Tensor, edge_feat: torch.Tensor | None = None,
+        return_attention_weights: bool | None = None, *,
         schedule: ScheduleOptions | None = None, rng: PhiloxStream | DevicePhiloxStream | None = None,
-    ) -> torch.Tensor:
+    ) -> torch.Tensor | tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        want_attention = return_attention_weights is not None and _flag("return_attention_weights",
+                                                                        return_attention_weights)
+        given = graph
         graph = _graph_and_features(graph, feat, self.in_channels, self.lin_query.weight.dtype, True)
         shape = (feat.shape[0], self.heads, self.out_channels)
         edge_weight = None
@@ -424,8 +462,11 @@ class GraphTransformerConv(nn.Module):
         root_add = root.view(shape) if plain_root else None
         out = ops.transformer_attention(
             graph, query.view(shape), key.view(shape), value.view(shape), edge_feat, edge_weight,
-            dropout=dropout, rng=rng, schedule=schedule, out_add=root_add,
+            dropout=dropout, rng=rng, schedule=schedule, out_add=root_add, return_attention=want_attention,
+            attention_dropout=False,
         )
+        if want_attention:
+            out, attention = out
         out = out.reshape(feat.shape[0], self.heads * self.out_channels) if self.concat else out.mean(dim=1)
         if root is not None and root_add is None:
             if self.lin_beta is not None:
@@ -433,6 +474,10 @@ class GraphTransformerConv(nn.Module):
                 out = gate * root + (1 - gate) * out
             else:
                 out = out + root
+        if want_attention:
+            # PyG's pair: the edge_index as passed (a tensor), else the graph's input edges [2, E]
+            edge_index = given if isinstance(given, torch.Tensor) else graph.edge_index
+            return out, (edge_index, attention)
         return out
 
     def extra_repr(self) -> str:

@@ -50,6 +50,7 @@ from .kernels.attention_backward import (
     row_sum_kernel,
 )
 from .kernels.attention_forward import attention_forward_light_kernel, attention_forward_rows_kernel
+from .kernels.attention_weights import attention_weights_kernel
 from .kernels.dropout import DROPOUT_DEVICE, DROPOUT_HOST, DROPOUT_OFF
 from .kernels.edge_features import edge_attr_grad_kernel, edge_terms_kernel, edge_weight_grad_kernel
 from .kernels.merge import lse_merge_kernel, sum_merge_kernel
@@ -1114,16 +1115,20 @@ def _width_key(t: torch.Tensor) -> int:
     return 2 if t.dtype in TWO_BYTE_DTYPES else 4
 
 
+def _csr_edge_block(inputs: AttentionInputs) -> int:
+    """CSR positions a program of the per-edge passes takes (:func:`_csr_edge_pass`, :func:`attention_weights`)."""
+    if backend.INTERPRET and EDGE_TERMS_BLOCK_INTERPRETED:
+        return EDGE_TERMS_BLOCK_INTERPRETED
+    return EDGE_TERMS_BLOCK_2BYTE if inputs.value.element_size() == 2 else EDGE_TERMS_BLOCK
+
+
 def _csr_edge_pass(kernel, graph: Graph, inputs: AttentionInputs, tensors: tuple, schedule) -> None:
     """Launch one of the CSR-order edge-feature passes of :mod:`gnnfuse.kernels.edge_features` over every
     CSR position, :data:`EDGE_TERMS_BLOCK` (2-byte values: :data:`EDGE_TERMS_BLOCK_2BYTE`) a program:
     ``kernel(csr_dst, csr_eid, *tensors, E, H, D, K, scale, feat_stride, ...)``."""
     num_edges = graph.num_edges
     heads, head_dim = inputs.value.shape[1], inputs.value.shape[2]
-    if backend.INTERPRET and EDGE_TERMS_BLOCK_INTERPRETED:
-        block = EDGE_TERMS_BLOCK_INTERPRETED
-    else:
-        block = EDGE_TERMS_BLOCK_2BYTE if inputs.value.element_size() == 2 else EDGE_TERMS_BLOCK
+    block = _csr_edge_block(inputs)
     kernel[(cdiv(num_edges, block),)](
         graph.csr_dst, graph.csr_eid, *tensors, num_edges, heads, head_dim, inputs.edge_dim, inputs.scale,
         inputs.feat_stride, BLOCK_P=block, BLOCK_H=schedule.block_h, BLOCK_D=schedule.block_d,
@@ -1253,6 +1258,70 @@ def edge_weight_grad(
     return partial[0] if programs == 1 else partial.sum(dim=0)
 
 
+@dataclass
+class AttentionRequest:
+    """The schedule argument of a fused-attention Function that also asks its forward for the
+    attention weights (:func:`attention_weights`): ``weights`` is set by the forward.  ``dropped``:
+    the weights the aggregation used (the dropout mask and keep scale applied); else the softmax."""
+
+    schedule: ScheduleOptions | None
+    dropped: bool = True
+    weights: torch.Tensor | None = None
+
+
+def _requested(schedule: ScheduleOptions | None, return_attention: bool, attention_dropout: bool):
+    """The Function's schedule argument: ``schedule``, or an :class:`AttentionRequest` carrying it."""
+    if not isinstance(return_attention, bool):
+        raise TypeError(f"return_attention must be a bool, got {return_attention!r}")
+    if not isinstance(attention_dropout, bool):
+        raise TypeError(f"attention_dropout must be a bool, got {attention_dropout!r}")
+    return AttentionRequest(schedule, attention_dropout) if return_attention else schedule
+
+
+def _with_weights(out: torch.Tensor, request) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """``out``, or ``(out, weights)`` when ``request`` is an :class:`AttentionRequest`."""
+    return (out, request.weights) if isinstance(request, AttentionRequest) else out
+
+
+def _reference_weights(request) -> str | None:
+    """The reference functions' ``weights`` argument for a Function's schedule argument."""
+    if not isinstance(request, AttentionRequest):
+        return None
+    return "dropped" if request.dropped else "softmax"
+
+
+def _reference_result(result: tuple, dtype: torch.dtype, request):
+    """A reference function's ``(out, lse[, α])`` as an op returns it, in ``dtype``."""
+    out = result[0].to(dtype)
+    return (out, result[2].to(dtype)) if isinstance(request, AttentionRequest) else out
+
+
+def attention_weights(graph: Graph, inputs: AttentionInputs, lse: torch.Tensor, dropout_p: float,
+                      seed: int | torch.Tensor, offset: int, options: ScheduleOptions | None,
+                      dropped: bool = True) -> torch.Tensor:
+    """The attention weights ``α [E, H]`` of a forward over ``graph`` from its ``lse`` and launch arguments,
+    in the values' dtype and the graph's input edge order (:mod:`gnnfuse.kernels.attention_weights`):
+    ``α_p = exp(s_p − lse_i)``, with ``dropped`` times the forward's dropout mask and keep scale.  Not part of
+    any autograd graph."""
+    value = inputs.value
+    num_edges, heads, head_dim = graph.num_edges, value.shape[1], value.shape[2]
+    alpha = _new_output((num_edges, heads), value.dtype, value.device)
+    if num_edges == 0:
+        return alpha
+    schedule = graph.schedule(heads, head_dim, value.dtype, options)
+    if not dropped:
+        dropout_p = 0.0
+    keep_scale, mode = _dropout_args(dropout_p, seed)
+    block = _csr_edge_block(inputs)
+    attention_weights_kernel[(cdiv(num_edges, block),)](
+        graph.csr_dst, graph.csr_src, graph.csr_eid, *inputs.pointers(), lse, alpha, num_edges, heads, head_dim,
+        inputs.edge_dim, inputs.negative_slope, inputs.scale, dropout_p, keep_scale, seed, offset,
+        inputs.feat_stride, BLOCK_P=block, BLOCK_H=schedule.block_h, BLOCK_D=schedule.block_d,
+        **_edge_flags(inputs, schedule.block_h, schedule.block_d, block), **_score_flags(inputs), DROPOUT=mode,
+    )
+    return alpha
+
+
 def _forward_saving(ctx, graph: Graph, inputs: AttentionInputs, launch: tuple, differentiable: int,
                     *saved: torch.Tensor, add_index: int | None = None) -> torch.Tensor:
     """The forward of every fused-attention autograd Function: run :func:`attention_forward`,
@@ -1278,7 +1347,12 @@ def _forward_saving(ctx, graph: Graph, inputs: AttentionInputs, launch: tuple, d
     final = None
     if training and (add is not None or value.dtype != acc):
         final = _new_output(tuple(value.shape), value.dtype, value.device)
+    request = launch[3] if isinstance(launch[3], AttentionRequest) else None
+    if request is not None:
+        launch = (*launch[:3], request.schedule)
     out, lse = attention_forward(graph, inputs, *launch, acc if training else value.dtype, final=final)
+    if request is not None:
+        request.weights = attention_weights(graph, inputs, lse, *launch, dropped=request.dropped)
     ctx.save_for_backward(*saved, out, lse)
     ctx.graph = graph
     ctx.launch = launch
@@ -1427,7 +1501,9 @@ def gat_attention(
     dropout: float = 0.0,
     rng: PhiloxStream | DevicePhiloxStream | None = None,
     schedule: ScheduleOptions | None = None,
-) -> torch.Tensor:
+    return_attention: bool = False,
+    attention_dropout: bool = True,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Fused GAT attention over ``graph`` given per-node scores.
 
     ``wh``: ``[N, H, D]`` projected features (float16 / bfloat16 / float32 / float64);
@@ -1441,12 +1517,18 @@ def gat_attention(
     and a CUDA graph that captures the call draws a fresh mask on every replay (``gnnfuse.capture``).
     ``schedule``: :class:`~gnnfuse.schedule.ScheduleOptions` forcing the degree buckets.
     Returns ``out [N, H, D]`` in ``wh``'s dtype; nodes without incoming edges get zeros.
+    ``return_attention``: also return the attention weights ``α [E, H]`` in the values' dtype and the graph's
+    input edge order, formed from this forward's logsumexp by one pass over the edges
+    (:func:`attention_weights`; not differentiable); ``attention_dropout``: with dropout on, the weights
+    the aggregation used (mask and ``1 / (1 − dropout)`` applied, DGL's ``get_attention``), else the softmax
+    itself (PyG's ``return_attention_weights``).
     """
     graph = as_graph(graph)
     _check_features(graph, wh, el, er)
     dropout = _check_dropout(dropout)
     negative_slope = _check_negative_slope(negative_slope)
     _check_schedule(schedule)
+    request = _requested(schedule, return_attention, attention_dropout)
     acc = accumulation_dtype(wh.dtype)
     el = el.to(acc).contiguous()
     er = er.to(acc).contiguous()
@@ -1456,11 +1538,14 @@ def gat_attention(
         from .reference import gat_attention_reference
 
         seed, offset = _host_pair(seed, offset)
-        return gat_attention_reference(
-            graph, wh, el, er, negative_slope=negative_slope, dropout=dropout, seed=seed, offset=offset
-        )[0].to(wh.dtype)
+        result = gat_attention_reference(
+            graph, wh, el, er, negative_slope=negative_slope, dropout=dropout, seed=seed, offset=offset,
+            weights=_reference_weights(request),
+        )
+        return _reference_result(result, wh.dtype, request)
     backend.check_devices(wh=wh, el=el, er=er, graph=graph.indptr)
-    return _apply(GATAttentionFunction, wh, el, er, graph, float(negative_slope), dropout, seed, offset, schedule)
+    out = _apply(GATAttentionFunction, wh, el, er, graph, float(negative_slope), dropout, seed, offset, request)
+    return _with_weights(out, request)
 
 
 # Warps per program of the per-node backward kernels, by kernel (GAT's node scores, AGNN's normalization) and
@@ -1829,7 +1914,9 @@ def gat(
     schedule: ScheduleOptions | None = None,
     out_add: torch.Tensor | None = None,
     weight: torch.Tensor | None = None,
-) -> torch.Tensor:
+    return_attention: bool = False,
+    attention_dropout: bool = True,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """GAT attention from projected features and attention vectors ``attn_l``, ``attn_r`` ``(1, H, D)``.
 
     Same result as :func:`gat_attention` with ``el``, ``er`` from :func:`node_scores`, as one
@@ -1844,6 +1931,11 @@ def gat(
     saves the node-score pass's read of ``Wh``: :class:`~gnnfuse.nn.GATConv` takes this path there
     and keeps ``fc`` as its own module elsewhere (the op alone, with torch's product, was no faster
     as called on the H200: gnn/layer_host, session 7).
+    ``return_attention``: also return the attention weights ``α [E, H]`` in the values' dtype and the graph's
+    input edge order, formed from this forward's logsumexp by one pass over the edges
+    (:func:`attention_weights`; not differentiable); ``attention_dropout``: with dropout on, the weights
+    the aggregation used (mask and ``1 / (1 − dropout)`` applied, DGL's ``get_attention``), else the softmax
+    itself (PyG's ``return_attention_weights``).
     """
     graph = as_graph(graph)
     backend.check_dtypes(FLOAT_DTYPES, wh=wh, attn_l=attn_l, attn_r=attn_r, weight=weight)
@@ -1860,21 +1952,26 @@ def gat(
     negative_slope = _check_negative_slope(negative_slope)
     _check_schedule(schedule)
     add = _check_addend(out_add, graph, heads, head_dim, wh.dtype)
+    request = _requested(schedule, return_attention, attention_dropout)
     if backend.reference_enabled():
         if weight is not None:
             wh = torch.nn.functional.linear(wh, weight).view(-1, heads, head_dim)
         el, er = node_scores(wh, attn_l, attn_r)
-        out = gat_attention(
-            graph, wh, el, er, negative_slope=negative_slope, dropout=dropout, rng=rng, schedule=schedule
+        result = gat_attention(
+            graph, wh, el, er, negative_slope=negative_slope, dropout=dropout, rng=rng, schedule=schedule,
+            return_attention=return_attention, attention_dropout=attention_dropout,
         )
-        return out if add is None else out + add
+        out, weights = (result, None) if not return_attention else result
+        out = out if add is None else out + add
+        return (out, weights) if return_attention else out
     seed, offset = _rng_pair(rng, dropout, heads, wh.device)
     backend.check_devices(wh=wh, weight=weight, attn_l=attn_l, attn_r=attn_r, out_add=add, graph=graph.indptr)
     # attn_l, attn_r and out_add go in as given (the node views them: no autograd view nodes here)
-    return _apply(
+    out = _apply(
         GATFunction, wh if weight is not None else wh.contiguous(), weight, attn_l.contiguous(), attn_r.contiguous(),
-        graph, float(negative_slope), dropout, seed, offset, schedule, out_add,
+        graph, float(negative_slope), dropout, seed, offset, request, out_add,
     )
+    return _with_weights(out, request)
 
 
 def _check_projection(graph: Graph, x: torch.Tensor, weight: torch.Tensor, width: int) -> None:
@@ -2063,7 +2160,9 @@ def gatv2(
     dropout: float = 0.0,
     rng: PhiloxStream | DevicePhiloxStream | None = None,
     schedule: ScheduleOptions | None = None,
-) -> torch.Tensor:
+    return_attention: bool = False,
+    attention_dropout: bool = True,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Fused GATv2 attention (Brody et al., 2022) over ``graph``.
 
     ``feat_src``, ``feat_dst``: ``[N, H, D]`` projected features as source and as destination
@@ -2075,6 +2174,11 @@ def gatv2(
     The ``[E, H, D]`` edge vectors exist only in registers; ``∂attn`` is reduced over
     per-source-row partials (deterministic).  ``dropout``, ``rng``, ``schedule`` as in
     :func:`gat_attention`.  Returns ``[N, H, D]`` in ``feat_src``'s dtype.
+    ``return_attention``: also return the attention weights ``α [E, H]`` in the values' dtype and the graph's
+    input edge order, formed from this forward's logsumexp by one pass over the edges
+    (:func:`attention_weights`; not differentiable); ``attention_dropout``: with dropout on, the weights
+    the aggregation used (mask and ``1 / (1 − dropout)`` applied, DGL's ``get_attention``), else the softmax
+    itself (PyG's ``return_attention_weights``).
     """
     graph = as_graph(graph)
     backend.check_dtypes(FLOAT_DTYPES, feat_src=feat_src, feat_dst=feat_dst, attn=attn)
@@ -2084,20 +2188,24 @@ def gatv2(
     dropout = _check_dropout(dropout)
     negative_slope = _check_negative_slope(negative_slope)
     _check_schedule(schedule)
+    request = _requested(schedule, return_attention, attention_dropout)
     seed, offset = _rng_pair(rng, dropout, heads, feat_src.device)
     if backend.reference_enabled():
         from .reference import gatv2_reference
 
         seed, offset = _host_pair(seed, offset)
-        return gatv2_reference(
-            graph, feat_src, feat_dst, attn, negative_slope=negative_slope, dropout=dropout, seed=seed, offset=offset
-        )[0].to(feat_src.dtype)
+        result = gatv2_reference(
+            graph, feat_src, feat_dst, attn, negative_slope=negative_slope, dropout=dropout, seed=seed, offset=offset,
+            weights=_reference_weights(request),
+        )
+        return _reference_result(result, feat_src.dtype, request)
     backend.check_devices(feat_src=feat_src, feat_dst=feat_dst, attn=attn, graph=graph.indptr)
     sides, packing = _function_features(heads, head_dim, (feat_src, feat_dst))
-    return _apply(
+    out = _apply(
         GATv2Function, *sides, attn.reshape(heads, head_dim).contiguous(), graph,
-        float(negative_slope), dropout, seed, offset, schedule, packing,
+        float(negative_slope), dropout, seed, offset, request, packing,
     )
+    return _with_weights(out, request)
 
 
 def transformer_attention(
@@ -2113,7 +2221,9 @@ def transformer_attention(
     rng: PhiloxStream | DevicePhiloxStream | None = None,
     schedule: ScheduleOptions | None = None,
     out_add: torch.Tensor | None = None,
-) -> torch.Tensor:
+    return_attention: bool = False,
+    attention_dropout: bool = True,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Fused Graph Transformer attention (PyG TransformerConv's message and aggregation).
 
     ``query``, ``key``, ``value``: ``[N, H, D]`` (one dtype); optional edge features
@@ -2128,6 +2238,11 @@ def transformer_attention(
     backward; gradients reach ``edge_attr`` and ``edge_weight``.  ``dropout``, ``rng``,
     ``schedule`` as in :func:`gat_attention`, ``out_add`` (the layer's root term) as in
     :func:`gat`.  Returns ``[N, H, D]`` in ``value``'s dtype.
+    ``return_attention``: also return the attention weights ``α [E, H]`` in the values' dtype and the graph's
+    input edge order, formed from this forward's logsumexp by one pass over the edges
+    (:func:`attention_weights`; not differentiable); ``attention_dropout``: with dropout on, the weights
+    the aggregation used (mask and ``1 / (1 − dropout)`` applied, DGL's ``get_attention``), else the softmax
+    itself (PyG's ``return_attention_weights``).
     """
     graph = as_graph(graph)
     backend.check_dtypes(FLOAT_DTYPES, query=query, key=key, value=value, edge_attr=edge_attr,
@@ -2152,15 +2267,19 @@ def transformer_attention(
     dropout = _check_dropout(dropout)
     _check_schedule(schedule)
     add = _check_addend(out_add, graph, heads, head_dim, value.dtype)
+    request = _requested(schedule, return_attention, attention_dropout)
     seed, offset = _rng_pair(rng, dropout, heads, value.device)
     if backend.reference_enabled():
         from .reference import transformer_attention_reference
 
         seed, offset = _host_pair(seed, offset)
-        out = transformer_attention_reference(
-            graph, query, key, value, edge_attr, edge_weight, scale=scale, dropout=dropout, seed=seed, offset=offset
-        )[0].to(value.dtype)
-        return out if add is None else out + add
+        result = transformer_attention_reference(
+            graph, query, key, value, edge_attr, edge_weight, scale=scale, dropout=dropout, seed=seed, offset=offset,
+            weights=_reference_weights(request),
+        )
+        out, weights = (result[0], result[2] if len(result) > 2 else None)
+        out = out.to(value.dtype) if add is None else out.to(value.dtype) + add
+        return (out, weights.to(value.dtype)) if return_attention else out
     backend.check_devices(query=query, key=key, value=value, edge_attr=edge_attr, edge_weight=edge_weight,
                           out_add=add, graph=graph.indptr)
     if edge_attr is not None:
@@ -2170,10 +2289,11 @@ def transformer_attention(
     features, packing = _function_features(heads, head_dim, (query, key, value), per_node_add)
     if packing is not None and packing[2][3] is not None:
         out_add = None  # a block of the product: the Function reads it, and stores its gradient, there
-    return _apply(
+    out = _apply(
         TransformerAttentionFunction, *features, edge_attr, edge_weight, graph, float(scale), dropout,
-        seed, offset, schedule, out_add, packing,
+        seed, offset, request, out_add, packing,
     )
+    return _with_weights(out, request)
 
 
 def agnn(
@@ -2182,7 +2302,8 @@ def agnn(
     beta: torch.Tensor,
     *,
     schedule: ScheduleOptions | None = None,
-) -> torch.Tensor:
+    return_attention: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Fused AGNN propagation (Thekumparampil et al., 2018): ``out_i = Σ_{j->i} α_ij h_j`` with
     ``α_i· = softmax_j β cos(h_i, h_j)``.
 
@@ -2190,11 +2311,13 @@ def agnn(
     tensor.  The cosine is the dot product of unit rows ``ĥ = h / max(‖h‖, 1e-12)``, so this is
     the fused dot-product attention with ``q = β ĥ``, ``k = ĥ``, ``v = h`` and scale 1
     (:class:`AGNNFunction`); the normalization and its backward are one per-node kernel each.
-    Returns ``feat``'s shape and dtype.
+    Returns ``feat``'s shape and dtype; with ``return_attention`` also ``α [E, H]`` (``H = 1`` for ``[N, D]``
+    features) in ``feat``'s dtype and the graph's input edge order (not differentiable).
     """
     graph = as_graph(graph)
     backend.check_dtypes(FLOAT_DTYPES, feat=feat, beta=beta)
     _check_schedule(schedule)
+    request = _requested(schedule, return_attention, True)
     if feat.dim() not in (2, 3):
         raise ValueError(f"feat must have shape [num_nodes, D] or [num_nodes, H, D], got {tuple(feat.shape)}")
     if beta.numel() != 1:
@@ -2204,10 +2327,13 @@ def agnn(
     if backend.reference_enabled():
         from .reference import agnn_reference
 
+        if return_attention:
+            out, weights = agnn_reference(graph, feat, beta, weights=True)
+            return out.to(feat.dtype), weights.to(feat.dtype)
         return agnn_reference(graph, feat, beta).to(feat.dtype)
     backend.check_devices(feat=feat, beta=beta, graph=graph.indptr)
-    out = _apply(AGNNFunction, h.contiguous(), beta.reshape(1), graph, schedule)
-    return out.reshape(feat.shape)
+    out = _apply(AGNNFunction, h.contiguous(), beta.reshape(1), graph, request)
+    return _with_weights(out.reshape(feat.shape), request)
 
 
 def attention_floor_bytes(
@@ -2229,6 +2355,20 @@ def attention_floor_bytes(
     per_edge = gathered * heads * head_dim + edge_elements
     forward = graph.num_edges * per_edge * element + index + graph.num_nodes * heads * head_dim * element
     return 2 * forward if backward else forward
+
+
+def attention_weights_floor_bytes(graph: Graph, heads: int, head_dim: int, dtype: torch.dtype, *,
+                                  gathered: int = 1, node_terms: bool = False, edge_elements: int = 0) -> int:
+    """Fewest bytes :func:`attention_weights` must move: three ``E`` index arrays (CSR destination, source and
+    input edge id), per edge ``gathered`` source tiles of ``H·D`` elements (GAT, ``node_terms``: ``H`` float32
+    scores) and ``edge_elements`` raw edge features, the destinations' terms once per node, the ``N·H`` float32
+    ``lse`` and the ``E·H`` weights written in ``dtype``."""
+    element = torch.empty((), dtype=dtype).element_size()
+    index = graph.num_edges * (graph.csr_dst.element_size() + graph.csr_src.element_size()
+                               + graph.csr_eid.element_size())
+    term = heads * 4 if node_terms else heads * head_dim * element
+    per_edge = gathered * term + edge_elements * element + heads * element
+    return index + graph.num_edges * per_edge + graph.num_nodes * (term + heads * 4)
 
 
 def gat_floor_bytes(graph: Graph, heads: int, head_dim: int, dtype: torch.dtype, backward: bool = False) -> int:

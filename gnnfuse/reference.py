@@ -33,12 +33,14 @@ def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
 
 def edge_softmax_aggregate(
     graph: Graph, scores: torch.Tensor, messages: torch.Tensor, *, dropout: float = 0.0, seed: int = 0,
-    offset: int = 0,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    offset: int = 0, weights: str | None = None,
+) -> tuple[torch.Tensor, ...]:
     """``(out [N, H, D], lse [N, H])`` from per-edge ``scores [E, H]`` and ``messages [E, H, D]``
     in CSR order: ``α = softmax`` of the scores over each row's incoming edges (then dropout
     with scale ``1 / (1 − dropout)``), ``out_i = Σ_j α_ij m_ij``.  Rows without incoming edges
-    give zeros and ``lse = -inf``.  Differentiable in both tensors."""
+    give zeros and ``lse = -inf``.  Differentiable in both tensors.  ``weights`` ``"dropped"`` (the
+    weights the sum used) or ``"softmax"`` (before dropout) appends ``α [E, H]`` in the graph's input
+    edge order."""
     num_nodes, heads = graph.num_nodes, scores.shape[1]
     dtype, device = scores.dtype, scores.device
     dst = graph.csr_dst.long()
@@ -53,7 +55,14 @@ def edge_softmax_aggregate(
     weighted = alpha[:, :, None] * messages  # [E, H, D]
     out = torch.zeros(num_nodes, *messages.shape[1:], dtype=dtype, device=device).index_add(0, dst, weighted)
     lse = torch.where(row_sum > 0, row_max + torch.log(row_sum.clamp_min(1e-300)), torch.full_like(row_sum, -torch.inf))
-    return out, lse.detach()
+    if weights is None:
+        return out, lse.detach()
+    if weights not in ("dropped", "softmax"):
+        raise ValueError(f"weights must be None, 'dropped' or 'softmax', got {weights!r}")
+    chosen = alpha if weights == "dropped" else exp_scores / row_sum[dst]
+    in_order = torch.empty_like(chosen)
+    in_order[graph.csr_eid.long()] = chosen
+    return out, lse.detach(), in_order
 
 
 def gat_attention_reference(
@@ -66,7 +75,8 @@ def gat_attention_reference(
     dropout: float = 0.0,
     seed: int = 0,
     offset: int = 0,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    weights: str | None = None,
+) -> tuple[torch.Tensor, ...]:
     """``(out [N, H, D], lse [N, H])`` computed unfused in the dtype of ``el`` (differentiable).
 
     ``out_i = Σ_{j->i} α_ij Wh_j``, ``α_i· = softmax_j LeakyReLU(el_j + er_i)`` (then dropout
@@ -78,7 +88,7 @@ def gat_attention_reference(
     dst = graph.csr_dst.long()
     scores = torch.nn.functional.leaky_relu(el[src] + er[dst], negative_slope)  # [E, H]
     messages = wh.to(el.dtype)[src]  # [E, H, D]
-    return edge_softmax_aggregate(graph, scores, messages, dropout=dropout, seed=seed, offset=offset)
+    return edge_softmax_aggregate(graph, scores, messages, dropout=dropout, seed=seed, offset=offset, weights=weights)
 
 
 def gatv2_reference(
@@ -91,7 +101,8 @@ def gatv2_reference(
     dropout: float = 0.0,
     seed: int = 0,
     offset: int = 0,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    weights: str | None = None,
+) -> tuple[torch.Tensor, ...]:
     """GATv2 (Brody et al., 2022): ``(out, lse)`` with ``out_i = Σ_{j->i} α_ij fs_j`` and
     ``α_i· = softmax_j Σ_d attn_hd · LeakyReLU(fs_j + fd_i)_hd``; ``feat_src``, ``feat_dst``
     ``[N, H, D]``, ``attn`` ``H·D`` elements.  Computed in float32 (float64 for float64 inputs),
@@ -104,7 +115,8 @@ def gatv2_reference(
     heads, head_dim = fs.shape[1], fs.shape[2]
     z = torch.nn.functional.leaky_relu(fs[src] + fd[dst], negative_slope)  # [E, H, D]
     scores = (z * attn.to(dtype).reshape(1, heads, head_dim)).sum(-1)
-    return edge_softmax_aggregate(graph, scores, fs[src], dropout=dropout, seed=seed, offset=offset)
+    return edge_softmax_aggregate(graph, scores, fs[src], dropout=dropout, seed=seed, offset=offset,
+                                  weights=weights)
 
 
 def transformer_attention_reference(
@@ -119,7 +131,8 @@ def transformer_attention_reference(
     dropout: float = 0.0,
     seed: int = 0,
     offset: int = 0,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    weights: str | None = None,
+) -> tuple[torch.Tensor, ...]:
     """Graph Transformer attention (PyG TransformerConv's message): ``(out, lse)`` with
     ``s_ij = scale · q_i · (k_j + e_ij)``, ``α = softmax_j s``, ``out_i = Σ_j α_ij (v_j + e_ij)``.
 
@@ -139,13 +152,16 @@ def transformer_attention_reference(
         edge_csr = edge[graph.csr_eid.long()]
         keys, values = keys + edge_csr, values + edge_csr
     scores = scale * (query.to(dtype)[dst] * keys).sum(-1)
-    return edge_softmax_aggregate(graph, scores, values, dropout=dropout, seed=seed, offset=offset)
+    return edge_softmax_aggregate(graph, scores, values, dropout=dropout, seed=seed, offset=offset,
+                                  weights=weights)
 
 
-def agnn_reference(graph, feat: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+def agnn_reference(graph, feat: torch.Tensor, beta: torch.Tensor, weights: bool = False
+                   ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """AGNN propagation (Thekumparampil et al., 2018; DGL's AGNNConv): ``out_i = Σ_{j->i} α_ij h_j``
     with ``α_i· = softmax_j β cos(h_i, h_j)``; ``feat`` ``[N, D]`` (or ``[N, H, D]``: per head),
-    ``beta`` one element.  Returns ``feat``'s shape in the compute dtype."""
+    ``beta`` one element.  Returns ``feat``'s shape in the compute dtype (with ``weights``, and ``α
+    [E, H]`` in the input edge order, ``H = 1`` for ``[N, D]`` features)."""
     graph = as_graph(graph)
     dtype = accumulation_dtype(feat.dtype)
     h = feat.to(dtype) if feat.dim() == 3 else feat.to(dtype).unsqueeze(1)
@@ -153,5 +169,8 @@ def agnn_reference(graph, feat: torch.Tensor, beta: torch.Tensor) -> torch.Tenso
     src = graph.csr_src.long()
     dst = graph.csr_dst.long()
     scores = beta.to(dtype).reshape(()) * (unit[dst] * unit[src]).sum(-1)  # [E, H]
+    if weights:
+        out, _, alpha = edge_softmax_aggregate(graph, scores, h[src], weights="softmax")
+        return out.reshape(feat.shape), alpha
     out, _ = edge_softmax_aggregate(graph, scores, h[src])
     return out.reshape(feat.shape)

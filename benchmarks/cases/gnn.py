@@ -68,7 +68,7 @@ from fusecore import use_reference
 from gnnfuse import Graph, ScheduleOptions, capture, ops
 from gnnfuse.datasets import load_planetoid, planetoid_available, power_law_graph
 from gnnfuse.nn import AGNNConv, GATConv, GATv2Conv, GraphTransformerConv
-from gnnfuse.ops import attention_floor_bytes, gat_floor_bytes
+from gnnfuse.ops import attention_floor_bytes, attention_weights_floor_bytes, gat_floor_bytes
 
 
 @dataclass(frozen=True)
@@ -509,6 +509,63 @@ def reorder_case(ctx: Context) -> None:
             ctx.time(impl, _forward(call), bytes_moved=floor_fwd, params=params, variant=f"{spec.name},fwd")
             ctx.time(impl, _train_step(call, list(layer.parameters()), grad_in), bytes_moved=floor_train,
                      params=params, variant=f"{spec.name},fwd+bwd")
+
+
+@case("gnn", "attention_weights", baseline="forward", headline=False)
+def attention_weights_case(ctx: Context) -> None:
+    """The attention weights on request (DGL's ``get_attention``, PyG's ``return_attention_weights``): each
+    op's forward alone and the same forward with ``return_attention=True``, as called and replayed as CUDA
+    graphs (the replayed rows' difference is the weights pass, :func:`gnnfuse.ops.attention_weights`),
+    arxiv-like, fp32 and bf16; the second row's floor adds the pass's,
+    :func:`gnnfuse.ops.attention_weights_floor_bytes`.  Checked: the weights of every destination sum
+    to 1, and asking for them leaves the output unchanged."""
+    spec = QUICK[0] if ctx.quick else next(s for s in FULL if s.name == "arxiv-like")
+    edges, n = _edges(spec.name, ctx.device)
+    graph = Graph(edges, n)
+    gen = torch.Generator().manual_seed(5)
+    heads, dim = spec.heads, spec.head_dim
+    dst = graph.csr_dst.long()[torch.argsort(graph.csr_eid.long())]  # per input edge
+    for dtype in [torch.float32] if ctx.quick else [torch.float32, torch.bfloat16]:
+        tag = "fp32" if dtype == torch.float32 else "bf16"
+
+        def rand(*shape):
+            return torch.randn(*shape, generator=gen).to(device=ctx.device, dtype=dtype)
+
+        a, b, c = rand(n, heads, dim), rand(n, heads, dim), rand(n, heads, dim)
+        vec_l, vec_r = rand(1, heads, dim), rand(1, heads, dim)
+        attr, weight = rand(graph.num_edges, TRANSFORMER_EDGE_DIM), rand(heads * dim, TRANSFORMER_EDGE_DIM) / 4
+        beta = torch.ones(1, device=ctx.device, dtype=dtype)
+        table = {  # name: (call(**kw), floor of the weights pass)
+            "gat": (lambda **kw: ops.gat(graph, a, vec_l, vec_r, **kw),
+                    attention_weights_floor_bytes(graph, heads, dim, dtype, node_terms=True)),
+            "gatv2": (lambda **kw: ops.gatv2(graph, a, b, vec_l, **kw),
+                      attention_weights_floor_bytes(graph, heads, dim, dtype)),
+            "transformer": (lambda **kw: ops.transformer_attention(graph, a, b, c, **kw),
+                            attention_weights_floor_bytes(graph, heads, dim, dtype)),
+            "transformer+edge": (lambda **kw: ops.transformer_attention(graph, a, b, c, attr, weight, **kw),
+                                 attention_weights_floor_bytes(graph, heads, dim, dtype,
+                                                               edge_elements=TRANSFORMER_EDGE_DIM)),
+            "agnn": (lambda **kw: ops.agnn(graph, a, beta, **kw),
+                     attention_weights_floor_bytes(graph, heads, dim, dtype)),
+        }
+        for name, (call, floor) in table.items():
+            variant = f"{spec.name},{tag},{name}"
+            params = {"graph": spec.name, "nodes": n, "edges": graph.num_edges, "op": name}
+            with torch.no_grad():
+                out, alpha = call(return_attention=True)
+                sums = torch.zeros(n, heads, device=ctx.device).index_add(0, dst, alpha.float())
+                has_edges = graph.in_degree > 0
+                ctx.check(f"{variant} weights sum to 1", sums[has_edges], torch.ones_like(sums[has_edges]),
+                          2e-3 if dtype == torch.float32 else 3e-2)
+                ctx.check(f"{variant} output unchanged", out, call(), 1e-12)  # bit for bit in practice
+            forward = attention_floor_bytes(graph, heads, dim, dtype, gathered=2 if "transformer" in name else 1,
+                                            edge_elements=TRANSFORMER_EDGE_DIM if name.endswith("edge") else 0)
+            ctx.time("forward", _forward(call), bytes_moved=forward, params=params, variant=variant)
+            ctx.time("forward + attention weights", _forward(lambda call=call: call(return_attention=True)),
+                     bytes_moved=forward + floor, params=params, variant=variant)
+            _time_replayed(ctx, "forward + attention weights, CUDA graph",
+                           _forward(lambda call=call: call(return_attention=True)), forward + floor, params, variant)
+            _time_replayed(ctx, "forward, CUDA graph", _forward(call), forward, params, variant)
 
 
 def _tiles(tile_elements: int, warps: int) -> tuple[str, ScheduleOptions]:

@@ -198,17 +198,25 @@ def store_attr_grad(grad_attr_ptr, w_ptr, w_tile, grad_e, eid, e_mask, K, HD, hd
 
 
 @jit
-def _csr_block_rows(dst_ptr, eid_ptr, query_ptr, grad_out_ptr, E, H, D, feat_stride, acc_dtype: tl.constexpr,
-                    BLOCK_P: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
-    """The CSR positions ``p`` of block ``program_id`` (and their mask), the head tile, their input edge ids, and
-    their destinations' ``q`` (row stride ``feat_stride``) and ``g`` rows ``[BLOCK_P, BLOCK_H, BLOCK_D]`` in
-    ``acc_dtype``."""
+def csr_block(dst_ptr, eid_ptr, E, H, D, BLOCK_P: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The CSR positions ``p`` of block ``program_id`` (and their mask), the head tile, and the positions'
+    destinations ``i`` and input edge ids (int64): the start of every per-edge pass in CSR order."""
     pid = tl.program_id(0).to(tl.int64)
     p = pid * BLOCK_P + tl.arange(0, BLOCK_P)
     p_mask = p < E
     offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
     i = tl.load(dst_ptr + p, mask=p_mask, other=0).to(tl.int64)
     eid = tl.load(eid_ptr + p, mask=p_mask, other=0).to(tl.int64)
+    return p, p_mask, offs_h, h_mask, hd_offs, hd_mask, i, eid
+
+
+@jit
+def _csr_block_rows(dst_ptr, eid_ptr, query_ptr, grad_out_ptr, E, H, D, feat_stride, acc_dtype: tl.constexpr,
+                    BLOCK_P: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+    """:func:`csr_block`, and the destinations' ``q`` (row stride ``feat_stride``) and ``g`` rows ``[BLOCK_P,
+    BLOCK_H, BLOCK_D]`` in ``acc_dtype``."""
+    p, p_mask, offs_h, h_mask, hd_offs, hd_mask, i, eid = csr_block(dst_ptr, eid_ptr, E, H, D, BLOCK_P, BLOCK_H,
+                                                                    BLOCK_D)
     feat_mask = p_mask[:, None, None] & hd_mask[None, :, :]
     q = tl.load(query_ptr + i[:, None, None] * feat_stride + hd_offs[None, :, :], mask=feat_mask,
                 other=0.0).to(acc_dtype)
