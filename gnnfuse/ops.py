@@ -1312,14 +1312,32 @@ def attention_weights(graph: Graph, inputs: AttentionInputs, lse: torch.Tensor, 
     if not dropped:
         dropout_p = 0.0
     keep_scale, mode = _dropout_args(dropout_p, seed)
-    block = _csr_edge_block(inputs)
+    block, warps = _attention_weights_tiling(inputs)
     attention_weights_kernel[(cdiv(num_edges, block),)](
         graph.csr_dst, graph.csr_src, graph.csr_eid, *inputs.pointers(), lse, alpha, num_edges, heads, head_dim,
         inputs.edge_dim, inputs.negative_slope, inputs.scale, dropout_p, keep_scale, seed, offset,
         inputs.feat_stride, BLOCK_P=block, BLOCK_H=schedule.block_h, BLOCK_D=schedule.block_d,
         **_edge_flags(inputs, schedule.block_h, schedule.block_d, block), **_score_flags(inputs), DROPOUT=mode,
+        num_warps=warps,
     )
     return alpha
+
+
+# CSR positions per program and warps of the attention-weights pass, by score kind (:data:`LIGHT_KINDS`, the edge-
+# feature dot score as "edge") and feature width in bytes; absent: the per-edge passes' block (:func:`_csr_edge_block`)
+# and 4 warps.
+ATTENTION_WEIGHTS_BLOCK: dict[object, dict[int, int]] = {}
+ATTENTION_WEIGHTS_WARPS: dict[object, dict[int, int]] = {}
+
+
+def _attention_weights_tiling(inputs: AttentionInputs) -> tuple[int, int]:
+    """(positions per program, warps) of :func:`attention_weights` for ``inputs``."""
+    kind = "edge" if inputs.has_edge else _light_kind(inputs)
+    width = inputs.value.element_size()
+    block = _csr_edge_block(inputs)
+    if not (backend.INTERPRET and EDGE_TERMS_BLOCK_INTERPRETED):
+        block = ATTENTION_WEIGHTS_BLOCK.get(kind, {}).get(width, block)
+    return block, ATTENTION_WEIGHTS_WARPS.get(kind, {}).get(width, 4)
 
 
 def _forward_saving(ctx, graph: Graph, inputs: AttentionInputs, launch: tuple, differentiable: int,

@@ -560,9 +560,9 @@ def attention_weights_case(ctx: Context) -> None:
                 ctx.check(f"{variant} output unchanged", out, call(), 1e-12)  # bit for bit in practice
             forward = attention_floor_bytes(graph, heads, dim, dtype, gathered=2 if "transformer" in name else 1,
                                             edge_elements=TRANSFORMER_EDGE_DIM if name.endswith("edge") else 0)
-            ctx.time("forward", _forward(call), bytes_moved=forward, params=params, variant=variant)
+            ctx.time("forward", _forward(call), bytes_moved=forward, params=params, variant=variant, memory=True)
             ctx.time("forward + attention weights", _forward(lambda call=call: call(return_attention=True)),
-                     bytes_moved=forward + floor, params=params, variant=variant)
+                     bytes_moved=forward + floor, params=params, variant=variant, memory=True)
             _time_replayed(ctx, "forward + attention weights, CUDA graph",
                            _forward(lambda call=call: call(return_attention=True)), forward + floor, params, variant)
             _time_replayed(ctx, "forward, CUDA graph", _forward(call), forward, params, variant)
