@@ -1324,10 +1324,17 @@ def attention_weights(graph: Graph, inputs: AttentionInputs, lse: torch.Tensor, 
 
 
 # CSR positions per program and warps of the attention-weights pass, by score kind (:data:`LIGHT_KINDS`, the edge-
-# feature dot score as "edge") and feature width in bytes; absent: the per-edge passes' block (:func:`_csr_edge_block`)
-# and 4 warps.
-ATTENTION_WEIGHTS_BLOCK: dict[object, dict[int, int]] = {}
-ATTENTION_WEIGHTS_WARPS: dict[object, dict[int, int]] = {}
+# feature dot score as "edge") and feature width in bytes; absent: the per-edge passes' block (:func:`_csr_edge_block`:
+# 32 positions for 4-byte features, 64 for 2-byte) and 4 warps.  Session 39 (H200, arxiv-like 8 × 16,
+# tests/gnnfuse/weights_sweep.py, the pass alone, µs; calls 2 and 3, logs gnn-weights-sweep.s39c[23].log): GATv2 fp32
+# 221.2 / 221.4 at the default against 205.3 at 16 positions and 2 warps (96% of its floor), bf16 269.2 against 153.0 /
+# 153.5 at 32; the dot score fp32 260.8 / 261.3 against 197.5 at 8 positions (99.7%), bf16 170.9 against 139.6 at 8
+# and 2 warps; AGNN's cosine fp32 236.1 / 236.1 against 216.0 at 8, bf16 174.7 against 154.4 at 8 and 2 warps.  GAT
+# (44-69 µs whatever the tiling, the two calls apart by 50% at one setting) and the edge-feature dot score (fp32 445.1 /
+# 444.8, bf16 411.3 at the defaults, none faster) keep the defaults.
+ATTENTION_WEIGHTS_BLOCK: dict[object, dict[int, int]] = {
+    SCORE_GATV2: {4: 16, 2: 32}, SCORE_DOT: {4: 8, 2: 8}, LIGHT_COSINE: {4: 8, 2: 8}}
+ATTENTION_WEIGHTS_WARPS: dict[object, dict[int, int]] = {SCORE_GATV2: {4: 2}, SCORE_DOT: {2: 2}, LIGHT_COSINE: {2: 2}}
 
 
 def _attention_weights_tiling(inputs: AttentionInputs) -> tuple[int, int]:
