@@ -18,7 +18,7 @@ import pytest
 import torch
 from gnn_testing import SCHEDULES, corner_case_edges, planetoid, poison_op_outputs
 
-from fusecore import PhiloxStream, use_reference
+from fusecore import DevicePhiloxStream, PhiloxStream, use_reference
 from fusecore.testing import TOLERANCES, assert_all_written, assert_close
 from gnnfuse import Graph, ops, reference
 from gnnfuse.nn import GATConv, GATv2Conv, GraphTransformerConv
@@ -177,6 +177,21 @@ def test_weights_carry_the_forwards_dropout(kind, gen, device):
     summed = torch.zeros(num_nodes, heads, dim, dtype=torch.float64).index_add(
         0, edges[1], dropped.cpu()[:, :, None] * messages)
     assert_close(out.cpu(), summed, tol=TOLERANCES[torch.float64], name="output from the dropped weights")
+
+
+def test_weights_under_a_device_pair_are_the_host_pairs(gen, device):
+    """Dropout drawn from a :class:`fusecore.DevicePhiloxStream` (the pair read on the device, as under CUDA-graph
+    capture): the weights pass reads the same pair as the forward, so the weights equal a host stream's."""
+    num_nodes, heads, dim = 29, 2, 4
+    edges = corner_case_edges(gen, num_nodes)
+    graph = Graph(edges.to(device), num_nodes)
+    leaves = [t.to(device) for t in leaves_for("gatv2", num_nodes, edges.shape[1], heads, dim, torch.float64, gen)]
+    seed = int(torch.randint(0, 2**31, (1,), generator=gen))
+    host = run_op("gatv2", graph, leaves, dropout=0.5, rng=PhiloxStream(seed), return_attention=True)
+    on_device = run_op("gatv2", graph, leaves, dropout=0.5, rng=DevicePhiloxStream(seed, device=device),
+                       return_attention=True)
+    for ours, theirs in zip(on_device, host):
+        assert torch.equal(ours, theirs)
 
 
 def test_reference_path_returns_the_same_weights(gen, device):
