@@ -28,7 +28,13 @@ def test_gat_cora_trains(argv, capsys):
     planetoid("cora")  # skips without the dataset
     accuracy = _example("gat_cora").main(["--data", str(PLANETOID), *argv])
     assert 0.0 <= accuracy <= 1.0 and not math.isnan(accuracy)
-    assert "test accuracy at the best validation epoch" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "test accuracy at the best validation epoch" in out
+    report = out.split("layer-1 attention entropy per head (nats, mean over nodes): ")[1].splitlines()[0]
+    heads, uniform = report.split("; uniform ")
+    entropies = [float(v) for v in heads.split(", ")]
+    # a softmax over d neighbours has entropy in [0, log d]: the mean lies in [0, mean log d]
+    assert len(entropies) == 8 and all(0.0 <= h <= float(uniform) + 1e-3 for h in entropies)
 
 
 @pytest.mark.parametrize("layer", ["gatv2", "transformer", "agnn"])
