@@ -70,6 +70,20 @@ def _activation(value: Any) -> Callable[[torch.Tensor], torch.Tensor] | None:
     return value
 
 
+def _check_features(feat: Any, feat_name: str, in_feats: int | None, param_dtype: torch.dtype | None) -> None:
+    """``feat [N, in_feats]`` (any width when ``in_feats`` is None) in the layer's dtype."""
+    backend.check_dtypes(ops.FLOAT_DTYPES, **{feat_name: feat})
+    if feat.dim() < 2:
+        raise ValueError(f"{feat_name} must have shape [num_nodes, ...features], got {tuple(feat.shape)}")
+    if in_feats is not None and (feat.dim() != 2 or feat.shape[1] != in_feats):
+        raise ValueError(f"{feat_name} must have shape [num_nodes, in_feats={in_feats}], got {tuple(feat.shape)}")
+    if param_dtype is not None and feat.dtype != param_dtype:
+        raise TypeError(
+            f"{feat_name} has dtype {feat.dtype} but the layer's parameters are {param_dtype}; "
+            f"convert one of them (e.g. layer.to({feat.dtype}))"
+        )
+
+
 def _graph_and_features(
     graph: Any, feat: Any, in_feats: int | None, param_dtype: torch.dtype | None, allow_zero_in_degree: bool,
     feat_name: str = "feat",
@@ -82,16 +96,7 @@ def _graph_and_features(
             and not feat.dtype.is_floating_point):
         raise TypeError("the graph is a float tensor and feat an integer one: the arguments are (graph, feat), "
                         "graph first (PyG's convolutions take (x, edge_index))")
-    backend.check_dtypes(ops.FLOAT_DTYPES, **{feat_name: feat})
-    if feat.dim() < 2:
-        raise ValueError(f"{feat_name} must have shape [num_nodes, ...features], got {tuple(feat.shape)}")
-    if in_feats is not None and (feat.dim() != 2 or feat.shape[1] != in_feats):
-        raise ValueError(f"{feat_name} must have shape [num_nodes, in_feats={in_feats}], got {tuple(feat.shape)}")
-    if param_dtype is not None and feat.dtype != param_dtype:
-        raise TypeError(
-            f"{feat_name} has dtype {feat.dtype} but the layer's parameters are {param_dtype}; "
-            f"convert one of them (e.g. layer.to({feat.dtype}))"
-        )
+    _check_features(feat, feat_name, in_feats, param_dtype)
     num_nodes = feat.shape[0]
     try:
         graph = as_graph(graph, num_nodes)
@@ -102,6 +107,66 @@ def _graph_and_features(
     if not allow_zero_in_degree and graph.has_zero_in_degree():
         raise ValueError(ZERO_IN_DEGREE_MESSAGE)
     return graph
+
+
+def _is_pair(feat: Any) -> bool:
+    return isinstance(feat, (tuple, list)) and len(feat) == 2
+
+
+def _bipartite(
+    graph: Any, feat: Any, in_feats: int | None, param_dtype: torch.dtype | None, allow_zero_in_degree: bool,
+) -> tuple[Graph, torch.Tensor, torch.Tensor, int] | None:
+    """A bipartite call: ``feat = (feat_src, feat_dst)`` (DGL's and PyG's pair; sources and destinations two
+    node sets, edge ``j -> i`` from source ``j < N_src`` to destination ``i < N_dst``), or one tensor on a DGL
+    block (``is_block``: its destinations are its first ``num_dst_nodes()`` sources, as DGL takes them).  Returns
+    ``(graph, feat_src, feat_dst, N_dst)`` with ``graph`` over ``N = max(N_src, N_dst)`` node ids, the layers
+    padding both sides to ``N`` rows (padding rows have no edges) and keeping the first ``N_dst`` output rows;
+    None for an ordinary call.  The zero-in-degree check covers the destinations only."""
+    if not _is_pair(feat):
+        if not (isinstance(feat, torch.Tensor) and getattr(graph, "is_block", False) is True):
+            return None
+        feat = (feat, feat[: _check_count(graph.num_dst_nodes(), "num_dst_nodes()")])
+    feat_src, feat_dst = feat
+    for name, t in (("feat_src", feat_src), ("feat_dst", feat_dst)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"a bipartite call takes (feat_src, feat_dst) tensors, got {name} of type "
+                            f"{type(t).__name__}")
+    n_src, n_dst = feat_src.shape[0] if feat_src.dim() else 0, feat_dst.shape[0] if feat_dst.dim() else 0
+    if callable(getattr(graph, "num_src_nodes", None)) and callable(getattr(graph, "num_dst_nodes", None)):
+        counts = (_check_count(graph.num_src_nodes(), "num_src_nodes()"),
+                  _check_count(graph.num_dst_nodes(), "num_dst_nodes()"))
+        if counts != (n_src, n_dst):
+            raise ValueError(f"the graph has {counts[0]} source and {counts[1]} destination nodes but feat_src has "
+                             f"{n_src} rows and feat_dst {n_dst}")
+        graph = graph.edges()  # a DGL block: its own id spaces, read as a (src, dst) pair
+    size = max(n_src, n_dst)
+    built = _graph_and_features(graph, feat_src if n_src == size else feat_dst, None, None, True)
+    for name, t in (("feat_src", feat_src), ("feat_dst", feat_dst)):
+        _check_features(t, name, in_feats, param_dtype)
+        if t.device != built.device:
+            raise ValueError(f"{name} is on device '{t.device}' but the graph is on '{built.device}'")
+    # sources and destinations within their sets, and (unless allowed) every destination with an incoming edge
+    outside = (n_src < size and bool(built.out_degree[n_src:].any())) or (
+        n_dst < size and bool(built.in_degree[n_dst:].any()))
+    if outside:
+        raise ValueError(f"the graph's edges must run from sources < {n_src} (feat_src's rows) to destinations < "
+                         f"{n_dst} (feat_dst's rows)")
+    if not allow_zero_in_degree and n_dst and bool((built.in_degree[:n_dst] == 0).any()):
+        raise ValueError(ZERO_IN_DEGREE_MESSAGE)
+    return built, feat_src, feat_dst, n_dst
+
+
+def _check_count(value: Any, name: str) -> int:
+    if not backend.is_int(value) or value < 0:
+        raise ValueError(f"the graph's {name} must be an int >= 0, got {value!r}")
+    return int(value)
+
+
+def _rows(t: torch.Tensor, n: int) -> torch.Tensor:
+    """``t`` with zero rows appended up to ``n`` (differentiable; ``t`` itself when it has ``n``)."""
+    if t.shape[0] == n:
+        return t
+    return torch.cat([t, t.new_zeros((n - t.shape[0], *t.shape[1:]))])
 
 
 class _DGLHeadsConv(nn.Module):
@@ -220,9 +285,16 @@ class GATConv(_DGLHeadsConv):
     ``feat``'s dtype and the graph's input edge order (DGL's edge ids), the weights the aggregation used
     (with attention dropout in training: masked and scaled).  The fused forward stores none: one pass
     over the edges forms them from its logsumexp afterwards (``gnnfuse.ops.attention_weights``); they
-    carry no gradient.  Not supported: DGL's ``edge_weight`` (a ``NotImplementedError``) and bipartite
-    ``(feat_src, feat_dst)`` inputs.  A graph that carries no node count (an edge tensor,
-    a ``(src, dst)`` pair, a ``Data`` without ``x`` / ``num_nodes``) has ``feat``'s rows as nodes.
+    carry no gradient.  Not supported: DGL's ``edge_weight`` (a ``NotImplementedError``).  A graph that
+    carries no node count (an edge tensor, a ``(src, dst)`` pair, a ``Data`` without ``x`` / ``num_nodes``)
+    has ``feat``'s rows as nodes.
+
+    Bipartite calls, as DGL's (sampled mini-batch training): ``forward(block, feat)`` on a DGL block (its
+    destinations are its first ``num_dst_nodes()`` sources) or ``forward(graph, (feat_src, feat_dst))`` with
+    edges from ``N_src`` source to ``N_dst`` destination nodes (an edge_index, a ``(src, dst)`` pair, a block or
+    a :class:`gnnfuse.Graph` over ``max(N_src, N_dst)`` ids); returns the destinations' ``[N_dst, H, D]``.  The
+    fused ops run over ``max(N_src, N_dst)`` ids, both sides padded with rows that have no edges.
+    ``fc`` projects both sides, ``el`` comes from the sources, ``er`` and the residual from the destinations.
     """
 
     def __init__(
@@ -260,6 +332,9 @@ class GATConv(_DGLHeadsConv):
                 schedule: ScheduleOptions | None = None, rng: PhiloxStream | DevicePhiloxStream | None = None,
                 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         _no_edge_weight(edge_weight)
+        pair = _bipartite(graph, feat, self._in_feats, self.fc.weight.dtype, self._allow_zero_in_degree)
+        if pair is not None:
+            return self._bipartite_forward(*pair, get_attention, schedule, rng)
         graph = self._graph(graph, feat, self.fc.weight.dtype)
         h = self._feat_dropout(feat)
         # Aligned rows (or many 2-byte rows, read by alignment class): the projection and the node scores in one
@@ -278,6 +353,27 @@ class GATConv(_DGLHeadsConv):
             **projected,
         )
         return self._finish_with_attention(out, h, get_attention)
+
+    def _bipartite_forward(self, graph: Graph, feat_src: torch.Tensor, feat_dst: torch.Tensor, n_dst: int,
+                           get_attention: bool, schedule, rng):
+        """DGL's bipartite GATConv: ``fc`` on both sides, ``el`` from the sources, ``er`` from the destinations,
+        the residual of the destinations; both sides padded to the graph's node ids (:func:`_bipartite`)."""
+        shape = (-1, self._num_heads, self._out_feats)
+        h_src, h_dst = self._feat_dropout(feat_src), self._feat_dropout(feat_dst)
+        wh_src, wh_dst = _project(self.fc, h_src).view(shape), _project(self.fc, h_dst).view(shape)
+        el = ops.node_scores(wh_src, self.attn_l, self.attn_l)[0]
+        er = ops.node_scores(wh_dst, self.attn_r, self.attn_r)[0]
+        n = graph.num_nodes
+        out = ops.gat_attention(
+            graph, _rows(wh_src, n), _rows(el, n), _rows(er, n), negative_slope=self.negative_slope,
+            dropout=self._dropout(), rng=rng, schedule=schedule,
+            return_attention=_flag("get_attention", get_attention),
+        )
+        out, attention = out if get_attention else (out, None)
+        out = out[:n_dst]
+        if self.bias is not None:
+            out = out + self.bias.view(1, self._num_heads, self._out_feats)
+        return self._finish_with_attention((out, attention) if get_attention else out, h_dst, get_attention)
 
 
 class GATv2Conv(_DGLHeadsConv):
@@ -300,7 +396,14 @@ class GATv2Conv(_DGLHeadsConv):
     ``forward(graph, feat)``: ``feat`` ``[N, in_feats]``; returns ``[N, H, D]``.  The ``[E, H, D]``
     edge vectors of the score exist only in registers; only the logsumexp per (node, head) is
     stored, attention dropout is regenerated in backward from the counter-based RNG.
-    ``get_attention=True`` returns ``(out, α [E, H, 1])`` as for :class:`GATConv`; no bipartite inputs.
+    ``get_attention=True`` returns ``(out, α [E, H, 1])`` as for :class:`GATConv`.
+
+    Bipartite calls, as DGL's (sampled mini-batch training): ``forward(block, feat)`` on a DGL block (its
+    destinations are its first ``num_dst_nodes()`` sources) or ``forward(graph, (feat_src, feat_dst))`` with
+    edges from ``N_src`` source to ``N_dst`` destination nodes (an edge_index, a ``(src, dst)`` pair, a block or
+    a :class:`gnnfuse.Graph` over ``max(N_src, N_dst)`` ids); returns the destinations' ``[N_dst, H, D]``.  The
+    fused ops run over ``max(N_src, N_dst)`` ids, both sides padded with rows that have no edges.
+    ``fc_src`` projects the sources, ``fc_dst`` the destinations.
     """
 
     def __init__(
@@ -335,6 +438,19 @@ class GATv2Conv(_DGLHeadsConv):
     def forward(self, graph: Any, feat: torch.Tensor, get_attention: bool = False, *,
                 schedule: ScheduleOptions | None = None, rng: PhiloxStream | DevicePhiloxStream | None = None,
                 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        pair = _bipartite(graph, feat, self._in_feats, self.fc_src.weight.dtype, self._allow_zero_in_degree)
+        if pair is not None:
+            graph, feat_src, feat_dst, n_dst = pair
+            n, shape = graph.num_nodes, (-1, self._num_heads, self._out_feats)
+            h_src, h_dst = self._feat_dropout(feat_src), self._feat_dropout(feat_dst)
+            out = ops.gatv2(
+                graph, _rows(_project(self.fc_src, h_src).view(shape), n),
+                _rows(_project(self.fc_dst, h_dst).view(shape), n), self.attn, negative_slope=self.negative_slope,
+                dropout=self._dropout(), rng=rng, schedule=schedule,
+                return_attention=_flag("get_attention", get_attention),
+            )
+            out = (out[0][:n_dst], out[1]) if get_attention else out[:n_dst]
+            return self._finish_with_attention(out, h_dst, get_attention)
         graph = self._graph(graph, feat, self.fc_src.weight.dtype)
         shape = (feat.shape[0], self._num_heads, self._out_feats)
         h = self._feat_dropout(feat)
@@ -379,7 +495,9 @@ class GraphTransformerConv(nn.Module):
     (as in the other gnnfuse layers).  ``return_attention_weights=True`` returns PyG's
     ``(out, (edge_index, α))``: ``edge_index`` the tensor passed (else the graph's input edges
     ``[2, E]``), ``α [E, H]`` the softmax before dropout, as PyG's, formed after the forward from its
-    logsumexp (no gradient).  Bipartite ``(x_src, x_dst)`` inputs are not supported.
+    logsumexp (no gradient).  Bipartite calls as PyG's, ``forward(edge_index, (x_src, x_dst))`` (or a DGL
+    block): queries and the root term from ``x_dst``, keys and values from ``x_src``; returns the destinations'
+    rows.
     """
 
     def __init__(
@@ -433,8 +551,15 @@ class GraphTransformerConv(nn.Module):
         want_attention = return_attention_weights is not None and _flag("return_attention_weights",
                                                                         return_attention_weights)
         given = graph
-        graph = _graph_and_features(graph, feat, self.in_channels, self.lin_query.weight.dtype, True)
-        shape = (feat.shape[0], self.heads, self.out_channels)
+        pair = _bipartite(graph, feat, self.in_channels, self.lin_query.weight.dtype, True)
+        if pair is None:
+            graph = _graph_and_features(graph, feat, self.in_channels, self.lin_query.weight.dtype, True)
+            x_src = x_dst = feat
+            n_dst = feat.shape[0]
+        else:
+            graph, x_src, x_dst, n_dst = pair
+            feat = x_dst
+        shape = (-1, self.heads, self.out_channels)
         edge_weight = None
         if self.lin_edge is not None:
             if not isinstance(edge_feat, torch.Tensor):
@@ -456,10 +581,17 @@ class GraphTransformerConv(nn.Module):
         # a plain root term (concatenated heads, no gate) is added in the kernel's store, and is projected with
         # q, k, v as one product; a gated or head-averaged one is used outside the attention: its own product
         plain_root = self.root_weight and self.concat and self.lin_beta is None
-        projections = [self.lin_query, self.lin_key, self.lin_value] + ([self.lin_skip] if plain_root else [])
-        query, key, value, *rest = _project_all(projections, feat)
-        root = rest[0] if rest else (_project(self.lin_skip, feat) if self.root_weight else None)
-        root_add = root.view(shape) if plain_root else None
+        if pair is None:
+            projections = [self.lin_query, self.lin_key, self.lin_value] + ([self.lin_skip] if plain_root else [])
+            query, key, value, *rest = _project_all(projections, feat)
+            root = rest[0] if rest else (_project(self.lin_skip, feat) if self.root_weight else None)
+            root_add = root.view(shape) if plain_root else None
+        else:  # PyG's bipartite call: queries and the root term from x_dst, keys and values from x_src
+            n = graph.num_nodes
+            query = _rows(_project(self.lin_query, x_dst), n)
+            key, value = (_rows(t, n) for t in _project_all([self.lin_key, self.lin_value], x_src))
+            root = _project(self.lin_skip, x_dst) if self.root_weight else None
+            root_add = None  # added below, to the destinations' rows
         out = ops.transformer_attention(
             graph, query.view(shape), key.view(shape), value.view(shape), edge_feat, edge_weight,
             dropout=dropout, rng=rng, schedule=schedule, out_add=root_add, return_attention=want_attention,
@@ -467,7 +599,8 @@ class GraphTransformerConv(nn.Module):
         )
         if want_attention:
             out, attention = out
-        out = out.reshape(feat.shape[0], self.heads * self.out_channels) if self.concat else out.mean(dim=1)
+        out = out[:n_dst]
+        out = out.reshape(n_dst, self.heads * self.out_channels) if self.concat else out.mean(dim=1)
         if root is not None and root_add is None:
             if self.lin_beta is not None:
                 gate = torch.sigmoid(self.lin_beta(torch.cat([out, root, out - root], dim=-1)))
@@ -497,7 +630,8 @@ class AGNNConv(nn.Module):
     to ``init_beta``.  Like DGL's (and unlike PyG's, which adds self loops), the layer uses the
     graph as given.  ``forward(graph, feat)``: ``feat [N, D]`` (or ``[N, H, D]``); returns the
     same shape.  The cosine is a dot product of unit rows, so the fused kernel is the Graph
-    Transformer's with ``q = β ĥ``, ``k = ĥ``, ``v = h``.
+    Transformer's with ``q = β ĥ``, ``k = ĥ``, ``v = h``.  Bipartite calls as DGL's (a block, or
+    ``(feat_src, feat_dst)``): ``α_ij = softmax_j β cos(h_dst_i, h_src_j)``, ``out_i = Σ_j α_ij h_src_j``.
     """
 
     def __init__(self, init_beta: float = 1.0, learn_beta: bool = True, allow_zero_in_degree: bool = False) -> None:
@@ -515,10 +649,34 @@ class AGNNConv(nn.Module):
         self._allow_zero_in_degree = bool(set_value)
 
     def forward(self, graph: Any, feat: torch.Tensor, *, schedule: ScheduleOptions | None = None) -> torch.Tensor:
+        pair = _bipartite(graph, feat, None, None, self._allow_zero_in_degree)
+        if pair is not None:
+            return self._bipartite_forward(*pair, schedule)
         graph = _graph_and_features(graph, feat, None, None, self._allow_zero_in_degree)
         # as DGL's: a float32 beta serves features of any float dtype (cast in the graph, so its gradient is beta's)
         beta = self.beta if self.beta.dtype == feat.dtype else self.beta.to(feat.dtype)
         return ops.agnn(graph, feat, beta, schedule=schedule)
+
+    def _bipartite_forward(self, graph: Graph, feat_src: torch.Tensor, feat_dst: torch.Tensor, n_dst: int,
+                           schedule) -> torch.Tensor:
+        """DGL's bipartite AGNNConv, ``α_ij = softmax_j β cos(h_dst_i, h_src_j)``, ``out_i = Σ_j α_ij h_src_j``: the
+        fused dot-product attention with queries ``β ĥ_dst``, keys ``ĥ_src`` and values ``h_src`` (scale 1), the
+        unit rows formed by torch (``ops.agnn`` forms them from one feature tensor, which a pair is not)."""
+        if feat_src.shape[1:] != feat_dst.shape[1:]:
+            raise ValueError(f"feat_src and feat_dst must have the same feature shape, got {tuple(feat_src.shape)} "
+                             f"and {tuple(feat_dst.shape)}")
+        if feat_src.dtype != feat_dst.dtype:
+            raise TypeError(f"feat_src has dtype {feat_src.dtype} but feat_dst has {feat_dst.dtype}")
+        beta = self.beta if self.beta.dtype == feat_src.dtype else self.beta.to(feat_src.dtype)
+        n, heads = graph.num_nodes, (feat_src.shape[1] if feat_src.dim() == 3 else 1)
+        shape = (-1, heads, feat_src.shape[-1])
+        unit_src = nn.functional.normalize(feat_src.reshape(shape), dim=-1, eps=ops.NORMALIZE_EPS)
+        unit_dst = nn.functional.normalize(feat_dst.reshape(shape), dim=-1, eps=ops.NORMALIZE_EPS)
+        out = ops.transformer_attention(
+            graph, _rows(beta * unit_dst, n), _rows(unit_src, n), _rows(feat_src.reshape(shape), n), scale=1.0,
+            schedule=schedule,
+        )
+        return out[:n_dst].reshape(n_dst, *feat_dst.shape[1:])
 
     def extra_repr(self) -> str:
         return f"init_beta={self.init_beta}, learn_beta={isinstance(self.beta, nn.Parameter)}"
