@@ -120,9 +120,12 @@ def _bipartite(
     node sets, edge ``j -> i`` from source ``j < N_src`` to destination ``i < N_dst``), or one tensor on a DGL
     block (``is_block``: its destinations are its first ``num_dst_nodes()`` sources, as DGL takes them).  Returns
     ``(graph, feat_src, feat_dst, N_dst)`` with ``graph`` over ``N = max(N_src, N_dst)`` node ids, the layers
-    padding both sides to ``N`` rows (padding rows have no edges) and keeping the first ``N_dst`` output rows;
-    None for an ordinary call.  The zero-in-degree check covers the destinations only."""
-    if not _is_pair(feat):
+    padding both sides to ``N`` rows (padding rows have no edges) and keeping the first ``N_dst`` output rows,
+    None for an ordinary call.  The zero-in-degree check covers the destinations only.  A fifth element,
+    ``shared``, says the destinations' features are the sources' first rows (a block given one tensor): a layer
+    then derives them after its feature dropout, as DGL does (one mask for both)."""
+    shared = not _is_pair(feat)
+    if shared:
         if not (isinstance(feat, torch.Tensor) and getattr(graph, "is_block", False) is True):
             return None
         feat = (feat, feat[: _check_count(graph.num_dst_nodes(), "num_dst_nodes()")])
@@ -140,6 +143,9 @@ def _bipartite(
                              f"{n_src} rows and feat_dst {n_dst}")
         graph = graph.edges()  # a DGL block: its own id spaces, read as a (src, dst) pair
     size = max(n_src, n_dst)
+    if isinstance(graph, Graph) and graph.num_nodes != size:
+        raise ValueError(f"a bipartite call's Graph must span max(N_src, N_dst) = {size} node ids (feat_src has "
+                         f"{n_src} rows, feat_dst {n_dst}), got one of {graph.num_nodes} nodes")
     built = _graph_and_features(graph, feat_src if n_src == size else feat_dst, None, None, True)
     for name, t in (("feat_src", feat_src), ("feat_dst", feat_dst)):
         _check_features(t, name, in_feats, param_dtype)
@@ -153,7 +159,7 @@ def _bipartite(
                          f"{n_dst} (feat_dst's rows)")
     if not allow_zero_in_degree and n_dst and bool((built.in_degree[:n_dst] == 0).any()):
         raise ValueError(ZERO_IN_DEGREE_MESSAGE)
-    return built, feat_src, feat_dst, n_dst
+    return built, feat_src, feat_dst, n_dst, shared
 
 
 def _check_count(value: Any, name: str) -> int:
@@ -355,12 +361,14 @@ class GATConv(_DGLHeadsConv):
         return self._finish_with_attention(out, h, get_attention)
 
     def _bipartite_forward(self, graph: Graph, feat_src: torch.Tensor, feat_dst: torch.Tensor, n_dst: int,
-                           get_attention: bool, schedule, rng):
+                           shared: bool, get_attention: bool, schedule, rng):
         """DGL's bipartite GATConv: ``fc`` on both sides, ``el`` from the sources, ``er`` from the destinations,
         the residual of the destinations; both sides padded to the graph's node ids (:func:`_bipartite`)."""
         shape = (-1, self._num_heads, self._out_feats)
-        h_src, h_dst = self._feat_dropout(feat_src), self._feat_dropout(feat_dst)
-        wh_src, wh_dst = _project(self.fc, h_src).view(shape), _project(self.fc, h_dst).view(shape)
+        h_src = self._feat_dropout(feat_src)
+        h_dst = h_src[:n_dst] if shared else self._feat_dropout(feat_dst)
+        wh_src = _project(self.fc, h_src).view(shape)
+        wh_dst = wh_src[:n_dst] if shared else _project(self.fc, h_dst).view(shape)
         el = ops.node_scores(wh_src, self.attn_l, self.attn_l)[0]
         er = ops.node_scores(wh_dst, self.attn_r, self.attn_r)[0]
         n = graph.num_nodes
@@ -440,9 +448,10 @@ class GATv2Conv(_DGLHeadsConv):
                 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         pair = _bipartite(graph, feat, self._in_feats, self.fc_src.weight.dtype, self._allow_zero_in_degree)
         if pair is not None:
-            graph, feat_src, feat_dst, n_dst = pair
+            graph, feat_src, feat_dst, n_dst, shared = pair
             n, shape = graph.num_nodes, (-1, self._num_heads, self._out_feats)
-            h_src, h_dst = self._feat_dropout(feat_src), self._feat_dropout(feat_dst)
+            h_src = self._feat_dropout(feat_src)
+            h_dst = h_src[:n_dst] if shared else self._feat_dropout(feat_dst)
             out = ops.gatv2(
                 graph, _rows(_project(self.fc_src, h_src).view(shape), n),
                 _rows(_project(self.fc_dst, h_dst).view(shape), n), self.attn, negative_slope=self.negative_slope,
@@ -557,7 +566,7 @@ class GraphTransformerConv(nn.Module):
             x_src = x_dst = feat
             n_dst = feat.shape[0]
         else:
-            graph, x_src, x_dst, n_dst = pair
+            graph, x_src, x_dst, n_dst, _ = pair
             feat = x_dst
         shape = (-1, self.heads, self.out_channels)
         edge_weight = None
@@ -658,7 +667,7 @@ class AGNNConv(nn.Module):
         return ops.agnn(graph, feat, beta, schedule=schedule)
 
     def _bipartite_forward(self, graph: Graph, feat_src: torch.Tensor, feat_dst: torch.Tensor, n_dst: int,
-                           schedule) -> torch.Tensor:
+                           shared: bool, schedule) -> torch.Tensor:
         """DGL's bipartite AGNNConv, ``α_ij = softmax_j β cos(h_dst_i, h_src_j)``, ``out_i = Σ_j α_ij h_src_j``: the
         fused dot-product attention with queries ``β ĥ_dst``, keys ``ĥ_src`` and values ``h_src`` (scale 1), the
         unit rows formed by torch (``ops.agnn`` forms them from one feature tensor, which a pair is not)."""

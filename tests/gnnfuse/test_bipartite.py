@@ -212,3 +212,33 @@ def test_agnnconv_pair_matches_dgls_formula(heads, gen, device):
     ref = ref.reshape(n_dst, *feature)
     compare(out, ref, [("x_src", ours[0], theirs[0]), ("x_dst", ours[1], theirs[1]), ("beta", layer.beta, beta)],
             gen)
+
+
+def test_a_block_given_one_tensor_drops_features_once(gen, device):
+    """DGL drops a block's features once and takes the destinations' as the first rows of the result (one mask
+    for both sides); a pair is two tensors, each dropped on its own."""
+    n_src, n_dst = 14, 6
+    edges = bipartite_edges(gen, n_src, n_dst, 40).to(device)
+    x = torch.randn(n_src, F, generator=gen, dtype=torch.float64).to(device)
+    for layer in (GATConv(F, C, H, feat_drop=0.5), GATv2Conv(F, C, H, feat_drop=0.5)):
+        layer = layer.double().to(device)
+        calls = []
+
+        def recording(t, calls=calls):
+            calls.append(t.shape[0])
+            return t * 2.0
+
+        layer.feat_drop.forward = recording
+        layer(FakeBlock(edges, n_src, n_dst), x)
+        assert calls == [n_src]
+        calls.clear()
+        layer(edges, (x, x[:n_dst]))
+        assert calls == [n_src, n_dst]
+
+
+def test_a_graph_of_the_wrong_size_is_named(gen, device):
+    n_src, n_dst = 10, 4
+    edges = bipartite_edges(gen, n_src, n_dst, 20).to(device)
+    layer = GATConv(F, C, H).to(device)
+    with pytest.raises(ValueError, match=r"must span max\(N_src, N_dst\) = 10 node ids"):
+        layer(Graph(edges, 12), (torch.randn(n_src, F, device=device), torch.randn(n_dst, F, device=device)))
