@@ -86,8 +86,9 @@ def attention_report(graph: Graph, attention: torch.Tensor) -> None:
     plogp = attention * torch.log(attention.clamp_min(1e-30))
     entropy = -torch.zeros(graph.num_nodes, attention.shape[1], device=attention.device).index_add(0, dst, plogp)
     uniform = torch.log(graph.in_degree.float().clamp_min(1.0)).mean().item()
-    per_head = ", ".join(f"{value:.3f}" for value in entropy.mean(0).tolist())
-    print(f"layer-1 attention entropy per head (nats, mean over nodes): {per_head}; uniform {uniform:.3f}")
+    per_head = ", ".join(f"{value:.4f}" for value in entropy.mean(0).tolist())
+    # GAT's attention on Cora stays close to uniform (a known property of this dataset), so the gap is small
+    print(f"layer-1 attention entropy per head (nats, mean over nodes): {per_head}; uniform {uniform:.4f}")
 
 
 if __name__ == "__main__":

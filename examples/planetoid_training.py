@@ -21,21 +21,26 @@ def train_node_classifier(
     epochs: int,
     lr: float = 0.005,
     weight_decay: float = 5e-4,
+    train_epoch: Callable[[torch.optim.Optimizer], torch.Tensor] | None = None,
 ) -> float:
     """Train ``model`` for ``epochs``; ``logits_of()`` runs it on the whole graph ([N, classes]).
 
-    ``masks`` holds boolean node masks ``train``, ``val`` and ``test``.  Prints progress every
-    10 epochs; returns the test accuracy at the best validation epoch.
+    ``masks`` holds boolean node masks ``train``, ``val`` and ``test``.  An epoch is one full-batch
+    step on the training nodes, or ``train_epoch(optimizer)`` (returning its last loss: mini-batches).
+    Prints progress every 10 epochs; returns the test accuracy at the best validation epoch.
     """
     optimizer = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
     best_val, best_test = -1.0, 0.0
     started = time.perf_counter()
     for epoch in range(1, epochs + 1):
         model.train()
-        optimizer.zero_grad()
-        loss = torch.nn.functional.cross_entropy(logits_of()[masks["train"]], y[masks["train"]])
-        loss.backward()
-        optimizer.step()
+        if train_epoch is not None:
+            loss = train_epoch(optimizer)
+        else:
+            optimizer.zero_grad()
+            loss = torch.nn.functional.cross_entropy(logits_of()[masks["train"]], y[masks["train"]])
+            loss.backward()
+            optimizer.step()
         model.eval()
         with torch.no_grad():
             pred = logits_of().argmax(1)
