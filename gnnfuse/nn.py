@@ -151,13 +151,16 @@ def _bipartite(
         _check_features(t, name, in_feats, param_dtype)
         if t.device != built.device:
             raise ValueError(f"{name} is on device '{t.device}' but the graph is on '{built.device}'")
-    # sources and destinations within their sets, and (unless allowed) every destination with an incoming edge
-    outside = (n_src < size and bool(built.out_degree[n_src:].any())) or (
-        n_dst < size and bool(built.in_degree[n_dst:].any()))
-    if outside:
+    # sources and destinations within their sets, and (unless allowed) every destination with an incoming edge:
+    # one host sync for the three checks
+    checks = [built.out_degree[n_src:].any(), built.in_degree[n_dst:].any()]
+    if not allow_zero_in_degree and n_dst:
+        checks.append((built.in_degree[:n_dst] == 0).any())
+    outside_src, outside_dst, *zero_in = torch.stack(checks).tolist()
+    if outside_src or outside_dst:
         raise ValueError(f"the graph's edges must run from sources < {n_src} (feat_src's rows) to destinations < "
                          f"{n_dst} (feat_dst's rows)")
-    if not allow_zero_in_degree and n_dst and bool((built.in_degree[:n_dst] == 0).any()):
+    if any(zero_in):
         raise ValueError(ZERO_IN_DEGREE_MESSAGE)
     return built, feat_src, feat_dst, n_dst, shared
 
