@@ -115,7 +115,7 @@ def _is_pair(feat: Any) -> bool:
 
 def _bipartite(
     graph: Any, feat: Any, in_feats: int | None, param_dtype: torch.dtype | None, allow_zero_in_degree: bool,
-) -> tuple[Graph, torch.Tensor, torch.Tensor, int] | None:
+) -> tuple[Graph, torch.Tensor, torch.Tensor, int, bool] | None:
     """A bipartite call: ``feat = (feat_src, feat_dst)`` (DGL's and PyG's pair; sources and destinations two
     node sets, edge ``j -> i`` from source ``j < N_src`` to destination ``i < N_dst``), or one tensor on a DGL
     block (``is_block``: its destinations are its first ``num_dst_nodes()`` sources, as DGL takes them).  Returns
@@ -372,8 +372,8 @@ class GATConv(_DGLHeadsConv):
         h_dst = h_src[:n_dst] if shared else self._feat_dropout(feat_dst)
         wh_src = _project(self.fc, h_src).view(shape)
         wh_dst = wh_src[:n_dst] if shared else _project(self.fc, h_dst).view(shape)
-        el = ops.node_scores(wh_src, self.attn_l, self.attn_l)[0]
-        er = ops.node_scores(wh_dst, self.attn_r, self.attn_r)[0]
+        el, er = ops.node_scores(wh_src, self.attn_l, self.attn_r)
+        er = er[:n_dst] if shared else ops.node_scores(wh_dst, self.attn_l, self.attn_r)[1]
         n = graph.num_nodes
         out = ops.gat_attention(
             graph, _rows(wh_src, n), _rows(el, n), _rows(er, n), negative_slope=self.negative_slope,
@@ -683,7 +683,8 @@ class AGNNConv(nn.Module):
         n, heads = graph.num_nodes, (feat_src.shape[1] if feat_src.dim() == 3 else 1)
         shape = (-1, heads, feat_src.shape[-1])
         unit_src = nn.functional.normalize(feat_src.reshape(shape), dim=-1, eps=ops.NORMALIZE_EPS)
-        unit_dst = nn.functional.normalize(feat_dst.reshape(shape), dim=-1, eps=ops.NORMALIZE_EPS)
+        unit_dst = unit_src[:n_dst] if shared else nn.functional.normalize(feat_dst.reshape(shape), dim=-1,
+                                                                           eps=ops.NORMALIZE_EPS)
         out = ops.transformer_attention(
             graph, _rows(beta * unit_dst, n), _rows(unit_src, n), _rows(feat_src.reshape(shape), n), scale=1.0,
             schedule=schedule,

@@ -1956,11 +1956,7 @@ def gat(
     saves the node-score pass's read of ``Wh``: :class:`~gnnfuse.nn.GATConv` takes this path there
     and keeps ``fc`` as its own module elsewhere (the op alone, with torch's product, was no faster
     as called on the H200: gnn/layer_host, session 7).
-    ``return_attention``: also return the attention weights ``α [E, H]`` in the values' dtype and the graph's
-    input edge order, formed from this forward's logsumexp by one pass over the edges
-    (:func:`attention_weights`; not differentiable); ``attention_dropout``: with dropout on, the weights
-    the aggregation used (mask and ``1 / (1 − dropout)`` applied, DGL's ``get_attention``), else the softmax
-    itself (PyG's ``return_attention_weights``).
+    ``return_attention``, ``attention_dropout``: as in :func:`gat_attention` (``(out, α [E, H])``).
     """
     graph = as_graph(graph)
     backend.check_dtypes(FLOAT_DTYPES, wh=wh, attn_l=attn_l, attn_r=attn_r, weight=weight)
@@ -2199,11 +2195,7 @@ def gatv2(
     The ``[E, H, D]`` edge vectors exist only in registers; ``∂attn`` is reduced over
     per-source-row partials (deterministic).  ``dropout``, ``rng``, ``schedule`` as in
     :func:`gat_attention`.  Returns ``[N, H, D]`` in ``feat_src``'s dtype.
-    ``return_attention``: also return the attention weights ``α [E, H]`` in the values' dtype and the graph's
-    input edge order, formed from this forward's logsumexp by one pass over the edges
-    (:func:`attention_weights`; not differentiable); ``attention_dropout``: with dropout on, the weights
-    the aggregation used (mask and ``1 / (1 − dropout)`` applied, DGL's ``get_attention``), else the softmax
-    itself (PyG's ``return_attention_weights``).
+    ``return_attention``, ``attention_dropout``: as in :func:`gat_attention` (``(out, α [E, H])``).
     """
     graph = as_graph(graph)
     backend.check_dtypes(FLOAT_DTYPES, feat_src=feat_src, feat_dst=feat_dst, attn=attn)
@@ -2263,11 +2255,7 @@ def transformer_attention(
     backward; gradients reach ``edge_attr`` and ``edge_weight``.  ``dropout``, ``rng``,
     ``schedule`` as in :func:`gat_attention`, ``out_add`` (the layer's root term) as in
     :func:`gat`.  Returns ``[N, H, D]`` in ``value``'s dtype.
-    ``return_attention``: also return the attention weights ``α [E, H]`` in the values' dtype and the graph's
-    input edge order, formed from this forward's logsumexp by one pass over the edges
-    (:func:`attention_weights`; not differentiable); ``attention_dropout``: with dropout on, the weights
-    the aggregation used (mask and ``1 / (1 − dropout)`` applied, DGL's ``get_attention``), else the softmax
-    itself (PyG's ``return_attention_weights``).
+    ``return_attention``, ``attention_dropout``: as in :func:`gat_attention` (``(out, α [E, H])``).
     """
     graph = as_graph(graph)
     backend.check_dtypes(FLOAT_DTYPES, query=query, key=key, value=value, edge_attr=edge_attr,

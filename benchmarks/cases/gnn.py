@@ -524,7 +524,7 @@ def attention_weights_case(ctx: Context) -> None:
     graph = Graph(edges, n)
     gen = torch.Generator().manual_seed(5)
     heads, dim = spec.heads, spec.head_dim
-    dst = graph.csr_dst.long()[torch.argsort(graph.csr_eid.long())]  # per input edge
+    dst = graph.edge_index[1].long()  # per input edge
     for dtype in [torch.float32] if ctx.quick else [torch.float32, torch.bfloat16]:
         tag = "fp32" if dtype == torch.float32 else "bf16"
 
