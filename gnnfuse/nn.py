@@ -254,15 +254,6 @@ def _flag(name: str, value: Any) -> bool:
     return bool(value)
 
 
-def _no_edge_weight(edge_weight: Any) -> None:
-    """DGL's ``edge_weight`` (a per-edge factor on the attention) is not supported: refused by name."""
-    if edge_weight is not None:
-        raise NotImplementedError(
-            "edge_weight is not supported by the fused GATConv (the kernels never form the [E, H] attention it "
-            "would scale); scale the messages before the layer or use DGL's GATConv for edge-weighted attention"
-        )
-
-
 class GATConv(_DGLHeadsConv):
     r"""Graph attention layer (Veličković et al., 2018), fused; DGL's GATConv interface.
 
@@ -270,7 +261,7 @@ class GATConv(_DGLHeadsConv):
 
         Wh_j    = fc(feat_drop(x_j)).view(H, D)
         e_ijh   = LeakyReLU(attn_l[h] · Wh_j[h] + attn_r[h] · Wh_i[h])
-        α_ijh   = attn_drop(softmax_j e_ijh)
+        α_ijh   = attn_drop(softmax_j e_ijh)  (· edge_weight[ij] when given)
         out_i   = Σ_j α_ijh Wh_j[h]  (+ res_fc(x_i)) (+ bias), then activation
 
     Parameters and their shapes are DGL's, so a DGL ``GATConv`` state_dict loads unchanged:
@@ -294,7 +285,12 @@ class GATConv(_DGLHeadsConv):
     ``feat``'s dtype and the graph's input edge order (DGL's edge ids), the weights the aggregation used
     (with attention dropout in training: masked and scaled).  The fused forward stores none: one pass
     over the edges forms them from its logsumexp afterwards (``gnnfuse.ops.attention_weights``); they
-    carry no gradient.  Not supported: DGL's ``edge_weight`` (a ``NotImplementedError``).  A graph that
+    carry no gradient.
+
+    ``forward(graph, feat, edge_weight)``: DGL's per-edge factor ``[E]`` (the graph's edge order, any float
+    dtype) multiplies each edge's attention after the softmax and its dropout (not renormalized), as DGL does;
+    the kernels load it per edge beside the dropout mask (no ``[E, H]`` tensor), its gradient comes from the
+    backward's source pass, and ``get_attention=True`` returns the weights with it applied.  A graph that
     carries no node count (an edge tensor, a ``(src, dst)`` pair, a ``Data`` without ``x`` / ``num_nodes``)
     has ``feat``'s rows as nodes.
 
@@ -337,13 +333,13 @@ class GATConv(_DGLHeadsConv):
         """DGL's initialization: Xavier-normal with the ReLU gain, zero biases."""
         self._reset(self.fc.weight, self.attn_l, self.attn_r, biases=(self.bias,))
 
-    def forward(self, graph: Any, feat: torch.Tensor, edge_weight: None = None, get_attention: bool = False, *,
-                schedule: ScheduleOptions | None = None, rng: PhiloxStream | DevicePhiloxStream | None = None,
+    def forward(self, graph: Any, feat: torch.Tensor, edge_weight: torch.Tensor | None = None,
+                get_attention: bool = False, *, schedule: ScheduleOptions | None = None,
+                rng: PhiloxStream | DevicePhiloxStream | None = None,
                 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        _no_edge_weight(edge_weight)
         pair = _bipartite(graph, feat, self._in_feats, self.fc.weight.dtype, self._allow_zero_in_degree)
         if pair is not None:
-            return self._bipartite_forward(*pair, get_attention, schedule, rng)
+            return self._bipartite_forward(*pair, get_attention, schedule, rng, edge_weight)
         graph = self._graph(graph, feat, self.fc.weight.dtype)
         h = self._feat_dropout(feat)
         # Aligned rows (or many 2-byte rows, read by alignment class): the projection and the node scores in one
@@ -359,12 +355,12 @@ class GATConv(_DGLHeadsConv):
         out = ops.gat(
             graph, first, self.attn_l, self.attn_r, negative_slope=self.negative_slope, dropout=self._dropout(),
             rng=rng, schedule=schedule, out_add=self.bias, return_attention=_flag("get_attention", get_attention),
-            **projected,
+            edge_weight=edge_weight, **projected,
         )
         return self._finish_with_attention(out, h, get_attention)
 
     def _bipartite_forward(self, graph: Graph, feat_src: torch.Tensor, feat_dst: torch.Tensor, n_dst: int,
-                           shared: bool, get_attention: bool, schedule, rng):
+                           shared: bool, get_attention: bool, schedule, rng, edge_weight: torch.Tensor | None):
         """DGL's bipartite GATConv: ``fc`` on both sides, ``el`` from the sources, ``er`` from the destinations,
         the residual of the destinations; both sides padded to the graph's node ids (:func:`_bipartite`)."""
         shape = (-1, self._num_heads, self._out_feats)
@@ -378,7 +374,7 @@ class GATConv(_DGLHeadsConv):
         out = ops.gat_attention(
             graph, _rows(wh_src, n), _rows(el, n), _rows(er, n), negative_slope=self.negative_slope,
             dropout=self._dropout(), rng=rng, schedule=schedule,
-            return_attention=_flag("get_attention", get_attention),
+            return_attention=_flag("get_attention", get_attention), edge_weight=edge_weight,
         )
         out, attention = out if get_attention else (out, None)
         out = out[:n_dst]

@@ -197,7 +197,9 @@ class AttentionInputs:
     with ``src_term`` a per-node scale ``[N, H]`` (AGNN: one gathered tile per edge instead of two), and
     the queries ``value · dst_term`` with ``dst_term`` a per-node scale ``[N, H]`` too (never stored);
     ``out_add``: ``[H, D]`` or ``[N, H, D]`` added to the output as the forward stores it (a
-    layer's bias or root term; in training into a second output, see :func:`_forward_saving`).
+    layer's bias or root term; in training into a second output, see :func:`_forward_saving`);
+    ``edge_factor``: ``[E]`` in CSR order and the accumulation dtype, each edge's attention weight
+    multiplied by it after dropout (DGL GATConv's ``edge_weight``, :func:`_edge_factor`).
 
     The ``[N, H, D]`` roles share one row stride (:attr:`feat_stride`), each row's heads and features
     contiguous: separate contiguous tensors, or column blocks of one ``[N, W]`` projection output
@@ -215,6 +217,7 @@ class AttentionInputs:
     scale: float = 1.0
     keys_from_values: bool = False
     out_add: torch.Tensor | None = None
+    edge_factor: torch.Tensor | None = None
 
     @property
     def has_edge(self) -> bool:
@@ -730,9 +733,10 @@ def attention_forward(
     light, row_meta, merge_meta = _launch_plan(
         schedule, key, lambda: _forward_plan(schedule, inputs, value.dtype, use_dropout, has_add, has_final, mixed,
                                              merged))
+    factor = lse if inputs.edge_factor is None else inputs.edge_factor  # never read without FACTOR
     for grid, ranges, counts, meta in light:
         attention_forward_light_kernel[grid](
-            graph.csr_src, graph.csr_eid, *ranges, *tensors, out, lse, add, final, *counts, heads,
+            graph.csr_src, graph.csr_eid, *ranges, *tensors, out, lse, add, final, factor, *counts, heads,
             head_dim, inputs.edge_dim, *scalars, add_stride, feat_stride, **meta,
         )
     for (rows, starts, stops, count, pieces), meta in zip(_row_launches(buckets, mixed, merged), row_meta):
@@ -744,7 +748,8 @@ def attention_forward(
             piece_out, piece_lse = out, lse  # never written
         target_out, target_lse = (piece_out, piece_lse) if pieces is True else (out, lse)
         attention_forward_rows_kernel[(count,)](
-            graph.csr_src, graph.csr_eid, rows, starts, stops, *tensors, target_out, target_lse, add, final, heads,
+            graph.csr_src, graph.csr_eid, rows, starts, stops, *tensors, target_out, target_lse, add, final, factor,
+            heads,
             head_dim, inputs.edge_dim, *scalars, add_stride, feat_stride, piece_out, piece_lse, num_pieces,
             buckets.piece_super, buckets.super_piece_ptr, _piece_counts(buckets, merged and bool(pieces), lse), **meta,
         )
@@ -758,7 +763,8 @@ def attention_forward(
 
 def _call_kind(inputs: AttentionInputs, dtype: torch.dtype, use_dropout: bool) -> tuple:
     """What a launch configuration depends on besides the schedule (its feature shape and dtype)."""
-    return inputs.score, inputs.has_edge, inputs.edge_dim, inputs.keys_from_values, dtype, use_dropout
+    return (inputs.score, inputs.has_edge, inputs.edge_dim, inputs.keys_from_values, dtype, use_dropout,
+            inputs.edge_factor is not None)
 
 
 def _launch_plan(schedule, key: tuple, build):
@@ -779,6 +785,14 @@ def _score_flags(inputs: AttentionInputs) -> dict:
 def _flags(inputs: AttentionInputs, use_dropout: bool) -> dict:
     """:func:`_score_flags` and the dropout switch of the kernels that weight edges by their softmax."""
     return {"DROPOUT": use_dropout, **_score_flags(inputs)}
+
+
+def _factor_flags(inputs: AttentionInputs, factor_grad: bool = False) -> dict:
+    """The per-edge factor's switches (``FACTOR``, ``FACTOR_GRAD``) of the forward and source-pass kernels, left
+    out (the kernels' defaults) without a factor."""
+    if inputs.edge_factor is None:
+        return {}
+    return {"FACTOR": True, **({"FACTOR_GRAD": True} if factor_grad else {})}
 
 
 # Light width classes start a new launch at these widths (each launch covers the classes between
@@ -898,6 +912,7 @@ def _forward_plan(schedule, inputs: AttentionInputs, dtype: torch.dtype, use_dro
     block_h, block_d = schedule.block_h, schedule.block_d
     flags = _flags(inputs, use_dropout)
     _, row_block_e = _tile_budget(schedule, inputs, "forward")
+    flags = {**flags, **_factor_flags(inputs)}
     light = _light_plan(schedule, inputs, schedule.incoming, "forward",
                         {**flags, "ADD": has_add, "FINAL": has_final})
     lanes = row_kernel_lanes(schedule, inputs.score, "forward", dtype)
@@ -944,7 +959,7 @@ def attention_backward(
     bias_parts: torch.Tensor | None = None,
     term_grad_dtypes: tuple[torch.dtype | None, torch.dtype | None] = (None, None),
     grad_targets: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor] | None = None,
-    grad_out_copy: torch.Tensor | None = None,
+    grad_out_copy: torch.Tensor | None = None, grad_factor: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """Gradients of the fused attention, without atomics:
     ``(∂value, ∂src-side, ∂dst_term, ∂edge_attr, attr_sums)``.
@@ -963,7 +978,8 @@ def attention_backward(
     ``[N, H, D]`` tensors of one row stride the kernels store these gradients into (column blocks of one
     ``[N, W]`` gradient, :func:`_packed_columns`) instead of new ones; ``∂k`` only for the dot score.
     ``grad_out_copy``: an ``[N, H, D]`` block ``g`` is stored into as ``δ`` is formed (a per-node addend's
-    gradient in a packed gradient).
+    gradient in a packed gradient).  ``grad_factor``: ``[E]`` (CSR order, accumulation dtype), filled by the source
+    pass with the gradient of ``inputs.edge_factor``.
     """
 
     value = inputs.value
@@ -999,9 +1015,13 @@ def attention_backward(
     width = schedule.block_h * schedule.block_d
     merged_src = _merge_inside(schedule.outgoing, "source", width)
     merged_dst = _merge_inside(schedule.incoming, "destination", max(width, 2 * heads * edge_dim))
-    key = ("backward", _call_kind(inputs, value.dtype, use_dropout), weight_grad, mixed, merged_src, merged_dst)
+    factor_grad = grad_factor is not None
+    if factor_grad and inputs.edge_factor is None:
+        raise ValueError("grad_factor asks for the gradient of an edge factor the inputs do not have")
+    key = ("backward", _call_kind(inputs, value.dtype, use_dropout), weight_grad, mixed, merged_src, merged_dst,
+           factor_grad)
     plan = _launch_plan(schedule, key, lambda: _backward_plan(schedule, inputs, value.dtype, use_dropout, weight_grad,
-                                                              mixed, merged_src, merged_dst))
+                                                              mixed, merged_src, merged_dst, factor_grad))
     # δ_i = <g_i, out_i> per head: one pass over node rows instead of one over edges.
     delta = _head_dot(grad_out, out, acc, bias_parts, grad_out_copy)
     grad_s = _new_output((max(graph.num_edges, 1), heads), acc, device)
@@ -1011,10 +1031,12 @@ def attention_backward(
     src_tensors = (src_term, dst_term, attn, value, terms, lse, grad_out, delta)
     feat_stride, piece_stride = inputs.feat_stride, heads * head_dim  # piece buffers are contiguous
     outgoing = schedule.outgoing
+    factor = lse if inputs.edge_factor is None else inputs.edge_factor  # never read without FACTOR
+    factors = (factor, lse if grad_factor is None else grad_factor)  # nor written without FACTOR_GRAD
     for grid, ranges, counts, meta in plan["source light"]:
         attention_backward_src_light_kernel[grid](
             graph.rev_dst, graph.rev_pos, *ranges, *src_tensors, grad_value, grad_src,
-            grad_s, *counts, heads, head_dim, *scalars, feat_stride, grad_stride, **meta,
+            grad_s, *factors, *counts, heads, head_dim, *scalars, feat_stride, grad_stride, **meta,
         )
     for (rows, starts, stops, count, pieces), meta in zip(_row_launches(outgoing), plan["source rows"]):
         if pieces:
@@ -1024,7 +1046,7 @@ def attention_backward(
             target_value, target_src = grad_value, grad_src
         attention_backward_src_kernel[(count,)](
             graph.rev_dst, graph.rev_pos, rows, starts, stops, *src_tensors,
-            target_value, target_src, grad_s, heads, head_dim, *scalars, feat_stride,
+            target_value, target_src, grad_s, *factors, heads, head_dim, *scalars, feat_stride,
             piece_stride if pieces else grad_stride, outgoing.piece_super, outgoing.super_piece_ptr,
             _piece_counts(outgoing, merged_src and pieces, lse), grad_value, grad_src, grad_stride, **meta,
         )
@@ -1160,7 +1182,8 @@ def _edge_attr_grad(graph: Graph, inputs: AttentionInputs, grad_out: torch.Tenso
 
 
 def _backward_plan(schedule, inputs: AttentionInputs, dtype: torch.dtype, use_dropout: bool,
-                   weight_grad: bool, mixed: bool, merged_src: bool, merged_dst: bool) -> dict:
+                   weight_grad: bool, mixed: bool, merged_src: bool, merged_dst: bool,
+                   factor_grad: bool = False) -> dict:
     """The backward's launches (:func:`_launch_plan`) by part: the source pass's light classes and
     row-kernel launches, then GAT's ``∂er`` row sums or the destination pass's light classes and
     row-kernel launches (``mixed``: :data:`ROW_LAUNCH_MIXED`; ``merged_*``: :data:`PIECE_MERGE_IN_ROWS`)."""
@@ -1171,9 +1194,10 @@ def _backward_plan(schedule, inputs: AttentionInputs, dtype: torch.dtype, use_dr
     _, row_block_e = _tile_budget(schedule, inputs, "source")
     value_tiles = _sum_tiles(heads * head_dim, MERGE_TILE_INSIDE)
     src_tiles = _sum_tiles(heads if inputs.score == SCORE_GAT else heads * head_dim, MERGE_TILE_INSIDE)
+    src_flags = {**flags, **_factor_flags(inputs, factor_grad)}
     plan = {
-        "source light": _light_plan(schedule, inputs, schedule.outgoing, "source", flags),
-        "source rows": [{"BLOCK_E": row_block_e, "BLOCK_H": block_h, "BLOCK_D": block_d, "PIECES": pieces, **flags,
+        "source light": _light_plan(schedule, inputs, schedule.outgoing, "source", src_flags),
+        "source rows": [{"BLOCK_E": row_block_e, "BLOCK_H": block_h, "BLOCK_D": block_d, "PIECES": pieces, **src_flags,
                          "LANES": lanes,
                          "PREFETCH": inputs.score in ROW_BACKWARD_PREFETCH_SCORES,
                          **_row_options(schedule, "source", inputs),
@@ -1301,8 +1325,8 @@ def attention_weights(graph: Graph, inputs: AttentionInputs, lse: torch.Tensor, 
                       dropped: bool = True) -> torch.Tensor:
     """The attention weights ``α [E, H]`` of a forward over ``graph`` from its ``lse`` and launch arguments,
     in the values' dtype and the graph's input edge order (:mod:`gnnfuse.kernels.attention_weights`):
-    ``α_p = exp(s_p − lse_i)``, with ``dropped`` times the forward's dropout mask and keep scale.  Not part of
-    any autograd graph."""
+    ``α_p = exp(s_p − lse_i)``, with ``dropped`` times the forward's dropout mask and keep scale (and its per-edge
+    factor, ``inputs.edge_factor``).  Not part of any autograd graph."""
     value = inputs.value
     num_edges, heads, head_dim = graph.num_edges, value.shape[1], value.shape[2]
     alpha = _new_output((num_edges, heads), value.dtype, value.device)
@@ -1313,12 +1337,14 @@ def attention_weights(graph: Graph, inputs: AttentionInputs, lse: torch.Tensor, 
         dropout_p = 0.0
     keep_scale, mode = _dropout_args(dropout_p, seed)
     block, warps = _attention_weights_tiling(inputs)
+    factor = inputs.edge_factor if dropped and inputs.edge_factor is not None else None
     attention_weights_kernel[(cdiv(num_edges, block),)](
-        graph.csr_dst, graph.csr_src, graph.csr_eid, *inputs.pointers(), lse, alpha, num_edges, heads, head_dim,
+        graph.csr_dst, graph.csr_src, graph.csr_eid, *inputs.pointers(), lse, alpha,
+        lse if factor is None else factor, num_edges, heads, head_dim,
         inputs.edge_dim, inputs.negative_slope, inputs.scale, dropout_p, keep_scale, seed, offset,
         inputs.feat_stride, BLOCK_P=block, BLOCK_H=schedule.block_h, BLOCK_D=schedule.block_d,
         **_edge_flags(inputs, schedule.block_h, schedule.block_d, block), **_score_flags(inputs), DROPOUT=mode,
-        num_warps=warps,
+        num_warps=warps, **({"FACTOR": True} if factor is not None else {}),
     )
     return alpha
 
@@ -1364,7 +1390,7 @@ def _forward_saving(ctx, graph: Graph, inputs: AttentionInputs, launch: tuple, d
     value = inputs.value
     add = inputs.out_add
     acc = accumulation_dtype(value.dtype)
-    training = any(ctx.needs_input_grad[:differentiable])
+    training = any(ctx.needs_input_grad[:differentiable]) or getattr(ctx, "factor_grad", False)
     ctx.attention_grads = training
     ctx.add_grad = add is not None and ctx.needs_input_grad[add_index]
     ctx.add_per_node = add is not None and add.dim() == 3
@@ -1389,11 +1415,41 @@ def _backward_saved(ctx, inputs: AttentionInputs, grad_out: torch.Tensor,
                     bias_parts: torch.Tensor | None = None,
                     term_grad_dtypes: tuple[torch.dtype | None, torch.dtype | None] = (None, None),
                     grad_targets: tuple | None = None, grad_out_copy: torch.Tensor | None = None,
-                    ) -> tuple[torch.Tensor, ...]:
+                    grad_factor: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """:func:`attention_backward` from what :func:`_forward_saving` kept (``out``, ``lse`` last)."""
     out, lse = ctx.saved_tensors[-2:]
     return attention_backward(ctx.graph, inputs, lse, out, grad_out.contiguous(), *ctx.launch, grad_value_dtype,
-                              edge_grads, bias_parts, term_grad_dtypes, grad_targets, grad_out_copy)
+                              edge_grads, bias_parts, term_grad_dtypes, grad_targets, grad_out_copy, grad_factor)
+
+
+def _edge_factor(ctx, graph: Graph, edge_weight: torch.Tensor | None, acc: torch.dtype, index: int
+                 ) -> torch.Tensor | None:
+    """A Function's per-edge factor (:attr:`AttentionInputs.edge_factor`): ``edge_weight [E]`` (input edge order,
+    checked by :func:`_check_edge_weight`) in CSR order and the accumulation dtype, kept on ``ctx`` with whether the
+    Function's input ``index`` (the weight) needs its gradient (``ctx.factor_grad``, which :func:`_forward_saving`
+    reads)."""
+    ctx.factor_grad = edge_weight is not None and ctx.needs_input_grad[index]
+    if edge_weight is None:
+        ctx.edge_factor = None
+        return None
+    ctx.edge_weight_dtype = edge_weight.dtype
+    ctx.edge_factor = edge_weight.to(acc).index_select(0, graph.csr_eid)
+    return ctx.edge_factor
+
+
+def _factor_grad_buffer(ctx) -> torch.Tensor | None:
+    """The ``[E]`` CSR-order buffer the source pass fills with the factor's gradient, when one is needed."""
+    return _new_output(tuple(ctx.edge_factor.shape), ctx.edge_factor.dtype, ctx.edge_factor.device) if (
+        ctx.factor_grad) else None
+
+
+def _edge_weight_grad(ctx, grad_factor: torch.Tensor | None) -> torch.Tensor | None:
+    """``∂edge_weight`` in the caller's edge order and dtype from the source pass's CSR-order ``grad_factor``."""
+    if grad_factor is None:
+        return None
+    grad = torch.empty_like(grad_factor)
+    grad[ctx.graph.csr_eid] = grad_factor
+    return grad.to(ctx.edge_weight_dtype)
 
 
 def _unpack(base: torch.Tensor, packing: tuple) -> list[torch.Tensor | None]:
@@ -1463,8 +1519,10 @@ class GATAttentionFunction(torch.autograd.Function):
     out, lse`` (no per-edge tensor)."""
 
     @staticmethod
-    def forward(ctx, wh, el, er, graph, negative_slope, dropout_p, seed, offset, options):  # type: ignore[override]
-        inputs = AttentionInputs(SCORE_GAT, el, er, wh, negative_slope=negative_slope)
+    def forward(ctx, wh, el, er, graph, negative_slope, dropout_p, seed, offset, options,  # type: ignore[override]
+                edge_weight):
+        factor = _edge_factor(ctx, graph, edge_weight, el.dtype, 9)
+        inputs = AttentionInputs(SCORE_GAT, el, er, wh, negative_slope=negative_slope, edge_factor=factor)
         ctx.negative_slope = negative_slope
         return _forward_saving(ctx, graph, inputs, (dropout_p, seed, offset, options), 3, wh, el, er)
 
@@ -1472,9 +1530,11 @@ class GATAttentionFunction(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_out):  # type: ignore[override]
         wh, el, er = ctx.saved_tensors[:3]
-        inputs = AttentionInputs(SCORE_GAT, el, er, wh, negative_slope=ctx.negative_slope)
-        grad_wh, grad_el, grad_er, *_ = _backward_saved(ctx, inputs, grad_out)
-        return grad_wh, grad_el, grad_er, *_NO_GRADS
+        inputs = AttentionInputs(SCORE_GAT, el, er, wh, negative_slope=ctx.negative_slope,
+                                 edge_factor=ctx.edge_factor)
+        grad_factor = _factor_grad_buffer(ctx)
+        grad_wh, grad_el, grad_er, *_ = _backward_saved(ctx, inputs, grad_out, grad_factor=grad_factor)
+        return grad_wh, grad_el, grad_er, *_NO_GRADS, _edge_weight_grad(ctx, grad_factor)
 
 
 def _check_wh(graph: Graph, wh: torch.Tensor, name: str = "wh") -> None:
@@ -1511,6 +1571,20 @@ def _check_negative_slope(negative_slope: float) -> float:
     return float(negative_slope)
 
 
+def _check_edge_weight(graph: Graph, edge_weight: torch.Tensor | None) -> torch.Tensor | None:
+    """DGL GATConv's ``edge_weight``: a floating-point ``[E]`` tensor (one factor per edge, the graph's input edge
+    order); ValueError / TypeError naming what is wrong otherwise."""
+    if edge_weight is None:
+        return None
+    if not isinstance(edge_weight, torch.Tensor):
+        raise TypeError(f"edge_weight must be a tensor of shape [num_edges] or None, got {type(edge_weight).__name__}")
+    backend.check_dtypes(FLOAT_DTYPES, edge_weight=edge_weight)
+    if tuple(edge_weight.shape) != (graph.num_edges,):
+        raise ValueError(f"edge_weight must have shape [num_edges] = [{graph.num_edges}] (one factor per edge, in the "
+                         f"graph's edge order), got {list(edge_weight.shape)}")
+    return edge_weight
+
+
 def _check_schedule(schedule: ScheduleOptions | None) -> None:
     if schedule is not None and not isinstance(schedule, ScheduleOptions):
         raise TypeError(f"schedule must be a gnnfuse.ScheduleOptions or None, got {type(schedule).__name__}")
@@ -1528,6 +1602,7 @@ def gat_attention(
     schedule: ScheduleOptions | None = None,
     return_attention: bool = False,
     attention_dropout: bool = True,
+    edge_weight: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Fused GAT attention over ``graph`` given per-node scores.
 
@@ -1547,9 +1622,14 @@ def gat_attention(
     (:func:`attention_weights`; not differentiable); ``attention_dropout``: with dropout on, the weights
     the aggregation used (mask and ``1 / (1 − dropout)`` applied, DGL's ``get_attention``), else the softmax
     itself (PyG's ``return_attention_weights``).
+    ``edge_weight``: ``[E]`` (any float dtype, the graph's input edge order), DGL GATConv's per-edge factor on
+    the attention: ``out_i = Σ_j dropout(α_ij) · w_ij · Wh_j`` — after the softmax and its dropout, so it does not
+    renormalize; differentiable (``∂w_ij = Σ_h dropout(α_ij)[h] <∂out_i, Wh_j>[h]``, from the backward's source pass),
+    and part of the weights ``return_attention`` hands back when they are the aggregation's.
     """
     graph = as_graph(graph)
     _check_features(graph, wh, el, er)
+    edge_weight = _check_edge_weight(graph, edge_weight)
     dropout = _check_dropout(dropout)
     negative_slope = _check_negative_slope(negative_slope)
     _check_schedule(schedule)
@@ -1565,11 +1645,12 @@ def gat_attention(
         seed, offset = _host_pair(seed, offset)
         result = gat_attention_reference(
             graph, wh, el, er, negative_slope=negative_slope, dropout=dropout, seed=seed, offset=offset,
-            weights=_reference_weights(request),
+            weights=_reference_weights(request), edge_weight=edge_weight,
         )
         return _reference_result(result, wh.dtype, request)
-    backend.check_devices(wh=wh, el=el, er=er, graph=graph.indptr)
-    out = _apply(GATAttentionFunction, wh, el, er, graph, float(negative_slope), dropout, seed, offset, request)
+    backend.check_devices(wh=wh, el=el, er=er, edge_weight=edge_weight, graph=graph.indptr)
+    out = _apply(GATAttentionFunction, wh, el, er, graph, float(negative_slope), dropout, seed, offset, request,
+                 edge_weight)
     return _with_weights(out, request)
 
 
@@ -1796,7 +1877,7 @@ class GATFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, attn_l, attn_r, graph, negative_slope, dropout_p, seed, offset, options,  # type: ignore[override]
-                out_add):
+                out_add, edge_weight):
         heads, head_dim = attn_l.shape[-2], attn_l.shape[-1]
         attn_l3 = attn_l.view(1, heads, head_dim)
         attn_r3 = attn_r.view(1, heads, head_dim)
@@ -1807,7 +1888,8 @@ class GATFunction(torch.autograd.Function):
             wh = x if weight is None else linear(x, weight).view(x.shape[0], heads, head_dim)
             el, er = _node_scores_forward(wh, attn_l3, attn_r3)
         inputs = AttentionInputs(SCORE_GAT, el, er, wh, negative_slope=negative_slope,
-                                 out_add=_addend_layout(ctx, out_add, heads, head_dim))
+                                 out_add=_addend_layout(ctx, out_add, heads, head_dim),
+                                 edge_factor=_edge_factor(ctx, graph, edge_weight, el.dtype, 11))
         ctx.negative_slope = negative_slope
         return _forward_saving(ctx, graph, inputs, (dropout_p, seed, offset, options), 4, wh, attn_l3, attn_r3, el,
                                er, x if weight is not None else None, weight, add_index=10)
@@ -1816,14 +1898,17 @@ class GATFunction(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_out):  # type: ignore[override]
         if not ctx.attention_grads:
-            return None, None, None, None, *_NO_GRADS, _addend_grad(ctx, grad_out, None)
+            return None, None, None, None, *_NO_GRADS, _addend_grad(ctx, grad_out, None), None
         wh, attn_l, attn_r, el, er, x, weight = ctx.saved_tensors[:7]
-        inputs = AttentionInputs(SCORE_GAT, el, er, wh, negative_slope=ctx.negative_slope)
+        inputs = AttentionInputs(SCORE_GAT, el, er, wh, negative_slope=ctx.negative_slope,
+                                 edge_factor=ctx.edge_factor)
         # ∂attn_l, ∂attn_r and a bias's Σ_n g_n from per-program partials: one reduction, one cast
         bias = _bias_grad_wanted(ctx)
         parts = _node_part_buffer(wh, 3 if bias else 2)
+        grad_factor = _factor_grad_buffer(ctx)
         grad_agg, grad_el, grad_er, _, _ = _backward_saved(ctx, inputs, grad_out, grad_value_dtype=el.dtype,
-                                                           bias_parts=parts[2] if bias else None)
+                                                           bias_parts=parts[2] if bias else None,
+                                                           grad_factor=grad_factor)
         grad_wh = _node_scores_backward(wh, attn_l, attn_r, grad_el, grad_er, grad_agg, parts)
         sums = parts.sum(1).to(attn_l.dtype)  # wh, the attention vectors and the bias share a dtype
         grad_x = grad_weight = None
@@ -1836,7 +1921,8 @@ class GATFunction(torch.autograd.Function):
             if ctx.needs_input_grad[0]:
                 grad_x = matmul(flat, weight)
         grad_l, grad_r = sums[0].view(ctx.attn_shapes[0]), sums[1].view(ctx.attn_shapes[1])
-        return grad_x, grad_weight, grad_l, grad_r, *_NO_GRADS, _addend_grad(ctx, grad_out, sums[2] if bias else None)
+        return (grad_x, grad_weight, grad_l, grad_r, *_NO_GRADS, _addend_grad(ctx, grad_out, sums[2] if bias else None),
+                _edge_weight_grad(ctx, grad_factor))
 
 
 def _addend_layout(ctx, out_add: torch.Tensor | None, heads: int, head_dim: int) -> torch.Tensor | None:
@@ -1941,6 +2027,7 @@ def gat(
     weight: torch.Tensor | None = None,
     return_attention: bool = False,
     attention_dropout: bool = True,
+    edge_weight: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """GAT attention from projected features and attention vectors ``attn_l``, ``attn_r`` ``(1, H, D)``.
 
@@ -1956,7 +2043,7 @@ def gat(
     saves the node-score pass's read of ``Wh``: :class:`~gnnfuse.nn.GATConv` takes this path there
     and keeps ``fc`` as its own module elsewhere (the op alone, with torch's product, was no faster
     as called on the H200: gnn/layer_host, session 7).
-    ``return_attention``, ``attention_dropout``: as in :func:`gat_attention` (``(out, α [E, H])``).
+    ``return_attention``, ``attention_dropout``, ``edge_weight``: as in :func:`gat_attention` (``(out, α [E, H])``).
     """
     graph = as_graph(graph)
     backend.check_dtypes(FLOAT_DTYPES, wh=wh, attn_l=attn_l, attn_r=attn_r, weight=weight)
@@ -1973,6 +2060,7 @@ def gat(
     negative_slope = _check_negative_slope(negative_slope)
     _check_schedule(schedule)
     add = _check_addend(out_add, graph, heads, head_dim, wh.dtype)
+    edge_weight = _check_edge_weight(graph, edge_weight)
     request = _requested(schedule, return_attention, attention_dropout)
     if backend.reference_enabled():
         if weight is not None:
@@ -1980,17 +2068,18 @@ def gat(
         el, er = node_scores(wh, attn_l, attn_r)
         result = gat_attention(
             graph, wh, el, er, negative_slope=negative_slope, dropout=dropout, rng=rng, schedule=schedule,
-            return_attention=return_attention, attention_dropout=attention_dropout,
+            return_attention=return_attention, attention_dropout=attention_dropout, edge_weight=edge_weight,
         )
         out, weights = (result, None) if not return_attention else result
         out = out if add is None else out + add
         return (out, weights) if return_attention else out
     seed, offset = _rng_pair(rng, dropout, heads, wh.device)
-    backend.check_devices(wh=wh, weight=weight, attn_l=attn_l, attn_r=attn_r, out_add=add, graph=graph.indptr)
+    backend.check_devices(wh=wh, weight=weight, attn_l=attn_l, attn_r=attn_r, out_add=add, edge_weight=edge_weight,
+                          graph=graph.indptr)
     # attn_l, attn_r and out_add go in as given (the node views them: no autograd view nodes here)
     out = _apply(
         GATFunction, wh if weight is not None else wh.contiguous(), weight, attn_l.contiguous(), attn_r.contiguous(),
-        graph, float(negative_slope), dropout, seed, offset, request, out_add,
+        graph, float(negative_slope), dropout, seed, offset, request, out_add, edge_weight,
     )
     return _with_weights(out, request)
 
@@ -2351,7 +2440,7 @@ def agnn(
 
 def attention_floor_bytes(
     graph: Graph, heads: int, head_dim: int, dtype: torch.dtype, backward: bool = False, *,
-    gathered: int = 1, edge_elements: int = 0,
+    gathered: int = 1, edge_elements: int = 0, edge_factor: bool = False,
 ) -> int:
     """The gather floor of TARGETS.md: fewest bytes a fused attention over ``graph`` must move.
 
@@ -2361,13 +2450,15 @@ def attention_floor_bytes(
     ``E · edge_dim``: what a kernel projecting them in registers would read) + the CSR index
     (``E`` source ids and ``N + 1`` offsets) + the ``N·H·D`` output.  With ``backward``: twice
     that (the backward gathers as much over the reverse CSR and writes the input gradients) —
-    per-node score vectors are lower-order terms and left out.
+    per-node score vectors are lower-order terms and left out.  ``edge_factor`` (DGL GATConv's ``edge_weight``):
+    ``E`` float32 factors read by each pass, and with ``backward`` their ``E`` gradients written.
     """
     element = torch.empty((), dtype=dtype).element_size()
     index = graph.csr_src.element_size() * graph.num_edges + graph.indptr.element_size() * (graph.num_nodes + 1)
     per_edge = gathered * heads * head_dim + edge_elements
-    forward = graph.num_edges * per_edge * element + index + graph.num_nodes * heads * head_dim * element
-    return 2 * forward if backward else forward
+    factor = 4 * graph.num_edges if edge_factor else 0
+    forward = graph.num_edges * per_edge * element + index + graph.num_nodes * heads * head_dim * element + factor
+    return 2 * forward + factor if backward else forward
 
 
 def attention_weights_floor_bytes(graph: Graph, heads: int, head_dim: int, dtype: torch.dtype, *,

@@ -33,14 +33,14 @@ def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
 
 def edge_softmax_aggregate(
     graph: Graph, scores: torch.Tensor, messages: torch.Tensor, *, dropout: float = 0.0, seed: int = 0,
-    offset: int = 0, weights: str | None = None,
+    offset: int = 0, weights: str | None = None, edge_weight: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """``(out [N, H, D], lse [N, H])`` from per-edge ``scores [E, H]`` and ``messages [E, H, D]``
     in CSR order: ``α = softmax`` of the scores over each row's incoming edges (then dropout
-    with scale ``1 / (1 − dropout)``), ``out_i = Σ_j α_ij m_ij``.  Rows without incoming edges
-    give zeros and ``lse = -inf``.  Differentiable in both tensors.  ``weights`` ``"dropped"`` (the
-    weights the sum used) or ``"softmax"`` (before dropout) appends ``α [E, H]`` in the graph's input
-    edge order."""
+    with scale ``1 / (1 − dropout)``, then times ``edge_weight [E]``, given in the graph's input edge
+    order), ``out_i = Σ_j α_ij m_ij``.  Rows without incoming edges give zeros and ``lse = -inf``.
+    Differentiable in the tensors.  ``weights`` ``"dropped"`` (the weights the sum used) or ``"softmax"``
+    (before dropout and edge weight) appends ``α [E, H]`` in the graph's input edge order."""
     num_nodes, heads = graph.num_nodes, scores.shape[1]
     dtype, device = scores.dtype, scores.device
     dst = graph.csr_dst.long()
@@ -52,6 +52,8 @@ def edge_softmax_aggregate(
     if dropout > 0:
         keep = dropout_keep_mask(graph, heads, dropout, seed, offset)
         alpha = torch.where(keep, alpha / (1.0 - dropout), torch.zeros_like(alpha))
+    if edge_weight is not None:
+        alpha = alpha * edge_weight.to(dtype)[graph.csr_eid.long()][:, None]
     weighted = alpha[:, :, None] * messages  # [E, H, D]
     out = torch.zeros(num_nodes, *messages.shape[1:], dtype=dtype, device=device).index_add(0, dst, weighted)
     lse = torch.where(row_sum > 0, row_max + torch.log(row_sum.clamp_min(1e-300)), torch.full_like(row_sum, -torch.inf))
@@ -76,19 +78,21 @@ def gat_attention_reference(
     seed: int = 0,
     offset: int = 0,
     weights: str | None = None,
+    edge_weight: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """``(out [N, H, D], lse [N, H])`` computed unfused in the dtype of ``el`` (differentiable).
 
     ``out_i = Σ_{j->i} α_ij Wh_j``, ``α_i· = softmax_j LeakyReLU(el_j + er_i)`` (then dropout
-    with scale ``1 / (1 − dropout)``); rows without incoming edges give zeros and
-    ``lse = -inf``.
+    with scale ``1 / (1 − dropout)``, then times ``edge_weight [E]``, DGL's); rows without incoming
+    edges give zeros and ``lse = -inf``.
     """
     graph = as_graph(graph)
     src = graph.csr_src.long()
     dst = graph.csr_dst.long()
     scores = torch.nn.functional.leaky_relu(el[src] + er[dst], negative_slope)  # [E, H]
     messages = wh.to(el.dtype)[src]  # [E, H, D]
-    return edge_softmax_aggregate(graph, scores, messages, dropout=dropout, seed=seed, offset=offset, weights=weights)
+    return edge_softmax_aggregate(graph, scores, messages, dropout=dropout, seed=seed, offset=offset, weights=weights,
+                                  edge_weight=edge_weight)
 
 
 def gatv2_reference(

@@ -49,6 +49,9 @@ byte size.  ``lanes_gatv2`` times GATv2's forward with per-lane state at Reddit 
 ``captured`` (not headline rows) times the opt-in :func:`gnnfuse.capture` (forward and backward
 replayed from CUDA graphs, as a user calls it) beside the same layers as called, arxiv-like.
 
+``gat_edge_weight`` (not a headline row) times DGL GATConv's ``edge_weight`` (a per-edge factor on the attention)
+in the fused layer against the unfused reference and the fused layer without it, arxiv-like.
+
 ``gat_super_node`` checks the TARGETS.md rule that a node of in-degree 10⁶ costs no more
 per edge than a uniform graph (within 2×): both graphs have ~1 M edges.
 
@@ -566,6 +569,65 @@ def attention_weights_case(ctx: Context) -> None:
             _time_replayed(ctx, "forward + attention weights, CUDA graph",
                            _forward(lambda call=call: call(return_attention=True)), forward + floor, params, variant)
             _time_replayed(ctx, "forward, CUDA graph", _forward(call), forward, params, variant)
+
+
+@case("gnn", "gat_edge_weight", baseline="unfused torch (gnnfuse.reference)", headline=False)
+def gat_edge_weight_case(ctx: Context) -> None:
+    """DGL GATConv's ``edge_weight`` (a per-edge factor on the attention after its softmax and dropout): the fused
+    GATConv with a learned ``[E]`` weight against the unfused reference (what DGL's GATConv computes, ``[E, H]``
+    attention and ``[E, H, D]`` messages materialized) and against the fused layer without it, forward and training
+    step (``∂w`` included), as called and replayed as CUDA graphs, arxiv-like, fp32 and bf16.  Floors:
+    :func:`gnnfuse.ops.attention_floor_bytes` with ``edge_factor``.  Checked against the reference: the output and
+    the gradients of ``w`` and ``fc.weight``."""
+    spec = QUICK[0] if ctx.quick else next(s for s in FULL if s.name == "arxiv-like")
+    edges, n = _edges(spec.name, ctx.device)
+    graph = Graph(edges, n)
+    gen = torch.Generator().manual_seed(7)
+    for dtype in [torch.float32] if ctx.quick else [torch.float32, torch.bfloat16]:
+        tag = "fp32" if dtype == torch.float32 else "bf16"
+        torch.manual_seed(0)
+        layer = GATConv(spec.in_feats, spec.head_dim, spec.heads).to(device=ctx.device, dtype=dtype)
+        x = torch.randn(n, spec.in_feats, generator=gen).to(device=ctx.device, dtype=dtype)
+        weight = torch.rand(graph.num_edges, generator=gen).to(ctx.device).requires_grad_(True)
+        grad = torch.randn(n, spec.heads, spec.head_dim, generator=gen).to(device=ctx.device, dtype=dtype)
+        params = {"graph": spec.name, "nodes": n, "edges": graph.num_edges, "heads": spec.heads,
+                  "head_dim": spec.head_dim, "dtype": tag}
+        variant = f"{spec.name},{tag}"
+
+        def weighted():
+            return layer(graph, x, weight)
+
+        def plain():
+            return layer(graph, x)
+
+        def reference():
+            with use_reference():
+                return layer(graph, x, weight)
+
+        trained = [*layer.parameters(), weight]
+        tol = 2e-3 if dtype == torch.float32 else 2e-2
+        with torch.no_grad():
+            ctx.check(f"{variant} forward vs reference", weighted().float(), reference().float(), tol)
+        _train_step(reference, trained, grad)()
+        expected = [weight.grad.float().clone(), layer.fc.weight.grad.float().clone()]
+        _train_step(weighted, trained, grad)()
+        for name, ours, theirs in zip(("edge_weight", "fc.weight"), (weight.grad, layer.fc.weight.grad), expected):
+            ctx.check(f"{variant} grad {name} vs reference", ours.float(), theirs, tol)
+        floors = {flag: (attention_floor_bytes(graph, spec.heads, spec.head_dim, dtype, edge_factor=flag),
+                         attention_floor_bytes(graph, spec.heads, spec.head_dim, dtype, True, edge_factor=flag))
+                  for flag in (False, True)}
+        rows = [("unfused torch (gnnfuse.reference)", reference, trained, True),
+                ("fused (gnnfuse)", weighted, trained, True),
+                ("fused (gnnfuse), no edge_weight", plain, list(layer.parameters()), False)]
+        for impl, call, own, flag in rows:
+            forward, step = floors[flag]
+            ctx.time(impl, _forward(call), bytes_moved=forward, memory=True, params=params, variant=f"{variant},fwd")
+            ctx.time(impl, _train_step(call, own, grad), bytes_moved=step, memory=True, params=params,
+                     variant=f"{variant},fwd+bwd")
+            if impl.startswith("fused"):
+                _time_replayed(ctx, f"{impl}, CUDA graph", _forward(call), forward, params, f"{variant},fwd")
+                _time_replayed(ctx, f"{impl}, CUDA graph", _train_step(call, own, grad), step, params,
+                               f"{variant},fwd+bwd")
 
 
 def _tiles(tile_elements: int, warps: int) -> tuple[str, ScheduleOptions]:

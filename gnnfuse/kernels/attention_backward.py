@@ -2,8 +2,9 @@
 
 With ``α_ij`` recomputed from the saved ``lse`` (no attention matrix stored), dropout
 ``keep_ij / (1 − p)`` regenerated from the counter-based RNG (stream = CSR position),
-``α'_ij = α_ij keep_ij / (1 − p)``, ``g = ∂L/∂out``, values ``val_j (+ e_p)`` and the score
-``s_ij`` of :mod:`gnnfuse.kernels.scores` (``src_j``, ``dst_i`` its two sides)::
+``α'_ij = α_ij keep_ij / (1 − p)`` (``· w_p`` with ``FACTOR``, a per-edge factor: :mod:`gnnfuse.kernels.dropout`),
+``g = ∂L/∂out``, values ``val_j (+ e_p)`` and the score ``s_ij`` of :mod:`gnnfuse.kernels.scores` (``src_j``,
+``dst_i`` its two sides)::
 
     ∂L/∂val_j  = Σ_{i: j->i} α'_ij g_i                                    (aggregation)
     δ_i        = Σ_j α'_ij <g_i, val_j + e_p> = <g_i, out_i>   per head   (given, like FlashAttention's D)
@@ -11,6 +12,7 @@ With ``α_ij`` recomputed from the saved ``lse`` (no attention matrix stored), d
     ∂L/∂src_j  = Σ_{i: j->i} ∂s/∂src · ∂L/∂s_ij          ∂L/∂dst_i = Σ_{j: j->i} ∂s/∂dst · ∂L/∂s_ij
     ∂L/∂e_p    = α'_ij g_i + ∂L/∂s_ij q̃_i            (dot score with edge features, destination pass)
     ∂L/∂a      = Σ_edges ∂L/∂s_ij · LeakyReLU(fs_j + fd_i)              (GATv2)
+    ∂L/∂w_p    = Σ_h α_ij keep_ij / (1 − p) <g_i, val_j + e_p>          (FACTOR_GRAD, source pass)
 
 :func:`attention_backward_src_kernel` (and its light form) walks the reverse CSR: each
 program owns source rows (or pieces of split ones), so ``∂L/∂val_j`` and the per-source
@@ -47,7 +49,7 @@ import triton.language as tl
 
 from fusecore.backend import jit
 
-from .dropout import attention_dropout, dropout_seed
+from .dropout import attention_dropout, dropout_seed, edge_factor, store_factor_grad
 from .edge_features import edge_attr_tile, rows_edge_values
 from .merge import last_piece, merge_sums
 from .scores import attn_grad_terms, edge_scores, gather_keys, gather_queries, row_query, score_grad
@@ -68,14 +70,14 @@ from .tiles import (
 def attention_backward_src_kernel(
     rev_dst_ptr, rev_pos_ptr, rows_ptr, starts_ptr, stops_ptr,
     src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, terms_ptr, lse_ptr, grad_out_ptr, delta_ptr,
-    grad_value_ptr, grad_src_ptr, grad_s_ptr,
+    grad_value_ptr, grad_src_ptr, grad_s_ptr, factor_ptr, grad_factor_ptr,
     H, D, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, feat_stride, grad_stride,
     piece_super_ptr, piece_ptr, piece_count_ptr, merged_value_ptr, merged_src_ptr, merged_stride,
     BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     PIECES: tl.constexpr, DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr,
     KEY_SCALE: tl.constexpr, LANES: tl.constexpr, PREFETCH: tl.constexpr = False,
     MERGE: tl.constexpr = False, MERGE_P: tl.constexpr = 1, MERGE_W: tl.constexpr = 1, SRC_P: tl.constexpr = 1,
-    SRC_W: tl.constexpr = 1,
+    SRC_W: tl.constexpr = 1, FACTOR: tl.constexpr = False, FACTOR_GRAD: tl.constexpr = False,
 ):
     """The source pass's row kernel; ``PREFETCH``: each edge block's reverse-CSR destinations and positions
     loaded one trip ahead (the trip's gathers then wait on no index load of their own).  ``EDGE`` (dot score):
@@ -147,8 +149,9 @@ def attention_backward_src_kernel(
         if EDGE:
             terms_offs = pos[:, None] * (2 * H) + offs_h[None, :]
             s += tl.load(terms_ptr + terms_offs, mask=eh_mask, other=0.0).to(acc_dtype)
-        alpha, alpha_kept = _recomputed_weights(s, lse_i, eh_mask, pos[:, None], rng_offset + offs_h[None, :], seed,
-                                                dropout_p, keep_scale, DROPOUT)
+        alpha, alpha_dropped = _recomputed_weights(s, lse_i, eh_mask, pos[:, None], rng_offset + offs_h[None, :],
+                                                   seed, dropout_p, keep_scale, DROPOUT)
+        alpha_kept = edge_factor(alpha_dropped, pos[:, None], e_mask[:, None], factor_ptr, FACTOR)
         g_i = tl.load(grad_out_ptr + dst[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
                       other=0.0).to(acc_dtype)
         if EDGE:
@@ -159,6 +162,7 @@ def attention_backward_src_kernel(
         g_dot_val = tl.sum(g_i * val_j[None, :, :], axis=2)
         if EDGE:
             g_dot_val += tl.load(terms_ptr + terms_offs + H, mask=eh_mask, other=0.0).to(acc_dtype)
+        store_factor_grad(grad_factor_ptr, alpha_dropped, g_dot_val, pos, e_mask, FACTOR_GRAD, 1)
         grad_s = alpha_kept * g_dot_val - alpha * delta_i
         grad_src = score_grad(grad_s, src_e, dst_i, attn, negative_slope, SCORE)
         if SCORE == 0:
@@ -223,11 +227,11 @@ def _recomputed_weights(s, lse_i, mask, pos, streams, seed, dropout_p, keep_scal
 def attention_backward_src_light_kernel(
     rev_dst_ptr, rev_pos_ptr, rows_ptr, starts_ptr, stops_ptr,
     src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, terms_ptr, lse_ptr, grad_out_ptr, delta_ptr,
-    grad_value_ptr, grad_src_ptr, grad_s_ptr,
+    grad_value_ptr, grad_src_ptr, grad_s_ptr, factor_ptr, grad_factor_ptr,
     n0, n1, n2, n3, n4, n5, n6, H, D, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
     feat_stride, grad_stride, LIGHT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr, KEY_SCALE: tl.constexpr,
-    UNROLLED: tl.constexpr = False,
+    UNROLLED: tl.constexpr = False, FACTOR: tl.constexpr = False, FACTOR_GRAD: tl.constexpr = False,
 ):
     """The source pass over the light width classes of ``LIGHT`` in one launch (as
     :func:`~gnnfuse.kernels.attention_forward.attention_forward_light_kernel`; ``UNROLLED``:
@@ -250,18 +254,19 @@ def attention_backward_src_light_kernel(
                         _src_light_unrolled(
                             local, rev_dst_ptr, rev_pos_ptr, rows_ptr + row0, starts_ptr + row0, stops_ptr + row0,
                             src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, terms_ptr, lse_ptr, grad_out_ptr,
-                            delta_ptr, grad_value_ptr, grad_src_ptr, grad_s_ptr, count, H, D, negative_slope, scale,
-                            dropout_p, keep_scale, seed, rng_offset, feat_stride, grad_stride, ONE << (f - 1), ONE << k,
-                            BLOCK_H, BLOCK_D, DROPOUT, SCORE, EDGE, KEY_SCALE,
+                            delta_ptr, grad_value_ptr, grad_src_ptr, grad_s_ptr, factor_ptr, grad_factor_ptr, count, H,
+                            D, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, feat_stride, grad_stride,
+                            ONE << (f - 1), ONE << k, BLOCK_H, BLOCK_D, DROPOUT, SCORE, EDGE, KEY_SCALE, FACTOR,
+                            FACTOR_GRAD,
                         )
                     else:
                         _src_light_rows(
                             local, rev_dst_ptr, rev_pos_ptr, rows_ptr + row0, starts_ptr + row0,
                             stops_ptr + row0, src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, terms_ptr,
-                            lse_ptr, grad_out_ptr, delta_ptr, grad_value_ptr, grad_src_ptr, grad_s_ptr,
-                            count, H, D, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
-                            feat_stride, grad_stride, ONE << (f - 1), ONE << k, BLOCK_H, BLOCK_D, DROPOUT, SCORE, EDGE,
-                            KEY_SCALE,
+                            lse_ptr, grad_out_ptr, delta_ptr, grad_value_ptr, grad_src_ptr, grad_s_ptr, factor_ptr,
+                            grad_factor_ptr, count, H, D, negative_slope, scale, dropout_p, keep_scale, seed,
+                            rng_offset, feat_stride, grad_stride, ONE << (f - 1), ONE << k, BLOCK_H, BLOCK_D, DROPOUT,
+                            SCORE, EDGE, KEY_SCALE, FACTOR, FACTOR_GRAD,
                         )
                 first += programs
                 row0 += count
@@ -270,10 +275,11 @@ def attention_backward_src_light_kernel(
 @jit
 def _src_light_unrolled(
     pid, rev_dst_ptr, rev_pos_ptr, rows_ptr, starts_ptr, stops_ptr, src_term_ptr, dst_term_ptr, attn_ptr, value_ptr,
-    terms_ptr, lse_ptr, grad_out_ptr, delta_ptr, grad_value_ptr, grad_src_ptr, grad_s_ptr,
+    terms_ptr, lse_ptr, grad_out_ptr, delta_ptr, grad_value_ptr, grad_src_ptr, grad_s_ptr, factor_ptr, grad_factor_ptr,
     num_rows, H, D, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, feat_stride, grad_stride,
     ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-    DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr, KEY_SCALE: tl.constexpr,
+    DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr, KEY_SCALE: tl.constexpr, FACTOR: tl.constexpr,
+    FACTOR_GRAD: tl.constexpr,
 ):
     """The source pass for ``ROWS`` light source rows (``EDGE``: with the edge terms of
     :func:`attention_backward_src_kernel`), the out-edge slots unrolled
@@ -327,8 +333,10 @@ def _src_light_unrolled(
             terms_offs = pos[:, None] * (2 * H) + offs_h[None, :]
             s += tl.load(terms_ptr + terms_offs, mask=eh_mask, other=0.0).to(acc_dtype)
             g_dot_val += tl.load(terms_ptr + terms_offs + H, mask=eh_mask, other=0.0).to(acc_dtype)
-        alpha, alpha_kept = _recomputed_weights(s, lse_i, eh_mask, pos[:, None], rng_offset + offs_h[None, :], seed,
-                                                dropout_p, keep_scale, DROPOUT)
+        alpha, alpha_dropped = _recomputed_weights(s, lse_i, eh_mask, pos[:, None], rng_offset + offs_h[None, :],
+                                                   seed, dropout_p, keep_scale, DROPOUT)
+        alpha_kept = edge_factor(alpha_dropped, pos[:, None], e_mask[:, None], factor_ptr, FACTOR)
+        store_factor_grad(grad_factor_ptr, alpha_dropped, g_dot_val, pos, e_mask, FACTOR_GRAD, 1)
         if EDGE:
             tl.store(terms_ptr + terms_offs, alpha_kept.to(terms_ptr.dtype.element_ty), mask=eh_mask)
         grad_s = alpha_kept * g_dot_val - alpha * delta_i  # [ROWS, BLOCK_H]
@@ -361,10 +369,11 @@ def _src_light_unrolled(
 def _src_light_rows(
     pid, rev_dst_ptr, rev_pos_ptr, rows_ptr, starts_ptr, stops_ptr,
     src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, terms_ptr, lse_ptr, grad_out_ptr, delta_ptr,
-    grad_value_ptr, grad_src_ptr, grad_s_ptr,
+    grad_value_ptr, grad_src_ptr, grad_s_ptr, factor_ptr, grad_factor_ptr,
     num_rows, H, D, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, feat_stride, grad_stride,
     ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-    DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr, KEY_SCALE: tl.constexpr,
+    DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr, KEY_SCALE: tl.constexpr, FACTOR: tl.constexpr,
+    FACTOR_GRAD: tl.constexpr,
 ):
     """The source pass for ``ROWS`` light source rows of program ``pid`` of their class, edges in one tile."""
     acc_dtype = lse_ptr.dtype.element_ty
@@ -410,10 +419,11 @@ def _src_light_rows(
             s += tl.load(terms_ptr + terms_offs, mask=eh_mask, other=0.0).to(acc_dtype)
     alpha = tl.where(eh_mask, tl.exp(s - lse_i), 0.0)
     if DROPOUT:
-        alpha_kept = attention_dropout(alpha, pos[:, :, None], rng_offset + offs_h[None, None, :], seed, dropout_p,
-                                       keep_scale)
+        alpha_dropped = attention_dropout(alpha, pos[:, :, None], rng_offset + offs_h[None, None, :], seed, dropout_p,
+                                          keep_scale)
     else:
-        alpha_kept = alpha
+        alpha_dropped = alpha
+    alpha_kept = edge_factor(alpha_dropped, pos[:, :, None], e_mask[:, :, None], factor_ptr, FACTOR)
     if EDGE:
         tl.store(terms_ptr + terms_offs, alpha_kept.to(terms_ptr.dtype.element_ty), mask=eh_mask)
     if SCORE == 0:
@@ -424,7 +434,9 @@ def _src_light_rows(
                           other=0.0).to(acc_dtype)
         g_i = tl.load(grad_out_ptr + dst[:, :, None, None] * HD + hd_offs[None, None, :, :],
                       mask=e_mask[:, :, None, None] & hd_mask[None, None, :, :], other=0.0).to(acc_dtype)
-        grad_s = alpha_kept * tl.sum(g_i * val_row[:, None, :, :], axis=3) - alpha * delta_i
+        g_dot_val = tl.sum(g_i * val_row[:, None, :, :], axis=3)
+        store_factor_grad(grad_factor_ptr, alpha_dropped, g_dot_val, pos, e_mask, FACTOR_GRAD, 2)
+        grad_s = alpha_kept * g_dot_val - alpha * delta_i
         grad_edge_head = tl.where(eh_mask, score_grad(grad_s, src_e, dst_i, attn, negative_slope, SCORE), 0.0)
         tl.store(grad_src_ptr + rows[:, None] * H + offs_h[None, :],
                  tl.sum(grad_edge_head, axis=1).to(grad_src_ptr.dtype.element_ty), mask=rh_mask)
@@ -438,6 +450,7 @@ def _src_light_rows(
         g_dot_val = tl.reshape(tl.sum(g_i * val_j, axis=2), [ROWS, BLOCK_E, BLOCK_H])
         if EDGE:
             g_dot_val += tl.load(terms_ptr + terms_offs + H, mask=eh_mask, other=0.0).to(acc_dtype)
+        store_factor_grad(grad_factor_ptr, alpha_dropped, g_dot_val, pos, e_mask, FACTOR_GRAD, 2)
         grad_s = alpha_kept * g_dot_val - alpha * delta_i
         grad_edge_head = grad_s
         grad_s_flat = tl.reshape(grad_s, [ROWS * BLOCK_E, BLOCK_H])

@@ -5,7 +5,7 @@ the score ``s_ijh`` selected by the constexpr ``SCORE`` (:mod:`gnnfuse.kernels.s
 GATv2 or scaled dot product) and values ``val_j`` (``Wh_j``, ``fs_j`` or ``v_j``)::
 
     lse_ih = log Σ_j exp(s_ijh)                    (online: running max m and sum l)
-    α_ijh  = exp(s_ijh − lse_ih) · keep_ph / (1 − p_drop)
+    α_ijh  = exp(s_ijh − lse_ih) · keep_ph / (1 − p_drop)  (· w_p with ``FACTOR``)
     out_i  = Σ_j α_ijh (val_j + e_p)[h, :]
 
 ``e_p = W_e · attr_p`` (``EDGE``, dot score only) is the edge feature at CSR position ``p``
@@ -13,7 +13,9 @@ GATv2 or scaled dot product) and values ``val_j`` (``Wh_j``, ``fs_j`` or ``v_j``
 in PyG's TransformerConv; never stored (:mod:`gnnfuse.kernels.edge_features`): the light tiles project it in
 registers, the row kernel and the unrolled light rows never form it (``W_e`` applied once per row).
 ``keep_ph = uniform(seed, stream=p, position=offset + h) >= p_drop`` is attention dropout, regenerated in the backward
-pass from the same counter, never stored.  Only ``lse [N, H]`` is written beside the output.
+pass from the same counter, never stored; ``w_p = factor[p]`` (``FACTOR``, a per-edge factor in CSR order, DGL
+GATConv's ``edge_weight``: :mod:`gnnfuse.kernels.dropout`) scales the kept weight, not the softmax's sum.  Only
+``lse [N, H]`` is written beside the output.
 With ``ADD`` a term ``add[i]`` (a bias, ``add_stride = 0``, or a per-node tensor, ``add_stride =
 H·D``) is added to the output as it is stored (the layer's bias or root term without a pass of
 its own); with ``FINAL`` (training) ``out`` keeps the attention's own output in the accumulation
@@ -55,7 +57,7 @@ import triton.language as tl
 from fusecore.backend import jit
 from fusecore.softmax import online_update
 
-from .dropout import attention_dropout, dropout_seed
+from .dropout import attention_dropout, dropout_seed, edge_factor
 from .edge_features import edge_attr_tile, edge_weight_tile, project_edges, rows_edge_terms, rows_edge_values
 from .merge import last_piece, merge_lse
 from .scores import edge_scores, gather_keys, gather_queries, row_query
@@ -95,13 +97,13 @@ def _trip_tiles(src_term_ptr, value_ptr, src, mask, H, FS, offs_h, h_mask, hd_of
 def attention_forward_rows_kernel(
     src_ptr, eid_ptr, rows_ptr, starts_ptr, stops_ptr,
     src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, out_ptr, lse_ptr, add_ptr, final_ptr,
-    H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, add_stride, feat_stride,
+    factor_ptr, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, add_stride, feat_stride,
     piece_out_ptr, piece_lse_ptr, num_pieces, piece_super_ptr, piece_ptr, piece_count_ptr,
     BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     PIECES: tl.constexpr, DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr,
     BLOCK_K: tl.constexpr, KEY_SCALE: tl.constexpr, LANES: tl.constexpr, ADD: tl.constexpr, FINAL: tl.constexpr,
     PREFETCH: tl.constexpr = 0, EDGE_FORM: tl.constexpr = 0, ATTR_AHEAD: tl.constexpr = False,
-    MERGE: tl.constexpr = False, MERGE_P: tl.constexpr = 1,
+    MERGE: tl.constexpr = False, MERGE_P: tl.constexpr = 1, FACTOR: tl.constexpr = False,
 ):
     acc_dtype = lse_ptr.dtype.element_ty
     seed, rng_offset = dropout_seed(seed, rng_offset, DROPOUT)
@@ -207,6 +209,7 @@ def attention_forward_rows_kernel(
             l = l * rescale + tl.sum(p, axis=0)
         if DROPOUT:
             p = attention_dropout(p, pos[:, None], rng_offset + offs_h[None, :], seed, dropout_p, keep_scale)
+        p = edge_factor(p, pos[:, None], e_mask[:, None], factor_ptr, FACTOR)
         if SCORE == 1:
             val_j = src_j
         elif KEY_SCALE:
@@ -262,10 +265,11 @@ def attention_forward_rows_kernel(
 def attention_forward_light_kernel(
     src_ptr, eid_ptr, rows_ptr, starts_ptr, stops_ptr,
     src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, out_ptr, lse_ptr, add_ptr, final_ptr,
-    n0, n1, n2, n3, n4, n5, n6, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, add_stride,
-    feat_stride, LIGHT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    factor_ptr, n0, n1, n2, n3, n4, n5, n6, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
+    add_stride, feat_stride, LIGHT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr, BLOCK_K: tl.constexpr, EDGE_DOT: tl.constexpr,
     KEY_SCALE: tl.constexpr, ADD: tl.constexpr, FINAL: tl.constexpr, UNROLLED: tl.constexpr = False,
+    FACTOR: tl.constexpr = False,
 ):
     """The light width classes of ``LIGHT`` in one launch (:mod:`gnnfuse.kernels.tiles`): each program
     runs :func:`_forward_light_rows` compiled for its class's tile (:func:`_forward_light_unrolled`
@@ -287,18 +291,17 @@ def attention_forward_light_kernel(
                         _forward_light_unrolled(
                             local, src_ptr, eid_ptr, rows_ptr + row0, starts_ptr + row0, stops_ptr + row0,
                             src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, out_ptr, lse_ptr,
-                            add_ptr, final_ptr, count, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed,
-                            rng_offset, add_stride, feat_stride, ONE << (f - 1), ONE << k, BLOCK_H, BLOCK_D, DROPOUT,
-                            SCORE, EDGE, BLOCK_K, KEY_SCALE, ADD, FINAL,
+                            add_ptr, final_ptr, factor_ptr, count, H, D, K, negative_slope, scale, dropout_p,
+                            keep_scale, seed, rng_offset, add_stride, feat_stride, ONE << (f - 1), ONE << k, BLOCK_H,
+                            BLOCK_D, DROPOUT, SCORE, EDGE, BLOCK_K, KEY_SCALE, ADD, FINAL, FACTOR,
                         )
                     else:
                         _forward_light_rows(
                             local, src_ptr, eid_ptr, rows_ptr + row0, starts_ptr + row0, stops_ptr + row0,
                             src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, out_ptr, lse_ptr,
-                            add_ptr, final_ptr, count, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed,
-                            rng_offset, add_stride, feat_stride, ONE << (f - 1), ONE << k, BLOCK_H, BLOCK_D, DROPOUT,
-                            SCORE, EDGE,
-                            BLOCK_K, EDGE_DOT, KEY_SCALE, ADD, FINAL,
+                            add_ptr, final_ptr, factor_ptr, count, H, D, K, negative_slope, scale, dropout_p,
+                            keep_scale, seed, rng_offset, add_stride, feat_stride, ONE << (f - 1), ONE << k, BLOCK_H,
+                            BLOCK_D, DROPOUT, SCORE, EDGE, BLOCK_K, EDGE_DOT, KEY_SCALE, ADD, FINAL, FACTOR,
                         )
                 first += programs
                 row0 += count
@@ -307,10 +310,10 @@ def attention_forward_light_kernel(
 @jit
 def _forward_light_unrolled(
     pid, src_ptr, eid_ptr, rows_ptr, starts_ptr, stops_ptr, src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr,
-    w_edge_ptr, out_ptr, lse_ptr, add_ptr, final_ptr, num_rows, H, D, K, negative_slope, scale, dropout_p, keep_scale,
-    seed, rng_offset, add_stride, feat_stride, ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
-    BLOCK_D: tl.constexpr, DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr, BLOCK_K: tl.constexpr,
-    KEY_SCALE: tl.constexpr, ADD: tl.constexpr, FINAL: tl.constexpr,
+    w_edge_ptr, out_ptr, lse_ptr, add_ptr, final_ptr, factor_ptr, num_rows, H, D, K, negative_slope, scale, dropout_p,
+    keep_scale, seed, rng_offset, add_stride, feat_stride, ROWS: tl.constexpr, BLOCK_E: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr,
+    BLOCK_K: tl.constexpr, KEY_SCALE: tl.constexpr, ADD: tl.constexpr, FINAL: tl.constexpr, FACTOR: tl.constexpr,
 ):
     """``ROWS`` light rows of degree <= ``BLOCK_E``, the edge slots unrolled: slot ``e`` gathers the rows'
     ``e``-th sources as ``[ROWS, BLOCK_H, BLOCK_D]`` tiles and folds them into a running softmax per row
@@ -368,6 +371,7 @@ def _forward_light_unrolled(
         m_new, rescale, p, l = online_update(m, l, s)  # a row that has seen no edge yet stays empty
         if DROPOUT:
             p = attention_dropout(p, pos[:, None], rng_offset + offs_h[None, :], seed, dropout_p, keep_scale)
+        p = edge_factor(p, pos[:, None], e_mask[:, None], factor_ptr, FACTOR)
         acc = acc * rescale[:, :, None] + p[:, :, None] * val_j
         if EDGE:
             acc_attr = acc_attr * rescale[:, :, None] + p[:, :, None] * attr[:, None, :]
@@ -387,10 +391,10 @@ def _forward_light_unrolled(
 def _forward_light_rows(
     pid, src_ptr, eid_ptr, rows_ptr, starts_ptr, stops_ptr,
     src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, out_ptr, lse_ptr, add_ptr, final_ptr,
-    num_rows, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, add_stride, feat_stride,
-    ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    factor_ptr, num_rows, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, add_stride,
+    feat_stride, ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr, BLOCK_K: tl.constexpr, EDGE_DOT: tl.constexpr,
-    KEY_SCALE: tl.constexpr, ADD: tl.constexpr, FINAL: tl.constexpr,
+    KEY_SCALE: tl.constexpr, ADD: tl.constexpr, FINAL: tl.constexpr, FACTOR: tl.constexpr,
 ):
     """``ROWS`` light rows of degree <= ``BLOCK_E`` for program ``pid`` of their class."""
     acc_dtype = lse_ptr.dtype.element_ty
@@ -439,6 +443,7 @@ def _forward_light_rows(
     if DROPOUT:
         alpha = attention_dropout(alpha, pos[:, :, None], rng_offset + offs_h[None, None, :], seed, dropout_p,
                                   keep_scale)
+    alpha = edge_factor(alpha, pos[:, :, None], e_mask[:, :, None], factor_ptr, FACTOR)
     if SCORE == 1:
         val_j = src_j
     elif KEY_SCALE:

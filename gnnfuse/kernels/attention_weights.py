@@ -9,10 +9,10 @@ one pass over the CSR positions::
 
 then, when asked (``DROPOUT``), the dropout mask of that forward regenerated from the same counters
 (position ``p``, stream ``offset + h``: :mod:`gnnfuse.kernels.dropout`) and the keep scale applied —
-the weights the aggregation used, as DGL returns them.  Each weight is stored at its input edge id
-``eid[p]``, so the output is in the caller's edge order.  Per edge the score's two sides are
-gathered (GAT: two scalars per head; GATv2 and the dot score: two ``[H, D]`` rows, the keys formed
-from the values for AGNN), with edge features projected in registers as the forward's tile form
+the weights the aggregation used, as DGL returns them (with the forward's per-edge factor, ``FACTOR``).
+Each weight is stored at its input edge id ``eid[p]``, so the output is in the caller's edge order.  Per edge
+the score's two sides are gathered (GAT: two scalars per head; GATv2 and the dot score: two ``[H, D]`` rows,
+the keys formed from the values for AGNN), with edge features projected in registers as the forward's tile form
 does (:func:`~gnnfuse.kernels.edge_features.project_edges`).  Bytes: ``E`` indices of three kinds,
 the gathered rows (the destination's are cache hits along a CSR block), ``E·H`` of ``lse`` reads and
 ``E·H`` weights written; no ``E×H×D`` tensor.
@@ -23,7 +23,7 @@ import triton.language as tl
 from fusecore.backend import jit
 
 from .attention_backward import _recomputed_weights
-from .dropout import dropout_seed
+from .dropout import dropout_seed, edge_factor
 from .edge_features import csr_block, edge_weight_tile, project_edges
 from .scores import edge_scores, gather_keys, gather_queries
 
@@ -31,10 +31,10 @@ from .scores import edge_scores, gather_keys, gather_queries
 @jit
 def attention_weights_kernel(
     dst_ptr, src_ptr, eid_ptr, src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_ptr, lse_ptr,
-    alpha_ptr, E, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, feat_stride,
+    alpha_ptr, factor_ptr, E, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, feat_stride,
     BLOCK_P: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
     SCORE: tl.constexpr, EDGE: tl.constexpr, KEY_SCALE: tl.constexpr, EDGE_DOT: tl.constexpr,
-    DROPOUT: tl.constexpr,
+    DROPOUT: tl.constexpr, FACTOR: tl.constexpr = False,
 ):
     """``alpha[eid[p], h]`` for the CSR positions ``p`` of block ``program_id`` (``BLOCK_P`` positions).
 
@@ -43,7 +43,7 @@ def attention_weights_kernel(
     row stride ``feat_stride``); ``attr [E, K]`` / ``w [K, H, D]``: the dot score's edge features
     (``EDGE``); ``lse [N, H]`` the forward's, in the accumulation dtype; ``alpha [E, H]`` in any float
     dtype.  ``DROPOUT``: the forward's dropout mode (:mod:`gnnfuse.kernels.dropout`); off: the softmax
-    itself."""
+    itself.  ``FACTOR``: times the forward's per-edge factor ``factor [E]`` (CSR order)."""
     tl.static_assert(not EDGE or SCORE == 2, "edge features: dot score only")
     acc_dtype = lse_ptr.dtype.element_ty
     seed, rng_offset = dropout_seed(seed, rng_offset, DROPOUT)
@@ -72,4 +72,5 @@ def attention_weights_kernel(
         s += tl.sum(e * dst, axis=2)
     alpha, kept = _recomputed_weights(s, lse_i, ph_mask, p[:, None], rng_offset + offs_h[None, :], seed, dropout_p,
                                       keep_scale, DROPOUT)
+    kept = edge_factor(kept, p[:, None], p_mask[:, None], factor_ptr, FACTOR)
     tl.store(alpha_ptr + eid[:, None] * H + offs_h[None, :], kept.to(alpha_ptr.dtype.element_ty), mask=ph_mask)

@@ -16,6 +16,11 @@ Where ``(seed, offset)`` comes from is the kernels' constexpr ``DROPOUT``:
   replay draws a fresh mask, and the backward, reading the same pair, regenerates it.
 
 Each kernel calls :func:`dropout_seed` once, before its edge loop (two int64 loads per program).
+
+A per-edge factor on the attention (DGL GATConv's ``edge_weight``: ``α'_p = dropout(α_p) · w_p``) rides
+beside the mask: ``FACTOR`` kernels multiply each kept weight by ``factor[p]`` (:func:`edge_factor`,
+``factor`` ``[E]`` in CSR order and the accumulation dtype), and the source pass with ``FACTOR_GRAD``
+stores ``∂L/∂w_p = Σ_h dropout(α_p)[h] <g_i, val_j>[h]`` at ``p`` (:func:`store_factor_grad`).
 """
 
 import triton.language as tl
@@ -44,3 +49,21 @@ def attention_dropout(weight, stream, position, seed, dropout_p, keep_scale):
     position = position.to(tl.int64)
     uniform, _, _, _ = uniform4(seed, stream + position * 0, position + stream * 0)
     return tl.where(uniform >= dropout_p, weight * keep_scale, 0.0)
+
+
+@jit
+def edge_factor(weight, pos, mask, factor_ptr, FACTOR: tl.constexpr):
+    """``weight · factor[pos]`` with ``FACTOR`` (``pos`` and ``mask`` broadcast to ``weight``; 0 where not
+    ``mask``), else ``weight`` itself."""
+    if FACTOR:
+        weight = weight * tl.load(factor_ptr + pos, mask=mask, other=0.0).to(weight.dtype)
+    return weight
+
+
+@jit
+def store_factor_grad(grad_factor_ptr, kept, g_dot_val, pos, mask, FACTOR_GRAD: tl.constexpr, AXIS: tl.constexpr):
+    """With ``FACTOR_GRAD``: ``grad_factor[pos] = Σ_h kept[..., h] · g_dot_val[..., h]`` (heads on axis ``AXIS``,
+    the last), the per-edge factor's gradient from the weights before the factor (``kept``, 0 at masked heads)."""
+    if FACTOR_GRAD:
+        grad = tl.sum(kept * g_dot_val, axis=AXIS)
+        tl.store(grad_factor_ptr + pos, grad.to(grad_factor_ptr.dtype.element_ty), mask=mask)

@@ -244,8 +244,6 @@ def test_bad_switches_are_refused(device):
     layer = GATConv(4, 3, 2).to(device)
     with pytest.raises(TypeError, match="get_attention must be a bool"):
         layer(graph, torch.randn(2, 4, device=device), None, "yes")
-    with pytest.raises(NotImplementedError, match="edge_weight is not supported"):
-        layer(graph, torch.randn(2, 4, device=device), torch.ones(2, device=device))
 
 
 def test_layers_return_dgl_and_pyg_shaped_weights(gen, device):
