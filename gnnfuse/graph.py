@@ -258,6 +258,18 @@ class Graph:
         self._dst = dst
         self.schedules = PlanCache(maxsize=16)
         self._zero_in_degree: bool | None = None
+        self._eid_rev_pos: torch.Tensor | None = None
+
+    @property
+    def eid_rev_pos(self) -> torch.Tensor:
+        """``[E]``: the reverse-CSR position of each input edge (built on first use, then kept): a per-edge
+        value the backward's source pass stores in reverse-CSR order reaches the caller's edge order by one gather."""
+        if self._eid_rev_pos is None:
+            inverse = torch.empty(self.num_edges, dtype=self.rev_pos.dtype, device=self.device)
+            inverse[self.csr_eid[self.rev_pos.long()].long()] = torch.arange(
+                self.num_edges, dtype=self.rev_pos.dtype, device=self.device)
+            self._eid_rev_pos = inverse
+        return self._eid_rev_pos
 
     # ------------------------------------------------------------------ construction helpers
 

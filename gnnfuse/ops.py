@@ -959,7 +959,8 @@ def attention_backward(
     bias_parts: torch.Tensor | None = None,
     term_grad_dtypes: tuple[torch.dtype | None, torch.dtype | None] = (None, None),
     grad_targets: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor] | None = None,
-    grad_out_copy: torch.Tensor | None = None, grad_factor: torch.Tensor | None = None,
+    grad_out_copy: torch.Tensor | None = None, factor_rev: torch.Tensor | None = None,
+    grad_factor: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """Gradients of the fused attention, without atomics:
     ``(∂value, ∂src-side, ∂dst_term, ∂edge_attr, attr_sums)``.
@@ -978,8 +979,9 @@ def attention_backward(
     ``[N, H, D]`` tensors of one row stride the kernels store these gradients into (column blocks of one
     ``[N, W]`` gradient, :func:`_packed_columns`) instead of new ones; ``∂k`` only for the dot score.
     ``grad_out_copy``: an ``[N, H, D]`` block ``g`` is stored into as ``δ`` is formed (a per-node addend's
-    gradient in a packed gradient).  ``grad_factor``: ``[E]`` (CSR order, accumulation dtype), filled by the source
-    pass with the gradient of ``inputs.edge_factor``.
+    gradient in a packed gradient).  ``factor_rev``: ``inputs.edge_factor`` in reverse-CSR order (required with
+    it: the source pass reads it there); ``grad_factor``: ``[E]`` (reverse-CSR order, accumulation dtype), filled by
+    the source pass with the factor's gradient.
     """
 
     value = inputs.value
@@ -1016,8 +1018,10 @@ def attention_backward(
     merged_src = _merge_inside(schedule.outgoing, "source", width)
     merged_dst = _merge_inside(schedule.incoming, "destination", max(width, 2 * heads * edge_dim))
     factor_grad = grad_factor is not None
-    if factor_grad and inputs.edge_factor is None:
-        raise ValueError("grad_factor asks for the gradient of an edge factor the inputs do not have")
+    if (factor_grad or factor_rev is not None) and inputs.edge_factor is None:
+        raise ValueError("factor_rev / grad_factor given for an edge factor the inputs do not have")
+    if inputs.edge_factor is not None and factor_rev is None:
+        raise ValueError("inputs with an edge factor need factor_rev, the factor in reverse-CSR order")
     key = ("backward", _call_kind(inputs, value.dtype, use_dropout), weight_grad, mixed, merged_src, merged_dst,
            factor_grad)
     plan = _launch_plan(schedule, key, lambda: _backward_plan(schedule, inputs, value.dtype, use_dropout, weight_grad,
@@ -1031,8 +1035,8 @@ def attention_backward(
     src_tensors = (src_term, dst_term, attn, value, terms, lse, grad_out, delta)
     feat_stride, piece_stride = inputs.feat_stride, heads * head_dim  # piece buffers are contiguous
     outgoing = schedule.outgoing
-    factor = lse if inputs.edge_factor is None else inputs.edge_factor  # never read without FACTOR
-    factors = (factor, lse if grad_factor is None else grad_factor)  # nor written without FACTOR_GRAD
+    # reverse-CSR order: never read without FACTOR, nor written without FACTOR_GRAD
+    factors = (lse if factor_rev is None else factor_rev, lse if grad_factor is None else grad_factor)
     for grid, ranges, counts, meta in plan["source light"]:
         attention_backward_src_light_kernel[grid](
             graph.rev_dst, graph.rev_pos, *ranges, *src_tensors, grad_value, grad_src,
@@ -1416,10 +1420,14 @@ def _backward_saved(ctx, inputs: AttentionInputs, grad_out: torch.Tensor,
                     term_grad_dtypes: tuple[torch.dtype | None, torch.dtype | None] = (None, None),
                     grad_targets: tuple | None = None, grad_out_copy: torch.Tensor | None = None,
                     grad_factor: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
-    """:func:`attention_backward` from what :func:`_forward_saving` kept (``out``, ``lse`` last)."""
+    """:func:`attention_backward` from what :func:`_forward_saving` kept (``out``, ``lse`` last; the per-edge factor
+    of :func:`_edge_factor`, put in reverse-CSR order here)."""
     out, lse = ctx.saved_tensors[-2:]
+    factor = getattr(ctx, "edge_factor", None)
+    factor_rev = None if factor is None else factor.index_select(0, ctx.graph.rev_pos)
     return attention_backward(ctx.graph, inputs, lse, out, grad_out.contiguous(), *ctx.launch, grad_value_dtype,
-                              edge_grads, bias_parts, term_grad_dtypes, grad_targets, grad_out_copy, grad_factor)
+                              edge_grads, bias_parts, term_grad_dtypes, grad_targets, grad_out_copy, factor_rev,
+                              grad_factor)
 
 
 def _edge_factor(ctx, graph: Graph, edge_weight: torch.Tensor | None, acc: torch.dtype, index: int
@@ -1438,18 +1446,17 @@ def _edge_factor(ctx, graph: Graph, edge_weight: torch.Tensor | None, acc: torch
 
 
 def _factor_grad_buffer(ctx) -> torch.Tensor | None:
-    """The ``[E]`` CSR-order buffer the source pass fills with the factor's gradient, when one is needed."""
+    """The ``[E]`` reverse-CSR-order buffer the source pass fills with the factor's gradient, when one is needed."""
     return _new_output(tuple(ctx.edge_factor.shape), ctx.edge_factor.dtype, ctx.edge_factor.device) if (
         ctx.factor_grad) else None
 
 
 def _edge_weight_grad(ctx, grad_factor: torch.Tensor | None) -> torch.Tensor | None:
-    """``∂edge_weight`` in the caller's edge order and dtype from the source pass's CSR-order ``grad_factor``."""
+    """``∂edge_weight`` in the caller's edge order and dtype from the source pass's reverse-CSR-order
+    ``grad_factor`` (one gather through :attr:`Graph.eid_rev_pos`)."""
     if grad_factor is None:
         return None
-    grad = torch.empty_like(grad_factor)
-    grad[ctx.graph.csr_eid] = grad_factor
-    return grad.to(ctx.edge_weight_dtype)
+    return grad_factor.index_select(0, ctx.graph.eid_rev_pos).to(ctx.edge_weight_dtype)
 
 
 def _unpack(base: torch.Tensor, packing: tuple) -> list[torch.Tensor | None]:

@@ -14,6 +14,9 @@ With ``α_ij`` recomputed from the saved ``lse`` (no attention matrix stored), d
     ∂L/∂a      = Σ_edges ∂L/∂s_ij · LeakyReLU(fs_j + fd_i)              (GATv2)
     ∂L/∂w_p    = Σ_h α_ij keep_ij / (1 − p) <g_i, val_j + e_p>          (FACTOR_GRAD, source pass)
 
+The source pass reads the factor and stores ``∂L/∂w`` in reverse-CSR order (at ``q``, beside ``rev_dst`` /
+``rev_pos``): contiguous, where the CSR position ``p`` would be a random 4-byte access per edge.
+
 :func:`attention_backward_src_kernel` (and its light form) walks the reverse CSR: each
 program owns source rows (or pieces of split ones), so ``∂L/∂val_j`` and the per-source
 second output are written once, without atomics.  That second output is ``∂L/∂el`` ``[N, H]``
@@ -151,7 +154,7 @@ def attention_backward_src_kernel(
             s += tl.load(terms_ptr + terms_offs, mask=eh_mask, other=0.0).to(acc_dtype)
         alpha, alpha_dropped = _recomputed_weights(s, lse_i, eh_mask, pos[:, None], rng_offset + offs_h[None, :],
                                                    seed, dropout_p, keep_scale, DROPOUT)
-        alpha_kept = edge_factor(alpha_dropped, pos[:, None], e_mask[:, None], factor_ptr, FACTOR)
+        alpha_kept = edge_factor(alpha_dropped, q[:, None], e_mask[:, None], factor_ptr, FACTOR)
         g_i = tl.load(grad_out_ptr + dst[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
                       other=0.0).to(acc_dtype)
         if EDGE:
@@ -162,7 +165,7 @@ def attention_backward_src_kernel(
         g_dot_val = tl.sum(g_i * val_j[None, :, :], axis=2)
         if EDGE:
             g_dot_val += tl.load(terms_ptr + terms_offs + H, mask=eh_mask, other=0.0).to(acc_dtype)
-        store_factor_grad(grad_factor_ptr, alpha_dropped, g_dot_val, pos, e_mask, FACTOR_GRAD, 1)
+        store_factor_grad(grad_factor_ptr, alpha_dropped, g_dot_val, q, e_mask, FACTOR_GRAD, 1)
         grad_s = alpha_kept * g_dot_val - alpha * delta_i
         grad_src = score_grad(grad_s, src_e, dst_i, attn, negative_slope, SCORE)
         if SCORE == 0:
@@ -335,8 +338,8 @@ def _src_light_unrolled(
             g_dot_val += tl.load(terms_ptr + terms_offs + H, mask=eh_mask, other=0.0).to(acc_dtype)
         alpha, alpha_dropped = _recomputed_weights(s, lse_i, eh_mask, pos[:, None], rng_offset + offs_h[None, :],
                                                    seed, dropout_p, keep_scale, DROPOUT)
-        alpha_kept = edge_factor(alpha_dropped, pos[:, None], e_mask[:, None], factor_ptr, FACTOR)
-        store_factor_grad(grad_factor_ptr, alpha_dropped, g_dot_val, pos, e_mask, FACTOR_GRAD, 1)
+        alpha_kept = edge_factor(alpha_dropped, q[:, None], e_mask[:, None], factor_ptr, FACTOR)
+        store_factor_grad(grad_factor_ptr, alpha_dropped, g_dot_val, q, e_mask, FACTOR_GRAD, 1)
         if EDGE:
             tl.store(terms_ptr + terms_offs, alpha_kept.to(terms_ptr.dtype.element_ty), mask=eh_mask)
         grad_s = alpha_kept * g_dot_val - alpha * delta_i  # [ROWS, BLOCK_H]
@@ -423,7 +426,7 @@ def _src_light_rows(
                                           keep_scale)
     else:
         alpha_dropped = alpha
-    alpha_kept = edge_factor(alpha_dropped, pos[:, :, None], e_mask[:, :, None], factor_ptr, FACTOR)
+    alpha_kept = edge_factor(alpha_dropped, q[:, :, None], e_mask[:, :, None], factor_ptr, FACTOR)
     if EDGE:
         tl.store(terms_ptr + terms_offs, alpha_kept.to(terms_ptr.dtype.element_ty), mask=eh_mask)
     if SCORE == 0:
@@ -435,7 +438,7 @@ def _src_light_rows(
         g_i = tl.load(grad_out_ptr + dst[:, :, None, None] * HD + hd_offs[None, None, :, :],
                       mask=e_mask[:, :, None, None] & hd_mask[None, None, :, :], other=0.0).to(acc_dtype)
         g_dot_val = tl.sum(g_i * val_row[:, None, :, :], axis=3)
-        store_factor_grad(grad_factor_ptr, alpha_dropped, g_dot_val, pos, e_mask, FACTOR_GRAD, 2)
+        store_factor_grad(grad_factor_ptr, alpha_dropped, g_dot_val, q, e_mask, FACTOR_GRAD, 2)
         grad_s = alpha_kept * g_dot_val - alpha * delta_i
         grad_edge_head = tl.where(eh_mask, score_grad(grad_s, src_e, dst_i, attn, negative_slope, SCORE), 0.0)
         tl.store(grad_src_ptr + rows[:, None] * H + offs_h[None, :],
@@ -450,7 +453,7 @@ def _src_light_rows(
         g_dot_val = tl.reshape(tl.sum(g_i * val_j, axis=2), [ROWS, BLOCK_E, BLOCK_H])
         if EDGE:
             g_dot_val += tl.load(terms_ptr + terms_offs + H, mask=eh_mask, other=0.0).to(acc_dtype)
-        store_factor_grad(grad_factor_ptr, alpha_dropped, g_dot_val, pos, e_mask, FACTOR_GRAD, 2)
+        store_factor_grad(grad_factor_ptr, alpha_dropped, g_dot_val, q, e_mask, FACTOR_GRAD, 2)
         grad_s = alpha_kept * g_dot_val - alpha * delta_i
         grad_edge_head = grad_s
         grad_s_flat = tl.reshape(grad_s, [ROWS * BLOCK_E, BLOCK_H])

@@ -19,8 +19,9 @@ Each kernel calls :func:`dropout_seed` once, before its edge loop (two int64 loa
 
 A per-edge factor on the attention (DGL GATConv's ``edge_weight``: ``α'_p = dropout(α_p) · w_p``) rides
 beside the mask: ``FACTOR`` kernels multiply each kept weight by ``factor[p]`` (:func:`edge_factor`,
-``factor`` ``[E]`` in CSR order and the accumulation dtype), and the source pass with ``FACTOR_GRAD``
-stores ``∂L/∂w_p = Σ_h dropout(α_p)[h] <g_i, val_j>[h]`` at ``p`` (:func:`store_factor_grad`).
+``factor`` ``[E]`` in the accumulation dtype, in CSR order for the forward and the weights pass, in reverse-CSR
+order for the source pass), and the source pass with ``FACTOR_GRAD`` stores ``∂L/∂w_p = Σ_h dropout(α_p)[h]
+<g_i, val_j>[h]`` at the edge's reverse-CSR position (:func:`store_factor_grad`).
 """
 
 import triton.language as tl

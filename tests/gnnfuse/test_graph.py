@@ -503,3 +503,14 @@ def test_graph_cache_corner_cases_from_the_session_38_audit():
     assert forced.add_self_loops().index_dtype == forced.remove_self_loops().index_dtype == torch.int64
     with pytest.raises(TypeError, match="sparse tensor"):
         Graph(torch.tensor([[0, 1], [1, 0]]).to_sparse())
+
+
+def test_eid_rev_pos_inverts_the_reverse_csrs_edge_ids(gen):
+    """``eid_rev_pos[e]`` is input edge ``e``'s reverse-CSR position: the reverse CSR's edge ids read back."""
+    edges = corner_case_edges(gen)
+    graph = Graph(edges, 29)
+    rev_eid = graph.csr_eid.long()[graph.rev_pos.long()]
+    assert torch.equal(rev_eid[graph.eid_rev_pos.long()], torch.arange(graph.num_edges))
+    assert graph.eid_rev_pos is graph.eid_rev_pos  # built once
+    empty = Graph(torch.zeros(2, 0, dtype=torch.int64), 3)
+    assert empty.eid_rev_pos.numel() == 0
