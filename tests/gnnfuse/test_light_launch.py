@@ -501,7 +501,7 @@ def test_warps_by_pass_score_and_float_width(monkeypatch):
         monkeypatch.setattr(ops, "ROW_WARPS", {"forward": None, "source": None, "destination": None})
 
 
-def test_node_backward_warps_reach_the_per_node_backward_launches(monkeypatch):
+def test_node_backward_warps_reach_the_per_node_backward_launches(monkeypatch, device):
     """``ops.NODE_BACKWARD_WARPS``: the per-node backward kernels' launch options by kernel and feature width (the
     defaults as session 34 measured them), and a GAT and an AGNN training step with every width at 8 warps give the
     reference's gradients."""
@@ -520,10 +520,11 @@ def test_node_backward_warps_reach_the_per_node_backward_launches(monkeypatch):
     gen = torch.Generator().manual_seed(3)
     n = 23
     edges = torch.randint(0, n, (2, 97), generator=gen)
-    graph = Graph(torch.cat([edges, torch.arange(n).repeat(2, 1)], 1), n)
-    for layer in (GATConv(12, 4, 3), AGNNConv()):
-        x = torch.randn(n, 12, generator=gen, dtype=torch.float64).requires_grad_()
-        layer = layer.double()
+    graph = Graph(torch.cat([edges, torch.arange(n).repeat(2, 1)], 1).to(device), n)
+    # slope 0.25: float32 holds it exactly (the compiled kernels' scalar arguments are float32)
+    for layer in (GATConv(12, 4, 3, negative_slope=0.25), AGNNConv()):
+        x = torch.randn(n, 12, generator=gen, dtype=torch.float64).to(device).requires_grad_()
+        layer = layer.double().to(device)
         grads = []
         for reference in (False, True):
             with use_reference(reference):
