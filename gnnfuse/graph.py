@@ -259,6 +259,7 @@ class Graph:
         self.schedules = PlanCache(maxsize=16)
         self._zero_in_degree: bool | None = None
         self._eid_rev_pos: torch.Tensor | None = None
+        self._pyg_loops: dict[int, tuple[Graph, torch.Tensor]] = {}
 
     @property
     def eid_rev_pos(self) -> torch.Tensor:
@@ -298,6 +299,27 @@ class Graph:
         """A new graph without edges ``i -> i``."""
         keep = self._src != self._dst
         return Graph((self._src[keep], self._dst[keep]), self.num_nodes, index_dtype=self._forced_index_dtype)
+
+    def pyg_self_loops(self, num_loops: int | None = None) -> tuple[Graph, torch.Tensor]:
+        """The edges PyG's attention convolutions run over with ``add_self_loops=True``: this graph's edges that
+        are not self loops, in input order, then one loop ``i -> i`` for each ``i < num_loops`` (default: every
+        node; a bipartite call has ``min(N_src, N_dst)``), as PyG's ``remove_self_loops`` then ``add_self_loops``.
+        Returns ``(graph, kept)``: the new graph (same node count) and ``kept [E']`` (int64), the input positions of
+        the edges it kept, for their edge features.  Built once per ``num_loops`` and kept on this graph, so a layer
+        called with the same edge tensor again does not rebuild it (the graph of an edge tensor is cached while the
+        tensor lives, :func:`as_graph`)."""
+        num_loops = self.num_nodes if num_loops is None else _check_num_nodes(num_loops, "num_loops")
+        if num_loops > self.num_nodes:
+            raise ValueError(f"num_loops={num_loops} exceeds the graph's {self.num_nodes} nodes")
+        hit = self._pyg_loops.get(num_loops)
+        if hit is None:
+            kept = torch.nonzero(self._src != self._dst).reshape(-1)
+            loops = torch.arange(num_loops, device=self.device, dtype=torch.int64)
+            src = torch.cat([self._src[kept], loops])
+            dst = torch.cat([self._dst[kept], loops])
+            hit = (Graph((src, dst), self.num_nodes, index_dtype=self._forced_index_dtype), kept)
+            self._pyg_loops[num_loops] = hit
+        return hit
 
     def reordered(self, method: str = "rcm") -> tuple[Graph, torch.Tensor]:
         """A relabelled copy laid out for gather locality, and the permutation ``perm``.

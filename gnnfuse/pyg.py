@@ -1,0 +1,534 @@
+"""PyG's attention convolutions, fused: drop-in replacements for ``torch_geometric.nn``'s layers.
+
+* :class:`GATConv` — ``torch_geometric.nn.GATConv`` (edge features through ``edge_dim`` included);
+* :class:`GATv2Conv` — ``torch_geometric.nn.GATv2Conv`` (without ``edge_dim``);
+* :class:`TransformerConv` — ``torch_geometric.nn.TransformerConv``;
+* :class:`AGNNConv` — ``torch_geometric.nn.AGNNConv``.
+
+Each takes PyG's constructor arguments, has PyG's parameter names and shapes (a PyG state_dict loads
+unchanged, and this layer's loads into PyG's) and PyG's call, ``conv(x, edge_index, ...)`` with ``x`` a
+``[N, F]`` tensor or a bipartite pair ``(x_src, x_dst)`` and ``edge_index`` an int ``[2, E]`` tensor (or a
+:class:`gnnfuse.Graph`), so a PyG model changes its import and nothing else.  The attention runs in the fused
+kernels of :mod:`gnnfuse.ops` (the same as :mod:`gnnfuse.nn`'s DGL-style layers): no ``[E, H, C]`` tensor, only a
+logsumexp per (node, head) stored, attention dropout regenerated in backward from the counter-based RNG.
+
+What PyG does on every call and these layers do once: the CSR of ``edge_index`` is built on the first call and
+cached while the tensor lives unmodified (:func:`gnnfuse.as_graph`), and so is the self-looped graph of
+``add_self_loops=True`` (PyG's ``remove_self_loops`` then ``add_self_loops``, :meth:`gnnfuse.Graph.pyg_self_loops`).
+The edge order is PyG's: the edges that are not self loops in input order, then one loop per node, so the
+attention weights returned with ``return_attention_weights=True`` are PyG's edge for edge.
+
+Differences from PyG, all refused with a clear error: ``SparseTensor`` / ``torch.sparse`` adjacencies (pass
+``edge_index``), lazy ``in_channels=-1``, ``x_dst=None`` in a pair, GATv2Conv's ``edge_dim`` (its edge term is a
+vector inside the LeakyReLU) and TransformerConv with ``in_channels`` a pair of different sizes.  As in PyG,
+``edge_attr`` passed to a layer built without ``edge_dim`` is ignored.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from fusecore import DevicePhiloxStream, PhiloxStream, backend
+
+from . import ops
+from .graph import Graph, as_graph
+from .nn import GraphTransformerConv, _check_features, _graph_and_features, _positive_int, _project, _project_all
+from .schedule import ScheduleOptions
+
+__all__ = ["AGNNConv", "GATConv", "GATv2Conv", "TransformerConv"]
+
+_FILL_REDUCTIONS = {"add": "sum", "sum": "sum", "mean": "mean", "max": "amax", "min": "amin", "mul": "prod"}
+
+
+def _glorot(t: torch.Tensor) -> None:
+    """PyG's ``glorot``: uniform in ``±sqrt(6 / (size(-2) + size(-1)))``."""
+    bound = math.sqrt(6.0 / (t.size(-2) + t.size(-1)))
+    with torch.no_grad():
+        t.uniform_(-bound, bound)
+
+
+def _reset_linear(linear: nn.Linear) -> None:
+    """PyG's ``Linear(weight_initializer='glorot')``: a glorot weight and a bias uniform in ``±1/sqrt(in)``."""
+    _glorot(linear.weight)
+    if linear.bias is not None:
+        bound = 1.0 / math.sqrt(linear.weight.size(1))
+        with torch.no_grad():
+            linear.bias.uniform_(-bound, bound)
+
+
+def _in_channels(value: Any) -> tuple[int, int]:
+    """PyG's ``in_channels``: an int, or a pair (sources, destinations); -1 (lazy) refused."""
+    if isinstance(value, (tuple, list)):
+        if len(value) != 2:
+            raise ValueError(f"in_channels must be an int or a pair (source, destination), got {value!r}")
+        pair = tuple(value)
+    else:
+        pair = (value, value)
+    if any(backend.is_int(v) and v == -1 for v in pair):
+        raise ValueError("in_channels=-1 (lazy initialization) is not supported: give the input feature size")
+    return _positive_int("in_channels", pair[0]), _positive_int("in_channels", pair[1])
+
+
+def _check_fill_value(value: Any) -> Any:
+    if isinstance(value, str) and value in _FILL_REDUCTIONS or isinstance(value, torch.Tensor) or (
+            isinstance(value, (int, float)) and not isinstance(value, bool)):
+        return value
+    raise ValueError(f"fill_value must be a float, a tensor or one of {sorted(_FILL_REDUCTIONS)}, got {value!r}")
+
+
+def _want(name: str, value: Any) -> bool:
+    """PyG's ``return_attention_weights``: None or a bool (numpy's too); True asks for the weights."""
+    if value is None:
+        return False
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool or None, got {value!r}")
+    return bool(value)
+
+
+def _check_edge_index(edge_index: Any) -> None:
+    """Sparse adjacencies refused by name (PyG's layers take them; these take ``edge_index``)."""
+    sparse = (edge_index.layout != torch.strided if isinstance(edge_index, torch.Tensor)
+              else not isinstance(edge_index, Graph) and hasattr(edge_index, "storage") and hasattr(edge_index, "row"))
+    if sparse:
+        raise TypeError("edge_index must be an int [2, num_edges] tensor (or a gnnfuse.Graph): sparse adjacency "
+                        "matrices (torch.sparse, torch_sparse.SparseTensor) are not supported")
+
+
+class _Call:
+    """One layer call's graph and inputs, PyG's way: ``x`` a tensor or a pair ``(x_src, x_dst)``; the graph over
+    ``n = max(N_src, N_dst)`` node ids (both sides padded to ``n`` rows, padding rows without edges), self-looped
+    when asked (PyG's edge order, cached on the graph); ``kept``: the input positions of the edges kept (None when
+    no loops were added)."""
+
+    def __init__(self, x: Any, edge_index: Any, size: Any, in_channels: tuple[int, int] | None,
+                 dtype: torch.dtype | None, add_self_loops: bool) -> None:
+        _check_edge_index(edge_index)
+        self.pair = isinstance(x, (tuple, list))
+        if self.pair:
+            if len(x) != 2:
+                raise ValueError(f"x must be a tensor or a pair (x_src, x_dst), got a sequence of {len(x)}")
+            x_src, x_dst = x
+            if x_dst is None:
+                raise ValueError("x = (x_src, None) is not supported: pass the destinations' features as x_dst")
+            src_in, dst_in = in_channels if in_channels is not None else (None, None)
+            _check_features(x_src, "x_src", src_in, dtype)
+            _check_features(x_dst, "x_dst", dst_in, dtype)
+            if x_src.device != x_dst.device:
+                raise ValueError(f"x_src is on '{x_src.device}' but x_dst on '{x_dst.device}'")
+            if x_src.dtype != x_dst.dtype:
+                raise TypeError(f"x_src has dtype {x_src.dtype} but x_dst has {x_dst.dtype}")
+        else:
+            x_src = x_dst = x
+        self.n_src, self.n_dst = x_src.shape[0], x_dst.shape[0]
+        if size is not None:
+            if (not isinstance(size, (tuple, list)) or len(size) != 2
+                    or tuple(size) != (self.n_src, self.n_dst)):
+                raise ValueError(f"size must be None or (N_src, N_dst) = {(self.n_src, self.n_dst)} (the rows of x), "
+                                 f"got {size!r}")
+        self.n = max(self.n_src, self.n_dst)
+        if self.pair:
+            base = as_graph(edge_index, self.n)
+            if x_src.device != base.device:
+                raise ValueError(f"x_src is on device '{x_src.device}' but the graph is on '{base.device}'")
+        else:
+            base = _graph_and_features(edge_index, x, in_channels[0] if in_channels else None, dtype, True, "x")
+        self.base = base
+        self.kept = None
+        self.graph = base
+        if add_self_loops:
+            self.graph, self.kept = base.pyg_self_loops(min(self.n_src, self.n_dst))
+        if self.pair and self.graph.num_edges:
+            outside = torch.stack([self.graph.out_degree[self.n_src:].any(),
+                                   self.graph.in_degree[self.n_dst:].any()]).any()
+            if bool(outside):  # one host sync, bipartite calls only
+                raise ValueError(f"edge_index's edges must run from sources < {self.n_src} (x_src's rows) to "
+                                 f"destinations < {self.n_dst} (x_dst's rows)")
+        self.x_src, self.x_dst = x_src, x_dst
+
+    def pad(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` with zero rows appended up to the graph's ``n`` rows (differentiable)."""
+        if t.shape[0] == self.n:
+            return t
+        return torch.cat([t, t.new_zeros((self.n - t.shape[0], *t.shape[1:]))])
+
+    def edge_attr(self, edge_attr: Any, fill_value: Any, width: int, dtype: torch.dtype) -> torch.Tensor:
+        """``edge_attr [E, width]`` (or ``[E]`` when ``width`` is 1) checked and, with self loops, PyG's: the kept
+        edges' rows, then one row per loop from ``fill_value`` (a constant, or the loop node's incoming edges'
+        features reduced by ``'mean'``, ``'add'``, ``'max'``, ``'min'`` or ``'mul'``; 0 for a node without
+        any)."""
+        if not isinstance(edge_attr, torch.Tensor):
+            raise ValueError(f"edge_attr must be a [num_edges, edge_dim={width}] tensor, got {edge_attr!r}")
+        if edge_attr.dim() == 1 and width == 1:
+            edge_attr = edge_attr.view(-1, 1)
+        if edge_attr.dim() != 2 or tuple(edge_attr.shape) != (self.base.num_edges, width):
+            raise ValueError(f"edge_attr must have shape [num_edges, edge_dim] = {[self.base.num_edges, width]}, "
+                             f"got {list(edge_attr.shape)}")
+        if edge_attr.dtype != dtype:
+            raise TypeError(f"edge_attr has dtype {edge_attr.dtype} but the layer's parameters are {dtype}")
+        if edge_attr.device != self.base.device:
+            raise ValueError(f"edge_attr is on device '{edge_attr.device}' but the graph is on '{self.base.device}'")
+        if self.kept is None:
+            return edge_attr
+        kept_attr = edge_attr.index_select(0, self.kept)
+        loops = self.graph.num_edges - self.kept.numel()
+        if isinstance(fill_value, str):
+            dst = self.base._dst.index_select(0, self.kept)[:, None].expand(-1, width)
+            loop_attr = kept_attr.new_zeros((self.n, width)).scatter_reduce(
+                0, dst, kept_attr, _FILL_REDUCTIONS[fill_value], include_self=False)[:loops]
+        else:
+            loop_attr = torch.as_tensor(fill_value, dtype=dtype, device=edge_attr.device).expand(loops, width)
+        return torch.cat([kept_attr, loop_attr])
+
+    def weights(self, edge_index: Any, attention: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """PyG's ``(edge_index, α)``: the edge_index as passed (a tensor, no loops added), else the graph's."""
+        if self.kept is None and isinstance(edge_index, torch.Tensor):
+            return edge_index, attention
+        return self.graph.edge_index, attention
+
+
+class _PyGHeadsConv(nn.Module):
+    """What PyG's GATConv and GATv2Conv share: arguments, the residual ``res`` and output ``bias``, head
+    concatenation or mean."""
+
+    def __init__(self, in_channels: Any, out_channels: int, heads: int, concat: bool, negative_slope: float,
+                 dropout: float, add_self_loops: bool, edge_dim: int | None, fill_value: Any, bias: bool,
+                 residual: bool) -> None:
+        super().__init__()
+        self._in_pair = _in_channels(in_channels)
+        self.in_channels = in_channels
+        self.out_channels = _positive_int("out_channels", out_channels)
+        self.heads = _positive_int("heads", heads)
+        self.concat = bool(concat)
+        self.negative_slope = ops._check_negative_slope(negative_slope)
+        self.dropout = ops._check_dropout(dropout)
+        self.add_self_loops = bool(add_self_loops)
+        self.edge_dim = None if edge_dim is None else _positive_int("edge_dim", edge_dim)
+        self.fill_value = _check_fill_value(fill_value)
+        self.residual = bool(residual)
+        total = self.out_channels * (self.heads if self.concat else 1)
+        if self.residual:
+            self.res = nn.Linear(self._in_pair[1], total, bias=False)
+        else:
+            self.register_parameter("res", None)
+        if bias:
+            self.bias = nn.Parameter(torch.empty(total))
+        else:
+            self.register_parameter("bias", None)
+
+    def _dropout(self) -> float:
+        return self.dropout if self.training else 0.0
+
+    def _reset_shared(self) -> None:
+        if self.res is not None:
+            _glorot(self.res.weight)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+
+    def _finish(self, out: torch.Tensor, call: _Call, added: bool) -> torch.Tensor:
+        """Heads concatenated ``[N_dst, H·C]`` or averaged ``[N_dst, C]``, then the residual of ``x_dst`` and the
+        bias, unless the kernel's store ``added`` them (concatenated heads)."""
+        out = out[: call.n_dst]
+        out = out.reshape(call.n_dst, -1) if self.concat else out.mean(dim=1)
+        if added:
+            return out
+        if self.res is not None:
+            out = out + self.res(call.x_dst)
+        if self.bias is not None:
+            out = out + self.bias
+        return out
+
+    def _out_add(self, call: _Call) -> torch.Tensor | None:
+        """The residual and bias as the fused kernel's ``out_add`` (added in its store): with concatenated heads on
+        an ordinary call; None otherwise (:meth:`_finish` adds them)."""
+        if not self.concat or call.pair or call.n != call.n_dst:
+            return None
+        if self.res is None:
+            return self.bias
+        res = self.res(call.x_dst)
+        return res if self.bias is None else res + self.bias
+
+    def __repr__(self) -> str:
+        return f"{self.__class__.__name__}({self.in_channels}, {self.out_channels}, heads={self.heads})"
+
+
+class GATConv(_PyGHeadsConv):
+    r"""Graph attention layer (Veličković et al., 2018), fused; ``torch_geometric.nn.GATConv``'s interface.
+
+    For node ``i`` with incoming edges ``j -> i`` (self loops added unless ``add_self_loops=False``) and heads
+    ``h`` (``C = out_channels``)::
+
+        xs_j = lin(x_j),  xd_i = lin(x_i)          [H, C]   (lin_src / lin_dst when in_channels is a pair)
+        e_ijh = LeakyReLU(att_src[h] · xs_j[h] + att_dst[h] · xd_i[h] + att_edge[h] · lin_edge(edge_attr_ij)[h])
+        α_ijh = dropout(softmax_j e_ijh)
+        out_i = Σ_j α_ijh xs_j[h]   concatenated [H·C] (concat) or averaged [C];  + res(x_i) + bias
+
+    Parameters are PyG's (names and shapes; a PyG GATConv state_dict loads unchanged): ``lin.weight [H·C, F]``
+    (or ``lin_src`` / ``lin_dst``), ``att_src`` / ``att_dst`` ``[1, H, C]``, with ``edge_dim``
+    ``lin_edge.weight [H·C, edge_dim]`` and ``att_edge [1, H, C]``, with ``residual`` ``res.weight``, and ``bias``
+    ``[H·C]`` (concat) or ``[C]``.
+
+    ``forward(x, edge_index, edge_attr=None, size=None, return_attention_weights=None)``: ``x [N, F]`` (float16
+    / bfloat16 / float32 / float64, the parameters' dtype) or ``(x_src, x_dst)``; ``edge_index [2, E]``;
+    ``edge_attr [E, edge_dim]`` in ``edge_index``'s order (the self loops' rows from ``fill_value``, as PyG).
+    Returns ``[N_dst, H·C]`` or ``[N_dst, C]``; with ``return_attention_weights=True`` PyG's ``(out,
+    (edge_index, α [E', H]))``, ``edge_index`` the self-looped edges (PyG's order) and ``α`` the weights the
+    aggregation used (after dropout in training), no gradient.  The edge features' term is one ``[E, H]``
+    score per edge, ``edge_attr · M`` with ``M [edge_dim, H]`` folded from ``lin_edge`` and ``att_edge`` (PyG
+    forms ``lin_edge(edge_attr)`` ``[E, H·C]`` first); the kernels add it to the score and its gradient is the
+    backward's per-edge score gradient.  The projection and node scores of an ordinary call are fused as in
+    :class:`gnnfuse.nn.GATConv`; the residual and bias of concatenated heads are added in the kernel's store.
+    """
+
+    def __init__(
+        self,
+        in_channels: int | tuple[int, int],
+        out_channels: int,
+        heads: int = 1,
+        concat: bool = True,
+        negative_slope: float = 0.2,
+        dropout: float = 0.0,
+        add_self_loops: bool = True,
+        edge_dim: int | None = None,
+        fill_value: float | torch.Tensor | str = "mean",
+        bias: bool = True,
+        residual: bool = False,
+    ) -> None:
+        super().__init__(in_channels, out_channels, heads, concat, negative_slope, dropout, add_self_loops, edge_dim,
+                         fill_value, bias, residual)
+        width = self.heads * self.out_channels
+        if isinstance(in_channels, (tuple, list)):
+            self.lin = None
+            self.lin_src = nn.Linear(self._in_pair[0], width, bias=False)
+            self.lin_dst = nn.Linear(self._in_pair[1], width, bias=False)
+        else:
+            self.lin = nn.Linear(self._in_pair[0], width, bias=False)
+            self.lin_src = self.lin_dst = None
+        self.att_src = nn.Parameter(torch.empty(1, self.heads, self.out_channels))
+        self.att_dst = nn.Parameter(torch.empty(1, self.heads, self.out_channels))
+        if self.edge_dim is not None:
+            self.lin_edge = nn.Linear(self.edge_dim, width, bias=False)
+            self.att_edge = nn.Parameter(torch.empty(1, self.heads, self.out_channels))
+        else:
+            self.lin_edge = None
+            self.register_parameter("att_edge", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """PyG's initialization: glorot weights and attention vectors, a zero bias."""
+        for linear in (self.lin, self.lin_src, self.lin_dst, self.lin_edge):
+            if linear is not None:
+                _glorot(linear.weight)
+        for att in (self.att_src, self.att_dst, self.att_edge):
+            if att is not None:
+                _glorot(att)
+        self._reset_shared()
+
+    def _edge_score(self, call: _Call, edge_attr: Any, dtype: torch.dtype) -> torch.Tensor | None:
+        """``[E', H]``: ``att_edge · lin_edge(edge_attr)`` per edge and head, as ``edge_attr · M`` with ``M [K, H]``
+        folded from the two parameters (no ``[E, H·C]`` tensor); None without ``edge_dim`` (PyG ignores
+        ``edge_attr`` then)."""
+        if self.lin_edge is None:
+            return None
+        attr = call.edge_attr(edge_attr, self.fill_value, self.edge_dim, dtype)
+        fold = (self.lin_edge.weight.view(self.heads, self.out_channels, self.edge_dim)
+                * self.att_edge.view(self.heads, self.out_channels, 1)).sum(dim=1)  # [H, K]
+        return attr @ fold.t()
+
+    def forward(
+        self, x: torch.Tensor | tuple[torch.Tensor, torch.Tensor], edge_index: Any, edge_attr: Any = None,
+        size: tuple[int, int] | None = None, return_attention_weights: bool | None = None, *,
+        schedule: ScheduleOptions | None = None, rng: PhiloxStream | DevicePhiloxStream | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        want = _want("return_attention_weights", return_attention_weights)
+        weight = (self.lin if self.lin is not None else self.lin_src).weight
+        call = _Call(x, edge_index, size, self._in_pair, weight.dtype, self.add_self_loops)
+        edge_score = self._edge_score(call, edge_attr, weight.dtype)
+        shape = (-1, self.heads, self.out_channels)
+        common = dict(negative_slope=self.negative_slope, dropout=self._dropout(), rng=rng, schedule=schedule,
+                      return_attention=want, **({} if edge_score is None else {"edge_score": edge_score}))
+        add = self._out_add(call)
+        if not call.pair and self.lin is not None:
+            h = call.x_src
+            if ops.fuses_projection(h, weight, self.heads, self.out_channels):
+                first, projected = h, {"weight": weight}
+            else:
+                first, projected = _project(self.lin, h).view(shape), {}
+            result = ops.gat(call.graph, first, self.att_src, self.att_dst, out_add=add, **common, **projected)
+        else:
+            src_lin, dst_lin = (self.lin, self.lin) if self.lin is not None else (self.lin_src, self.lin_dst)
+            xs = _project(src_lin, call.x_src).view(shape)
+            xd = xs if not call.pair and src_lin is dst_lin else _project(dst_lin, call.x_dst).view(shape)
+            el = (xs * self.att_src).sum(dim=-1)
+            er = (xd * self.att_dst).sum(dim=-1)
+            result = ops.gat_attention(call.graph, call.pad(xs), call.pad(el), call.pad(er), **common)
+            if add is not None:
+                result = (result[0] + add.view(-1, self.heads, self.out_channels), result[1]) if want else (
+                    result + add.view(-1, self.heads, self.out_channels))
+        out, attention = result if want else (result, None)
+        out = self._finish(out, call, add is not None)
+        return (out, call.weights(edge_index, attention)) if want else out
+
+
+class GATv2Conv(_PyGHeadsConv):
+    r"""GATv2 (Brody et al., 2022), fused; ``torch_geometric.nn.GATv2Conv``'s interface.
+
+    For node ``i`` with incoming edges ``j -> i`` (self loops added unless ``add_self_loops=False``) and heads
+    ``h``::
+
+        xl_j = lin_l(x_j),  xr_i = lin_r(x_i)                     [H, C]
+        e_ijh = att[h] · LeakyReLU(xl_j[h] + xr_i[h])
+        α_ijh = dropout(softmax_j e_ijh)
+        out_i = Σ_j α_ijh xl_j[h]   concatenated [H·C] (concat) or averaged [C];  + res(x_i) + bias
+
+    Parameters are PyG's (a PyG GATv2Conv state_dict loads unchanged): ``lin_l``, ``lin_r`` (``Linear(F, H·C,
+    bias=bias)``; one module under both names with ``share_weights``), ``att [1, H, C]``, ``res`` (no bias) with
+    ``residual``, ``bias`` ``[H·C]`` or ``[C]``.  ``forward(x, edge_index, edge_attr=None,
+    return_attention_weights=None)`` as :class:`GATConv`'s.  ``edge_dim`` is not supported: PyG adds
+    ``lin_edge(edge_attr)`` inside the LeakyReLU, a vector per edge the fused kernels do not form.
+    """
+
+    def __init__(
+        self,
+        in_channels: int | tuple[int, int],
+        out_channels: int,
+        heads: int = 1,
+        concat: bool = True,
+        negative_slope: float = 0.2,
+        dropout: float = 0.0,
+        add_self_loops: bool = True,
+        edge_dim: int | None = None,
+        fill_value: float | torch.Tensor | str = "mean",
+        bias: bool = True,
+        share_weights: bool = False,
+        residual: bool = False,
+    ) -> None:
+        if edge_dim is not None:
+            raise NotImplementedError(
+                "GATv2Conv's edge_dim is not supported by the fused layer: PyG adds lin_edge(edge_attr) inside the "
+                "LeakyReLU, an [H, C] vector per edge; use gnnfuse.pyg.GATConv or TransformerConv for edge features")
+        super().__init__(in_channels, out_channels, heads, concat, negative_slope, dropout, add_self_loops, None,
+                         fill_value, bias, residual)
+        self.share_weights = bool(share_weights)
+        width = self.heads * self.out_channels
+        self.lin_l = nn.Linear(self._in_pair[0], width, bias=bias)
+        self.lin_r = self.lin_l if self.share_weights else nn.Linear(self._in_pair[1], width, bias=bias)
+        self.att = nn.Parameter(torch.empty(1, self.heads, self.out_channels))
+        self.lin_edge = None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """PyG's initialization: glorot weights and attention vector, PyG Linear's biases, a zero output bias."""
+        _reset_linear(self.lin_l)
+        if not self.share_weights:
+            _reset_linear(self.lin_r)
+        _glorot(self.att)
+        self._reset_shared()
+
+    def forward(
+        self, x: torch.Tensor | tuple[torch.Tensor, torch.Tensor], edge_index: Any, edge_attr: Any = None,
+        return_attention_weights: bool | None = None, *,
+        schedule: ScheduleOptions | None = None, rng: PhiloxStream | DevicePhiloxStream | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        want = _want("return_attention_weights", return_attention_weights)
+        call = _Call(x, edge_index, None, self._in_pair, self.lin_l.weight.dtype, self.add_self_loops)
+        shape = (-1, self.heads, self.out_channels)
+        if call.pair:
+            xl = call.pad(_project(self.lin_l, call.x_src).view(shape))
+            xr = call.pad(_project(self.lin_r, call.x_dst).view(shape))
+        elif self.share_weights:
+            xl = xr = _project(self.lin_l, call.x_src).view(shape)
+        else:
+            xl, xr = (y.view(shape) for y in _project_all([self.lin_l, self.lin_r], call.x_src))
+        result = ops.gatv2(call.graph, xl, xr, self.att, negative_slope=self.negative_slope,
+                           dropout=self._dropout(), rng=rng, schedule=schedule, return_attention=want)
+        out, attention = result if want else (result, None)
+        out = self._finish(out, call, False)
+        return (out, call.weights(edge_index, attention)) if want else out
+
+
+class TransformerConv(GraphTransformerConv):
+    r"""Graph Transformer layer (Shi et al., 2021), fused; ``torch_geometric.nn.TransformerConv``'s interface.
+
+    :class:`gnnfuse.nn.GraphTransformerConv` (the math, parameters and guarantees are documented there) with PyG's
+    call: ``forward(x, edge_index, edge_attr=None, return_attention_weights=None)``, ``x [N, F]`` or ``(x_src,
+    x_dst)``, ``edge_attr [E, edge_dim]`` in ``edge_index``'s order.  Like PyG's, the layer adds no self loops and
+    ignores ``edge_attr`` when built without ``edge_dim``.  ``in_channels`` a pair is accepted when its two sizes
+    are equal.
+    """
+
+    def __init__(
+        self,
+        in_channels: int | tuple[int, int],
+        out_channels: int,
+        heads: int = 1,
+        concat: bool = True,
+        beta: bool = False,
+        dropout: float = 0.0,
+        edge_dim: int | None = None,
+        bias: bool = True,
+        root_weight: bool = True,
+    ) -> None:
+        src, dst = _in_channels(in_channels)
+        if src != dst:
+            raise NotImplementedError(f"in_channels={tuple(in_channels)}: sources and destinations of different "
+                                      "feature sizes are not supported by the fused TransformerConv")
+        super().__init__(src, out_channels, heads, concat, beta, dropout, edge_dim, bias, root_weight)
+
+    def forward(
+        self, x: torch.Tensor | tuple[torch.Tensor, torch.Tensor], edge_index: Any, edge_attr: Any = None,
+        return_attention_weights: bool | None = None, *,
+        schedule: ScheduleOptions | None = None, rng: PhiloxStream | DevicePhiloxStream | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        _check_edge_index(edge_index)
+        return super().forward(edge_index, tuple(x) if isinstance(x, list) else x,
+                               edge_attr if self.lin_edge is not None else None,
+                               _want("return_attention_weights", return_attention_weights) or None,
+                               schedule=schedule, rng=rng)
+
+    def __repr__(self) -> str:
+        return f"{self.__class__.__name__}({self.in_channels}, {self.out_channels}, heads={self.heads})"
+
+
+class AGNNConv(nn.Module):
+    r"""Attention-based graph neural network propagation (Thekumparampil et al., 2018), fused;
+    ``torch_geometric.nn.AGNNConv``'s interface::
+
+        out_i = Σ_{j->i} α_ij x_j,     α_i· = softmax_j (β · cos(x_i, x_j))
+
+    over the graph with self loops (PyG's, unless ``add_self_loops=False``).  ``beta``: a parameter of shape
+    ``[1]`` initialized to 1 (``requires_grad=True``), else a buffer of ones.  ``forward(x, edge_index)``:
+    ``x [N, F]``; returns ``[N, F]``.  The fused kernel is the Graph Transformer's with unit rows as queries and
+    keys (:func:`gnnfuse.ops.agnn`).
+    """
+
+    def __init__(self, requires_grad: bool = True, add_self_loops: bool = True) -> None:
+        super().__init__()
+        self.requires_grad = bool(requires_grad)
+        self.add_self_loops = bool(add_self_loops)
+        if self.requires_grad:
+            self.beta = nn.Parameter(torch.empty(1))
+        else:
+            self.register_buffer("beta", torch.ones(1))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        if self.requires_grad:
+            with torch.no_grad():
+                self.beta.fill_(1.0)
+
+    def forward(self, x: torch.Tensor, edge_index: Any, *, schedule: ScheduleOptions | None = None) -> torch.Tensor:
+        if isinstance(x, (tuple, list)):
+            raise TypeError("AGNNConv takes one feature tensor x [N, F], as PyG's")
+        call = _Call(x, edge_index, None, None, None, self.add_self_loops)
+        if x.dim() != 2:
+            raise ValueError(f"x must have shape [num_nodes, features], got {tuple(x.shape)}")
+        beta = self.beta if self.beta.dtype == x.dtype else self.beta.to(x.dtype)
+        return ops.agnn(call.graph, x, beta, schedule=schedule)
+
+    def __repr__(self) -> str:
+        return f"{self.__class__.__name__}()"

@@ -1,0 +1,365 @@
+"""gnnfuse.pyg — PyG's GATConv, GATv2Conv, TransformerConv and AGNNConv as drop-in fused layers — against
+torch_geometric's own layers holding the same state_dict: outputs, attention weights (edge for edge, PyG's
+self-looped edge order) and the gradients of the inputs, edge features and every parameter by name.
+
+float64 on the corner-case graph (self loops, duplicate edges, a super node, isolated nodes) with a LeakyReLU
+slope of 0.25 and head size 4: values float32 holds exactly, as the compiled kernels take their scalars in
+float32 (gnnfuse README).  float32 and bfloat16 against PyG run in float64 on the same rounded inputs, at
+fusecore.testing's tolerances; the real Cora graph in float32.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gnn_testing import corner_case_edges, planetoid
+
+from fusecore.testing import TOLERANCES, assert_close
+from gnnfuse import Graph
+from gnnfuse import pyg as fused
+
+torch_geometric = pytest.importorskip("torch_geometric")
+PyG = torch_geometric.nn
+
+TOL = TOLERANCES[torch.float64]
+F, H, C, N = 7, 3, 4, 29
+
+
+def _pair(cls_name: str, *args, gen: torch.Generator | None = None, device="cpu", **kwargs):
+    """(ours on ``device``, PyG's) float64 layers built with the same arguments, PyG's holding our state_dict (a
+    strict load); with ``gen`` every bias drawn nonzero first (PyG initializes the output bias to 0, which would
+    hide a missing add)."""
+    ours = getattr(fused, cls_name)(*args, **kwargs).double()
+    theirs = getattr(PyG, cls_name)(*args, **kwargs).double()
+    if gen is not None:
+        with torch.no_grad():
+            for name, p in ours.named_parameters():
+                if name.endswith("bias"):
+                    p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype))
+    theirs.load_state_dict(ours.state_dict(), strict=True)
+    return ours.to(device), theirs
+
+
+def _check(ours, theirs, out, ref, inputs, gen, tol=TOL):
+    """Outputs equal; then one backward of a random cotangent through both, every input's and every parameter's
+    gradient equal (parameters matched by name)."""
+    assert out.shape == ref.shape, (out.shape, ref.shape)
+    assert_close(out, ref.to(out.dtype), tol=tol, name="output")
+    grad = torch.randn(ref.shape, generator=gen, dtype=torch.float64)
+    out.backward(grad.to(out.device, out.dtype))
+    ref.backward(grad.to(ref.dtype))
+    for label, mine, other in inputs:
+        assert_close(mine.grad, other.grad.to(mine.grad.dtype), tol=tol, name=f"grad {label}")
+    theirs_params = dict(theirs.named_parameters())
+    for name, p in ours.named_parameters():
+        other = theirs_params[name].grad
+        if other is None:  # a parameter the layer does not use (TransformerConv's lin_skip without root_weight)
+            assert p.grad is None, f"{name} has a gradient where PyG's has none"
+            continue
+        assert p.grad is not None, f"{name} got no gradient"
+        if other.abs().max() < 1e-10:  # zero in exact arithmetic (the keys' bias under a softmax): rounding only
+            assert p.grad.abs().max() < tol, f"grad {name}: {p.grad} where PyG's is zero"
+            continue
+        assert_close(p.grad, other.to(p.grad.dtype), tol=tol, name=f"grad {name}")
+
+
+def _leaf(t, device):
+    return t.clone().to(device).requires_grad_(True)
+
+
+LAYERS = [
+    ("GATConv", dict(heads=H)),
+    ("GATConv", dict(heads=H, concat=False, residual=True)),
+    ("GATConv", dict(heads=2, residual=True, add_self_loops=False)),
+    ("GATConv", dict(heads=H, bias=False)),
+    ("GATv2Conv", dict(heads=H, residual=True)),
+    ("GATv2Conv", dict(heads=2, share_weights=True, concat=False)),
+    ("GATv2Conv", dict(heads=H, add_self_loops=False, bias=False)),
+    ("TransformerConv", dict(heads=H)),
+    ("TransformerConv", dict(heads=2, concat=False, beta=True)),
+    ("TransformerConv", dict(heads=H, root_weight=False)),
+]
+
+
+@pytest.mark.parametrize("cls_name,kwargs", LAYERS, ids=[f"{c}-{i}" for i, (c, _) in enumerate(LAYERS)])
+def test_layers_match_pyg_with_the_same_state_dict(cls_name, kwargs, gen, device):
+    edges = corner_case_edges(gen, N)
+    x = torch.randn(N, F, generator=gen, dtype=torch.float64)
+    slope = {} if cls_name == "TransformerConv" else {"negative_slope": 0.25}
+    ours, theirs = _pair(cls_name, F, C, gen=gen, device=device, **kwargs, **slope)
+    xo, xt = _leaf(x, device), _leaf(x, "cpu")
+    out, (ei, alpha) = ours(xo, edges.to(device), return_attention_weights=True)
+    ref, (ref_ei, ref_alpha) = theirs(xt, edges, return_attention_weights=True)
+    assert torch.equal(ei.cpu(), ref_ei), "attention edge_index differs from PyG's (self-loop order)"
+    assert alpha.shape == ref_alpha.shape and not alpha.requires_grad
+    assert_close(alpha, ref_alpha, tol=TOL, name="attention")
+    _check(ours, theirs, out, ref, [("x", xo, xt)], gen)
+
+
+def test_agnn_matches_pyg(gen, device):
+    edges = corner_case_edges(gen, N)
+    x = torch.randn(N, F, generator=gen, dtype=torch.float64)
+    for kwargs in (dict(), dict(add_self_loops=False), dict(requires_grad=False)):
+        ours, theirs = _pair("AGNNConv", **kwargs, device=device)
+        if kwargs.get("requires_grad", True):
+            with torch.no_grad():
+                ours.beta.fill_(1.5)
+                theirs.beta.fill_(1.5)
+        xo, xt = _leaf(x, device), _leaf(x, "cpu")
+        _check(ours, theirs, ours(xo, edges.to(device)), theirs(xt, edges), [("x", xo, xt)], gen)
+
+
+FILLS = ["mean", "add", "max", "min", "mul", 0.5, "tensor"]
+
+
+@pytest.mark.parametrize("fill", FILLS)
+def test_gat_edge_features_match_pyg(fill, gen, device):
+    """PyG GATConv's ``edge_dim``: the edge term folded to one score per edge and head, the self loops' features
+    from ``fill_value`` as PyG's ``add_self_loops`` forms them; gradients of edge_attr, lin_edge and att_edge."""
+    edges = corner_case_edges(gen, N)
+    x = torch.randn(N, F, generator=gen, dtype=torch.float64)
+    attr = torch.randn(edges.shape[1], 3, generator=gen, dtype=torch.float64)
+    fill_value = torch.tensor([0.5, -1.0, 2.0], dtype=torch.float64) if fill == "tensor" else fill
+    ours, theirs = _pair("GATConv", F, C, heads=H, negative_slope=0.25, edge_dim=3, fill_value=fill_value,
+                         residual=True, gen=gen, device=device)
+    if isinstance(fill_value, torch.Tensor):
+        ours.fill_value = fill_value.to(device)
+    xo, xt = _leaf(x, device), _leaf(x, "cpu")
+    ao, at = _leaf(attr, device), _leaf(attr, "cpu")
+    out, (_, alpha) = ours(xo, edges.to(device), ao, return_attention_weights=True)
+    ref, (_, ref_alpha) = theirs(xt, edges, at, return_attention_weights=True)
+    assert_close(alpha, ref_alpha, tol=TOL, name="attention")
+    _check(ours, theirs, out, ref, [("x", xo, xt), ("edge_attr", ao, at)], gen)
+
+
+def test_gat_edge_features_without_self_loops_and_one_dim(gen, device):
+    edges = corner_case_edges(gen, N)
+    x = torch.randn(N, F, generator=gen, dtype=torch.float64)
+    attr = torch.randn(edges.shape[1], generator=gen, dtype=torch.float64)
+    ours, theirs = _pair("GATConv", F, C, heads=2, negative_slope=0.25, edge_dim=1, add_self_loops=False,
+                         device=device)
+    xo, xt = _leaf(x, device), _leaf(x, "cpu")
+    ao, at = _leaf(attr, device), _leaf(attr, "cpu")
+    _check(ours, theirs, ours(xo, edges.to(device), ao), theirs(xt, edges, at), [("x", xo, xt), ("edge_attr", ao, at)],
+           gen)
+
+
+def test_edge_attr_is_ignored_without_edge_dim_as_in_pyg(gen, device):
+    edges = corner_case_edges(gen, N).to(device)
+    x = torch.randn(N, F, generator=gen, dtype=torch.float64).to(device)
+    attr = torch.randn(edges.shape[1], 5, generator=gen, dtype=torch.float64).to(device)
+    for cls_name in ("GATConv", "GATv2Conv", "TransformerConv"):
+        layer = getattr(fused, cls_name)(F, C, heads=2).double().to(device)
+        assert torch.equal(layer(x, edges, attr), layer(x, edges))
+
+
+@pytest.mark.parametrize("sizes", [(23, 11), (9, 17)])
+@pytest.mark.parametrize("cls_name,kwargs", [
+    ("GATConv", dict(heads=H, residual=True)),
+    ("GATConv", dict(heads=H, add_self_loops=False)),
+    ("GATv2Conv", dict(heads=2)),
+    ("TransformerConv", dict(heads=2)),
+])
+def test_bipartite_pairs_match_pyg(sizes, cls_name, kwargs, gen, device):
+    n_src, n_dst = sizes
+    src = torch.randint(0, n_src, (60,), generator=gen)
+    dst = torch.randint(0, n_dst, (60,), generator=gen)
+    edges = torch.stack([src, dst])
+    x_src = torch.randn(n_src, F, generator=gen, dtype=torch.float64)
+    x_dst = torch.randn(n_dst, F, generator=gen, dtype=torch.float64)
+    slope = {} if cls_name == "TransformerConv" else {"negative_slope": 0.25}
+    ours, theirs = _pair(cls_name, F, C, gen=gen, device=device, **kwargs, **slope)
+    so, do_, st, dt = _leaf(x_src, device), _leaf(x_dst, device), _leaf(x_src, "cpu"), _leaf(x_dst, "cpu")
+    out, (ei, alpha) = ours((so, do_), edges.to(device), return_attention_weights=True)
+    ref, (ref_ei, ref_alpha) = theirs((st, dt), edges, return_attention_weights=True)
+    assert torch.equal(ei.cpu(), ref_ei)
+    assert_close(alpha, ref_alpha, tol=TOL, name="attention")
+    _check(ours, theirs, out, ref, [("x_src", so, st), ("x_dst", do_, dt)], gen)
+
+
+def test_gat_with_source_and_destination_weights(gen, device):
+    """``in_channels`` a pair: ``lin_src`` / ``lin_dst``, on a pair of different widths and on one tensor."""
+    n_src, n_dst = 13, 8
+    edges = torch.stack([torch.randint(0, n_src, (40,), generator=gen), torch.randint(0, n_dst, (40,), generator=gen)])
+    x_src = torch.randn(n_src, 6, generator=gen, dtype=torch.float64)
+    x_dst = torch.randn(n_dst, 5, generator=gen, dtype=torch.float64)
+    ours, theirs = _pair("GATConv", (6, 5), C, heads=2, negative_slope=0.25, residual=True, device=device)
+    so, do_, st, dt = _leaf(x_src, device), _leaf(x_dst, device), _leaf(x_src, "cpu"), _leaf(x_dst, "cpu")
+    _check(ours, theirs, ours((so, do_), edges.to(device)), theirs((st, dt), edges),
+           [("x_src", so, st), ("x_dst", do_, dt)], gen)
+    square, theirs_square = _pair("GATConv", (F, F), C, heads=2, negative_slope=0.25, device=device)
+    edges = corner_case_edges(gen, N)
+    x = torch.randn(N, F, generator=gen, dtype=torch.float64)
+    xo, xt = _leaf(x, device), _leaf(x, "cpu")
+    _check(square, theirs_square, square(xo, edges.to(device)), theirs_square(xt, edges), [("x", xo, xt)], gen)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("cls_name", ["GATConv", "GATv2Conv", "TransformerConv"])
+def test_low_precision_against_pyg_in_float64(dtype, cls_name, gen, device):
+    edges = corner_case_edges(gen, N)
+    x = torch.randn(N, 16, generator=gen).to(dtype)
+    ours = getattr(fused, cls_name)(16, 8, heads=2).to(dtype)
+    theirs = getattr(PyG, cls_name)(16, 8, heads=2).double()
+    theirs.load_state_dict({k: v.double() for k, v in ours.state_dict().items()})
+    ours = ours.to(device)
+    xo, xt = _leaf(x, device), _leaf(x.double(), "cpu")
+    _check(ours, theirs, ours(xo, edges.to(device)), theirs(xt, edges), [("x", xo, xt)], gen,
+           tol=TOLERANCES[dtype])
+
+
+@pytest.mark.parametrize("cls_name,kwargs", [("GATConv", dict(heads=8)), ("GATv2Conv", dict(heads=4)),
+                                             ("TransformerConv", dict(heads=4)), ("AGNNConv", None)])
+def test_cora_float32_matches_pyg(cls_name, kwargs, gen, device):
+    data = planetoid("cora")
+    x = data.x[:, :64].contiguous()
+    args = () if kwargs is None else (64, 8)
+    ours = getattr(fused, cls_name)(*args, **(kwargs or {}))
+    theirs = getattr(PyG, cls_name)(*args, **(kwargs or {})).double()
+    theirs.load_state_dict({k: v.double() for k, v in ours.state_dict().items()})
+    ours = ours.to(device)
+    xo, xt = _leaf(x, device), _leaf(x.double(), "cpu")
+    _check(ours, theirs, ours(xo, data.edge_index.to(device)), theirs(xt, data.edge_index), [("x", xo, xt)], gen,
+           tol=TOLERANCES[torch.float32])
+
+
+@pytest.mark.parametrize("cls_name", ["GATConv", "GATv2Conv", "TransformerConv"])
+def test_attention_dropout_weights_are_those_aggregated(cls_name, gen, device):
+    """In training, the returned α is the one the output aggregated: for GATConv and GATv2Conv after dropout (as
+    PyG returns), for TransformerConv before it (PyG's ``_alpha``)."""
+    edges = corner_case_edges(gen, N).to(device)
+    x = torch.randn(N, F, generator=gen, dtype=torch.float64).to(device)
+    extra = dict(root_weight=False) if cls_name == "TransformerConv" else {}
+    layer = getattr(fused, cls_name)(F, C, heads=2, dropout=0.5, bias=False, **extra).double().to(device)
+    layer.train()
+    out, (ei, alpha) = layer(x, edges, return_attention_weights=True)
+    values = (layer.lin if cls_name == "GATConv" else layer.lin_l if cls_name == "GATv2Conv" else layer.lin_value)(x)
+    values = values.view(N, 2, C)
+    manual = torch.zeros(N, 2, C, dtype=torch.float64, device=device).index_add_(
+        0, ei[1], alpha.unsqueeze(-1) * values[ei[0]])
+    if cls_name == "TransformerConv":
+        assert_close(alpha.sum(), torch.tensor(2.0 * torch.unique(ei[1]).numel(), dtype=torch.float64,
+                                               device=device), tol=TOL, name="softmax rows")
+        assert not torch.allclose(out, manual.reshape(N, -1))  # dropout applied to the output, not to α
+    else:
+        assert_close(out, manual.reshape(N, -1), tol=TOL, name="output vs Σ α' x_j")
+        assert (alpha == 0).any() and layer.training
+    layer.eval()
+    assert torch.equal(layer(x, edges), layer(x, edges))
+
+
+def test_training_steps_match_pyg_with_the_import_swapped(gen, device):
+    """A two-layer PyG model, built from either module, trained three SGD steps: the same losses."""
+    data_edges = corner_case_edges(gen, N)
+    x = torch.randn(N, F, generator=gen, dtype=torch.float64)
+    labels = torch.randint(0, 3, (N,), generator=gen)
+
+    class Net(torch.nn.Module):
+        def __init__(self, nn):
+            super().__init__()
+            self.conv1 = nn.GATConv(F, C, heads=2, negative_slope=0.25, edge_dim=2)
+            self.conv2 = nn.TransformerConv(2 * C, 3, heads=1)
+
+        def forward(self, x, edge_index, edge_attr):
+            return self.conv2(torch.relu(self.conv1(x, edge_index, edge_attr)), edge_index)
+
+    attr = torch.randn(data_edges.shape[1], 2, generator=gen, dtype=torch.float64)
+    ours, theirs = Net(fused).double(), Net(PyG).double()
+    theirs.load_state_dict(ours.state_dict(), strict=True)
+    ours = ours.to(device)
+    losses = []
+    for model, dev in ((ours, device), (theirs, "cpu")):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        run = []
+        for _ in range(3):
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(x.to(dev), data_edges.to(dev), attr.to(dev)),
+                                                     labels.to(dev))
+            loss.backward()
+            opt.step()
+            run.append(loss.item())
+        losses.append(run)
+    assert losses[0] == pytest.approx(losses[1], rel=1e-9, abs=1e-12)
+
+
+def test_state_dicts_are_pygs():
+    for cls_name, args, kwargs in [
+        ("GATConv", (F, C), dict(heads=H, edge_dim=2, residual=True)),
+        ("GATConv", ((F, 5), C), dict(heads=H, concat=False)),
+        ("GATv2Conv", (F, C), dict(heads=H, residual=True)),
+        ("GATv2Conv", (F, C), dict(heads=H, share_weights=True, bias=False)),
+        ("TransformerConv", (F, C), dict(heads=H, beta=True, edge_dim=3)),
+        ("AGNNConv", (), dict()),
+        ("AGNNConv", (), dict(requires_grad=False)),
+    ]:
+        ours = getattr(fused, cls_name)(*args, **kwargs)
+        theirs = getattr(PyG, cls_name)(*args, **kwargs)
+        assert {k: tuple(v.shape) for k, v in ours.state_dict().items()} == {
+            k: tuple(v.shape) for k, v in theirs.state_dict().items()}, cls_name
+        ours.load_state_dict(theirs.state_dict(), strict=True)
+        assert repr(ours) == repr(theirs)
+
+
+def test_the_self_looped_graph_is_built_once_per_edge_tensor(gen, device):
+    edges = corner_case_edges(gen, N).to(device)
+    x = torch.randn(N, F, generator=gen).to(device)
+    layer = fused.GATConv(F, C, heads=2).to(device)
+    from gnnfuse.graph import as_graph
+
+    base = as_graph(edges, N)
+    layer(x, edges)
+    looped, kept = base.pyg_self_loops()
+    layer(x, edges)
+    assert base.pyg_self_loops()[0] is looped
+    assert looped.num_edges == kept.numel() + N and looped.num_nodes == N
+    assert not (edges[0, kept] == edges[1, kept]).any()
+    edges[0, 0] = (edges[0, 0] + 1) % N  # edited in place: a new graph, new loops
+    assert as_graph(edges, N) is not base
+    layer(x, edges)
+
+
+def test_a_gnnfuse_graph_and_an_empty_graph(gen, device):
+    x = torch.randn(5, F, generator=gen, dtype=torch.float64)
+    empty = torch.zeros(2, 0, dtype=torch.long)
+    for kwargs in (dict(), dict(add_self_loops=False)):
+        ours, theirs = _pair("GATConv", F, C, heads=2, negative_slope=0.25, gen=gen, device=device, **kwargs)
+        assert_close(ours(x.to(device), empty.to(device)), theirs(x, empty), tol=TOL, name="empty graph")
+        graph = Graph(empty.to(device), 5)
+        assert_close(ours(x.to(device), graph), theirs(x, empty), tol=TOL, name="gnnfuse.Graph")
+
+
+def test_errors_are_clear(gen, device):
+    edges = corner_case_edges(gen, N).to(device)
+    x = torch.randn(N, F, generator=gen).to(device)
+    layer = fused.GATConv(F, C, heads=2).to(device)
+    with pytest.raises(TypeError, match="sparse"):
+        layer(x, torch.sparse_coo_tensor(edges, torch.ones(edges.shape[1], device=device), (N, N)))
+    with pytest.raises(ValueError, match="lazy"):
+        fused.GATConv(-1, C)
+    with pytest.raises(ValueError, match="x_dst"):
+        layer((x, None), edges)
+    with pytest.raises(ValueError, match="size"):
+        layer(x, edges, size=(N, N + 1))
+    with pytest.raises(NotImplementedError, match="edge_dim"):
+        fused.GATv2Conv(F, C, edge_dim=3)
+    with pytest.raises(NotImplementedError, match="different"):
+        fused.TransformerConv((F, 5), C)
+    with pytest.raises(ValueError, match="fill_value"):
+        fused.GATConv(F, C, fill_value="median")
+    with pytest.raises(TypeError, match="return_attention_weights"):
+        layer(x, edges, return_attention_weights="yes")
+    with pytest.raises(ValueError, match=r"in_feats=7|in_channels|x must have shape"):
+        layer(x[:, :5], edges)
+    with pytest.raises(TypeError, match="dtype"):
+        layer(x.double(), edges)
+    with pytest.raises(ValueError, match="node id"):
+        layer(x[:10], edges)
+    with_edges = fused.GATConv(F, C, heads=2, edge_dim=3).to(device)
+    with pytest.raises(ValueError, match="edge_attr"):
+        with_edges(x, edges, torch.randn(edges.shape[1] + 1, 3, device=device))
+    with pytest.raises(ValueError, match="edge_attr"):
+        with_edges(x, edges)
+    with pytest.raises(ValueError, match="sources <"):
+        layer((x[:5], x), edges)
+    with pytest.raises(TypeError, match="one feature tensor"):
+        fused.AGNNConv()((x, x), edges)
