@@ -10,6 +10,8 @@
 * :mod:`gnnfuse.nn` — :class:`~gnnfuse.nn.GATConv` and :class:`~gnnfuse.nn.GATv2Conv` (DGL's
   layers and state_dicts), :class:`~gnnfuse.nn.GraphTransformerConv` (PyG's TransformerConv
   state_dict), :class:`~gnnfuse.nn.AGNNConv` (DGL's);
+* :mod:`gnnfuse.pyg` — PyG's ``GATConv``, ``GATv2Conv``, ``TransformerConv`` and ``AGNNConv`` as drop-in
+  replacements (PyG's constructor arguments, state_dict names and ``forward(x, edge_index, ...)``);
 * :func:`capture` — a layer on one fixed graph replayed from CUDA graphs, forward and backward
   (:mod:`gnnfuse.cuda_graph`: full-graph training without the host's launch work);
 * :mod:`gnnfuse.reference` — the same math unfused in PyTorch (baseline and oracle);
@@ -37,9 +39,11 @@ Example::
 
 import fusecore  # noqa: F401  (fixes the kernel mode before any gnnfuse kernel is defined)
 
-from . import nn, ops, reference
+from . import nn, ops, pyg, reference
 from .cuda_graph import CapturedLayer, capture
 from .graph import Graph, as_graph
 from .schedule import Schedule, ScheduleOptions
 
-__all__ = ["CapturedLayer", "Graph", "as_graph", "capture", "Schedule", "ScheduleOptions", "nn", "ops", "reference"]
+__all__ = [
+    "CapturedLayer", "Graph", "as_graph", "capture", "Schedule", "ScheduleOptions", "nn", "ops", "pyg", "reference",
+]

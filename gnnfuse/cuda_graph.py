@@ -47,16 +47,29 @@ from torch import nn
 
 from fusecore import DevicePhiloxStream
 
+from . import pyg
 from .graph import as_graph
 from .nn import AGNNConv, GATConv, GATv2Conv, GraphTransformerConv
 from .schedule import ScheduleOptions
 
-CAPTURABLE = (GATConv, GATv2Conv, GraphTransformerConv, AGNNConv)
+# PyG's layers take (x, edge_index, ...): the graph second
+PYG_LAYERS = (pyg.GATConv, pyg.GATv2Conv, pyg.TransformerConv, pyg.AGNNConv)
+CAPTURABLE = (GATConv, GATv2Conv, GraphTransformerConv, AGNNConv, *PYG_LAYERS)
 
 
 def _attention_dropout(layer: nn.Module) -> float:
-    """The attention dropout probability the layer applies in training."""
-    return layer.dropout if isinstance(layer, GraphTransformerConv) else getattr(layer, "attn_drop_p", 0.0)
+    """The attention dropout probability the layer applies in training (DGL's ``attn_drop_p``, PyG's ``dropout``)."""
+    if hasattr(layer, "attn_drop_p"):
+        return layer.attn_drop_p
+    return getattr(layer, "dropout", 0.0)
+
+
+def _call(layer: nn.Module, graph: Any, inputs: tuple, options: dict):
+    """``layer(graph, *inputs)``, or PyG's order ``layer(inputs[0], graph, *inputs[1:])`` for a :mod:`gnnfuse.pyg`
+    layer."""
+    if isinstance(layer, PYG_LAYERS):
+        return layer(inputs[0], graph, *inputs[1:], **options)
+    return layer(graph, *inputs, **options)
 
 
 def _signature(tensor: torch.Tensor) -> tuple:
@@ -75,7 +88,7 @@ class _Bound(nn.Module):
         self.options = {"schedule": schedule} if rng is None else {"schedule": schedule, "rng": rng}
 
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
-        return self.layer(self.graph, *inputs, **self.options)
+        return _call(self.layer, self.graph, inputs, self.options)
 
 
 class _Fresh(torch.autograd.Function):
@@ -119,7 +132,7 @@ class CapturedLayer(nn.Module):
 
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
         if self.layer.training != self.captured_training:
-            return self.layer(self._graphed.graph, *inputs, schedule=self._graphed.schedule)
+            return _call(self.layer, self._graphed.graph, inputs, {"schedule": self._graphed.schedule})
         signature = [_signature(t) if isinstance(t, torch.Tensor) else type(t).__name__ for t in inputs]
         if signature != self.signature:
             raise ValueError(
@@ -136,7 +149,8 @@ def capture(
 ) -> CapturedLayer:
     """Capture ``layer(graph, *inputs)``'s forward and backward as CUDA graphs (module doc).
 
-    ``layer``: a :mod:`gnnfuse.nn` layer on a CUDA device, in the mode (train / eval) it will be
+    ``layer``: a :mod:`gnnfuse.nn` layer, called ``layer(graph, *inputs)``, or a :mod:`gnnfuse.pyg` layer, called
+    in PyG's order ``layer(inputs[0], graph, *inputs[1:])``, on a CUDA device, in the mode (train / eval) it will be
     replayed in; ``graph``: anything the layer takes (a :class:`gnnfuse.Graph`, ``edge_index``,
     PyG ``Data``, DGL graph), fixed from now on; ``inputs``: sample tensors (``feat [N, in]``,
     and ``edge_feat [E, edge_dim]`` where the layer has one) with the shapes, dtypes and
@@ -147,8 +161,8 @@ def capture(
     of a layer in training (default: one seeded from torch's generator); unused otherwise.
     """
     if not isinstance(layer, CAPTURABLE):
-        names = ", ".join(cls.__name__ for cls in CAPTURABLE)
-        raise TypeError(f"layer must be a gnnfuse.nn layer ({names}), got {type(layer).__name__}")
+        names = ", ".join(f"{cls.__module__}.{cls.__name__}" for cls in CAPTURABLE)
+        raise TypeError(f"layer must be a gnnfuse.nn or gnnfuse.pyg layer ({names}), got {type(layer).__name__}")
     if not inputs or not all(isinstance(t, torch.Tensor) for t in inputs):
         raise TypeError("inputs must be one or more sample tensors (feat, and edge_feat where the layer takes it)")
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 1:

@@ -1065,3 +1065,82 @@ def _captured_smoke_rows(ctx: Context) -> None:
 
     for impl, call in (("fused (gnnfuse)", lambda: layer(graph, x)), ("unfused torch (gnnfuse.reference)", reference)):
         ctx.time(impl, _forward(call), params=params, variant="GATConv,fp32,fwd")
+
+
+@case("gnn", "pyg_gatconv", baseline="PyG GATConv eager", headline=False)
+def pyg_gatconv_case(ctx: Context) -> None:
+    """The PyG drop-in (:class:`gnnfuse.pyg.GATConv`) called as PyG's layer is, ``conv(x, edge_index[,
+    edge_attr])`` with PyG's defaults (``add_self_loops=True``: PyG removes and re-adds the self loops on every
+    call, the drop-in once per edge tensor), against ``torch_geometric.nn.GATConv`` holding the same state_dict,
+    eager and under ``torch.compile``; without edge features and with ``edge_dim=16`` (PyG projects the edge
+    features to ``[E, H·C]``, the drop-in folds ``lin_edge`` and ``att_edge`` to one score per edge and head).
+    Forward and training step (every parameter's and the edge features' gradients), as called and replayed as CUDA
+    graphs, arxiv-like, fp32 and bf16.  Floors: :func:`gnnfuse.ops.attention_floor_bytes` with the raw edge
+    features read per edge.  Checked against PyG in fp32: the output and ``lin.weight``'s and (with edge features)
+    ``edge_attr``'s gradients."""
+    import torch_geometric
+
+    from gnnfuse import pyg as fused_pyg
+
+    spec = QUICK[0] if ctx.quick else next(s for s in FULL if s.name == "arxiv-like")
+    edges, n = _edges(spec.name, ctx.device)
+    graph = Graph(edges, n)
+    gen = torch.Generator().manual_seed(11)
+    for dtype in [torch.float32] if ctx.quick else [torch.float32, torch.bfloat16]:
+        tag = "fp32" if dtype == torch.float32 else "bf16"
+        for edge_dim in (None, 16):
+            torch.manual_seed(0)
+            kwargs = dict(heads=spec.heads, edge_dim=edge_dim)
+            layer = fused_pyg.GATConv(spec.in_feats, spec.head_dim, **kwargs)
+            with torch.no_grad():
+                layer.bias.copy_(torch.randn(layer.bias.shape, generator=gen))
+            pyg = torch_geometric.nn.GATConv(spec.in_feats, spec.head_dim, **kwargs)
+            pyg.load_state_dict(layer.state_dict())
+            layer, pyg = (m.to(device=ctx.device, dtype=dtype) for m in (layer, pyg))
+            x = torch.randn(n, spec.in_feats, generator=gen).to(device=ctx.device, dtype=dtype)
+            extra = ()
+            if edge_dim is not None:
+                extra = (torch.randn(graph.num_edges, edge_dim, generator=gen).to(device=ctx.device, dtype=dtype)
+                         .requires_grad_(True),)
+            grad = torch.randn(n, spec.heads * spec.head_dim, generator=gen).to(device=ctx.device, dtype=dtype)
+            params = {"graph": spec.name, "nodes": n, "edges": graph.num_edges, "in_feats": spec.in_feats,
+                      "heads": spec.heads, "head_dim": spec.head_dim, "dtype": tag, "edge_dim": edge_dim}
+            variant = f"{spec.name},{tag}" + ("" if edge_dim is None else f",edge_dim={edge_dim}")
+            rows = [("PyG GATConv eager", lambda: pyg(x, edges, *extra), [*pyg.parameters(), *extra])]
+            if ctx.gpu and not ctx.quick:
+                torch._dynamo.reset()  # see _layer_runs: each variant compiles afresh
+                compiled = torch.compile(pyg, dynamic=False)
+                try:
+                    with torch.no_grad():
+                        compiled(x, edges, *extra)
+                    _train_step(lambda: compiled(x, edges, *extra), [*pyg.parameters(), *extra], grad)()
+                    rows.append(("PyG GATConv torch.compile", lambda: compiled(x, edges, *extra),
+                                 [*pyg.parameters(), *extra]))
+                except Exception as exc:  # noqa: BLE001 - report and keep the other rows
+                    print(f"[gnn] torch.compile of PyG GATConv failed on {variant}: {type(exc).__name__}: {exc}")
+            trained = [*layer.parameters(), *extra]
+            rows.append(("fused (gnnfuse.pyg)", lambda: layer(x, edges, *extra), trained))
+            if dtype == torch.float32:
+                with torch.no_grad():
+                    ctx.check(f"{variant} forward vs PyG", layer(x, edges, *extra).float(),
+                              pyg(x, edges, *extra).float(), 2e-3)
+                checked = [pyg.lin.weight, *extra]
+                _train_step(rows[0][1], rows[0][2], grad)()
+                expected = [t.grad.float().clone() for t in checked]
+                _train_step(rows[-1][1], trained, grad)()
+                for name, ours, theirs in zip(("lin.weight", "edge_attr"), [layer.lin.weight, *extra], expected):
+                    ctx.check(f"{variant} grad {name} vs PyG", ours.grad.float(), theirs, 2e-3)
+            edge_elements = edge_dim or 0
+            forward = attention_floor_bytes(graph, spec.heads, spec.head_dim, dtype, edge_elements=edge_elements)
+            step = attention_floor_bytes(graph, spec.heads, spec.head_dim, dtype, True, edge_elements=edge_elements)
+            for impl, call, own in rows:
+                ctx.time(impl, _forward(call), bytes_moved=forward, memory=True, params=params,
+                         variant=f"{variant},fwd")
+                ctx.time(impl, _train_step(call, own, grad), bytes_moved=step, memory=True, params=params,
+                         variant=f"{variant},fwd+bwd")
+            _time_replayed(ctx, "fused (gnnfuse.pyg), CUDA graph", _forward(rows[-1][1]), forward, params,
+                           f"{variant},fwd")
+            _time_replayed(ctx, "fused (gnnfuse.pyg), CUDA graph", _train_step(rows[-1][1], trained, grad), step,
+                           params, f"{variant},fwd+bwd")
+            if ctx.gpu:
+                torch.cuda.empty_cache()

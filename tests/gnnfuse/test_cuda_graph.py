@@ -14,7 +14,7 @@ from gnnfuse.nn import AGNNConv, GATConv, GATv2Conv, GraphTransformerConv
 def test_capture_refuses_what_a_replay_cannot_do(gen):
     graph = Graph(corner_case_edges(gen), 29)
     x = torch.randn(29, 6, generator=gen)
-    with pytest.raises(TypeError, match="layer must be a gnnfuse.nn layer"):
+    with pytest.raises(TypeError, match="layer must be a gnnfuse.nn or gnnfuse.pyg layer"):
         gnnfuse.capture(torch.nn.Linear(6, 4), graph, x)
     with pytest.raises(TypeError, match="inputs must be"):
         gnnfuse.capture(GATConv(6, 4, 2), graph)

@@ -386,3 +386,49 @@ def test_errors_are_clear(gen, device):
         layer((x[:5], x), edges)
     with pytest.raises(TypeError, match="one feature tensor"):
         fused.AGNNConv()((x, x), edges)
+
+
+CAPTURED = {
+    "GATConv": (lambda: fused.GATConv(F, C, heads=2, dropout=0.5, edge_dim=3), 3),
+    "GATv2Conv": (lambda: fused.GATv2Conv(F, C, heads=2, dropout=0.5), None),
+    "TransformerConv": (lambda: fused.TransformerConv(F, C, heads=2, dropout=0.5, edge_dim=3), 3),
+    "AGNNConv": (lambda: fused.AGNNConv(), None),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(CAPTURED))
+def test_gnnfuse_capture_replays_pyg_layers(name, gen, device):
+    """``gnnfuse.capture(conv, edge_index, x[, edge_attr])`` calls a PyG layer in PyG's order: each replay (training,
+    attention dropout from a device stream) equals the layer as called with a host stream at the same seed and
+    offset, gradients included, and the replays draw fresh masks."""
+    import gnnfuse
+    from fusecore import DevicePhiloxStream, PhiloxStream
+
+    make, edge_dim = CAPTURED[name]
+    edges = corner_case_edges(gen, N).to(device)
+    torch.manual_seed(0)
+    layer, twin = make().to(device), make().to(device)
+    twin.load_state_dict(layer.state_dict())
+    sample = (torch.randn(N, F, generator=gen).to(device).requires_grad_(name == "AGNNConv"),
+              *(() if edge_dim is None else (torch.randn(edges.shape[1], edge_dim, generator=gen).to(device),)))
+    dropout = name != "AGNNConv"
+    seed = int(torch.randint(0, 2**62, (1,), generator=gen))
+    stream = DevicePhiloxStream(seed, device, offset=0) if dropout else None
+    captured = gnnfuse.capture(layer, edges, *sample, rng=stream, warmup=2)
+    outputs = []
+    for _ in range(3):
+        options = {"rng": PhiloxStream(seed, int(stream.state[1]))} if dropout else {}
+        out = captured(*sample)
+        want = twin(sample[0], edges, *sample[1:], **options)
+        assert_close(out, want, tol=TOLERANCES[torch.float32], name=f"{name} replay")
+        grad = torch.randn(want.shape, generator=gen).to(device)
+        out.backward(grad)
+        want.backward(grad)
+        for (pname, p), q in zip(layer.named_parameters(), twin.parameters()):
+            assert_close(p.grad, q.grad, tol=TOLERANCES[torch.float32], name=f"{name} grad {pname}")
+        layer.zero_grad()
+        twin.zero_grad()
+        outputs.append(out.detach())
+    if dropout:
+        assert not torch.equal(outputs[0], outputs[1])
