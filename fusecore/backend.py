@@ -224,6 +224,19 @@ def jit(fn: Callable | None = None, **kwargs: Any):
     return fast(triton.jit(fn, **kwargs))
 
 
+def eager_under_compile(fn: Callable) -> Callable:
+    """``fn`` run as called when a ``torch.compile``'d model reaches it (``torch.compiler.disable``: dynamo ends its
+    graph before the call and starts a new one after it), not traced into.
+
+    For the public entry points of fused kernels (the layers' ``forward``, the ops' autograd Functions): traced,
+    inductor re-launches each Triton kernel as a kernel of its own graph and types the kernels' Python-float scalars
+    float64 (float32 kernels then fail to compile: a loop-carried float32 state re-assigned float64), and
+    aot_autograd refuses the Functions that store gradients into views of one buffer.  The kernels are fused
+    already; what a compiled model keeps is its own code before and after the call.
+    """
+    return torch.compiler.disable(fn)
+
+
 def autotune(configs: list, key: list[str], **kwargs: Any):
     """``triton.autotune`` when compiled; under the interpreter the first config is used as is.
 

@@ -333,6 +333,7 @@ class GATConv(_DGLHeadsConv):
         """DGL's initialization: Xavier-normal with the ReLU gain, zero biases."""
         self._reset(self.fc.weight, self.attn_l, self.attn_r, biases=(self.bias,))
 
+    @backend.eager_under_compile
     def forward(self, graph: Any, feat: torch.Tensor, edge_weight: torch.Tensor | None = None,
                 get_attention: bool = False, *, schedule: ScheduleOptions | None = None,
                 rng: PhiloxStream | DevicePhiloxStream | None = None,
@@ -442,6 +443,7 @@ class GATv2Conv(_DGLHeadsConv):
         linears = [self.fc_src] if self.share_weights else [self.fc_src, self.fc_dst]
         self._reset(*(linear.weight for linear in linears), self.attn, biases=tuple(linear.bias for linear in linears))
 
+    @backend.eager_under_compile
     def forward(self, graph: Any, feat: torch.Tensor, get_attention: bool = False, *,
                 schedule: ScheduleOptions | None = None, rng: PhiloxStream | DevicePhiloxStream | None = None,
                 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -551,6 +553,7 @@ class GraphTransformerConv(nn.Module):
             if module is not None:
                 module.reset_parameters()
 
+    @backend.eager_under_compile
     def forward(
         self, graph: Any, feat: torch.Tensor, edge_feat: torch.Tensor | None = None,
         return_attention_weights: bool | None = None, *,
@@ -656,6 +659,7 @@ class AGNNConv(nn.Module):
     def set_allow_zero_in_degree(self, set_value: bool) -> None:
         self._allow_zero_in_degree = bool(set_value)
 
+    @backend.eager_under_compile
     def forward(self, graph: Any, feat: torch.Tensor, *, schedule: ScheduleOptions | None = None) -> torch.Tensor:
         pair = _bipartite(graph, feat, None, None, self._allow_zero_in_degree)
         if pair is not None:

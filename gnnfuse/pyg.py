@@ -339,6 +339,7 @@ class GATConv(_PyGHeadsConv):
                 * self.att_edge.view(self.heads, self.out_channels, 1)).sum(dim=1)  # [H, K]
         return attr @ fold.t()
 
+    @backend.eager_under_compile
     def forward(
         self, x: torch.Tensor | tuple[torch.Tensor, torch.Tensor], edge_index: Any, edge_attr: Any = None,
         size: tuple[int, int] | None = None, return_attention_weights: bool | None = None, *,
@@ -429,6 +430,7 @@ class GATv2Conv(_PyGHeadsConv):
         _glorot(self.att)
         self._reset_shared()
 
+    @backend.eager_under_compile
     def forward(
         self, x: torch.Tensor | tuple[torch.Tensor, torch.Tensor], edge_index: Any, edge_attr: Any = None,
         return_attention_weights: bool | None = None, *,
@@ -479,6 +481,7 @@ class TransformerConv(GraphTransformerConv):
                                       "feature sizes are not supported by the fused TransformerConv")
         super().__init__(src, out_channels, heads, concat, beta, dropout, edge_dim, bias, root_weight)
 
+    @backend.eager_under_compile
     def forward(
         self, x: torch.Tensor | tuple[torch.Tensor, torch.Tensor], edge_index: Any, edge_attr: Any = None,
         return_attention_weights: bool | None = None, *,
@@ -521,6 +524,7 @@ class AGNNConv(nn.Module):
             with torch.no_grad():
                 self.beta.fill_(1.0)
 
+    @backend.eager_under_compile
     def forward(self, x: torch.Tensor, edge_index: Any, *, schedule: ScheduleOptions | None = None) -> torch.Tensor:
         if isinstance(x, (tuple, list)):
             raise TypeError("AGNNConv takes one feature tensor x [N, F], as PyG's")

@@ -432,3 +432,66 @@ def test_gnnfuse_capture_replays_pyg_layers(name, gen, device):
         outputs.append(out.detach())
     if dropout:
         assert not torch.equal(outputs[0], outputs[1])
+
+
+@pytest.mark.parametrize("cls_name", ["GATConv", "GATv2Conv", "TransformerConv", "AGNNConv"])
+def test_a_model_with_pyg_layers_runs_under_torch_compile(cls_name, gen, device):
+    """PyG users compile their models: a model around the fused layer under ``torch.compile`` gives the eager
+    model's output and gradients (the layer itself runs as called: ``fusecore.backend.eager_under_compile``).
+    Inductor on the GPU; on the CPU ``aot_eager`` (dynamo and aot_autograd without code generation)."""
+    import fusecore
+
+    edges = corner_case_edges(gen, N).to(device)
+    x = torch.randn(N, F, generator=gen).to(device)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.pre = torch.nn.Linear(F, 16)
+            self.conv = fused.AGNNConv() if cls_name == "AGNNConv" else getattr(fused, cls_name)(16, 8, heads=2)
+            self.post = torch.nn.Linear(16, 3)
+
+        def forward(self, x, edge_index):
+            return self.post(torch.relu(self.conv(torch.relu(self.pre(x)), edge_index)))
+
+    torch.manual_seed(0)
+    model = Net().to(device)
+    eager = copy.deepcopy(model)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="inductor" if fusecore.COMPILED else "aot_eager")
+    for _ in range(2):
+        out, want = compiled(x, edges), eager(x, edges)
+        assert_close(out, want, tol=TOLERANCES[torch.float32], name="compiled output")
+        out.square().sum().backward()
+        want.square().sum().backward()
+        for (name, p), q in zip(model.named_parameters(), eager.parameters()):
+            assert_close(p.grad, q.grad, tol=TOLERANCES[torch.float32], name=f"compiled grad {name}")
+        model.zero_grad()
+        eager.zero_grad()
+    torch._dynamo.reset()
+
+
+def test_a_model_with_dgl_style_layers_runs_under_torch_compile(gen, device):
+    """The same for :mod:`gnnfuse.nn`'s layers, ``layer(graph, feat)``."""
+    import fusecore
+    from gnnfuse.nn import GATConv as DGLGATConv
+    from gnnfuse.nn import GraphTransformerConv
+
+    edges = corner_case_edges(gen, N).to(device)
+    x = torch.randn(N, F, generator=gen).to(device)
+    torch.manual_seed(0)
+    convs = torch.nn.ModuleList([DGLGATConv(F, 4, 2, allow_zero_in_degree=True), GraphTransformerConv(8, 4)]).to(device)
+    eager = copy.deepcopy(convs)
+
+    def run(layers, x):
+        return layers[1](edges, torch.relu(layers[0](edges, x)).reshape(N, -1)).square().sum()
+
+    torch._dynamo.reset()
+    compiled = torch.compile(run, backend="inductor" if fusecore.COMPILED else "aot_eager")
+    loss, want = compiled(convs, x), run(eager, x)
+    assert_close(loss, want, tol=TOLERANCES[torch.float32], name="compiled loss")
+    loss.backward()
+    want.backward()
+    for (name, p), q in zip(convs.named_parameters(), eager.parameters()):
+        assert_close(p.grad, q.grad, tol=TOLERANCES[torch.float32], name=f"compiled grad {name}")
+    torch._dynamo.reset()
