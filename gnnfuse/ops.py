@@ -199,7 +199,9 @@ class AttentionInputs:
     ``out_add``: ``[H, D]`` or ``[N, H, D]`` added to the output as the forward stores it (a
     layer's bias or root term; in training into a second output, see :func:`_forward_saving`);
     ``edge_factor``: ``[E]`` in CSR order and the accumulation dtype, each edge's attention weight
-    multiplied by it after dropout (DGL GATConv's ``edge_weight``, :func:`_edge_factor`).
+    multiplied by it after dropout (DGL GATConv's ``edge_weight``, :func:`_edge_factor`);
+    ``edge_score``: ``[E, H]`` in CSR order and the accumulation dtype, GAT's per-edge score term
+    ``s = LeakyReLU(el_j + er_i + ee_p)`` (PyG GATConv's ``edge_dim``, :func:`_edge_score`; GAT only).
 
     The ``[N, H, D]`` roles share one row stride (:attr:`feat_stride`), each row's heads and features
     contiguous: separate contiguous tensors, or column blocks of one ``[N, W]`` projection output
@@ -218,6 +220,7 @@ class AttentionInputs:
     keys_from_values: bool = False
     out_add: torch.Tensor | None = None
     edge_factor: torch.Tensor | None = None
+    edge_score: torch.Tensor | None = None
 
     @property
     def has_edge(self) -> bool:
@@ -734,9 +737,10 @@ def attention_forward(
         schedule, key, lambda: _forward_plan(schedule, inputs, value.dtype, use_dropout, has_add, has_final, mixed,
                                              merged))
     factor = lse if inputs.edge_factor is None else inputs.edge_factor  # never read without FACTOR
+    edge_score = lse if inputs.edge_score is None else inputs.edge_score  # nor this without EDGE_SCORE
     for grid, ranges, counts, meta in light:
         attention_forward_light_kernel[grid](
-            graph.csr_src, graph.csr_eid, *ranges, *tensors, out, lse, add, final, factor, *counts, heads,
+            graph.csr_src, graph.csr_eid, *ranges, *tensors, out, lse, add, final, factor, edge_score, *counts, heads,
             head_dim, inputs.edge_dim, *scalars, add_stride, feat_stride, **meta,
         )
     for (rows, starts, stops, count, pieces), meta in zip(_row_launches(buckets, mixed, merged), row_meta):
@@ -749,9 +753,9 @@ def attention_forward(
         target_out, target_lse = (piece_out, piece_lse) if pieces is True else (out, lse)
         attention_forward_rows_kernel[(count,)](
             graph.csr_src, graph.csr_eid, rows, starts, stops, *tensors, target_out, target_lse, add, final, factor,
-            heads,
-            head_dim, inputs.edge_dim, *scalars, add_stride, feat_stride, piece_out, piece_lse, num_pieces,
-            buckets.piece_super, buckets.super_piece_ptr, _piece_counts(buckets, merged and bool(pieces), lse), **meta,
+            edge_score, heads, head_dim, inputs.edge_dim, *scalars, add_stride, feat_stride, piece_out, piece_lse,
+            num_pieces, buckets.piece_super, buckets.super_piece_ptr,
+            _piece_counts(buckets, merged and bool(pieces), lse), **meta,
         )
         if pieces and not merged:
             lse_merge_kernel[(buckets.super_rows.numel(),)](
@@ -764,7 +768,7 @@ def attention_forward(
 def _call_kind(inputs: AttentionInputs, dtype: torch.dtype, use_dropout: bool) -> tuple:
     """What a launch configuration depends on besides the schedule (its feature shape and dtype)."""
     return (inputs.score, inputs.has_edge, inputs.edge_dim, inputs.keys_from_values, dtype, use_dropout,
-            inputs.edge_factor is not None)
+            inputs.edge_factor is not None, inputs.edge_score is not None)
 
 
 def _launch_plan(schedule, key: tuple, build):
@@ -793,6 +797,12 @@ def _factor_flags(inputs: AttentionInputs, factor_grad: bool = False) -> dict:
     if inputs.edge_factor is None:
         return {}
     return {"FACTOR": True, **({"FACTOR_GRAD": True} if factor_grad else {})}
+
+
+def _edge_score_flags(inputs: AttentionInputs) -> dict:
+    """GAT's per-edge score term's switch (``EDGE_SCORE``) of the forward, source-pass and weights kernels, left out
+    (the kernels' default) without the term."""
+    return {} if inputs.edge_score is None else {"EDGE_SCORE": True}
 
 
 # Light width classes start a new launch at these widths (each launch covers the classes between
@@ -912,7 +922,7 @@ def _forward_plan(schedule, inputs: AttentionInputs, dtype: torch.dtype, use_dro
     block_h, block_d = schedule.block_h, schedule.block_d
     flags = _flags(inputs, use_dropout)
     _, row_block_e = _tile_budget(schedule, inputs, "forward")
-    flags = {**flags, **_factor_flags(inputs)}
+    flags = {**flags, **_factor_flags(inputs), **_edge_score_flags(inputs)}
     light = _light_plan(schedule, inputs, schedule.incoming, "forward",
                         {**flags, "ADD": has_add, "FINAL": has_final})
     lanes = row_kernel_lanes(schedule, inputs.score, "forward", dtype)
@@ -960,7 +970,8 @@ def attention_backward(
     term_grad_dtypes: tuple[torch.dtype | None, torch.dtype | None] = (None, None),
     grad_targets: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor] | None = None,
     grad_out_copy: torch.Tensor | None = None, factor_rev: torch.Tensor | None = None,
-    grad_factor: torch.Tensor | None = None,
+    grad_factor: torch.Tensor | None = None, score_rev: torch.Tensor | None = None,
+    grad_scores: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """Gradients of the fused attention, without atomics:
     ``(∂value, ∂src-side, ∂dst_term, ∂edge_attr, attr_sums)``.
@@ -981,7 +992,10 @@ def attention_backward(
     ``grad_out_copy``: an ``[N, H, D]`` block ``g`` is stored into as ``δ`` is formed (a per-node addend's
     gradient in a packed gradient).  ``factor_rev``: ``inputs.edge_factor`` in reverse-CSR order (required with
     it: the source pass reads it there); ``grad_factor``: ``[E]`` (reverse-CSR order, accumulation dtype), filled by
-    the source pass with the factor's gradient.
+    the source pass with the factor's gradient.  ``score_rev``: ``inputs.edge_score`` in reverse-CSR order (required
+    with it, as ``factor_rev``).  ``grad_scores``: ``[max(E, 1), H]`` (accumulation dtype) the source pass stores its
+    per-edge, per-head value into, in CSR order, instead of a scratch buffer of its own: ``∂L/∂z`` for GAT (``s =
+    LeakyReLU(z)``, ``z = el_j + er_i (+ ee_p)``: the gradient of ``inputs.edge_score``), ``∂L/∂s`` otherwise.
     """
 
     value = inputs.value
@@ -1022,13 +1036,18 @@ def attention_backward(
         raise ValueError("factor_rev / grad_factor given for an edge factor the inputs do not have")
     if inputs.edge_factor is not None and factor_rev is None:
         raise ValueError("inputs with an edge factor need factor_rev, the factor in reverse-CSR order")
+    if (inputs.edge_score is None) != (score_rev is None):
+        raise ValueError("score_rev (the edge score in reverse-CSR order) goes with inputs.edge_score, and only then")
+    if grad_scores is not None and tuple(grad_scores.shape) != (max(graph.num_edges, 1), heads):
+        raise ValueError(f"grad_scores must have shape [max(E, 1), H] = [{max(graph.num_edges, 1)}, {heads}], "
+                         f"got {list(grad_scores.shape)}")
     key = ("backward", _call_kind(inputs, value.dtype, use_dropout), weight_grad, mixed, merged_src, merged_dst,
            factor_grad)
     plan = _launch_plan(schedule, key, lambda: _backward_plan(schedule, inputs, value.dtype, use_dropout, weight_grad,
                                                               mixed, merged_src, merged_dst, factor_grad))
     # δ_i = <g_i, out_i> per head: one pass over node rows instead of one over edges.
     delta = _head_dot(grad_out, out, acc, bias_parts, grad_out_copy)
-    grad_s = _new_output((max(graph.num_edges, 1), heads), acc, device)
+    grad_s = _new_output((max(graph.num_edges, 1), heads), acc, device) if grad_scores is None else grad_scores
     src_term, dst_term, attn, *_ = inputs.pointers()
     # edge features reach the source pass as two terms per edge and head (kernels/edge_features.py)
     terms = _edge_terms(graph, inputs, grad_out, acc, schedule) if inputs.has_edge else grad_s
@@ -1036,7 +1055,8 @@ def attention_backward(
     feat_stride, piece_stride = inputs.feat_stride, heads * head_dim  # piece buffers are contiguous
     outgoing = schedule.outgoing
     # reverse-CSR order: never read without FACTOR, nor written without FACTOR_GRAD
-    factors = (lse if factor_rev is None else factor_rev, lse if grad_factor is None else grad_factor)
+    factors = (lse if factor_rev is None else factor_rev, lse if grad_factor is None else grad_factor,
+               lse if score_rev is None else score_rev)  # the last never read without EDGE_SCORE
     for grid, ranges, counts, meta in plan["source light"]:
         attention_backward_src_light_kernel[grid](
             graph.rev_dst, graph.rev_pos, *ranges, *src_tensors, grad_value, grad_src,
@@ -1198,7 +1218,7 @@ def _backward_plan(schedule, inputs: AttentionInputs, dtype: torch.dtype, use_dr
     _, row_block_e = _tile_budget(schedule, inputs, "source")
     value_tiles = _sum_tiles(heads * head_dim, MERGE_TILE_INSIDE)
     src_tiles = _sum_tiles(heads if inputs.score == SCORE_GAT else heads * head_dim, MERGE_TILE_INSIDE)
-    src_flags = {**flags, **_factor_flags(inputs, factor_grad)}
+    src_flags = {**flags, **_factor_flags(inputs, factor_grad), **_edge_score_flags(inputs)}
     plan = {
         "source light": _light_plan(schedule, inputs, schedule.outgoing, "source", src_flags),
         "source rows": [{"BLOCK_E": row_block_e, "BLOCK_H": block_h, "BLOCK_D": block_d, "PIECES": pieces, **src_flags,
@@ -1330,7 +1350,8 @@ def attention_weights(graph: Graph, inputs: AttentionInputs, lse: torch.Tensor, 
     """The attention weights ``α [E, H]`` of a forward over ``graph`` from its ``lse`` and launch arguments,
     in the values' dtype and the graph's input edge order (:mod:`gnnfuse.kernels.attention_weights`):
     ``α_p = exp(s_p − lse_i)``, with ``dropped`` times the forward's dropout mask and keep scale (and its per-edge
-    factor, ``inputs.edge_factor``).  Not part of any autograd graph."""
+    factor, ``inputs.edge_factor``); ``s_p`` with GAT's per-edge term ``inputs.edge_score`` where the forward had it.
+    Not part of any autograd graph."""
     value = inputs.value
     num_edges, heads, head_dim = graph.num_edges, value.shape[1], value.shape[2]
     alpha = _new_output((num_edges, heads), value.dtype, value.device)
@@ -1344,11 +1365,11 @@ def attention_weights(graph: Graph, inputs: AttentionInputs, lse: torch.Tensor, 
     factor = inputs.edge_factor if dropped and inputs.edge_factor is not None else None
     attention_weights_kernel[(cdiv(num_edges, block),)](
         graph.csr_dst, graph.csr_src, graph.csr_eid, *inputs.pointers(), lse, alpha,
-        lse if factor is None else factor, num_edges, heads, head_dim,
-        inputs.edge_dim, inputs.negative_slope, inputs.scale, dropout_p, keep_scale, seed, offset,
-        inputs.feat_stride, BLOCK_P=block, BLOCK_H=schedule.block_h, BLOCK_D=schedule.block_d,
+        lse if factor is None else factor, lse if inputs.edge_score is None else inputs.edge_score,
+        num_edges, heads, head_dim, inputs.edge_dim, inputs.negative_slope, inputs.scale, dropout_p, keep_scale, seed,
+        offset, inputs.feat_stride, BLOCK_P=block, BLOCK_H=schedule.block_h, BLOCK_D=schedule.block_d,
         **_edge_flags(inputs, schedule.block_h, schedule.block_d, block), **_score_flags(inputs), DROPOUT=mode,
-        num_warps=warps, **({"FACTOR": True} if factor is not None else {}),
+        num_warps=warps, **({"FACTOR": True} if factor is not None else {}), **_edge_score_flags(inputs),
     )
     return alpha
 
@@ -1394,7 +1415,8 @@ def _forward_saving(ctx, graph: Graph, inputs: AttentionInputs, launch: tuple, d
     value = inputs.value
     add = inputs.out_add
     acc = accumulation_dtype(value.dtype)
-    training = any(ctx.needs_input_grad[:differentiable]) or getattr(ctx, "factor_grad", False)
+    training = (any(ctx.needs_input_grad[:differentiable]) or getattr(ctx, "factor_grad", False)
+                or getattr(ctx, "score_grad", False))
     ctx.attention_grads = training
     ctx.add_grad = add is not None and ctx.needs_input_grad[add_index]
     ctx.add_per_node = add is not None and add.dim() == 3
@@ -1419,15 +1441,18 @@ def _backward_saved(ctx, inputs: AttentionInputs, grad_out: torch.Tensor,
                     bias_parts: torch.Tensor | None = None,
                     term_grad_dtypes: tuple[torch.dtype | None, torch.dtype | None] = (None, None),
                     grad_targets: tuple | None = None, grad_out_copy: torch.Tensor | None = None,
-                    grad_factor: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+                    grad_factor: torch.Tensor | None = None,
+                    grad_scores: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """:func:`attention_backward` from what :func:`_forward_saving` kept (``out``, ``lse`` last; the per-edge factor
-    of :func:`_edge_factor`, put in reverse-CSR order here)."""
+    of :func:`_edge_factor` and score term of :func:`_edge_score`, each put in reverse-CSR order here by one gather)."""
     out, lse = ctx.saved_tensors[-2:]
     factor = getattr(ctx, "edge_factor", None)
     factor_rev = None if factor is None else factor.index_select(0, ctx.graph.rev_pos)
+    edge_score = getattr(ctx, "edge_score", None)
+    score_rev = None if edge_score is None else edge_score.index_select(0, ctx.graph.rev_pos)
     return attention_backward(ctx.graph, inputs, lse, out, grad_out.contiguous(), *ctx.launch, grad_value_dtype,
                               edge_grads, bias_parts, term_grad_dtypes, grad_targets, grad_out_copy, factor_rev,
-                              grad_factor)
+                              grad_factor, score_rev, grad_scores)
 
 
 def _edge_factor(ctx, graph: Graph, edge_weight: torch.Tensor | None, acc: torch.dtype, index: int
@@ -1457,6 +1482,41 @@ def _edge_weight_grad(ctx, grad_factor: torch.Tensor | None) -> torch.Tensor | N
     if grad_factor is None:
         return None
     return grad_factor.index_select(0, ctx.graph.eid_rev_pos).to(ctx.edge_weight_dtype)
+
+
+def _edge_score(ctx, graph: Graph, edge_score: torch.Tensor | None, acc: torch.dtype, index: int
+                ) -> torch.Tensor | None:
+    """A GAT Function's per-edge score term (:attr:`AttentionInputs.edge_score`): ``edge_score [E, H]`` (input edge
+    order, checked by :func:`_check_edge_score`) in CSR order and the accumulation dtype, kept on ``ctx`` with whether
+    the Function's input ``index`` (the term) needs its gradient (``ctx.score_grad``, which :func:`_forward_saving`
+    reads)."""
+    ctx.score_grad = edge_score is not None and ctx.needs_input_grad[index]
+    if edge_score is None:
+        ctx.edge_score = None
+        return None
+    ctx.edge_score_dtype = edge_score.dtype
+    ctx.edge_score = edge_score.to(acc).index_select(0, graph.csr_eid)
+    return ctx.edge_score
+
+
+def _score_grad_buffer(ctx) -> torch.Tensor | None:
+    """The ``[max(E, 1), H]`` CSR-order buffer of the source pass's per-edge ``∂L/∂z`` (:func:`attention_backward`'s
+    ``grad_scores``), when the score term needs its gradient."""
+    if not ctx.score_grad:
+        return None
+    num_edges, heads = ctx.edge_score.shape
+    return _new_output((max(num_edges, 1), heads), ctx.edge_score.dtype, ctx.edge_score.device)
+
+
+def _edge_score_grad(ctx, grad_scores: torch.Tensor | None) -> torch.Tensor | None:
+    """``∂edge_score [E, H]`` in the caller's edge order and dtype: the source pass's ``∂L/∂z`` at CSR position ``p``
+    belongs to input edge ``csr_eid[p]`` (one scatter; a cast first where the caller's dtype is narrower)."""
+    if grad_scores is None:
+        return None
+    num_edges = ctx.graph.num_edges
+    grad = _new_output((num_edges, grad_scores.shape[1]), ctx.edge_score_dtype, grad_scores.device)
+    grad[ctx.graph.csr_eid] = grad_scores[:num_edges].to(ctx.edge_score_dtype)
+    return grad
 
 
 def _unpack(base: torch.Tensor, packing: tuple) -> list[torch.Tensor | None]:
@@ -1527,9 +1587,11 @@ class GATAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, wh, el, er, graph, negative_slope, dropout_p, seed, offset, options,  # type: ignore[override]
-                edge_weight):
+                edge_weight, edge_score):
         factor = _edge_factor(ctx, graph, edge_weight, el.dtype, 9)
-        inputs = AttentionInputs(SCORE_GAT, el, er, wh, negative_slope=negative_slope, edge_factor=factor)
+        score = _edge_score(ctx, graph, edge_score, el.dtype, 10)
+        inputs = AttentionInputs(SCORE_GAT, el, er, wh, negative_slope=negative_slope, edge_factor=factor,
+                                 edge_score=score)
         ctx.negative_slope = negative_slope
         return _forward_saving(ctx, graph, inputs, (dropout_p, seed, offset, options), 3, wh, el, er)
 
@@ -1538,10 +1600,13 @@ class GATAttentionFunction(torch.autograd.Function):
     def backward(ctx, grad_out):  # type: ignore[override]
         wh, el, er = ctx.saved_tensors[:3]
         inputs = AttentionInputs(SCORE_GAT, el, er, wh, negative_slope=ctx.negative_slope,
-                                 edge_factor=ctx.edge_factor)
+                                 edge_factor=ctx.edge_factor, edge_score=ctx.edge_score)
         grad_factor = _factor_grad_buffer(ctx)
-        grad_wh, grad_el, grad_er, *_ = _backward_saved(ctx, inputs, grad_out, grad_factor=grad_factor)
-        return grad_wh, grad_el, grad_er, *_NO_GRADS, _edge_weight_grad(ctx, grad_factor)
+        grad_scores = _score_grad_buffer(ctx)
+        grad_wh, grad_el, grad_er, *_ = _backward_saved(ctx, inputs, grad_out, grad_factor=grad_factor,
+                                                        grad_scores=grad_scores)
+        return (grad_wh, grad_el, grad_er, *_NO_GRADS, _edge_weight_grad(ctx, grad_factor),
+                _edge_score_grad(ctx, grad_scores))
 
 
 def _check_wh(graph: Graph, wh: torch.Tensor, name: str = "wh") -> None:
@@ -1592,6 +1657,21 @@ def _check_edge_weight(graph: Graph, edge_weight: torch.Tensor | None) -> torch.
     return edge_weight
 
 
+def _check_edge_score(graph: Graph, edge_score: torch.Tensor | None, heads: int) -> torch.Tensor | None:
+    """GAT's per-edge score term (PyG GATConv's ``edge_dim``): a floating-point ``[E, H]`` tensor (the graph's input
+    edge order); ValueError / TypeError naming what is wrong otherwise (its device: the ops' device check)."""
+    if edge_score is None:
+        return None
+    if not isinstance(edge_score, torch.Tensor):
+        raise TypeError(f"edge_score must be a tensor of shape [num_edges, heads] or None, got "
+                        f"{type(edge_score).__name__}")
+    backend.check_dtypes(FLOAT_DTYPES, edge_score=edge_score)
+    if tuple(edge_score.shape) != (graph.num_edges, heads):
+        raise ValueError(f"edge_score must have shape [num_edges, heads] = [{graph.num_edges}, {heads}] (one term per "
+                         f"edge and head, in the graph's edge order), got {list(edge_score.shape)}")
+    return edge_score
+
+
 def _check_schedule(schedule: ScheduleOptions | None) -> None:
     if schedule is not None and not isinstance(schedule, ScheduleOptions):
         raise TypeError(f"schedule must be a gnnfuse.ScheduleOptions or None, got {type(schedule).__name__}")
@@ -1610,6 +1690,7 @@ def gat_attention(
     return_attention: bool = False,
     attention_dropout: bool = True,
     edge_weight: torch.Tensor | None = None,
+    edge_score: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Fused GAT attention over ``graph`` given per-node scores.
 
@@ -1633,10 +1714,16 @@ def gat_attention(
     the attention: ``out_i = Σ_j dropout(α_ij) · w_ij · Wh_j`` — after the softmax and its dropout, so it does not
     renormalize; differentiable (``∂w_ij = Σ_h dropout(α_ij)[h] <∂out_i, Wh_j>[h]``, from the backward's source pass),
     and part of the weights ``return_attention`` hands back when they are the aggregation's.
+    ``edge_score``: ``[E, H]`` (any float dtype, the graph's input edge order), a per-edge, per-head term added to
+    the score before the LeakyReLU, ``s_ijh = LeakyReLU(el_j[h] + er_i[h] + ee_ijh)`` (PyG GATConv's ``edge_dim``:
+    ``ee = (lin_edge(edge_attr).view(E, H, C) · att_edge).sum(-1)``); in the softmax, so in every weight
+    ``return_attention`` hands back; differentiable: ``∂ee_ijh = ∂L/∂z_ijh`` (``s = LeakyReLU(z)``), the per-edge value
+    the backward's source pass forms for ``∂er`` anyway, put in the caller's edge order by one scatter.
     """
     graph = as_graph(graph)
     _check_features(graph, wh, el, er)
     edge_weight = _check_edge_weight(graph, edge_weight)
+    edge_score = _check_edge_score(graph, edge_score, wh.shape[1])
     dropout = _check_dropout(dropout)
     negative_slope = _check_negative_slope(negative_slope)
     _check_schedule(schedule)
@@ -1652,12 +1739,12 @@ def gat_attention(
         seed, offset = _host_pair(seed, offset)
         result = gat_attention_reference(
             graph, wh, el, er, negative_slope=negative_slope, dropout=dropout, seed=seed, offset=offset,
-            weights=_reference_weights(request), edge_weight=edge_weight,
+            weights=_reference_weights(request), edge_weight=edge_weight, edge_score=edge_score,
         )
         return _reference_result(result, wh.dtype, request)
-    backend.check_devices(wh=wh, el=el, er=er, edge_weight=edge_weight, graph=graph.indptr)
+    backend.check_devices(wh=wh, el=el, er=er, edge_weight=edge_weight, edge_score=edge_score, graph=graph.indptr)
     out = _apply(GATAttentionFunction, wh, el, er, graph, float(negative_slope), dropout, seed, offset, request,
-                 edge_weight)
+                 edge_weight, edge_score)
     return _with_weights(out, request)
 
 
@@ -1884,7 +1971,7 @@ class GATFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, attn_l, attn_r, graph, negative_slope, dropout_p, seed, offset, options,  # type: ignore[override]
-                out_add, edge_weight):
+                out_add, edge_weight, edge_score):
         heads, head_dim = attn_l.shape[-2], attn_l.shape[-1]
         attn_l3 = attn_l.view(1, heads, head_dim)
         attn_r3 = attn_r.view(1, heads, head_dim)
@@ -1896,7 +1983,8 @@ class GATFunction(torch.autograd.Function):
             el, er = _node_scores_forward(wh, attn_l3, attn_r3)
         inputs = AttentionInputs(SCORE_GAT, el, er, wh, negative_slope=negative_slope,
                                  out_add=_addend_layout(ctx, out_add, heads, head_dim),
-                                 edge_factor=_edge_factor(ctx, graph, edge_weight, el.dtype, 11))
+                                 edge_factor=_edge_factor(ctx, graph, edge_weight, el.dtype, 11),
+                                 edge_score=_edge_score(ctx, graph, edge_score, el.dtype, 12))
         ctx.negative_slope = negative_slope
         return _forward_saving(ctx, graph, inputs, (dropout_p, seed, offset, options), 4, wh, attn_l3, attn_r3, el,
                                er, x if weight is not None else None, weight, add_index=10)
@@ -1905,17 +1993,18 @@ class GATFunction(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_out):  # type: ignore[override]
         if not ctx.attention_grads:
-            return None, None, None, None, *_NO_GRADS, _addend_grad(ctx, grad_out, None), None
+            return None, None, None, None, *_NO_GRADS, _addend_grad(ctx, grad_out, None), None, None
         wh, attn_l, attn_r, el, er, x, weight = ctx.saved_tensors[:7]
         inputs = AttentionInputs(SCORE_GAT, el, er, wh, negative_slope=ctx.negative_slope,
-                                 edge_factor=ctx.edge_factor)
+                                 edge_factor=ctx.edge_factor, edge_score=ctx.edge_score)
         # ∂attn_l, ∂attn_r and a bias's Σ_n g_n from per-program partials: one reduction, one cast
         bias = _bias_grad_wanted(ctx)
         parts = _node_part_buffer(wh, 3 if bias else 2)
         grad_factor = _factor_grad_buffer(ctx)
+        grad_scores = _score_grad_buffer(ctx)
         grad_agg, grad_el, grad_er, _, _ = _backward_saved(ctx, inputs, grad_out, grad_value_dtype=el.dtype,
                                                            bias_parts=parts[2] if bias else None,
-                                                           grad_factor=grad_factor)
+                                                           grad_factor=grad_factor, grad_scores=grad_scores)
         grad_wh = _node_scores_backward(wh, attn_l, attn_r, grad_el, grad_er, grad_agg, parts)
         sums = parts.sum(1).to(attn_l.dtype)  # wh, the attention vectors and the bias share a dtype
         grad_x = grad_weight = None
@@ -1929,7 +2018,7 @@ class GATFunction(torch.autograd.Function):
                 grad_x = matmul(flat, weight)
         grad_l, grad_r = sums[0].view(ctx.attn_shapes[0]), sums[1].view(ctx.attn_shapes[1])
         return (grad_x, grad_weight, grad_l, grad_r, *_NO_GRADS, _addend_grad(ctx, grad_out, sums[2] if bias else None),
-                _edge_weight_grad(ctx, grad_factor))
+                _edge_weight_grad(ctx, grad_factor), _edge_score_grad(ctx, grad_scores))
 
 
 def _addend_layout(ctx, out_add: torch.Tensor | None, heads: int, head_dim: int) -> torch.Tensor | None:
@@ -2035,6 +2124,7 @@ def gat(
     return_attention: bool = False,
     attention_dropout: bool = True,
     edge_weight: torch.Tensor | None = None,
+    edge_score: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """GAT attention from projected features and attention vectors ``attn_l``, ``attn_r`` ``(1, H, D)``.
 
@@ -2050,7 +2140,8 @@ def gat(
     saves the node-score pass's read of ``Wh``: :class:`~gnnfuse.nn.GATConv` takes this path there
     and keeps ``fc`` as its own module elsewhere (the op alone, with torch's product, was no faster
     as called on the H200: gnn/layer_host, session 7).
-    ``return_attention``, ``attention_dropout``, ``edge_weight``: as in :func:`gat_attention` (``(out, α [E, H])``).
+    ``return_attention``, ``attention_dropout``, ``edge_weight``, ``edge_score``: as in :func:`gat_attention`
+    (``(out, α [E, H])``).
     """
     graph = as_graph(graph)
     backend.check_dtypes(FLOAT_DTYPES, wh=wh, attn_l=attn_l, attn_r=attn_r, weight=weight)
@@ -2068,6 +2159,7 @@ def gat(
     _check_schedule(schedule)
     add = _check_addend(out_add, graph, heads, head_dim, wh.dtype)
     edge_weight = _check_edge_weight(graph, edge_weight)
+    edge_score = _check_edge_score(graph, edge_score, heads)
     request = _requested(schedule, return_attention, attention_dropout)
     if backend.reference_enabled():
         if weight is not None:
@@ -2076,17 +2168,18 @@ def gat(
         result = gat_attention(
             graph, wh, el, er, negative_slope=negative_slope, dropout=dropout, rng=rng, schedule=schedule,
             return_attention=return_attention, attention_dropout=attention_dropout, edge_weight=edge_weight,
+            edge_score=edge_score,
         )
         out, weights = (result, None) if not return_attention else result
         out = out if add is None else out + add
         return (out, weights) if return_attention else out
     seed, offset = _rng_pair(rng, dropout, heads, wh.device)
     backend.check_devices(wh=wh, weight=weight, attn_l=attn_l, attn_r=attn_r, out_add=add, edge_weight=edge_weight,
-                          graph=graph.indptr)
+                          edge_score=edge_score, graph=graph.indptr)
     # attn_l, attn_r and out_add go in as given (the node views them: no autograd view nodes here)
     out = _apply(
         GATFunction, wh if weight is not None else wh.contiguous(), weight, attn_l.contiguous(), attn_r.contiguous(),
-        graph, float(negative_slope), dropout, seed, offset, request, out_add, edge_weight,
+        graph, float(negative_slope), dropout, seed, offset, request, out_add, edge_weight, edge_score,
     )
     return _with_weights(out, request)
 

@@ -351,7 +351,7 @@ class GATConv(_PyGHeadsConv):
         edge_score = self._edge_score(call, edge_attr, weight.dtype)
         shape = (-1, self.heads, self.out_channels)
         common = dict(negative_slope=self.negative_slope, dropout=self._dropout(), rng=rng, schedule=schedule,
-                      return_attention=want, **({} if edge_score is None else {"edge_score": edge_score}))
+                      return_attention=want, edge_score=edge_score)
         add = self._out_add(call)
         if not call.pair and self.lin is not None:
             h = call.x_src

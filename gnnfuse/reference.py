@@ -79,17 +79,22 @@ def gat_attention_reference(
     offset: int = 0,
     weights: str | None = None,
     edge_weight: torch.Tensor | None = None,
+    edge_score: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """``(out [N, H, D], lse [N, H])`` computed unfused in the dtype of ``el`` (differentiable).
 
-    ``out_i = Σ_{j->i} α_ij Wh_j``, ``α_i· = softmax_j LeakyReLU(el_j + er_i)`` (then dropout
-    with scale ``1 / (1 − dropout)``, then times ``edge_weight [E]``, DGL's); rows without incoming
-    edges give zeros and ``lse = -inf``.
+    ``out_i = Σ_{j->i} α_ij Wh_j``, ``α_i· = softmax_j LeakyReLU(el_j + er_i (+ ee_ij))`` (then dropout
+    with scale ``1 / (1 − dropout)``, then times ``edge_weight [E]``, DGL's); ``edge_score [E, H]``: the per-edge
+    term ``ee`` in the graph's input edge order (PyG GATConv's ``edge_dim``); rows without incoming edges give zeros
+    and ``lse = -inf``.
     """
     graph = as_graph(graph)
     src = graph.csr_src.long()
     dst = graph.csr_dst.long()
-    scores = torch.nn.functional.leaky_relu(el[src] + er[dst], negative_slope)  # [E, H]
+    z = el[src] + er[dst]  # [E, H]
+    if edge_score is not None:
+        z = z + edge_score.to(el.dtype)[graph.csr_eid.long()]
+    scores = torch.nn.functional.leaky_relu(z, negative_slope)
     messages = wh.to(el.dtype)[src]  # [E, H, D]
     return edge_softmax_aggregate(graph, scores, messages, dropout=dropout, seed=seed, offset=offset, weights=weights,
                                   edge_weight=edge_weight)

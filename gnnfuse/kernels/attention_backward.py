@@ -15,7 +15,11 @@ With ``α_ij`` recomputed from the saved ``lse`` (no attention matrix stored), d
     ∂L/∂w_p    = Σ_h α_ij keep_ij / (1 − p) <g_i, val_j + e_p>          (FACTOR_GRAD, source pass)
 
 The source pass reads the factor and stores ``∂L/∂w`` in reverse-CSR order (at ``q``, beside ``rev_dst`` /
-``rev_pos``): contiguous, where the CSR position ``p`` would be a random 4-byte access per edge.
+``rev_pos``): contiguous, where the CSR position ``p`` would be a random 4-byte access per edge.  With
+``EDGE_SCORE`` (GAT's per-edge score term, ``s = LeakyReLU(el_j + er_i + ee_p)``:
+:func:`~gnnfuse.kernels.scores.add_edge_score`) it reads ``ee`` the same way, ``[E, H]`` in reverse-CSR order, and
+adds it to ``el_j`` before the score and its gradient are formed; ``∂L/∂ee_p = ∂L/∂z_p`` is the per-edge value it
+stores at ``p`` anyway (below), so the term's gradient needs nothing more here.
 
 :func:`attention_backward_src_kernel` (and its light form) walks the reverse CSR: each
 program owns source rows (or pieces of split ones), so ``∂L/∂val_j`` and the per-source
@@ -55,7 +59,7 @@ from fusecore.backend import jit
 from .dropout import attention_dropout, dropout_seed, edge_factor, store_factor_grad
 from .edge_features import edge_attr_tile, rows_edge_values
 from .merge import last_piece, merge_sums
-from .scores import attn_grad_terms, edge_scores, gather_keys, gather_queries, row_query, score_grad
+from .scores import add_edge_score, attn_grad_terms, edge_scores, gather_keys, gather_queries, row_query, score_grad
 from .tiles import (
     ONE,
     flat_head_tile,
@@ -73,7 +77,7 @@ from .tiles import (
 def attention_backward_src_kernel(
     rev_dst_ptr, rev_pos_ptr, rows_ptr, starts_ptr, stops_ptr,
     src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, terms_ptr, lse_ptr, grad_out_ptr, delta_ptr,
-    grad_value_ptr, grad_src_ptr, grad_s_ptr, factor_ptr, grad_factor_ptr,
+    grad_value_ptr, grad_src_ptr, grad_s_ptr, factor_ptr, grad_factor_ptr, edge_score_ptr,
     H, D, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, feat_stride, grad_stride,
     piece_super_ptr, piece_ptr, piece_count_ptr, merged_value_ptr, merged_src_ptr, merged_stride,
     BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -81,6 +85,7 @@ def attention_backward_src_kernel(
     KEY_SCALE: tl.constexpr, LANES: tl.constexpr, PREFETCH: tl.constexpr = False,
     MERGE: tl.constexpr = False, MERGE_P: tl.constexpr = 1, MERGE_W: tl.constexpr = 1, SRC_P: tl.constexpr = 1,
     SRC_W: tl.constexpr = 1, FACTOR: tl.constexpr = False, FACTOR_GRAD: tl.constexpr = False,
+    EDGE_SCORE: tl.constexpr = False,
 ):
     """The source pass's row kernel; ``PREFETCH``: each edge block's reverse-CSR destinations and positions
     loaded one trip ahead (the trip's gathers then wait on no index load of their own).  ``EDGE`` (dot score):
@@ -89,8 +94,10 @@ def attention_backward_src_kernel(
     ``MERGE`` (with ``PIECES``: ``grad_value`` / ``grad_src`` are then the piece buffers, ``grad_stride`` theirs):
     the last piece of each super row to finish sums that row's partials into ``merged_value`` / ``merged_src``
     (the gradients, rows ``merged_stride`` apart as ``grad_stride`` otherwise; :mod:`gnnfuse.kernels.merge`;
-    ``MERGE_P`` / ``MERGE_W``, ``SRC_P`` / ``SRC_W``: its tiles)."""
+    ``MERGE_P`` / ``MERGE_W``, ``SRC_P`` / ``SRC_W``: its tiles).  ``EDGE_SCORE`` (GAT): ``edge_score [E, H]`` in
+    reverse-CSR order added to the source term per edge."""
     tl.static_assert(not EDGE or SCORE == 2, "edge features: dot score only")
+    tl.static_assert(not EDGE_SCORE or SCORE == 0, "a per-edge score term: GAT only")
     acc_dtype = lse_ptr.dtype.element_ty
     seed, rng_offset = dropout_seed(seed, rng_offset, DROPOUT)
     pid = tl.program_id(0).to(tl.int64)
@@ -141,7 +148,7 @@ def attention_backward_src_kernel(
         delta_i = tl.load(delta_ptr + eh_offs, mask=eh_mask, other=0.0).to(acc_dtype)
         if SCORE == 0:
             dst_i = tl.load(dst_term_ptr + eh_offs, mask=eh_mask, other=0.0).to(acc_dtype)
-            src_e = src_j
+            src_e = add_edge_score(src_j, edge_score_ptr, q[:, None], offs_h[None, :], eh_mask, H, EDGE_SCORE)
         else:
             dst_i = gather_queries(dst_term_ptr, value_ptr, dst, e_mask, H, feat_stride, offs_h, h_mask, hd_offs,
                                    hd_mask, acc_dtype, KEY_SCALE)
@@ -230,16 +237,18 @@ def _recomputed_weights(s, lse_i, mask, pos, streams, seed, dropout_p, keep_scal
 def attention_backward_src_light_kernel(
     rev_dst_ptr, rev_pos_ptr, rows_ptr, starts_ptr, stops_ptr,
     src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, terms_ptr, lse_ptr, grad_out_ptr, delta_ptr,
-    grad_value_ptr, grad_src_ptr, grad_s_ptr, factor_ptr, grad_factor_ptr,
+    grad_value_ptr, grad_src_ptr, grad_s_ptr, factor_ptr, grad_factor_ptr, edge_score_ptr,
     n0, n1, n2, n3, n4, n5, n6, H, D, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
     feat_stride, grad_stride, LIGHT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr, KEY_SCALE: tl.constexpr,
     UNROLLED: tl.constexpr = False, FACTOR: tl.constexpr = False, FACTOR_GRAD: tl.constexpr = False,
+    EDGE_SCORE: tl.constexpr = False,
 ):
     """The source pass over the light width classes of ``LIGHT`` in one launch (as
     :func:`~gnnfuse.kernels.attention_forward.attention_forward_light_kernel`; ``UNROLLED``:
-    :func:`_src_light_unrolled`).  ``EDGE``: the edge terms of :func:`attention_backward_src_kernel`."""
+    :func:`_src_light_unrolled`).  ``EDGE``, ``EDGE_SCORE``: as in :func:`attention_backward_src_kernel`."""
     tl.static_assert(not EDGE or SCORE == 2, "edge features: dot score only")
+    tl.static_assert(not EDGE_SCORE or SCORE == 0, "a per-edge score term: GAT only")
     seed, rng_offset = dropout_seed(seed, rng_offset, DROPOUT)
     pid = tl.program_id(0).to(tl.int64)
     first = pid * 0
@@ -257,19 +266,19 @@ def attention_backward_src_light_kernel(
                         _src_light_unrolled(
                             local, rev_dst_ptr, rev_pos_ptr, rows_ptr + row0, starts_ptr + row0, stops_ptr + row0,
                             src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, terms_ptr, lse_ptr, grad_out_ptr,
-                            delta_ptr, grad_value_ptr, grad_src_ptr, grad_s_ptr, factor_ptr, grad_factor_ptr, count, H,
-                            D, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, feat_stride, grad_stride,
-                            ONE << (f - 1), ONE << k, BLOCK_H, BLOCK_D, DROPOUT, SCORE, EDGE, KEY_SCALE, FACTOR,
-                            FACTOR_GRAD,
+                            delta_ptr, grad_value_ptr, grad_src_ptr, grad_s_ptr, factor_ptr, grad_factor_ptr,
+                            edge_score_ptr, count, H, D, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
+                            feat_stride, grad_stride, ONE << (f - 1), ONE << k, BLOCK_H, BLOCK_D, DROPOUT, SCORE, EDGE,
+                            KEY_SCALE, FACTOR, FACTOR_GRAD, EDGE_SCORE,
                         )
                     else:
                         _src_light_rows(
                             local, rev_dst_ptr, rev_pos_ptr, rows_ptr + row0, starts_ptr + row0,
                             stops_ptr + row0, src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, terms_ptr,
                             lse_ptr, grad_out_ptr, delta_ptr, grad_value_ptr, grad_src_ptr, grad_s_ptr, factor_ptr,
-                            grad_factor_ptr, count, H, D, negative_slope, scale, dropout_p, keep_scale, seed,
-                            rng_offset, feat_stride, grad_stride, ONE << (f - 1), ONE << k, BLOCK_H, BLOCK_D, DROPOUT,
-                            SCORE, EDGE, KEY_SCALE, FACTOR, FACTOR_GRAD,
+                            grad_factor_ptr, edge_score_ptr, count, H, D, negative_slope, scale, dropout_p, keep_scale,
+                            seed, rng_offset, feat_stride, grad_stride, ONE << (f - 1), ONE << k, BLOCK_H, BLOCK_D,
+                            DROPOUT, SCORE, EDGE, KEY_SCALE, FACTOR, FACTOR_GRAD, EDGE_SCORE,
                         )
                 first += programs
                 row0 += count
@@ -279,10 +288,10 @@ def attention_backward_src_light_kernel(
 def _src_light_unrolled(
     pid, rev_dst_ptr, rev_pos_ptr, rows_ptr, starts_ptr, stops_ptr, src_term_ptr, dst_term_ptr, attn_ptr, value_ptr,
     terms_ptr, lse_ptr, grad_out_ptr, delta_ptr, grad_value_ptr, grad_src_ptr, grad_s_ptr, factor_ptr, grad_factor_ptr,
-    num_rows, H, D, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, feat_stride, grad_stride,
-    ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    edge_score_ptr, num_rows, H, D, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, feat_stride,
+    grad_stride, ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr, KEY_SCALE: tl.constexpr, FACTOR: tl.constexpr,
-    FACTOR_GRAD: tl.constexpr,
+    FACTOR_GRAD: tl.constexpr, EDGE_SCORE: tl.constexpr,
 ):
     """The source pass for ``ROWS`` light source rows (``EDGE``: with the edge terms of
     :func:`attention_backward_src_kernel`), the out-edge slots unrolled
@@ -324,7 +333,8 @@ def _src_light_unrolled(
                       other=0.0).to(acc_dtype)
         if SCORE == 0:
             dst_i = tl.load(dst_term_ptr + eh_offs, mask=eh_mask, other=0.0).to(acc_dtype)
-            s = edge_scores(src_row, dst_i, negative_slope, negative_slope, 0)
+            src_e = add_edge_score(src_row, edge_score_ptr, q[:, None], offs_h[None, :], eh_mask, H, EDGE_SCORE)
+            s = edge_scores(src_e, dst_i, negative_slope, negative_slope, 0)
         else:
             dst_i = gather_queries(dst_term_ptr, value_ptr, dst, e_mask, H, feat_stride, offs_h, h_mask, hd_offs,
                                    hd_mask, acc_dtype, KEY_SCALE)
@@ -344,7 +354,7 @@ def _src_light_unrolled(
             tl.store(terms_ptr + terms_offs, alpha_kept.to(terms_ptr.dtype.element_ty), mask=eh_mask)
         grad_s = alpha_kept * g_dot_val - alpha * delta_i  # [ROWS, BLOCK_H]
         if SCORE == 0:
-            grad_edge_head = tl.where(eh_mask, score_grad(grad_s, src_row, dst_i, attn, negative_slope, 0), 0.0)
+            grad_edge_head = tl.where(eh_mask, score_grad(grad_s, src_e, dst_i, attn, negative_slope, 0), 0.0)
             acc_src += grad_edge_head
             acc_val += alpha_kept[:, :, None] * g_i
         else:
@@ -372,11 +382,11 @@ def _src_light_unrolled(
 def _src_light_rows(
     pid, rev_dst_ptr, rev_pos_ptr, rows_ptr, starts_ptr, stops_ptr,
     src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, terms_ptr, lse_ptr, grad_out_ptr, delta_ptr,
-    grad_value_ptr, grad_src_ptr, grad_s_ptr, factor_ptr, grad_factor_ptr,
+    grad_value_ptr, grad_src_ptr, grad_s_ptr, factor_ptr, grad_factor_ptr, edge_score_ptr,
     num_rows, H, D, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, feat_stride, grad_stride,
     ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr, KEY_SCALE: tl.constexpr, FACTOR: tl.constexpr,
-    FACTOR_GRAD: tl.constexpr,
+    FACTOR_GRAD: tl.constexpr, EDGE_SCORE: tl.constexpr,
 ):
     """The source pass for ``ROWS`` light source rows of program ``pid`` of their class, edges in one tile."""
     acc_dtype = lse_ptr.dtype.element_ty
@@ -401,6 +411,7 @@ def _src_light_rows(
         dst_i = tl.load(dst_term_ptr + eh_offs, mask=eh_mask, other=0.0).to(acc_dtype)
         src_e = tl.load(src_term_ptr + rows[:, None] * H + offs_h[None, :], mask=rh_mask,
                         other=0.0).to(acc_dtype)[:, None, :]
+        src_e = add_edge_score(src_e, edge_score_ptr, q[:, :, None], offs_h[None, None, :], eh_mask, H, EDGE_SCORE)
         s = edge_scores(src_e, dst_i, negative_slope, negative_slope, SCORE)
         attn = s
     else:

@@ -14,8 +14,10 @@ in PyG's TransformerConv; never stored (:mod:`gnnfuse.kernels.edge_features`): t
 registers, the row kernel and the unrolled light rows never form it (``W_e`` applied once per row).
 ``keep_ph = uniform(seed, stream=p, position=offset + h) >= p_drop`` is attention dropout, regenerated in the backward
 pass from the same counter, never stored; ``w_p = factor[p]`` (``FACTOR``, a per-edge factor in CSR order, DGL
-GATConv's ``edge_weight``: :mod:`gnnfuse.kernels.dropout`) scales the kept weight, not the softmax's sum.  Only
-``lse [N, H]`` is written beside the output.
+GATConv's ``edge_weight``: :mod:`gnnfuse.kernels.dropout`) scales the kept weight, not the softmax's sum.  With
+``EDGE_SCORE`` (GAT only) ``s_ijh = LeakyReLU(el_j + er_i + ee_ph)``, ``ee = edge_score [E, H]`` in CSR order and the
+accumulation dtype (PyG GATConv's edge term, :func:`~gnnfuse.kernels.scores.add_edge_score`).  Only ``lse [N, H]``
+is written beside the output.
 With ``ADD`` a term ``add[i]`` (a bias, ``add_stride = 0``, or a per-node tensor, ``add_stride =
 H·D``) is added to the output as it is stored (the layer's bias or root term without a pass of
 its own); with ``FINAL`` (training) ``out`` keeps the attention's own output in the accumulation
@@ -60,7 +62,7 @@ from fusecore.softmax import online_update
 from .dropout import attention_dropout, dropout_seed, edge_factor
 from .edge_features import edge_attr_tile, edge_weight_tile, project_edges, rows_edge_terms, rows_edge_values
 from .merge import last_piece, merge_lse
-from .scores import edge_scores, gather_keys, gather_queries, row_query
+from .scores import add_edge_score, edge_scores, gather_keys, gather_queries, row_query
 from .tiles import (
     ONE,
     finish_softmax,
@@ -97,14 +99,16 @@ def _trip_tiles(src_term_ptr, value_ptr, src, mask, H, FS, offs_h, h_mask, hd_of
 def attention_forward_rows_kernel(
     src_ptr, eid_ptr, rows_ptr, starts_ptr, stops_ptr,
     src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, out_ptr, lse_ptr, add_ptr, final_ptr,
-    factor_ptr, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, add_stride, feat_stride,
-    piece_out_ptr, piece_lse_ptr, num_pieces, piece_super_ptr, piece_ptr, piece_count_ptr,
+    factor_ptr, edge_score_ptr, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, add_stride,
+    feat_stride, piece_out_ptr, piece_lse_ptr, num_pieces, piece_super_ptr, piece_ptr, piece_count_ptr,
     BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     PIECES: tl.constexpr, DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr,
     BLOCK_K: tl.constexpr, KEY_SCALE: tl.constexpr, LANES: tl.constexpr, ADD: tl.constexpr, FINAL: tl.constexpr,
     PREFETCH: tl.constexpr = 0, EDGE_FORM: tl.constexpr = 0, ATTR_AHEAD: tl.constexpr = False,
     MERGE: tl.constexpr = False, MERGE_P: tl.constexpr = 1, FACTOR: tl.constexpr = False,
+    EDGE_SCORE: tl.constexpr = False,
 ):
+    tl.static_assert(not EDGE_SCORE or SCORE == 0, "a per-edge score term: GAT only")
     acc_dtype = lse_ptr.dtype.element_ty
     seed, rng_offset = dropout_seed(seed, rng_offset, DROPOUT)
     # PREFETCH 1: each edge block's source indices are loaded one trip ahead, so a trip's gathers wait on no
@@ -193,6 +197,8 @@ def attention_forward_rows_kernel(
         else:
             src_j, key_values = gather_keys(src_term_ptr, value_ptr, src, e_mask, H, feat_stride, offs_h, h_mask,
                                             hd_offs, hd_mask, acc_dtype, KEY_SCALE)
+        src_j = add_edge_score(src_j, edge_score_ptr, pos[:, None], offs_h[None, :], e_mask[:, None] & h_mask[None, :],
+                               H, EDGE_SCORE)
         s = edge_scores(src_j, dst_i, attn, negative_slope, SCORE)
         if EDGE:
             if not (PREFETCH == 2 and ATTR_AHEAD):
@@ -265,15 +271,16 @@ def attention_forward_rows_kernel(
 def attention_forward_light_kernel(
     src_ptr, eid_ptr, rows_ptr, starts_ptr, stops_ptr,
     src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, out_ptr, lse_ptr, add_ptr, final_ptr,
-    factor_ptr, n0, n1, n2, n3, n4, n5, n6, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
-    add_stride, feat_stride, LIGHT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    factor_ptr, edge_score_ptr, n0, n1, n2, n3, n4, n5, n6, H, D, K, negative_slope, scale, dropout_p, keep_scale,
+    seed, rng_offset, add_stride, feat_stride, LIGHT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr, BLOCK_K: tl.constexpr, EDGE_DOT: tl.constexpr,
     KEY_SCALE: tl.constexpr, ADD: tl.constexpr, FINAL: tl.constexpr, UNROLLED: tl.constexpr = False,
-    FACTOR: tl.constexpr = False,
+    FACTOR: tl.constexpr = False, EDGE_SCORE: tl.constexpr = False,
 ):
     """The light width classes of ``LIGHT`` in one launch (:mod:`gnnfuse.kernels.tiles`): each program
     runs :func:`_forward_light_rows` compiled for its class's tile (:func:`_forward_light_unrolled`
     with ``UNROLLED``)."""
+    tl.static_assert(not EDGE_SCORE or SCORE == 0, "a per-edge score term: GAT only")
     seed, rng_offset = dropout_seed(seed, rng_offset, DROPOUT)
     pid = tl.program_id(0).to(tl.int64)
     first = pid * 0
@@ -291,17 +298,18 @@ def attention_forward_light_kernel(
                         _forward_light_unrolled(
                             local, src_ptr, eid_ptr, rows_ptr + row0, starts_ptr + row0, stops_ptr + row0,
                             src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, out_ptr, lse_ptr,
-                            add_ptr, final_ptr, factor_ptr, count, H, D, K, negative_slope, scale, dropout_p,
-                            keep_scale, seed, rng_offset, add_stride, feat_stride, ONE << (f - 1), ONE << k, BLOCK_H,
-                            BLOCK_D, DROPOUT, SCORE, EDGE, BLOCK_K, KEY_SCALE, ADD, FINAL, FACTOR,
+                            add_ptr, final_ptr, factor_ptr, edge_score_ptr, count, H, D, K, negative_slope, scale,
+                            dropout_p, keep_scale, seed, rng_offset, add_stride, feat_stride, ONE << (f - 1), ONE << k,
+                            BLOCK_H, BLOCK_D, DROPOUT, SCORE, EDGE, BLOCK_K, KEY_SCALE, ADD, FINAL, FACTOR, EDGE_SCORE,
                         )
                     else:
                         _forward_light_rows(
                             local, src_ptr, eid_ptr, rows_ptr + row0, starts_ptr + row0, stops_ptr + row0,
                             src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, out_ptr, lse_ptr,
-                            add_ptr, final_ptr, factor_ptr, count, H, D, K, negative_slope, scale, dropout_p,
-                            keep_scale, seed, rng_offset, add_stride, feat_stride, ONE << (f - 1), ONE << k, BLOCK_H,
-                            BLOCK_D, DROPOUT, SCORE, EDGE, BLOCK_K, EDGE_DOT, KEY_SCALE, ADD, FINAL, FACTOR,
+                            add_ptr, final_ptr, factor_ptr, edge_score_ptr, count, H, D, K, negative_slope, scale,
+                            dropout_p, keep_scale, seed, rng_offset, add_stride, feat_stride, ONE << (f - 1), ONE << k,
+                            BLOCK_H, BLOCK_D, DROPOUT, SCORE, EDGE, BLOCK_K, EDGE_DOT, KEY_SCALE, ADD, FINAL, FACTOR,
+                            EDGE_SCORE,
                         )
                 first += programs
                 row0 += count
@@ -310,10 +318,11 @@ def attention_forward_light_kernel(
 @jit
 def _forward_light_unrolled(
     pid, src_ptr, eid_ptr, rows_ptr, starts_ptr, stops_ptr, src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr,
-    w_edge_ptr, out_ptr, lse_ptr, add_ptr, final_ptr, factor_ptr, num_rows, H, D, K, negative_slope, scale, dropout_p,
-    keep_scale, seed, rng_offset, add_stride, feat_stride, ROWS: tl.constexpr, BLOCK_E: tl.constexpr,
+    w_edge_ptr, out_ptr, lse_ptr, add_ptr, final_ptr, factor_ptr, edge_score_ptr, num_rows, H, D, K, negative_slope,
+    scale, dropout_p, keep_scale, seed, rng_offset, add_stride, feat_stride, ROWS: tl.constexpr, BLOCK_E: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr,
     BLOCK_K: tl.constexpr, KEY_SCALE: tl.constexpr, ADD: tl.constexpr, FINAL: tl.constexpr, FACTOR: tl.constexpr,
+    EDGE_SCORE: tl.constexpr,
 ):
     """``ROWS`` light rows of degree <= ``BLOCK_E``, the edge slots unrolled: slot ``e`` gathers the rows'
     ``e``-th sources as ``[ROWS, BLOCK_H, BLOCK_D]`` tiles and folds them into a running softmax per row
@@ -349,8 +358,9 @@ def _forward_light_unrolled(
         src = tl.load(src_ptr + pos, mask=e_mask, other=0).to(tl.int64)
         feat_mask = e_mask[:, None, None] & hd_mask[None, :, :]
         if SCORE == 0:
-            src_j = tl.load(src_term_ptr + src[:, None] * H + offs_h[None, :], mask=e_mask[:, None] & h_mask[None, :],
-                            other=0.0).to(acc_dtype)
+            eh_mask = e_mask[:, None] & h_mask[None, :]
+            src_j = tl.load(src_term_ptr + src[:, None] * H + offs_h[None, :], mask=eh_mask, other=0.0).to(acc_dtype)
+            src_j = add_edge_score(src_j, edge_score_ptr, pos[:, None], offs_h[None, :], eh_mask, H, EDGE_SCORE)
             val_j = tl.load(value_ptr + src[:, None, None] * feat_stride + hd_offs[None, :, :], mask=feat_mask,
                             other=0.0).to(acc_dtype)
             s = edge_scores(src_j, dst_i, negative_slope, negative_slope, 0)
@@ -391,10 +401,10 @@ def _forward_light_unrolled(
 def _forward_light_rows(
     pid, src_ptr, eid_ptr, rows_ptr, starts_ptr, stops_ptr,
     src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, out_ptr, lse_ptr, add_ptr, final_ptr,
-    factor_ptr, num_rows, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, add_stride,
-    feat_stride, ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    factor_ptr, edge_score_ptr, num_rows, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
+    add_stride, feat_stride, ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr, BLOCK_K: tl.constexpr, EDGE_DOT: tl.constexpr,
-    KEY_SCALE: tl.constexpr, ADD: tl.constexpr, FINAL: tl.constexpr, FACTOR: tl.constexpr,
+    KEY_SCALE: tl.constexpr, ADD: tl.constexpr, FINAL: tl.constexpr, FACTOR: tl.constexpr, EDGE_SCORE: tl.constexpr,
 ):
     """``ROWS`` light rows of degree <= ``BLOCK_E`` for program ``pid`` of their class."""
     acc_dtype = lse_ptr.dtype.element_ty
@@ -413,6 +423,7 @@ def _forward_light_rows(
         eh_mask = e_mask[:, :, None] & h_mask[None, None, :]                  # [ROWS, BLOCK_E, BLOCK_H]
         src_j = tl.load(src_term_ptr + src[:, :, None] * H + offs_h[None, None, :], mask=eh_mask,
                         other=0.0).to(acc_dtype)
+        src_j = add_edge_score(src_j, edge_score_ptr, pos[:, :, None], offs_h[None, None, :], eh_mask, H, EDGE_SCORE)
         dst_i = tl.load(dst_term_ptr + rows[:, None] * H + offs_h[None, :], mask=rh_mask, other=0.0).to(acc_dtype)
         s = edge_scores(src_j, dst_i[:, None, :], negative_slope, negative_slope, SCORE)
     else:

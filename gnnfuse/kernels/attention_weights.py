@@ -9,7 +9,8 @@ one pass over the CSR positions::
 
 then, when asked (``DROPOUT``), the dropout mask of that forward regenerated from the same counters
 (position ``p``, stream ``offset + h``: :mod:`gnnfuse.kernels.dropout`) and the keep scale applied —
-the weights the aggregation used, as DGL returns them (with the forward's per-edge factor, ``FACTOR``).
+the weights the aggregation used, as DGL returns them (with the forward's per-edge factor, ``FACTOR``).  GAT's
+per-edge score term (``EDGE_SCORE``, PyG GATConv's ``edge_dim``) is added to the source term as the forward adds it.
 Each weight is stored at its input edge id ``eid[p]``, so the output is in the caller's edge order.  Per edge
 the score's two sides are gathered (GAT: two scalars per head; GATv2 and the dot score: two ``[H, D]`` rows,
 the keys formed from the values for AGNN), with edge features projected in registers as the forward's tile form
@@ -25,16 +26,16 @@ from fusecore.backend import jit
 from .attention_backward import _recomputed_weights
 from .dropout import dropout_seed, edge_factor
 from .edge_features import csr_block, edge_weight_tile, project_edges
-from .scores import edge_scores, gather_keys, gather_queries
+from .scores import add_edge_score, edge_scores, gather_keys, gather_queries
 
 
 @jit
 def attention_weights_kernel(
     dst_ptr, src_ptr, eid_ptr, src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_ptr, lse_ptr,
-    alpha_ptr, factor_ptr, E, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, feat_stride,
-    BLOCK_P: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
+    alpha_ptr, factor_ptr, edge_score_ptr, E, H, D, K, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset,
+    feat_stride, BLOCK_P: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
     SCORE: tl.constexpr, EDGE: tl.constexpr, KEY_SCALE: tl.constexpr, EDGE_DOT: tl.constexpr,
-    DROPOUT: tl.constexpr, FACTOR: tl.constexpr = False,
+    DROPOUT: tl.constexpr, FACTOR: tl.constexpr = False, EDGE_SCORE: tl.constexpr = False,
 ):
     """``alpha[eid[p], h]`` for the CSR positions ``p`` of block ``program_id`` (``BLOCK_P`` positions).
 
@@ -43,8 +44,10 @@ def attention_weights_kernel(
     row stride ``feat_stride``); ``attr [E, K]`` / ``w [K, H, D]``: the dot score's edge features
     (``EDGE``); ``lse [N, H]`` the forward's, in the accumulation dtype; ``alpha [E, H]`` in any float
     dtype.  ``DROPOUT``: the forward's dropout mode (:mod:`gnnfuse.kernels.dropout`); off: the softmax
-    itself.  ``FACTOR``: times the forward's per-edge factor ``factor [E]`` (CSR order)."""
+    itself.  ``FACTOR``: times the forward's per-edge factor ``factor [E]`` (CSR order).  ``EDGE_SCORE`` (GAT): the
+    forward's per-edge score term ``edge_score [E, H]`` (CSR order, the accumulation dtype) added to ``el_j``."""
     tl.static_assert(not EDGE or SCORE == 2, "edge features: dot score only")
+    tl.static_assert(not EDGE_SCORE or SCORE == 0, "a per-edge score term: GAT only")
     acc_dtype = lse_ptr.dtype.element_ty
     seed, rng_offset = dropout_seed(seed, rng_offset, DROPOUT)
     p, p_mask, offs_h, h_mask, hd_offs, hd_mask, i, eid = csr_block(dst_ptr, eid_ptr, E, H, D, BLOCK_P, BLOCK_H,
@@ -54,6 +57,7 @@ def attention_weights_kernel(
     lse_i = tl.load(lse_ptr + i[:, None] * H + offs_h[None, :], mask=ph_mask, other=0.0).to(acc_dtype)
     if SCORE == 0:
         src = tl.load(src_term_ptr + j[:, None] * H + offs_h[None, :], mask=ph_mask, other=0.0).to(acc_dtype)
+        src = add_edge_score(src, edge_score_ptr, p[:, None], offs_h[None, :], ph_mask, H, EDGE_SCORE)
         dst = tl.load(dst_term_ptr + i[:, None] * H + offs_h[None, :], mask=ph_mask, other=0.0).to(acc_dtype)
         attn = src  # unused
     else:

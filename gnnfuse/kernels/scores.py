@@ -16,6 +16,13 @@ AGNN's ``ĥ = h / ‖h‖`` — so one feature tile per edge is gathered instead
 :func:`gather_keys`).  Values aggregated are ``Wh`` (GAT), ``fs`` itself (GATv2)
 and ``v`` (+ the projected edge feature for the Graph Transformer).
 
+GAT with a per-edge term (PyG GATConv's ``edge_dim``: ``ee_p = Σ_c lin_edge(attr_p)[h, c] · att_edge[h, c]``),
+``s = LeakyReLU(el_j + er_i + ee_p)``: the kernels' constexpr ``EDGE_SCORE`` adds ``ee_p`` to the gathered source
+term before the score is formed (:func:`add_edge_score`; ``ee [E, H]`` in the accumulation dtype, in the order
+the kernel walks its edges: CSR for the forward and the weights pass, reverse CSR for the source pass), so
+:func:`edge_scores` and :func:`score_grad` (whose LeakyReLU test is on ``this + other``) see ``z = el_j + ee_p``
+and ``er_i`` as the two sides; ``∂L/∂ee_p = ∂L/∂z``, the per-edge value the source pass stores for ``∂er``.
+
 The gradient of ``s`` with respect to one side, given the other (:func:`score_grad`), is
 symmetric in the two sides for GAT and GATv2 (``s`` depends on ``src + dst`` only); for the
 dot product it is ``∂s · other`` with the scale folded into ``other``.  Each helper takes
@@ -48,6 +55,16 @@ def edge_scores(src_term, dst_term, attn, negative_slope, SCORE: tl.constexpr):
     else:
         score = tl.sum(src_term * dst_term, axis=2)
     return score
+
+
+@jit
+def add_edge_score(src_term, edge_score_ptr, pos, heads, mask, H, EDGE_SCORE: tl.constexpr):
+    """GAT's source term with the per-edge term added (``EDGE_SCORE``): ``src_term + edge_score[pos, heads]``
+    (``edge_score [E, H]`` row-major; ``pos``, ``heads`` and ``mask`` broadcast to ``src_term``'s ``[..., BLOCK_H]``;
+    0 added where not ``mask``), else ``src_term`` itself."""
+    if EDGE_SCORE:
+        src_term = src_term + tl.load(edge_score_ptr + pos * H + heads, mask=mask, other=0.0).to(src_term.dtype)
+    return src_term
 
 
 @jit
