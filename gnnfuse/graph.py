@@ -32,7 +32,7 @@ from __future__ import annotations
 import numbers
 import warnings
 import weakref
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -185,6 +185,15 @@ def _edges_from(source: Any) -> tuple[torch.Tensor, torch.Tensor, int | None]:
     )
 
 
+class SelfLooped(NamedTuple):
+    """:meth:`Graph.pyg_self_loops`'s result."""
+
+    graph: Graph
+    kept: torch.Tensor
+    kept_by_dst: torch.Tensor
+    kept_in_degree: torch.Tensor
+
+
 class Graph:
     """A directed graph in CSR (by destination) and reverse CSR (by source), built once.
 
@@ -259,7 +268,7 @@ class Graph:
         self.schedules = PlanCache(maxsize=16)
         self._zero_in_degree: bool | None = None
         self._eid_rev_pos: torch.Tensor | None = None
-        self._pyg_loops: dict[int, tuple[Graph, torch.Tensor]] = {}
+        self._pyg_loops: dict[int, SelfLooped] = {}
 
     @property
     def eid_rev_pos(self) -> torch.Tensor:
@@ -300,14 +309,16 @@ class Graph:
         keep = self._src != self._dst
         return Graph((self._src[keep], self._dst[keep]), self.num_nodes, index_dtype=self._forced_index_dtype)
 
-    def pyg_self_loops(self, num_loops: int | None = None) -> tuple[Graph, torch.Tensor]:
+    def pyg_self_loops(self, num_loops: int | None = None) -> SelfLooped:
         """The edges PyG's attention convolutions run over with ``add_self_loops=True``: this graph's edges that
         are not self loops, in input order, then one loop ``i -> i`` for each ``i < num_loops`` (default: every
         node; a bipartite call has ``min(N_src, N_dst)``), as PyG's ``remove_self_loops`` then ``add_self_loops``.
-        Returns ``(graph, kept)``: the new graph (same node count) and ``kept [E']`` (int64), the input positions of
-        the edges it kept, for their edge features.  Built once per ``num_loops`` and kept on this graph, so a layer
-        called with the same edge tensor again does not rebuild it (the graph of an edge tensor is cached while the
-        tensor lives, :func:`as_graph`)."""
+        Returns a :class:`SelfLooped`: the new graph (same node count), ``kept`` (int64 ``[E']``, the input positions
+        of the edges it kept, for their edge features) and, for the loops' features PyG reduces from each node's
+        incoming edges (``fill_value='mean'`` and the like), ``kept_by_dst`` (``kept`` sorted by destination, stable)
+        with ``kept_in_degree [N]``, the segments of a segmented reduction.  Built once per ``num_loops`` and kept on
+        this graph, so a layer called with the same edge tensor again does not rebuild it (the graph of an edge tensor
+        is cached while the tensor lives, :func:`as_graph`)."""
         num_loops = self.num_nodes if num_loops is None else _check_num_nodes(num_loops, "num_loops")
         if num_loops > self.num_nodes:
             raise ValueError(f"num_loops={num_loops} exceeds the graph's {self.num_nodes} nodes")
@@ -317,7 +328,10 @@ class Graph:
             loops = torch.arange(num_loops, device=self.device, dtype=torch.int64)
             src = torch.cat([self._src[kept], loops])
             dst = torch.cat([self._dst[kept], loops])
-            hit = (Graph((src, dst), self.num_nodes, index_dtype=self._forced_index_dtype), kept)
+            kept_dst = self._dst[kept]
+            by_dst = kept[torch.sort(kept_dst, stable=True)[1]]
+            hit = SelfLooped(Graph((src, dst), self.num_nodes, index_dtype=self._forced_index_dtype), kept, by_dst,
+                             torch.bincount(kept_dst, minlength=self.num_nodes))
             self._pyg_loops[num_loops] = hit
         return hit
 

@@ -42,7 +42,7 @@ from .schedule import ScheduleOptions
 
 __all__ = ["AGNNConv", "GATConv", "GATv2Conv", "TransformerConv"]
 
-_FILL_REDUCTIONS = {"add": "sum", "sum": "sum", "mean": "mean", "max": "amax", "min": "amin", "mul": "prod"}
+_FILL_REDUCTIONS = {"add": "sum", "sum": "sum", "mean": "mean", "max": "max", "min": "min", "mul": "prod"}
 
 
 def _glorot(t: torch.Tensor) -> None:
@@ -102,8 +102,8 @@ def _check_edge_index(edge_index: Any) -> None:
 class _Call:
     """One layer call's graph and inputs, PyG's way: ``x`` a tensor or a pair ``(x_src, x_dst)``; the graph over
     ``n = max(N_src, N_dst)`` node ids (both sides padded to ``n`` rows, padding rows without edges), self-looped
-    when asked (PyG's edge order, cached on the graph); ``kept``: the input positions of the edges kept (None when
-    no loops were added)."""
+    when asked (PyG's edge order, cached on the graph: ``loops``, a :class:`gnnfuse.graph.SelfLooped`, None when no
+    loops were added)."""
 
     def __init__(self, x: Any, edge_index: Any, size: Any, in_channels: tuple[int, int] | None,
                  dtype: torch.dtype | None, add_self_loops: bool) -> None:
@@ -138,10 +138,8 @@ class _Call:
         else:
             base = _graph_and_features(edge_index, x, in_channels[0] if in_channels else None, dtype, True, "x")
         self.base = base
-        self.kept = None
-        self.graph = base
-        if add_self_loops:
-            self.graph, self.kept = base.pyg_self_loops(min(self.n_src, self.n_dst))
+        self.loops = base.pyg_self_loops(min(self.n_src, self.n_dst)) if add_self_loops else None
+        self.graph = base if self.loops is None else self.loops.graph
         if self.pair and self.graph.num_edges:
             outside = torch.stack([self.graph.out_degree[self.n_src:].any(),
                                    self.graph.in_degree[self.n_dst:].any()]).any()
@@ -172,21 +170,26 @@ class _Call:
             raise TypeError(f"edge_attr has dtype {edge_attr.dtype} but the layer's parameters are {dtype}")
         if edge_attr.device != self.base.device:
             raise ValueError(f"edge_attr is on device '{edge_attr.device}' but the graph is on '{self.base.device}'")
-        if self.kept is None:
+        if self.loops is None:
             return edge_attr
-        kept_attr = edge_attr.index_select(0, self.kept)
-        loops = self.graph.num_edges - self.kept.numel()
+        kept_attr = edge_attr.index_select(0, self.loops.kept)
+        num_loops = self.graph.num_edges - self.loops.kept.numel()
         if isinstance(fill_value, str):
-            dst = self.base._dst.index_select(0, self.kept)[:, None].expand(-1, width)
-            loop_attr = kept_attr.new_zeros((self.n, width)).scatter_reduce(
-                0, dst, kept_attr, _FILL_REDUCTIONS[fill_value], include_self=False)[:loops]
+            # each node's incoming edges reduced as one segment (a segmented reduction over the kept edges sorted
+            # by destination, built once with the loops) rather than by a scatter's atomics, which a hub row
+            # serializes
+            counts = self.loops.kept_in_degree[:num_loops]
+            segments = edge_attr.index_select(0, self.loops.kept_by_dst)
+            reduced = torch.segment_reduce(segments, _FILL_REDUCTIONS[fill_value], lengths=self.loops.kept_in_degree,
+                                           unsafe=True)[:num_loops]
+            loop_attr = torch.where((counts > 0)[:, None], reduced, 0.0)
         else:
-            loop_attr = torch.as_tensor(fill_value, dtype=dtype, device=edge_attr.device).expand(loops, width)
+            loop_attr = torch.as_tensor(fill_value, dtype=dtype, device=edge_attr.device).expand(num_loops, width)
         return torch.cat([kept_attr, loop_attr])
 
     def weights(self, edge_index: Any, attention: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """PyG's ``(edge_index, α)``: the edge_index as passed (a tensor, no loops added), else the graph's."""
-        if self.kept is None and isinstance(edge_index, torch.Tensor):
+        if self.loops is None and isinstance(edge_index, torch.Tensor):
             return edge_index, attention
         return self.graph.edge_index, attention
 

@@ -331,7 +331,7 @@ def test_the_self_looped_graph_is_built_once_per_edge_tensor(gen, device):
 
     base = as_graph(edges, N)
     layer(x, edges)
-    looped, kept = base.pyg_self_loops()
+    looped, kept, _, _ = base.pyg_self_loops()
     layer(x, edges)
     assert base.pyg_self_loops()[0] is looped
     assert looped.num_edges == kept.numel() + N and looped.num_nodes == N
@@ -465,6 +465,9 @@ def test_a_model_with_pyg_layers_runs_under_torch_compile(cls_name, gen, device)
         out.square().sum().backward()
         want.square().sum().backward()
         for (name, p), q in zip(model.named_parameters(), eager.parameters()):
+            if name == "conv.lin_key.bias":  # zero in exact arithmetic (the softmax cancels it): rounding only
+                assert p.grad.abs().max() < TOLERANCES[torch.float32]
+                continue
             assert_close(p.grad, q.grad, tol=TOLERANCES[torch.float32], name=f"compiled grad {name}")
         model.zero_grad()
         eager.zero_grad()
