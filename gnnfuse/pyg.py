@@ -36,7 +36,7 @@ from torch import nn
 from fusecore import DevicePhiloxStream, PhiloxStream, backend
 
 from . import ops
-from .graph import Graph, as_graph
+from .graph import Graph, SelfLooped, as_graph
 from .nn import GraphTransformerConv, _check_features, _graph_and_features, _positive_int, _project, _project_all
 from .schedule import ScheduleOptions
 
@@ -97,6 +97,36 @@ def _check_edge_index(edge_index: Any) -> None:
     if sparse:
         raise TypeError("edge_index must be an int [2, num_edges] tensor (or a gnnfuse.Graph): sparse adjacency "
                         "matrices (torch.sparse, torch_sparse.SparseTensor) are not supported")
+
+
+# How the self loops' edge features of fill_value 'mean' / 'add' are formed (a sum over each node's incoming kept
+# edges): "index_add" (one atomic add per kept edge and feature), "spmm" (a sparse [N, E] CSR matrix of the kept edges
+# by destination, times the features: cuSPARSE), "segment" (torch.segment_reduce over the kept edges sorted by
+# destination).  'max', 'min' and 'mul' always take "segment".  Timed on the H200 (session 41, the arxiv-like graph's
+# [E, 16] float32 features): .gpu/fill_time.py, gnnfuse/JOURNAL.md.
+LOOP_FILL_SUM = "index_add"
+
+
+def _loop_reduction(edge_attr: torch.Tensor, loops: SelfLooped, n: int, fill_value: str) -> torch.Tensor:
+    """``[n, K]``: per node, ``fill_value``'s reduction of the features of its incoming kept edges (0 without any),
+    in float32 for 2-byte features (float64 for float64), differentiable."""
+    acc = torch.float64 if edge_attr.dtype == torch.float64 else torch.float32
+    counts = loops.kept_in_degree
+    if fill_value in ("add", "sum", "mean") and LOOP_FILL_SUM != "segment":
+        if LOOP_FILL_SUM == "spmm":
+            crow = torch.zeros(n + 1, dtype=torch.int64, device=counts.device)
+            torch.cumsum(counts, 0, out=crow[1:])
+            ones = torch.ones(loops.kept_by_dst.numel(), dtype=acc, device=counts.device)
+            adjacency = torch.sparse_csr_tensor(crow, loops.kept_by_dst, ones, (n, edge_attr.shape[0]))
+            sums = adjacency @ edge_attr.to(acc)
+        else:
+            dst = loops.graph._dst[: loops.kept.numel()]
+            sums = edge_attr.new_zeros((n, edge_attr.shape[1]), dtype=acc).index_add(
+                0, dst, edge_attr.index_select(0, loops.kept).to(acc))
+        return sums / counts.clamp(min=1).to(acc)[:, None] if fill_value == "mean" else sums
+    segments = edge_attr.index_select(0, loops.kept_by_dst).to(acc)
+    reduced = torch.segment_reduce(segments, _FILL_REDUCTIONS[fill_value], lengths=counts, unsafe=True)
+    return torch.where((counts > 0)[:, None], reduced, 0.0)
 
 
 class _Call:
@@ -175,14 +205,8 @@ class _Call:
         kept_attr = edge_attr.index_select(0, self.loops.kept)
         num_loops = self.graph.num_edges - self.loops.kept.numel()
         if isinstance(fill_value, str):
-            # each node's incoming edges reduced as one segment (a segmented reduction over the kept edges sorted
-            # by destination, built once with the loops) rather than by a scatter's atomics, which a hub row
-            # serializes
-            counts = self.loops.kept_in_degree[:num_loops]
-            segments = edge_attr.index_select(0, self.loops.kept_by_dst)
-            reduced = torch.segment_reduce(segments, _FILL_REDUCTIONS[fill_value], lengths=self.loops.kept_in_degree,
-                                           unsafe=True)[:num_loops]
-            loop_attr = torch.where((counts > 0)[:, None], reduced, 0.0)
+            reduced = _loop_reduction(edge_attr, self.loops, self.n, fill_value)[:num_loops]
+            loop_attr = reduced.to(dtype)
         else:
             loop_attr = torch.as_tensor(fill_value, dtype=dtype, device=edge_attr.device).expand(num_loops, width)
         return torch.cat([kept_attr, loop_attr])
