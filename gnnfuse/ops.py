@@ -41,7 +41,7 @@ from fusecore import linear as linear_module
 from fusecore.linear import column_sum, dot_precision, linear, matmul, uses_product
 from fusecore.plan import MIN_DOT
 
-from .graph import Graph, as_graph
+from .graph import Graph, as_graph, gather_rows
 from .kernels.attention_backward import (
     attention_backward_dst_kernel,
     attention_backward_dst_light_kernel,
@@ -1449,7 +1449,7 @@ def _backward_saved(ctx, inputs: AttentionInputs, grad_out: torch.Tensor,
     factor = getattr(ctx, "edge_factor", None)
     factor_rev = None if factor is None else factor.index_select(0, ctx.graph.rev_pos)
     edge_score = getattr(ctx, "edge_score", None)
-    score_rev = None if edge_score is None else edge_score.index_select(0, ctx.graph.rev_pos)
+    score_rev = None if edge_score is None else gather_rows(edge_score, ctx.graph.rev_pos)
     return attention_backward(ctx.graph, inputs, lse, out, grad_out.contiguous(), *ctx.launch, grad_value_dtype,
                               edge_grads, bias_parts, term_grad_dtypes, grad_targets, grad_out_copy, factor_rev,
                               grad_factor, score_rev, grad_scores)
@@ -1495,7 +1495,7 @@ def _edge_score(ctx, graph: Graph, edge_score: torch.Tensor | None, acc: torch.d
         ctx.edge_score = None
         return None
     ctx.edge_score_dtype = edge_score.dtype
-    ctx.edge_score = edge_score.to(acc).index_select(0, graph.csr_eid)
+    ctx.edge_score = gather_rows(edge_score.to(acc), graph.csr_eid)
     return ctx.edge_score
 
 
@@ -1515,8 +1515,8 @@ def _edge_score_grad(ctx, grad_scores: torch.Tensor | None) -> torch.Tensor | No
         return None
     num_edges = ctx.graph.num_edges
     grad = _new_output((num_edges, grad_scores.shape[1]), ctx.edge_score_dtype, grad_scores.device)
-    grad[ctx.graph.csr_eid] = grad_scores[:num_edges].to(ctx.edge_score_dtype)
-    return grad
+    index = ctx.graph.csr_eid.reshape(-1, 1).to(torch.int64).expand(-1, grad.shape[1])
+    return grad.scatter_(0, index, grad_scores[:num_edges].to(ctx.edge_score_dtype))
 
 
 def _unpack(base: torch.Tensor, packing: tuple) -> list[torch.Tensor | None]:

@@ -36,7 +36,7 @@ from torch import nn
 from fusecore import DevicePhiloxStream, PhiloxStream, backend
 
 from . import ops
-from .graph import Graph, SelfLooped, as_graph
+from .graph import Graph, SelfLooped, as_graph, gather_rows
 from .nn import GraphTransformerConv, _check_features, _graph_and_features, _positive_int, _project, _project_all
 from .schedule import ScheduleOptions
 
@@ -99,32 +99,36 @@ def _check_edge_index(edge_index: Any) -> None:
                         "matrices (torch.sparse, torch_sparse.SparseTensor) are not supported")
 
 
-# How the self loops' edge features of fill_value 'mean' / 'add' are formed (a sum over each node's incoming kept
-# edges): "index_add" (one atomic add per kept edge and feature), "spmm" (a sparse [N, E] CSR matrix of the kept edges
-# by destination, times the features: cuSPARSE), "segment" (torch.segment_reduce over the kept edges sorted by
-# destination).  'max', 'min' and 'mul' always take "segment".  Timed on the H200 (session 41, the arxiv-like graph's
-# [E, 16] float32 features): .gpu/fill_time.py, gnnfuse/JOURNAL.md.
+# How the self loops' edge features (GATConv: their scores) of fill_value 'mean' / 'add' are summed over each node's
+# incoming kept edges: "index_add" (one atomic add per kept edge and column), "spmm" (a sparse [N, E] CSR matrix of the
+# kept edges by destination times the rows: cuSPARSE), "segment" (torch.segment_reduce over the kept edges sorted by
+# destination).  'max', 'min' and 'mul' always take "segment".  H200, session 41 call 4, the arxiv-like graph's [E, 16]
+# float32 features, forward / forward + backward µs (benchmarks/results/H200/gnn-pyg-fill-ab.s41c4.log): index_add
+# 889.5 / 1849.0, spmm 202.0 / 2302.0 (and not capturable in a CUDA graph as built here), segment 1971.6 / 2334.6; a
+# scatter_reduce as PyG's add_self_loops does it 986.1 / 2903.7 (call 3).  The hub rows of a power-law graph serialize
+# the atomics; a segmented sum inside the kernels is the lead.
 LOOP_FILL_SUM = "index_add"
 
 
-def _loop_reduction(edge_attr: torch.Tensor, loops: SelfLooped, n: int, fill_value: str) -> torch.Tensor:
-    """``[n, K]``: per node, ``fill_value``'s reduction of the features of its incoming kept edges (0 without any),
-    in float32 for 2-byte features (float64 for float64), differentiable."""
-    acc = torch.float64 if edge_attr.dtype == torch.float64 else torch.float32
+def _loop_reduction(values: torch.Tensor, kept: torch.Tensor, loops: SelfLooped, n: int, fill_value: str
+                    ) -> torch.Tensor:
+    """``[n, C]``: per node, ``fill_value``'s reduction of the rows of ``values [E, C]`` (input order; ``kept``: its
+    kept edges' rows) over its incoming kept edges (0 without any), in float32 for 2-byte values (float64 for float64),
+    differentiable."""
+    acc = torch.float64 if values.dtype == torch.float64 else torch.float32
     counts = loops.kept_in_degree
     if fill_value in ("add", "sum", "mean") and LOOP_FILL_SUM != "segment":
         if LOOP_FILL_SUM == "spmm":
             crow = torch.zeros(n + 1, dtype=torch.int64, device=counts.device)
             torch.cumsum(counts, 0, out=crow[1:])
             ones = torch.ones(loops.kept_by_dst.numel(), dtype=acc, device=counts.device)
-            adjacency = torch.sparse_csr_tensor(crow, loops.kept_by_dst, ones, (n, edge_attr.shape[0]))
-            sums = adjacency @ edge_attr.to(acc)
+            adjacency = torch.sparse_csr_tensor(crow, loops.kept_by_dst, ones, (n, values.shape[0]))
+            sums = adjacency @ values.to(acc)
         else:
             dst = loops.graph._dst[: loops.kept.numel()]
-            sums = edge_attr.new_zeros((n, edge_attr.shape[1]), dtype=acc).index_add(
-                0, dst, edge_attr.index_select(0, loops.kept).to(acc))
+            sums = values.new_zeros((n, values.shape[1]), dtype=acc).index_add(0, dst, kept.to(acc))
         return sums / counts.clamp(min=1).to(acc)[:, None] if fill_value == "mean" else sums
-    segments = edge_attr.index_select(0, loops.kept_by_dst).to(acc)
+    segments = gather_rows(values, loops.kept_by_dst).to(acc)
     reduced = torch.segment_reduce(segments, _FILL_REDUCTIONS[fill_value], lengths=counts, unsafe=True)
     return torch.where((counts > 0)[:, None], reduced, 0.0)
 
@@ -184,11 +188,8 @@ class _Call:
             return t
         return torch.cat([t, t.new_zeros((self.n - t.shape[0], *t.shape[1:]))])
 
-    def edge_attr(self, edge_attr: Any, fill_value: Any, width: int, dtype: torch.dtype) -> torch.Tensor:
-        """``edge_attr [E, width]`` (or ``[E]`` when ``width`` is 1) checked and, with self loops, PyG's: the kept
-        edges' rows, then one row per loop from ``fill_value`` (a constant, or the loop node's incoming edges'
-        features reduced by ``'mean'``, ``'add'``, ``'max'``, ``'min'`` or ``'mul'``; 0 for a node without
-        any)."""
+    def check_edge_attr(self, edge_attr: Any, width: int, dtype: torch.dtype) -> torch.Tensor:
+        """``edge_attr [E, width]`` (or ``[E]`` when ``width`` is 1) in ``edge_index``'s order, checked."""
         if not isinstance(edge_attr, torch.Tensor):
             raise ValueError(f"edge_attr must be a [num_edges, edge_dim={width}] tensor, got {edge_attr!r}")
         if edge_attr.dim() == 1 and width == 1:
@@ -200,16 +201,22 @@ class _Call:
             raise TypeError(f"edge_attr has dtype {edge_attr.dtype} but the layer's parameters are {dtype}")
         if edge_attr.device != self.base.device:
             raise ValueError(f"edge_attr is on device '{edge_attr.device}' but the graph is on '{self.base.device}'")
+        return edge_attr
+
+    def with_loops(self, values: torch.Tensor, fill: str | torch.Tensor) -> torch.Tensor:
+        """Per-edge ``values [E, C]`` (input order) on the self-looped graph, as PyG's ``add_self_loops`` forms edge
+        features: the kept edges' rows, then one row per loop — ``fill`` a ``[C]`` row for every loop, or a reduction
+        (``'mean'``, ``'add'``, ``'max'``, ``'min'``, ``'mul'``) of the loop node's incoming kept edges' rows (0 for a
+        node without any).  ``values`` itself without loops."""
         if self.loops is None:
-            return edge_attr
-        kept_attr = edge_attr.index_select(0, self.loops.kept)
+            return values
+        kept = gather_rows(values, self.loops.kept)
         num_loops = self.graph.num_edges - self.loops.kept.numel()
-        if isinstance(fill_value, str):
-            reduced = _loop_reduction(edge_attr, self.loops, self.n, fill_value)[:num_loops]
-            loop_attr = reduced.to(dtype)
+        if isinstance(fill, str):
+            loop_rows = _loop_reduction(values, kept, self.loops, self.n, fill)[:num_loops].to(values.dtype)
         else:
-            loop_attr = torch.as_tensor(fill_value, dtype=dtype, device=edge_attr.device).expand(num_loops, width)
-        return torch.cat([kept_attr, loop_attr])
+            loop_rows = fill.to(values.dtype).expand(num_loops, values.shape[1])
+        return torch.cat([kept, loop_rows])
 
     def weights(self, edge_index: Any, attention: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """PyG's ``(edge_index, α)``: the edge_index as passed (a tensor, no loops added), else the graph's."""
@@ -357,14 +364,23 @@ class GATConv(_PyGHeadsConv):
 
     def _edge_score(self, call: _Call, edge_attr: Any, dtype: torch.dtype) -> torch.Tensor | None:
         """``[E', H]``: ``att_edge · lin_edge(edge_attr)`` per edge and head, as ``edge_attr · M`` with ``M [K, H]``
-        folded from the two parameters (no ``[E, H·C]`` tensor); None without ``edge_dim`` (PyG ignores
-        ``edge_attr`` then)."""
+        folded from the two parameters (no ``[E, H·C]`` tensor), the self loops' rows from ``fill_value``; None
+        without ``edge_dim`` (PyG ignores ``edge_attr`` then).  Linear in the features, so the loops' rows of a
+        constant, ``'mean'`` or ``'add'`` fill are formed from the ``[E, H]`` scores (the narrower rows), those of
+        ``'max'`` / ``'min'`` / ``'mul'`` from the features, as PyG does."""
         if self.lin_edge is None:
             return None
-        attr = call.edge_attr(edge_attr, self.fill_value, self.edge_dim, dtype)
+        attr = call.check_edge_attr(edge_attr, self.edge_dim, dtype)
         fold = (self.lin_edge.weight.view(self.heads, self.out_channels, self.edge_dim)
-                * self.att_edge.view(self.heads, self.out_channels, 1)).sum(dim=1)  # [H, K]
-        return attr @ fold.t()
+                * self.att_edge.view(self.heads, self.out_channels, 1)).sum(dim=1).t()  # [K, H]
+        fill = self.fill_value
+        if call.loops is None:
+            return attr @ fold
+        if isinstance(fill, str) and _FILL_REDUCTIONS[fill] not in ("sum", "mean"):
+            return call.with_loops(attr, fill) @ fold
+        if not isinstance(fill, str):
+            fill = torch.as_tensor(fill, dtype=dtype, device=attr.device).expand(self.edge_dim) @ fold
+        return call.with_loops(attr @ fold, fill)
 
     @backend.eager_under_compile
     def forward(
