@@ -157,6 +157,9 @@ class _Call:
             if x_src.dtype != x_dst.dtype:
                 raise TypeError(f"x_src has dtype {x_src.dtype} but x_dst has {x_dst.dtype}")
         else:
+            if in_channels is not None and in_channels[0] != in_channels[1]:
+                raise ValueError(f"in_channels={in_channels} (sources and destinations of different widths) takes x "
+                                 "as a pair (x_src, x_dst)")
             x_src = x_dst = x
         self.n_src, self.n_dst = x_src.shape[0], x_dst.shape[0]
         if size is not None:

@@ -389,6 +389,8 @@ def test_errors_are_clear(gen, device):
         with_edges(x, edges)
     with pytest.raises(ValueError, match="sources <"):
         layer((x[:5], x), edges)
+    with pytest.raises(ValueError, match="as a pair"):
+        fused.GATConv((F, 5), C).to(device)(x, edges)
     with pytest.raises(TypeError, match="one feature tensor"):
         fused.AGNNConv()((x, x), edges)
 
