@@ -228,7 +228,8 @@ def eager_under_compile(fn: Callable) -> Callable:
     """``fn`` run as called when a ``torch.compile``'d model reaches it (``torch.compiler.disable``: dynamo ends its
     graph before the call and starts a new one after it), not traced into.
 
-    For the public entry points of fused kernels (the layers' ``forward``, the ops' autograd Functions): traced,
+    For the public entry points of fused kernels (gnnfuse's layers' ``forward``; the ops called directly are not
+    wrapped, and a compiled function that calls them is traced into them): traced,
     inductor re-launches each Triton kernel as a kernel of its own graph and types the kernels' Python-float scalars
     float64 (float32 kernels then fail to compile: a loop-carried float32 state re-assigned float64), and
     aot_autograd refuses the Functions that store gradients into views of one buffer.  The kernels are fused

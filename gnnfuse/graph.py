@@ -191,7 +191,9 @@ def gather_rows(src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     H200 (torch 2.11, session 41 call 5, ``benchmarks/results/H200/gnn-pyg-edge-dim-fwd-prof.s41c5.log``)
     ``index_select`` of ``[1.35 M, 8 or 16]`` float32 rows ran its ``vectorized_gather_kernel`` at 700-800 µs a call;
     ``gather`` takes the element-wise kernel torch's one-dimensional gathers use (~12 µs for ``[1.35 M]``, session
-    40).  This form's own time on the GPU is not measured yet."""
+    40).  This form's own time on the GPU is not measured yet.  The index goes in as int64: torch 2.13's CPU
+    ``gather`` returned the first index's row for every row when given an int32 index broadcast this way (stride 0),
+    without an error."""
     if src.dim() != 2:
         return src.index_select(0, index)
     return src.gather(0, index.reshape(-1, 1).to(torch.int64).expand(-1, src.shape[1]))
@@ -338,9 +340,9 @@ class Graph:
         if hit is None:
             kept = torch.nonzero(self._src != self._dst).reshape(-1)
             loops = torch.arange(num_loops, device=self.device, dtype=torch.int64)
-            src = torch.cat([self._src[kept], loops])
-            dst = torch.cat([self._dst[kept], loops])
             kept_dst = self._dst[kept]
+            src = torch.cat([self._src[kept], loops])
+            dst = torch.cat([kept_dst, loops])
             by_dst = kept[torch.sort(kept_dst, stable=True)[1]]
             hit = SelfLooped(Graph((src, dst), self.num_nodes, index_dtype=self._forced_index_dtype), kept, by_dst,
                              torch.bincount(kept_dst, minlength=self.num_nodes))

@@ -37,7 +37,15 @@ from fusecore import DevicePhiloxStream, PhiloxStream, backend
 
 from . import ops
 from .graph import Graph, SelfLooped, as_graph, gather_rows
-from .nn import GraphTransformerConv, _check_features, _graph_and_features, _positive_int, _project, _project_all
+from .nn import (
+    GraphTransformerConv,
+    _bipartite,
+    _check_features,
+    _graph_and_features,
+    _positive_int,
+    _project,
+    _project_all,
+)
 from .schedule import ScheduleOptions
 
 __all__ = ["AGNNConv", "GATConv", "GATv2Conv", "TransformerConv"]
@@ -100,13 +108,13 @@ def _check_edge_index(edge_index: Any) -> None:
 
 
 # How the self loops' edge features (GATConv: their scores) of fill_value 'mean' / 'add' are summed over each node's
-# incoming kept edges: "index_add" (one atomic add per kept edge and column), "spmm" (a sparse [N, E] CSR matrix of the
-# kept edges by destination times the rows: cuSPARSE), "segment" (torch.segment_reduce over the kept edges sorted by
-# destination).  'max', 'min' and 'mul' always take "segment".  H200, session 41 call 4, the arxiv-like graph's [E, 16]
-# float32 features, forward / forward + backward µs (benchmarks/results/H200/gnn-pyg-fill-ab.s41c4.log): index_add
-# 889.5 / 1849.0, spmm 202.0 / 2302.0 (and not capturable in a CUDA graph as built here), segment 1971.6 / 2334.6; a
-# scatter_reduce as PyG's add_self_loops does it 986.1 / 2903.7 (call 3).  The hub rows of a power-law graph serialize
-# the atomics; a segmented sum inside the kernels is the lead.
+# incoming kept edges: "index_add" (one atomic add per kept edge and column) or "segment" (torch.segment_reduce over the
+# kept edges sorted by destination, what 'max', 'min' and 'mul' always take).  H200, session 41 calls 3-4, the
+# arxiv-like graph's [E, 16] float32 features, forward / forward + backward µs (benchmarks/results/H200/
+# gnn-pyg-fill-ab.s41c4.log): index_add 889.5 / 1849.0, segment 1971.6 / 2334.6, a scatter_reduce as PyG's
+# add_self_loops does it 986.1 / 2903.7; a cuSPARSE product of the kept edges' CSR 202.0 / 2302.0, not capturable
+# in a CUDA graph as built then, removed.  The hub rows of a power-law graph serialize the atomics; a segmented sum
+# inside the kernels is the lead.
 LOOP_FILL_SUM = "index_add"
 
 
@@ -117,16 +125,9 @@ def _loop_reduction(values: torch.Tensor, kept: torch.Tensor, loops: SelfLooped,
     differentiable."""
     acc = torch.float64 if values.dtype == torch.float64 else torch.float32
     counts = loops.kept_in_degree
-    if fill_value in ("add", "sum", "mean") and LOOP_FILL_SUM != "segment":
-        if LOOP_FILL_SUM == "spmm":
-            crow = torch.zeros(n + 1, dtype=torch.int64, device=counts.device)
-            torch.cumsum(counts, 0, out=crow[1:])
-            ones = torch.ones(loops.kept_by_dst.numel(), dtype=acc, device=counts.device)
-            adjacency = torch.sparse_csr_tensor(crow, loops.kept_by_dst, ones, (n, values.shape[0]))
-            sums = adjacency @ values.to(acc)
-        else:
-            dst = loops.graph._dst[: loops.kept.numel()]
-            sums = values.new_zeros((n, values.shape[1]), dtype=acc).index_add(0, dst, kept.to(acc))
+    if fill_value in ("add", "sum", "mean") and LOOP_FILL_SUM == "index_add":
+        dst = loops.graph._dst[: loops.kept.numel()]
+        sums = values.new_zeros((n, values.shape[1]), dtype=acc).index_add(0, dst, kept.to(acc))
         return sums / counts.clamp(min=1).to(acc)[:, None] if fill_value == "mean" else sums
     segments = gather_rows(values, loops.kept_by_dst).to(acc)
     reduced = torch.segment_reduce(segments, _FILL_REDUCTIONS[fill_value], lengths=counts, unsafe=True)
@@ -144,45 +145,32 @@ class _Call:
         _check_edge_index(edge_index)
         self.pair = isinstance(x, (tuple, list))
         if self.pair:
-            if len(x) != 2:
-                raise ValueError(f"x must be a tensor or a pair (x_src, x_dst), got a sequence of {len(x)}")
+            if len(x) != 2 or x[1] is None:
+                raise ValueError("x must be a tensor or a pair (x_src, x_dst) of tensors (PyG's (x_src, None) is not "
+                                 "supported: pass the destinations' features as x_dst)")
             x_src, x_dst = x
-            if x_dst is None:
-                raise ValueError("x = (x_src, None) is not supported: pass the destinations' features as x_dst")
-            src_in, dst_in = in_channels if in_channels is not None else (None, None)
-            _check_features(x_src, "x_src", src_in, dtype)
-            _check_features(x_dst, "x_dst", dst_in, dtype)
-            if x_src.device != x_dst.device:
-                raise ValueError(f"x_src is on '{x_src.device}' but x_dst on '{x_dst.device}'")
-            if x_src.dtype != x_dst.dtype:
-                raise TypeError(f"x_src has dtype {x_src.dtype} but x_dst has {x_dst.dtype}")
         else:
             if in_channels is not None and in_channels[0] != in_channels[1]:
                 raise ValueError(f"in_channels={in_channels} (sources and destinations of different widths) takes x "
                                  "as a pair (x_src, x_dst)")
             x_src = x_dst = x
-        self.n_src, self.n_dst = x_src.shape[0], x_dst.shape[0]
-        if size is not None:
-            if (not isinstance(size, (tuple, list)) or len(size) != 2
-                    or tuple(size) != (self.n_src, self.n_dst)):
-                raise ValueError(f"size must be None or (N_src, N_dst) = {(self.n_src, self.n_dst)} (the rows of x), "
-                                 f"got {size!r}")
+        self.n_src, self.n_dst = (t.shape[0] if isinstance(t, torch.Tensor) and t.dim() else 0 for t in (x_src, x_dst))
+        if size is not None and (not isinstance(size, (tuple, list)) or tuple(size) != (self.n_src, self.n_dst)):
+            raise ValueError(f"size must be None or (N_src, N_dst) = {(self.n_src, self.n_dst)} (the rows of x), "
+                             f"got {size!r}")
         self.n = max(self.n_src, self.n_dst)
         if self.pair:
             base = as_graph(edge_index, self.n)
-            if x_src.device != base.device:
-                raise ValueError(f"x_src is on device '{x_src.device}' but the graph is on '{base.device}'")
         else:
             base = _graph_and_features(edge_index, x, in_channels[0] if in_channels else None, dtype, True, "x")
         self.base = base
         self.loops = base.pyg_self_loops(min(self.n_src, self.n_dst)) if add_self_loops else None
         self.graph = base if self.loops is None else self.loops.graph
-        if self.pair and self.graph.num_edges:
-            outside = torch.stack([self.graph.out_degree[self.n_src:].any(),
-                                   self.graph.in_degree[self.n_dst:].any()]).any()
-            if bool(outside):  # one host sync, bipartite calls only
-                raise ValueError(f"edge_index's edges must run from sources < {self.n_src} (x_src's rows) to "
-                                 f"destinations < {self.n_dst} (x_dst's rows)")
+        if self.pair:  # the bipartite checks of gnnfuse.nn (dtypes, devices, edges within both sets: one host sync)
+            _bipartite(self.graph, (x_src, x_dst), None, dtype, True)
+            if in_channels is not None:
+                _check_features(x_src, "x_src", in_channels[0], dtype)
+                _check_features(x_dst, "x_dst", in_channels[1], dtype)
         self.x_src, self.x_dst = x_src, x_dst
 
     def pad(self, t: torch.Tensor) -> torch.Tensor:
@@ -282,7 +270,7 @@ class _PyGHeadsConv(nn.Module):
     def _out_add(self, call: _Call) -> torch.Tensor | None:
         """The residual and bias as the fused kernel's ``out_add`` (added in its store): with concatenated heads on
         an ordinary call; None otherwise (:meth:`_finish` adds them)."""
-        if not self.concat or call.pair or call.n != call.n_dst:
+        if not self.concat or call.pair:
             return None
         if self.res is None:
             return self.bias
@@ -398,24 +386,22 @@ class GATConv(_PyGHeadsConv):
         shape = (-1, self.heads, self.out_channels)
         common = dict(negative_slope=self.negative_slope, dropout=self._dropout(), rng=rng, schedule=schedule,
                       return_attention=want, edge_score=edge_score)
-        add = self._out_add(call)
-        if not call.pair and self.lin is not None:
+        add = None
+        if not call.pair and self.lin is not None:  # the projection and node scores fused (gnnfuse.nn.GATConv's path)
+            add = self._out_add(call)
             h = call.x_src
             if ops.fuses_projection(h, weight, self.heads, self.out_channels):
                 first, projected = h, {"weight": weight}
             else:
                 first, projected = _project(self.lin, h).view(shape), {}
             result = ops.gat(call.graph, first, self.att_src, self.att_dst, out_add=add, **common, **projected)
-        else:
+        else:  # a pair, or lin_src / lin_dst: each side projected by its own weight
             src_lin, dst_lin = (self.lin, self.lin) if self.lin is not None else (self.lin_src, self.lin_dst)
             xs = _project(src_lin, call.x_src).view(shape)
-            xd = xs if not call.pair and src_lin is dst_lin else _project(dst_lin, call.x_dst).view(shape)
+            xd = _project(dst_lin, call.x_dst).view(shape)
             el = (xs * self.att_src).sum(dim=-1)
             er = (xd * self.att_dst).sum(dim=-1)
             result = ops.gat_attention(call.graph, call.pad(xs), call.pad(el), call.pad(er), **common)
-            if add is not None:
-                result = (result[0] + add.view(-1, self.heads, self.out_channels), result[1]) if want else (
-                    result + add.view(-1, self.heads, self.out_channels))
         out, attention = result if want else (result, None)
         out = self._finish(out, call, add is not None)
         return (out, call.weights(edge_index, attention)) if want else out

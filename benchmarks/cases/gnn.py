@@ -116,6 +116,14 @@ def _edges(name: str, device: torch.device) -> tuple[torch.Tensor, int]:
     return graph.edge_index, n
 
 
+def _arxiv_like(ctx: Context) -> tuple[GraphSpec, torch.Tensor, int, Graph]:
+    """The single-graph cases' graph: arxiv-like at full size, the tiny power-law graph with ``--quick``; its spec,
+    edges, node count and :class:`Graph`."""
+    spec = QUICK[0] if ctx.quick else next(s for s in FULL if s.name == "arxiv-like")
+    edges, n = _edges(spec.name, ctx.device)
+    return spec, edges, n, Graph(edges, n)
+
+
 def _pyg_twin(layer: GATConv, spec: GraphSpec, dtype: torch.dtype, device: torch.device):
     import torch_geometric
 
@@ -522,9 +530,7 @@ def attention_weights_case(ctx: Context) -> None:
     arxiv-like, fp32 and bf16; the second row's floor adds the pass's,
     :func:`gnnfuse.ops.attention_weights_floor_bytes`.  Checked: the weights of every destination sum
     to 1, and asking for them leaves the output unchanged."""
-    spec = QUICK[0] if ctx.quick else next(s for s in FULL if s.name == "arxiv-like")
-    edges, n = _edges(spec.name, ctx.device)
-    graph = Graph(edges, n)
+    spec, edges, n, graph = _arxiv_like(ctx)
     gen = torch.Generator().manual_seed(5)
     heads, dim = spec.heads, spec.head_dim
     dst = graph.edge_index[1].long()  # per input edge
@@ -579,9 +585,7 @@ def gat_edge_weight_case(ctx: Context) -> None:
     step (``∂w`` included), as called and replayed as CUDA graphs, arxiv-like, fp32 and bf16.  Floors:
     :func:`gnnfuse.ops.attention_floor_bytes` with ``edge_factor``.  Checked against the reference: the output and
     the gradients of ``w`` and ``fc.weight``."""
-    spec = QUICK[0] if ctx.quick else next(s for s in FULL if s.name == "arxiv-like")
-    edges, n = _edges(spec.name, ctx.device)
-    graph = Graph(edges, n)
+    spec, edges, n, graph = _arxiv_like(ctx)
     gen = torch.Generator().manual_seed(7)
     for dtype in [torch.float32] if ctx.quick else [torch.float32, torch.bfloat16]:
         tag = "fp32" if dtype == torch.float32 else "bf16"
@@ -735,10 +739,8 @@ def warps_arxiv_bf16_case(ctx: Context) -> None:
     (the 3x-compiled-PyG forward needs its GPU time from 0.32 to <= 0.29 ms): the GAT attention op
     under 2 warps per program (4096- and 2048-element tiles) and 2048-element tiles with 4 warps
     against the default, forward and forward+backward, as called and replayed as a CUDA graph."""
-    spec = QUICK[0] if ctx.quick else next(s for s in FULL if s.name == "arxiv-like")
+    spec, edges, n, graph = _arxiv_like(ctx)
     dtype = torch.float32 if ctx.quick else torch.bfloat16
-    edges, n = _edges(spec.name, ctx.device)
-    graph = Graph(edges, n)
     gen = torch.Generator().manual_seed(4)
     call, leaves = _attention_ops(spec, n, graph, dtype, gen, ("gat",))["gat"]
     floors = [gat_floor_bytes(graph, spec.heads, spec.head_dim, dtype, phase) for phase in (False, True)]
@@ -802,11 +804,9 @@ class LaunchSetup:
 
 def _launch_setup(ctx: Context, dtype: torch.dtype) -> LaunchSetup:
     """Layer and inputs of one dtype, its forward checked against the unfused reference."""
-    spec = QUICK[0] if ctx.quick else next(s for s in FULL if s.name == "arxiv-like")
     if ctx.gpu:
         ctx.rep_ms = LAUNCH_REP_MS
-    edges, n = _edges(spec.name, ctx.device)
-    graph = Graph(edges, n)
+    spec, edges, n, graph = _arxiv_like(ctx)
     gen = torch.Generator().manual_seed(5)
     tag = "fp32" if dtype == torch.float32 else "bf16"
     torch.manual_seed(0)
@@ -1082,9 +1082,7 @@ def pyg_gatconv_case(ctx: Context) -> None:
 
     from gnnfuse import pyg as fused_pyg
 
-    spec = QUICK[0] if ctx.quick else next(s for s in FULL if s.name == "arxiv-like")
-    edges, n = _edges(spec.name, ctx.device)
-    graph = Graph(edges, n)
+    spec, edges, n, graph = _arxiv_like(ctx)
     gen = torch.Generator().manual_seed(11)
     for dtype in [torch.float32] if ctx.quick else [torch.float32, torch.bfloat16]:
         tag = "fp32" if dtype == torch.float32 else "bf16"

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fusecore.testing import poisoned
-from gnnfuse import ScheduleOptions
+from gnnfuse import Graph, ScheduleOptions, reference
 from gnnfuse.datasets import default_planetoid_root, load_planetoid, planetoid_available
 
 PLANETOID = default_planetoid_root()
@@ -57,3 +57,39 @@ def poison_op_outputs(monkeypatch) -> list[torch.Tensor]:
 
     monkeypatch.setattr(ops, "_new_output", poisoned_output)
     return created
+
+
+def edge_softmax_f64(scores: torch.Tensor, dst: torch.Tensor, num_nodes: int) -> torch.Tensor:
+    """``[E, H]`` softmax of ``scores`` over each destination's edges (input order), differentiable: an oracle's."""
+    index = dst[:, None].expand_as(scores)
+    row_max = torch.full((num_nodes, scores.shape[1]), -torch.inf, dtype=scores.dtype)
+    row_max = row_max.scatter_reduce(0, index, scores.detach(), "amax")
+    exp = torch.exp(scores - row_max[dst])
+    total = torch.zeros(num_nodes, scores.shape[1], dtype=scores.dtype).index_add(0, dst, exp)
+    return exp / total[dst]
+
+
+def gat_oracle(edges, num_nodes, wh_src, el, er, slope, *, edge_score=None, keep=None, dropout=0.0, weight=None):
+    """GAT message passing written out in float64 (input edge order): ``z = el_j + er_i (+ edge_score)``,
+    ``α = softmax(LeakyReLU(z))``, kept by ``keep`` and scaled by ``1 / (1 − dropout)``, times DGL's per-edge
+    ``weight``; returns ``(out [N, H, D], α' [E, H])``."""
+    src, dst = edges[0], edges[1]
+    z = el[src] + er[dst]
+    if edge_score is not None:
+        z = z + edge_score
+    alpha = edge_softmax_f64(torch.where(z > 0, z, z * slope), dst, num_nodes)
+    if keep is not None:
+        alpha = torch.where(keep, alpha / (1 - dropout), 0.0)
+    if weight is not None:
+        alpha = alpha * weight[:, None]
+    out = torch.zeros(num_nodes, *wh_src.shape[1:], dtype=torch.float64).index_add(
+        0, dst, alpha[:, :, None] * wh_src[src])
+    return out, alpha
+
+
+def input_order_keep_mask(graph: Graph, heads: int, dropout: float, seed: int) -> torch.Tensor:
+    """The fused forward's attention-dropout mask ``[E, H]`` (stream offset 0) in the graph's input edge order."""
+    keep_csr = reference.dropout_keep_mask(graph, heads, dropout, seed, 0).cpu()
+    keep = torch.empty_like(keep_csr)
+    keep[graph.csr_eid.long().cpu()] = keep_csr
+    return keep

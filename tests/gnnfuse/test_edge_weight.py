@@ -12,46 +12,25 @@ from __future__ import annotations
 
 import pytest
 import torch
-from gnn_testing import SCHEDULES, corner_case_edges, poison_op_outputs
+from gnn_testing import SCHEDULES, corner_case_edges, gat_oracle, input_order_keep_mask, poison_op_outputs
 
 from fusecore import PhiloxStream, use_reference
 from fusecore.testing import TOLERANCES, assert_all_written, assert_close
-from gnnfuse import Graph, ops, reference
+from gnnfuse import Graph, ops
 from gnnfuse.nn import GATConv
 
 SLOPE = 0.25
 P = 0.5
 
 
-def _softmax(scores: torch.Tensor, dst: torch.Tensor, num_nodes: int) -> torch.Tensor:
-    """``[E, H]`` softmax of ``scores`` over each destination's edges (input order), differentiable."""
-    index = dst[:, None].expand_as(scores)
-    row_max = torch.full((num_nodes, scores.shape[1]), -torch.inf, dtype=scores.dtype)
-    row_max = row_max.scatter_reduce(0, index, scores.detach(), "amax")
-    exp = torch.exp(scores - row_max[dst])
-    total = torch.zeros(num_nodes, scores.shape[1], dtype=scores.dtype).index_add(0, dst, exp)
-    return exp / total[dst]
-
-
 def oracle(edges, num_nodes, wh_src, el, er, weight, keep=None):
     """DGL's GATConv message passing in float64: ``(out [N, H, D], α' [E, H])``, input edge order."""
-    src, dst = edges[0], edges[1]
-    z = el[src] + er[dst]
-    alpha = _softmax(torch.where(z > 0, z, z * SLOPE), dst, num_nodes)
-    if keep is not None:
-        alpha = torch.where(keep, alpha / (1 - P), 0.0)
-    alpha = alpha * weight[:, None]
-    out = torch.zeros(num_nodes, *wh_src.shape[1:], dtype=torch.float64).index_add(
-        0, dst, alpha[:, :, None] * wh_src[src])
-    return out, alpha
+    return gat_oracle(edges, num_nodes, wh_src, el, er, SLOPE, keep=keep, dropout=P, weight=weight)
 
 
 def keep_mask(graph: Graph, heads: int, seed: int) -> torch.Tensor:
     """The forward's dropout mask ``[E, H]`` in the graph's input edge order."""
-    keep_csr = reference.dropout_keep_mask(graph, heads, P, seed, 0).cpu()
-    keep = torch.empty_like(keep_csr)
-    keep[graph.csr_eid.long().cpu()] = keep_csr
-    return keep
+    return input_order_keep_mask(graph, heads, P, seed)
 
 
 def leaves(gen, num_nodes, num_edges, heads, dim, dtype):
