@@ -185,20 +185,6 @@ def _edges_from(source: Any) -> tuple[torch.Tensor, torch.Tensor, int | None]:
     )
 
 
-def gather_rows(src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """``src.index_select(0, index)`` for a 2-D ``src`` of narrow rows (per-edge features and scores, ``[E, K]``), as
-    ``torch.gather`` with the index broadcast along the row (a view: nothing materialized); differentiable.  On the
-    H200 (torch 2.11, session 41 call 5, ``benchmarks/results/H200/gnn-pyg-edge-dim-fwd-prof.s41c5.log``)
-    ``index_select`` of ``[1.35 M, 8 or 16]`` float32 rows ran its ``vectorized_gather_kernel`` at 700-800 µs a call;
-    ``gather`` takes the element-wise kernel torch's one-dimensional gathers use (~12 µs for ``[1.35 M]``, session
-    40).  This form's own time on the GPU is not measured yet.  The index goes in as int64: torch 2.13's CPU
-    ``gather`` returned the first index's row for every row when given an int32 index broadcast this way (stride 0),
-    without an error."""
-    if src.dim() != 2:
-        return src.index_select(0, index)
-    return src.gather(0, index.reshape(-1, 1).to(torch.int64).expand(-1, src.shape[1]))
-
-
 class SelfLooped(NamedTuple):
     """:meth:`Graph.pyg_self_loops`'s result."""
 

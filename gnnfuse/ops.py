@@ -40,8 +40,9 @@ from fusecore import DevicePhiloxStream, PhiloxStream, backend, cdiv, next_power
 from fusecore import linear as linear_module
 from fusecore.linear import column_sum, dot_precision, linear, matmul, uses_product
 from fusecore.plan import MIN_DOT
+from fusecore.rows import gather_rows, scatter_rows
 
-from .graph import Graph, as_graph, gather_rows
+from .graph import Graph, as_graph
 from .kernels.attention_backward import (
     attention_backward_dst_kernel,
     attention_backward_dst_light_kernel,
@@ -1514,9 +1515,7 @@ def _edge_score_grad(ctx, grad_scores: torch.Tensor | None) -> torch.Tensor | No
     if grad_scores is None:
         return None
     num_edges = ctx.graph.num_edges
-    grad = _new_output((num_edges, grad_scores.shape[1]), ctx.edge_score_dtype, grad_scores.device)
-    index = ctx.graph.csr_eid.reshape(-1, 1).to(torch.int64).expand(-1, grad.shape[1])
-    return grad.scatter_(0, index, grad_scores[:num_edges].to(ctx.edge_score_dtype))
+    return scatter_rows(grad_scores[:num_edges].to(ctx.edge_score_dtype), ctx.graph.csr_eid, num_edges)
 
 
 def _unpack(base: torch.Tensor, packing: tuple) -> list[torch.Tensor | None]:

@@ -34,9 +34,10 @@ import torch
 from torch import nn
 
 from fusecore import DevicePhiloxStream, PhiloxStream, backend
+from fusecore.rows import gather_rows, index_add_rows
 
 from . import ops
-from .graph import Graph, SelfLooped, as_graph, gather_rows
+from .graph import Graph, SelfLooped, as_graph
 from .nn import (
     GraphTransformerConv,
     _bipartite,
@@ -127,7 +128,7 @@ def _loop_reduction(values: torch.Tensor, kept: torch.Tensor, loops: SelfLooped,
     counts = loops.kept_in_degree
     if fill_value in ("add", "sum", "mean") and LOOP_FILL_SUM == "index_add":
         dst = loops.graph._dst[: loops.kept.numel()]
-        sums = values.new_zeros((n, values.shape[1]), dtype=acc).index_add(0, dst, kept.to(acc))
+        sums = index_add_rows(kept, dst, n, acc)
         return sums / counts.clamp(min=1).to(acc)[:, None] if fill_value == "mean" else sums
     segments = gather_rows(values, loops.kept_by_dst).to(acc)
     reduced = torch.segment_reduce(segments, _FILL_REDUCTIONS[fill_value], lengths=counts, unsafe=True)

@@ -514,20 +514,3 @@ def test_eid_rev_pos_inverts_the_reverse_csrs_edge_ids(gen):
     assert graph.eid_rev_pos is graph.eid_rev_pos  # built once
     empty = Graph(torch.zeros(2, 0, dtype=torch.int64), 3)
     assert empty.eid_rev_pos.numel() == 0
-
-
-def test_gather_rows_equals_index_select_for_both_index_dtypes(gen):
-    """gnnfuse.graph.gather_rows: the rows ``index_select`` gives, for int32 and int64 indices (torch's CPU gather
-    mishandles a broadcast int32 index), and the same gradient; 1-D sources fall through to ``index_select``."""
-    from gnnfuse.graph import gather_rows
-
-    src = torch.randn(11, 5, generator=gen, dtype=torch.float64, requires_grad=True)
-    index = torch.randint(0, 11, (17,), generator=gen)
-    want = src.index_select(0, index)
-    grad = torch.randn(17, 5, generator=gen, dtype=torch.float64)
-    (expected,) = torch.autograd.grad(want, src, grad)
-    for dtype in (torch.int32, torch.int64):
-        got = gather_rows(src, index.to(dtype))
-        assert torch.equal(got, want)
-        assert torch.equal(torch.autograd.grad(got, src, grad)[0], expected)
-    assert torch.equal(gather_rows(src[:, 0], index.int()), src[:, 0].index_select(0, index))
