@@ -3,9 +3,7 @@ dozen columns — one Triton kernel each, differentiable.
 
 * ``gather_rows(src [S, C], index [R]) -> [R, C]``: ``out[r] = src[index[r]]`` (``src.index_select(0, index)``);
 * ``scatter_rows(src [R, C], index [R], num_rows) -> [num_rows, C]``: ``out[index[r]] = src[r]``, every other row
-  zero — the gather's adjoint for an ``index`` that names no row twice;
-* ``index_add_rows(src [R, C], index [R], num_rows, dtype) -> [num_rows, C]``: ``out[i] = Σ_{r: index[r] = i} src[r]``
-  (torch's ``index_add`` into zeros: atomics), its gradient a gather.
+  zero — the gather's adjoint for an ``index`` that names no row twice.
 
 Why kernels of their own: torch 2.11's ``index_select`` of such rows, and ``gather`` with the index broadcast along
 the row (torch sends it to the same kernel), ran its ``vectorized_gather_kernel`` at 714-825 µs for ``[1.35 M, 8]``
@@ -135,20 +133,6 @@ class _ScatterRows(torch.autograd.Function):
         return _gather(grad, index), None, None
 
 
-class _IndexAddRows(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, src, index, num_rows, dtype):  # type: ignore[override]
-        ctx.save_for_backward(index)
-        ctx.src_dtype = src.dtype
-        return src.new_zeros((num_rows, *src.shape[1:]), dtype=dtype).index_add_(0, index, src.to(dtype))
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad):  # type: ignore[override]
-        (index,) = ctx.saved_tensors
-        return _gather(grad, index).to(ctx.src_dtype), None, None, None
-
-
 def gather_rows(src: torch.Tensor, index: torch.Tensor, injective: bool = True) -> torch.Tensor:
     """``src.index_select(0, index)``: ``[R, C]`` rows ``src[index[r]]`` of ``src [S, C]`` (or ``[S]``),
     differentiable in ``src``.  ``injective``: whether ``index`` names each row at most once (then the gradient is a
@@ -166,16 +150,3 @@ def scatter_rows(src: torch.Tensor, index: torch.Tensor, num_rows: int) -> torch
         raise ValueError(f"scatter_rows: index must have one entry per row of src ({src.shape[0]}) and at most "
                          f"num_rows={num_rows}, got {index.numel()}")
     return _ScatterRows.apply(src, index, int(num_rows))
-
-
-def index_add_rows(src: torch.Tensor, index: torch.Tensor, num_rows: int, dtype: torch.dtype | None = None
-                   ) -> torch.Tensor:
-    """``[num_rows, C]`` in ``dtype`` (default ``src.dtype``): row ``i`` the sum of the rows ``src[r]`` with
-    ``index[r] = i`` (zero for none), as torch's ``index_add`` sums them; differentiable in ``src`` (the gradient is a
-    gather of the output's gradient, returned in ``src``'s dtype).  ``index``: int32/int64, values in
-    ``[0, num_rows)`` (not checked)."""
-    _check("index_add_rows", src, index)
-    if index.numel() != src.shape[0]:
-        raise ValueError(f"index_add_rows: index must have one entry per row of src ({src.shape[0]}), "
-                         f"got {index.numel()}")
-    return _IndexAddRows.apply(src, index, int(num_rows), src.dtype if dtype is None else dtype)

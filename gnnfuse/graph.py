@@ -192,6 +192,8 @@ class SelfLooped(NamedTuple):
     kept: torch.Tensor
     kept_by_dst: torch.Tensor
     kept_in_degree: torch.Tensor
+    csr_input: torch.Tensor
+    loop_pos: torch.Tensor
 
 
 class Graph:
@@ -316,7 +318,10 @@ class Graph:
         Returns a :class:`SelfLooped`: the new graph (same node count), ``kept`` (int64 ``[E']``, the input positions
         of the edges it kept, for their edge features) and, for the loops' features PyG reduces from each node's
         incoming edges (``fill_value='mean'`` and the like), ``kept_by_dst`` (``kept`` sorted by destination, stable)
-        with ``kept_in_degree [N]``, the segments of a segmented reduction.  Built once per ``num_loops`` and kept on
+        with ``kept_in_degree [N]``, the segments of a segmented reduction; for per-edge values formed straight in the
+        new graph's CSR order (:func:`gnnfuse.edge_score.edge_score_csr`), ``csr_input [E' + loops]`` (the input
+        position of the edge at each CSR position, ``-1`` at the loops) and ``loop_pos [num_loops]`` (the CSR position
+        of node ``i``'s loop), in the new graph's position dtype.  Built once per ``num_loops`` and kept on
         this graph, so a layer called with the same edge tensor again does not rebuild it (the graph of an edge tensor
         is cached while the tensor lives, :func:`as_graph`)."""
         num_loops = self.num_nodes if num_loops is None else _check_num_nodes(num_loops, "num_loops")
@@ -330,8 +335,14 @@ class Graph:
             src = torch.cat([self._src[kept], loops])
             dst = torch.cat([kept_dst, loops])
             by_dst = kept[torch.sort(kept_dst, stable=True)[1]]
-            hit = SelfLooped(Graph((src, dst), self.num_nodes, index_dtype=self._forced_index_dtype), kept, by_dst,
-                             torch.bincount(kept_dst, minlength=self.num_nodes))
+            graph = Graph((src, dst), self.num_nodes, index_dtype=self._forced_index_dtype)
+            eid = graph.csr_eid.long()
+            pos_dtype = graph.csr_eid.dtype
+            lookup = torch.cat([kept, torch.full((num_loops,), -1, dtype=torch.int64, device=self.device)])
+            position = torch.empty_like(eid)
+            position[eid] = torch.arange(eid.numel(), device=self.device)
+            hit = SelfLooped(graph, kept, by_dst, torch.bincount(kept_dst, minlength=self.num_nodes),
+                             lookup[eid].to(pos_dtype), position[kept.numel():].to(pos_dtype))
             self._pyg_loops[num_loops] = hit
         return hit
 

@@ -1485,18 +1485,20 @@ def _edge_weight_grad(ctx, grad_factor: torch.Tensor | None) -> torch.Tensor | N
     return grad_factor.index_select(0, ctx.graph.eid_rev_pos).to(ctx.edge_weight_dtype)
 
 
-def _edge_score(ctx, graph: Graph, edge_score: torch.Tensor | None, acc: torch.dtype, index: int
+def _edge_score(ctx, graph: Graph, edge_score: torch.Tensor | None, acc: torch.dtype, index: int, csr: bool
                 ) -> torch.Tensor | None:
-    """A GAT Function's per-edge score term (:attr:`AttentionInputs.edge_score`): ``edge_score [E, H]`` (input edge
-    order, checked by :func:`_check_edge_score`) in CSR order and the accumulation dtype, kept on ``ctx`` with whether
-    the Function's input ``index`` (the term) needs its gradient (``ctx.score_grad``, which :func:`_forward_saving`
-    reads)."""
+    """A GAT Function's per-edge score term (:attr:`AttentionInputs.edge_score`): ``edge_score [E, H]`` (checked by
+    :func:`_check_edge_score`; input edge order, or CSR order already when ``csr``) in CSR order and the accumulation
+    dtype, kept on ``ctx`` with whether the Function's input ``index`` (the term) needs its gradient
+    (``ctx.score_grad``, which :func:`_forward_saving` reads) and in which order it came (``ctx.score_csr``)."""
     ctx.score_grad = edge_score is not None and ctx.needs_input_grad[index]
+    ctx.score_csr = csr
     if edge_score is None:
         ctx.edge_score = None
         return None
     ctx.edge_score_dtype = edge_score.dtype
-    ctx.edge_score = gather_rows(edge_score.to(acc), graph.csr_eid)
+    edge_score = edge_score.to(acc)
+    ctx.edge_score = edge_score.contiguous() if csr else gather_rows(edge_score, graph.csr_eid)
     return ctx.edge_score
 
 
@@ -1511,10 +1513,13 @@ def _score_grad_buffer(ctx) -> torch.Tensor | None:
 
 def _edge_score_grad(ctx, grad_scores: torch.Tensor | None) -> torch.Tensor | None:
     """``∂edge_score [E, H]`` in the caller's edge order and dtype: the source pass's ``∂L/∂z`` at CSR position ``p``
-    belongs to input edge ``csr_eid[p]`` (one scatter; a cast first where the caller's dtype is narrower)."""
+    belongs to input edge ``csr_eid[p]`` (one scatter; a cast first where the caller's dtype is narrower), or to
+    position ``p`` itself where the term came in CSR order."""
     if grad_scores is None:
         return None
     num_edges = ctx.graph.num_edges
+    if ctx.score_csr:
+        return grad_scores[:num_edges].to(ctx.edge_score_dtype)
     return scatter_rows(grad_scores[:num_edges].to(ctx.edge_score_dtype), ctx.graph.csr_eid, num_edges)
 
 
@@ -1586,9 +1591,9 @@ class GATAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, wh, el, er, graph, negative_slope, dropout_p, seed, offset, options,  # type: ignore[override]
-                edge_weight, edge_score):
+                edge_weight, edge_score, score_csr):
         factor = _edge_factor(ctx, graph, edge_weight, el.dtype, 9)
-        score = _edge_score(ctx, graph, edge_score, el.dtype, 10)
+        score = _edge_score(ctx, graph, edge_score, el.dtype, 10, score_csr)
         inputs = AttentionInputs(SCORE_GAT, el, er, wh, negative_slope=negative_slope, edge_factor=factor,
                                  edge_score=score)
         ctx.negative_slope = negative_slope
@@ -1605,7 +1610,7 @@ class GATAttentionFunction(torch.autograd.Function):
         grad_wh, grad_el, grad_er, *_ = _backward_saved(ctx, inputs, grad_out, grad_factor=grad_factor,
                                                         grad_scores=grad_scores)
         return (grad_wh, grad_el, grad_er, *_NO_GRADS, _edge_weight_grad(ctx, grad_factor),
-                _edge_score_grad(ctx, grad_scores))
+                _edge_score_grad(ctx, grad_scores), None)
 
 
 def _check_wh(graph: Graph, wh: torch.Tensor, name: str = "wh") -> None:
@@ -1656,6 +1661,23 @@ def _check_edge_weight(graph: Graph, edge_weight: torch.Tensor | None) -> torch.
     return edge_weight
 
 
+EDGE_SCORE_ORDERS = ("input", "csr")
+
+
+def _check_edge_score_order(order: object) -> bool:
+    """Whether ``edge_score_order`` (``'input'`` or ``'csr'``) says CSR order."""
+    if not isinstance(order, str) or order not in EDGE_SCORE_ORDERS:
+        raise ValueError(f"edge_score_order must be one of {EDGE_SCORE_ORDERS}, got {order!r}")
+    return order == "csr"
+
+
+def _input_order_score(graph: Graph, edge_score: torch.Tensor | None, csr: bool) -> torch.Tensor | None:
+    """The reference path's ``edge_score`` in input edge order (a CSR-order term scattered back; differentiable)."""
+    if edge_score is None or not csr:
+        return edge_score
+    return scatter_rows(edge_score, graph.csr_eid, graph.num_edges)
+
+
 def _check_edge_score(graph: Graph, edge_score: torch.Tensor | None, heads: int) -> torch.Tensor | None:
     """GAT's per-edge score term (PyG GATConv's ``edge_dim``): a floating-point ``[E, H]`` tensor (the graph's input
     edge order); ValueError / TypeError naming what is wrong otherwise (its device: the ops' device check)."""
@@ -1690,6 +1712,7 @@ def gat_attention(
     attention_dropout: bool = True,
     edge_weight: torch.Tensor | None = None,
     edge_score: torch.Tensor | None = None,
+    edge_score_order: str = "input",
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Fused GAT attention over ``graph`` given per-node scores.
 
@@ -1718,11 +1741,15 @@ def gat_attention(
     ``ee = (lin_edge(edge_attr).view(E, H, C) · att_edge).sum(-1)``); in the softmax, so in every weight
     ``return_attention`` hands back; differentiable: ``∂ee_ijh = ∂L/∂z_ijh`` (``s = LeakyReLU(z)``), the per-edge value
     the backward's source pass forms for ``∂er`` anyway, put in the caller's edge order by one scatter.
+    ``edge_score_order``: ``'input'`` (the graph's input edge order, as above) or ``'csr'``: ``edge_score`` is already
+    in the graph's CSR order (row ``p`` the edge ``graph.csr_eid[p]``, as :func:`gnnfuse.edge_score.edge_score_csr`
+    forms it) and its gradient comes back in that order — no gather, no scatter.
     """
     graph = as_graph(graph)
     _check_features(graph, wh, el, er)
     edge_weight = _check_edge_weight(graph, edge_weight)
     edge_score = _check_edge_score(graph, edge_score, wh.shape[1])
+    score_csr = _check_edge_score_order(edge_score_order)
     dropout = _check_dropout(dropout)
     negative_slope = _check_negative_slope(negative_slope)
     _check_schedule(schedule)
@@ -1738,12 +1765,13 @@ def gat_attention(
         seed, offset = _host_pair(seed, offset)
         result = gat_attention_reference(
             graph, wh, el, er, negative_slope=negative_slope, dropout=dropout, seed=seed, offset=offset,
-            weights=_reference_weights(request), edge_weight=edge_weight, edge_score=edge_score,
+            weights=_reference_weights(request), edge_weight=edge_weight,
+            edge_score=_input_order_score(graph, edge_score, score_csr),
         )
         return _reference_result(result, wh.dtype, request)
     backend.check_devices(wh=wh, el=el, er=er, edge_weight=edge_weight, edge_score=edge_score, graph=graph.indptr)
     out = _apply(GATAttentionFunction, wh, el, er, graph, float(negative_slope), dropout, seed, offset, request,
-                 edge_weight, edge_score)
+                 edge_weight, edge_score, score_csr)
     return _with_weights(out, request)
 
 
@@ -1970,7 +1998,7 @@ class GATFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, attn_l, attn_r, graph, negative_slope, dropout_p, seed, offset, options,  # type: ignore[override]
-                out_add, edge_weight, edge_score):
+                out_add, edge_weight, edge_score, score_csr):
         heads, head_dim = attn_l.shape[-2], attn_l.shape[-1]
         attn_l3 = attn_l.view(1, heads, head_dim)
         attn_r3 = attn_r.view(1, heads, head_dim)
@@ -1983,7 +2011,7 @@ class GATFunction(torch.autograd.Function):
         inputs = AttentionInputs(SCORE_GAT, el, er, wh, negative_slope=negative_slope,
                                  out_add=_addend_layout(ctx, out_add, heads, head_dim),
                                  edge_factor=_edge_factor(ctx, graph, edge_weight, el.dtype, 11),
-                                 edge_score=_edge_score(ctx, graph, edge_score, el.dtype, 12))
+                                 edge_score=_edge_score(ctx, graph, edge_score, el.dtype, 12, score_csr))
         ctx.negative_slope = negative_slope
         return _forward_saving(ctx, graph, inputs, (dropout_p, seed, offset, options), 4, wh, attn_l3, attn_r3, el,
                                er, x if weight is not None else None, weight, add_index=10)
@@ -1992,7 +2020,7 @@ class GATFunction(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_out):  # type: ignore[override]
         if not ctx.attention_grads:
-            return None, None, None, None, *_NO_GRADS, _addend_grad(ctx, grad_out, None), None, None
+            return None, None, None, None, *_NO_GRADS, _addend_grad(ctx, grad_out, None), None, None, None
         wh, attn_l, attn_r, el, er, x, weight = ctx.saved_tensors[:7]
         inputs = AttentionInputs(SCORE_GAT, el, er, wh, negative_slope=ctx.negative_slope,
                                  edge_factor=ctx.edge_factor, edge_score=ctx.edge_score)
@@ -2017,7 +2045,7 @@ class GATFunction(torch.autograd.Function):
                 grad_x = matmul(flat, weight)
         grad_l, grad_r = sums[0].view(ctx.attn_shapes[0]), sums[1].view(ctx.attn_shapes[1])
         return (grad_x, grad_weight, grad_l, grad_r, *_NO_GRADS, _addend_grad(ctx, grad_out, sums[2] if bias else None),
-                _edge_weight_grad(ctx, grad_factor), _edge_score_grad(ctx, grad_scores))
+                _edge_weight_grad(ctx, grad_factor), _edge_score_grad(ctx, grad_scores), None)
 
 
 def _addend_layout(ctx, out_add: torch.Tensor | None, heads: int, head_dim: int) -> torch.Tensor | None:
@@ -2124,6 +2152,7 @@ def gat(
     attention_dropout: bool = True,
     edge_weight: torch.Tensor | None = None,
     edge_score: torch.Tensor | None = None,
+    edge_score_order: str = "input",
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """GAT attention from projected features and attention vectors ``attn_l``, ``attn_r`` ``(1, H, D)``.
 
@@ -2139,8 +2168,8 @@ def gat(
     saves the node-score pass's read of ``Wh``: :class:`~gnnfuse.nn.GATConv` takes this path there
     and keeps ``fc`` as its own module elsewhere (the op alone, with torch's product, was no faster
     as called on the H200: gnn/layer_host, session 7).
-    ``return_attention``, ``attention_dropout``, ``edge_weight``, ``edge_score``: as in :func:`gat_attention`
-    (``(out, α [E, H])``).
+    ``return_attention``, ``attention_dropout``, ``edge_weight``, ``edge_score``, ``edge_score_order``: as in
+    :func:`gat_attention` (``(out, α [E, H])``).
     """
     graph = as_graph(graph)
     backend.check_dtypes(FLOAT_DTYPES, wh=wh, attn_l=attn_l, attn_r=attn_r, weight=weight)
@@ -2159,6 +2188,7 @@ def gat(
     add = _check_addend(out_add, graph, heads, head_dim, wh.dtype)
     edge_weight = _check_edge_weight(graph, edge_weight)
     edge_score = _check_edge_score(graph, edge_score, heads)
+    score_csr = _check_edge_score_order(edge_score_order)
     request = _requested(schedule, return_attention, attention_dropout)
     if backend.reference_enabled():
         if weight is not None:
@@ -2167,7 +2197,7 @@ def gat(
         result = gat_attention(
             graph, wh, el, er, negative_slope=negative_slope, dropout=dropout, rng=rng, schedule=schedule,
             return_attention=return_attention, attention_dropout=attention_dropout, edge_weight=edge_weight,
-            edge_score=edge_score,
+            edge_score=edge_score, edge_score_order=edge_score_order,
         )
         out, weights = (result, None) if not return_attention else result
         out = out if add is None else out + add
@@ -2178,7 +2208,7 @@ def gat(
     # attn_l, attn_r and out_add go in as given (the node views them: no autograd view nodes here)
     out = _apply(
         GATFunction, wh if weight is not None else wh.contiguous(), weight, attn_l.contiguous(), attn_r.contiguous(),
-        graph, float(negative_slope), dropout, seed, offset, request, out_add, edge_weight, edge_score,
+        graph, float(negative_slope), dropout, seed, offset, request, out_add, edge_weight, edge_score, score_csr,
     )
     return _with_weights(out, request)
 

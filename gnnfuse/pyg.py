@@ -34,9 +34,10 @@ import torch
 from torch import nn
 
 from fusecore import DevicePhiloxStream, PhiloxStream, backend
-from fusecore.rows import gather_rows, index_add_rows
+from fusecore.rows import gather_rows
 
 from . import ops
+from .edge_score import LoopFill, edge_score_csr
 from .graph import Graph, SelfLooped, as_graph
 from .nn import (
     GraphTransformerConv,
@@ -108,28 +109,13 @@ def _check_edge_index(edge_index: Any) -> None:
                         "matrices (torch.sparse, torch_sparse.SparseTensor) are not supported")
 
 
-# How the self loops' edge features (GATConv: their scores) of fill_value 'mean' / 'add' are summed over each node's
-# incoming kept edges: "index_add" (one atomic add per kept edge and column) or "segment" (torch.segment_reduce over the
-# kept edges sorted by destination, what 'max', 'min' and 'mul' always take).  H200, session 41 calls 3-4, the
-# arxiv-like graph's [E, 16] float32 features, forward / forward + backward µs (benchmarks/results/H200/
-# gnn-pyg-fill-ab.s41c4.log): index_add 889.5 / 1849.0, segment 1971.6 / 2334.6, a scatter_reduce as PyG's
-# add_self_loops does it 986.1 / 2903.7; a cuSPARSE product of the kept edges' CSR 202.0 / 2302.0, not capturable
-# in a CUDA graph as built then, removed.  The hub rows of a power-law graph serialize the atomics; a segmented sum
-# inside the kernels is the lead.
-LOOP_FILL_SUM = "index_add"
-
-
-def _loop_reduction(values: torch.Tensor, kept: torch.Tensor, loops: SelfLooped, n: int, fill_value: str
-                    ) -> torch.Tensor:
-    """``[n, C]``: per node, ``fill_value``'s reduction of the rows of ``values [E, C]`` (input order; ``kept``: its
-    kept edges' rows) over its incoming kept edges (0 without any), in float32 for 2-byte values (float64 for float64),
-    differentiable."""
+def _loop_reduction(values: torch.Tensor, loops: SelfLooped, fill_value: str) -> torch.Tensor:
+    """``[N, C]``: per node, ``fill_value``'s reduction of the rows of ``values [E, C]`` (input order) over its
+    incoming kept edges (0 without any), in float32 for 2-byte values (float64 for float64), differentiable: a
+    segmented reduction of the kept edges' rows sorted by destination.  (GATConv's ``'mean'`` and ``'add'`` fills
+    reach the scores, not the features: :func:`gnnfuse.edge_score.edge_score_csr`.)"""
     acc = torch.float64 if values.dtype == torch.float64 else torch.float32
     counts = loops.kept_in_degree
-    if fill_value in ("add", "sum", "mean") and LOOP_FILL_SUM == "index_add":
-        dst = loops.graph._dst[: loops.kept.numel()]
-        sums = index_add_rows(kept, dst, n, acc)
-        return sums / counts.clamp(min=1).to(acc)[:, None] if fill_value == "mean" else sums
     segments = gather_rows(values, loops.kept_by_dst).to(acc)
     reduced = torch.segment_reduce(segments, _FILL_REDUCTIONS[fill_value], lengths=counts, unsafe=True)
     return torch.where((counts > 0)[:, None], reduced, 0.0)
@@ -205,7 +191,7 @@ class _Call:
         kept = gather_rows(values, self.loops.kept)
         num_loops = self.graph.num_edges - self.loops.kept.numel()
         if isinstance(fill, str):
-            loop_rows = _loop_reduction(values, kept, self.loops, self.n, fill)[:num_loops].to(values.dtype)
+            loop_rows = _loop_reduction(values, self.loops, fill)[:num_loops].to(values.dtype)
         else:
             loop_rows = fill.to(values.dtype).expand(num_loops, values.shape[1])
         return torch.cat([kept, loop_rows])
@@ -355,24 +341,32 @@ class GATConv(_PyGHeadsConv):
         self._reset_shared()
 
     def _edge_score(self, call: _Call, edge_attr: Any, dtype: torch.dtype) -> torch.Tensor | None:
-        """``[E', H]``: ``att_edge · lin_edge(edge_attr)`` per edge and head, as ``edge_attr · M`` with ``M [K, H]``
-        folded from the two parameters (no ``[E, H·C]`` tensor), the self loops' rows from ``fill_value``; None
-        without ``edge_dim`` (PyG ignores ``edge_attr`` then).  Linear in the features, so the loops' rows of a
-        constant, ``'mean'`` or ``'add'`` fill are formed from the ``[E, H]`` scores (the narrower rows), those of
-        ``'max'`` / ``'min'`` / ``'mul'`` from the features, as PyG does."""
+        """``[E', H]`` in the self-looped graph's CSR order (``ops.gat``'s ``edge_score_order='csr'``):
+        ``att_edge · lin_edge(edge_attr)`` per edge and head, as ``edge_attr · M`` with ``M [K, H]`` folded from the
+        two parameters in the accumulation dtype (no ``[E, H·C]`` tensor), formed by
+        :func:`gnnfuse.edge_score.edge_score_csr` at the CSR positions; the self loops' rows from ``fill_value``: a
+        constant's score, or the mean / sum of the node's incoming kept edges' scores (linear in the features, so
+        PyG's reduction of the features moves onto the ``H``-wide scores); ``'max'`` / ``'min'`` / ``'mul'`` reduce
+        the features as PyG does, before the product.  None without ``edge_dim`` (PyG ignores ``edge_attr`` then)."""
         if self.lin_edge is None:
             return None
         attr = call.check_edge_attr(edge_attr, self.edge_dim, dtype)
-        fold = (self.lin_edge.weight.view(self.heads, self.out_channels, self.edge_dim)
-                * self.att_edge.view(self.heads, self.out_channels, 1)).sum(dim=1).t()  # [K, H]
-        fill = self.fill_value
-        if call.loops is None:
-            return attr @ fold
+        acc = torch.float64 if dtype == torch.float64 else torch.float32
+        fold = (self.lin_edge.weight.view(self.heads, self.out_channels, self.edge_dim).to(acc)
+                * self.att_edge.view(self.heads, self.out_channels, 1).to(acc)).sum(dim=1).t()  # [K, H]
+        fill, graph, loops = self.fill_value, call.graph, call.loops
+        if loops is None:
+            return edge_score_csr(attr, fold, graph.csr_eid)
         if isinstance(fill, str) and _FILL_REDUCTIONS[fill] not in ("sum", "mean"):
-            return call.with_loops(attr, fill) @ fold
-        if not isinstance(fill, str):
-            fill = torch.as_tensor(fill, dtype=dtype, device=attr.device).expand(self.edge_dim) @ fold
-        return call.with_loops(attr @ fold, fill)
+            return edge_score_csr(call.with_loops(attr, fill), fold, graph.csr_eid)
+        fill_row = None
+        if isinstance(fill, str):
+            mode = _FILL_REDUCTIONS[fill].replace("sum", "add")
+        else:
+            mode, fill_row = "const", torch.as_tensor(fill, dtype=acc, device=attr.device).expand(self.edge_dim) @ fold
+        return edge_score_csr(attr, fold, loops.csr_input, LoopFill(mode, loops.loop_pos, graph.indptr,
+                                                                     graph.csr_dst, loops.kept_in_degree,
+                                                                     graph.num_nodes, fill_row))
 
     @backend.eager_under_compile
     def forward(
@@ -386,7 +380,7 @@ class GATConv(_PyGHeadsConv):
         edge_score = self._edge_score(call, edge_attr, weight.dtype)
         shape = (-1, self.heads, self.out_channels)
         common = dict(negative_slope=self.negative_slope, dropout=self._dropout(), rng=rng, schedule=schedule,
-                      return_attention=want, edge_score=edge_score)
+                      return_attention=want, edge_score=edge_score, edge_score_order="csr")
         add = None
         if not call.pair and self.lin is not None:  # the projection and node scores fused (gnnfuse.nn.GATConv's path)
             add = self._out_add(call)

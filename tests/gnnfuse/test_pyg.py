@@ -114,16 +114,11 @@ def test_agnn_matches_pyg(gen, device):
 FILLS = ["mean", "add", "max", "min", "mul", 0.5, "tensor"]
 
 
-# every fill with the default summation; 'mean' and 'add' (the fills it applies to) with the segmented one as well
-FILL_RUNS = [(fill, "index_add") for fill in FILLS] + [(fill, "segment") for fill in ("mean", "add")]
-
-
-@pytest.mark.parametrize("fill,summing", FILL_RUNS)
-def test_gat_edge_features_match_pyg(fill, summing, gen, device, monkeypatch):
-    """PyG GATConv's ``edge_dim``: the edge term folded to one score per edge and head, the self loops' features
-    from ``fill_value`` as PyG's ``add_self_loops`` forms them (each way of summing 'mean' / 'add'); gradients of
-    edge_attr, lin_edge and att_edge."""
-    monkeypatch.setattr(fused, "LOOP_FILL_SUM", summing)
+@pytest.mark.parametrize("fill", FILLS)
+def test_gat_edge_features_match_pyg(fill, gen, device):
+    """PyG GATConv's ``edge_dim``: the edge term folded to one score per edge and head and formed in CSR order, the
+    self loops' rows from ``fill_value`` as PyG's ``add_self_loops`` forms them (the mean / sum of the scores, a
+    constant's score, or the features' max / min / product); gradients of edge_attr, lin_edge and att_edge."""
     edges = corner_case_edges(gen, N)
     x = torch.randn(N, F, generator=gen, dtype=torch.float64)
     attr = torch.randn(edges.shape[1], 3, generator=gen, dtype=torch.float64)
@@ -337,11 +332,17 @@ def test_the_self_looped_graph_is_built_once_per_edge_tensor(gen, device):
 
     base = as_graph(edges, N)
     layer(x, edges)
-    looped, kept, _, _ = base.pyg_self_loops()
+    loops = base.pyg_self_loops()
+    looped, kept = loops.graph, loops.kept
     layer(x, edges)
-    assert base.pyg_self_loops()[0] is looped
+    assert base.pyg_self_loops().graph is looped
     assert looped.num_edges == kept.numel() + N and looped.num_nodes == N
     assert not (edges[0, kept] == edges[1, kept]).any()
+    # per CSR position: the input edge it came from (-1 at the loops), and where each node's loop sits
+    eid = looped.csr_eid.long()
+    want = torch.where(eid < kept.numel(), kept[eid.clamp(max=max(kept.numel() - 1, 0))], -1)
+    assert torch.equal(loops.csr_input.long(), want)
+    assert torch.equal(eid[loops.loop_pos.long()], kept.numel() + torch.arange(N, device=device))
     edges[0, 0] = (edges[0, 0] + 1) % N  # edited in place: a new graph, new loops
     assert as_graph(edges, N) is not base
     layer(x, edges)

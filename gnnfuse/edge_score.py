@@ -1,0 +1,158 @@
+"""GAT's per-edge score term formed from edge features in the attention kernels' CSR order (PyG GATConv's
+``edge_dim``), with the self loops PyG adds: :func:`edge_score_csr`.
+
+``ee [P, H]`` at the CSR positions ``p`` of the graph the attention runs over::
+
+    ee_p = attr[src_edge[p]] · M                                  (src_edge[p] >= 0)
+    ee_{loop(i)} = mean / sum of ee_p over i's other positions     ('mean' / 'add': PyG's reduction of the features,
+                                                                    moved through the linear map onto the scores)
+    ee_{loop(i)} = fill_row                                        (a constant fill, fill_value · M, every loop)
+
+``attr [R, K]`` stays in the caller's edge order; ``M [K, H]`` folds ``lin_edge`` and ``att_edge``.  Two launches
+(:mod:`gnnfuse.kernels.edge_score`) instead of a product in input order, a gather of the kept edges, the loops'
+reduction by atomics, a concatenation and a gather into CSR order; the backward is one launch (``∂attr`` at the
+features' own rows, ``∂M`` as per-program partials summed by :func:`fusecore.linear.column_sum`) after a gather of
+the loops' gradients.  ``ops.gat(..., edge_score=ee, edge_score_order="csr")`` takes the result as it is and hands
+its gradient back in the same order (no scatter).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from fusecore import backend, cdiv, next_power_of_2
+from fusecore.linear import column_sum
+from fusecore.rows import gather_rows
+
+from . import ops
+from .kernels.edge_score import (
+    FILL_ADD,
+    FILL_CONST,
+    FILL_MEAN,
+    edge_score_backward_kernel,
+    edge_score_kernel,
+    loop_score_kernel,
+)
+
+FILL_MODES = {"const": FILL_CONST, "mean": FILL_MEAN, "add": FILL_ADD}
+# Positions per program (forward), per block and blocks per program (backward: the ∂M partials), loop nodes per
+# program, the loop fill's edge block and the feature chunk of one register product.
+SCORE_BLOCK_P = 32
+BACKWARD_BLOCKS = 16
+LOOP_NODES = 8
+LOOP_BLOCK_E = 16
+BLOCK_K_MAX = 16
+
+
+class LoopFill(NamedTuple):
+    """The self loops' rows of :func:`edge_score_csr`: ``mode`` ``'mean'`` / ``'add'`` / ``'const'``;
+    ``loop_pos [L]`` (the CSR position of node ``i``'s loop, ``i < L``), the graph's ``indptr [N + 1]`` and
+    ``csr_dst [P]``, ``counts [≥ L]`` (each loop node's incoming kept edges), ``num_nodes``; ``fill_row [H]``
+    (``'const'``: the score every loop gets, differentiable), else None."""
+
+    mode: str
+    loop_pos: torch.Tensor
+    indptr: torch.Tensor
+    csr_dst: torch.Tensor
+    counts: torch.Tensor
+    num_nodes: int
+    fill_row: torch.Tensor | None = None
+
+
+def _blocks(k: int, h: int) -> tuple[int, int]:
+    return min(BLOCK_K_MAX, next_power_of_2(k)), next_power_of_2(h)
+
+
+class EdgeScoreFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, attr, fold, fill_row, src_edge, loops, acc):  # type: ignore[override]
+        positions, (rows, k), h = src_edge.numel(), attr.shape, fold.shape[1]
+        block_k, block_h = _blocks(k, h)
+        ee = ops._new_output((positions, h), acc, attr.device)
+        if positions:
+            edge_score_kernel[(cdiv(positions, SCORE_BLOCK_P),)](
+                attr, fold, src_edge, ee, positions, K=k, H=h, BLOCK_P=SCORE_BLOCK_P, BLOCK_K=block_k,
+                BLOCK_H=block_h)
+        num_loops = 0 if loops is None else loops.loop_pos.numel()
+        if num_loops:
+            mode = FILL_MODES[loops.mode]
+            fill = ee if fill_row is None else fill_row.to(acc).contiguous()
+            loop_score_kernel[(cdiv(num_loops, LOOP_NODES),)](
+                ee, loops.indptr, loops.loop_pos, fill, num_loops, H=h, MODE=mode, NODES=LOOP_NODES,
+                BLOCK_E=LOOP_BLOCK_E, BLOCK_H=block_h)
+        ctx.save_for_backward(attr, fold, src_edge)
+        ctx.loops, ctx.num_loops, ctx.fill_dtype = loops, num_loops, None if fill_row is None else fill_row.dtype
+        ctx.covers = positions - num_loops == rows  # every feature row read once: ∂attr needs no zero fill
+        return ee
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):  # type: ignore[override]
+        attr, fold, src_edge = ctx.saved_tensors
+        loops, num_loops = ctx.loops, ctx.num_loops
+        grad = grad.contiguous()
+        positions, (rows, k), h = src_edge.numel(), attr.shape, fold.shape[1]
+        spread, grad_fill = None, None
+        if num_loops:
+            loop_grad = gather_rows(grad, loops.loop_pos)
+            if loops.mode == "const":
+                grad_fill = loop_grad.sum(0).to(ctx.fill_dtype) if ctx.needs_input_grad[2] else None
+            else:
+                if loops.mode == "mean":
+                    loop_grad = loop_grad / loops.counts[:num_loops].clamp(min=1).to(grad.dtype)[:, None]
+                spread = grad.new_zeros((loops.num_nodes, h))
+                spread[:num_loops] = loop_grad
+        block_k, block_h = _blocks(k, h)
+        programs = max(1, cdiv(positions, SCORE_BLOCK_P * BACKWARD_BLOCKS))
+        grad_attr = (ops._new_output((rows, k), attr.dtype, attr.device) if ctx.covers
+                     else torch.zeros((rows, k), dtype=attr.dtype, device=attr.device))
+        parts = ops._new_output((programs, k * h), grad.dtype, grad.device)
+        if positions:
+            edge_score_backward_kernel[(programs,)](
+                attr, fold, src_edge, loops.csr_dst if spread is not None else src_edge, grad,
+                spread if spread is not None else grad, grad_attr, parts, positions, K=k, H=h,
+                SPREAD=spread is not None, BLOCKS=BACKWARD_BLOCKS, BLOCK_P=SCORE_BLOCK_P, BLOCK_K=block_k,
+                BLOCK_H=block_h)
+        else:
+            parts.zero_()
+        grad_fold = column_sum(parts).view(k, h).to(fold.dtype)
+        return grad_attr, grad_fold, grad_fill, None, None, None
+
+
+def edge_score_csr(attr: torch.Tensor, fold: torch.Tensor, src_edge: torch.Tensor, loops: LoopFill | None = None
+                   ) -> torch.Tensor:
+    """``ee [P, H]`` in the accumulation dtype of ``attr`` (float32; float64 for float64), CSR order — see the
+    module docstring; differentiable in ``attr``, ``fold`` and ``loops.fill_row``.
+
+    ``attr [R, K]`` (float dtype), ``fold [K, H]`` (any float dtype, used in the accumulation dtype), ``src_edge
+    [P]`` (int32/int64: the feature row of each position, ``-1`` exactly at the loops' positions, each row at most
+    once), ``loops``: :class:`LoopFill` or None (no position is ``-1`` then).  The indices come from a
+    :class:`gnnfuse.Graph` and its :meth:`~gnnfuse.Graph.pyg_self_loops` and are not checked on the device."""
+    acc = torch.float64 if attr.dtype == torch.float64 else torch.float32
+    if loops is not None and loops.mode not in FILL_MODES:
+        raise ValueError(f"loops.mode must be one of {sorted(FILL_MODES)}, got {loops.mode!r}")
+    if backend.reference_enabled() or not backend.on_kernel_device(attr):
+        return _edge_score_reference(attr, fold.to(acc), src_edge, loops, acc)
+    fill_row = None if loops is None else loops.fill_row
+    return EdgeScoreFunction.apply(attr.contiguous(), fold.to(acc).contiguous(), fill_row, src_edge.contiguous(),
+                                   loops, acc)
+
+
+def _edge_score_reference(attr, fold, src_edge, loops, acc):
+    """:func:`edge_score_csr` in torch ops (differentiable): the scores per position, then the loops' rows."""
+    index = src_edge.to(torch.int64)
+    kept = index >= 0
+    ee = (attr.to(acc)[index.clamp(min=0)] @ fold) * kept[:, None]
+    if loops is None or loops.loop_pos.numel() == 0:
+        return ee
+    pos, num_nodes = loops.loop_pos.to(torch.int64), loops.num_nodes
+    if loops.mode == "const":
+        rows = loops.fill_row.to(acc).expand(pos.numel(), ee.shape[1])
+    else:
+        dst = loops.csr_dst.to(torch.int64)
+        sums = ee.new_zeros((num_nodes, ee.shape[1])).index_add(0, dst[kept], ee[kept])[: pos.numel()]
+        rows = sums / loops.counts[: pos.numel()].clamp(min=1).to(acc)[:, None] if loops.mode == "mean" else sums
+    return ee.index_put((pos,), rows)
