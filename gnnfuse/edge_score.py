@@ -38,13 +38,13 @@ from .kernels.edge_score import (
 )
 
 FILL_MODES = {"const": FILL_CONST, "mean": FILL_MEAN, "add": FILL_ADD}
-# Positions per program (forward), per block and blocks per program (backward: the ∂M partials), loop nodes per
-# program, the loop fill's edge block and the feature chunk of one register product.
-SCORE_BLOCK_P = 32
-BACKWARD_BLOCKS = 16
-LOOP_NODES = 8
-LOOP_BLOCK_E = 16
-BLOCK_K_MAX = 16
+# Positions per program (forward) and per block, blocks per program (backward: the ∂M partials), loop nodes per
+# program of the fill, the largest feature chunk of one product (tl.dot takes dimensions of 16 and more).
+SCORE_BLOCK_P = 64
+BACKWARD_BLOCKS = 8
+LOOP_BLOCK_N = 128
+BLOCK_K_MAX = 32
+MIN_DOT = 16
 
 
 class LoopFill(NamedTuple):
@@ -63,7 +63,7 @@ class LoopFill(NamedTuple):
 
 
 def _blocks(k: int, h: int) -> tuple[int, int]:
-    return min(BLOCK_K_MAX, next_power_of_2(k)), next_power_of_2(h)
+    return max(MIN_DOT, min(BLOCK_K_MAX, next_power_of_2(k))), max(MIN_DOT, next_power_of_2(h))
 
 
 class EdgeScoreFunction(torch.autograd.Function):
@@ -72,17 +72,18 @@ class EdgeScoreFunction(torch.autograd.Function):
         positions, (rows, k), h = src_edge.numel(), attr.shape, fold.shape[1]
         block_k, block_h = _blocks(k, h)
         ee = ops._new_output((positions, h), acc, attr.device)
+        num_loops = 0 if loops is None else loops.loop_pos.numel()
+        summed = num_loops > 0 and loops.mode != "const"
+        sums = torch.zeros((loops.num_nodes, h), dtype=acc, device=attr.device) if summed else ee
         if positions:
             edge_score_kernel[(cdiv(positions, SCORE_BLOCK_P),)](
-                attr, fold, src_edge, ee, positions, K=k, H=h, BLOCK_P=SCORE_BLOCK_P, BLOCK_K=block_k,
-                BLOCK_H=block_h)
-        num_loops = 0 if loops is None else loops.loop_pos.numel()
+                attr, fold, src_edge, ee, loops.csr_dst if summed else src_edge, sums, positions, K=k, H=h,
+                SUMS=summed, BLOCK_P=SCORE_BLOCK_P, BLOCK_K=block_k, BLOCK_H=block_h)
         if num_loops:
-            mode = FILL_MODES[loops.mode]
             fill = ee if fill_row is None else fill_row.to(acc).contiguous()
-            loop_score_kernel[(cdiv(num_loops, LOOP_NODES),)](
-                ee, loops.indptr, loops.loop_pos, fill, num_loops, H=h, MODE=mode, NODES=LOOP_NODES,
-                BLOCK_E=LOOP_BLOCK_E, BLOCK_H=block_h)
+            loop_score_kernel[(cdiv(num_loops, LOOP_BLOCK_N),)](
+                ee, sums, loops.counts, loops.loop_pos, fill, num_loops, H=h, MODE=FILL_MODES[loops.mode],
+                BLOCK_N=LOOP_BLOCK_N, BLOCK_H=next_power_of_2(h))
         ctx.save_for_backward(attr, fold, src_edge)
         ctx.loops, ctx.num_loops, ctx.fill_dtype = loops, num_loops, None if fill_row is None else fill_row.dtype
         ctx.covers = positions - num_loops == rows  # every feature row read once: ∂attr needs no zero fill

@@ -108,25 +108,27 @@ def test_without_loops_every_position_reads_its_edge(gen, monkeypatch):
 
 
 def test_empty_graph_many_backward_blocks_and_the_torch_path(gen, monkeypatch):
-    """No edges (loops only); more positions than one backward program holds (the ∂M partials summed); the torch
-    form the reference mode runs equals the kernels."""
+    """No edges (loops only); blocks of 16 positions (a hub's run across blocks) and more positions than one
+    backward program holds (the ∂M partials summed): the kernels against the torch form the reference mode runs,
+    and that form against the float64 oracle."""
     device = test_device()
     graph = Graph(torch.zeros(2, 0, dtype=torch.int64, device=device), 4)
     loops = graph.pyg_self_loops()
-    attr = torch.randn(0, 3, generator=gen, dtype=torch.float64, device=device, requires_grad=True)
-    fold = torch.randn(3, 2, generator=gen, dtype=torch.float64, device=device, requires_grad=True)
+    attr = torch.zeros(0, 3, dtype=torch.float64, device=device, requires_grad=True)
+    fold = torch.randn(3, 2, generator=gen, dtype=torch.float64).to(device).requires_grad_(True)
     ee = edge_score_csr(attr, fold, loops.csr_input, _fill(loops, loops.graph, "mean"))
     assert torch.equal(ee, torch.zeros(4, 2, dtype=torch.float64, device=device))
     (g,) = torch.autograd.grad(ee.sum(), fold)
     assert torch.equal(g, torch.zeros_like(fold))
-    monkeypatch.setattr(edge_score_module, "SCORE_BLOCK_P", 4)
+    monkeypatch.setattr(edge_score_module, "SCORE_BLOCK_P", 16)
     monkeypatch.setattr(edge_score_module, "BACKWARD_BLOCKS", 2)
     edges = torch.randint(0, 40, (2, 300), generator=gen)
+    edges[1, :100] = 0  # a hub whose run of positions crosses several blocks (each block's run sums added)
     graph = Graph(edges.to(device), 40)
     loops = graph.pyg_self_loops()
-    attr = torch.randn(300, 5, generator=gen, dtype=torch.float64, device=device, requires_grad=True)
-    fold = torch.randn(5, 3, generator=gen, dtype=torch.float64, device=device, requires_grad=True)
-    upstream = torch.randn(loops.graph.num_edges, 3, generator=gen, dtype=torch.float64, device=device)
+    attr = torch.randn(300, 5, generator=gen, dtype=torch.float64).to(device).requires_grad_(True)
+    fold = torch.randn(5, 3, generator=gen, dtype=torch.float64).to(device).requires_grad_(True)
+    upstream = torch.randn(loops.graph.num_edges, 3, generator=gen, dtype=torch.float64).to(device)
     results = []
     for reference in (False, True):
         monkeypatch.setattr(edge_score_module.backend, "reference_enabled", lambda r=reference: r)
@@ -134,6 +136,8 @@ def test_empty_graph_many_backward_blocks_and_the_torch_path(gen, monkeypatch):
         results.append((ee, *torch.autograd.grad(ee, [attr, fold], upstream)))
     for a, b in zip(*results):
         assert_close(a, b, tol=TOLERANCES[torch.float64])
+    ref = _oracle(attr, fold, None, graph, loops, "mean", 40)
+    assert_close(results[0][0].cpu(), ref.detach(), tol=TOLERANCES[torch.float64], name="ee")
 
 
 def test_bad_mode_is_refused(gen):
