@@ -39,9 +39,13 @@ from .kernels.edge_score import (
 
 FILL_MODES = {"const": FILL_CONST, "mean": FILL_MEAN, "add": FILL_ADD}
 # Positions per program (forward) and per block, blocks per program (backward: the ∂M partials), loop nodes per
-# program of the fill, the largest feature chunk of one product (tl.dot takes dimensions of 16 and more).
+# program of the fill, the largest feature chunk of one product (tl.dot takes dimensions of 16 and more).  H200,
+# arxiv-like K=16 H=8 float32 (session 42, benchmarks/results/H200/gnn-edge-score-sweep.s42c5.log and
+# gnn-pyg-edge-dim-prof.s42c4 / s42c6.log): forward 64 positions 91.1 µs as called, 32: 105.0, 128: 89.3 (noise
+# apart); backward kernel 213.3 µs at 8 blocks of 64, 203.7 at 1 (profiles), and the fastest call as made (425.3 µs
+# against 779.6).  Both kernels read at 26-37% of their bytes' floor: the feature rows are 64-byte gathers.
 SCORE_BLOCK_P = 64
-BACKWARD_BLOCKS = 8
+BACKWARD_BLOCKS = 1
 LOOP_BLOCK_N = 128
 BLOCK_K_MAX = 32
 MIN_DOT = 16
