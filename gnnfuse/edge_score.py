@@ -53,13 +53,12 @@ MIN_DOT = 16
 
 class LoopFill(NamedTuple):
     """The self loops' rows of :func:`edge_score_csr`: ``mode`` ``'mean'`` / ``'add'`` / ``'const'``;
-    ``loop_pos [L]`` (the CSR position of node ``i``'s loop, ``i < L``), the graph's ``indptr [N + 1]`` and
-    ``csr_dst [P]``, ``counts [≥ L]`` (each loop node's incoming kept edges), ``num_nodes``; ``fill_row [H]``
-    (``'const'``: the score every loop gets, differentiable), else None."""
+    ``loop_pos [L]`` (the CSR position of node ``i``'s loop, ``i < L``), the graph's ``csr_dst [P]`` (each
+    position's destination, sorted), ``counts [≥ L]`` (each loop node's incoming kept edges), ``num_nodes``;
+    ``fill_row [H]`` (``'const'``: the score every loop gets, differentiable), else None."""
 
     mode: str
     loop_pos: torch.Tensor
-    indptr: torch.Tensor
     csr_dst: torch.Tensor
     counts: torch.Tensor
     num_nodes: int
@@ -137,13 +136,45 @@ def edge_score_csr(attr: torch.Tensor, fold: torch.Tensor, src_edge: torch.Tenso
     once), ``loops``: :class:`LoopFill` or None (no position is ``-1`` then).  The indices come from a
     :class:`gnnfuse.Graph` and its :meth:`~gnnfuse.Graph.pyg_self_loops` and are not checked on the device."""
     acc = torch.float64 if attr.dtype == torch.float64 else torch.float32
-    if loops is not None and loops.mode not in FILL_MODES:
-        raise ValueError(f"loops.mode must be one of {sorted(FILL_MODES)}, got {loops.mode!r}")
+    _check(attr, fold, src_edge, loops)
     if backend.reference_enabled() or not backend.on_kernel_device(attr):
         return _edge_score_reference(attr, fold.to(acc), src_edge, loops, acc)
     fill_row = None if loops is None else loops.fill_row
     return EdgeScoreFunction.apply(attr.contiguous(), fold.to(acc).contiguous(), fill_row, src_edge.contiguous(),
                                    loops, acc)
+
+
+def _check(attr: torch.Tensor, fold: torch.Tensor, src_edge: torch.Tensor, loops: LoopFill | None) -> None:
+    """Shapes, dtypes and devices of :func:`edge_score_csr`'s arguments, each named (index values are not read)."""
+    if not isinstance(attr, torch.Tensor) or attr.dim() != 2 or not attr.is_floating_point():
+        raise ValueError(f"attr must be a float tensor [rows, K], got {getattr(attr, 'dtype', type(attr).__name__)} "
+                         f"{list(getattr(attr, 'shape', []))}")
+    if not isinstance(fold, torch.Tensor) or fold.dim() != 2 or fold.shape[0] != attr.shape[1] or (
+            not fold.is_floating_point()):
+        raise ValueError(f"fold must be a float tensor [K, H] with K = attr's {attr.shape[1]} columns, got "
+                         f"{list(getattr(fold, 'shape', []))}")
+    if not isinstance(src_edge, torch.Tensor) or src_edge.dim() != 1 or src_edge.dtype not in (torch.int32,
+                                                                                               torch.int64):
+        raise ValueError("src_edge must be a 1-D int32 or int64 tensor (a feature row per CSR position)")
+    named = {"attr": attr, "fold": fold, "src_edge": src_edge}
+    if loops is not None:
+        if loops.mode not in FILL_MODES:
+            raise ValueError(f"loops.mode must be one of {sorted(FILL_MODES)}, got {loops.mode!r}")
+        positions, num_loops = src_edge.numel(), loops.loop_pos.numel()
+        if loops.csr_dst.numel() != positions or num_loops > positions or loops.counts.numel() < num_loops or (
+                loops.num_nodes < num_loops):
+            raise ValueError(f"loops do not fit the graph: csr_dst has {loops.csr_dst.numel()} entries for "
+                             f"{positions} positions, {num_loops} loops, {loops.counts.numel()} counts, "
+                             f"{loops.num_nodes} nodes")
+        if (loops.mode == "const") != (loops.fill_row is not None):
+            raise ValueError("loops.fill_row goes with mode 'const', and only with it")
+        if loops.fill_row is not None and tuple(loops.fill_row.shape) != (fold.shape[1],):
+            raise ValueError(f"loops.fill_row must have shape [H] = [{fold.shape[1]}], got "
+                             f"{list(loops.fill_row.shape)}")
+        named.update(loop_pos=loops.loop_pos, csr_dst=loops.csr_dst, counts=loops.counts, fill_row=loops.fill_row)
+    for name, tensor in named.items():
+        if tensor is not None and tensor.device != attr.device:
+            raise ValueError(f"{name} is on '{tensor.device}' but attr is on '{attr.device}'")
 
 
 def _edge_score_reference(attr, fold, src_edge, loops, acc):

@@ -364,9 +364,8 @@ class GATConv(_PyGHeadsConv):
             mode = _FILL_REDUCTIONS[fill].replace("sum", "add")
         else:
             mode, fill_row = "const", torch.as_tensor(fill, dtype=acc, device=attr.device).expand(self.edge_dim) @ fold
-        return edge_score_csr(attr, fold, loops.csr_input, LoopFill(mode, loops.loop_pos, graph.indptr,
-                                                                     graph.csr_dst, loops.kept_in_degree,
-                                                                     graph.num_nodes, fill_row))
+        return edge_score_csr(attr, fold, loops.csr_input, LoopFill(mode, loops.loop_pos, graph.csr_dst,
+                                                                     loops.kept_in_degree, graph.num_nodes, fill_row))
 
     @backend.eager_under_compile
     def forward(

@@ -418,4 +418,39 @@ def test_bad_edge_scores_are_refused(device, monkeypatch):
             call([[0.0, 0.0]] * 3)
         with pytest.raises(ValueError, match="edge_score"):
             call(torch.ones(3, 2, device="meta"))
+    for order in ("CSR", None, 1):
+        with pytest.raises(ValueError, match=r"edge_score_order must be one of \('input', 'csr'\)"):
+            ops.gat(graph, x, attn, attn, edge_score=s, edge_score_order=order)
+        with pytest.raises(ValueError, match="edge_score_order"):
+            ops.gat_attention(graph, x, s, s, edge_score=s, edge_score_order=order)
     assert created == [], "a refused call allocated outputs"
+
+
+@pytest.mark.parametrize("reference", [False, True])
+@pytest.mark.parametrize("op", ["gat_attention", "gat"])
+def test_edge_score_in_csr_order(op, reference, gen, device):
+    """``edge_score_order='csr'``: the term given at the graph's CSR positions gives the output of the same term in
+    input order, and its gradient comes back at the CSR positions (the input order's gradient permuted), on the
+    kernels and on the reference path."""
+    num_nodes, heads, dim = 29, 3, 4
+    edges = corner_case_edges(gen, num_nodes)
+    graph = Graph(edges.to(device), num_nodes)
+    wh, el, er, score = (t.to(device) for t in leaves(gen, num_nodes, edges.shape[1], heads, dim, torch.float64))
+    attn_l, attn_r = (torch.randn(1, heads, dim, generator=gen, dtype=torch.float64).to(device) for _ in range(2))
+    eid = graph.csr_eid.long()
+    grad = torch.randn(num_nodes, heads, dim, generator=gen, dtype=torch.float64).to(device)
+    results = []
+    for order, term in (("input", score), ("csr", score[eid])):
+        leaf = term.clone().requires_grad_(True)
+        with use_reference(reference):
+            if op == "gat":
+                out = ops.gat(graph, wh, attn_l, attn_r, negative_slope=SLOPE, edge_score=leaf, edge_score_order=order)
+            else:
+                out = ops.gat_attention(graph, wh, el, er, negative_slope=SLOPE, edge_score=leaf,
+                                        edge_score_order=order)
+        out.backward(grad)
+        results.append((out.detach(), leaf.grad))
+    (out_in, grad_in), (out_csr, grad_csr) = results
+    tol = TOLERANCES[torch.float64]
+    assert_close(out_csr, out_in, tol=tol, name="output")
+    assert_close(grad_csr, grad_in[eid], tol=tol, name="∂ee at the CSR positions")

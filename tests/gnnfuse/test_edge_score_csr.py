@@ -44,8 +44,7 @@ def _oracle(attr, fold, fill_row_features, graph, loops, mode, num_loops):
 
 
 def _fill(loops, looped: Graph, mode, fill_row=None):
-    return LoopFill(mode, loops.loop_pos, looped.indptr, looped.csr_dst, loops.kept_in_degree, looped.num_nodes,
-                    fill_row)
+    return LoopFill(mode, loops.loop_pos, looped.csr_dst, loops.kept_in_degree, looped.num_nodes, fill_row)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -140,10 +139,23 @@ def test_empty_graph_many_backward_blocks_and_the_torch_path(gen, monkeypatch):
     assert_close(results[0][0].cpu(), ref.detach(), tol=TOLERANCES[torch.float64], name="ee")
 
 
-def test_bad_mode_is_refused(gen):
+def test_bad_arguments_are_refused_by_name(gen):
     device = test_device()
     graph = Graph(torch.tensor([[0, 1], [1, 0]], device=device), 2)
     loops = graph.pyg_self_loops()
-    with pytest.raises(ValueError, match="loops.mode must be one of"):
-        edge_score_csr(torch.zeros(2, 1, device=device), torch.zeros(1, 1, device=device), loops.csr_input,
-                       _fill(loops, loops.graph, "max"))
+    attr, fold = torch.zeros(2, 3, device=device), torch.zeros(3, 2, device=device)
+    mean = _fill(loops, loops.graph, "mean")
+    cases = [
+        ((torch.zeros(2, device=device), fold, loops.csr_input, None), "attr must be a float tensor"),
+        ((attr, torch.zeros(4, 2, device=device), loops.csr_input, None), "fold must be a float tensor"),
+        ((attr, fold, loops.csr_input.float(), None), "src_edge must be a 1-D int32 or int64"),
+        ((attr, fold, loops.csr_input, _fill(loops, loops.graph, "max")), "loops.mode must be one of"),
+        ((attr, fold, loops.csr_input[:3], mean), "loops do not fit the graph"),
+        ((attr, fold, loops.csr_input, _fill(loops, loops.graph, "mean", torch.zeros(2, device=device))),
+         "fill_row goes with mode 'const'"),
+        ((attr, fold, loops.csr_input, _fill(loops, loops.graph, "const", torch.zeros(3, device=device))),
+         r"fill_row must have shape \[H\]"),
+    ]
+    for args, message in cases:
+        with pytest.raises(ValueError, match=message):
+            edge_score_csr(*args)

@@ -180,6 +180,28 @@ def test_bipartite_pairs_match_pyg(sizes, cls_name, kwargs, gen, device):
     _check(ours, theirs, out, ref, [("x_src", so, st), ("x_dst", do_, dt)], gen)
 
 
+# PyG's own 'mean' / 'add' fill indexes out of bounds when N_dst > N_src (its scatter is sized min(N_src, N_dst)
+# while the destinations reach N_dst): those pairs run with a constant fill only
+@pytest.mark.parametrize("sizes,fill", [((23, 11), "mean"), ((23, 11), "add"), ((23, 11), 0.5), ((9, 17), 0.5)])
+def test_bipartite_edge_features_match_pyg(sizes, fill, gen, device):
+    """GATConv's ``edge_dim`` on a bipartite pair: loops on the first ``min(N_src, N_dst)`` nodes only, their score
+    rows from ``fill_value`` (the CSR-order score kernels with loop nodes fewer than the graph's)."""
+    n_src, n_dst = sizes
+    edges = torch.stack([torch.randint(0, n_src, (60,), generator=gen), torch.randint(0, n_dst, (60,), generator=gen)])
+    x_src = torch.randn(n_src, F, generator=gen, dtype=torch.float64)
+    x_dst = torch.randn(n_dst, F, generator=gen, dtype=torch.float64)
+    attr = torch.randn(60, 3, generator=gen, dtype=torch.float64)
+    ours, theirs = _pair("GATConv", F, C, heads=H, negative_slope=0.25, edge_dim=3, fill_value=fill, gen=gen,
+                         device=device)
+    so, do_, st, dt = _leaf(x_src, device), _leaf(x_dst, device), _leaf(x_src, "cpu"), _leaf(x_dst, "cpu")
+    ao, at = _leaf(attr, device), _leaf(attr, "cpu")
+    out, (ei, alpha) = ours((so, do_), edges.to(device), ao, return_attention_weights=True)
+    ref, (ref_ei, ref_alpha) = theirs((st, dt), edges, at, return_attention_weights=True)
+    assert torch.equal(ei.cpu(), ref_ei)
+    assert_close(alpha, ref_alpha, tol=TOL, name="attention")
+    _check(ours, theirs, out, ref, [("x_src", so, st), ("x_dst", do_, dt), ("edge_attr", ao, at)], gen)
+
+
 def test_gat_with_source_and_destination_weights(gen, device):
     """``in_channels`` a pair: ``lin_src`` / ``lin_dst``, on a pair of different widths and on one tensor."""
     n_src, n_dst = 13, 8
