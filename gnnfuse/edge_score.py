@@ -11,9 +11,9 @@
 ``attr [R, K]`` stays in the caller's edge order; ``M [K, H]`` folds ``lin_edge`` and ``att_edge``.  Two launches
 (:mod:`gnnfuse.kernels.edge_score`) instead of a product in input order, a gather of the kept edges, the loops'
 reduction by atomics, a concatenation and a gather into CSR order; the backward is one launch (``∂attr`` at the
-features' own rows, ``∂M`` as per-program partials summed by :func:`fusecore.linear.column_sum`) after a gather of
-the loops' gradients.  ``ops.gat(..., edge_score=ee, edge_score_order="csr")`` takes the result as it is and hands
-its gradient back in the same order (no scatter).
+features' own rows, ``∂M`` as per-program partials summed by :func:`fusecore.linear.column_sum`; each kept edge reads
+its share of its destination's loop gradient itself).  ``ops.gat(..., edge_score=ee, edge_score_order="csr")``
+takes the result as it is and hands its gradient back in the same order (no scatter).
 """
 
 from __future__ import annotations
@@ -99,27 +99,23 @@ class EdgeScoreFunction(torch.autograd.Function):
         loops, num_loops = ctx.loops, ctx.num_loops
         grad = grad.contiguous()
         positions, (rows, k), h = src_edge.numel(), attr.shape, fold.shape[1]
-        spread, grad_fill = None, None
-        if num_loops:
-            loop_grad = gather_rows(grad, loops.loop_pos)
-            if loops.mode == "const":
-                grad_fill = loop_grad.sum(0).to(ctx.fill_dtype) if ctx.needs_input_grad[2] else None
-            else:
-                if loops.mode == "mean":
-                    loop_grad = loop_grad / loops.counts[:num_loops].clamp(min=1).to(grad.dtype)[:, None]
-                spread = grad.new_zeros((loops.num_nodes, h))
-                spread[:num_loops] = loop_grad
+        spread, grad_fill = 0, None
+        if num_loops and loops.mode == "const":
+            if ctx.needs_input_grad[2]:
+                grad_fill = gather_rows(grad, loops.loop_pos).sum(0).to(ctx.fill_dtype)
+        elif num_loops:
+            spread = FILL_MODES[loops.mode]  # each kept edge's share of its destination's loop gradient, in-kernel
         block_k, block_h = _blocks(k, h)
         programs = max(1, cdiv(positions, SCORE_BLOCK_P * BACKWARD_BLOCKS))
         grad_attr = (ops._new_output((rows, k), attr.dtype, attr.device) if ctx.covers
                      else torch.zeros((rows, k), dtype=attr.dtype, device=attr.device))
         parts = ops._new_output((programs, k * h), grad.dtype, grad.device)
+        # the loops' indices, read only with SPREAD (any int tensor stands in without it)
+        looped = (loops.csr_dst, loops.loop_pos, loops.counts) if spread else (src_edge,) * 3
         if positions:
             edge_score_backward_kernel[(programs,)](
-                attr, fold, src_edge, loops.csr_dst if spread is not None else src_edge, grad,
-                spread if spread is not None else grad, grad_attr, parts, positions, K=k, H=h,
-                SPREAD=spread is not None, BLOCKS=BACKWARD_BLOCKS, BLOCK_P=SCORE_BLOCK_P, BLOCK_K=block_k,
-                BLOCK_H=block_h)
+                attr, fold, src_edge, *looped, grad, grad_attr, parts, positions, num_loops, K=k, H=h, SPREAD=spread,
+                BLOCKS=BACKWARD_BLOCKS, BLOCK_P=SCORE_BLOCK_P, BLOCK_K=block_k, BLOCK_H=block_h)
         else:
             parts.zero_()
         grad_fold = column_sum(parts).view(k, h).to(fold.dtype)

@@ -19,10 +19,11 @@ the block: a hub row of ``d`` edges costs ``≈ d / BLOCK_P`` atomics on its add
 (``MEAN``, ``c_i`` the node's kept in-degree), ``sums[i]`` (``ADD``) or one row for all (``CONST``:
 ``fill_value · M``) — element-wise over loop nodes and heads.
 
-:func:`edge_score_backward_kernel`, from ``∂ee [P, H]`` (CSR order; ``spread [N, H]``: the loop's gradient
-``∂ee_{loop(i)}`` divided over (``MEAN``) or given to (``ADD``) each incoming kept edge of ``i``)::
+:func:`edge_score_backward_kernel`, from ``∂ee [P, H]`` (CSR order), adds to each kept edge the share of its
+destination's loop gradient (``SPREAD``: ``MEAN`` divides ``∂ee_{loop(i)}`` over ``i``'s ``c_i`` kept edges, ``ADD``
+gives it to each; the loop's position is inside ``i``'s own row, so the read is a cache hit)::
 
-    g_p          = ∂ee_p + spread[dst(p)]
+    g_p          = ∂ee_p + ∂ee_{loop(dst(p))} / c_dst(p)     (MEAN; without "/ c" for ADD; dst(p) < L only)
     ∂attr_{e(p)} = g_p Mᵀ                   (stored at the feature's own row: the caller's edge order)
     ∂M           = Σ_p attr_{e(p)}ᵀ g_p      (per-program partials [programs, K·H], summed by the launcher)
 """
@@ -111,8 +112,9 @@ def loop_score_kernel(ee_ptr, sums_ptr, counts_ptr, loop_pos_ptr, fill_ptr, num_
 
 
 @jit
-def edge_score_backward_kernel(attr_ptr, fold_ptr, src_edge_ptr, dst_ptr, grad_ptr, spread_ptr, grad_attr_ptr,
-                               part_ptr, P, K: tl.constexpr, H: tl.constexpr, SPREAD: tl.constexpr,
+def edge_score_backward_kernel(attr_ptr, fold_ptr, src_edge_ptr, dst_ptr, loop_pos_ptr, counts_ptr, grad_ptr,
+                               grad_attr_ptr, part_ptr, P, num_loops, K: tl.constexpr, H: tl.constexpr,
+                               SPREAD: tl.constexpr,
                                BLOCKS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
                                BLOCK_H: tl.constexpr):
     acc_dtype = grad_ptr.dtype.element_ty
@@ -127,9 +129,16 @@ def edge_score_backward_kernel(attr_ptr, fold_ptr, src_edge_ptr, dst_ptr, grad_p
             offs_p, _, rows, e_mask = _positions(src_edge_ptr, pid * BLOCKS + b, P, BLOCK_P)
             ph_mask = e_mask[:, None] & h_mask[None, :]
             grad = tl.load(grad_ptr + offs_p[:, None] * H + offs_h[None, :], mask=ph_mask, other=0.0)
-            if SPREAD:
+            if SPREAD != 0:  # FILL_MEAN or FILL_ADD
                 dst = tl.load(dst_ptr + offs_p, mask=e_mask, other=0).to(tl.int64)
-                grad += tl.load(spread_ptr + dst[:, None] * H + offs_h[None, :], mask=ph_mask, other=0.0)
+                looped = e_mask & (dst < num_loops)
+                loop_pos = tl.load(loop_pos_ptr + dst, mask=looped, other=0).to(tl.int64)
+                share = tl.load(grad_ptr + loop_pos[:, None] * H + offs_h[None, :],
+                                mask=looped[:, None] & h_mask[None, :], other=0.0)
+                if SPREAD == 1:  # FILL_MEAN
+                    counts = tl.load(counts_ptr + dst, mask=looped, other=1)
+                    share = share / tl.maximum(counts, 1).to(acc_dtype)[:, None]
+                grad += share
             pk_mask = e_mask[:, None] & k_mask[None, :]
             grad_attr = tl.dot(grad, fold_t, input_precision="ieee", out_dtype=acc_dtype)
             tl.store(grad_attr_ptr + rows[:, None] * K + offs_k[None, :],
