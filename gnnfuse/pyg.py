@@ -18,10 +18,13 @@ cached while the tensor lives unmodified (:func:`gnnfuse.as_graph`), and so is t
 The edge order is PyG's: the edges that are not self loops in input order, then one loop per node, so the
 attention weights returned with ``return_attention_weights=True`` are PyG's edge for edge.
 
+GATConv and GATv2Conv take PyG's lazy ``in_channels=-1`` (or ``(-1, -1)``): their maps are ``nn.LazyLinear``
+until the first call's features (or a loaded state_dict) give them their width, then initialized as PyG does.
+
 Differences from PyG, all refused with a clear error: ``SparseTensor`` / ``torch.sparse`` adjacencies (pass
-``edge_index``), lazy ``in_channels=-1``, ``x_dst=None`` in a pair, GATv2Conv's ``edge_dim`` (its edge term is a
-vector inside the LeakyReLU) and TransformerConv with ``in_channels`` a pair of different sizes.  As in PyG,
-``edge_attr`` passed to a layer built without ``edge_dim`` is ignored.
+``edge_index``), TransformerConv's lazy ``in_channels=-1``, ``x_dst=None`` in a pair, GATv2Conv's ``edge_dim`` (its
+edge term is a vector inside the LeakyReLU) and TransformerConv with ``in_channels`` a pair of different sizes.  As
+in PyG, ``edge_attr`` passed to a layer built without ``edge_dim`` is ignored.
 """
 
 from __future__ import annotations
@@ -62,8 +65,23 @@ def _glorot(t: torch.Tensor) -> None:
         t.uniform_(-bound, bound)
 
 
-def _reset_linear(linear: nn.Linear) -> None:
-    """PyG's ``Linear(weight_initializer='glorot')``: a glorot weight and a bias uniform in ``±1/sqrt(in)``."""
+def _lazy(module: Any) -> bool:
+    """Whether ``module`` is a linear map whose input width is still unknown (``in_channels=-1``, not yet called)."""
+    return isinstance(module, nn.modules.lazy.LazyModuleMixin) and module.has_uninitialized_params()
+
+
+def _linear(in_features: int | None, out_features: int, bias: bool) -> nn.Module:
+    """``nn.Linear``, or ``nn.LazyLinear`` for a lazy width (``None``: PyG's ``in_channels=-1``), whose weight
+    takes its shape from the first input (:meth:`_PyGHeadsConv._materialize`) or from a loaded state_dict."""
+    return nn.LazyLinear(out_features, bias=bias) if in_features is None else nn.Linear(in_features, out_features,
+                                                                                         bias=bias)
+
+
+def _reset_linear(linear: nn.Module) -> None:
+    """PyG's ``Linear(weight_initializer='glorot')``: a glorot weight and a bias uniform in ``±1/sqrt(in)`` (a lazy
+    map: at its materialization, :meth:`_PyGHeadsConv._materialize`)."""
+    if _lazy(linear):
+        return
     _glorot(linear.weight)
     if linear.bias is not None:
         bound = 1.0 / math.sqrt(linear.weight.size(1))
@@ -71,17 +89,19 @@ def _reset_linear(linear: nn.Linear) -> None:
             linear.bias.uniform_(-bound, bound)
 
 
-def _in_channels(value: Any) -> tuple[int, int]:
-    """PyG's ``in_channels``: an int, or a pair (sources, destinations); -1 (lazy) refused."""
+def _in_channels(value: Any, lazy: bool = False) -> tuple[int | None, int | None]:
+    """PyG's ``in_channels``: an int, or a pair (sources, destinations); ``-1`` (lazy: the width of the first input)
+    as None where ``lazy`` allows it, else refused."""
     if isinstance(value, (tuple, list)):
         if len(value) != 2:
             raise ValueError(f"in_channels must be an int or a pair (source, destination), got {value!r}")
         pair = tuple(value)
     else:
         pair = (value, value)
-    if any(backend.is_int(v) and v == -1 for v in pair):
-        raise ValueError("in_channels=-1 (lazy initialization) is not supported: give the input feature size")
-    return _positive_int("in_channels", pair[0]), _positive_int("in_channels", pair[1])
+    if any(backend.is_int(v) and v == -1 for v in pair) and not lazy:
+        raise ValueError("in_channels=-1 (lazy initialization) is not supported by this layer: give the input "
+                         "feature size")
+    return tuple(None if backend.is_int(v) and v == -1 else _positive_int("in_channels", v) for v in pair)
 
 
 def _check_fill_value(value: Any) -> Any:
@@ -137,7 +157,7 @@ class _Call:
                                  "supported: pass the destinations' features as x_dst)")
             x_src, x_dst = x
         else:
-            if in_channels is not None and in_channels[0] != in_channels[1]:
+            if in_channels is not None and None not in in_channels and in_channels[0] != in_channels[1]:
                 raise ValueError(f"in_channels={in_channels} (sources and destinations of different widths) takes x "
                                  "as a pair (x_src, x_dst)")
             x_src = x_dst = x
@@ -211,7 +231,7 @@ class _PyGHeadsConv(nn.Module):
                  dropout: float, add_self_loops: bool, edge_dim: int | None, fill_value: Any, bias: bool,
                  residual: bool) -> None:
         super().__init__()
-        self._in_pair = _in_channels(in_channels)
+        self._in_pair = _in_channels(in_channels, lazy=True)
         self.in_channels = in_channels
         self.out_channels = _positive_int("out_channels", out_channels)
         self.heads = _positive_int("heads", heads)
@@ -224,7 +244,7 @@ class _PyGHeadsConv(nn.Module):
         self.residual = bool(residual)
         total = self.out_channels * (self.heads if self.concat else 1)
         if self.residual:
-            self.res = nn.Linear(self._in_pair[1], total, bias=False)
+            self.res = _linear(self._in_pair[1], total, bias=False)
         else:
             self.register_parameter("res", None)
         if bias:
@@ -235,8 +255,38 @@ class _PyGHeadsConv(nn.Module):
     def _dropout(self) -> float:
         return self.dropout if self.training else 0.0
 
+    def _sides(self) -> tuple[tuple[nn.Module | None, ...], tuple[nn.Module | None, ...]]:
+        """The linear maps that read the sources' features and those that read the destinations'."""
+        raise NotImplementedError
+
+    def _materialize(self, x: Any) -> None:
+        """PyG's lazy ``in_channels=-1``: each map still without its input width takes it from the first call's
+        features (``x`` or ``(x_src, x_dst)``; a map shared by both sides from the sources'), initialized as PyG
+        initializes it then; ``_in_pair`` (the widths the calls are checked against) from the maps' weights, once
+        known (also after a state_dict loaded into a lazy layer)."""
+        if None not in self._in_pair:
+            return
+        xs, xd = (x[0], x[1]) if isinstance(x, (tuple, list)) and len(x) == 2 else (x, x)
+        widths = list(self._in_pair)
+        for side, (feat, maps) in enumerate(zip((xs, xd), self._sides())):
+            for linear in maps:
+                if linear is None:
+                    continue
+                if _lazy(linear):
+                    if not isinstance(feat, torch.Tensor) or feat.dim() != 2:
+                        return  # the call's own checks name the argument
+                    with torch.no_grad():
+                        linear(feat[:0])  # torch's lazy hook: the weight takes the features' width
+                    self._reset_lazy(linear)
+                widths[side] = linear.weight.shape[1]
+        self._in_pair = tuple(widths)
+
+    def _reset_lazy(self, linear: nn.Module) -> None:
+        """A map's initialization once its width is known (PyG's: glorot weights, the residual's included)."""
+        _reset_linear(linear)
+
     def _reset_shared(self) -> None:
-        if self.res is not None:
+        if self.res is not None and not _lazy(self.res):
             _glorot(self.res.weight)
         if self.bias is not None:
             nn.init.zeros_(self.bias)
@@ -315,10 +365,10 @@ class GATConv(_PyGHeadsConv):
         width = self.heads * self.out_channels
         if isinstance(in_channels, (tuple, list)):
             self.lin = None
-            self.lin_src = nn.Linear(self._in_pair[0], width, bias=False)
-            self.lin_dst = nn.Linear(self._in_pair[1], width, bias=False)
+            self.lin_src = _linear(self._in_pair[0], width, bias=False)
+            self.lin_dst = _linear(self._in_pair[1], width, bias=False)
         else:
-            self.lin = nn.Linear(self._in_pair[0], width, bias=False)
+            self.lin = _linear(self._in_pair[0], width, bias=False)
             self.lin_src = self.lin_dst = None
         self.att_src = nn.Parameter(torch.empty(1, self.heads, self.out_channels))
         self.att_dst = nn.Parameter(torch.empty(1, self.heads, self.out_channels))
@@ -330,10 +380,13 @@ class GATConv(_PyGHeadsConv):
             self.register_parameter("att_edge", None)
         self.reset_parameters()
 
+    def _sides(self) -> tuple[tuple[nn.Module | None, ...], tuple[nn.Module | None, ...]]:
+        return (self.lin, self.lin_src), (self.lin_dst, self.res)
+
     def reset_parameters(self) -> None:
         """PyG's initialization: glorot weights and attention vectors, a zero bias."""
         for linear in (self.lin, self.lin_src, self.lin_dst, self.lin_edge):
-            if linear is not None:
+            if linear is not None and not _lazy(linear):
                 _glorot(linear.weight)
         for att in (self.att_src, self.att_dst, self.att_edge):
             if att is not None:
@@ -374,6 +427,7 @@ class GATConv(_PyGHeadsConv):
         schedule: ScheduleOptions | None = None, rng: PhiloxStream | DevicePhiloxStream | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         want = _want("return_attention_weights", return_attention_weights)
+        self._materialize(x)
         weight = (self.lin if self.lin is not None else self.lin_src).weight
         call = _Call(x, edge_index, size, self._in_pair, weight.dtype, self.add_self_loops)
         edge_score = self._edge_score(call, edge_attr, weight.dtype)
@@ -442,11 +496,14 @@ class GATv2Conv(_PyGHeadsConv):
                          fill_value, bias, residual)
         self.share_weights = bool(share_weights)
         width = self.heads * self.out_channels
-        self.lin_l = nn.Linear(self._in_pair[0], width, bias=bias)
-        self.lin_r = self.lin_l if self.share_weights else nn.Linear(self._in_pair[1], width, bias=bias)
+        self.lin_l = _linear(self._in_pair[0], width, bias=bias)
+        self.lin_r = self.lin_l if self.share_weights else _linear(self._in_pair[1], width, bias=bias)
         self.att = nn.Parameter(torch.empty(1, self.heads, self.out_channels))
         self.lin_edge = None
         self.reset_parameters()
+
+    def _sides(self) -> tuple[tuple[nn.Module | None, ...], tuple[nn.Module | None, ...]]:
+        return (self.lin_l,), (self.lin_r, self.res)
 
     def reset_parameters(self) -> None:
         """PyG's initialization: glorot weights and attention vector, PyG Linear's biases, a zero output bias."""
@@ -463,6 +520,7 @@ class GATv2Conv(_PyGHeadsConv):
         schedule: ScheduleOptions | None = None, rng: PhiloxStream | DevicePhiloxStream | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         want = _want("return_attention_weights", return_attention_weights)
+        self._materialize(x)
         call = _Call(x, edge_index, None, self._in_pair, self.lin_l.weight.dtype, self.add_self_loops)
         shape = (-1, self.heads, self.out_channels)
         if call.pair:
