@@ -70,6 +70,31 @@ def _activation(value: Any) -> Callable[[torch.Tensor], torch.Tensor] | None:
     return value
 
 
+def _lazy(module: Any) -> bool:
+    """Whether ``module`` is a linear map whose input width is still unknown (PyG's ``in_channels=-1``, not yet
+    called nor loaded)."""
+    return isinstance(module, nn.modules.lazy.LazyModuleMixin) and module.has_uninitialized_params()
+
+
+def _linear(in_features: int | None, out_features: int, bias: bool) -> nn.Module:
+    """``nn.Linear``, or ``nn.LazyLinear`` for a lazy width (``None``), whose weight takes its shape from the first
+    input (:func:`_materialize`) or from a loaded state_dict."""
+    if in_features is None:
+        return nn.LazyLinear(out_features, bias=bias)
+    return nn.Linear(in_features, out_features, bias=bias)
+
+
+def _materialize(linear: nn.Module, feat: Any) -> bool:
+    """Give a lazy map the width of ``feat [N, F]`` (torch's lazy hook, run on no rows: the weight is created in the
+    map's dtype and device and initialized as ``nn.Linear`` is); False when ``feat`` is not such a tensor (the
+    call's own checks then name it)."""
+    if not isinstance(feat, torch.Tensor) or feat.dim() != 2:
+        return False
+    with torch.no_grad():
+        linear(feat[:0])
+    return True
+
+
 def _check_features(feat: Any, feat_name: str, in_feats: int | None, param_dtype: torch.dtype | None) -> None:
     """``feat [N, in_feats]`` (any width when ``in_feats`` is None) in the layer's dtype."""
     backend.check_dtypes(ops.FLOAT_DTYPES, **{feat_name: feat})
@@ -494,7 +519,8 @@ class GraphTransformerConv(nn.Module):
     state_dict loads unchanged: ``lin_query``, ``lin_key``, ``lin_value`` (``bias=bias``),
     ``lin_edge`` (no bias, when ``edge_dim``), ``lin_skip`` (``[H·C or C, in]``, ``bias=bias``;
     created even when ``root_weight`` is False, as in PyG), ``lin_beta`` (``[1, 3·(H·C or C)]``,
-    when ``beta`` and ``root_weight``).  Like PyG's, the layer adds no self loops.
+    when ``beta`` and ``root_weight``).  Like PyG's, the layer adds no self loops.  ``in_channels=-1``
+    (PyG's lazy width): the four maps over the node features take the first call's width.
 
     ``forward(graph, feat, edge_feat=None)``: ``feat [N, in_channels]``; ``edge_feat
     [E, edge_dim]`` in the order of the graph's input edges (required when ``edge_dim`` is
@@ -523,7 +549,9 @@ class GraphTransformerConv(nn.Module):
         root_weight: bool = True,
     ) -> None:
         super().__init__()
-        self.in_channels = _positive_int("in_channels", in_channels)
+        lazy = backend.is_int(in_channels) and in_channels == -1  # PyG's lazy width: the first call's
+        self.in_channels = -1 if lazy else _positive_int("in_channels", in_channels)
+        self._width = None if lazy else self.in_channels
         self.out_channels = _positive_int("out_channels", out_channels)
         self.heads = _positive_int("heads", heads)
         self.beta = bool(beta) and bool(root_weight)
@@ -532,20 +560,32 @@ class GraphTransformerConv(nn.Module):
         self.dropout = ops._check_dropout(dropout, "dropout")
         self.edge_dim = None if edge_dim is None else _positive_int("edge_dim", edge_dim)
         width = heads * out_channels
-        self.lin_key = nn.Linear(in_channels, width, bias=bias)
-        self.lin_query = nn.Linear(in_channels, width, bias=bias)
-        self.lin_value = nn.Linear(in_channels, width, bias=bias)
+        self.lin_key = _linear(self._width, width, bias=bias)
+        self.lin_query = _linear(self._width, width, bias=bias)
+        self.lin_value = _linear(self._width, width, bias=bias)
         if edge_dim is not None:
             self.lin_edge = nn.Linear(edge_dim, width, bias=False)
         else:
             self.register_parameter("lin_edge", None)
         out_width = width if concat else out_channels
-        self.lin_skip = nn.Linear(in_channels, out_width, bias=bias)
+        self.lin_skip = _linear(self._width, out_width, bias=bias)
         if self.beta:
             self.lin_beta = nn.Linear(3 * out_width, 1, bias=False)
         else:
             self.register_parameter("lin_beta", None)
         self.reset_parameters()
+
+    def _take_width(self, feat: Any) -> None:
+        """A lazy layer (``in_channels=-1``): the maps still without a width take the first call's (``feat`` or the
+        pair's sources for the keys and values, its destinations for the queries and the root term), initialized as
+        ``nn.Linear`` is (PyG's default too); the width calls are checked against from then on (also after a
+        state_dict loaded into the lazy layer)."""
+        x_src, x_dst = feat if isinstance(feat, (tuple, list)) and len(feat) == 2 else (feat, feat)
+        for module, x in ((self.lin_key, x_src), (self.lin_value, x_src), (self.lin_query, x_dst),
+                          (self.lin_skip, x_dst)):
+            if _lazy(module) and not _materialize(module, x):
+                return
+        self._width = self.lin_query.weight.shape[1]
 
     def reset_parameters(self) -> None:
         """PyTorch's default Linear initialization (PyG's Linear default is the same Kaiming-uniform)."""
@@ -562,9 +602,11 @@ class GraphTransformerConv(nn.Module):
         want_attention = return_attention_weights is not None and _flag("return_attention_weights",
                                                                         return_attention_weights)
         given = graph
-        pair = _bipartite(graph, feat, self.in_channels, self.lin_query.weight.dtype, True)
+        if self._width is None:
+            self._take_width(feat)
+        pair = _bipartite(graph, feat, self._width, self.lin_query.weight.dtype, True)
         if pair is None:
-            graph = _graph_and_features(graph, feat, self.in_channels, self.lin_query.weight.dtype, True)
+            graph = _graph_and_features(graph, feat, self._width, self.lin_query.weight.dtype, True)
             x_src = x_dst = feat
             n_dst = feat.shape[0]
         else:

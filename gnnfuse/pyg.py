@@ -18,13 +18,14 @@ cached while the tensor lives unmodified (:func:`gnnfuse.as_graph`), and so is t
 The edge order is PyG's: the edges that are not self loops in input order, then one loop per node, so the
 attention weights returned with ``return_attention_weights=True`` are PyG's edge for edge.
 
-GATConv and GATv2Conv take PyG's lazy ``in_channels=-1`` (or ``(-1, -1)``): their maps are ``nn.LazyLinear``
-until the first call's features (or a loaded state_dict) give them their width, then initialized as PyG does.
+GATConv, GATv2Conv and TransformerConv take PyG's lazy ``in_channels=-1`` (or ``(-1, -1)``): their maps are
+``nn.LazyLinear`` until the first call's features (or a loaded state_dict) give them their width, then initialized
+as PyG does.
 
 Differences from PyG, all refused with a clear error: ``SparseTensor`` / ``torch.sparse`` adjacencies (pass
-``edge_index``), TransformerConv's lazy ``in_channels=-1``, ``x_dst=None`` in a pair, GATv2Conv's ``edge_dim`` (its
-edge term is a vector inside the LeakyReLU) and TransformerConv with ``in_channels`` a pair of different sizes.  As
-in PyG, ``edge_attr`` passed to a layer built without ``edge_dim`` is ignored.
+``edge_index``), ``x_dst=None`` in a pair, GATv2Conv's ``edge_dim`` (its edge term is a vector inside the
+LeakyReLU) and TransformerConv with ``in_channels`` a pair of different sizes.  As in PyG, ``edge_attr`` passed to a
+layer built without ``edge_dim`` is ignored.
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ from .nn import (
     _bipartite,
     _check_features,
     _graph_and_features,
+    _lazy,
+    _linear,
+    _materialize,
     _positive_int,
     _project,
     _project_all,
@@ -63,18 +67,6 @@ def _glorot(t: torch.Tensor) -> None:
     bound = math.sqrt(6.0 / (t.size(-2) + t.size(-1)))
     with torch.no_grad():
         t.uniform_(-bound, bound)
-
-
-def _lazy(module: Any) -> bool:
-    """Whether ``module`` is a linear map whose input width is still unknown (``in_channels=-1``, not yet called)."""
-    return isinstance(module, nn.modules.lazy.LazyModuleMixin) and module.has_uninitialized_params()
-
-
-def _linear(in_features: int | None, out_features: int, bias: bool) -> nn.Module:
-    """``nn.Linear``, or ``nn.LazyLinear`` for a lazy width (``None``: PyG's ``in_channels=-1``), whose weight
-    takes its shape from the first input (:meth:`_PyGHeadsConv._materialize`) or from a loaded state_dict."""
-    return nn.LazyLinear(out_features, bias=bias) if in_features is None else nn.Linear(in_features, out_features,
-                                                                                         bias=bias)
 
 
 def _reset_linear(linear: nn.Module) -> None:
@@ -273,17 +265,11 @@ class _PyGHeadsConv(nn.Module):
                 if linear is None:
                     continue
                 if _lazy(linear):
-                    if not isinstance(feat, torch.Tensor) or feat.dim() != 2:
+                    if not _materialize(linear, feat):
                         return  # the call's own checks name the argument
-                    with torch.no_grad():
-                        linear(feat[:0])  # torch's lazy hook: the weight takes the features' width
-                    self._reset_lazy(linear)
+                    _reset_linear(linear)  # PyG's glorot
                 widths[side] = linear.weight.shape[1]
         self._in_pair = tuple(widths)
-
-    def _reset_lazy(self, linear: nn.Module) -> None:
-        """A map's initialization once its width is known (PyG's: glorot weights, the residual's included)."""
-        _reset_linear(linear)
 
     def _reset_shared(self) -> None:
         if self.res is not None and not _lazy(self.res):
@@ -559,11 +545,13 @@ class TransformerConv(GraphTransformerConv):
         bias: bool = True,
         root_weight: bool = True,
     ) -> None:
-        src, dst = _in_channels(in_channels)
+        src, dst = _in_channels(in_channels, lazy=True)
         if src != dst:
             raise NotImplementedError(f"in_channels={tuple(in_channels)}: sources and destinations of different "
                                       "feature sizes are not supported by the fused TransformerConv")
-        super().__init__(src, out_channels, heads, concat, beta, dropout, edge_dim, bias, root_weight)
+        super().__init__(-1 if src is None else src, out_channels, heads, concat, beta, dropout, edge_dim, bias,
+                         root_weight)
+        self.in_channels = in_channels
 
     @backend.eager_under_compile
     def forward(
