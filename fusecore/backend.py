@@ -228,12 +228,14 @@ def eager_under_compile(fn: Callable) -> Callable:
     """``fn`` run as called when a ``torch.compile``'d model reaches it (``torch.compiler.disable``: dynamo ends its
     graph before the call and starts a new one after it), not traced into.
 
-    For the public entry points of fused kernels (gnnfuse's layers' ``forward``; the ops called directly are not
-    wrapped, and a compiled function that calls them is traced into them): traced,
+    For the public entry points of fused kernels (gnnfuse's layers' ``forward`` and its ops — ``gat``,
+    ``gat_attention``, ``gatv2``, ``transformer_attention``, ``agnn``, ``node_scores``, ``edge_score_csr``): traced,
     inductor re-launches each Triton kernel as a kernel of its own graph and types the kernels' Python-float scalars
-    float64 (float32 kernels then fail to compile: a loop-carried float32 state re-assigned float64), and
-    aot_autograd refuses the Functions that store gradients into views of one buffer.  The kernels are fused
-    already; what a compiled model keeps is its own code before and after the call.
+    float64 (float32 kernels then fail to compile: a loop-carried float32 state re-assigned float64), aot_autograd
+    refuses the Functions that store gradients into views of one buffer, and dynamo's fake tensors cannot run the
+    host-side index arithmetic of a graph's schedule (``uint64`` products under the interpreter).  ~0.7 µs of host
+    time per call outside a compiled region (CPU, torch 2.13); nested wraps add nothing measurable.  The kernels are
+    fused already; what a compiled model keeps is its own code before and after the call.
     """
     return torch.compiler.disable(fn)
 

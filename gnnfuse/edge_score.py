@@ -122,6 +122,7 @@ class EdgeScoreFunction(torch.autograd.Function):
         return grad_attr, grad_fold, grad_fill, None, None, None
 
 
+@backend.eager_under_compile
 def edge_score_csr(attr: torch.Tensor, fold: torch.Tensor, src_edge: torch.Tensor, loops: LoopFill | None = None
                    ) -> torch.Tensor:
     """``ee [P, H]`` in the accumulation dtype of ``attr`` (float32; float64 for float64), CSR order — see the

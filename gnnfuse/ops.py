@@ -1698,6 +1698,7 @@ def _check_schedule(schedule: ScheduleOptions | None) -> None:
         raise TypeError(f"schedule must be a gnnfuse.ScheduleOptions or None, got {type(schedule).__name__}")
 
 
+@backend.eager_under_compile
 def gat_attention(
     graph,
     wh: torch.Tensor,
@@ -2115,6 +2116,7 @@ def _host_pair(seed: int | torch.Tensor, offset: int) -> tuple[int, int]:
     return seed, offset
 
 
+@backend.eager_under_compile
 def node_scores(wh: torch.Tensor, attn_l: torch.Tensor, attn_r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``el = Σ_d wh · attn_l``, ``er = Σ_d wh · attn_r`` per (node, head), in the accumulation dtype.
 
@@ -2136,6 +2138,7 @@ def node_scores(wh: torch.Tensor, attn_l: torch.Tensor, attn_r: torch.Tensor) ->
     return _apply(NodeScoresFunction, wh.contiguous(), attn_l, attn_r)
 
 
+@backend.eager_under_compile
 def gat(
     graph,
     wh: torch.Tensor,
@@ -2389,6 +2392,7 @@ def _check_same_shape(graph: Graph, reference_name: str, reference: torch.Tensor
             )
 
 
+@backend.eager_under_compile
 def gatv2(
     graph,
     feat_src: torch.Tensor,
@@ -2443,6 +2447,7 @@ def gatv2(
     return _with_weights(out, request)
 
 
+@backend.eager_under_compile
 def transformer_attention(
     graph,
     query: torch.Tensor,
@@ -2527,6 +2532,7 @@ def transformer_attention(
     return _with_weights(out, request)
 
 
+@backend.eager_under_compile
 def agnn(
     graph,
     feat: torch.Tensor,

@@ -436,3 +436,41 @@ def test_edge_weight_grad_product_setting_is_checked(gen, device, monkeypatch):
     sums = torch.zeros(5, 2, 2, 3, device=device)
     with pytest.raises(ValueError, match="EDGE_WEIGHT_GRAD_PRODUCT"):
         ops.edge_weight_grad(sums, torch.zeros(5, 2, 4, device=device), torch.zeros(5, 2, 4, device=device), 0.5)
+
+
+def test_ops_called_inside_a_compiled_function(gen):
+    """A function calling the ops directly runs under ``torch.compile`` (inductor on the GPU, ``aot_eager`` on the
+    CPU): each op runs as called, everything around it compiled; the loss and every gradient equal the eager run's."""
+    import fusecore
+    from gnnfuse.edge_score import edge_score_csr
+
+    device = "cuda" if fusecore.COMPILED else "cpu"
+    n, heads, dim = 29, 2, 4
+    edges = corner_case_edges(gen, n)
+    graph = Graph(edges.to(device), n)
+    leaves = [torch.randn(n, heads, dim, generator=gen).to(device).requires_grad_(True) for _ in range(3)]
+    attn = torch.randn(1, heads, dim, generator=gen).to(device).requires_grad_(True)
+    beta = torch.tensor([1.5], device=device, requires_grad=True)
+    attr = torch.randn(edges.shape[1], 3, generator=gen).to(device).requires_grad_(True)
+    fold = torch.randn(3, heads, generator=gen).to(device).requires_grad_(True)
+    params = [*leaves, attn, beta, attr, fold]
+
+    def run(q, k, v, attn, beta, attr, fold):
+        el, er = ops.node_scores(q, attn, attn)
+        score = edge_score_csr(attr, fold, graph.csr_eid)
+        out = ops.gat(graph, torch.tanh(q), attn, attn, edge_score=score, edge_score_order="csr")
+        out = out + ops.gat_attention(graph, v, el, er) + ops.gatv2(graph, q, k, attn)
+        out = out + ops.transformer_attention(graph, q, k, v) + ops.agnn(graph, v.reshape(n, -1), beta).view_as(v)
+        return out.square().sum()
+
+    torch._dynamo.reset()
+    compiled = torch.compile(run, backend="inductor" if fusecore.COMPILED else "aot_eager")
+    loss = compiled(*params)
+    grads = torch.autograd.grad(loss, params)
+    want = run(*params)
+    want_grads = torch.autograd.grad(want, params)
+    tol = TOLERANCES[torch.float32]
+    assert_close(loss, want, tol=tol, name="compiled loss")
+    for i, (g, w) in enumerate(zip(grads, want_grads)):
+        assert_close(g, w, tol=tol, name=f"compiled grad {i}")
+    torch._dynamo.reset()
