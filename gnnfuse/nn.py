@@ -78,21 +78,34 @@ def _lazy(module: Any) -> bool:
 
 def _linear(in_features: int | None, out_features: int, bias: bool) -> nn.Module:
     """``nn.Linear``, or ``nn.LazyLinear`` for a lazy width (``None``), whose weight takes its shape from the first
-    input (:func:`_materialize`) or from a loaded state_dict."""
+    input (:func:`_lazy_widths`) or from a loaded state_dict."""
     if in_features is None:
         return nn.LazyLinear(out_features, bias=bias)
     return nn.Linear(in_features, out_features, bias=bias)
 
 
-def _materialize(linear: nn.Module, feat: Any) -> bool:
-    """Give a lazy map the width of ``feat [N, F]`` (torch's lazy hook, run on no rows: the weight is created in the
-    map's dtype and device and initialized as ``nn.Linear`` is); False when ``feat`` is not such a tensor (the
-    call's own checks then name it)."""
-    if not isinstance(feat, torch.Tensor) or feat.dim() != 2:
-        return False
-    with torch.no_grad():
-        linear(feat[:0])
-    return True
+def _lazy_widths(sides: Any, init: Callable[[nn.Module], None] | None = None) -> list[int | None] | None:
+    """PyG's lazy ``in_channels=-1``: ``sides`` pairs ``(feat, maps)``; each map still without its width takes that of
+    ``feat [N, F]`` (torch's lazy hook, run on no rows: the weight is created in the map's dtype and device and
+    initialized as ``nn.Linear`` is, then by ``init`` where given).  Returns each side's width (from its maps'
+    weights: also right after a state_dict loaded into a lazy layer; None for a side without maps), or None when a
+    lazy map's ``feat`` is not such a tensor (the call's own checks then name it)."""
+    widths: list[int | None] = []
+    for feat, maps in sides:
+        width = None
+        for module in maps:
+            if module is None:
+                continue
+            if _lazy(module):
+                if not isinstance(feat, torch.Tensor) or feat.dim() != 2:
+                    return None
+                with torch.no_grad():
+                    module(feat[:0])
+                if init is not None:
+                    init(module)
+            width = module.weight.shape[1]
+        widths.append(width)
+    return widths
 
 
 def _check_features(feat: Any, feat_name: str, in_feats: int | None, param_dtype: torch.dtype | None) -> None:
@@ -581,11 +594,9 @@ class GraphTransformerConv(nn.Module):
         ``nn.Linear`` is (PyG's default too); the width calls are checked against from then on (also after a
         state_dict loaded into the lazy layer)."""
         x_src, x_dst = feat if isinstance(feat, (tuple, list)) and len(feat) == 2 else (feat, feat)
-        for module, x in ((self.lin_key, x_src), (self.lin_value, x_src), (self.lin_query, x_dst),
-                          (self.lin_skip, x_dst)):
-            if _lazy(module) and not _materialize(module, x):
-                return
-        self._width = self.lin_query.weight.shape[1]
+        widths = _lazy_widths(((x_src, (self.lin_key, self.lin_value)), (x_dst, (self.lin_query, self.lin_skip))))
+        if widths is not None:
+            self._width = widths[1]
 
     def reset_parameters(self) -> None:
         """PyTorch's default Linear initialization (PyG's Linear default is the same Kaiming-uniform)."""

@@ -49,8 +49,8 @@ from .nn import (
     _check_features,
     _graph_and_features,
     _lazy,
+    _lazy_widths,
     _linear,
-    _materialize,
     _positive_int,
     _project,
     _project_all,
@@ -259,17 +259,9 @@ class _PyGHeadsConv(nn.Module):
         if None not in self._in_pair:
             return
         xs, xd = (x[0], x[1]) if isinstance(x, (tuple, list)) and len(x) == 2 else (x, x)
-        widths = list(self._in_pair)
-        for side, (feat, maps) in enumerate(zip((xs, xd), self._sides())):
-            for linear in maps:
-                if linear is None:
-                    continue
-                if _lazy(linear):
-                    if not _materialize(linear, feat):
-                        return  # the call's own checks name the argument
-                    _reset_linear(linear)  # PyG's glorot
-                widths[side] = linear.weight.shape[1]
-        self._in_pair = tuple(widths)
+        widths = _lazy_widths(zip((xs, xd), self._sides()), init=_reset_linear)  # PyG's glorot
+        if widths is not None:
+            self._in_pair = tuple(widths)
 
     def _reset_shared(self) -> None:
         if self.res is not None and not _lazy(self.res):
@@ -367,7 +359,7 @@ class GATConv(_PyGHeadsConv):
         self.reset_parameters()
 
     def _sides(self) -> tuple[tuple[nn.Module | None, ...], tuple[nn.Module | None, ...]]:
-        return (self.lin, self.lin_src), (self.lin_dst, self.res)
+        return (self.lin, self.lin_src), (self.lin, self.lin_dst, self.res)  # one lin reads both sides
 
     def reset_parameters(self) -> None:
         """PyG's initialization: glorot weights and attention vectors, a zero bias."""
