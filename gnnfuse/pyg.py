@@ -8,9 +8,10 @@
 Each takes PyG's constructor arguments, has PyG's parameter names and shapes (a PyG state_dict loads
 unchanged, and this layer's loads into PyG's) and PyG's call, ``conv(x, edge_index, ...)`` with ``x`` a
 ``[N, F]`` tensor or a bipartite pair ``(x_src, x_dst)`` and ``edge_index`` an int ``[2, E]`` tensor (or a
-:class:`gnnfuse.Graph`), so a PyG model changes its import and nothing else.  The attention runs in the fused
-kernels of :mod:`gnnfuse.ops` (the same as :mod:`gnnfuse.nn`'s DGL-style layers): no ``[E, H, C]`` tensor, only a
-logsumexp per (node, head) stored, attention dropout regenerated in backward from the counter-based RNG.
+:class:`gnnfuse.Graph`, or a ``torch.sparse`` adjacency ``adj_t``, below), so a PyG model changes its import and
+nothing else.  The attention runs in the fused kernels of :mod:`gnnfuse.ops` (the same as :mod:`gnnfuse.nn`'s
+DGL-style layers): no ``[E, H, C]`` tensor, only a logsumexp per (node, head) stored, attention dropout regenerated
+in backward from the counter-based RNG.
 
 What PyG does on every call and these layers do once: the CSR of ``edge_index`` is built on the first call and
 cached while the tensor lives unmodified (:func:`gnnfuse.as_graph`), and so is the self-looped graph of
@@ -20,12 +21,27 @@ attention weights returned with ``return_attention_weights=True`` are PyG's edge
 
 GATConv, GATv2Conv and TransformerConv take PyG's lazy ``in_channels=-1`` (or ``(-1, -1)``): their maps are
 ``nn.LazyLinear`` until the first call's features (or a loaded state_dict) give them their width, then initialized
-as PyG does.
+as PyG does.  TransformerConv's ``in_channels`` may be a pair of different widths (``lin_key`` / ``lin_value`` over
+the sources', ``lin_query`` / ``lin_skip`` over the destinations'; bipartite calls only).
 
-Differences from PyG, all refused with a clear error: ``SparseTensor`` / ``torch.sparse`` adjacencies (pass
-``edge_index``), ``x_dst=None`` in a pair, GATv2Conv's ``edge_dim`` (its edge term is a vector inside the
-LeakyReLU) and TransformerConv with ``in_channels`` a pair of different sizes.  As in PyG, ``edge_attr`` passed to a
-layer built without ``edge_dim`` is ignored.
+``edge_index`` may also be PyG's transposed sparse adjacency ``adj_t``, a ``torch.sparse`` COO or CSR tensor
+``[N, N]`` (``[N_dst, N_src]`` with a pair) whose stored entry ``adj_t[i, j]`` is the edge ``j -> i``, taken as
+PyG's layers take it: every stored entry is an edge whatever its value (explicit zeros too), in storage order
+(``to_edge_index``: ``edge_attr`` row ``k`` is the ``k``-th entry's).  With ``add_self_loops=True`` PyG's
+``remove_self_loops`` / ``add_self_loops`` of a sparse tensor rebuild it coalesced: duplicate entries merged, edges
+sorted by destination then source, one loop per node below ``min(N_dst, N_src)`` at its place
+(:meth:`gnnfuse.Graph.pyg_sparse_self_loops`); they take no ``edge_attr`` (PyG's assertion fails: refused here).
+Without self loops a COO tensor must be coalesced (PyG reads its ``indices()``).  ``return_attention_weights=True``
+returns PyG's ``(out, (adj, α))``: ``adj`` the adjacency the attention ran over, in the input's layout, with ``α [E',
+H]`` as its values (``set_sparse_value``; TransformerConv returns the tensor as passed).  A CSR ``adj_t`` is the
+CSR by destination already: :meth:`gnnfuse.Graph.from_adj_t` takes it without a sort; the graph is cached per
+tensor while it lives unmodified (:func:`gnnfuse.graph.as_graph_of_adj_t`), the self-looped one on it.
+
+Differences from PyG, all refused with a clear error: ``torch_sparse.SparseTensor`` adjacencies (pass
+``adj_t.to_torch_sparse_csr_tensor()``), CSC / BSR layouts and sparse adjacencies with dense dimensions (PyG reads
+their values as edge features: pass ``edge_attr``), ``x_dst=None`` in a pair and GATv2Conv's ``edge_dim`` (its edge
+term is a vector inside the LeakyReLU).  As in PyG, ``edge_attr`` passed to a layer built without ``edge_dim`` is
+ignored.
 """
 
 from __future__ import annotations
@@ -178,7 +194,8 @@ class _Call:
     """One layer call's graph and inputs, PyG's way: ``x`` a tensor or a pair ``(x_src, x_dst)``; the graph over
     ``n = max(N_src, N_dst)`` node ids (both sides padded to ``n`` rows, padding rows without edges), self-looped
     when asked (PyG's edge order, cached on the graph: ``loops``, a :class:`gnnfuse.graph.SelfLooped`, None when no
-    loops were added)."""
+    loops were added).  A sparse ``edge_index`` (PyG's ``adj_t``, kept as ``adj``): ``base`` its graph and the
+    self-looped graph PyG's sparse ``add_self_loops`` forms (``sparse_loops``; ``loops`` None)."""
 
     def __init__(self, x: Any, edge_index: Any, size: Any, in_channels: tuple[int, int] | None,
                  dtype: torch.dtype | None, add_self_loops: bool) -> None:
@@ -370,15 +387,15 @@ class GATConv(_PyGHeadsConv):
     ``lin_edge.weight [H·C, edge_dim]`` and ``att_edge [1, H, C]``, with ``residual`` ``res.weight``, and ``bias``
     ``[H·C]`` (concat) or ``[C]``.
 
-    ``forward(x, edge_index, edge_attr=None, size=None, return_attention_weights=None)``: ``x [N, F]`` (float16
-    / bfloat16 / float32 / float64, the parameters' dtype) or ``(x_src, x_dst)``; ``edge_index [2, E]``;
-    ``edge_attr [E, edge_dim]`` in ``edge_index``'s order (the self loops' rows from ``fill_value``, as PyG).
-    Returns ``[N_dst, H·C]`` or ``[N_dst, C]``; with ``return_attention_weights=True`` PyG's ``(out,
-    (edge_index, α [E', H]))``, ``edge_index`` the self-looped edges (PyG's order) and ``α`` the weights the
-    aggregation used (after dropout in training), no gradient.  The edge features' term is one ``[E, H]``
-    score per edge, ``edge_attr · M`` with ``M [edge_dim, H]`` folded from ``lin_edge`` and ``att_edge`` (PyG
-    forms ``lin_edge(edge_attr)`` ``[E, H·C]`` first); the kernels add it to the score and its gradient is the
-    backward's per-edge score gradient.  The projection and node scores of an ordinary call are fused as in
+    ``forward(x, edge_index, edge_attr=None, size=None, return_attention_weights=None)``: ``x [N, F]`` (float16 /
+    bfloat16 / float32 / float64, the parameters' dtype) or ``(x_src, x_dst)``; ``edge_index [2, E]`` (or a sparse
+    ``adj_t``: module docstring); ``edge_attr [E, edge_dim]`` in ``edge_index``'s order (the self loops' rows from
+    ``fill_value``, as PyG).  Returns ``[N_dst, H·C]`` or ``[N_dst, C]``; with ``return_attention_weights=True`` PyG's
+    ``(out, (edge_index, α [E', H]))``, ``edge_index`` the self-looped edges (PyG's order) and ``α`` the weights the
+    aggregation used (after dropout in training), no gradient.  The edge features' term is one ``[E, H]`` score per
+    edge, ``edge_attr · M`` with ``M [edge_dim, H]`` folded from ``lin_edge`` and ``att_edge`` (PyG forms
+    ``lin_edge(edge_attr)`` ``[E, H·C]`` first); the kernels add it to the score and its gradient is the backward's
+    per-edge score gradient.  The projection and node scores of an ordinary call are fused as in
     :class:`gnnfuse.nn.GATConv`; the residual and bias of concatenated heads are added in the kernel's store.
     """
 
@@ -579,8 +596,9 @@ class TransformerConv(GraphTransformerConv):
     :class:`gnnfuse.nn.GraphTransformerConv` (the math, parameters and guarantees are documented there) with PyG's
     call: ``forward(x, edge_index, edge_attr=None, return_attention_weights=None)``, ``x [N, F]`` or ``(x_src,
     x_dst)``, ``edge_attr [E, edge_dim]`` in ``edge_index``'s order.  Like PyG's, the layer adds no self loops and
-    ignores ``edge_attr`` when built without ``edge_dim``.  ``in_channels`` a pair is accepted when its two sizes
-    are equal.
+    ignores ``edge_attr`` when built without ``edge_dim``.  ``edge_index`` may be a sparse ``adj_t`` (module
+    docstring; the attention weights come back beside the tensor as passed, as PyG's).  ``in_channels`` a pair of
+    different widths takes ``x`` as a pair ``(x_src, x_dst)``.
     """
 
     def __init__(
