@@ -216,9 +216,8 @@ def _adj_t_edges(adj_t: Any) -> tuple[torch.Tensor, torch.Tensor, bool]:
     src = _check_index_tensor("adj_t's col_indices", adj_t.col_indices())
     nnz = src.numel()
     counts = crow[1:] - crow[:-1]
-    bad = torch.stack([crow[0] != 0, crow[-1] != nnz, (counts < 0).any(),
-                       ((src < 0) | (src >= cols)).any() if nnz else crow[0] != crow[0]])
-    if crow.numel() != rows + 1 or bool(bad.any()):
+    if crow.dim() != 1 or crow.numel() != rows + 1 or src.dim() != 1 or bool(
+            (crow[0] != 0) | (crow[-1] != nnz) | (counts < 0).any() | ((src < 0) | (src >= cols)).any()):  # one sync
         raise ValueError(f"adj_t is not a valid CSR matrix of shape {tuple(adj_t.shape)}: crow_indices must run from 0 "
                          f"to nnz={nnz} without decreasing and col_indices lie in [0, {cols})")
     dst = torch.repeat_interleave(torch.arange(rows, device=crow.device), counts.long(), output_size=nnz)
