@@ -3,7 +3,9 @@
 A :class:`Graph` is built once from a PyG-style ``edge_index`` ``[2, E]`` (row 0 sources,
 row 1 destinations), a ``(src, dst)`` pair, a scipy sparse matrix (``A[u, v] != 0`` is the
 edge ``u -> v``), a PyG ``Data`` or a DGL graph (read through ``edges()`` /
-``num_nodes()``, DGL is never imported).  It owns:
+``num_nodes()``, DGL is never imported); :meth:`Graph.from_adj_t` reads PyG's transposed ``torch.sparse``
+adjacency ``adj_t`` (COO or CSR, ``adj_t[i, j]`` stored: the edge ``j -> i``; a CSR is the CSR by destination
+already and is taken without a sort).  It owns:
 
 * the **CSR by destination** — ``indptr [N + 1]``, ``csr_src [E]`` (source of each incoming
   edge, edges of one destination contiguous, in input order within a row) and

@@ -200,9 +200,14 @@ def test_values_are_ignored_and_index_dtypes(gen, device):
         assert torch.equal(layer(x, adj.to_sparse_coo().coalesce()), want)
 
 
-def test_the_graph_of_an_adjacency_is_cached_and_a_csr_needs_no_sort(gen, device):
+def test_the_graph_of_an_adjacency_is_cached_and_a_csr_needs_no_sort(gen, device, monkeypatch):
     edges = corner_case_edges(gen, N)
     adj = _adjacency(edges, (N, N), "csr-duplicates", gen).to(device)
+    sorts = []
+    with monkeypatch.context() as patch:
+        patch.setattr(torch, "sort", lambda *a, _sort=torch.sort, **k: sorts.append(a[0].numel()) or _sort(*a, **k))
+        Graph.from_adj_t(adj)
+    assert sorts == [edges.shape[1]]  # the reverse CSR's only (an edge_index's graph sorts by destination first)
     x = torch.randn(N, F, generator=gen).to(device)
     layer = fused.GATConv(F, C, heads=2).to(device)
     layer(x, adj)
