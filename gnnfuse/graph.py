@@ -3,7 +3,9 @@
 A :class:`Graph` is built once from a PyG-style ``edge_index`` ``[2, E]`` (row 0 sources,
 row 1 destinations), a ``(src, dst)`` pair, a scipy sparse matrix (``A[u, v] != 0`` is the
 edge ``u -> v``), a PyG ``Data`` or a DGL graph (read through ``edges()`` /
-``num_nodes()``, DGL is never imported).  It owns:
+``num_nodes()``, DGL is never imported); :meth:`Graph.from_adj_t` reads PyG's transposed ``torch.sparse``
+adjacency ``adj_t`` (COO or CSR, ``adj_t[i, j]`` stored: the edge ``j -> i``; a CSR is the CSR by destination
+already and is taken without a sort).  It owns:
 
 * the **CSR by destination** — ``indptr [N + 1]``, ``csr_src [E]`` (source of each incoming
   edge, edges of one destination contiguous, in input order within a row) and
@@ -185,6 +187,45 @@ def _edges_from(source: Any) -> tuple[torch.Tensor, torch.Tensor, int | None]:
     )
 
 
+def check_adj_t(adj_t: Any, name: str = "adj_t") -> None:
+    """``adj_t`` is a 2-D ``torch.sparse`` COO or CSR tensor without dense dimensions, holding indices (not on
+    ``meta``), else a ``TypeError`` / ``ValueError`` naming ``name``."""
+    if not isinstance(adj_t, torch.Tensor) or adj_t.layout == torch.strided:
+        raise TypeError(f"{name} must be a torch.sparse COO or CSR tensor [N_dst, N_src], got "
+                        f"{adj_t.layout if isinstance(adj_t, torch.Tensor) else type(adj_t).__name__}")
+    if adj_t.layout not in (torch.sparse_coo, torch.sparse_csr):
+        raise TypeError(f"{name} has layout {adj_t.layout}: a sparse adjacency must be COO or CSR (as PyG's layers "
+                        f"take it); convert it with {name}.to_sparse_csr()")
+    if adj_t.dim() != 2 or adj_t.dense_dim() != 0:
+        raise ValueError(f"{name} must be a 2-D sparse matrix [N_dst, N_src] without dense or batch dimensions, got "
+                         f"shape {tuple(adj_t.shape)} with {adj_t.dense_dim()} dense dimension(s) (edge features go in "
+                         "edge_attr)")
+    if adj_t.device.type == "meta":
+        raise ValueError(f"{name} is on device 'meta', which holds no indices; expected a cpu or cuda tensor")
+
+
+def _adj_t_edges(adj_t: Any) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """``(src, dst, csr_order)`` of a checked ``torch.sparse`` COO / CSR adjacency ``adj_t [N_dst, N_src]``."""
+    check_adj_t(adj_t)
+    rows, cols = adj_t.shape
+    if adj_t.layout == torch.sparse_coo:
+        indices = adj_t._indices()  # storage order, coalesced or not
+        dst, src = indices[0], indices[1]
+        if dst.numel() and bool(((dst < 0) | (dst >= rows) | (src < 0) | (src >= cols)).any()):
+            raise ValueError(f"adj_t holds an index outside its shape {tuple(adj_t.shape)}")
+        return src, dst, False
+    crow = _check_index_tensor("adj_t's crow_indices", adj_t.crow_indices())
+    src = _check_index_tensor("adj_t's col_indices", adj_t.col_indices())
+    nnz = src.numel()
+    counts = crow[1:] - crow[:-1]
+    if crow.dim() != 1 or crow.numel() != rows + 1 or src.dim() != 1 or bool(
+            (crow[0] != 0) | (crow[-1] != nnz) | (counts < 0).any() | ((src < 0) | (src >= cols)).any()):  # one sync
+        raise ValueError(f"adj_t is not a valid CSR matrix of shape {tuple(adj_t.shape)}: crow_indices must run from 0 "
+                         f"to nnz={nnz} without decreasing and col_indices lie in [0, {cols})")
+    dst = torch.repeat_interleave(torch.arange(rows, device=crow.device), counts.long(), output_size=nnz)
+    return src, dst, True
+
+
 class SelfLooped(NamedTuple):
     """:meth:`Graph.pyg_self_loops`'s result."""
 
@@ -223,6 +264,12 @@ class Graph:
                 )
         else:
             num_nodes = carried
+        self._build(src, dst, num_nodes, index_dtype, csr_order=False)
+
+    def _build(self, src: torch.Tensor, dst: torch.Tensor, num_nodes: int | None, index_dtype: torch.dtype | None,
+               csr_order: bool) -> None:
+        """The graph of edges ``src[k] -> dst[k]`` in that (input) order; ``csr_order``: ``dst`` is known to be
+        non-decreasing, so the input order is the CSR order (``csr_eid`` the identity, no sort)."""
         # copies, never views of the caller's edge tensor: an in-place edit of it must not change this graph's
         # edge_index while its CSR stays as built (nor keep the caller's tensor alive through a cached graph)
         src = src.reshape(-1).to(torch.int64, copy=True)
@@ -248,8 +295,11 @@ class Graph:
         node_dtype, pos_dtype = index_dtypes(num_nodes, num_edges, index_dtype)
         self.index_dtype = pos_dtype if pos_dtype == torch.int64 else node_dtype
 
-        # CSR by destination; a stable sort keeps input order within a row.
-        csr_dst, csr_eid = torch.sort(dst, stable=True)
+        # CSR by destination; a stable sort keeps input order within a row (none needed when sorted already).
+        if csr_order:
+            csr_dst, csr_eid = dst, torch.arange(num_edges, device=dst.device)
+        else:
+            csr_dst, csr_eid = torch.sort(dst, stable=True)
         csr_src = src[csr_eid]
         in_degree = torch.bincount(dst, minlength=num_nodes)
         out_degree = torch.bincount(src, minlength=num_nodes)
@@ -271,6 +321,28 @@ class Graph:
         self._zero_in_degree: bool | None = None
         self._eid_rev_pos: torch.Tensor | None = None
         self._pyg_loops: dict[int, SelfLooped] = {}
+        self._pyg_sparse_loops: dict[int, Graph] = {}
+
+    @classmethod
+    def from_adj_t(cls, adj_t: torch.Tensor, num_nodes: int | None = None, *,
+                   index_dtype: torch.dtype | None = None) -> Graph:
+        """The graph of PyG's transposed sparse adjacency ``adj_t``: a ``torch.sparse`` COO or CSR tensor ``[N_dst,
+        N_src]`` whose stored entry ``adj_t[i, j]`` is the edge ``j -> i`` (whatever its value, explicit zeros
+        included: PyG's layers read its indices only).  The input edge order is the storage order, PyG's
+        ``to_edge_index``: a COO tensor's ``_indices()`` (duplicate entries of an uncoalesced one are separate edges;
+        coalesced, row-major), a CSR tensor's rows in turn — already the CSR by destination, taken as is (no sort;
+        the reverse CSR still needs one).  ``num_nodes`` (default ``max(N_dst, N_src)``) is the node ids' range: a
+        bipartite adjacency spans both sets' ids.  ``as_graph_of_adj_t`` caches the result per tensor."""
+        src, dst, csr_order = _adj_t_edges(adj_t)
+        span = max(adj_t.shape[0], adj_t.shape[1])
+        if num_nodes is None:
+            num_nodes = span
+        elif _check_num_nodes(num_nodes) < span:
+            raise ValueError(f"num_nodes={num_nodes} is smaller than adj_t's shape {tuple(adj_t.shape)}: a graph of "
+                             f"adj_t spans max(N_dst, N_src) = {span} node ids")
+        graph = cls.__new__(cls)
+        graph._build(src, dst, int(num_nodes), index_dtype, csr_order=csr_order)
+        return graph
 
     @property
     def eid_rev_pos(self) -> torch.Tensor:
@@ -344,6 +416,29 @@ class Graph:
             hit = SelfLooped(graph, kept, by_dst, torch.bincount(kept_dst, minlength=self.num_nodes),
                              lookup[eid].to(pos_dtype), position[kept.numel():].to(pos_dtype))
             self._pyg_loops[num_loops] = hit
+        return hit
+
+    def pyg_sparse_self_loops(self, num_loops: int | None = None) -> Graph:
+        """The edges PyG's attention convolutions run over with ``add_self_loops=True`` when given a ``torch.sparse``
+        adjacency (this graph :meth:`from_adj_t`'s): PyG's ``remove_self_loops`` then ``add_self_loops`` on a sparse
+        tensor rebuild it with ``to_torch_coo_tensor`` / ``to_torch_csr_tensor``, which coalesce — so the edges that
+        are not self loops, one per (destination, source) pair (duplicates merged, as PyG's ``coalesce`` sums
+        their values), plus a loop ``i -> i`` for each ``i < num_loops`` (default: every node), ordered by destination
+        then source (each loop at its place in its row).  That order is the new graph's input order, its CSR order
+        and the order of the sparse tensor PyG returns the attention weights in.  Built once per ``num_loops`` and
+        kept on this graph."""
+        num_loops = self.num_nodes if num_loops is None else _check_num_nodes(num_loops, "num_loops")
+        if num_loops > self.num_nodes:
+            raise ValueError(f"num_loops={num_loops} exceeds the graph's {self.num_nodes} nodes")
+        hit = self._pyg_sparse_loops.get(num_loops)
+        if hit is None:
+            n = max(self.num_nodes, 1)
+            keep = self._src != self._dst
+            loops = torch.arange(num_loops, device=self.device, dtype=torch.int64)
+            keys = torch.unique(torch.cat([self._dst[keep] * n + self._src[keep], loops * (n + 1)]))  # sorted
+            hit = Graph.__new__(Graph)
+            hit._build(keys % n, keys // n, self.num_nodes, self._forced_index_dtype, csr_order=True)
+            self._pyg_sparse_loops[num_loops] = hit
         return hit
 
     def reordered(self, method: str = "rcm") -> tuple[Graph, torch.Tensor]:
@@ -428,7 +523,8 @@ def _indptr(degree: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return indptr.to(dtype)
 
 
-# Graphs built from edge tensors, PyG Data or DGL graphs, keyed by the source object's id.
+# Graphs built from edge tensors, PyG Data, DGL graphs or torch.sparse adjacencies (PyG's adj_t, whose
+# indices share the tensor's version counter), keyed by the source object's id and how it was read.
 # Weak references prove the objects are still the same ones (an id can be reused after its
 # object dies): the source, and for a Data the edge tensor it holds.  The version counters show
 # the tensors were not modified in place; a Data's node count is part of the key.  A DGL graph
@@ -488,6 +584,27 @@ def _drop_dead_entries() -> None:
         del _GRAPH_CACHE[key]
 
 
+def _cached(source: Any, num_nodes: int | None, kind: str, build: Any) -> Graph:
+    """``build()``'s graph of ``source``, cached while ``source`` lives unmodified (``kind`` tells the readings of one
+    object apart)."""
+    entry = _cache_entry(source)
+    if entry is None:
+        return build()
+    token, refs = entry
+    objects = (source, getattr(source, "edge_index", None))[: len(refs)]
+    key = (*token, kind, num_nodes)
+    hit = _GRAPH_CACHE.get(key)
+    if hit is not None and _alive(hit[0], objects) and (token[1] != "dgl" or _same_dgl_edges(source, hit[1])):
+        return hit[1]
+    graph = build()
+    _drop_dead_entries()
+    _GRAPH_CACHE.pop(key, None)
+    if len(_GRAPH_CACHE) >= _GRAPH_CACHE_SIZE:
+        _GRAPH_CACHE.pop(next(iter(_GRAPH_CACHE)))
+    _GRAPH_CACHE[key] = (refs, graph)
+    return graph
+
+
 def as_graph(source: Any, num_nodes: int | None = None) -> Graph:
     """``source`` as a :class:`Graph`: returned as is when it already is one, otherwise built
     once and cached while ``source`` (an edge_index tensor, a PyG Data, a DGL graph) lives
@@ -496,19 +613,11 @@ def as_graph(source: Any, num_nodes: int | None = None) -> Graph:
         if num_nodes is not None and num_nodes != source.num_nodes:
             raise NodeCountError(f"num_nodes={num_nodes} but the graph has {source.num_nodes} nodes", source.num_nodes)
         return source
-    entry = _cache_entry(source)
-    if entry is None:
-        return Graph(source, num_nodes)
-    token, refs = entry
-    objects = (source, getattr(source, "edge_index", None))[: len(refs)]
-    key = (*token, num_nodes)
-    hit = _GRAPH_CACHE.get(key)
-    if hit is not None and _alive(hit[0], objects) and (token[1] != "dgl" or _same_dgl_edges(source, hit[1])):
-        return hit[1]
-    graph = Graph(source, num_nodes)
-    _drop_dead_entries()
-    _GRAPH_CACHE.pop(key, None)
-    if len(_GRAPH_CACHE) >= _GRAPH_CACHE_SIZE:
-        _GRAPH_CACHE.pop(next(iter(_GRAPH_CACHE)))
-    _GRAPH_CACHE[key] = (refs, graph)
-    return graph
+    return _cached(source, num_nodes, "edges", lambda: Graph(source, num_nodes))
+
+
+def as_graph_of_adj_t(adj_t: torch.Tensor, num_nodes: int | None = None) -> Graph:
+    """:meth:`Graph.from_adj_t`'s graph of PyG's transposed sparse adjacency ``adj_t``, cached as :func:`as_graph`
+    caches an edge tensor: while ``adj_t`` lives and its version counter (shared by its indices and values, so any
+    in-place edit of the tensor moves it) is unchanged."""
+    return _cached(adj_t, num_nodes, "adj_t", lambda: Graph.from_adj_t(adj_t, num_nodes))

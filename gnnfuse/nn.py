@@ -516,6 +516,20 @@ class GATv2Conv(_DGLHeadsConv):
         return f"{super().extra_repr()}, share_weights={self.share_weights}"
 
 
+def _transformer_widths(in_channels: Any) -> tuple[Any, tuple[int | None, int | None]]:
+    """PyG TransformerConv's ``in_channels``: an int, or a pair (sources' width for ``lin_key`` / ``lin_value``,
+    destinations' for ``lin_query`` / ``lin_skip``), ``-1`` a lazy width (None).  Returns ``(in_channels as given,
+    (source width, destination width))``."""
+    pair = isinstance(in_channels, (tuple, list))
+    if pair and len(in_channels) != 2:
+        raise ValueError(f"in_channels must be an int or a pair (source, destination), got {in_channels!r}")
+    values = tuple(in_channels) if pair else (in_channels, in_channels)
+    widths = tuple(None if backend.is_int(v) and v == -1 else _positive_int("in_channels", v) for v in values)
+    if pair:
+        return values, widths
+    return (-1 if widths[0] is None else widths[0]), widths
+
+
 class GraphTransformerConv(nn.Module):
     r"""Graph Transformer layer (Shi et al., 2021), fused; PyG TransformerConv's interface.
 
@@ -533,7 +547,10 @@ class GraphTransformerConv(nn.Module):
     ``lin_edge`` (no bias, when ``edge_dim``), ``lin_skip`` (``[H·C or C, in]``, ``bias=bias``;
     created even when ``root_weight`` is False, as in PyG), ``lin_beta`` (``[1, 3·(H·C or C)]``,
     when ``beta`` and ``root_weight``).  Like PyG's, the layer adds no self loops.  ``in_channels=-1``
-    (PyG's lazy width): the four maps over the node features take the first call's width.
+    (PyG's lazy width): the four maps over the node features take the first call's width.  ``in_channels`` a pair
+    ``(in_src, in_dst)`` (either may be ``-1``), as PyG's: ``lin_key`` / ``lin_value`` read ``in_src`` features,
+    ``lin_query`` / ``lin_skip`` ``in_dst``; of two different widths the layer takes bipartite calls only (each
+    side then projected on its own, not as one product).
 
     ``forward(graph, feat, edge_feat=None)``: ``feat [N, in_channels]``; ``edge_feat
     [E, edge_dim]`` in the order of the graph's input edges (required when ``edge_dim`` is
@@ -551,7 +568,7 @@ class GraphTransformerConv(nn.Module):
 
     def __init__(
         self,
-        in_channels: int,
+        in_channels: int | tuple[int, int],
         out_channels: int,
         heads: int = 1,
         concat: bool = True,
@@ -562,9 +579,8 @@ class GraphTransformerConv(nn.Module):
         root_weight: bool = True,
     ) -> None:
         super().__init__()
-        lazy = backend.is_int(in_channels) and in_channels == -1  # PyG's lazy width: the first call's
-        self.in_channels = -1 if lazy else _positive_int("in_channels", in_channels)
-        self._width = None if lazy else self.in_channels
+        self.in_channels, self._widths = _transformer_widths(in_channels)
+        src_width, dst_width = self._widths
         self.out_channels = _positive_int("out_channels", out_channels)
         self.heads = _positive_int("heads", heads)
         self.beta = bool(beta) and bool(root_weight)
@@ -573,15 +589,15 @@ class GraphTransformerConv(nn.Module):
         self.dropout = ops._check_dropout(dropout, "dropout")
         self.edge_dim = None if edge_dim is None else _positive_int("edge_dim", edge_dim)
         width = heads * out_channels
-        self.lin_key = _linear(self._width, width, bias=bias)
-        self.lin_query = _linear(self._width, width, bias=bias)
-        self.lin_value = _linear(self._width, width, bias=bias)
+        self.lin_key = _linear(src_width, width, bias=bias)
+        self.lin_query = _linear(dst_width, width, bias=bias)
+        self.lin_value = _linear(src_width, width, bias=bias)
         if edge_dim is not None:
             self.lin_edge = nn.Linear(edge_dim, width, bias=False)
         else:
             self.register_parameter("lin_edge", None)
         out_width = width if concat else out_channels
-        self.lin_skip = _linear(self._width, out_width, bias=bias)
+        self.lin_skip = _linear(dst_width, out_width, bias=bias)
         if self.beta:
             self.lin_beta = nn.Linear(3 * out_width, 1, bias=False)
         else:
@@ -596,7 +612,7 @@ class GraphTransformerConv(nn.Module):
         x_src, x_dst = feat if isinstance(feat, (tuple, list)) and len(feat) == 2 else (feat, feat)
         widths = _lazy_widths(((x_src, (self.lin_key, self.lin_value)), (x_dst, (self.lin_query, self.lin_skip))))
         if widths is not None:
-            self._width = widths[1]
+            self._widths = tuple(widths)
 
     def reset_parameters(self) -> None:
         """PyTorch's default Linear initialization (PyG's Linear default is the same Kaiming-uniform)."""
@@ -613,15 +629,23 @@ class GraphTransformerConv(nn.Module):
         want_attention = return_attention_weights is not None and _flag("return_attention_weights",
                                                                         return_attention_weights)
         given = graph
-        if self._width is None:
+        if None in self._widths:
             self._take_width(feat)
-        pair = _bipartite(graph, feat, self._width, self.lin_query.weight.dtype, True)
+        src_width, dst_width = self._widths
+        dtype = self.lin_query.weight.dtype
+        pair = _bipartite(graph, feat, src_width if src_width == dst_width else None, dtype, True)
         if pair is None:
-            graph = _graph_and_features(graph, feat, self._width, self.lin_query.weight.dtype, True)
+            if src_width != dst_width:
+                raise ValueError(f"in_channels={self.in_channels} (sources and destinations of different widths) takes "
+                                 "feat as a pair (feat_src, feat_dst)")
+            graph = _graph_and_features(graph, feat, dst_width, dtype, True)
             x_src = x_dst = feat
             n_dst = feat.shape[0]
         else:
             graph, x_src, x_dst, n_dst, _ = pair
+            if src_width != dst_width:
+                _check_features(x_src, "feat_src", src_width, dtype)
+                _check_features(x_dst, "feat_dst", dst_width, dtype)
             feat = x_dst
         shape = (-1, self.heads, self.out_channels)
         edge_weight = None

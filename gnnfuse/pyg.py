@@ -8,9 +8,10 @@
 Each takes PyG's constructor arguments, has PyG's parameter names and shapes (a PyG state_dict loads
 unchanged, and this layer's loads into PyG's) and PyG's call, ``conv(x, edge_index, ...)`` with ``x`` a
 ``[N, F]`` tensor or a bipartite pair ``(x_src, x_dst)`` and ``edge_index`` an int ``[2, E]`` tensor (or a
-:class:`gnnfuse.Graph`), so a PyG model changes its import and nothing else.  The attention runs in the fused
-kernels of :mod:`gnnfuse.ops` (the same as :mod:`gnnfuse.nn`'s DGL-style layers): no ``[E, H, C]`` tensor, only a
-logsumexp per (node, head) stored, attention dropout regenerated in backward from the counter-based RNG.
+:class:`gnnfuse.Graph`, or a ``torch.sparse`` adjacency ``adj_t``, below), so a PyG model changes its import and
+nothing else.  The attention runs in the fused kernels of :mod:`gnnfuse.ops` (the same as :mod:`gnnfuse.nn`'s
+DGL-style layers): no ``[E, H, C]`` tensor, only a logsumexp per (node, head) stored, attention dropout regenerated
+in backward from the counter-based RNG.
 
 What PyG does on every call and these layers do once: the CSR of ``edge_index`` is built on the first call and
 cached while the tensor lives unmodified (:func:`gnnfuse.as_graph`), and so is the self-looped graph of
@@ -20,12 +21,27 @@ attention weights returned with ``return_attention_weights=True`` are PyG's edge
 
 GATConv, GATv2Conv and TransformerConv take PyG's lazy ``in_channels=-1`` (or ``(-1, -1)``): their maps are
 ``nn.LazyLinear`` until the first call's features (or a loaded state_dict) give them their width, then initialized
-as PyG does.
+as PyG does.  TransformerConv's ``in_channels`` may be a pair of different widths (``lin_key`` / ``lin_value`` over
+the sources', ``lin_query`` / ``lin_skip`` over the destinations'; bipartite calls only).
 
-Differences from PyG, all refused with a clear error: ``SparseTensor`` / ``torch.sparse`` adjacencies (pass
-``edge_index``), ``x_dst=None`` in a pair, GATv2Conv's ``edge_dim`` (its edge term is a vector inside the
-LeakyReLU) and TransformerConv with ``in_channels`` a pair of different sizes.  As in PyG, ``edge_attr`` passed to a
-layer built without ``edge_dim`` is ignored.
+``edge_index`` may also be PyG's transposed sparse adjacency ``adj_t``, a ``torch.sparse`` COO or CSR tensor
+``[N, N]`` (``[N_dst, N_src]`` with a pair) whose stored entry ``adj_t[i, j]`` is the edge ``j -> i``, taken as
+PyG's layers take it: every stored entry is an edge whatever its value (explicit zeros too), in storage order
+(``to_edge_index``: ``edge_attr`` row ``k`` is the ``k``-th entry's).  With ``add_self_loops=True`` PyG's
+``remove_self_loops`` / ``add_self_loops`` of a sparse tensor rebuild it coalesced: duplicate entries merged, edges
+sorted by destination then source, one loop per node below ``min(N_dst, N_src)`` at its place
+(:meth:`gnnfuse.Graph.pyg_sparse_self_loops`); they take no ``edge_attr`` (PyG's assertion fails: refused here).
+Without self loops a COO tensor must be coalesced (PyG reads its ``indices()``).  ``return_attention_weights=True``
+returns PyG's ``(out, (adj, α))``: ``adj`` the adjacency the attention ran over, in the input's layout, with ``α [E',
+H]`` as its values (``set_sparse_value``; TransformerConv returns the tensor as passed).  A CSR ``adj_t`` is the
+CSR by destination already: :meth:`gnnfuse.Graph.from_adj_t` takes it without a sort; the graph is cached per
+tensor while it lives unmodified (:func:`gnnfuse.graph.as_graph_of_adj_t`), the self-looped one on it.
+
+Differences from PyG, all refused with a clear error: ``torch_sparse.SparseTensor`` adjacencies (pass
+``adj_t.to_torch_sparse_csr_tensor()``), CSC / BSR layouts and sparse adjacencies with dense dimensions (PyG reads
+their values as edge features: pass ``edge_attr``), ``x_dst=None`` in a pair and GATv2Conv's ``edge_dim`` (its edge
+term is a vector inside the LeakyReLU).  As in PyG, ``edge_attr`` passed to a layer built without ``edge_dim`` is
+ignored.
 """
 
 from __future__ import annotations
@@ -42,7 +58,7 @@ from fusecore.rows import gather_rows
 
 from . import ops
 from .edge_score import LoopFill, edge_score_csr
-from .graph import Graph, SelfLooped, as_graph
+from .graph import Graph, SelfLooped, as_graph, as_graph_of_adj_t, check_adj_t
 from .nn import (
     GraphTransformerConv,
     _bipartite,
@@ -112,13 +128,54 @@ def _want(name: str, value: Any) -> bool:
     return bool(value)
 
 
-def _check_edge_index(edge_index: Any) -> None:
-    """Sparse adjacencies refused by name (PyG's layers take them; these take ``edge_index``)."""
-    sparse = (edge_index.layout != torch.strided if isinstance(edge_index, torch.Tensor)
-              else not isinstance(edge_index, Graph) and hasattr(edge_index, "storage") and hasattr(edge_index, "row"))
-    if sparse:
-        raise TypeError("edge_index must be an int [2, num_edges] tensor (or a gnnfuse.Graph): sparse adjacency "
-                        "matrices (torch.sparse, torch_sparse.SparseTensor) are not supported")
+def _sparse_adjacency(edge_index: Any) -> torch.Tensor | None:
+    """``edge_index`` when it is PyG's transposed sparse adjacency ``adj_t`` (a ``torch.sparse`` tensor), None for an
+    ``edge_index`` tensor or a Graph; a ``torch_sparse.SparseTensor`` refused by name."""
+    if isinstance(edge_index, torch.Tensor):
+        return None if edge_index.layout == torch.strided else edge_index
+    if type(edge_index).__name__ == "SparseTensor" or (hasattr(edge_index, "storage")
+                                                       and callable(getattr(edge_index, "csr", None))):
+        raise TypeError("edge_index is a torch_sparse.SparseTensor, which these layers do not take: pass "
+                        "adj_t.to_torch_sparse_csr_tensor() (the same transposed adjacency as a torch.sparse CSR "
+                        "tensor, taken as PyG's layers take it) or an edge_index [2, num_edges]")
+    return None
+
+
+def _adj_t_graph(adj: torch.Tensor, x: Any, self_loops: bool) -> Graph:
+    """The graph of PyG's transposed sparse adjacency ``adj`` (``adj[i, j]`` stored: the edge ``j -> i``), cached
+    per tensor (:func:`gnnfuse.graph.as_graph_of_adj_t`), checked against ``x``: ``[N, N]`` for a tensor ``x [N,
+    F]``, ``[N_dst, N_src]`` for a pair.  A COO tensor must be coalesced unless ``self_loops`` (PyG reads its
+    ``indices()``, which needs one; adding self loops coalesces it first)."""
+    check_adj_t(adj, "edge_index (a sparse adjacency adj_t)")
+    pair = isinstance(x, (tuple, list)) and len(x) == 2
+    x_src, x_dst = x if pair else (x, x)
+    if all(isinstance(t, torch.Tensor) and t.dim() >= 1 for t in (x_src, x_dst)):
+        want = (x_dst.shape[0], x_src.shape[0])
+        if tuple(adj.shape) != want:
+            expected = (f"[N_dst, N_src] = {list(want)} (the rows of x_dst and x_src)" if pair
+                        else f"[N, N] = {list(want)} (the rows of x; a bipartite adjacency takes x as a pair)")
+            raise ValueError(f"edge_index is a sparse adjacency adj_t of shape {list(adj.shape)}, expected {expected}: "
+                             "adj_t[i, j] is the edge j -> i")
+    if adj.layout == torch.sparse_coo and not adj.is_coalesced() and not self_loops:
+        raise ValueError("edge_index is an uncoalesced sparse COO tensor: PyG's layers read its indices(), which need "
+                         "a coalesced one (only adding self loops coalesces it first); pass edge_index.coalesce()")
+    return as_graph_of_adj_t(adj)
+
+
+def _sparse_weights(adj: torch.Tensor, looped: Graph | None, alpha: torch.Tensor) -> torch.Tensor:
+    """PyG's ``set_sparse_value``: the adjacency the attention ran over with ``α [E, H]`` as its values, in
+    ``adj``'s layout, shape ``[N_dst, N_src, H]``: ``adj`` itself (``looped`` None) or the self-looped graph's
+    coalesced edges (PyG's ``add_self_loops`` of a sparse tensor)."""
+    size = (*adj.shape, *alpha.shape[1:])
+    if looped is None:
+        if adj.layout == torch.sparse_coo:
+            return torch.sparse_coo_tensor(adj.indices(), alpha, size, device=alpha.device).coalesce()
+        return torch.sparse_csr_tensor(adj.crow_indices(), adj.col_indices(), alpha, size, device=alpha.device)
+    if adj.layout == torch.sparse_coo:  # sorted by (destination, source), no duplicates: coalesced as built
+        return torch.sparse_coo_tensor(looped.edge_index.flip(0), alpha, size, device=alpha.device,
+                                       is_coalesced=True)
+    return torch.sparse_csr_tensor(looped.indptr[: adj.shape[0] + 1].long(), looped.csr_src.long(), alpha, size,
+                                   device=alpha.device)
 
 
 def _loop_reduction(values: torch.Tensor, loops: SelfLooped, fill_value: str) -> torch.Tensor:
@@ -137,11 +194,12 @@ class _Call:
     """One layer call's graph and inputs, PyG's way: ``x`` a tensor or a pair ``(x_src, x_dst)``; the graph over
     ``n = max(N_src, N_dst)`` node ids (both sides padded to ``n`` rows, padding rows without edges), self-looped
     when asked (PyG's edge order, cached on the graph: ``loops``, a :class:`gnnfuse.graph.SelfLooped`, None when no
-    loops were added)."""
+    loops were added).  A sparse ``edge_index`` (PyG's ``adj_t``, kept as ``adj``): ``base`` its graph and the
+    self-looped graph PyG's sparse ``add_self_loops`` forms (``sparse_loops``; ``loops`` None)."""
 
     def __init__(self, x: Any, edge_index: Any, size: Any, in_channels: tuple[int, int] | None,
                  dtype: torch.dtype | None, add_self_loops: bool) -> None:
-        _check_edge_index(edge_index)
+        self.adj = _sparse_adjacency(edge_index)
         self.pair = isinstance(x, (tuple, list))
         if self.pair:
             if len(x) != 2 or x[1] is None:
@@ -158,13 +216,20 @@ class _Call:
             raise ValueError(f"size must be None or (N_src, N_dst) = {(self.n_src, self.n_dst)} (the rows of x), "
                              f"got {size!r}")
         self.n = max(self.n_src, self.n_dst)
+        if self.adj is not None:
+            edge_index = _adj_t_graph(self.adj, x, add_self_loops)
         if self.pair:
             base = as_graph(edge_index, self.n)
         else:
             base = _graph_and_features(edge_index, x, in_channels[0] if in_channels else None, dtype, True, "x")
         self.base = base
-        self.loops = base.pyg_self_loops(min(self.n_src, self.n_dst)) if add_self_loops else None
-        self.graph = base if self.loops is None else self.loops.graph
+        self.sparse_loops = self.adj is not None and add_self_loops
+        self.loops = base.pyg_self_loops(min(self.n_src, self.n_dst)) if add_self_loops and not self.sparse_loops \
+            else None
+        if self.sparse_loops:  # PyG's remove_self_loops / add_self_loops of a sparse tensor: coalesced
+            self.graph = base.pyg_sparse_self_loops(min(self.n_src, self.n_dst))
+        else:
+            self.graph = base if self.loops is None else self.loops.graph
         if self.pair:  # the bipartite checks of gnnfuse.nn (dtypes, devices, edges within both sets: one host sync)
             _bipartite(self.graph, (x_src, x_dst), None, dtype, True)
             if in_channels is not None:
@@ -179,7 +244,13 @@ class _Call:
         return torch.cat([t, t.new_zeros((self.n - t.shape[0], *t.shape[1:]))])
 
     def check_edge_attr(self, edge_attr: Any, width: int, dtype: torch.dtype) -> torch.Tensor:
-        """``edge_attr [E, width]`` (or ``[E]`` when ``width`` is 1) in ``edge_index``'s order, checked."""
+        """``edge_attr [E, width]`` (or ``[E]`` when ``width`` is 1) in ``edge_index``'s order (a sparse adjacency's:
+        its stored entries in storage order, PyG's ``to_edge_index``), checked."""
+        if self.sparse_loops:
+            raise ValueError("edge_attr with a sparse adjacency needs add_self_loops=False: PyG's remove_self_loops / "
+                             "add_self_loops take no edge_attr with a torch.sparse adjacency (they coalesce it, "
+                             "merging duplicate entries); pass an edge_index [2, num_edges] for self loops with edge "
+                             "features")
         if not isinstance(edge_attr, torch.Tensor):
             raise ValueError(f"edge_attr must be a [num_edges, edge_dim={width}] tensor, got {edge_attr!r}")
         if edge_attr.dim() == 1 and width == 1:
@@ -209,7 +280,11 @@ class _Call:
         return torch.cat([kept, loop_rows])
 
     def weights(self, edge_index: Any, attention: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """PyG's ``(edge_index, α)``: the edge_index as passed (a tensor, no loops added), else the graph's."""
+        """PyG's ``(edge_index, α)``: the edge_index as passed (a tensor, no loops added), else the graph's; for a
+        sparse adjacency PyG's ``(adj, α)``, ``adj`` the adjacency the attention ran over (self-looped and coalesced,
+        or as passed) in its layout with ``α`` as values (``set_sparse_value``)."""
+        if self.adj is not None:
+            return _sparse_weights(self.adj, self.graph if self.sparse_loops else None, attention), attention
         if self.loops is None and isinstance(edge_index, torch.Tensor):
             return edge_index, attention
         return self.graph.edge_index, attention
@@ -312,15 +387,15 @@ class GATConv(_PyGHeadsConv):
     ``lin_edge.weight [H·C, edge_dim]`` and ``att_edge [1, H, C]``, with ``residual`` ``res.weight``, and ``bias``
     ``[H·C]`` (concat) or ``[C]``.
 
-    ``forward(x, edge_index, edge_attr=None, size=None, return_attention_weights=None)``: ``x [N, F]`` (float16
-    / bfloat16 / float32 / float64, the parameters' dtype) or ``(x_src, x_dst)``; ``edge_index [2, E]``;
-    ``edge_attr [E, edge_dim]`` in ``edge_index``'s order (the self loops' rows from ``fill_value``, as PyG).
-    Returns ``[N_dst, H·C]`` or ``[N_dst, C]``; with ``return_attention_weights=True`` PyG's ``(out,
-    (edge_index, α [E', H]))``, ``edge_index`` the self-looped edges (PyG's order) and ``α`` the weights the
-    aggregation used (after dropout in training), no gradient.  The edge features' term is one ``[E, H]``
-    score per edge, ``edge_attr · M`` with ``M [edge_dim, H]`` folded from ``lin_edge`` and ``att_edge`` (PyG
-    forms ``lin_edge(edge_attr)`` ``[E, H·C]`` first); the kernels add it to the score and its gradient is the
-    backward's per-edge score gradient.  The projection and node scores of an ordinary call are fused as in
+    ``forward(x, edge_index, edge_attr=None, size=None, return_attention_weights=None)``: ``x [N, F]`` (float16 /
+    bfloat16 / float32 / float64, the parameters' dtype) or ``(x_src, x_dst)``; ``edge_index [2, E]`` (or a sparse
+    ``adj_t``: module docstring); ``edge_attr [E, edge_dim]`` in ``edge_index``'s order (the self loops' rows from
+    ``fill_value``, as PyG).  Returns ``[N_dst, H·C]`` or ``[N_dst, C]``; with ``return_attention_weights=True`` PyG's
+    ``(out, (edge_index, α [E', H]))``, ``edge_index`` the self-looped edges (PyG's order) and ``α`` the weights the
+    aggregation used (after dropout in training), no gradient.  The edge features' term is one ``[E, H]`` score per
+    edge, ``edge_attr · M`` with ``M [edge_dim, H]`` folded from ``lin_edge`` and ``att_edge`` (PyG forms
+    ``lin_edge(edge_attr)`` ``[E, H·C]`` first); the kernels add it to the score and its gradient is the backward's
+    per-edge score gradient.  The projection and node scores of an ordinary call are fused as in
     :class:`gnnfuse.nn.GATConv`; the residual and bias of concatenated heads are added in the kernel's store.
     """
 
@@ -521,8 +596,9 @@ class TransformerConv(GraphTransformerConv):
     :class:`gnnfuse.nn.GraphTransformerConv` (the math, parameters and guarantees are documented there) with PyG's
     call: ``forward(x, edge_index, edge_attr=None, return_attention_weights=None)``, ``x [N, F]`` or ``(x_src,
     x_dst)``, ``edge_attr [E, edge_dim]`` in ``edge_index``'s order.  Like PyG's, the layer adds no self loops and
-    ignores ``edge_attr`` when built without ``edge_dim``.  ``in_channels`` a pair is accepted when its two sizes
-    are equal.
+    ignores ``edge_attr`` when built without ``edge_dim``.  ``edge_index`` may be a sparse ``adj_t`` (module
+    docstring; the attention weights come back beside the tensor as passed, as PyG's).  ``in_channels`` a pair of
+    different widths takes ``x`` as a pair ``(x_src, x_dst)``.
     """
 
     def __init__(
@@ -537,12 +613,7 @@ class TransformerConv(GraphTransformerConv):
         bias: bool = True,
         root_weight: bool = True,
     ) -> None:
-        src, dst = _in_channels(in_channels, lazy=True)
-        if src != dst:
-            raise NotImplementedError(f"in_channels={tuple(in_channels)}: sources and destinations of different "
-                                      "feature sizes are not supported by the fused TransformerConv")
-        super().__init__(-1 if src is None else src, out_channels, heads, concat, beta, dropout, edge_dim, bias,
-                         root_weight)
+        super().__init__(in_channels, out_channels, heads, concat, beta, dropout, edge_dim, bias, root_weight)
         self.in_channels = in_channels
 
     @backend.eager_under_compile
@@ -551,11 +622,15 @@ class TransformerConv(GraphTransformerConv):
         return_attention_weights: bool | None = None, *,
         schedule: ScheduleOptions | None = None, rng: PhiloxStream | DevicePhiloxStream | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        _check_edge_index(edge_index)
-        return super().forward(edge_index, tuple(x) if isinstance(x, list) else x,
-                               edge_attr if self.lin_edge is not None else None,
-                               _want("return_attention_weights", return_attention_weights) or None,
-                               schedule=schedule, rng=rng)
+        want = _want("return_attention_weights", return_attention_weights)
+        adj = _sparse_adjacency(edge_index)
+        graph = edge_index if adj is None else _adj_t_graph(adj, x, False)
+        result = super().forward(graph, tuple(x) if isinstance(x, list) else x,
+                                 edge_attr if self.lin_edge is not None else None, want or None,
+                                 schedule=schedule, rng=rng)
+        if want and adj is not None:  # PyG returns the sparse adjacency as passed, with α [E, H] beside it
+            return result[0], (edge_index, result[1][1])
+        return result
 
     def __repr__(self) -> str:
         return f"{self.__class__.__name__}({self.in_channels}, {self.out_channels}, heads={self.heads})"
