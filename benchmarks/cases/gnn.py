@@ -1067,17 +1067,14 @@ def _captured_smoke_rows(ctx: Context) -> None:
         ctx.time(impl, _forward(call), params=params, variant="GATConv,fp32,fwd")
 
 
-@case("gnn", "pyg_gatconv", baseline="PyG GATConv eager", headline=False)
-def pyg_gatconv_case(ctx: Context) -> None:
-    """The PyG drop-in (:class:`gnnfuse.pyg.GATConv`) called as PyG's layer is, ``conv(x, edge_index[,
-    edge_attr])`` with PyG's defaults (``add_self_loops=True``: PyG removes and re-adds the self loops on every
-    call, the drop-in once per edge tensor), against ``torch_geometric.nn.GATConv`` holding the same state_dict,
-    eager and under ``torch.compile``; without edge features and with ``edge_dim=16`` (PyG projects the edge
-    features to ``[E, H·C]``, the drop-in folds ``lin_edge`` and ``att_edge`` to one score per edge and head).
-    Forward and training step (every parameter's and the edge features' gradients), as called and replayed as CUDA
-    graphs, arxiv-like, fp32 and bf16.  Floors: :func:`gnnfuse.ops.attention_floor_bytes` with the raw edge
-    features read per edge.  Checked against PyG in fp32: the output and ``lin.weight``'s and (with edge features)
-    ``edge_attr``'s gradients."""
+def _pyg_drop_in_runs(ctx: Context, name: str, checked: str) -> None:
+    """The PyG drop-in ``gnnfuse.pyg.<name>`` against ``torch_geometric.nn.<name>`` holding the same state_dict
+    (eager and under ``torch.compile``), called as PyG's layer is, ``conv(x, edge_index[, edge_attr])`` with PyG's
+    defaults (``add_self_loops=True``: PyG removes and re-adds the self loops on every call, the drop-in once per
+    edge tensor); without edge features and with ``edge_dim=16``.  Forward and training step (every parameter's
+    and the edge features' gradients), as called and replayed as CUDA graphs, arxiv-like, fp32 and bf16.  Floors:
+    :func:`gnnfuse.ops.attention_floor_bytes` with the raw edge features read per edge.  Checked against PyG in
+    fp32: the output and ``checked``'s and (with edge features) ``edge_attr``'s gradients."""
     import torch_geometric
 
     from gnnfuse import pyg as fused_pyg
@@ -1089,10 +1086,10 @@ def pyg_gatconv_case(ctx: Context) -> None:
         for edge_dim in (None, 16):
             torch.manual_seed(0)
             kwargs = dict(heads=spec.heads, edge_dim=edge_dim)
-            layer = fused_pyg.GATConv(spec.in_feats, spec.head_dim, **kwargs)
+            layer = getattr(fused_pyg, name)(spec.in_feats, spec.head_dim, **kwargs)
             with torch.no_grad():
                 layer.bias.copy_(torch.randn(layer.bias.shape, generator=gen))
-            pyg = torch_geometric.nn.GATConv(spec.in_feats, spec.head_dim, **kwargs)
+            pyg = getattr(torch_geometric.nn, name)(spec.in_feats, spec.head_dim, **kwargs)
             pyg.load_state_dict(layer.state_dict())
             layer, pyg = (m.to(device=ctx.device, dtype=dtype) for m in (layer, pyg))
             x = torch.randn(n, spec.in_feats, generator=gen).to(device=ctx.device, dtype=dtype)
@@ -1104,7 +1101,7 @@ def pyg_gatconv_case(ctx: Context) -> None:
             params = {"graph": spec.name, "nodes": n, "edges": graph.num_edges, "in_feats": spec.in_feats,
                       "heads": spec.heads, "head_dim": spec.head_dim, "dtype": tag, "edge_dim": edge_dim}
             variant = f"{spec.name},{tag}" + ("" if edge_dim is None else f",edge_dim={edge_dim}")
-            rows = [("PyG GATConv eager", lambda: pyg(x, edges, *extra), [*pyg.parameters(), *extra])]
+            rows = [(f"PyG {name} eager", lambda: pyg(x, edges, *extra), [*pyg.parameters(), *extra])]
             if ctx.gpu and not ctx.quick:
                 torch._dynamo.reset()  # see _layer_runs: each variant compiles afresh
                 compiled = torch.compile(pyg, dynamic=False)
@@ -1112,22 +1109,22 @@ def pyg_gatconv_case(ctx: Context) -> None:
                     with torch.no_grad():
                         compiled(x, edges, *extra)
                     _train_step(lambda: compiled(x, edges, *extra), [*pyg.parameters(), *extra], grad)()
-                    rows.append(("PyG GATConv torch.compile", lambda: compiled(x, edges, *extra),
+                    rows.append((f"PyG {name} torch.compile", lambda: compiled(x, edges, *extra),
                                  [*pyg.parameters(), *extra]))
                 except Exception as exc:  # noqa: BLE001 - report and keep the other rows
-                    print(f"[gnn] torch.compile of PyG GATConv failed on {variant}: {type(exc).__name__}: {exc}")
+                    print(f"[gnn] torch.compile of PyG {name} failed on {variant}: {type(exc).__name__}: {exc}")
             trained = [*layer.parameters(), *extra]
             rows.append(("fused (gnnfuse.pyg)", lambda: layer(x, edges, *extra), trained))
             if dtype == torch.float32:
                 with torch.no_grad():
                     ctx.check(f"{variant} forward vs PyG", layer(x, edges, *extra).float(),
                               pyg(x, edges, *extra).float(), 2e-3)
-                checked = [pyg.lin.weight, *extra]
                 _train_step(rows[0][1], rows[0][2], grad)()
-                expected = [t.grad.float().clone() for t in checked]
+                expected = [t.grad.float().clone() for t in [pyg.get_parameter(checked), *extra]]
                 _train_step(rows[-1][1], trained, grad)()
-                for name, ours, theirs in zip(("lin.weight", "edge_attr"), [layer.lin.weight, *extra], expected):
-                    ctx.check(f"{variant} grad {name} vs PyG", ours.grad.float(), theirs, 2e-3)
+                for what, ours, theirs in zip((checked, "edge_attr"), [layer.get_parameter(checked), *extra],
+                                              expected):
+                    ctx.check(f"{variant} grad {what} vs PyG", ours.grad.float(), theirs, 2e-3)
             edge_elements = edge_dim or 0
             forward = attention_floor_bytes(graph, spec.heads, spec.head_dim, dtype, edge_elements=edge_elements)
             step = attention_floor_bytes(graph, spec.heads, spec.head_dim, dtype, True, edge_elements=edge_elements)
@@ -1142,3 +1139,11 @@ def pyg_gatconv_case(ctx: Context) -> None:
                            params, f"{variant},fwd+bwd")
             if ctx.gpu:
                 torch.cuda.empty_cache()
+
+
+@case("gnn", "pyg_gatconv", baseline="PyG GATConv eager", headline=False)
+def pyg_gatconv_case(ctx: Context) -> None:
+    """:class:`gnnfuse.pyg.GATConv` against PyG's GATConv (:func:`_pyg_drop_in_runs`): with ``edge_dim=16`` PyG
+    projects the edge features to ``[E, H·C]``, the drop-in folds ``lin_edge`` and ``att_edge`` to one score per
+    edge and head."""
+    _pyg_drop_in_runs(ctx, "GATConv", "lin.weight")
