@@ -290,7 +290,84 @@ class _Call:
         return self.graph.edge_index, attention
 
 
-class _PyGHeadsConv(nn.Module):
+_MESSAGE_HOOKS = ("propagate", "message", "aggregate", "message_and_aggregate", "edge_update")
+
+
+def _pyg_message_passing() -> type | None:
+    """``torch_geometric.nn.MessagePassing``, imported on the first layer built (PyG is optional: None without it)."""
+    try:
+        from torch_geometric.nn.conv import MessagePassing
+    except ImportError:
+        return None
+    return MessagePassing
+
+
+def _refuse_hook(name: str) -> Any:
+    def register(self: nn.Module, hook: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__name__}.{name}: a fused layer forms no per-edge messages and runs no "
+                                  "propagate(), so PyG's message-passing hooks would never run (to_hetero_with_bases "
+                                  "and the attention explainer need them): use PyG's own layer there")
+    register.__name__ = name
+    return register
+
+
+def _refuse_explain(self: nn.Module, value: Any) -> None:
+    if value:
+        raise NotImplementedError(f"{type(self).__name__}: PyG's explainers mask the per-edge messages of "
+                                  "propagate(), which a fused layer does not form: set conv.explain = False to leave "
+                                  "it out of an explanation, or explain the model built from PyG's layers")
+    self.__dict__["_explain"] = value
+
+
+_MESSAGE_PASSING_CLASSES: dict[type, type] = {}
+
+
+def _message_passing_class(cls: type) -> type:
+    """``cls`` as a ``torch_geometric.nn.MessagePassing`` subclass (built once per class, when PyG is installed;
+    ``cls`` itself without PyG): PyG's ``to_hetero`` (and ``ToHeteroMessagePassing``) find message-passing layers by
+    ``isinstance(module, MessagePassing)`` (``torch_geometric.nn.fx.is_message_passing_op``), and replicate any other
+    module per edge type without aggregating per destination type.  The class runs MessagePassing's ``__init__``
+    (after ``nn.Module``'s, through ``super()``: PyG's ``__setstate__``, which ``copy.deepcopy`` calls, reads what
+    it stores) and keeps this layer's ``forward``; the MessagePassing features a fused layer cannot honour (message
+    hooks, explainers' edge masks) refuse with an error instead of being ignored."""
+    if "_fused_class" in cls.__dict__:
+        return cls
+    if cls not in _MESSAGE_PASSING_CLASSES:
+        base = _pyg_message_passing()
+        namespace = {"__module__": cls.__module__, "__qualname__": f"{cls.__qualname__}._as_message_passing",
+                     "__doc__": cls.__doc__,
+                     "_fused_class": cls, "explain": property(lambda self: self.__dict__.get("_explain"),
+                                                              _refuse_explain)}
+        for stage in _MESSAGE_HOOKS:
+            for kind in ("forward_pre_hook", "forward_hook"):
+                name = f"register_{stage}_{kind}"
+                namespace[name] = _refuse_hook(name)
+        _MESSAGE_PASSING_CLASSES[cls] = cls if base is None else type(cls.__name__, (cls, base), namespace)
+    return _MESSAGE_PASSING_CLASSES[cls]
+
+
+class _MessagePassingClass:
+    """The class attribute ``_as_message_passing``: on a layer class, its MessagePassing subclass
+    (:func:`_message_passing_class`), whose ``__qualname__`` names it (``GATConv._as_message_passing``) so that
+    pickle finds it (PyG's ``Inspector``, in a layer's state, holds the class)."""
+
+    def __get__(self, instance: Any, owner: type) -> type:
+        return _message_passing_class(owner)
+
+
+class _PyGLayer:
+    """What makes the layers of this module PyG message-passing layers where PyG is installed: each is built as an
+    instance of its class's ``MessagePassing`` subclass (:func:`_message_passing_class`: ``isinstance(conv,
+    GATConv)`` holds, ``type(conv)`` is that subclass, ``GATConv._as_message_passing``), which PyG's ``to_hetero``
+    needs."""
+
+    _as_message_passing = _MessagePassingClass()
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        return object.__new__(_message_passing_class(cls))
+
+
+class _PyGHeadsConv(_PyGLayer, nn.Module):
     """What PyG's GATConv and GATv2Conv share: arguments, the residual ``res`` and output ``bias``, head
     concatenation or mean."""
 
@@ -590,7 +667,7 @@ class GATv2Conv(_PyGHeadsConv):
         return (out, call.weights(edge_index, attention)) if want else out
 
 
-class TransformerConv(GraphTransformerConv):
+class TransformerConv(_PyGLayer, GraphTransformerConv):
     r"""Graph Transformer layer (Shi et al., 2021), fused; ``torch_geometric.nn.TransformerConv``'s interface.
 
     :class:`gnnfuse.nn.GraphTransformerConv` (the math, parameters and guarantees are documented there) with PyG's
@@ -636,7 +713,7 @@ class TransformerConv(GraphTransformerConv):
         return f"{self.__class__.__name__}({self.in_channels}, {self.out_channels}, heads={self.heads})"
 
 
-class AGNNConv(nn.Module):
+class AGNNConv(_PyGLayer, nn.Module):
     r"""Attention-based graph neural network propagation (Thekumparampil et al., 2018), fused;
     ``torch_geometric.nn.AGNNConv``'s interface::
 
