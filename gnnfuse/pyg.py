@@ -195,24 +195,31 @@ class _Call:
     ``n = max(N_src, N_dst)`` node ids (both sides padded to ``n`` rows, padding rows without edges), self-looped
     when asked (PyG's edge order, cached on the graph: ``loops``, a :class:`gnnfuse.graph.SelfLooped`, None when no
     loops were added).  A sparse ``edge_index`` (PyG's ``adj_t``, kept as ``adj``): ``base`` its graph and the
-    self-looped graph PyG's sparse ``add_self_loops`` forms (``sparse_loops``; ``loops`` None)."""
+    self-looped graph PyG's sparse ``add_self_loops`` forms (``sparse_loops``; ``loops`` None).
+
+    ``x = (x_src, None)`` where ``dst_optional`` (GATConv's, as PyG's): ``x_dst`` None and the destinations counted
+    as PyG's ``propagate`` counts them (:meth:`_missing_dst_rows`)."""
 
     def __init__(self, x: Any, edge_index: Any, size: Any, in_channels: tuple[int, int] | None,
-                 dtype: torch.dtype | None, add_self_loops: bool) -> None:
+                 dtype: torch.dtype | None, add_self_loops: bool, dst_optional: bool = False) -> None:
         self.adj = _sparse_adjacency(edge_index)
         self.pair = isinstance(x, (tuple, list))
         if self.pair:
-            if len(x) != 2 or x[1] is None:
-                raise ValueError("x must be a tensor or a pair (x_src, x_dst) of tensors (PyG's (x_src, None) is not "
-                                 "supported: pass the destinations' features as x_dst)")
+            if len(x) != 2:
+                raise ValueError(f"x must be a tensor or a pair (x_src, x_dst) of tensors, got {len(x)} items")
             x_src, x_dst = x
+            if x_dst is None and not dst_optional:
+                raise ValueError("x = (x_src, None): this layer needs the destinations' features, as PyG's does "
+                                 "(its GATv2Conv asserts x_dst is not None; only GATConv takes (x_src, None))")
         else:
             if in_channels is not None and None not in in_channels and in_channels[0] != in_channels[1]:
                 raise ValueError(f"in_channels={in_channels} (sources and destinations of different widths) takes x "
                                  "as a pair (x_src, x_dst)")
             x_src = x_dst = x
         self.n_src, self.n_dst = (t.shape[0] if isinstance(t, torch.Tensor) and t.dim() else 0 for t in (x_src, x_dst))
-        if size is not None and (not isinstance(size, (tuple, list)) or tuple(size) != (self.n_src, self.n_dst)):
+        if self.pair and x_dst is None:
+            self.n_dst = self._missing_dst_rows(size)
+        elif size is not None and (not isinstance(size, (tuple, list)) or tuple(size) != (self.n_src, self.n_dst)):
             raise ValueError(f"size must be None or (N_src, N_dst) = {(self.n_src, self.n_dst)} (the rows of x), "
                              f"got {size!r}")
         self.n = max(self.n_src, self.n_dst)
@@ -231,11 +238,32 @@ class _Call:
         else:
             self.graph = base if self.loops is None else self.loops.graph
         if self.pair:  # the bipartite checks of gnnfuse.nn (dtypes, devices, edges within both sets: one host sync)
-            _bipartite(self.graph, (x_src, x_dst), None, dtype, True)
+            stand_in = x_dst  # without x_dst: an empty [N_dst, 0] for the destinations' count (the edges' check)
+            if x_dst is None and isinstance(x_src, torch.Tensor):
+                stand_in = x_src.new_empty((self.n_dst, 0))
+            _bipartite(self.graph, (x_src, stand_in), None, dtype, True)
             if in_channels is not None:
                 _check_features(x_src, "x_src", in_channels[0], dtype)
-                _check_features(x_dst, "x_dst", in_channels[1], dtype)
+                if x_dst is not None:
+                    _check_features(x_dst, "x_dst", in_channels[1], dtype)
         self.x_src, self.x_dst = x_src, x_dst
+
+    def _missing_dst_rows(self, size: Any) -> int:
+        """PyG's destination count for ``x = (x_src, None)``: ``propagate``'s ``size_i``, the adjacency's rows for a
+        sparse ``adj_t`` (``_check_input``), else ``size[1]``, else the sources' count (``_collect``'s ``size_i``
+        falling back to ``size_j``).  ``size[0]`` must be ``N_src`` (``_set_size``)."""
+        if size is not None and (not isinstance(size, (tuple, list)) or len(size) != 2 or size[0] != self.n_src
+                                 or not (size[1] is None or backend.is_int(size[1]) and size[1] >= 0)):
+            raise ValueError(f"size must be None or (N_src, N_dst) with N_src = {self.n_src} (the rows of x_src), "
+                             f"got {size!r}")
+        wanted = None if size is None else size[1]
+        if self.adj is not None:
+            if self.adj.dim() != 2 or self.adj.shape[1] != self.n_src or wanted not in (None, self.adj.shape[0]):
+                raise ValueError(f"edge_index is a sparse adjacency adj_t of shape {list(self.adj.shape)}, expected "
+                                 f"[N_dst, N_src] with N_src = {self.n_src} (the rows of x_src)"
+                                 + ("" if wanted is None else f" and N_dst = {wanted} (size[1])"))
+            return int(self.adj.shape[0])
+        return self.n_src if wanted is None else int(wanted)
 
     def pad(self, t: torch.Tensor) -> torch.Tensor:
         """``t`` with zero rows appended up to the graph's ``n`` rows (differentiable)."""
@@ -411,7 +439,10 @@ class _PyGHeadsConv(_PyGLayer, nn.Module):
         if None not in self._in_pair:
             return
         xs, xd = (x[0], x[1]) if isinstance(x, (tuple, list)) and len(x) == 2 else (x, x)
-        widths = _lazy_widths(zip((xs, xd), self._sides()), init=_reset_linear)  # PyG's glorot
+        src_maps, dst_maps = self._sides()
+        if xd is None:  # PyG's (x_src, None): the destinations' own maps stay lazy
+            dst_maps = tuple(m for m in dst_maps if m is not None and not _lazy(m))
+        widths = _lazy_widths(((xs, src_maps), (xd, dst_maps)), init=_reset_linear)  # PyG's glorot
         if widths is not None:
             self._in_pair = tuple(widths)
 
@@ -428,7 +459,7 @@ class _PyGHeadsConv(_PyGLayer, nn.Module):
         out = out.reshape(call.n_dst, -1) if self.concat else out.mean(dim=1)
         if added:
             return out
-        if self.res is not None:
+        if self.res is not None and call.x_dst is not None:  # PyG's (x_src, None): no residual
             out = out + self.res(call.x_dst)
         if self.bias is not None:
             out = out + self.bias
@@ -559,7 +590,7 @@ class GATConv(_PyGHeadsConv):
         want = _want("return_attention_weights", return_attention_weights)
         self._materialize(x)
         weight = (self.lin if self.lin is not None else self.lin_src).weight
-        call = _Call(x, edge_index, size, self._in_pair, weight.dtype, self.add_self_loops)
+        call = _Call(x, edge_index, size, self._in_pair, weight.dtype, self.add_self_loops, dst_optional=True)
         edge_score = self._edge_score(call, edge_attr, weight.dtype)
         shape = (-1, self.heads, self.out_channels)
         common = dict(negative_slope=self.negative_slope, dropout=self._dropout(), rng=rng, schedule=schedule,
@@ -576,10 +607,12 @@ class GATConv(_PyGHeadsConv):
         else:  # a pair, or lin_src / lin_dst: each side projected by its own weight
             src_lin, dst_lin = (self.lin, self.lin) if self.lin is not None else (self.lin_src, self.lin_dst)
             xs = _project(src_lin, call.x_src).view(shape)
-            xd = _project(dst_lin, call.x_dst).view(shape)
             el = (xs * self.att_src).sum(dim=-1)
-            er = (xd * self.att_dst).sum(dim=-1)
-            result = ops.gat_attention(call.graph, call.pad(xs), call.pad(el), call.pad(er), **common)
+            if call.x_dst is None:  # PyG's (x_src, None): the scores without a destination term
+                er = el.new_zeros((call.n, self.heads))
+            else:
+                er = call.pad(((_project(dst_lin, call.x_dst).view(shape)) * self.att_dst).sum(dim=-1))
+            result = ops.gat_attention(call.graph, call.pad(xs), call.pad(el), er, **common)
         out, attention = result if want else (result, None)
         out = self._finish(out, call, add is not None)
         return (out, call.weights(edge_index, attention)) if want else out
@@ -700,6 +733,9 @@ class TransformerConv(_PyGLayer, GraphTransformerConv):
         schedule: ScheduleOptions | None = None, rng: PhiloxStream | DevicePhiloxStream | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         want = _want("return_attention_weights", return_attention_weights)
+        if isinstance(x, (tuple, list)) and len(x) == 2 and x[1] is None:
+            raise ValueError("x = (x_src, None): TransformerConv needs the destinations' features (the queries and "
+                             "the root term read them; PyG's layer fails on lin_query(None) too)")
         adj = _sparse_adjacency(edge_index)
         graph = edge_index if adj is None else _adj_t_graph(adj, x, False)
         result = super().forward(graph, tuple(x) if isinstance(x, list) else x,
