@@ -37,11 +37,29 @@ H]`` as its values (``set_sparse_value``; TransformerConv returns the tensor as 
 CSR by destination already: :meth:`gnnfuse.Graph.from_adj_t` takes it without a sort; the graph is cached per
 tensor while it lives unmodified (:func:`gnnfuse.graph.as_graph_of_adj_t`), the self-looped one on it.
 
+GATConv takes PyG's ``x = (x_src, None)``: no destination term in the score and no residual; the destinations
+counted as PyG's ``propagate`` counts them (``size[1]``, else a sparse ``adj_t``'s rows, else ``N_src``), the self
+loops over ``min(size)`` (else ``N_src``) nodes; a lazy layer's destinations' map stays lazy.  GATv2Conv and
+TransformerConv refuse it (PyG's fail: an assertion, ``lin_query(None)``).
+
+Heterogeneous graphs: the layers work in PyG's ``HeteroConv`` (a call per edge type, ``edge_attr_dict`` passed as
+``edge_attr``) and ``to_hetero``.  ``to_hetero`` (``torch_geometric.nn.fx.Transformer``) treats a module as a
+message-passing layer — copied per edge type, the copies' outputs summed (``aggr``) per destination type — only if
+``isinstance(module, MessagePassing)`` (``is_message_passing_op``); any other module it copies per edge type with
+edge-level outputs, wrong for a convolution.  So where PyG is installed each layer is an instance of its class's
+``MessagePassing`` subclass (:func:`_message_passing_class`, ``GATConv._as_message_passing``; built on the first
+layer made, which imports PyG; the plain class without PyG): it runs MessagePassing's ``__init__`` (its
+``__setstate__``, which ``copy.deepcopy`` calls, reads what that stores) and keeps the fused ``forward``.  The
+MessagePassing features a fused layer cannot honour refuse rather than being ignored: the message hooks
+(``register_message_forward_hook`` and the others; so ``to_hetero_with_bases``, which weights each message by its
+edge type through one, fails by name, as it does with PyG's own attention layers) and ``explain = True`` (PyG's
+explainers mask the messages; ``explain = False`` leaves a layer out).
+
 Differences from PyG, all refused with a clear error: ``torch_sparse.SparseTensor`` adjacencies (pass
 ``adj_t.to_torch_sparse_csr_tensor()``), CSC / BSR layouts and sparse adjacencies with dense dimensions (PyG reads
-their values as edge features: pass ``edge_attr``), ``x_dst=None`` in a pair and GATv2Conv's ``edge_dim`` (its edge
-term is a vector inside the LeakyReLU).  As in PyG, ``edge_attr`` passed to a layer built without ``edge_dim`` is
-ignored.
+their values as edge features: pass ``edge_attr``), GATv2Conv's ``edge_dim`` (its edge term is a vector inside the
+LeakyReLU), PyG's message hooks and explainers.  As in PyG, ``edge_attr`` passed to a layer built without
+``edge_dim`` is ignored.
 """
 
 from __future__ import annotations
