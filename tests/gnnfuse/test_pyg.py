@@ -435,8 +435,8 @@ def test_errors_are_clear(gen, device):
     edges = corner_case_edges(gen, N).to(device)
     x = torch.randn(N, F, generator=gen).to(device)
     layer = fused.GATConv(F, C, heads=2).to(device)
-    with pytest.raises(ValueError, match="x_dst"):
-        layer((x, None), edges)
+    with pytest.raises(ValueError, match="x_dst"):  # GATConv takes (x_src, None) as PyG's (test_pyg_hetero)
+        fused.GATv2Conv(F, C).to(device)((x, None), edges)
     with pytest.raises(ValueError, match="size"):
         layer(x, edges, size=(N, N + 1))
     with pytest.raises(NotImplementedError, match="edge_dim"):
