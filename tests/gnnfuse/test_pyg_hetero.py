@@ -163,6 +163,16 @@ def test_hetero_conv_passes_edge_attr_dict(gen):
     _compare(Call(ours), Call(theirs), data, gen, edge_attr=True)
 
 
+def test_hetero_conv_with_a_destination_type_without_features(gen):
+    """A node type absent from ``x_dict`` reaches its incoming edge types' layers as ``(x_src, None)``: GATConv
+    computes no destination term and, as PyG's, returns the sources' count of rows (PyG's ``propagate``)."""
+    data = _hetero_data(gen, with_inst=False)
+    del data["author"].x
+    convs = {EDGE_TYPES[0]: _gat, EDGE_TYPES[2]: _gat}
+    ours, theirs = _hetero_conv(fused, convs, "sum"), _hetero_conv(PyG, convs, "sum")
+    _compare(ours, theirs, data, gen)
+
+
 def test_hetero_conv_attention_weights_fail_as_in_pyg(gen):
     """HeteroConv passes ``return_attention_weights_dict`` through, and then cannot group the ``(out, (edge_index,
     α))`` tuples: PyG's layers and these fail alike."""
