@@ -373,9 +373,10 @@ def _message_passing_class(cls: type) -> type:
     ``cls`` itself without PyG): PyG's ``to_hetero`` (and ``ToHeteroMessagePassing``) find message-passing layers by
     ``isinstance(module, MessagePassing)`` (``torch_geometric.nn.fx.is_message_passing_op``), and replicate any other
     module per edge type without aggregating per destination type.  The class runs MessagePassing's ``__init__``
-    (after ``nn.Module``'s, through ``super()``: PyG's ``__setstate__``, which ``copy.deepcopy`` calls, reads what
-    it stores) and keeps this layer's ``forward``; the MessagePassing features a fused layer cannot honour (message
-    hooks, explainers' edge masks) refuse with an error instead of being ignored."""
+    (the layer's ``super().__init__()`` reaches it, and it ``nn.Module``'s; PyG's ``__setstate__``, which
+    ``copy.deepcopy`` calls, reads what it stores) and keeps this layer's ``forward``; the MessagePassing features
+    a fused layer cannot honour (message hooks, explainers' edge masks) refuse with an error instead of being
+    ignored."""
     if "_fused_class" in cls.__dict__:
         return cls
     if cls not in _MESSAGE_PASSING_CLASSES:
@@ -514,15 +515,16 @@ class GATConv(_PyGHeadsConv):
     ``[H·C]`` (concat) or ``[C]``.
 
     ``forward(x, edge_index, edge_attr=None, size=None, return_attention_weights=None)``: ``x [N, F]`` (float16 /
-    bfloat16 / float32 / float64, the parameters' dtype) or ``(x_src, x_dst)``; ``edge_index [2, E]`` (or a sparse
-    ``adj_t``: module docstring); ``edge_attr [E, edge_dim]`` in ``edge_index``'s order (the self loops' rows from
-    ``fill_value``, as PyG).  Returns ``[N_dst, H·C]`` or ``[N_dst, C]``; with ``return_attention_weights=True`` PyG's
-    ``(out, (edge_index, α [E', H]))``, ``edge_index`` the self-looped edges (PyG's order) and ``α`` the weights the
-    aggregation used (after dropout in training), no gradient.  The edge features' term is one ``[E, H]`` score per
-    edge, ``edge_attr · M`` with ``M [edge_dim, H]`` folded from ``lin_edge`` and ``att_edge`` (PyG forms
-    ``lin_edge(edge_attr)`` ``[E, H·C]`` first); the kernels add it to the score and its gradient is the backward's
-    per-edge score gradient.  The projection and node scores of an ordinary call are fused as in
-    :class:`gnnfuse.nn.GATConv`; the residual and bias of concatenated heads are added in the kernel's store.
+    bfloat16 / float32 / float64, the parameters' dtype) or ``(x_src, x_dst)`` (``x_dst`` None as in PyG: module
+    docstring); ``edge_index [2, E]`` (or a sparse ``adj_t``: module docstring); ``edge_attr [E, edge_dim]`` in
+    ``edge_index``'s order (the self loops' rows from ``fill_value``, as PyG).  Returns ``[N_dst, H·C]`` or ``[N_dst,
+    C]``; with ``return_attention_weights=True`` PyG's ``(out, (edge_index, α [E', H]))``, ``edge_index`` the
+    self-looped edges (PyG's order) and ``α`` the weights the aggregation used (after dropout in training), no
+    gradient.  The edge features' term is one ``[E, H]`` score per edge, ``edge_attr · M`` with ``M [edge_dim, H]``
+    folded from ``lin_edge`` and ``att_edge`` (PyG forms ``lin_edge(edge_attr)`` ``[E, H·C]`` first); the kernels add it
+    to the score and its gradient is the backward's per-edge score gradient.  The projection and node scores of an
+    ordinary call are fused as in :class:`gnnfuse.nn.GATConv`; the residual and bias of concatenated heads are added in
+    the kernel's store.
     """
 
     def __init__(
