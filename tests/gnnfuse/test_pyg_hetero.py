@@ -9,8 +9,12 @@ fusecore.testing's tolerance; tiny graphs.
 from __future__ import annotations
 
 import copy
+import os
 import pickle
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -341,3 +345,27 @@ def test_without_destination_features_errors(gen):
         gat((x, None), edges, size=(5, 4))
     with pytest.raises(ValueError, match="destinations < 3"):
         gat((x, None), edges, size=(6, 3))
+
+
+def test_pyg_stays_optional():
+    """Importing gnnfuse.pyg imports no torch_geometric; the first layer built does (to be a MessagePassing), and
+    without PyG the layers are their plain classes and run."""
+    script = """
+import sys, torch
+import gnnfuse.pyg as fused
+assert "torch_geometric" not in sys.modules
+if sys.argv[1] == "without":
+    sys.modules["torch_geometric"] = None  # import torch_geometric raises ImportError
+layer = fused.GATConv((-1, -1), 4, heads=2, add_self_loops=False)
+if sys.argv[1] == "without":
+    assert type(layer) is fused.GATConv
+    assert layer((torch.randn(5, 3), torch.randn(4, 2)), torch.tensor([[0, 4], [3, 1]])).shape == (4, 8)
+else:
+    from torch_geometric.nn import MessagePassing
+    assert isinstance(layer, MessagePassing) and type(layer) is fused.GATConv._as_message_passing
+"""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    for case in ("with", "without"):
+        done = subprocess.run([sys.executable, "-c", script, case], capture_output=True, text=True, timeout=300,
+                              env=env)
+        assert done.returncode == 0, (case, done.stderr[-2000:])
