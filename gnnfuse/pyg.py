@@ -59,7 +59,8 @@ Differences from PyG, all refused with a clear error: ``torch_sparse.SparseTenso
 ``adj_t.to_torch_sparse_csr_tensor()``), CSC / BSR layouts and sparse adjacencies with dense dimensions (PyG reads
 their values as edge features: pass ``edge_attr``), GATv2Conv's ``edge_dim`` (its edge term is a vector inside the
 LeakyReLU), PyG's message hooks and explainers.  As in PyG, ``edge_attr`` passed to a layer built without
-``edge_dim`` is ignored.
+``edge_dim`` is ignored, and GATConv built with ``edge_dim`` but called without ``edge_attr`` runs without the edge
+term (TransformerConv refuses, where PyG's asserts).
 """
 
 from __future__ import annotations
@@ -581,8 +582,10 @@ class GATConv(_PyGHeadsConv):
         :func:`gnnfuse.edge_score.edge_score_csr` at the CSR positions; the self loops' rows from ``fill_value``: a
         constant's score, or the mean / sum of the node's incoming kept edges' scores (linear in the features, so
         PyG's reduction of the features moves onto the ``H``-wide scores); ``'max'`` / ``'min'`` / ``'mul'`` reduce
-        the features as PyG does, before the product.  None without ``edge_dim`` (PyG ignores ``edge_attr`` then)."""
-        if self.lin_edge is None:
+        the features as PyG does, before the product.  None without ``edge_dim`` (PyG ignores ``edge_attr`` then) or
+        without ``edge_attr`` (PyG's ``edge_update`` adds the term only given both: ``to_hetero`` passes None for an
+        edge type missing from ``edge_attr_dict``)."""
+        if self.lin_edge is None or edge_attr is None:
             return None
         attr = call.check_edge_attr(edge_attr, self.edge_dim, dtype)
         acc = torch.float64 if dtype == torch.float64 else torch.float32
@@ -756,6 +759,9 @@ class TransformerConv(_PyGLayer, GraphTransformerConv):
         if isinstance(x, (tuple, list)) and len(x) == 2 and x[1] is None:
             raise ValueError("x = (x_src, None): TransformerConv needs the destinations' features (the queries and "
                              "the root term read them; PyG's layer fails on lin_query(None) too)")
+        if self.lin_edge is not None and edge_attr is None:
+            raise ValueError(f"edge_attr is required: the layer was built with edge_dim={self.edge_dim} (PyG's "
+                             "TransformerConv asserts it too; its GATConv runs without the edge term)")
         adj = _sparse_adjacency(edge_index)
         graph = edge_index if adj is None else _adj_t_graph(adj, x, False)
         result = super().forward(graph, tuple(x) if isinstance(x, list) else x,
