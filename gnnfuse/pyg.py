@@ -37,11 +37,30 @@ H]`` as its values (``set_sparse_value``; TransformerConv returns the tensor as 
 CSR by destination already: :meth:`gnnfuse.Graph.from_adj_t` takes it without a sort; the graph is cached per
 tensor while it lives unmodified (:func:`gnnfuse.graph.as_graph_of_adj_t`), the self-looped one on it.
 
+GATConv takes PyG's ``x = (x_src, None)``: no destination term in the score and no residual; the destinations
+counted as PyG's ``propagate`` counts them (``size[1]``, else a sparse ``adj_t``'s rows, else ``N_src``), the self
+loops over ``min(size)`` (else ``N_src``) nodes; a lazy layer's destinations' map stays lazy.  GATv2Conv and
+TransformerConv refuse it (PyG's fail: an assertion, ``lin_query(None)``).
+
+Heterogeneous graphs: the layers work in PyG's ``HeteroConv`` (a call per edge type, ``edge_attr_dict`` passed as
+``edge_attr``) and ``to_hetero``.  ``to_hetero`` (``torch_geometric.nn.fx.Transformer``) treats a module as a
+message-passing layer — copied per edge type, the copies' outputs summed (``aggr``) per destination type — only if
+``isinstance(module, MessagePassing)`` (``is_message_passing_op``); any other module it copies per edge type with
+edge-level outputs, wrong for a convolution.  So where PyG is installed each layer is an instance of its class's
+``MessagePassing`` subclass (:func:`_message_passing_class`, ``GATConv._as_message_passing``; built on the first
+layer made, which imports PyG; the plain class without PyG): it runs MessagePassing's ``__init__`` (its
+``__setstate__``, which ``copy.deepcopy`` calls, reads what that stores) and keeps the fused ``forward``.  The
+MessagePassing features a fused layer cannot honour refuse rather than being ignored: the message hooks
+(``register_message_forward_hook`` and the others; so ``to_hetero_with_bases``, which weights each message by its
+edge type through one, fails by name, as it does with PyG's own attention layers) and ``explain = True`` (PyG's
+explainers mask the messages; ``explain = False`` leaves a layer out).
+
 Differences from PyG, all refused with a clear error: ``torch_sparse.SparseTensor`` adjacencies (pass
 ``adj_t.to_torch_sparse_csr_tensor()``), CSC / BSR layouts and sparse adjacencies with dense dimensions (PyG reads
-their values as edge features: pass ``edge_attr``), ``x_dst=None`` in a pair and GATv2Conv's ``edge_dim`` (its edge
-term is a vector inside the LeakyReLU).  As in PyG, ``edge_attr`` passed to a layer built without ``edge_dim`` is
-ignored.
+their values as edge features: pass ``edge_attr``), GATv2Conv's ``edge_dim`` (its edge term is a vector inside the
+LeakyReLU), PyG's message hooks and explainers.  As in PyG, ``edge_attr`` passed to a layer built without
+``edge_dim`` is ignored, and GATConv built with ``edge_dim`` but called without ``edge_attr`` runs without the edge
+term (TransformerConv refuses, where PyG's asserts).
 """
 
 from __future__ import annotations
@@ -195,24 +214,31 @@ class _Call:
     ``n = max(N_src, N_dst)`` node ids (both sides padded to ``n`` rows, padding rows without edges), self-looped
     when asked (PyG's edge order, cached on the graph: ``loops``, a :class:`gnnfuse.graph.SelfLooped`, None when no
     loops were added).  A sparse ``edge_index`` (PyG's ``adj_t``, kept as ``adj``): ``base`` its graph and the
-    self-looped graph PyG's sparse ``add_self_loops`` forms (``sparse_loops``; ``loops`` None)."""
+    self-looped graph PyG's sparse ``add_self_loops`` forms (``sparse_loops``; ``loops`` None).
+
+    ``x = (x_src, None)`` where ``dst_optional`` (GATConv's, as PyG's): ``x_dst`` None and the destinations counted
+    as PyG's ``propagate`` counts them (:meth:`_missing_dst_rows`)."""
 
     def __init__(self, x: Any, edge_index: Any, size: Any, in_channels: tuple[int, int] | None,
-                 dtype: torch.dtype | None, add_self_loops: bool) -> None:
+                 dtype: torch.dtype | None, add_self_loops: bool, dst_optional: bool = False) -> None:
         self.adj = _sparse_adjacency(edge_index)
         self.pair = isinstance(x, (tuple, list))
         if self.pair:
-            if len(x) != 2 or x[1] is None:
-                raise ValueError("x must be a tensor or a pair (x_src, x_dst) of tensors (PyG's (x_src, None) is not "
-                                 "supported: pass the destinations' features as x_dst)")
+            if len(x) != 2:
+                raise ValueError(f"x must be a tensor or a pair (x_src, x_dst) of tensors, got {len(x)} items")
             x_src, x_dst = x
+            if x_dst is None and not dst_optional:
+                raise ValueError("x = (x_src, None): this layer needs the destinations' features, as PyG's does "
+                                 "(its GATv2Conv asserts x_dst is not None; only GATConv takes (x_src, None))")
         else:
             if in_channels is not None and None not in in_channels and in_channels[0] != in_channels[1]:
                 raise ValueError(f"in_channels={in_channels} (sources and destinations of different widths) takes x "
                                  "as a pair (x_src, x_dst)")
             x_src = x_dst = x
         self.n_src, self.n_dst = (t.shape[0] if isinstance(t, torch.Tensor) and t.dim() else 0 for t in (x_src, x_dst))
-        if size is not None and (not isinstance(size, (tuple, list)) or tuple(size) != (self.n_src, self.n_dst)):
+        if self.pair and x_dst is None:
+            self.n_dst = self._missing_dst_rows(size)
+        elif size is not None and (not isinstance(size, (tuple, list)) or tuple(size) != (self.n_src, self.n_dst)):
             raise ValueError(f"size must be None or (N_src, N_dst) = {(self.n_src, self.n_dst)} (the rows of x), "
                              f"got {size!r}")
         self.n = max(self.n_src, self.n_dst)
@@ -231,11 +257,32 @@ class _Call:
         else:
             self.graph = base if self.loops is None else self.loops.graph
         if self.pair:  # the bipartite checks of gnnfuse.nn (dtypes, devices, edges within both sets: one host sync)
-            _bipartite(self.graph, (x_src, x_dst), None, dtype, True)
+            stand_in = x_dst  # without x_dst: an empty [N_dst, 0] for the destinations' count (the edges' check)
+            if x_dst is None and isinstance(x_src, torch.Tensor):
+                stand_in = x_src.new_empty((self.n_dst, 0))
+            _bipartite(self.graph, (x_src, stand_in), None, dtype, True)
             if in_channels is not None:
                 _check_features(x_src, "x_src", in_channels[0], dtype)
-                _check_features(x_dst, "x_dst", in_channels[1], dtype)
+                if x_dst is not None:
+                    _check_features(x_dst, "x_dst", in_channels[1], dtype)
         self.x_src, self.x_dst = x_src, x_dst
+
+    def _missing_dst_rows(self, size: Any) -> int:
+        """PyG's destination count for ``x = (x_src, None)``: ``propagate``'s ``size_i``, the adjacency's rows for a
+        sparse ``adj_t`` (``_check_input``), else ``size[1]``, else the sources' count (``_collect``'s ``size_i``
+        falling back to ``size_j``).  ``size[0]`` must be ``N_src`` (``_set_size``)."""
+        if size is not None and (not isinstance(size, (tuple, list)) or len(size) != 2 or size[0] != self.n_src
+                                 or not (size[1] is None or backend.is_int(size[1]) and size[1] >= 0)):
+            raise ValueError(f"size must be None or (N_src, N_dst) with N_src = {self.n_src} (the rows of x_src), "
+                             f"got {size!r}")
+        wanted = None if size is None else size[1]
+        if self.adj is not None:
+            if self.adj.dim() != 2 or self.adj.shape[1] != self.n_src or wanted not in (None, self.adj.shape[0]):
+                raise ValueError(f"edge_index is a sparse adjacency adj_t of shape {list(self.adj.shape)}, expected "
+                                 f"[N_dst, N_src] with N_src = {self.n_src} (the rows of x_src)"
+                                 + ("" if wanted is None else f" and N_dst = {wanted} (size[1])"))
+            return int(self.adj.shape[0])
+        return self.n_src if wanted is None else int(wanted)
 
     def pad(self, t: torch.Tensor) -> torch.Tensor:
         """``t`` with zero rows appended up to the graph's ``n`` rows (differentiable)."""
@@ -290,7 +337,85 @@ class _Call:
         return self.graph.edge_index, attention
 
 
-class _PyGHeadsConv(nn.Module):
+_MESSAGE_HOOKS = ("propagate", "message", "aggregate", "message_and_aggregate", "edge_update")
+
+
+def _pyg_message_passing() -> type | None:
+    """``torch_geometric.nn.MessagePassing``, imported on the first layer built (PyG is optional: None without it)."""
+    try:
+        from torch_geometric.nn.conv import MessagePassing
+    except ImportError:
+        return None
+    return MessagePassing
+
+
+def _refuse_hook(name: str) -> Any:
+    def register(self: nn.Module, hook: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__name__}.{name}: a fused layer forms no per-edge messages and runs no "
+                                  "propagate(), so PyG's message-passing hooks would never run (to_hetero_with_bases "
+                                  "and the attention explainer need them): use PyG's own layer there")
+    register.__name__ = name
+    return register
+
+
+def _refuse_explain(self: nn.Module, value: Any) -> None:
+    if value:
+        raise NotImplementedError(f"{type(self).__name__}: PyG's explainers mask the per-edge messages of "
+                                  "propagate(), which a fused layer does not form: set conv.explain = False to leave "
+                                  "it out of an explanation, or explain the model built from PyG's layers")
+    self.__dict__["_explain"] = value
+
+
+_MESSAGE_PASSING_CLASSES: dict[type, type] = {}
+
+
+def _message_passing_class(cls: type) -> type:
+    """``cls`` as a ``torch_geometric.nn.MessagePassing`` subclass (built once per class, when PyG is installed;
+    ``cls`` itself without PyG): PyG's ``to_hetero`` (and ``ToHeteroMessagePassing``) find message-passing layers by
+    ``isinstance(module, MessagePassing)`` (``torch_geometric.nn.fx.is_message_passing_op``), and replicate any other
+    module per edge type without aggregating per destination type.  The class runs MessagePassing's ``__init__``
+    (the layer's ``super().__init__()`` reaches it, and it ``nn.Module``'s; PyG's ``__setstate__``, which
+    ``copy.deepcopy`` calls, reads what it stores) and keeps this layer's ``forward``; the MessagePassing features
+    a fused layer cannot honour (message hooks, explainers' edge masks) refuse with an error instead of being
+    ignored."""
+    if "_fused_class" in cls.__dict__:
+        return cls
+    if cls not in _MESSAGE_PASSING_CLASSES:
+        base = _pyg_message_passing()
+        namespace = {"__module__": cls.__module__, "__qualname__": f"{cls.__qualname__}._as_message_passing",
+                     "__doc__": cls.__doc__,
+                     "_fused_class": cls, "explain": property(lambda self: self.__dict__.get("_explain"),
+                                                              _refuse_explain)}
+        for stage in _MESSAGE_HOOKS:
+            for kind in ("forward_pre_hook", "forward_hook"):
+                name = f"register_{stage}_{kind}"
+                namespace[name] = _refuse_hook(name)
+        _MESSAGE_PASSING_CLASSES[cls] = cls if base is None else type(cls.__name__, (cls, base), namespace)
+    return _MESSAGE_PASSING_CLASSES[cls]
+
+
+class _MessagePassingClass:
+    """The class attribute ``_as_message_passing``: on a layer class, its MessagePassing subclass
+    (:func:`_message_passing_class`), whose ``__qualname__`` names it (``GATConv._as_message_passing``) so that
+    pickle finds it (PyG's ``Inspector``, in a layer's state, holds the class)."""
+
+    def __get__(self, instance: Any, owner: type) -> type:
+        return _message_passing_class(owner)
+
+
+class _PyGLayer:
+    """What makes the layers of this module PyG message-passing layers where PyG is installed: each is built as an
+    instance of its class's ``MessagePassing`` subclass (:func:`_message_passing_class`: ``isinstance(conv,
+    GATConv)`` holds, ``type(conv)`` is that subclass, ``GATConv._as_message_passing``), which PyG's ``to_hetero``
+    needs."""
+
+    _as_message_passing = _MessagePassingClass()
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        return object.__new__(_message_passing_class(cls))
+
+
+class _PyGHeadsConv(_PyGLayer, nn.Module):
     """What PyG's GATConv and GATv2Conv share: arguments, the residual ``res`` and output ``bias``, head
     concatenation or mean."""
 
@@ -334,7 +459,10 @@ class _PyGHeadsConv(nn.Module):
         if None not in self._in_pair:
             return
         xs, xd = (x[0], x[1]) if isinstance(x, (tuple, list)) and len(x) == 2 else (x, x)
-        widths = _lazy_widths(zip((xs, xd), self._sides()), init=_reset_linear)  # PyG's glorot
+        src_maps, dst_maps = self._sides()
+        if xd is None:  # PyG's (x_src, None): the destinations' own maps stay lazy
+            dst_maps = tuple(m for m in dst_maps if m is not None and not _lazy(m))
+        widths = _lazy_widths(((xs, src_maps), (xd, dst_maps)), init=_reset_linear)  # PyG's glorot
         if widths is not None:
             self._in_pair = tuple(widths)
 
@@ -351,7 +479,7 @@ class _PyGHeadsConv(nn.Module):
         out = out.reshape(call.n_dst, -1) if self.concat else out.mean(dim=1)
         if added:
             return out
-        if self.res is not None:
+        if self.res is not None and call.x_dst is not None:  # PyG's (x_src, None): no residual
             out = out + self.res(call.x_dst)
         if self.bias is not None:
             out = out + self.bias
@@ -388,15 +516,16 @@ class GATConv(_PyGHeadsConv):
     ``[H·C]`` (concat) or ``[C]``.
 
     ``forward(x, edge_index, edge_attr=None, size=None, return_attention_weights=None)``: ``x [N, F]`` (float16 /
-    bfloat16 / float32 / float64, the parameters' dtype) or ``(x_src, x_dst)``; ``edge_index [2, E]`` (or a sparse
-    ``adj_t``: module docstring); ``edge_attr [E, edge_dim]`` in ``edge_index``'s order (the self loops' rows from
-    ``fill_value``, as PyG).  Returns ``[N_dst, H·C]`` or ``[N_dst, C]``; with ``return_attention_weights=True`` PyG's
-    ``(out, (edge_index, α [E', H]))``, ``edge_index`` the self-looped edges (PyG's order) and ``α`` the weights the
-    aggregation used (after dropout in training), no gradient.  The edge features' term is one ``[E, H]`` score per
-    edge, ``edge_attr · M`` with ``M [edge_dim, H]`` folded from ``lin_edge`` and ``att_edge`` (PyG forms
-    ``lin_edge(edge_attr)`` ``[E, H·C]`` first); the kernels add it to the score and its gradient is the backward's
-    per-edge score gradient.  The projection and node scores of an ordinary call are fused as in
-    :class:`gnnfuse.nn.GATConv`; the residual and bias of concatenated heads are added in the kernel's store.
+    bfloat16 / float32 / float64, the parameters' dtype) or ``(x_src, x_dst)`` (``x_dst`` None as in PyG: module
+    docstring); ``edge_index [2, E]`` (or a sparse ``adj_t``: module docstring); ``edge_attr [E, edge_dim]`` in
+    ``edge_index``'s order (the self loops' rows from ``fill_value``, as PyG).  Returns ``[N_dst, H·C]`` or ``[N_dst,
+    C]``; with ``return_attention_weights=True`` PyG's ``(out, (edge_index, α [E', H]))``, ``edge_index`` the
+    self-looped edges (PyG's order) and ``α`` the weights the aggregation used (after dropout in training), no
+    gradient.  The edge features' term is one ``[E, H]`` score per edge, ``edge_attr · M`` with ``M [edge_dim, H]``
+    folded from ``lin_edge`` and ``att_edge`` (PyG forms ``lin_edge(edge_attr)`` ``[E, H·C]`` first); the kernels add it
+    to the score and its gradient is the backward's per-edge score gradient.  The projection and node scores of an
+    ordinary call are fused as in :class:`gnnfuse.nn.GATConv`; the residual and bias of concatenated heads are added in
+    the kernel's store.
     """
 
     def __init__(
@@ -453,8 +582,10 @@ class GATConv(_PyGHeadsConv):
         :func:`gnnfuse.edge_score.edge_score_csr` at the CSR positions; the self loops' rows from ``fill_value``: a
         constant's score, or the mean / sum of the node's incoming kept edges' scores (linear in the features, so
         PyG's reduction of the features moves onto the ``H``-wide scores); ``'max'`` / ``'min'`` / ``'mul'`` reduce
-        the features as PyG does, before the product.  None without ``edge_dim`` (PyG ignores ``edge_attr`` then)."""
-        if self.lin_edge is None:
+        the features as PyG does, before the product.  None without ``edge_dim`` (PyG ignores ``edge_attr`` then) or
+        without ``edge_attr`` (PyG's ``edge_update`` adds the term only given both: ``to_hetero`` passes None for an
+        edge type missing from ``edge_attr_dict``)."""
+        if self.lin_edge is None or edge_attr is None:
             return None
         attr = call.check_edge_attr(edge_attr, self.edge_dim, dtype)
         acc = torch.float64 if dtype == torch.float64 else torch.float32
@@ -482,7 +613,7 @@ class GATConv(_PyGHeadsConv):
         want = _want("return_attention_weights", return_attention_weights)
         self._materialize(x)
         weight = (self.lin if self.lin is not None else self.lin_src).weight
-        call = _Call(x, edge_index, size, self._in_pair, weight.dtype, self.add_self_loops)
+        call = _Call(x, edge_index, size, self._in_pair, weight.dtype, self.add_self_loops, dst_optional=True)
         edge_score = self._edge_score(call, edge_attr, weight.dtype)
         shape = (-1, self.heads, self.out_channels)
         common = dict(negative_slope=self.negative_slope, dropout=self._dropout(), rng=rng, schedule=schedule,
@@ -499,10 +630,12 @@ class GATConv(_PyGHeadsConv):
         else:  # a pair, or lin_src / lin_dst: each side projected by its own weight
             src_lin, dst_lin = (self.lin, self.lin) if self.lin is not None else (self.lin_src, self.lin_dst)
             xs = _project(src_lin, call.x_src).view(shape)
-            xd = _project(dst_lin, call.x_dst).view(shape)
             el = (xs * self.att_src).sum(dim=-1)
-            er = (xd * self.att_dst).sum(dim=-1)
-            result = ops.gat_attention(call.graph, call.pad(xs), call.pad(el), call.pad(er), **common)
+            if call.x_dst is None:  # PyG's (x_src, None): the scores without a destination term
+                er = el.new_zeros((call.n, self.heads))
+            else:
+                er = call.pad(((_project(dst_lin, call.x_dst).view(shape)) * self.att_dst).sum(dim=-1))
+            result = ops.gat_attention(call.graph, call.pad(xs), call.pad(el), er, **common)
         out, attention = result if want else (result, None)
         out = self._finish(out, call, add is not None)
         return (out, call.weights(edge_index, attention)) if want else out
@@ -590,7 +723,7 @@ class GATv2Conv(_PyGHeadsConv):
         return (out, call.weights(edge_index, attention)) if want else out
 
 
-class TransformerConv(GraphTransformerConv):
+class TransformerConv(_PyGLayer, GraphTransformerConv):
     r"""Graph Transformer layer (Shi et al., 2021), fused; ``torch_geometric.nn.TransformerConv``'s interface.
 
     :class:`gnnfuse.nn.GraphTransformerConv` (the math, parameters and guarantees are documented there) with PyG's
@@ -623,6 +756,12 @@ class TransformerConv(GraphTransformerConv):
         schedule: ScheduleOptions | None = None, rng: PhiloxStream | DevicePhiloxStream | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         want = _want("return_attention_weights", return_attention_weights)
+        if isinstance(x, (tuple, list)) and len(x) == 2 and x[1] is None:
+            raise ValueError("x = (x_src, None): TransformerConv needs the destinations' features (the queries and "
+                             "the root term read them; PyG's layer fails on lin_query(None) too)")
+        if self.lin_edge is not None and edge_attr is None:
+            raise ValueError(f"edge_attr is required: the layer was built with edge_dim={self.edge_dim} (PyG's "
+                             "TransformerConv asserts it too; its GATConv runs without the edge term)")
         adj = _sparse_adjacency(edge_index)
         graph = edge_index if adj is None else _adj_t_graph(adj, x, False)
         result = super().forward(graph, tuple(x) if isinstance(x, list) else x,
@@ -636,7 +775,7 @@ class TransformerConv(GraphTransformerConv):
         return f"{self.__class__.__name__}({self.in_channels}, {self.out_channels}, heads={self.heads})"
 
 
-class AGNNConv(nn.Module):
+class AGNNConv(_PyGLayer, nn.Module):
     r"""Attention-based graph neural network propagation (Thekumparampil et al., 2018), fused;
     ``torch_geometric.nn.AGNNConv``'s interface::
 
