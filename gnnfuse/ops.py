@@ -1139,7 +1139,8 @@ def attention_backward(
     # and the rows' feature sums, from α' and ∂s).
     dst_tensors = (*inputs.pointers(), grad_s, terms)
     dst_scalars = (inputs.negative_slope, inputs.scale)
-    sums = grad_s if attr_sums is None else attr_sums  # a tensor the kernels never write where not asked for
+    row_sums = weight_grad and not gatv2_edges  # the dot score's per-row sums A, B (GATv2: ∂W_e formed above)
+    sums = attr_sums if row_sums else grad_s  # a tensor the kernels never write where not asked for
     for grid, ranges, counts, meta in plan["destination light"]:
         attention_backward_dst_light_kernel[grid](
             graph.csr_src, graph.csr_eid, *ranges, *dst_tensors, grad_dst, sums, *counts,
@@ -1150,7 +1151,7 @@ def attention_backward(
         num_pieces = incoming.num_pieces if pieces else 0
         if pieces:
             piece_dst = _new_output((num_pieces, heads, head_dim), acc, device)
-            piece_sums = _new_output((num_pieces, 2, heads, edge_dim), acc, device) if weight_grad else grad_s
+            piece_sums = _new_output((num_pieces, 2, heads, edge_dim), acc, device) if row_sums else grad_s
         else:
             piece_dst, piece_sums = grad_dst, sums  # never written
         target_dst, target_sums, stride = ((piece_dst, piece_sums, piece_stride) if pieces is True
@@ -1163,7 +1164,7 @@ def attention_backward(
         )
         if pieces and not merged_dst:
             _merge_sums(incoming, piece_dst, grad_dst)
-            if weight_grad:
+            if row_sums:
                 _merge_sums(incoming, piece_sums, attr_sums)
     return grad_value, grad_src, grad_dst, grad_attr, attr_sums
 

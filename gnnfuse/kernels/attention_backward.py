@@ -11,6 +11,7 @@ With ``α_ij`` recomputed from the saved ``lse`` (no attention matrix stored), d
     ∂L/∂s_ij   = α'_ij <g_i, val_j + e_p> − α_ij δ_i
     ∂L/∂src_j  = Σ_{i: j->i} ∂s/∂src · ∂L/∂s_ij          ∂L/∂dst_i = Σ_{j: j->i} ∂s/∂dst · ∂L/∂s_ij
     ∂L/∂e_p    = α'_ij g_i + ∂L/∂s_ij q̃_i            (dot score with edge features, destination pass)
+    ∂L/∂e_p    = ∂L/∂z_p = ∂L/∂s_ij · a ⊙ LeakyReLU'(fs_j + fd_i + e_p)   (GATv2 with edge features)
     ∂L/∂a      = Σ_edges ∂L/∂s_ij · LeakyReLU(fs_j + fd_i)              (GATv2)
     ∂L/∂w_p    = Σ_h α_ij keep_ij / (1 − p) <g_i, val_j + e_p>          (FACTOR_GRAD, source pass)
 
@@ -40,6 +41,13 @@ projected — adds the key path's ``Σ_k B[k] W[k]`` once per row and writes the
 where the weight's gradient is asked for; ``∂attr`` is
 :func:`~gnnfuse.kernels.edge_features.edge_attr_grad_kernel`'s).  ``LANES`` (row
 kernels): the edge-loop sums are kept per edge lane and reduced once after the loop.
+
+GATv2 with edge features (``EDGE`` and the GATv2 score, PyG GATv2Conv's ``edge_dim``): ``e_p`` sits inside the
+LeakyReLU, so neither the terms nor the per-row sums above apply.  Both passes project each edge block again
+(:func:`~gnnfuse.kernels.edge_features.add_edge_vectors`: the source pass reads the edge id ``eid[p]`` of the CSR
+position ``p`` it has from ``rev_pos``; the light rows in the tile form only) for the score, its LeakyReLU's slope
+and the ``∂a`` terms; ``∂attr`` and ``∂W_e`` are
+:func:`~gnnfuse.kernels.edge_features.gatv2_edge_grad_kernel`'s, from the ``∂s`` the source pass stores.
 
 Strides: the ``[N, H, D]`` inputs are read with the row stride ``feat_stride`` (as in the forward), and the
 feature gradients ``∂value``, ``∂dst`` and the dot score's ``∂k`` are stored with ``grad_stride`` (``H·D``

@@ -8,10 +8,13 @@ GATv2 or scaled dot product) and values ``val_j`` (``Wh_j``, ``fs_j`` or ``v_j``
     α_ijh  = exp(s_ijh − lse_ih) · keep_ph / (1 − p_drop)  (· w_p with ``FACTOR``)
     out_i  = Σ_j α_ijh (val_j + e_p)[h, :]
 
-``e_p = W_e · attr_p`` (``EDGE``, dot score only) is the edge feature at CSR position ``p``
+``e_p = W_e · attr_p`` (``EDGE``) is the edge feature at CSR position ``p``
 (input edge ``eid[p]``: ``attr`` is read in the caller's edge order), added to the key and to the value, as
 in PyG's TransformerConv; never stored (:mod:`gnnfuse.kernels.edge_features`): the light tiles project it in
-registers, the row kernel and the unrolled light rows never form it (``W_e`` applied once per row).
+registers, the row kernel and the unrolled light rows never form it (``W_e`` applied once per row).  With the GATv2
+score (PyG's GATv2Conv) ``e_p`` is added to ``fs_j`` inside the LeakyReLU, ``s = a · LeakyReLU(fs_j + fd_i + e_p)``,
+and not to the value: the light tiles (never unrolled then) and the row kernel (``EDGE_DOT``: one product a block)
+project every edge block (:func:`~gnnfuse.kernels.edge_features.add_edge_vectors`).
 ``keep_ph = uniform(seed, stream=p, position=offset + h) >= p_drop`` is attention dropout, regenerated in the backward
 pass from the same counter, never stored; ``w_p = factor[p]`` (``FACTOR``, a per-edge factor in CSR order, DGL
 GATConv's ``edge_weight``: :mod:`gnnfuse.kernels.dropout`) scales the kept weight, not the softmax's sum.  With

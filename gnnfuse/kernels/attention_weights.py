@@ -45,7 +45,8 @@ def attention_weights_kernel(
     keys' term, or GATv2's term inside the LeakyReLU); ``lse [N, H]`` the forward's, in the accumulation dtype;
     ``alpha [E, H]`` in any float dtype.  ``DROPOUT``: the forward's dropout mode
     (:mod:`gnnfuse.kernels.dropout`); off: the softmax itself.  ``FACTOR``: times the forward's per-edge factor
-    ``factor [E]`` (CSR order).  ``EDGE_SCORE`` (GAT): the forward's per-edge score term ``edge_score [E, H]`` (CSR order, the accumulation dtype) added to ``el_j``."""
+    ``factor [E]`` (CSR order).  ``EDGE_SCORE`` (GAT): the forward's per-edge score term ``edge_score [E, H]`` (CSR
+    order, the accumulation dtype) added to ``el_j``."""
     tl.static_assert(not EDGE or SCORE != 0, "edge features: GATv2 and the dot score")
     tl.static_assert(not EDGE_SCORE or SCORE == 0, "a per-edge score term: GAT only")
     acc_dtype = lse_ptr.dtype.element_ty
