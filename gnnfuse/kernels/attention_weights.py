@@ -25,7 +25,7 @@ from fusecore.backend import jit
 
 from .attention_backward import _recomputed_weights
 from .dropout import dropout_seed, edge_factor
-from .edge_features import csr_block, edge_weight_tile, project_edges
+from .edge_features import add_edge_vectors, csr_block, edge_weight_tile, project_edges
 from .scores import add_edge_score, edge_scores, gather_keys, gather_queries
 
 
@@ -69,14 +69,15 @@ def attention_weights_kernel(
         if SCORE == 2:
             dst = dst * scale
         attn = tl.load(attn_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
-    if EDGE:
+    if EDGE and SCORE == 1:  # GATv2: e_p inside the LeakyReLU
+        src = add_edge_vectors(src, attr_ptr, w_ptr, edge_weight_tile(w_ptr, K, H, D, BLOCK_K, BLOCK_H, BLOCK_D),
+                               eid_ptr, p, p_mask, K, H * D, hd_offs, hd_mask, BLOCK_P, BLOCK_H, BLOCK_D, BLOCK_K,
+                               EDGE_DOT, True)
+    s = edge_scores(src, dst, attn, negative_slope, SCORE)
+    if EDGE and SCORE == 2:
         w_tile = edge_weight_tile(w_ptr, K, H, D, BLOCK_K, BLOCK_H, BLOCK_D)
         e = project_edges(attr_ptr, w_ptr, w_tile, eid, p_mask, K, H * D, hd_offs, hd_mask, acc_dtype, BLOCK_P,
                           BLOCK_H, BLOCK_D, BLOCK_K, EDGE_DOT)
-        if SCORE == 1:  # GATv2: inside the LeakyReLU
-            src = src + e
-    s = edge_scores(src, dst, attn, negative_slope, SCORE)
-    if EDGE and SCORE == 2:
         s += tl.sum(e * dst, axis=2)
     alpha, kept = _recomputed_weights(s, lse_i, ph_mask, p[:, None], rng_offset + offs_h[None, :], seed, dropout_p,
                                       keep_scale, DROPOUT)
