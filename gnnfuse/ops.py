@@ -53,7 +53,12 @@ from .kernels.attention_backward import (
 from .kernels.attention_forward import attention_forward_light_kernel, attention_forward_rows_kernel
 from .kernels.attention_weights import attention_weights_kernel
 from .kernels.dropout import DROPOUT_DEVICE, DROPOUT_HOST, DROPOUT_OFF
-from .kernels.edge_features import edge_attr_grad_kernel, edge_terms_kernel, edge_weight_grad_kernel
+from .kernels.edge_features import (
+    edge_attr_grad_kernel,
+    edge_terms_kernel,
+    edge_weight_grad_kernel,
+    gatv2_edge_grad_kernel,
+)
 from .kernels.merge import lse_merge_kernel, sum_merge_kernel
 from .kernels.node_scores import head_dot_kernel, node_scores_backward_kernel, node_scores_kernel
 from .kernels.normalize import normalize_backward_kernel, normalize_kernel
@@ -193,10 +198,11 @@ class AttentionInputs:
     ``src_term`` / ``dst_term`` are the score's two sides (``el`` / ``er`` ``[N, H]``; ``fs`` /
     ``fd``; ``k`` / ``q`` ``[N, H, D]``); ``value`` the aggregated features (``Wh``, ``fs``,
     ``v``); ``attn`` GATv2's ``[H, D]`` vector; ``edge_attr`` ``[E, K]`` (input edge order) and
-    ``edge_weight`` ``[K, H, D]``: the dot score's edge features, projected in registers and
-    added to keys and values; ``keys_from_values``: the dot score's keys are ``value · src_term``
-    with ``src_term`` a per-node scale ``[N, H]`` (AGNN: one gathered tile per edge instead of two), and
-    the queries ``value · dst_term`` with ``dst_term`` a per-node scale ``[N, H]`` too (never stored);
+    ``edge_weight`` ``[K, H, D]``: edge features projected in registers, ``e_p = W_e attr_p``, added to keys and
+    values (dot score) or to ``fs_j`` inside GATv2's LeakyReLU (score only, :func:`_gatv2_edges`);
+    ``keys_from_values``: the dot score's keys are ``value · src_term`` with ``src_term`` a per-node scale
+    ``[N, H]`` (AGNN: one gathered tile per edge instead of two), and the queries ``value · dst_term`` with
+    ``dst_term`` a per-node scale ``[N, H]`` too (never stored);
     ``out_add``: ``[H, D]`` or ``[N, H, D]`` added to the output as the forward stores it (a
     layer's bias or root term; in training into a second output, see :func:`_forward_saving`);
     ``edge_factor``: ``[E]`` in CSR order and the accumulation dtype, each edge's attention weight
@@ -324,6 +330,14 @@ def _column_block(base: torch.Tensor, offset: int, heads: int, head_dim: int) ->
 NORMALIZE_EPS = 1e-12  # torch.nn.functional.normalize's default eps (AGNN's cosine)
 
 
+def _gatv2_edges(inputs: AttentionInputs) -> bool:
+    """Whether ``inputs`` are GATv2's with edge features (PyG GATv2Conv's ``edge_dim``): ``e_p`` inside the
+    LeakyReLU, so every kernel forming the score projects its edges (the light rows in the tile form, the row kernels
+    per edge block: never unrolled, :func:`_unrolled`), and ``∂attr`` / ``∂W_e`` come from one CSR-order pass
+    (:func:`_gatv2_edge_grads`) instead of the dot score's edge terms and per-row sums."""
+    return inputs.has_edge and inputs.score == SCORE_GATV2
+
+
 def _edge_dot(inputs: AttentionInputs, block_h: int, block_d: int) -> bool:
     """Whether the edge projection can be one matrix product per tile of 16 or more edges
     (a head tile of >= 16 elements, not float64); else it runs as K rank-1 updates."""
@@ -340,8 +354,9 @@ def _projects(inputs: AttentionInputs, kernel_pass: str) -> bool:
     does (the unrolled form and the row kernels apply ``W_e`` once per row); the source pass reads the
     per-edge terms of :func:`_edge_terms`, the destination pass sums raw features per row.  Decided per pass, for
     the classes up to :data:`LIGHT_UNROLLED_MAX_WIDTH` (a wider class in the tile form projects as the flags of
-    :func:`_edge_flags` ask, within the pass's tile budget)."""
-    return inputs.has_edge and kernel_pass == "forward" and not _unrolled(inputs, kernel_pass)
+    :func:`_edge_flags` ask, within the pass's tile budget).  GATv2 with edge features projects in every pass."""
+    return (inputs.has_edge and (kernel_pass == "forward" or _gatv2_edges(inputs))
+            and not _unrolled(inputs, kernel_pass))
 
 
 def _edge_flags(inputs: AttentionInputs, block_h: int, block_d: int, edges_per_program: int) -> dict:
@@ -353,8 +368,9 @@ def _edge_flags(inputs: AttentionInputs, block_h: int, block_d: int, edges_per_p
 def _pass_edge_flags(inputs: AttentionInputs, block_h: int, block_d: int, edges_per_program: int,
                      kernel_pass: str) -> dict:
     """The edge-feature constexprs a light launch of ``kernel_pass`` takes: the forward's projection
-    (:func:`_edge_flags`), the destination pass's feature width, none for the source pass."""
-    if kernel_pass == "forward":
+    (:func:`_edge_flags`), the destination pass's feature width, none for the source pass (GATv2 with edge features:
+    the projection's in every pass)."""
+    if kernel_pass == "forward" or _gatv2_edges(inputs):
         return _edge_flags(inputs, block_h, block_d, edges_per_program)
     return {"BLOCK_K": _block_k(inputs)} if kernel_pass == "destination" else {}
 
@@ -468,7 +484,7 @@ LIGHT_UNROLLED_MAX_WIDTH = 32
 def _unrolled(inputs: AttentionInputs, kernel_pass: str, width: int | None = None) -> bool:
     """Whether ``kernel_pass``'s light rows (of class ``width``; None: of the classes up to
     :data:`LIGHT_UNROLLED_MAX_WIDTH`) run with the edge slots unrolled (module constants above)."""
-    if width is not None and width > LIGHT_UNROLLED_MAX_WIDTH:
+    if width is not None and width > LIGHT_UNROLLED_MAX_WIDTH or _gatv2_edges(inputs):
         return False
     dtype = inputs.value.dtype
     switched = {"forward": LIGHT_FORWARD_UNROLLED, "source": LIGHT_SOURCE_UNROLLED,
@@ -644,10 +660,17 @@ def _by_kind(table: dict[str, dict[int, int]], inputs: AttentionInputs, kernel_p
 
 def _row_edge_options(inputs: AttentionInputs, kernel_pass: str) -> dict:
     """The row kernel's edge-feature constexprs for ``kernel_pass`` (:data:`ROW_EDGE_FORM`, :data:`ROW_ATTR_AHEAD`);
-    none without edge features, so those kernels keep one specialisation."""
-    if not inputs.has_edge:
+    none without edge features, so those kernels keep one specialisation; GATv2's edge features take neither (its
+    row kernels project each edge block, :func:`_row_projection`)."""
+    if not inputs.has_edge or _gatv2_edges(inputs):
         return {}
     return {"EDGE_FORM": ROW_EDGE_FORM[kernel_pass], "ATTR_AHEAD": ROW_ATTR_AHEAD[kernel_pass]}
+
+
+def _row_projection(inputs: AttentionInputs, schedule, block_e: int) -> dict:
+    """GATv2's edge features in a row kernel of ``block_e`` edges a block: ``BLOCK_K`` and ``EDGE_DOT``
+    (:func:`_edge_flags`); none otherwise."""
+    return _edge_flags(inputs, schedule.block_h, schedule.block_d, block_e) if _gatv2_edges(inputs) else {}
 
 
 def _row_prefetch(inputs: AttentionInputs) -> int:
@@ -690,8 +713,10 @@ def _tile_budget(schedule, inputs: AttentionInputs, kernel_pass: str) -> tuple[i
     edge = int(_projects(inputs, kernel_pass))
     light = LIGHT_TILES[kernel_pass][inputs.score] + edge
     per_edge = ROW_EDGE_TILES[kernel_pass][inputs.score]
-    if inputs.has_edge and kernel_pass == "forward":
+    if inputs.has_edge and kernel_pass == "forward" and not _gatv2_edges(inputs):
         per_edge += ROW_EDGE_SUM_TILES
+    elif _gatv2_edges(inputs):
+        per_edge += 1  # the block's projected edges
     block_e = schedule.medium_block_e
     while block_e > 1 and block_e * per_edge > schedule.medium_block_e:
         block_e //= 2
@@ -931,7 +956,8 @@ def _forward_plan(schedule, inputs: AttentionInputs, dtype: torch.dtype, use_dro
     rows = [{"BLOCK_E": row_block_e, "BLOCK_H": block_h, "BLOCK_D": block_d, "PIECES": pieces, **flags,
              "BLOCK_K": _block_k(inputs), "LANES": lanes, "ADD": has_add and pieces is not True,
              "FINAL": has_final and pieces is not True, "PREFETCH": _row_prefetch(inputs),
-             **_row_edge_options(inputs, "forward"), **_row_options(schedule, "forward", inputs),
+             **_row_edge_options(inputs, "forward"), **_row_projection(inputs, schedule, row_block_e),
+             **_row_options(schedule, "forward", inputs),
              "MERGE": merged and pieces == 2, "MERGE_P": merge_p}
             for *_, pieces in _row_launches(schedule.incoming, mixed, merged)]
     merge = {"BLOCK_P": merge_p, "BLOCK_H": block_h, "BLOCK_D": block_d, "ADD": has_add, "FINAL": has_final}
@@ -1022,7 +1048,11 @@ def attention_backward(
     grad_stride = grad_value.stride(0)
     attr_grad, weight_grad = (inputs.has_edge and edge_grads[0]), (inputs.has_edge and edge_grads[1])
     grad_attr = _new_output((graph.num_edges, edge_dim), acc, device) if attr_grad else None
-    attr_sums = _new_output((num_nodes, 2, heads, edge_dim), acc, device) if weight_grad else None
+    gatv2_edges = _gatv2_edges(inputs)
+    attr_sums = None
+    if weight_grad:  # GATv2: ∂W_e itself, [H·D, K] (_gatv2_edge_grads); the dot score: the per-row sums A, B
+        attr_sums = (torch.zeros(heads * head_dim, edge_dim, dtype=acc, device=device) if gatv2_edges
+                     else _new_output((num_nodes, 2, heads, edge_dim), acc, device))
     if num_nodes == 0:
         return grad_value, grad_src, grad_dst, grad_attr, attr_sums
     schedule = graph.schedule(heads, head_dim, value.dtype, options)
@@ -1050,8 +1080,11 @@ def attention_backward(
     delta = _head_dot(grad_out, out, acc, bias_parts, grad_out_copy)
     grad_s = _new_output((max(graph.num_edges, 1), heads), acc, device) if grad_scores is None else grad_scores
     src_term, dst_term, attn, *_ = inputs.pointers()
-    # edge features reach the source pass as two terms per edge and head (kernels/edge_features.py)
-    terms = _edge_terms(graph, inputs, grad_out, acc, schedule) if inputs.has_edge else grad_s
+    # the dot score's edge features reach the source pass as two terms per edge and head (kernels/edge_features.py);
+    # GATv2's are projected there (its edge ids, features and weight as keywords)
+    terms = _edge_terms(graph, inputs, grad_out, acc, schedule) if inputs.has_edge and not gatv2_edges else grad_s
+    src_edges = ({"eid_ptr": graph.csr_eid, "attr_ptr": inputs.edge_attr, "w_edge_ptr": inputs.edge_weight,
+                  "K": edge_dim} if gatv2_edges else {})
     src_tensors = (src_term, dst_term, attn, value, terms, lse, grad_out, delta)
     feat_stride, piece_stride = inputs.feat_stride, heads * head_dim  # piece buffers are contiguous
     outgoing = schedule.outgoing
@@ -1061,7 +1094,7 @@ def attention_backward(
     for grid, ranges, counts, meta in plan["source light"]:
         attention_backward_src_light_kernel[grid](
             graph.rev_dst, graph.rev_pos, *ranges, *src_tensors, grad_value, grad_src,
-            grad_s, *factors, *counts, heads, head_dim, *scalars, feat_stride, grad_stride, **meta,
+            grad_s, *factors, *counts, heads, head_dim, *scalars, feat_stride, grad_stride, **meta, **src_edges,
         )
     for (rows, starts, stops, count, pieces), meta in zip(_row_launches(outgoing), plan["source rows"]):
         if pieces:
@@ -1073,7 +1106,7 @@ def attention_backward(
             graph.rev_dst, graph.rev_pos, rows, starts, stops, *src_tensors,
             target_value, target_src, grad_s, *factors, heads, head_dim, *scalars, feat_stride,
             piece_stride if pieces else grad_stride, outgoing.piece_super, outgoing.super_piece_ptr,
-            _piece_counts(outgoing, merged_src and pieces, lse), grad_value, grad_src, grad_stride, **meta,
+            _piece_counts(outgoing, merged_src and pieces, lse), grad_value, grad_src, grad_stride, **meta, **src_edges,
         )
         if pieces and not merged_src:
             _merge_sums(outgoing, target_value, grad_value)
@@ -1096,14 +1129,18 @@ def attention_backward(
             if pieces and not merge:
                 _merge_sums(incoming, target_dst, grad_dst)
         return grad_value, grad_src, grad_dst, grad_attr, attr_sums
-    if attr_grad:
+    if gatv2_edges and (attr_grad or weight_grad):
+        # ∂attr and ∂W_e from the source pass's ∂s, ∂z recomputed per CSR block
+        _gatv2_edge_grads(graph, inputs, grad_s, grad_attr, attr_sums, schedule)
+    elif attr_grad:
         # ∂attr per edge from α' (left in the terms by the source pass) and ∂s, in CSR order
         _edge_attr_grad(graph, inputs, grad_out, terms, grad_s, grad_attr, schedule)
     # GATv2 / dot: ∂dst gathers the source terms again, weighted by the source pass's ∂s (with edge features:
     # and the rows' feature sums, from α' and ∂s).
     dst_tensors = (*inputs.pointers(), grad_s, terms)
     dst_scalars = (inputs.negative_slope, inputs.scale)
-    sums = grad_s if attr_sums is None else attr_sums  # a tensor the kernels never write where not asked for
+    row_sums = weight_grad and not gatv2_edges  # the dot score's per-row sums A, B (GATv2: ∂W_e formed above)
+    sums = attr_sums if row_sums else grad_s  # a tensor the kernels never write where not asked for
     for grid, ranges, counts, meta in plan["destination light"]:
         attention_backward_dst_light_kernel[grid](
             graph.csr_src, graph.csr_eid, *ranges, *dst_tensors, grad_dst, sums, *counts,
@@ -1114,7 +1151,7 @@ def attention_backward(
         num_pieces = incoming.num_pieces if pieces else 0
         if pieces:
             piece_dst = _new_output((num_pieces, heads, head_dim), acc, device)
-            piece_sums = _new_output((num_pieces, 2, heads, edge_dim), acc, device) if weight_grad else grad_s
+            piece_sums = _new_output((num_pieces, 2, heads, edge_dim), acc, device) if row_sums else grad_s
         else:
             piece_dst, piece_sums = grad_dst, sums  # never written
         target_dst, target_sums, stride = ((piece_dst, piece_sums, piece_stride) if pieces is True
@@ -1127,7 +1164,7 @@ def attention_backward(
         )
         if pieces and not merged_dst:
             _merge_sums(incoming, piece_dst, grad_dst)
-            if weight_grad:
+            if row_sums:
                 _merge_sums(incoming, piece_sums, attr_sums)
     return grad_value, grad_src, grad_dst, grad_attr, attr_sums
 
@@ -1206,6 +1243,43 @@ def _edge_attr_grad(graph: Graph, inputs: AttentionInputs, grad_out: torch.Tenso
                        (inputs.edge_weight, inputs.dst_term, grad_out, terms, grad_s, grad_attr), schedule)
 
 
+# CSR positions a program of GATv2's edge-gradient pass walks (kernels/edge_features.py ``gatv2_edge_grad_kernel``), in
+# blocks of GATV2_EDGE_GRAD_BLOCK (under the interpreter the per-edge passes' block, :func:`_csr_edge_block`): its ∂W_e
+# partials are programs × H·D·K, summed after it.  32 positions a block in every dtype: sm_90 (Triton 3.6, 8 heads ×
+# 16, 16 edge features) compiled the bf16 kernel at 64 positions to 255 registers and 712 bytes of spills a thread, at
+# 32 (fp32) to 168 and none.  Not timed on a GPU.
+GATV2_EDGE_GRAD_EDGES = 2048
+GATV2_EDGE_GRAD_BLOCK = 32
+
+
+def _gatv2_edge_grads(graph: Graph, inputs: AttentionInputs, grad_s: torch.Tensor, grad_attr: torch.Tensor | None,
+                      grad_weight: torch.Tensor | None, schedule) -> None:
+    """GATv2's edge-feature gradients from the source pass's ``∂s [E, H]`` (CSR order): ``∂edge_attr`` into
+    ``grad_attr [E, K]`` (input edge order) and ``∂W_e`` into ``grad_weight [H·D, K]`` (``lin_edge.weight``'s
+    layout), each where given: one pass over the CSR positions (``gatv2_edge_grad_kernel``: ``∂z`` recomputed per
+    block, the edges projected again), its programs' ``∂W_e`` partials then added in a fixed order (deterministic,
+    no atomics).  Correct under every schedule: each form of the source pass stores ``∂s`` at every CSR position."""
+    num_edges = graph.num_edges
+    if num_edges == 0:
+        return
+    heads, head_dim = inputs.value.shape[1], inputs.value.shape[2]
+    edge_dim = inputs.edge_dim
+    block = _csr_edge_block(inputs) if backend.INTERPRET and EDGE_TERMS_BLOCK_INTERPRETED else GATV2_EDGE_GRAD_BLOCK
+    per_program = block * max(1, GATV2_EDGE_GRAD_EDGES // block)
+    programs = cdiv(num_edges, per_program)
+    partial = (_new_output((programs, heads * head_dim, edge_dim), grad_s.dtype, grad_s.device)
+               if grad_weight is not None else grad_s)  # never written without WEIGHT_GRAD
+    gatv2_edge_grad_kernel[(programs,)](
+        graph.csr_dst, graph.csr_src, graph.csr_eid, inputs.src_term, inputs.dst_term, inputs.attn, inputs.edge_attr,
+        inputs.edge_weight, grad_s, grad_s if grad_attr is None else grad_attr, partial, num_edges, heads, head_dim,
+        edge_dim, inputs.negative_slope, inputs.feat_stride, per_program, BLOCK_P=block, BLOCK_H=schedule.block_h,
+        BLOCK_D=schedule.block_d, **_edge_flags(inputs, schedule.block_h, schedule.block_d, block),
+        ATTR_GRAD=grad_attr is not None, WEIGHT_GRAD=grad_weight is not None,
+    )
+    if grad_weight is not None:
+        torch.sum(partial, dim=0, out=grad_weight)
+
+
 def _backward_plan(schedule, inputs: AttentionInputs, dtype: torch.dtype, use_dropout: bool,
                    weight_grad: bool, mixed: bool, merged_src: bool, merged_dst: bool,
                    factor_grad: bool = False) -> dict:
@@ -1225,7 +1299,7 @@ def _backward_plan(schedule, inputs: AttentionInputs, dtype: torch.dtype, use_dr
         "source rows": [{"BLOCK_E": row_block_e, "BLOCK_H": block_h, "BLOCK_D": block_d, "PIECES": pieces, **src_flags,
                          "LANES": lanes,
                          "PREFETCH": inputs.score in ROW_BACKWARD_PREFETCH_SCORES,
-                         **_row_options(schedule, "source", inputs),
+                         **_row_projection(inputs, schedule, row_block_e), **_row_options(schedule, "source", inputs),
                          **({"MERGE": True, "MERGE_P": value_tiles[0], "MERGE_W": value_tiles[1],
                              "SRC_P": src_tiles[0], "SRC_W": src_tiles[1]} if merged_src and pieces else {})}
                         for *_, pieces in _row_launches(schedule.outgoing)],
@@ -1239,14 +1313,16 @@ def _backward_plan(schedule, inputs: AttentionInputs, dtype: torch.dtype, use_dr
         plan["row sums"] = {"ROWS": 1, "BLOCK_W": block_h, "MERGE_P": _sum_tiles(block_h, MERGE_TILE_INSIDE)[0],
                             "BLOCK_E": max(16, min(ROW_SUM_MAX_EDGES, schedule.tiles.tile_elements // block_h))}
         return plan
-    flags = {**_score_flags(inputs), "WEIGHT_GRAD": weight_grad}
+    # GATv2's edge features: no per-row sums (its ∂W_e is _gatv2_edge_grads')
+    flags = {**_score_flags(inputs), "WEIGHT_GRAD": weight_grad and not _gatv2_edges(inputs)}
     _, row_block_e = _tile_budget(schedule, inputs, "destination")
     plan["destination light"] = _light_plan(schedule, inputs, incoming, "destination", flags)
     sums_tiles = _sum_tiles(2 * heads * inputs.edge_dim, MERGE_TILE_INSIDE)
     plan["destination rows"] = [
         {"BLOCK_E": row_block_e, "BLOCK_H": block_h, "BLOCK_D": block_d, "PIECES": pieces, **flags,
          "BLOCK_K": _block_k(inputs), "LANES": lanes, "PREFETCH": inputs.score in ROW_BACKWARD_PREFETCH_SCORES,
-         **_row_edge_options(inputs, "destination"), **_row_options(schedule, "destination", inputs),
+         **_row_edge_options(inputs, "destination"), **_row_projection(inputs, schedule, row_block_e),
+         **_row_options(schedule, "destination", inputs),
          **({"MERGE": True, "MERGE_P": value_tiles[0], "MERGE_W": value_tiles[1], "SUMS_P": sums_tiles[0],
              "SUMS_W": sums_tiles[1]} if merged_dst and pieces == 2 else {})}
         for *_, pieces in _row_launches(incoming, mixed, merged_dst)]
@@ -2227,42 +2303,64 @@ def _check_projection(graph: Graph, x: torch.Tensor, weight: torch.Tensor, width
         raise TypeError(f"weight has dtype {weight.dtype} but wh (the input x) has {x.dtype}: they must share a dtype")
 
 
+def _edge_weight_heads(edge_weight: torch.Tensor | None, heads: int, head_dim: int) -> torch.Tensor | None:
+    """The kernels' ``[K, H, D]`` copy of ``edge_weight [H·D, K]`` (``lin_edge.weight``), or None."""
+    if edge_weight is None:
+        return None
+    return edge_weight.t().reshape(edge_weight.shape[1], heads, head_dim).contiguous()
+
+
+def _edge_grads_out(grad_attr: torch.Tensor | None, grad_weight: torch.Tensor | None, edge_attr: torch.Tensor,
+                    edge_weight: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``(∂edge_attr, ∂edge_weight)`` in the inputs' dtypes (None where not asked for)."""
+    return (None if grad_attr is None else grad_attr.to(edge_attr.dtype),
+            None if grad_weight is None else grad_weight.to(edge_weight.dtype))
+
+
 class GATv2Function(torch.autograd.Function):
-    """GATv2 attention from ``(fs, fd, attn)``: forward saves ``fs, fd, attn, out, lse``; the
+    """GATv2 attention from ``(fs, fd, attn[, edge_attr, edge_weight])``: forward saves ``fs, fd, attn`` (and the
+    edge features with the kernels' ``[K, H, D]`` copy of ``edge_weight [H·D, K]``), ``out, lse``; the
     backward's source pass adds the score's share into ``∂fs`` and writes per-row partial
-    sums of ``∂attn`` (summed here), the destination pass gives ``∂fd``."""
+    sums of ``∂attn`` (summed here), the destination pass gives ``∂fd``; with edge features ``∂edge_attr`` and
+    ``∂edge_weight`` (in ``lin_edge.weight``'s layout) come from one CSR-order pass (:func:`_gatv2_edge_grads`)."""
 
     @staticmethod
-    def forward(ctx, fs, fd, attn, graph, negative_slope, dropout_p, seed, offset, options,  # type: ignore[override]
-                packing=None):
+    def forward(ctx, fs, fd, attn, edge_attr, edge_weight, graph, negative_slope, dropout_p, seed, offset,  # type: ignore[override]
+                options, packing=None):
         ctx.packing = packing
         saved = (fs, fd, attn)
         if packing is not None:  # fs: the [N, W] output both sides are column blocks of (_packed_columns)
             fs, fd, _ = _unpack(fs, packing)
-        inputs = AttentionInputs(SCORE_GATV2, fs, fd, fs, attn=attn, negative_slope=negative_slope)
+        edge_weight = _edge_weight_heads(edge_weight, attn.shape[0], attn.shape[1])
+        inputs = AttentionInputs(SCORE_GATV2, fs, fd, fs, attn=attn, edge_attr=edge_attr, edge_weight=edge_weight,
+                                 negative_slope=negative_slope)
         ctx.negative_slope = negative_slope
-        return _forward_saving(ctx, graph, inputs, (dropout_p, seed, offset, options), 3, *saved)
+        return _forward_saving(ctx, graph, inputs, (dropout_p, seed, offset, options), 5, *saved, edge_attr,
+                               edge_weight)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):  # type: ignore[override]
-        fs, fd, attn = ctx.saved_tensors[:3]
+        fs, fd, attn, edge_attr, edge_weight = ctx.saved_tensors[:5]
         targets = None
         if ctx.packing is not None:
             base = fs
             fs, fd, _ = _unpack(base, ctx.packing)
             grad_base, (grad_fs, grad_fd, _) = _packed_gradient(base, ctx.packing)
             targets = (grad_fs, None, grad_fd)
-        inputs = AttentionInputs(SCORE_GATV2, fs, fd, fs, attn=attn, negative_slope=ctx.negative_slope)
+        inputs = AttentionInputs(SCORE_GATV2, fs, fd, fs, attn=attn, edge_attr=edge_attr, edge_weight=edge_weight,
+                                 negative_slope=ctx.negative_slope)
         # ∂fd stored in fd's dtype by the kernels; the ∂attn partials stay in the accumulation dtype
-        grad_fs, attn_parts, grad_fd, *_ = _backward_saved(ctx, inputs, grad_out, term_grad_dtypes=(None, fd.dtype),
-                                                           grad_targets=targets)
+        grad_fs, attn_parts, grad_fd, grad_attr, grad_weight = _backward_saved(
+            ctx, inputs, grad_out, edge_grads=(ctx.needs_input_grad[3], ctx.needs_input_grad[4]),
+            term_grad_dtypes=(None, fd.dtype), grad_targets=targets)
         # Σ over the [N, H, D] per-row partials by fusecore's column sum: torch's sum(0) of this shape took 151.5 µs
         # of the arxiv-like bf16 step on the H200 (session 24, kernel_times.py); column_sum read 2.5 TB/s in that run
         grad_attn = column_sum(attn_parts.reshape(attn_parts.shape[0], attn.numel()), attn.dtype).reshape(attn.shape)
+        edge_grads = _edge_grads_out(grad_attr, grad_weight, edge_attr, edge_weight)
         if ctx.packing is not None:
-            return grad_base, None, grad_attn, *_NO_GRADS, None
-        return grad_fs, grad_fd, grad_attn, *_NO_GRADS, None
+            return grad_base, None, grad_attn, *edge_grads, *_NO_GRADS, None
+        return grad_fs, grad_fd, grad_attn, *edge_grads, *_NO_GRADS, None
 
 
 class TransformerAttentionFunction(torch.autograd.Function):
@@ -2283,8 +2381,7 @@ class TransformerAttentionFunction(torch.autograd.Function):
             out_add = packed_add if packed_add is not None else out_add
         heads, head_dim = value.shape[1], value.shape[2]
         add = _addend_layout(ctx, out_add, heads, head_dim)
-        if edge_weight is not None:
-            edge_weight = edge_weight.t().reshape(edge_weight.shape[1], heads, head_dim).contiguous()
+        edge_weight = _edge_weight_heads(edge_weight, heads, head_dim)
         inputs = AttentionInputs(SCORE_DOT, key, query, value, edge_attr=edge_attr, edge_weight=edge_weight,
                                  scale=scale, out_add=add)
         ctx.scale = scale
@@ -2310,11 +2407,8 @@ class TransformerAttentionFunction(torch.autograd.Function):
         grad_v, grad_k, grad_q, grad_attr, attr_sums = _backward_saved(
             ctx, inputs, grad_out, edge_grads=edge_grads, bias_parts=parts, term_grad_dtypes=(key.dtype, query.dtype),
             grad_targets=targets, grad_out_copy=packed_add)
-        if grad_attr is not None:
-            grad_attr = grad_attr.to(edge_attr.dtype)
-        grad_weight = None
-        if attr_sums is not None:
-            grad_weight = edge_weight_grad(attr_sums, grad_out, query, ctx.scale).to(edge_weight.dtype)
+        grad_weight = None if attr_sums is None else edge_weight_grad(attr_sums, grad_out, query, ctx.scale)
+        grad_attr, grad_weight = _edge_grads_out(grad_attr, grad_weight, edge_attr, edge_weight)
         add_grad = _addend_grad(ctx, grad_out, None if parts is None else parts.sum(0))
         if ctx.packing is not None:  # the root term's gradient, g itself, was stored by the δ kernel
             return grad_base, None, None, grad_attr, grad_weight, *_NO_GRADS, add_grad, None
@@ -2383,6 +2477,24 @@ class AGNNFunction(torch.autograd.Function):
         return grad_h, grad_beta, None, None
 
 
+def _check_edge_features(graph: Graph, edge_attr: torch.Tensor | None, edge_weight: torch.Tensor | None, heads: int,
+                         head_dim: int) -> None:
+    """``edge_attr [E, K]`` (K >= 1) and ``edge_weight [H·D, K]`` (``lin_edge.weight``), given together or not at all
+    (their dtypes and devices are checked with the op's other tensors)."""
+    if (edge_attr is None) != (edge_weight is None):
+        raise ValueError("edge_attr and edge_weight must be given together (or neither)")
+    if edge_attr is not None:
+        if edge_attr.dim() != 2 or edge_attr.shape[0] != graph.num_edges or edge_attr.shape[1] < 1:
+            raise ValueError(
+                f"edge_attr must have shape [num_edges={graph.num_edges}, edge_dim >= 1], got {list(edge_attr.shape)}"
+            )
+        expected = [heads * head_dim, edge_attr.shape[1]]
+        if list(edge_weight.shape) != expected:
+            raise ValueError(
+                f"edge_weight must have shape [heads * head_dim, edge_dim] = {expected}, got {list(edge_weight.shape)}"
+            )
+
+
 def _check_same_shape(graph: Graph, reference_name: str, reference: torch.Tensor, **others: torch.Tensor) -> None:
     _check_wh(graph, reference, reference_name)
     for name, t in others.items():
@@ -2398,6 +2510,8 @@ def gatv2(
     feat_src: torch.Tensor,
     feat_dst: torch.Tensor,
     attn: torch.Tensor,
+    edge_attr: torch.Tensor | None = None,
+    edge_weight: torch.Tensor | None = None,
     *,
     negative_slope: float = 0.2,
     dropout: float = 0.0,
@@ -2414,16 +2528,25 @@ def gatv2(
 
         s_ij = Σ_d attn_d · LeakyReLU(fs_j + fd_i)_d,   α_i· = softmax_j s_i·,   out_i = Σ_j α_ij fs_j
 
+    Optional edge features (PyG GATv2Conv's ``edge_dim``), as :func:`transformer_attention` takes them:
+    ``edge_attr [E, K]`` in the graph's input edge order with ``edge_weight [H·D, K]`` (``lin_edge.weight``);
+    ``e_ij = edge_weight · attr_ij`` viewed ``[H, D]`` is added inside the LeakyReLU, ``s_ij = Σ_d attn_d ·
+    LeakyReLU(fs_j + fd_i + e_ij)_d``, and not to the message (still ``fs_j``).  ``e`` is projected in registers by
+    every pass (:mod:`gnnfuse.kernels.edge_features`), never stored; gradients reach ``edge_attr`` and
+    ``edge_weight`` (one deterministic CSR-order pass).
+
     The ``[E, H, D]`` edge vectors exist only in registers; ``∂attn`` is reduced over
     per-source-row partials (deterministic).  ``dropout``, ``rng``, ``schedule`` as in
     :func:`gat_attention`.  Returns ``[N, H, D]`` in ``feat_src``'s dtype.
     ``return_attention``, ``attention_dropout``: as in :func:`gat_attention` (``(out, α [E, H])``).
     """
     graph = as_graph(graph)
-    backend.check_dtypes(FLOAT_DTYPES, feat_src=feat_src, feat_dst=feat_dst, attn=attn)
+    backend.check_dtypes(FLOAT_DTYPES, feat_src=feat_src, feat_dst=feat_dst, attn=attn, edge_attr=edge_attr,
+                         edge_weight=edge_weight)
     _check_same_shape(graph, "feat_src", feat_src, feat_dst=feat_dst)
     heads, head_dim = feat_src.shape[1], feat_src.shape[2]
     _check_attention_vectors(heads, head_dim, attn=attn)
+    _check_edge_features(graph, edge_attr, edge_weight, heads, head_dim)
     dropout = _check_dropout(dropout)
     negative_slope = _check_negative_slope(negative_slope)
     _check_schedule(schedule)
@@ -2434,14 +2557,17 @@ def gatv2(
 
         seed, offset = _host_pair(seed, offset)
         result = gatv2_reference(
-            graph, feat_src, feat_dst, attn, negative_slope=negative_slope, dropout=dropout, seed=seed, offset=offset,
-            weights=_reference_weights(request),
+            graph, feat_src, feat_dst, attn, edge_attr, edge_weight, negative_slope=negative_slope, dropout=dropout,
+            seed=seed, offset=offset, weights=_reference_weights(request),
         )
         return _reference_result(result, feat_src.dtype, request)
-    backend.check_devices(feat_src=feat_src, feat_dst=feat_dst, attn=attn, graph=graph.indptr)
+    backend.check_devices(feat_src=feat_src, feat_dst=feat_dst, attn=attn, edge_attr=edge_attr,
+                          edge_weight=edge_weight, graph=graph.indptr)
+    if edge_attr is not None:
+        edge_attr = edge_attr.contiguous()  # read in input order through the graph's edge ids: no permuted copy
     sides, packing = _function_features(heads, head_dim, (feat_src, feat_dst))
     out = _apply(
-        GATv2Function, *sides, attn.reshape(heads, head_dim).contiguous(), graph,
+        GATv2Function, *sides, attn.reshape(heads, head_dim).contiguous(), edge_attr, edge_weight, graph,
         float(negative_slope), dropout, seed, offset, request, packing,
     )
     return _with_weights(out, request)
@@ -2485,18 +2611,7 @@ def transformer_attention(
                          edge_weight=edge_weight)
     _check_same_shape(graph, "value", value, query=query, key=key)
     heads, head_dim = value.shape[1], value.shape[2]
-    if (edge_attr is None) != (edge_weight is None):
-        raise ValueError("edge_attr and edge_weight must be given together (or neither)")
-    if edge_attr is not None:
-        if edge_attr.dim() != 2 or edge_attr.shape[0] != graph.num_edges or edge_attr.shape[1] < 1:
-            raise ValueError(
-                f"edge_attr must have shape [num_edges={graph.num_edges}, edge_dim >= 1], got {list(edge_attr.shape)}"
-            )
-        expected = [heads * head_dim, edge_attr.shape[1]]
-        if list(edge_weight.shape) != expected:
-            raise ValueError(
-                f"edge_weight must have shape [heads * head_dim, edge_dim] = {expected}, got {list(edge_weight.shape)}"
-            )
+    _check_edge_features(graph, edge_attr, edge_weight, heads, head_dim)
     scale = head_dim ** -0.5 if scale is None else scale
     if not (isinstance(scale, (int, float)) and math.isfinite(scale)):
         raise ValueError(f"scale must be a finite float, got {scale!r}")

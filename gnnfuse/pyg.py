@@ -1,7 +1,7 @@
 """PyG's attention convolutions, fused: drop-in replacements for ``torch_geometric.nn``'s layers.
 
 * :class:`GATConv` — ``torch_geometric.nn.GATConv`` (edge features through ``edge_dim`` included);
-* :class:`GATv2Conv` — ``torch_geometric.nn.GATv2Conv`` (without ``edge_dim``);
+* :class:`GATv2Conv` — ``torch_geometric.nn.GATv2Conv`` (edge features through ``edge_dim`` included);
 * :class:`TransformerConv` — ``torch_geometric.nn.TransformerConv``;
 * :class:`AGNNConv` — ``torch_geometric.nn.AGNNConv``.
 
@@ -57,10 +57,10 @@ explainers mask the messages; ``explain = False`` leaves a layer out).
 
 Differences from PyG, all refused with a clear error: ``torch_sparse.SparseTensor`` adjacencies (pass
 ``adj_t.to_torch_sparse_csr_tensor()``), CSC / BSR layouts and sparse adjacencies with dense dimensions (PyG reads
-their values as edge features: pass ``edge_attr``), GATv2Conv's ``edge_dim`` (its edge term is a vector inside the
-LeakyReLU), PyG's message hooks and explainers.  As in PyG, ``edge_attr`` passed to a layer built without
-``edge_dim`` is ignored, and GATConv built with ``edge_dim`` but called without ``edge_attr`` runs without the edge
-term (TransformerConv refuses, where PyG's asserts).
+their values as edge features: pass ``edge_attr``), PyG's message hooks and explainers.  ``edge_attr`` passed to a
+layer built without ``edge_dim`` is ignored (as PyG's GATConv and TransformerConv do; PyG's GATv2Conv asserts), and
+GATConv / GATv2Conv built with ``edge_dim`` but called without ``edge_attr`` run without the edge term, as PyG's
+(TransformerConv refuses, where PyG's asserts).
 """
 
 from __future__ import annotations
@@ -648,15 +648,18 @@ class GATv2Conv(_PyGHeadsConv):
     ``h``::
 
         xl_j = lin_l(x_j),  xr_i = lin_r(x_i)                     [H, C]
-        e_ijh = att[h] · LeakyReLU(xl_j[h] + xr_i[h])
+        e_ijh = att[h] · LeakyReLU(xl_j[h] + xr_i[h] + lin_edge(edge_attr_ij)[h])   (the last term with edge_dim)
         α_ijh = dropout(softmax_j e_ijh)
         out_i = Σ_j α_ijh xl_j[h]   concatenated [H·C] (concat) or averaged [C];  + res(x_i) + bias
 
     Parameters are PyG's (a PyG GATv2Conv state_dict loads unchanged): ``lin_l``, ``lin_r`` (``Linear(F, H·C,
     bias=bias)``; one module under both names with ``share_weights``), ``att [1, H, C]``, ``res`` (no bias) with
-    ``residual``, ``bias`` ``[H·C]`` or ``[C]``.  ``forward(x, edge_index, edge_attr=None,
-    return_attention_weights=None)`` as :class:`GATConv`'s.  ``edge_dim`` is not supported: PyG adds
-    ``lin_edge(edge_attr)`` inside the LeakyReLU, a vector per edge the fused kernels do not form.
+    ``residual``, ``bias`` ``[H·C]`` or ``[C]``, with ``edge_dim`` ``lin_edge.weight [H·C, edge_dim]`` (no bias).
+    ``forward(x, edge_index, edge_attr=None, return_attention_weights=None)`` as :class:`GATConv`'s: ``edge_attr
+    [E, edge_dim]`` in ``edge_index``'s order, the self loops' rows from ``fill_value`` as PyG forms them (``[N,
+    edge_dim]``, the only per-edge tensor formed here), ignored without ``edge_dim`` (as PyG).  The edge term is an
+    ``[H, C]`` vector per edge inside the LeakyReLU: the kernels project it in registers in every pass
+    (:func:`gnnfuse.ops.gatv2`'s ``edge_attr``, ``edge_weight``), never the ``[E, H·C]`` ``lin_edge(edge_attr)``.
     """
 
     def __init__(
@@ -674,18 +677,14 @@ class GATv2Conv(_PyGHeadsConv):
         share_weights: bool = False,
         residual: bool = False,
     ) -> None:
-        if edge_dim is not None:
-            raise NotImplementedError(
-                "GATv2Conv's edge_dim is not supported by the fused layer: PyG adds lin_edge(edge_attr) inside the "
-                "LeakyReLU, an [H, C] vector per edge; use gnnfuse.pyg.GATConv or TransformerConv for edge features")
-        super().__init__(in_channels, out_channels, heads, concat, negative_slope, dropout, add_self_loops, None,
+        super().__init__(in_channels, out_channels, heads, concat, negative_slope, dropout, add_self_loops, edge_dim,
                          fill_value, bias, residual)
         self.share_weights = bool(share_weights)
         width = self.heads * self.out_channels
         self.lin_l = _linear(self._in_pair[0], width, bias=bias)
         self.lin_r = self.lin_l if self.share_weights else _linear(self._in_pair[1], width, bias=bias)
         self.att = nn.Parameter(torch.empty(1, self.heads, self.out_channels))
-        self.lin_edge = None
+        self.lin_edge = None if self.edge_dim is None else nn.Linear(self.edge_dim, width, bias=False)
         self.reset_parameters()
 
     def _sides(self) -> tuple[tuple[nn.Module | None, ...], tuple[nn.Module | None, ...]]:
@@ -696,8 +695,25 @@ class GATv2Conv(_PyGHeadsConv):
         _reset_linear(self.lin_l)
         if not self.share_weights:
             _reset_linear(self.lin_r)
+        if self.lin_edge is not None:
+            _glorot(self.lin_edge.weight)
         _glorot(self.att)
         self._reset_shared()
+
+    def _edge_features(self, call: _Call, edge_attr: Any) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """``(edge_attr [E', edge_dim], lin_edge.weight)`` on the call's (self-looped) graph, input order: the loops'
+        rows from ``fill_value`` (:meth:`_Call.with_loops`, a constant or the reduction of the node's incoming kept
+        edges' rows, PyG's ``add_self_loops``); ``(None, None)`` without ``edge_dim`` or without ``edge_attr`` (PyG's
+        ``edge_update`` adds the term only given ``edge_attr``: ``to_hetero`` passes None for an edge type missing from
+        ``edge_attr_dict``)."""
+        if self.lin_edge is None or edge_attr is None:
+            return None, None
+        weight = self.lin_edge.weight
+        attr = call.check_edge_attr(edge_attr, self.edge_dim, weight.dtype)
+        fill = self.fill_value
+        if not isinstance(fill, str):
+            fill = torch.as_tensor(fill, dtype=attr.dtype, device=attr.device).expand(self.edge_dim)
+        return call.with_loops(attr, fill), weight
 
     @backend.eager_under_compile
     def forward(
@@ -716,7 +732,8 @@ class GATv2Conv(_PyGHeadsConv):
             xl = xr = _project(self.lin_l, call.x_src).view(shape)
         else:
             xl, xr = (y.view(shape) for y in _project_all([self.lin_l, self.lin_r], call.x_src))
-        result = ops.gatv2(call.graph, xl, xr, self.att, negative_slope=self.negative_slope,
+        edge_attr, edge_weight = self._edge_features(call, edge_attr)
+        result = ops.gatv2(call.graph, xl, xr, self.att, edge_attr, edge_weight, negative_slope=self.negative_slope,
                            dropout=self._dropout(), rng=rng, schedule=schedule, return_attention=want)
         out, attention = result if want else (result, None)
         out = self._finish(out, call, False)
@@ -761,7 +778,7 @@ class TransformerConv(_PyGLayer, GraphTransformerConv):
                              "the root term read them; PyG's layer fails on lin_query(None) too)")
         if self.lin_edge is not None and edge_attr is None:
             raise ValueError(f"edge_attr is required: the layer was built with edge_dim={self.edge_dim} (PyG's "
-                             "TransformerConv asserts it too; its GATConv runs without the edge term)")
+                             "TransformerConv asserts it too; its GATConv and GATv2Conv run without the edge term)")
         adj = _sparse_adjacency(edge_index)
         graph = edge_index if adj is None else _adj_t_graph(adj, x, False)
         result = super().forward(graph, tuple(x) if isinstance(x, list) else x,

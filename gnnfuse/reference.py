@@ -105,6 +105,8 @@ def gatv2_reference(
     feat_src: torch.Tensor,
     feat_dst: torch.Tensor,
     attn: torch.Tensor,
+    edge_attr: torch.Tensor | None = None,
+    edge_weight: torch.Tensor | None = None,
     *,
     negative_slope: float = 0.2,
     dropout: float = 0.0,
@@ -113,8 +115,10 @@ def gatv2_reference(
     weights: str | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """GATv2 (Brody et al., 2022): ``(out, lse)`` with ``out_i = Σ_{j->i} α_ij fs_j`` and
-    ``α_i· = softmax_j Σ_d attn_hd · LeakyReLU(fs_j + fd_i)_hd``; ``feat_src``, ``feat_dst``
-    ``[N, H, D]``, ``attn`` ``H·D`` elements.  Computed in float32 (float64 for float64 inputs),
+    ``α_i· = softmax_j Σ_d attn_hd · LeakyReLU(fs_j + fd_i (+ e_ij))_hd``; ``feat_src``, ``feat_dst``
+    ``[N, H, D]``, ``attn`` ``H·D`` elements; ``edge_attr [E, K]`` (the graph's input edge order) with
+    ``edge_weight [H·D, K]`` give PyG GATv2Conv's edge term ``e = edge_attr · edge_weightᵀ`` (in the score only),
+    or both None.  Computed in float32 (float64 for float64 inputs),
     materializing the ``[E, H, D]`` edge vectors the fused kernel never stores."""
     graph = as_graph(graph)
     dtype = accumulation_dtype(feat_src.dtype)
@@ -122,7 +126,11 @@ def gatv2_reference(
     src = graph.csr_src.long()
     dst = graph.csr_dst.long()
     heads, head_dim = fs.shape[1], fs.shape[2]
-    z = torch.nn.functional.leaky_relu(fs[src] + fd[dst], negative_slope)  # [E, H, D]
+    z = fs[src] + fd[dst]
+    if edge_attr is not None:
+        edge = (edge_attr.to(dtype) @ edge_weight.to(dtype).t()).view(-1, heads, head_dim)
+        z = z + edge[graph.csr_eid.long()]
+    z = torch.nn.functional.leaky_relu(z, negative_slope)  # [E, H, D]
     scores = (z * attn.to(dtype).reshape(1, heads, head_dim)).sum(-1)
     return edge_softmax_aggregate(graph, scores, fs[src], dropout=dropout, seed=seed, offset=offset,
                                   weights=weights)

@@ -1147,3 +1147,11 @@ def pyg_gatconv_case(ctx: Context) -> None:
     projects the edge features to ``[E, H·C]``, the drop-in folds ``lin_edge`` and ``att_edge`` to one score per
     edge and head."""
     _pyg_drop_in_runs(ctx, "GATConv", "lin.weight")
+
+
+@case("gnn", "pyg_gatv2conv", baseline="PyG GATv2Conv eager", headline=False)
+def pyg_gatv2conv_case(ctx: Context) -> None:
+    """:class:`gnnfuse.pyg.GATv2Conv` against PyG's GATv2Conv (:func:`_pyg_drop_in_runs`): with ``edge_dim=16``
+    PyG forms ``x_i + x_j + lin_edge(e)`` as an ``[E, H, C]`` tensor; the drop-in projects each edge's features
+    inside the attention kernels, in registers."""
+    _pyg_drop_in_runs(ctx, "GATv2Conv", "lin_l.weight")

@@ -11,6 +11,7 @@ With ``α_ij`` recomputed from the saved ``lse`` (no attention matrix stored), d
     ∂L/∂s_ij   = α'_ij <g_i, val_j + e_p> − α_ij δ_i
     ∂L/∂src_j  = Σ_{i: j->i} ∂s/∂src · ∂L/∂s_ij          ∂L/∂dst_i = Σ_{j: j->i} ∂s/∂dst · ∂L/∂s_ij
     ∂L/∂e_p    = α'_ij g_i + ∂L/∂s_ij q̃_i            (dot score with edge features, destination pass)
+    ∂L/∂e_p    = ∂L/∂z_p = ∂L/∂s_ij · a ⊙ LeakyReLU'(fs_j + fd_i + e_p)   (GATv2 with edge features)
     ∂L/∂a      = Σ_edges ∂L/∂s_ij · LeakyReLU(fs_j + fd_i)              (GATv2)
     ∂L/∂w_p    = Σ_h α_ij keep_ij / (1 − p) <g_i, val_j + e_p>          (FACTOR_GRAD, source pass)
 
@@ -41,6 +42,13 @@ where the weight's gradient is asked for; ``∂attr`` is
 :func:`~gnnfuse.kernels.edge_features.edge_attr_grad_kernel`'s).  ``LANES`` (row
 kernels): the edge-loop sums are kept per edge lane and reduced once after the loop.
 
+GATv2 with edge features (``EDGE`` and the GATv2 score, PyG GATv2Conv's ``edge_dim``): ``e_p`` sits inside the
+LeakyReLU, so neither the terms nor the per-row sums above apply.  Both passes project each edge block again
+(:func:`~gnnfuse.kernels.edge_features.add_edge_vectors`: the source pass reads the edge id ``eid[p]`` of the CSR
+position ``p`` it has from ``rev_pos``; the light rows in the tile form only) for the score, its LeakyReLU's slope
+and the ``∂a`` terms; ``∂attr`` and ``∂W_e`` are
+:func:`~gnnfuse.kernels.edge_features.gatv2_edge_grad_kernel`'s, from the ``∂s`` the source pass stores.
+
 Strides: the ``[N, H, D]`` inputs are read with the row stride ``feat_stride`` (as in the forward), and the
 feature gradients ``∂value``, ``∂dst`` and the dot score's ``∂k`` are stored with ``grad_stride`` (``H·D``
 for a contiguous tensor or a piece buffer; the row width of one ``[N, W]`` gradient when they are column
@@ -57,7 +65,7 @@ import triton.language as tl
 from fusecore.backend import jit
 
 from .dropout import attention_dropout, dropout_seed, edge_factor, store_factor_grad
-from .edge_features import edge_attr_tile, rows_edge_values
+from .edge_features import add_edge_vectors, edge_attr_tile, edge_weight_tile, rows_edge_values
 from .merge import last_piece, merge_sums
 from .scores import add_edge_score, attn_grad_terms, edge_scores, gather_keys, gather_queries, row_query, score_grad
 from .tiles import (
@@ -85,7 +93,8 @@ def attention_backward_src_kernel(
     KEY_SCALE: tl.constexpr, LANES: tl.constexpr, PREFETCH: tl.constexpr = False,
     MERGE: tl.constexpr = False, MERGE_P: tl.constexpr = 1, MERGE_W: tl.constexpr = 1, SRC_P: tl.constexpr = 1,
     SRC_W: tl.constexpr = 1, FACTOR: tl.constexpr = False, FACTOR_GRAD: tl.constexpr = False,
-    EDGE_SCORE: tl.constexpr = False,
+    EDGE_SCORE: tl.constexpr = False, eid_ptr=None, attr_ptr=None, w_edge_ptr=None, K=1, BLOCK_K: tl.constexpr = 16,
+    EDGE_DOT: tl.constexpr = False,
 ):
     """The source pass's row kernel; ``PREFETCH``: each edge block's reverse-CSR destinations and positions
     loaded one trip ahead (the trip's gathers then wait on no index load of their own).  ``EDGE`` (dot score):
@@ -95,11 +104,17 @@ def attention_backward_src_kernel(
     the last piece of each super row to finish sums that row's partials into ``merged_value`` / ``merged_src``
     (the gradients, rows ``merged_stride`` apart as ``grad_stride`` otherwise; :mod:`gnnfuse.kernels.merge`;
     ``MERGE_P`` / ``MERGE_W``, ``SRC_P`` / ``SRC_W``: its tiles).  ``EDGE_SCORE`` (GAT): ``edge_score [E, H]`` in
-    reverse-CSR order added to the source term per edge."""
-    tl.static_assert(not EDGE or SCORE == 2, "edge features: dot score only")
+    reverse-CSR order added to the source term per edge.  ``EDGE`` with GATv2: each edge block's ``e_p`` projected
+    (:func:`~gnnfuse.kernels.edge_features.add_edge_vectors`; input edge id ``eid[p]`` of the CSR position ``p``,
+    ``attr [E, K]``, ``w_edge [K, H, D]``; ``EDGE_DOT``: one product a block) and added to ``fs_j`` inside the score,
+    its gradient and the ``∂attn`` terms, not to the value."""
+    tl.static_assert(not EDGE or SCORE != 0, "edge features: GATv2 and the dot score")
     tl.static_assert(not EDGE_SCORE or SCORE == 0, "a per-edge score term: GAT only")
     acc_dtype = lse_ptr.dtype.element_ty
     seed, rng_offset = dropout_seed(seed, rng_offset, DROPOUT)
+    w_tile = 0  # GATv2's edge features: W_e as one product operand
+    if EDGE and SCORE == 1:
+        w_tile = edge_weight_tile(w_edge_ptr, K, H, D, BLOCK_K, BLOCK_H, BLOCK_D)
     pid = tl.program_id(0).to(tl.int64)
     offs_e = tl.arange(0, BLOCK_E)
     offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
@@ -154,9 +169,10 @@ def attention_backward_src_kernel(
                                    hd_mask, acc_dtype, KEY_SCALE)
             if SCORE == 2:
                 dst_i = dst_i * scale
-            src_e = src_j
+            src_e = add_edge_vectors(src_j, attr_ptr, w_edge_ptr, w_tile, eid_ptr, pos, e_mask, K, HD, hd_offs, hd_mask,
+                                     BLOCK_E, BLOCK_H, BLOCK_D, BLOCK_K, EDGE_DOT, EDGE and SCORE == 1)
         s = edge_scores(src_e, dst_i, attn, negative_slope, SCORE)
-        if EDGE:
+        if EDGE and SCORE == 2:
             terms_offs = pos[:, None] * (2 * H) + offs_h[None, :]
             s += tl.load(terms_ptr + terms_offs, mask=eh_mask, other=0.0).to(acc_dtype)
         alpha, alpha_dropped = _recomputed_weights(s, lse_i, eh_mask, pos[:, None], rng_offset + offs_h[None, :],
@@ -164,13 +180,13 @@ def attention_backward_src_kernel(
         alpha_kept = edge_factor(alpha_dropped, q[:, None], e_mask[:, None], factor_ptr, FACTOR)
         g_i = tl.load(grad_out_ptr + dst[:, None, None] * HD + hd_offs[None, :, :], mask=feat_mask,
                       other=0.0).to(acc_dtype)
-        if EDGE:
+        if EDGE and SCORE == 2:
             # the score's term is read: α' takes its place for the destination pass (edge-feature sums)
             tl.store(terms_ptr + terms_offs, alpha_kept.to(terms_ptr.dtype.element_ty), mask=eh_mask)
         kept_g = alpha_kept[:, :, None] * g_i
         acc_val = lane_add(acc_val, kept_g, LANES)
         g_dot_val = tl.sum(g_i * val_j[None, :, :], axis=2)
-        if EDGE:
+        if EDGE and SCORE == 2:
             g_dot_val += tl.load(terms_ptr + terms_offs + H, mask=eh_mask, other=0.0).to(acc_dtype)
         store_factor_grad(grad_factor_ptr, alpha_dropped, g_dot_val, q, e_mask, FACTOR_GRAD, 1)
         grad_s = alpha_kept * g_dot_val - alpha * delta_i
@@ -242,12 +258,15 @@ def attention_backward_src_light_kernel(
     feat_stride, grad_stride, LIGHT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr, KEY_SCALE: tl.constexpr,
     UNROLLED: tl.constexpr = False, FACTOR: tl.constexpr = False, FACTOR_GRAD: tl.constexpr = False,
-    EDGE_SCORE: tl.constexpr = False,
+    EDGE_SCORE: tl.constexpr = False, eid_ptr=None, attr_ptr=None, w_edge_ptr=None, K=1, BLOCK_K: tl.constexpr = 16,
+    EDGE_DOT: tl.constexpr = False,
 ):
     """The source pass over the light width classes of ``LIGHT`` in one launch (as
     :func:`~gnnfuse.kernels.attention_forward.attention_forward_light_kernel`; ``UNROLLED``:
-    :func:`_src_light_unrolled`).  ``EDGE``, ``EDGE_SCORE``: as in :func:`attention_backward_src_kernel`."""
-    tl.static_assert(not EDGE or SCORE == 2, "edge features: dot score only")
+    :func:`_src_light_unrolled`).  ``EDGE``, ``EDGE_SCORE``: as in :func:`attention_backward_src_kernel` (GATv2's
+    edge features in the tile form only)."""
+    tl.static_assert(not EDGE or SCORE != 0, "edge features: GATv2 and the dot score")
+    tl.static_assert(not (EDGE and SCORE == 1 and UNROLLED), "GATv2's edge features: the tile form")
     tl.static_assert(not EDGE_SCORE or SCORE == 0, "a per-edge score term: GAT only")
     seed, rng_offset = dropout_seed(seed, rng_offset, DROPOUT)
     pid = tl.program_id(0).to(tl.int64)
@@ -277,8 +296,9 @@ def attention_backward_src_light_kernel(
                             stops_ptr + row0, src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, terms_ptr,
                             lse_ptr, grad_out_ptr, delta_ptr, grad_value_ptr, grad_src_ptr, grad_s_ptr, factor_ptr,
                             grad_factor_ptr, edge_score_ptr, count, H, D, negative_slope, scale, dropout_p, keep_scale,
-                            seed, rng_offset, feat_stride, grad_stride, ONE << (f - 1), ONE << k, BLOCK_H, BLOCK_D,
-                            DROPOUT, SCORE, EDGE, KEY_SCALE, FACTOR, FACTOR_GRAD, EDGE_SCORE,
+                            seed, rng_offset, feat_stride, grad_stride, eid_ptr, attr_ptr, w_edge_ptr, K,
+                            ONE << (f - 1), ONE << k, BLOCK_H, BLOCK_D, DROPOUT, SCORE, EDGE, KEY_SCALE, FACTOR,
+                            FACTOR_GRAD, EDGE_SCORE, BLOCK_K, EDGE_DOT,
                         )
                 first += programs
                 row0 += count
@@ -384,11 +404,13 @@ def _src_light_rows(
     src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, terms_ptr, lse_ptr, grad_out_ptr, delta_ptr,
     grad_value_ptr, grad_src_ptr, grad_s_ptr, factor_ptr, grad_factor_ptr, edge_score_ptr,
     num_rows, H, D, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, feat_stride, grad_stride,
+    eid_ptr, attr_ptr, w_edge_ptr, K,
     ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr, KEY_SCALE: tl.constexpr, FACTOR: tl.constexpr,
-    FACTOR_GRAD: tl.constexpr, EDGE_SCORE: tl.constexpr,
+    FACTOR_GRAD: tl.constexpr, EDGE_SCORE: tl.constexpr, BLOCK_K: tl.constexpr, EDGE_DOT: tl.constexpr,
 ):
-    """The source pass for ``ROWS`` light source rows of program ``pid`` of their class, edges in one tile."""
+    """The source pass for ``ROWS`` light source rows of program ``pid`` of their class, edges in one tile (GATv2
+    with ``EDGE``: every edge of the tile projected, :func:`~gnnfuse.kernels.edge_features.add_edge_vectors`)."""
     acc_dtype = lse_ptr.dtype.element_ty
     offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
     c_offs, c_mask = flat_head_tile(H, D, BLOCK_H, BLOCK_D)
@@ -423,12 +445,17 @@ def _src_light_rows(
             dst_i = dst_i * scale
         if SCORE == 1:
             src_e = val_j
+            if EDGE:
+                w_tile = edge_weight_tile(w_edge_ptr, K, H, D, BLOCK_K, BLOCK_H, BLOCK_D)
+                pos_flat = tl.reshape(pos, [ROWS * BLOCK_E])
+                src_e = add_edge_vectors(val_j, attr_ptr, w_edge_ptr, w_tile, eid_ptr, pos_flat, e_flat, K, HD, hd_offs,
+                                         hd_mask, ROWS * BLOCK_E, BLOCK_H, BLOCK_D, BLOCK_K, EDGE_DOT, True)
         else:
             src_e, _ = gather_keys(src_term_ptr, value_ptr, rows_flat, e_flat, H, feat_stride, offs_h, h_mask, hd_offs,
                                    hd_mask, acc_dtype, KEY_SCALE)
         attn = tl.load(attn_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
         s = tl.reshape(edge_scores(src_e, dst_i, attn, negative_slope, SCORE), [ROWS, BLOCK_E, BLOCK_H])
-        if EDGE:
+        if EDGE and SCORE == 2:
             terms_offs = pos[:, :, None] * (2 * H) + offs_h[None, None, :]
             s += tl.load(terms_ptr + terms_offs, mask=eh_mask, other=0.0).to(acc_dtype)
     alpha = tl.where(eh_mask, tl.exp(s - lse_i), 0.0)
@@ -438,7 +465,7 @@ def _src_light_rows(
     else:
         alpha_dropped = alpha
     alpha_kept = edge_factor(alpha_dropped, q[:, :, None], e_mask[:, :, None], factor_ptr, FACTOR)
-    if EDGE:
+    if EDGE and SCORE == 2:
         tl.store(terms_ptr + terms_offs, alpha_kept.to(terms_ptr.dtype.element_ty), mask=eh_mask)
     if SCORE == 0:
         # GAT's values are the source row's own features: one [ROWS, H, D] tile broadcast over the
@@ -462,7 +489,7 @@ def _src_light_rows(
                       other=0.0).to(acc_dtype)
         kept_g = tl.reshape(alpha_kept, [ROWS * BLOCK_E, BLOCK_H])[:, :, None] * g_i
         g_dot_val = tl.reshape(tl.sum(g_i * val_j, axis=2), [ROWS, BLOCK_E, BLOCK_H])
-        if EDGE:
+        if EDGE and SCORE == 2:
             g_dot_val += tl.load(terms_ptr + terms_offs + H, mask=eh_mask, other=0.0).to(acc_dtype)
         store_factor_grad(grad_factor_ptr, alpha_dropped, g_dot_val, q, e_mask, FACTOR_GRAD, 2)
         grad_s = alpha_kept * g_dot_val - alpha * delta_i
@@ -522,7 +549,7 @@ def attention_backward_dst_kernel(
     KEY_SCALE: tl.constexpr, WEIGHT_GRAD: tl.constexpr, LANES: tl.constexpr,
     PREFETCH: tl.constexpr = False, EDGE_FORM: tl.constexpr = 0, ATTR_AHEAD: tl.constexpr = False,
     MERGE: tl.constexpr = False, MERGE_P: tl.constexpr = 1, MERGE_W: tl.constexpr = 1, SUMS_P: tl.constexpr = 1,
-    SUMS_W: tl.constexpr = 1,
+    SUMS_W: tl.constexpr = 1, EDGE_DOT: tl.constexpr = False,
 ):
     """``∂L/∂dst_i = Σ_{j->i} ∂s/∂dst · ∂L/∂s_ij`` for GATv2 (``∂L/∂fd``) and the dot score
     (``∂L/∂q``, the keys gathered again), from the source pass's ``∂L/∂s`` at CSR positions.
@@ -534,8 +561,15 @@ def attention_backward_dst_kernel(
     ``num_pieces`` super-row pieces first (their partials to ``piece_dst`` / ``piece_sums``, at the piece
     index), then the medium rows, in one launch; with ``MERGE`` the last piece of each super row to finish sums
     that row's partials into ``grad_dst`` (and ``attr_sums``) (:mod:`gnnfuse.kernels.merge`; ``MERGE_P`` /
-    ``MERGE_W``, ``SUMS_P`` / ``SUMS_W``: its tiles)."""
+    ``MERGE_W``, ``SUMS_P`` / ``SUMS_W``: its tiles).  GATv2 with ``EDGE``: each edge block's ``e_p`` projected and
+    added to the source term (:func:`~gnnfuse.kernels.edge_features.add_edge_vectors`, ``EDGE_DOT`` as the forward's),
+    for the LeakyReLU's slope per edge; no sums (``WEIGHT_GRAD`` off: the edge gradients are
+    :func:`~gnnfuse.kernels.edge_features.gatv2_edge_grad_kernel`'s)."""
+    tl.static_assert(not (EDGE and SCORE == 1 and (WEIGHT_GRAD or ATTR_AHEAD)), "GATv2's edge features: no sums")
     acc_dtype = grad_s_ptr.dtype.element_ty
+    w_tile = 0  # GATv2's edge features: W_e as one product operand
+    if EDGE and SCORE == 1:
+        w_tile = edge_weight_tile(w_edge_ptr, K, H, D, BLOCK_K, BLOCK_H, BLOCK_D)
     pid = tl.program_id(0).to(tl.int64)
     offs_e = tl.arange(0, BLOCK_E)
     offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
@@ -548,7 +582,7 @@ def attention_backward_dst_kernel(
         acc = tl.zeros([BLOCK_E, BLOCK_H, BLOCK_D], dtype=acc_dtype)
     else:
         acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=acc_dtype)
-    if EDGE:
+    if EDGE and SCORE == 2:
         sums_a = tl.zeros([BLOCK_H, BLOCK_K], dtype=acc_dtype)
         sums_b = tl.zeros([BLOCK_H, BLOCK_K], dtype=acc_dtype)
     if PREFETCH:
@@ -567,7 +601,9 @@ def attention_backward_dst_kernel(
         grad_s = tl.load(grad_s_ptr + pos[:, None] * H + offs_h[None, :], mask=eh_mask, other=0.0)
         src_j, _ = gather_keys(src_term_ptr, value_ptr, src, e_mask, H, feat_stride, offs_h, h_mask, hd_offs,
                                hd_mask, acc_dtype, KEY_SCALE)
-        if EDGE:
+        src_j = add_edge_vectors(src_j, attr_ptr, w_edge_ptr, w_tile, eid_ptr, pos, e_mask, K, HD, hd_offs, hd_mask,
+                                 BLOCK_E, BLOCK_H, BLOCK_D, BLOCK_K, EDGE_DOT, EDGE and SCORE == 1)
+        if EDGE and SCORE == 2:
             if PREFETCH and ATTR_AHEAD:
                 eid = eid_next.to(tl.int64)
                 eid_next = tl.load(eid_ptr + pos + BLOCK_E, mask=pos + BLOCK_E < stop, other=0)
@@ -585,7 +621,7 @@ def attention_backward_dst_kernel(
             src_j = src_j * scale
         acc = lane_add(acc, score_grad(grad_s, dst_i, src_j, attn, negative_slope, SCORE), LANES)
     acc = lane_total(acc, LANES)
-    if EDGE:
+    if EDGE and SCORE == 2:
         row_b = tl.reshape(sums_b, [1, BLOCK_H, BLOCK_K])
         acc += tl.reshape(rows_edge_values(row_b, w_edge_ptr, K, HD, hd_offs, hd_mask, BLOCK_K, EDGE_FORM),
                           [BLOCK_H, BLOCK_D]) * scale
@@ -610,7 +646,7 @@ def attention_backward_dst_kernel(
                 if merger:
                     merge_sums(merge_from, merge_to, row, piece_dst_ptr, grad_dst_ptr, HD, grad_stride, MERGE_P,
                                MERGE_W)
-                    if EDGE and WEIGHT_GRAD:
+                    if EDGE and SCORE == 2 and WEIGHT_GRAD:
                         sums_width = 2 * H * K
                         merge_sums(merge_from, merge_to, row, piece_sums_ptr, attr_sums_ptr, sums_width, sums_width,
                                    SUMS_P, SUMS_W)
@@ -628,11 +664,13 @@ def attention_backward_dst_light_kernel(
     n0, n1, n2, n3, n4, n5, n6, H, D, K, negative_slope, scale, feat_stride, grad_stride,
     LIGHT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
     SCORE: tl.constexpr, EDGE: tl.constexpr, KEY_SCALE: tl.constexpr, WEIGHT_GRAD: tl.constexpr,
-    UNROLLED: tl.constexpr = False,
+    UNROLLED: tl.constexpr = False, EDGE_DOT: tl.constexpr = False,
 ):
     """The destination pass over the light width classes of ``LIGHT`` in one launch (as
     :func:`~gnnfuse.kernels.attention_forward.attention_forward_light_kernel`; ``UNROLLED``:
-    :func:`_dst_light_unrolled`); ``EDGE``: the edge sums of :func:`attention_backward_dst_kernel`."""
+    :func:`_dst_light_unrolled`); ``EDGE``: the edge sums of :func:`attention_backward_dst_kernel` (GATv2: its
+    projected edges, in the tile form only)."""
+    tl.static_assert(not (EDGE and SCORE == 1 and (UNROLLED or WEIGHT_GRAD)), "GATv2's edge features: the tile form")
     pid = tl.program_id(0).to(tl.int64)
     first = pid * 0
     row0 = pid * 0
@@ -659,7 +697,7 @@ def attention_backward_dst_light_kernel(
                             src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, grad_s_ptr,
                             terms_ptr, grad_dst_ptr, attr_sums_ptr, count, H, D, K, negative_slope, scale,
                             feat_stride, grad_stride, ONE << (f - 1), ONE << k, BLOCK_H, BLOCK_D, BLOCK_K, SCORE,
-                            EDGE, KEY_SCALE, WEIGHT_GRAD,
+                            EDGE, KEY_SCALE, WEIGHT_GRAD, EDGE_DOT,
                         )
                 first += programs
                 row0 += count
@@ -720,9 +758,10 @@ def _dst_light_rows(
     w_edge_ptr, grad_s_ptr, terms_ptr, grad_dst_ptr, attr_sums_ptr, num_rows, H, D, K, negative_slope, scale,
     feat_stride, grad_stride, ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr, KEY_SCALE: tl.constexpr,
-    WEIGHT_GRAD: tl.constexpr,
+    WEIGHT_GRAD: tl.constexpr, EDGE_DOT: tl.constexpr,
 ):
-    """The destination pass for ``ROWS`` light rows of program ``pid`` of their class, edges in one tile."""
+    """The destination pass for ``ROWS`` light rows of program ``pid`` of their class, edges in one tile (GATv2
+    with ``EDGE``: every edge of the tile projected, :func:`~gnnfuse.kernels.edge_features.add_edge_vectors`)."""
     acc_dtype = grad_s_ptr.dtype.element_ty
     offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
     c_offs, c_mask = flat_head_tile(H, D, BLOCK_H, BLOCK_D)
@@ -743,9 +782,13 @@ def _dst_light_rows(
     attn = tl.load(attn_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
     if SCORE == 2:
         src_j = src_j * scale
+    if EDGE and SCORE == 1:
+        w_tile = edge_weight_tile(w_edge_ptr, K, H, D, BLOCK_K, BLOCK_H, BLOCK_D)
+        src_j = add_edge_vectors(src_j, attr_ptr, w_edge_ptr, w_tile, eid_ptr, pos_flat, e_flat, K, HD, hd_offs,
+                                 hd_mask, ROWS * BLOCK_E, BLOCK_H, BLOCK_D, BLOCK_K, EDGE_DOT, True)
     terms = score_grad(grad_s, dst_i, src_j, attn, negative_slope, SCORE)
     acc = tl.reshape(tl.sum(tl.reshape(terms, [ROWS, BLOCK_E, BLOCK_H * BLOCK_D]), axis=1), [ROWS, BLOCK_H, BLOCK_D])
-    if EDGE:
+    if EDGE and SCORE == 2:
         eid = tl.load(eid_ptr + pos, mask=e_mask, other=0).to(tl.int64)
         attr = edge_attr_tile(attr_ptr, tl.reshape(eid, [ROWS * BLOCK_E]), e_flat, K, acc_dtype, BLOCK_K)
         zeros = tl.zeros([ROWS * BLOCK_E, BLOCK_H, BLOCK_K], dtype=acc_dtype)

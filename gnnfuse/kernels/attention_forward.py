@@ -8,10 +8,13 @@ GATv2 or scaled dot product) and values ``val_j`` (``Wh_j``, ``fs_j`` or ``v_j``
     α_ijh  = exp(s_ijh − lse_ih) · keep_ph / (1 − p_drop)  (· w_p with ``FACTOR``)
     out_i  = Σ_j α_ijh (val_j + e_p)[h, :]
 
-``e_p = W_e · attr_p`` (``EDGE``, dot score only) is the edge feature at CSR position ``p``
+``e_p = W_e · attr_p`` (``EDGE``) is the edge feature at CSR position ``p``
 (input edge ``eid[p]``: ``attr`` is read in the caller's edge order), added to the key and to the value, as
 in PyG's TransformerConv; never stored (:mod:`gnnfuse.kernels.edge_features`): the light tiles project it in
-registers, the row kernel and the unrolled light rows never form it (``W_e`` applied once per row).
+registers, the row kernel and the unrolled light rows never form it (``W_e`` applied once per row).  With the GATv2
+score (PyG's GATv2Conv) ``e_p`` is added to ``fs_j`` inside the LeakyReLU, ``s = a · LeakyReLU(fs_j + fd_i + e_p)``,
+and not to the value: the light tiles (never unrolled then) and the row kernel (``EDGE_DOT``: one product a block)
+project every edge block (:func:`~gnnfuse.kernels.edge_features.add_edge_vectors`).
 ``keep_ph = uniform(seed, stream=p, position=offset + h) >= p_drop`` is attention dropout, regenerated in the backward
 pass from the same counter, never stored; ``w_p = factor[p]`` (``FACTOR``, a per-edge factor in CSR order, DGL
 GATConv's ``edge_weight``: :mod:`gnnfuse.kernels.dropout`) scales the kept weight, not the softmax's sum.  With
@@ -60,7 +63,14 @@ from fusecore.backend import jit
 from fusecore.softmax import online_update
 
 from .dropout import attention_dropout, dropout_seed, edge_factor
-from .edge_features import edge_attr_tile, edge_weight_tile, project_edges, rows_edge_terms, rows_edge_values
+from .edge_features import (
+    add_edge_vectors,
+    edge_attr_tile,
+    edge_weight_tile,
+    project_edges,
+    rows_edge_terms,
+    rows_edge_values,
+)
 from .merge import last_piece, merge_lse
 from .scores import add_edge_score, edge_scores, gather_keys, gather_queries, row_query
 from .tiles import (
@@ -106,9 +116,11 @@ def attention_forward_rows_kernel(
     BLOCK_K: tl.constexpr, KEY_SCALE: tl.constexpr, LANES: tl.constexpr, ADD: tl.constexpr, FINAL: tl.constexpr,
     PREFETCH: tl.constexpr = 0, EDGE_FORM: tl.constexpr = 0, ATTR_AHEAD: tl.constexpr = False,
     MERGE: tl.constexpr = False, MERGE_P: tl.constexpr = 1, FACTOR: tl.constexpr = False,
-    EDGE_SCORE: tl.constexpr = False,
+    EDGE_SCORE: tl.constexpr = False, EDGE_DOT: tl.constexpr = False,
 ):
     tl.static_assert(not EDGE_SCORE or SCORE == 0, "a per-edge score term: GAT only")
+    tl.static_assert(not EDGE or SCORE != 0, "edge features: GATv2 and the dot score")
+    tl.static_assert(not (EDGE and SCORE == 1 and ATTR_AHEAD), "GATv2's edge features: loaded in the trip")
     acc_dtype = lse_ptr.dtype.element_ty
     seed, rng_offset = dropout_seed(seed, rng_offset, DROPOUT)
     # PREFETCH 1: each edge block's source indices are loaded one trip ahead, so a trip's gathers wait on no
@@ -131,7 +143,10 @@ def attention_forward_rows_kernel(
         if SCORE == 2:
             dst_i = dst_i * scale
         attn = tl.load(attn_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
-    if EDGE:
+    w_tile = 0  # GATv2 with EDGE: e_p inside the LeakyReLU, projected per edge block (EDGE_DOT: one product a block)
+    if EDGE and SCORE == 1:
+        w_tile = edge_weight_tile(w_edge_ptr, K, H, D, BLOCK_K, BLOCK_H, BLOCK_D)
+    if EDGE and SCORE == 2:
         # e_p is never formed (kernels/edge_features.py): score term attr_p · u, value term
         # Σ_k A[k] W[k] once after the loop, A[h, k] = Σ_p α_p[h] attr_p[k] rescaled like acc.
         u = tl.reshape(rows_edge_terms(w_edge_ptr, tl.reshape(dst_i, [1, BLOCK_H, BLOCK_D]), K, HD, hd_offs, hd_mask,
@@ -199,8 +214,10 @@ def attention_forward_rows_kernel(
                                             hd_offs, hd_mask, acc_dtype, KEY_SCALE)
         src_j = add_edge_score(src_j, edge_score_ptr, pos[:, None], offs_h[None, :], e_mask[:, None] & h_mask[None, :],
                                H, EDGE_SCORE)
-        s = edge_scores(src_j, dst_i, attn, negative_slope, SCORE)
-        if EDGE:
+        score_j = add_edge_vectors(src_j, attr_ptr, w_edge_ptr, w_tile, eid_ptr, pos, e_mask, K, HD, hd_offs,
+                                   hd_mask, BLOCK_E, BLOCK_H, BLOCK_D, BLOCK_K, EDGE_DOT, EDGE and SCORE == 1)
+        s = edge_scores(score_j, dst_i, attn, negative_slope, SCORE)
+        if EDGE and SCORE == 2:
             if not (PREFETCH == 2 and ATTR_AHEAD):
                 eid = tl.load(eid_ptr + pos, mask=e_mask, other=0).to(tl.int64)
                 attr = edge_attr_tile(attr_ptr, eid, e_mask, K, acc_dtype, BLOCK_K)
@@ -227,11 +244,11 @@ def attention_forward_rows_kernel(
                             other=0.0).to(acc_dtype)
         if LANES:
             acc = acc * rescale[:, :, None] + p[:, :, None] * val_j
-            if EDGE:
+            if EDGE and SCORE == 2:
                 acc_attr = acc_attr * rescale[:, :, None] + p[:, :, None] * attr[:, None, :]
         else:
             acc = acc * rescale[:, None] + tl.sum(p[:, :, None] * val_j, axis=0)
-            if EDGE:
+            if EDGE and SCORE == 2:
                 acc_attr = acc_attr * rescale[:, None] + tl.sum(p[:, :, None] * attr[:, None, :], axis=0)
         m = m_new
     if LANES:
@@ -241,9 +258,9 @@ def attention_forward_rows_kernel(
         weight = tl.exp(m_lanes - tl.where(m > float("-inf"), m, 0.0)[None, :])
         l = tl.sum(l * weight, axis=0)
         acc = tl.sum(acc * weight[:, :, None], axis=0)
-        if EDGE:
+        if EDGE and SCORE == 2:
             acc_attr = tl.sum(acc_attr * weight[:, :, None], axis=0)
-    if EDGE:
+    if EDGE and SCORE == 2:
         acc += tl.reshape(rows_edge_values(tl.reshape(acc_attr, [1, BLOCK_H, BLOCK_K]), w_edge_ptr, K, HD, hd_offs,
                                            hd_mask, BLOCK_K, EDGE_FORM), [BLOCK_H, BLOCK_D])
     out, lse = finish_softmax(acc, m, l)
@@ -331,7 +348,9 @@ def _forward_light_unrolled(
     edges across warps, through shared memory).  With ``EDGE`` (dot score) no edge is projected, as in
     the row kernel: the rows' ``u = W q̃`` ``[ROWS, BLOCK_H, BLOCK_K]`` once, per slot the score term
     ``Σ_k attr_p[k] u[h, k]`` and ``A[h, k] += α_p[h] attr_p[k]`` (rescaled like the output), and
-    ``Σ_k A[h, k] W[k, h, :]`` added once after the last slot."""
+    ``Σ_k A[h, k] W[k, h, :]`` added once after the last slot.  Not for GATv2 with edge features (the tile form
+    projects them: :func:`_forward_light_rows`)."""
+    tl.static_assert(not EDGE or SCORE == 2, "unrolled light rows with edge features: dot score only")
     acc_dtype = lse_ptr.dtype.element_ty
     offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
     HD = H * D
@@ -434,7 +453,9 @@ def _forward_light_rows(
             w_tile = edge_weight_tile(w_edge_ptr, K, H, D, BLOCK_K, BLOCK_H, BLOCK_D)
             edge_j = project_edges(attr_ptr, w_edge_ptr, w_tile, eid_flat, e_flat, K, HD, hd_offs, hd_mask,
                                    acc_dtype, ROWS * BLOCK_E, BLOCK_H, BLOCK_D, BLOCK_K, EDGE_DOT)
-            src_j += edge_j
+            score_j = src_j + edge_j  # the score's side (GATv2: inside the LeakyReLU; dot: the key)
+        else:
+            score_j = src_j
         # The row's own term, read per edge (cache hits) to stay in the flat edge layout.
         rows_flat = tl.reshape(rows[:, None] + tl.zeros([ROWS, BLOCK_E], dtype=tl.int64), [ROWS * BLOCK_E])
         dst_i = gather_queries(dst_term_ptr, value_ptr, rows_flat, e_flat, H, feat_stride, offs_h, h_mask, hd_offs,
@@ -442,7 +463,7 @@ def _forward_light_rows(
         if SCORE == 2:
             dst_i = dst_i * scale
         attn = tl.load(attn_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
-        s = tl.reshape(edge_scores(src_j, dst_i, attn, negative_slope, SCORE), [ROWS, BLOCK_E, BLOCK_H])
+        s = tl.reshape(edge_scores(score_j, dst_i, attn, negative_slope, SCORE), [ROWS, BLOCK_E, BLOCK_H])
     s = tl.where(e_mask[:, :, None], s, float("-inf"))
     m = tl.max(s, axis=1)                                                     # [ROWS, BLOCK_H]
     has_edges = m > float("-inf")

@@ -25,7 +25,7 @@ from fusecore.backend import jit
 
 from .attention_backward import _recomputed_weights
 from .dropout import dropout_seed, edge_factor
-from .edge_features import csr_block, edge_weight_tile, project_edges
+from .edge_features import add_edge_vectors, csr_block, edge_weight_tile, project_edges
 from .scores import add_edge_score, edge_scores, gather_keys, gather_queries
 
 
@@ -41,12 +41,13 @@ def attention_weights_kernel(
 
     ``dst``, ``src``, ``eid``: the graph's CSR destination, source and input edge id per position;
     ``src_term`` / ``dst_term`` / ``attn`` / ``value`` as the forward took them (``[N, H, D]`` roles with
-    row stride ``feat_stride``); ``attr [E, K]`` / ``w [K, H, D]``: the dot score's edge features
-    (``EDGE``); ``lse [N, H]`` the forward's, in the accumulation dtype; ``alpha [E, H]`` in any float
-    dtype.  ``DROPOUT``: the forward's dropout mode (:mod:`gnnfuse.kernels.dropout`); off: the softmax
-    itself.  ``FACTOR``: times the forward's per-edge factor ``factor [E]`` (CSR order).  ``EDGE_SCORE`` (GAT): the
-    forward's per-edge score term ``edge_score [E, H]`` (CSR order, the accumulation dtype) added to ``el_j``."""
-    tl.static_assert(not EDGE or SCORE == 2, "edge features: dot score only")
+    row stride ``feat_stride``); ``attr [E, K]`` / ``w [K, H, D]``: the edge features (``EDGE``: the dot score's
+    keys' term, or GATv2's term inside the LeakyReLU); ``lse [N, H]`` the forward's, in the accumulation dtype;
+    ``alpha [E, H]`` in any float dtype.  ``DROPOUT``: the forward's dropout mode
+    (:mod:`gnnfuse.kernels.dropout`); off: the softmax itself.  ``FACTOR``: times the forward's per-edge factor
+    ``factor [E]`` (CSR order).  ``EDGE_SCORE`` (GAT): the forward's per-edge score term ``edge_score [E, H]`` (CSR
+    order, the accumulation dtype) added to ``el_j``."""
+    tl.static_assert(not EDGE or SCORE != 0, "edge features: GATv2 and the dot score")
     tl.static_assert(not EDGE_SCORE or SCORE == 0, "a per-edge score term: GAT only")
     acc_dtype = lse_ptr.dtype.element_ty
     seed, rng_offset = dropout_seed(seed, rng_offset, DROPOUT)
@@ -68,8 +69,12 @@ def attention_weights_kernel(
         if SCORE == 2:
             dst = dst * scale
         attn = tl.load(attn_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
+    if EDGE and SCORE == 1:  # GATv2: e_p inside the LeakyReLU
+        src = add_edge_vectors(src, attr_ptr, w_ptr, edge_weight_tile(w_ptr, K, H, D, BLOCK_K, BLOCK_H, BLOCK_D),
+                               eid_ptr, p, p_mask, K, H * D, hd_offs, hd_mask, BLOCK_P, BLOCK_H, BLOCK_D, BLOCK_K,
+                               EDGE_DOT, True)
     s = edge_scores(src, dst, attn, negative_slope, SCORE)
-    if EDGE:
+    if EDGE and SCORE == 2:
         w_tile = edge_weight_tile(w_ptr, K, H, D, BLOCK_K, BLOCK_H, BLOCK_D)
         e = project_edges(attr_ptr, w_ptr, w_tile, eid, p_mask, K, H * D, hd_offs, hd_mask, acc_dtype, BLOCK_P,
                           BLOCK_H, BLOCK_D, BLOCK_K, EDGE_DOT)

@@ -54,6 +54,7 @@ import triton.language as tl
 from fusecore.backend import jit
 from fusecore.linear import finite_or_zero, split_dot, tf32_parts
 
+from .scores import score_grad
 from .tiles import flat_head_tile, head_tile
 
 
@@ -347,3 +348,92 @@ def edge_attr_grad_kernel(
     w_tile = edge_weight_tile(w_ptr, K, H, D, BLOCK_K, BLOCK_H, BLOCK_D)
     store_attr_grad(grad_attr_ptr, w_ptr, w_tile, grad_e, eid, p_mask, K, HD, hd_offs, hd_mask, BLOCK_P, BLOCK_H,
                     BLOCK_D, BLOCK_K, EDGE_DOT)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# GATv2 with edge features (PyG GATv2Conv's ``edge_dim``): ``z_p = fs_j + fd_i + e_p``, ``s_p = Σ_d a_d ·
+# LeakyReLU(z_p)_d`` per head, values ``fs_j`` (the edge term in the score only).  ``e_p`` sits inside the LeakyReLU, so
+# the row trick above (``u_i = W q̃_i``, valid for the dot score only) does not apply: every kernel that forms GATv2
+# scores projects its edges in registers (:func:`add_edge_vectors`, one :func:`project_edges` per edge tile), and the
+# weight's and features' gradients come from one CSR-order pass of their own (:func:`gatv2_edge_grad_kernel`).
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@jit
+def add_edge_vectors(src_term, attr_ptr, w_ptr, w_tile, eid_ptr, pos, e_mask, K, HD, hd_offs, hd_mask,
+                     NUM_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
+                     DOT: tl.constexpr, ADD: tl.constexpr):
+    """GATv2's score-side source term with the edge vector added (``ADD``): ``src_term + e_p``, ``e_p = W ·
+    attr[eid[pos]]`` projected in registers (:func:`project_edges`; ``pos [NUM_E]`` CSR positions, 0 added where not
+    ``e_mask``), ``src_term`` ``[NUM_E or 1, BLOCK_H, BLOCK_D]`` in the accumulation dtype; else ``src_term`` itself.
+    Only the score sees the sum: the caller keeps ``fs_j`` as the value."""
+    if ADD:
+        eid = tl.load(eid_ptr + pos, mask=e_mask, other=0).to(tl.int64)
+        src_term = src_term + project_edges(attr_ptr, w_ptr, w_tile, eid, e_mask, K, HD, hd_offs, hd_mask,
+                                            src_term.dtype, NUM_E, BLOCK_H, BLOCK_D, BLOCK_K, DOT)
+    return src_term
+
+
+@jit
+def gatv2_edge_grad_kernel(
+    dst_ptr, src_ptr, eid_ptr, src_term_ptr, dst_term_ptr, attn_ptr, attr_ptr, w_ptr, grad_s_ptr, grad_attr_ptr,
+    partial_ptr, E, H, D, K, negative_slope, feat_stride, edges_per_program,
+    BLOCK_P: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
+    EDGE_DOT: tl.constexpr, ATTR_GRAD: tl.constexpr, WEIGHT_GRAD: tl.constexpr,
+):
+    """GATv2's edge-feature gradients over the CSR positions ``[pid · edges_per_program, ...)`` in blocks of
+    ``BLOCK_P``: per position ``p`` (``i = dst[p]``, ``j = src[p]``) ``∂z_p = ∂s_p · a ⊙ LeakyReLU'(fs_j + fd_i +
+    e_p)`` recomputed in registers (``∂s [E, H]``: the source pass's, in CSR order, dropout and the edge factor
+    already in it; ``e_p`` projected again), then
+
+    * ``ATTR_GRAD``: ``∂attr[eid[p], k] = Σ_{h,d} ∂z_p[h, d] W[k, h, d]`` (:func:`store_attr_grad`, input order);
+    * ``WEIGHT_GRAD``: ``partial[pid, h·D + d, k] = Σ_p attr_p[k] ∂z_p[h, d]`` (``lin_edge.weight``'s ``[H·D, K]``
+      layout), one ``[BLOCK_K, BLOCK_P] @ [BLOCK_P, BLOCK_H·BLOCK_D]`` product per block (``EDGE_DOT``, else a
+      broadcast sum) summed in registers; the caller adds the programs' partials in a fixed order.
+
+    Why a pass of its own: every schedule form (light rows, medium rows, super-row pieces merged anywhere) stores
+    ``∂s`` at each CSR position, and from ``∂s`` alone a CSR block rebuilds ``∂z``, so one kernel serves them all;
+    per-row sums as the dot score's ``A``, ``B`` would not help, ``∂z`` depending on ``e_p`` through the LeakyReLU.
+    Deterministic, no atomics, no ``[E, H, D]`` buffer.  Bytes: ``E·K`` features (read, and written with
+    ``ATTR_GRAD``), ``E·H`` of ``∂s``, the gathered ``fs`` and ``fd`` rows (``fd``'s cache hits along a CSR block)."""
+    acc_dtype = grad_s_ptr.dtype.element_ty
+    pid = tl.program_id(0).to(tl.int64)
+    offs_b = tl.arange(0, BLOCK_P)
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
+    c_offs, c_mask = flat_head_tile(H, D, BLOCK_H, BLOCK_D)
+    HD = H * D
+    w_tile = edge_weight_tile(w_ptr, K, H, D, BLOCK_K, BLOCK_H, BLOCK_D)
+    attn = tl.load(attn_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
+    acc_w = tl.zeros([BLOCK_K, BLOCK_H * BLOCK_D], dtype=acc_dtype)
+    first = pid * edges_per_program
+    last = tl.minimum(first + edges_per_program, E)
+    for p0 in range(first, last, BLOCK_P):
+        p = p0 + offs_b
+        p_mask = p < last
+        i = tl.load(dst_ptr + p, mask=p_mask, other=0).to(tl.int64)
+        j = tl.load(src_ptr + p, mask=p_mask, other=0).to(tl.int64)
+        eid = tl.load(eid_ptr + p, mask=p_mask, other=0).to(tl.int64)
+        feat_mask = p_mask[:, None, None] & hd_mask[None, :, :]
+        fs = tl.load(src_term_ptr + j[:, None, None] * feat_stride + hd_offs[None, :, :], mask=feat_mask,
+                     other=0.0).to(acc_dtype)
+        fd = tl.load(dst_term_ptr + i[:, None, None] * feat_stride + hd_offs[None, :, :], mask=feat_mask,
+                     other=0.0).to(acc_dtype)
+        e = project_edges(attr_ptr, w_ptr, w_tile, eid, p_mask, K, HD, hd_offs, hd_mask, acc_dtype, BLOCK_P, BLOCK_H,
+                          BLOCK_D, BLOCK_K, EDGE_DOT)
+        grad_s = tl.load(grad_s_ptr + p[:, None] * H + offs_h[None, :], mask=p_mask[:, None] & h_mask[None, :],
+                         other=0.0)
+        grad_z = score_grad(grad_s, fs + e, fd, attn, negative_slope, 1)  # SCORE_GATV2
+        if ATTR_GRAD:
+            store_attr_grad(grad_attr_ptr, w_ptr, w_tile, grad_z, eid, p_mask, K, HD, hd_offs, hd_mask, BLOCK_P,
+                            BLOCK_H, BLOCK_D, BLOCK_K, EDGE_DOT)
+        if WEIGHT_GRAD:
+            attr = edge_attr_tile(attr_ptr, eid, p_mask, K, acc_dtype, BLOCK_K)                    # [BLOCK_P, BLOCK_K]
+            flat = tl.reshape(grad_z, [BLOCK_P, BLOCK_H * BLOCK_D])
+            if EDGE_DOT:
+                acc_w += tl.dot(tl.trans(attr), flat, input_precision="ieee")
+            else:
+                acc_w += tl.sum(attr[:, :, None] * flat[:, None, :], axis=0)
+    if WEIGHT_GRAD:
+        tl.store(partial_ptr + pid * (HD * K) + c_offs[None, :] * K + offs_k[:, None], acc_w,
+                 mask=(offs_k < K)[:, None] & c_mask[None, :])

@@ -30,8 +30,8 @@ class AttentionOp:
     dropout: bool = True
 
 
-def _gatv2_oracle(graph, fs, fd, attn, **kw):
-    return reference.gatv2_reference(graph, fs, fd, attn, negative_slope=0.15, **kw)[0]
+def _gatv2_oracle(graph, *leaves, **kw):
+    return reference.gatv2_reference(graph, *leaves, negative_slope=0.15, **kw)[0]
 
 
 def _transformer_oracle(graph, *leaves, **kw):
@@ -46,6 +46,11 @@ EDGE_DIM = 3  # raw edge features per edge, projected in registers to [H, D]
 OPS = {
     "gatv2": AttentionOp(
         lambda n, e, h, d: [(n, h, d), (n, h, d), (1, h, d)],
+        lambda graph, *leaves, **kw: ops.gatv2(graph, *leaves, negative_slope=0.15, **kw),
+        _gatv2_oracle,
+    ),
+    "gatv2+edge": AttentionOp(  # PyG GATv2Conv's edge_dim (tests/gnnfuse/test_gatv2_edge.py)
+        lambda n, e, h, d: [(n, h, d), (n, h, d), (1, h, d), (e, EDGE_DIM), (h * d, EDGE_DIM)],
         lambda graph, *leaves, **kw: ops.gatv2(graph, *leaves, negative_slope=0.15, **kw),
         _gatv2_oracle,
     ),

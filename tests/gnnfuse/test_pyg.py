@@ -120,27 +120,35 @@ def test_gat_edge_features_match_pyg(fill, gen, device):
     """PyG GATConv's ``edge_dim``: the edge term folded to one score per edge and head and formed in CSR order, the
     self loops' rows from ``fill_value`` as PyG's ``add_self_loops`` forms them (the mean / sum of the scores, a
     constant's score, or the features' max / min / product); gradients of edge_attr, lin_edge and att_edge."""
+    check_edge_features("GATConv", fill, gen, device, residual=True)
+
+
+def check_edge_features(cls_name: str, fill, gen, device, **kwargs) -> None:
+    """Layer ``cls_name`` with 3 edge features and self loops filled per ``fill`` (a name, a float or "tensor")
+    against PyG's with the same state_dict: output, attention weights and every gradient (edge_attr's too)."""
     edges = corner_case_edges(gen, N)
     x = torch.randn(N, F, generator=gen, dtype=torch.float64)
     attr = torch.randn(edges.shape[1], 3, generator=gen, dtype=torch.float64)
     fill_value = torch.tensor([0.5, -1.0, 2.0], dtype=torch.float64) if fill == "tensor" else fill
-    ours, theirs = _pair("GATConv", F, C, heads=H, negative_slope=0.25, edge_dim=3, fill_value=fill_value,
-                         residual=True, gen=gen, device=device)
+    ours, theirs = _pair(cls_name, F, C, heads=H, negative_slope=0.25, edge_dim=3, fill_value=fill_value,
+                         gen=gen, device=device, **kwargs)
     if isinstance(fill_value, torch.Tensor):
         ours.fill_value = fill_value.to(device)
     xo, xt = _leaf(x, device), _leaf(x, "cpu")
     ao, at = _leaf(attr, device), _leaf(attr, "cpu")
-    out, (_, alpha) = ours(xo, edges.to(device), ao, return_attention_weights=True)
-    ref, (_, ref_alpha) = theirs(xt, edges, at, return_attention_weights=True)
+    out, (ei, alpha) = ours(xo, edges.to(device), ao, return_attention_weights=True)
+    ref, (ref_ei, ref_alpha) = theirs(xt, edges, at, return_attention_weights=True)
+    assert torch.equal(ei.cpu(), ref_ei)
     assert_close(alpha, ref_alpha, tol=TOL, name="attention")
     _check(ours, theirs, out, ref, [("x", xo, xt), ("edge_attr", ao, at)], gen)
 
 
-def test_gat_edge_features_without_self_loops_and_one_dim(gen, device):
+@pytest.mark.parametrize("cls_name", ["GATConv", "GATv2Conv"])
+def test_gat_edge_features_without_self_loops_and_one_dim(cls_name, gen, device):
     edges = corner_case_edges(gen, N)
     x = torch.randn(N, F, generator=gen, dtype=torch.float64)
     attr = torch.randn(edges.shape[1], generator=gen, dtype=torch.float64)
-    ours, theirs = _pair("GATConv", F, C, heads=2, negative_slope=0.25, edge_dim=1, add_self_loops=False,
+    ours, theirs = _pair(cls_name, F, C, heads=2, negative_slope=0.25, edge_dim=1, add_self_loops=False,
                          device=device)
     xo, xt = _leaf(x, device), _leaf(x, "cpu")
     ao, at = _leaf(attr, device), _leaf(attr, "cpu")
@@ -183,16 +191,18 @@ def test_bipartite_pairs_match_pyg(sizes, cls_name, kwargs, gen, device):
 
 # PyG's own 'mean' / 'add' fill indexes out of bounds when N_dst > N_src (its scatter is sized min(N_src, N_dst)
 # while the destinations reach N_dst): those pairs run with a constant fill only
+@pytest.mark.parametrize("cls_name", ["GATConv", "GATv2Conv"])
 @pytest.mark.parametrize("sizes,fill", [((23, 11), "mean"), ((23, 11), "add"), ((23, 11), 0.5), ((9, 17), 0.5)])
-def test_bipartite_edge_features_match_pyg(sizes, fill, gen, device):
-    """GATConv's ``edge_dim`` on a bipartite pair: loops on the first ``min(N_src, N_dst)`` nodes only, their score
-    rows from ``fill_value`` (the CSR-order score kernels with loop nodes fewer than the graph's)."""
+def test_bipartite_edge_features_match_pyg(sizes, fill, cls_name, gen, device):
+    """``edge_dim`` on a bipartite pair: loops on the first ``min(N_src, N_dst)`` nodes only, their rows from
+    ``fill_value`` (GATConv: the CSR-order score kernels with loop nodes fewer than the graph's; GATv2Conv: the
+    loops' feature rows, projected by the attention kernels)."""
     n_src, n_dst = sizes
     edges = torch.stack([torch.randint(0, n_src, (60,), generator=gen), torch.randint(0, n_dst, (60,), generator=gen)])
     x_src = torch.randn(n_src, F, generator=gen, dtype=torch.float64)
     x_dst = torch.randn(n_dst, F, generator=gen, dtype=torch.float64)
     attr = torch.randn(60, 3, generator=gen, dtype=torch.float64)
-    ours, theirs = _pair("GATConv", F, C, heads=H, negative_slope=0.25, edge_dim=3, fill_value=fill, gen=gen,
+    ours, theirs = _pair(cls_name, F, C, heads=H, negative_slope=0.25, edge_dim=3, fill_value=fill, gen=gen,
                          device=device)
     so, do_, st, dt = _leaf(x_src, device), _leaf(x_dst, device), _leaf(x_src, "cpu"), _leaf(x_dst, "cpu")
     ao, at = _leaf(attr, device), _leaf(attr, "cpu")
@@ -335,6 +345,7 @@ def test_state_dicts_are_pygs():
         ("GATConv", ((F, 5), C), dict(heads=H, concat=False)),
         ("GATv2Conv", (F, C), dict(heads=H, residual=True)),
         ("GATv2Conv", (F, C), dict(heads=H, share_weights=True, bias=False)),
+        ("GATv2Conv", (F, C), dict(heads=H, edge_dim=3)),
         ("TransformerConv", (F, C), dict(heads=H, beta=True, edge_dim=3)),
         ("AGNNConv", (), dict()),
         ("AGNNConv", (), dict(requires_grad=False)),
@@ -439,8 +450,6 @@ def test_errors_are_clear(gen, device):
         fused.GATv2Conv(F, C).to(device)((x, None), edges)
     with pytest.raises(ValueError, match="size"):
         layer(x, edges, size=(N, N + 1))
-    with pytest.raises(NotImplementedError, match="edge_dim"):
-        fused.GATv2Conv(F, C, edge_dim=3)
     with pytest.raises(ValueError, match="fill_value"):
         fused.GATConv(F, C, fill_value="median")
     with pytest.raises(TypeError, match="return_attention_weights"):

@@ -239,21 +239,22 @@ def test_to_hetero_with_edge_features_and_pyg_sequential(gen):
     _compare(ours, theirs, data, gen)
 
 
-def test_to_hetero_with_edge_features_of_some_edge_types(gen):
-    """to_hetero passes None for an edge type missing from ``edge_attr_dict``: GATConv then runs without the edge
-    term, as PyG's (its ``edge_update`` adds it only given both ``edge_dim`` and ``edge_attr``), self loops too."""
+@pytest.mark.parametrize("name", ["GATConv", "GATv2Conv"])
+def test_to_hetero_with_edge_features_of_some_edge_types(name, gen):
+    """to_hetero passes None for an edge type missing from ``edge_attr_dict``: GATConv and GATv2Conv then run without
+    the edge term, as PyG's (their ``edge_update`` adds it only given ``edge_attr``), self loops too."""
     data = _hetero_data(gen, with_inst=False, edge_dim=3)
     del data["author", "writes", "paper"].edge_attr
 
     def first(mod):
-        return mod.GATConv((-1, -1), 4, heads=2, add_self_loops=False, edge_dim=3)
+        return getattr(mod, name)((-1, -1), 4, heads=2, add_self_loops=False, edge_dim=3)
 
     def second(mod):
-        return mod.GATConv(-1, 4, heads=2, add_self_loops=False, edge_dim=3)
+        return getattr(mod, name)(-1, 4, heads=2, add_self_loops=False, edge_dim=3)
 
     ours, theirs = (_to_hetero(mod, first, second, data, "sum", edge_attr=True) for mod in (fused, PyG))
     _compare(ours, theirs, data, gen, edge_attr=True)
-    ours, theirs = fused.GATConv(5, 4, heads=2, edge_dim=3), PyG.GATConv(5, 4, heads=2, edge_dim=3)
+    ours, theirs = (getattr(mod, name)(5, 4, heads=2, edge_dim=3) for mod in (fused, PyG))
     _same_weights(ours, theirs, gen)
     x, edges = data["paper"].x, data["paper", "cites", "paper"].edge_index
     assert_close(ours(x, edges), theirs(x, edges), tol=TOL)
