@@ -240,8 +240,10 @@ def test_layer_edge_attr_errors(gen, device):
     edges = corner_case_edges(gen, N).to(device)
     x = torch.randn(N, F, generator=gen).to(device)
     layer = fused.GATv2Conv(F, C, heads=2, edge_dim=3).to(device)
-    with pytest.raises(ValueError, match="edge_attr"):
-        layer(x, edges)
+    # no edge_attr: no edge term (PyG's edge_update adds it only given edge_attr), as zero features give
+    zeros = torch.zeros(edges.shape[1], 3, device=device)
+    assert_close(layer(x, edges), layer(x, edges, zeros), tol=TOLERANCES[torch.float32],
+                 name="no edge_attr")  # the kernel forms differ (light tiles with edges): rounding only
     with pytest.raises(ValueError, match="edge_attr"):
         layer(x, edges, torch.randn(edges.shape[1] + 1, 3, device=device))
     with pytest.raises(TypeError, match="edge_attr has dtype"):

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fusecore.testing import TOLERANCES, assert_close
+from fusecore.testing import TOLERANCES, assert_close, test_device
 from gnnfuse import pyg as fused
 
 torch_geometric = pytest.importorskip("torch_geometric")
@@ -27,6 +27,7 @@ PyG = torch_geometric.nn
 from torch_geometric.data import HeteroData  # noqa: E402
 
 TOL = TOLERANCES[torch.float32]
+DEV = test_device()  # the GPU when compiled (the kernels refuse host tensors there), else the CPU
 SIZES = {"paper": (14, 5), "author": (9, 3), "inst": (5, 4)}
 EDGE_TYPES = [("paper", "cites", "paper"), ("author", "writes", "paper"), ("paper", "rev_writes", "author"),
               ("inst", "employs", "author")]
@@ -50,7 +51,7 @@ def _hetero_data(gen: torch.Generator, with_inst: bool = True, edge_dim: int | N
     if edge_dim is not None:
         for store in data.edge_stores:
             store.edge_attr = torch.randn(store.edge_index.shape[1], edge_dim, generator=gen)
-    return data
+    return data.to(DEV)
 
 
 def _same_weights(ours: torch.nn.Module, theirs: torch.nn.Module, gen: torch.Generator) -> None:
@@ -72,6 +73,8 @@ def _compare(ours: torch.nn.Module, theirs: torch.nn.Module, data: HeteroData, g
     """One call initializes the lazy widths of both models; then, with the same weights, the outputs per node type
     and, after one backward of a random cotangent, the gradients of the node (and edge) features and of every
     parameter (matched by name) equal."""
+    ours.to(DEV), theirs.to(DEV)
+
     def run(model):
         xs = _leaves(data.x_dict)
         extra = {"edge_attr": _leaves(data.edge_attr_dict)} if edge_attr else {}
@@ -85,7 +88,7 @@ def _compare(ours: torch.nn.Module, theirs: torch.nn.Module, data: HeteroData, g
     for key in ref:
         assert out[key].shape == ref[key].shape, (key, out[key].shape, ref[key].shape)
         assert_close(out[key], ref[key], tol=TOL, name=f"output {key}")
-        cot = torch.randn(ref[key].shape, generator=gen)
+        cot = torch.randn(ref[key].shape, generator=gen).to(DEV)
         loss_o, loss_t = loss_o + (out[key] * cot).sum(), loss_t + (ref[key] * cot).sum()
     loss_o.backward()
     loss_t.backward()
@@ -182,7 +185,7 @@ def test_hetero_conv_attention_weights_fail_as_in_pyg(gen):
     α))`` tuples: PyG's layers and these fail alike."""
     data = _hetero_data(gen, with_inst=False)
     for mod in (PyG, fused):
-        conv = _hetero_conv(mod, {et: _gat for et in data.edge_types}, "sum")
+        conv = _hetero_conv(mod, {et: _gat for et in data.edge_types}, "sum").to(DEV)
         with pytest.raises(TypeError, match="expected Tensor"):
             conv(data.x_dict, data.edge_index_dict, return_attention_weights_dict={et: True for et in data.edge_types})
 
@@ -254,7 +257,7 @@ def test_to_hetero_with_edge_features_of_some_edge_types(name, gen):
 
     ours, theirs = (_to_hetero(mod, first, second, data, "sum", edge_attr=True) for mod in (fused, PyG))
     _compare(ours, theirs, data, gen, edge_attr=True)
-    ours, theirs = (getattr(mod, name)(5, 4, heads=2, edge_dim=3) for mod in (fused, PyG))
+    ours, theirs = (getattr(mod, name)(5, 4, heads=2, edge_dim=3).to(DEV) for mod in (fused, PyG))
     _same_weights(ours, theirs, gen)
     x, edges = data["paper"].x, data["paper", "cites", "paper"].edge_index
     assert_close(ours(x, edges), theirs(x, edges), tol=TOL)
@@ -264,9 +267,10 @@ def test_layers_are_message_passing_and_copy_and_pickle(gen):
     """Built as MessagePassing subclasses of their classes (what to_hetero looks for), deep-copied (to_hetero
     copies a layer per edge type) and pickled whole; the MessagePassing features a fused layer cannot honour
     refuse (to_hetero_with_bases registers a message hook: PyG's own attention layers fail there too)."""
-    x, edges = torch.randn(6, 3, generator=gen), torch.tensor([[0, 1, 2, 5], [1, 2, 3, 0]])
+    x, edges = torch.randn(6, 3, generator=gen).to(DEV), torch.tensor([[0, 1, 2, 5], [1, 2, 3, 0]], device=DEV)
     for layer in (fused.GATConv(3, 4, heads=2), fused.GATv2Conv(-1, 4), fused.TransformerConv((-1, -1), 4),
                   fused.AGNNConv()):
+        layer.to(DEV)
         assert isinstance(layer, PyG.MessagePassing) and isinstance(layer, getattr(fused, type(layer).__name__))
         want = layer(x, edges)
         for clone in (copy.deepcopy(layer), pickle.loads(pickle.dumps(layer))):
@@ -310,14 +314,15 @@ def test_gat_without_destination_features_matches_pyg(maps, kwargs, size, gen):
     edges = torch.stack([torch.randint(0, n_src, (30,), generator=gen),
                          torch.randint(0, min(n_src, n_dst), (30,), generator=gen)])
     edges[:, :4] = torch.tensor([[0, 1, 2, 3], [0, 1, 2, 3]])  # self loops, removed and re-added
+    edges = edges.to(DEV)
     in_channels = 5 if maps == "shared" else (5, -1)
-    ours, theirs = fused.GATConv(in_channels, 4, heads=2, **kwargs), PyG.GATConv(in_channels, 4, heads=2, **kwargs)
-    attr = torch.randn(edges.shape[1], 3, generator=gen) if "edge_dim" in kwargs else None
+    ours, theirs = (m.GATConv(in_channels, 4, heads=2, **kwargs).to(DEV) for m in (fused, PyG))
+    attr = torch.randn(edges.shape[1], 3, generator=gen).to(DEV) if "edge_dim" in kwargs else None
     if maps != "shared":  # PyG's lin_dst stays lazy without x_dst: materialized here by a call with one
         for layer in (ours, theirs):
-            layer((torch.randn(n_src, 5), torch.randn(n_dst, 6)), edges, attr)
+            layer((torch.randn(n_src, 5, device=DEV), torch.randn(n_dst, 6, device=DEV)), edges, attr)
     _same_weights(ours, theirs, gen)
-    x = torch.randn(n_src, 5, generator=gen)
+    x = torch.randn(n_src, 5, generator=gen).to(DEV)
     xo, xt = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
     extra = {} if size is None else {"size": size}
     out, (ei, alpha) = ours((xo, None), edges, attr, return_attention_weights=True, **extra)
@@ -325,7 +330,7 @@ def test_gat_without_destination_features_matches_pyg(maps, kwargs, size, gen):
     assert out.shape == ref.shape and torch.equal(ei, ref_ei)
     assert_close(alpha, ref_alpha, tol=TOL, name="attention")
     assert_close(out, ref, tol=TOL)
-    cot = torch.randn(ref.shape, generator=gen)
+    cot = torch.randn(ref.shape, generator=gen).to(DEV)
     (out * cot).sum().backward()
     (ref * cot).sum().backward()
     assert_close(xo.grad, xt.grad, tol=TOL, name="grad x_src")
@@ -342,26 +347,26 @@ def test_gat_without_destination_features_sparse_and_lazy(gen):
     """A sparse ``adj_t`` gives the destinations' count (its rows); a lazy layer's first call with ``(x_src,
     None)`` leaves the destinations' map lazy, as PyG's, until a call with ``x_dst``."""
     edges = torch.stack([torch.randint(0, 12, (30,), generator=gen), torch.randint(0, 7, (30,), generator=gen)])
-    adj = torch.sparse_coo_tensor(edges.flip(0), torch.ones(30), (7, 12)).coalesce()
-    layer = fused.GATConv((-1, -1), 4, heads=2)
-    x = torch.randn(12, 5, generator=gen)
+    adj = torch.sparse_coo_tensor(edges.flip(0), torch.ones(30), (7, 12)).coalesce().to(DEV)
+    layer = fused.GATConv((-1, -1), 4, heads=2).to(DEV)
+    x = torch.randn(12, 5, generator=gen).to(DEV)
     assert layer((x, None), adj).shape == (7, 8)
     assert layer.lin_src.weight.shape == (8, 5) and isinstance(layer.lin_dst.weight, torch.nn.UninitializedParameter)
-    theirs = PyG.GATConv((5, 6), 4, heads=2)
+    theirs = PyG.GATConv((5, 6), 4, heads=2).to(DEV)
     theirs.lin_src.load_state_dict(layer.lin_src.state_dict())
     theirs.att_src.data.copy_(layer.att_src)
     assert_close(layer((x, None), adj), theirs((x, None), adj), tol=TOL)
-    assert layer((x, torch.randn(7, 6, generator=gen)), adj).shape == (7, 8)
+    assert layer((x, torch.randn(7, 6, generator=gen).to(DEV)), adj).shape == (7, 8)
     assert layer.lin_dst.weight.shape == (8, 6)
 
 
 def test_without_destination_features_errors(gen):
-    x, edges = torch.randn(6, 3, generator=gen), torch.tensor([[0, 1, 2], [1, 2, 3]])
+    x, edges = torch.randn(6, 3, generator=gen).to(DEV), torch.tensor([[0, 1, 2], [1, 2, 3]], device=DEV)
     with pytest.raises(ValueError, match="GATv2Conv asserts"):
-        fused.GATv2Conv(3, 4)((x, None), edges)
+        fused.GATv2Conv(3, 4).to(DEV)((x, None), edges)
     with pytest.raises(ValueError, match="lin_query"):
-        fused.TransformerConv(3, 4)((x, None), edges)
-    gat = fused.GATConv(3, 4, add_self_loops=False)
+        fused.TransformerConv(3, 4).to(DEV)((x, None), edges)
+    gat = fused.GATConv(3, 4, add_self_loops=False).to(DEV)
     with pytest.raises(ValueError, match="N_src = 6"):
         gat((x, None), edges, size=(5, 4))
     with pytest.raises(ValueError, match="destinations < 3"):
@@ -377,10 +382,13 @@ import gnnfuse.pyg as fused
 assert "torch_geometric" not in sys.modules
 if sys.argv[1] == "without":
     sys.modules["torch_geometric"] = None  # import torch_geometric raises ImportError
-layer = fused.GATConv((-1, -1), 4, heads=2, add_self_loops=False)
+from fusecore.testing import test_device
+dev = test_device()
+layer = fused.GATConv((-1, -1), 4, heads=2, add_self_loops=False).to(dev)
 if sys.argv[1] == "without":
     assert type(layer) is fused.GATConv
-    assert layer((torch.randn(5, 3), torch.randn(4, 2)), torch.tensor([[0, 4], [3, 1]])).shape == (4, 8)
+    x = (torch.randn(5, 3, device=dev), torch.randn(4, 2, device=dev))
+    assert layer(x, torch.tensor([[0, 4], [3, 1]], device=dev)).shape == (4, 8)
 else:
     from torch_geometric.nn import MessagePassing
     assert isinstance(layer, MessagePassing) and type(layer) is fused.GATConv._as_message_passing
