@@ -1245,11 +1245,13 @@ def _edge_attr_grad(graph: Graph, inputs: AttentionInputs, grad_out: torch.Tenso
 
 # CSR positions a program of GATv2's edge-gradient pass walks (kernels/edge_features.py ``gatv2_edge_grad_kernel``), in
 # blocks of GATV2_EDGE_GRAD_BLOCK (under the interpreter the per-edge passes' block, :func:`_csr_edge_block`): its ∂W_e
-# partials are programs × H·D·K, summed after it.  32 positions a block in every dtype: sm_90 (Triton 3.6, 8 heads ×
-# 16, 16 edge features) compiled the bf16 kernel at 64 positions to 255 registers and 712 bytes of spills a thread, at
-# 32 (fp32) to 168 and none.  Not timed on a GPU.
-GATV2_EDGE_GRAD_EDGES = 2048
-GATV2_EDGE_GRAD_BLOCK = 32
+# partials are programs × H·D·K, summed after it.  sm_90 (Triton 3.6, 8 heads × 16, 16 edge features) compiled the
+# bf16 kernel at 64 positions a block to 255 registers and 712 bytes of spills a thread, at 32 (fp32) to 168 and none.
+# H200, arxiv-like, PyG GATv2Conv edge_dim=16 training step (session 43 call 3, gnn-gatv2-edge-sweep.s43c3.log, kernel
+# µs fp32 / bf16): 32 a block × 2048 a program 2291.0 / 2275.2; × 512 2007.9 / 2256.4; × 128 1971.9 / 2285.8; 16 × 512
+# 1930.7 / 2237.7 (taken).
+GATV2_EDGE_GRAD_EDGES = 512
+GATV2_EDGE_GRAD_BLOCK = 16
 
 
 def _gatv2_edge_grads(graph: Graph, inputs: AttentionInputs, grad_s: torch.Tensor, grad_attr: torch.Tensor | None,
