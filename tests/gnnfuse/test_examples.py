@@ -75,3 +75,17 @@ def test_neighbour_sampler_draws_real_edges_without_replacement():
     drawn = Counter((int(nodes[s]), int(dst[d])) for s, d in zip(block[0].tolist(), block[1].tolist()))
     # real edges, none drawn more often than the graph holds it (without replacement; duplicates may repeat)
     assert all(in_graph[pair] >= times for pair, times in drawn.items())
+
+
+def test_pyg_cora_trains_with_a_sparse_adjacency_and_matches_pyg(capsys):
+    """The PyG example on the fused drop-ins with PyG's ``adj_t`` as a torch.sparse CSR tensor: it trains, and the
+    same model built from torch_geometric.nn loads its state_dict and gives the same logits."""
+    planetoid("cora")
+    pytest.importorskip("torch_geometric")
+    accuracy = _example("pyg_cora").main(["--conv", "gat", "--adj", "csr", "--epochs", "1", "--data",
+                                          str(PLANETOID)])
+    assert 0.0 <= accuracy <= 1.0 and not math.isnan(accuracy)
+    out = capsys.readouterr().out
+    assert "GATConv from gnnfuse.pyg, csr" in out
+    difference, scale = out.split("max |difference| ")[1].split(" (logits up to ")
+    assert float(difference) <= 1e-4 * max(1.0, float(scale.split(")")[0]))
