@@ -354,9 +354,19 @@ def _projects(inputs: AttentionInputs, kernel_pass: str) -> bool:
     does (the unrolled form and the row kernels apply ``W_e`` once per row); the source pass reads the
     per-edge terms of :func:`_edge_terms`, the destination pass sums raw features per row.  Decided per pass, for
     the classes up to :data:`LIGHT_UNROLLED_MAX_WIDTH` (a wider class in the tile form projects as the flags of
-    :func:`_edge_flags` ask, within the pass's tile budget).  GATv2 with edge features projects in every pass."""
-    return (inputs.has_edge and (kernel_pass == "forward" or _gatv2_edges(inputs))
+    :func:`_edge_flags` ask, within the pass's tile budget).  GATv2 with edge features projects in the forward and
+    the source pass; its destination pass reads the slopes the source pass stored (:func:`_slope_bits`)."""
+    return (inputs.has_edge and (kernel_pass == "forward" or (_gatv2_edges(inputs) and kernel_pass == "source"))
             and not _unrolled(inputs, kernel_pass))
+
+
+def _slope_bits(schedule) -> tuple[int, int]:
+    """GATv2 with edge features: (bits a word, int32 words an edge) of the LeakyReLU slopes the source pass stores per
+    CSR position for the destination pass and the edge gradients (``kernels/edge_features.py`` ``store_slopes``): one
+    bit per element of the ``[BLOCK_H, BLOCK_D]`` head tile."""
+    width = schedule.block_h * schedule.block_d
+    bits = min(32, width)
+    return bits, width // bits
 
 
 def _edge_flags(inputs: AttentionInputs, block_h: int, block_d: int, edges_per_program: int) -> dict:
@@ -369,8 +379,8 @@ def _pass_edge_flags(inputs: AttentionInputs, block_h: int, block_d: int, edges_
                      kernel_pass: str) -> dict:
     """The edge-feature constexprs a light launch of ``kernel_pass`` takes: the forward's projection
     (:func:`_edge_flags`), the destination pass's feature width, none for the source pass (GATv2 with edge features:
-    the projection's in every pass)."""
-    if kernel_pass == "forward" or _gatv2_edges(inputs):
+    the projection's in the forward and the source pass)."""
+    if kernel_pass == "forward" or (_gatv2_edges(inputs) and kernel_pass == "source"):
         return _edge_flags(inputs, block_h, block_d, edges_per_program)
     return {"BLOCK_K": _block_k(inputs)} if kernel_pass == "destination" else {}
 
@@ -667,10 +677,11 @@ def _row_edge_options(inputs: AttentionInputs, kernel_pass: str) -> dict:
     return {"EDGE_FORM": ROW_EDGE_FORM[kernel_pass], "ATTR_AHEAD": ROW_ATTR_AHEAD[kernel_pass]}
 
 
-def _row_projection(inputs: AttentionInputs, schedule, block_e: int) -> dict:
+def _row_projection(inputs: AttentionInputs, schedule, block_e: int, kernel_pass: str) -> dict:
     """GATv2's edge features in a row kernel of ``block_e`` edges a block: ``BLOCK_K`` and ``EDGE_DOT``
-    (:func:`_edge_flags`); none otherwise."""
-    return _edge_flags(inputs, schedule.block_h, schedule.block_d, block_e) if _gatv2_edges(inputs) else {}
+    (:func:`_edge_flags`) where the pass projects (the forward, the source pass); none otherwise."""
+    projects = _gatv2_edges(inputs) and kernel_pass != "destination"
+    return _edge_flags(inputs, schedule.block_h, schedule.block_d, block_e) if projects else {}
 
 
 def _row_prefetch(inputs: AttentionInputs) -> int:
@@ -715,7 +726,7 @@ def _tile_budget(schedule, inputs: AttentionInputs, kernel_pass: str) -> tuple[i
     per_edge = ROW_EDGE_TILES[kernel_pass][inputs.score]
     if inputs.has_edge and kernel_pass == "forward" and not _gatv2_edges(inputs):
         per_edge += ROW_EDGE_SUM_TILES
-    elif _gatv2_edges(inputs):
+    elif _gatv2_edges(inputs) and kernel_pass != "destination":
         per_edge += 1  # the block's projected edges
     block_e = schedule.medium_block_e
     while block_e > 1 and block_e * per_edge > schedule.medium_block_e:
@@ -956,7 +967,7 @@ def _forward_plan(schedule, inputs: AttentionInputs, dtype: torch.dtype, use_dro
     rows = [{"BLOCK_E": row_block_e, "BLOCK_H": block_h, "BLOCK_D": block_d, "PIECES": pieces, **flags,
              "BLOCK_K": _block_k(inputs), "LANES": lanes, "ADD": has_add and pieces is not True,
              "FINAL": has_final and pieces is not True, "PREFETCH": _row_prefetch(inputs),
-             **_row_edge_options(inputs, "forward"), **_row_projection(inputs, schedule, row_block_e),
+             **_row_edge_options(inputs, "forward"), **_row_projection(inputs, schedule, row_block_e, "forward"),
              **_row_options(schedule, "forward", inputs),
              "MERGE": merged and pieces == 2, "MERGE_P": merge_p}
             for *_, pieces in _row_launches(schedule.incoming, mixed, merged)]
@@ -1083,8 +1094,16 @@ def attention_backward(
     # the dot score's edge features reach the source pass as two terms per edge and head (kernels/edge_features.py);
     # GATv2's are projected there (its edge ids, features and weight as keywords)
     terms = _edge_terms(graph, inputs, grad_out, acc, schedule) if inputs.has_edge and not gatv2_edges else grad_s
+    # (GATv2's source pass also stores the LeakyReLU's slopes per CSR position: the destination pass and the edge
+    # gradients read them instead of projecting again)
+    slope_bits, slope_words = _slope_bits(schedule)
+    slopes = None
+    if gatv2_edges:
+        slopes = (_new_output((graph.num_edges, slope_words), torch.int32, device) if graph.num_edges
+                  else torch.zeros((1, slope_words), dtype=torch.int32, device=device))
+    slope_args = {"slopes_ptr": slopes, "SLOPE_BITS": slope_bits} if gatv2_edges else {}
     src_edges = ({"eid_ptr": graph.csr_eid, "attr_ptr": inputs.edge_attr, "w_edge_ptr": inputs.edge_weight,
-                  "K": edge_dim} if gatv2_edges else {})
+                  "K": edge_dim, **slope_args} if gatv2_edges else {})
     src_tensors = (src_term, dst_term, attn, value, terms, lse, grad_out, delta)
     feat_stride, piece_stride = inputs.feat_stride, heads * head_dim  # piece buffers are contiguous
     outgoing = schedule.outgoing
@@ -1130,8 +1149,8 @@ def attention_backward(
                 _merge_sums(incoming, target_dst, grad_dst)
         return grad_value, grad_src, grad_dst, grad_attr, attr_sums
     if gatv2_edges and (attr_grad or weight_grad):
-        # ∂attr and ∂W_e from the source pass's ∂s, ∂z recomputed per CSR block
-        _gatv2_edge_grads(graph, inputs, grad_s, grad_attr, attr_sums, schedule)
+        # ∂attr and ∂W_e from the source pass's ∂s and slopes, ∂z formed per CSR block
+        _gatv2_edge_grads(graph, inputs, grad_s, slopes, grad_attr, attr_sums, schedule)
     elif attr_grad:
         # ∂attr per edge from α' (left in the terms by the source pass) and ∂s, in CSR order
         _edge_attr_grad(graph, inputs, grad_out, terms, grad_s, grad_attr, schedule)
@@ -1144,7 +1163,7 @@ def attention_backward(
     for grid, ranges, counts, meta in plan["destination light"]:
         attention_backward_dst_light_kernel[grid](
             graph.csr_src, graph.csr_eid, *ranges, *dst_tensors, grad_dst, sums, *counts,
-            heads, head_dim, edge_dim, *dst_scalars, feat_stride, grad_stride, **meta,
+            heads, head_dim, edge_dim, *dst_scalars, feat_stride, grad_stride, **meta, **slope_args,
         )
     for (rows, starts, stops, count, pieces), meta in zip(_row_launches(incoming, mixed, merged_dst),
                                                           plan["destination rows"]):
@@ -1160,7 +1179,7 @@ def attention_backward(
             graph.csr_src, graph.csr_eid, rows, starts, stops, *dst_tensors, target_dst, target_sums,
             heads, head_dim, edge_dim, *dst_scalars, feat_stride, stride, piece_dst, piece_sums, num_pieces,
             incoming.piece_super, incoming.super_piece_ptr, _piece_counts(incoming, merged_dst and bool(pieces), lse),
-            **meta,
+            **meta, **slope_args,
         )
         if pieces and not merged_dst:
             _merge_sums(incoming, piece_dst, grad_dst)
@@ -1254,13 +1273,14 @@ GATV2_EDGE_GRAD_EDGES = 512
 GATV2_EDGE_GRAD_BLOCK = 16
 
 
-def _gatv2_edge_grads(graph: Graph, inputs: AttentionInputs, grad_s: torch.Tensor, grad_attr: torch.Tensor | None,
-                      grad_weight: torch.Tensor | None, schedule) -> None:
-    """GATv2's edge-feature gradients from the source pass's ``∂s [E, H]`` (CSR order): ``∂edge_attr`` into
-    ``grad_attr [E, K]`` (input edge order) and ``∂W_e`` into ``grad_weight [H·D, K]`` (``lin_edge.weight``'s
-    layout), each where given: one pass over the CSR positions (``gatv2_edge_grad_kernel``: ``∂z`` recomputed per
-    block, the edges projected again), its programs' ``∂W_e`` partials then added in a fixed order (deterministic,
-    no atomics).  Correct under every schedule: each form of the source pass stores ``∂s`` at every CSR position."""
+def _gatv2_edge_grads(graph: Graph, inputs: AttentionInputs, grad_s: torch.Tensor, slopes: torch.Tensor,
+                      grad_attr: torch.Tensor | None, grad_weight: torch.Tensor | None, schedule) -> None:
+    """GATv2's edge-feature gradients from the source pass's ``∂s [E, H]`` and LeakyReLU slopes (``[E, W]`` bits,
+    :func:`_slope_bits`; both in CSR order): ``∂edge_attr`` into ``grad_attr [E, K]`` (input edge order) and ``∂W_e``
+    into ``grad_weight [H·D, K]`` (``lin_edge.weight``'s layout), each where given: one pass over the CSR positions
+    (``gatv2_edge_grad_kernel``: ``∂z`` formed per block from ``∂s`` and the slopes, nothing gathered but the edges'
+    features), its programs' ``∂W_e`` partials then added in a fixed order (deterministic, no atomics).  Correct
+    under every schedule: each form of the source pass stores ``∂s`` and the slopes at every CSR position."""
     num_edges = graph.num_edges
     if num_edges == 0:
         return
@@ -1272,11 +1292,11 @@ def _gatv2_edge_grads(graph: Graph, inputs: AttentionInputs, grad_s: torch.Tenso
     partial = (_new_output((programs, heads * head_dim, edge_dim), grad_s.dtype, grad_s.device)
                if grad_weight is not None else grad_s)  # never written without WEIGHT_GRAD
     gatv2_edge_grad_kernel[(programs,)](
-        graph.csr_dst, graph.csr_src, graph.csr_eid, inputs.src_term, inputs.dst_term, inputs.attn, inputs.edge_attr,
-        inputs.edge_weight, grad_s, grad_s if grad_attr is None else grad_attr, partial, num_edges, heads, head_dim,
-        edge_dim, inputs.negative_slope, inputs.feat_stride, per_program, BLOCK_P=block, BLOCK_H=schedule.block_h,
-        BLOCK_D=schedule.block_d, **_edge_flags(inputs, schedule.block_h, schedule.block_d, block),
-        ATTR_GRAD=grad_attr is not None, WEIGHT_GRAD=grad_weight is not None,
+        graph.csr_eid, slopes, inputs.attn, inputs.edge_attr, inputs.edge_weight, grad_s,
+        grad_s if grad_attr is None else grad_attr, partial, num_edges, heads, head_dim, edge_dim,
+        inputs.negative_slope, per_program, BLOCK_P=block, BLOCK_H=schedule.block_h, BLOCK_D=schedule.block_d,
+        **_edge_flags(inputs, schedule.block_h, schedule.block_d, block), ATTR_GRAD=grad_attr is not None,
+        WEIGHT_GRAD=grad_weight is not None, SLOPE_BITS=_slope_bits(schedule)[0],
     )
     if grad_weight is not None:
         torch.sum(partial, dim=0, out=grad_weight)
@@ -1301,7 +1321,8 @@ def _backward_plan(schedule, inputs: AttentionInputs, dtype: torch.dtype, use_dr
         "source rows": [{"BLOCK_E": row_block_e, "BLOCK_H": block_h, "BLOCK_D": block_d, "PIECES": pieces, **src_flags,
                          "LANES": lanes,
                          "PREFETCH": inputs.score in ROW_BACKWARD_PREFETCH_SCORES,
-                         **_row_projection(inputs, schedule, row_block_e), **_row_options(schedule, "source", inputs),
+                         **_row_projection(inputs, schedule, row_block_e, "source"),
+                         **_row_options(schedule, "source", inputs),
                          **({"MERGE": True, "MERGE_P": value_tiles[0], "MERGE_W": value_tiles[1],
                              "SRC_P": src_tiles[0], "SRC_W": src_tiles[1]} if merged_src and pieces else {})}
                         for *_, pieces in _row_launches(schedule.outgoing)],
@@ -1323,7 +1344,7 @@ def _backward_plan(schedule, inputs: AttentionInputs, dtype: torch.dtype, use_dr
     plan["destination rows"] = [
         {"BLOCK_E": row_block_e, "BLOCK_H": block_h, "BLOCK_D": block_d, "PIECES": pieces, **flags,
          "BLOCK_K": _block_k(inputs), "LANES": lanes, "PREFETCH": inputs.score in ROW_BACKWARD_PREFETCH_SCORES,
-         **_row_edge_options(inputs, "destination"), **_row_projection(inputs, schedule, row_block_e),
+         **_row_edge_options(inputs, "destination"), **_row_projection(inputs, schedule, row_block_e, "destination"),
          **_row_options(schedule, "destination", inputs),
          **({"MERGE": True, "MERGE_P": value_tiles[0], "MERGE_W": value_tiles[1], "SUMS_P": sums_tiles[0],
              "SUMS_W": sums_tiles[1]} if merged_dst and pieces == 2 else {})}

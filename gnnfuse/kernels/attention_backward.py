@@ -43,11 +43,12 @@ where the weight's gradient is asked for; ``∂attr`` is
 kernels): the edge-loop sums are kept per edge lane and reduced once after the loop.
 
 GATv2 with edge features (``EDGE`` and the GATv2 score, PyG GATv2Conv's ``edge_dim``): ``e_p`` sits inside the
-LeakyReLU, so neither the terms nor the per-row sums above apply.  Both passes project each edge block again
-(:func:`~gnnfuse.kernels.edge_features.add_edge_vectors`: the source pass reads the edge id ``eid[p]`` of the CSR
-position ``p`` it has from ``rev_pos``; the light rows in the tile form only) for the score, its LeakyReLU's slope
-and the ``∂a`` terms; ``∂attr`` and ``∂W_e`` are
-:func:`~gnnfuse.kernels.edge_features.gatv2_edge_grad_kernel`'s, from the ``∂s`` the source pass stores.
+LeakyReLU, so neither the terms nor the per-row sums above apply.  The source pass projects each edge block again
+(:func:`~gnnfuse.kernels.edge_features.add_edge_vectors`: it reads the edge id ``eid[p]`` of the CSR position ``p``
+it has from ``rev_pos``; the light rows in the tile form only) for the score, its LeakyReLU's slope and the ``∂a``
+terms, and stores the slopes as one bit per element at ``p`` (:func:`~gnnfuse.kernels.edge_features.store_slopes`);
+the destination pass forms ``∂z`` from ``∂s`` and those bits alone (no gather, no projection), and so do ``∂attr`` and
+``∂W_e`` (:func:`~gnnfuse.kernels.edge_features.gatv2_edge_grad_kernel`).
 
 Strides: the ``[N, H, D]`` inputs are read with the row stride ``feat_stride`` (as in the forward), and the
 feature gradients ``∂value``, ``∂dst`` and the dot score's ``∂k`` are stored with ``grad_stride`` (``H·D``
@@ -65,7 +66,14 @@ import triton.language as tl
 from fusecore.backend import jit
 
 from .dropout import attention_dropout, dropout_seed, edge_factor, store_factor_grad
-from .edge_features import add_edge_vectors, edge_attr_tile, edge_weight_tile, rows_edge_values
+from .edge_features import (
+    add_edge_vectors,
+    edge_attr_tile,
+    edge_weight_tile,
+    rows_edge_values,
+    slope_grad,
+    store_slopes,
+)
 from .merge import last_piece, merge_sums
 from .scores import add_edge_score, attn_grad_terms, edge_scores, gather_keys, gather_queries, row_query, score_grad
 from .tiles import (
@@ -94,7 +102,7 @@ def attention_backward_src_kernel(
     MERGE: tl.constexpr = False, MERGE_P: tl.constexpr = 1, MERGE_W: tl.constexpr = 1, SRC_P: tl.constexpr = 1,
     SRC_W: tl.constexpr = 1, FACTOR: tl.constexpr = False, FACTOR_GRAD: tl.constexpr = False,
     EDGE_SCORE: tl.constexpr = False, eid_ptr=None, attr_ptr=None, w_edge_ptr=None, K=1, BLOCK_K: tl.constexpr = 16,
-    EDGE_DOT: tl.constexpr = False,
+    EDGE_DOT: tl.constexpr = False, slopes_ptr=None, SLOPE_BITS: tl.constexpr = 32,
 ):
     """The source pass's row kernel; ``PREFETCH``: each edge block's reverse-CSR destinations and positions
     loaded one trip ahead (the trip's gathers then wait on no index load of their own).  ``EDGE`` (dot score):
@@ -107,7 +115,8 @@ def attention_backward_src_kernel(
     reverse-CSR order added to the source term per edge.  ``EDGE`` with GATv2: each edge block's ``e_p`` projected
     (:func:`~gnnfuse.kernels.edge_features.add_edge_vectors`; input edge id ``eid[p]`` of the CSR position ``p``,
     ``attr [E, K]``, ``w_edge [K, H, D]``; ``EDGE_DOT``: one product a block) and added to ``fs_j`` inside the score,
-    its gradient and the ``∂attn`` terms, not to the value."""
+    its gradient and the ``∂attn`` terms, not to the value; the LeakyReLU's slopes stored at ``p`` for the rest of the
+    backward (``slopes``, :func:`~gnnfuse.kernels.edge_features.store_slopes`)."""
     tl.static_assert(not EDGE or SCORE != 0, "edge features: GATv2 and the dot score")
     tl.static_assert(not EDGE_SCORE or SCORE == 0, "a per-edge score term: GAT only")
     acc_dtype = lse_ptr.dtype.element_ty
@@ -172,6 +181,8 @@ def attention_backward_src_kernel(
             src_e = add_edge_vectors(src_j, attr_ptr, w_edge_ptr, w_tile, eid_ptr, pos, e_mask, K, HD, hd_offs, hd_mask,
                                      BLOCK_E, BLOCK_H, BLOCK_D, BLOCK_K, EDGE_DOT, EDGE and SCORE == 1)
         s = edge_scores(src_e, dst_i, attn, negative_slope, SCORE)
+        if EDGE and SCORE == 1:
+            store_slopes(slopes_ptr, pos, e_mask, src_e + dst_i, BLOCK_E, BLOCK_H, BLOCK_D, SLOPE_BITS)
         if EDGE and SCORE == 2:
             terms_offs = pos[:, None] * (2 * H) + offs_h[None, :]
             s += tl.load(terms_ptr + terms_offs, mask=eh_mask, other=0.0).to(acc_dtype)
@@ -259,7 +270,7 @@ def attention_backward_src_light_kernel(
     DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr, KEY_SCALE: tl.constexpr,
     UNROLLED: tl.constexpr = False, FACTOR: tl.constexpr = False, FACTOR_GRAD: tl.constexpr = False,
     EDGE_SCORE: tl.constexpr = False, eid_ptr=None, attr_ptr=None, w_edge_ptr=None, K=1, BLOCK_K: tl.constexpr = 16,
-    EDGE_DOT: tl.constexpr = False,
+    EDGE_DOT: tl.constexpr = False, slopes_ptr=None, SLOPE_BITS: tl.constexpr = 32,
 ):
     """The source pass over the light width classes of ``LIGHT`` in one launch (as
     :func:`~gnnfuse.kernels.attention_forward.attention_forward_light_kernel`; ``UNROLLED``:
@@ -296,9 +307,9 @@ def attention_backward_src_light_kernel(
                             stops_ptr + row0, src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, terms_ptr,
                             lse_ptr, grad_out_ptr, delta_ptr, grad_value_ptr, grad_src_ptr, grad_s_ptr, factor_ptr,
                             grad_factor_ptr, edge_score_ptr, count, H, D, negative_slope, scale, dropout_p, keep_scale,
-                            seed, rng_offset, feat_stride, grad_stride, eid_ptr, attr_ptr, w_edge_ptr, K,
+                            seed, rng_offset, feat_stride, grad_stride, eid_ptr, attr_ptr, w_edge_ptr, K, slopes_ptr,
                             ONE << (f - 1), ONE << k, BLOCK_H, BLOCK_D, DROPOUT, SCORE, EDGE, KEY_SCALE, FACTOR,
-                            FACTOR_GRAD, EDGE_SCORE, BLOCK_K, EDGE_DOT,
+                            FACTOR_GRAD, EDGE_SCORE, BLOCK_K, EDGE_DOT, SLOPE_BITS,
                         )
                 first += programs
                 row0 += count
@@ -404,10 +415,11 @@ def _src_light_rows(
     src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, terms_ptr, lse_ptr, grad_out_ptr, delta_ptr,
     grad_value_ptr, grad_src_ptr, grad_s_ptr, factor_ptr, grad_factor_ptr, edge_score_ptr,
     num_rows, H, D, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, feat_stride, grad_stride,
-    eid_ptr, attr_ptr, w_edge_ptr, K,
+    eid_ptr, attr_ptr, w_edge_ptr, K, slopes_ptr,
     ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr, KEY_SCALE: tl.constexpr, FACTOR: tl.constexpr,
     FACTOR_GRAD: tl.constexpr, EDGE_SCORE: tl.constexpr, BLOCK_K: tl.constexpr, EDGE_DOT: tl.constexpr,
+    SLOPE_BITS: tl.constexpr,
 ):
     """The source pass for ``ROWS`` light source rows of program ``pid`` of their class, edges in one tile (GATv2
     with ``EDGE``: every edge of the tile projected, :func:`~gnnfuse.kernels.edge_features.add_edge_vectors`)."""
@@ -450,6 +462,8 @@ def _src_light_rows(
                 pos_flat = tl.reshape(pos, [ROWS * BLOCK_E])
                 src_e = add_edge_vectors(val_j, attr_ptr, w_edge_ptr, w_tile, eid_ptr, pos_flat, e_flat, K, HD, hd_offs,
                                          hd_mask, ROWS * BLOCK_E, BLOCK_H, BLOCK_D, BLOCK_K, EDGE_DOT, True)
+                store_slopes(slopes_ptr, pos_flat, e_flat, src_e + dst_i, ROWS * BLOCK_E, BLOCK_H, BLOCK_D,
+                             SLOPE_BITS)
         else:
             src_e, _ = gather_keys(src_term_ptr, value_ptr, rows_flat, e_flat, H, feat_stride, offs_h, h_mask, hd_offs,
                                    hd_mask, acc_dtype, KEY_SCALE)
@@ -549,7 +563,7 @@ def attention_backward_dst_kernel(
     KEY_SCALE: tl.constexpr, WEIGHT_GRAD: tl.constexpr, LANES: tl.constexpr,
     PREFETCH: tl.constexpr = False, EDGE_FORM: tl.constexpr = 0, ATTR_AHEAD: tl.constexpr = False,
     MERGE: tl.constexpr = False, MERGE_P: tl.constexpr = 1, MERGE_W: tl.constexpr = 1, SUMS_P: tl.constexpr = 1,
-    SUMS_W: tl.constexpr = 1, EDGE_DOT: tl.constexpr = False,
+    SUMS_W: tl.constexpr = 1, EDGE_DOT: tl.constexpr = False, slopes_ptr=None, SLOPE_BITS: tl.constexpr = 32,
 ):
     """``∂L/∂dst_i = Σ_{j->i} ∂s/∂dst · ∂L/∂s_ij`` for GATv2 (``∂L/∂fd``) and the dot score
     (``∂L/∂q``, the keys gathered again), from the source pass's ``∂L/∂s`` at CSR positions.
@@ -561,15 +575,12 @@ def attention_backward_dst_kernel(
     ``num_pieces`` super-row pieces first (their partials to ``piece_dst`` / ``piece_sums``, at the piece
     index), then the medium rows, in one launch; with ``MERGE`` the last piece of each super row to finish sums
     that row's partials into ``grad_dst`` (and ``attr_sums``) (:mod:`gnnfuse.kernels.merge`; ``MERGE_P`` /
-    ``MERGE_W``, ``SUMS_P`` / ``SUMS_W``: its tiles).  GATv2 with ``EDGE``: each edge block's ``e_p`` projected and
-    added to the source term (:func:`~gnnfuse.kernels.edge_features.add_edge_vectors`, ``EDGE_DOT`` as the forward's),
-    for the LeakyReLU's slope per edge; no sums (``WEIGHT_GRAD`` off: the edge gradients are
+    ``MERGE_W``, ``SUMS_P`` / ``SUMS_W``: its tiles).  GATv2 with ``EDGE``: no source gathered, no edge projected,
+    ``∂z`` from ``∂s`` and the LeakyReLU's slopes the source pass stored (``slopes``,
+    :func:`~gnnfuse.kernels.edge_features.slope_grad`); no sums (``WEIGHT_GRAD`` off: the edge gradients are
     :func:`~gnnfuse.kernels.edge_features.gatv2_edge_grad_kernel`'s)."""
     tl.static_assert(not (EDGE and SCORE == 1 and (WEIGHT_GRAD or ATTR_AHEAD)), "GATv2's edge features: no sums")
     acc_dtype = grad_s_ptr.dtype.element_ty
-    w_tile = 0  # GATv2's edge features: W_e as one product operand
-    if EDGE and SCORE == 1:
-        w_tile = edge_weight_tile(w_edge_ptr, K, H, D, BLOCK_K, BLOCK_H, BLOCK_D)
     pid = tl.program_id(0).to(tl.int64)
     offs_e = tl.arange(0, BLOCK_E)
     offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
@@ -599,10 +610,12 @@ def attention_backward_dst_kernel(
         else:
             src = tl.load(src_ptr + pos, mask=e_mask, other=0).to(tl.int64)
         grad_s = tl.load(grad_s_ptr + pos[:, None] * H + offs_h[None, :], mask=eh_mask, other=0.0)
-        src_j, _ = gather_keys(src_term_ptr, value_ptr, src, e_mask, H, feat_stride, offs_h, h_mask, hd_offs,
-                               hd_mask, acc_dtype, KEY_SCALE)
-        src_j = add_edge_vectors(src_j, attr_ptr, w_edge_ptr, w_tile, eid_ptr, pos, e_mask, K, HD, hd_offs, hd_mask,
-                                 BLOCK_E, BLOCK_H, BLOCK_D, BLOCK_K, EDGE_DOT, EDGE and SCORE == 1)
+        if EDGE and SCORE == 1:
+            acc = lane_add(acc, slope_grad(slopes_ptr, pos, e_mask, grad_s, attn, negative_slope, BLOCK_E, BLOCK_H,
+                                           BLOCK_D, SLOPE_BITS), LANES)
+        else:
+            src_j, _ = gather_keys(src_term_ptr, value_ptr, src, e_mask, H, feat_stride, offs_h, h_mask, hd_offs,
+                                   hd_mask, acc_dtype, KEY_SCALE)
         if EDGE and SCORE == 2:
             if PREFETCH and ATTR_AHEAD:
                 eid = eid_next.to(tl.int64)
@@ -619,7 +632,10 @@ def attention_backward_dst_kernel(
                 sums_a += tl.sum(terms_a, axis=0)
         if SCORE == 2:
             src_j = src_j * scale
-        acc = lane_add(acc, score_grad(grad_s, dst_i, src_j, attn, negative_slope, SCORE), LANES)
+        if EDGE and SCORE == 1:
+            pass  # the slopes' ∂z, above
+        else:
+            acc = lane_add(acc, score_grad(grad_s, dst_i, src_j, attn, negative_slope, SCORE), LANES)
     acc = lane_total(acc, LANES)
     if EDGE and SCORE == 2:
         row_b = tl.reshape(sums_b, [1, BLOCK_H, BLOCK_K])
@@ -664,12 +680,12 @@ def attention_backward_dst_light_kernel(
     n0, n1, n2, n3, n4, n5, n6, H, D, K, negative_slope, scale, feat_stride, grad_stride,
     LIGHT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
     SCORE: tl.constexpr, EDGE: tl.constexpr, KEY_SCALE: tl.constexpr, WEIGHT_GRAD: tl.constexpr,
-    UNROLLED: tl.constexpr = False, EDGE_DOT: tl.constexpr = False,
+    UNROLLED: tl.constexpr = False, EDGE_DOT: tl.constexpr = False, slopes_ptr=None, SLOPE_BITS: tl.constexpr = 32,
 ):
     """The destination pass over the light width classes of ``LIGHT`` in one launch (as
     :func:`~gnnfuse.kernels.attention_forward.attention_forward_light_kernel`; ``UNROLLED``:
     :func:`_dst_light_unrolled`); ``EDGE``: the edge sums of :func:`attention_backward_dst_kernel` (GATv2: its
-    projected edges, in the tile form only)."""
+    stored slopes, in the tile form only)."""
     tl.static_assert(not (EDGE and SCORE == 1 and (UNROLLED or WEIGHT_GRAD)), "GATv2's edge features: the tile form")
     pid = tl.program_id(0).to(tl.int64)
     first = pid * 0
@@ -697,7 +713,7 @@ def attention_backward_dst_light_kernel(
                             src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, grad_s_ptr,
                             terms_ptr, grad_dst_ptr, attr_sums_ptr, count, H, D, K, negative_slope, scale,
                             feat_stride, grad_stride, ONE << (f - 1), ONE << k, BLOCK_H, BLOCK_D, BLOCK_K, SCORE,
-                            EDGE, KEY_SCALE, WEIGHT_GRAD, EDGE_DOT,
+                            EDGE, KEY_SCALE, WEIGHT_GRAD, EDGE_DOT, slopes_ptr, SLOPE_BITS,
                         )
                 first += programs
                 row0 += count
@@ -758,35 +774,35 @@ def _dst_light_rows(
     w_edge_ptr, grad_s_ptr, terms_ptr, grad_dst_ptr, attr_sums_ptr, num_rows, H, D, K, negative_slope, scale,
     feat_stride, grad_stride, ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr, KEY_SCALE: tl.constexpr,
-    WEIGHT_GRAD: tl.constexpr, EDGE_DOT: tl.constexpr,
+    WEIGHT_GRAD: tl.constexpr, EDGE_DOT: tl.constexpr, slopes_ptr, SLOPE_BITS: tl.constexpr,
 ):
     """The destination pass for ``ROWS`` light rows of program ``pid`` of their class, edges in one tile (GATv2
-    with ``EDGE``: every edge of the tile projected, :func:`~gnnfuse.kernels.edge_features.add_edge_vectors`)."""
+    with ``EDGE``: ``∂z`` from ``∂s`` and the stored slopes, :func:`~gnnfuse.kernels.edge_features.slope_grad`, no
+    source gathered)."""
     acc_dtype = grad_s_ptr.dtype.element_ty
     offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
     c_offs, c_mask = flat_head_tile(H, D, BLOCK_H, BLOCK_D)
     HD = H * D
     rows, r_mask, pos, e_mask = light_edges(pid, rows_ptr, starts_ptr, stops_ptr, num_rows, ROWS, BLOCK_E)
-    src = tl.load(src_ptr + pos, mask=e_mask, other=0).to(tl.int64)
     # Flatten (row, edge) for the feature tiles [ROWS * BLOCK_E, BLOCK_H, BLOCK_D].
-    src_flat = tl.reshape(src, [ROWS * BLOCK_E])
     pos_flat = tl.reshape(pos, [ROWS * BLOCK_E])
     e_flat = tl.reshape(e_mask, [ROWS * BLOCK_E])
     rows_flat = tl.reshape(rows[:, None] + tl.zeros([ROWS, BLOCK_E], dtype=tl.int64), [ROWS * BLOCK_E])
     eh_flat = e_flat[:, None] & h_mask[None, :]
     grad_s = tl.load(grad_s_ptr + pos_flat[:, None] * H + offs_h[None, :], mask=eh_flat, other=0.0)
-    src_j, _ = gather_keys(src_term_ptr, value_ptr, src_flat, e_flat, H, feat_stride, offs_h, h_mask, hd_offs,
-                           hd_mask, acc_dtype, KEY_SCALE)
-    dst_i = gather_queries(dst_term_ptr, value_ptr, rows_flat, e_flat, H, feat_stride, offs_h, h_mask, hd_offs,
-                           hd_mask, acc_dtype, KEY_SCALE)
     attn = tl.load(attn_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
-    if SCORE == 2:
-        src_j = src_j * scale
     if EDGE and SCORE == 1:
-        w_tile = edge_weight_tile(w_edge_ptr, K, H, D, BLOCK_K, BLOCK_H, BLOCK_D)
-        src_j = add_edge_vectors(src_j, attr_ptr, w_edge_ptr, w_tile, eid_ptr, pos_flat, e_flat, K, HD, hd_offs,
-                                 hd_mask, ROWS * BLOCK_E, BLOCK_H, BLOCK_D, BLOCK_K, EDGE_DOT, True)
-    terms = score_grad(grad_s, dst_i, src_j, attn, negative_slope, SCORE)
+        terms = slope_grad(slopes_ptr, pos_flat, e_flat, grad_s, attn, negative_slope, ROWS * BLOCK_E, BLOCK_H,
+                           BLOCK_D, SLOPE_BITS)
+    else:
+        src = tl.load(src_ptr + pos, mask=e_mask, other=0).to(tl.int64)
+        src_j, _ = gather_keys(src_term_ptr, value_ptr, tl.reshape(src, [ROWS * BLOCK_E]), e_flat, H, feat_stride,
+                               offs_h, h_mask, hd_offs, hd_mask, acc_dtype, KEY_SCALE)
+        dst_i = gather_queries(dst_term_ptr, value_ptr, rows_flat, e_flat, H, feat_stride, offs_h, h_mask, hd_offs,
+                               hd_mask, acc_dtype, KEY_SCALE)
+        if SCORE == 2:
+            src_j = src_j * scale
+        terms = score_grad(grad_s, dst_i, src_j, attn, negative_slope, SCORE)
     acc = tl.reshape(tl.sum(tl.reshape(terms, [ROWS, BLOCK_E, BLOCK_H * BLOCK_D]), axis=1), [ROWS, BLOCK_H, BLOCK_D])
     if EDGE and SCORE == 2:
         eid = tl.load(eid_ptr + pos, mask=e_mask, other=0).to(tl.int64)

@@ -54,7 +54,6 @@ import triton.language as tl
 from fusecore.backend import jit
 from fusecore.linear import finite_or_zero, split_dot, tf32_parts
 
-from .scores import score_grad
 from .tiles import flat_head_tile, head_tile
 
 
@@ -353,10 +352,44 @@ def edge_attr_grad_kernel(
 # ---------------------------------------------------------------------------------------------------------------------
 # GATv2 with edge features (PyG GATv2Conv's ``edge_dim``): ``z_p = fs_j + fd_i + e_p``, ``s_p = Σ_d a_d ·
 # LeakyReLU(z_p)_d`` per head, values ``fs_j`` (the edge term in the score only).  ``e_p`` sits inside the LeakyReLU, so
-# the row trick above (``u_i = W q̃_i``, valid for the dot score only) does not apply: every kernel that forms GATv2
-# scores projects its edges in registers (:func:`add_edge_vectors`, one :func:`project_edges` per edge tile), and the
-# weight's and features' gradients come from one CSR-order pass of their own (:func:`gatv2_edge_grad_kernel`).
+# the row trick above (``u_i = W q̃_i``, valid for the dot score only) does not apply: the forward and the backward's
+# source pass project their edges in registers (:func:`add_edge_vectors`, one :func:`project_edges` per edge tile).
+# What the rest of the backward needs of ``z_p`` is the LeakyReLU's slope per element, ``∂z_p = ∂s_p · a ⊙
+# LeakyReLU'(z_p)``: the source pass stores it as one bit per element (``z_p > 0``; :func:`store_slopes`, ``[E, W]``
+# int32 words at CSR positions, ``W = BLOCK_H · BLOCK_D / 32``: 16 bytes an edge at 8 heads × 16, 1/32 of an ``E×H×D``
+# float32 tensor), so the destination pass and the weight's and features' gradients (:func:`gatv2_edge_grad_kernel`)
+# neither project nor gather ``fs`` / ``fd`` (:func:`slope_grad`).
 # ---------------------------------------------------------------------------------------------------------------------
+
+
+@jit
+def store_slopes(slopes_ptr, pos, e_mask, z, NUM_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+                 SLOPE_BITS: tl.constexpr):
+    """Store the signs of ``z [NUM_E, BLOCK_H, BLOCK_D]`` (``z > 0``, the LeakyReLU's slope 1) as bits: element ``c =
+    h · BLOCK_D + d`` of position ``pos`` is bit ``c % SLOPE_BITS`` of word ``slopes[pos, c // SLOPE_BITS]`` (int32;
+    ``SLOPE_BITS = min(32, BLOCK_H · BLOCK_D)``), rows where ``e_mask``."""
+    WORDS: tl.constexpr = BLOCK_H * BLOCK_D // SLOPE_BITS
+    bits = tl.reshape((z > 0).to(tl.int32), [NUM_E, WORDS, SLOPE_BITS])
+    shifts = tl.arange(0, SLOPE_BITS)
+    words = tl.sum(bits << shifts[None, None, :], axis=2)  # distinct bits: the sum is their OR
+    offs_w = tl.arange(0, WORDS)
+    tl.store(slopes_ptr + pos[:, None] * WORDS + offs_w[None, :], words, mask=e_mask[:, None])
+
+
+@jit
+def slope_grad(slopes_ptr, pos, e_mask, grad_s, attn, negative_slope, NUM_E: tl.constexpr, BLOCK_H: tl.constexpr,
+               BLOCK_D: tl.constexpr, SLOPE_BITS: tl.constexpr):
+    """``∂z = ∂s · a ⊙ LeakyReLU'(z)`` ``[NUM_E, BLOCK_H, BLOCK_D]`` from the signs :func:`store_slopes` stored at
+    ``pos`` (``grad_s [NUM_E, BLOCK_H]``, ``attn [1, BLOCK_H, BLOCK_D]``): the same operations as
+    :func:`~gnnfuse.kernels.scores.score_grad` on the recomputed ``z``, so the same values."""
+    WORDS: tl.constexpr = BLOCK_H * BLOCK_D // SLOPE_BITS
+    offs_w = tl.arange(0, WORDS)
+    words = tl.load(slopes_ptr + pos[:, None] * WORDS + offs_w[None, :], mask=e_mask[:, None], other=0)
+    shifts = tl.arange(0, SLOPE_BITS)
+    bits = (words[:, :, None] >> shifts[None, None, :]) & 1
+    positive = tl.reshape(bits, [NUM_E, BLOCK_H, BLOCK_D]) != 0
+    scaled = grad_s[:, :, None] * attn
+    return tl.where(positive, scaled, scaled * negative_slope)
 
 
 @jit
@@ -376,15 +409,15 @@ def add_edge_vectors(src_term, attr_ptr, w_ptr, w_tile, eid_ptr, pos, e_mask, K,
 
 @jit
 def gatv2_edge_grad_kernel(
-    dst_ptr, src_ptr, eid_ptr, src_term_ptr, dst_term_ptr, attn_ptr, attr_ptr, w_ptr, grad_s_ptr, grad_attr_ptr,
-    partial_ptr, E, H, D, K, negative_slope, feat_stride, edges_per_program,
+    eid_ptr, slopes_ptr, attn_ptr, attr_ptr, w_ptr, grad_s_ptr, grad_attr_ptr, partial_ptr, E, H, D, K,
+    negative_slope, edges_per_program,
     BLOCK_P: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
-    EDGE_DOT: tl.constexpr, ATTR_GRAD: tl.constexpr, WEIGHT_GRAD: tl.constexpr,
+    EDGE_DOT: tl.constexpr, ATTR_GRAD: tl.constexpr, WEIGHT_GRAD: tl.constexpr, SLOPE_BITS: tl.constexpr,
 ):
     """GATv2's edge-feature gradients over the CSR positions ``[pid · edges_per_program, ...)`` in blocks of
-    ``BLOCK_P``: per position ``p`` (``i = dst[p]``, ``j = src[p]``) ``∂z_p = ∂s_p · a ⊙ LeakyReLU'(fs_j + fd_i +
-    e_p)`` recomputed in registers (``∂s [E, H]``: the source pass's, in CSR order, dropout and the edge factor
-    already in it; ``e_p`` projected again), then
+    ``BLOCK_P``: per position ``p`` ``∂z_p = ∂s_p · a ⊙ LeakyReLU'(z_p)`` (``∂s [E, H]``: the source pass's, in CSR
+    order, dropout and the edge factor already in it; the slopes as the source pass stored them, :func:`slope_grad`),
+    then
 
     * ``ATTR_GRAD``: ``∂attr[eid[p], k] = Σ_{h,d} ∂z_p[h, d] W[k, h, d]`` (:func:`store_attr_grad`, input order);
     * ``WEIGHT_GRAD``: ``partial[pid, h·D + d, k] = Σ_p attr_p[k] ∂z_p[h, d]`` (``lin_edge.weight``'s ``[H·D, K]``
@@ -392,10 +425,10 @@ def gatv2_edge_grad_kernel(
       broadcast sum) summed in registers; the caller adds the programs' partials in a fixed order.
 
     Why a pass of its own: every schedule form (light rows, medium rows, super-row pieces merged anywhere) stores
-    ``∂s`` at each CSR position, and from ``∂s`` alone a CSR block rebuilds ``∂z``, so one kernel serves them all;
-    per-row sums as the dot score's ``A``, ``B`` would not help, ``∂z`` depending on ``e_p`` through the LeakyReLU.
-    Deterministic, no atomics, no ``[E, H, D]`` buffer.  Bytes: ``E·K`` features (read, and written with
-    ``ATTR_GRAD``), ``E·H`` of ``∂s``, the gathered ``fs`` and ``fd`` rows (``fd``'s cache hits along a CSR block)."""
+    ``∂s`` and the slopes at each CSR position, and from them alone a CSR block forms ``∂z``, so one kernel serves
+    them all; per-row sums as the dot score's ``A``, ``B`` would not help, ``∂z`` depending on ``e_p`` through the
+    LeakyReLU.  Deterministic, no atomics, no ``[E, H, D]`` buffer.  Bytes: ``E·K`` features (read, and written with
+    ``ATTR_GRAD``), ``E·H`` of ``∂s`` and ``E·H·D`` bits of slopes, all but the features (at ``eid``) read in order."""
     acc_dtype = grad_s_ptr.dtype.element_ty
     pid = tl.program_id(0).to(tl.int64)
     offs_b = tl.arange(0, BLOCK_P)
@@ -411,19 +444,11 @@ def gatv2_edge_grad_kernel(
     for p0 in range(first, last, BLOCK_P):
         p = p0 + offs_b
         p_mask = p < last
-        i = tl.load(dst_ptr + p, mask=p_mask, other=0).to(tl.int64)
-        j = tl.load(src_ptr + p, mask=p_mask, other=0).to(tl.int64)
         eid = tl.load(eid_ptr + p, mask=p_mask, other=0).to(tl.int64)
-        feat_mask = p_mask[:, None, None] & hd_mask[None, :, :]
-        fs = tl.load(src_term_ptr + j[:, None, None] * feat_stride + hd_offs[None, :, :], mask=feat_mask,
-                     other=0.0).to(acc_dtype)
-        fd = tl.load(dst_term_ptr + i[:, None, None] * feat_stride + hd_offs[None, :, :], mask=feat_mask,
-                     other=0.0).to(acc_dtype)
-        e = project_edges(attr_ptr, w_ptr, w_tile, eid, p_mask, K, HD, hd_offs, hd_mask, acc_dtype, BLOCK_P, BLOCK_H,
-                          BLOCK_D, BLOCK_K, EDGE_DOT)
         grad_s = tl.load(grad_s_ptr + p[:, None] * H + offs_h[None, :], mask=p_mask[:, None] & h_mask[None, :],
                          other=0.0)
-        grad_z = score_grad(grad_s, fs + e, fd, attn, negative_slope, 1)  # SCORE_GATV2
+        grad_z = slope_grad(slopes_ptr, p, p_mask, grad_s, attn, negative_slope, BLOCK_P, BLOCK_H, BLOCK_D,
+                            SLOPE_BITS)
         if ATTR_GRAD:
             store_attr_grad(grad_attr_ptr, w_ptr, w_tile, grad_z, eid, p_mask, K, HD, hd_offs, hd_mask, BLOCK_P,
                             BLOCK_H, BLOCK_D, BLOCK_K, EDGE_DOT)

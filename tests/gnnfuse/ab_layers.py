@@ -3,7 +3,8 @@
     python3 tests/gnnfuse/ab_layers.py TAG ROW [ROW ...]      ROW = LAYER-DTYPE[:name=value,...]
     e.g. gat-fp32  gat-fp32:LIGHT_LAUNCH_BREAKS=()  tredge-fp32:LIGHT_LAUNCH_PER_CLASS_WITH_EDGES=False
 
-LAYER is ``gat``, ``gatv2``, ``tr`` (GraphTransformerConv), ``tredge`` (with 16 edge features) or ``agnn``;
+LAYER is ``gat``, ``gatv2``, ``gv2edge`` (``gnnfuse.pyg.GATv2Conv`` with 16 edge features, no self loops added: the
+graph has them), ``tr`` (GraphTransformerConv), ``tredge`` (with 16 edge features) or ``agnn``;
 DTYPE ``fp32`` or ``bf16``. Each ``name=value`` (a Python literal) sets that module constant of
 ``gnnfuse.ops`` for the row (``schedule.NAME=value``: of ``gnnfuse.schedule``, e.g.
 ``schedule.DEFAULT_LIGHT_MAX=32``; ``linear.NAME=value``: of ``fusecore.linear``, e.g.
@@ -34,7 +35,7 @@ import sys
 
 import torch
 
-LAYERS = ("gat", "gatv2", "tr", "tredge", "agnn")
+LAYERS = ("gat", "gatv2", "gv2edge", "tr", "tredge", "agnn")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 EDGE_DIM = 16
 
@@ -137,29 +138,33 @@ def build(layer: str, dtype: torch.dtype, graph, num_nodes: int, device: torch.d
           shape: tuple[int, int, int] = (128, 8, 16)):
     """The layer (``shape`` = input features, heads, head size), its inputs and ``(forward, step)`` closures."""
     in_feats, heads, head_dim = shape
+    from gnnfuse import pyg
     from gnnfuse.nn import AGNNConv, GATConv, GATv2Conv, GraphTransformerConv
 
     gen = torch.Generator(device="cpu").manual_seed(0)
     torch.manual_seed(0)
     module = {"gat": lambda: GATConv(in_feats, head_dim, heads),
               "gatv2": lambda: GATv2Conv(in_feats, head_dim, heads),
+              "gv2edge": lambda: pyg.GATv2Conv(in_feats, head_dim, heads, edge_dim=EDGE_DIM, add_self_loops=False),
               "tr": lambda: GraphTransformerConv(in_feats, head_dim, heads=heads),
               "tredge": lambda: GraphTransformerConv(in_feats, head_dim, heads=heads, edge_dim=EDGE_DIM),
               "agnn": AGNNConv}[layer]().to(device, dtype)
     x = torch.randn(num_nodes, in_feats, generator=gen).to(device, dtype).requires_grad_(layer == "agnn")
-    extra = (torch.randn(graph.num_edges, EDGE_DIM, generator=gen).to(device, dtype),) if layer == "tredge" else ()
+    with_edges = layer in ("tredge", "gv2edge")
+    extra = (torch.randn(graph.num_edges, EDGE_DIM, generator=gen).to(device, dtype),) if with_edges else ()
     params = [*module.parameters(), *([x] if layer == "agnn" else [])]
+    call = (lambda: module(x, graph, *extra)) if layer == "gv2edge" else (lambda: module(graph, x, *extra))
 
     def forward():
         with torch.no_grad():
-            return module(graph, x, *extra)
+            return call()
 
     grad = torch.randn(forward().shape, generator=gen).to(device, dtype)
 
     def step():
         for p in params:
             p.grad = None
-        module(graph, x, *extra).backward(grad)
+        call().backward(grad)
 
     return forward, step
 
@@ -175,7 +180,7 @@ def floor_bytes(layer: str, graph, shape: tuple[int, int, int], dtype: torch.dty
         heads, head_dim = 1, in_feats
     gathered = 2 if layer in ("tr", "tredge") else 1
     return attention_floor_bytes(graph, heads, head_dim, dtype, backward, gathered=gathered,
-                                 edge_elements=EDGE_DIM if layer == "tredge" else 0)
+                                 edge_elements=EDGE_DIM if layer in ("tredge", "gv2edge") else 0)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,8 +4,9 @@ the same state_dict.
 
 The edge vector ``e_p = W_e attr_p`` sits inside the LeakyReLU (``s = a · LeakyReLU(fs_j + fd_i + e_p)``, values
 ``fs_j``): every kernel forming the score projects its edges in registers (light tiles, row kernels, super-row pieces,
-both backward passes, the attention-weights pass), and ``∂attr`` / ``∂W_e`` come from one CSR-order pass over the
-source pass's ``∂s``.  Graphs: the corner-case graph (a super node, self loops, duplicate edges, isolated nodes), a
+the backward's source pass, the attention-weights pass), and ``∂attr`` / ``∂W_e`` come from one CSR-order pass over the
+source pass's ``∂s`` and LeakyReLU slopes (one bit per element, stored by the source pass; the destination pass reads
+them too).  Graphs: the corner-case graph (a super node, self loops, duplicate edges, isolated nodes), a
 graph with zero in-degree nodes, edgeless and empty graphs.
 """
 
@@ -14,13 +15,17 @@ from __future__ import annotations
 import pytest
 import test_attention_family as family
 import torch
+import triton
+import triton.language as tl
 from gnn_testing import SCHEDULES, corner_case_edges
 from test_attention_family import OPS, check_op, make_leaves
 
 from fusecore import PhiloxStream, use_reference
+from fusecore.backend import jit
 from fusecore.testing import TOLERANCES, assert_close
 from gnnfuse import Graph, ops, reference
 from gnnfuse import pyg as fused
+from gnnfuse.kernels.edge_features import slope_grad, store_slopes
 
 NAME = "gatv2+edge"
 
@@ -57,6 +62,59 @@ def test_edge_feature_widths(gen, device, schedule, edge_dim):
     graph = _graph(gen, device)
     leaves = _leaves(graph, 2, 8, torch.float32, device, gen, edge_dim=edge_dim)
     check_op(NAME, graph, leaves, gen, schedule=SCHEDULES[schedule])
+
+
+@pytest.mark.parametrize("schedule", ["light", "super"])
+def test_slopes_of_several_words(gen, device, schedule):
+    """A head tile of 4 × 32 elements: the source pass's LeakyReLU slopes in four int32 words an edge (the bits of
+    the last word's top element included), read back by the destination pass and the edge-gradient pass."""
+    graph = _graph(gen, device)
+    check_op(NAME, graph, _leaves(graph, 4, 29, torch.float32, device, gen), gen, schedule=SCHEDULES[schedule])
+
+
+@jit
+def _slopes_round_trip_kernel(z_ptr, grad_s_ptr, attn_ptr, slopes_ptr, out_ptr, E, H, D, negative_slope,
+                              NUM_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+                              SLOPE_BITS: tl.constexpr):
+    """``z [E, H, D]``'s slopes stored, then ``∂z`` formed from them into ``out``."""
+    pos = tl.arange(0, NUM_E)
+    e_mask = pos < E
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    hd = offs_h[:, None] * D + offs_d[None, :]
+    hd_mask = (offs_h < H)[:, None] & (offs_d < D)[None, :]
+    mask = e_mask[:, None, None] & hd_mask[None, :, :]
+    z = tl.load(z_ptr + pos[:, None, None] * (H * D) + hd[None, :, :], mask=mask, other=0.0)
+    store_slopes(slopes_ptr, pos, e_mask, z, NUM_E, BLOCK_H, BLOCK_D, SLOPE_BITS)
+    grad_s = tl.load(grad_s_ptr + pos[:, None] * H + offs_h[None, :], mask=e_mask[:, None] & (offs_h < H)[None, :],
+                     other=0.0)
+    attn = tl.load(attn_ptr + hd, mask=hd_mask, other=0.0)[None, :, :]
+    grad_z = slope_grad(slopes_ptr, pos, e_mask, grad_s, attn, negative_slope, NUM_E, BLOCK_H, BLOCK_D,
+                        SLOPE_BITS)
+    tl.store(out_ptr + pos[:, None, None] * (H * D) + hd[None, :, :], grad_z, mask=mask)
+
+
+@pytest.mark.parametrize("heads,dim", [(1, 1), (2, 8), (3, 5), (8, 16)])
+def test_slope_bits_round_trip(device, heads, dim):
+    """``store_slopes`` then ``slope_grad`` (kernels/edge_features.py) on a tile of signs, against torch: every
+    element's slope (bit 31 of a word too), masked positions left unwritten."""
+    gen = torch.Generator().manual_seed(heads * 100 + dim)
+    num_e, edges = 16, 13
+    block_h, block_d = triton.next_power_of_2(heads), triton.next_power_of_2(dim)
+    bits = min(32, block_h * block_d)
+    words = block_h * block_d // bits
+    z = torch.randn(edges, heads, dim, generator=gen)
+    z[z.abs() < 0.3] = 0.0  # zeros take the negative slope, as LeakyReLU's derivative there
+    grad_s = torch.randn(edges, heads, generator=gen)
+    attn = torch.randn(heads, dim, generator=gen)
+    slopes = torch.full((num_e, words), -7, dtype=torch.int32)
+    out = torch.full((edges, heads, dim), float("nan"))
+    z, grad_s, attn, slopes, out = (t.to(device) for t in (z, grad_s, attn, slopes, out))
+    _slopes_round_trip_kernel[(1,)](z, grad_s, attn, slopes, out, edges, heads, dim, 0.2, NUM_E=num_e,
+                                    BLOCK_H=block_h, BLOCK_D=block_d, SLOPE_BITS=bits)
+    expected = grad_s[:, :, None] * attn * torch.where(z > 0, 1.0, 0.2)
+    assert torch.equal(out.cpu(), expected.cpu())
+    assert torch.all(slopes[edges:].cpu() == -7)
 
 
 def test_gpu_row_blocks_and_rank_one_projection(gen, device, monkeypatch):
