@@ -354,33 +354,63 @@ def _projects(inputs: AttentionInputs, kernel_pass: str) -> bool:
     does (the unrolled form and the row kernels apply ``W_e`` once per row); the source pass reads the
     per-edge terms of :func:`_edge_terms`, the destination pass sums raw features per row.  Decided per pass, for
     the classes up to :data:`LIGHT_UNROLLED_MAX_WIDTH` (a wider class in the tile form projects as the flags of
-    :func:`_edge_flags` ask, within the pass's tile budget).  GATv2 with edge features projects in the forward and
-    the source pass; its destination pass reads the slopes the source pass stored (:func:`_slope_bits`)."""
-    return (inputs.has_edge and (kernel_pass == "forward" or (_gatv2_edges(inputs) and kernel_pass == "source"))
-            and not _unrolled(inputs, kernel_pass))
+    :func:`_edge_flags` ask, within the pass's tile budget).  GATv2 with edge features projects in the forward
+    only: a training forward stores its scores and LeakyReLU slopes (:func:`_gatv2_saves`), which the backward reads."""
+    return inputs.has_edge and kernel_pass == "forward" and not _unrolled(inputs, kernel_pass)
 
 
 def _slope_bits(schedule) -> tuple[int, int]:
-    """GATv2 with edge features: (bits a word, int32 words an edge) of the LeakyReLU slopes the source pass stores per
-    CSR position for the destination pass and the edge gradients (``kernels/edge_features.py`` ``store_slopes``): one
-    bit per element of the ``[BLOCK_H, BLOCK_D]`` head tile."""
+    """GATv2 with edge features: (bits a word, int32 words an edge) of the LeakyReLU slopes a training forward stores
+    per CSR position for the backward (``kernels/edge_features.py`` ``store_slopes``): one bit per element of the
+    ``[BLOCK_H, BLOCK_D]`` head tile."""
     width = schedule.block_h * schedule.block_d
     bits = min(32, width)
     return bits, width // bits
 
 
+def _gatv2_saves(graph: Graph, inputs: AttentionInputs, options: ScheduleOptions | None
+                 ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """GATv2 with edge features, a training forward: ``(scores [E, H]`` in the accumulation dtype, ``slopes [E, W]``
+    int32, :func:`_slope_bits`), both in CSR order, which the forward kernels fill (``SAVE``) and the backward reads
+    instead of projecting the edges again: the source pass its scores and slopes, the destination pass and the edge
+    gradients the slopes.  ``E·H`` floats and ``E·H·D`` bits (1/32 of an ``[E, H, D]`` float32 tensor); None for
+    other inputs."""
+    if not _gatv2_edges(inputs):
+        return None
+    num_nodes, heads, head_dim = inputs.value.shape
+    rows = max(graph.num_edges, 1)
+    if num_nodes == 0:
+        words = 1
+    else:
+        _, words = _slope_bits(graph.schedule(heads, head_dim, inputs.value.dtype, options))
+    device = inputs.value.device
+    acc = accumulation_dtype(inputs.value.dtype)
+    if graph.num_edges == 0:  # never read
+        return torch.zeros((rows, heads), dtype=acc, device=device), torch.zeros((rows, words), dtype=torch.int32,
+                                                                                  device=device)
+    return _new_output((rows, heads), acc, device), _new_output((rows, words), torch.int32, device)
+
+
+# GATv2's edge-feature products of float32 operands (the float32 projection, the edge-gradient pass's ∂attr and ∂W_e
+# products, ``kernels/edge_features.py`` ``edge_product``): 2 on the tensor cores in three TF32 parts, 1 full float32
+# products on the CUDA cores.
+GATV2_EDGE_PRODUCT = 2
+
+
 def _edge_flags(inputs: AttentionInputs, block_h: int, block_d: int, edges_per_program: int) -> dict:
-    """BLOCK_K and EDGE_DOT of a launch projecting ``edges_per_program`` edges per tile."""
+    """BLOCK_K and EDGE_DOT of a launch projecting ``edges_per_program`` edges per tile (GATv2 with edge features:
+    :data:`GATV2_EDGE_PRODUCT` for a product)."""
     dot = _edge_dot(inputs, block_h, block_d) and edges_per_program >= MIN_DOT
+    if dot and _gatv2_edges(inputs):
+        dot = GATV2_EDGE_PRODUCT
     return {"BLOCK_K": _block_k(inputs), "EDGE_DOT": dot}
 
 
 def _pass_edge_flags(inputs: AttentionInputs, block_h: int, block_d: int, edges_per_program: int,
                      kernel_pass: str) -> dict:
     """The edge-feature constexprs a light launch of ``kernel_pass`` takes: the forward's projection
-    (:func:`_edge_flags`), the destination pass's feature width, none for the source pass (GATv2 with edge features:
-    the projection's in the forward and the source pass)."""
-    if kernel_pass == "forward" or (_gatv2_edges(inputs) and kernel_pass == "source"):
+    (:func:`_edge_flags`), the destination pass's feature width, none for the source pass."""
+    if kernel_pass == "forward":
         return _edge_flags(inputs, block_h, block_d, edges_per_program)
     return {"BLOCK_K": _block_k(inputs)} if kernel_pass == "destination" else {}
 
@@ -679,8 +709,8 @@ def _row_edge_options(inputs: AttentionInputs, kernel_pass: str) -> dict:
 
 def _row_projection(inputs: AttentionInputs, schedule, block_e: int, kernel_pass: str) -> dict:
     """GATv2's edge features in a row kernel of ``block_e`` edges a block: ``BLOCK_K`` and ``EDGE_DOT``
-    (:func:`_edge_flags`) where the pass projects (the forward, the source pass); none otherwise."""
-    projects = _gatv2_edges(inputs) and kernel_pass != "destination"
+    (:func:`_edge_flags`) where the pass projects (the forward); none otherwise."""
+    projects = _gatv2_edges(inputs) and kernel_pass == "forward"
     return _edge_flags(inputs, schedule.block_h, schedule.block_d, block_e) if projects else {}
 
 
@@ -726,7 +756,7 @@ def _tile_budget(schedule, inputs: AttentionInputs, kernel_pass: str) -> tuple[i
     per_edge = ROW_EDGE_TILES[kernel_pass][inputs.score]
     if inputs.has_edge and kernel_pass == "forward" and not _gatv2_edges(inputs):
         per_edge += ROW_EDGE_SUM_TILES
-    elif _gatv2_edges(inputs) and kernel_pass != "destination":
+    elif _gatv2_edges(inputs) and kernel_pass == "forward":
         per_edge += 1  # the block's projected edges
     block_e = schedule.medium_block_e
     while block_e > 1 and block_e * per_edge > schedule.medium_block_e:
@@ -741,13 +771,15 @@ def _tile_budget(schedule, inputs: AttentionInputs, kernel_pass: str) -> tuple[i
 def attention_forward(
     graph: Graph, inputs: AttentionInputs, dropout_p: float, seed: int | torch.Tensor, offset: int,
     options: ScheduleOptions | None, out_dtype: torch.dtype | None = None, final: torch.Tensor | None = None,
+    saves: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the fused forward on checked inputs (:class:`AttentionInputs`); returns ``(out, lse)``.
 
     ``out`` is written in ``out_dtype`` (default: the values' dtype; the backward asks for
     the accumulation dtype so that ``δ = <g, out>`` is not computed from a rounded output).
     ``out_add`` is added to ``out``, or with ``final`` (``[N, H, D]``, any float dtype) ``final``
-    gets ``out + out_add`` (or ``out`` alone) in its dtype and ``out`` stays the attention's own.
+    gets ``out + out_add`` (or ``out`` alone) in its dtype and ``out`` stays the attention's own.  ``saves``
+    (:func:`_gatv2_saves`): filled with GATv2's scores and slopes per CSR position for the backward.
     """
 
     value = inputs.value
@@ -775,10 +807,12 @@ def attention_forward(
                                              merged))
     factor = lse if inputs.edge_factor is None else inputs.edge_factor  # never read without FACTOR
     edge_score = lse if inputs.edge_score is None else inputs.edge_score  # nor this without EDGE_SCORE
+    save = ({"scores_ptr": saves[0], "slopes_ptr": saves[1], "SAVE": True, "SLOPE_BITS": _slope_bits(schedule)[0]}
+            if saves is not None else {})
     for grid, ranges, counts, meta in light:
         attention_forward_light_kernel[grid](
             graph.csr_src, graph.csr_eid, *ranges, *tensors, out, lse, add, final, factor, edge_score, *counts, heads,
-            head_dim, inputs.edge_dim, *scalars, add_stride, feat_stride, **meta,
+            head_dim, inputs.edge_dim, *scalars, add_stride, feat_stride, **meta, **save,
         )
     for (rows, starts, stops, count, pieces), meta in zip(_row_launches(buckets, mixed, merged), row_meta):
         num_pieces = buckets.num_pieces if pieces else 0
@@ -792,7 +826,7 @@ def attention_forward(
             graph.csr_src, graph.csr_eid, rows, starts, stops, *tensors, target_out, target_lse, add, final, factor,
             edge_score, heads, head_dim, inputs.edge_dim, *scalars, add_stride, feat_stride, piece_out, piece_lse,
             num_pieces, buckets.piece_super, buckets.super_piece_ptr,
-            _piece_counts(buckets, merged and bool(pieces), lse), **meta,
+            _piece_counts(buckets, merged and bool(pieces), lse), **meta, **save,
         )
         if pieces and not merged:
             lse_merge_kernel[(buckets.super_rows.numel(),)](
@@ -1009,7 +1043,7 @@ def attention_backward(
     grad_targets: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor] | None = None,
     grad_out_copy: torch.Tensor | None = None, factor_rev: torch.Tensor | None = None,
     grad_factor: torch.Tensor | None = None, score_rev: torch.Tensor | None = None,
-    grad_scores: torch.Tensor | None = None,
+    grad_scores: torch.Tensor | None = None, gatv2_saves: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """Gradients of the fused attention, without atomics:
     ``(∂value, ∂src-side, ∂dst_term, ∂edge_attr, attr_sums)``.
@@ -1034,6 +1068,8 @@ def attention_backward(
     with it, as ``factor_rev``).  ``grad_scores``: ``[max(E, 1), H]`` (accumulation dtype) the source pass stores its
     per-edge, per-head value into, in CSR order, instead of a scratch buffer of its own: ``∂L/∂z`` for GAT (``s =
     LeakyReLU(z)``, ``z = el_j + er_i (+ ee_p)``: the gradient of ``inputs.edge_score``), ``∂L/∂s`` otherwise.
+    ``gatv2_saves``: GATv2 with edge features needs the scores and slopes its training forward stored
+    (:func:`_gatv2_saves`); its ``∂attn`` partials then hold ``e_p``'s share in their first row.
     """
 
     value = inputs.value
@@ -1094,16 +1130,15 @@ def attention_backward(
     # the dot score's edge features reach the source pass as two terms per edge and head (kernels/edge_features.py);
     # GATv2's are projected there (its edge ids, features and weight as keywords)
     terms = _edge_terms(graph, inputs, grad_out, acc, schedule) if inputs.has_edge and not gatv2_edges else grad_s
-    # (GATv2's source pass also stores the LeakyReLU's slopes per CSR position: the destination pass and the edge
-    # gradients read them instead of projecting again)
-    slope_bits, slope_words = _slope_bits(schedule)
-    slopes = None
+    # GATv2's edge features: the forward's scores (source pass) and LeakyReLU slopes (every pass) per CSR position,
+    # so that no backward kernel projects an edge
+    slope_args = src_edges = {}
     if gatv2_edges:
-        slopes = (_new_output((graph.num_edges, slope_words), torch.int32, device) if graph.num_edges
-                  else torch.zeros((1, slope_words), dtype=torch.int32, device=device))
-    slope_args = {"slopes_ptr": slopes, "SLOPE_BITS": slope_bits} if gatv2_edges else {}
-    src_edges = ({"eid_ptr": graph.csr_eid, "attr_ptr": inputs.edge_attr, "w_edge_ptr": inputs.edge_weight,
-                  "K": edge_dim, **slope_args} if gatv2_edges else {})
+        if gatv2_saves is None:
+            raise ValueError("GATv2 with edge features: attention_backward needs the scores and slopes its training "
+                             "forward stored (gatv2_saves)")
+        slope_args = {"slopes_ptr": gatv2_saves[1], "SLOPE_BITS": _slope_bits(schedule)[0]}
+        src_edges = {"scores_ptr": gatv2_saves[0], **slope_args}
     src_tensors = (src_term, dst_term, attn, value, terms, lse, grad_out, delta)
     feat_stride, piece_stride = inputs.feat_stride, heads * head_dim  # piece buffers are contiguous
     outgoing = schedule.outgoing
@@ -1148,9 +1183,9 @@ def attention_backward(
             if pieces and not merge:
                 _merge_sums(incoming, target_dst, grad_dst)
         return grad_value, grad_src, grad_dst, grad_attr, attr_sums
-    if gatv2_edges and (attr_grad or weight_grad):
-        # ∂attr and ∂W_e from the source pass's ∂s and slopes, ∂z formed per CSR block
-        _gatv2_edge_grads(graph, inputs, grad_s, slopes, grad_attr, attr_sums, schedule)
+    if gatv2_edges:
+        # ∂attr, ∂W_e and e_p's share of ∂attn from the source pass's ∂s and the forward's slopes
+        _gatv2_edge_grads(graph, inputs, grad_s, gatv2_saves[1], grad_attr, attr_sums, grad_src, schedule)
     elif attr_grad:
         # ∂attr per edge from α' (left in the terms by the source pass) and ∂s, in CSR order
         _edge_attr_grad(graph, inputs, grad_out, terms, grad_s, grad_attr, schedule)
@@ -1274,13 +1309,17 @@ GATV2_EDGE_GRAD_BLOCK = 16
 
 
 def _gatv2_edge_grads(graph: Graph, inputs: AttentionInputs, grad_s: torch.Tensor, slopes: torch.Tensor,
-                      grad_attr: torch.Tensor | None, grad_weight: torch.Tensor | None, schedule) -> None:
-    """GATv2's edge-feature gradients from the source pass's ``∂s [E, H]`` and LeakyReLU slopes (``[E, W]`` bits,
-    :func:`_slope_bits`; both in CSR order): ``∂edge_attr`` into ``grad_attr [E, K]`` (input edge order) and ``∂W_e``
-    into ``grad_weight [H·D, K]`` (``lin_edge.weight``'s layout), each where given: one pass over the CSR positions
-    (``gatv2_edge_grad_kernel``: ``∂z`` formed per block from ``∂s`` and the slopes, nothing gathered but the edges'
-    features), its programs' ``∂W_e`` partials then added in a fixed order (deterministic, no atomics).  Correct
-    under every schedule: each form of the source pass stores ``∂s`` and the slopes at every CSR position."""
+                      grad_attr: torch.Tensor | None, grad_weight: torch.Tensor | None, attn_parts: torch.Tensor,
+                      schedule) -> None:
+    """GATv2's edge-feature gradients from the source pass's ``∂s [E, H]`` and the forward's LeakyReLU slopes (``[E,
+    W]`` bits, :func:`_slope_bits`; both in CSR order): ``∂edge_attr`` into ``grad_attr [E, K]`` (input edge order)
+    where given, and from ``G [H·D, K] = Σ_p ∂s_p c_p ⊗ attr_p`` (``c_p = LeakyReLU'(z_p)``) ``∂W_e = a ⊙ G`` into
+    ``grad_weight [H·D, K]`` (``lin_edge.weight``'s layout) where given, and ``e_p``'s share of ``∂attn``, ``Σ_k
+    W_e[k] ⊙ G[:, k]``, added into the first row of the source pass's ``∂attn`` partials ``attn_parts [N, H, D]``
+    (the rest of each edge's ``∂s ⊗ LeakyReLU(z)``, ``∂s ⊗ c ⊙ (fs_j + fd_i)``, is the source pass's).  One pass over
+    the CSR positions (``gatv2_edge_grad_kernel``: nothing gathered but the edges' features), its programs' ``G``
+    partials then added in a fixed order (deterministic, no atomics).  Correct under every schedule: each form of the
+    source pass stores ``∂s`` at every CSR position, each form of the forward the slopes."""
     num_edges = graph.num_edges
     if num_edges == 0:
         return
@@ -1289,17 +1328,19 @@ def _gatv2_edge_grads(graph: Graph, inputs: AttentionInputs, grad_s: torch.Tenso
     block = _csr_edge_block(inputs) if backend.INTERPRET and EDGE_TERMS_BLOCK_INTERPRETED else GATV2_EDGE_GRAD_BLOCK
     per_program = block * max(1, GATV2_EDGE_GRAD_EDGES // block)
     programs = cdiv(num_edges, per_program)
-    partial = (_new_output((programs, heads * head_dim, edge_dim), grad_s.dtype, grad_s.device)
-               if grad_weight is not None else grad_s)  # never written without WEIGHT_GRAD
+    partial = _new_output((programs, heads * head_dim, edge_dim), grad_s.dtype, grad_s.device)
     gatv2_edge_grad_kernel[(programs,)](
         graph.csr_eid, slopes, inputs.attn, inputs.edge_attr, inputs.edge_weight, grad_s,
         grad_s if grad_attr is None else grad_attr, partial, num_edges, heads, head_dim, edge_dim,
         inputs.negative_slope, per_program, BLOCK_P=block, BLOCK_H=schedule.block_h, BLOCK_D=schedule.block_d,
         **_edge_flags(inputs, schedule.block_h, schedule.block_d, block), ATTR_GRAD=grad_attr is not None,
-        WEIGHT_GRAD=grad_weight is not None, SLOPE_BITS=_slope_bits(schedule)[0],
+        SLOPE_BITS=_slope_bits(schedule)[0],
     )
+    sums = partial.sum(dim=0)                                                                        # G [H·D, K]
     if grad_weight is not None:
-        torch.sum(partial, dim=0, out=grad_weight)
+        torch.mul(sums, inputs.attn.reshape(-1, 1).to(sums.dtype), out=grad_weight)
+    weight = inputs.edge_weight.reshape(edge_dim, heads * head_dim).t()                             # [H·D, K]
+    attn_parts.view(attn_parts.shape[0], -1)[0] += (weight.to(sums.dtype) * sums).sum(dim=1)
 
 
 def _backward_plan(schedule, inputs: AttentionInputs, dtype: torch.dtype, use_dropout: bool,
@@ -1503,7 +1544,7 @@ def _forward_saving(ctx, graph: Graph, inputs: AttentionInputs, launch: tuple, d
     """The forward of every fused-attention autograd Function: run :func:`attention_forward`,
     save ``saved`` + ``(out, lse)`` and the launch configuration ``(dropout_p, seed, offset,
     options)`` (a device pair is kept as it is: the backward regenerates the same mask from it);
-    nothing per edge is saved.
+    nothing per edge is saved but GATv2's scores and slopes with edge features (:func:`_gatv2_saves`).
 
     When any of the first ``differentiable`` inputs needs a gradient (``ctx.attention_grads``),
     ``out`` is kept in the accumulation dtype for the backward's ``δ = <g, out>`` (float16 /
@@ -1527,7 +1568,9 @@ def _forward_saving(ctx, graph: Graph, inputs: AttentionInputs, launch: tuple, d
     request = launch[3] if isinstance(launch[3], AttentionRequest) else None
     if request is not None:
         launch = (*launch[:3], request.schedule)
-    out, lse = attention_forward(graph, inputs, *launch, acc if training else value.dtype, final=final)
+    ctx.gatv2_saves = _gatv2_saves(graph, inputs, launch[3]) if training else None
+    out, lse = attention_forward(graph, inputs, *launch, acc if training else value.dtype, final=final,
+                                 saves=ctx.gatv2_saves)
     if request is not None:
         request.weights = attention_weights(graph, inputs, lse, *launch, dropped=request.dropped)
     ctx.save_for_backward(*saved, out, lse)
@@ -1552,7 +1595,7 @@ def _backward_saved(ctx, inputs: AttentionInputs, grad_out: torch.Tensor,
     score_rev = None if edge_score is None else gather_rows(edge_score, ctx.graph.rev_pos)
     return attention_backward(ctx.graph, inputs, lse, out, grad_out.contiguous(), *ctx.launch, grad_value_dtype,
                               edge_grads, bias_parts, term_grad_dtypes, grad_targets, grad_out_copy, factor_rev,
-                              grad_factor, score_rev, grad_scores)
+                              grad_factor, score_rev, grad_scores, getattr(ctx, "gatv2_saves", None))
 
 
 def _edge_factor(ctx, graph: Graph, edge_weight: torch.Tensor | None, acc: torch.dtype, index: int

@@ -67,12 +67,10 @@ from fusecore.backend import jit
 
 from .dropout import attention_dropout, dropout_seed, edge_factor, store_factor_grad
 from .edge_features import (
-    add_edge_vectors,
     edge_attr_tile,
-    edge_weight_tile,
     rows_edge_values,
+    slope_factors,
     slope_grad,
-    store_slopes,
 )
 from .merge import last_piece, merge_sums
 from .scores import add_edge_score, attn_grad_terms, edge_scores, gather_keys, gather_queries, row_query, score_grad
@@ -101,8 +99,7 @@ def attention_backward_src_kernel(
     KEY_SCALE: tl.constexpr, LANES: tl.constexpr, PREFETCH: tl.constexpr = False,
     MERGE: tl.constexpr = False, MERGE_P: tl.constexpr = 1, MERGE_W: tl.constexpr = 1, SRC_P: tl.constexpr = 1,
     SRC_W: tl.constexpr = 1, FACTOR: tl.constexpr = False, FACTOR_GRAD: tl.constexpr = False,
-    EDGE_SCORE: tl.constexpr = False, eid_ptr=None, attr_ptr=None, w_edge_ptr=None, K=1, BLOCK_K: tl.constexpr = 16,
-    EDGE_DOT: tl.constexpr = False, slopes_ptr=None, SLOPE_BITS: tl.constexpr = 32,
+    EDGE_SCORE: tl.constexpr = False, scores_ptr=None, slopes_ptr=None, SLOPE_BITS: tl.constexpr = 32,
 ):
     """The source pass's row kernel; ``PREFETCH``: each edge block's reverse-CSR destinations and positions
     loaded one trip ahead (the trip's gathers then wait on no index load of their own).  ``EDGE`` (dot score):
@@ -112,18 +109,15 @@ def attention_backward_src_kernel(
     the last piece of each super row to finish sums that row's partials into ``merged_value`` / ``merged_src``
     (the gradients, rows ``merged_stride`` apart as ``grad_stride`` otherwise; :mod:`gnnfuse.kernels.merge`;
     ``MERGE_P`` / ``MERGE_W``, ``SRC_P`` / ``SRC_W``: its tiles).  ``EDGE_SCORE`` (GAT): ``edge_score [E, H]`` in
-    reverse-CSR order added to the source term per edge.  ``EDGE`` with GATv2: each edge block's ``e_p`` projected
-    (:func:`~gnnfuse.kernels.edge_features.add_edge_vectors`; input edge id ``eid[p]`` of the CSR position ``p``,
-    ``attr [E, K]``, ``w_edge [K, H, D]``; ``EDGE_DOT``: one product a block) and added to ``fs_j`` inside the score,
-    its gradient and the ``∂attn`` terms, not to the value; the LeakyReLU's slopes stored at ``p`` for the rest of the
-    backward (``slopes``, :func:`~gnnfuse.kernels.edge_features.store_slopes`)."""
+    reverse-CSR order added to the source term per edge.  ``EDGE`` with GATv2: the scores and the LeakyReLU's slopes
+    the forward stored at the CSR position ``p`` (``scores [E, H]``, ``slopes``:
+    :func:`~gnnfuse.kernels.edge_features.slope_factors`) instead of ``z = fs_j + fd_i + e_p``, so no edge is
+    projected; the ``∂attn`` terms without ``e_p``'s share (``∂s ⊗ c ⊙ (fs_j + fd_i)``, ``c`` the slope: the rest,
+    ``Σ_k W_e[k] ⊙ Σ_p attr_p[k] ∂s_p c_p``, is the edge-gradient pass's)."""
     tl.static_assert(not EDGE or SCORE != 0, "edge features: GATv2 and the dot score")
     tl.static_assert(not EDGE_SCORE or SCORE == 0, "a per-edge score term: GAT only")
     acc_dtype = lse_ptr.dtype.element_ty
     seed, rng_offset = dropout_seed(seed, rng_offset, DROPOUT)
-    w_tile = 0  # GATv2's edge features: W_e as one product operand
-    if EDGE and SCORE == 1:
-        w_tile = edge_weight_tile(w_edge_ptr, K, H, D, BLOCK_K, BLOCK_H, BLOCK_D)
     pid = tl.program_id(0).to(tl.int64)
     offs_e = tl.arange(0, BLOCK_E)
     offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
@@ -178,11 +172,13 @@ def attention_backward_src_kernel(
                                    hd_mask, acc_dtype, KEY_SCALE)
             if SCORE == 2:
                 dst_i = dst_i * scale
-            src_e = add_edge_vectors(src_j, attr_ptr, w_edge_ptr, w_tile, eid_ptr, pos, e_mask, K, HD, hd_offs, hd_mask,
-                                     BLOCK_E, BLOCK_H, BLOCK_D, BLOCK_K, EDGE_DOT, EDGE and SCORE == 1)
-        s = edge_scores(src_e, dst_i, attn, negative_slope, SCORE)
-        if EDGE and SCORE == 1:
-            store_slopes(slopes_ptr, pos, e_mask, src_e + dst_i, BLOCK_E, BLOCK_H, BLOCK_D, SLOPE_BITS)
+            src_e = src_j
+        if EDGE and SCORE == 1:  # the forward's scores and slopes
+            s = tl.load(scores_ptr + pos[:, None] * H + offs_h[None, :], mask=eh_mask, other=0.0).to(acc_dtype)
+            slopes = slope_factors(slopes_ptr, pos, e_mask, negative_slope, acc_dtype, BLOCK_E, BLOCK_H, BLOCK_D,
+                                   SLOPE_BITS)
+        else:
+            s = edge_scores(src_e, dst_i, attn, negative_slope, SCORE)
         if EDGE and SCORE == 2:
             terms_offs = pos[:, None] * (2 * H) + offs_h[None, :]
             s += tl.load(terms_ptr + terms_offs, mask=eh_mask, other=0.0).to(acc_dtype)
@@ -201,14 +197,21 @@ def attention_backward_src_kernel(
             g_dot_val += tl.load(terms_ptr + terms_offs + H, mask=eh_mask, other=0.0).to(acc_dtype)
         store_factor_grad(grad_factor_ptr, alpha_dropped, g_dot_val, q, e_mask, FACTOR_GRAD, 1)
         grad_s = alpha_kept * g_dot_val - alpha * delta_i
-        grad_src = score_grad(grad_s, src_e, dst_i, attn, negative_slope, SCORE)
+        if EDGE and SCORE == 1:
+            scaled = grad_s[:, :, None] * slopes
+            grad_src = scaled * attn
+        else:
+            grad_src = score_grad(grad_s, src_e, dst_i, attn, negative_slope, SCORE)
         if SCORE == 0:
             acc_src = lane_add(acc_src, tl.where(eh_mask, grad_src, 0.0), LANES)
             grad_edge_head = grad_src
         else:
             if SCORE == 1:
                 acc_val = lane_add(acc_val, grad_src, LANES)
-                acc_src = lane_add(acc_src, attn_grad_terms(grad_s, src_e, dst_i, negative_slope), LANES)
+                if EDGE:
+                    acc_src = lane_add(acc_src, scaled * (src_e + dst_i), LANES)
+                else:
+                    acc_src = lane_add(acc_src, attn_grad_terms(grad_s, src_e, dst_i, negative_slope), LANES)
             else:
                 acc_src = lane_add(acc_src, grad_src, LANES)
             grad_edge_head = grad_s
@@ -269,8 +272,7 @@ def attention_backward_src_light_kernel(
     feat_stride, grad_stride, LIGHT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr, KEY_SCALE: tl.constexpr,
     UNROLLED: tl.constexpr = False, FACTOR: tl.constexpr = False, FACTOR_GRAD: tl.constexpr = False,
-    EDGE_SCORE: tl.constexpr = False, eid_ptr=None, attr_ptr=None, w_edge_ptr=None, K=1, BLOCK_K: tl.constexpr = 16,
-    EDGE_DOT: tl.constexpr = False, slopes_ptr=None, SLOPE_BITS: tl.constexpr = 32,
+    EDGE_SCORE: tl.constexpr = False, scores_ptr=None, slopes_ptr=None, SLOPE_BITS: tl.constexpr = 32,
 ):
     """The source pass over the light width classes of ``LIGHT`` in one launch (as
     :func:`~gnnfuse.kernels.attention_forward.attention_forward_light_kernel`; ``UNROLLED``:
@@ -307,9 +309,9 @@ def attention_backward_src_light_kernel(
                             stops_ptr + row0, src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, terms_ptr,
                             lse_ptr, grad_out_ptr, delta_ptr, grad_value_ptr, grad_src_ptr, grad_s_ptr, factor_ptr,
                             grad_factor_ptr, edge_score_ptr, count, H, D, negative_slope, scale, dropout_p, keep_scale,
-                            seed, rng_offset, feat_stride, grad_stride, eid_ptr, attr_ptr, w_edge_ptr, K, slopes_ptr,
+                            seed, rng_offset, feat_stride, grad_stride, scores_ptr, slopes_ptr,
                             ONE << (f - 1), ONE << k, BLOCK_H, BLOCK_D, DROPOUT, SCORE, EDGE, KEY_SCALE, FACTOR,
-                            FACTOR_GRAD, EDGE_SCORE, BLOCK_K, EDGE_DOT, SLOPE_BITS,
+                            FACTOR_GRAD, EDGE_SCORE, SLOPE_BITS,
                         )
                 first += programs
                 row0 += count
@@ -415,14 +417,13 @@ def _src_light_rows(
     src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, terms_ptr, lse_ptr, grad_out_ptr, delta_ptr,
     grad_value_ptr, grad_src_ptr, grad_s_ptr, factor_ptr, grad_factor_ptr, edge_score_ptr,
     num_rows, H, D, negative_slope, scale, dropout_p, keep_scale, seed, rng_offset, feat_stride, grad_stride,
-    eid_ptr, attr_ptr, w_edge_ptr, K, slopes_ptr,
+    scores_ptr, slopes_ptr,
     ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr, KEY_SCALE: tl.constexpr, FACTOR: tl.constexpr,
-    FACTOR_GRAD: tl.constexpr, EDGE_SCORE: tl.constexpr, BLOCK_K: tl.constexpr, EDGE_DOT: tl.constexpr,
-    SLOPE_BITS: tl.constexpr,
+    FACTOR_GRAD: tl.constexpr, EDGE_SCORE: tl.constexpr, SLOPE_BITS: tl.constexpr,
 ):
     """The source pass for ``ROWS`` light source rows of program ``pid`` of their class, edges in one tile (GATv2
-    with ``EDGE``: every edge of the tile projected, :func:`~gnnfuse.kernels.edge_features.add_edge_vectors`)."""
+    with ``EDGE``: the forward's scores and slopes, as :func:`attention_backward_src_kernel`)."""
     acc_dtype = lse_ptr.dtype.element_ty
     offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
     c_offs, c_mask = flat_head_tile(H, D, BLOCK_H, BLOCK_D)
@@ -457,18 +458,16 @@ def _src_light_rows(
             dst_i = dst_i * scale
         if SCORE == 1:
             src_e = val_j
-            if EDGE:
-                w_tile = edge_weight_tile(w_edge_ptr, K, H, D, BLOCK_K, BLOCK_H, BLOCK_D)
-                pos_flat = tl.reshape(pos, [ROWS * BLOCK_E])
-                src_e = add_edge_vectors(val_j, attr_ptr, w_edge_ptr, w_tile, eid_ptr, pos_flat, e_flat, K, HD, hd_offs,
-                                         hd_mask, ROWS * BLOCK_E, BLOCK_H, BLOCK_D, BLOCK_K, EDGE_DOT, True)
-                store_slopes(slopes_ptr, pos_flat, e_flat, src_e + dst_i, ROWS * BLOCK_E, BLOCK_H, BLOCK_D,
-                             SLOPE_BITS)
         else:
             src_e, _ = gather_keys(src_term_ptr, value_ptr, rows_flat, e_flat, H, feat_stride, offs_h, h_mask, hd_offs,
                                    hd_mask, acc_dtype, KEY_SCALE)
         attn = tl.load(attn_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
-        s = tl.reshape(edge_scores(src_e, dst_i, attn, negative_slope, SCORE), [ROWS, BLOCK_E, BLOCK_H])
+        if EDGE and SCORE == 1:  # the forward's scores and slopes
+            s = tl.load(scores_ptr + pos[:, :, None] * H + offs_h[None, None, :], mask=eh_mask, other=0.0).to(acc_dtype)
+            slopes = slope_factors(slopes_ptr, tl.reshape(pos, [ROWS * BLOCK_E]), e_flat, negative_slope, acc_dtype,
+                                   ROWS * BLOCK_E, BLOCK_H, BLOCK_D, SLOPE_BITS)
+        else:
+            s = tl.reshape(edge_scores(src_e, dst_i, attn, negative_slope, SCORE), [ROWS, BLOCK_E, BLOCK_H])
         if EDGE and SCORE == 2:
             terms_offs = pos[:, :, None] * (2 * H) + offs_h[None, None, :]
             s += tl.load(terms_ptr + terms_offs, mask=eh_mask, other=0.0).to(acc_dtype)
@@ -509,10 +508,17 @@ def _src_light_rows(
         grad_s = alpha_kept * g_dot_val - alpha * delta_i
         grad_edge_head = grad_s
         grad_s_flat = tl.reshape(grad_s, [ROWS * BLOCK_E, BLOCK_H])
-        grad_src = score_grad(grad_s_flat, src_e, dst_i, attn, negative_slope, SCORE)
+        if EDGE and SCORE == 1:
+            scaled = grad_s_flat[:, :, None] * slopes
+            grad_src = scaled * attn
+        else:
+            grad_src = score_grad(grad_s_flat, src_e, dst_i, attn, negative_slope, SCORE)
         if SCORE == 1:
             grad_val = kept_g + grad_src
-            src_terms = attn_grad_terms(grad_s_flat, src_e, dst_i, negative_slope)
+            if EDGE:  # e_p's share of ∂attn: the edge-gradient pass's
+                src_terms = scaled * (src_e + dst_i)
+            else:
+                src_terms = attn_grad_terms(grad_s_flat, src_e, dst_i, negative_slope)
         else:
             grad_val = kept_g
             src_terms = grad_src

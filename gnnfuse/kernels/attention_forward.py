@@ -70,6 +70,7 @@ from .edge_features import (
     project_edges,
     rows_edge_terms,
     rows_edge_values,
+    save_scores,
 )
 from .merge import last_piece, merge_lse
 from .scores import add_edge_score, edge_scores, gather_keys, gather_queries, row_query
@@ -116,9 +117,11 @@ def attention_forward_rows_kernel(
     BLOCK_K: tl.constexpr, KEY_SCALE: tl.constexpr, LANES: tl.constexpr, ADD: tl.constexpr, FINAL: tl.constexpr,
     PREFETCH: tl.constexpr = 0, EDGE_FORM: tl.constexpr = 0, ATTR_AHEAD: tl.constexpr = False,
     MERGE: tl.constexpr = False, MERGE_P: tl.constexpr = 1, FACTOR: tl.constexpr = False,
-    EDGE_SCORE: tl.constexpr = False, EDGE_DOT: tl.constexpr = False,
+    EDGE_SCORE: tl.constexpr = False, EDGE_DOT: tl.constexpr = False, scores_ptr=None, slopes_ptr=None,
+    SAVE: tl.constexpr = False, SLOPE_BITS: tl.constexpr = 32,
 ):
     tl.static_assert(not EDGE_SCORE or SCORE == 0, "a per-edge score term: GAT only")
+    tl.static_assert(not SAVE or (EDGE and SCORE == 1), "scores and slopes saved: GATv2 with edge features")
     tl.static_assert(not EDGE or SCORE != 0, "edge features: GATv2 and the dot score")
     tl.static_assert(not (EDGE and SCORE == 1 and ATTR_AHEAD), "GATv2's edge features: loaded in the trip")
     acc_dtype = lse_ptr.dtype.element_ty
@@ -217,6 +220,9 @@ def attention_forward_rows_kernel(
         score_j = add_edge_vectors(src_j, attr_ptr, w_edge_ptr, w_tile, eid_ptr, pos, e_mask, K, HD, hd_offs,
                                    hd_mask, BLOCK_E, BLOCK_H, BLOCK_D, BLOCK_K, EDGE_DOT, EDGE and SCORE == 1)
         s = edge_scores(score_j, dst_i, attn, negative_slope, SCORE)
+        if SAVE:
+            save_scores(scores_ptr, slopes_ptr, pos, e_mask, s, score_j + dst_i, H, offs_h, h_mask, BLOCK_E, BLOCK_H,
+                        BLOCK_D, SLOPE_BITS)
         if EDGE and SCORE == 2:
             if not (PREFETCH == 2 and ATTR_AHEAD):
                 eid = tl.load(eid_ptr + pos, mask=e_mask, other=0).to(tl.int64)
@@ -292,7 +298,8 @@ def attention_forward_light_kernel(
     seed, rng_offset, add_stride, feat_stride, LIGHT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr, BLOCK_K: tl.constexpr, EDGE_DOT: tl.constexpr,
     KEY_SCALE: tl.constexpr, ADD: tl.constexpr, FINAL: tl.constexpr, UNROLLED: tl.constexpr = False,
-    FACTOR: tl.constexpr = False, EDGE_SCORE: tl.constexpr = False,
+    FACTOR: tl.constexpr = False, EDGE_SCORE: tl.constexpr = False, scores_ptr=None, slopes_ptr=None,
+    SAVE: tl.constexpr = False, SLOPE_BITS: tl.constexpr = 32,
 ):
     """The light width classes of ``LIGHT`` in one launch (:mod:`gnnfuse.kernels.tiles`): each program
     runs :func:`_forward_light_rows` compiled for its class's tile (:func:`_forward_light_unrolled`
@@ -326,7 +333,7 @@ def attention_forward_light_kernel(
                             add_ptr, final_ptr, factor_ptr, edge_score_ptr, count, H, D, K, negative_slope, scale,
                             dropout_p, keep_scale, seed, rng_offset, add_stride, feat_stride, ONE << (f - 1), ONE << k,
                             BLOCK_H, BLOCK_D, DROPOUT, SCORE, EDGE, BLOCK_K, EDGE_DOT, KEY_SCALE, ADD, FINAL, FACTOR,
-                            EDGE_SCORE,
+                            EDGE_SCORE, scores_ptr, slopes_ptr, SAVE, SLOPE_BITS,
                         )
                 first += programs
                 row0 += count
@@ -424,8 +431,10 @@ def _forward_light_rows(
     add_stride, feat_stride, ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr, BLOCK_K: tl.constexpr, EDGE_DOT: tl.constexpr,
     KEY_SCALE: tl.constexpr, ADD: tl.constexpr, FINAL: tl.constexpr, FACTOR: tl.constexpr, EDGE_SCORE: tl.constexpr,
+    scores_ptr, slopes_ptr, SAVE: tl.constexpr, SLOPE_BITS: tl.constexpr,
 ):
-    """``ROWS`` light rows of degree <= ``BLOCK_E`` for program ``pid`` of their class."""
+    """``ROWS`` light rows of degree <= ``BLOCK_E`` for program ``pid`` of their class (``SAVE``: GATv2's scores and
+    slopes stored at their CSR positions, :func:`~gnnfuse.kernels.edge_features.save_scores`)."""
     acc_dtype = lse_ptr.dtype.element_ty
     offs_h, h_mask, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
     c_offs, c_mask = flat_head_tile(H, D, BLOCK_H, BLOCK_D)
@@ -463,7 +472,11 @@ def _forward_light_rows(
         if SCORE == 2:
             dst_i = dst_i * scale
         attn = tl.load(attn_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
-        s = tl.reshape(edge_scores(score_j, dst_i, attn, negative_slope, SCORE), [ROWS, BLOCK_E, BLOCK_H])
+        s_flat = edge_scores(score_j, dst_i, attn, negative_slope, SCORE)
+        if SAVE:
+            save_scores(scores_ptr, slopes_ptr, tl.reshape(pos, [ROWS * BLOCK_E]), e_flat, s_flat, score_j + dst_i, H,
+                        offs_h, h_mask, ROWS * BLOCK_E, BLOCK_H, BLOCK_D, SLOPE_BITS)
+        s = tl.reshape(s_flat, [ROWS, BLOCK_E, BLOCK_H])
     s = tl.where(e_mask[:, :, None], s, float("-inf"))
     m = tl.max(s, axis=1)                                                     # [ROWS, BLOCK_H]
     has_edges = m > float("-inf")

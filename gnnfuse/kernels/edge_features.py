@@ -149,6 +149,18 @@ def rows_edge_values(sums, w_ptr, K, HD, hd_offs, hd_mask, BLOCK_K: tl.constexpr
 
 
 @jit
+def edge_product(a, b, DOT: tl.constexpr):
+    """``a @ b`` of float32 operands for the edge features' products: ``DOT`` 2 on the tensor cores in three TF32
+    parts (``tf32x3``: the float32 product's error, as :mod:`fusecore.linear`'s held parts), else full float32
+    products (``ieee``, on the CUDA cores)."""
+    if DOT == 2:
+        out = tl.dot(a, b, input_precision="tf32x3")
+    else:
+        out = tl.dot(a, b, input_precision="ieee")
+    return out
+
+
+@jit
 def project_edges(attr_ptr, w_ptr, w_tile, eid, e_mask, K, HD, hd_offs, hd_mask, acc_dtype: tl.constexpr,
                   NUM_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
                   DOT: tl.constexpr):
@@ -158,7 +170,7 @@ def project_edges(attr_ptr, w_ptr, w_tile, eid, e_mask, K, HD, hd_offs, hd_mask,
     and ``BLOCK_H · BLOCK_D`` >= 16 and a 16/32-bit dtype); otherwise ``K`` rank-1 updates.
     Features and weight both in one 2-byte float: the product of the stored operands on the tensor cores
     (a product of two 2-byte floats is exact in float32, and the sums are float32); otherwise float32
-    operands with full float32 products ("ieee", not tf32), to match a float32 GEMM.
+    operands, :func:`edge_product` (``DOT`` 2: three TF32 parts on the tensor cores, else full float32 products).
     """
     if DOT:
         attr_type = attr_ptr.dtype.element_ty
@@ -167,7 +179,7 @@ def project_edges(attr_ptr, w_ptr, w_tile, eid, e_mask, K, HD, hd_offs, hd_mask,
             e = tl.dot(attr, w_tile, out_dtype=tl.float32).to(acc_dtype)
         else:
             attr = edge_attr_tile(attr_ptr, eid, e_mask, K, acc_dtype, BLOCK_K)
-            e = tl.dot(attr, w_tile.to(acc_dtype), input_precision="ieee")
+            e = edge_product(attr, w_tile.to(acc_dtype), DOT)
         e = tl.reshape(e, [NUM_E, BLOCK_H, BLOCK_D])
     else:
         e = tl.zeros([NUM_E, BLOCK_H, BLOCK_D], dtype=acc_dtype)
@@ -187,7 +199,7 @@ def store_attr_grad(grad_attr_ptr, w_ptr, w_tile, grad_e, eid, e_mask, K, HD, hd
     if DOT:
         offs_k = tl.arange(0, BLOCK_K)
         flat = tl.reshape(grad_e, [NUM_E, BLOCK_H * BLOCK_D])
-        grad_attr = tl.dot(flat, tl.trans(w_tile).to(flat.dtype), input_precision="ieee")
+        grad_attr = edge_product(flat, tl.trans(w_tile).to(flat.dtype), DOT)
         tl.store(grad_attr_ptr + eid[:, None] * K + offs_k[None, :], grad_attr.to(grad_attr_ptr.dtype.element_ty),
                  mask=e_mask[:, None] & (offs_k < K)[None, :])
     else:
@@ -377,19 +389,38 @@ def store_slopes(slopes_ptr, pos, e_mask, z, NUM_E: tl.constexpr, BLOCK_H: tl.co
 
 
 @jit
-def slope_grad(slopes_ptr, pos, e_mask, grad_s, attn, negative_slope, NUM_E: tl.constexpr, BLOCK_H: tl.constexpr,
-               BLOCK_D: tl.constexpr, SLOPE_BITS: tl.constexpr):
-    """``∂z = ∂s · a ⊙ LeakyReLU'(z)`` ``[NUM_E, BLOCK_H, BLOCK_D]`` from the signs :func:`store_slopes` stored at
-    ``pos`` (``grad_s [NUM_E, BLOCK_H]``, ``attn [1, BLOCK_H, BLOCK_D]``): the same operations as
-    :func:`~gnnfuse.kernels.scores.score_grad` on the recomputed ``z``, so the same values."""
+def save_scores(scores_ptr, slopes_ptr, pos, e_mask, s, z, H, offs_h, h_mask, NUM_E: tl.constexpr,
+                BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, SLOPE_BITS: tl.constexpr):
+    """The forward's GATv2 scores ``s [NUM_E, BLOCK_H]`` into ``scores [E, H]`` and the signs of ``z = fs_j + fd_i +
+    e_p`` (:func:`store_slopes`) at the CSR positions ``pos`` (where ``e_mask``): what the backward reads instead of
+    projecting the edges again."""
+    tl.store(scores_ptr + pos[:, None] * H + offs_h[None, :], s.to(scores_ptr.dtype.element_ty),
+             mask=e_mask[:, None] & h_mask[None, :])
+    store_slopes(slopes_ptr, pos, e_mask, z, NUM_E, BLOCK_H, BLOCK_D, SLOPE_BITS)
+
+
+@jit
+def slope_factors(slopes_ptr, pos, e_mask, negative_slope, dtype: tl.constexpr, NUM_E: tl.constexpr,
+                  BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, SLOPE_BITS: tl.constexpr):
+    """``c = LeakyReLU'(z)`` ``[NUM_E, BLOCK_H, BLOCK_D]`` in ``dtype`` (1 where the stored bit is set, else
+    ``negative_slope``) from the signs :func:`store_slopes` stored at ``pos`` (0 bits where not ``e_mask``)."""
     WORDS: tl.constexpr = BLOCK_H * BLOCK_D // SLOPE_BITS
     offs_w = tl.arange(0, WORDS)
     words = tl.load(slopes_ptr + pos[:, None] * WORDS + offs_w[None, :], mask=e_mask[:, None], other=0)
     shifts = tl.arange(0, SLOPE_BITS)
     bits = (words[:, :, None] >> shifts[None, None, :]) & 1
     positive = tl.reshape(bits, [NUM_E, BLOCK_H, BLOCK_D]) != 0
-    scaled = grad_s[:, :, None] * attn
-    return tl.where(positive, scaled, scaled * negative_slope)
+    return tl.where(positive, 1.0, negative_slope).to(dtype)
+
+
+@jit
+def slope_grad(slopes_ptr, pos, e_mask, grad_s, attn, negative_slope, NUM_E: tl.constexpr, BLOCK_H: tl.constexpr,
+               BLOCK_D: tl.constexpr, SLOPE_BITS: tl.constexpr):
+    """``∂z = ∂s · a ⊙ LeakyReLU'(z)`` ``[NUM_E, BLOCK_H, BLOCK_D]`` from the stored slopes (:func:`slope_factors`;
+    ``grad_s [NUM_E, BLOCK_H]``, ``attn [1, BLOCK_H, BLOCK_D]``), as :func:`~gnnfuse.kernels.scores.score_grad` forms
+    it from ``z``: ``(∂s · a) · c``."""
+    return (grad_s[:, :, None] * attn) * slope_factors(slopes_ptr, pos, e_mask, negative_slope, grad_s.dtype, NUM_E,
+                                                        BLOCK_H, BLOCK_D, SLOPE_BITS)
 
 
 @jit
@@ -412,23 +443,25 @@ def gatv2_edge_grad_kernel(
     eid_ptr, slopes_ptr, attn_ptr, attr_ptr, w_ptr, grad_s_ptr, grad_attr_ptr, partial_ptr, E, H, D, K,
     negative_slope, edges_per_program,
     BLOCK_P: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
-    EDGE_DOT: tl.constexpr, ATTR_GRAD: tl.constexpr, WEIGHT_GRAD: tl.constexpr, SLOPE_BITS: tl.constexpr,
+    EDGE_DOT: tl.constexpr, ATTR_GRAD: tl.constexpr, SLOPE_BITS: tl.constexpr,
 ):
-    """GATv2's edge-feature gradients over the CSR positions ``[pid · edges_per_program, ...)`` in blocks of
-    ``BLOCK_P``: per position ``p`` ``∂z_p = ∂s_p · a ⊙ LeakyReLU'(z_p)`` (``∂s [E, H]``: the source pass's, in CSR
-    order, dropout and the edge factor already in it; the slopes as the source pass stored them, :func:`slope_grad`),
-    then
+    """GATv2's edge-feature terms over the CSR positions ``[pid · edges_per_program, ...)`` in blocks of ``BLOCK_P``:
+    per position ``p`` ``u_p = ∂s_p ⊙ c_p`` (``∂s [E, H]``: the source pass's, in CSR order, dropout and the edge
+    factor already in it; ``c_p = LeakyReLU'(z_p)`` from the slopes the forward stored, :func:`slope_factors`;
+    ``∂z_p = a ⊙ u_p``), then
 
     * ``ATTR_GRAD``: ``∂attr[eid[p], k] = Σ_{h,d} ∂z_p[h, d] W[k, h, d]`` (:func:`store_attr_grad`, input order);
-    * ``WEIGHT_GRAD``: ``partial[pid, h·D + d, k] = Σ_p attr_p[k] ∂z_p[h, d]`` (``lin_edge.weight``'s ``[H·D, K]``
-      layout), one ``[BLOCK_K, BLOCK_P] @ [BLOCK_P, BLOCK_H·BLOCK_D]`` product per block (``EDGE_DOT``, else a
-      broadcast sum) summed in registers; the caller adds the programs' partials in a fixed order.
+    * ``partial[pid, h·D + d, k] = Σ_p attr_p[k] u_p[h, d]``, one ``[BLOCK_K, BLOCK_P] @ [BLOCK_P, BLOCK_H·BLOCK_D]``
+      product per block (``EDGE_DOT``, else a broadcast sum) summed in registers; the caller adds the programs'
+      partials in a fixed order into ``G [H·D, K]``, from which ``∂W_e = a ⊙ G`` (``lin_edge.weight``'s layout) and
+      ``e_p``'s share of ``∂attn``, ``Σ_p ∂s_p c_p ⊙ e_p = Σ_k W[k] ⊙ G[:, k]``.
 
     Why a pass of its own: every schedule form (light rows, medium rows, super-row pieces merged anywhere) stores
-    ``∂s`` and the slopes at each CSR position, and from them alone a CSR block forms ``∂z``, so one kernel serves
-    them all; per-row sums as the dot score's ``A``, ``B`` would not help, ``∂z`` depending on ``e_p`` through the
-    LeakyReLU.  Deterministic, no atomics, no ``[E, H, D]`` buffer.  Bytes: ``E·K`` features (read, and written with
-    ``ATTR_GRAD``), ``E·H`` of ``∂s`` and ``E·H·D`` bits of slopes, all but the features (at ``eid``) read in order."""
+    ``∂s`` (and the forward the slopes) at each CSR position, and from them alone a CSR block forms ``u``, so one
+    kernel serves them all; per-row sums as the dot score's ``A``, ``B`` would not help, ``∂z`` depending on ``e_p``
+    through the LeakyReLU.  Deterministic, no atomics, no ``[E, H, D]`` buffer.  Bytes: ``E·K`` features (read, and
+    written with ``ATTR_GRAD``), ``E·H`` of ``∂s`` and ``E·H·D`` bits of slopes, all but the features (at ``eid``)
+    read in order."""
     acc_dtype = grad_s_ptr.dtype.element_ty
     pid = tl.program_id(0).to(tl.int64)
     offs_b = tl.arange(0, BLOCK_P)
@@ -447,18 +480,16 @@ def gatv2_edge_grad_kernel(
         eid = tl.load(eid_ptr + p, mask=p_mask, other=0).to(tl.int64)
         grad_s = tl.load(grad_s_ptr + p[:, None] * H + offs_h[None, :], mask=p_mask[:, None] & h_mask[None, :],
                          other=0.0)
-        grad_z = slope_grad(slopes_ptr, p, p_mask, grad_s, attn, negative_slope, BLOCK_P, BLOCK_H, BLOCK_D,
-                            SLOPE_BITS)
+        u = grad_s[:, :, None] * slope_factors(slopes_ptr, p, p_mask, negative_slope, acc_dtype, BLOCK_P, BLOCK_H,
+                                               BLOCK_D, SLOPE_BITS)
         if ATTR_GRAD:
-            store_attr_grad(grad_attr_ptr, w_ptr, w_tile, grad_z, eid, p_mask, K, HD, hd_offs, hd_mask, BLOCK_P,
+            store_attr_grad(grad_attr_ptr, w_ptr, w_tile, u * attn, eid, p_mask, K, HD, hd_offs, hd_mask, BLOCK_P,
                             BLOCK_H, BLOCK_D, BLOCK_K, EDGE_DOT)
-        if WEIGHT_GRAD:
-            attr = edge_attr_tile(attr_ptr, eid, p_mask, K, acc_dtype, BLOCK_K)                    # [BLOCK_P, BLOCK_K]
-            flat = tl.reshape(grad_z, [BLOCK_P, BLOCK_H * BLOCK_D])
-            if EDGE_DOT:
-                acc_w += tl.dot(tl.trans(attr), flat, input_precision="ieee")
-            else:
-                acc_w += tl.sum(attr[:, :, None] * flat[:, None, :], axis=0)
-    if WEIGHT_GRAD:
-        tl.store(partial_ptr + pid * (HD * K) + c_offs[None, :] * K + offs_k[:, None], acc_w,
-                 mask=(offs_k < K)[:, None] & c_mask[None, :])
+        attr = edge_attr_tile(attr_ptr, eid, p_mask, K, acc_dtype, BLOCK_K)                        # [BLOCK_P, BLOCK_K]
+        flat = tl.reshape(u, [BLOCK_P, BLOCK_H * BLOCK_D])
+        if EDGE_DOT:
+            acc_w += edge_product(tl.trans(attr), flat, EDGE_DOT)
+        else:
+            acc_w += tl.sum(attr[:, :, None] * flat[:, None, :], axis=0)
+    tl.store(partial_ptr + pid * (HD * K) + c_offs[None, :] * K + offs_k[:, None], acc_w,
+             mask=(offs_k < K)[:, None] & c_mask[None, :])
