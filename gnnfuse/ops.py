@@ -391,18 +391,21 @@ def _gatv2_saves(graph: Graph, inputs: AttentionInputs, options: ScheduleOptions
     return _new_output((rows, heads), acc, device), _new_output((rows, words), torch.int32, device)
 
 
-# GATv2's edge-feature products of float32 operands (the float32 projection, the edge-gradient pass's ∂attr and ∂W_e
-# products, ``kernels/edge_features.py`` ``edge_product``): 2 on the tensor cores in three TF32 parts, 1 full float32
-# products on the CUDA cores.
-GATV2_EDGE_PRODUCT = 2
+# GATv2's edge-feature products of float32 operands (``kernels/edge_features.py`` ``edge_product``), by pass: the
+# forward's projection and the edge-gradient pass's ∂attr and Σ attr ⊗ ∂s·c products; 2 on the tensor cores in three
+# TF32 parts, 1 full float32 products on the CUDA cores.  H200, arxiv-like, 16 edge features, training step kernel µs
+# (session 44 call 2, gnn-gatv2-edge-sweep.s44c2.log): the gradient pass 950.8 (2) against 1958.7 (1) in float32, 937.6
+# against 1960.3 in bfloat16 (float32 operands there too); the forward's light kernel 712.8 (2) against 632.7 (1).
+GATV2_EDGE_PRODUCT = {"forward": 1, "gradient": 2}
 
 
-def _edge_flags(inputs: AttentionInputs, block_h: int, block_d: int, edges_per_program: int) -> dict:
+def _edge_flags(inputs: AttentionInputs, block_h: int, block_d: int, edges_per_program: int,
+                product_pass: str = "forward") -> dict:
     """BLOCK_K and EDGE_DOT of a launch projecting ``edges_per_program`` edges per tile (GATv2 with edge features:
-    :data:`GATV2_EDGE_PRODUCT` for a product)."""
+    :data:`GATV2_EDGE_PRODUCT` of ``product_pass`` for a product)."""
     dot = _edge_dot(inputs, block_h, block_d) and edges_per_program >= MIN_DOT
     if dot and _gatv2_edges(inputs):
-        dot = GATV2_EDGE_PRODUCT
+        dot = GATV2_EDGE_PRODUCT[product_pass]
     return {"BLOCK_K": _block_k(inputs), "EDGE_DOT": dot}
 
 
@@ -1300,12 +1303,15 @@ def _edge_attr_grad(graph: Graph, inputs: AttentionInputs, grad_out: torch.Tenso
 # CSR positions a program of GATv2's edge-gradient pass walks (kernels/edge_features.py ``gatv2_edge_grad_kernel``), in
 # blocks of GATV2_EDGE_GRAD_BLOCK (under the interpreter the per-edge passes' block, :func:`_csr_edge_block`): its ∂W_e
 # partials are programs × H·D·K, summed after it.  sm_90 (Triton 3.6, 8 heads × 16, 16 edge features) compiled the
-# bf16 kernel at 64 positions a block to 255 registers and 712 bytes of spills a thread, at 32 (fp32) to 168 and none.
-# H200, arxiv-like, PyG GATv2Conv edge_dim=16 training step (session 43 call 3, gnn-gatv2-edge-sweep.s43c3.log, kernel
-# µs fp32 / bf16): 32 a block × 2048 a program 2291.0 / 2275.2; × 512 2007.9 / 2256.4; × 128 1971.9 / 2285.8; 16 × 512
-# 1930.7 / 2237.7 (taken).
-GATV2_EDGE_GRAD_EDGES = 512
-GATV2_EDGE_GRAD_BLOCK = 16
+# session-43 kernel (which projected and gathered) at 64 positions a block to 255 registers and 712 bytes of spills a
+# thread (bf16), at 32 (fp32) to 168 and none; session 44's at 64 to 167 (fp32) / 235 (bf16), no spills.  H200,
+# arxiv-like, PyG GATv2Conv edge_dim=16 training step (session 43 call 3, gnn-gatv2-edge-sweep.s43c3.log, kernel µs
+# fp32 / bf16): 32 a block × 2048 a program 2291.0 / 2275.2; × 512 2007.9 / 2256.4; × 128 1971.9 / 2285.8; 16 × 512
+# 1930.7 / 2237.7 (taken then).  Session 44 call 2 (the pass without projection or gathers, its products in TF32 parts;
+# gnn-gatv2-edge-sweep.s44c2.log): 16 × 512 950.8 / 937.6, 16 × 128 1002.5 / 990.0, 32 × 512 621.0 / 636.6, 32 × 2048
+# 649.8 / 730.1, 64 × 1024 519.8 / 512.8 (taken).
+GATV2_EDGE_GRAD_EDGES = 1024
+GATV2_EDGE_GRAD_BLOCK = 64
 
 
 def _gatv2_edge_grads(graph: Graph, inputs: AttentionInputs, grad_s: torch.Tensor, slopes: torch.Tensor,
@@ -1333,7 +1339,7 @@ def _gatv2_edge_grads(graph: Graph, inputs: AttentionInputs, grad_s: torch.Tenso
         graph.csr_eid, slopes, inputs.attn, inputs.edge_attr, inputs.edge_weight, grad_s,
         grad_s if grad_attr is None else grad_attr, partial, num_edges, heads, head_dim, edge_dim,
         inputs.negative_slope, per_program, BLOCK_P=block, BLOCK_H=schedule.block_h, BLOCK_D=schedule.block_d,
-        **_edge_flags(inputs, schedule.block_h, schedule.block_d, block), ATTR_GRAD=grad_attr is not None,
+        **_edge_flags(inputs, schedule.block_h, schedule.block_d, block, "gradient"), ATTR_GRAD=grad_attr is not None,
         SLOPE_BITS=_slope_bits(schedule)[0],
     )
     sums = partial.sum(dim=0)                                                                        # G [H·D, K]

@@ -78,6 +78,11 @@ def make_leaves(op: AttentionOp, graph: Graph, heads: int, dim: int, dtype, devi
     return [torch.randn(shape, generator=gen).to(device, dtype) for shape in shapes]
 
 
+# A reference gradient under this fraction of ‖∂L/∂out‖ counts as cancelled (check_op): compared absolutely, to the
+# dtype's tolerance times this fraction of ‖∂L/∂out‖.
+CANCELLED = 1e-3
+
+
 def check_op(name, graph, leaves, gen, *, schedule=None, dropout=0.0, seed=0, tol=None, frozen=()):
     """Forward and every gradient of op ``name`` against its float64 oracle (leaves whose index is
     in ``frozen`` need no gradient)."""
@@ -99,10 +104,15 @@ def check_op(name, graph, leaves, gen, *, schedule=None, dropout=0.0, seed=0, to
     for i, g, r in zip([i for i in range(len(leaves)) if i not in frozen], grads, ref_grads):
         assert g.dtype == leaves[i].dtype and g.shape == leaves[i].shape
         label = f"{name} grad of input {i} {tuple(r.shape)}"
-        if torch.linalg.vector_norm(r).item() < 1e-6 * scale:
-            # A gradient that cancels exactly (e.g. ∂fd of a row whose edges all fall on the same
-            # LeakyReLU branch: softmax gradients sum to zero): compare absolutely, not relatively.
-            assert torch.linalg.vector_norm(g.double().cpu() - r).item() <= tol * scale, label
+        norm = torch.linalg.vector_norm(r).item()
+        if norm < CANCELLED * scale:
+            # A gradient that cancels, exactly or nearly (e.g. ∂fd of a row whose edges fall on the same LeakyReLU
+            # branch in all but a few elements: softmax gradients sum to zero): the float32 sum of O(scale) terms
+            # carries their rounding (~1e-7 · scale), which no relative tolerance of a near-zero sum absorbs, so it
+            # is compared against the terms' scale.  GATv2 with edge features, seed 163 of the zero in-degree test:
+            # ∂fd of norm 3e-6 · scale, computed 1.5e-7 · scale off (4.7e-2 relative).
+            err = torch.linalg.vector_norm(g.double().cpu() - r).item()
+            assert err <= tol * CANCELLED * scale, f"{label}: error {err:.3e} of a cancelled gradient (norm {norm:.3e})"
         else:
             assert_close(g, r, tol=tol, name=label)
 
