@@ -710,11 +710,22 @@ def _row_edge_options(inputs: AttentionInputs, kernel_pass: str) -> dict:
     return {"EDGE_FORM": ROW_EDGE_FORM[kernel_pass], "ATTR_AHEAD": ROW_ATTR_AHEAD[kernel_pass]}
 
 
+# GATv2's edge features in the forward's row kernel when its edge blocks are too small for a product: the rank-1
+# updates unrolled over the padded feature width (every column's load in flight at once; EDGE_DOT 3) or a loop over the
+# runtime width.
+GATV2_ROW_PROJECTION_UNROLLED = True
+
+
 def _row_projection(inputs: AttentionInputs, schedule, block_e: int, kernel_pass: str) -> dict:
     """GATv2's edge features in a row kernel of ``block_e`` edges a block: ``BLOCK_K`` and ``EDGE_DOT``
-    (:func:`_edge_flags`) where the pass projects (the forward); none otherwise."""
-    projects = _gatv2_edges(inputs) and kernel_pass == "forward"
-    return _edge_flags(inputs, schedule.block_h, schedule.block_d, block_e) if projects else {}
+    (:func:`_edge_flags`; :data:`GATV2_ROW_PROJECTION_UNROLLED`) where the pass projects (the forward); none
+    otherwise."""
+    if not (_gatv2_edges(inputs) and kernel_pass == "forward"):
+        return {}
+    flags = _edge_flags(inputs, schedule.block_h, schedule.block_d, block_e)
+    if not flags["EDGE_DOT"] and GATV2_ROW_PROJECTION_UNROLLED:
+        flags["EDGE_DOT"] = 3
+    return flags
 
 
 def _row_prefetch(inputs: AttentionInputs) -> int:

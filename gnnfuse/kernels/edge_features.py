@@ -166,13 +166,13 @@ def project_edges(attr_ptr, w_ptr, w_tile, eid, e_mask, K, HD, hd_offs, hd_mask,
                   DOT: tl.constexpr):
     """``e [NUM_E, BLOCK_H, BLOCK_D]`` of the input edges ``eid [NUM_E]`` (0 where masked).
 
-    ``DOT``: one matrix product ``attr [NUM_E, BLOCK_K] · w_tile`` (needs ``NUM_E``, ``BLOCK_K``
-    and ``BLOCK_H · BLOCK_D`` >= 16 and a 16/32-bit dtype); otherwise ``K`` rank-1 updates.
+    ``DOT`` 1 or 2: one matrix product ``attr [NUM_E, BLOCK_K] · w_tile`` (needs ``NUM_E``, ``BLOCK_K``
+    and ``BLOCK_H · BLOCK_D`` >= 16 and a 16/32-bit dtype); otherwise ``K`` rank-1 updates (3: unrolled).
     Features and weight both in one 2-byte float: the product of the stored operands on the tensor cores
     (a product of two 2-byte floats is exact in float32, and the sums are float32); otherwise float32
     operands, :func:`edge_product` (``DOT`` 2: three TF32 parts on the tensor cores, else full float32 products).
     """
-    if DOT:
+    if (DOT == 1) or (DOT == 2):
         attr_type = attr_ptr.dtype.element_ty
         if (attr_type == w_tile.dtype) and ((attr_type == tl.bfloat16) or (attr_type == tl.float16)):
             attr = edge_attr_tile(attr_ptr, eid, e_mask, K, attr_type, BLOCK_K)
@@ -183,10 +183,18 @@ def project_edges(attr_ptr, w_ptr, w_tile, eid, e_mask, K, HD, hd_offs, hd_mask,
         e = tl.reshape(e, [NUM_E, BLOCK_H, BLOCK_D])
     else:
         e = tl.zeros([NUM_E, BLOCK_H, BLOCK_D], dtype=acc_dtype)
-        for k in range(0, K):
-            attr_k = tl.load(attr_ptr + eid * K + k, mask=e_mask, other=0.0).to(acc_dtype)
-            w_k = tl.load(w_ptr + k * HD + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)
-            e += attr_k[:, None, None] * w_k[None, :, :]
+        if DOT == 3:
+            # unrolled over the padded width: every feature column's load in flight at once (the loop over the
+            # runtime K waits for each column's load in turn), for more registers
+            for k in tl.static_range(BLOCK_K):
+                attr_k = tl.load(attr_ptr + eid * K + k, mask=e_mask & (eid * 0 + k < K), other=0.0).to(acc_dtype)
+                w_k = tl.load(w_ptr + k * HD + hd_offs, mask=hd_mask & (hd_offs * 0 + k < K), other=0.0).to(acc_dtype)
+                e += attr_k[:, None, None] * w_k[None, :, :]
+        else:
+            for k in range(0, K):
+                attr_k = tl.load(attr_ptr + eid * K + k, mask=e_mask, other=0.0).to(acc_dtype)
+                w_k = tl.load(w_ptr + k * HD + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)
+                e += attr_k[:, None, None] * w_k[None, :, :]
     return e
 
 
