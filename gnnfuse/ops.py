@@ -710,10 +710,13 @@ def _row_edge_options(inputs: AttentionInputs, kernel_pass: str) -> dict:
     return {"EDGE_FORM": ROW_EDGE_FORM[kernel_pass], "ATTR_AHEAD": ROW_ATTR_AHEAD[kernel_pass]}
 
 
-# GATv2's edge features in the forward's row kernel when its edge blocks are too small for a product: the rank-1
-# updates unrolled over the padded feature width (every column's load in flight at once; EDGE_DOT 3) or a loop over the
-# runtime width.
-GATV2_ROW_PROJECTION_UNROLLED = True
+# GATv2's edge features in the forward's row kernel when its edge blocks are too small for a product, by element size
+# (:func:`_width_key`): the rank-1 updates unrolled over the padded feature width (every column's load in flight at
+# once; EDGE_DOT 3) or a loop over the runtime width.  H200, arxiv-like, 16 edge features, replayed µs (session 44 call
+# 4, gnn-ab-gatv2-edge.s44c4.log): float32 forward 1293.7 unrolled against 1434.2 (the row kernel 517.7 against 660.8:
+# 126 registers at 8 warps against 80), step 3452.0 against 3494.6; bfloat16 forward 1209.0 against 941.3 (its row
+# kernel capped at 96 registers spills unrolled), step 2592.7 against 2446.7.
+GATV2_ROW_PROJECTION_UNROLLED: dict[int, bool] = {4: True, 2: False}
 
 
 def _row_projection(inputs: AttentionInputs, schedule, block_e: int, kernel_pass: str) -> dict:
@@ -723,7 +726,7 @@ def _row_projection(inputs: AttentionInputs, schedule, block_e: int, kernel_pass
     if not (_gatv2_edges(inputs) and kernel_pass == "forward"):
         return {}
     flags = _edge_flags(inputs, schedule.block_h, schedule.block_d, block_e)
-    if not flags["EDGE_DOT"] and GATV2_ROW_PROJECTION_UNROLLED:
+    if not flags["EDGE_DOT"] and GATV2_ROW_PROJECTION_UNROLLED[_width_key(inputs.value)]:
         flags["EDGE_DOT"] = 3
     return flags
 
