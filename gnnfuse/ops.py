@@ -332,8 +332,9 @@ NORMALIZE_EPS = 1e-12  # torch.nn.functional.normalize's default eps (AGNN's cos
 
 def _gatv2_edges(inputs: AttentionInputs) -> bool:
     """Whether ``inputs`` are GATv2's with edge features (PyG GATv2Conv's ``edge_dim``): ``e_p`` inside the
-    LeakyReLU, so every kernel forming the score projects its edges (the light rows in the tile form, the row kernels
-    per edge block: never unrolled, :func:`_unrolled`), and ``∂attr`` / ``∂W_e`` come from one CSR-order pass
+    LeakyReLU, so every forward kernel forming the score projects its edges (the light rows in the tile form, the row
+    kernels per edge block: never unrolled, :func:`_unrolled`), a training forward stores the scores and LeakyReLU
+    slopes the backward reads instead (:func:`_gatv2_saves`), and ``∂attr`` / ``∂W_e`` come from one CSR-order pass
     (:func:`_gatv2_edge_grads`) instead of the dot score's edge terms and per-row sums."""
     return inputs.has_edge and inputs.score == SCORE_GATV2
 
@@ -2618,8 +2619,9 @@ def gatv2(
     ``edge_attr [E, K]`` in the graph's input edge order with ``edge_weight [H·D, K]`` (``lin_edge.weight``);
     ``e_ij = edge_weight · attr_ij`` viewed ``[H, D]`` is added inside the LeakyReLU, ``s_ij = Σ_d attn_d ·
     LeakyReLU(fs_j + fd_i + e_ij)_d``, and not to the message (still ``fs_j``).  ``e`` is projected in registers by
-    every pass (:mod:`gnnfuse.kernels.edge_features`), never stored; gradients reach ``edge_attr`` and
-    ``edge_weight`` (one deterministic CSR-order pass).
+    the forward (:mod:`gnnfuse.kernels.edge_features`), never stored; a training forward keeps each edge's score
+    (``[E, H]``) and LeakyReLU slope bits (``E·H·D`` bits) for the backward, which projects nothing; gradients reach
+    ``edge_attr`` and ``edge_weight`` (one deterministic CSR-order pass).
 
     The ``[E, H, D]`` edge vectors exist only in registers; ``∂attn`` is reduced over
     per-source-row partials (deterministic).  ``dropout``, ``rng``, ``schedule`` as in

@@ -674,8 +674,9 @@ class GATv2Conv(_PyGHeadsConv):
     ``forward(x, edge_index, edge_attr=None, return_attention_weights=None)`` as :class:`GATConv`'s: ``edge_attr
     [E, edge_dim]`` in ``edge_index``'s order, the self loops' rows from ``fill_value`` as PyG forms them (``[N,
     edge_dim]``, the only per-edge tensor formed here), ignored without ``edge_dim`` (as PyG).  The edge term is an
-    ``[H, C]`` vector per edge inside the LeakyReLU: the kernels project it in registers in every pass
-    (:func:`gnnfuse.ops.gatv2`'s ``edge_attr``, ``edge_weight``), never the ``[E, H·C]`` ``lin_edge(edge_attr)``.
+    ``[H, C]`` vector per edge inside the LeakyReLU: the forward kernels project it in registers
+    (:func:`gnnfuse.ops.gatv2`'s ``edge_attr``, ``edge_weight``; the backward reads the training forward's scores and
+    LeakyReLU slope bits), never the ``[E, H·C]`` ``lin_edge(edge_attr)``.
     """
 
     def __init__(

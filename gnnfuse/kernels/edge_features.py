@@ -372,13 +372,16 @@ def edge_attr_grad_kernel(
 # ---------------------------------------------------------------------------------------------------------------------
 # GATv2 with edge features (PyG GATv2Conv's ``edge_dim``): ``z_p = fs_j + fd_i + e_p``, ``s_p = Σ_d a_d ·
 # LeakyReLU(z_p)_d`` per head, values ``fs_j`` (the edge term in the score only).  ``e_p`` sits inside the LeakyReLU, so
-# the row trick above (``u_i = W q̃_i``, valid for the dot score only) does not apply: the forward and the backward's
-# source pass project their edges in registers (:func:`add_edge_vectors`, one :func:`project_edges` per edge tile).
-# What the rest of the backward needs of ``z_p`` is the LeakyReLU's slope per element, ``∂z_p = ∂s_p · a ⊙
-# LeakyReLU'(z_p)``: the source pass stores it as one bit per element (``z_p > 0``; :func:`store_slopes`, ``[E, W]``
-# int32 words at CSR positions, ``W = BLOCK_H · BLOCK_D / 32``: 16 bytes an edge at 8 heads × 16, 1/32 of an ``E×H×D``
-# float32 tensor), so the destination pass and the weight's and features' gradients (:func:`gatv2_edge_grad_kernel`)
-# neither project nor gather ``fs`` / ``fd`` (:func:`slope_grad`).
+# the row trick above (``u_i = W q̃_i``, valid for the dot score only) does not apply: the forward projects its edges in
+# registers (:func:`add_edge_vectors`, one :func:`project_edges` per edge tile).  A training forward keeps what the
+# backward needs of ``z_p`` (:func:`save_scores`): the score ``s_p`` (``[E, H]``, for the weights ``exp(s − lse)``) and
+# the LeakyReLU's slope per element, one bit (``z_p > 0``; :func:`store_slopes`, ``[E, W]`` int32 words at CSR
+# positions, ``W = BLOCK_H · BLOCK_D / 32``: 16 bytes an edge at 8 heads × 16, 1/32 of an ``E×H×D`` float32 tensor).
+# With ``c_p = LeakyReLU'(z_p)`` (:func:`slope_factors`) ``LeakyReLU(z_p) = c_p ⊙ (fs_j + fd_i) + c_p ⊙ e_p``, so the
+# backward projects nothing: the source pass forms ``∂fs`` and the ``∂a`` terms without ``e_p``, the destination pass
+# ``∂fd`` from ``∂z_p = ∂s_p · a ⊙ c_p`` (:func:`slope_grad`), and one CSR-order pass (:func:`gatv2_edge_grad_kernel`)
+# ``∂attr``, ``G = Σ_p ∂s_p c_p ⊗ attr_p`` and from it ``∂W_e = a ⊙ G`` and ``e_p``'s share of ``∂a``, ``Σ_k W[k] ⊙
+# G[k]``.
 # ---------------------------------------------------------------------------------------------------------------------
 
 
