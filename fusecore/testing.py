@@ -6,14 +6,15 @@
 * :func:`poisoned` / :func:`assert_all_written` — outputs filled with a sentinel before a
   kernel writes them, and the check that every element was overwritten;
 * :func:`fresh_generator` — a torch generator with a new random seed per call, the seed
-  recorded so a failure can be replayed;
+  recorded so a failure can be replayed (:func:`record_seed`: a failing test's report names it);
 * :func:`test_device` — the device kernel tests run on in this kernel mode;
 * :class:`AllocationAudit` — records every tensor an op allocates (launcher buffers, tensors
   saved for backward), so a test can bound memory by construction, on any device;
 * :func:`no_host_sync` — fails any host synchronisation inside a block (a value read back to
   the host, ``nonzero``), on the CPU through the interpreter too;
-* :func:`pytest_runtest_logreport` — with ``FUSEKIT_FAILURE_LOG`` set, every failure written out the
-  moment it happens (the tests' conftest and ``-p fusecore.testing`` load it).
+* :func:`pytest_runtest_logreport` — a failure's recorded seeds added to its report, and with
+  ``FUSEKIT_FAILURE_LOG`` set, every failure written out the moment it happens (the tests' conftest and
+  ``-p fusecore.testing`` load it).
 """
 
 from __future__ import annotations
@@ -215,20 +216,45 @@ def no_host_sync(device: torch.device | str | None = None) -> Iterator[None]:
 FAILURE_LOG_ENV = "FUSEKIT_FAILURE_LOG"
 
 
+# The pytest user property a test's random seed is recorded under (:func:`record_seed`), and the environment variable
+# that replays it (:func:`fresh_generator`).
+SEED_PROPERTY = "FUSEKIT_TEST_SEED"
+
+
+def record_seed(node, generator: torch.Generator) -> torch.Generator:
+    """Record ``generator``'s seed on the pytest item ``node`` (its ``user_properties``); if the test fails, its report
+    (the terminal's failure section and ``FUSEKIT_FAILURE_LOG``) names ``FUSEKIT_TEST_SEED=<seed>``, which reruns it
+    with the same inputs.  Returns ``generator``."""
+    node.user_properties.append((SEED_PROPERTY, generator.initial_seed()))
+    return generator
+
+
+def _seed_note(report) -> str:
+    """The replay line of each seed :func:`record_seed` put on ``report``'s test ('' without one)."""
+    seeds = [value for name, value in getattr(report, "user_properties", ()) if name == SEED_PROPERTY]
+    return "".join(f"{SEED_PROPERTY}={seed} reruns this test with the same inputs\n" for seed in seeds)
+
+
 def pytest_runtest_logreport(report) -> None:
-    """A pytest hook: with ``$FUSEKIT_FAILURE_LOG`` set to a path, append each failed test phase there
-    (a ``==== <node id> [<phase>]`` line, then its report, at most 4000 characters) and its node id to
+    """A pytest hook: a failed test phase's recorded seeds (:func:`record_seed`) added to its report as a section
+    (printed with the failure); with ``$FUSEKIT_FAILURE_LOG`` set to a path, each failed test phase appended there
+    (a ``==== <node id> [<phase>]`` line, then its report, at most 4000 characters, and its seeds) and its node id to
     ``<path>.ids``, the moment pytest knows of it.
 
     GPU runs are cut by a time limit (``timeout N pytest ...``), often before pytest prints its summary,
     which is where failures are named; with this log every failure up to the cut is named and can be
     rerun (``pytest $(cat <path>.ids)``).  Under pytest-xdist only the controller writes (the workers'
-    reports reach it), so each failure is written once.
+    reports reach it, their user properties with them), so each failure is written once.
     """
+    if not report.failed or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    note = _seed_note(report)
+    if note and ("fresh seed", note) not in report.sections:
+        report.sections.append(("fresh seed", note))
     path = os.environ.get(FAILURE_LOG_ENV)
-    if not path or not report.failed or os.environ.get("PYTEST_XDIST_WORKER"):
+    if not path:
         return
     with open(path, "a", encoding="utf-8") as log:
-        log.write(f"==== {report.nodeid} [{report.when}]\n{report.longreprtext[-4000:]}\n")
+        log.write(f"==== {report.nodeid} [{report.when}]\n{report.longreprtext[-4000:]}\n{note}")
     with open(path + ".ids", "a", encoding="utf-8") as ids:
         ids.write(report.nodeid + "\n")

@@ -36,9 +36,10 @@ def device():
 
 
 @pytest.fixture
-def gen():
-    """A fresh CPU generator per test (seed printed on failure through its repr in asserts)."""
-    return fusecore.testing.fresh_generator()
+def gen(request):
+    """A fresh CPU generator per test; a failing test's report names its seed (``FUSEKIT_TEST_SEED=<seed>`` reruns
+    it with the same inputs: :func:`fusecore.testing.record_seed`)."""
+    return fusecore.testing.record_seed(request.node, fusecore.testing.fresh_generator())
 
 
 def _global_switches() -> dict[str, object]:

@@ -106,7 +106,8 @@ def test_no_host_sync_refuses_host_reads_and_lets_launches_through():
 
 def test_failure_log_names_each_failure_as_it_happens(tmp_path):
     """FUSEKIT_FAILURE_LOG: a pytest run writes each failed phase (call, setup) with its report and node
-    id when it happens, and nothing for passing or skipped tests; unset, nothing is written."""
+    id when it happens, and nothing for passing or skipped tests; unset, nothing is written.  A failing test's
+    recorded seed is named in the log and in the terminal's report."""
     import os
     import subprocess
     import sys
@@ -121,10 +122,16 @@ def test_failure_log_names_each_failure_as_it_happens(tmp_path):
         "def test_fails():\n    assert 1 + 1 == 3, 'arithmetic'\n\n"
         "def test_setup_fails(broken):\n    pass\n\n"
         "@pytest.mark.skip(reason='skipped')\n"
-        "def test_skipped():\n    assert False\n"
+        "def test_skipped():\n    assert False\n\n"
+        "@pytest.fixture\n"
+        "def gen(request):\n"
+        "    from fusecore import testing\n"
+        "    return testing.record_seed(request.node, testing.fresh_generator())\n\n"
+        "def test_random_fails(gen):\n    assert False, 'drawn'\n"
     )
     log = tmp_path / "failures.txt"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
+           "FUSEKIT_TEST_SEED": "4242"}
     env.pop("PYTEST_XDIST_WORKER", None)
     command = [sys.executable, "-m", "pytest", "-q", "-p", "fusecore.testing", "-p", "no:cacheprovider",
                "test_sample.py"]
@@ -135,8 +142,11 @@ def test_failure_log_names_each_failure_as_it_happens(tmp_path):
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 1, run.stdout + run.stderr
     assert (tmp_path / "failures.txt.ids").read_text().splitlines() == [
-        "test_sample.py::test_fails", "test_sample.py::test_setup_fails"]
+        "test_sample.py::test_fails", "test_sample.py::test_setup_fails", "test_sample.py::test_random_fails"]
     text = log.read_text()
     assert "==== test_sample.py::test_fails [call]" in text and "arithmetic" in text
     assert "==== test_sample.py::test_setup_fails [setup]" in text and "fixture broke" in text
     assert "test_passes" not in text and "test_skipped" not in text
+    # a test drawing from a recorded generator: its seed in the log and in the terminal's failure report, once each
+    assert text.count("FUSEKIT_TEST_SEED=4242 reruns this test") == 1
+    assert run.stdout.count("FUSEKIT_TEST_SEED=4242 reruns this test") == 1, run.stdout
