@@ -43,12 +43,13 @@ where the weight's gradient is asked for; ``∂attr`` is
 kernels): the edge-loop sums are kept per edge lane and reduced once after the loop.
 
 GATv2 with edge features (``EDGE`` and the GATv2 score, PyG GATv2Conv's ``edge_dim``): ``e_p`` sits inside the
-LeakyReLU, so neither the terms nor the per-row sums above apply.  The source pass projects each edge block again
-(:func:`~gnnfuse.kernels.edge_features.add_edge_vectors`: it reads the edge id ``eid[p]`` of the CSR position ``p``
-it has from ``rev_pos``; the light rows in the tile form only) for the score, its LeakyReLU's slope and the ``∂a``
-terms, and stores the slopes as one bit per element at ``p`` (:func:`~gnnfuse.kernels.edge_features.store_slopes`);
-the destination pass forms ``∂z`` from ``∂s`` and those bits alone (no gather, no projection), and so do ``∂attr`` and
-``∂W_e`` (:func:`~gnnfuse.kernels.edge_features.gatv2_edge_grad_kernel`).
+LeakyReLU, so neither the terms nor the per-row sums above apply, and no backward kernel projects an edge: the
+training forward stored each edge's score and the LeakyReLU's slopes as one bit per element at its CSR position
+(:func:`~gnnfuse.kernels.edge_features.save_scores`).  The source pass reads them at the position ``p`` it has from
+``rev_pos`` (``scores_ptr``, ``slopes_ptr``; the light rows in the tile form only) for ``α`` and ``∂z = ∂s · a ⊙ c``,
+and forms the ``∂a`` terms without ``e_p`` (``∂s · c ⊙ (fs_j + fd_i)``); the destination pass forms ``∂z`` from ``∂s``
+and the bits alone (no gather); ``∂attr``, ``∂W_e`` and ``e_p``'s share of ``∂a`` are
+:func:`~gnnfuse.kernels.edge_features.gatv2_edge_grad_kernel`'s.
 
 Strides: the ``[N, H, D]`` inputs are read with the row stride ``feat_stride`` (as in the forward), and the
 feature gradients ``∂value``, ``∂dst`` and the dot score's ``∂k`` are stored with ``grad_stride`` (``H·D``

@@ -13,8 +13,10 @@ GATv2 or scaled dot product) and values ``val_j`` (``Wh_j``, ``fs_j`` or ``v_j``
 in PyG's TransformerConv; never stored (:mod:`gnnfuse.kernels.edge_features`): the light tiles project it in
 registers, the row kernel and the unrolled light rows never form it (``W_e`` applied once per row).  With the GATv2
 score (PyG's GATv2Conv) ``e_p`` is added to ``fs_j`` inside the LeakyReLU, ``s = a · LeakyReLU(fs_j + fd_i + e_p)``,
-and not to the value: the light tiles (never unrolled then) and the row kernel (``EDGE_DOT``: one product a block)
-project every edge block (:func:`~gnnfuse.kernels.edge_features.add_edge_vectors`).
+and not to the value: the light tiles (never unrolled then) and the row kernel (``EDGE_DOT``: one product a block;
+3: rank-1 updates unrolled) project every edge block (:func:`~gnnfuse.kernels.edge_features.add_edge_vectors`), and
+with ``SAVE`` (a training forward) store each edge's score and LeakyReLU slope bits at its CSR position for the
+backward, which then projects nothing (:func:`~gnnfuse.kernels.edge_features.save_scores`).
 ``keep_ph = uniform(seed, stream=p, position=offset + h) >= p_drop`` is attention dropout, regenerated in the backward
 pass from the same counter, never stored; ``w_p = factor[p]`` (``FACTOR``, a per-edge factor in CSR order, DGL
 GATConv's ``edge_weight``: :mod:`gnnfuse.kernels.dropout`) scales the kept weight, not the softmax's sum.  With
