@@ -117,11 +117,14 @@ def test_slope_bits_round_trip(device, heads, dim):
     assert torch.all(slopes[edges:].cpu() == -7)
 
 
-def test_gpu_row_blocks_and_rank_one_projection(gen, device, monkeypatch):
-    """The GPU's row-kernel edge blocks under the interpreter (8 edges a block in the source pass: no matrix product,
-    the projection as K rank-1 updates) and the edge-gradient pass over many programs of few positions each (its ∂W_e
+@pytest.mark.parametrize("unrolled", [True, False], ids=["rank-1 unrolled", "rank-1 loop"])
+def test_gpu_row_blocks_and_rank_one_projection(gen, device, monkeypatch, unrolled):
+    """Row-kernel edge blocks of 8 under the interpreter (the GPU's in the forward's row kernel with edge features: no
+    matrix product, the projection as K rank-1 updates, unrolled over the padded width or a loop over K,
+    ``ops.GATV2_ROW_PROJECTION_UNROLLED``) and the edge-gradient pass over many programs of few positions each (its
     partials summed over programs)."""
-    monkeypatch.setattr(ops, "row_max_edges", ops.gpu_row_max_edges)
+    monkeypatch.setattr(ops, "GATV2_ROW_PROJECTION_UNROLLED", {4: unrolled, 2: unrolled})
+    monkeypatch.setattr(ops, "row_max_edges", lambda inputs, kernel_pass: 8)
     monkeypatch.setattr(ops, "EDGE_TERMS_BLOCK_INTERPRETED", 16)
     monkeypatch.setattr(ops, "GATV2_EDGE_GRAD_EDGES", 32)
     graph = _graph(gen, device)
