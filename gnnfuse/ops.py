@@ -378,18 +378,14 @@ def _gatv2_saves(graph: Graph, inputs: AttentionInputs, options: ScheduleOptions
     other inputs."""
     if not _gatv2_edges(inputs):
         return None
-    num_nodes, heads, head_dim = inputs.value.shape
-    rows = max(graph.num_edges, 1)
-    if num_nodes == 0:
-        words = 1
-    else:
-        _, words = _slope_bits(graph.schedule(heads, head_dim, inputs.value.dtype, options))
+    _, heads, head_dim = inputs.value.shape
     device = inputs.value.device
     acc = accumulation_dtype(inputs.value.dtype)
-    if graph.num_edges == 0:  # never read
-        return torch.zeros((rows, heads), dtype=acc, device=device), torch.zeros((rows, words), dtype=torch.int32,
-                                                                                  device=device)
-    return _new_output((rows, heads), acc, device), _new_output((rows, words), torch.int32, device)
+    if graph.num_edges == 0:  # no kernel reads or writes them
+        return torch.zeros((1, heads), dtype=acc, device=device), torch.zeros((1, 1), dtype=torch.int32, device=device)
+    _, words = _slope_bits(graph.schedule(heads, head_dim, inputs.value.dtype, options))
+    return (_new_output((graph.num_edges, heads), acc, device),
+            _new_output((graph.num_edges, words), torch.int32, device))
 
 
 # GATv2's edge-feature products of float32 operands (``kernels/edge_features.py`` ``edge_product``), by pass: the
@@ -1357,7 +1353,9 @@ def _gatv2_edge_grads(graph: Graph, inputs: AttentionInputs, grad_s: torch.Tenso
         **_edge_flags(inputs, schedule.block_h, schedule.block_d, block, "gradient"), ATTR_GRAD=grad_attr is not None,
         SLOPE_BITS=_slope_bits(schedule)[0],
     )
-    sums = partial.sum(dim=0)                                                                        # G [H·D, K]
+    # G [H·D, K]: fusecore's column sum of the partials (torch's sum(0) of such [programs, W] blocks is the slow one,
+    # session 24)
+    sums = column_sum(partial.view(programs, -1)).view(heads * head_dim, edge_dim)
     if grad_weight is not None:
         torch.mul(sums, inputs.attn.reshape(-1, 1).to(sums.dtype), out=grad_weight)
     weight = inputs.edge_weight.reshape(edge_dim, heads * head_dim).t()                             # [H·D, K]
