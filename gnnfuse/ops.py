@@ -498,6 +498,10 @@ LIGHT_UNROLLED_TWO_BYTE_WARPS: dict[str, dict[int, int]] = {
 # K-steps unrolled in every width class); not timed on a GPU (session 19: the first call's compile outlasted its
 # time limit).
 LIGHT_FORWARD_UNROLLED_WITH_EDGES = False
+# ... and then how their rows' u = W q̃ and Σ_k A[k] W[k] meet W (``EDGE_FORM``, kernels/edge_features.py
+# ``rows_edge_terms``): 1 the K steps unrolled (the ~130 s compiles above), 0 a loop over K, 2 one product with the
+# whole [K, H, D] tile.
+LIGHT_UNROLLED_EDGE_FORM = 1
 # With edge features the destination pass's light rows keep the tile form (all of a program's edges at once, their
 # feature sums reduced per row) unless this is set.  Session 18 (H100, arxiv-like, 16 edge features, same call,
 # replayed training step µs): tile form 2744 (bf16) / 4350 (fp32) against 2998 / 4572 unrolled, and against
@@ -995,6 +999,8 @@ def _light_plan(schedule, inputs: AttentionInputs, buckets: Buckets, kernel_pass
             "LIGHT": pack_light({w: r for w, _, r in group}), "BLOCK_H": block_h, "BLOCK_D": block_d, **flags,
             **_pass_edge_flags(inputs, block_h, block_d, per_program * width, kernel_pass), **options,
             "UNROLLED": unrolled,
+            **({"EDGE_FORM": LIGHT_UNROLLED_EDGE_FORM} if unrolled and inputs.has_edge and kernel_pass == "forward"
+               else {}),
         }))
         begin = end
     return plan

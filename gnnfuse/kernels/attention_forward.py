@@ -301,11 +301,12 @@ def attention_forward_light_kernel(
     DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr, BLOCK_K: tl.constexpr, EDGE_DOT: tl.constexpr,
     KEY_SCALE: tl.constexpr, ADD: tl.constexpr, FINAL: tl.constexpr, UNROLLED: tl.constexpr = False,
     FACTOR: tl.constexpr = False, EDGE_SCORE: tl.constexpr = False, scores_ptr=None, slopes_ptr=None,
-    SAVE: tl.constexpr = False, SLOPE_BITS: tl.constexpr = 32,
+    SAVE: tl.constexpr = False, SLOPE_BITS: tl.constexpr = 32, EDGE_FORM: tl.constexpr = 1,
 ):
     """The light width classes of ``LIGHT`` in one launch (:mod:`gnnfuse.kernels.tiles`): each program
     runs :func:`_forward_light_rows` compiled for its class's tile (:func:`_forward_light_unrolled`
-    with ``UNROLLED``)."""
+    with ``UNROLLED``; ``EDGE_FORM``: how its rows' ``u`` and ``Σ_k A[k] W[k]`` meet ``W_e``,
+    :func:`~gnnfuse.kernels.edge_features.rows_edge_terms`)."""
     tl.static_assert(not EDGE_SCORE or SCORE == 0, "a per-edge score term: GAT only")
     seed, rng_offset = dropout_seed(seed, rng_offset, DROPOUT)
     pid = tl.program_id(0).to(tl.int64)
@@ -327,6 +328,7 @@ def attention_forward_light_kernel(
                             add_ptr, final_ptr, factor_ptr, edge_score_ptr, count, H, D, K, negative_slope, scale,
                             dropout_p, keep_scale, seed, rng_offset, add_stride, feat_stride, ONE << (f - 1), ONE << k,
                             BLOCK_H, BLOCK_D, DROPOUT, SCORE, EDGE, BLOCK_K, KEY_SCALE, ADD, FINAL, FACTOR, EDGE_SCORE,
+                            EDGE_FORM,
                         )
                     else:
                         _forward_light_rows(
@@ -348,7 +350,7 @@ def _forward_light_unrolled(
     scale, dropout_p, keep_scale, seed, rng_offset, add_stride, feat_stride, ROWS: tl.constexpr, BLOCK_E: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr,
     BLOCK_K: tl.constexpr, KEY_SCALE: tl.constexpr, ADD: tl.constexpr, FINAL: tl.constexpr, FACTOR: tl.constexpr,
-    EDGE_SCORE: tl.constexpr,
+    EDGE_SCORE: tl.constexpr, EDGE_FORM: tl.constexpr,
 ):
     """``ROWS`` light rows of degree <= ``BLOCK_E``, the edge slots unrolled: slot ``e`` gathers the rows'
     ``e``-th sources as ``[ROWS, BLOCK_H, BLOCK_D]`` tiles and folds them into a running softmax per row
@@ -357,7 +359,8 @@ def _forward_light_unrolled(
     edges across warps, through shared memory).  With ``EDGE`` (dot score) no edge is projected, as in
     the row kernel: the rows' ``u = W q̃`` ``[ROWS, BLOCK_H, BLOCK_K]`` once, per slot the score term
     ``Σ_k attr_p[k] u[h, k]`` and ``A[h, k] += α_p[h] attr_p[k]`` (rescaled like the output), and
-    ``Σ_k A[h, k] W[k, h, :]`` added once after the last slot.  Not for GATv2 with edge features (the tile form
+    ``Σ_k A[h, k] W[k, h, :]`` added once after the last slot (``EDGE_FORM``: the ``K`` steps of both unrolled, 1,
+    or a loop, 0, or one product with the whole weight tile, 2).  Not for GATv2 with edge features (the tile form
     projects them: :func:`_forward_light_rows`)."""
     tl.static_assert(not EDGE or SCORE == 2, "unrolled light rows with edge features: dot score only")
     acc_dtype = lse_ptr.dtype.element_ty
@@ -375,7 +378,7 @@ def _forward_light_unrolled(
             dst_i = dst_i * scale
         attn = tl.load(attn_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
         if EDGE:
-            u = rows_edge_terms(w_edge_ptr, dst_i, K, HD, hd_offs, hd_mask, BLOCK_K, 1)  # [ROWS, BLOCK_H, BLOCK_K]
+            u = rows_edge_terms(w_edge_ptr, dst_i, K, HD, hd_offs, hd_mask, BLOCK_K, EDGE_FORM)  # [ROWS, BH, BK]
             acc_attr = tl.zeros([ROWS, BLOCK_H, BLOCK_K], dtype=acc_dtype)
     m = tl.full([ROWS, BLOCK_H], float("-inf"), dtype=acc_dtype)
     l = tl.zeros([ROWS, BLOCK_H], dtype=acc_dtype)
@@ -415,7 +418,7 @@ def _forward_light_unrolled(
             acc_attr = acc_attr * rescale[:, :, None] + p[:, :, None] * attr[:, None, :]
         m = m_new
     if EDGE:
-        acc += rows_edge_values(acc_attr, w_edge_ptr, K, HD, hd_offs, hd_mask, BLOCK_K, 1)
+        acc += rows_edge_values(acc_attr, w_edge_ptr, K, HD, hd_offs, hd_mask, BLOCK_K, EDGE_FORM)
     has_edges = l > 0
     l_safe = tl.where(has_edges, l, 1.0)
     out = acc / l_safe[:, :, None]

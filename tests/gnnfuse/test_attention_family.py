@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -154,6 +155,33 @@ def test_edge_terms_and_weight_gradient_over_many_programs(gen, device, monkeypa
     graph = Graph(corner_case_edges(gen).to(device), 29)
     leaves = make_leaves(OPS["transformer+edge"], graph, 3, 5, torch.float32, device, gen)
     check_op("transformer+edge", graph, leaves, gen, schedule=SCHEDULES["mixed"])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("form", [0, 1, 2], ids=["K loop", "K unrolled", "whole tile"])
+def test_unrolled_forward_light_rows_with_edges_every_weight_form(gen, device, monkeypatch, form, dtype):
+    """The forward's unrolled light rows with edge features (``LIGHT_FORWARD_UNROLLED_WITH_EDGES``), their rows'
+    ``u = W q̃`` and ``Σ_k A[k] W[k]`` with the ``K`` steps in a loop, unrolled, or as one product with the whole
+    weight tile (``LIGHT_UNROLLED_EDGE_FORM``): the output and every gradient against the float64 oracle, on rows
+    of in-degree 1 to 13 in five unrolled width classes (one multiprocessor's share: no class merged away) and
+    the corner-case graph's rows."""
+    import gnnfuse.schedule
+    from gnnfuse import ScheduleOptions
+
+    monkeypatch.setattr(ops, "LIGHT_FORWARD_UNROLLED_WITH_EDGES", True)
+    monkeypatch.setattr(ops, "LIGHT_UNROLLED_EDGE_FORM", form)
+    monkeypatch.setattr(gnnfuse.schedule, "device_facts", lambda _: SimpleNamespace(sm_count=1))
+    degrees = torch.tensor([1, 2, 3, 5, 9, 13] * 6)
+    dst = torch.repeat_interleave(torch.arange(degrees.numel()), degrees)
+    src = torch.randint(0, degrees.numel() + 3, (dst.numel(),), generator=gen)  # 3 nodes receive nothing
+    options = ScheduleOptions(light_max_degree=16, split_degree=16, tile_elements=256)
+    for graph in (Graph(torch.stack([src, dst]).to(device), degrees.numel() + 3),
+                  Graph(corner_case_edges(gen).to(device), 29)):
+        leaves = make_leaves(OPS["transformer+edge"], graph, 3, 5, dtype, device, gen)
+        check_op("transformer+edge", graph, leaves, gen, schedule=options)
+        light = graph.schedule(3, 5, dtype, options).launches
+        forward = [meta for key, plan in light.items() if key[0] == "forward" for *_, meta in plan[0]]
+        assert forward and all(meta["UNROLLED"] and meta["EDGE_FORM"] == form for meta in forward)
 
 
 def _gap_edges(gen: torch.Generator, num_nodes: int) -> torch.Tensor:
