@@ -956,6 +956,8 @@ def _light_breaks(inputs: AttentionInputs, kernel_pass: str = "forward") -> tupl
 # / 732 µs against 950 / 918: four launches fewer are ~200 µs of host on that machine, where the as-called layer is
 # host-bound (the forward issues in more than its GPU time) — so one launch per pass in every dtype.
 LIGHT_LAUNCH_PER_CLASS_WITH_EDGES = False
+# Warps of a light launch in the tile form with edge features, by pass (None: the schedule's).
+LIGHT_TILE_WARPS_WITH_EDGES: dict[str, int | None] = {"forward": None, "source": None, "destination": None}
 
 
 def _light_plan(schedule, inputs: AttentionInputs, buckets: Buckets, kernel_pass: str, flags: dict) -> list:
@@ -982,6 +984,7 @@ def _light_plan(schedule, inputs: AttentionInputs, buckets: Buckets, kernel_pass
         warps = (unrolled and (LIGHT_UNROLLED_WARPS[kernel_pass]
                                or _by_kind(LIGHT_UNROLLED_FLOAT32_WARPS, inputs, kernel_pass)
                                or _by_kind(LIGHT_UNROLLED_TWO_BYTE_WARPS, inputs, kernel_pass, TWO_BYTE_DTYPES))
+                 or (not unrolled and inputs.has_edge and LIGHT_TILE_WARPS_WITH_EDGES[kernel_pass])
                  or schedule.num_warps)
         cap = unrolled and _by_kind(LIGHT_UNROLLED_MAXNREG, inputs, kernel_pass, TWO_BYTE_DTYPES)
         options = {"num_warps": warps, **({"maxnreg": cap} if cap else {})}

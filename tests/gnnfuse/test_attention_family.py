@@ -184,6 +184,25 @@ def test_unrolled_forward_light_rows_with_edges_every_weight_form(gen, device, m
         assert forward and all(meta["UNROLLED"] and meta["EDGE_FORM"] == form for meta in forward)
 
 
+@pytest.mark.parametrize("warps", [2, 8])
+def test_tile_form_light_launches_with_edges_take_their_warps(gen, device, monkeypatch, warps):
+    """``LIGHT_TILE_WARPS_WITH_EDGES``: the forward's and the destination pass's light launches in the tile form with
+    edge features run at the warps it names (the plan's ``num_warps``), the others at the schedule's; the output and
+    every gradient against the float64 oracle."""
+    monkeypatch.setattr(ops, "LIGHT_TILE_WARPS_WITH_EDGES", {"forward": warps, "source": None, "destination": warps})
+    graph = Graph(corner_case_edges(gen).to(device), 29)
+    leaves = make_leaves(OPS["transformer+edge"], graph, 3, 5, torch.float32, device, gen)
+    check_op("transformer+edge", graph, leaves, gen, schedule=SCHEDULES["light"])
+    schedule = graph.schedule(3, 5, torch.float32, SCHEDULES["light"])
+    plans = {key[0]: plan for key, plan in schedule.launches.items()}
+    forward = [meta for *_, meta in plans["forward"][0]]
+    destination = [meta for *_, meta in plans["backward"]["destination light"]]
+    source = [meta for *_, meta in plans["backward"]["source light"]]
+    assert forward and destination and source
+    assert all(meta["num_warps"] == warps for meta in forward + destination if not meta["UNROLLED"])
+    assert all(meta["num_warps"] == schedule.num_warps for meta in source if not meta["UNROLLED"])
+
+
 def _gap_edges(gen: torch.Generator, num_nodes: int) -> torch.Tensor:
     """Edges into three destinations far apart (ids 0, 1 and ``num_nodes − 2``): one CSR block spans almost every
     node id, only three of them present."""
