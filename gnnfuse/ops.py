@@ -493,14 +493,15 @@ LIGHT_UNROLLED_TWO_BYTE_WARPS: dict[str, dict[int, int]] = {
 }
 # With edge features the forward's light rows keep the tile form (every edge's features projected on the tensor cores,
 # one class a launch) unless this is set: then they run unrolled too (the rows' u = W q̃ once, per slot K·H products
-# for the score and the feature sums A, Σ_k A W once per row).  Not the default: on sm_90 (Triton 3.6) the unrolled
-# form with edge features takes 112 registers against 53-64 and ~130 s to compile per specialisation (its per-row
-# K-steps unrolled in every width class); not timed on a GPU (session 19: the first call's compile outlasted its
-# time limit).
+# for the score and the feature sums A, Σ_k A W once per row).  Not the default: slower.  Session 19: with the K steps
+# unrolled, 112 registers against 53-64 and ~130 s to compile per specialisation (not timed).  Session 45 (H200,
+# arxiv-like, 16 edge features, same call, replayed forward / step µs, gnn-ab-tredge-unrolled-forward.s45c1.log):
+# bf16 tile form 558.4 / 2311.3, unrolled with one whole-tile product (EDGE_FORM 2) 794.7 / 2527.3, with a K loop (0)
+# 1362.5 / 3106.1; fp32 975.6 / 3653.3 against 1361.1 / 4017.1 (2).
 LIGHT_FORWARD_UNROLLED_WITH_EDGES = False
 # ... and then how their rows' u = W q̃ and Σ_k A[k] W[k] meet W (``EDGE_FORM``, kernels/edge_features.py
-# ``rows_edge_terms``): 1 the K steps unrolled (the ~130 s compiles above), 0 a loop over K, 2 one product with the
-# whole [K, H, D] tile.
+# ``rows_edge_terms``): 1 the K steps unrolled (the ~130 s compiles above), 0 a loop over K (sm_90: 147 registers in
+# bf16, 116 in fp32), 2 one product with the whole [K, H, D] tile (96; 76 / 64 at 8 warps; ~20 s a compile).
 LIGHT_UNROLLED_EDGE_FORM = 1
 # With edge features the destination pass's light rows keep the tile form (all of a program's edges at once, their
 # feature sums reduced per row) unless this is set.  Session 18 (H100, arxiv-like, 16 edge features, same call,
@@ -956,7 +957,11 @@ def _light_breaks(inputs: AttentionInputs, kernel_pass: str = "forward") -> tupl
 # / 732 µs against 950 / 918: four launches fewer are ~200 µs of host on that machine, where the as-called layer is
 # host-bound (the forward issues in more than its GPU time) — so one launch per pass in every dtype.
 LIGHT_LAUNCH_PER_CLASS_WITH_EDGES = False
-# Warps of a light launch in the tile form with edge features, by pass (None: the schedule's).
+# Warps of a light launch in the tile form with edge features, by pass (None: the schedule's, 4).  Session 45 (H200,
+# arxiv-like Graph Transformer, 16 edge features, same call, replayed forward / step µs,
+# gnn-ab-tredge-tile-warps.s45c3.log): bf16 default 559.1 / 2310.3, forward at 8 warps 673.4 / 2404.5 (48 registers,
+# 40 resident warps per multiprocessor against 28-32), at 2 580.6 / 2409.9, destination at 8 558.9 / 3217.5 (128
+# registers); fp32 977.9 / 3651.8, forward at 8 1087.2 / 3753.6, at 2 1094.7 / 3778.0.  So the schedule's everywhere.
 LIGHT_TILE_WARPS_WITH_EDGES: dict[str, int | None] = {"forward": None, "source": None, "destination": None}
 
 
