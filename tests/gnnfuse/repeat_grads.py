@@ -2,7 +2,7 @@
 gradients against the float64 oracle, to catch an error that comes and goes (a race, a read of memory no kernel
 wrote: the caching allocator hands back the previous call's blocks, so such a read can look right the second time).
 
-    python3 tests/gnnfuse/repeat_grads.py [--seed S] [--repeats R] [--dtype fp32|bf16] [--scrub]
+    python3 tests/gnnfuse/repeat_grads.py [--seed S] [--repeats R] [--dtype fp32|bf16] [--scrub] [--set NAME=VALUE,...]
 
 The inputs are those of ``test_attention_family.py``'s
 ``test_unrolled_forward_light_rows_with_edges_every_weight_form`` at ``FUSEKIT_TEST_SEED=S`` (rows of in-degree 1
@@ -12,7 +12,8 @@ class is merged into the next; else the device's), the forward's light form (``N
 the unrolled form with ``LIGHT_UNROLLED_EDGE_FORM``), the graph, and the relative errors of the output and of the
 gradients of q, k, v, edge_attr, W_e; below a gradient more than 1e-4 off, its six rows furthest off (node id,
 degree, error, the reference row's norm).  ``--scrub`` fills the allocator's free blocks with NaN before each
-call, which tells an element no kernel writes (NaN every time) from a race (wrong now and then).
+call, which tells an element no kernel writes (NaN every time) from a race (wrong now and then); ``--set`` changes
+gnnfuse settings for every call (``ab_layers.py``'s row syntax: ``LIGHT_UNROLLED_FLOAT32_WARPS={...}`` ...).
 
 Session 45 (H200, seed 3830403486): with one multiprocessor, the first call of three of the four forms put
 2.8-6.0% into the gradient of k or of v of the corner-case graph, the repeats of a form none; with the device's
@@ -32,6 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from ab_layers import apply, parse  # noqa: E402
 from gnn_testing import corner_case_edges  # noqa: E402
 from test_attention_family import OPS, make_leaves  # noqa: E402
 
@@ -103,7 +105,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="calls of the unrolled whole-tile form")
     parser.add_argument("--dtype", choices=DTYPES, default="fp32")
     parser.add_argument("--scrub", action="store_true", help="NaN in the allocator's free blocks before each call")
+    parser.add_argument("--set", default="", metavar="NAME=VALUE,...",
+                        help="gnnfuse settings for every call, as ab_layers.py's rows take them")
     args = parser.parse_args(argv)
+    _, _, settings = parse(f"tr-fp32:{args.set}")
+    apply(settings)
     device = test_device()
     for one_sm in (True, False):
         for form in (None, 0, 1, *[2] * args.repeats):
