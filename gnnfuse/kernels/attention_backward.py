@@ -190,7 +190,7 @@ def attention_backward_src_kernel(
                       other=0.0).to(acc_dtype)
         if EDGE and SCORE == 2:
             # the score's term is read: α' takes its place for the destination pass (edge-feature sums)
-            tl.store(terms_ptr + terms_offs, alpha_kept.to(terms_ptr.dtype.element_ty), mask=eh_mask)
+            replace_terms(terms_ptr, terms_offs, alpha_kept, eh_mask)
         kept_g = alpha_kept[:, :, None] * g_i
         acc_val = lane_add(acc_val, kept_g, LANES)
         g_dot_val = tl.sum(g_i * val_j[None, :, :], axis=2)
@@ -250,6 +250,18 @@ def _src_grad_stride(HD, grad_stride, SCORE: tl.constexpr):
     else:
         stride = HD
     return stride
+
+
+@jit
+def replace_terms(terms_ptr, offs, alpha_kept, mask):
+    """Store ``α'`` over the score's edge term ``t_p`` that this program has just read at ``terms_ptr + offs``,
+    after a barrier.  A ``[rows, heads]`` value is held by several threads: every holder loads ``t_p``, one stores
+    ``α'``.  Where the holders sit in different warps (small head tiles at 8 warps), a warp that ran ahead could
+    store before another warp's load, which then read ``α'`` as ``t_p`` and summed a wrong score into its copy of
+    the row's ``∂k`` / ``∂v`` (session 45: 3-20% off on some GPU calls, never under the interpreter).  The barrier
+    makes every warp's load come first."""
+    tl.debug_barrier()
+    tl.store(terms_ptr + offs, alpha_kept.to(terms_ptr.dtype.element_ty), mask=mask)
 
 
 @jit
@@ -385,7 +397,7 @@ def _src_light_unrolled(
         alpha_kept = edge_factor(alpha_dropped, q[:, None], e_mask[:, None], factor_ptr, FACTOR)
         store_factor_grad(grad_factor_ptr, alpha_dropped, g_dot_val, q, e_mask, FACTOR_GRAD, 1)
         if EDGE:
-            tl.store(terms_ptr + terms_offs, alpha_kept.to(terms_ptr.dtype.element_ty), mask=eh_mask)
+            replace_terms(terms_ptr, terms_offs, alpha_kept, eh_mask)
         grad_s = alpha_kept * g_dot_val - alpha * delta_i  # [ROWS, BLOCK_H]
         if SCORE == 0:
             grad_edge_head = tl.where(eh_mask, score_grad(grad_s, src_e, dst_i, attn, negative_slope, 0), 0.0)
@@ -480,7 +492,7 @@ def _src_light_rows(
         alpha_dropped = alpha
     alpha_kept = edge_factor(alpha_dropped, q[:, :, None], e_mask[:, :, None], factor_ptr, FACTOR)
     if EDGE and SCORE == 2:
-        tl.store(terms_ptr + terms_offs, alpha_kept.to(terms_ptr.dtype.element_ty), mask=eh_mask)
+        replace_terms(terms_ptr, terms_offs, alpha_kept, eh_mask)
     if SCORE == 0:
         # GAT's values are the source row's own features: one [ROWS, H, D] tile broadcast over the
         # row's edges against g gathered as [ROWS, BLOCK_E, H, D], not a per-edge copy of the row

@@ -42,7 +42,8 @@ row form does not apply; it needs ``e_p`` only through two scalars per edge and 
 ``<g_i, v_j + e_p>``).  :func:`edge_terms_kernel` forms both first, in CSR order (edge blocks
 of consecutive positions, mostly of one destination: its ``q̃_i`` and ``g_i`` are cache hits),
 into an ``[E, 2, H]`` buffer; the source pass then reads ``2·H`` values per edge instead of
-projecting ``K`` features to ``H·D``, and leaves ``α'_p`` in the place of ``t_p``.  With it the
+projecting ``K`` features to ``H·D``, and leaves ``α'_p`` in the place of ``t_p`` (after a CTA barrier, so that
+every thread holding ``t_p`` has read it: ``attention_backward.replace_terms``).  With it the
 destination pass projects nothing either: per edge it adds ``∂s_p ⊗ attr_p`` and ``α'_p ⊗ attr_p``
 into the row's ``B``, ``A`` and applies ``W`` once per row (the key path's ``Σ_k B[k] W[k]``);
 ``∂attr`` (only where autograd asks for it) is :func:`edge_attr_grad_kernel`'s, in CSR order

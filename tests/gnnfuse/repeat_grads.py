@@ -18,7 +18,9 @@ gnnfuse settings for every call (``ab_layers.py``'s row syntax: ``LIGHT_UNROLLED
 Session 45 (H200, seed 3830403486): with one multiprocessor, the first call of three of the four forms put
 2.8-6.0% into the gradient of k or of v of the corner-case graph, the repeats of a form none; with the device's
 count, none (``benchmarks/results/H200/gnn-repeat-grads.s45c5.log``).  On the CPU (interpreter) no call errs,
-whatever the order the programs of a grid run in.
+whatever the order the programs of a grid run in.  The cause, read from the sm_90 PTX: the source pass's in-place
+``α'`` store raced other warps' loads of the score term it replaces; fixed by a barrier
+(``attention_backward.replace_terms``, ``test_sm90_terms_order.py``); this tool checks the fix on the GPU.
 """
 
 from __future__ import annotations
