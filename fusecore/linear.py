@@ -39,7 +39,11 @@ kernels, Triton's tf32x3 per slice.  Kernels of other modules take the same spli
 :func:`split_dot` (one product's TF32 parts into a big and a remainder accumulator; two products where one
 operand is exact in TF32, a widened 2-byte float: gnnfuse's edge-weight gradient).  torch's float32 product
 is cuBLAS on the FP32 units, compute-bound for a graph layer's shapes (four ``[169 343, 128]`` maps: 551 µs on
-the H200, where moving the bytes takes ~100).
+the H200, where moving the bytes takes ~100).  That is the float32 of torch's default,
+``torch.get_float32_matmul_precision() == "highest"``.  Where the user lets torch's own products round to TF32
+(``"high"``, ``"medium"``, ``allow_tf32`` or ``fp32_precision = "tf32"``: :func:`torch_allows_tf32`), these products
+do the same, one TF32 product each (:func:`dot_precision`, :data:`FLOAT32_FOLLOWS_TORCH`): what cuBLAS does for
+torch then, at TF32's error (relative 1e-4 to 1e-3 over a graph layer's reductions).
 The gradients' products (:func:`matmul`) stay torch's unless :data:`BACKWARD_PRODUCTS` is set (measured
 slower or equal on the H100, the sweep below; on the H200 in session 26 the Transformer fp32 step's GPU time 2.6%
 lower with it — ∂W split over the rows, 369 against cuBLAS's 430 µs — but its host time higher: not the
@@ -50,7 +54,8 @@ output tiles the rows are split among programs whose float32 partials :func:`col
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -176,6 +181,10 @@ def column_sum(x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.T
 # (the weight split into TF32 parts once in memory, only ``a`` split in the kernel) was slower at every tile and
 # 3-10x less accurate (call 3), and was removed.
 FLOAT32_PRODUCT: str | None = "tf32x3"
+# Where the user lets torch's own float32 products use TF32 (torch.set_float32_matmul_precision("high"), ...:
+# torch_allows_tf32), the products here take one TF32 product too ("tf32", as cuBLAS then does) instead of
+# FLOAT32_PRODUCT's three; False keeps FLOAT32_PRODUCT whatever torch is set to.
+FLOAT32_FOLLOWS_TORCH = True
 BACKWARD_PRODUCTS = False
 PRODUCT_BLOCK_M = 128
 PRODUCT_BLOCK_N = 64
@@ -494,14 +503,42 @@ def uses_product(*tensors: torch.Tensor | None) -> bool:
     return first is None or not torch.is_autocast_enabled(first.device.type)
 
 
+def torch_allows_tf32() -> bool:
+    """Whether torch's own float32 matrix products may round their operands to TF32: the user's choice through
+    ``torch.set_float32_matmul_precision("high")`` (or ``"medium"``), ``torch.backends.cuda.matmul.allow_tf32 =
+    True`` or ``torch.backends.cuda.matmul.fp32_precision = "tf32"`` (the global ``torch.backends.fp32_precision``
+    shows through the latter).  The newer attribute is read where torch has it: once a program has set the new
+    API, reading the legacy flag raises."""
+    matmul = torch.backends.cuda.matmul
+    precision = getattr(matmul, "fp32_precision", None)
+    if precision is not None:
+        return precision == "tf32"
+    return bool(matmul.allow_tf32)
+
+
+@contextlib.contextmanager
+def float32_matmul_precision(precision: str) -> Iterator[None]:
+    """``torch.set_float32_matmul_precision(precision)`` (``"highest"``, ``"high"``, ``"medium"``) within, the
+    previous setting restored after: a test's or a benchmark's TF32 rows."""
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(precision)
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
 def dot_precision(dtype: torch.dtype) -> str:
     """The ``input_precision`` of a kernel's ``tl.dot`` over operands of ``dtype`` where the kernel follows
-    :data:`FLOAT32_PRODUCT`: that setting for float32 (callers check :func:`uses_product` first), Triton's
-    default ``"tf32"`` otherwise (16-bit operands are exact on the tensor cores whatever it says)."""
+    :data:`FLOAT32_PRODUCT`: for float32 (callers check :func:`uses_product` first) ``"tf32"`` where torch's own
+    products may use TF32 (:func:`torch_allows_tf32`, with :data:`FLOAT32_FOLLOWS_TORCH`), else that setting;
+    Triton's default ``"tf32"`` for other dtypes (16-bit operands are exact on the tensor cores whatever it says)."""
     if FLOAT32_PRODUCT is not None and FLOAT32_PRODUCT not in PRECISIONS:
         raise ValueError(f"fusecore.linear.FLOAT32_PRODUCT must be one of {PRECISIONS} or None, "
                          f"got {FLOAT32_PRODUCT!r}")
     if dtype != torch.float32 or FLOAT32_PRODUCT is None:
+        return "tf32"
+    if FLOAT32_FOLLOWS_TORCH and torch_allows_tf32():
         return "tf32"
     return "tf32x3" if backend.INTERPRET else FLOAT32_PRODUCT  # the interpreter's products are exact anyway
 

@@ -55,6 +55,11 @@ in the fused layer against the unfused reference and the fused layer without it,
 ``gat_super_node`` checks the TARGETS.md rule that a node of in-degree 10⁶ costs no more
 per edge than a uniform graph (within 2×): both graphs have ~1 M edges.
 
+``gatconv_tf32`` and ``transformerconv_tf32`` (not headline rows) run the fp32 comparison on the arxiv-like graph
+under ``torch.set_float32_matmul_precision("high")``: every implementation's float32 products in TF32 (PyG's through
+cuBLAS, the fused layers' through fusecore.linear, which follows torch's setting), variants ``...@tf32``; the
+layer rows of every case record ``params["tf32"]``.
+
 Quick mode: a 300-node power-law graph with a heavy node, fp32, no torch.compile.
 """
 
@@ -68,6 +73,8 @@ import torch
 
 from benchmarks.registry import CheckFailed, Context, case
 from fusecore import use_reference
+from fusecore.linear import float32_matmul_precision, torch_allows_tf32
+from fusecore.testing import tolerance
 from gnnfuse import Graph, ScheduleOptions, capture, ops
 from gnnfuse.datasets import load_planetoid, planetoid_available, power_law_graph
 from gnnfuse.nn import AGNNConv, GATConv, GATv2Conv, GraphTransformerConv
@@ -196,6 +203,8 @@ def _layer_runs(
     floor_train = family.floor(graph, spec, dtype, True)
     params = {"graph": spec.name, "nodes": n, "edges": graph.num_edges, "in_feats": spec.in_feats,
               "heads": spec.heads, "head_dim": spec.head_dim, "dtype": tag, "edge_dim": family.edge_dim}
+    if dtype == torch.float32:  # whether the run let float32 products round to TF32 (torch's and so the layers')
+        params["tf32"] = torch_allows_tf32()
 
     def fused():
         return layer(graph, x, *extra).reshape(n, -1)
@@ -229,7 +238,8 @@ def _layer_runs(
                   f"{type(exc).__name__}: {exc}")
     implementations.append(("fused (gnnfuse)", fused))
 
-    tol = 2e-3 if dtype == torch.float32 else 2e-2
+    # float32 with TF32 products (10-bit mantissas, as float16's) held to float16's tolerance
+    tol = tolerance(torch.float16 if params.get("tf32") else dtype)
     with torch.no_grad():
         expected = reference().float()
         ctx.check(f"{spec.name} {tag} forward vs reference", fused().float(), expected, tol)
@@ -317,10 +327,13 @@ def _gatconv_runs(ctx: Context, spec: GraphSpec, graph: Graph, dtype: torch.dtyp
             variant=f"{spec.name},{tag},fwd,parts")
 
 
-def _run_graphs(ctx: Context, specs: list[GraphSpec], run: Callable) -> None:
+def _run_graphs(ctx: Context, specs: list[GraphSpec], run: Callable,
+                dtypes: tuple[torch.dtype, ...] | None = None) -> None:
     """``run(ctx, spec, graph, dtype, gen)`` on every available graph (those of ``ctx.graphs`` when
-    set) in fp32 (and bf16 at full size); failures are collected so the other graphs are still measured."""
-    dtypes = [torch.float32] if ctx.quick else [torch.float32, torch.bfloat16]
+    set) in fp32 (and bf16 at full size; ``dtypes`` where given); failures are collected so the other graphs are
+    still measured."""
+    if dtypes is None:
+        dtypes = (torch.float32,) if ctx.quick else (torch.float32, torch.bfloat16)
     known = [s.name for s in FULL + QUICK]
     if ctx.graphs is not None and set(ctx.graphs) - set(known):
         raise ValueError(f"--graph {sorted(set(ctx.graphs) - set(known))}: no such graph; "
@@ -408,9 +421,9 @@ AGNN = LayerFamily("AGNNConv", lambda spec: AGNNConv(allow_zero_in_degree=True),
                    input_grad=True)
 
 
-def _family_runs(family: LayerFamily):
+def _family_runs(family: LayerFamily, variant_suffix: str = ""):
     def run(ctx: Context, spec: GraphSpec, graph: Graph, dtype: torch.dtype, gen: torch.Generator) -> None:
-        _layer_runs(ctx, spec, graph, dtype, gen, family)
+        _layer_runs(ctx, spec, graph, dtype, gen, family, variant_suffix)
     return run
 
 
@@ -446,6 +459,27 @@ def transformerconv_case(ctx: Context) -> None:
 
 def _edge_runs(ctx: Context, spec: GraphSpec, graph: Graph, dtype: torch.dtype, gen: torch.Generator) -> None:
     _layer_runs(ctx, spec, graph, dtype, gen, TRANSFORMER_EDGE, variant_suffix="+edge")
+
+
+@case("gnn", "gatconv_tf32", baseline="PyG GATConv eager", headline=False)
+def gatconv_tf32_case(ctx: Context) -> None:
+    """GATConv fp32 on arxiv-like (quick: the tiny graph) where the user lets torch's float32 products use TF32
+    (``torch.set_float32_matmul_precision("high")``): PyG's projections then run cuBLAS's TF32 products and the
+    fused layer's (fusecore.linear) one TF32 product instead of three parts; variants ``...@tf32``."""
+    with float32_matmul_precision("high"):
+        _run_graphs(ctx, _tf32_specs(ctx), _family_runs(GAT, "@tf32"), dtypes=(torch.float32,))
+
+
+@case("gnn", "transformerconv_tf32", baseline="PyG TransformerConv eager", headline=False)
+def transformerconv_tf32_case(ctx: Context) -> None:
+    """The Graph Transformer fp32, with and without 16 edge features, under TF32 as :func:`gatconv_tf32_case`."""
+    with float32_matmul_precision("high"):
+        _run_graphs(ctx, _tf32_specs(ctx), _family_runs(TRANSFORMER, "@tf32"), dtypes=(torch.float32,))
+        _run_graphs(ctx, _tf32_specs(ctx), _family_runs(TRANSFORMER_EDGE, "+edge@tf32"), dtypes=(torch.float32,))
+
+
+def _tf32_specs(ctx: Context) -> list[GraphSpec]:
+    return _specs(ctx, ("arxiv-like",), {"arxiv-like": (torch.float32,)})
 
 
 @case("gnn", "agnnconv", baseline="PyG AGNNConv eager")

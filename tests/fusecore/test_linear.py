@@ -5,6 +5,11 @@ sizes, strided operands and split reductions, and its accuracy on the GPU beside
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -12,7 +17,18 @@ import triton.language as tl
 
 from fusecore import linear as linear_module
 from fusecore.backend import COMPILED, jit
-from fusecore.linear import column_sum, finite_or_zero, linear, matmul, product, split_dot, tf32_parts, uses_product
+from fusecore.linear import (
+    column_sum,
+    finite_or_zero,
+    float32_matmul_precision,
+    linear,
+    matmul,
+    product,
+    split_dot,
+    tf32_parts,
+    torch_allows_tf32,
+    uses_product,
+)
 from fusecore.testing import assert_all_written, assert_close, fresh_generator, poisoned, test_device
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
@@ -269,6 +285,83 @@ def test_float32_product_setting_is_checked(device, monkeypatch):
     monkeypatch.setattr(linear_module, "FLOAT32_PRODUCT", "tf32")
     with pytest.raises(ValueError, match="FLOAT32_PRODUCT must be one of"):
         product(torch.ones(4, 5, device=device), torch.ones(5, 3, device=device))
+
+
+def test_torch_allows_tf32_reads_each_of_torchs_settings():
+    """torch_allows_tf32 follows torch.set_float32_matmul_precision ("highest" no; "high", "medium" yes), the legacy
+    allow_tf32 flag, and the newer fp32_precision attributes (in a subprocess: once a process sets those to "tf32",
+    torch refuses reads of the legacy settings for the rest of it)."""
+    assert not torch_allows_tf32()  # torch's default, which the tests run under
+    for precision, allowed in (("highest", False), ("high", True), ("medium", True)):
+        with float32_matmul_precision(precision):
+            assert torch_allows_tf32() == allowed, precision
+    assert not torch_allows_tf32()
+    matmul_flags = torch.backends.cuda.matmul
+    matmul_flags.allow_tf32 = True
+    try:
+        assert torch_allows_tf32()
+    finally:
+        matmul_flags.allow_tf32 = False
+    assert not torch_allows_tf32()
+    if not hasattr(matmul_flags, "fp32_precision"):
+        return
+    code = ("import torch\n"
+            "from fusecore.linear import torch_allows_tf32\n"
+            "m = torch.backends.cuda.matmul\n"
+            "seen = [torch_allows_tf32()]\n"
+            "m.fp32_precision = 'tf32'; seen.append(torch_allows_tf32())\n"
+            "m.fp32_precision = 'ieee'; seen.append(torch_allows_tf32())\n"
+            "torch.backends.fp32_precision = 'tf32'; m.fp32_precision = 'none'; seen.append(torch_allows_tf32())\n"
+            "print(seen)\n")
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=root,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[False, True, False, True]", done.stdout
+
+
+class _Launches:
+    """A kernel stand-in that records each launch's PRECISION (or "held") and launches the kernel."""
+
+    def __init__(self, kernel, name: str, seen: list):
+        self.kernel, self.name, self.seen = kernel, name, seen
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.seen.append((self.name, kwargs.get("PRECISION")))
+            return self.kernel[grid](*args, **kwargs)
+        return launch
+
+
+def test_float32_products_follow_torchs_tf32_setting(device, poison, monkeypatch):
+    """Where torch's float32 products may use TF32 ("high"), product takes one TF32 product (the row-block
+    kernel, PRECISION "tf32": the held kernel is for "tf32x3" only), else FLOAT32_PRODUCT's three parts (the held
+    kernel); FLOAT32_FOLLOWS_TORCH False keeps the three parts under "high" too; against float64 at float32's
+    tolerance (which allows TF32: on the interpreter the products are exact)."""
+    seen = []
+    monkeypatch.setattr(linear_module, "product_rows_kernel", _Launches(linear_module.product_rows_kernel, "rows",
+                                                                        seen))
+    monkeypatch.setattr(linear_module, "product_held_kernel", _Launches(linear_module.product_held_kernel, "held",
+                                                                        seen))
+    gen = fresh_generator(device)
+    a, b = torch.randn(70, 24, generator=gen, device=device), torch.randn(24, 40, generator=gen, device=device)
+    bias = torch.randn(40, generator=gen, device=device)
+    want = a.double() @ b.double() + bias.double()
+    runs = {}
+    for precision, follows in (("highest", True), ("high", True), ("high", False), ("medium", True)):
+        monkeypatch.setattr(linear_module, "FLOAT32_FOLLOWS_TORCH", follows)
+        seen.clear()
+        with float32_matmul_precision(precision):
+            tf32 = follows and precision != "highest"
+            assert linear_module.dot_precision(torch.float32) == ("tf32" if tf32 else "tf32x3")
+            assert linear_module.dot_precision(torch.bfloat16) == "tf32"
+            out = product(a, b, bias)
+        runs[precision, follows] = list(seen)
+        assert_all_written(out)
+        assert_close(out, want, dtype=torch.float32, name=f"product at {precision} (follows {follows}, seed "
+                                                          f"{gen.initial_seed()})")
+    assert runs["highest", True] == runs["high", False] == [("held", None)], runs
+    assert runs["high", True] == runs["medium", True] == [("rows", "tf32")], runs
 
 
 def test_product_splits_long_reductions_over_few_tiles(device, monkeypatch):

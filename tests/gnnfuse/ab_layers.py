@@ -8,7 +8,8 @@ graph has them), ``tr`` (GraphTransformerConv), ``tredge`` (with 16 edge feature
 DTYPE ``fp32`` or ``bf16``. Each ``name=value`` (a Python literal) sets that module constant of
 ``gnnfuse.ops`` for the row (``schedule.NAME=value``: of ``gnnfuse.schedule``, e.g.
 ``schedule.DEFAULT_LIGHT_MAX=32``; ``linear.NAME=value``: of ``fusecore.linear``, e.g.
-``linear.STACK_LINEARS=False``), or ``max_light_rows=N`` the GPU's light rows per program
+``linear.STACK_LINEARS=False``), ``matmul_precision='high'`` torch's ``set_float32_matmul_precision`` for the row
+(float32 products in TF32, which fusecore.linear follows), or ``max_light_rows=N`` the GPU's light rows per program
 (``gnnfuse.schedule.GPU_TILES``); the graph's schedules and launch plans are
 rebuilt for every row and the constants restored after it. Each row checks the layer's output against its
 first row of the same layer and dtype (a variant changes launches, never values beyond rounding), then times,
@@ -38,6 +39,7 @@ import torch
 LAYERS = ("gat", "gatv2", "gv2edge", "tr", "tredge", "agnn")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 EDGE_DIM = 16
+MATMUL_PRECISIONS = ("highest", "high", "medium")
 
 
 def parse(row: str) -> tuple[str, str, dict]:
@@ -74,13 +76,20 @@ GPU_TILE_FIELDS = ("max_light_rows",)  # row settings of gnnfuse.schedule.GPU_TI
 def apply(settings: dict):
     """Set ``settings`` on gnnfuse.ops (``NAME``; a per-score dict takes any of the score kinds as keys),
     gnnfuse.schedule (``schedule.NAME``) or the GPU tile limits (``max_light_rows``); returns the function
-    restoring them.  Every setting is checked before any is set: a refused one leaves the modules as they were."""
+    restoring them (``matmul_precision``: torch's float32 matmul precision too).  Every setting is checked before
+    any is set: a refused one leaves the modules as they were."""
     from fusecore import linear
     from gnnfuse import ops, schedule
 
     tiles = schedule.GPU_TILES
     changes = []
+    precision = None
     for name, value in settings.items():
+        if name == "matmul_precision":
+            if value not in MATMUL_PRECISIONS:
+                raise ValueError(f"matmul_precision: expected one of {MATMUL_PRECISIONS}, got {value!r}")
+            precision = value
+            continue
         if name in GPU_TILE_FIELDS:
             tiles = dataclasses.replace(tiles, **{name: int(value)})
             continue
@@ -106,8 +115,12 @@ def apply(settings: dict):
     saved = [(target, constant, getattr(target, constant)) for target, constant, _ in changes]
     for target, constant, value in changes:
         setattr(target, constant, value)
+    saved_precision = torch.get_float32_matmul_precision()
+    if precision is not None:
+        torch.set_float32_matmul_precision(precision)
 
     def restore():
+        torch.set_float32_matmul_precision(saved_precision)
         schedule.GPU_TILES = saved_tiles
         for target, constant, value in reversed(saved):
             setattr(target, constant, value)

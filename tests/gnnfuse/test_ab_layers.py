@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 import ab_layers  # noqa: E402
@@ -61,6 +62,13 @@ def test_settings_are_restored_and_unknown_names_refused():
         with pytest.raises(ValueError, match="keys"):
             ab_layers.apply({"EDGE_WEIGHT_GRAD_NODES": bad})
     assert ops.EDGE_WEIGHT_GRAD_NODES is nodes
+    restore = ab_layers.apply({"matmul_precision": "high"})  # torch's float32 matmul precision, for the row
+    assert torch.get_float32_matmul_precision() == "high" and linear.torch_allows_tf32()
+    restore()
+    assert torch.get_float32_matmul_precision() == "highest" and not linear.torch_allows_tf32()
+    with pytest.raises(ValueError, match="matmul_precision: expected one of"):
+        ab_layers.apply({"max_light_rows": 2, "matmul_precision": "tf32"})
+    assert schedule.GPU_TILES is tiles and torch.get_float32_matmul_precision() == "highest"
 
 
 def test_a_run_prints_one_checked_row_per_variant(capsys):

@@ -216,6 +216,40 @@ def test_float32_projection_follows_the_float32_product_setting(monkeypatch):
     assert not ops.fuses_projection(x, weight, 8, 16)
 
 
+def test_float32_projection_follows_torchs_tf32_setting(monkeypatch):
+    """Where torch's float32 products may use TF32 (torch.set_float32_matmul_precision("high")), the fused float32
+    projection takes one TF32 product (the slice kernel with PRECISION "tf32", not the held parts' three), as
+    fusecore.linear's products do; against the float64 oracle at float32's tolerance."""
+    from fusecore import linear as core_linear
+
+    seen = []
+    for name in ("projection_scores_kernel", "projection_scores_held_kernel"):
+        kernel = getattr(ops, name)
+
+        class Spy:
+            def __getitem__(self, grid, kernel=kernel, name=name):
+                return lambda *args, **kwargs: seen.append((name, kwargs.get("PRECISION"))) or kernel[grid](
+                    *args, **kwargs)
+
+        monkeypatch.setattr(ops, name, Spy())
+    gen = fresh_generator()
+    seed = gen.initial_seed()
+    x = torch.randn(300, 128, generator=gen).to(DEVICE)
+    weight = (torch.randn(128, 128, generator=gen) / 128**0.5).to(DEVICE)
+    attn_l, attn_r = (torch.randn(1, 8, 16, generator=gen).to(DEVICE) for _ in range(2))
+    ref_wh, ref_el, ref_er = _oracle(x, weight, attn_l, attn_r, 8, 16)
+    for precision, kernel in (("highest", ("projection_scores_held_kernel", None)),
+                              ("high", ("projection_scores_kernel", "tf32"))):
+        seen.clear()
+        with core_linear.float32_matmul_precision(precision):
+            assert ops.fuses_projection(x, weight, 8, 16)
+            assert (ops._projection_held_tiling(x, weight, 8, 16) is None) == (precision == "high")
+            wh, el, er = ops._projection_scores(x, weight, attn_l, attn_r, 8, 16)
+        assert seen == [kernel], (precision, seen)
+        for got, want, name in ((wh, ref_wh, "wh"), (el, ref_el, "el"), (er, ref_er, "er")):
+            assert_close(got, want.float(), torch.float32, name=f"{name} at {precision} (seed {seed})")
+
+
 @pytest.mark.parametrize("dtype, in_feats", [*((d, 24) for d in FUSED), (torch.bfloat16, 37), (torch.float16, 26)])
 @pytest.mark.parametrize("residual", [False, True])
 def test_gatconv_with_the_fused_projection_matches_the_unfused_layer(dtype, in_feats, residual, monkeypatch):
