@@ -41,9 +41,11 @@ operand is exact in TF32, a widened 2-byte float: gnnfuse's edge-weight gradient
 is cuBLAS on the FP32 units, compute-bound for a graph layer's shapes (four ``[169 343, 128]`` maps: 551 µs on
 the H200, where moving the bytes takes ~100).  That is the float32 of torch's default,
 ``torch.get_float32_matmul_precision() == "highest"``.  Where the user lets torch's own products round to TF32
-(``"high"``, ``"medium"``, ``allow_tf32`` or ``fp32_precision = "tf32"``: :func:`torch_allows_tf32`), these products
-do the same, one TF32 product each (:func:`dot_precision`, :data:`FLOAT32_FOLLOWS_TORCH`): what cuBLAS does for
-torch then, at TF32's error (relative 1e-4 to 1e-3 over a graph layer's reductions).
+(``"high"``, ``"medium"``, ``allow_tf32`` or ``fp32_precision = "tf32"``: :func:`torch_allows_tf32`), ``linear``
+and ``matmul`` are torch's (cuBLAS's one TF32 product, faster there than :func:`product`'s: :func:`_tf32_is_torchs`),
+and :func:`product` itself and the kernels that fuse a product with more work take one TF32 product
+(:func:`dot_precision`, :data:`FLOAT32_FOLLOWS_TORCH`), at TF32's error (relative 1e-4 to 1e-3 over a graph
+layer's reductions).
 The gradients' products (:func:`matmul`) stay torch's unless :data:`BACKWARD_PRODUCTS` is set (measured
 slower or equal on the H100, the sweep below; on the H200 in session 26 the Transformer fp32 step's GPU time 2.6%
 lower with it — ∂W split over the rows, 369 against cuBLAS's 430 µs — but its host time higher: not the
@@ -182,8 +184,9 @@ def column_sum(x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.T
 # 3-10x less accurate (call 3), and was removed.
 FLOAT32_PRODUCT: str | None = "tf32x3"
 # Where the user lets torch's own float32 products use TF32 (torch.set_float32_matmul_precision("high"), ...:
-# torch_allows_tf32), the products here take one TF32 product too ("tf32", as cuBLAS then does) instead of
-# FLOAT32_PRODUCT's three; False keeps FLOAT32_PRODUCT whatever torch is set to.
+# torch_allows_tf32), linear and matmul are torch's (cuBLAS's TF32 product: _tf32_is_torchs) and product and the
+# fused kernels take one TF32 product ("tf32") instead of FLOAT32_PRODUCT's three; False keeps FLOAT32_PRODUCT
+# whatever torch is set to.
 FLOAT32_FOLLOWS_TORCH = True
 BACKWARD_PRODUCTS = False
 PRODUCT_BLOCK_M = 128
@@ -653,16 +656,31 @@ def product(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) 
     return total if bias is None else total + bias
 
 
+def _tf32_is_torchs() -> bool:
+    """Whether the products :func:`linear` and :func:`matmul` would run as :func:`product` are torch's instead:
+    where torch's own float32 products may use TF32 (:func:`torch_allows_tf32`, with :data:`FLOAT32_FOLLOWS_TORCH`),
+    cuBLAS's one TF32 product is the faster (session 46, H200, the Graph Transformer fp32 under "high", replayed
+    µs: forward 562 / step 1812 with cuBLAS's products, 602 / 1851 with :func:`product`'s "tf32" row-block kernel,
+    722 / 2266 at "highest"; ``benchmarks/results/H200/gnn-ab-tf32.s46c3.log``).  Kernels that fuse a product with
+    more work (gnnfuse's GAT projection and node scores) keep theirs, in "tf32" (:func:`dot_precision`)."""
+    return FLOAT32_FOLLOWS_TORCH and torch_allows_tf32()
+
+
 def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``a @ b`` of 2-D tensors, a gradient's product: :func:`product` where :data:`BACKWARD_PRODUCTS` is on and
-    it applies (:func:`uses_product`: float32), else torch's."""
-    return product(a, b) if BACKWARD_PRODUCTS and uses_product(a, b) else a @ b
+    it applies (:func:`uses_product`: float32; not under TF32, :func:`_tf32_is_torchs`), else torch's."""
+    return product(a, b) if BACKWARD_PRODUCTS and uses_product(a, b) and not _tf32_is_torchs() else a @ b
+
+
+def _takes_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
+    """Whether :func:`linear`'s forward runs :func:`product`: float32 (:func:`uses_product`) with 16-byte aligned
+    rows (:func:`_aligned_rows`), and not under TF32 (:func:`_tf32_is_torchs`)."""
+    return uses_product(x, weight, bias) and _aligned_rows(x) and not _tf32_is_torchs()
 
 
 def _forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)``, float32 with 16-byte aligned rows through :func:`product`
-    (:func:`uses_product`, :func:`_aligned_rows`)."""
-    if not (uses_product(x, weight, bias) and _aligned_rows(x)):
+    """``F.linear(x, weight, bias)``, through :func:`product` where :func:`_takes_product`."""
+    if not _takes_product(x, weight, bias):
         return F.linear(x, weight, bias)
     if x.dim() == 2:
         return product(x, weight.t(), bias)
@@ -743,6 +761,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         return F.linear(x, weight, bias)  # autocast: torch's product in autocast's dtype, its own backward
     if not records:
         return _forward(x, weight, bias)
-    if bias is None and not (uses_product(x, weight) and _aligned_rows(x)):
+    if bias is None and not _takes_product(x, weight):
         return F.linear(x, weight, bias)
     return _Linear.apply(x, weight, bias)

@@ -337,7 +337,8 @@ def test_float32_products_follow_torchs_tf32_setting(device, poison, monkeypatch
     """Where torch's float32 products may use TF32 ("high"), product takes one TF32 product (the row-block
     kernel, PRECISION "tf32": the held kernel is for "tf32x3" only), else FLOAT32_PRODUCT's three parts (the held
     kernel); FLOAT32_FOLLOWS_TORCH False keeps the three parts under "high" too; against float64 at float32's
-    tolerance (which allows TF32: on the interpreter the products are exact)."""
+    tolerance (which allows TF32: on the interpreter the products are exact).  linear and matmul under TF32 are
+    torch's own products."""
     seen = []
     monkeypatch.setattr(linear_module, "product_rows_kernel", _Launches(linear_module.product_rows_kernel, "rows",
                                                                         seen))
@@ -362,6 +363,16 @@ def test_float32_products_follow_torchs_tf32_setting(device, poison, monkeypatch
                                                           f"{gen.initial_seed()})")
     assert runs["highest", True] == runs["high", False] == [("held", None)], runs
     assert runs["high", True] == runs["medium", True] == [("rows", "tf32")], runs
+    # linear (and matmul) under TF32: torch's own product (cuBLAS's TF32 product, the faster), bit for bit
+    x, weight = a.requires_grad_(), b.t().contiguous().requires_grad_()
+    with float32_matmul_precision("high"):
+        seen.clear()
+        assert torch.equal(linear(x, weight, bias), F.linear(x, weight, bias)) and not seen
+        monkeypatch.setattr(linear_module, "BACKWARD_PRODUCTS", True)
+        assert torch.equal(matmul(a, b), a @ b) and not seen
+        monkeypatch.setattr(linear_module, "FLOAT32_FOLLOWS_TORCH", False)
+        linear(x, weight, bias)
+        assert seen == [("held", None)], seen
 
 
 def test_product_splits_long_reductions_over_few_tiles(device, monkeypatch):
