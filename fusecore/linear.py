@@ -522,8 +522,22 @@ def torch_allows_tf32() -> bool:
 @contextlib.contextmanager
 def float32_matmul_precision(precision: str) -> Iterator[None]:
     """``torch.set_float32_matmul_precision(precision)`` (``"highest"``, ``"high"``, ``"medium"``) within, the
-    previous setting restored after: a test's or a benchmark's TF32 rows."""
-    before = torch.get_float32_matmul_precision()
+    previous setting restored after: a test's or a benchmark's TF32 rows.  In a process that has set torch's newer
+    API (``torch.backends.cuda.matmul.fp32_precision``; torch then refuses the legacy calls), that attribute instead:
+    ``"ieee"`` for ``"highest"``, else ``"tf32"``."""
+    if precision not in ("highest", "high", "medium"):
+        raise ValueError(f"float32_matmul_precision: expected 'highest', 'high' or 'medium', got {precision!r}")
+    try:
+        before = torch.get_float32_matmul_precision()
+    except RuntimeError:  # the newer API is in use
+        matmul = torch.backends.cuda.matmul
+        before = matmul.fp32_precision
+        matmul.fp32_precision = "ieee" if precision == "highest" else "tf32"
+        try:
+            yield
+        finally:
+            matmul.fp32_precision = before
+        return
     torch.set_float32_matmul_precision(precision)
     try:
         yield

@@ -290,7 +290,11 @@ def test_float32_product_setting_is_checked(device, monkeypatch):
 def test_torch_allows_tf32_reads_each_of_torchs_settings():
     """torch_allows_tf32 follows torch.set_float32_matmul_precision ("highest" no; "high", "medium" yes), the legacy
     allow_tf32 flag, and the newer fp32_precision attributes (in a subprocess: once a process sets those to "tf32",
-    torch refuses reads of the legacy settings for the rest of it)."""
+    torch refuses reads of the legacy settings for the rest of it; float32_matmul_precision then sets and restores
+    the newer attribute)."""
+    with pytest.raises(ValueError, match="expected 'highest', 'high' or 'medium'"):
+        with float32_matmul_precision("tf32"):
+            pass
     assert not torch_allows_tf32()  # torch's default, which the tests run under
     for precision, allowed in (("highest", False), ("high", True), ("medium", True)):
         with float32_matmul_precision(precision):
@@ -312,12 +316,17 @@ def test_torch_allows_tf32_reads_each_of_torchs_settings():
             "m.fp32_precision = 'tf32'; seen.append(torch_allows_tf32())\n"
             "m.fp32_precision = 'ieee'; seen.append(torch_allows_tf32())\n"
             "torch.backends.fp32_precision = 'tf32'; m.fp32_precision = 'none'; seen.append(torch_allows_tf32())\n"
+            "m.fp32_precision = 'tf32'\n"
+            "from fusecore.linear import float32_matmul_precision\n"
+            "with float32_matmul_precision('highest'):\n"
+            "    seen.append(torch_allows_tf32())\n"
+            "seen.append(m.fp32_precision)\n"
             "print(seen)\n")
     root = Path(__file__).resolve().parents[2]
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=root,
                           env={**os.environ, "PYTHONPATH": str(root)})
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip().splitlines()[-1] == "[False, True, False, True]", done.stdout
+    assert done.stdout.strip().splitlines()[-1] == "[False, True, False, True, False, 'tf32']", done.stdout
 
 
 class _Launches:
