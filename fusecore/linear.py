@@ -44,8 +44,9 @@ the H200, where moving the bytes takes ~100).  That is the float32 of torch's de
 (``"high"``, ``"medium"``, ``allow_tf32`` or ``fp32_precision = "tf32"``: :func:`torch_allows_tf32`), ``linear``
 and ``matmul`` are torch's (cuBLAS's one TF32 product, faster there than :func:`product`'s: :func:`_tf32_is_torchs`),
 and :func:`product` itself and the kernels that fuse a product with more work take one TF32 product
-(:func:`dot_precision`, :data:`FLOAT32_FOLLOWS_TORCH`), at TF32's error (relative 1e-4 to 1e-3 over a graph
-layer's reductions).
+(:func:`dot_precision`, :data:`FLOAT32_FOLLOWS_TORCH`), at TF32's error (H200, arxiv-like float32 forwards
+under ``"high"`` against the same at ``"highest"``: Graph Transformer 3.0e-4 with cuBLAS's products, GAT 9.6e-4
+relative; ``benchmarks/results/H200/gnn-ab-tf32*.s46c*.log``).
 The gradients' products (:func:`matmul`) stay torch's unless :data:`BACKWARD_PRODUCTS` is set (measured
 slower or equal on the H100, the sweep below; on the H200 in session 26 the Transformer fp32 step's GPU time 2.6%
 lower with it — ∂W split over the rows, 369 against cuBLAS's 430 µs — but its host time higher: not the
