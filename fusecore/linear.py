@@ -520,14 +520,17 @@ def torch_allows_tf32() -> bool:
     return bool(matmul.allow_tf32)
 
 
+MATMUL_PRECISIONS = ("highest", "high", "medium")  # torch.set_float32_matmul_precision's values
+
+
 @contextlib.contextmanager
 def float32_matmul_precision(precision: str) -> Iterator[None]:
     """``torch.set_float32_matmul_precision(precision)`` (``"highest"``, ``"high"``, ``"medium"``) within, the
     previous setting restored after: a test's or a benchmark's TF32 rows.  In a process that has set torch's newer
     API (``torch.backends.cuda.matmul.fp32_precision``; torch then refuses the legacy calls), that attribute instead:
     ``"ieee"`` for ``"highest"``, else ``"tf32"``."""
-    if precision not in ("highest", "high", "medium"):
-        raise ValueError(f"float32_matmul_precision: expected 'highest', 'high' or 'medium', got {precision!r}")
+    if precision not in MATMUL_PRECISIONS:
+        raise ValueError(f"float32_matmul_precision: expected one of {MATMUL_PRECISIONS}, got {precision!r}")
     try:
         before = torch.get_float32_matmul_precision()
     except RuntimeError:  # the newer API is in use

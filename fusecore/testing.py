@@ -8,6 +8,8 @@
 * :func:`fresh_generator` — a torch generator with a new random seed per call, the seed
   recorded so a failure can be replayed (:func:`record_seed`: a failing test's report names it);
 * :func:`test_device` — the device kernel tests run on in this kernel mode;
+* :func:`record_launches` — a module's kernels replaced by recorders that launch them and log each launch's
+  constexprs and options (which kernel ran, in which specialisation);
 * :class:`AllocationAudit` — records every tensor an op allocates (launcher buffers, tensors
   saved for backward), so a test can bound memory by construction, on any device;
 * :func:`no_host_sync` — fails any host synchronisation inside a block (a value read back to
@@ -128,6 +130,32 @@ def test_device() -> torch.device:
 
 
 test_device.__test__ = False  # type: ignore[attr-defined]  (not a pytest test)
+
+
+class _Recorded:
+    """A kernel stand-in: ``kernel[grid](*args, **kwargs)`` appends ``(name, kwargs)`` to ``log``, then launches."""
+
+    def __init__(self, kernel, name: str, log: list):
+        self.kernel, self.name, self.log = kernel, name, log
+
+    def __getitem__(self, grid):
+        launch = self.kernel[grid]
+
+        def recorded(*args, **kwargs):
+            self.log.append((self.name, kwargs))
+            return launch(*args, **kwargs)
+
+        return recorded
+
+
+def record_launches(monkeypatch, module, *names: str) -> list[tuple[str, dict]]:
+    """Replace each kernel ``names`` of ``module`` (launched there as ``name[grid](...)``) for the rest of the test
+    by a recorder that launches it; returns the list every launch appends ``(name, keyword arguments)`` to (the
+    constexprs and launch options: which kernel ran, specialised how)."""
+    log: list[tuple[str, dict]] = []
+    for name in names:
+        monkeypatch.setattr(module, name, _Recorded(getattr(module, name), name, log))
+    return log
 
 
 class AllocationAudit(TorchDispatchMode):

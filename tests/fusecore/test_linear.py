@@ -29,7 +29,14 @@ from fusecore.linear import (
     torch_allows_tf32,
     uses_product,
 )
-from fusecore.testing import assert_all_written, assert_close, fresh_generator, poisoned, test_device
+from fusecore.testing import (
+    assert_all_written,
+    assert_close,
+    fresh_generator,
+    poisoned,
+    record_launches,
+    test_device,
+)
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
@@ -292,7 +299,7 @@ def test_torch_allows_tf32_reads_each_of_torchs_settings():
     allow_tf32 flag, and the newer fp32_precision attributes (in a subprocess: once a process sets those to "tf32",
     torch refuses reads of the legacy settings for the rest of it; float32_matmul_precision then sets and restores
     the newer attribute)."""
-    with pytest.raises(ValueError, match="expected 'highest', 'high' or 'medium'"):
+    with pytest.raises(ValueError, match=r"expected one of \('highest', 'high', 'medium'\)"):
         with float32_matmul_precision("tf32"):
             pass
     assert not torch_allows_tf32()  # torch's default, which the tests run under
@@ -329,30 +336,17 @@ def test_torch_allows_tf32_reads_each_of_torchs_settings():
     assert done.stdout.strip().splitlines()[-1] == "[False, True, False, True, False, 'tf32']", done.stdout
 
 
-class _Launches:
-    """A kernel stand-in that records each launch's PRECISION (or "held") and launches the kernel."""
-
-    def __init__(self, kernel, name: str, seen: list):
-        self.kernel, self.name, self.seen = kernel, name, seen
-
-    def __getitem__(self, grid):
-        def launch(*args, **kwargs):
-            self.seen.append((self.name, kwargs.get("PRECISION")))
-            return self.kernel[grid](*args, **kwargs)
-        return launch
-
-
 def test_float32_products_follow_torchs_tf32_setting(device, poison, monkeypatch):
     """Where torch's float32 products may use TF32 ("high"), product takes one TF32 product (the row-block
     kernel, PRECISION "tf32": the held kernel is for "tf32x3" only), else FLOAT32_PRODUCT's three parts (the held
     kernel); FLOAT32_FOLLOWS_TORCH False keeps the three parts under "high" too; against float64 at float32's
     tolerance (which allows TF32: on the interpreter the products are exact).  linear and matmul under TF32 are
     torch's own products."""
-    seen = []
-    monkeypatch.setattr(linear_module, "product_rows_kernel", _Launches(linear_module.product_rows_kernel, "rows",
-                                                                        seen))
-    monkeypatch.setattr(linear_module, "product_held_kernel", _Launches(linear_module.product_held_kernel, "held",
-                                                                        seen))
+    log = record_launches(monkeypatch, linear_module, "product_rows_kernel", "product_held_kernel")
+
+    def launched() -> list[tuple[str, str | None]]:  # (kernel, its PRECISION constexpr) per launch
+        return [(name, kwargs.get("PRECISION")) for name, kwargs in log]
+
     gen = fresh_generator(device)
     a, b = torch.randn(70, 24, generator=gen, device=device), torch.randn(24, 40, generator=gen, device=device)
     bias = torch.randn(40, generator=gen, device=device)
@@ -360,28 +354,29 @@ def test_float32_products_follow_torchs_tf32_setting(device, poison, monkeypatch
     runs = {}
     for precision, follows in (("highest", True), ("high", True), ("high", False), ("medium", True)):
         monkeypatch.setattr(linear_module, "FLOAT32_FOLLOWS_TORCH", follows)
-        seen.clear()
+        log.clear()
         with float32_matmul_precision(precision):
             tf32 = follows and precision != "highest"
             assert linear_module.dot_precision(torch.float32) == ("tf32" if tf32 else "tf32x3")
             assert linear_module.dot_precision(torch.bfloat16) == "tf32"
             out = product(a, b, bias)
-        runs[precision, follows] = list(seen)
+        runs[precision, follows] = launched()
         assert_all_written(out)
         assert_close(out, want, dtype=torch.float32, name=f"product at {precision} (follows {follows}, seed "
                                                           f"{gen.initial_seed()})")
-    assert runs["highest", True] == runs["high", False] == [("held", None)], runs
-    assert runs["high", True] == runs["medium", True] == [("rows", "tf32")], runs
+    held, rows = [("product_held_kernel", None)], [("product_rows_kernel", "tf32")]
+    assert runs["highest", True] == runs["high", False] == held, runs
+    assert runs["high", True] == runs["medium", True] == rows, runs
     # linear (and matmul) under TF32: torch's own product (cuBLAS's TF32 product, the faster), bit for bit
     x, weight = a.requires_grad_(), b.t().contiguous().requires_grad_()
     with float32_matmul_precision("high"):
-        seen.clear()
-        assert torch.equal(linear(x, weight, bias), F.linear(x, weight, bias)) and not seen
+        log.clear()
+        assert torch.equal(linear(x, weight, bias), F.linear(x, weight, bias)) and not log
         monkeypatch.setattr(linear_module, "BACKWARD_PRODUCTS", True)
-        assert torch.equal(matmul(a, b), a @ b) and not seen
+        assert torch.equal(matmul(a, b), a @ b) and not log
         monkeypatch.setattr(linear_module, "FLOAT32_FOLLOWS_TORCH", False)
         linear(x, weight, bias)
-        assert seen == [("held", None)], seen
+        assert launched() == held, launched()
 
 
 def test_product_splits_long_reductions_over_few_tiles(device, monkeypatch):

@@ -1,6 +1,7 @@
 """fusecore.testing: the numeric helpers every domain's tests rely on."""
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from fusecore.testing import (
     fresh_generator,
     no_host_sync,
     poisoned,
+    record_launches,
     rel_error,
     tolerance,
 )
@@ -150,3 +152,29 @@ def test_failure_log_names_each_failure_as_it_happens(tmp_path):
     # a test drawing from a recorded generator: its seed in the log and in the terminal's failure report, once each
     assert text.count("FUSEKIT_TEST_SEED=4242 reruns this test") == 1
     assert run.stdout.count("FUSEKIT_TEST_SEED=4242 reruns this test") == 1, run.stdout
+
+
+def test_record_launches_logs_each_launch_and_launches_it(monkeypatch):
+    """record_launches: every ``kernel[grid](...)`` of the named kernels is logged (name, keyword arguments) in launch
+    order and still runs, with its grid; the kernels are restored with the test's monkeypatch."""
+    ran = []
+
+    class Kernel:
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: ran.append((self.name, grid, args, kwargs)) or self.name
+
+    first, second = Kernel("first"), Kernel("second")
+    module = SimpleNamespace(first=first, second=second, other=Kernel("other"))
+    with monkeypatch.context() as patch:
+        log = record_launches(patch, module, "first", "second")
+        assert module.first[(3,)](1, 2, BLOCK=16) == "first"
+        assert module.second[(1, 2)](X=1) == "second"
+        module.first[(4,)](5)
+        module.other[(1,)]()
+        assert log == [("first", {"BLOCK": 16}), ("second", {"X": 1}), ("first", {})]
+        assert ran[:3] == [("first", (3,), (1, 2), {"BLOCK": 16}), ("second", (1, 2), (), {"X": 1}),
+                           ("first", (4,), (5,), {})]
+    assert module.first is first and module.second is second

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import dataclasses
 import json
 import sys
@@ -39,7 +40,6 @@ import torch
 LAYERS = ("gat", "gatv2", "gv2edge", "tr", "tredge", "agnn")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 EDGE_DIM = 16
-MATMUL_PRECISIONS = ("highest", "high", "medium")
 
 
 def parse(row: str) -> tuple[str, str, dict]:
@@ -79,6 +79,7 @@ def apply(settings: dict):
     restoring them (``matmul_precision``: torch's float32 matmul precision too).  Every setting is checked before
     any is set: a refused one leaves the modules as they were."""
     from fusecore import linear
+    from fusecore.linear import MATMUL_PRECISIONS, float32_matmul_precision
     from gnnfuse import ops, schedule
 
     tiles = schedule.GPU_TILES
@@ -115,12 +116,12 @@ def apply(settings: dict):
     saved = [(target, constant, getattr(target, constant)) for target, constant, _ in changes]
     for target, constant, value in changes:
         setattr(target, constant, value)
-    saved_precision = torch.get_float32_matmul_precision()
+    scope = contextlib.ExitStack()
     if precision is not None:
-        torch.set_float32_matmul_precision(precision)
+        scope.enter_context(float32_matmul_precision(precision))
 
     def restore():
-        torch.set_float32_matmul_precision(saved_precision)
+        scope.close()
         schedule.GPU_TILES = saved_tiles
         for target, constant, value in reversed(saved):
             setattr(target, constant, value)

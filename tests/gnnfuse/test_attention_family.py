@@ -17,7 +17,7 @@ import torch
 from gnn_testing import SCHEDULES, corner_case_edges, planetoid, poison_op_outputs
 
 from fusecore import PhiloxStream
-from fusecore.testing import TOLERANCES, assert_all_written, assert_close
+from fusecore.testing import TOLERANCES, assert_all_written, assert_close, record_launches
 from gnnfuse import Graph, ops, reference
 
 
@@ -304,16 +304,7 @@ def test_row_launch_of_pieces_and_medium_rows(gen, device, monkeypatch, name, mi
     if merged == "capped":  # every row with two pieces or more is too long to merge inside
         monkeypatch.setattr(ops, "MERGE_INSIDE_MAX_TRIPS", 0)
         merged = False
-    merges = []
-    for kernel in ("lse_merge_kernel", "sum_merge_kernel"):  # the names ops launches them by
-        launch = getattr(ops, kernel)
-
-        class Counted:  # counts the merge kernel's launches
-            def __getitem__(self, grid, launch=launch, kernel=kernel):
-                merges.append(kernel)
-                return launch[grid]
-
-        monkeypatch.setattr(ops, kernel, Counted())
+    merges = record_launches(monkeypatch, ops, "lse_merge_kernel", "sum_merge_kernel")  # the merge launches
     graph = Graph(corner_case_edges(gen).to(device), 29)
     schedule = graph.schedule(3, 5, torch.float32, SCHEDULES["mixed"])
     buckets = schedule.incoming

@@ -14,7 +14,14 @@ import pytest
 import torch
 from gnn_testing import corner_case_edges, poison_op_outputs
 
-from fusecore.testing import assert_all_written, assert_close, fresh_generator, test_device, tolerance
+from fusecore.testing import (
+    assert_all_written,
+    assert_close,
+    fresh_generator,
+    record_launches,
+    test_device,
+    tolerance,
+)
 from gnnfuse import Graph, ops
 from gnnfuse.nn import GATConv
 
@@ -222,16 +229,7 @@ def test_float32_projection_follows_torchs_tf32_setting(monkeypatch):
     fusecore.linear's products do; against the float64 oracle at float32's tolerance."""
     from fusecore import linear as core_linear
 
-    seen = []
-    for name in ("projection_scores_kernel", "projection_scores_held_kernel"):
-        kernel = getattr(ops, name)
-
-        class Spy:
-            def __getitem__(self, grid, kernel=kernel, name=name):
-                return lambda *args, **kwargs: seen.append((name, kwargs.get("PRECISION"))) or kernel[grid](
-                    *args, **kwargs)
-
-        monkeypatch.setattr(ops, name, Spy())
+    log = record_launches(monkeypatch, ops, "projection_scores_kernel", "projection_scores_held_kernel")
     gen = fresh_generator()
     seed = gen.initial_seed()
     x = torch.randn(300, 128, generator=gen).to(DEVICE)
@@ -240,12 +238,13 @@ def test_float32_projection_follows_torchs_tf32_setting(monkeypatch):
     ref_wh, ref_el, ref_er = _oracle(x, weight, attn_l, attn_r, 8, 16)
     for precision, kernel in (("highest", ("projection_scores_held_kernel", None)),
                               ("high", ("projection_scores_kernel", "tf32"))):
-        seen.clear()
+        log.clear()
         with core_linear.float32_matmul_precision(precision):
             assert ops.fuses_projection(x, weight, 8, 16)
             assert (ops._projection_held_tiling(x, weight, 8, 16) is None) == (precision == "high")
             wh, el, er = ops._projection_scores(x, weight, attn_l, attn_r, 8, 16)
-        assert seen == [kernel], (precision, seen)
+        launched = [(name, kwargs.get("PRECISION")) for name, kwargs in log]
+        assert launched == [kernel], (precision, launched)
         for got, want, name in ((wh, ref_wh, "wh"), (el, ref_el, "el"), (er, ref_er, "er")):
             assert_close(got, want.float(), torch.float32, name=f"{name} at {precision} (seed {seed})")
 
