@@ -52,6 +52,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -182,6 +183,30 @@ def _current_device(driver: Any):
     return query
 
 
+def _key_lines(i: int, name: str, host_tensors: bool, unhandled: str) -> list[str]:
+    """Generated code setting ``a{i}`` (what the launcher is passed: a tensor's address, else the value) and ``k{i}``
+    (:func:`arg_key`, inline for plain tensors, ints and floats) for the runtime argument ``name``; ``unhandled``:
+    the statement run where :func:`arg_key` gives ``_SLOW``."""
+    device = "" if host_tensors else f" and {name}.is_cuda"
+    return [
+        f"    if type({name}) is __fl_T{device}:",
+        f"        a{i} = {name}.data_ptr()",
+        f"        k{i} = ({name}.dtype, a{i} & 15 == 0)",
+        f"    elif type({name}) is int:",  # arg_key's int key, inline
+        f"        a{i} = {name}",
+        f"        k{i} = ({name} == 1, {name} & 15 == 0, -0x80000000 <= {name} <= 0x7FFFFFFF, "
+        f"{name} >= 0x8000000000000000)",
+        f"    elif type({name}) is float:",
+        f"        a{i} = {name}",
+        f"        k{i} = float",
+        "    else:",
+        f"        k{i} = __fl_key({name}, __fl_host)",
+        f"        if k{i} is __fl_S:",
+        f"            {unhandled}",
+        f"        a{i} = {name}.data_ptr() if isinstance({name}, __fl_T) else {name}",
+    ]
+
+
 def _binder(params: list[inspect.Parameter], constexpr: tuple[bool, ...], host_tensors: bool = False):
     """``bind(*args, **kwargs) -> (values, full, runtime, key, options)`` or ``None``, for one kernel signature.
 
@@ -208,24 +233,7 @@ def _binder(params: list[inspect.Parameter], constexpr: tuple[bool, ...], host_t
             full.append(name)
             keys.append(name)
             continue
-        device = "" if host_tensors else f" and {name}.is_cuda"
-        lines += [
-            f"    if type({name}) is __fl_T{device}:",
-            f"        a{i} = {name}.data_ptr()",
-            f"        k{i} = ({name}.dtype, a{i} & 15 == 0)",
-            f"    elif type({name}) is int:",  # arg_key's int key, inline
-            f"        a{i} = {name}",
-            f"        k{i} = ({name} == 1, {name} & 15 == 0, -0x80000000 <= {name} <= 0x7FFFFFFF, "
-            f"{name} >= 0x8000000000000000)",
-            f"    elif type({name}) is float:",
-            f"        a{i} = {name}",
-            f"        k{i} = float",
-            "    else:",
-            f"        k{i} = __fl_key({name}, __fl_host)",
-            f"        if k{i} is __fl_S:",
-            "            return None",
-            f"        a{i} = {name}.data_ptr() if isinstance({name}, __fl_T) else {name}",
-        ]
+        lines += _key_lines(i, name, host_tensors, "return None")
         full.append(f"a{i}")
         runtime.append(f"a{i}")
         keys.append(f"k{i}")
@@ -260,6 +268,7 @@ def _install_into(base: type) -> type:
             self._fast_constexpr = tuple(bool(kp.is_constexpr) for kp in self.params)
             self._fast_runtime = tuple(i for i, c in enumerate(self._fast_constexpr) if not c)
             self._fast_bind = _binder(params, self._fast_constexpr, host_tensors)
+            self._fast_host = host_tensors
             self._fast_entries: dict[tuple, _Recorded | None] = {}
             if driver is None:
                 from triton.runtime import driver as drivers
@@ -321,6 +330,24 @@ def _install_into(base: type) -> type:
             )
             return entry.kernel
 
+        def _entry_for(self, args: tuple, kwargs: dict):
+            """The recorded launch of ``kernel[grid](*args, **kwargs)``'s specialisation on the current device: a
+            :class:`_Recorded`, ``None`` (it takes Triton's path), or ``_SLOW`` (none yet, or not keyed here)."""
+            if not hasattr(self, "_fast_entries"):
+                return _SLOW
+            try:
+                bound = self._fast_bind(*args, **kwargs)
+            except TypeError:
+                return _SLOW
+            if bound is None:
+                return _SLOW
+            options = bound[4]
+            key = (self._fast_device(), *bound[3], *options.items()) if options else (self._fast_device(), *bound[3])
+            try:
+                return self._fast_entries.get(key, _SLOW)
+            except TypeError:
+                return _SLOW
+
         def _first_launch(self, key: tuple, grid, args: tuple, kwargs: dict, values: list):
             """Launch through Triton's path, recording how it calls the compiled launcher."""
             with _first_launch:
@@ -372,3 +399,202 @@ def fast(function: Any) -> Any:
         cls = _classes[base] = _install_into(base)
     function.__class__ = cls
     return function
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Prepared launches: the arguments that stay the same from call to call keyed once
+
+
+CHECK_PREPARED = os.environ.get("FUSEKIT_CHECK_PREPARED", "").strip() not in ("", "0", "false", "False")
+
+
+class PreparedLaunchError(RuntimeError):
+    """A prepared launch's fixed tensor no longer lies where it did when the launch was prepared."""
+
+
+def prepare(kernel: Any, grid: tuple[int, ...], dynamic: tuple[str, ...], /, **fixed: Any):
+    """``launch(*values)``: ``kernel[grid](...)`` with the parameters named in ``dynamic`` taken from ``values`` (in
+    that order) and every other argument from ``fixed`` (parameters by name, their defaults where left out, and
+    launch options such as ``num_warps``).
+
+    ``prepare(k, (n,), ("x_ptr", "scale"), y_ptr=y, BLOCK=64, num_warps=4)(x, 0.5)`` launches exactly as
+    ``k[(n,)](x, y, 0.5, BLOCK=64, num_warps=4)`` (parameters ``x_ptr, y_ptr, scale, BLOCK``).  For a compiled
+    kernel (:func:`fast`) the fixed arguments' share of the specialisation key (:func:`arg_key`) and the fixed
+    tensors' addresses are computed here, once; a launch keys only its ``values``, and its first launch of each
+    specialisation takes the kernel's own path (:class:`FastJITFunction`, which records the launcher).  That is
+    what a layer's launches repeat on every call: the schedule's row lists, counts, tile sizes and flags are fixed
+    per schedule, only the features, outputs and scalars change (a 48-argument launch keyed whole costs ~20 µs of
+    host time on a CPU machine's Python; prepared with 24 fixed, ~7).  Launch hooks (a profiler), ``torch.compile``
+    tracing, the direct path turned off (:func:`set_fast_launch`), an argument :func:`arg_key` does not handle, or
+    a kernel that is not compiled here (the interpreter, :mod:`fusecore.compile_check`) launch through
+    ``kernel[grid]`` with the full argument list, every time.
+
+    A fixed tensor is launched at the address it had here: it must outlive the launch object and never be resized
+    or re-pointed (``set_``) — the schedule's own tensors, say.  ``FUSEKIT_CHECK_PREPARED=1`` (or
+    :data:`CHECK_PREPARED`) checks every fixed tensor's address on every launch and raises
+    :class:`PreparedLaunchError` where one moved.  Raises ``TypeError`` for a name that is not a parameter, a
+    parameter named twice or given nowhere, and a ``grid`` that is not a tuple of ints.
+    """
+    function = getattr(kernel, "fn", kernel)
+    while hasattr(function, "fn") and not inspect.isfunction(function):
+        function = function.fn
+    parameters = list(inspect.signature(function).parameters.values())
+    names = [p.name for p in parameters]
+    dynamic = tuple(dynamic)
+    for name in dynamic:
+        if name not in names:
+            raise TypeError(f"prepare: {name!r} in dynamic is not a parameter of {function.__name__}")
+        if name in fixed:
+            raise TypeError(f"prepare: {name!r} is both dynamic and fixed")
+    if len(set(dynamic)) != len(dynamic):
+        raise TypeError(f"prepare: dynamic names a parameter twice: {dynamic}")
+    for p in parameters:
+        if p.name not in fixed and p.name not in dynamic and p.default is inspect.Parameter.empty:
+            raise TypeError(f"prepare: parameter {p.name!r} of {function.__name__} is neither fixed nor dynamic")
+    if isinstance(grid, list):
+        grid = tuple(grid)
+    if not (isinstance(grid, tuple) and 1 <= len(grid) <= 3 and all(type(g) is int for g in grid)):
+        raise TypeError(f"prepare: grid must be a tuple of 1-3 ints, got {grid!r}")
+    options = {k: v for k, v in fixed.items() if k not in names}
+    template = [fixed[p.name] if p.name in fixed else p.default for p in parameters]
+    slots = tuple(names.index(name) for name in dynamic)
+
+    def full(values: tuple) -> list:
+        args = list(template)
+        for slot, value in zip(slots, values):
+            args[slot] = value
+        return args
+
+    def plain(*values: Any):
+        if len(values) != len(slots):
+            raise TypeError(f"{function.__name__}: prepared launch takes {len(slots)} arguments "
+                            f"{dynamic}, got {len(values)}")
+        return kernel[grid](*full(values), **options)
+
+    if type(kernel) not in _classes.values():
+        return plain
+    if not hasattr(kernel, "_fast_entries"):
+        kernel._fast_setup()
+    return _prepared_direct(kernel, grid, dynamic, slots, template, options, full, plain)
+
+
+def _prepared_direct(kernel: Any, grid: tuple[int, ...], dynamic: tuple[str, ...], slots: tuple[int, ...],
+                     template: list, options: dict, full, plain):
+    """The generated launch of :func:`prepare` for a compiled kernel (``plain`` where a fixed argument's
+    specialisation is not handled here)."""
+    constexpr = kernel._fast_constexpr
+    host_tensors = kernel._fast_host
+    namespace: dict[str, Any] = {
+        "__fl_key": arg_key, "__fl_T": _Tensor, "__fl_S": _SLOW, "__fl_host": host_tensors, "__fl_mod": _module(),
+        "__fl_plain": plain,
+        "__fl_device": kernel._fast_device, "__fl_stream": kernel._fast_driver.get_current_stream,
+    }
+    entries: dict[tuple, Any] = {}
+    fixed_tensors: list[tuple[_Tensor, int]] = []
+    full_items: list[str] = []
+    runtime_items: list[str] = []
+    dynamic_lines: list[str] = []
+    dynamic_keys: list[str] = []
+    for index, (value, is_constexpr) in enumerate(zip(template, constexpr)):
+        if index in slots:
+            name = f"d{slots.index(index)}"
+            if is_constexpr:
+                full_items.append(name)
+                dynamic_keys.append(name)
+            else:
+                dynamic_lines += _key_lines(index, name, host_tensors,
+                                            f"return __fl_plain({', '.join(f'd{j}' for j in range(len(slots)))})")
+                full_items.append(f"a{index}")
+                runtime_items.append(f"a{index}")
+                dynamic_keys.append(f"k{index}")
+            continue
+        constant = f"__fl_c{index}"
+        if is_constexpr:
+            namespace[constant] = value
+            full_items.append(constant)
+            continue
+        key = arg_key(value, host_tensors)
+        if key is _SLOW:
+            return plain
+        if isinstance(value, _Tensor):
+            address = value.data_ptr()
+            fixed_tensors.append((value, address))
+            namespace[constant] = address
+        else:
+            namespace[constant] = value
+        full_items.append(constant)
+        runtime_items.append(constant)
+    values = ", ".join(f"d{j}" for j in range(len(slots)))
+    grid3 = (*grid, 1, 1)[:3]
+
+    def tuple_of(items: list[str]) -> str:
+        return f"({', '.join(items)},)" if items else "()"
+
+    body = [
+        "    if not __fl_mod._enabled or __fl_mod._compiling() or __fl_mod._hooks_active():",
+        f"        return __fl_plain({values})",
+        "    if __fl_mod.CHECK_PREPARED:",
+        "        __fl_check()",
+        *dynamic_lines,
+        "    device = __fl_device()",
+        f"    key = (device, {', '.join(dynamic_keys)})" if dynamic_keys else "    key = (device,)",
+        "    try:",
+        "        entry = __fl_entries.get(key, __fl_S)",
+        "    except TypeError:",
+        f"        return __fl_plain({values})",
+        "    if entry is __fl_S:",
+        f"        return __fl_first(key, ({values}{',' if len(slots) == 1 else ''}))",
+        "    if entry is None:",
+        f"        return __fl_plain({values})",
+        "    if entry.all_params:",
+        f"        entry.launcher({grid3[0]}, {grid3[1]}, {grid3[2]}, __fl_stream(device), *entry.lead, "
+        f"*{tuple_of(full_items)})",
+        "    else:",
+        f"        entry.launcher({grid3[0]}, {grid3[1]}, {grid3[2]}, __fl_stream(device), *entry.lead, "
+        f"*{tuple_of(runtime_items)})",
+        "    return entry.kernel",
+    ]
+    # launch: inside a launch_profile block, core timed and counted as the kernel's launches
+    packed = f"({values}{',' if len(slots) == 1 else ''})"
+    source = "\n".join([f"def core({values}):", *body, "", f"def launch({values}):",
+                        "    if __fl_mod._profile is not None:", f"        return __fl_timed(core, {packed})",
+                        *body, ""])
+
+    def check() -> None:
+        for tensor, address in fixed_tensors:
+            if tensor.data_ptr() != address:
+                raise PreparedLaunchError(
+                    f"{kernel.fn.__name__}: a fixed tensor of a prepared launch moved from {address:#x} to "
+                    f"{tensor.data_ptr():#x} (resized or re-pointed after prepare)")
+
+    def first(key: tuple, values: tuple):
+        args = tuple(full(values))
+        result = kernel._fast_launch(grid, args, options)
+        entries[key] = entry = kernel._entry_for(args, options)
+        if entry is _SLOW:
+            entries[key] = None
+        return result
+
+    def timed(core, values: tuple):
+        """``core(*values)`` counted and timed in the open :func:`launch_profile` block (once: a launch that went
+        through ``kernel[grid]`` was counted there)."""
+        stats = _profile.setdefault(kernel.fn.__name__, LaunchStats())
+        before = stats.launches
+        start = time.perf_counter()
+        try:
+            return core(*values)
+        finally:
+            if stats.launches == before:
+                stats.launches += 1
+                stats.host_s += time.perf_counter() - start
+
+    namespace.update({"__fl_entries": entries, "__fl_check": check, "__fl_first": first, "__fl_timed": timed})
+    exec(source, namespace)  # noqa: S102 - generated from the kernel's own parameter positions
+    launch = namespace["launch"]
+    launch.__name__ = f"prepared_{kernel.fn.__name__}"
+    launch.entries = entries
+    return launch
+
+
+def _module():
+    return sys.modules[__name__]

@@ -38,6 +38,7 @@ from torch.autograd.function import once_differentiable
 
 from fusecore import DevicePhiloxStream, PhiloxStream, backend, cdiv, next_power_of_2
 from fusecore import linear as linear_module
+from fusecore.fast_launch import prepare
 from fusecore.linear import column_sum, dot_precision, linear, matmul, uses_product
 from fusecore.plan import MIN_DOT
 from fusecore.rows import gather_rows, scatter_rows
@@ -826,14 +827,20 @@ def attention_forward(
                                              merged))
     factor = lse if inputs.edge_factor is None else inputs.edge_factor  # never read without FACTOR
     edge_score = lse if inputs.edge_score is None else inputs.edge_score  # nor this without EDGE_SCORE
-    save = ({"scores_ptr": saves[0], "slopes_ptr": saves[1], "SAVE": True, "SLOPE_BITS": _slope_bits(schedule)[0]}
-            if saves is not None else {})
-    for grid, ranges, counts, meta in light:
-        attention_forward_light_kernel[grid](
-            graph.csr_src, graph.csr_eid, *ranges, *tensors, out, lse, add, final, factor, edge_score, *counts, heads,
-            head_dim, inputs.edge_dim, *scalars, add_stride, feat_stride, **meta, **save,
-        )
-    for (rows, starts, stops, count, pieces), meta in zip(_row_launches(buckets, mixed, merged), row_meta):
+    saving = saves is not None
+    save = {"SAVE": True, "SLOPE_BITS": _slope_bits(schedule)[0]} if saving else {}
+    common = (graph.csr_src, graph.csr_eid, *tensors)
+    after = (*scalars, add_stride, feat_stride)
+    saved = saves if saving else ()
+    for index, (grid, ranges, counts, meta) in enumerate(light):
+        prepared = (_prepared(schedule, (key, "light", index, saving), light) or _prepare(
+            schedule, (key, "light", index, saving), light, attention_forward_light_kernel, grid,
+            FORWARD_DYNAMIC + (SAVES_DYNAMIC if saving else ()),
+            dict(zip(("rows_ptr", "starts_ptr", "stops_ptr"), ranges), **_light_counts(counts), H=heads, D=head_dim,
+                 K=inputs.edge_dim, **meta, **save)))
+        prepared(*common, out, lse, add, final, factor, edge_score, *after, *saved)
+    for index, ((rows, starts, stops, count, pieces), meta) in enumerate(
+            zip(_row_launches(buckets, mixed, merged), row_meta)):
         num_pieces = buckets.num_pieces if pieces else 0
         if pieces:
             piece_out = _new_output((num_pieces, heads, head_dim), acc, value.device)
@@ -841,18 +848,65 @@ def attention_forward(
         else:
             piece_out, piece_lse = out, lse  # never written
         target_out, target_lse = (piece_out, piece_lse) if pieces is True else (out, lse)
-        attention_forward_rows_kernel[(count,)](
-            graph.csr_src, graph.csr_eid, rows, starts, stops, *tensors, target_out, target_lse, add, final, factor,
-            edge_score, heads, head_dim, inputs.edge_dim, *scalars, add_stride, feat_stride, piece_out, piece_lse,
-            num_pieces, buckets.piece_super, buckets.super_piece_ptr,
-            _piece_counts(buckets, merged and bool(pieces), lse), **meta, **save,
-        )
+        prepared = (_prepared(schedule, (key, "rows", index, saving), row_meta) or _prepare(
+            schedule, (key, "rows", index, saving), row_meta, attention_forward_rows_kernel, (count,),
+            FORWARD_DYNAMIC + ROWS_PIECES_DYNAMIC + (SAVES_DYNAMIC if saving else ()),
+            dict(rows_ptr=rows, starts_ptr=starts, stops_ptr=stops, H=heads, D=head_dim, K=inputs.edge_dim,
+                 num_pieces=num_pieces, piece_super_ptr=buckets.piece_super, piece_ptr=buckets.super_piece_ptr,
+                 **meta, **save)))
+        prepared(*common, target_out, target_lse, add, final, factor, edge_score, *after, piece_out, piece_lse,
+                 _piece_counts(buckets, merged and bool(pieces), lse), *saved)
         if pieces and not merged:
             lse_merge_kernel[(buckets.super_rows.numel(),)](
                 buckets.super_piece_ptr, buckets.super_rows, piece_out, piece_lse, out, lse, add, final, heads,
                 head_dim, add_stride, **merge_meta,
             )
     return out, lse
+
+
+# The arguments of the forward kernels' prepared launches (:func:`_prepared`) that change from call to call, in their
+# parameters' order: the graph's CSR, the features, outputs, addends and scalars; the schedule's row lists, counts and
+# tile switches are fixed.  The row kernel's piece buffers follow, and GATv2's saved scores with ``SAVE``.
+FORWARD_DYNAMIC = ("src_ptr", "eid_ptr", "src_term_ptr", "dst_term_ptr", "attn_ptr", "value_ptr", "attr_ptr",
+                   "w_edge_ptr", "out_ptr", "lse_ptr", "add_ptr", "final_ptr", "factor_ptr", "edge_score_ptr",
+                   "negative_slope", "scale", "dropout_p", "keep_scale", "seed", "rng_offset", "add_stride",
+                   "feat_stride")
+ROWS_PIECES_DYNAMIC = ("piece_out_ptr", "piece_lse_ptr", "piece_count_ptr")
+SAVES_DYNAMIC = ("scores_ptr", "slopes_ptr")
+# ... and of the backward's source and destination passes (their light and row kernels)
+SOURCE_DYNAMIC = ("rev_dst_ptr", "rev_pos_ptr", "src_term_ptr", "dst_term_ptr", "attn_ptr", "value_ptr", "terms_ptr",
+                  "lse_ptr", "grad_out_ptr", "delta_ptr", "grad_value_ptr", "grad_src_ptr", "grad_s_ptr",
+                  "factor_ptr", "grad_factor_ptr", "edge_score_ptr", "negative_slope", "scale", "dropout_p",
+                  "keep_scale", "seed", "rng_offset", "feat_stride", "grad_stride")
+SOURCE_ROWS_DYNAMIC = ("piece_count_ptr", "merged_value_ptr", "merged_src_ptr", "merged_stride")
+DESTINATION_DYNAMIC = ("src_ptr", "eid_ptr", "src_term_ptr", "dst_term_ptr", "attn_ptr", "value_ptr", "attr_ptr",
+                       "w_edge_ptr", "grad_s_ptr", "terms_ptr", "grad_dst_ptr", "attr_sums_ptr", "negative_slope",
+                       "scale", "feat_stride", "grad_stride")
+DESTINATION_ROWS_DYNAMIC = ("piece_dst_ptr", "piece_sums_ptr", "piece_count_ptr")
+
+
+def _prepared(schedule, key: tuple, plan):
+    """The launch :func:`_prepare` kept under ``key`` from ``plan``, or None (none yet, or from another plan: the
+    plans were rebuilt since)."""
+    entry = schedule.prepared.get(key)
+    return entry[1] if entry is not None and entry[0] is plan else None
+
+
+def _prepare(schedule, key: tuple, plan, kernel, grid: tuple[int, ...], dynamic: tuple[str, ...], fixed: dict):
+    """A launch of ``kernel`` whose arguments but ``dynamic`` are ``fixed`` (:func:`fusecore.fast_launch.prepare`),
+    kept on the schedule (``Schedule.prepared``) under ``key`` with the launch plan ``plan`` it was built from; a call
+    site looks it up first (``_prepared(schedule, key, plan) or _prepare(...)``: ``fixed`` is built only on the
+    first call of its kind).  ``key`` must name everything ``fixed`` depends on besides ``plan`` (the plan's entry,
+    the call's switches), and ``fixed`` may hold only the schedule's and the plan's own tensors, ints the schedule
+    and the key determine, and constexprs."""
+    launch = prepare(kernel, grid, dynamic, **fixed)
+    schedule.prepared[key] = (plan, launch)
+    return launch
+
+
+def _light_counts(counts: tuple[int, ...]) -> dict:
+    """A light launch's row counts per width class as the kernels' ``n0 .. n6``."""
+    return {f"n{slot}": count for slot, count in enumerate(counts)}
 
 
 def _call_kind(inputs: AttentionInputs, dtype: torch.dtype, use_dropout: bool) -> tuple:
@@ -1160,36 +1214,40 @@ def attention_backward(
     terms = _edge_terms(graph, inputs, grad_out, acc, schedule) if inputs.has_edge and not gatv2_edges else grad_s
     # GATv2's edge features: the forward's scores (source pass) and LeakyReLU slopes (every pass) per CSR position,
     # so that no backward kernel projects an edge
-    slope_args = src_edges = {}
-    if gatv2_edges:
-        if gatv2_saves is None:
-            raise ValueError("GATv2 with edge features: attention_backward needs the scores and slopes its training "
-                             "forward stored (gatv2_saves)")
-        slope_args = {"slopes_ptr": gatv2_saves[1], "SLOPE_BITS": _slope_bits(schedule)[0]}
-        src_edges = {"scores_ptr": gatv2_saves[0], **slope_args}
+    if gatv2_edges and gatv2_saves is None:
+        raise ValueError("GATv2 with edge features: attention_backward needs the scores and slopes its training "
+                         "forward stored (gatv2_saves)")
+    saves = (gatv2_saves[0], gatv2_saves[1]) if gatv2_edges else ()  # scores (source pass), slopes (every pass)
+    bits = {"SLOPE_BITS": _slope_bits(schedule)[0]} if gatv2_edges else {}
     src_tensors = (src_term, dst_term, attn, value, terms, lse, grad_out, delta)
     feat_stride, piece_stride = inputs.feat_stride, heads * head_dim  # piece buffers are contiguous
     outgoing = schedule.outgoing
     # reverse-CSR order: never read without FACTOR, nor written without FACTOR_GRAD
     factors = (lse if factor_rev is None else factor_rev, lse if grad_factor is None else grad_factor,
                lse if score_rev is None else score_rev)  # the last never read without EDGE_SCORE
-    for grid, ranges, counts, meta in plan["source light"]:
-        attention_backward_src_light_kernel[grid](
-            graph.rev_dst, graph.rev_pos, *ranges, *src_tensors, grad_value, grad_src,
-            grad_s, *factors, *counts, heads, head_dim, *scalars, feat_stride, grad_stride, **meta, **src_edges,
-        )
-    for (rows, starts, stops, count, pieces), meta in zip(_row_launches(outgoing), plan["source rows"]):
+    for index, (grid, ranges, counts, meta) in enumerate(plan["source light"]):
+        prepared = (_prepared(schedule, (key, "source light", index), plan) or _prepare(
+            schedule, (key, "source light", index), plan, attention_backward_src_light_kernel, grid,
+            SOURCE_DYNAMIC + SAVES_DYNAMIC[:len(saves)],
+            dict(zip(("rows_ptr", "starts_ptr", "stops_ptr"), ranges), **_light_counts(counts), H=heads, D=head_dim,
+                 **meta, **bits)))
+        prepared(graph.rev_dst, graph.rev_pos, *src_tensors, grad_value, grad_src, grad_s, *factors, *scalars,
+                 feat_stride, grad_stride, *saves)
+    for index, ((rows, starts, stops, count, pieces), meta) in enumerate(
+            zip(_row_launches(outgoing), plan["source rows"])):
         if pieces:
             target_value = _new_output((count, heads, head_dim), acc, device)
             target_src = _new_output((count, *src_shape[1:]), acc, device)
         else:
             target_value, target_src = grad_value, grad_src
-        attention_backward_src_kernel[(count,)](
-            graph.rev_dst, graph.rev_pos, rows, starts, stops, *src_tensors,
-            target_value, target_src, grad_s, *factors, heads, head_dim, *scalars, feat_stride,
-            piece_stride if pieces else grad_stride, outgoing.piece_super, outgoing.super_piece_ptr,
-            _piece_counts(outgoing, merged_src and pieces, lse), grad_value, grad_src, grad_stride, **meta, **src_edges,
-        )
+        prepared = (_prepared(schedule, (key, "source rows", index), plan) or _prepare(
+            schedule, (key, "source rows", index), plan, attention_backward_src_kernel, (count,),
+            SOURCE_DYNAMIC + SOURCE_ROWS_DYNAMIC + SAVES_DYNAMIC[:len(saves)],
+            dict(rows_ptr=rows, starts_ptr=starts, stops_ptr=stops, H=heads, D=head_dim,
+                 piece_super_ptr=outgoing.piece_super, piece_ptr=outgoing.super_piece_ptr, **meta, **bits)))
+        prepared(graph.rev_dst, graph.rev_pos, *src_tensors, target_value, target_src, grad_s, *factors, *scalars,
+                 feat_stride, piece_stride if pieces else grad_stride,
+                 _piece_counts(outgoing, merged_src and pieces, lse), grad_value, grad_src, grad_stride, *saves)
         if pieces and not merged_src:
             _merge_sums(outgoing, target_value, grad_value)
             _merge_sums(outgoing, target_src, grad_src)
@@ -1223,13 +1281,17 @@ def attention_backward(
     dst_scalars = (inputs.negative_slope, inputs.scale)
     row_sums = weight_grad and not gatv2_edges  # the dot score's per-row sums A, B (GATv2: ∂W_e formed above)
     sums = attr_sums if row_sums else grad_s  # a tensor the kernels never write where not asked for
-    for grid, ranges, counts, meta in plan["destination light"]:
-        attention_backward_dst_light_kernel[grid](
-            graph.csr_src, graph.csr_eid, *ranges, *dst_tensors, grad_dst, sums, *counts,
-            heads, head_dim, edge_dim, *dst_scalars, feat_stride, grad_stride, **meta, **slope_args,
-        )
-    for (rows, starts, stops, count, pieces), meta in zip(_row_launches(incoming, mixed, merged_dst),
-                                                          plan["destination rows"]):
+    slopes = saves[1:]
+    for index, (grid, ranges, counts, meta) in enumerate(plan["destination light"]):
+        prepared = (_prepared(schedule, (key, "destination light", index), plan) or _prepare(
+            schedule, (key, "destination light", index), plan, attention_backward_dst_light_kernel, grid,
+            DESTINATION_DYNAMIC + SAVES_DYNAMIC[2 - len(slopes):],
+            dict(zip(("rows_ptr", "starts_ptr", "stops_ptr"), ranges), **_light_counts(counts), H=heads, D=head_dim,
+                 K=edge_dim, **meta, **bits)))
+        prepared(graph.csr_src, graph.csr_eid, *dst_tensors, grad_dst, sums, *dst_scalars, feat_stride, grad_stride,
+                 *slopes)
+    for index, ((rows, starts, stops, count, pieces), meta) in enumerate(
+            zip(_row_launches(incoming, mixed, merged_dst), plan["destination rows"])):
         num_pieces = incoming.num_pieces if pieces else 0
         if pieces:
             piece_dst = _new_output((num_pieces, heads, head_dim), acc, device)
@@ -1238,12 +1300,14 @@ def attention_backward(
             piece_dst, piece_sums = grad_dst, sums  # never written
         target_dst, target_sums, stride = ((piece_dst, piece_sums, piece_stride) if pieces is True
                                            else (grad_dst, sums, grad_stride))
-        attention_backward_dst_kernel[(count,)](
-            graph.csr_src, graph.csr_eid, rows, starts, stops, *dst_tensors, target_dst, target_sums,
-            heads, head_dim, edge_dim, *dst_scalars, feat_stride, stride, piece_dst, piece_sums, num_pieces,
-            incoming.piece_super, incoming.super_piece_ptr, _piece_counts(incoming, merged_dst and bool(pieces), lse),
-            **meta, **slope_args,
-        )
+        prepared = (_prepared(schedule, (key, "destination rows", index), plan) or _prepare(
+            schedule, (key, "destination rows", index), plan, attention_backward_dst_kernel, (count,),
+            DESTINATION_DYNAMIC + DESTINATION_ROWS_DYNAMIC + SAVES_DYNAMIC[2 - len(slopes):],
+            dict(rows_ptr=rows, starts_ptr=starts, stops_ptr=stops, H=heads, D=head_dim, K=edge_dim,
+                 num_pieces=num_pieces, piece_super_ptr=incoming.piece_super, piece_ptr=incoming.super_piece_ptr,
+                 **meta, **bits)))
+        prepared(graph.csr_src, graph.csr_eid, *dst_tensors, target_dst, target_sums, *dst_scalars, feat_stride,
+                 stride, piece_dst, piece_sums, _piece_counts(incoming, merged_dst and bool(pieces), lse), *slopes)
         if pieces and not merged_dst:
             _merge_sums(incoming, piece_dst, grad_dst)
             if row_sums:

@@ -191,7 +191,8 @@ class Schedule:
     reductions); ``outgoing`` buckets the source rows of the reverse CSR (backward pass
     over sources).  ``launches``: the launch configurations (grids, compile-time arguments)
     :mod:`gnnfuse.ops` derives from this schedule per kind of call, kept here so that a later
-    call of the same kind on the same graph only launches (:func:`gnnfuse.ops._launch_plan`).
+    call of the same kind on the same graph only launches (:func:`gnnfuse.ops._launch_plan`); ``prepared``: the
+    launches prepared from those plans (:func:`gnnfuse.ops._prepare`), each beside the plan it came from.
     """
 
     incoming: Buckets
@@ -205,6 +206,7 @@ class Schedule:
     num_warps: int
     edge_lanes: bool | None
     launches: dict = field(default_factory=dict, init=False, compare=False, repr=False)
+    prepared: dict = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def light_rows_per_program(self, width: int, row_elements: int) -> int:
         """Rows per program for light rows of ``width`` edges with ``row_elements`` values per edge."""

@@ -41,6 +41,12 @@ def _triton_spec(value):
     raise TypeError(type(value))
 
 
+def _seeded(gen: torch.Generator) -> tuple[int, random.Random]:
+    """A fresh seed drawn from the test's generator (reported on failure) and a ``random.Random`` on it."""
+    seed = int(torch.randint(0, 2**31, (1,), generator=gen))
+    return seed, random.Random(seed)
+
+
 class _Launcher:
     def __init__(self, log: list):
         self.log = log
@@ -182,8 +188,7 @@ def test_generated_binder_binds_and_keys_like_arg_key(gen):
 
 @pytest.mark.parametrize("all_params", [True, False], ids=["constexprs passed", "runtime args only"])
 def test_direct_launches_equal_tritons_over_a_random_sequence(enabled, all_params, gen):
-    seed = int(torch.randint(0, 2**31, (1,), generator=gen))
-    rng = random.Random(seed)
+    seed, rng = _seeded(gen)
     buffers = {dt: torch.zeros(64, dtype=dt) for dt in (torch.float32, torch.float16)}
     fast, fast_triton, fast_log = _fast_toy(all_params)
     slow, slow_triton, slow_log = _fast_toy(all_params)
@@ -299,6 +304,136 @@ def test_launch_profile_counts_launches_of_both_paths_inside_its_block(enabled):
     assert len(log) == 6
 
 
+# ----------------------------------------------------------------------------- prepared launches
+
+_TOY_NAMES = ("x_ptr", "y_ptr", "n", "scale", "BLOCK", "FLAG", "bias")
+
+
+@pytest.mark.parametrize("all_params", [True, False], ids=["constexprs passed", "runtime args only"])
+def test_prepared_launches_equal_tritons_over_a_random_sequence(enabled, all_params, gen):
+    """Whatever parameters are fixed, a prepared launch passes the launcher what Triton's own path passes, and
+    Triton's path runs only for each (prepared launch, specialisation)'s first launch."""
+    seed, rng = _seeded(gen)
+    buffers = {dt: torch.zeros(64, dtype=dt) for dt in (torch.float32, torch.float16)}
+
+    def draw(name):
+        if name in ("x_ptr", "bias"):
+            dtype = rng.choice(list(buffers))
+            return buffers[dtype][rng.choice([0, 0, 1, 8]):] if name == "x_ptr" or rng.random() < 0.7 else None
+        if name == "y_ptr":
+            return torch.zeros(rng.randint(1, 9), dtype=torch.float32)
+        if name == "n":
+            return rng.choice([1, 16, 17, 48, 2**31 + 16])
+        if name == "scale":
+            return rng.random()
+        if name == "BLOCK":
+            return rng.choice([32, 64])
+        return rng.random() < 0.5
+
+    fast, fast_triton, fast_log = _fast_toy(all_params)
+    slow, slow_triton, slow_log = _fast_toy(all_params)
+    launches = 0
+    for _ in range(12):
+        dynamic = tuple(name for name in _TOY_NAMES if rng.random() < 0.5)
+        fixed = {name: draw(name) for name in _TOY_NAMES if name not in dynamic
+                 and (name not in ("FLAG", "bias") or rng.random() < 0.5)}
+        if rng.random() < 0.4:
+            fixed["num_warps"] = rng.choice([2, 4])
+        grid = rng.choice([(3,), (2, 5), (1, 2, 3)])
+        launch = fast_launch.prepare(fast, grid, dynamic, **fixed)
+        for _ in range(25):
+            values = [draw(name) for name in dynamic]
+            launch(*values)
+            merged = {**fixed, **dict(zip(dynamic, values))}
+            fast_launch.set_fast_launch(False)
+            slow[grid](**merged)
+            fast_launch.set_fast_launch(True)
+            launches += 1
+    assert len(fast_log) == len(slow_log) == launches
+    for got, want in zip(fast_log, slow_log):
+        assert got[:4] == want[:4] and got[4:9] == want[4:9], f"seed {seed}"
+        assert len(got) == len(want) and all(map(_same_argument, got[9:], want[9:])), f"seed {seed}"
+    direct = sum(not any(isinstance(a, torch.Tensor) for a in call[9:]) for call in fast_log)
+    assert direct >= launches - 2 * fast_triton.runs  # everything but first launches went direct
+    assert set(fast_triton.kernels) == set(slow_triton.kernels)
+
+
+def test_prepared_launch_of_a_kernel_not_compiled_here_passes_the_full_call():
+    calls = []
+
+    class Kernel:  # the interpreter's and the compile check's kernels: kernel[grid](*args, **options)
+        fn = staticmethod(_toy)
+
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: calls.append((grid, args, kwargs))
+
+    x, y = torch.zeros(4), torch.ones(4)
+    launch = fast_launch.prepare(Kernel(), (7,), ("y_ptr", "scale"), x_ptr=x, n=5, BLOCK=32, num_warps=2)
+    launch(y, 0.5)
+    assert calls == [((7,), (x, y, 5, 0.5, 32, False, None), {"num_warps": 2})]
+    with pytest.raises(TypeError, match="takes 2 arguments"):
+        launch(y)
+
+
+def test_prepare_names_what_is_wrong_with_its_arguments(enabled):
+    function, _, _ = _fast_toy()
+    x = torch.zeros(4)
+    with pytest.raises(TypeError, match="'z' in dynamic is not a parameter"):
+        fast_launch.prepare(function, (1,), ("z",), x_ptr=x, y_ptr=x, n=1, scale=1.0, BLOCK=32)
+    with pytest.raises(TypeError, match="'n' is both dynamic and fixed"):
+        fast_launch.prepare(function, (1,), ("n",), x_ptr=x, y_ptr=x, n=1, scale=1.0, BLOCK=32)
+    with pytest.raises(TypeError, match="'BLOCK' of _toy is neither fixed nor dynamic"):
+        fast_launch.prepare(function, (1,), ("n",), x_ptr=x, y_ptr=x, scale=1.0)
+    with pytest.raises(TypeError, match="twice"):
+        fast_launch.prepare(function, (1,), ("n", "n"), x_ptr=x, y_ptr=x, scale=1.0, BLOCK=32)
+    for grid in (lambda meta: (1,), (1.0,), (), (1, 1, 1, 1)):
+        with pytest.raises(TypeError, match="grid must be a tuple"):
+            fast_launch.prepare(function, grid, ("n",), x_ptr=x, y_ptr=x, scale=1.0, BLOCK=32)
+
+
+def test_prepared_launches_take_tritons_path_where_the_direct_path_would(enabled, monkeypatch):
+    function, fake, log = _fast_toy()
+    x = torch.zeros(32)
+    launch = fast_launch.prepare(function, (1,), ("n",), x_ptr=x, y_ptr=x, scale=1.0, BLOCK=32)
+    for _ in range(3):
+        launch(16)
+    assert fake.runs == 2 and len(log) == 3  # compile + the first launch through run, then direct
+    for _ in range(2):
+        launch((1, 2))  # an argument arg_key does not handle
+    assert fake.runs == 4
+    monkeypatch.setattr(fast_launch, "_hooks_active", lambda: True)
+    launch(16)
+    assert fake.runs == 5
+    monkeypatch.undo()
+    fast_launch.set_fast_launch(False)
+    launch(16)
+    assert fake.runs == 6
+    fast_launch.set_fast_launch(True)
+    runs = fake.runs
+    with fast_launch.launch_profile() as stats:
+        launch(16)
+        launch(16)
+        launch((1, 2))  # through kernel[grid]: counted there, once
+    assert stats["_toy"].launches == 3 and stats["_toy"].host_s > 0 and len(log) == 10
+    assert fake.runs == runs + 1  # the two direct launches stayed direct inside the block
+    unhandled = fast_launch.prepare(function, (1,), ("n",), x_ptr=x, y_ptr=(1, 2), scale=1.0, BLOCK=32)
+    unhandled(16)
+    unhandled(16)
+    assert fake.runs == runs + 3  # a fixed argument arg_key does not handle: Triton's path every time
+
+
+def test_prepared_launch_check_finds_a_fixed_tensor_that_moved(enabled, monkeypatch):
+    function, fake, log = _fast_toy()
+    x, y = torch.zeros(32), torch.zeros(32)
+    launch = fast_launch.prepare(function, (1,), ("n",), x_ptr=x, y_ptr=y, scale=1.0, BLOCK=32)
+    monkeypatch.setattr(fast_launch, "CHECK_PREPARED", True)
+    launch(16)
+    launch(16)
+    y.set_(torch.zeros(64).untyped_storage())
+    with pytest.raises(fast_launch.PreparedLaunchError, match="moved"):
+        launch(16)
+
+
 # ----------------------------------------------------------------------------- GPU
 
 
@@ -320,8 +455,7 @@ def _axpb(x: torch.Tensor, a: float, b: int, square: bool) -> torch.Tensor:
 @pytest.mark.gpu
 @pytest.mark.skipif(not COMPILED, reason="compiled kernels only")
 def test_gpu_direct_launches_compute_what_triton_computes(enabled, gen):
-    seed = int(torch.randint(0, 2**31, (1,), generator=gen))
-    rng = random.Random(seed)
+    seed, rng = _seeded(gen)
     device = torch.device("cuda")
     side = torch.cuda.Stream()
     for step in range(200):
@@ -407,3 +541,41 @@ def test_current_device_query_skips_torch_cuda_wrapper_only_for_torchs_own_query
 
     other = type("OtherDriver", (), {"get_current_device": staticmethod(own_query)})()
     assert fast_launch._current_device(other) is own_query
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not COMPILED, reason="compiled kernels only")
+def test_gpu_prepared_launches_compute_and_replay_as_tritons(enabled, gen):
+    seed, rng = _seeded(gen)
+    device = torch.device("cuda")
+    for step in range(40):
+        dtype = rng.choice([torch.float32, torch.float16])
+        n = rng.choice([1, 17, 1000, 4099])
+        block = rng.choice([32, 128])
+        x = torch.randn(n, device=device, dtype=dtype)
+        out = torch.full_like(x, float("nan"))
+        square = rng.random() < 0.5
+        launch = fast_launch.prepare(_axpb_kernel, (triton.cdiv(n, block),), ("x_ptr", "out_ptr", "a"), n=n, b=1,
+                                     BLOCK=block, SQUARE=square)
+        for _ in range(3):
+            a = rng.uniform(-2, 2)
+            x.copy_(torch.randn_like(x))
+            out.fill_(float("nan"))
+            launch(x, out, a)
+            torch.testing.assert_close(out.float(), _axpb(x, a, 1, square).float(), rtol=1e-2, atol=1e-2,
+                                       msg=f"seed {seed} step {step}")
+    x = torch.randn(4099, device=device)
+    out = torch.empty_like(x)
+    launch = fast_launch.prepare(_axpb_kernel, (triton.cdiv(4099, 128),), ("a",), x_ptr=x, out_ptr=out, n=4099, b=1,
+                                 BLOCK=128)
+    launch(2.0)
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        launch(2.0)
+    torch.cuda.current_stream().wait_stream(stream)
+    x.copy_(torch.randn_like(x))
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.testing.assert_close(out, x * 2 + 1)

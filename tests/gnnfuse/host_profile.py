@@ -11,7 +11,8 @@ time.  A step whose issue time exceeds its GPU time (``ab_layers.py``'s ``graph`
 this says where that host time goes.  ``--launches`` adds, without the profiler's distortion: each compiled
 kernel's launches per call and host µs per launch (:func:`fusecore.fast_launch.launch_profile`), and the issue
 time again with the compiled launches stubbed out at two depths (``launcher``: everything but the driver
-launch itself runs; ``launch``: the whole launch call is a no-op), so the launches' share of the host time is
+launch itself runs; ``launch``: the whole launch call is a no-op, but for prepared launches, ``fusecore.fast_launch.
+prepare``, which still key their dynamic arguments), so the launches' share of the host time is
 measured rather than inferred; ``--primitives`` times single host operations the layers repeat (current
 device and stream, ``torch.empty``, the compile check) in a hot loop, and the floor torch's autograd engine
 sets under any one-node layer (a Function with a GAT layer's leaves and no device work, forward and step);
@@ -149,7 +150,9 @@ def _launch_table(fn, calls: int, device: torch.device) -> None:
     # depth "launcher": the direct path runs up to the driver launch; depth "launch": the launch call does nothing
     without_driver = _issue_us_patched(fn, calls, device, [(entry, "launcher", _noop) for k in kernels
                                                            for entry in k._fast_entries.values() if entry is not None])
-    without_launch = _issue_us_patched(fn, calls, device, [(cls, "_fast_launch", _noop) for cls in classes])
+    # prepared launches (fusecore.fast_launch.prepare) skip _fast_launch: at this depth they run up to the driver
+    without_launch = _issue_us_patched(fn, calls, device, [(cls, "_fast_launch", _noop) for cls in classes] + [
+        (entry, "launcher", _noop) for k in kernels for entry in k._fast_entries.values() if entry is not None])
     print(f"   issue us/call: as is {baseline:.1f}; driver launch stubbed {without_driver:.1f}; "
           f"whole launch stubbed {without_launch:.1f}", flush=True)
 
