@@ -85,13 +85,25 @@ def _saver(done: list[Record], ctx: Context, baseline: str, path: Path):
     return save
 
 
+def select_cases(candidates: list, domains: set[str] | None, patterns: list[str] | None) -> list:
+    """The cases of ``domains`` (None: all) that ``--case`` selects: each pattern that is some case's full name
+    selects that case alone, any other every case whose name contains it; no patterns select all."""
+    in_domains = [c for c in candidates if domains is None or c.domain in domains]
+    names = {c.name for c in in_domains}
+    if not patterns:
+        return in_domains
+    return [c for c in in_domains if any(c.name == p if p in names else p in c.name for p in patterns)]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small sizes (CPU: interpreter smoke run)")
     parser.add_argument("--domain", action="append", choices=sorted(DOMAIN_ALIASES),
                         help="run only these domains (repeatable); default: all")
-    parser.add_argument("--case", action="append", help="run only cases whose name contains this")
+    parser.add_argument("--case", action="append",
+                        help="run only cases whose name contains this (repeatable); a case's full name selects "
+                             "that case alone (gatconv, not gatconv_tf32 too)")
     parser.add_argument("--graph", action="append", metavar="NAME",
                         help="the gnn layer cases on this graph only (repeatable; e.g. arxiv-like); a merge then "
                              "replaces only these graphs' rows of the cases that ran")
@@ -104,11 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     case_pkg.load_all(sorted({DOMAIN_ALIASES[d] for d in args.domain}) if args.domain else None)
     for name, reason in case_pkg.SKIPPED.items():
         print(f"[skip] domain {name}: {reason}")
-    selected = [
-        c for c in cases()
-        if (not args.domain or c.domain in {DOMAIN_ALIASES[d] for d in args.domain})
-        and (not args.case or any(s in c.name for s in args.case))
-    ]
+    selected = select_cases(cases(), {DOMAIN_ALIASES[d] for d in args.domain} if args.domain else None, args.case)
     device = backend.default_device()
     print(f"fusekit benchmarks: {len(selected)} cases, {'quick' if args.quick else 'full'} sizes, "
           f"{backend.describe()}, device {device}")

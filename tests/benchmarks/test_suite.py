@@ -217,3 +217,15 @@ def test_graph_option_runs_the_layer_cases_on_those_graphs_only(monkeypatch):
     ctx = registry.Context(quick=False, device=torch.device("cpu"), case=case, graphs=("arxiv",))
     with pytest.raises(ValueError, match=r"--graph \['arxiv'\]: no such graph"):
         cases._run_graphs(ctx, cases.FULL, run)
+
+
+def test_case_option_takes_a_full_name_alone_and_a_part_of_one_as_a_pattern():
+    from benchmarks.__main__ import select_cases
+
+    gnn = [c.name for c in select_cases(registry.cases(), {"gnn"}, ["gatconv"])]
+    assert gnn == ["gatconv"]
+    both = {c.name for c in select_cases(registry.cases(), {"gnn"}, ["gatconv", "conv_tf32"])}
+    assert both == {"gatconv", "gatconv_tf32", "transformerconv_tf32"}
+    pattern = {c.name for c in select_cases(registry.cases(), {"gnn"}, ["atconv"])}
+    assert {"gatconv", "gatconv_tf32", "pyg_gatconv"} <= pattern
+    assert select_cases(registry.cases(), {"gnn"}, None) == [c for c in registry.cases() if c.domain == "gnn"]
