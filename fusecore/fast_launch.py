@@ -441,8 +441,9 @@ def prepare(kernel: Any, grid: tuple[int, ...], dynamic: tuple[str, ...], /, **f
     A fixed tensor is launched at the address it had here: it must outlive the launch object and never be resized
     or re-pointed (``set_``) — the schedule's own tensors, say.  ``FUSEKIT_CHECK_PREPARED=1`` (or
     :data:`CHECK_PREPARED`) checks every fixed tensor's address on every direct launch and raises
-    :class:`PreparedLaunchError` where one moved (a launch through ``kernel[grid]`` passes the tensors themselves).  Raises ``TypeError`` for a name that is not a parameter, a
-    parameter named twice or given nowhere, and a ``grid`` that is not a tuple of ints.
+    :class:`PreparedLaunchError` where one moved (a launch through ``kernel[grid]`` passes the tensors themselves).
+    Raises ``TypeError`` for a name that is not a parameter, a parameter named twice or given nowhere, and a
+    ``grid`` that is not a tuple of ints.
     """
     function = getattr(kernel, "fn", kernel)
     while hasattr(function, "fn") and not inspect.isfunction(function):
