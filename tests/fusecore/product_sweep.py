@@ -8,8 +8,8 @@ Every row: the median µs of CUDA-graph replays (``fusecore.timing``), the share
 float64 product relative to its largest magnitude, torch's beside it.  Configurations are
 ``BLOCK_M,BLOCK_N,BLOCK_K,warps,stages`` of the slice kernel (the split rows also vary ``SPLIT_TILES_PER_SM``)
 and ``BLOCK_M,BLOCK_N,warps,stages,flatten,programs per SM`` of the persistent row-block kernel and
-``BLOCK_M,BLOCK_N,warps,stages,programs per SM,HELD_SUMS`` of the held-parts kernel (reductions of at most
-``HELD_MAX_K``), set on the module's constants.  A tuning tool: the benchmark case is ``core/linears``.
+``BLOCK_M,BLOCK_N,warps,stages,programs per SM,HELD_SUMS[,HELD_CHUNK_K]`` of the held-parts kernel (reductions
+of at most ``HELD_MAX_K``), set on the module's constants.  A tuning tool: the benchmark case is ``core/linears``.
 """
 
 from __future__ import annotations
@@ -33,8 +33,12 @@ ROWS_CONFIGS = [
     (256, 64, 8, 3, True, 1, "tf32x3"), (128, 128, 8, 4, True, 1, "bf16x6"),
 ]
 # held-parts kernel (product_held_kernel, reductions up to HELD_MAX_K): BLOCK_M, BLOCK_N, warps, stages, programs per
-# SM, HELD_SUMS
-HELD_CONFIGS = [(128, 64, 8, 3, 1, 2), (64, 64, 4, 2, 2, 2), (64, 128, 4, 3, 1, 1), (64, 64, 4, 2, 2, 1)]
+# SM, HELD_SUMS[, HELD_CHUNK_K].  The chunk sets how often the tensor cores wait: Triton 3.6 waits for each of a
+# chunk's three products before the next (sm_90 TTGIR: 12 waits a row block at 32, 6 at 64, 3 at 128); compiled on
+# the CPU (session 47), 128 x 64 at 8 warps with 64-deep chunks in 2 stages takes 241 registers and 161 KiB without
+# spilling, 64 x 64 at 4 warps in 3 stages 255 registers and 145 KiB; 128-deep chunks spill.
+HELD_CONFIGS = [(128, 64, 8, 3, 1, 1), (128, 64, 8, 2, 1, 1, 64), (64, 64, 4, 3, 1, 1, 64), (64, 64, 4, 2, 2, 1, 64),
+                (128, 64, 8, 3, 1, 2), (64, 64, 4, 2, 2, 2), (64, 128, 4, 3, 1, 1), (64, 64, 4, 2, 2, 1)]
 # name: (M, K, N, a transposed, b a transposed view) — a [M, K] @ b [K, N]; the layers' forward reads b = Wᵀ
 SHAPES = {
     "GAT fwd arxiv 128->128": (169_343, 128, 128, False, True),
@@ -46,7 +50,7 @@ SHAPES = {
 SETTINGS = ("PRODUCT_BLOCK_M", "PRODUCT_BLOCK_N", "PRODUCT_BLOCK_K", "PRODUCT_WARPS", "PRODUCT_STAGES",
             "SPLIT_TILES_PER_SM", "SPLIT_MIN_K", "FLOAT32_PRODUCT", "ROWS_KERNEL", "ROWS_BLOCK_M", "ROWS_BLOCK_N",
             "ROWS_WARPS", "ROWS_STAGES", "ROWS_FLATTEN", "ROWS_PROGRAMS_PER_SM", "HELD_KERNEL", "HELD_BLOCK_M",
-            "HELD_BLOCK_N", "HELD_WARPS", "HELD_STAGES", "HELD_PROGRAMS_PER_SM", "HELD_SUMS")
+            "HELD_BLOCK_N", "HELD_WARPS", "HELD_STAGES", "HELD_PROGRAMS_PER_SM", "HELD_SUMS", "HELD_CHUNK_K")
 
 
 def _row(label: str, impl: str, fn, want: torch.Tensor, floor_us: float, **extra) -> None:
@@ -75,7 +79,8 @@ def _sweep(label: str, a: torch.Tensor, b: torch.Tensor, transposed: bool, quick
             L.HELD_KERNEL = split == "held"
             if split == "held":
                 (L.HELD_BLOCK_M, L.HELD_BLOCK_N, L.HELD_WARPS, L.HELD_STAGES, L.HELD_PROGRAMS_PER_SM,
-                 L.HELD_SUMS) = config
+                 L.HELD_SUMS) = config[:6]
+                L.HELD_CHUNK_K = config[6] if len(config) > 6 else saved["HELD_CHUNK_K"]
                 impl, extra = "product (held parts)", {"config": ",".join(map(str, config))}
             elif split is not None or transposed:
                 bm, bn, bk, warps, stages = config
