@@ -432,11 +432,11 @@ def prepare(kernel: Any, grid: tuple[int, ...], dynamic: tuple[str, ...], /, **f
     tensors' addresses are computed here, once; a launch keys only its ``values``, and its first launch of each
     specialisation takes the kernel's own path (:class:`FastJITFunction`, which records the launcher).  That is
     what a layer's launches repeat on every call: the schedule's row lists, counts, tile sizes and flags are fixed
-    per schedule, only the features, outputs and scalars change (a 48-argument launch keyed whole costs ~20 µs of
-    host time on a CPU machine's Python; prepared with 24 fixed, ~7).  Launch hooks (a profiler), ``torch.compile``
-    tracing, the direct path turned off (:func:`set_fast_launch`), an argument :func:`arg_key` does not handle, or
-    a kernel that is not compiled here (the interpreter, :mod:`fusecore.compile_check`) launch through
-    ``kernel[grid]`` with the full argument list, every time.
+    per schedule, only the features, outputs and scalars change (a 55-argument attention launch keyed whole costs
+    ~17 µs of host time on a CPU machine's Python; prepared with 22 of them changing, ~8).  Launch hooks (a
+    profiler), ``torch.compile`` tracing, the direct path turned off (:func:`set_fast_launch`), an argument
+    :func:`arg_key` does not handle, or a kernel that is not compiled here (the interpreter,
+    :mod:`fusecore.compile_check`) launch through ``kernel[grid]`` with the full argument list, every time.
 
     A fixed tensor is launched at the address it had here: it must outlive the launch object and never be resized
     or re-pointed (``set_``) — the schedule's own tensors, say.  ``FUSEKIT_CHECK_PREPARED=1`` (or
