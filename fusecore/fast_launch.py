@@ -259,6 +259,11 @@ def _binder(params: list[inspect.Parameter], constexpr: tuple[bool, ...], host_t
     return namespace["bind"]
 
 
+def _entry_key(device: Any, keys: tuple, options: dict) -> tuple:
+    """The key of a specialisation's recorded launch: the device, the binder's argument keys, the launch options."""
+    return (device, *keys, *options.items()) if options else (device, *keys)
+
+
 def _install_into(base: type) -> type:
     """Build the JITFunction subclass (Triton's class is known only once Triton is imported)."""
 
@@ -320,7 +325,7 @@ def _install_into(base: type) -> type:
             values, full, runtime, key, options = bound
             driver = self._fast_driver
             device = self._fast_device()
-            key = (device, *key, *options.items()) if options else (device, *key)
+            key = _entry_key(device, key, options)
             try:
                 entry = self._fast_entries.get(key, _SLOW)
             except TypeError:  # an unhashable constexpr or option value
@@ -350,8 +355,7 @@ def _install_into(base: type) -> type:
                 return _SLOW
             if bound is None:
                 return _SLOW
-            options = bound[4]
-            key = (self._fast_device(), *bound[3], *options.items()) if options else (self._fast_device(), *bound[3])
+            key = _entry_key(self._fast_device(), bound[3], bound[4])
             try:
                 return self._fast_entries.get(key, _SLOW)
             except TypeError:
@@ -495,8 +499,8 @@ def _prepared_direct(kernel: Any, grid: tuple[int, ...], dynamic: tuple[str, ...
     constexpr = kernel._fast_constexpr
     host_tensors = kernel._fast_host
     namespace: dict[str, Any] = {
-        "__fl_key": arg_key, "__fl_T": _Tensor, "__fl_S": _SLOW, "__fl_host": host_tensors, "__fl_mod": _module(),
-        "__fl_plain": plain,
+        "__fl_key": arg_key, "__fl_T": _Tensor, "__fl_S": _SLOW, "__fl_host": host_tensors,
+        "__fl_mod": sys.modules[__name__], "__fl_plain": plain,
         "__fl_device": kernel._fast_device, "__fl_stream": kernel._fast_driver.get_current_stream,
     }
     entries: dict[tuple, Any] = {}
@@ -604,7 +608,3 @@ def _prepared_direct(kernel: Any, grid: tuple[int, ...], dynamic: tuple[str, ...
     launch.__name__ = f"prepared_{kernel.fn.__name__}"
     launch.entries = entries
     return launch
-
-
-def _module():
-    return sys.modules[__name__]

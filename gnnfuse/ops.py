@@ -833,11 +833,11 @@ def attention_forward(
     after = (*scalars, add_stride, feat_stride)
     saved = saves if saving else ()
     for index, (grid, ranges, counts, meta) in enumerate(light):
-        prepared = (_prepared(schedule, (key, "light", index, saving), light) or _prepare(
-            schedule, (key, "light", index, saving), light, attention_forward_light_kernel, grid,
+        where = (key, "light", index, saving)
+        prepared = _prepared(schedule, where, light) or _prepare(
+            schedule, where, light, attention_forward_light_kernel, grid,
             FORWARD_DYNAMIC + (SAVES_DYNAMIC if saving else ()),
-            dict(zip(("rows_ptr", "starts_ptr", "stops_ptr"), ranges), **_light_counts(counts), H=heads, D=head_dim,
-                 K=inputs.edge_dim, **meta, **save)))
+            _light_fixed(ranges, counts, H=heads, D=head_dim, K=inputs.edge_dim, **meta, **save))
         prepared(*common, out, lse, add, final, factor, edge_score, *after, *saved)
     for index, ((rows, starts, stops, count, pieces), meta) in enumerate(
             zip(_row_launches(buckets, mixed, merged), row_meta)):
@@ -848,12 +848,12 @@ def attention_forward(
         else:
             piece_out, piece_lse = out, lse  # never written
         target_out, target_lse = (piece_out, piece_lse) if pieces is True else (out, lse)
-        prepared = (_prepared(schedule, (key, "rows", index, saving), row_meta) or _prepare(
-            schedule, (key, "rows", index, saving), row_meta, attention_forward_rows_kernel, (count,),
+        where = (key, "rows", index, saving)
+        prepared = _prepared(schedule, where, row_meta) or _prepare(
+            schedule, where, row_meta, attention_forward_rows_kernel, (count,),
             FORWARD_DYNAMIC + ROWS_PIECES_DYNAMIC + (SAVES_DYNAMIC if saving else ()),
-            dict(rows_ptr=rows, starts_ptr=starts, stops_ptr=stops, H=heads, D=head_dim, K=inputs.edge_dim,
-                 num_pieces=num_pieces, piece_super_ptr=buckets.piece_super, piece_ptr=buckets.super_piece_ptr,
-                 **meta, **save)))
+            _rows_fixed((rows, starts, stops), buckets, H=heads, D=head_dim, K=inputs.edge_dim,
+                        num_pieces=num_pieces, **meta, **save))
         prepared(*common, target_out, target_lse, add, final, factor, edge_score, *after, piece_out, piece_lse,
                  _piece_counts(buckets, merged and bool(pieces), lse), *saved)
         if pieces and not merged:
@@ -904,9 +904,17 @@ def _prepare(schedule, key: tuple, plan, kernel, grid: tuple[int, ...], dynamic:
     return launch
 
 
-def _light_counts(counts: tuple[int, ...]) -> dict:
-    """A light launch's row counts per width class as the kernels' ``n0 .. n6``."""
-    return {f"n{slot}": count for slot, count in enumerate(counts)}
+def _light_fixed(ranges: tuple[torch.Tensor, ...], counts: tuple[int, ...], **rest) -> dict:
+    """A light launch's fixed arguments: its row lists (``rows_ptr``, ``starts_ptr``, ``stops_ptr``), its row counts
+    per width class as ``n0 .. n6``, and ``rest``."""
+    return {**dict(zip(("rows_ptr", "starts_ptr", "stops_ptr"), ranges)),
+            **{f"n{slot}": count for slot, count in enumerate(counts)}, **rest}
+
+
+def _rows_fixed(ranges: tuple[torch.Tensor, ...], buckets, **rest) -> dict:
+    """A row-kernel launch's fixed arguments: its row lists, ``buckets``' split rows' piece tables, and ``rest``."""
+    return {**dict(zip(("rows_ptr", "starts_ptr", "stops_ptr"), ranges)), "piece_super_ptr": buckets.piece_super,
+            "piece_ptr": buckets.super_piece_ptr, **rest}
 
 
 def _call_kind(inputs: AttentionInputs, dtype: torch.dtype, use_dropout: bool) -> tuple:
@@ -1226,11 +1234,11 @@ def attention_backward(
     factors = (lse if factor_rev is None else factor_rev, lse if grad_factor is None else grad_factor,
                lse if score_rev is None else score_rev)  # the last never read without EDGE_SCORE
     for index, (grid, ranges, counts, meta) in enumerate(plan["source light"]):
-        prepared = (_prepared(schedule, (key, "source light", index), plan) or _prepare(
-            schedule, (key, "source light", index), plan, attention_backward_src_light_kernel, grid,
+        where = (key, "source light", index)
+        prepared = _prepared(schedule, where, plan) or _prepare(
+            schedule, where, plan, attention_backward_src_light_kernel, grid,
             SOURCE_DYNAMIC + SAVES_DYNAMIC[:len(saves)],
-            dict(zip(("rows_ptr", "starts_ptr", "stops_ptr"), ranges), **_light_counts(counts), H=heads, D=head_dim,
-                 **meta, **bits)))
+            _light_fixed(ranges, counts, H=heads, D=head_dim, **meta, **bits))
         prepared(graph.rev_dst, graph.rev_pos, *src_tensors, grad_value, grad_src, grad_s, *factors, *scalars,
                  feat_stride, grad_stride, *saves)
     for index, ((rows, starts, stops, count, pieces), meta) in enumerate(
@@ -1240,11 +1248,11 @@ def attention_backward(
             target_src = _new_output((count, *src_shape[1:]), acc, device)
         else:
             target_value, target_src = grad_value, grad_src
-        prepared = (_prepared(schedule, (key, "source rows", index), plan) or _prepare(
-            schedule, (key, "source rows", index), plan, attention_backward_src_kernel, (count,),
+        where = (key, "source rows", index)
+        prepared = _prepared(schedule, where, plan) or _prepare(
+            schedule, where, plan, attention_backward_src_kernel, (count,),
             SOURCE_DYNAMIC + SOURCE_ROWS_DYNAMIC + SAVES_DYNAMIC[:len(saves)],
-            dict(rows_ptr=rows, starts_ptr=starts, stops_ptr=stops, H=heads, D=head_dim,
-                 piece_super_ptr=outgoing.piece_super, piece_ptr=outgoing.super_piece_ptr, **meta, **bits)))
+            _rows_fixed((rows, starts, stops), outgoing, H=heads, D=head_dim, **meta, **bits))
         prepared(graph.rev_dst, graph.rev_pos, *src_tensors, target_value, target_src, grad_s, *factors, *scalars,
                  feat_stride, piece_stride if pieces else grad_stride,
                  _piece_counts(outgoing, merged_src and pieces, lse), grad_value, grad_src, grad_stride, *saves)
@@ -1283,11 +1291,11 @@ def attention_backward(
     sums = attr_sums if row_sums else grad_s  # a tensor the kernels never write where not asked for
     slopes = saves[1:]
     for index, (grid, ranges, counts, meta) in enumerate(plan["destination light"]):
-        prepared = (_prepared(schedule, (key, "destination light", index), plan) or _prepare(
-            schedule, (key, "destination light", index), plan, attention_backward_dst_light_kernel, grid,
+        where = (key, "destination light", index)
+        prepared = _prepared(schedule, where, plan) or _prepare(
+            schedule, where, plan, attention_backward_dst_light_kernel, grid,
             DESTINATION_DYNAMIC + SAVES_DYNAMIC[2 - len(slopes):],
-            dict(zip(("rows_ptr", "starts_ptr", "stops_ptr"), ranges), **_light_counts(counts), H=heads, D=head_dim,
-                 K=edge_dim, **meta, **bits)))
+            _light_fixed(ranges, counts, H=heads, D=head_dim, K=edge_dim, **meta, **bits))
         prepared(graph.csr_src, graph.csr_eid, *dst_tensors, grad_dst, sums, *dst_scalars, feat_stride, grad_stride,
                  *slopes)
     for index, ((rows, starts, stops, count, pieces), meta) in enumerate(
@@ -1300,12 +1308,12 @@ def attention_backward(
             piece_dst, piece_sums = grad_dst, sums  # never written
         target_dst, target_sums, stride = ((piece_dst, piece_sums, piece_stride) if pieces is True
                                            else (grad_dst, sums, grad_stride))
-        prepared = (_prepared(schedule, (key, "destination rows", index), plan) or _prepare(
-            schedule, (key, "destination rows", index), plan, attention_backward_dst_kernel, (count,),
+        where = (key, "destination rows", index)
+        prepared = _prepared(schedule, where, plan) or _prepare(
+            schedule, where, plan, attention_backward_dst_kernel, (count,),
             DESTINATION_DYNAMIC + DESTINATION_ROWS_DYNAMIC + SAVES_DYNAMIC[2 - len(slopes):],
-            dict(rows_ptr=rows, starts_ptr=starts, stops_ptr=stops, H=heads, D=head_dim, K=edge_dim,
-                 num_pieces=num_pieces, piece_super_ptr=incoming.piece_super, piece_ptr=incoming.super_piece_ptr,
-                 **meta, **bits)))
+            _rows_fixed((rows, starts, stops), incoming, H=heads, D=head_dim, K=edge_dim, num_pieces=num_pieces,
+                        **meta, **bits))
         prepared(graph.csr_src, graph.csr_eid, *dst_tensors, target_dst, target_sums, *dst_scalars, feat_stride,
                  stride, piece_dst, piece_sums, _piece_counts(incoming, merged_dst and bool(pieces), lse), *slopes)
         if pieces and not merged_dst:
