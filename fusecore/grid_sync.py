@@ -111,3 +111,51 @@ def wait_for(count_ptr, target, max_polls, timeout_ptr, ACQUIRE_LOADS: tl.conste
     if seen < target:
         tl.atomic_xchg(timeout_ptr, 1)
     tl.debug_barrier()
+
+
+@jit
+def _sum_rows(src_ptr, src_rows, lo, hi, dst_ptr, dst_rows, dst_row, count, W,
+              BLOCK_P: tl.constexpr, BLOCK_W: tl.constexpr):
+    """``dst[k, dst_row, :W] = Σ_{r in lo:hi} src[k, r, :W]`` for ``k < count`` (``src [count, src_rows, W]``,
+    ``dst [count, dst_rows, W]``, contiguous), added in row order, read through L2 (``.cg``)."""
+    acc_dtype = tl.float64 if src_ptr.dtype.element_ty == tl.float64 else tl.float32
+    offs_p = tl.arange(0, BLOCK_P)
+    for k in range(0, count):
+        src = src_ptr + k * src_rows * W  # a partial buffer holds fewer than 2^31 elements
+        dst = dst_ptr + (k * dst_rows + dst_row) * W
+        for w0 in range(0, W, BLOCK_W):
+            offs_w = w0 + tl.arange(0, BLOCK_W)
+            w_mask = offs_w < W
+            acc = tl.zeros([BLOCK_P, BLOCK_W], dtype=acc_dtype)
+            for r0 in range(lo, hi, BLOCK_P):
+                r = r0 + offs_p
+                acc += tl.load(src + r[:, None].to(tl.int64) * W + offs_w[None, :],
+                               mask=(r < hi)[:, None] & w_mask[None, :], other=0.0, cache_modifier=".cg").to(acc_dtype)
+            tl.store(dst + offs_w, tl.sum(acc, axis=0).to(dst_ptr.dtype.element_ty), mask=w_mask)
+
+
+@jit
+def sum_partials(pid, programs, part_ptr, count, W, group_ptr, out_ptr, count_ptr,
+                 GROUP: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_W: tl.constexpr):
+    """Finish a launch's column sums of per-program partials inside the launch: ``out[k, :W] = Σ_p part[k, p, :W]``
+    for ``k < count`` (``part [count, programs, W]`` contiguous, in the accumulation dtype; ``out [count, W]`` in its
+    own dtype, rounded once), with no reduction launch after it.  Every program of the launch calls this once, after
+    storing its partial rows ``part[:, pid]``.
+
+    Two levels, each finished by the last program to arrive (:func:`last_to_arrive`): the last of each group of
+    ``GROUP`` consecutive programs sums the group's rows into ``group [count, groups, W]`` (the accumulation dtype),
+    and the last group to finish sums those into ``out``.  One program never reads more than ``max(GROUP, groups)``
+    rows per column, so a launch of 10⁴ programs ends with two short sums rather than one long one.  The order of
+    addition is fixed (rows in order), whatever order the programs arrive in: deterministic.  ``count_ptr``: ``groups
+    + 1`` int32 counts, zero when the launch starts; each is set back to zero by the program that finishes it, so
+    they are zero again when the launch ends (:func:`fusecore.scratch.zeroed`)."""
+    groups = (programs + GROUP - 1) // GROUP
+    g = pid // GROUP
+    first = g * GROUP
+    size = tl.minimum(programs - first, GROUP)
+    if last_to_arrive(count_ptr + g, size.to(tl.int32)):
+        tl.atomic_xchg(count_ptr + g, 0, sem="relaxed", scope="gpu")
+        _sum_rows(part_ptr, programs, first, first + size, group_ptr, groups, g, count, W, BLOCK_P, BLOCK_W)
+        if last_to_arrive(count_ptr + groups, groups.to(tl.int32)):
+            tl.atomic_xchg(count_ptr + groups, 0, sem="relaxed", scope="gpu")
+            _sum_rows(group_ptr, groups, 0, groups, out_ptr, 1, 0, count, W, BLOCK_P, BLOCK_W)

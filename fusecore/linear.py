@@ -8,9 +8,9 @@ the H100's DRAM bandwidth (137 µs a bias, Nsight Compute; four of them were a q
 Transformer layer's training step).  Where autograd records nothing, or under ``torch.compile``
 (whose own reduction is generated), it is ``F.linear`` itself.
 
-``column_sum(x [R, C])`` is ``x.sum(0)`` in two launches of one Triton kernel: per-program partial
-sums over slabs of rows in float32 (float64 for float64 input), written ``[P, C]``, then the
-partials' sum, stored in the output dtype — deterministic (no atomics), one rounding.  A few rows
+``column_sum(x [R, C])`` is ``x.sum(0)`` in one launch of a Triton kernel: per-program partial
+sums over slabs of rows in float32 (float64 for float64 input), then the partials' sum, finished by the
+launch's last programs to arrive and stored in the output dtype — deterministic (no atomics), one rounding.  A few rows
 (at most :data:`ONE_PASS_ROWS`, as a split product's partials) are summed in one launch over column blocks.
 
 ``linears(x, weights, biases)`` is ``tuple(linear(x, w, b) for w, b in zip(weights, biases))`` — maps of
@@ -68,13 +68,17 @@ from torch.autograd.function import once_differentiable
 from . import backend
 from .backend import check_devices, jit, on_kernel_device, reference_enabled
 from .device import device_facts
+from .grid_sync import sum_partials
 from .plan import PlanCache, cdiv, next_power_of_2
+from .scratch import zeroed
 
 # First stage: [BLOCK_R, BLOCK_C] tiles of COLUMN_TILE elements (32 float32 accumulators a thread at
 # COLUMN_WARPS warps), up to COLUMN_BLOCK_MAX columns per program (more: a second grid axis), about
-# PROGRAMS_PER_SM programs per multiprocessor.  Second stage (the partials, at most PROGRAMS_PER_SM × SMs
-# rows): FINAL_BLOCK_C columns per program, so that it runs on several multiprocessors — one program
-# over 482 × 128 partials took 28 µs on an H100 (ncu, session 11), as long as the first stage.  With these
+# PROGRAMS_PER_SM programs per multiprocessor.  Until session 48 a second launch summed the partials (at most
+# PROGRAMS_PER_SM × SMs rows), FINAL_BLOCK_C columns per program, so that it ran on several multiprocessors — one
+# program over 482 × 128 partials took 28 µs on an H100 (ncu, session 11), as long as the first stage; now the
+# launch's last programs finish them in two levels (SUM_GROUP below), none reading more than ~32 rows a column,
+# and FINAL_BLOCK_C is the narrowest column block of a one-pass sum (ONE_PASS_ROWS).  With these
 # settings (benchmarks core/column_sum, H100, [169 343, 128]): 34.6 µs in bfloat16 (42% of the copy floor)
 # and 48.9 in float32 (59%), against torch's .sum(0) at 139.8 and 176.1 µs.  The slabs are counted per column
 # block since session 37: a wider x (the Transformer's four stacked biases, [169 343, 512], 4 column blocks) had
@@ -85,6 +89,12 @@ COLUMN_WARPS = 8
 COLUMN_BLOCK_MAX = 128
 PROGRAMS_PER_SM = 4
 FINAL_BLOCK_C = 16
+# The slabs' sums are finished inside the launch by its last programs to arrive (fusecore.grid_sync.sum_partials):
+# groups of SUM_GROUP slabs, SUM_TILE partial elements added at a time: a launch fewer per sum, 10-50 µs of host
+# time on the GPU machines.
+SUM_GROUP = 32
+SUM_TILE = 2048
+_SCRATCH: dict = {}  # zeroed counts kept per device and stream (fusecore.scratch.zeroed)
 # At most this many rows: one launch, each program all rows of a block of columns (the first stage's slabs would be
 # a row each, its partials a copy of x: a split float32 product's 33 × [512, 128] partials took 24 µs in two launches
 # on an H200, session 26).
@@ -93,13 +103,19 @@ SUM_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 @jit
-def column_sum_kernel(x_ptr, out_ptr, R, C, stride_r, rows_per_program,
-                      BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, F64: tl.constexpr):
+def column_sum_kernel(x_ptr, out_ptr, R, C, stride_r, rows_per_program, part_ptr, group_ptr, count_ptr, slabs,
+                      BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, F64: tl.constexpr, FINISH: tl.constexpr = False,
+                      GROUP: tl.constexpr = 1, SUM_P: tl.constexpr = 1):
     """``out[p, c] = Σ x[r, c]`` over rows ``r`` of slab ``p`` (``rows_per_program`` rows from
     ``p · rows_per_program``), columns of block ``program_id(1)``; accumulated per tile element (no
-    reduction across threads inside the loop), summed once at the end."""
+    reduction across threads inside the loop), summed once at the end.  With ``FINISH`` the ``slabs`` programs of a
+    column block store their sums as partial rows instead (``part``: column block ``b``'s ``[slabs, width]`` from
+    ``b · slabs · BLOCK_C``) and the last of them to arrive finish ``out[0, c] = Σ_p`` of them in this launch
+    (:func:`fusecore.grid_sync.sum_partials`; ``group``, ``count_ptr``: its first level and counts, per column block
+    at ``b · groups · BLOCK_C`` and ``b · (groups + 1)``)."""
     pid = tl.program_id(0).to(tl.int64)
-    offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    block = tl.program_id(1)
+    offs_c = block * BLOCK_C + tl.arange(0, BLOCK_C)
     c_mask = offs_c < C
     if F64:
         acc = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float64)
@@ -112,7 +128,17 @@ def column_sum_kernel(x_ptr, out_ptr, R, C, stride_r, rows_per_program,
         rows = r0 + offs_r
         mask = (rows < stop)[:, None] & c_mask[None, :]
         acc += tl.load(x_ptr + rows[:, None] * stride_r + offs_c[None, :], mask=mask, other=0.0).to(acc.dtype)
-    tl.store(out_ptr + pid * C + offs_c, tl.sum(acc, axis=0).to(out_ptr.dtype.element_ty), mask=c_mask)
+    total = tl.sum(acc, axis=0)
+    if FINISH:
+        width = tl.minimum(C - block * BLOCK_C, BLOCK_C)
+        groups = (slabs + GROUP - 1) // GROUP
+        part = part_ptr + block * slabs * BLOCK_C
+        local = tl.arange(0, BLOCK_C)
+        tl.store(part + pid * width + local, total, mask=local < width)
+        sum_partials(pid, slabs, part, 1, width, group_ptr + block * groups * BLOCK_C, out_ptr + block * BLOCK_C,
+                     count_ptr + block * (groups + 1), GROUP, SUM_P, BLOCK_C)
+    else:
+        tl.store(out_ptr + pid * C + offs_c, total.to(out_ptr.dtype.element_ty), mask=c_mask)
 
 
 def _new(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -129,11 +155,15 @@ def _tiling(rows: int, cols: int, programs: int, block_c_max: int = COLUMN_BLOCK
     return block_r, block_c, cdiv(cdiv(rows, programs), block_r) * block_r
 
 
-def _launch(x: torch.Tensor, out: torch.Tensor, block_r: int, block_c: int, rows_per_program: int) -> None:
+def _launch(x: torch.Tensor, out: torch.Tensor, block_r: int, block_c: int, rows_per_program: int,
+            finish: tuple | None = None) -> None:
+    """One launch of :func:`column_sum_kernel`; ``finish``: ``(part, group, counts, meta)`` of its ``FINISH`` form."""
     rows, cols = x.shape
-    column_sum_kernel[(cdiv(rows, rows_per_program), cdiv(cols, block_c))](
-        x, out, rows, cols, x.stride(0), rows_per_program,
-        BLOCK_R=block_r, BLOCK_C=block_c, F64=x.dtype == torch.float64, num_warps=COLUMN_WARPS,
+    slabs = cdiv(rows, rows_per_program)
+    part, group, counts, meta = finish or (out, out, out, {})
+    column_sum_kernel[(slabs, cdiv(cols, block_c))](
+        x, out, rows, cols, x.stride(0), rows_per_program, part, group, counts, slabs,
+        BLOCK_R=block_r, BLOCK_C=block_c, F64=x.dtype == torch.float64, num_warps=COLUMN_WARPS, **meta,
     )
 
 
@@ -161,11 +191,15 @@ def column_sum(x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.T
         out = _new((1, cols), out_dtype, x.device)
         _launch(x, out, *_tiling(rows, cols, 1, block_c_max))
         return out[0]
+    # slabs of rows per column block, their sums finished by the launch's last programs (SUM_GROUP slabs a group)
     block_r, block_c, rows_per_program = _tiling(rows, cols, PROGRAMS_PER_SM * sms)
-    partial = _new((cdiv(rows, rows_per_program), cols), acc, x.device)
-    _launch(x, partial, block_r, block_c, rows_per_program)
+    slabs, blocks = cdiv(rows, rows_per_program), cdiv(cols, block_c)
+    groups = cdiv(slabs, SUM_GROUP)
     out = _new((1, cols), out_dtype, x.device)
-    _launch(partial, out, *_tiling(partial.shape[0], cols, 1, FINAL_BLOCK_C))
+    _launch(x, out, block_r, block_c, rows_per_program, (
+        _new((blocks, slabs, block_c), acc, x.device), _new((blocks, groups, block_c), acc, x.device),
+        zeroed(_SCRATCH, "column sums", blocks * (groups + 1), torch.int32, x.device),
+        {"FINISH": True, "GROUP": SUM_GROUP, "SUM_P": max(1, SUM_TILE // block_c)}))
     return out[0]
 
 

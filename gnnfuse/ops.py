@@ -42,6 +42,7 @@ from fusecore.fast_launch import prepare
 from fusecore.linear import column_sum, dot_precision, linear, matmul, uses_product
 from fusecore.plan import MIN_DOT
 from fusecore.rows import gather_rows, scatter_rows
+from fusecore.scratch import zeroed
 
 from .graph import Graph, as_graph
 from .kernels.attention_backward import (
@@ -50,6 +51,7 @@ from .kernels.attention_backward import (
     attention_backward_src_kernel,
     attention_backward_src_light_kernel,
     row_sum_kernel,
+    row_sums_kernel,
 )
 from .kernels.attention_forward import attention_forward_light_kernel, attention_forward_rows_kernel
 from .kernels.attention_weights import attention_weights_kernel
@@ -136,10 +138,12 @@ def _merge_inside(buckets: Buckets, kernel_pass: str, width: int) -> bool:
 
 
 def _piece_counts(buckets: Buckets, merged: bool, like: torch.Tensor) -> torch.Tensor:
-    """The zeroed int32 count per super row of a launch with the merge inside (``like``, never read, otherwise)."""
+    """The zeroed int32 count per super row of a launch with the merge inside (``like``, never read, otherwise): the
+    buckets' buffer for the current stream, which every such launch leaves zeroed (the last piece of a row resets its
+    count: ``kernels/merge.py`` ``last_piece``), so no call zeroes it again (:func:`fusecore.scratch.zeroed`)."""
     if not merged:
         return like
-    return torch.zeros(buckets.super_rows.numel(), dtype=torch.int32, device=like.device)
+    return zeroed(buckets.scratch, "piece counts", buckets.super_rows.numel(), torch.int32, like.device)
 
 
 # Passes whose row kernel covers the super-row pieces and the medium rows in one launch (the kernels' PIECES=2,
@@ -1134,6 +1138,7 @@ def attention_backward(
     grad_out_copy: torch.Tensor | None = None, factor_rev: torch.Tensor | None = None,
     grad_factor: torch.Tensor | None = None, score_rev: torch.Tensor | None = None,
     grad_scores: torch.Tensor | None = None, gatv2_saves: tuple[torch.Tensor, torch.Tensor] | None = None,
+    bias_sum: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """Gradients of the fused attention, without atomics:
     ``(∂value, ∂src-side, ∂dst_term, ∂edge_attr, attr_sums)``.
@@ -1148,7 +1153,8 @@ def attention_backward(
     per-destination sums ``A``, ``B`` from which :func:`edge_weight_grad` forms ``∂edge_weight``;
     None where not asked for or without edge features.  ``bias_parts`` (:func:`_node_part_buffer`):
     filled with per-node-block partial sums of ``g`` (an output bias's gradient ``Σ_n g_n``, summed by
-    the caller) from the read of ``g`` that forms ``δ``.  ``grad_targets`` ``(∂value, ∂k or None, ∂dst)``:
+    the caller) from the read of ``g`` that forms ``δ``; or ``bias_sum`` (``[H, D]``, any float dtype): filled with
+    ``Σ_n g_n`` itself, summed inside that launch.  ``grad_targets`` ``(∂value, ∂k or None, ∂dst)``:
     ``[N, H, D]`` tensors of one row stride the kernels store these gradients into (column blocks of one
     ``[N, W]`` gradient, :func:`_packed_columns`) instead of new ones; ``∂k`` only for the dot score.
     ``grad_out_copy``: an ``[N, H, D]`` block ``g`` is stored into as ``δ`` is formed (a per-node addend's
@@ -1214,7 +1220,7 @@ def attention_backward(
     plan = _launch_plan(schedule, key, lambda: _backward_plan(schedule, inputs, value.dtype, use_dropout, weight_grad,
                                                               mixed, merged_src, merged_dst, factor_grad))
     # δ_i = <g_i, out_i> per head: one pass over node rows instead of one over edges.
-    delta = _head_dot(grad_out, out, acc, bias_parts, grad_out_copy)
+    delta = _head_dot(grad_out, out, acc, bias_parts, grad_out_copy, bias_sum)
     grad_s = _new_output((max(graph.num_edges, 1), heads), acc, device) if grad_scores is None else grad_scores
     src_term, dst_term, attn, *_ = inputs.pointers()
     # the dot score's edge features reach the source pass as two terms per edge and head (kernels/edge_features.py);
@@ -1260,9 +1266,14 @@ def attention_backward(
             _merge_sums(outgoing, target_value, grad_value)
             _merge_sums(outgoing, target_src, grad_src)
     incoming = schedule.incoming
+    if inputs.score == SCORE_GAT and merged_dst:
+        # ∂er in one launch: the light rows (of any width class, many per program), then one program per piece of a
+        # split row (the last piece of each merging it) and per medium row
+        _row_sums(schedule, key, plan, grad_s, grad_dst, acc)
+        return grad_value, grad_src, grad_dst, grad_attr, attr_sums
     if inputs.score == SCORE_GAT:
-        # ∂er: every light row in one launch (rows of any width class, many per program), then one
-        # program per medium row and per piece of a split row (and the pieces' merge)
+        # ∂er where split rows are merged by launches of their own: every light row in one launch, then one program per
+        # medium row and per piece of a split row, and the pieces' merge
         rows, starts, stops = incoming.light_all
         if rows.numel():
             grid, meta = plan["row sums light"]
@@ -1321,6 +1332,39 @@ def attention_backward(
             if row_sums:
                 _merge_sums(incoming, piece_sums, attr_sums)
     return grad_value, grad_src, grad_dst, grad_attr, attr_sums
+
+
+# The arguments of the row-sum launch's prepared form (:func:`_row_sums`) that change from call to call.
+ROW_SUMS_DYNAMIC = ("values_ptr", "out_ptr", "piece_out_ptr", "piece_count_ptr")
+
+
+def _row_sums(schedule, key: tuple, plan: dict, grad_s: torch.Tensor, grad_dst: torch.Tensor,
+              acc: torch.dtype) -> None:
+    """GAT's ``∂er [N, H]``: ``grad_s`` (``∂z [E, H]`` in CSR order) summed per destination row into ``grad_dst``, in
+    one launch (:func:`~gnnfuse.kernels.attention_backward.row_sums_kernel`: the light rows, then the pieces of split
+    rows, merged by the last of each to finish, and the medium rows), prepared once per schedule and kind of call."""
+    incoming = schedule.incoming
+    light = incoming.light_all
+    items = next(iter(_row_launches(incoming, True, True)), (*incoming.medium, 0, False))
+    rows, starts, stops, count, pieces = items
+    num_pieces = incoming.num_pieces if pieces else 0
+    (light_programs,), light_meta = plan["row sums light"]
+    if not light[0].numel():
+        light_programs = 0
+    if not light_programs + count:
+        return
+    heads = grad_dst.shape[1]
+    piece_out = _new_output((num_pieces, heads), acc, grad_dst.device) if num_pieces else grad_dst
+    where = (key, "row sums")
+    prepared = _prepared(schedule, where, plan) or _prepare(
+        schedule, where, plan, row_sums_kernel, (light_programs + count,), ROW_SUMS_DYNAMIC, {
+            "light_rows_ptr": light[0], "light_starts_ptr": light[1], "light_stops_ptr": light[2],
+            "num_light": light[0].numel(), "light_programs": light_programs, "rows_ptr": rows, "starts_ptr": starts,
+            "stops_ptr": stops, "num_items": count, "num_pieces": num_pieces, "W": heads,
+            "piece_super_ptr": incoming.piece_super, "piece_ptr": incoming.super_piece_ptr,
+            "LIGHT_ROWS": light_meta["ROWS"], "LIGHT_E": light_meta["BLOCK_E"], "BLOCK_E": plan["row sums"]["BLOCK_E"],
+            "BLOCK_W": plan["row sums"]["BLOCK_W"], "MERGE_P": plan["row sums"]["MERGE_P"]})
+    prepared(grad_s, grad_dst, piece_out, _piece_counts(incoming, bool(num_pieces), grad_dst))
 
 
 # CSR positions per program of the edge-terms pass (kernels/edge_features.py ``edge_terms_kernel``): on the GPU a
@@ -1690,7 +1734,8 @@ def _backward_saved(ctx, inputs: AttentionInputs, grad_out: torch.Tensor,
                     term_grad_dtypes: tuple[torch.dtype | None, torch.dtype | None] = (None, None),
                     grad_targets: tuple | None = None, grad_out_copy: torch.Tensor | None = None,
                     grad_factor: torch.Tensor | None = None,
-                    grad_scores: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+                    grad_scores: torch.Tensor | None = None,
+                    bias_sum: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """:func:`attention_backward` from what :func:`_forward_saving` kept (``out``, ``lse`` last; the per-edge factor
     of :func:`_edge_factor` and score term of :func:`_edge_score`, each put in reverse-CSR order here by one gather)."""
     out, lse = ctx.saved_tensors[-2:]
@@ -1700,7 +1745,7 @@ def _backward_saved(ctx, inputs: AttentionInputs, grad_out: torch.Tensor,
     score_rev = None if edge_score is None else gather_rows(edge_score, ctx.graph.rev_pos)
     return attention_backward(ctx.graph, inputs, lse, out, grad_out.contiguous(), *ctx.launch, grad_value_dtype,
                               edge_grads, bias_parts, term_grad_dtypes, grad_targets, grad_out_copy, factor_rev,
-                              grad_factor, score_rev, grad_scores, getattr(ctx, "gatv2_saves", None))
+                              grad_factor, score_rev, grad_scores, getattr(ctx, "gatv2_saves", None), bias_sum)
 
 
 def _edge_factor(ctx, graph: Graph, edge_weight: torch.Tensor | None, acc: torch.dtype, index: int
@@ -1794,8 +1839,8 @@ def _bias_grad_wanted(ctx) -> bool:
 
 def _addend_grad(ctx, grad_out: torch.Tensor, bias_sum: torch.Tensor | None) -> torch.Tensor | None:
     """The gradient of a Function's ``out_add`` in its caller's shape (:func:`_addend_layout`): ``g``
-    itself for a per-node term, ``Σ_n g_n`` for an ``[H, D]`` bias (``bias_sum`` from the partials
-    of :func:`attention_backward`, or summed here when no attention gradient was needed); None when
+    itself for a per-node term, ``Σ_n g_n`` for an ``[H, D]`` bias (``bias_sum`` from
+    :func:`attention_backward`'s ``δ`` kernel, or summed here when no attention gradient was needed); None when
     it needs none."""
     if not ctx.add_grad:
         return None
@@ -2050,28 +2095,56 @@ def _node_tile_rows(heads: int, head_dim: int) -> tuple[int, int, int]:
 def _node_part_buffer(like: torch.Tensor, count: int) -> torch.Tensor:
     """``[count, P, H, D]`` in the accumulation dtype: per-program partial sums of the per-node
     kernels over ``like [N, H, D]`` (``P`` programs of :func:`_node_tile_rows`), ``count`` sums side
-    by side so that one reduction launch (``.sum(1)``) finishes them all."""
+    by side so that one sum finishes them all (inside :func:`_node_scores_backward`'s launch, or ``.sum``)."""
     num_nodes, heads, head_dim = like.shape
     programs = cdiv(num_nodes, _node_tile_rows(heads, head_dim)[2])
     return _new_output((count, programs, heads, head_dim), accumulation_dtype(like.dtype), like.device)
 
 
+# Programs per first-level group of the per-node kernels' own sums of their partials (fusecore.grid_sync.sum_partials),
+# and the tile (rows x columns of the partials) a finishing program adds at a time.
+NODE_SUM_GROUP = 64
+NODE_SUM_TILE = 2048
+_SCRATCH: dict = {}  # zeroed counts kept per device and stream (fusecore.scratch.zeroed)
+
+
+def _finishing(count: int, programs: int, width: int, acc: torch.dtype, device: torch.device) -> tuple:
+    """``(group, counts, meta)``: what a per-node launch of ``programs`` programs needs to finish the column sums of
+    its ``count`` partial rows of ``width`` itself (:func:`fusecore.grid_sync.sum_partials`): the first level's
+    ``[count, groups, width]`` buffer in ``acc``, the zeroed counts and the compile-time tiling."""
+    groups = cdiv(programs, NODE_SUM_GROUP)
+    block_w = min(next_power_of_2(width), NODE_SUM_TILE)
+    return (_new_output((count, groups, width), acc, device),
+            zeroed(_SCRATCH, "node sums", groups + 1, torch.int32, device),
+            {"GROUP": NODE_SUM_GROUP, "SUM_P": max(1, NODE_SUM_TILE // block_w), "SUM_W": block_w})
+
+
 def _head_dot(a: torch.Tensor, b: torch.Tensor, acc: torch.dtype, parts: torch.Tensor | None = None,
-              copy: torch.Tensor | None = None) -> torch.Tensor:
+              copy: torch.Tensor | None = None, sums: torch.Tensor | None = None) -> torch.Tensor:
     """``Σ_d a · b`` per (node, head) of two contiguous ``[N, H, D]`` tensors, in ``acc``; with
-    ``parts`` (one sum of :func:`_node_part_buffer`) also the per-program partial sums of ``a``, and with
+    ``parts`` (one sum of :func:`_node_part_buffer`) also the per-program partial sums of ``a`` (summed by a later
+    launch), or with ``sums`` (``[H, D]``, any float dtype) ``Σ_n a_n`` itself, summed inside the launch; and with
     ``copy`` (``[N, H, D]``, contiguous heads and features, any row stride) ``a`` stored into it, from the
     same read."""
 
     num_nodes, heads, head_dim = a.shape
     out = _new_output((num_nodes, heads), acc, a.device)
     block_h, block_d, rows = _node_tile_rows(heads, head_dim)
-    if num_nodes:
-        head_dot_kernel[(cdiv(num_nodes, rows),)](
-            a, b, out, out if parts is None else parts, a if copy is None else copy, num_nodes, heads, head_dim,
-            0 if copy is None else copy.stride(0), ROWS=rows, BLOCK_H=block_h, BLOCK_D=block_d,
-            COLUMN_SUMS=parts is not None, COPY=copy is not None,
-        )
+    programs = cdiv(num_nodes, rows)
+    if sums is not None and not programs:
+        sums.zero_()
+    if not programs:
+        return out
+    group, counts, finish = out, out, {}
+    if sums is not None:
+        parts = _node_part_buffer(a, 1)
+        group, counts, finish = _finishing(1, programs, heads * head_dim, parts.dtype, a.device)
+        finish["FINISH"] = True
+    head_dot_kernel[(programs,)](
+        a, b, out, out if parts is None else parts, a if copy is None else copy, num_nodes, heads, head_dim,
+        0 if copy is None else copy.stride(0), group, out if sums is None else sums, counts, programs, ROWS=rows,
+        BLOCK_H=block_h, BLOCK_D=block_d, COLUMN_SUMS=parts is not None, COPY=copy is not None, **finish,
+    )
     return out
 
 
@@ -2194,21 +2267,28 @@ def _projection_scores(x: torch.Tensor, weight: torch.Tensor, attn_l: torch.Tens
     return wh, el, er
 
 
-def _node_scores_backward(wh, attn_l, attn_r, grad_el, grad_er, grad_agg, parts: torch.Tensor) -> torch.Tensor:
-    """``grad_wh``: ``grad_agg`` plus the node scores' share, in one kernel, which also writes the
-    partial sums of ``∂attn_l``, ``∂attn_r`` into ``parts[0]``, ``parts[1]`` (:func:`_node_part_buffer`)."""
+def _node_scores_backward(wh, attn_l, attn_r, grad_el, grad_er, grad_agg, parts: torch.Tensor,
+                          sums_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(grad_wh, sums)``: ``grad_wh`` is ``grad_agg`` plus the node scores' share, and ``sums [count, H, D]`` (in
+    ``sums_dtype``) the column sums of ``parts`` (:func:`_node_part_buffer`, ``count`` sums side by side) after the
+    kernel wrote the partial sums of ``∂attn_l``, ``∂attn_r`` into ``parts[0]``, ``parts[1]`` — one launch: its last
+    programs to finish sum the partials (``sums[0]``, ``sums[1]``, and an earlier kernel's ``parts[2:]``)."""
 
     num_nodes, heads, head_dim = wh.shape
     block_h, block_d, rows = _node_tile_rows(heads, head_dim)
     programs = cdiv(num_nodes, rows)
+    count = parts.shape[0]
+    sums = _new_output((count, heads, head_dim), sums_dtype, wh.device)
     grad_wh = grad_agg if grad_agg.dtype == wh.dtype else _new_output(tuple(wh.shape), wh.dtype, wh.device)
-    if programs:
-        node_scores_backward_kernel[(programs,)](
-            wh, attn_l.contiguous(), attn_r.contiguous(), grad_el.contiguous(), grad_er.contiguous(), grad_agg,
-            grad_wh, parts[0], parts[1], num_nodes, heads, head_dim, ROWS=rows, BLOCK_H=block_h, BLOCK_D=block_d,
-            **_node_backward_options("node_scores", wh),
-        )
-    return grad_wh
+    if not programs:
+        return grad_wh, sums.zero_()
+    group, counts, finish = _finishing(count, programs, heads * head_dim, parts.dtype, wh.device)
+    node_scores_backward_kernel[(programs,)](
+        wh, attn_l.contiguous(), attn_r.contiguous(), grad_el.contiguous(), grad_er.contiguous(), grad_agg,
+        grad_wh, parts, group, sums, counts, num_nodes, heads, head_dim, programs, count, ROWS=rows, BLOCK_H=block_h,
+        BLOCK_D=block_d, **finish, **_node_backward_options("node_scores", wh),
+    )
+    return grad_wh, sums
 
 
 class NodeScoresFunction(torch.autograd.Function):
@@ -2227,8 +2307,8 @@ class NodeScoresFunction(torch.autograd.Function):
         grad_el = torch.zeros(wh.shape[:2], dtype=acc, device=wh.device) if grad_el is None else grad_el.to(acc)
         grad_er = torch.zeros(wh.shape[:2], dtype=acc, device=wh.device) if grad_er is None else grad_er.to(acc)
         parts = _node_part_buffer(wh, 2)
-        grad_wh = _node_scores_backward(wh, attn_l, attn_r, grad_el, grad_er, torch.zeros_like(wh), parts)
-        sums = parts.sum(1).to(attn_l.dtype)
+        grad_wh, sums = _node_scores_backward(wh, attn_l, attn_r, grad_el, grad_er, torch.zeros_like(wh), parts,
+                                              attn_l.dtype)
         return grad_wh, sums[0:1], sums[1:2]
 
 
@@ -2272,7 +2352,7 @@ class GATFunction(torch.autograd.Function):
         wh, attn_l, attn_r, el, er, x, weight = ctx.saved_tensors[:7]
         inputs = AttentionInputs(SCORE_GAT, el, er, wh, negative_slope=ctx.negative_slope,
                                  edge_factor=ctx.edge_factor, edge_score=ctx.edge_score)
-        # ∂attn_l, ∂attn_r and a bias's Σ_n g_n from per-program partials: one reduction, one cast
+        # ∂attn_l, ∂attn_r and a bias's Σ_n g_n from per-program partials, summed by the node-score backward's launch
         bias = _bias_grad_wanted(ctx)
         parts = _node_part_buffer(wh, 3 if bias else 2)
         grad_factor = _factor_grad_buffer(ctx)
@@ -2280,8 +2360,8 @@ class GATFunction(torch.autograd.Function):
         grad_agg, grad_el, grad_er, _, _ = _backward_saved(ctx, inputs, grad_out, grad_value_dtype=el.dtype,
                                                            bias_parts=parts[2] if bias else None,
                                                            grad_factor=grad_factor, grad_scores=grad_scores)
-        grad_wh = _node_scores_backward(wh, attn_l, attn_r, grad_el, grad_er, grad_agg, parts)
-        sums = parts.sum(1).to(attn_l.dtype)  # wh, the attention vectors and the bias share a dtype
+        # wh, the attention vectors and the bias share a dtype
+        grad_wh, sums = _node_scores_backward(wh, attn_l, attn_r, grad_el, grad_er, grad_agg, parts, attn_l.dtype)
         grad_x = grad_weight = None
         if weight is None:
             grad_x = grad_wh
@@ -2574,13 +2654,14 @@ class TransformerAttentionFunction(torch.autograd.Function):
         inputs = AttentionInputs(SCORE_DOT, key, query, value, edge_attr=edge_attr, edge_weight=edge_weight,
                                  scale=ctx.scale)
         edge_grads = (ctx.needs_input_grad[3], ctx.needs_input_grad[4])
-        parts = _node_part_buffer(value, 1)[0] if _bias_grad_wanted(ctx) else None
+        # the bias's Σ_n g_n, summed inside the δ kernel's launch
+        bias_sum = _new_output(tuple(value.shape[1:]), ctx.add_dtype, value.device) if _bias_grad_wanted(ctx) else None
         grad_v, grad_k, grad_q, grad_attr, attr_sums = _backward_saved(
-            ctx, inputs, grad_out, edge_grads=edge_grads, bias_parts=parts, term_grad_dtypes=(key.dtype, query.dtype),
-            grad_targets=targets, grad_out_copy=packed_add)
+            ctx, inputs, grad_out, edge_grads=edge_grads, bias_sum=bias_sum,
+            term_grad_dtypes=(key.dtype, query.dtype), grad_targets=targets, grad_out_copy=packed_add)
         grad_weight = None if attr_sums is None else edge_weight_grad(attr_sums, grad_out, query, ctx.scale)
         grad_attr, grad_weight = _edge_grads_out(grad_attr, grad_weight, edge_attr, edge_weight)
-        add_grad = _addend_grad(ctx, grad_out, None if parts is None else parts.sum(0))
+        add_grad = _addend_grad(ctx, grad_out, bias_sum)
         if ctx.packing is not None:  # the root term's gradient, g itself, was stored by the δ kernel
             return grad_base, None, None, grad_attr, grad_weight, *_NO_GRADS, add_grad, None
         return grad_q, grad_k, grad_v, grad_attr, grad_weight, *_NO_GRADS, add_grad, None
@@ -2606,19 +2687,23 @@ def _normalize_rows(h: torch.Tensor, beta: torch.Tensor) -> tuple[torch.Tensor, 
 
 def _normalize_rows_backward(h, beta, grad_value, grad_key, grad_query) -> tuple[torch.Tensor, torch.Tensor]:
     """``(∂h, ∂β)`` of AGNN from the attention's ``∂v``, ``∂k``, ``∂q`` (one per-node kernel; ``∂β``
-    summed from per-program partials in the accumulation dtype)."""
+    summed from per-program partials in the accumulation dtype by the same launch)."""
 
     num_nodes, heads, head_dim = h.shape
     block_h, block_d, rows = _node_tile_rows(heads, head_dim)
     programs = cdiv(num_nodes, rows)
     grad_h = _new_output(tuple(h.shape), h.dtype, h.device)
+    grad_beta = _new_output(tuple(beta.shape), beta.dtype, h.device)
+    if not programs:
+        return grad_h, grad_beta.zero_()
     part_beta = _new_output((programs,), grad_query.dtype, h.device)
-    if programs:
-        normalize_backward_kernel[(programs,)](
-            h, beta, grad_value, grad_key, grad_query, grad_h, part_beta, num_nodes, heads, head_dim, NORMALIZE_EPS,
-            ROWS=rows, BLOCK_H=block_h, BLOCK_D=block_d, **_node_backward_options("normalize", h),
-        )
-    return grad_h, part_beta.sum().reshape(beta.shape).to(beta.dtype)
+    group, counts, finish = _finishing(1, programs, 1, grad_query.dtype, h.device)
+    normalize_backward_kernel[(programs,)](
+        h, beta, grad_value, grad_key, grad_query, grad_h, part_beta, group, grad_beta, counts, num_nodes, heads,
+        head_dim, NORMALIZE_EPS, programs, ROWS=rows, BLOCK_H=block_h, BLOCK_D=block_d, **finish,
+        **_node_backward_options("normalize", h),
+    )
+    return grad_h, grad_beta
 
 
 class AGNNFunction(torch.autograd.Function):

@@ -169,6 +169,8 @@ class Buckets:
     max_row_pieces: int
     piece_edges: int
     pieces_then_medium: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+    # buffers kept across launches per stream (fusecore.scratch.zeroed: the merging launches' piece counts)
+    scratch: dict = field(default_factory=dict, init=False, compare=False, repr=False)
 
     @property
     def num_pieces(self) -> int:

@@ -33,7 +33,7 @@ partial sum of ``∂L/∂a``
 (summed over rows by the launcher: deterministic, no atomics).  The pass also writes a
 per-(edge, head) value at the edge's CSR position — ``∂L/∂z`` for GAT, ``∂L/∂s`` otherwise,
 an E×H buffer, never E×H×D — which the destination pass reduces per row: a plain
-:func:`row_sum_kernel` for GAT (``∂L/∂er``; all light rows in one launch),
+:func:`row_sums_kernel` for GAT (``∂L/∂er``; light rows, split rows and the rest in one launch),
 :func:`attention_backward_dst_kernel` (and its light form) for GATv2 (``∂L/∂fd``) and the dot
 score (``∂L/∂q``, gathering the keys again; with edge features, whose ``α'_p`` the source pass
 leaves in ``terms[p, 0]``, it sums ``∂s_p ⊗ attr_p`` and ``α'_p ⊗ attr_p`` per row — no edge is
@@ -842,18 +842,11 @@ def _dst_light_rows(
 
 
 @jit
-def row_sum_kernel(
-    rows_ptr, starts_ptr, stops_ptr, values_ptr, out_ptr, num_rows, W,
-    piece_super_ptr, piece_ptr, piece_count_ptr, merged_ptr,
-    ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_W: tl.constexpr, PIECES: tl.constexpr,
-    MERGE: tl.constexpr = False, MERGE_P: tl.constexpr = 1,
-):
-    """``out[row, :W] = Σ_{p in the row's CSR range} values[p, :W]`` for ``ROWS`` items per program
-    (rows of any degree: ``[ROWS, BLOCK_E]`` edge tiles up to the largest degree among them; items
-    sorted by degree waste little), written per item instead of per row with ``PIECES``; with ``MERGE``
-    (pieces, one a program) the last piece of each super row to finish sums that row's pieces into
-    ``merged[row, :W]`` (:mod:`gnnfuse.kernels.merge`)."""
-    pid = tl.program_id(0).to(tl.int64)
+def _row_sum_items(pid, rows_ptr, starts_ptr, stops_ptr, values_ptr, out_ptr, num_rows, W,
+                   ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_W: tl.constexpr, PIECES: tl.constexpr):
+    """Items ``pid·ROWS ..`` of a schedule list: ``out[row, :W] = Σ_{p in the item's CSR range} values[p, :W]``
+    (``[ROWS, BLOCK_E]`` edge tiles up to the largest degree among them), written at the item's position in the
+    list instead of its row with ``PIECES``."""
     offs_w = tl.arange(0, BLOCK_W)
     w_mask = offs_w < W
     offs_r, r_mask, rows, start, degree = row_ranges(pid, rows_ptr, starts_ptr, stops_ptr, num_rows, ROWS)
@@ -870,9 +863,58 @@ def row_sum_kernel(
         out_index = rows
     tl.store(out_ptr + out_index[:, None] * W + offs_w[None, :], acc.to(out_ptr.dtype.element_ty),
              mask=r_mask[:, None] & w_mask[None, :])
+
+
+@jit
+def row_sum_kernel(
+    rows_ptr, starts_ptr, stops_ptr, values_ptr, out_ptr, num_rows, W,
+    piece_super_ptr, piece_ptr, piece_count_ptr, merged_ptr,
+    ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_W: tl.constexpr, PIECES: tl.constexpr,
+    MERGE: tl.constexpr = False, MERGE_P: tl.constexpr = 1,
+):
+    """``out[row, :W] = Σ_{p in the row's CSR range} values[p, :W]`` for ``ROWS`` items per program
+    (rows of any degree: ``[ROWS, BLOCK_E]`` edge tiles up to the largest degree among them; items
+    sorted by degree waste little), written per item instead of per row with ``PIECES``; with ``MERGE``
+    (pieces, one a program) the last piece of each super row to finish sums that row's pieces into
+    ``merged[row, :W]`` (:mod:`gnnfuse.kernels.merge`)."""
+    pid = tl.program_id(0).to(tl.int64)
+    _row_sum_items(pid, rows_ptr, starts_ptr, stops_ptr, values_ptr, out_ptr, num_rows, W, ROWS, BLOCK_E, BLOCK_W,
+                   PIECES)
     if MERGE:
         tl.static_assert(PIECES and ROWS == 1, "MERGE: one piece a program")
         merger, merge_from, merge_to = last_piece(pid, piece_super_ptr, piece_ptr, piece_count_ptr)
         if merger:
             merge_sums(merge_from, merge_to, tl.load(rows_ptr + pid).to(tl.int64), out_ptr, merged_ptr, W, W, MERGE_P,
                        BLOCK_W)
+
+
+@jit
+def row_sums_kernel(
+    light_rows_ptr, light_starts_ptr, light_stops_ptr, num_light, light_programs,
+    rows_ptr, starts_ptr, stops_ptr, num_items, num_pieces, values_ptr, out_ptr, piece_out_ptr, W,
+    piece_super_ptr, piece_ptr, piece_count_ptr,
+    LIGHT_ROWS: tl.constexpr, LIGHT_E: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_W: tl.constexpr,
+    MERGE_P: tl.constexpr,
+):
+    """Every row sum of one CSR in one launch (:func:`row_sum_kernel`'s three launches in one): programs
+    ``0 .. light_programs`` take the light rows, ``LIGHT_ROWS`` each in ``[LIGHT_ROWS, LIGHT_E]`` tiles; each later
+    program one item of ``rows`` (``num_items``), whose first ``num_pieces`` are the pieces of split rows — a
+    piece's partial goes to ``piece_out[piece]``, and the last piece of each split row to finish sums the row's
+    partials into ``out[row]`` (:mod:`gnnfuse.kernels.merge`, its count at ``piece_count_ptr``) — and the rest
+    whole rows."""
+    pid = tl.program_id(0).to(tl.int64)
+    if pid < light_programs:
+        _row_sum_items(pid, light_rows_ptr, light_starts_ptr, light_stops_ptr, values_ptr, out_ptr, num_light, W,
+                       LIGHT_ROWS, LIGHT_E, BLOCK_W, False)
+    else:
+        item = pid - light_programs
+        if item < num_pieces:
+            _row_sum_items(item, rows_ptr, starts_ptr, stops_ptr, values_ptr, piece_out_ptr, num_items, W, 1, BLOCK_E,
+                           BLOCK_W, True)
+            merger, merge_from, merge_to = last_piece(item, piece_super_ptr, piece_ptr, piece_count_ptr)
+            if merger:
+                merge_sums(merge_from, merge_to, tl.load(rows_ptr + item).to(tl.int64), piece_out_ptr, out_ptr, W, W,
+                           MERGE_P, BLOCK_W)
+        else:
+            _row_sum_items(item, rows_ptr, starts_ptr, stops_ptr, values_ptr, out_ptr, num_items, W, 1, BLOCK_E,
+                           BLOCK_W, False)

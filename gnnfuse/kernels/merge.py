@@ -13,9 +13,10 @@ partials read once, one row written.
 
 Two ways to run a merge: a launch of its own after the pieces' launch (one program per super row:
 ``lse_merge_kernel``, ``sum_merge_kernel``), or inside the pieces' launch, by the last piece of each
-super row to finish (:func:`last_piece`, then :func:`merge_lse` / :func:`merge_sums`; a launch fewer,
-and the merge starts as soon as its row's pieces are done).  The loads of the partials bypass L1
-(``.cg``) either way: in the second form other multiprocessors stored them during the same launch.
+super row to finish (:func:`last_piece`, which also sets its row's count back to zero, then
+:func:`merge_lse` / :func:`merge_sums`; a launch fewer, and the merge starts as soon as its row's pieces are
+done).  The loads of the partials bypass L1 (``.cg``) either way: in the second form other multiprocessors stored
+them during the same launch.
 """
 
 import triton.language as tl
@@ -30,12 +31,15 @@ from .tiles import finish_softmax, head_tile, store_output
 @jit
 def last_piece(pid, piece_super_ptr, piece_ptr, count_ptr):
     """After piece ``pid`` stored its partial: ``(last, first, end)`` — whether it is the last of its super row's
-    pieces to finish (counted in at ``count_ptr[s]``, zeroed before the launch;
-    :func:`fusecore.grid_sync.last_to_arrive`) and that row's piece range ``first : end`` (``s = piece_super[pid]``)."""
+    pieces to finish (counted in at ``count_ptr[s]``, zero when the launch starts;
+    :func:`fusecore.grid_sync.last_to_arrive`) and that row's piece range ``first : end`` (``s = piece_super[pid]``).
+    The last piece sets the count back to zero, so the counts are zero again when the launch ends and one buffer
+    serves every launch on a stream (:func:`fusecore.scratch.zeroed`)."""
     s = tl.load(piece_super_ptr + pid).to(tl.int64)
     first = tl.load(piece_ptr + s).to(tl.int64)
     end = tl.load(piece_ptr + s + 1).to(tl.int64)
     last = last_to_arrive(count_ptr + s, (end - first).to(tl.int32))
+    tl.atomic_xchg(count_ptr + s, 0, mask=last, sem="relaxed", scope="gpu")
     return last, first, end
 
 

@@ -15,6 +15,7 @@ scores written (in the accumulation dtype of ``el``).
 import triton.language as tl
 
 from fusecore.backend import jit
+from fusecore.grid_sync import sum_partials
 
 from .tiles import head_tile, node_rows
 
@@ -49,17 +50,24 @@ def node_scores_kernel(
 @jit
 def node_scores_backward_kernel(
     wh_ptr, attn_l_ptr, attn_r_ptr, grad_el_ptr, grad_er_ptr, grad_agg_ptr, grad_wh_ptr,
-    part_attn_l_ptr, part_attn_r_ptr, num_nodes, H, D,
-    ROWS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    part_ptr, group_ptr, sums_ptr, count_ptr, num_nodes, H, D, programs, count,
+    ROWS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, GROUP: tl.constexpr, SUM_P: tl.constexpr,
+    SUM_W: tl.constexpr,
 ):
     """Backward of the node scores, folded into the feature gradient of the whole GAT op::
 
         grad_wh[n]     = grad_agg[n] + grad_el[n, h] · attn_l[h] + grad_er[n, h] · attn_r[h]
-        part_attn_l[p] = Σ_{n in program p} grad_el[n, h] · Wh[n, h]      (likewise attn_r)
+        part[0, p]     = Σ_{n in program p} grad_el[n, h] · Wh[n, h]      (part[1, p]: likewise attn_r)
+        sums[k]        = Σ_p part[k, p]      for k < count
 
     ``grad_agg`` is the aggregation gradient (it may be ``grad_wh`` itself: each element is
-    read before it is written by the same program); the launcher sums the per-program
-    partials.  Bytes: ``Wh`` and ``grad_agg`` read once, ``grad_wh`` written once.
+    read before it is written by the same program).  ``part [count, programs, H, D]`` (accumulation dtype)
+    may hold more partial rows than the two this kernel stores, filled by an earlier launch with the same
+    programs (an output bias's ``Σ_n g_n``: :func:`head_dot_kernel`'s ``COLUMN_SUMS``); the launch sums all
+    ``count`` of them into ``sums [count, H, D]`` (the attention vectors' dtype) itself, its last programs to
+    arrive finishing the sum (:func:`fusecore.grid_sync.sum_partials`: ``group`` its ``[count, groups, H·D]``
+    first level, ``count_ptr`` its zeroed counts), so no reduction or cast launch follows.  Bytes: ``Wh`` and
+    ``grad_agg`` read once, ``grad_wh`` written once, the partials written once and read once.
     """
     acc_dtype = grad_el_ptr.dtype.element_ty
     pid = tl.program_id(0).to(tl.int64)
@@ -72,18 +80,23 @@ def node_scores_backward_kernel(
     grad += grad_el * attn_l[None, :, :] + grad_er * attn_r[None, :, :]
     tl.store(grad_wh_ptr + feat_offs, grad.to(grad_wh_ptr.dtype.element_ty), mask=feat_mask)
     _, _, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
-    part_offs = pid * (H * D) + hd_offs
-    tl.store(part_attn_l_ptr + part_offs, tl.sum(grad_el * wh, axis=0), mask=hd_mask)
-    tl.store(part_attn_r_ptr + part_offs, tl.sum(grad_er * wh, axis=0), mask=hd_mask)
+    width = H * D
+    part_offs = pid * width + hd_offs
+    tl.store(part_ptr + part_offs, tl.sum(grad_el * wh, axis=0), mask=hd_mask)
+    tl.store(part_ptr + programs * width + part_offs, tl.sum(grad_er * wh, axis=0), mask=hd_mask)
+    sum_partials(pid, programs, part_ptr, count, width, group_ptr, sums_ptr, count_ptr, GROUP, SUM_P, SUM_W)
 
 
 @jit
-def head_dot_kernel(a_ptr, b_ptr, out_ptr, part_a_ptr, copy_ptr, num_nodes, H, D, copy_stride,
-                    ROWS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, COLUMN_SUMS: tl.constexpr,
-                    COPY: tl.constexpr = False):
+def head_dot_kernel(a_ptr, b_ptr, out_ptr, part_a_ptr, copy_ptr, num_nodes, H, D, copy_stride, group_ptr, sums_ptr,
+                    count_ptr, programs, ROWS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+                    COLUMN_SUMS: tl.constexpr, COPY: tl.constexpr = False, FINISH: tl.constexpr = False,
+                    GROUP: tl.constexpr = 1, SUM_P: tl.constexpr = 1, SUM_W: tl.constexpr = 1):
     """``out[n, h] = Σ_d a[n, h, d] · b[n, h, d]`` (the backward's ``δ = <g, out>`` per node and head);
     with ``COLUMN_SUMS`` also ``part_a[p] = Σ_{n in program p} a[n]`` ``[H, D]`` in ``out``'s dtype
-    (an output bias's gradient ``Σ_n g_n``, summed over programs by the launcher), and with ``COPY`` ``a``
+    (an output bias's gradient ``Σ_n g_n``), summed over the ``programs`` by a later launch
+    (:func:`node_scores_backward_kernel`) or, with ``FINISH``, by this one into ``sums [H, D]`` (its own dtype;
+    ``group``, ``count_ptr``: :func:`fusecore.grid_sync.sum_partials`'); and with ``COPY`` ``a``
     itself stored into ``copy [N, H, D]`` (rows ``copy_stride`` apart: a per-node addend's gradient, ``g``,
     in place in a packed gradient), from the same read of ``a``."""
     acc_dtype = out_ptr.dtype.element_ty
@@ -100,3 +113,5 @@ def head_dot_kernel(a_ptr, b_ptr, out_ptr, part_a_ptr, copy_ptr, num_nodes, H, D
     if COLUMN_SUMS:
         _, _, hd_offs, hd_mask = head_tile(H, D, BLOCK_H, BLOCK_D)
         tl.store(part_a_ptr + pid * (H * D) + hd_offs, tl.sum(a, axis=0), mask=hd_mask)
+        if FINISH:
+            sum_partials(pid, programs, part_a_ptr, 1, H * D, group_ptr, sums_ptr, count_ptr, GROUP, SUM_P, SUM_W)

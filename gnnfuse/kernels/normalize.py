@@ -18,6 +18,7 @@ Bytes: forward ``N·H·D`` read, ``2 N·H`` written; backward four ``N·H·D`` r
 import triton.language as tl
 
 from fusecore.backend import jit
+from fusecore.grid_sync import sum_partials
 
 from .tiles import node_rows
 
@@ -45,8 +46,9 @@ def normalize_kernel(h_ptr, beta_ptr, inverse_norm_ptr, query_scale_ptr, num_nod
 
 @jit
 def normalize_backward_kernel(h_ptr, beta_ptr, grad_value_ptr, grad_key_ptr, grad_query_ptr, grad_h_ptr,
-                              part_beta_ptr, num_nodes, H, D, eps,
-                              ROWS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+                              part_beta_ptr, group_ptr, grad_beta_ptr, count_ptr, num_nodes, H, D, eps, programs,
+                              ROWS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, GROUP: tl.constexpr,
+                              SUM_P: tl.constexpr, SUM_W: tl.constexpr):
     acc_dtype = grad_key_ptr.dtype.element_ty
     pid = tl.program_id(0).to(tl.int64)
     h, norm, r, feat_offs, feat_mask, _, _ = _unit_rows(h_ptr, pid, num_nodes, H, D, eps, acc_dtype, ROWS, BLOCK_H,
@@ -61,3 +63,5 @@ def normalize_backward_kernel(h_ptr, beta_ptr, grad_value_ptr, grad_key_ptr, gra
     tl.store(grad_h_ptr + feat_offs, grad_h.to(grad_h_ptr.dtype.element_ty), mask=feat_mask)
     part_beta = tl.sum(tl.sum(tl.sum(grad_query * unit, axis=2), axis=1), axis=0)
     tl.store(part_beta_ptr + pid, part_beta.to(part_beta_ptr.dtype.element_ty))
+    # ∂β = Σ_p part_beta[p], finished by the launch's last programs (fusecore.grid_sync.sum_partials), in β's dtype
+    sum_partials(pid, programs, part_beta_ptr, 1, 1, group_ptr, grad_beta_ptr, count_ptr, GROUP, SUM_P, SUM_W)

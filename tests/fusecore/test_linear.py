@@ -86,13 +86,15 @@ def test_column_sum_first_stage_programs_whatever_the_width(device, monkeypatch,
     blocks; session 36's tiling launched 4x as many there).  Fewer where the slabs' rows round up to a whole tile."""
     launches = []
     real = linear_module._launch
-    monkeypatch.setattr(linear_module, "_launch", lambda x, out, br, bc, rpp: launches.append(
-        -(-x.shape[0] // rpp) * -(-x.shape[1] // bc)) or real(x, out, br, bc, rpp))
+    monkeypatch.setattr(linear_module, "_launch", lambda x, out, br, bc, rpp, finish=None: launches.append(
+        -(-x.shape[0] // rpp) * -(-x.shape[1] // bc)) or real(x, out, br, bc, rpp, finish))
     x = torch.randn(20_000, cols, device=device)
-    assert_close(column_sum(x), x.double().sum(0), dtype=torch.float32, name=f"column_sum [20000, {cols}]")
+    for _ in range(2):  # the second call reuses the counts the first left zeroed
+        assert_close(column_sum(x), x.double().sum(0), dtype=torch.float32, name=f"column_sum [20000, {cols}]")
     wanted = linear_module.PROGRAMS_PER_SM * linear_module.device_facts(device).sm_count
     blocks = -(-cols // linear_module.COLUMN_BLOCK_MAX)
-    assert blocks <= launches[0] <= wanted + blocks, (launches, wanted)
+    assert len(launches) == 2 and blocks <= launches[0] <= wanted + blocks, (launches, wanted)  # one launch a sum
+    assert all(not counts.any() for counts in linear_module._SCRATCH.values())
 
 
 def test_column_sum_rejects_bad_input(device):

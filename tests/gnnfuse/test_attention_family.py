@@ -318,6 +318,12 @@ def test_row_launch_of_pieces_and_medium_rows(gen, device, monkeypatch, name, mi
     check_op(name, graph, leaves, gen, schedule=SCHEDULES["mixed"])
     # forward, source pass (two sums), destination pass (with edge features two sums)
     assert len(merges) == (0 if merged else 1 + 2 + (2 if name == "transformer+edge" else 1)), merges
+    # the merging launches count their pieces in one buffer per bucket set, kept across calls and left zeroed
+    kept = {(side, key): t for side, b in enumerate((buckets, schedule.outgoing)) for key, t in b.scratch.items()}
+    assert bool(kept) == bool(merged) and all(not t.any() for t in kept.values()), kept
+    check_op(name, graph, leaves, gen, schedule=SCHEDULES["mixed"])
+    again = {(side, key): t for side, b in enumerate((buckets, schedule.outgoing)) for key, t in b.scratch.items()}
+    assert again.keys() == kept.keys() and all(again[k] is t and not t.any() for k, t in kept.items())
     if name != "transformer+edge":
         return
     created = poison_op_outputs(monkeypatch)

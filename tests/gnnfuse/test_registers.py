@@ -25,7 +25,7 @@ def test_a_row_prints_its_kernels_resources(tmp_path):
     assert [s.splitlines()[0] for s in sections] == ["gat-bf16", "gat-bf16:LIGHT_SOURCE_UNROLLED=False"]
     for section in sections:  # every row reports its own specialisations, those of the row before included
         for kernel in ("attention_forward_light_kernel", "attention_backward_src_light_kernel",
-                       "attention_forward_rows_kernel", "row_sum_kernel"):
+                       "attention_forward_rows_kernel", "row_sums_kernel"):
             assert kernel in section, section
         # local memory only where a register cap asks for it: the GAT bf16 source pass at maxnreg 96
         # (ops.LIGHT_UNROLLED_MAXNREG; 8-16 bytes with the GPU's Triton 3.6, more with later ones)
