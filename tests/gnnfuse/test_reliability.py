@@ -374,7 +374,8 @@ class _ShiftedPointer(torch.Tensor):
 # views of light_all's).  A field added to Buckets fails the test until it is sorted here: a
 # launch reading positions the test does not move would read past its buffer's real edges.
 _POSITION_FIELDS = {"light_all", "medium", "piece_start", "piece_stop", "pieces_then_medium"}
-_OTHER_FIELDS = {"light", "super_rows", "piece_row", "super_piece_ptr", "piece_super", "max_row_pieces", "piece_edges"}
+_OTHER_FIELDS = {"light", "super_rows", "piece_row", "super_piece_ptr", "piece_super", "max_row_pieces", "piece_edges",
+                 "scratch"}  # scratch: kept piece counts per stream (fusecore.scratch), no positions
 
 
 def _edge_positions(buckets) -> list[torch.Tensor]:
