@@ -94,7 +94,6 @@ FINAL_BLOCK_C = 16
 # time on the GPU machines.
 SUM_GROUP = 32
 SUM_TILE = 2048
-_SCRATCH: dict = {}  # zeroed counts kept per device and stream (fusecore.scratch.zeroed)
 # At most this many rows: one launch, each program all rows of a block of columns (the first stage's slabs would be
 # a row each, its partials a copy of x: a split float32 product's 33 × [512, 128] partials took 24 µs in two launches
 # on an H200, session 26).
@@ -198,7 +197,7 @@ def column_sum(x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.T
     out = _new((1, cols), out_dtype, x.device)
     _launch(x, out, block_r, block_c, rows_per_program, (
         _new((blocks, slabs, block_c), acc, x.device), _new((blocks, groups, block_c), acc, x.device),
-        zeroed(_SCRATCH, "column sums", blocks * (groups + 1), torch.int32, x.device),
+        zeroed(None, "column sums", blocks * (groups + 1), torch.int32, x.device),
         {"FINISH": True, "GROUP": SUM_GROUP, "SUM_P": max(1, SUM_TILE // block_c)}))
     return out[0]
 

@@ -30,13 +30,18 @@ def stream_key(device: torch.device) -> int | None:
     return torch._C._cuda_getCurrentRawStream(index)
 
 
-def zeroed(cache: dict, name: object, size: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+_KEPT: dict = {}  # the buffers of callers that name no cache of their own
+
+
+def zeroed(cache: dict | None, name: object, size: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A zeroed 1-D tensor of at least ``size`` elements for one launch that leaves it zeroed again (module doc),
-    kept in ``cache`` under ``(name, device, stream)`` and returned again to later calls on the same stream (a larger
-    one replaces it when a call needs more); a fresh one, not kept, while the current stream captures a CUDA graph.
-    The caller promises that every launch given the buffer zeroes what it changed before it ends."""
+    kept in ``cache`` (None: this module's own) under ``(name, device, stream)`` and returned again to later calls
+    on the same stream (a larger one replaces it when a call needs more); a fresh one, not kept, while the current
+    stream captures a CUDA graph.  The caller promises that every launch given the buffer zeroes what it changed
+    before it ends."""
     if device.type == "cuda" and torch._C._cuda_isCurrentStreamCapturing():
         return torch.zeros(max(size, 1), dtype=dtype, device=device)
+    cache = _KEPT if cache is None else cache
     key = (name, device, stream_key(device))
     buffer = cache.get(key)
     if buffer is None or buffer.numel() < size or buffer.dtype != dtype:

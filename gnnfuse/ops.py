@@ -1348,9 +1348,7 @@ def _row_sums(schedule, key: tuple, plan: dict, grad_s: torch.Tensor, grad_dst: 
     items = next(iter(_row_launches(incoming, True, True)), (*incoming.medium, 0, False))
     rows, starts, stops, count, pieces = items
     num_pieces = incoming.num_pieces if pieces else 0
-    (light_programs,), light_meta = plan["row sums light"]
-    if not light[0].numel():
-        light_programs = 0
+    (light_programs,), light_meta = plan["row sums light"]  # no programs without light rows
     if not light_programs + count:
         return
     heads = grad_dst.shape[1]
@@ -2107,7 +2105,6 @@ def _node_part_buffer(like: torch.Tensor, count: int) -> torch.Tensor:
 # with 1024 none (fp32: 142-143 registers either way).
 NODE_SUM_GROUP = 64
 NODE_SUM_TILE = 1024
-_SCRATCH: dict = {}  # zeroed counts kept per device and stream (fusecore.scratch.zeroed)
 
 
 def _finishing(count: int, programs: int, width: int, acc: torch.dtype, device: torch.device) -> tuple:
@@ -2117,7 +2114,7 @@ def _finishing(count: int, programs: int, width: int, acc: torch.dtype, device: 
     groups = cdiv(programs, NODE_SUM_GROUP)
     block_w = min(next_power_of_2(width), NODE_SUM_TILE)
     return (_new_output((count, groups, width), acc, device),
-            zeroed(_SCRATCH, "node sums", groups + 1, torch.int32, device),
+            zeroed(None, "node sums", groups + 1, torch.int32, device),
             {"GROUP": NODE_SUM_GROUP, "SUM_P": max(1, NODE_SUM_TILE // block_w), "SUM_W": block_w})
 
 
@@ -2133,9 +2130,9 @@ def _head_dot(a: torch.Tensor, b: torch.Tensor, acc: torch.dtype, parts: torch.T
     out = _new_output((num_nodes, heads), acc, a.device)
     block_h, block_d, rows = _node_tile_rows(heads, head_dim)
     programs = cdiv(num_nodes, rows)
-    if sums is not None and not programs:
-        sums.zero_()
     if not programs:
+        if sums is not None:
+            sums.zero_()
         return out
     group, counts, finish = out, out, {}
     if sums is not None:

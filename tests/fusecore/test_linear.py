@@ -16,6 +16,7 @@ import torch.nn.functional as F
 import triton.language as tl
 
 from fusecore import linear as linear_module
+from fusecore import scratch
 from fusecore.backend import COMPILED, jit
 from fusecore.linear import (
     column_sum,
@@ -94,7 +95,8 @@ def test_column_sum_first_stage_programs_whatever_the_width(device, monkeypatch,
     wanted = linear_module.PROGRAMS_PER_SM * linear_module.device_facts(device).sm_count
     blocks = -(-cols // linear_module.COLUMN_BLOCK_MAX)
     assert len(launches) == 2 and blocks <= launches[0] <= wanted + blocks, (launches, wanted)  # one launch a sum
-    assert all(not counts.any() for counts in linear_module._SCRATCH.values())
+    kept = [t for (name, *_), t in scratch._KEPT.items() if name == "column sums"]
+    assert kept and all(not counts.any() for counts in kept)
 
 
 def test_column_sum_rejects_bad_input(device):

@@ -20,6 +20,8 @@ def test_zeroed_keeps_one_buffer_per_name_shape_and_dtype():
     d = zeroed(cache, "counts", 7, torch.int64, device)
     assert d is not c and d.dtype == torch.int64
     assert tuple(zeroed(cache, "none", 0, torch.int32, device).shape) == (1,)
+    own = zeroed(None, "module's own", 4, torch.int32, device)  # no cache named: the module keeps it
+    assert zeroed(None, "module's own", 4, torch.int32, device) is own and "module's own" not in {k[0] for k in cache}
     assert stream_key(device) is None
 
 
