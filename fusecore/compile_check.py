@@ -72,6 +72,8 @@ from triton.runtime.errors import InterpreterError
 from triton.runtime.interpreter import InterpretedFunction, TensorHandle, _patch_lang
 from triton.runtime.jit import JITFunction, mangle_type
 
+from .device import REGISTER_ALLOCATION_UNIT, REGISTERS_PER_SM
+
 try:  # Triton's own launch specialisation (integers == 1, divisibility by 16)
     from triton._C.libtriton import native_specialize_impl as _native_specialize
 except ImportError:  # pragma: no cover - older Triton
@@ -85,11 +87,8 @@ COMPILE_ONLY_ENV_VAR = "FUSEKIT_COMPILE_ONLY"
 DUMPED_STAGES = ("ttir", "ttgir", "llir", "ptx")
 
 # Per-SM limits of the sm_80 .. sm_100 multiprocessors (CUDA programming guide, compute
-# capability table): 64 K 32-bit registers, allocated per warp in units of 256; 64 resident
-# warps and 32 resident blocks (sm_80 and sm_90); 228 KiB of shared memory, 1 KiB of it
-# reserved per block.
-REGISTERS_PER_SM = 65536
-REGISTER_ALLOCATION_UNIT = 256
+# capability table): the registers (fusecore.device); 64 resident warps and 32 resident blocks (sm_80
+# and sm_90); 228 KiB of shared memory, 1 KiB of it reserved per block.
 MAX_WARPS_PER_SM = 64
 MAX_BLOCKS_PER_SM = 32
 SHARED_PER_SM = 228 * 1024

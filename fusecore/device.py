@@ -17,6 +17,26 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+# Registers of the sm_80 .. sm_100 multiprocessors (CUDA programming guide, compute capability table): 64 K
+# 32-bit registers each, allocated per warp in units of 256 (8 a thread); at most 255 a thread.
+REGISTERS_PER_SM = 65536
+REGISTER_ALLOCATION_UNIT = 256
+MAX_REGISTERS_PER_THREAD = 255
+
+
+def register_cap(num_warps: int, programs_per_sm: int) -> int:
+    """The most registers a thread may hold (ptxas ``maxnreg``) for ``programs_per_sm`` programs of ``num_warps``
+    warps to be resident on one multiprocessor together: a launch sized for that many programs per multiprocessor
+    runs in one wave only if the compiler stays under it (``fusecore.compile_check`` reports what it allots)."""
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in (num_warps, programs_per_sm)):
+        raise ValueError(f"register_cap: num_warps and programs_per_sm must be ints >= 1, got {num_warps!r}, "
+                         f"{programs_per_sm!r}")
+    per_warp = REGISTERS_PER_SM // (num_warps * programs_per_sm) // REGISTER_ALLOCATION_UNIT * REGISTER_ALLOCATION_UNIT
+    if per_warp == 0:
+        raise ValueError(f"register_cap: {programs_per_sm} programs of {num_warps} warps exceed one multiprocessor's "
+                         f"{REGISTERS_PER_SM} registers")
+    return min(MAX_REGISTERS_PER_THREAD, per_warp // 32)
+
 
 @dataclass(frozen=True)
 class Peak:

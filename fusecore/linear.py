@@ -67,7 +67,7 @@ from torch.autograd.function import once_differentiable
 
 from . import backend
 from .backend import check_devices, jit, on_kernel_device, reference_enabled
-from .device import device_facts
+from .device import device_facts, register_cap
 from .grid_sync import sum_partials
 from .plan import PlanCache, cdiv, next_power_of_2
 from .scratch import zeroed
@@ -78,22 +78,36 @@ from .scratch import zeroed
 # PROGRAMS_PER_SM × SMs rows), FINAL_BLOCK_C columns per program, so that it ran on several multiprocessors — one
 # program over 482 × 128 partials took 28 µs on an H100 (ncu, session 11), as long as the first stage; now the
 # launch's last programs finish them in two levels (SUM_GROUP below), none reading more than ~32 rows a column,
-# and FINAL_BLOCK_C is the narrowest column block of a one-pass sum (ONE_PASS_ROWS).  With these
-# settings (benchmarks core/column_sum, H100, [169 343, 128]): 34.6 µs in bfloat16 (42% of the copy floor)
-# and 48.9 in float32 (59%), against torch's .sum(0) at 139.8 and 176.1 µs.  The slabs are counted per column
-# block since session 37: a wider x (the Transformer's four stacked biases, [169 343, 512], 4 column blocks) had
-# PROGRAMS_PER_SM slabs per multiprocessor in each block, 1764 programs in two waves; its two sums in a bf16 step
-# took 69.4 µs, 55.5 with a quarter of the slabs (H200, kernel times, session 37 call 5; ncu: 2.5 TB/s, 53% of DRAM).
+# and FINAL_BLOCK_C is the narrowest column block of a one-pass sum (ONE_PASS_ROWS).  The two-launch form (4
+# programs per multiprocessor) measured (benchmarks core/column_sum, H100, [169 343, 128]): 34.6 µs in bfloat16
+# (42% of the copy floor) and 48.9 in float32 (59%), against torch's .sum(0) at 139.8 and 176.1 µs.  The slabs are
+# counted per column block since session 37: a wider x (the Transformer's four stacked biases, [169 343, 512], 4
+# column blocks) had PROGRAMS_PER_SM slabs per multiprocessor in each block, 1764 programs in two waves; its two sums
+# in a bf16 step took 69.4 µs, 55.5 with a quarter of the slabs (H200, kernel times, session 37 call 5; ncu: 2.5
+# TB/s, 53% of DRAM).
 COLUMN_TILE = 8192
 COLUMN_WARPS = 8
 COLUMN_BLOCK_MAX = 128
-PROGRAMS_PER_SM = 4
 FINAL_BLOCK_C = 16
 # The slabs' sums are finished inside the launch by its last programs to arrive (fusecore.grid_sync.sum_partials):
-# groups of SUM_GROUP slabs, SUM_TILE partial elements added at a time: a launch fewer per sum, 10-50 µs of host
-# time on the GPU machines.
+# groups of SUM_GROUP slabs, SUM_TILE partial elements added at a time (a group's 32 rows of 128 columns in one
+# round of loads): a launch fewer per sum, 10-50 µs of host time on the GPU machines.  The finishing code holds 80
+# registers a thread in the float32 first stage on sm_90 (Triton 3.6; 64 without it), so 4 programs of 8 warps no
+# longer fit a multiprocessor: at PROGRAMS_PER_SM 4 the slabs ran in two waves.  H200, GPU time of one sum replayed
+# from a CUDA graph (session 49 calls 4-5, `[169 343, C]`, µs; the two-launch form of session 47 first):
+#     float32 C = 512   83.2 | one launch, 4 a multiprocessor 146.7, capped at 64 registers 103.0 | 3: 88.4 | 2: 86.6
+#     float32 C = 256   47.6 |                                  83.6,                          59.9 | 3: 51.4 | 2: 49.8
+#     float32 C = 128   27.6 |                                  51.3,                          37.4 | 3: 32.0 | 2: 30.0
+#     bfloat16 C = 128  14.0 |                                  18.5,                          19.0 | 3: 17.1 | 2: 15.5
+#     bfloat16 C = 512  53.7 |                                  59.4,                          52.7 | 3: 51.0 | 2: 50.0
+# (SUM_TILE 4096 against 2048 and SUM_GROUP 16 against 32 within 0.5 µs.)  So 2 programs a multiprocessor, under the
+# register cap that keeps them resident together (float64 sums excepted: their accumulators alone take 64 registers
+# a thread; so are tiles under SUM_CAP_MIN_COLUMNS columns, which spill under a cap of 64: 192 bytes at [20 011, 7]).
+PROGRAMS_PER_SM = 2
 SUM_GROUP = 32
-SUM_TILE = 2048
+SUM_TILE = 4096
+SUM_REGISTER_CAP = True
+SUM_CAP_MIN_COLUMNS = 16
 # At most this many rows: one launch, each program all rows of a block of columns (the first stage's slabs would be
 # a row each, its partials a copy of x: a split float32 product's 33 × [512, 128] partials took 24 µs in two launches
 # on an H200, session 26).
@@ -198,7 +212,9 @@ def column_sum(x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.T
     _launch(x, out, block_r, block_c, rows_per_program, (
         _new((blocks, slabs, block_c), acc, x.device), _new((blocks, groups, block_c), acc, x.device),
         zeroed(None, "column sums", blocks * (groups + 1), torch.int32, x.device),
-        {"FINISH": True, "GROUP": SUM_GROUP, "SUM_P": max(1, SUM_TILE // block_c)}))
+        {"FINISH": True, "GROUP": SUM_GROUP, "SUM_P": max(1, SUM_TILE // block_c),
+         **({"maxnreg": register_cap(COLUMN_WARPS, PROGRAMS_PER_SM)}
+            if SUM_REGISTER_CAP and x.dtype != torch.float64 and block_c >= SUM_CAP_MIN_COLUMNS else {})}))
     return out[0]
 
 

@@ -38,6 +38,7 @@ from torch.autograd.function import once_differentiable
 
 from fusecore import DevicePhiloxStream, PhiloxStream, backend, cdiv, next_power_of_2
 from fusecore import linear as linear_module
+from fusecore.device import register_cap
 from fusecore.fast_launch import prepare
 from fusecore.linear import column_sum, dot_precision, linear, matmul, uses_product
 from fusecore.plan import MIN_DOT
@@ -2075,13 +2076,20 @@ def gat_attention(
 # 1012.6 (call 1), 973.4 and 974.1 / 978.4 and 978.1 (call 3, with its source light rows at 8).  GAT fp32 lost:
 # 1041.7 against 1035.6 (call 1), so it keeps 4.
 NODE_BACKWARD_WARPS: dict[str, dict[int, int]] = {"node_scores": {2: 8}, "normalize": {4: 8, 2: 8}}
+# ... and the programs of them kept resident per multiprocessor by a register cap, where the code fits under it.  The
+# in-launch sum of AGNN's ∂β (session 48) took the 2-byte normalisation backward from 64 to 66 registers on sm_90
+# (Triton 3.6): 3 programs of 8 warps a multiprocessor instead of 4; capped, 64 and no local memory (compile_check).
+NODE_BACKWARD_PROGRAMS: dict[str, dict[int, int]] = {"normalize": {2: 4}}
 
 
 def _node_backward_options(kernel: str, features: torch.Tensor) -> dict:
     """Launch options of the per-node backward ``kernel`` (``"node_scores"``, ``"normalize"``) on ``features``
-    (:data:`NODE_BACKWARD_WARPS`)."""
-    warps = NODE_BACKWARD_WARPS[kernel].get(features.element_size())
-    return {"num_warps": warps} if warps else {}
+    (:data:`NODE_BACKWARD_WARPS`, :data:`NODE_BACKWARD_PROGRAMS`)."""
+    size = features.element_size()
+    warps = NODE_BACKWARD_WARPS[kernel].get(size)
+    programs = NODE_BACKWARD_PROGRAMS.get(kernel, {}).get(size)
+    return {**({"num_warps": warps} if warps else {}),
+            **({"maxnreg": register_cap(warps or 4, programs)} if programs else {})}
 
 
 def _node_tile_rows(heads: int, head_dim: int) -> tuple[int, int, int]:

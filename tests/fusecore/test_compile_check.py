@@ -200,3 +200,25 @@ def test_compile_only_compiles_and_reports_without_running(tmp_path):
     assert done.stdout.strip().splitlines()[-1] == "untouched"
     entries = [json.loads(line) for line in report.read_text().splitlines()]
     assert [e["kernel"].rsplit(".", 1)[-1] for e in entries] == ["good_kernel"] and 0 < entries[0]["registers"] <= 255
+
+
+def test_register_cap_is_the_largest_count_that_keeps_the_programs_resident():
+    """fusecore.device.register_cap against this module's occupancy: under the cap the programs fit together,
+    8 registers more (the allocation step) and one of them no longer does, unless the cap is the 255 ceiling."""
+    from fusecore.compile_check import occupancy
+    from fusecore.device import MAX_REGISTERS_PER_THREAD, register_cap
+
+    assert register_cap(8, 4) == 64  # fusecore.linear's column sums: 4 programs of 8 warps
+    assert register_cap(4, 1) == MAX_REGISTERS_PER_THREAD
+    for warps in (1, 2, 4, 8, 16, 32):
+        for programs in range(1, min(32, 64 // warps) + 1):  # the warp and block limits
+            cap = register_cap(warps, programs)
+            assert cap % 8 == 0 or cap == MAX_REGISTERS_PER_THREAD
+            assert occupancy(cap, 0, warps) >= programs
+            if cap < MAX_REGISTERS_PER_THREAD:
+                assert occupancy(cap + 8, 0, warps) < programs
+    for bad in ((0, 1), (8, 0), (8.0, 4), (True, 4)):
+        with pytest.raises(ValueError, match="register_cap"):
+            register_cap(*bad)
+    with pytest.raises(ValueError, match="exceed"):
+        register_cap(32, 64)
