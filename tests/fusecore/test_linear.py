@@ -5,6 +5,7 @@ sizes, strided operands and split reductions, and its accuracy on the GPU beside
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -617,3 +618,36 @@ def test_linears_stacked_and_per_map_agree(device, poison, monkeypatch, dtype):
     monkeypatch.setattr(linear_module, "STACK_LINEARS", True)
     mixed = linear_module.linears(x, weights[:2], [biases[0], None])
     assert all(y.is_contiguous() for y in mixed)
+
+
+_RESIDENT_SCRIPT = """
+import types, torch
+import fusecore.linear as L
+L.device_facts = lambda _device: types.SimpleNamespace(sm_count=132)  # an H100 / H200's multiprocessors
+for shape, dtype in (((169343, 512), torch.float32), ((169343, 256), torch.float32), ((169343, 128), torch.bfloat16),
+                     ((20011, 7), torch.float32), ((169343, 128), torch.float64)):
+    L.column_sum(torch.zeros(shape, dtype=dtype))
+"""
+
+
+@pytest.mark.skipif(COMPILED, reason="compile-only runs under the interpreter, on machines without a GPU")
+def test_column_sum_programs_stay_resident_on_sm90(tmp_path):
+    """The one-launch column sum is sized for PROGRAMS_PER_SM programs a multiprocessor, so it runs in one wave only
+    if that many fit together: compiled for sm_90 on the CPU (not run) at the GPU's tiling (the layers' bias sums,
+    a narrow one, float64), each specialisation's registers and shared memory must let them reside, without local
+    memory.  Session 49 found the finishing code had taken the float32 first stage to 80 registers, 3 programs of
+    the 4 it was sized for: two waves, 146.7 µs where two launches took 83.2 ([169 343, 512], H200)."""
+    from fusecore.compile_check import KernelResources
+
+    report = tmp_path / "report.jsonl"
+    env = {**os.environ, "FUSEKIT_COMPILE_FOR": "sm_90", "FUSEKIT_COMPILE_ONLY": "1",
+           "FUSEKIT_COMPILE_REPORT": str(report), "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    env.pop("FUSEKIT_BACKEND", None)
+    done = subprocess.run([sys.executable, "-c", _RESIDENT_SCRIPT], env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    entries = [KernelResources(**json.loads(line)) for line in report.read_text().splitlines() if line.strip()]
+    sums = [e for e in entries if e.kernel.endswith("column_sum_kernel") and "FINISH=True" in e.constexprs]
+    assert len(sums) >= 4, entries
+    for entry in sums:
+        assert entry.blocks_per_sm >= linear_module.PROGRAMS_PER_SM and entry.local_bytes == 0, entry
