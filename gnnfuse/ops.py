@@ -2078,7 +2078,9 @@ def gat_attention(
 NODE_BACKWARD_WARPS: dict[str, dict[int, int]] = {"node_scores": {2: 8}, "normalize": {4: 8, 2: 8}}
 # ... and the programs of them kept resident per multiprocessor by a register cap, where the code fits under it.  The
 # in-launch sum of AGNN's ∂β (session 48) took the 2-byte normalisation backward from 64 to 66 registers on sm_90
-# (Triton 3.6): 3 programs of 8 warps a multiprocessor instead of 4; capped, 64 and no local memory (compile_check).
+# (Triton 3.6): 3 programs of 8 warps a multiprocessor instead of 4; capped, 64 and no local memory (compile_check;
+# Triton 3.9 spills 24 bytes under the cap: re-check on an upgrade).  H200, session 49 call 7, same process, replayed
+# AGNN bf16 step µs: 962.6 / 962.1 and 961.8 / 962.1 capped, 968.2 / 967.9 and 967.6 / 968.6 without.
 NODE_BACKWARD_PROGRAMS: dict[str, dict[int, int]] = {"normalize": {2: 4}}
 
 
