@@ -64,6 +64,8 @@ def make_vec(env_id: str, num_envs: int = 1, **kwargs: Any) -> FusedVectorEnv:
     (``device``, ``autoreset_mode``, ``max_episode_steps``, ``validate``; ``num_links`` for
     PendulumChain-v0, ``num_particles`` for OscillatorSwarm-v0).
     """
+    if not isinstance(env_id, str):
+        raise TypeError(f"env_id must be a str such as 'CartPole-v1', got {type(env_id).__name__}")
     name = env_id.split("/", 1)[1] if env_id.startswith(f"{NAMESPACE}/") else env_id
     if name not in ENV_CLASSES:
         raise ValueError(f"unknown simfuse env {env_id!r}; available: {sorted(ENV_CLASSES)}")

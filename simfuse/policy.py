@@ -16,6 +16,8 @@ synchronisation, so a policy trained between rollouts is always used with its cu
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -141,7 +143,8 @@ class MLPPolicy:
             or the action mean [B, 1] (continuous).
         critic: optional ``nn.Sequential`` mapping observations to values [B, 1]; when given,
             rollouts also return V(o_t).  Its layers need not mirror the actor's.
-        log_std: log standard deviation of the Gaussian head (continuous envs).
+        log_std: log standard deviation of the Gaussian head (continuous envs): a finite real
+            number, or a one-element tensor (e.g. a trained ``nn.Parameter``, read on the device).
         precision: ``"ieee"`` (float32 products, log-probabilities exact to ~1e-6), ``"tf32"``
             (tensor cores, float32 operands rounded to 10-bit mantissas), ``"bf16"`` or
             ``"fp16"`` (16-bit weights and activations, float32 accumulation; the fastest).
@@ -163,8 +166,14 @@ class MLPPolicy:
             if self.critic_shape.in_features != self.actor_shape.in_features:
                 raise ValueError(f"critic takes {self.critic_shape.in_features} inputs but the actor "
                                  f"{self.actor_shape.in_features}: both read the observation")
-        if isinstance(log_std, torch.Tensor) and log_std.numel() != 1:
-            raise ValueError(f"log_std must be a float or a one-element tensor, got shape {tuple(log_std.shape)}")
+        if isinstance(log_std, torch.Tensor):
+            if log_std.numel() != 1:
+                raise ValueError(f"log_std must be a float or a one-element tensor, got shape {tuple(log_std.shape)}")
+        elif isinstance(log_std, bool) or not isinstance(log_std, numbers.Real):
+            raise TypeError(f"log_std must be a real number or a one-element tensor, got {type(log_std).__name__}")
+        elif not math.isfinite(log_std):
+            # a tensor is read on the device (no host synchronisation), a number can be checked here
+            raise ValueError(f"log_std must be finite, got {log_std!r}")
         self.log_std = log_std
         self.obs_dim = self.actor_shape.in_features
         self.out_dim = self.actor_shape.out_features

@@ -295,36 +295,53 @@ class FusedVectorEnv(VectorEnv):
         ``policy``: ``"random"`` (uniform over the action space); actions [K, N] (discrete)
         or [K, N, 1] (continuous) from the caller; an :class:`~simfuse.policy.MLPPolicy` or an
         actor ``nn.Sequential`` evaluated and sampled in the kernel (log-probabilities, and
-        values when the policy has a critic, are recorded).  Returns a :class:`Trajectory`,
-        or :class:`EpisodeStats` with ``stats_only=True`` (nothing per step is written).
+        values when the policy has a critic, are recorded).  ``num_steps``: K, an int >= 0
+        (with given actions optional, and if given, their K).  Returns a :class:`Trajectory`,
+        or :class:`EpisodeStats` with ``stats_only=True`` (nothing per step is written);
+        ``record_final_obs=True`` (SAME_STEP, not with ``stats_only``) adds ``final_obs``.
+        Both flags are bools.
         """
         self._require_reset()
-        if isinstance(policy, (torch.Tensor, np.ndarray)):
-            k = int(policy.shape[0]) if getattr(policy, "ndim", 0) >= 1 else 0
+        # Every argument is checked before anything runs: a rejected call leaves the env as it was.
+        given = isinstance(policy, (torch.Tensor, np.ndarray))
+        if not given and not isinstance(policy, (str, MLPPolicy, nn.Sequential)):
+            raise TypeError(f"policy must be 'random', an action tensor, an MLPPolicy or an nn.Sequential, "
+                            f"got {type(policy).__name__}")
+        if isinstance(policy, str) and policy != "random":
+            raise ValueError(f"policy must be 'random', an action tensor, an MLPPolicy or an nn.Sequential, "
+                             f"got {policy!r}")
+        if (num_steps is not None or not given) and (
+            isinstance(num_steps, bool) or not isinstance(num_steps, (int, np.integer)) or num_steps < 0
+        ):
+            raise ValueError(f"num_steps must be an int >= 0, got {num_steps!r}")
+        for flag, value in (("stats_only", stats_only), ("record_final_obs", record_final_obs)):
+            if not isinstance(value, (bool, np.bool_)):
+                raise TypeError(f"{flag} must be a bool, got {type(value).__name__}")
+        stats_only, record_final_obs = bool(stats_only), bool(record_final_obs)
+        if record_final_obs and stats_only:
+            raise ValueError("record_final_obs needs a trajectory; with stats_only=True nothing per step is written")
+        if given:
+            step_shape = (self.num_envs,) if self.env_def.discrete else (self.num_envs, 1)
+            if policy.ndim != len(step_shape) + 1:  # e.g. one step's actions: [N] is no [K, N]
+                want = ", ".join(["K", *map(str, step_shape)])
+                raise ValueError(f"policy must have shape ({want}) (K steps) for {self.num_envs} {self.env_def.name} "
+                                 f"envs, got {tuple(policy.shape)}")
+            k = int(policy.shape[0])
             if num_steps is not None and num_steps != k:
                 raise ValueError(f"num_steps={num_steps} does not match the {k} steps of the given actions")
             kind = self._check_actions(policy, "policy", (k, self.num_envs))
         else:
-            if num_steps is None or isinstance(num_steps, bool) or not isinstance(num_steps, (int, np.integer)) \
-                    or num_steps < 0:
-                raise ValueError(f"num_steps must be an int >= 0, got {num_steps!r}")
             k = int(num_steps)
             if isinstance(policy, str):
-                if policy != "random":
-                    raise ValueError(f"policy must be 'random', an action tensor, an MLPPolicy or an "
-                                     f"nn.Sequential, got {policy!r}")
                 kind = policy
-            elif isinstance(policy, (MLPPolicy, nn.Sequential)):
+            else:
                 kind = policy if isinstance(policy, MLPPolicy) else MLPPolicy(policy)
                 kind.check_env(self.env_def.obs_dim, self.env_def.num_actions)
-            else:
-                raise TypeError(f"policy must be 'random', an action tensor, an MLPPolicy or an nn.Sequential, "
-                                f"got {type(policy).__name__}")
         if record_final_obs and self.autoreset_mode != AutoresetMode.SAME_STEP:
             raise ValueError("record_final_obs needs autoreset_mode=SAME_STEP (other modes return the final "
                              "observation as an ordinary one)")
         out = self._launch(kind, k, write_obs=not stats_only, write_step=not stats_only,
-                           write_final=record_final_obs and not stats_only, write_stats=stats_only)
+                           write_final=record_final_obs, write_stats=stats_only)
         if stats_only:
             return EpisodeStats(out.episodes, out.return_sum, out.length_sum, out.next_obs)
         actions = out.actions if self.env_def.discrete else out.actions.unsqueeze(-1)

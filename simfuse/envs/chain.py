@@ -35,6 +35,12 @@ class TileStateVectorEnv(FusedVectorEnv):
         self.size = int(size)
         self.env_def = EnvDef(self.env_id, -1, 2 * self.size, (-math.inf,) * 2 * self.size,
                               (math.inf,) * 2 * self.size, 0, -1.0, 1.0, 200, None)
+        # the tile kernels' offsets L · N and row · N are int32 products: refused before anything is allocated
+        if isinstance(num_envs, (int, np.integer)) and not isinstance(num_envs, bool) \
+                and 2 * self.size * int(num_envs) >= 2**31:
+            raise ValueError(f"{self.env_id}: {int(num_envs)} envs of {2 * self.size} state values each exceed the "
+                             f"kernels' 32-bit offsets (at most 2**31 - 1 values in all): use fewer envs or a "
+                             f"smaller {self.size_name}")
         super().__init__(num_envs, max_episode_steps, autoreset_mode, device, validate, render_mode)
         # [2L, N]: each link's values env-contiguous, as the kernel's tiles load them
         self._state = torch.zeros((2 * self.size, self.num_envs), dtype=torch.float32, device=self.device)

@@ -49,6 +49,13 @@ MLP: tl.constexpr = tl.constexpr(2)
 DISABLED: tl.constexpr = tl.constexpr(2)
 
 
+
+@jit
+def state_row(row, n, idx):
+    """Offsets of row ``row`` of the [4, n] state (env-contiguous rows) for env ids ``idx``, in int64: ``row · n``
+    exceeds 2**31 from 715 827 882 envs on (``n`` arrives as an int32 below 2**31)."""
+    return (tl.full([], 0, tl.int64) + n) * row + idx
+
 @jit
 def store_pair(at, a, b, mask):
     """Write (a, b) to ``at`` and ``at + 1``: joined, each env's pair is one 8-byte store."""
@@ -313,9 +320,9 @@ def rollout_kernel(
     idx = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = idx < n
     s0 = tl.load(state_ptr + idx, mask=mask, other=0.0)
-    s1 = tl.load(state_ptr + n + idx, mask=mask, other=0.0)
-    s2 = tl.load(state_ptr + 2 * n + idx, mask=mask, other=0.0)
-    s3 = tl.load(state_ptr + 3 * n + idx, mask=mask, other=0.0)
+    s1 = tl.load(state_ptr + state_row(1, n, idx), mask=mask, other=0.0)
+    s2 = tl.load(state_ptr + state_row(2, n, idx), mask=mask, other=0.0)
+    s3 = tl.load(state_ptr + state_row(3, n, idx), mask=mask, other=0.0)
     steps, done_prev, ep_return, episodes, return_sum, length_sum = load_counters(
         steps_ptr, done_ptr, ep_return_ptr, idx, mask, BLOCK)
     episode = tl.load(episode_ptr + idx, mask=mask, other=0)
@@ -357,9 +364,9 @@ def rollout_kernel(
             DOT_PRECISION, FAST, AHEAD, TWO_AHEAD, 4 if phase == 1 else 1, BLOCK)
 
     tl.store(state_ptr + idx, s0, mask=mask)
-    tl.store(state_ptr + n + idx, s1, mask=mask)
-    tl.store(state_ptr + 2 * n + idx, s2, mask=mask)
-    tl.store(state_ptr + 3 * n + idx, s3, mask=mask)
+    tl.store(state_ptr + state_row(1, n, idx), s1, mask=mask)
+    tl.store(state_ptr + state_row(2, n, idx), s2, mask=mask)
+    tl.store(state_ptr + state_row(3, n, idx), s3, mask=mask)
     store_counters(steps_ptr, done_ptr, ep_return_ptr, episodes_ptr, return_sum_ptr, length_sum_ptr, idx, mask,
                    steps, done_prev, ep_return, episodes, return_sum, length_sum, WRITE_STATS)
     tl.store(episode_ptr + idx, episode, mask=mask)
@@ -389,9 +396,9 @@ def reset_kernel(
         chosen = tl.load(reset_mask_ptr + idx, mask=mask, other=0) != 0
         episode = tl.where(chosen, episode, tl.load(episode_ptr + idx, mask=mask, other=0))
         r0 = tl.where(chosen, r0, tl.load(state_ptr + idx, mask=mask, other=0.0))
-        r1 = tl.where(chosen, r1, tl.load(state_ptr + n + idx, mask=mask, other=0.0))
-        r2 = tl.where(chosen, r2, tl.load(state_ptr + 2 * n + idx, mask=mask, other=0.0))
-        r3 = tl.where(chosen, r3, tl.load(state_ptr + 3 * n + idx, mask=mask, other=0.0))
+        r1 = tl.where(chosen, r1, tl.load(state_ptr + state_row(1, n, idx), mask=mask, other=0.0))
+        r2 = tl.where(chosen, r2, tl.load(state_ptr + state_row(2, n, idx), mask=mask, other=0.0))
+        r3 = tl.where(chosen, r3, tl.load(state_ptr + state_row(3, n, idx), mask=mask, other=0.0))
         steps = tl.where(chosen, 0, tl.load(steps_ptr + idx, mask=mask, other=0))
         done = tl.where(chosen, 0, tl.load(done_ptr + idx, mask=mask, other=0))
         ep_return = tl.where(chosen, 0.0, tl.load(ep_return_ptr + idx, mask=mask, other=0.0))
@@ -400,9 +407,9 @@ def reset_kernel(
         done = tl.zeros([BLOCK], dtype=tl.uint8)
         ep_return = tl.zeros([BLOCK], dtype=tl.float32)
     tl.store(state_ptr + idx, r0, mask=mask)
-    tl.store(state_ptr + n + idx, r1, mask=mask)
-    tl.store(state_ptr + 2 * n + idx, r2, mask=mask)
-    tl.store(state_ptr + 3 * n + idx, r3, mask=mask)
+    tl.store(state_ptr + state_row(1, n, idx), r1, mask=mask)
+    tl.store(state_ptr + state_row(2, n, idx), r2, mask=mask)
+    tl.store(state_ptr + state_row(3, n, idx), r3, mask=mask)
     tl.store(steps_ptr + idx, steps, mask=mask)
     tl.store(done_ptr + idx, done, mask=mask)
     tl.store(ep_return_ptr + idx, ep_return, mask=mask)

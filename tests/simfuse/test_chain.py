@@ -69,3 +69,13 @@ def test_chain_rejects_bad_arguments(device):
         env.rollout(torch.nn.Sequential(torch.nn.Linear(4, 1)), 2)
     with pytest.raises(ValueError, match=r"shape \(2, 4\)"):
         env.set_state(torch.zeros(2, 3))
+
+
+def test_tile_state_envs_refuse_more_state_than_their_offsets_address():
+    """The tile-state kernels form ``L · N`` and ``row · N`` in int32: an env whose 2L · N state values reach 2**31
+    is refused when made, naming the two arguments, instead of writing through wrapped offsets."""
+    num_envs = 2**31 // (2 * 256)
+    with pytest.raises(ValueError, match="fewer envs or a smaller num_links"):
+        simfuse.make_vec("PendulumChain-v0", num_envs, num_links=256)
+    with pytest.raises(ValueError, match="smaller num_particles"):
+        simfuse.make_vec("OscillatorSwarm-v0", num_envs, num_particles=256)

@@ -4,12 +4,15 @@
 import numpy as np
 import pytest
 import torch
+import triton.language as tl
 from gymnasium.vector import AutoresetMode
 from simfuse_testing import ENV_NAMES, MODES, make, to_numpy
 from torch import nn
 
 import fusecore
+from fusecore.backend import jit
 from fusecore.testing import STRICT_FLOAT32, assert_all_written, assert_close, fresh_generator
+from simfuse.kernels.rollout import state_row
 
 
 def _step_by_step(env, actions: torch.Tensor):
@@ -172,3 +175,21 @@ def test_start_states_numbered_per_episode(mode, device):
         other.reset(seed=seed)
         with ops.tuned(two_start_states_ahead=two_ahead):
             assert torch.equal(other.rollout("random", num_steps=9).obs, traj.obs), two_ahead
+
+
+
+@jit
+def _state_row_offsets_kernel(out_ptr, n, BLOCK: tl.constexpr):
+    idx = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    for row in tl.static_range(4):
+        tl.store(out_ptr + row * BLOCK + tl.arange(0, BLOCK), state_row(row, n, idx))
+
+
+def test_state_rows_are_addressed_in_int64():
+    """The classic rollout's state rows sit ``row · n`` apart: past 715 827 882 envs that product leaves int32
+    (``n`` itself still arrives as an int32), so it is formed in int64 — checked on the offsets, under the
+    interpreter, which wraps int32 arithmetic as the GPU does."""
+    for n in (5, 2**30 + 7, 2**31 - 1):
+        out = torch.full((4 * 4,), -1, dtype=torch.int64)
+        _state_row_offsets_kernel[(1,)](out, n, BLOCK=4)
+        assert out.tolist() == [row * n + i for row in range(4) for i in range(4)], n

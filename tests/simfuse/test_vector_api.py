@@ -164,3 +164,79 @@ def test_set_state_validates(device):
     env.set_state(np.zeros((3, 4)))
     obs = env.step(actions)[0]
     assert torch.isfinite(obs).all()
+
+
+def test_rollout_checks_num_steps_given_with_actions(device):
+    """rollout(actions, num_steps=x): a num_steps that is no int >= 0 is named as such, not as a step mismatch."""
+    env = make("CartPole-v1", 3, device=device)
+    env.reset(seed=0)
+    state = env.get_state()
+    actions = torch.zeros((2, 3), dtype=torch.int64, device=device)
+    for bad in ("2", 2.0, True, -1, [2]):
+        with pytest.raises(ValueError, match=r"num_steps must be an int >= 0, got"):
+            env.rollout(actions, num_steps=bad)
+    with pytest.raises(ValueError, match="num_steps=1 does not match the 2 steps"):
+        env.rollout(actions, num_steps=1)
+    assert torch.equal(env.get_state(), state)
+    assert env.rollout(actions, num_steps=np.int64(2)).obs.shape == (2, 3, 4)
+
+
+def test_rollout_action_shape_error_names_the_steps_axis(device):
+    """Actions shaped for step() ([N] or [N, 1]) given to rollout(): the message asks for [K, N] (+ [1]), not [N, N]."""
+    env = make("CartPole-v1", 3, device=device)
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match=r"policy must have shape \(K, 3\) \(K steps\) for 3 CartPole-v1 envs, "
+                                         r"got \(3,\)"):
+        env.rollout(np.zeros(3, dtype=np.int64))
+    with pytest.raises(ValueError, match=r"policy must have shape \(K, 3\) .*got \(\)"):
+        env.rollout(np.array(1))
+    with pytest.raises(ValueError, match=r"policy must have shape \(2, 3\) for 3 CartPole-v1 envs, got \(2, 4\)"):
+        env.rollout(np.zeros((2, 4), dtype=np.int64))
+    cont = make("Pendulum-v1", 2, device=device)
+    cont.reset(seed=0)
+    with pytest.raises(ValueError, match=r"policy must have shape \(K, 2, 1\) \(K steps\) .*got \(2, 1\)"):
+        cont.rollout(np.zeros((2, 1), dtype=np.float32))
+
+
+def test_rollout_checks_policy_type_before_num_steps(device):
+    """rollout(<not a policy>) names the policy, even without num_steps (it used to complain about num_steps)."""
+    env = make("CartPole-v1", 3, device=device)
+    env.reset(seed=0)
+    for bad in ([[0, 1, 0]], None, 3):
+        with pytest.raises(TypeError, match="policy must be 'random', an action tensor, an MLPPolicy or an "
+                                            "nn.Sequential, got"):
+            env.rollout(bad)
+
+
+def test_rollout_flags_must_be_bools(device):
+    """stats_only / record_final_obs take bools; a truthy string or both flags at once is refused, not guessed."""
+    env = make("CartPole-v1", 3, autoreset_mode="SameStep", device=device)
+    env.reset(seed=0)
+    state = env.get_state()
+    with pytest.raises(TypeError, match="stats_only must be a bool, got str"):
+        env.rollout("random", num_steps=2, stats_only="no")
+    with pytest.raises(TypeError, match="record_final_obs must be a bool, got int"):
+        env.rollout("random", num_steps=2, record_final_obs=1)
+    with pytest.raises(ValueError, match="record_final_obs.*stats_only"):
+        env.rollout("random", num_steps=2, stats_only=True, record_final_obs=True)
+    assert torch.equal(env.get_state(), state)
+    assert env.rollout("random", num_steps=1, stats_only=np.bool_(True)).episodes.shape == (3,)
+
+
+def test_mlp_policy_checks_log_std():
+    """MLPPolicy(log_std=...) takes a finite real number or a one-element float tensor, checked at construction."""
+    actor = torch.nn.Sequential(torch.nn.Linear(3, 1))
+    for bad, exc, message in (("0.5", TypeError, "log_std must be a real number or a one-element tensor, got str"),
+                              (None, TypeError, "got NoneType"), (True, TypeError, "got bool"),
+                              (float("nan"), ValueError, "log_std must be finite, got nan"),
+                              (float("inf"), ValueError, "log_std must be finite, got inf")):
+        with pytest.raises(exc, match=message):
+            simfuse.MLPPolicy(actor, log_std=bad)
+    assert simfuse.MLPPolicy(actor, log_std=np.float32(-0.5)).log_std_value() == -0.5
+    assert simfuse.MLPPolicy(actor, log_std=-1).log_std_value() == -1.0
+
+
+def test_make_vec_rejects_a_non_string_id():
+    """simfuse.make_vec(<not a str>) raises a TypeError naming env_id, not an AttributeError from str methods."""
+    with pytest.raises(TypeError, match="env_id must be a str"):
+        simfuse.make_vec(simfuse.CartPoleVectorEnv, 2)
