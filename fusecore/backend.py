@@ -134,7 +134,9 @@ def _interpret_bfloat16_as_the_gpu() -> None:
       products a GPU's tensor cores form (bfloat16 values, float32 accumulation);
     * its float32 -> bfloat16 cast truncates (rounds toward zero, a bias of half a unit in the
       last place per value), where the GPU's ``cvt.rn.bf16.f32`` and torch round to nearest even.
-      The cast rounds to nearest even here (NaN stays NaN).
+      The cast rounds to nearest even here (NaN stays NaN);
+    * its float64 -> bfloat16 cast converts the value to an integer in bfloat16's uint16 storage
+      (garbage); here it rounds the float64 value once to nearest even, as the GPU does.
     So the bfloat16 paths of a kernel run on the CPU as written, bit for bit with torch's own
     rounding, instead of through float32 stand-ins.  Only bfloat16 stored as uint16 is touched:
     an interpreter that computes bfloat16 itself is left alone.
@@ -147,7 +149,7 @@ def _interpret_bfloat16_as_the_gpu() -> None:
     import numpy as np
     from triton.runtime import interpreter
 
-    bf16, f32 = triton.language.bfloat16, triton.language.float32
+    bf16, f32, f64 = triton.language.bfloat16, triton.language.float32, triton.language.float64
     builder = type(interpreter.interpreter_builder)
     if getattr(builder.create_dot, "as_the_gpu", False):
         return
@@ -164,6 +166,20 @@ def _interpret_bfloat16_as_the_gpu() -> None:
 
     def cast_impl(self, src, dst_type):
         out = cast(self, src, dst_type)
+        if src.dtype.scalar == f64 and dst_type.scalar == bf16 and out.data.dtype == np.uint16:
+            # Triton 3.9 casts float64 into the uint16 storage as an integer (2.5 -> bits 2: garbage).  Rounded to
+            # float32 by rounding to odd (inexact results get their last bit set), then to nearest even below: one
+            # rounding of the float64 value, as the GPU's cvt.rn.bf16.f64 (float32's own rounding first could make
+            # a tie of a value above one: 1 + 2^-8 + 2^-30 would end at 1.0).
+            wide = np.asarray(src.data, dtype=np.float64)
+            with np.errstate(over="ignore", invalid="ignore"):
+                narrow = wide.astype(np.float32)
+                inexact = np.isfinite(narrow) & (narrow.astype(np.float64) != wide)
+                away = inexact & (np.abs(narrow.astype(np.float64)) > np.abs(wide))
+                narrow = np.where(away, np.nextafter(narrow, np.float32(0)), narrow).astype(np.float32)
+            bits = narrow.view(np.uint32) | inexact.astype(np.uint32)
+            src = interpreter.TensorHandle(bits.view(np.float32).reshape(np.shape(wide)), f32)
+            out = cast(self, src, dst_type)
         if src.dtype.scalar == f32 and dst_type.scalar == bf16 and out.data.dtype == np.uint16:
             bits = np.ascontiguousarray(src.data, dtype=np.float32).view(np.uint32)
             nearest = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)

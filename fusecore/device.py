@@ -172,6 +172,8 @@ def device_facts(device: torch.device | str | int | None = None) -> DeviceFacts:
     """Facts of ``device`` (default: the current CUDA device, or the CPU without one)."""
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
+    if isinstance(device, bool):  # an int to Python: True would name CUDA device 1
+        raise TypeError(f"device_facts: device must be a torch.device, a str, an int or None, got {device!r}")
     if isinstance(device, int):
         device = torch.device("cuda", device)
     device = torch.device(device)

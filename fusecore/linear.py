@@ -58,6 +58,7 @@ output tiles the rows are split among programs whose float32 partials :func:`col
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator, Sequence
 
 import torch
@@ -183,13 +184,16 @@ def _launch(x: torch.Tensor, out: torch.Tensor, block_r: int, block_c: int, rows
 def column_sum(x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """``x.sum(0)`` of a 2-D ``x [R, C]`` (float16/bfloat16/float32/float64; rows may be strided),
     accumulated in float32 (float64 for float64) and returned ``[C]`` in ``out_dtype`` (default
-    ``x.dtype``); zeros when ``R == 0``."""
+    ``x.dtype``); zeros when ``R == 0``.  Where autograd records (``x`` requires grad), its gradient is
+    ``x.sum(0)``'s (:class:`_ColumnSum`)."""
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
         raise ValueError(f"column_sum: x must be a 2-D tensor [rows, columns], got {getattr(x, 'shape', x)!r}")
     if x.dtype not in SUM_DTYPES:
         raise ValueError(f"column_sum: x must be one of {SUM_DTYPES}, got {x.dtype}")
     if out_dtype is not None and out_dtype not in SUM_DTYPES:
         raise ValueError(f"column_sum: out_dtype must be None or one of {SUM_DTYPES}, got {out_dtype!r}")
+    if x.requires_grad and torch.is_grad_enabled():
+        return _ColumnSum.apply(x, out_dtype)
     out_dtype = x.dtype if out_dtype is None else out_dtype
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
     rows, cols = x.shape
@@ -216,6 +220,19 @@ def column_sum(x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.T
          **({"maxnreg": register_cap(COLUMN_WARPS, PROGRAMS_PER_SM)}
             if SUM_REGISTER_CAP and x.dtype != torch.float64 and block_c >= SUM_CAP_MIN_COLUMNS else {})}))
     return out[0]
+
+
+class _ColumnSum(torch.autograd.Function):
+    """:func:`column_sum` of an ``x`` that requires grad: ``∂x[r, c] = ∂out[c]`` (``x.sum(0)``'s gradient)."""
+
+    @staticmethod
+    def forward(ctx, x, out_dtype):  # type: ignore[override]
+        ctx.shape, ctx.dtype = x.shape, x.dtype
+        return column_sum(x, out_dtype)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        return grad.to(ctx.dtype).expand(ctx.shape), None
 
 
 # float32 products (module doc): "tf32x3" (Triton's three-part TF32 product), or None for torch's own float32
@@ -666,6 +683,10 @@ def product(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) 
     place) and ``bias [N]``: float32 ``[M, N]``, products in :data:`FLOAT32_PRODUCT` precision (module doc).
     A long reduction over few output tiles is split into slices (:func:`_splits`) whose float32 partials
     :func:`column_sum` adds (no atomics: the same result on every run)."""
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+            and (bias is None or isinstance(bias, torch.Tensor))):
+        raise TypeError(f"product: a, b and bias must be tensors (bias may be None), got {type(a).__name__}, "
+                        f"{type(b).__name__} and {type(bias).__name__}")
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
         raise ValueError(f"product: expected a [M, K] and b [K, N], got {list(a.shape)} and {list(b.shape)}")
     if bias is not None and tuple(bias.shape) != (b.shape[1],):
@@ -765,13 +786,14 @@ class _Linear(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad):  # type: ignore[override]
         x, weight = ctx.saved_tensors
-        grad2 = grad.reshape(-1, grad.shape[-1])
+        rows = math.prod(grad.shape[:-1])  # not -1: a reshape of 0 elements to [-1, 0] is ambiguous
+        grad2 = grad.reshape(rows, grad.shape[-1])
         grad_x = grad_w = grad_b = None
         if ctx.needs_input_grad[0]:
             grad_x = matmul(grad2, weight)
             grad_x = grad_x if grad.dim() == 2 else grad_x.view(*grad.shape[:-1], weight.shape[1])
         if ctx.needs_input_grad[1]:
-            grad_w = matmul(grad2.t(), x.reshape(-1, x.shape[-1]))
+            grad_w = matmul(grad2.t(), x.reshape(rows, x.shape[-1]))
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_b = column_sum(grad2)
         return grad_x, grad_w, grad_b
@@ -784,6 +806,10 @@ def linears(x: torch.Tensor, weights: Sequence[torch.Tensor],
     whose weights (and biases: all or none) share a dtype and device, one :func:`linear` of the stacked
     weights, the outputs its column blocks (views with unit column stride and the total width as row
     stride; module doc); else each map is :func:`linear`."""
+    for name, value in (("weights", weights), ("biases", biases)):  # a tensor would be iterated as its rows
+        if isinstance(value, torch.Tensor):
+            raise TypeError(f"linears: {name} must be a list or tuple of tensors"
+                            f"{' or None' if name == 'biases' else ''}, got a Tensor of shape {list(value.shape)}")
     weights = tuple(weights)
     biases = tuple(biases) if biases is not None else (None,) * len(weights)
     if not isinstance(x, torch.Tensor) or x.dim() == 0:
@@ -822,12 +848,41 @@ def _stackable(weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor | 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``torch.nn.functional.linear(x, weight, bias)`` (``x [..., in]``, ``weight [out, in]``, ``bias
     [out]``, one dtype; returns ``[..., out]``) with the bias gradient from :func:`column_sum` (module
-    doc).  A module's forward hooks do not see this call: it takes the parameters, not the module."""
+    doc).  A module's forward hooks do not see this call: it takes the parameters, not the module.  Arguments of
+    other types, shapes or (outside autocast) dtypes raise TypeError / ValueError naming the argument."""
+    if torch.compiler.is_compiling():
+        return F.linear(x, weight, bias)
+    # one expression of attribute reads (a layer calls this every step: ~0.5 µs of host time)
+    if not (isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor) and len(shape := weight.shape) == 2
+            and x.ndim and shape[1] == x.shape[-1]
+            and (bias is None or (isinstance(bias, torch.Tensor) and bias.shape == shape[:1]))):
+        _refuse_linear(x, weight, bias)
     records = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
-    if torch.compiler.is_compiling() or reference_enabled() or torch.is_autocast_enabled(x.device.type):
+    if reference_enabled() or torch.is_autocast_enabled(x.device.type):
         return F.linear(x, weight, bias)  # autocast: torch's product in autocast's dtype, its own backward
+    if weight.dtype != (dtype := x.dtype) or (bias is not None and bias.dtype != dtype):
+        _refuse_linear(x, weight, bias)
     if not records:
         return _forward(x, weight, bias)
     if bias is None and not _takes_product(x, weight):
         return F.linear(x, weight, bias)
     return _Linear.apply(x, weight, bias)
+
+
+def _refuse_linear(x: object, weight: object, bias: object) -> None:
+    """Raises the TypeError / ValueError naming what :func:`linear` was given wrong (its checks failed)."""
+    for name, value in (("x", x), ("weight", weight)):
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"linear: {name} must be a torch.Tensor, got {type(value).__name__}")
+    if bias is not None and not isinstance(bias, torch.Tensor):
+        raise TypeError(f"linear: bias must be None or a torch.Tensor, got {type(bias).__name__}")
+    if x.dim() == 0:
+        raise ValueError(f"linear: x must be a tensor [..., in] of at least one dimension, got shape {list(x.shape)}")
+    if weight.dim() != 2 or weight.shape[1] != x.shape[-1]:
+        raise ValueError(f"linear: weight must have shape [out, in={x.shape[-1]}], got {list(weight.shape)}")
+    if bias is not None and bias.shape != weight.shape[:1]:
+        raise ValueError(f"linear: bias must have shape [{weight.shape[0]}], got {list(bias.shape)}")
+    for name, value in (("weight", weight), ("bias", bias)):
+        if value is not None and value.dtype != x.dtype:
+            raise TypeError(f"linear: {name} has dtype {str(value.dtype).replace('torch.', '')} but x has "
+                            f"{str(x.dtype).replace('torch.', '')}: x, weight and bias must share a dtype")

@@ -127,6 +127,8 @@ def make_work_plan(
         if value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")
     max_piece_cost, num_chunks = int(max_piece_cost), int(num_chunks)
+    if not isinstance(keep_empty, bool):  # bool("no") is True
+        raise TypeError(f"keep_empty must be True or False, got {keep_empty!r}")
     if costs.dtype.is_complex:
         raise TypeError(f"costs must be an integer tensor, got {costs.dtype}")
     costs = costs.detach().to("cpu", torch.int64)
@@ -174,9 +176,11 @@ class PlanCache:
     """
 
     def __init__(self, maxsize: int = 32):
+        if not is_int(maxsize):  # NaN would pass `< 1` and make a cache that never evicts
+            raise TypeError(f"PlanCache: maxsize must be an int, got {maxsize!r} of type {type(maxsize).__name__}")
         if maxsize < 1:
             raise ValueError(f"maxsize must be >= 1, got {maxsize}")
-        self.maxsize = maxsize
+        self.maxsize = int(maxsize)
         self._store: OrderedDict[Hashable, Any] = OrderedDict()
         self._lock = threading.Lock()
         self.hits = 0

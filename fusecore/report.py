@@ -168,11 +168,13 @@ def set_speedups(records: Sequence[Record], baseline: str) -> None:
 
 
 def write_jsonl(records: Iterable[Record], path: str | os.PathLike, append: bool = True) -> Path:
+    """Appends ``records`` to ``path`` as JSON lines (``append=False``: replaces the file).  Every record is
+    serialized first: one JSON cannot hold (a ``torch.dtype`` in ``params``) raises with the file untouched."""
+    lines = "".join(record.to_json() + "\n" for record in records)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a" if append else "w") as fh:
-        for record in records:
-            fh.write(record.to_json() + "\n")
+        fh.write(lines)
     return path
 
 

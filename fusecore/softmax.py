@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import triton.language as tl
 
-from .backend import jit
+from .backend import is_int, jit
 
 NEG_INF = float("-inf")
 
@@ -45,8 +45,17 @@ def merge_partials(out: torch.Tensor, lse: torch.Tensor, dim: int = 0) -> tuple[
     ``out``: [..., P, ..., D] partial outputs, each already divided by its own sum;
     ``lse``: the same shape without the trailing D.  Pieces with ``lse = -inf`` (empty) get
     zero weight; a row whose pieces are all empty gives zeros and ``lse = -inf``.
-    Returns ``(merged_out, merged_lse)`` with ``dim`` reduced.
+    Returns ``(merged_out, merged_lse)`` with ``dim`` reduced; ``dim`` counts ``lse``'s axes (``-1``: its last,
+    ``out``'s second to last).
     """
+    if not (isinstance(out, torch.Tensor) and isinstance(lse, torch.Tensor) and out.dim() == lse.dim() + 1
+            and out.shape[:-1] == lse.shape):
+        raise ValueError("merge_partials: out must have lse's shape "
+                         f"{list(getattr(lse, 'shape', [lse]))} plus a last axis (the features), "
+                         f"got {list(getattr(out, 'shape', [out]))}")
+    if not is_int(dim) or not -lse.dim() <= dim < lse.dim():
+        raise ValueError(f"merge_partials: dim must be an int in [{-lse.dim()}, {lse.dim()}), got {dim!r}")
+    dim = int(dim) % lse.dim()  # out's axis too (a negative dim would count from out's feature axis)
     total = torch.logsumexp(lse, dim=dim, keepdim=True)
     weight = torch.exp(lse - total)
     weight = torch.where(torch.isfinite(total), weight, torch.zeros_like(weight))

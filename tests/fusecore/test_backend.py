@@ -194,3 +194,28 @@ def test_check_dtypes_takes_one_dtype_or_a_tuple():
     assert backend.check_dtypes(torch.float32, x=x) == backend.check_dtypes((torch.float32,), x=x) == torch.float32
     with pytest.raises(TypeError, match="x has dtype float32; expected one of int64"):
         backend.check_dtypes(torch.int64, x=x)
+
+
+@backend.jit
+def _cast_to_bf16(x_ptr, out_ptr, N: tl.constexpr):
+    offs = tl.arange(0, N)
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs).to(tl.bfloat16))
+
+
+def test_float64_to_bfloat16_rounds_once_to_nearest_even(device):
+    """The interpreter once cast float64 to bfloat16 as an integer into its uint16 storage (2.5 -> 2 as bits:
+    garbage); the cast is now float64's value rounded once to nearest even, as the GPU's cvt.rn.bf16.f64 (not
+    through float32, which would round 1 + 2^-8 + 2^-30 down to the tie 1 + 2^-8 and then to even 1.0)."""
+    values = [2.5, -3.75, 1 + 2**-8 + 2**-30, 1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8 + 2**-40), 3.4e38, 1e300,
+              -1e300, 1e-40, 0.0, float("inf"), float("-inf"), 1 / 3, 2 - 2**-9, 1e-300]
+    want = [2.5, -3.75, 1 + 2**-7, 1.0, 1 + 2**-6, -(1 + 2**-7), float("inf"), float("inf"), float("-inf"),
+            None, 0.0, float("inf"), float("-inf"), 0.333984375, 2.0, 0.0]
+    x = torch.tensor(values + [float("nan")], dtype=torch.float64, device=device)
+    out = torch.full((32,), 7, dtype=torch.bfloat16, device=device)
+    _cast_to_bf16[(1,)](torch.cat([x, x.new_zeros(32 - x.numel())]), out, N=32)
+    got = out[:len(values)].double().tolist()
+    for value, expected, result in zip(values, want, got):
+        if expected is None:  # a bfloat16 subnormal: float32's rounding of it is exact enough to compare with
+            expected = torch.tensor(value, dtype=torch.float32).to(torch.bfloat16).item()
+        assert result == expected, (value, result, expected)
+    assert torch.isnan(out[len(values)])

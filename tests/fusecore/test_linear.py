@@ -651,3 +651,92 @@ def test_column_sum_programs_stay_resident_on_sm90(tmp_path):
     assert len(sums) >= 4, entries
     for entry in sums:
         assert entry.blocks_per_sm >= linear_module.PROGRAMS_PER_SM and entry.local_bytes == 0, entry
+
+
+def test_column_sum_of_float64_to_bfloat16(device, poison):
+    """column_sum(float64 x, out_dtype=bfloat16) once stored garbage (NaN, 0, 5e-40): the interpreter cast float64
+    to bfloat16's uint16 storage as an integer."""
+    gen = fresh_generator(device)
+    for rows in (20, 100):  # one pass, and the slabs' finishing sums
+        x = torch.randn(rows, 37, generator=gen, device=device, dtype=torch.float64)
+        out = column_sum(x, out_dtype=torch.bfloat16)
+        assert out.dtype == torch.bfloat16
+        assert_close(out, x.sum(0), dtype=torch.bfloat16, name=f"column_sum [{rows}, 37] float64 -> bfloat16")
+
+
+def test_column_sum_keeps_autograd(device):
+    """column_sum of a tensor that requires grad once returned a result detached from it (its gradient silently
+    lost; only the empty case, torch's own sum, kept it): the gradient of x.sum(0) now flows."""
+    gen = fresh_generator(device)
+    for rows, out_dtype in ((100, None), (7, torch.float64), (0, None)):
+        x = torch.randn(rows, 5, generator=gen, device=device, requires_grad=True)
+        out = column_sum(x, out_dtype)
+        assert out.requires_grad and out.dtype == (out_dtype or torch.float32)
+        weights = torch.arange(1.0, 6.0, device=device, dtype=out.dtype)
+        (out * weights).sum().backward()
+        assert x.grad.dtype == x.dtype and torch.equal(x.grad, weights.float().expand(rows, 5))
+    with torch.no_grad():
+        assert not column_sum(torch.ones(9, 3, device=device, requires_grad=True)).requires_grad
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("x_shape, out", [((4, 0), 3), ((2, 4, 0), 3), ((4, 5), 0), ((2, 4, 5), 0)])
+def test_linear_gradients_of_empty_features(device, dtype, x_shape, out):
+    """linear's backward once failed for no input features or no outputs ('cannot reshape tensor of 0 elements into
+    shape [-1, 0]'), where F.linear gives zero gradients of the right shapes."""
+    gen = fresh_generator(device)
+    x = torch.randn(*x_shape, generator=gen, device=device).to(dtype)
+    weight = torch.randn(out, x_shape[-1], generator=gen, device=device).to(dtype)
+    bias = torch.randn(out, generator=gen, device=device).to(dtype)
+    ours = [t.clone().requires_grad_() for t in (x, weight, bias)]
+    theirs = [t.clone().requires_grad_() for t in (x, weight, bias)]
+    y = linear(*ours)
+    assert y.shape == (*x_shape[:-1], out)
+    y.sum().backward()
+    F.linear(*theirs).sum().backward()
+    for name, a, b in zip(("x", "weight", "bias"), ours, theirs):
+        assert a.grad.shape == b.grad.shape and a.grad.dtype == dtype, name
+        assert_close(a.grad, b.grad.double(), dtype=dtype, name=f"grad of {name}")
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_linear_rejects_bad_input_naming_the_argument(device, grad):
+    """Bad arguments to linear once failed deep inside (IndexError for a 0-D x, AttributeError for a non-tensor,
+    'product: expected a [M, K] and b [K, N]' naming the transposed weight, torch's 'self and mat2' for mixed
+    dtypes, an autograd shape error for a [1, out] bias): a ValueError / TypeError naming the argument."""
+    x = torch.ones(5, 8, device=device, requires_grad=grad)
+    w = torch.ones(3, 8, device=device)
+    b = torch.ones(3, device=device)
+    for args, error, match in [
+        (("x", w, b), TypeError, "linear: x must be a torch.Tensor, got str"),
+        ((x, None, b), TypeError, "linear: weight must be a torch.Tensor, got NoneType"),
+        ((x, w, [1.0, 2.0, 3.0]), TypeError, "linear: bias must be None or a torch.Tensor, got list"),
+        ((torch.tensor(1.0, device=device), torch.ones(3, 1, device=device), None), ValueError,
+         r"linear: x must be a tensor \[..., in\] of at least one dimension, got shape \[\]"),
+        ((x, torch.ones(3, 7, device=device), b), ValueError,
+         r"linear: weight must have shape \[out, in=8\], got \[3, 7\]"),
+        ((x, torch.ones(8, device=device), None), ValueError,
+         r"linear: weight must have shape \[out, in=8\], got \[8\]"),
+        ((x, w, torch.ones(1, 3, device=device)), ValueError, r"linear: bias must have shape \[3\], got \[1, 3\]"),
+        ((x, w, torch.ones(4, device=device)), ValueError, r"linear: bias must have shape \[3\], got \[4\]"),
+        ((x, w.double(), b), TypeError, "linear: weight has dtype float64 but x has float32"),
+        ((x, w, b.half()), TypeError, "linear: bias has dtype float16 but x has float32"),
+        ((x.detach().bfloat16().requires_grad_(grad), w.bfloat16(), b), TypeError,
+         "linear: bias has dtype float32 but x has bfloat16"),
+    ]:
+        with pytest.raises(error, match=match):
+            linear(*args)
+    with pytest.raises(TypeError, match="product: a, b and bias must be tensors"):
+        product("a", w.t())
+
+
+def test_linears_refuses_a_tensor_for_its_lists(device):
+    """linears(x, w) with one weight tensor instead of a list once iterated it as its rows ('weights[0] must have
+    shape [out, in=16], got [16]'), and a tensor of biases as one bias per element: a TypeError saying a list."""
+    x, w = torch.ones(4, 16, device=device), torch.ones(16, 16, device=device)
+    for args, match in (((x, w), r"linears: weights must be a list or tuple of tensors, got a Tensor of shape "
+                                 r"\[16, 16\]"),
+                        ((x, [w], torch.ones(16, device=device)), "linears: biases must be a list or tuple of tensors "
+                                                                  "or None, got a Tensor")):
+        with pytest.raises(TypeError, match=match):
+            linear_module.linears(*args)

@@ -153,3 +153,25 @@ def test_persistent_grid_takes_integer_counts():
     for kwargs, name in (({"programs_per_sm": 1.5}, "programs_per_sm"), ({"num_work": 2.0}, "num_work")):
         with pytest.raises(TypeError, match=name):  # a float count once came back as a float grid
             persistent_grid(**{"num_work": 500, "device": "cpu", **kwargs})
+
+
+def test_plan_cache_takes_an_integer_size():
+    """PlanCache(float('nan')) once made a cache that never evicted (len > nan is always False), and True or 2.5 were
+    taken as sizes: the size must be an int >= 1."""
+    for bad in (float("nan"), float("inf"), 2.5, True, "3"):
+        with pytest.raises(TypeError, match="PlanCache: maxsize must be an int"):
+            PlanCache(bad)
+    assert PlanCache(np.int64(3)).maxsize == 3
+
+
+def test_work_plan_keep_empty_is_a_bool():
+    """keep_empty='no' once kept empty items (bool('no') is True): the flag must be True or False."""
+    for bad in ("no", 0, None):
+        with pytest.raises(TypeError, match="keep_empty must be True or False"):
+            make_work_plan(torch.tensor([0, 2]), max_piece_cost=2, num_chunks=1, keep_empty=bad)
+
+
+def test_device_facts_refuses_a_bool():
+    """device_facts(True) was read as CUDA device 1 (a bool is an int to Python)."""
+    with pytest.raises(TypeError, match="device_facts: device must be"):
+        device_facts(True)

@@ -160,3 +160,18 @@ def test_measure_refuses_budgets_that_give_no_samples():
                          ({"warmup_ms": -1}, "warmup_ms"), ({"min_cpu_reps": 1.5}, "min_cpu_reps")):
         with pytest.raises(ValueError, match=name):
             measure(lambda: None, device="cpu", **kwargs)
+
+
+def test_write_jsonl_writes_nothing_when_a_record_cannot_be_written(tmp_path):
+    """A record whose params JSON cannot hold (a torch.dtype) once raised after the records before it were written,
+    and with append=False after the file had been emptied: the file is left as it was."""
+    good = Record("core", "c", "impl", 1.0, 0.9, 1.1, False, "m")
+    bad = Record("core", "c", "impl", 1.0, 0.9, 1.1, False, "m", params={"dtype": torch.float32})
+    path = tmp_path / "results.jsonl"
+    write_jsonl([good], path)
+    before = path.read_text()
+    for append in (True, False):
+        with pytest.raises(TypeError, match="not JSON serializable"):
+            write_jsonl([good, bad], path, append=append)
+        assert path.read_text() == before
+    assert len(read_jsonl(path)) == 1

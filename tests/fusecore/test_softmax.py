@@ -10,6 +10,7 @@ row for scores from tiny to huge magnitudes, and for rows with empty pieces.
 import math
 
 import numpy as np
+import pytest
 import torch
 import triton.language as tl
 from hypothesis import HealthCheck, given, settings
@@ -155,3 +156,23 @@ def test_online_update_matches_a_float64_softmax_and_keeps_empty_states_empty():
     torch.testing.assert_close(m[1:], ref_m[1:], rtol=0, atol=0)
     torch.testing.assert_close(total[1:], ref_total[1:], rtol=1e-6, atol=0)
     torch.testing.assert_close(mean[1:], ref_mean[1:], rtol=1e-5, atol=1e-6)
+
+
+def test_merge_partials_negative_dim_and_bad_shapes():
+    """merge_partials(out, lse, dim=-1) once summed out's last axis (the features) instead of the pieces: a wrong
+    shape and wrong values, without a word.  dim counts lse's axes; shapes that do not pair are refused."""
+    gen = torch.Generator().manual_seed(3)
+    out = torch.randn(2, 3, 4, generator=gen, dtype=torch.float64)
+    lse = torch.randn(2, 3, generator=gen, dtype=torch.float64)
+    want = merge_partials(out, lse, dim=1)
+    for dim in (-1, 1):
+        got = merge_partials(out, lse, dim=dim)
+        assert got[0].shape == (2, 4) and got[1].shape == (2,)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert torch.equal(merge_partials(out, lse, dim=-2)[0], merge_partials(out, lse, dim=0)[0])
+    with pytest.raises(ValueError, match=r"merge_partials: out must have lse's shape \[2, 2\] plus a last axis"):
+        merge_partials(out, lse[:, :2])
+    with pytest.raises(ValueError, match=r"merge_partials: out must have lse's shape \[2, 1\] plus a last axis"):
+        merge_partials(out, lse[:, :1])  # once broadcast into a "merge" of three copies
+    with pytest.raises(ValueError, match=r"merge_partials: dim must be an int in \[-2, 2\), got 2"):
+        merge_partials(out, lse, dim=2)
