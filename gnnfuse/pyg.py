@@ -138,6 +138,21 @@ def _check_fill_value(value: Any) -> Any:
     raise ValueError(f"fill_value must be a float, a tensor or one of {sorted(_FILL_REDUCTIONS)}, got {value!r}")
 
 
+def _fill_rows(fill: torch.Tensor, width: int) -> torch.Tensor:
+    """A tensor ``fill_value`` as PyG's ``add_self_loops`` reads it (``compute_loop_attr``): made 2-D (a leading dim
+    added to one of another rank), to be expanded to the self loops' ``[L, width]`` edge features.  Returns ``[1,
+    width]`` (one row for every loop) or ``[R, width]`` (a row per loop: :meth:`_Call.with_loops` checks ``R = L``);
+    a tensor that cannot expand so refused by name."""
+    rows = fill if fill.dim() == 2 else fill.unsqueeze(0)
+    if rows.dim() == 1:  # a 0-d fill: [1], which expands as [1, 1]
+        rows = rows.view(1, -1)
+    if rows.dim() != 2 or rows.shape[1] not in (1, width):
+        raise ValueError(f"fill_value of shape {list(fill.shape)} does not expand to the self loops' edge features "
+                         f"[num_nodes, edge_dim={width}] (PyG's add_self_loops: a scalar, [edge_dim], [1, edge_dim] or "
+                         f"[num_nodes, edge_dim])")
+    return rows.expand(rows.shape[0], width)
+
+
 def _want(name: str, value: Any) -> bool:
     """PyG's ``return_attention_weights``: None or a bool (numpy's too); True asks for the weights."""
     if value is None:
@@ -246,6 +261,10 @@ class _Call:
             if x_dst is None and not dst_optional:
                 raise ValueError("x = (x_src, None): this layer needs the destinations' features, as PyG's does "
                                  "(its GATv2Conv asserts x_dst is not None; only GATConv takes (x_src, None))")
+            widths = (None, None) if in_channels is None else in_channels
+            _check_features(x_src, "x_src", widths[0], dtype)  # before gnnfuse.nn's checks, which name feat_src
+            if x_dst is not None:
+                _check_features(x_dst, "x_dst", widths[1], dtype)
         else:
             if in_channels is not None and None not in in_channels and in_channels[0] != in_channels[1]:
                 raise ValueError(f"in_channels={in_channels} (sources and destinations of different widths) takes x "
@@ -274,13 +293,9 @@ class _Call:
             self.graph = base if self.loops is None else self.loops.graph
         if self.pair:  # the bipartite checks of gnnfuse.nn (dtypes, devices, edges within both sets: one host sync)
             stand_in = x_dst  # without x_dst: an empty [N_dst, 0] for the destinations' count (the edges' check)
-            if x_dst is None and isinstance(x_src, torch.Tensor):
+            if x_dst is None:
                 stand_in = x_src.new_empty((self.n_dst, 0))
             _bipartite(self.graph, (x_src, stand_in), None, dtype, True)
-            if in_channels is not None:
-                _check_features(x_src, "x_src", in_channels[0], dtype)
-                if x_dst is not None:
-                    _check_features(x_dst, "x_dst", in_channels[1], dtype)
         self.x_src, self.x_dst = x_src, x_dst
 
     def _missing_dst_rows(self, size: Any) -> int:
@@ -339,7 +354,11 @@ class _Call:
         if isinstance(fill, str):
             loop_rows = _loop_reduction(values, self.loops, fill)[:num_loops].to(values.dtype)
         else:
-            loop_rows = fill.to(values.dtype).expand(num_loops, values.shape[1])
+            rows = _fill_rows(fill.to(values.device, values.dtype), values.shape[1])
+            if rows.shape[0] not in (1, num_loops):
+                raise ValueError(f"fill_value has {rows.shape[0]} rows but the graph gets {num_loops} self loops: a "
+                                 "tensor fill_value is one row for every loop, or a row per node")
+            loop_rows = rows.expand(num_loops, values.shape[1])
         return torch.cat([kept, loop_rows])
 
     def weights(self, edge_index: Any, attention: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -450,6 +469,11 @@ class _PyGHeadsConv(_PyGLayer, nn.Module):
         self.edge_dim = None if edge_dim is None else _positive_int("edge_dim", edge_dim)
         self.fill_value = _check_fill_value(fill_value)
         self.residual = bool(residual)
+
+    def _register_res_and_bias(self, bias: bool) -> None:
+        """The residual ``res`` and output ``bias``, registered after the subclass's maps and attention vectors as
+        PyG registers them: ``parameters()`` and ``state_dict()`` then list PyG's names in PyG's order (an
+        optimizer's state_dict holds its state by position, so a PyG checkpoint resumes with this layer)."""
         total = self.out_channels * (self.heads if self.concat else 1)
         if self.residual:
             self.res = _linear(self._in_pair[1], total, bias=False)
@@ -492,7 +516,7 @@ class _PyGHeadsConv(_PyGLayer, nn.Module):
         """Heads concatenated ``[N_dst, H·C]`` or averaged ``[N_dst, C]``, then the residual of ``x_dst`` and the
         bias, unless the kernel's store ``added`` them (concatenated heads)."""
         out = out[: call.n_dst]
-        out = out.reshape(call.n_dst, -1) if self.concat else out.mean(dim=1)
+        out = out.reshape(call.n_dst, self.heads * self.out_channels) if self.concat else out.mean(dim=1)
         if added:
             return out
         if self.res is not None and call.x_dst is not None:  # PyG's (x_src, None): no residual
@@ -576,6 +600,7 @@ class GATConv(_PyGHeadsConv):
         else:
             self.lin_edge = None
             self.register_parameter("att_edge", None)
+        self._register_res_and_bias(bias)
         self.reset_parameters()
 
     def _sides(self) -> tuple[tuple[nn.Module | None, ...], tuple[nn.Module | None, ...]]:
@@ -610,13 +635,16 @@ class GATConv(_PyGHeadsConv):
         fill, graph, loops = self.fill_value, call.graph, call.loops
         if loops is None:
             return edge_score_csr(attr, fold, graph.csr_eid)
-        if isinstance(fill, str) and _FILL_REDUCTIONS[fill] not in ("sum", "mean"):
-            return edge_score_csr(call.with_loops(attr, fill), fold, graph.csr_eid)
+        rows = None if isinstance(fill, str) else _fill_rows(torch.as_tensor(fill, dtype=acc, device=attr.device),
+                                                             self.edge_dim)
+        if (isinstance(fill, str) and _FILL_REDUCTIONS[fill] not in ("sum", "mean")
+                or rows is not None and rows.shape[0] != 1):  # a reduction PyG forms on the features, or row per node
+            return edge_score_csr(call.with_loops(attr, fill if rows is None else rows), fold, graph.csr_eid)
         fill_row = None
         if isinstance(fill, str):
             mode = _FILL_REDUCTIONS[fill].replace("sum", "add")
         else:
-            mode, fill_row = "const", torch.as_tensor(fill, dtype=acc, device=attr.device).expand(self.edge_dim) @ fold
+            mode, fill_row = "const", rows[0] @ fold
         return edge_score_csr(attr, fold, loops.csr_input, LoopFill(mode, loops.loop_pos, graph.csr_dst,
                                                                      loops.kept_in_degree, graph.num_nodes, fill_row))
 
@@ -702,6 +730,7 @@ class GATv2Conv(_PyGHeadsConv):
         self.lin_r = self.lin_l if self.share_weights else _linear(self._in_pair[1], width, bias=bias)
         self.att = nn.Parameter(torch.empty(1, self.heads, self.out_channels))
         self.lin_edge = None if self.edge_dim is None else nn.Linear(self.edge_dim, width, bias=False)
+        self._register_res_and_bias(bias)
         self.reset_parameters()
 
     def _sides(self) -> tuple[tuple[nn.Module | None, ...], tuple[nn.Module | None, ...]]:
@@ -729,7 +758,7 @@ class GATv2Conv(_PyGHeadsConv):
         attr = call.check_edge_attr(edge_attr, self.edge_dim, weight.dtype)
         fill = self.fill_value
         if not isinstance(fill, str):
-            fill = torch.as_tensor(fill, dtype=attr.dtype, device=attr.device).expand(self.edge_dim)
+            fill = torch.as_tensor(fill, dtype=attr.dtype, device=attr.device)
         return call.with_loops(attr, fill), weight
 
     @backend.eager_under_compile
@@ -798,12 +827,44 @@ class TransformerConv(_PyGLayer, GraphTransformerConv):
                              "TransformerConv asserts it too; its GATConv and GATv2Conv run without the edge term)")
         adj = _sparse_adjacency(edge_index)
         graph = edge_index if adj is None else _adj_t_graph(adj, x, False)
+        self._check_inputs(x, graph, edge_attr)
         result = super().forward(graph, tuple(x) if isinstance(x, list) else x,
                                  edge_attr if self.lin_edge is not None else None, want or None,
                                  schedule=schedule, rng=rng)
         if want and adj is not None:  # PyG returns the sparse adjacency as passed, with α [E, H] beside it
             return result[0], (edge_index, result[1][1])
         return result
+
+    def _check_inputs(self, x: Any, graph: Any, edge_attr: Any) -> None:
+        """``x`` (or ``(x_src, x_dst)``) and ``edge_attr`` checked under PyG's names before
+        :class:`gnnfuse.nn.GraphTransformerConv`'s checks, which name them ``feat`` and ``edge_feat``."""
+        if None in self._widths:
+            self._take_width(x)
+        src_width, dst_width = self._widths
+        dtype = self.lin_query.weight.dtype
+        if isinstance(x, (tuple, list)) and len(x) == 2:
+            _check_features(x[0], "x_src", src_width, dtype)
+            _check_features(x[1], "x_dst", dst_width, dtype)
+            device = x[1].device
+        elif src_width is not None and src_width != dst_width:
+            raise ValueError(f"in_channels={self.in_channels} (sources and destinations of different widths) takes x "
+                             "as a pair (x_src, x_dst)")
+        else:
+            _check_features(x, "x", dst_width, dtype)
+            device = x.device
+        if self.lin_edge is None:
+            return
+        if not isinstance(edge_attr, torch.Tensor):
+            raise ValueError(f"edge_attr must be a [num_edges, edge_dim={self.edge_dim}] tensor, got {edge_attr!r}")
+        num_edges = graph.num_edges if isinstance(graph, Graph) else (
+            graph.shape[1] if isinstance(graph, torch.Tensor) and graph.dim() == 2 and graph.shape[0] == 2 else None)
+        if num_edges is not None and tuple(edge_attr.shape) != (num_edges, self.edge_dim):
+            raise ValueError(f"edge_attr must have shape [num_edges, edge_dim] = {[num_edges, self.edge_dim]}, got "
+                             f"{list(edge_attr.shape)}")
+        if edge_attr.dtype != dtype:
+            raise TypeError(f"edge_attr has dtype {edge_attr.dtype} but the layer's parameters are {dtype}")
+        if edge_attr.device != device:
+            raise ValueError(f"edge_attr is on device '{edge_attr.device}' but x is on '{device}'")
 
     def __repr__(self) -> str:
         return f"{self.__class__.__name__}({self.in_channels}, {self.out_channels}, heads={self.heads})"

@@ -156,6 +156,27 @@ def test_gat_edge_features_without_self_loops_and_one_dim(cls_name, gen, device)
            gen)
 
 
+@pytest.mark.parametrize("cls_name", ["GATConv", "GATv2Conv"])
+def test_tensor_fill_values_of_every_shape_pyg_takes(cls_name, gen, device):
+    """A tensor ``fill_value`` as PyG's ``add_self_loops`` reads it (2-D, a leading dim added otherwise, expanded to
+    the loops' ``[N, edge_dim]`` rows): a row ``[1, edge_dim]``, ``[1, 1]``, a 0-d tensor, per-node rows ``[N,
+    edge_dim]``; a shape that does not expand is refused naming fill_value."""
+    edges = corner_case_edges(gen, N)
+    x = torch.randn(N, F, generator=gen, dtype=torch.float64)
+    attr = torch.randn(edges.shape[1], 3, generator=gen, dtype=torch.float64)
+    for fill in (torch.tensor([[0.5, -1.0, 2.0]]), torch.tensor([[0.75]]), torch.tensor(-0.5),
+                 torch.randn(N, 3, generator=gen)):
+        fill = fill.double()
+        ours, theirs = _pair(cls_name, F, C, heads=2, negative_slope=0.25, edge_dim=3, fill_value=fill, gen=gen)
+        ours.fill_value = fill.to(device)
+        with torch.no_grad():
+            out = ours.to(device)(x.to(device), edges.to(device), attr.to(device))
+            assert_close(out, theirs(x, edges, attr), tol=TOL, name=f"fill_value of shape {list(fill.shape)}")
+    ours = getattr(fused, cls_name)(F, C, edge_dim=3, fill_value=torch.ones(2, 3)).to(device)
+    with pytest.raises(ValueError, match="fill_value"):
+        ours(x.float().to(device), edges.to(device), attr.float().to(device))
+
+
 def test_edge_attr_is_ignored_without_edge_dim_as_in_pyg(gen, device):
     edges = corner_case_edges(gen, N).to(device)
     x = torch.randn(N, F, generator=gen, dtype=torch.float64).to(device)
@@ -358,6 +379,59 @@ def test_state_dicts_are_pygs():
         assert repr(ours) == repr(theirs)
 
 
+PARAMETER_ORDER_LAYERS = [
+    ("GATConv", (F, C), dict(heads=2, edge_dim=3, residual=True)),
+    ("GATConv", ((F, 5), C), dict(heads=2, concat=False, residual=True)),
+    ("GATv2Conv", (F, C), dict(heads=2, edge_dim=3, residual=True)),
+    ("GATv2Conv", (F, C), dict(heads=1, share_weights=True, concat=False)),
+    ("TransformerConv", (F, C), dict(heads=2, beta=True, edge_dim=3)),
+]
+
+
+@pytest.mark.parametrize("cls_name,args,kwargs", PARAMETER_ORDER_LAYERS,
+                         ids=[f"{c}-{i}" for i, (c, _, _) in enumerate(PARAMETER_ORDER_LAYERS)])
+def test_parameters_and_state_dict_keys_come_in_pygs_order(cls_name, args, kwargs):
+    """``parameters()`` and ``state_dict()`` list PyG's names in PyG's order (an optimizer's state is by position)."""
+    ours = getattr(fused, cls_name)(*args, **kwargs)
+    theirs = getattr(PyG, cls_name)(*args, **kwargs)
+    assert [n for n, _ in ours.named_parameters()] == [n for n, _ in theirs.named_parameters()]
+    assert list(ours.state_dict()) == list(theirs.state_dict())
+
+
+def test_an_optimizer_checkpoint_of_pygs_layer_resumes_training(gen, device):
+    """A PyG checkpoint (model and Adam state_dicts) resumes with the swapped import: the next step is PyG's."""
+    edges = corner_case_edges(gen, N)
+    x = torch.randn(N, F, generator=gen, dtype=torch.float64)
+    ours, theirs = _pair("GATConv", F, C, heads=2, residual=True, negative_slope=0.25, gen=gen, device=device)
+    opt_theirs = torch.optim.Adam(theirs.parameters(), lr=0.05)
+    theirs(x, edges).square().sum().backward()
+    opt_theirs.step()
+    ours.load_state_dict(theirs.state_dict())
+    opt_ours = torch.optim.Adam(ours.parameters(), lr=0.05)
+    opt_ours.load_state_dict(copy.deepcopy(opt_theirs.state_dict()))  # as saved: torch shares the state tensors
+    for opt, layer, dev in ((opt_theirs, theirs, "cpu"), (opt_ours, ours, device)):
+        opt.zero_grad()
+        layer(x.to(dev), edges.to(dev)).square().sum().backward()
+        opt.step()
+    mine = dict(ours.named_parameters())
+    for name, p in theirs.named_parameters():
+        assert_close(mine[name].detach(), p.detach(), tol=TOL, name=f"resumed {name}")
+
+
+@pytest.mark.parametrize("cls_name", ["GATConv", "GATv2Conv"])
+def test_no_destination_nodes_with_concatenated_heads(cls_name, gen, device):
+    """No destination rows (an empty graph, or a pair with ``x_dst [0, F]``): PyG's empty ``[0, H·C]`` output."""
+    x = torch.randn(5, F, generator=gen, dtype=torch.float64)
+    empty = torch.zeros(2, 0, dtype=torch.long)
+    ours, theirs = _pair(cls_name, F, C, heads=2, gen=gen, device=device)
+    for inputs in (x[:0], (x, x[:0])):
+        mine = inputs.to(device) if isinstance(inputs, torch.Tensor) else tuple(t.to(device) for t in inputs)
+        out, (ei, alpha) = ours(mine, empty.to(device), return_attention_weights=True)
+        ref, (ref_ei, ref_alpha) = theirs(inputs, empty, return_attention_weights=True)
+        assert out.shape == ref.shape == (0, 2 * C)
+        assert torch.equal(ei.cpu(), ref_ei) and alpha.shape == ref_alpha.shape
+
+
 def test_the_self_looped_graph_is_built_once_per_edge_tensor(gen, device):
     edges = corner_case_edges(gen, N).to(device)
     x = torch.randn(N, F, generator=gen).to(device)
@@ -471,6 +545,39 @@ def test_errors_are_clear(gen, device):
         fused.GATConv((F, 5), C).to(device)(x, edges)
     with pytest.raises(TypeError, match="one feature tensor"):
         fused.AGNNConv()((x, x), edges)
+
+
+def test_errors_name_pygs_arguments(gen, device):
+    """Bad features or edge features are refused naming PyG's arguments (``x``, ``x_src``, ``x_dst``, ``edge_attr``),
+    not the DGL-style layers' (``feat``, ``edge_feat``)."""
+    edges = corner_case_edges(gen, N).to(device)
+    x = torch.randn(N, F, generator=gen).to(device)
+    attr = torch.randn(edges.shape[1], 3, generator=gen).to(device)
+    transformer = fused.TransformerConv(F, C, heads=2, edge_dim=3).to(device)
+    with pytest.raises(ValueError, match=r"^x must have shape \[num_nodes, in_feats=7\]"):
+        transformer(x[:, :5], edges, attr)
+    with pytest.raises(TypeError, match="^x has dtype"):
+        transformer(x.double(), edges, attr)
+    with pytest.raises(ValueError, match=r"^edge_attr must have shape \[num_edges, edge_dim\]"):
+        transformer(x, edges, attr[1:])
+    with pytest.raises(TypeError, match="^edge_attr has dtype"):
+        transformer(x, edges, attr.double())
+    with pytest.raises(ValueError, match="^edge_attr must be a"):
+        transformer(x, edges, attr.tolist())
+    with pytest.raises(TypeError, match="^x_dst has dtype"):
+        transformer((x, x.double()), edges, attr)
+    with pytest.raises(ValueError, match=r"^x_dst must have shape"):
+        transformer((x, x[:, :5]), edges, attr)
+    with pytest.raises(ValueError, match=r"takes x as a pair \(x_src, x_dst\)"):
+        fused.TransformerConv((F, 5), C).to(device)(x, edges)
+    for layer in (fused.GATConv(F, C, heads=2), fused.GATv2Conv(F, C, heads=2)):
+        layer = layer.to(device)
+        with pytest.raises(TypeError, match="^x_src has dtype"):
+            layer((x.double(), x), edges)
+        with pytest.raises(TypeError, match="^x_dst has dtype"):
+            layer((x, x.double()), edges)
+        with pytest.raises(TypeError, match="^x_src must be a torch.Tensor"):
+            layer(([0.0] * F, x), edges)
 
 
 CAPTURED = {
