@@ -503,8 +503,8 @@ def test_warps_by_pass_score_and_float_width(monkeypatch):
 
 def test_node_backward_warps_reach_the_per_node_backward_launches(monkeypatch, device):
     """``ops.NODE_BACKWARD_WARPS`` / ``NODE_BACKWARD_PROGRAMS``: the per-node backward kernels' launch options by
-    kernel and feature width (warps as session 34 measured them, the register cap as session 49 did), and a GAT and an AGNN training step with every width at 8 warps give the
-    reference's gradients."""
+    kernel and feature width (warps as session 34 measured them, the register cap as session 49 did), and a GAT and
+    an AGNN training step with every width at 8 warps give the reference's gradients."""
     assert ops.NODE_BACKWARD_WARPS == {"node_scores": {2: 8}, "normalize": {4: 8, 2: 8}}
     assert ops.NODE_BACKWARD_PROGRAMS == {"normalize": {2: 4}}  # 4 programs of 8 warps: maxnreg 64 (session 49)
     capped = {"num_warps": 8, "maxnreg": 64}
