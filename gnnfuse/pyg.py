@@ -57,7 +57,10 @@ explainers mask the messages; ``explain = False`` leaves a layer out).
 
 Differences from PyG, all refused with a clear error: ``torch_sparse.SparseTensor`` adjacencies (pass
 ``adj_t.to_torch_sparse_csr_tensor()``), CSC / BSR layouts and sparse adjacencies with dense dimensions (PyG reads
-their values as edge features: pass ``edge_attr``), PyG's message hooks and explainers.  ``edge_attr`` passed to a
+their values as edge features: pass ``edge_attr``), PyG's message hooks and explainers, ``torch.jit.script`` (PyG
+scripts its AGNNConv, not its GATConv, GATv2Conv or TransformerConv; ``torch.compile`` runs these layers eagerly
+inside a compiled model), ``dropout=1.0`` (every attention weight dropped) and ``uint8`` / ``bool`` ``edge_index``
+tensors (PyG's GAT layers happen to take them).  ``edge_attr`` passed to a
 layer built without ``edge_dim`` is ignored (as PyG's GATConv and TransformerConv do; PyG's GATv2Conv asserts), and
 GATConv / GATv2Conv built with ``edge_dim`` but called without ``edge_attr`` run without the edge term, as PyG's
 (TransformerConv refuses, where PyG's asserts).
