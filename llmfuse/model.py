@@ -235,9 +235,10 @@ class LlamaModel:
     def _check_generation(self, input_ids: torch.Tensor, max_new_tokens: int, temperature: float,
                           top_k: int | None, top_p: float | None, seed: int | None = None,
                           eos_token_id: int | list[int] | None = None, pad_token_id: int | None = None,
-                          ) -> tuple[torch.Tensor, dict[str, Any]]:
+                          attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
         """The checked prompt and the generation settings (``max_new_tokens``, ``temperature``, ``top_k``,
-        ``top_p``, ``seed``, ``eos`` (a list, the model's by default), ``pad``) as plain Python values."""
+        ``top_p``, ``seed``, ``eos`` (a list, the model's by default), ``pad``) as plain Python values;
+        ``attention_mask`` is checked here too (``prefill`` reads it again)."""
         max_new_tokens = _check_int("max_new_tokens", max_new_tokens, 0)
         if seed is not None and (not backend.is_int(seed) or not 0 <= seed < 2**63):
             raise ValueError(f"seed must be an int in [0, 2**63), got {seed!r}")
@@ -261,6 +262,7 @@ class LlamaModel:
         if T + max_new_tokens > self.max_seq_len:
             raise ValueError(f"prompt ({T}) + max_new_tokens ({max_new_tokens}) = {T + max_new_tokens} exceeds the "
                              f"cache (max_seq_len={self.max_seq_len})")
+        self._kv_start(attention_mask, ids.shape)  # at the call: stream() is lazy, max_new_tokens=0 never prefills
         settings = {"max_new_tokens": max_new_tokens, "temperature": float(temperature), "top_k": top_k,
                     "top_p": None if top_p is None else float(top_p), "seed": None if seed is None else int(seed),
                     "eos": eos, "pad": pad}
@@ -273,7 +275,7 @@ class LlamaModel:
         """Yield the new tokens one step at a time, each a LongTensor [B] (arguments as :meth:`generate`).
         The arguments are checked when ``stream`` is called, before the first token is asked for."""
         ids, settings = self._check_generation(input_ids, max_new_tokens, temperature, top_k, top_p, seed,
-                                               eos_token_id, pad_token_id)
+                                               eos_token_id, pad_token_id, attention_mask)
         return self._tokens(ids, attention_mask, **settings)
 
     @torch.no_grad()
@@ -330,7 +332,7 @@ class LlamaModel:
         end-of-sequence id), and generation ends early when every row has finished.
         """
         ids, settings = self._check_generation(input_ids, max_new_tokens, temperature, top_k, top_p, seed,
-                                               eos_token_id, pad_token_id)
+                                               eos_token_id, pad_token_id, attention_mask)
         new = list(self._tokens(ids, attention_mask, **settings))
         return torch.cat([ids, *(t[:, None] for t in new)], dim=1)
 
@@ -363,7 +365,7 @@ def from_pretrained(path_or_hf_model: str | Path | torch.nn.Module, *, device: t
         if not directory.is_dir():
             raise FileNotFoundError(f"checkpoint directory {directory} does not exist")
         config = LlamaConfig.from_json(directory / "config.json")
-        generation = _generation_config(directory / "generation_config.json")
+        generation = _generation_config(directory / "generation_config.json", config.vocab_size)
         weights = weights_from_checkpoint(directory, config, dtype=dtype, device=device)
     else:
         raise TypeError("path_or_hf_model must be a path or a transformers model, "
@@ -373,11 +375,18 @@ def from_pretrained(path_or_hf_model: str | Path | torch.nn.Module, *, device: t
                       pad_token_id=generation.get("pad_token_id"))
 
 
-def _generation_config(path: Path) -> dict[str, Any]:
+def _generation_config(path: Path, vocab_size: int) -> dict[str, Any]:
     """``eos_token_id`` and ``pad_token_id`` of a checkpoint's ``generation_config.json`` (what transformers'
-    ``generate`` stops at and pads with; an instruct model's end-of-turn token is often only there), or {}."""
+    ``generate`` stops at and pads with; an instruct model's end-of-turn token is often only there).
+
+    Without that file transformers takes them from ``config.json``: its eos ids are the config's already, and
+    its ``pad_token_id`` is returned when it is a token id (old conversions write -1: then none, as null)."""
     if not path.is_file():
-        return {}
+        try:
+            pad = json.loads((path.parent / "config.json").read_bytes()).get("pad_token_id")
+        except (OSError, ValueError, AttributeError):  # config.json was read and checked before: not expected
+            pad = None
+        return {"pad_token_id": pad if backend.is_int(pad) and 0 <= pad < vocab_size else None}
     try:
         fields = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:

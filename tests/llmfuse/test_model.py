@@ -6,7 +6,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from llm_testing import tiny_hf_model
+from llm_testing import tiny_hf_model, transformers
 
 import llmfuse
 from fusecore import use_reference
@@ -273,3 +273,40 @@ def test_checkpoint_family_and_unexpected_tensors_are_checked(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match=r"'model\.layers\.0\.self_attn\.[qkv]_proj\.bias'.*no place"):
         llmfuse.from_pretrained(tmp_path, dtype=torch.float32)
+
+
+def test_pad_token_id_comes_from_config_json_without_generation_config(tmp_path):
+    """Without generation_config.json, transformers pads finished rows with config.json's pad_token_id, not eos."""
+    import json
+
+    hf = tiny_hf_model(seed=5, layers=1)
+    ids = torch.tensor([[20, 21, 22], [7, 8, 9]])
+    with torch.no_grad():
+        free = hf.generate(ids, max_new_tokens=8, do_sample=False, eos_token_id=None, pad_token_id=0)
+    stop = int(free[0, 4])  # row 0 stops at its second new token, row 1 runs on
+    assert stop not in free[1, 3:].tolist()
+    hf.config.eos_token_id, hf.config.pad_token_id = stop, 5
+    hf.save_pretrained(tmp_path)
+    (tmp_path / "generation_config.json").unlink()
+    loaded = transformers.LlamaForCausalLM.from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        expected = loaded.generate(ids, max_new_tokens=8, do_sample=False)
+    model = llmfuse.from_pretrained(tmp_path, dtype=torch.float32, max_seq_len=16)
+    assert model.pad_token_id == 5
+    assert torch.equal(model.generate(ids.to(test_device()), 8).cpu(), expected)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["pad_token_id"] = -1  # old conversions: not a token; finished rows then hold the first eos id
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert llmfuse.from_pretrained(tmp_path, dtype=torch.float32, max_seq_len=16).pad_token_id is None
+
+
+def test_attention_mask_is_checked_at_the_call(hf_llama):
+    """stream() checks attention_mask when called (not at the first next()), and so does generate(..., 0)."""
+    model = llmfuse.from_pretrained(hf_llama, dtype=torch.float32, max_seq_len=8)
+    prompt = torch.tensor([[4, 5, 6]], device=test_device())
+    for bad in (torch.tensor([[1, 1]]), torch.tensor([[1, 0, 1]]), torch.tensor([[0, 0, 0]])):
+        with pytest.raises(ValueError, match="attention_mask"):
+            model.stream(prompt, 2, attention_mask=bad)
+        with pytest.raises(ValueError, match="attention_mask"):
+            model.generate(prompt, 0, attention_mask=bad)
+    assert torch.equal(model.generate(prompt, 0, attention_mask=torch.ones(1, 3)), prompt)
