@@ -102,13 +102,11 @@ FINAL_BLOCK_C = 16
 #     bfloat16 C = 128  14.0 |                                  18.5,                          19.0 | 3: 17.1 | 2: 15.5
 #     bfloat16 C = 512  53.7 |                                  59.4,                          52.7 | 3: 51.0 | 2: 50.0
 # (SUM_TILE 4096 against 2048 and SUM_GROUP 16 against 32 within 0.5 µs.)  So 2 programs a multiprocessor, under the
-# register cap that keeps them resident together (float64 sums excepted: their accumulators alone take 64 registers
-# a thread; so are tiles under SUM_CAP_MIN_COLUMNS columns, which spill under a cap of 64: 192 bytes at [20 011, 7]).
+# register cap that keeps them resident together (128 a thread: no specialisation spills under it, float64 and tiles
+# of 8 columns included, with Triton 3.6 or 3.9; tests/fusecore/test_linear.py checks the residency for sm_90).
 PROGRAMS_PER_SM = 2
 SUM_GROUP = 32
 SUM_TILE = 4096
-SUM_REGISTER_CAP = True
-SUM_CAP_MIN_COLUMNS = 16
 # At most this many rows: one launch, each program all rows of a block of columns (the first stage's slabs would be
 # a row each, its partials a copy of x: a split float32 product's 33 × [512, 128] partials took 24 µs in two launches
 # on an H200, session 26).
@@ -217,8 +215,7 @@ def column_sum(x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.T
         _new((blocks, slabs, block_c), acc, x.device), _new((blocks, groups, block_c), acc, x.device),
         zeroed(None, "column sums", blocks * (groups + 1), torch.int32, x.device),
         {"FINISH": True, "GROUP": SUM_GROUP, "SUM_P": max(1, SUM_TILE // block_c),
-         **({"maxnreg": register_cap(COLUMN_WARPS, PROGRAMS_PER_SM)}
-            if SUM_REGISTER_CAP and x.dtype != torch.float64 and block_c >= SUM_CAP_MIN_COLUMNS else {})}))
+         "maxnreg": register_cap(COLUMN_WARPS, PROGRAMS_PER_SM)}))
     return out[0]
 
 

@@ -55,6 +55,9 @@ class LlamaConfig:
     max_position_embeddings: int = 2048
     model_type: str = "llama"
     eos_token_id: tuple[int, ...] = field(default_factory=tuple)
+    # what transformers pads finished rows with where no generation_config.json names one; an id outside the
+    # vocabulary (old conversions write -1) counts as none
+    pad_token_id: int | None = None
 
     @property
     def group_size(self) -> int:
@@ -197,6 +200,8 @@ class LlamaConfig:
         vocab = integer("vocab_size")
         if any(not 0 <= e < vocab for e in eos_list):
             raise ValueError(f"{source}: field 'eos_token_id' = {eos!r} is outside the vocabulary [0, {vocab})")
+        pad = cfg.get("pad_token_id")
+        pad = pad if isinstance(pad, int) and not isinstance(pad, bool) and 0 <= pad < vocab else None
         tie = cfg.get("tie_word_embeddings", False)
         if not isinstance(tie, bool):
             raise TypeError(f"{source}: field 'tie_word_embeddings' = {tie!r} must be true or false")
@@ -216,6 +221,7 @@ class LlamaConfig:
             max_position_embeddings=integer("max_position_embeddings", default=2048),
             model_type=model_type,
             eos_token_id=tuple(eos_list),
+            pad_token_id=pad,
         )
 
     @classmethod

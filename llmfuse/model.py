@@ -93,10 +93,11 @@ class LlamaModel:
             max_seq_len = min(config.max_position_embeddings, 4096)
         self.max_seq_len = _check_int("max_seq_len", max_seq_len, 1)
         # generate()'s defaults, as transformers' generation config: stop at the model's end-of-sequence
-        # tokens (the config's unless given) and pad finished rows with pad_token_id (else the first of them)
+        # tokens (the config's unless given) and pad finished rows with pad_token_id (the config's unless given; else
+        # the first of them)
         self.eos_token_id = tuple(_token_list("eos_token_id", config.eos_token_id if eos_token_id is None
                                               else eos_token_id, config.vocab_size, allow_empty=True))
-        self.pad_token_id = None if pad_token_id is None else _token_list(
+        self.pad_token_id = config.pad_token_id if pad_token_id is None else _token_list(
             "pad_token_id", pad_token_id, config.vocab_size, allow_empty=False)[0]
         self.looped = bool(looped)
         self.cuda_graph = self.device.type == "cuda" if cuda_graph is None else bool(cuda_graph)
@@ -365,7 +366,7 @@ def from_pretrained(path_or_hf_model: str | Path | torch.nn.Module, *, device: t
         if not directory.is_dir():
             raise FileNotFoundError(f"checkpoint directory {directory} does not exist")
         config = LlamaConfig.from_json(directory / "config.json")
-        generation = _generation_config(directory / "generation_config.json", config.vocab_size)
+        generation = _generation_config(directory / "generation_config.json")
         weights = weights_from_checkpoint(directory, config, dtype=dtype, device=device)
     else:
         raise TypeError("path_or_hf_model must be a path or a transformers model, "
@@ -375,18 +376,12 @@ def from_pretrained(path_or_hf_model: str | Path | torch.nn.Module, *, device: t
                       pad_token_id=generation.get("pad_token_id"))
 
 
-def _generation_config(path: Path, vocab_size: int) -> dict[str, Any]:
+def _generation_config(path: Path) -> dict[str, Any]:
     """``eos_token_id`` and ``pad_token_id`` of a checkpoint's ``generation_config.json`` (what transformers'
-    ``generate`` stops at and pads with; an instruct model's end-of-turn token is often only there).
-
-    Without that file transformers takes them from ``config.json``: its eos ids are the config's already, and
-    its ``pad_token_id`` is returned when it is a token id (old conversions write -1: then none, as null)."""
+    ``generate`` stops at and pads with; an instruct model's end-of-turn token is often only there), or {}: then
+    the config's (:class:`~llmfuse.config.LlamaConfig`), as transformers takes them."""
     if not path.is_file():
-        try:
-            pad = json.loads((path.parent / "config.json").read_bytes()).get("pad_token_id")
-        except (OSError, ValueError, AttributeError):  # config.json was read and checked before: not expected
-            pad = None
-        return {"pad_token_id": pad if backend.is_int(pad) and 0 <= pad < vocab_size else None}
+        return {}
     try:
         fields = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:

@@ -49,12 +49,12 @@ MLP: tl.constexpr = tl.constexpr(2)
 DISABLED: tl.constexpr = tl.constexpr(2)
 
 
-
 @jit
 def state_row(row, n, idx):
     """Offsets of row ``row`` of the [4, n] state (env-contiguous rows) for env ids ``idx``, in int64: ``row · n``
     exceeds 2**31 from 715 827 882 envs on (``n`` arrives as an int32 below 2**31)."""
     return (tl.full([], 0, tl.int64) + n) * row + idx
+
 
 @jit
 def store_pair(at, a, b, mask):
