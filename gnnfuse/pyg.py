@@ -85,6 +85,7 @@ from .nn import (
     GraphTransformerConv,
     _bipartite,
     _check_features,
+    _first_rows,
     _graph_and_features,
     _lazy,
     _lazy_widths,
@@ -518,7 +519,7 @@ class _PyGHeadsConv(_PyGLayer, nn.Module):
     def _finish(self, out: torch.Tensor, call: _Call, added: bool) -> torch.Tensor:
         """Heads concatenated ``[N_dst, H·C]`` or averaged ``[N_dst, C]``, then the residual of ``x_dst`` and the
         bias, unless the kernel's store ``added`` them (concatenated heads)."""
-        out = out[: call.n_dst]
+        out = _first_rows(out, call.n_dst)
         out = out.reshape(call.n_dst, self.heads * self.out_channels) if self.concat else out.mean(dim=1)
         if added:
             return out
