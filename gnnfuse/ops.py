@@ -2586,21 +2586,24 @@ class GATv2Function(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, fs, fd, attn, edge_attr, edge_weight, graph, negative_slope, dropout_p, seed, offset,  # type: ignore[override]
-                options, packing=None):
+                options, out_add, packing=None):
         ctx.packing = packing
         saved = (fs, fd, attn)
         if packing is not None:  # fs: the [N, W] output both sides are column blocks of (_packed_columns)
             fs, fd, _ = _unpack(fs, packing)
-        edge_weight = _edge_weight_heads(edge_weight, attn.shape[0], attn.shape[1])
+        heads, head_dim = attn.shape
+        edge_weight = _edge_weight_heads(edge_weight, heads, head_dim)
         inputs = AttentionInputs(SCORE_GATV2, fs, fd, fs, attn=attn, edge_attr=edge_attr, edge_weight=edge_weight,
-                                 negative_slope=negative_slope)
+                                 negative_slope=negative_slope, out_add=_addend_layout(ctx, out_add, heads, head_dim))
         ctx.negative_slope = negative_slope
         return _forward_saving(ctx, graph, inputs, (dropout_p, seed, offset, options), 5, *saved, edge_attr,
-                               edge_weight)
+                               edge_weight, add_index=11)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):  # type: ignore[override]
+        if not ctx.attention_grads:
+            return None, None, None, None, None, *_NO_GRADS, _addend_grad(ctx, grad_out, None), None
         fs, fd, attn, edge_attr, edge_weight = ctx.saved_tensors[:5]
         targets = None
         if ctx.packing is not None:
@@ -2611,16 +2614,19 @@ class GATv2Function(torch.autograd.Function):
         inputs = AttentionInputs(SCORE_GATV2, fs, fd, fs, attn=attn, edge_attr=edge_attr, edge_weight=edge_weight,
                                  negative_slope=ctx.negative_slope)
         # ∂fd stored in fd's dtype by the kernels; the ∂attn partials stay in the accumulation dtype
+        # an [H, D] bias's Σ_n g_n, summed inside the δ kernel's launch
+        bias_sum = _new_output(tuple(attn.shape), ctx.add_dtype, attn.device) if _bias_grad_wanted(ctx) else None
         grad_fs, attn_parts, grad_fd, grad_attr, grad_weight = _backward_saved(
             ctx, inputs, grad_out, edge_grads=(ctx.needs_input_grad[3], ctx.needs_input_grad[4]),
-            term_grad_dtypes=(None, fd.dtype), grad_targets=targets)
+            term_grad_dtypes=(None, fd.dtype), grad_targets=targets, bias_sum=bias_sum)
         # Σ over the [N, H, D] per-row partials by fusecore's column sum: torch's sum(0) of this shape took 151.5 µs
         # of the arxiv-like bf16 step on the H200 (session 24, kernel_times.py); column_sum read 2.5 TB/s in that run
         grad_attn = column_sum(attn_parts.reshape(attn_parts.shape[0], attn.numel()), attn.dtype).reshape(attn.shape)
         edge_grads = _edge_grads_out(grad_attr, grad_weight, edge_attr, edge_weight)
+        add_grad = _addend_grad(ctx, grad_out, bias_sum)
         if ctx.packing is not None:
-            return grad_base, None, grad_attn, *edge_grads, *_NO_GRADS, None
-        return grad_fs, grad_fd, grad_attn, *edge_grads, *_NO_GRADS, None
+            return grad_base, None, grad_attn, *edge_grads, *_NO_GRADS, add_grad, None
+        return grad_fs, grad_fd, grad_attn, *edge_grads, *_NO_GRADS, add_grad, None
 
 
 class TransformerAttentionFunction(torch.autograd.Function):
@@ -2784,6 +2790,7 @@ def gatv2(
     schedule: ScheduleOptions | None = None,
     return_attention: bool = False,
     attention_dropout: bool = True,
+    out_add: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Fused GATv2 attention (Brody et al., 2022) over ``graph``.
 
@@ -2803,7 +2810,10 @@ def gatv2(
 
     The ``[E, H, D]`` edge vectors exist only in registers; ``∂attn`` is reduced over
     per-source-row partials (deterministic).  ``dropout``, ``rng``, ``schedule`` as in
-    :func:`gat_attention`.  Returns ``[N, H, D]`` in ``feat_src``'s dtype.
+    :func:`gat_attention`.  ``out_add``: a bias (``H·D`` elements, PyG GATv2Conv's ``bias``) or a per-node term
+    (``[N, H, D]`` or ``[N, H·D]``, a residual) added to the output as the kernels store it, as in :func:`gat`; an
+    ``[H, D]`` bias's gradient ``Σ_n g_n`` is summed inside the backward's δ launch.  Returns ``[N, H, D]`` in
+    ``feat_src``'s dtype.
     ``return_attention``, ``attention_dropout``: as in :func:`gat_attention` (``(out, α [E, H])``).
     """
     graph = as_graph(graph)
@@ -2816,6 +2826,7 @@ def gatv2(
     dropout = _check_dropout(dropout)
     negative_slope = _check_negative_slope(negative_slope)
     _check_schedule(schedule)
+    add = _check_addend(out_add, graph, heads, head_dim, feat_src.dtype)
     request = _requested(schedule, return_attention, attention_dropout)
     seed, offset = _rng_pair(rng, dropout, heads, feat_src.device)
     if backend.reference_enabled():
@@ -2826,15 +2837,18 @@ def gatv2(
             graph, feat_src, feat_dst, attn, edge_attr, edge_weight, negative_slope=negative_slope, dropout=dropout,
             seed=seed, offset=offset, weights=_reference_weights(request),
         )
-        return _reference_result(result, feat_src.dtype, request)
+        result = _reference_result(result, feat_src.dtype, request)
+        if add is None:
+            return result
+        return (result[0] + add, result[1]) if isinstance(result, tuple) else result + add
     backend.check_devices(feat_src=feat_src, feat_dst=feat_dst, attn=attn, edge_attr=edge_attr,
-                          edge_weight=edge_weight, graph=graph.indptr)
+                          edge_weight=edge_weight, out_add=add, graph=graph.indptr)
     if edge_attr is not None:
         edge_attr = edge_attr.contiguous()  # read in input order through the graph's edge ids: no permuted copy
     sides, packing = _function_features(heads, head_dim, (feat_src, feat_dst))
     out = _apply(
         GATv2Function, *sides, attn.reshape(heads, head_dim).contiguous(), edge_attr, edge_weight, graph,
-        float(negative_slope), dropout, seed, offset, request, packing,
+        float(negative_slope), dropout, seed, offset, request, out_add, packing,
     )
     return _with_weights(out, request)
 

@@ -708,7 +708,9 @@ class GATv2Conv(_PyGHeadsConv):
     edge_dim]``, the only per-edge tensor formed here), ignored without ``edge_dim`` (as PyG).  The edge term is an
     ``[H, C]`` vector per edge inside the LeakyReLU: the forward kernels project it in registers
     (:func:`gnnfuse.ops.gatv2`'s ``edge_attr``, ``edge_weight``; the backward reads the training forward's scores and
-    LeakyReLU slope bits), never the ``[E, H·C]`` ``lin_edge(edge_attr)``.
+    LeakyReLU slope bits), never the ``[E, H·C]`` ``lin_edge(edge_attr)``.  With concatenated heads on an ordinary
+    call the residual and bias are added in the kernels' store (``ops.gatv2``'s ``out_add``), as :class:`GATConv`
+    does.
     """
 
     def __init__(
@@ -783,10 +785,11 @@ class GATv2Conv(_PyGHeadsConv):
         else:
             xl, xr = (y.view(shape) for y in _project_all([self.lin_l, self.lin_r], call.x_src))
         edge_attr, edge_weight = self._edge_features(call, edge_attr)
+        add = self._out_add(call)
         result = ops.gatv2(call.graph, xl, xr, self.att, edge_attr, edge_weight, negative_slope=self.negative_slope,
-                           dropout=self._dropout(), rng=rng, schedule=schedule, return_attention=want)
+                           dropout=self._dropout(), rng=rng, schedule=schedule, return_attention=want, out_add=add)
         out, attention = result if want else (result, None)
-        out = self._finish(out, call, False)
+        out = self._finish(out, call, add is not None)
         return (out, call.weights(edge_index, attention)) if want else out
 
 

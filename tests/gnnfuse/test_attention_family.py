@@ -469,7 +469,35 @@ def test_peak_memory_stays_far_below_one_edge_feature_tensor(gen, device, name):
     assert peak < 12 * node_feature_bytes + edge_bytes < e * heads * dim * 4 / 2
 
 
-@pytest.mark.parametrize("name", ["gat", "transformer", "transformer+edge"])
+@pytest.mark.parametrize("schedule", ["auto", "light", "mixed"])
+@pytest.mark.parametrize("kind", ["bias", "per-node"])
+@pytest.mark.parametrize("name", ["gatv2", "gatv2+edge"])
+def test_gatv2_addend_in_the_store(gen, device, monkeypatch, name, kind, schedule):
+    """``ops.gatv2``'s ``out_add`` (PyG GATv2Conv's bias, or a residual) added as the kernels store the output: the
+    output and every gradient, the addend's included (a bias's ``Σ_n g_n`` from the δ launch), against the float64
+    oracle plus the addend, every buffer poisoned."""
+    poison_op_outputs(monkeypatch)
+    graph = Graph(corner_case_edges(gen).to(device), 29)
+    leaves = make_leaves(OPS[name], graph, 3, 5, torch.float32, device, gen)
+    add = torch.randn(15 if kind == "bias" else (graph.num_nodes, 15), generator=gen).to(device)
+    fused = [t.clone().requires_grad_(True) for t in (*leaves, add)]
+    out = ops.gatv2(graph, *fused[:-1], negative_slope=0.15, schedule=SCHEDULES[schedule], out_add=fused[-1])
+    refs = [t.detach().cpu().double().requires_grad_(True) for t in (*leaves, add)]
+    expected = _gatv2_oracle(graph.to("cpu"), *refs[:-1]) + refs[-1].view(-1, 3, 5)
+    tol = TOLERANCES[torch.float32]
+    assert_close(out, expected, tol=tol, name=f"{name} out + {kind}")
+    grad = torch.randn(out.shape, generator=gen).to(device)
+    got = torch.autograd.grad(out, fused, grad)
+    want = torch.autograd.grad(expected, refs, grad.double().cpu())
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert g.shape == fused[i].shape
+        assert_close(g, w, tol=tol, name=f"{name} + {kind}: grad of input {i} {tuple(w.shape)}")
+    with torch.no_grad():  # inference: the same store, no FINAL output
+        assert_close(ops.gatv2(graph, *leaves, negative_slope=0.15, schedule=SCHEDULES[schedule], out_add=add),
+                     expected, tol=tol, name=f"{name} out + {kind}, inference")
+
+
+@pytest.mark.parametrize("name", ["gat", "transformer", "transformer+edge", "gatv2", "gatv2+edge"])
 def test_addend_gradient_alone(gen, device, name):
     """Only the ``[H, D]`` addend (a bias) asks for a gradient, so the attention's backward does not run: ``∂bias =
     Σ_n g_n``, summed by fusecore's column sum (``ops._addend_grad``), against float64; no other gradient."""
