@@ -20,9 +20,11 @@ weights stacked, ``y = x [W_0; W_1; …]ᵀ + [b_0; b_1; …]``, the outputs ret
 map, and the backward is one ``∂x`` product, one ``∂W`` product and one bias column sum over the whole
 ``∂y``.  A consumer that takes the blocks' base ``y`` itself as its autograd input can store every block's
 gradient in place into one ``∂y`` (gnnfuse's attention ops do); through the views, autograd gives each block a
-zero-filled ``∂y`` of its own and adds them.  (A grouped Triton launch writing one tensor per map, ``x`` read
-once, was measured before this and removed: 122.9 µs for four ``[169 343, 128]`` bfloat16 maps on an H200
-against 113.1 for four cuBLAS products and 67.2 for the stacked one.)
+zero-filled ``∂y`` of its own and adds them.  The stacking is inside the one autograd Function of the product (no
+concatenation nodes), and parameters kept as consecutive blocks of one buffer (:func:`stack_parameters`, as gnnfuse's
+layers keep their maps) are read as the stacked weight where they lie: no copy, no launch.  (A grouped Triton launch
+writing one tensor per map, ``x`` read once, was measured before this and removed: 122.9 µs for four ``[169 343,
+128]`` bfloat16 maps on an H200 against 113.1 for four cuBLAS products and 67.2 for the stacked one.)
 
 **float32 products on the tensor cores.**  For float32 operands ``linear``'s forward (rows 16-byte aligned)
 is :func:`product`, a Triton kernel whose products are TF32 tensor-core products in three parts
@@ -772,6 +774,40 @@ def _forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -
     return product(x.reshape(-1, x.shape[-1]), weight.t(), bias).view(*x.shape[:-1], weight.shape[0])
 
 
+class _Linears(torch.autograd.Function):
+    """:func:`linear` of maps' stacked weights, taking the maps' parameters themselves (``x``, the number of maps,
+    the weights, then the biases, if any): the stacking (:func:`stacked`: no copy for parameters kept as views of one
+    buffer) happens inside, and the backward returns each parameter's gradient as its block of the stacked one, so
+    the projections cost autograd this one node, not one more for each concatenation."""
+
+    @staticmethod
+    def forward(ctx, x, maps, *params):  # type: ignore[override]
+        weight = stacked(params[:maps])
+        bias = stacked(params[maps:]) if len(params) > maps else None
+        ctx.save_for_backward(x, *params)  # a parameter changed in place before the backward is refused there
+        ctx.weight, ctx.maps = weight, maps
+        return _forward(x, weight, bias)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):  # type: ignore[override]
+        x, *params = ctx.saved_tensors
+        maps, needs, weight = ctx.maps, ctx.needs_input_grad, ctx.weight
+        sizes = [w.shape[0] for w in params[:maps]]
+        rows = math.prod(grad.shape[:-1])
+        grad2 = grad.reshape(rows, grad.shape[-1])
+        grad_x = None
+        if needs[0]:
+            grad_x = matmul(grad2, weight)
+            grad_x = grad_x if grad.dim() == 2 else grad_x.view(*grad.shape[:-1], weight.shape[1])
+        grads = [None] * len(params)
+        if any(needs[2:2 + maps]):
+            grads[:maps] = matmul(grad2.t(), x.reshape(rows, x.shape[-1])).split(sizes)
+        if any(needs[2 + maps:]):
+            grads[maps:] = column_sum(grad2).split(sizes)
+        return grad_x, None, *(g if need else None for g, need in zip(grads, needs[2:]))
+
+
 class _Linear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias):  # type: ignore[override]
@@ -822,9 +858,71 @@ def linears(x: torch.Tensor, weights: Sequence[torch.Tensor],
             raise ValueError(f"linears: biases[{g}] must have shape [{w.shape[0]}], "
                              f"got {list(getattr(b, 'shape', [b]))}")
     if _stackable(weights, biases):
-        bias = None if biases[0] is None else torch.cat(biases)
-        return linear(x, torch.cat(weights), bias).split([w.shape[0] for w in weights], dim=-1)
+        sizes = [w.shape[0] for w in weights]
+        params = (*weights, *(b for b in biases if b is not None))
+        records = torch.is_grad_enabled() and (x.requires_grad or any(t.requires_grad for t in params))
+        if (records and x.dtype == params[0].dtype and not torch.compiler.is_compiling()
+                and not reference_enabled() and not torch.is_autocast_enabled(x.device.type)):
+            return _Linears.apply(x, len(weights), *params).split(sizes, dim=-1)
+        join = torch.cat if records else stacked  # recorded (autocast, the reference): autograd's own cat
+        bias = None if biases[0] is None else join(biases)
+        return linear(x, join(weights), bias).split(sizes, dim=-1)
     return tuple(linear(x, w, b) for w, b in zip(weights, biases))
+
+
+def stacked(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``torch.cat(tensors)`` along the first axis, without a copy (nor a launch) where the tensors already lie one
+    after another in one storage, as the blocks of one buffer of :func:`stack_parameters` do: then a tensor over
+    that memory.  Not differentiable: for where autograd records nothing (a :func:`linears` Function's forward, a
+    call without gradients)."""
+    alias = None if torch.compiler.is_compiling() else _alias(tensors)
+    return torch.cat(tensors) if alias is None else alias
+
+
+def _alias(tensors: Sequence[torch.Tensor]) -> torch.Tensor | None:
+    """One tensor over ``tensors`` (one dtype, device and trailing shape) where they are contiguous and each starts
+    where the one before ends within the first one's storage (else None): their concatenation, as it lies.  (~5 µs
+    of host time for four weights, a concatenation's launch ~11 on the GPU machines.)"""
+    first = tensors[0]
+    at, size, rows = first.data_ptr(), first.element_size(), 0
+    for t in tensors:
+        if t.data_ptr() != at or not t.is_contiguous():
+            return None
+        at += t.numel() * size
+        rows += t.shape[0]
+    try:  # within the first one's storage, so the others lie in it too
+        return first.detach().as_strided((rows, *first.shape[1:]), first.stride())
+    except RuntimeError:  # past its end: neighbouring storages, not one
+        return None
+
+
+def stack_parameters(tensors: Sequence[torch.Tensor]) -> torch.Tensor | None:
+    """Keep ``tensors`` (parameters of one dtype, device and trailing shape: the weights, or the biases, of the maps
+    :func:`linears` computes as one product) as consecutive blocks of one new buffer, their values kept: each one's
+    ``.data`` becomes its block (the same Parameter objects, so optimizers, ``state_dict`` and ``load_state_dict``
+    see no difference), and :func:`linears` then reads them as one stacked tensor without a copy
+    (:func:`stacked`).  Returns the buffer, or None (nothing changed) where the tensors are not all initialized
+    tensors of one dtype, device and trailing shape.  Anything that gives a parameter storage of its own later
+    (``load_state_dict(assign=True)``, ``copy.deepcopy``, a parametrization) leaves :func:`linears` copying again:
+    correct, one launch more a call; modules call this again after ``Module._apply`` (``.to()``, ``.half()``).
+    Tensors already stacked so are left as they are."""
+    tensors = list(tensors)
+    if len(tensors) < 2 or any(isinstance(t, torch.nn.parameter.UninitializedParameter) or not isinstance(
+            t, torch.Tensor) for t in tensors):
+        return None
+    first = tensors[0]
+    if len({(t.dtype, t.device, tuple(t.shape[1:])) for t in tensors}) != 1:
+        return None
+    already = _alias(tensors)
+    if already is not None:  # already blocks of one buffer (share_memory() keeps them so): left as they are
+        return already
+    with torch.no_grad():
+        buffer = torch.cat([t.detach().reshape(-1, *first.shape[1:]) for t in tensors])
+        start = 0
+        for t in tensors:
+            t.data = buffer[start:start + t.shape[0]]
+            start += t.shape[0]
+    return buffer
 
 
 # linears as one product of the stacked weights (module doc).  H200, [169 343, 128] → 4 × 128 in bfloat16,

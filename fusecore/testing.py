@@ -184,6 +184,11 @@ class AllocationAudit(TorchDispatchMode):
                 self.sizes.append((str(func), t.untyped_storage().nbytes() // max(t.element_size(), 1)))
         return out
 
+    def made_by(self, operator: str) -> int:
+        """How many of the allocations operator ``operator`` made (``"aten.cat.default"``: the copies a concatenation
+        made)."""
+        return sum(name == operator for name, _ in self.sizes)
+
     @property
     def largest(self) -> tuple[str, int]:
         """The biggest allocation seen, ``("", 0)`` if none."""

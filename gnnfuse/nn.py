@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from fusecore import DevicePhiloxStream, PhiloxStream, backend
-from fusecore.linear import linear, linears
+from fusecore.linear import linear, linears, stack_parameters
 
 from . import ops
 from .graph import Graph, NodeCountError, as_graph
@@ -222,6 +222,32 @@ def _rows(t: torch.Tensor, n: int) -> torch.Tensor:
     if t.shape[0] == n:
         return t
     return torch.cat([t, t.new_zeros((n - t.shape[0], *t.shape[1:]))])
+
+
+class _StackedProjections:
+    """A layer whose maps of one input are one product of their stacked weights (:func:`_project_all`) keeps those
+    maps' weights, and their biases, as blocks of one buffer each (:func:`fusecore.linear.stack_parameters`; the same
+    Parameter objects, PyG's and DGL's state_dict layouts unchanged), so the product reads them as they lie: no
+    concatenation launches a call.  Stacked again after ``Module._apply`` (``.to()``, ``.half()`` give each parameter
+    storage of its own) and once a lazy map has its width.  Whatever else gives a parameter storage of its own
+    (``load_state_dict(assign=True)``, ``copy.deepcopy``) costs the layer a copy of the weights a call, not
+    correctness."""
+
+    def _projection_maps(self) -> list[nn.Linear]:
+        """The maps :func:`_project_all` stacks on an ordinary call, in its order."""
+        raise NotImplementedError
+
+    def _stack_projections(self) -> None:
+        maps = self._projection_maps()
+        if len(maps) > 1:
+            stack_parameters([m.weight for m in maps])
+            if all(m.bias is not None for m in maps):
+                stack_parameters([m.bias for m in maps])
+
+    def _apply(self, fn: Callable, recurse: bool = True) -> Any:
+        module = super()._apply(fn, recurse)  # type: ignore[misc]
+        self._stack_projections()
+        return module
 
 
 class _DGLHeadsConv(nn.Module):
@@ -430,7 +456,7 @@ class GATConv(_DGLHeadsConv):
         return self._finish_with_attention((out, attention) if get_attention else out, h_dst, get_attention)
 
 
-class GATv2Conv(_DGLHeadsConv):
+class GATv2Conv(_StackedProjections, _DGLHeadsConv):
     r"""GATv2 (Brody et al., 2022, "How Attentive are Graph Attention Networks?"), fused; DGL's
     GATv2Conv interface.
 
@@ -483,6 +509,10 @@ class GATv2Conv(_DGLHeadsConv):
         self.fc_dst = self.fc_src if share_weights else nn.Linear(in_feats, width, bias=bias)
         self.attn = nn.Parameter(torch.empty(1, num_heads, out_feats))
         self.reset_parameters()
+        self._stack_projections()
+
+    def _projection_maps(self) -> list[nn.Linear]:
+        return [] if self.share_weights else [self.fc_src, self.fc_dst]
 
     def reset_parameters(self) -> None:
         """DGL's initialization: Xavier-normal with the ReLU gain, zero biases."""
@@ -538,7 +568,7 @@ def _transformer_widths(in_channels: Any) -> tuple[Any, tuple[int | None, int | 
     return (-1 if widths[0] is None else widths[0]), widths
 
 
-class GraphTransformerConv(nn.Module):
+class GraphTransformerConv(_StackedProjections, nn.Module):
     r"""Graph Transformer layer (Shi et al., 2021), fused; PyG TransformerConv's interface.
 
     For node ``i`` with incoming edges ``j -> i`` and heads ``h`` (``C = out_channels``)::
@@ -611,6 +641,13 @@ class GraphTransformerConv(nn.Module):
         else:
             self.register_parameter("lin_beta", None)
         self.reset_parameters()
+        self._stack_projections()
+
+    def _projection_maps(self) -> list[nn.Linear]:
+        # the root term joins the product where the kernels add it (plain_root in forward); keys and values stay
+        # adjacent, for the bipartite call's product of the two
+        plain_root = self.root_weight and self.concat and self.lin_beta is None
+        return [self.lin_query, self.lin_key, self.lin_value] + ([self.lin_skip] if plain_root else [])
 
     def _take_width(self, feat: Any) -> None:
         """A lazy layer (``in_channels=-1``): the maps still without a width take the first call's (``feat`` or the
@@ -621,6 +658,7 @@ class GraphTransformerConv(nn.Module):
         widths = _lazy_widths(((x_src, (self.lin_key, self.lin_value)), (x_dst, (self.lin_query, self.lin_skip))))
         if widths is not None:
             self._widths = tuple(widths)
+            self._stack_projections()
 
     def reset_parameters(self) -> None:
         """PyTorch's default Linear initialization (PyG's Linear default is the same Kaiming-uniform)."""

@@ -93,6 +93,7 @@ from .nn import (
     _positive_int,
     _project,
     _project_all,
+    _StackedProjections,
 )
 from .schedule import ScheduleOptions
 
@@ -509,6 +510,8 @@ class _PyGHeadsConv(_PyGLayer, nn.Module):
         widths = _lazy_widths(((xs, src_maps), (xd, dst_maps)), init=_reset_linear)  # PyG's glorot
         if widths is not None:
             self._in_pair = tuple(widths)
+            if isinstance(self, _StackedProjections):
+                self._stack_projections()
 
     def _reset_shared(self) -> None:
         if self.res is not None and not _lazy(self.res):
@@ -689,7 +692,7 @@ class GATConv(_PyGHeadsConv):
         return (out, call.weights(edge_index, attention)) if want else out
 
 
-class GATv2Conv(_PyGHeadsConv):
+class GATv2Conv(_StackedProjections, _PyGHeadsConv):
     r"""GATv2 (Brody et al., 2022), fused; ``torch_geometric.nn.GATv2Conv``'s interface.
 
     For node ``i`` with incoming edges ``j -> i`` (self loops added unless ``add_self_loops=False``) and heads
@@ -738,6 +741,10 @@ class GATv2Conv(_PyGHeadsConv):
         self.lin_edge = None if self.edge_dim is None else nn.Linear(self.edge_dim, width, bias=False)
         self._register_res_and_bias(bias)
         self.reset_parameters()
+        self._stack_projections()
+
+    def _projection_maps(self) -> list[nn.Module]:
+        return [] if self.share_weights else [self.lin_l, self.lin_r]
 
     def _sides(self) -> tuple[tuple[nn.Module | None, ...], tuple[nn.Module | None, ...]]:
         return (self.lin_l,), (self.lin_r, self.res)

@@ -32,6 +32,7 @@ from fusecore.linear import (
     uses_product,
 )
 from fusecore.testing import (
+    AllocationAudit,
     assert_all_written,
     assert_close,
     fresh_generator,
@@ -41,6 +42,7 @@ from fusecore.testing import (
 )
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+CAT = "aten.cat.default"
 
 
 @pytest.fixture
@@ -740,3 +742,72 @@ def test_linears_refuses_a_tensor_for_its_lists(device):
                                                                   "or None, got a Tensor")):
         with pytest.raises(TypeError, match=match):
             linear_module.linears(*args)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("stack", [True, False])
+@pytest.mark.parametrize("bias", [True, False])
+def test_linears_of_parameters_kept_in_one_buffer(device, poison, dtype, stack, bias):
+    """Parameters kept as blocks of one buffer (:func:`stack_parameters`: same objects, same values) are read as one
+    stacked weight without a concatenation, and the one autograd node of :func:`linears` gives each parameter its
+    own gradient (one frozen: None) — against float64 F.linear, with and without the buffer."""
+    gen = fresh_generator(device)
+    group, rows, feats, out = 3, 37, 24, 16
+    x = torch.randn(rows, feats, generator=gen, device=device).to(dtype).requires_grad_()
+    weights = [torch.nn.Parameter((torch.randn(out, feats, generator=gen, device=device) / feats ** 0.5).to(dtype))
+               for _ in range(group)]
+    biases = [torch.nn.Parameter(torch.randn(out, generator=gen, device=device).to(dtype)) for _ in range(group)]
+    weights[1].requires_grad_(False)
+    before = [t.detach().clone() for t in (*weights, *biases)]
+    if stack:
+        buffer = linear_module.stack_parameters(weights)
+        assert linear_module.stack_parameters(biases) is not None
+        assert buffer.shape == (group * out, feats)
+        assert all(w.data_ptr() == buffer[g * out].data_ptr() for g, w in enumerate(weights))
+        assert all(torch.equal(a, b) for a, b in zip((*weights, *biases), before))  # values kept
+        assert linear_module.stack_parameters(weights).data_ptr() == buffer.data_ptr()  # already stacked: kept
+    with AllocationAudit() as counted:
+        ys = linear_module.linears(x, weights, biases if bias else None)
+    assert counted.made_by(CAT) == (0 if stack else 1 + bias)
+    grads = [torch.randn(rows, out, generator=gen, device=device).to(dtype) for _ in range(group)]
+    torch.autograd.backward(ys, grads)
+    ref = [t.detach().double().requires_grad_() for t in (x, *weights, *biases)]
+    rx, rw, rb = ref[0], ref[1:1 + group], ref[1 + group:]
+    outs = [F.linear(rx, w, b if bias else None) for w, b in zip(rw, rb)]
+    for g, (y, want) in enumerate(zip(ys, outs)):
+        assert_close(y, want, dtype=dtype, name=f"output {g}")
+    torch.autograd.backward(outs, [g.double() for g in grads])
+    assert weights[1].grad is None
+    for name, ours, theirs in [("x", x, rx), ("weights[0]", weights[0], rw[0]), ("weights[2]", weights[2], rw[2])] + (
+            [(f"biases[{g}]", biases[g], rb[g]) for g in range(group)] if bias else []):
+        assert_close(ours.grad, theirs.grad, dtype=dtype, name=f"grad of {name}")
+
+
+def test_stacked_reads_live_values_and_refuses_stale_ones(device):
+    """A stacked weight is the parameters' own memory: an optimizer's step shows in the next call; a parameter
+    changed in place between a call and its backward is refused there, as torch refuses it for any saved tensor."""
+    gen = fresh_generator(device)
+    x = torch.randn(9, 8, generator=gen, device=device)
+    weights = [torch.nn.Parameter(torch.randn(4, 8, generator=gen, device=device)) for _ in range(2)]
+    linear_module.stack_parameters(weights)
+    torch.optim.SGD(weights, lr=0.5).zero_grad()
+    linear_module.linears(x, weights)[0].sum().backward()
+    torch.optim.SGD(weights, lr=0.5).step()
+    for y, w in zip(linear_module.linears(x, weights), weights):
+        assert_close(y, x.double() @ w.detach().double().t(), dtype=torch.float32, name="after a step")
+    y = linear_module.linears(x, weights)[1]
+    with torch.no_grad():
+        weights[0].mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+
+
+def test_stack_parameters_leaves_what_it_cannot_stack(device):
+    """Different trailing shapes or dtypes, one tensor, or an uninitialized (lazy) parameter: nothing changes."""
+    a, b = torch.nn.Parameter(torch.ones(2, 3, device=device)), torch.nn.Parameter(torch.ones(2, 4, device=device))
+    c = torch.nn.Parameter(torch.ones(2, 3, device=device, dtype=torch.float64))
+    for tensors in ([a, b], [a, c], [a], [a, torch.nn.parameter.UninitializedParameter()]):
+        ptrs = [t.data_ptr() for t in tensors if not isinstance(t, torch.nn.parameter.UninitializedParameter)]
+        assert linear_module.stack_parameters(tensors) is None
+        assert ptrs == [t.data_ptr() for t in tensors if not isinstance(t, torch.nn.parameter.UninitializedParameter)]
+    assert torch.equal(linear_module.stacked([a, a]), torch.cat([a, a]))  # the same block twice: copied

@@ -77,6 +77,7 @@ def test_allocation_audit_counts_new_storage_not_views():
         z = view.sum(dim=1)  # 10 elements
     assert sorted(size for _, size in audit.sizes) == [10, 21]
     assert audit.largest[1] == 21 and "empty" in audit.largest[0]
+    assert audit.made_by("aten.empty.memory_format") == 1 and audit.made_by("aten.cat.default") == 0
     assert y.shape == (7, 3) and z.shape == (10,)
     with AllocationAudit() as nothing:
         pass
