@@ -643,11 +643,14 @@ class GraphTransformerConv(_StackedProjections, nn.Module):
         self.reset_parameters()
         self._stack_projections()
 
+    def _plain_root(self) -> bool:
+        """A root term the kernels add in their store (concatenated heads, no gate), projected with q, k, v as one
+        product; a gated or head-averaged one is used outside the attention: its own product."""
+        return self.root_weight and self.concat and self.lin_beta is None
+
     def _projection_maps(self) -> list[nn.Linear]:
-        # the root term joins the product where the kernels add it (plain_root in forward); keys and values stay
-        # adjacent, for the bipartite call's product of the two
-        plain_root = self.root_weight and self.concat and self.lin_beta is None
-        return [self.lin_query, self.lin_key, self.lin_value] + ([self.lin_skip] if plain_root else [])
+        # keys and values stay adjacent, for the bipartite call's product of the two
+        return [self.lin_query, self.lin_key, self.lin_value] + ([self.lin_skip] if self._plain_root() else [])
 
     def _take_width(self, feat: Any) -> None:
         """A lazy layer (``in_channels=-1``): the maps still without a width take the first call's (``feat`` or the
@@ -712,12 +715,9 @@ class GraphTransformerConv(_StackedProjections, nn.Module):
         elif edge_feat is not None:
             raise ValueError("edge_feat was given but the layer has no edge_dim (construct it with edge_dim=...)")
         dropout = self.dropout if self.training else 0.0
-        # a plain root term (concatenated heads, no gate) is added in the kernel's store, and is projected with
-        # q, k, v as one product; a gated or head-averaged one is used outside the attention: its own product
-        plain_root = self.root_weight and self.concat and self.lin_beta is None
+        plain_root = self._plain_root()
         if pair is None:
-            projections = [self.lin_query, self.lin_key, self.lin_value] + ([self.lin_skip] if plain_root else [])
-            query, key, value, *rest = _project_all(projections, feat)
+            query, key, value, *rest = _project_all(self._projection_maps(), feat)
             root = rest[0] if rest else (_project(self.lin_skip, feat) if self.root_weight else None)
             root_add = root.view(shape) if plain_root else None
         else:  # PyG's bipartite call: queries and the root term from x_dst, keys and values from x_src

@@ -496,6 +496,10 @@ class _PyGHeadsConv(_PyGLayer, nn.Module):
         """The linear maps that read the sources' features and those that read the destinations'."""
         raise NotImplementedError
 
+    def _stack_projections(self) -> None:
+        """Nothing here: a layer with maps stacked in one buffer (``gnnfuse.nn._StackedProjections``) stacks them
+        again once its lazy maps have their widths."""
+
     def _materialize(self, x: Any) -> None:
         """PyG's lazy ``in_channels=-1``: each map still without its input width takes it from the first call's
         features (``x`` or ``(x_src, x_dst)``; a map shared by both sides from the sources'), initialized as PyG
@@ -510,8 +514,7 @@ class _PyGHeadsConv(_PyGLayer, nn.Module):
         widths = _lazy_widths(((xs, src_maps), (xd, dst_maps)), init=_reset_linear)  # PyG's glorot
         if widths is not None:
             self._in_pair = tuple(widths)
-            if isinstance(self, _StackedProjections):
-                self._stack_projections()
+            self._stack_projections()
 
     def _reset_shared(self) -> None:
         if self.res is not None and not _lazy(self.res):

@@ -158,14 +158,15 @@ def test_projection_weights_stay_one_buffer(name):
     assert _one_buffer(half, names)
 
 
-def test_lazy_layer_stacks_once_it_has_its_width():
+@pytest.mark.parametrize("name", ["pyg.TransformerConv", "pyg.GATv2Conv"])
+def test_lazy_layer_stacks_once_it_has_its_width(name):
     """PyG's ``in_channels=-1``: the maps take the first call's width, then are stacked like any other's."""
-    layer = pyg.TransformerConv(-1, DIM, heads=HEADS).to(DEVICE)
+    layer = getattr(pyg, name.split(".")[1])(-1, DIM, heads=HEADS).to(DEVICE)
     gen = torch.Generator().manual_seed(6)
     x, _ = _calls(gen)
     edges = torch.randint(0, N, (2, 5 * N), generator=gen).to(DEVICE)
     layer(x, edges)
-    assert _one_buffer(layer, STACKED["pyg.TransformerConv"][0])
+    assert _one_buffer(layer, STACKED[name][0])
     layer(x, edges)
     with AllocationAudit() as counted:
         layer(x, edges)
