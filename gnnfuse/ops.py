@@ -38,7 +38,6 @@ from torch.autograd.function import once_differentiable
 
 from fusecore import DevicePhiloxStream, PhiloxStream, backend, cdiv, next_power_of_2
 from fusecore import linear as linear_module
-from fusecore.device import register_cap
 from fusecore.fast_launch import prepare
 from fusecore.linear import column_sum, dot_precision, linear, matmul, uses_product
 from fusecore.plan import MIN_DOT
@@ -65,7 +64,7 @@ from .kernels.edge_features import (
 )
 from .kernels.merge import lse_merge_kernel, sum_merge_kernel
 from .kernels.node_scores import head_dot_kernel, node_scores_backward_kernel, node_scores_kernel
-from .kernels.normalize import normalize_backward_kernel, normalize_kernel
+from .kernels.normalize import normalize_kernel
 from .kernels.projection import projection_scores_held_kernel, projection_scores_kernel
 from .kernels.scores import SCORE_DOT, SCORE_GAT, SCORE_GATV2
 from .kernels.tiles import LIGHT_SLOTS, pack_light
@@ -888,6 +887,7 @@ DESTINATION_DYNAMIC = ("src_ptr", "eid_ptr", "src_term_ptr", "dst_term_ptr", "at
                        "w_edge_ptr", "grad_s_ptr", "terms_ptr", "grad_dst_ptr", "attr_sums_ptr", "negative_slope",
                        "scale", "feat_stride", "grad_stride")
 DESTINATION_ROWS_DYNAMIC = ("piece_dst_ptr", "piece_sums_ptr", "piece_count_ptr")
+FOLD_DYNAMIC = ("addend_ptr", "beta_part_ptr")  # AGNN's folded normalization (kernels/normalize.py)
 
 
 def _prepared(schedule, key: tuple, plan):
@@ -1121,11 +1121,13 @@ def _sum_tiles(width: int, tile: int = MERGE_TILE) -> tuple[int, int]:
     return max(1, tile // block_w), block_w
 
 
-def _merge_sums(buckets: Buckets, part: torch.Tensor, out: torch.Tensor) -> None:
+def _merge_sums(buckets: Buckets, part: torch.Tensor, out: torch.Tensor, add: torch.Tensor | None = None) -> None:
+    """``out[row] = Σ`` of the split rows' pieces ``part`` (``+ add[row]``, rows ``out``'s stride apart)."""
     width = part[0].numel()
     block_p, block_w = _sum_tiles(width)
     sum_merge_kernel[(buckets.super_rows.numel(),)](
         buckets.super_piece_ptr, buckets.super_rows, part, out, width, out.stride(0), BLOCK_P=block_p, BLOCK_W=block_w,
+        add_ptr=add, ADD=add is not None,
     )
 
 
@@ -1167,6 +1169,12 @@ def attention_backward(
     LeakyReLU(z)``, ``z = el_j + er_i (+ ee_p)``: the gradient of ``inputs.edge_score``), ``∂L/∂s`` otherwise.
     ``gatv2_saves``: GATv2 with edge features needs the scores and slopes its training forward stored
     (:func:`_gatv2_saves`); its ``∂attn`` partials then hold ``e_p``'s share in their first row.
+
+    Keys formed from the values (``inputs.keys_from_values``, AGNN: ``src_term`` is ``r``, ``dst_term`` is ``c = β r``)
+    fold the row normalization's backward into the passes (:mod:`gnnfuse.kernels.normalize`) and return
+    ``(P, ∂β terms, ∂h, None, None)``: the source pass's ``P = ∂v + r (∂k − ĥ (ĥ · ∂k))`` (in ``grad_value_dtype``),
+    the ``∂β`` terms (accumulation dtype, ``[N + pieces]``; ``∂β`` is their sum) and ``∂h`` itself (in
+    ``term_grad_dtypes[1]``, default the values' dtype); no ``grad_targets``.
     """
 
     value = inputs.value
@@ -1175,10 +1183,14 @@ def attention_backward(
     acc = accumulation_dtype(value.dtype)
     edge_dim = inputs.edge_dim
     src_shape = (num_nodes, heads) if inputs.score == SCORE_GAT else (num_nodes, heads, head_dim)
+    folded = inputs.keys_from_values  # AGNN: the normalization's backward folded into the passes
+    if folded and (grad_targets is not None or inputs.has_edge):
+        raise ValueError("keys formed from the values: no grad_targets and no edge features")
     if grad_targets is None:
         grad_value = _new_output(tuple(value.shape), grad_value_dtype or value.dtype, device)
-        grad_src = _new_output(src_shape, term_grad_dtypes[0] or acc, device)
-        grad_dst = _new_output(src_shape, term_grad_dtypes[1] or acc, device)
+        # ∂k (never stored when folded: the source pass folds it into P)
+        grad_src = grad_value if folded else _new_output(src_shape, term_grad_dtypes[0] or acc, device)
+        grad_dst = _new_output(src_shape, term_grad_dtypes[1] or (value.dtype if folded else acc), device)
     else:
         grad_value, grad_src, grad_dst = grad_targets
         if grad_src is None:
@@ -1198,7 +1210,8 @@ def attention_backward(
         attr_sums = (torch.zeros(heads * head_dim, edge_dim, dtype=acc, device=device) if gatv2_edges
                      else _new_output((num_nodes, 2, heads, edge_dim), acc, device))
     if num_nodes == 0:
-        return grad_value, grad_src, grad_dst, grad_attr, attr_sums
+        return grad_value, torch.zeros(0, dtype=acc, device=device) if folded else grad_src, grad_dst, grad_attr, \
+            attr_sums
     schedule = graph.schedule(heads, head_dim, value.dtype, options)
     keep_scale, use_dropout = _dropout_args(dropout_p, seed)
     scalars = (inputs.negative_slope, inputs.scale, dropout_p, keep_scale, seed, offset)
@@ -1252,7 +1265,7 @@ def attention_backward(
             zip(_row_launches(outgoing), plan["source rows"])):
         if pieces:
             target_value = _new_output((count, heads, head_dim), acc, device)
-            target_src = _new_output((count, *src_shape[1:]), acc, device)
+            target_src = target_value if folded else _new_output((count, *src_shape[1:]), acc, device)
         else:
             target_value, target_src = grad_value, grad_src
         where = (key, "source rows", index)
@@ -1265,7 +1278,8 @@ def attention_backward(
                  _piece_counts(outgoing, merged_src and pieces, lse), grad_value, grad_src, grad_stride, *saves)
         if pieces and not merged_src:
             _merge_sums(outgoing, target_value, grad_value)
-            _merge_sums(outgoing, target_src, grad_src)
+            if not folded:
+                _merge_sums(outgoing, target_src, grad_src)
     incoming = schedule.incoming
     if inputs.score == SCORE_GAT and merged_dst:
         # ∂er in one launch: the light rows (of any width class, many per program), then one program per piece of a
@@ -1299,6 +1313,10 @@ def attention_backward(
     # and the rows' feature sums, from α' and ∂s).
     dst_tensors = (*inputs.pointers(), grad_s, terms)
     dst_scalars = (inputs.negative_slope, inputs.scale)
+    # AGNN: P added to ∂h as it is stored, each item's ∂β term stored (rows at their index, pieces after them; a split
+    # row's own slot stays 0)
+    beta_terms = torch.zeros(num_nodes + incoming.num_pieces, dtype=acc, device=device) if folded else None
+    fold_args, fold_names = ((grad_value, beta_terms), FOLD_DYNAMIC) if folded else ((), ())
     row_sums = weight_grad and not gatv2_edges  # the dot score's per-row sums A, B (GATv2: ∂W_e formed above)
     sums = attr_sums if row_sums else grad_s  # a tensor the kernels never write where not asked for
     slopes = saves[1:]
@@ -1306,10 +1324,10 @@ def attention_backward(
         where = (key, "destination light", index)
         prepared = _prepared(schedule, where, plan) or _prepare(
             schedule, where, plan, attention_backward_dst_light_kernel, grid,
-            DESTINATION_DYNAMIC + SAVES_DYNAMIC[2 - len(slopes):],
+            DESTINATION_DYNAMIC + SAVES_DYNAMIC[2 - len(slopes):] + fold_names,
             _light_fixed(ranges, counts, H=heads, D=head_dim, K=edge_dim, **meta, **bits))
         prepared(graph.csr_src, graph.csr_eid, *dst_tensors, grad_dst, sums, *dst_scalars, feat_stride, grad_stride,
-                 *slopes)
+                 *slopes, *fold_args)
     for index, ((rows, starts, stops, count, pieces), meta) in enumerate(
             zip(_row_launches(incoming, mixed, merged_dst), plan["destination rows"])):
         num_pieces = incoming.num_pieces if pieces else 0
@@ -1323,15 +1341,18 @@ def attention_backward(
         where = (key, "destination rows", index)
         prepared = _prepared(schedule, where, plan) or _prepare(
             schedule, where, plan, attention_backward_dst_kernel, (count,),
-            DESTINATION_DYNAMIC + DESTINATION_ROWS_DYNAMIC + SAVES_DYNAMIC[2 - len(slopes):],
+            DESTINATION_DYNAMIC + DESTINATION_ROWS_DYNAMIC + SAVES_DYNAMIC[2 - len(slopes):] + fold_names,
             _rows_fixed((rows, starts, stops), incoming, H=heads, D=head_dim, K=edge_dim, num_pieces=num_pieces,
-                        **meta, **bits))
+                        beta_pieces=num_nodes, **meta, **bits))
         prepared(graph.csr_src, graph.csr_eid, *dst_tensors, target_dst, target_sums, *dst_scalars, feat_stride,
-                 stride, piece_dst, piece_sums, _piece_counts(incoming, merged_dst and bool(pieces), lse), *slopes)
+                 stride, piece_dst, piece_sums, _piece_counts(incoming, merged_dst and bool(pieces), lse), *slopes,
+                 *fold_args)
         if pieces and not merged_dst:
-            _merge_sums(incoming, piece_dst, grad_dst)
+            _merge_sums(incoming, piece_dst, grad_dst, grad_value if folded else None)
             if row_sums:
                 _merge_sums(incoming, piece_sums, attr_sums)
+    if folded:
+        return grad_value, beta_terms, grad_dst, grad_attr, attr_sums
     return grad_value, grad_src, grad_dst, grad_attr, attr_sums
 
 
@@ -2067,31 +2088,21 @@ def gat_attention(
     return _with_weights(out, request)
 
 
-# Warps per program of the per-node backward kernels, by kernel (GAT's node scores, AGNN's normalization) and
-# element size of the features (4: float32, 2: 2-byte floats); absent: 4 (Triton's default).  At 4 warps on sm_90
-# (Triton 3.6, arxiv-like 8 × 16) GAT's holds 160 registers in float32 and 168 in bfloat16 (12 resident warps per
-# multiprocessor; 101 / 79 at 8), AGNN's 128 with 8 bytes spilled (76, none, at 8).  Session 34 (H200, arxiv-like,
-# same call, replayed step µs at 8 warps against 4): GAT bf16 709.1 / 715.7 (call 1), 708.5 and 708.4 / 716.9 and
-# 716.6 (call 2, two rounds); AGNN fp32 1130.1 / 1143.4, 1129.1 and 1128.2 / 1142.0 and 1141.1; AGNN bf16 1006.5 /
-# 1012.6 (call 1), 973.4 and 974.1 / 978.4 and 978.1 (call 3, with its source light rows at 8).  GAT fp32 lost:
-# 1041.7 against 1035.6 (call 1), so it keeps 4.
-NODE_BACKWARD_WARPS: dict[str, dict[int, int]] = {"node_scores": {2: 8}, "normalize": {4: 8, 2: 8}}
-# ... and the programs of them kept resident per multiprocessor by a register cap, where the code fits under it.  The
-# in-launch sum of AGNN's ∂β (session 48) took the 2-byte normalisation backward from 64 to 66 registers on sm_90
-# (Triton 3.6): 3 programs of 8 warps a multiprocessor instead of 4; capped, 64 and no local memory (compile_check;
-# Triton 3.9 spills 24 bytes under the cap: re-check on an upgrade).  H200, session 49 call 7, same process, replayed
-# AGNN bf16 step µs: 962.6 / 962.1 and 961.8 / 962.1 capped, 968.2 / 967.9 and 967.6 / 968.6 without.
-NODE_BACKWARD_PROGRAMS: dict[str, dict[int, int]] = {"normalize": {2: 4}}
+# Warps per program of the per-node backward kernels, by kernel (GAT's node scores) and element size of the features
+# (4: float32, 2: 2-byte floats); absent: 4 (Triton's default).  At 4 warps on sm_90 (Triton 3.6, arxiv-like 8 × 16)
+# GAT's holds 160 registers in float32 and 168 in bfloat16 (12 resident warps per multiprocessor; 101 / 79 at 8).
+# Session 34 (H200, arxiv-like, same call, replayed step µs at 8 warps against 4): GAT bf16 709.1 / 715.7 (call 1),
+# 708.5 and 708.4 / 716.9 and 716.6 (call 2, two rounds).  GAT fp32 lost: 1041.7 against 1035.6 (call 1), so it keeps
+# 4.  (AGNN's normalization backward, which had its own entries and a register cap, is folded into the attention
+# passes since session 51: kernels/normalize.py.)
+NODE_BACKWARD_WARPS: dict[str, dict[int, int]] = {"node_scores": {2: 8}}
 
 
 def _node_backward_options(kernel: str, features: torch.Tensor) -> dict:
-    """Launch options of the per-node backward ``kernel`` (``"node_scores"``, ``"normalize"``) on ``features``
-    (:data:`NODE_BACKWARD_WARPS`, :data:`NODE_BACKWARD_PROGRAMS`)."""
-    size = features.element_size()
-    warps = NODE_BACKWARD_WARPS[kernel].get(size)
-    programs = NODE_BACKWARD_PROGRAMS.get(kernel, {}).get(size)
-    return {**({"num_warps": warps} if warps else {}),
-            **({"maxnreg": register_cap(warps or 4, programs)} if programs else {})}
+    """Launch options of the per-node backward ``kernel`` (``"node_scores"``) on ``features``
+    (:data:`NODE_BACKWARD_WARPS`)."""
+    warps = NODE_BACKWARD_WARPS[kernel].get(features.element_size())
+    return {"num_warps": warps} if warps else {}
 
 
 def _node_tile_rows(heads: int, head_dim: int) -> tuple[int, int, int]:
@@ -2700,35 +2711,14 @@ def _normalize_rows(h: torch.Tensor, beta: torch.Tensor) -> tuple[torch.Tensor, 
     return inverse_norm, query_scale
 
 
-def _normalize_rows_backward(h, beta, grad_value, grad_key, grad_query) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(∂h, ∂β)`` of AGNN from the attention's ``∂v``, ``∂k``, ``∂q`` (one per-node kernel; ``∂β``
-    summed from per-program partials in the accumulation dtype by the same launch)."""
-
-    num_nodes, heads, head_dim = h.shape
-    block_h, block_d, rows = _node_tile_rows(heads, head_dim)
-    programs = cdiv(num_nodes, rows)
-    grad_h = _new_output(tuple(h.shape), h.dtype, h.device)
-    grad_beta = _new_output(tuple(beta.shape), beta.dtype, h.device)
-    if not programs:
-        return grad_h, grad_beta.zero_()
-    part_beta = _new_output((programs,), grad_query.dtype, h.device)
-    group, counts, finish = _finishing(1, programs, 1, grad_query.dtype, h.device)
-    normalize_backward_kernel[(programs,)](
-        h, beta, grad_value, grad_key, grad_query, grad_h, part_beta, group, grad_beta, counts, num_nodes, heads,
-        head_dim, NORMALIZE_EPS, programs, ROWS=rows, BLOCK_H=block_h, BLOCK_D=block_d, **finish,
-        **_node_backward_options("normalize", h),
-    )
-    return grad_h, grad_beta
-
-
 class AGNNFunction(torch.autograd.Function):
     """AGNN from features ``h [N, H, D]`` and ``β``: per-node scales ``r = 1 / max(‖h‖, ε)`` and ``c = β r``
     from one per-node kernel, then the dot-product kernels with ``v = h``, keys formed from the gathered
     values, ``k_j = h_j r_j`` (one tile per edge), and queries from the row's values, ``q_i = h_i c_i`` (no
-    ``[N, H, D]`` query tensor written, read or saved).  Backward: the attention's ``∂v``, ``∂k``, ``∂q`` and
-    the normalization's backward in one per-node kernel, ``∂β = Σ ∂q · ĥ`` reduced in the accumulation dtype
-    (the sum cancels strongly: softmax gradients sum to zero per row, so half-precision ``∂q`` would lose
-    it)."""
+    ``[N, H, D]`` query tensor written, read or saved).  Backward: the attention's two passes with the
+    normalization's backward folded into their stores (:mod:`gnnfuse.kernels.normalize`): ``∂h`` from the
+    destination pass, ``∂β = Σ ∂q · ĥ`` summed from its per-row terms in the accumulation dtype (the sum cancels
+    strongly: softmax gradients sum to zero per row, so half-precision ``∂q`` would lose it)."""
 
     @staticmethod
     def forward(ctx, h, beta, graph, options):  # type: ignore[override]
@@ -2742,9 +2732,9 @@ class AGNNFunction(torch.autograd.Function):
     def backward(ctx, grad_out):  # type: ignore[override]
         h, beta, inverse_norm, query_scale = ctx.saved_tensors[:4]
         inputs = AttentionInputs(SCORE_DOT, inverse_norm, query_scale, h, keys_from_values=True)
-        grad_value, grad_key, grad_query, *_ = _backward_saved(ctx, inputs, grad_out,
-                                                                 grad_value_dtype=inverse_norm.dtype)
-        grad_h, grad_beta = _normalize_rows_backward(h, beta, grad_value, grad_key, grad_query)
+        _, beta_terms, grad_h, *_ = _backward_saved(ctx, inputs, grad_out, grad_value_dtype=inverse_norm.dtype,
+                                                    term_grad_dtypes=(None, h.dtype))
+        grad_beta = beta_terms.sum().to(beta.dtype).reshape(beta.shape) if ctx.needs_input_grad[1] else None
         return grad_h, grad_beta, None, None
 
 

@@ -74,6 +74,7 @@ from .edge_features import (
     slope_grad,
 )
 from .merge import last_piece, merge_sums
+from .normalize import unit_grad
 from .scores import add_edge_score, attn_grad_terms, edge_scores, gather_keys, gather_queries, row_query, score_grad
 from .tiles import (
     ONE,
@@ -139,8 +140,8 @@ def attention_backward_src_kernel(
         attn = src_j
     else:
         if KEY_SCALE:
-            src_j = (val_j * tl.load(src_term_ptr + row * H + offs_h, mask=h_mask, other=0.0).to(acc_dtype)[:, None])
-            src_j = src_j[None, :, :]
+            r_j = tl.load(src_term_ptr + row * H + offs_h, mask=h_mask, other=0.0).to(acc_dtype)
+            src_j = (val_j * r_j[:, None])[None, :, :]
         else:
             src_j = tl.load(src_term_ptr + row * feat_stride + hd_offs, mask=hd_mask,
                             other=0.0).to(acc_dtype)[None, :, :]
@@ -220,11 +221,15 @@ def attention_backward_src_kernel(
                  mask=eh_mask)
     acc_val = lane_total(acc_val, LANES)
     acc_src = lane_total(acc_src, LANES)
+    if KEY_SCALE:  # AGNN: ∂k folded into the row's share of ∂h (kernels/normalize.py); no ∂k stored
+        folded, _ = unit_grad(tl.reshape(acc_src, [1, BLOCK_H, BLOCK_D]), val_j[None, :, :], r_j[None, :],
+                              r_j[None, :])
+        acc_val += tl.reshape(folded, [BLOCK_H, BLOCK_D])
     tl.store(grad_value_ptr + out_index * grad_stride + hd_offs, acc_val.to(grad_value_ptr.dtype.element_ty),
              mask=hd_mask)
     if SCORE == 0:
         tl.store(grad_src_ptr + out_index * H + offs_h, acc_src.to(grad_src_ptr.dtype.element_ty), mask=h_mask)
-    else:
+    elif not KEY_SCALE:
         src_stride = _src_grad_stride(HD, grad_stride, SCORE)
         tl.store(grad_src_ptr + out_index * src_stride + hd_offs, acc_src.to(grad_src_ptr.dtype.element_ty),
                  mask=hd_mask)
@@ -236,7 +241,7 @@ def attention_backward_src_kernel(
                        MERGE_W)
             if SCORE == 0:
                 merge_sums(merge_from, merge_to, row, grad_src_ptr, merged_src_ptr, H, H, SRC_P, SRC_W)
-            else:
+            elif not KEY_SCALE:
                 src_stride = _src_grad_stride(HD, merged_stride, SCORE)
                 merge_sums(merge_from, merge_to, row, grad_src_ptr, merged_src_ptr, HD, src_stride, SRC_P, SRC_W)
 
@@ -417,6 +422,10 @@ def _src_light_unrolled(
     if SCORE == 0:
         tl.store(grad_src_ptr + rows[:, None] * H + offs_h[None, :], acc_src.to(grad_src_ptr.dtype.element_ty),
                  mask=rh_mask)
+    elif KEY_SCALE:  # AGNN: ∂k folded into the rows' share of ∂h (kernels/normalize.py); no ∂k stored
+        r_row = tl.load(src_term_ptr + rows[:, None] * H + offs_h[None, :], mask=rh_mask, other=0.0).to(acc_dtype)
+        folded, _ = unit_grad(acc_src, val_row, r_row, r_row)
+        acc_val += folded
     else:
         src_offs = rows[:, None, None] * _src_grad_stride(HD, grad_stride, SCORE) + hd_offs[None, :, :]
         tl.store(grad_src_ptr + src_offs, acc_src.to(grad_src_ptr.dtype.element_ty), mask=row_mask)
@@ -536,9 +545,16 @@ def _src_light_rows(
             grad_val = kept_g
             src_terms = grad_src
         acc_src = tl.sum(tl.reshape(src_terms, [ROWS, BLOCK_E, BLOCK_H * BLOCK_D]), axis=1)
-        tl.store(grad_src_ptr + rows[:, None] * _src_grad_stride(HD, grad_stride, SCORE) + c_offs[None, :],
-                 acc_src.to(grad_src_ptr.dtype.element_ty), mask=r_mask[:, None] & c_mask[None, :])
         acc_val = tl.sum(tl.reshape(grad_val, [ROWS, BLOCK_E, BLOCK_H * BLOCK_D]), axis=1)
+        if KEY_SCALE:  # AGNN: ∂k folded into the rows' share of ∂h (kernels/normalize.py); no ∂k stored
+            val_row = tl.load(value_ptr + rows[:, None, None] * feat_stride + hd_offs[None, :, :],
+                              mask=r_mask[:, None, None] & hd_mask[None, :, :], other=0.0).to(acc_dtype)
+            r_row = tl.load(src_term_ptr + rows[:, None] * H + offs_h[None, :], mask=rh_mask, other=0.0).to(acc_dtype)
+            folded, _ = unit_grad(tl.reshape(acc_src, [ROWS, BLOCK_H, BLOCK_D]), val_row, r_row, r_row)
+            acc_val += tl.reshape(folded, [ROWS, BLOCK_H * BLOCK_D])
+        else:
+            tl.store(grad_src_ptr + rows[:, None] * _src_grad_stride(HD, grad_stride, SCORE) + c_offs[None, :],
+                     acc_src.to(grad_src_ptr.dtype.element_ty), mask=r_mask[:, None] & c_mask[None, :])
         tl.store(grad_value_ptr + rows[:, None] * grad_stride + c_offs[None, :],
                  acc_val.to(grad_value_ptr.dtype.element_ty), mask=r_mask[:, None] & c_mask[None, :])
     tl.store(grad_s_ptr + pos[:, :, None] * H + offs_h[None, None, :],
@@ -583,6 +599,7 @@ def attention_backward_dst_kernel(
     PREFETCH: tl.constexpr = False, EDGE_FORM: tl.constexpr = 0, ATTR_AHEAD: tl.constexpr = False,
     MERGE: tl.constexpr = False, MERGE_P: tl.constexpr = 1, MERGE_W: tl.constexpr = 1, SUMS_P: tl.constexpr = 1,
     SUMS_W: tl.constexpr = 1, EDGE_DOT: tl.constexpr = False, slopes_ptr=None, SLOPE_BITS: tl.constexpr = 32,
+    addend_ptr=None, beta_part_ptr=None, beta_pieces=0,
 ):
     """``∂L/∂dst_i = Σ_{j->i} ∂s/∂dst · ∂L/∂s_ij`` for GATv2 (``∂L/∂fd``) and the dot score
     (``∂L/∂q``, the keys gathered again), from the source pass's ``∂L/∂s`` at CSR positions.
@@ -597,7 +614,10 @@ def attention_backward_dst_kernel(
     ``MERGE_W``, ``SUMS_P`` / ``SUMS_W``: its tiles).  GATv2 with ``EDGE``: no source gathered, no edge projected,
     ``∂z`` from ``∂s`` and the LeakyReLU's slopes the source pass stored (``slopes``,
     :func:`~gnnfuse.kernels.edge_features.slope_grad`); no sums (``WEIGHT_GRAD`` off: the edge gradients are
-    :func:`~gnnfuse.kernels.edge_features.gatv2_edge_grad_kernel`'s)."""
+    :func:`~gnnfuse.kernels.edge_features.gatv2_edge_grad_kernel`'s).  ``KEY_SCALE`` (AGNN): ``∂q`` folded into
+    ``∂h`` as it is stored (:func:`_fold_queries`): ``grad_dst`` is ``∂h``, a row's ``addend`` (the source pass's
+    ``P``) added to it (by the merge for a split row), and the item's ``∂β`` term stored at ``beta_part[row]``
+    (a piece's at ``beta_part[beta_pieces + piece]``)."""
     tl.static_assert(not (EDGE and SCORE == 1 and (WEIGHT_GRAD or ATTR_AHEAD)), "GATv2's edge features: no sums")
     acc_dtype = grad_s_ptr.dtype.element_ty
     pid = tl.program_id(0).to(tl.int64)
@@ -673,6 +693,20 @@ def attention_backward_dst_kernel(
             else:
                 _store_edge_sums(attr_sums_ptr, row_b, row_a, out_index + tl.zeros([1], dtype=tl.int64), one, H, K,
                                  offs_h, h_mask, BLOCK_K)
+    if KEY_SCALE:  # AGNN: ∂q folded into ∂h (kernels/normalize.py)
+        one_row = row + tl.arange(0, 1)
+        folded, beta_term = _fold_queries(tl.reshape(acc, [1, BLOCK_H, BLOCK_D]), one_row, one_row >= 0, src_term_ptr,
+                                          dst_term_ptr, value_ptr, H, feat_stride, offs_h, h_mask, hd_offs, hd_mask)
+        acc = tl.reshape(folded, [BLOCK_H, BLOCK_D])
+        if PIECES == 2:
+            piece = pid < num_pieces
+        else:
+            piece = PIECES == 1
+        if piece:  # a piece's partial: P is added once, by the merge
+            tl.store(beta_part_ptr + beta_pieces + pid + tl.arange(0, 1), beta_term)
+        else:
+            acc += tl.load(addend_ptr + row * grad_stride + hd_offs, mask=hd_mask, other=0.0).to(acc.dtype)
+            tl.store(beta_part_ptr + one_row, beta_term)
     if PIECES == 2:
         if pid < num_pieces:  # a piece's partial, contiguous in the piece buffer
             tl.store(piece_dst_ptr + pid * HD + hd_offs, acc.to(piece_dst_ptr.dtype.element_ty), mask=hd_mask)
@@ -680,7 +714,7 @@ def attention_backward_dst_kernel(
                 merger, merge_from, merge_to = last_piece(pid, piece_super_ptr, piece_ptr, piece_count_ptr)
                 if merger:
                     merge_sums(merge_from, merge_to, row, piece_dst_ptr, grad_dst_ptr, HD, grad_stride, MERGE_P,
-                               MERGE_W)
+                               MERGE_W, addend_ptr, KEY_SCALE)
                     if EDGE and SCORE == 2 and WEIGHT_GRAD:
                         sums_width = 2 * H * K
                         merge_sums(merge_from, merge_to, row, piece_sums_ptr, attr_sums_ptr, sums_width, sums_width,
@@ -693,6 +727,36 @@ def attention_backward_dst_kernel(
 
 
 @jit
+def _fold_rows(grad_q, rows, mask, src_term_ptr, dst_term_ptr, value_ptr, addend_ptr, beta_part_ptr, H, feat_stride,
+               grad_stride, offs_h, h_mask, hd_offs, hd_mask):
+    """Whole rows' ``∂h = addend + c (∂q − ĥ (ĥ · ∂q))`` (:func:`_fold_queries`), their ``∂β`` terms stored at
+    ``beta_part[rows]``."""
+    folded, beta_term = _fold_queries(grad_q, rows, mask, src_term_ptr, dst_term_ptr, value_ptr, H, feat_stride, offs_h,
+                                      h_mask, hd_offs, hd_mask)
+    tl.store(beta_part_ptr + rows, beta_term, mask=mask)
+    addend = tl.load(addend_ptr + rows[:, None, None] * grad_stride + hd_offs[None, :, :],
+                     mask=mask[:, None, None] & hd_mask[None, :, :], other=0.0)
+    return folded + addend.to(folded.dtype)
+
+
+@jit
+def _fold_queries(grad_q, rows, mask, src_term_ptr, dst_term_ptr, value_ptr, H, feat_stride, offs_h, h_mask, hd_offs,
+                  hd_mask):
+    """AGNN's ``(c (∂q − ĥ (ĥ · ∂q)), Σ_h ĥ · ∂q)`` for rows ``rows [M]`` (where ``mask``) from their ``∂q``
+    ``[M, BLOCK_H, BLOCK_D]`` (:func:`~gnnfuse.kernels.normalize.unit_grad`; ``r`` in the source-term slot, ``c =
+    β r`` in the destination-term slot, ``h`` the values)."""
+    acc_dtype = grad_q.dtype
+    rh_offs = rows[:, None] * H + offs_h[None, :]
+    rh_mask = mask[:, None] & h_mask[None, :]
+    h = tl.load(value_ptr + rows[:, None, None] * feat_stride + hd_offs[None, :, :],
+                mask=mask[:, None, None] & hd_mask[None, :, :], other=0.0).to(acc_dtype)
+    r = tl.load(src_term_ptr + rh_offs, mask=rh_mask, other=0.0).to(acc_dtype)
+    c = tl.load(dst_term_ptr + rh_offs, mask=rh_mask, other=0.0).to(acc_dtype)
+    folded, dot = unit_grad(grad_q, h, r, c)
+    return folded, tl.sum(dot, axis=1)
+
+
+@jit
 def attention_backward_dst_light_kernel(
     src_ptr, eid_ptr, rows_ptr, starts_ptr, stops_ptr, src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr,
     w_edge_ptr, grad_s_ptr, terms_ptr, grad_dst_ptr, attr_sums_ptr,
@@ -700,11 +764,13 @@ def attention_backward_dst_light_kernel(
     LIGHT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
     SCORE: tl.constexpr, EDGE: tl.constexpr, KEY_SCALE: tl.constexpr, WEIGHT_GRAD: tl.constexpr,
     UNROLLED: tl.constexpr = False, EDGE_DOT: tl.constexpr = False, slopes_ptr=None, SLOPE_BITS: tl.constexpr = 32,
+    addend_ptr=None, beta_part_ptr=None,
 ):
     """The destination pass over the light width classes of ``LIGHT`` in one launch (as
     :func:`~gnnfuse.kernels.attention_forward.attention_forward_light_kernel`; ``UNROLLED``:
     :func:`_dst_light_unrolled`); ``EDGE``: the edge sums of :func:`attention_backward_dst_kernel` (GATv2: its
-    stored slopes, in the tile form only)."""
+    stored slopes, in the tile form only); ``KEY_SCALE`` (AGNN): ``∂h`` stored, ``addend`` added and the rows' ``∂β``
+    terms stored at ``beta_part[row]``, as there."""
     tl.static_assert(not (EDGE and SCORE == 1 and (UNROLLED or WEIGHT_GRAD)), "GATv2's edge features: the tile form")
     pid = tl.program_id(0).to(tl.int64)
     first = pid * 0
@@ -724,7 +790,7 @@ def attention_backward_dst_light_kernel(
                             src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, grad_s_ptr,
                             terms_ptr, grad_dst_ptr, attr_sums_ptr, count, H, D, K, negative_slope, scale,
                             feat_stride, grad_stride, ONE << (f - 1), ONE << k, BLOCK_H, BLOCK_D, BLOCK_K, SCORE,
-                            EDGE, KEY_SCALE, WEIGHT_GRAD,
+                            EDGE, KEY_SCALE, WEIGHT_GRAD, addend_ptr, beta_part_ptr,
                         )
                     else:
                         _dst_light_rows(
@@ -732,7 +798,7 @@ def attention_backward_dst_light_kernel(
                             src_term_ptr, dst_term_ptr, attn_ptr, value_ptr, attr_ptr, w_edge_ptr, grad_s_ptr,
                             terms_ptr, grad_dst_ptr, attr_sums_ptr, count, H, D, K, negative_slope, scale,
                             feat_stride, grad_stride, ONE << (f - 1), ONE << k, BLOCK_H, BLOCK_D, BLOCK_K, SCORE,
-                            EDGE, KEY_SCALE, WEIGHT_GRAD, EDGE_DOT, slopes_ptr, SLOPE_BITS,
+                            EDGE, KEY_SCALE, WEIGHT_GRAD, EDGE_DOT, slopes_ptr, SLOPE_BITS, addend_ptr, beta_part_ptr,
                         )
                 first += programs
                 row0 += count
@@ -744,7 +810,7 @@ def _dst_light_unrolled(
     w_edge_ptr, grad_s_ptr, terms_ptr, grad_dst_ptr, attr_sums_ptr, num_rows, H, D, K, negative_slope, scale,
     feat_stride, grad_stride, ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr, KEY_SCALE: tl.constexpr,
-    WEIGHT_GRAD: tl.constexpr,
+    WEIGHT_GRAD: tl.constexpr, addend_ptr, beta_part_ptr,
 ):
     """The destination pass (GATv2, dot) for ``ROWS`` light rows, the edge slots unrolled: the row's own
     term read once, slot ``e`` gathering the rows' ``e``-th sources as ``[ROWS, BLOCK_H, BLOCK_D]`` tiles
@@ -783,6 +849,9 @@ def _dst_light_unrolled(
         acc += rows_edge_values(sums_b, w_edge_ptr, K, HD, hd_offs, hd_mask, BLOCK_K, 1) * scale
         if WEIGHT_GRAD:
             _store_edge_sums(attr_sums_ptr, sums_b, sums_a, rows, r_mask, H, K, offs_h, h_mask, BLOCK_K)
+    if KEY_SCALE:  # AGNN: ∂q folded into ∂h (kernels/normalize.py)
+        acc = _fold_rows(acc, rows, r_mask, src_term_ptr, dst_term_ptr, value_ptr, addend_ptr, beta_part_ptr, H,
+                         feat_stride, grad_stride, offs_h, h_mask, hd_offs, hd_mask)
     tl.store(grad_dst_ptr + rows[:, None, None] * grad_stride + hd_offs[None, :, :],
              acc.to(grad_dst_ptr.dtype.element_ty), mask=row_mask)
 
@@ -793,7 +862,7 @@ def _dst_light_rows(
     w_edge_ptr, grad_s_ptr, terms_ptr, grad_dst_ptr, attr_sums_ptr, num_rows, H, D, K, negative_slope, scale,
     feat_stride, grad_stride, ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr, KEY_SCALE: tl.constexpr,
-    WEIGHT_GRAD: tl.constexpr, EDGE_DOT: tl.constexpr, slopes_ptr, SLOPE_BITS: tl.constexpr,
+    WEIGHT_GRAD: tl.constexpr, EDGE_DOT: tl.constexpr, slopes_ptr, SLOPE_BITS: tl.constexpr, addend_ptr, beta_part_ptr,
 ):
     """The destination pass for ``ROWS`` light rows of program ``pid`` of their class, edges in one tile (GATv2
     with ``EDGE``: ``∂z`` from ``∂s`` and the stored slopes, :func:`~gnnfuse.kernels.edge_features.slope_grad`, no
@@ -837,6 +906,9 @@ def _dst_light_rows(
             sums_a = tl.reshape(tl.sum(tl.reshape(terms_a, [ROWS, BLOCK_E, BLOCK_H * BLOCK_K]), axis=1),
                                 [ROWS, BLOCK_H, BLOCK_K])
             _store_edge_sums(attr_sums_ptr, sums_b, sums_a, rows, r_mask, H, K, offs_h, h_mask, BLOCK_K)
+    if KEY_SCALE:  # AGNN: ∂q folded into ∂h (kernels/normalize.py)
+        acc = _fold_rows(acc, rows, r_mask, src_term_ptr, dst_term_ptr, value_ptr, addend_ptr, beta_part_ptr, H,
+                         feat_stride, grad_stride, offs_h, h_mask, hd_offs, hd_mask)
     tl.store(grad_dst_ptr + rows[:, None, None] * grad_stride + hd_offs[None, :, :],
              acc.to(grad_dst_ptr.dtype.element_ty), mask=r_mask[:, None, None] & hd_mask[None, :, :])
 

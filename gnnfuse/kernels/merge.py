@@ -77,14 +77,18 @@ def merge_lse(first, last, row, part_out_ptr, part_lse_ptr, out_ptr, lse_ptr, ad
 
 
 @jit
-def merge_sums(first, last, row, part_ptr, out_ptr, W, out_stride, BLOCK_P: tl.constexpr, BLOCK_W: tl.constexpr):
+def merge_sums(first, last, row, part_ptr, out_ptr, W, out_stride, BLOCK_P: tl.constexpr, BLOCK_W: tl.constexpr,
+               add_ptr=None, ADD: tl.constexpr = False):
     """out[row, :W] = Σ over pieces ``first : last`` of part[piece, :W], ``BLOCK_P`` pieces at a time (``out``'s rows
-    ``out_stride`` elements apart)."""
+    ``out_stride`` elements apart); ``ADD``: plus ``add[row, :W]`` (rows ``out_stride`` apart, as ``out``'s)."""
     offs_p = tl.arange(0, BLOCK_P)
     for w0 in range(0, W, BLOCK_W):
         offs_w = w0 + tl.arange(0, BLOCK_W)
         w_mask = offs_w < W
-        acc = tl.zeros([BLOCK_W], dtype=part_ptr.dtype.element_ty)
+        if ADD:
+            acc = tl.load(add_ptr + row * out_stride + offs_w, mask=w_mask, other=0.0).to(part_ptr.dtype.element_ty)
+        else:
+            acc = tl.zeros([BLOCK_W], dtype=part_ptr.dtype.element_ty)
         for k0 in range(first, last, BLOCK_P):
             k = k0 + offs_p
             values = tl.load(part_ptr + k[:, None] * W + offs_w[None, :],
@@ -109,10 +113,10 @@ def lse_merge_kernel(
 
 @jit
 def sum_merge_kernel(piece_ptr, rows_ptr, part_ptr, out_ptr, W, out_stride, BLOCK_P: tl.constexpr,
-                     BLOCK_W: tl.constexpr):
-    """One super row per program (:func:`merge_sums`)."""
+                     BLOCK_W: tl.constexpr, add_ptr=None, ADD: tl.constexpr = False):
+    """One super row per program (:func:`merge_sums`, ``ADD``: plus ``add``'s row)."""
     pid = tl.program_id(0).to(tl.int64)
     row = tl.load(rows_ptr + pid).to(tl.int64)
     first = tl.load(piece_ptr + pid).to(tl.int64)
     last = tl.load(piece_ptr + pid + 1).to(tl.int64)
-    merge_sums(first, last, row, part_ptr, out_ptr, W, out_stride, BLOCK_P, BLOCK_W)
+    merge_sums(first, last, row, part_ptr, out_ptr, W, out_stride, BLOCK_P, BLOCK_W, add_ptr, ADD)

@@ -290,7 +290,7 @@ def test_attention_dropout_is_regenerated_in_backward(gen, device, name):
 
 @pytest.mark.parametrize("merged", [True, False, "capped"], ids=["merged inside", "merge launches", "too many pieces"])
 @pytest.mark.parametrize("mixed", [True, False], ids=["one launch", "two launches"])
-@pytest.mark.parametrize("name", ["gatv2", "transformer+edge"])
+@pytest.mark.parametrize("name", ["gatv2", "transformer+edge", "agnn"])
 def test_row_launch_of_pieces_and_medium_rows(gen, device, monkeypatch, name, mixed, merged):
     """The forward's and the destination pass's super-row pieces and medium rows in one row-kernel launch
     (``ROW_LAUNCH_MIXED``, the kernels' ``PIECES=2``: pieces first, then the rows) or in two, and the split rows
@@ -316,8 +316,10 @@ def test_row_launch_of_pieces_and_medium_rows(gen, device, monkeypatch, name, mi
     assert buckets.piece_super.tolist() == [s for s in range(len(ptr) - 1) for _ in range(ptr[s + 1] - ptr[s])]
     leaves = make_leaves(OPS[name], graph, 3, 5, torch.float32, device, gen)
     check_op(name, graph, leaves, gen, schedule=SCHEDULES["mixed"])
-    # forward, source pass (two sums), destination pass (with edge features two sums)
-    assert len(merges) == (0 if merged else 1 + 2 + (2 if name == "transformer+edge" else 1)), merges
+    # forward, source pass (two sums; AGNN one, its ∂k folded into P), destination pass (with edge features two sums;
+    # AGNN's adds P)
+    source_sums = 1 if name == "agnn" else 2
+    assert len(merges) == (0 if merged else 1 + source_sums + (2 if name == "transformer+edge" else 1)), merges
     # the merging launches count their pieces in one buffer per bucket set, kept across calls and left zeroed
     kept = {(side, key): t for side, b in enumerate((buckets, schedule.outgoing)) for key, t in b.scratch.items()}
     assert bool(kept) == bool(merged) and all(not t.any() for t in kept.values()), kept
@@ -341,7 +343,7 @@ def test_row_launch_of_pieces_and_medium_rows(gen, device, monkeypatch, name, mi
         assert_all_written(t, name=f"buffer {i} {tuple(t.shape)}")
 
 
-@pytest.mark.parametrize("name", ["gatv2", "transformer+edge"])
+@pytest.mark.parametrize("name", ["gatv2", "transformer+edge", "agnn"])
 def test_every_output_and_scratch_element_is_written(gen, device, monkeypatch, name):
     created = poison_op_outputs(monkeypatch)
     graph = Graph(corner_case_edges(gen).to(device), 29)
@@ -353,6 +355,27 @@ def test_every_output_and_scratch_element_is_written(gen, device, monkeypatch, n
         if t.dim() == 2:
             t = torch.where(torch.isneginf(t), 0.0, t)  # lse is -inf for rows (and pieces) without edges
         assert_all_written(t, name=f"buffer {i} {tuple(t.shape)}")
+
+
+@pytest.mark.parametrize("unrolled", [True, False], ids=["unrolled light rows", "light tiles"])
+@pytest.mark.parametrize("schedule", ["light", "super", "mixed"])
+def test_agnn_rows_at_and_under_the_normalization_eps(gen, device, monkeypatch, schedule, unrolled):
+    """AGNN's normalization backward, folded into the attention passes' stores (kernels/normalize.py), on rows of
+    ``h`` whose norm is 0, under the clamp's ε = 1e-12, or just above it, with β of either sign and 0: the radial term
+    dropped exactly where ``torch.nn.functional.normalize``'s clamp drops it; ``∂h`` and ``∂β`` against the float64
+    oracle (per head: a row may have one head under ε), light rows unrolled or in tiles."""
+    monkeypatch.setattr(ops, "LIGHT_UNROLLED_FLOAT32_SCORES", dict.fromkeys(("forward", "source", "destination"),
+                                                                           (2,) if unrolled else ()))
+    monkeypatch.setattr(ops, "LIGHT_UNROLLED_SCORES", (2,) if unrolled else ())
+    graph = Graph(corner_case_edges(gen).to(device), 29)
+    for beta in (0.7, -1.3, 0.0):
+        h, _ = make_leaves(OPS["agnn"], graph, 2, 6, torch.float32, device, gen)
+        h[0] = 0.0                                  # norm 0 (an isolated or a connected row: both kinds of schedule)
+        h[3, 0] = h[3, 0] / h[3, 0].norm() * 4e-13  # head 0 under ε, head 1 as drawn
+        h[5] = h[5] / h[5].norm(dim=-1, keepdim=True) * 3e-12  # both heads just above ε
+        h[7, 1] = 0.0
+        leaves = [h, torch.full((1,), beta, device=device)]
+        check_op("agnn", graph, leaves, gen, schedule=SCHEDULES[schedule])
 
 
 @pytest.mark.parametrize("name", ["gatv2", "transformer+edge", "agnn"])

@@ -502,20 +502,14 @@ def test_warps_by_pass_score_and_float_width(monkeypatch):
 
 
 def test_node_backward_warps_reach_the_per_node_backward_launches(monkeypatch, device):
-    """``ops.NODE_BACKWARD_WARPS`` / ``NODE_BACKWARD_PROGRAMS``: the per-node backward kernels' launch options by
-    kernel and feature width (warps as session 34 measured them, the register cap as session 49 did), and a GAT and
-    an AGNN training step with every width at 8 warps give the reference's gradients."""
-    assert ops.NODE_BACKWARD_WARPS == {"node_scores": {2: 8}, "normalize": {4: 8, 2: 8}}
-    assert ops.NODE_BACKWARD_PROGRAMS == {"normalize": {2: 4}}  # 4 programs of 8 warps: maxnreg 64 (session 49)
-    capped = {"num_warps": 8, "maxnreg": 64}
-    for dtype, node_scores, normalize in ((torch.float32, {}, {"num_warps": 8}),
-                                          (torch.bfloat16, {"num_warps": 8}, capped),
-                                          (torch.float16, {"num_warps": 8}, capped),
-                                          (torch.float64, {}, {})):
-        feats = torch.zeros(2, 2, 3, dtype=dtype)
-        assert ops._node_backward_options("node_scores", feats) == node_scores
-        assert ops._node_backward_options("normalize", feats) == normalize
-    monkeypatch.setattr(ops, "NODE_BACKWARD_WARPS", {"node_scores": {8: 8}, "normalize": {8: 8}})
+    """``ops.NODE_BACKWARD_WARPS``: the per-node backward kernel's launch options by feature width (warps as
+    session 34 measured them), and a GAT and an AGNN training step with every width at 8 warps give the reference's
+    gradients."""
+    assert ops.NODE_BACKWARD_WARPS == {"node_scores": {2: 8}}
+    for dtype, node_scores in ((torch.float32, {}), (torch.bfloat16, {"num_warps": 8}),
+                               (torch.float16, {"num_warps": 8}), (torch.float64, {})):
+        assert ops._node_backward_options("node_scores", torch.zeros(2, 2, 3, dtype=dtype)) == node_scores
+    monkeypatch.setattr(ops, "NODE_BACKWARD_WARPS", {"node_scores": {8: 8}})
     assert ops._node_backward_options("node_scores", torch.zeros(1, dtype=torch.float64)) == {"num_warps": 8}
     from gnnfuse.nn import AGNNConv, GATConv
 
