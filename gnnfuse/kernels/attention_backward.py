@@ -615,9 +615,9 @@ def attention_backward_dst_kernel(
     ``∂z`` from ``∂s`` and the LeakyReLU's slopes the source pass stored (``slopes``,
     :func:`~gnnfuse.kernels.edge_features.slope_grad`); no sums (``WEIGHT_GRAD`` off: the edge gradients are
     :func:`~gnnfuse.kernels.edge_features.gatv2_edge_grad_kernel`'s).  ``KEY_SCALE`` (AGNN): ``∂q`` folded into
-    ``∂h`` as it is stored (:func:`_fold_queries`): ``grad_dst`` is ``∂h``, a row's ``addend`` (the source pass's
-    ``P``) added to it (by the merge for a split row), and the item's ``∂β`` term stored at ``beta_part[row]``
-    (a piece's at ``beta_part[beta_pieces + piece]``)."""
+    ``∂h`` as it is stored (:func:`_fold`, its inputs loaded before the edge loop): ``grad_dst`` is ``∂h``, a row's
+    ``addend`` (the source pass's ``P``) added to it (by the merge for a split row), and the item's ``∂β`` term
+    stored at ``beta_part[row]`` (a piece's at ``beta_part[beta_pieces + piece]``)."""
     tl.static_assert(not (EDGE and SCORE == 1 and (WEIGHT_GRAD or ATTR_AHEAD)), "GATv2's edge features: no sums")
     acc_dtype = grad_s_ptr.dtype.element_ty
     pid = tl.program_id(0).to(tl.int64)
@@ -627,6 +627,11 @@ def attention_backward_dst_kernel(
     row, start, stop, out_index = item_edges(pid, rows_ptr, starts_ptr, stops_ptr, PIECES == 1)
     dst_i = row_query(dst_term_ptr, value_ptr, row, H, feat_stride, offs_h, h_mask, hd_offs, hd_mask, acc_dtype,
                       KEY_SCALE)
+    if KEY_SCALE:  # AGNN's fold: what it reads, loaded before the edge loop (its latency hidden behind the gathers)
+        one_row = row + tl.arange(0, 1)
+        fold_h, fold_r, fold_c, fold_add = _fold_inputs(one_row, one_row >= 0, src_term_ptr, dst_term_ptr, value_ptr,
+                                                        addend_ptr, H, feat_stride, grad_stride, offs_h, h_mask,
+                                                        hd_offs, hd_mask, acc_dtype)
     attn = tl.load(attn_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
     if LANES:
         acc = tl.zeros([BLOCK_E, BLOCK_H, BLOCK_D], dtype=acc_dtype)
@@ -694,19 +699,15 @@ def attention_backward_dst_kernel(
                 _store_edge_sums(attr_sums_ptr, row_b, row_a, out_index + tl.zeros([1], dtype=tl.int64), one, H, K,
                                  offs_h, h_mask, BLOCK_K)
     if KEY_SCALE:  # AGNN: ∂q folded into ∂h (kernels/normalize.py)
-        one_row = row + tl.arange(0, 1)
-        folded, beta_term = _fold_queries(tl.reshape(acc, [1, BLOCK_H, BLOCK_D]), one_row, one_row >= 0, src_term_ptr,
-                                          dst_term_ptr, value_ptr, H, feat_stride, offs_h, h_mask, hd_offs, hd_mask)
-        acc = tl.reshape(folded, [BLOCK_H, BLOCK_D])
         if PIECES == 2:
             piece = pid < num_pieces
         else:
             piece = PIECES == 1
-        if piece:  # a piece's partial: P is added once, by the merge
-            tl.store(beta_part_ptr + beta_pieces + pid + tl.arange(0, 1), beta_term)
-        else:
-            acc += tl.load(addend_ptr + row * grad_stride + hd_offs, mask=hd_mask, other=0.0).to(acc.dtype)
-            tl.store(beta_part_ptr + one_row, beta_term)
+        # a piece's partial takes no P: the merge adds it once
+        folded, beta_term = _fold(tl.reshape(acc, [1, BLOCK_H, BLOCK_D]), fold_h, fold_r, fold_c,
+                                  tl.where(piece, 0.0, fold_add))
+        acc = tl.reshape(folded, [BLOCK_H, BLOCK_D])
+        tl.store(beta_part_ptr + tl.where(piece, beta_pieces + pid, row) + tl.arange(0, 1), beta_term)
     if PIECES == 2:
         if pid < num_pieces:  # a piece's partial, contiguous in the piece buffer
             tl.store(piece_dst_ptr + pid * HD + hd_offs, acc.to(piece_dst_ptr.dtype.element_ty), mask=hd_mask)
@@ -727,33 +728,32 @@ def attention_backward_dst_kernel(
 
 
 @jit
-def _fold_rows(grad_q, rows, mask, src_term_ptr, dst_term_ptr, value_ptr, addend_ptr, beta_part_ptr, H, feat_stride,
-               grad_stride, offs_h, h_mask, hd_offs, hd_mask):
-    """Whole rows' ``∂h = addend + c (∂q − ĥ (ĥ · ∂q))`` (:func:`_fold_queries`), their ``∂β`` terms stored at
-    ``beta_part[rows]``."""
-    folded, beta_term = _fold_queries(grad_q, rows, mask, src_term_ptr, dst_term_ptr, value_ptr, H, feat_stride, offs_h,
-                                      h_mask, hd_offs, hd_mask)
-    tl.store(beta_part_ptr + rows, beta_term, mask=mask)
-    addend = tl.load(addend_ptr + rows[:, None, None] * grad_stride + hd_offs[None, :, :],
-                     mask=mask[:, None, None] & hd_mask[None, :, :], other=0.0)
-    return folded + addend.to(folded.dtype)
+def _fold_inputs(rows, mask, src_term_ptr, dst_term_ptr, value_ptr, addend_ptr, H, feat_stride, grad_stride, offs_h,
+                 h_mask, hd_offs, hd_mask, acc_dtype: tl.constexpr):
+    """AGNN's fold of ``∂q`` into ``∂h`` for rows ``rows [M]`` (where ``mask``), what it reads: ``(h, r, c, P)`` —
+    the values ``[M, BLOCK_H, BLOCK_D]``, ``r`` (the source-term slot) and ``c = β r`` (the destination-term slot)
+    ``[M, BLOCK_H]``, and the source pass's ``P`` (``addend``, rows ``grad_stride`` apart) — for :func:`_fold`.  The
+    destination kernels load them before their edge loop: after it, in a program of a few short trips, the loads'
+    latency was most of what the fold cost."""
+    rh_offs = rows[:, None] * H + offs_h[None, :]
+    rh_mask = mask[:, None] & h_mask[None, :]
+    feat_mask = mask[:, None, None] & hd_mask[None, :, :]
+    h = tl.load(value_ptr + rows[:, None, None] * feat_stride + hd_offs[None, :, :], mask=feat_mask,
+                other=0.0).to(acc_dtype)
+    r = tl.load(src_term_ptr + rh_offs, mask=rh_mask, other=0.0).to(acc_dtype)
+    c = tl.load(dst_term_ptr + rh_offs, mask=rh_mask, other=0.0).to(acc_dtype)
+    addend = tl.load(addend_ptr + rows[:, None, None] * grad_stride + hd_offs[None, :, :], mask=feat_mask,
+                     other=0.0).to(acc_dtype)
+    return h, r, c, addend
 
 
 @jit
-def _fold_queries(grad_q, rows, mask, src_term_ptr, dst_term_ptr, value_ptr, H, feat_stride, offs_h, h_mask, hd_offs,
-                  hd_mask):
-    """AGNN's ``(c (∂q − ĥ (ĥ · ∂q)), Σ_h ĥ · ∂q)`` for rows ``rows [M]`` (where ``mask``) from their ``∂q``
-    ``[M, BLOCK_H, BLOCK_D]`` (:func:`~gnnfuse.kernels.normalize.unit_grad`; ``r`` in the source-term slot, ``c =
-    β r`` in the destination-term slot, ``h`` the values)."""
-    acc_dtype = grad_q.dtype
-    rh_offs = rows[:, None] * H + offs_h[None, :]
-    rh_mask = mask[:, None] & h_mask[None, :]
-    h = tl.load(value_ptr + rows[:, None, None] * feat_stride + hd_offs[None, :, :],
-                mask=mask[:, None, None] & hd_mask[None, :, :], other=0.0).to(acc_dtype)
-    r = tl.load(src_term_ptr + rh_offs, mask=rh_mask, other=0.0).to(acc_dtype)
-    c = tl.load(dst_term_ptr + rh_offs, mask=rh_mask, other=0.0).to(acc_dtype)
+def _fold(grad_q, h, r, c, addend):
+    """``(addend + c (∂q − ĥ (ĥ · ∂q)), Σ_h ĥ · ∂q)`` of ``[M, BLOCK_H, BLOCK_D]`` rows from :func:`_fold_inputs`
+    (:func:`~gnnfuse.kernels.normalize.unit_grad`): their ``∂h`` (or a piece's share of it, ``addend`` 0) and their
+    terms of ``∂β``."""
     folded, dot = unit_grad(grad_q, h, r, c)
-    return folded, tl.sum(dot, axis=1)
+    return folded + addend, tl.sum(dot, axis=1)
 
 
 @jit
@@ -823,6 +823,10 @@ def _dst_light_unrolled(
     row_mask = r_mask[:, None, None] & hd_mask[None, :, :]
     dst_row = gather_queries(dst_term_ptr, value_ptr, rows, r_mask, H, feat_stride, offs_h, h_mask, hd_offs, hd_mask,
                              acc_dtype, KEY_SCALE)
+    if KEY_SCALE:  # AGNN's fold (kernels/normalize.py): its inputs before the edge slots
+        fold_h, fold_r, fold_c, fold_add = _fold_inputs(rows, r_mask, src_term_ptr, dst_term_ptr, value_ptr, addend_ptr,
+                                                        H, feat_stride, grad_stride, offs_h, h_mask, hd_offs, hd_mask,
+                                                        acc_dtype)
     attn = tl.load(attn_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
     acc = tl.zeros([ROWS, BLOCK_H, BLOCK_D], dtype=acc_dtype)
     if EDGE:
@@ -850,8 +854,8 @@ def _dst_light_unrolled(
         if WEIGHT_GRAD:
             _store_edge_sums(attr_sums_ptr, sums_b, sums_a, rows, r_mask, H, K, offs_h, h_mask, BLOCK_K)
     if KEY_SCALE:  # AGNN: ∂q folded into ∂h (kernels/normalize.py)
-        acc = _fold_rows(acc, rows, r_mask, src_term_ptr, dst_term_ptr, value_ptr, addend_ptr, beta_part_ptr, H,
-                         feat_stride, grad_stride, offs_h, h_mask, hd_offs, hd_mask)
+        acc, beta_term = _fold(acc, fold_h, fold_r, fold_c, fold_add)
+        tl.store(beta_part_ptr + rows, beta_term, mask=r_mask)
     tl.store(grad_dst_ptr + rows[:, None, None] * grad_stride + hd_offs[None, :, :],
              acc.to(grad_dst_ptr.dtype.element_ty), mask=row_mask)
 
@@ -872,6 +876,10 @@ def _dst_light_rows(
     c_offs, c_mask = flat_head_tile(H, D, BLOCK_H, BLOCK_D)
     HD = H * D
     rows, r_mask, pos, e_mask = light_edges(pid, rows_ptr, starts_ptr, stops_ptr, num_rows, ROWS, BLOCK_E)
+    if KEY_SCALE:  # AGNN's fold (kernels/normalize.py): its inputs before the edges' gathers
+        fold_h, fold_r, fold_c, fold_add = _fold_inputs(rows, r_mask, src_term_ptr, dst_term_ptr, value_ptr, addend_ptr,
+                                                        H, feat_stride, grad_stride, offs_h, h_mask, hd_offs, hd_mask,
+                                                        acc_dtype)
     # Flatten (row, edge) for the feature tiles [ROWS * BLOCK_E, BLOCK_H, BLOCK_D].
     pos_flat = tl.reshape(pos, [ROWS * BLOCK_E])
     e_flat = tl.reshape(e_mask, [ROWS * BLOCK_E])
@@ -907,8 +915,8 @@ def _dst_light_rows(
                                 [ROWS, BLOCK_H, BLOCK_K])
             _store_edge_sums(attr_sums_ptr, sums_b, sums_a, rows, r_mask, H, K, offs_h, h_mask, BLOCK_K)
     if KEY_SCALE:  # AGNN: ∂q folded into ∂h (kernels/normalize.py)
-        acc = _fold_rows(acc, rows, r_mask, src_term_ptr, dst_term_ptr, value_ptr, addend_ptr, beta_part_ptr, H,
-                         feat_stride, grad_stride, offs_h, h_mask, hd_offs, hd_mask)
+        acc, beta_term = _fold(acc, fold_h, fold_r, fold_c, fold_add)
+        tl.store(beta_part_ptr + rows, beta_term, mask=r_mask)
     tl.store(grad_dst_ptr + rows[:, None, None] * grad_stride + hd_offs[None, :, :],
              acc.to(grad_dst_ptr.dtype.element_ty), mask=r_mask[:, None, None] & hd_mask[None, :, :])
 
