@@ -2932,7 +2932,8 @@ def agnn(
     ``feat``: ``[N, D]`` (or ``[N, H, D]``, one attention per head); ``beta``: a one-element
     tensor.  The cosine is the dot product of unit rows ``ĥ = h / max(‖h‖, 1e-12)``, so this is
     the fused dot-product attention with ``q = β ĥ``, ``k = ĥ``, ``v = h`` and scale 1
-    (:class:`AGNNFunction`); the normalization and its backward are one per-node kernel each.
+    (:class:`AGNNFunction`); the normalization is one per-node kernel, and its backward is folded into the
+    attention backward's two passes.
     Returns ``feat``'s shape and dtype; with ``return_attention`` also ``α [E, H]`` (``H = 1`` for ``[N, D]``
     features) in ``feat``'s dtype and the graph's input edge order (not differentiable).
     """

@@ -140,8 +140,8 @@ def attention_backward_src_kernel(
         attn = src_j
     else:
         if KEY_SCALE:
-            r_j = tl.load(src_term_ptr + row * H + offs_h, mask=h_mask, other=0.0).to(acc_dtype)
-            src_j = (val_j * r_j[:, None])[None, :, :]
+            r_j = tl.load(src_term_ptr + row * H + offs_h, mask=h_mask, other=0.0).to(acc_dtype)[None, :]
+            src_j = val_j[None, :, :] * r_j[:, :, None]  # r_j kept for AGNN's fold (below)
         else:
             src_j = tl.load(src_term_ptr + row * feat_stride + hd_offs, mask=hd_mask,
                             other=0.0).to(acc_dtype)[None, :, :]
@@ -222,8 +222,7 @@ def attention_backward_src_kernel(
     acc_val = lane_total(acc_val, LANES)
     acc_src = lane_total(acc_src, LANES)
     if KEY_SCALE:  # AGNN: ∂k folded into the row's share of ∂h (kernels/normalize.py); no ∂k stored
-        folded, _ = unit_grad(tl.reshape(acc_src, [1, BLOCK_H, BLOCK_D]), val_j[None, :, :], r_j[None, :],
-                              r_j[None, :])
+        folded, _ = unit_grad(tl.reshape(acc_src, [1, BLOCK_H, BLOCK_D]), val_j[None, :, :], r_j, r_j)
         acc_val += tl.reshape(folded, [BLOCK_H, BLOCK_D])
     tl.store(grad_value_ptr + out_index * grad_stride + hd_offs, acc_val.to(grad_value_ptr.dtype.element_ty),
              mask=hd_mask)
@@ -364,6 +363,9 @@ def _src_light_unrolled(
     else:
         if SCORE == 1:
             src_row = val_row
+        elif KEY_SCALE:  # the keys ĥ = h r (r kept for AGNN's fold, below)
+            r_row = tl.load(src_term_ptr + rows[:, None] * H + offs_h[None, :], mask=rh_mask, other=0.0).to(acc_dtype)
+            src_row = val_row * r_row[:, :, None]
         else:
             src_row, _ = gather_keys(src_term_ptr, value_ptr, rows, r_mask, H, feat_stride, offs_h, h_mask, hd_offs,
                                      hd_mask, acc_dtype, KEY_SCALE)
@@ -423,7 +425,6 @@ def _src_light_unrolled(
         tl.store(grad_src_ptr + rows[:, None] * H + offs_h[None, :], acc_src.to(grad_src_ptr.dtype.element_ty),
                  mask=rh_mask)
     elif KEY_SCALE:  # AGNN: ∂k folded into the rows' share of ∂h (kernels/normalize.py); no ∂k stored
-        r_row = tl.load(src_term_ptr + rows[:, None] * H + offs_h[None, :], mask=rh_mask, other=0.0).to(acc_dtype)
         folded, _ = unit_grad(acc_src, val_row, r_row, r_row)
         acc_val += folded
     else:
@@ -459,6 +460,10 @@ def _src_light_rows(
     lse_i = tl.load(lse_ptr + eh_offs, mask=eh_mask, other=0.0).to(acc_dtype)
     delta_i = tl.load(delta_ptr + eh_offs, mask=eh_mask, other=0.0).to(acc_dtype)
     rh_mask = r_mask[:, None] & h_mask[None, :]
+    if KEY_SCALE:  # AGNN's fold (below): the rows' ĥ and scales, loaded before the edges' gathers
+        r_row = tl.load(src_term_ptr + rows[:, None] * H + offs_h[None, :], mask=rh_mask, other=0.0).to(acc_dtype)
+        val_row = tl.load(value_ptr + rows[:, None, None] * feat_stride + hd_offs[None, :, :],
+                          mask=r_mask[:, None, None] & hd_mask[None, :, :], other=0.0).to(acc_dtype)
     # Flatten (row, edge) for the feature tiles [ROWS * BLOCK_E, BLOCK_H, BLOCK_D].
     dst_flat = tl.reshape(dst, [ROWS * BLOCK_E])
     e_flat = tl.reshape(e_mask, [ROWS * BLOCK_E])
@@ -547,9 +552,6 @@ def _src_light_rows(
         acc_src = tl.sum(tl.reshape(src_terms, [ROWS, BLOCK_E, BLOCK_H * BLOCK_D]), axis=1)
         acc_val = tl.sum(tl.reshape(grad_val, [ROWS, BLOCK_E, BLOCK_H * BLOCK_D]), axis=1)
         if KEY_SCALE:  # AGNN: ∂k folded into the rows' share of ∂h (kernels/normalize.py); no ∂k stored
-            val_row = tl.load(value_ptr + rows[:, None, None] * feat_stride + hd_offs[None, :, :],
-                              mask=r_mask[:, None, None] & hd_mask[None, :, :], other=0.0).to(acc_dtype)
-            r_row = tl.load(src_term_ptr + rows[:, None] * H + offs_h[None, :], mask=rh_mask, other=0.0).to(acc_dtype)
             folded, _ = unit_grad(tl.reshape(acc_src, [ROWS, BLOCK_H, BLOCK_D]), val_row, r_row, r_row)
             acc_val += tl.reshape(folded, [ROWS, BLOCK_H * BLOCK_D])
         else:
@@ -629,9 +631,9 @@ def attention_backward_dst_kernel(
                       KEY_SCALE)
     if KEY_SCALE:  # AGNN's fold: what it reads, loaded before the edge loop (its latency hidden behind the gathers)
         one_row = row + tl.arange(0, 1)
-        fold_h, fold_r, fold_c, fold_add = _fold_inputs(one_row, one_row >= 0, src_term_ptr, dst_term_ptr, value_ptr,
-                                                        addend_ptr, H, feat_stride, grad_stride, offs_h, h_mask,
-                                                        hd_offs, hd_mask, acc_dtype)
+        fold_h, fold_r, fold_c, fold_add = _fold_inputs(
+            one_row, one_row >= 0, src_term_ptr, dst_term_ptr, value_ptr, addend_ptr, H, feat_stride, grad_stride,
+            offs_h, h_mask, hd_offs, hd_mask, acc_dtype)
     attn = tl.load(attn_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
     if LANES:
         acc = tl.zeros([BLOCK_E, BLOCK_H, BLOCK_D], dtype=acc_dtype)
@@ -824,9 +826,9 @@ def _dst_light_unrolled(
     dst_row = gather_queries(dst_term_ptr, value_ptr, rows, r_mask, H, feat_stride, offs_h, h_mask, hd_offs, hd_mask,
                              acc_dtype, KEY_SCALE)
     if KEY_SCALE:  # AGNN's fold (kernels/normalize.py): its inputs before the edge slots
-        fold_h, fold_r, fold_c, fold_add = _fold_inputs(rows, r_mask, src_term_ptr, dst_term_ptr, value_ptr, addend_ptr,
-                                                        H, feat_stride, grad_stride, offs_h, h_mask, hd_offs, hd_mask,
-                                                        acc_dtype)
+        fold_h, fold_r, fold_c, fold_add = _fold_inputs(
+            rows, r_mask, src_term_ptr, dst_term_ptr, value_ptr, addend_ptr, H, feat_stride, grad_stride, offs_h,
+            h_mask, hd_offs, hd_mask, acc_dtype)
     attn = tl.load(attn_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
     acc = tl.zeros([ROWS, BLOCK_H, BLOCK_D], dtype=acc_dtype)
     if EDGE:
@@ -877,9 +879,9 @@ def _dst_light_rows(
     HD = H * D
     rows, r_mask, pos, e_mask = light_edges(pid, rows_ptr, starts_ptr, stops_ptr, num_rows, ROWS, BLOCK_E)
     if KEY_SCALE:  # AGNN's fold (kernels/normalize.py): its inputs before the edges' gathers
-        fold_h, fold_r, fold_c, fold_add = _fold_inputs(rows, r_mask, src_term_ptr, dst_term_ptr, value_ptr, addend_ptr,
-                                                        H, feat_stride, grad_stride, offs_h, h_mask, hd_offs, hd_mask,
-                                                        acc_dtype)
+        fold_h, fold_r, fold_c, fold_add = _fold_inputs(
+            rows, r_mask, src_term_ptr, dst_term_ptr, value_ptr, addend_ptr, H, feat_stride, grad_stride, offs_h,
+            h_mask, hd_offs, hd_mask, acc_dtype)
     # Flatten (row, edge) for the feature tiles [ROWS * BLOCK_E, BLOCK_H, BLOCK_D].
     pos_flat = tl.reshape(pos, [ROWS * BLOCK_E])
     e_flat = tl.reshape(e_mask, [ROWS * BLOCK_E])

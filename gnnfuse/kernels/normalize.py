@@ -49,9 +49,13 @@ def unit_grad(grad, h, r, c):
     """``(c (grad − ĥ (ĥ · grad)), ĥ · grad)`` per row and head of ``[M, BLOCK_H, BLOCK_D]`` tiles ``grad`` (a
     gradient with respect to ``ĥ``-proportional keys or queries) and ``h`` (the rows' features), ``ĥ = h r``, ``r``
     and ``c`` ``[M, BLOCK_H]``; the radial term dropped where ``‖h‖ <= ε`` (as the normalization's clamp does), the
-    returned ``ĥ · grad`` ``[M, BLOCK_H]`` (``∂β``'s terms) never.  (The clamp read from ``r`` instead, ``r < 1 / ε``,
-    saves the second reduction but took the unrolled light kernels of the float32 AGNN backward from 62 and 56
-    registers to 128 and 157 on sm_90, Triton 3.6.)"""
+    returned ``ĥ · grad`` ``[M, BLOCK_H]`` (``∂β``'s terms) never.
+
+    The passes load ``h`` and ``r`` before their edge loop (their latency hidden behind it) and call this after it.
+    Two other forms cost occupancy on sm_90 (Triton 3.6, the arxiv-like AGNN's unrolled source light kernel): the
+    clamp tested before the loop, or read from ``r`` (``r < 1 / ε``, no second reduction), took it from 62 to 128
+    registers (fp32; bf16 48 to 128); and ``h`` and ``r`` loaded after the loop, from 48 to 63 in bf16 (32 resident
+    warps a multiprocessor instead of 40: 372.9 → 421.3 µs, session 51 call 3)."""
     unit = h * r[:, :, None]
     dot = tl.sum(unit * grad, axis=2)
     radial = tl.where(tl.sqrt(tl.sum(h * h, axis=2)) > UNIT_EPS, dot, 0.0)
