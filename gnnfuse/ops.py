@@ -64,6 +64,7 @@ from .kernels.edge_features import (
 )
 from .kernels.merge import lse_merge_kernel, sum_merge_kernel
 from .kernels.node_scores import head_dot_kernel, node_scores_backward_kernel, node_scores_kernel
+from .kernels.normalize import normalize_kernel
 from .kernels.projection import projection_scores_held_kernel, projection_scores_kernel
 from .kernels.scores import SCORE_DOT, SCORE_GAT, SCORE_GATV2
 from .kernels.tiles import LIGHT_SLOTS, pack_light
@@ -206,9 +207,7 @@ class AttentionInputs:
     values (dot score) or to ``fs_j`` inside GATv2's LeakyReLU (score only, :func:`_gatv2_edges`);
     ``keys_from_values``: the dot score's keys are ``value · src_term`` with ``src_term`` a per-node scale
     ``[N, H]`` (AGNN: one gathered tile per edge instead of two), and the queries ``value · dst_term`` with
-    ``dst_term`` a per-node scale ``[N, H]`` too (never stored); the forward forms both scales itself,
-    ``r = 1 / max(‖v‖, ε)`` and ``c = key_beta · r`` (``key_beta``: one element), and stores them into ``src_term``
-    and ``dst_term`` (:mod:`gnnfuse.kernels.normalize`), which the backward and the attention weights then read;
+    ``dst_term`` a per-node scale ``[N, H]`` too (never stored);
     ``out_add``: ``[H, D]`` or ``[N, H, D]`` added to the output as the forward stores it (a
     layer's bias or root term; in training into a second output, see :func:`_forward_saving`);
     ``edge_factor``: ``[E]`` in CSR order and the accumulation dtype, each edge's attention weight
@@ -231,7 +230,6 @@ class AttentionInputs:
     negative_slope: float = 0.2
     scale: float = 1.0
     keys_from_values: bool = False
-    key_beta: torch.Tensor | None = None
     out_add: torch.Tensor | None = None
     edge_factor: torch.Tensor | None = None
     edge_score: torch.Tensor | None = None
@@ -334,7 +332,7 @@ def _column_block(base: torch.Tensor, offset: int, heads: int, head_dim: int) ->
                            base.storage_offset() + offset)
 
 
-NORMALIZE_EPS = 1e-12  # torch.nn.functional.normalize's default eps (AGNN's cosine; kernels/normalize.py UNIT_EPS)
+NORMALIZE_EPS = 1e-12  # torch.nn.functional.normalize's default eps (AGNN's cosine)
 
 
 def _gatv2_edges(inputs: AttentionInputs) -> bool:
@@ -811,8 +809,6 @@ def attention_forward(
     value = inputs.value
     num_nodes, heads, head_dim = value.shape
     acc = accumulation_dtype(value.dtype)
-    if inputs.keys_from_values and inputs.key_beta is None:
-        raise ValueError("keys formed from the values: the forward forms their scales from key_beta, which is None")
     out = _new_output(tuple(value.shape), out_dtype or value.dtype, value.device)
     lse = _new_output((num_nodes, heads), acc, value.device)
     if num_nodes == 0:
@@ -840,15 +836,13 @@ def attention_forward(
     common = (graph.csr_src, graph.csr_eid, *tensors)
     after = (*scalars, add_stride, feat_stride)
     saved = saves if saving else ()
-    # AGNN: β, from which the kernels form each row's scales (stored into src_term and dst_term)
-    beta, beta_name = ((inputs.key_beta,), ("beta_ptr",)) if inputs.keys_from_values else ((), ())
     for index, (grid, ranges, counts, meta) in enumerate(light):
         where = (key, "light", index, saving)
         prepared = _prepared(schedule, where, light) or _prepare(
             schedule, where, light, attention_forward_light_kernel, grid,
-            FORWARD_DYNAMIC + (SAVES_DYNAMIC if saving else ()) + beta_name,
+            FORWARD_DYNAMIC + (SAVES_DYNAMIC if saving else ()),
             _light_fixed(ranges, counts, H=heads, D=head_dim, K=inputs.edge_dim, **meta, **save))
-        prepared(*common, out, lse, add, final, factor, edge_score, *after, *saved, *beta)
+        prepared(*common, out, lse, add, final, factor, edge_score, *after, *saved)
     for index, ((rows, starts, stops, count, pieces), meta) in enumerate(
             zip(_row_launches(buckets, mixed, merged), row_meta)):
         num_pieces = buckets.num_pieces if pieces else 0
@@ -861,11 +855,11 @@ def attention_forward(
         where = (key, "rows", index, saving)
         prepared = _prepared(schedule, where, row_meta) or _prepare(
             schedule, where, row_meta, attention_forward_rows_kernel, (count,),
-            FORWARD_DYNAMIC + ROWS_PIECES_DYNAMIC + (SAVES_DYNAMIC if saving else ()) + beta_name,
+            FORWARD_DYNAMIC + ROWS_PIECES_DYNAMIC + (SAVES_DYNAMIC if saving else ()),
             _rows_fixed((rows, starts, stops), buckets, H=heads, D=head_dim, K=inputs.edge_dim,
                         num_pieces=num_pieces, **meta, **save))
         prepared(*common, target_out, target_lse, add, final, factor, edge_score, *after, piece_out, piece_lse,
-                 _piece_counts(buckets, merged and bool(pieces), lse), *saved, *beta)
+                 _piece_counts(buckets, merged and bool(pieces), lse), *saved)
         if pieces and not merged:
             lse_merge_kernel[(buckets.super_rows.numel(),)](
                 buckets.super_piece_ptr, buckets.super_rows, piece_out, piece_lse, out, lse, add, final, heads,
@@ -2699,23 +2693,37 @@ class TransformerAttentionFunction(torch.autograd.Function):
         return grad_q, grad_k, grad_v, grad_attr, grad_weight, *_NO_GRADS, add_grad, None
 
 
+def _normalize_rows(h: torch.Tensor, beta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """AGNN's per-node scales ``(r, c)``, ``[N, H]`` each in the accumulation dtype: ``r = 1 / max(‖h‖, ε)``
+    (keys ``h r``) and ``c = β r`` (queries ``h c``, formed by the attention kernels), from one per-node
+    kernel (:mod:`gnnfuse.kernels.normalize`)."""
+
+    num_nodes, heads, head_dim = h.shape
+    acc = accumulation_dtype(h.dtype)
+    inverse_norm = _new_output((num_nodes, heads), acc, h.device)
+    query_scale = _new_output((num_nodes, heads), acc, h.device)
+    block_h, block_d, rows = _node_tile_rows(heads, head_dim)
+    if num_nodes:
+        normalize_kernel[(cdiv(num_nodes, rows),)](
+            h, beta, inverse_norm, query_scale, num_nodes, heads, head_dim, NORMALIZE_EPS,
+            ROWS=rows, BLOCK_H=block_h, BLOCK_D=block_d,
+        )
+    return inverse_norm, query_scale
+
+
 class AGNNFunction(torch.autograd.Function):
-    """AGNN from features ``h [N, H, D]`` and ``β``: the dot-product kernels with ``v = h``, keys formed from the
-    gathered values and their norms, ``k_j = h_j / max(‖h_j‖, ε)`` (one tile per edge), and queries from the row's
-    values, ``q_i = h_i c_i`` with ``c = β r``, ``r = 1 / max(‖h_i‖, ε)`` (no ``[N, H, D]`` query or unit tensor
-    written, read or saved; the forward stores each row's ``r`` and ``c`` for the backward).  Backward: the
-    attention's two passes with the normalization's backward folded into their stores
-    (:mod:`gnnfuse.kernels.normalize`): ``∂h`` from the destination pass, ``∂β = Σ ∂q · ĥ`` summed from its per-row
-    terms in the accumulation dtype (the sum cancels strongly: softmax gradients sum to zero per row, so
-    half-precision ``∂q`` would lose it)."""
+    """AGNN from features ``h [N, H, D]`` and ``β``: per-node scales ``r = 1 / max(‖h‖, ε)`` and ``c = β r``
+    from one per-node kernel, then the dot-product kernels with ``v = h``, keys formed from the gathered
+    values, ``k_j = h_j r_j`` (one tile per edge), and queries from the row's values, ``q_i = h_i c_i`` (no
+    ``[N, H, D]`` query tensor written, read or saved).  Backward: the attention's two passes with the
+    normalization's backward folded into their stores (:mod:`gnnfuse.kernels.normalize`): ``∂h`` from the
+    destination pass, ``∂β = Σ ∂q · ĥ`` summed from its per-row terms in the accumulation dtype (the sum cancels
+    strongly: softmax gradients sum to zero per row, so half-precision ``∂q`` would lose it)."""
 
     @staticmethod
     def forward(ctx, h, beta, graph, options):  # type: ignore[override]
-        # r and c [N, H]: written by the forward's kernels (their source- and destination-term slots)
-        acc = accumulation_dtype(h.dtype)
-        inverse_norm = _new_output(tuple(h.shape[:2]), acc, h.device)
-        query_scale = _new_output(tuple(h.shape[:2]), acc, h.device)
-        inputs = AttentionInputs(SCORE_DOT, inverse_norm, query_scale, h, keys_from_values=True, key_beta=beta)
+        inverse_norm, query_scale = _normalize_rows(h, beta)
+        inputs = AttentionInputs(SCORE_DOT, inverse_norm, query_scale, h, keys_from_values=True)
         no_dropout = (0.0, 0, 0, options)
         return _forward_saving(ctx, graph, inputs, no_dropout, 2, h, beta, inverse_norm, query_scale)
 
@@ -2924,8 +2932,8 @@ def agnn(
     ``feat``: ``[N, D]`` (or ``[N, H, D]``, one attention per head); ``beta``: a one-element
     tensor.  The cosine is the dot product of unit rows ``ĥ = h / max(‖h‖, 1e-12)``, so this is
     the fused dot-product attention with ``q = β ĥ``, ``k = ĥ``, ``v = h`` and scale 1
-    (:class:`AGNNFunction`); the normalization has no kernel of its own: the attention kernels form it, forward and
-    backward (:mod:`gnnfuse.kernels.normalize`).
+    (:class:`AGNNFunction`); the normalization is one per-node kernel, and its backward is folded into the
+    attention backward's two passes.
     Returns ``feat``'s shape and dtype; with ``return_attention`` also ``α [E, H]`` (``H = 1`` for ``[N, D]``
     features) in ``feat``'s dtype and the graph's input edge order (not differentiable).
     """

@@ -75,7 +75,6 @@ from .edge_features import (
     save_scores,
 )
 from .merge import last_piece, merge_lse
-from .normalize import inverse_norms, unit_queries
 from .scores import add_edge_score, edge_scores, gather_keys, gather_queries, row_query
 from .tiles import (
     ONE,
@@ -95,22 +94,17 @@ def _trip_tiles(src_term_ptr, value_ptr, src, mask, H, FS, offs_h, h_mask, hd_of
                 SCORE: tl.constexpr, KEY_SCALE: tl.constexpr):
     """The gathers of one edge block ``src [E]`` (0 where masked), as stored (no conversion), for a row
     kernel that issues them a trip ahead: ``(a, b)`` = GAT (source terms ``[E, H]``, values), GATv2 (source
-    terms ``[E, H, D]`` twice: its values), the dot score (keys, values), ``KEY_SCALE`` (the values twice: AGNN's
-    keys are scaled by their own norms, :mod:`gnnfuse.kernels.normalize`)."""
+    terms ``[E, H, D]`` twice: its values), the dot score (keys, values), ``KEY_SCALE`` (node scales ``[E,
+    H]``, values)."""
     feat_mask = mask[:, None, None] & hd_mask[None, :, :]
-    if KEY_SCALE:
-        b = tl.load(value_ptr + src[:, None, None] * FS + hd_offs[None, :, :], mask=feat_mask, other=0.0)
-        a = b
+    if SCORE == 0 or KEY_SCALE:
+        a = tl.load(src_term_ptr + src[:, None] * H + offs_h[None, :], mask=mask[:, None] & h_mask[None, :], other=0.0)
     else:
-        if SCORE == 0:
-            a = tl.load(src_term_ptr + src[:, None] * H + offs_h[None, :], mask=mask[:, None] & h_mask[None, :],
-                        other=0.0)
-        else:
-            a = tl.load(src_term_ptr + src[:, None, None] * FS + hd_offs[None, :, :], mask=feat_mask, other=0.0)
-        if SCORE == 1:
-            b = a
-        else:
-            b = tl.load(value_ptr + src[:, None, None] * FS + hd_offs[None, :, :], mask=feat_mask, other=0.0)
+        a = tl.load(src_term_ptr + src[:, None, None] * FS + hd_offs[None, :, :], mask=feat_mask, other=0.0)
+    if SCORE == 1:
+        b = a
+    else:
+        b = tl.load(value_ptr + src[:, None, None] * FS + hd_offs[None, :, :], mask=feat_mask, other=0.0)
     return a, b
 
 
@@ -126,11 +120,8 @@ def attention_forward_rows_kernel(
     PREFETCH: tl.constexpr = 0, EDGE_FORM: tl.constexpr = 0, ATTR_AHEAD: tl.constexpr = False,
     MERGE: tl.constexpr = False, MERGE_P: tl.constexpr = 1, FACTOR: tl.constexpr = False,
     EDGE_SCORE: tl.constexpr = False, EDGE_DOT: tl.constexpr = False, scores_ptr=None, slopes_ptr=None,
-    SAVE: tl.constexpr = False, SLOPE_BITS: tl.constexpr = 32, beta_ptr=None,
+    SAVE: tl.constexpr = False, SLOPE_BITS: tl.constexpr = 32,
 ):
-    """The row kernel (medium rows and the pieces of split ones).  ``KEY_SCALE`` (AGNN): ``src_term`` and
-    ``dst_term`` are outputs, each row's ``r`` and ``c = β r`` (``β`` at ``beta_ptr``), the keys scaled by their own
-    norms (:mod:`gnnfuse.kernels.normalize`)."""
     tl.static_assert(not EDGE_SCORE or SCORE == 0, "a per-edge score term: GAT only")
     tl.static_assert(not SAVE or (EDGE and SCORE == 1), "scores and slopes saved: GATv2 with edge features")
     tl.static_assert(not EDGE or SCORE != 0, "edge features: GATv2 and the dot score")
@@ -152,13 +143,8 @@ def attention_forward_rows_kernel(
         dst_i = tl.load(dst_term_ptr + row * H + offs_h, mask=h_mask, other=0.0).to(acc_dtype)[None, :]
         attn = dst_i
     else:
-        if KEY_SCALE:  # AGNN: the row's r and c formed and stored (every piece of a split row stores the same)
-            one_row = row + tl.arange(0, 1)
-            dst_i = unit_queries(value_ptr, beta_ptr, src_term_ptr, dst_term_ptr, one_row, one_row >= 0, H,
-                                 feat_stride, offs_h, h_mask, hd_offs, hd_mask, acc_dtype)
-        else:
-            dst_i = row_query(dst_term_ptr, value_ptr, row, H, feat_stride, offs_h, h_mask, hd_offs, hd_mask,
-                              acc_dtype, KEY_SCALE)
+        dst_i = row_query(dst_term_ptr, value_ptr, row, H, feat_stride, offs_h, h_mask, hd_offs, hd_mask, acc_dtype,
+                          KEY_SCALE)
         if SCORE == 2:
             dst_i = dst_i * scale
         attn = tl.load(attn_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
@@ -222,7 +208,7 @@ def attention_forward_rows_kernel(
             val_pre = b_raw.to(acc_dtype)
             if KEY_SCALE:
                 key_values = val_pre
-                src_j = val_pre * inverse_norms(val_pre)[:, :, None]
+                src_j = val_pre * a_raw.to(acc_dtype)[:, :, None]
             else:
                 src_j = a_raw.to(acc_dtype)
         elif SCORE == 0:
@@ -230,7 +216,7 @@ def attention_forward_rows_kernel(
             src_j = tl.load(src_term_ptr + src[:, None] * H + offs_h[None, :], mask=eh_mask, other=0.0).to(acc_dtype)
         else:
             src_j, key_values = gather_keys(src_term_ptr, value_ptr, src, e_mask, H, feat_stride, offs_h, h_mask,
-                                            hd_offs, hd_mask, acc_dtype, KEY_SCALE, KEY_SCALE)
+                                            hd_offs, hd_mask, acc_dtype, KEY_SCALE)
         src_j = add_edge_score(src_j, edge_score_ptr, pos[:, None], offs_h[None, :], e_mask[:, None] & h_mask[None, :],
                                H, EDGE_SCORE)
         score_j = add_edge_vectors(src_j, attr_ptr, w_edge_ptr, w_tile, eid_ptr, pos, e_mask, K, HD, hd_offs,
@@ -315,13 +301,12 @@ def attention_forward_light_kernel(
     DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr, BLOCK_K: tl.constexpr, EDGE_DOT: tl.constexpr,
     KEY_SCALE: tl.constexpr, ADD: tl.constexpr, FINAL: tl.constexpr, UNROLLED: tl.constexpr = False,
     FACTOR: tl.constexpr = False, EDGE_SCORE: tl.constexpr = False, scores_ptr=None, slopes_ptr=None,
-    SAVE: tl.constexpr = False, SLOPE_BITS: tl.constexpr = 32, EDGE_FORM: tl.constexpr = 1, beta_ptr=None,
+    SAVE: tl.constexpr = False, SLOPE_BITS: tl.constexpr = 32, EDGE_FORM: tl.constexpr = 1,
 ):
     """The light width classes of ``LIGHT`` in one launch (:mod:`gnnfuse.kernels.tiles`): each program
     runs :func:`_forward_light_rows` compiled for its class's tile (:func:`_forward_light_unrolled`
     with ``UNROLLED``; ``EDGE_FORM``: how its rows' ``u`` and ``Σ_k A[k] W[k]`` meet ``W_e``,
-    :func:`~gnnfuse.kernels.edge_features.rows_edge_terms`).  ``KEY_SCALE`` (AGNN): as the row kernel's,
-    ``src_term`` and ``dst_term`` the rows' ``r`` and ``c`` stored, ``β`` at ``beta_ptr``."""
+    :func:`~gnnfuse.kernels.edge_features.rows_edge_terms`)."""
     tl.static_assert(not EDGE_SCORE or SCORE == 0, "a per-edge score term: GAT only")
     seed, rng_offset = dropout_seed(seed, rng_offset, DROPOUT)
     pid = tl.program_id(0).to(tl.int64)
@@ -343,7 +328,7 @@ def attention_forward_light_kernel(
                             add_ptr, final_ptr, factor_ptr, edge_score_ptr, count, H, D, K, negative_slope, scale,
                             dropout_p, keep_scale, seed, rng_offset, add_stride, feat_stride, ONE << (f - 1), ONE << k,
                             BLOCK_H, BLOCK_D, DROPOUT, SCORE, EDGE, BLOCK_K, KEY_SCALE, ADD, FINAL, FACTOR, EDGE_SCORE,
-                            EDGE_FORM, beta_ptr,
+                            EDGE_FORM,
                         )
                     else:
                         _forward_light_rows(
@@ -352,7 +337,7 @@ def attention_forward_light_kernel(
                             add_ptr, final_ptr, factor_ptr, edge_score_ptr, count, H, D, K, negative_slope, scale,
                             dropout_p, keep_scale, seed, rng_offset, add_stride, feat_stride, ONE << (f - 1), ONE << k,
                             BLOCK_H, BLOCK_D, DROPOUT, SCORE, EDGE, BLOCK_K, EDGE_DOT, KEY_SCALE, ADD, FINAL, FACTOR,
-                            EDGE_SCORE, scores_ptr, slopes_ptr, SAVE, SLOPE_BITS, beta_ptr,
+                            EDGE_SCORE, scores_ptr, slopes_ptr, SAVE, SLOPE_BITS,
                         )
                 first += programs
                 row0 += count
@@ -365,7 +350,7 @@ def _forward_light_unrolled(
     scale, dropout_p, keep_scale, seed, rng_offset, add_stride, feat_stride, ROWS: tl.constexpr, BLOCK_E: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr,
     BLOCK_K: tl.constexpr, KEY_SCALE: tl.constexpr, ADD: tl.constexpr, FINAL: tl.constexpr, FACTOR: tl.constexpr,
-    EDGE_SCORE: tl.constexpr, EDGE_FORM: tl.constexpr, beta_ptr,
+    EDGE_SCORE: tl.constexpr, EDGE_FORM: tl.constexpr,
 ):
     """``ROWS`` light rows of degree <= ``BLOCK_E``, the edge slots unrolled: slot ``e`` gathers the rows'
     ``e``-th sources as ``[ROWS, BLOCK_H, BLOCK_D]`` tiles and folds them into a running softmax per row
@@ -387,12 +372,8 @@ def _forward_light_unrolled(
     if SCORE == 0:
         dst_i = tl.load(dst_term_ptr + rows[:, None] * H + offs_h[None, :], mask=rh_mask, other=0.0).to(acc_dtype)
     else:
-        if KEY_SCALE:  # AGNN: the rows' r and c formed and stored
-            dst_i = unit_queries(value_ptr, beta_ptr, src_term_ptr, dst_term_ptr, rows, r_mask, H, feat_stride, offs_h,
-                                 h_mask, hd_offs, hd_mask, acc_dtype)
-        else:
-            dst_i = gather_queries(dst_term_ptr, value_ptr, rows, r_mask, H, feat_stride, offs_h, h_mask, hd_offs,
-                                   hd_mask, acc_dtype, KEY_SCALE)
+        dst_i = gather_queries(dst_term_ptr, value_ptr, rows, r_mask, H, feat_stride, offs_h, h_mask, hd_offs, hd_mask,
+                               acc_dtype, KEY_SCALE)
         if SCORE == 2:
             dst_i = dst_i * scale
         attn = tl.load(attn_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]
@@ -416,7 +397,7 @@ def _forward_light_unrolled(
             s = edge_scores(src_j, dst_i, negative_slope, negative_slope, 0)
         else:
             src_j, val_j = gather_keys(src_term_ptr, value_ptr, src, e_mask, H, feat_stride, offs_h, h_mask, hd_offs,
-                                       hd_mask, acc_dtype, KEY_SCALE, KEY_SCALE)
+                                       hd_mask, acc_dtype, KEY_SCALE)
             if SCORE == 1:
                 val_j = src_j
             elif not KEY_SCALE:
@@ -455,7 +436,7 @@ def _forward_light_rows(
     add_stride, feat_stride, ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     DROPOUT: tl.constexpr, SCORE: tl.constexpr, EDGE: tl.constexpr, BLOCK_K: tl.constexpr, EDGE_DOT: tl.constexpr,
     KEY_SCALE: tl.constexpr, ADD: tl.constexpr, FINAL: tl.constexpr, FACTOR: tl.constexpr, EDGE_SCORE: tl.constexpr,
-    scores_ptr, slopes_ptr, SAVE: tl.constexpr, SLOPE_BITS: tl.constexpr, beta_ptr,
+    scores_ptr, slopes_ptr, SAVE: tl.constexpr, SLOPE_BITS: tl.constexpr,
 ):
     """``ROWS`` light rows of degree <= ``BLOCK_E`` for program ``pid`` of their class (``SAVE``: GATv2's scores and
     slopes stored at their CSR positions, :func:`~gnnfuse.kernels.edge_features.save_scores`)."""
@@ -480,7 +461,7 @@ def _forward_light_rows(
         s = edge_scores(src_j, dst_i[:, None, :], negative_slope, negative_slope, SCORE)
     else:
         src_j, key_values = gather_keys(src_term_ptr, value_ptr, src_flat, e_flat, H, feat_stride, offs_h, h_mask,
-                                        hd_offs, hd_mask, acc_dtype, KEY_SCALE, KEY_SCALE)
+                                        hd_offs, hd_mask, acc_dtype, KEY_SCALE)
         if EDGE:
             eid_flat = tl.load(eid_ptr + tl.reshape(pos, [ROWS * BLOCK_E]), mask=e_flat, other=0).to(tl.int64)
             w_tile = edge_weight_tile(w_edge_ptr, K, H, D, BLOCK_K, BLOCK_H, BLOCK_D)
@@ -489,16 +470,10 @@ def _forward_light_rows(
             score_j = src_j + edge_j  # the score's side (GATv2: inside the LeakyReLU; dot: the key)
         else:
             score_j = src_j
-        if KEY_SCALE:  # AGNN: the rows' r and c formed and stored, the queries spread over the rows' edge slots
-            queries = unit_queries(value_ptr, beta_ptr, src_term_ptr, dst_term_ptr, rows, r_mask, H, feat_stride,
-                                   offs_h, h_mask, hd_offs, hd_mask, acc_dtype)
-            dst_i = tl.reshape(tl.broadcast_to(queries[:, None, :, :], [ROWS, BLOCK_E, BLOCK_H, BLOCK_D]),
-                               [ROWS * BLOCK_E, BLOCK_H, BLOCK_D])
-        else:
-            # The row's own term, read per edge (cache hits) to stay in the flat edge layout.
-            rows_flat = tl.reshape(rows[:, None] + tl.zeros([ROWS, BLOCK_E], dtype=tl.int64), [ROWS * BLOCK_E])
-            dst_i = gather_queries(dst_term_ptr, value_ptr, rows_flat, e_flat, H, feat_stride, offs_h, h_mask,
-                                   hd_offs, hd_mask, acc_dtype, KEY_SCALE)
+        # The row's own term, read per edge (cache hits) to stay in the flat edge layout.
+        rows_flat = tl.reshape(rows[:, None] + tl.zeros([ROWS, BLOCK_E], dtype=tl.int64), [ROWS * BLOCK_E])
+        dst_i = gather_queries(dst_term_ptr, value_ptr, rows_flat, e_flat, H, feat_stride, offs_h, h_mask, hd_offs,
+                               hd_mask, acc_dtype, KEY_SCALE)
         if SCORE == 2:
             dst_i = dst_i * scale
         attn = tl.load(attn_ptr + hd_offs, mask=hd_mask, other=0.0).to(acc_dtype)[None, :, :]

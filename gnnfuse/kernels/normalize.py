@@ -1,14 +1,14 @@
-"""AGNN's row normalization, inside the attention kernels: no kernel of its own, forward or backward.
+"""AGNN's row normalization: its per-node forward kernel, and the backward's share folded into the attention passes.
 
 AGNN's score is ``β cos(h_i, h_j) = q_i · k_j`` with unit rows ``ĥ = h · r``,
 ``r = 1 / max(‖h‖, ε)`` per node and head (``torch.nn.functional.normalize``), ``q = β ĥ`` and
-``k = ĥ``.  The forward kernels form the keys from the values they gather, ``k_j = h_j / max(‖h_j‖, ε)``
-(:func:`inverse_norms`, in :func:`~gnnfuse.kernels.scores.gather_keys` with ``NORMS``), and each row's query from its
-own values, ``q_i = h_i c_i`` with ``c = β r`` (:func:`unit_queries`), storing the row's ``r`` and ``c`` ``[N, H]`` as
-they go: the backward and the attention weights read them there (the keys ``h_j r_j``, the queries ``h_i c_i``).
-Neither ``ĥ`` nor ``q`` is ever stored.
+``k = ĥ`` (the attention kernels form ``k_j = h_j r_j`` from the gathered values and ``q_i = h_i c_i``
+from the row's values, :func:`~gnnfuse.kernels.scores.gather_queries`: neither is stored).
 
-The backward has no kernel of its own either.  With ``∂ĥ = β ∂q + ∂k``::
+:func:`normalize_kernel` writes ``r [N, H]`` and ``c = β r [N, H]`` from one read of ``h``.  Bytes: ``N·H·D`` read,
+``2 N·H`` written.
+
+The backward has no kernel of its own.  With ``∂ĥ = β ∂q + ∂k``::
 
     ∂h = ∂v + r (∂ĥ − ĥ (ĥ · ∂ĥ))      (ĥ · ∂ĥ dropped where ‖h‖ <= ε: the clamp passes no gradient to ‖h‖)
     ∂β = Σ_{n, h} ∂q · ĥ
@@ -19,38 +19,29 @@ source pass stores ``P = ∂v + r (∂k − ĥ (ĥ · ∂k))`` in place of ``∂
 of a split row folds its partial the same way (the fold is linear), and the pieces' merge adds ``P`` once.  Where a
 per-node kernel read ``h``, ``∂v``, ``∂k``, ``∂q`` and wrote ``∂h`` after the passes (five ``N·H·D`` passes over
 memory), the destination pass reads ``P`` and writes ``∂h`` (two), and the source pass writes one gradient instead of
-two; where a per-node kernel read ``h`` before the forward to write ``r`` and ``c``, nothing does.
+two.
 """
 
 import triton.language as tl
 
 from fusecore.backend import jit
 
+from .tiles import node_rows
+
 UNIT_EPS = tl.constexpr(1e-12)  # torch.nn.functional.normalize's default eps (ops.NORMALIZE_EPS)
 
 
 @jit
-def inverse_norms(h):
-    """``r = 1 / max(‖h‖, ε)`` ``[M, BLOCK_H]`` of ``[M, BLOCK_H, BLOCK_D]`` rows (rows and heads masked to 0 give
-    ``1 / ε``, never read)."""
-    return 1.0 / tl.maximum(tl.sqrt(tl.sum(h * h, axis=2)), UNIT_EPS)
-
-
-@jit
-def unit_queries(value_ptr, beta_ptr, r_ptr, c_ptr, rows, mask, H, FS, offs_h, h_mask, hd_offs, hd_mask,
-                 acc_dtype: tl.constexpr):
-    """The forward's AGNN queries of rows ``rows [M]`` (where ``mask``; row stride ``FS``): ``q = h c`` ``[M, BLOCK_H,
-    BLOCK_D]`` with ``r = 1 / max(‖h‖, ε)`` and ``c = β r``, both stored (``r [N, H]`` at ``r_ptr``, ``c`` at
-    ``c_ptr``) for the backward and the attention weights."""
-    rh_offs = rows[:, None] * H + offs_h[None, :]
-    rh_mask = mask[:, None] & h_mask[None, :]
-    h = tl.load(value_ptr + rows[:, None, None] * FS + hd_offs[None, :, :],
-                mask=mask[:, None, None] & hd_mask[None, :, :], other=0.0).to(acc_dtype)
-    r = inverse_norms(h)
-    c = tl.load(beta_ptr).to(acc_dtype) * r
-    tl.store(r_ptr + rh_offs, r.to(r_ptr.dtype.element_ty), mask=rh_mask)
-    tl.store(c_ptr + rh_offs, c.to(c_ptr.dtype.element_ty), mask=rh_mask)
-    return h * c[:, :, None]
+def normalize_kernel(h_ptr, beta_ptr, inverse_norm_ptr, query_scale_ptr, num_nodes, H, D, eps,
+                     ROWS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+    acc_dtype = inverse_norm_ptr.dtype.element_ty
+    pid = tl.program_id(0).to(tl.int64)
+    _, _, feat_offs, feat_mask, rh_offs, rh_mask = node_rows(pid, num_nodes, H, D, ROWS, BLOCK_H, BLOCK_D)
+    h = tl.load(h_ptr + feat_offs, mask=feat_mask, other=0.0).to(acc_dtype)
+    r = 1.0 / tl.maximum(tl.sqrt(tl.sum(h * h, axis=2)), eps)
+    beta = tl.load(beta_ptr).to(acc_dtype)
+    tl.store(inverse_norm_ptr + rh_offs, r, mask=rh_mask)
+    tl.store(query_scale_ptr + rh_offs, beta * r, mask=rh_mask)
 
 
 @jit

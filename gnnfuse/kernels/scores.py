@@ -12,8 +12,7 @@ the row::
 (the dot product is the Graph Transformer's ``q·k/√d``, and AGNN's ``β cos(h_i, h_j)`` with
 ``q = β ĥ``, ``k = ĥ``, scale 1; with ``KEY_SCALE`` the keys are not read but formed from the
 values, ``k_j = v_j · r_j`` with a per-node scale ``r [N, H]`` in the source-term slot —
-AGNN's ``ĥ = h / ‖h‖``, which its forward forms from the values and stores there,
-:mod:`gnnfuse.kernels.normalize` — so one feature tile per edge is gathered instead of two,
+AGNN's ``ĥ = h / ‖h‖`` — so one feature tile per edge is gathered instead of two,
 :func:`gather_keys`).  Values aggregated are ``Wh`` (GAT), ``fs`` itself (GATv2)
 and ``v`` (+ the projected edge feature for the Graph Transformer).
 
@@ -34,8 +33,6 @@ with the edge axis first (GATv2, dot: 3-D ``[edges, BLOCK_H, BLOCK_D]``).
 import triton.language as tl
 
 from fusecore.backend import jit
-
-from .normalize import inverse_norms
 
 SCORE_GAT = 0
 SCORE_GATV2 = 1
@@ -97,21 +94,17 @@ def attn_grad_terms(grad_s, src_term, dst_term, negative_slope):
 
 @jit
 def gather_keys(src_term_ptr, value_ptr, idx, mask, H, FS, offs_h, h_mask, hd_offs, hd_mask,
-                acc_dtype: tl.constexpr, KEY_SCALE: tl.constexpr, NORMS: tl.constexpr = False):
+                acc_dtype: tl.constexpr, KEY_SCALE: tl.constexpr):
     """(keys, values) ``[E, BLOCK_H, BLOCK_D]`` of the nodes ``idx [E]`` (0 where masked): the keys
-    read from ``src_term``, or (``KEY_SCALE``) the values read once and scaled by ``src_term [N, H]``
-    (``NORMS``: by ``1 / max(‖v‖, ε)`` of the values themselves, AGNN's forward, ``src_term`` not read);
+    read from ``src_term``, or (``KEY_SCALE``) the values read once and scaled by ``src_term [N, H]``;
     ``values`` is only read (and meaningful) with ``KEY_SCALE``; ``FS``: the row stride of the feature
     tensors read."""
     feat_mask = mask[:, None, None] & hd_mask[None, :, :]
     if KEY_SCALE:
         values = tl.load(value_ptr + idx[:, None, None] * FS + hd_offs[None, :, :], mask=feat_mask,
                          other=0.0).to(acc_dtype)
-        if NORMS:
-            node_scale = inverse_norms(values)
-        else:
-            node_scale = tl.load(src_term_ptr + idx[:, None] * H + offs_h[None, :],
-                                 mask=mask[:, None] & h_mask[None, :], other=0.0).to(acc_dtype)
+        node_scale = tl.load(src_term_ptr + idx[:, None] * H + offs_h[None, :], mask=mask[:, None] & h_mask[None, :],
+                             other=0.0).to(acc_dtype)
         keys = values * node_scale[:, :, None]
     else:
         keys = tl.load(src_term_ptr + idx[:, None, None] * FS + hd_offs[None, :, :], mask=feat_mask,

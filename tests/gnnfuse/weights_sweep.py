@@ -46,10 +46,8 @@ def _inputs(kind: str, graph: Graph, heads: int, dim: int, dtype: torch.dtype, g
         attr, weight = rand(graph.num_edges, EDGE_DIM), rand(EDGE_DIM, heads, dim) / 4
         return (ops.AttentionInputs(SCORE_DOT, b, a, c, edge_attr=attr, edge_weight=weight, scale=dim ** -0.5),
                 dict(edge_elements=EDGE_DIM))
-    # AGNN's r and c [N, H]: formed and stored by the forward (ops.attention_forward, below), then read
-    scales = torch.empty(2, n, heads, device=graph.device, dtype=ops.accumulation_dtype(dtype))
-    return ops.AttentionInputs(SCORE_DOT, scales[0], scales[1], a, keys_from_values=True,
-                               key_beta=torch.ones(1, device=graph.device, dtype=dtype)), {}
+    inverse_norm, query_scale = ops._normalize_rows(a, torch.ones(1, device=graph.device, dtype=dtype))
+    return ops.AttentionInputs(SCORE_DOT, inverse_norm, query_scale, a, keys_from_values=True), {}
 
 
 def main(argv: list[str] | None = None) -> int:
