@@ -378,6 +378,17 @@ def test_agnn_rows_at_and_under_the_normalization_eps(gen, device, monkeypatch, 
         check_op("agnn", graph, leaves, gen, schedule=SCHEDULES[schedule])
 
 
+@pytest.mark.parametrize("frozen", [0, 1], ids=["beta alone", "features alone"])
+@pytest.mark.parametrize("schedule", ["light", "mixed"])
+def test_agnn_gradient_of_one_input_alone(gen, device, schedule, frozen):
+    """AGNN with only β or only the features asking for a gradient (``AGNNConv(learn_beta=False)`` is the second):
+    the folded backward (kernels/normalize.py) gives that one gradient, against the float64 oracle, with split rows
+    and light rows."""
+    graph = Graph(corner_case_edges(gen).to(device), 29)
+    leaves = make_leaves(OPS["agnn"], graph, 2, 6, torch.float32, device, gen)
+    check_op("agnn", graph, leaves, gen, schedule=SCHEDULES[schedule], frozen=(frozen,))
+
+
 @pytest.mark.parametrize("name", ["gatv2", "transformer+edge", "agnn"])
 def test_zero_in_degree_single_node_and_edgeless_graphs(gen, device, name):
     op = OPS[name]
