@@ -64,7 +64,7 @@ from .kernels.edge_features import (
 )
 from .kernels.merge import lse_merge_kernel, sum_merge_kernel
 from .kernels.node_scores import head_dot_kernel, node_scores_backward_kernel, node_scores_kernel
-from .kernels.normalize import normalize_kernel
+from .kernels.normalize import UNIT_EPS, normalize_kernel
 from .kernels.projection import projection_scores_held_kernel, projection_scores_kernel
 from .kernels.scores import SCORE_DOT, SCORE_GAT, SCORE_GATV2
 from .kernels.tiles import LIGHT_SLOTS, pack_light
@@ -332,7 +332,7 @@ def _column_block(base: torch.Tensor, offset: int, heads: int, head_dim: int) ->
                            base.storage_offset() + offset)
 
 
-NORMALIZE_EPS = 1e-12  # torch.nn.functional.normalize's default eps (AGNN's cosine)
+NORMALIZE_EPS = UNIT_EPS.value  # torch.nn.functional.normalize's default eps (AGNN's cosine), one value for all
 
 
 def _gatv2_edges(inputs: AttentionInputs) -> bool:

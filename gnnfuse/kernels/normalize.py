@@ -28,7 +28,8 @@ from fusecore.backend import jit
 
 from .tiles import node_rows
 
-UNIT_EPS = tl.constexpr(1e-12)  # torch.nn.functional.normalize's default eps (ops.NORMALIZE_EPS)
+# torch.nn.functional.normalize's default eps: the kernels' clamp (normalize_kernel takes it as ops.NORMALIZE_EPS)
+UNIT_EPS = tl.constexpr(1e-12)
 
 
 @jit
