@@ -520,9 +520,10 @@ LIGHT_DESTINATION_UNROLLED_WITH_EDGES = False
 # / 792.6 → 247.7 / 772.0 (it then keeps 8-16 bytes a thread in local memory, Triton 3.6's ptxas); GATv2 bf16's source
 # pass at 96 lost, 278.2 / 1290 → 277.9 / 1554.
 LIGHT_UNROLLED_MAXNREG: dict[str, dict[int, int]] = {"forward": {}, "source": {SCORE_GAT: 96}, "destination": {}}
-# No cap in 4-byte floats: GAT fp32's source light kernel (a third of its step, 118 registers, 16 resident warps
-# per multiprocessor) capped at 96 spilled 88 bytes a thread and ran the step slower, 1053 against 1042 µs
-# replayed (session 35, call 1, two rounds).
+# ... and in 4-byte floats (absent: ptxas's choice).  GAT fp32's source light kernel (a third of its step, 118
+# registers, 16 resident warps per multiprocessor) capped at 96 spilled 88 bytes a thread and ran the step slower,
+# 1053 against 1042 µs replayed (session 35, call 1, two rounds).
+LIGHT_UNROLLED_FLOAT32_MAXNREG: dict[str, dict[int, int]] = {"forward": {}, "source": {}, "destination": {}}
 # The widest light class that runs unrolled; wider classes (reachable only through ScheduleOptions: the defaults'
 # widest is schedule.DENSE_LIGHT_MAX, 32) keep the tile form, in a launch of their own.  Unrolled, a width-64
 # class is 64 gathers of [rows, H, D] per program in straight-line code: the Graph Transformer's width-64 light
@@ -1058,7 +1059,8 @@ def _light_plan(schedule, inputs: AttentionInputs, buckets: Buckets, kernel_pass
                                or _by_kind(LIGHT_UNROLLED_TWO_BYTE_WARPS, inputs, kernel_pass, TWO_BYTE_DTYPES))
                  or (not unrolled and inputs.has_edge and LIGHT_TILE_WARPS_WITH_EDGES[kernel_pass])
                  or schedule.num_warps)
-        cap = unrolled and _by_kind(LIGHT_UNROLLED_MAXNREG, inputs, kernel_pass, TWO_BYTE_DTYPES)
+        cap = unrolled and (_by_kind(LIGHT_UNROLLED_MAXNREG, inputs, kernel_pass, TWO_BYTE_DTYPES)
+                            or _by_kind(LIGHT_UNROLLED_FLOAT32_MAXNREG, inputs, kernel_pass))
         options = {"num_warps": warps, **({"maxnreg": cap} if cap else {})}
         counts = [0] * LIGHT_SLOTS
         for width, count, _ in group:
