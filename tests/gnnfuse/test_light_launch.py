@@ -249,10 +249,12 @@ def test_unrolled_light_rows_match_the_reference_for_every_score(gen, monkeypatc
     monkeypatch.setattr(ops, "LIGHT_UNROLLED_KEYS_FROM_VALUES", True)
     monkeypatch.setattr(ops, "LIGHT_SOURCE_UNROLLED", True)
     monkeypatch.setattr(ops, "LIGHT_DESTINATION_UNROLLED", True)
-    # a register cap on one pass (2-byte floats only) and a warp count on another: launch options, the values
-    # unchanged
+    # a register cap on one pass in 2-byte floats, on another in 4-byte floats, and a warp count on the second:
+    # launch options, the values unchanged
     monkeypatch.setattr(ops, "LIGHT_UNROLLED_MAXNREG", {"forward": {}, "source": dict.fromkeys(ops.LIGHT_KINDS, 96),
                                                         "destination": {}})
+    monkeypatch.setattr(ops, "LIGHT_UNROLLED_FLOAT32_MAXNREG", {"forward": {}, "source": {},
+                                                                "destination": dict.fromkeys(ops.LIGHT_KINDS, 80)})
     monkeypatch.setattr(ops, "LIGHT_UNROLLED_WARPS", {"forward": None, "source": None, "destination": 2})
     options = ScheduleOptions(light_max_degree=16, split_degree=16, tile_elements=256)
     launches = _matches_the_reference(gen, name, dtype, options)
@@ -262,12 +264,35 @@ def test_unrolled_light_rows_match_the_reference_for_every_score(gen, monkeypatc
     destination = [plan["destination light"] for plan in backward if "destination light" in plan]
     assert forward and source and (name == "gat" or destination)  # GAT's destination pass is a row sum
     assert all(meta["UNROLLED"] for light in forward + source + destination for *_, meta in light)
-    cap = {torch.bfloat16: 96, torch.float16: 96}.get(dtype)
-    capped = list(source) if cap else []
+    two_byte = dtype in (torch.bfloat16, torch.float16)
+    capped, cap = (source, 96) if two_byte else (destination, 80)
     assert all(meta["maxnreg"] == cap for light in capped for *_, meta in light)
-    assert all("maxnreg" not in meta for light in forward + destination + (source if not capped else [])
+    assert all("maxnreg" not in meta for light in forward + (destination if two_byte else source)
                for *_, meta in light)
     assert all(meta["num_warps"] == 2 for light in destination for *_, meta in light)
+
+
+@pytest.mark.parametrize("wide", [False, True])
+def test_default_register_caps_reach_agnn_float32_source_light_launches_only(gen, monkeypatch, wide):
+    """The default caps (``ops.LIGHT_UNROLLED_FLOAT32_MAXNREG``: AGNN's float32 source pass at 48 registers, 40
+    resident warps a multiprocessor on sm_90) reach that pass's unrolled launches and no other of AGNN's or the
+    Graph Transformer's (the same dot score, keys not formed from the values), and none where the head tile is
+    wider than ``LIGHT_UNROLLED_FLOAT32_MAXNREG_MAX_WIDTH`` (here 4 × 8, so ``wide`` sets the limit to 16);
+    values as the reference's."""
+    if wide:
+        monkeypatch.setattr(ops, "LIGHT_UNROLLED_FLOAT32_MAXNREG_MAX_WIDTH", 16)
+    options = ScheduleOptions(light_max_degree=16, split_degree=16, tile_elements=256)
+    for name, dtype in (("agnn", torch.float32), ("agnn", torch.bfloat16), ("dot", torch.float32)):
+        launches = _matches_the_reference(gen, name, dtype, options)
+        light = [(part, meta) for key, plan in launches.items() if key[0] == "backward"
+                 for part in ("source light", "destination light") for *_, meta in plan.get(part, ())]
+        light += [("forward", meta) for key, plan in launches.items() if key[0] == "forward" for *_, meta in plan[0]]
+        assert {part for part, _ in light} == {"forward", "source light", "destination light"}
+        for part, meta in light:
+            capped = (name, dtype, part) == ("agnn", torch.float32, "source light") and meta["UNROLLED"] and not wide
+            assert meta.get("maxnreg") == (48 if capped else None), (name, dtype, part, meta)
+        if (name, dtype) == ("agnn", torch.float32) and not wide:
+            assert any(meta.get("maxnreg") == 48 for _, meta in light)
 
 
 @pytest.mark.parametrize("name", ["gat", "dot"])
