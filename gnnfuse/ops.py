@@ -518,23 +518,30 @@ LIGHT_DESTINATION_UNROLLED_WITH_EDGES = False
 # (absent: ptxas's choice), trading registers for resident warps.  The GAT bf16 source pass (113 registers, 24%
 # occupancy, 260 µs of the step, ncu session 11) at 96, session 14 (H200, same call, replayed forward / step µs): 248.6
 # / 792.6 → 247.7 / 772.0 (it then keeps 8-16 bytes a thread in local memory, Triton 3.6's ptxas); GATv2 bf16's source
-# pass at 96 lost, 278.2 / 1290 → 277.9 / 1554.
-LIGHT_UNROLLED_MAXNREG: dict[str, dict[int, int]] = {"forward": {}, "source": {SCORE_GAT: 96}, "destination": {}}
+# pass at 96 lost, 278.2 / 1290 → 277.9 / 1554.  AGNN bf16's source pass (48 registers, 40 resident warps) at 40 (48
+# warps; 24 bytes spilled, sm_90, Triton 3.6), session 52 (call 2, H200, one process, two rounds, replayed step µs,
+# gnn-ab-source-register-caps.s52c2.log): 880.2 / 881.3 → 863.4 / 862.1.
+LIGHT_UNROLLED_MAXNREG: dict[str, dict[int, int]] = {"forward": {}, "source": {SCORE_GAT: 96, LIGHT_COSINE: 40},
+                                                     "destination": {}}
 # ... and in 4-byte floats (absent: ptxas's choice).  GAT fp32's source light kernel (a third of its step, 118
 # registers, 16 resident warps per multiprocessor) capped at 96 spilled 88 bytes a thread and ran the step slower,
 # 1053 against 1042 µs replayed (session 35, call 1, two rounds).  AGNN's (8 warps, 62 registers, 32 resident warps
 # per multiprocessor; sm_90, Triton 3.6) at 48 holds 40 without spilling: session 52 (call 1, H200, arxiv-like, one
-# process, two rounds, replayed step µs, gnn-ab-agnn-register-caps.s52c1.log) 1015.0 / 1014.7 against 1064.8 / 1065.0.
-# Same call, not kept: AGNN's destination light kernel at 48 (56 → 48 registers, 36 → 40 warps) 1060.9 / 1061.3, at 40
+# process, two rounds, replayed step µs, gnn-ab-agnn-register-caps.s52c1.log) 1015.0 / 1014.7 against 1064.8 / 1065.0;
+# call 2 (gnn-ab-source-register-caps.s52c2.log) 1013.1 / 1013.9 against 1063.7 / 1066.3, and at 40 (56 bytes
+# spilled, 48 warps) 1043.0 / 1042.9.  The Graph Transformer's (the dot score; 8 warps, 56 registers, 32 warps) at 48
+# (40 warps, no spill), same call: 2125.0 / 2125.0 against 2176.9 / 2175.3.  GATv2's (4 warps, 56 registers, 36 warps)
+# at 48 (40 warps, 24 bytes spilled) lost: 1596.4 / 1594.7 against 1587.1 / 1588.4.
+# Call 1, not kept: AGNN's destination light kernel at 48 (56 → 48 registers, 36 → 40 warps) 1060.9 / 1061.3, at 40
 # (8 bytes spilled, 48 warps) 1064.6 / 1061.7; its destination row kernel at 64 (ROW_MAXNREG; 72 → 64, 28 → 32 warps)
 # 1072.7 / 1074.2, at 8 warps 1194.4 / 1191.7; its forward row kernel at 8 warps 1132.4 / 1132.2 (forward 327.6
 # against 262.3).
-# The caps of 4-byte floats hold for head tiles (BLOCK_H · BLOCK_D) up to this wide, the width they were measured at:
-# a wider tile needs more registers a thread (AGNN on Cora's 1433 features, a 2048-wide tile: 80 registers, 96 bytes
-# spilled at 48; sm_90, Triton 3.6), so it keeps ptxas's choice.
-LIGHT_UNROLLED_FLOAT32_MAXNREG: dict[str, dict[int, int]] = {"forward": {}, "source": {LIGHT_COSINE: 48},
+LIGHT_UNROLLED_FLOAT32_MAXNREG: dict[str, dict[int, int]] = {"forward": {}, "source": {SCORE_DOT: 48, LIGHT_COSINE: 48},
                                                              "destination": {}}
-LIGHT_UNROLLED_FLOAT32_MAXNREG_MAX_WIDTH = 128
+# Both tables' caps hold for head tiles (BLOCK_H · BLOCK_D) up to this wide, the widths they were measured at (128 and
+# 64): a wider tile needs more registers a thread (AGNN fp32 on Cora's 1433 features, a 2048-wide tile: 80 registers,
+# 96 bytes spilled at 48; sm_90, Triton 3.6), so it keeps ptxas's choice.
+LIGHT_UNROLLED_MAXNREG_MAX_WIDTH = 128
 # The widest light class that runs unrolled; wider classes (reachable only through ScheduleOptions: the defaults'
 # widest is schedule.DENSE_LIGHT_MAX, 32) keep the tile form, in a launch of their own.  Unrolled, a width-64
 # class is 64 gathers of [rows, H, D] per program in straight-line code: the Graph Transformer's width-64 light
@@ -1070,9 +1077,9 @@ def _light_plan(schedule, inputs: AttentionInputs, buckets: Buckets, kernel_pass
                                or _by_kind(LIGHT_UNROLLED_TWO_BYTE_WARPS, inputs, kernel_pass, TWO_BYTE_DTYPES))
                  or (not unrolled and inputs.has_edge and LIGHT_TILE_WARPS_WITH_EDGES[kernel_pass])
                  or schedule.num_warps)
-        cap = unrolled and (_by_kind(LIGHT_UNROLLED_MAXNREG, inputs, kernel_pass, TWO_BYTE_DTYPES)
-                            or (block_h * block_d <= LIGHT_UNROLLED_FLOAT32_MAXNREG_MAX_WIDTH
-                                and _by_kind(LIGHT_UNROLLED_FLOAT32_MAXNREG, inputs, kernel_pass)))
+        cap = (unrolled and block_h * block_d <= LIGHT_UNROLLED_MAXNREG_MAX_WIDTH
+               and (_by_kind(LIGHT_UNROLLED_MAXNREG, inputs, kernel_pass, TWO_BYTE_DTYPES)
+                    or _by_kind(LIGHT_UNROLLED_FLOAT32_MAXNREG, inputs, kernel_pass)))
         options = {"num_warps": warps, **({"maxnreg": cap} if cap else {})}
         counts = [0] * LIGHT_SLOTS
         for width, count, _ in group:

@@ -273,26 +273,25 @@ def test_unrolled_light_rows_match_the_reference_for_every_score(gen, monkeypatc
 
 
 @pytest.mark.parametrize("wide", [False, True])
-def test_default_register_caps_reach_agnn_float32_source_light_launches_only(gen, monkeypatch, wide):
-    """The default caps (``ops.LIGHT_UNROLLED_FLOAT32_MAXNREG``: AGNN's float32 source pass at 48 registers, 40
-    resident warps a multiprocessor on sm_90) reach that pass's unrolled launches and no other of AGNN's or the
-    Graph Transformer's (the same dot score, keys not formed from the values), and none where the head tile is
-    wider than ``LIGHT_UNROLLED_FLOAT32_MAXNREG_MAX_WIDTH`` (here 4 × 8, so ``wide`` sets the limit to 16);
-    values as the reference's."""
+def test_default_register_caps_reach_the_source_light_launches_they_name(gen, monkeypatch, wide):
+    """The default caps of the unrolled light launches (``ops.LIGHT_UNROLLED_FLOAT32_MAXNREG``: the dot score's and
+    AGNN's float32 source pass at 48 registers; ``ops.LIGHT_UNROLLED_MAXNREG``: AGNN's 2-byte source pass at 40)
+    reach those launches and no other pass's, and none where the head tile is wider than
+    ``LIGHT_UNROLLED_MAXNREG_MAX_WIDTH`` (here 4 × 8, so ``wide`` sets the limit to 16); values as the reference's."""
     if wide:
-        monkeypatch.setattr(ops, "LIGHT_UNROLLED_FLOAT32_MAXNREG_MAX_WIDTH", 16)
+        monkeypatch.setattr(ops, "LIGHT_UNROLLED_MAXNREG_MAX_WIDTH", 16)
+    want = {("agnn", torch.float32): 48, ("agnn", torch.bfloat16): 40, ("dot", torch.float32): 48}
     options = ScheduleOptions(light_max_degree=16, split_degree=16, tile_elements=256)
-    for name, dtype in (("agnn", torch.float32), ("agnn", torch.bfloat16), ("dot", torch.float32)):
+    for (name, dtype), cap in (*want.items(), (("dot", torch.bfloat16), None)):
         launches = _matches_the_reference(gen, name, dtype, options)
         light = [(part, meta) for key, plan in launches.items() if key[0] == "backward"
                  for part in ("source light", "destination light") for *_, meta in plan.get(part, ())]
         light += [("forward", meta) for key, plan in launches.items() if key[0] == "forward" for *_, meta in plan[0]]
         assert {part for part, _ in light} == {"forward", "source light", "destination light"}
         for part, meta in light:
-            capped = (name, dtype, part) == ("agnn", torch.float32, "source light") and meta["UNROLLED"] and not wide
-            assert meta.get("maxnreg") == (48 if capped else None), (name, dtype, part, meta)
-        if (name, dtype) == ("agnn", torch.float32) and not wide:
-            assert any(meta.get("maxnreg") == 48 for _, meta in light)
+            capped = part == "source light" and meta["UNROLLED"] and not wide
+            assert meta.get("maxnreg") == (cap if capped else None), (name, dtype, part, meta)
+        assert wide or cap is None or any(meta.get("maxnreg") == cap for _, meta in light)
 
 
 @pytest.mark.parametrize("name", ["gat", "dot"])
