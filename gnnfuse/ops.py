@@ -520,8 +520,12 @@ LIGHT_DESTINATION_UNROLLED_WITH_EDGES = False
 # / 792.6 → 247.7 / 772.0 (it then keeps 8-16 bytes a thread in local memory, Triton 3.6's ptxas); GATv2 bf16's source
 # pass at 96 lost, 278.2 / 1290 → 277.9 / 1554.  AGNN bf16's source pass (48 registers, 40 resident warps) at 40 (48
 # warps; 24 bytes spilled, sm_90, Triton 3.6), session 52 (call 2, H200, one process, two rounds, replayed step µs,
-# gnn-ab-source-register-caps.s52c2.log): 880.2 / 881.3 → 863.4 / 862.1.
-LIGHT_UNROLLED_MAXNREG: dict[str, dict[int, int]] = {"forward": {}, "source": {SCORE_GAT: 96, LIGHT_COSINE: 40},
+# gnn-ab-source-register-caps.s52c2.log): 880.2 / 881.3 → 863.4 / 862.1.  The Graph Transformer bf16's (4 warps, 76
+# registers, 24 resident warps) at 64 (32 warps; 56 bytes spilled), call 4 (gnn-ab-transformer-caps.s52c4.log): 1086.8
+# / 1086.4 → 1053.0 / 1052.6.  These caps are not applied with edge features: the Transformer bf16's source pass with 16
+# of them spills 120 bytes at 64 (sm_90, Triton 3.6), not timed.
+LIGHT_UNROLLED_MAXNREG: dict[str, dict[int, int]] = {"forward": {},
+                                                     "source": {SCORE_GAT: 96, SCORE_DOT: 64, LIGHT_COSINE: 40},
                                                      "destination": {}}
 # ... and in 4-byte floats (absent: ptxas's choice).  GAT fp32's source light kernel (a third of its step, 118
 # registers, 16 resident warps per multiprocessor) capped at 96 spilled 88 bytes a thread and ran the step slower,
@@ -531,7 +535,10 @@ LIGHT_UNROLLED_MAXNREG: dict[str, dict[int, int]] = {"forward": {}, "source": {S
 # call 2 (gnn-ab-source-register-caps.s52c2.log) 1013.1 / 1013.9 against 1063.7 / 1066.3, and at 40 (56 bytes
 # spilled, 48 warps) 1043.0 / 1042.9.  The Graph Transformer's (the dot score; 8 warps, 56 registers, 32 warps) at 48
 # (40 warps, no spill), same call: 2125.0 / 2125.0 against 2176.9 / 2175.3.  GATv2's (4 warps, 56 registers, 36 warps)
-# at 48 (40 warps, 24 bytes spilled) lost: 1596.4 / 1594.7 against 1587.1 / 1588.4.
+# at 48 (40 warps, 24 bytes spilled) lost: 1596.4 / 1594.7 against 1587.1 / 1588.4.  With 16 edge features the
+# Transformer's (64 registers, 32 warps) at 48 (40 warps, 16 bytes spilled), call 4 (gnn-ab-transformer-caps.s52c4.log):
+# 3501.9 / 3502.0 against 3538.1 / 3537.4.  Same call, not kept: its forward row kernel at ROW_MAXNREG 96 (103 → 96
+# registers, 16 → 20 warps, 16 bytes spilled) 2113.1 / 2111.8 against 2120.9 / 2121.3, at 8 warps 2118.1 / 2118.5.
 # Call 1, not kept: AGNN's destination light kernel at 48 (56 → 48 registers, 36 → 40 warps) 1060.9 / 1061.3, at 40
 # (8 bytes spilled, 48 warps) 1064.6 / 1061.7; its destination row kernel at 64 (ROW_MAXNREG; 72 → 64, 28 → 32 warps)
 # 1072.7 / 1074.2, at 8 warps 1194.4 / 1191.7; its forward row kernel at 8 warps 1132.4 / 1132.2 (forward 327.6
@@ -1078,7 +1085,7 @@ def _light_plan(schedule, inputs: AttentionInputs, buckets: Buckets, kernel_pass
                  or (not unrolled and inputs.has_edge and LIGHT_TILE_WARPS_WITH_EDGES[kernel_pass])
                  or schedule.num_warps)
         cap = (unrolled and block_h * block_d <= LIGHT_UNROLLED_MAXNREG_MAX_WIDTH
-               and (_by_kind(LIGHT_UNROLLED_MAXNREG, inputs, kernel_pass, TWO_BYTE_DTYPES)
+               and ((not inputs.has_edge and _by_kind(LIGHT_UNROLLED_MAXNREG, inputs, kernel_pass, TWO_BYTE_DTYPES))
                     or _by_kind(LIGHT_UNROLLED_FLOAT32_MAXNREG, inputs, kernel_pass)))
         options = {"num_warps": warps, **({"maxnreg": cap} if cap else {})}
         counts = [0] * LIGHT_SLOTS

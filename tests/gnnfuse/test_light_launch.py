@@ -275,14 +275,16 @@ def test_unrolled_light_rows_match_the_reference_for_every_score(gen, monkeypatc
 @pytest.mark.parametrize("wide", [False, True])
 def test_default_register_caps_reach_the_source_light_launches_they_name(gen, monkeypatch, wide):
     """The default caps of the unrolled light launches (``ops.LIGHT_UNROLLED_FLOAT32_MAXNREG``: the dot score's and
-    AGNN's float32 source pass at 48 registers; ``ops.LIGHT_UNROLLED_MAXNREG``: AGNN's 2-byte source pass at 40)
-    reach those launches and no other pass's, and none where the head tile is wider than
-    ``LIGHT_UNROLLED_MAXNREG_MAX_WIDTH`` (here 4 × 8, so ``wide`` sets the limit to 16); values as the reference's."""
+    AGNN's float32 source pass at 48 registers; ``ops.LIGHT_UNROLLED_MAXNREG``: in 2-byte floats the dot score's at
+    64 and AGNN's at 40) reach those launches and no other pass's (GATv2 has none), and none where the head tile is
+    wider than ``LIGHT_UNROLLED_MAXNREG_MAX_WIDTH`` (here 4 × 8, so ``wide`` sets the limit to 16); values as the
+    reference's."""
     if wide:
         monkeypatch.setattr(ops, "LIGHT_UNROLLED_MAXNREG_MAX_WIDTH", 16)
-    want = {("agnn", torch.float32): 48, ("agnn", torch.bfloat16): 40, ("dot", torch.float32): 48}
+    want = {("agnn", torch.float32): 48, ("agnn", torch.bfloat16): 40, ("dot", torch.float32): 48,
+            ("dot", torch.bfloat16): 64}
     options = ScheduleOptions(light_max_degree=16, split_degree=16, tile_elements=256)
-    for (name, dtype), cap in (*want.items(), (("dot", torch.bfloat16), None)):
+    for (name, dtype), cap in (*want.items(), (("gatv2", torch.float32), None), (("gatv2", torch.bfloat16), None)):
         launches = _matches_the_reference(gen, name, dtype, options)
         light = [(part, meta) for key, plan in launches.items() if key[0] == "backward"
                  for part in ("source light", "destination light") for *_, meta in plan.get(part, ())]
@@ -292,6 +294,28 @@ def test_default_register_caps_reach_the_source_light_launches_they_name(gen, mo
             capped = part == "source light" and meta["UNROLLED"] and not wide
             assert meta.get("maxnreg") == (cap if capped else None), (name, dtype, part, meta)
         assert wide or cap is None or any(meta.get("maxnreg") == cap for _, meta in light)
+
+
+def test_two_byte_register_caps_skip_edge_features(gen):
+    """The 2-byte caps of ``ops.LIGHT_UNROLLED_MAXNREG`` are not applied with edge features (the Transformer bf16's
+    source pass spills at its cap there): the dot score's unrolled source launches with edge features carry none."""
+    from fusecore.testing import test_device
+
+    device = test_device()
+    graph = _widths_graph(device)
+    n, heads, dim, k = graph.num_nodes, 3, 5, 4
+    q, key, v = (torch.randn(n, heads, dim, generator=gen).to(device, torch.bfloat16).requires_grad_(True)
+                 for _ in range(3))
+    attr = torch.randn(graph.num_edges, k, generator=gen).to(device, torch.bfloat16)
+    weight = torch.randn(heads * dim, k, generator=gen).to(device, torch.bfloat16)
+    options = ScheduleOptions(light_max_degree=16, split_degree=16, tile_elements=256)
+    out = ops.transformer_attention(graph, q, key, v, attr, weight, schedule=options)
+    out.backward(torch.randn(out.shape, generator=gen).to(device, torch.bfloat16))
+    launches = graph.schedule(heads, dim, torch.bfloat16, options).launches
+    source = [meta for key_, plan in launches.items() if key_[0] == "backward"
+              for *_, meta in plan["source light"]]
+    assert any(meta["UNROLLED"] for meta in source)
+    assert all("maxnreg" not in meta for meta in source), source
 
 
 @pytest.mark.parametrize("name", ["gat", "dot"])
