@@ -42,7 +42,7 @@ from fusecore.fast_launch import prepare
 from fusecore.linear import column_sum, dot_precision, linear, matmul, uses_product
 from fusecore.plan import MIN_DOT
 from fusecore.rows import gather_rows, scatter_rows
-from fusecore.scratch import kept, zeroed
+from fusecore.scratch import zeroed
 
 from .graph import Graph, as_graph
 from .kernels.attention_backward import (
@@ -93,22 +93,6 @@ ROW_SUM_LIGHT_EDGES = 16  # edge slots per trip of a light row in the ∂er sum 
 def _new_output(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """Allocate a tensor the kernels fill completely (tests replace this with a poisoned fill)."""
     return torch.empty(shape, dtype=dtype, device=device)
-
-
-# The per-node kernels' kept scratch buffers (their partial sums), for calls that have no schedule at hand.
-NODE_SCRATCH: dict = {}
-
-
-def _scratch(cache: dict | None, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
-             ) -> torch.Tensor:
-    """A tensor the kernels fill completely and only later launches of the same call read — never returned, never
-    saved, no view of it kept — kept in ``cache`` (a schedule's ``scratch``, or :data:`NODE_SCRATCH`) for the next
-    call on the same stream (:func:`fusecore.scratch.kept`: no allocation, 6-9 µs of host time each inside a
-    training step on the GPU machines); ``cache`` None: :func:`_new_output`.  ``name`` tells apart the buffers one
-    call holds at once (tests replace this with a poisoned fill, as :func:`_new_output`)."""
-    if cache is None:
-        return _new_output(shape, dtype, device)
-    return kept(cache, name, shape, dtype, device)
 
 
 def _row_launches(buckets: Buckets, mixed: bool = False, merged: bool = False):
@@ -889,9 +873,8 @@ def attention_forward(
             zip(_row_launches(buckets, mixed, merged), row_meta)):
         num_pieces = buckets.num_pieces if pieces else 0
         if pieces:
-            piece_out = _scratch(schedule.scratch, "forward piece out", (num_pieces, heads, head_dim), acc,
-                                 value.device)
-            piece_lse = _scratch(schedule.scratch, "forward piece lse", (num_pieces, heads), acc, value.device)
+            piece_out = _new_output((num_pieces, heads, head_dim), acc, value.device)
+            piece_lse = _new_output((num_pieces, heads), acc, value.device)
         else:
             piece_out, piece_lse = out, lse  # never written
         target_out, target_lse = (piece_out, piece_lse) if pieces is True else (out, lse)
@@ -1186,7 +1169,7 @@ def attention_backward(
     grad_out_copy: torch.Tensor | None = None, factor_rev: torch.Tensor | None = None,
     grad_factor: torch.Tensor | None = None, score_rev: torch.Tensor | None = None,
     grad_scores: torch.Tensor | None = None, gatv2_saves: tuple[torch.Tensor, torch.Tensor] | None = None,
-    bias_sum: torch.Tensor | None = None, scratch_grads: tuple[str, ...] = (),
+    bias_sum: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """Gradients of the fused attention, without atomics:
     ``(∂value, ∂src-side, ∂dst_term, ∂edge_attr, attr_sums)``.
@@ -1220,10 +1203,6 @@ def attention_backward(
     ``(P, ∂β terms, ∂h, None, None)``: the source pass's ``P = ∂v + r (∂k − ĥ (ĥ · ∂k))`` (in ``grad_value_dtype``),
     the ``∂β`` terms (accumulation dtype, ``[N + pieces]``; ``∂β`` is their sum) and ``∂h`` itself (in
     ``term_grad_dtypes[1]``, default the values' dtype); no ``grad_targets``.
-
-    ``scratch_grads`` names the new gradients (of ``"value"``, ``"src"``, ``"dst"``) the caller only reads in later
-    launches of its own call — it returns, saves and keeps a view of none of them: those are the schedule's kept
-    buffers (:func:`_scratch`), as ``δ``, ``∂s`` and the split rows' partials always are.
     """
 
     value = inputs.value
@@ -1235,21 +1214,15 @@ def attention_backward(
     folded = inputs.keys_from_values  # AGNN: the normalization's backward folded into the passes
     if folded and (grad_targets is not None or inputs.has_edge):
         raise ValueError("keys formed from the values: no grad_targets and no edge features")
-    schedule = graph.schedule(heads, head_dim, value.dtype, options) if num_nodes else None
-    kept = schedule.scratch if schedule is not None else None  # buffers no result of the call holds
-
-    def grad_buffer(name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        return _scratch(kept if name in scratch_grads else None, "grad " + name, shape, dtype, device)
-
     if grad_targets is None:
-        grad_value = grad_buffer("value", tuple(value.shape), grad_value_dtype or value.dtype)
+        grad_value = _new_output(tuple(value.shape), grad_value_dtype or value.dtype, device)
         # ∂k (never stored when folded: the source pass folds it into P)
-        grad_src = grad_value if folded else grad_buffer("src", src_shape, term_grad_dtypes[0] or acc)
-        grad_dst = grad_buffer("dst", src_shape, term_grad_dtypes[1] or (value.dtype if folded else acc))
+        grad_src = grad_value if folded else _new_output(src_shape, term_grad_dtypes[0] or acc, device)
+        grad_dst = _new_output(src_shape, term_grad_dtypes[1] or (value.dtype if folded else acc), device)
     else:
         grad_value, grad_src, grad_dst = grad_targets
         if grad_src is None:
-            grad_src = grad_buffer("src", src_shape, term_grad_dtypes[0] or acc)
+            grad_src = _new_output(src_shape, term_grad_dtypes[0] or acc, device)
         stored = (grad_value, grad_dst) + ((grad_src,) if inputs.score == SCORE_DOT else ())
         if inputs.score == SCORE_GAT or not all(
                 t.dim() == 3 and _rows_alike(t) and (t.stride(0) == grad_value.stride(0) or num_nodes < 2)
@@ -1267,6 +1240,7 @@ def attention_backward(
     if num_nodes == 0:
         return grad_value, torch.zeros(0, dtype=acc, device=device) if folded else grad_src, grad_dst, grad_attr, \
             attr_sums
+    schedule = graph.schedule(heads, head_dim, value.dtype, options)
     keep_scale, use_dropout = _dropout_args(dropout_p, seed)
     scalars = (inputs.negative_slope, inputs.scale, dropout_p, keep_scale, seed, offset)
     mixed = ROW_LAUNCH_MIXED["destination"]
@@ -1288,9 +1262,8 @@ def attention_backward(
     plan = _launch_plan(schedule, key, lambda: _backward_plan(schedule, inputs, value.dtype, use_dropout, weight_grad,
                                                               mixed, merged_src, merged_dst, factor_grad))
     # δ_i = <g_i, out_i> per head: one pass over node rows instead of one over edges.
-    delta = _head_dot(grad_out, out, acc, bias_parts, grad_out_copy, bias_sum, kept)
-    grad_s = _scratch(kept, "grad s", (max(graph.num_edges, 1), heads), acc, device) if grad_scores is None \
-        else grad_scores
+    delta = _head_dot(grad_out, out, acc, bias_parts, grad_out_copy, bias_sum)
+    grad_s = _new_output((max(graph.num_edges, 1), heads), acc, device) if grad_scores is None else grad_scores
     src_term, dst_term, attn, *_ = inputs.pointers()
     # the dot score's edge features reach the source pass as two terms per edge and head (kernels/edge_features.py);
     # GATv2's are projected there (its edge ids, features and weight as keywords)
@@ -1319,9 +1292,8 @@ def attention_backward(
     for index, ((rows, starts, stops, count, pieces), meta) in enumerate(
             zip(_row_launches(outgoing), plan["source rows"])):
         if pieces:
-            target_value = _scratch(kept, "source piece value", (count, heads, head_dim), acc, device)
-            target_src = target_value if folded else _scratch(kept, "source piece src", (count, *src_shape[1:]),
-                                                              acc, device)
+            target_value = _new_output((count, heads, head_dim), acc, device)
+            target_src = target_value if folded else _new_output((count, *src_shape[1:]), acc, device)
         else:
             target_value, target_src = grad_value, grad_src
         where = (key, "source rows", index)
@@ -1351,7 +1323,7 @@ def attention_backward(
             row_sum_kernel[grid](rows, starts, stops, grad_s, grad_dst, rows.numel(), heads, incoming.piece_super,
                                  incoming.super_piece_ptr, grad_s, grad_dst, **meta)  # the last four never read
         for rows, starts, stops, count, pieces in _row_launches(incoming):
-            target_dst = _scratch(kept, "row sums pieces", (count, heads), acc, device) if pieces else grad_dst
+            target_dst = _new_output((count, heads), acc, device) if pieces else grad_dst
             merge = merged_dst and pieces
             row_sum_kernel[(count,)](rows, starts, stops, grad_s, target_dst, count, heads, incoming.piece_super,
                                      incoming.super_piece_ptr, _piece_counts(incoming, merge, lse), grad_dst,
@@ -1388,9 +1360,8 @@ def attention_backward(
             zip(_row_launches(incoming, mixed, merged_dst), plan["destination rows"])):
         num_pieces = incoming.num_pieces if pieces else 0
         if pieces:
-            piece_dst = _scratch(kept, "destination piece dst", (num_pieces, heads, head_dim), acc, device)
-            piece_sums = _scratch(kept, "destination piece sums", (num_pieces, 2, heads, edge_dim), acc, device) \
-                if row_sums else grad_s
+            piece_dst = _new_output((num_pieces, heads, head_dim), acc, device)
+            piece_sums = _new_output((num_pieces, 2, heads, edge_dim), acc, device) if row_sums else grad_s
         else:
             piece_dst, piece_sums = grad_dst, sums  # never written
         target_dst, target_sums, stride = ((piece_dst, piece_sums, piece_stride) if pieces is True
@@ -1431,8 +1402,7 @@ def _row_sums(schedule, key: tuple, plan: dict, grad_s: torch.Tensor, grad_dst: 
     if not light_programs + count:
         return
     heads = grad_dst.shape[1]
-    piece_out = _scratch(schedule.scratch, "row sums pieces", (num_pieces, heads), acc, grad_dst.device) \
-        if num_pieces else grad_dst
+    piece_out = _new_output((num_pieces, heads), acc, grad_dst.device) if num_pieces else grad_dst
     where = (key, "row sums")
     prepared = _prepared(schedule, where, plan) or _prepare(
         schedule, where, plan, row_sums_kernel, (light_programs + count,), ROW_SUMS_DYNAMIC, {
@@ -1813,8 +1783,7 @@ def _backward_saved(ctx, inputs: AttentionInputs, grad_out: torch.Tensor,
                     grad_targets: tuple | None = None, grad_out_copy: torch.Tensor | None = None,
                     grad_factor: torch.Tensor | None = None,
                     grad_scores: torch.Tensor | None = None,
-                    bias_sum: torch.Tensor | None = None, scratch_grads: tuple[str, ...] = ()
-                    ) -> tuple[torch.Tensor, ...]:
+                    bias_sum: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """:func:`attention_backward` from what :func:`_forward_saving` kept (``out``, ``lse`` last; the per-edge factor
     of :func:`_edge_factor` and score term of :func:`_edge_score`, each put in reverse-CSR order here by one gather)."""
     out, lse = ctx.saved_tensors[-2:]
@@ -1824,8 +1793,7 @@ def _backward_saved(ctx, inputs: AttentionInputs, grad_out: torch.Tensor,
     score_rev = None if edge_score is None else gather_rows(edge_score, ctx.graph.rev_pos)
     return attention_backward(ctx.graph, inputs, lse, out, grad_out.contiguous(), *ctx.launch, grad_value_dtype,
                               edge_grads, bias_parts, term_grad_dtypes, grad_targets, grad_out_copy, factor_rev,
-                              grad_factor, score_rev, grad_scores, getattr(ctx, "gatv2_saves", None), bias_sum,
-                              scratch_grads)
+                              grad_factor, score_rev, grad_scores, getattr(ctx, "gatv2_saves", None), bias_sum)
 
 
 def _edge_factor(ctx, graph: Graph, edge_weight: torch.Tensor | None, acc: torch.dtype, index: int
@@ -2171,15 +2139,13 @@ def _node_tile_rows(heads: int, head_dim: int) -> tuple[int, int, int]:
     return block_h, block_d, max(1, min(256, 4096 // (block_h * block_d)))
 
 
-def _node_part_buffer(like: torch.Tensor, count: int, name: str = "node parts") -> torch.Tensor:
+def _node_part_buffer(like: torch.Tensor, count: int) -> torch.Tensor:
     """``[count, P, H, D]`` in the accumulation dtype: per-program partial sums of the per-node
     kernels over ``like [N, H, D]`` (``P`` programs of :func:`_node_tile_rows`), ``count`` sums side
-    by side so that one sum finishes them all (inside :func:`_node_scores_backward`'s launch, or ``.sum``); a kept
-    scratch buffer (:func:`_scratch`, :data:`NODE_SCRATCH`) under ``name``."""
+    by side so that one sum finishes them all (inside :func:`_node_scores_backward`'s launch, or ``.sum``)."""
     num_nodes, heads, head_dim = like.shape
     programs = cdiv(num_nodes, _node_tile_rows(heads, head_dim)[2])
-    return _scratch(NODE_SCRATCH, name, (count, programs, heads, head_dim), accumulation_dtype(like.dtype),
-                    like.device)
+    return _new_output((count, programs, heads, head_dim), accumulation_dtype(like.dtype), like.device)
 
 
 # Programs per first-level group of the per-node kernels' own sums of their partials (fusecore.grid_sync.sum_partials),
@@ -2193,26 +2159,24 @@ NODE_SUM_TILE = 1024
 def _finishing(count: int, programs: int, width: int, acc: torch.dtype, device: torch.device) -> tuple:
     """``(group, counts, meta)``: what a per-node launch of ``programs`` programs needs to finish the column sums of
     its ``count`` partial rows of ``width`` itself (:func:`fusecore.grid_sync.sum_partials`): the first level's
-    ``[count, groups, width]`` buffer in ``acc`` (kept scratch, read only inside the launch), the zeroed counts and
-    the compile-time tiling."""
+    ``[count, groups, width]`` buffer in ``acc``, the zeroed counts and the compile-time tiling."""
     groups = cdiv(programs, NODE_SUM_GROUP)
     block_w = min(next_power_of_2(width), NODE_SUM_TILE)
-    return (_scratch(NODE_SCRATCH, "node sums group", (count, groups, width), acc, device),
+    return (_new_output((count, groups, width), acc, device),
             zeroed(None, "node sums", groups + 1, torch.int32, device),
             {"GROUP": NODE_SUM_GROUP, "SUM_P": max(1, NODE_SUM_TILE // block_w), "SUM_W": block_w})
 
 
 def _head_dot(a: torch.Tensor, b: torch.Tensor, acc: torch.dtype, parts: torch.Tensor | None = None,
-              copy: torch.Tensor | None = None, sums: torch.Tensor | None = None, kept: dict | None = None
-              ) -> torch.Tensor:
+              copy: torch.Tensor | None = None, sums: torch.Tensor | None = None) -> torch.Tensor:
     """``Σ_d a · b`` per (node, head) of two contiguous ``[N, H, D]`` tensors, in ``acc``; with
     ``parts`` (one sum of :func:`_node_part_buffer`) also the per-program partial sums of ``a`` (summed by a later
     launch), or with ``sums`` (``[H, D]``, any float dtype) ``Σ_n a_n`` itself, summed inside the launch; and with
     ``copy`` (``[N, H, D]``, contiguous heads and features, any row stride) ``a`` stored into it, from the
-    same read.  ``kept``: the result is a kept scratch buffer there (:func:`_scratch`)."""
+    same read."""
 
     num_nodes, heads, head_dim = a.shape
-    out = _scratch(kept, "head dot", (num_nodes, heads), acc, a.device)
+    out = _new_output((num_nodes, heads), acc, a.device)
     block_h, block_d, rows = _node_tile_rows(heads, head_dim)
     programs = cdiv(num_nodes, rows)
     if not programs:
@@ -2221,7 +2185,7 @@ def _head_dot(a: torch.Tensor, b: torch.Tensor, acc: torch.dtype, parts: torch.T
         return out
     group, counts, finish = out, out, {}
     if sums is not None:
-        parts = _node_part_buffer(a, 1, "head dot parts")
+        parts = _node_part_buffer(a, 1)
         group, counts, finish = _finishing(1, programs, heads * head_dim, parts.dtype, a.device)
         finish["FINISH"] = True
     head_dot_kernel[(programs,)](
@@ -2352,21 +2316,18 @@ def _projection_scores(x: torch.Tensor, weight: torch.Tensor, attn_l: torch.Tens
 
 
 def _node_scores_backward(wh, attn_l, attn_r, grad_el, grad_er, grad_agg, parts: torch.Tensor,
-                          sums_dtype: torch.dtype, scratch_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                          sums_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """``(grad_wh, sums)``: ``grad_wh`` is ``grad_agg`` plus the node scores' share, and ``sums [count, H, D]`` (in
     ``sums_dtype``) the column sums of ``parts`` (:func:`_node_part_buffer`, ``count`` sums side by side) after the
     kernel wrote the partial sums of ``∂attn_l``, ``∂attn_r`` into ``parts[0]``, ``parts[1]`` — one launch: its last
-    programs to finish sum the partials (``sums[0]``, ``sums[1]``, and an earlier kernel's ``parts[2:]``).
-    ``scratch_grad``: the caller only reads a new ``grad_wh`` in later launches of its call (a kept buffer,
-    :func:`_scratch`)."""
+    programs to finish sum the partials (``sums[0]``, ``sums[1]``, and an earlier kernel's ``parts[2:]``)."""
 
     num_nodes, heads, head_dim = wh.shape
     block_h, block_d, rows = _node_tile_rows(heads, head_dim)
     programs = cdiv(num_nodes, rows)
     count = parts.shape[0]
     sums = _new_output((count, heads, head_dim), sums_dtype, wh.device)
-    grad_wh = grad_agg if grad_agg.dtype == wh.dtype else _scratch(NODE_SCRATCH if scratch_grad else None, "grad wh",
-                                                                   tuple(wh.shape), wh.dtype, wh.device)
+    grad_wh = grad_agg if grad_agg.dtype == wh.dtype else _new_output(tuple(wh.shape), wh.dtype, wh.device)
     if not programs:
         return grad_wh, sums.zero_()
     group, counts, finish = _finishing(count, programs, heads * head_dim, parts.dtype, wh.device)
@@ -2444,15 +2405,11 @@ class GATFunction(torch.autograd.Function):
         parts = _node_part_buffer(wh, 3 if bias else 2)
         grad_factor = _factor_grad_buffer(ctx)
         grad_scores = _score_grad_buffer(ctx)
-        # ∂el, ∂er and, projected here, ∂wh (and ∂agg, whose dtype it may share) are read by later launches only
-        projected = weight is not None
         grad_agg, grad_el, grad_er, _, _ = _backward_saved(ctx, inputs, grad_out, grad_value_dtype=el.dtype,
                                                            bias_parts=parts[2] if bias else None,
-                                                           grad_factor=grad_factor, grad_scores=grad_scores,
-                                                           scratch_grads=("src", "dst") + ("value",) * projected)
+                                                           grad_factor=grad_factor, grad_scores=grad_scores)
         # wh, the attention vectors and the bias share a dtype
-        grad_wh, sums = _node_scores_backward(wh, attn_l, attn_r, grad_el, grad_er, grad_agg, parts, attn_l.dtype,
-                                              projected)
+        grad_wh, sums = _node_scores_backward(wh, attn_l, attn_r, grad_el, grad_er, grad_agg, parts, attn_l.dtype)
         grad_x = grad_weight = None
         if weight is None:
             grad_x = grad_wh
@@ -2700,8 +2657,7 @@ class GATv2Function(torch.autograd.Function):
         bias_sum = _new_output(tuple(attn.shape), ctx.add_dtype, attn.device) if _bias_grad_wanted(ctx) else None
         grad_fs, attn_parts, grad_fd, grad_attr, grad_weight = _backward_saved(
             ctx, inputs, grad_out, edge_grads=(ctx.needs_input_grad[3], ctx.needs_input_grad[4]),
-            term_grad_dtypes=(None, fd.dtype), grad_targets=targets, bias_sum=bias_sum,
-            scratch_grads=("src",))  # the ∂attn partials, summed below
+            term_grad_dtypes=(None, fd.dtype), grad_targets=targets, bias_sum=bias_sum)
         # Σ over the [N, H, D] per-row partials by fusecore's column sum: torch's sum(0) of this shape took 151.5 µs
         # of the arxiv-like bf16 step on the H200 (session 24, kernel_times.py); column_sum read 2.5 TB/s in that run
         grad_attn = column_sum(attn_parts.reshape(attn_parts.shape[0], attn.numel()), attn.dtype).reshape(attn.shape)
@@ -2805,8 +2761,7 @@ class AGNNFunction(torch.autograd.Function):
         h, beta, inverse_norm, query_scale = ctx.saved_tensors[:4]
         inputs = AttentionInputs(SCORE_DOT, inverse_norm, query_scale, h, keys_from_values=True)
         _, beta_terms, grad_h, *_ = _backward_saved(ctx, inputs, grad_out, grad_value_dtype=inverse_norm.dtype,
-                                                    term_grad_dtypes=(None, h.dtype),
-                                                    scratch_grads=("value",))  # P, read by the destination pass
+                                                    term_grad_dtypes=(None, h.dtype))
         grad_beta = beta_terms.sum().to(beta.dtype).reshape(beta.shape) if ctx.needs_input_grad[1] else None
         return grad_h, grad_beta, None, None
 

@@ -194,9 +194,7 @@ class Schedule:
     over sources).  ``launches``: the launch configurations (grids, compile-time arguments)
     :mod:`gnnfuse.ops` derives from this schedule per kind of call, kept here so that a later
     call of the same kind on the same graph only launches (:func:`gnnfuse.ops._launch_plan`); ``prepared``: the
-    launches prepared from those plans (:func:`gnnfuse.ops._prepare`), each beside the plan it came from; ``scratch``:
-    the buffers a call's kernels fill and read before it returns, kept for later calls on the same stream
-    (:func:`gnnfuse.ops._scratch`).
+    launches prepared from those plans (:func:`gnnfuse.ops._prepare`), each beside the plan it came from.
     """
 
     incoming: Buckets
@@ -211,8 +209,6 @@ class Schedule:
     edge_lanes: bool | None
     launches: dict = field(default_factory=dict, init=False, compare=False, repr=False)
     prepared: dict = field(default_factory=dict, init=False, compare=False, repr=False)
-    # the calls' scratch buffers kept across calls per stream (gnnfuse.ops._scratch, fusecore.scratch.kept)
-    scratch: dict = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def light_rows_per_program(self, width: int, row_elements: int) -> int:
         """Rows per program for light rows of ``width`` edges with ``row_elements`` values per edge."""

@@ -56,9 +56,6 @@ def poison_op_outputs(monkeypatch) -> list[torch.Tensor]:
         return created[-1]
 
     monkeypatch.setattr(ops, "_new_output", poisoned_output)
-    # kept scratch buffers too, fresh and poisoned (test_kept_scratch.py covers the kept ones)
-    monkeypatch.setattr(ops, "_scratch",
-                        lambda cache, name, shape, dtype, device: poisoned_output(shape, dtype, device))
     return created
 
 
