@@ -147,6 +147,12 @@ class DecodePlan:
     # layer's Q/K/V tiles read x + fix and its W_o adds fix into x and zeroes it; the last layer's
     # W_down merges as before (kernels/residual_proj.py).
     defer_down: bool = False
+    # Per-layer path, batch-1 row tiles, Q/K/V and attention in one launch, W_o unsplit: each attention
+    # split is one block of block_s slots (split_len <= block_s), whose tile loads the split's old cache
+    # slots before its waits and stores its partial and logsumexp without a count; W_o's tiles merge the
+    # (at most MERGE_IN_O_SPLITS) splits as they load their K chunks (kernels/matvec.py merged_chunk),
+    # so no attention tile counts, reloads the partials and merges them before the launch can end.
+    merge_in_o: bool = False
 
     @property
     def row_sums(self) -> bool:
@@ -233,6 +239,9 @@ class DecodePlan:
         }
 
 
+MERGE_IN_O_SPLITS = 8  # most attention splits W_o's tiles merge (plan.merge_in_o): every split's partial is loaded
+
+
 def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, device: torch.device,
               n_splits: int | None = None, looped_programs: int | None = None,
               split_k: int | None = None, **tuning: int) -> DecodePlan:
@@ -288,6 +297,10 @@ def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, 
     block_d = max(16, next_power_of_2(cfg.head_dim))
     block_g = max(16, next_power_of_2(cfg.group_size))
     pairs = batch * cfg.num_key_value_heads
+    if tuning.get("merge_in_o"):
+        # one block per split, at most MERGE_IN_O_SPLITS of them (W_o loads every split's partial)
+        block_s = tuning.get("block_s") or max(block_s, next_power_of_2(cdiv(max_slots, MERGE_IN_O_SPLITS // 2)))
+        n_splits = cdiv(max_slots, block_s)
     most_splits = cdiv(max_slots, block_s)
     if n_splits is None:
         # Session 9 (H100, Llama-3.2-1B batch 8, 520 slots): at batches 3..8 with caches up to 1024 slots, one
@@ -443,6 +456,11 @@ def _tuned(plan: DecodePlan, tuning: dict[str, int]) -> DecodePlan:
     for name in ("split_k", "o_split", "qkv_split", "mlp_split"):
         if getattr(plan, name) < 1:
             raise ValueError(f"{name} must be >= 1, got {getattr(plan, name)}")
+    if plan.merge_in_o and not (plan.block_b == 1 and plan.row_prefetch and plan.o_split == 1 and plan.fuse_attention
+                                and plan.split_len <= plan.block_s and plan.n_splits <= MERGE_IN_O_SPLITS):
+        raise ValueError(f"merge_in_o needs batch-1 row tiles (block_b 1, row_prefetch), W_o unsplit (o_split 1), "
+                         f"Q/K/V and attention in one launch (fuse_attention) and splits of one block (split_len "
+                         f"<= block_s), at most {MERGE_IN_O_SPLITS} of them: {plan}")
     if plan.defer_down and not (plan.block_b == 1 and plan.row_prefetch and plan.o_split == 1):
         if tuning.get("defer_down"):
             raise ValueError(f"defer_down needs batch-1 row tiles (block_b 1, row_prefetch) and W_o unsplit "
@@ -504,12 +522,16 @@ class DecodeBuffers:
         hq, d = cfg.num_attention_heads, cfg.head_dim
         tiles = plan.tiles(cfg)
         vt = tiles["lm_head"]
+        # the split partials and their logsumexps in one allocation, the logsumexps last: W_o's tiles find
+        # them after the partials (plan.merge_in_o, kernels/matvec.py rows_dot)
+        n_part = B * hq * plan.n_splits * d
+        part_lse = torch.zeros(n_part + B * hq * plan.n_splits, dtype=f32, device=device)
         return cls(
             x=torch.zeros(B, cfg.hidden_size, dtype=f32, device=device),
             fix=torch.zeros(B, cfg.hidden_size, dtype=torch.int64, device=device),
             q=torch.zeros(B, hq, d, dtype=f32, device=device),
-            part=torch.zeros(B, hq, plan.n_splits, d, dtype=f32, device=device),
-            lse=torch.zeros(B, hq, plan.n_splits, dtype=f32, device=device),
+            part=part_lse[:n_part].view(B, hq, plan.n_splits, d),
+            lse=part_lse[n_part:].view(B, hq, plan.n_splits),
             attn=torch.zeros(B, hq, d, dtype=f32, device=device),
             sem=torch.zeros(B, cfg.num_key_value_heads, dtype=torch.int32, device=device),
             proj_part=torch.zeros(max(plan.split_k, plan.o_split), B, cfg.hidden_size, dtype=f32, device=device),
@@ -602,17 +624,20 @@ def qkv_attention(w: LlamaWeights, cfg: LlamaConfig, layer: int, cache: KVCache,
         SQ_LOAD=plan.square_sum_load_qkv,
         ACQUIRE_LOADS=plan.acquire_loads,
         ATTN_PREFETCH_LINES=plan.attention_prefetch_lines(cfg, cache.k.element_size()), X_FIX=plan.defer_down,
-        **plan.layer_launch_options("qkv_attention"),
+        MERGE_IN_O=plan.merge_in_o, **plan.layer_launch_options("qkv_attention"),
     )
 
 
 def o_proj(w: LlamaWeights, cfg: LlamaConfig, layer: int, buf: DecodeBuffers, plan: DecodePlan) -> None:
-    """x += attn W_oᵀ (instruction 3); with ``plan.defer_down`` also x += the deferred sums, which are zeroed."""
+    """x += attn W_oᵀ (instruction 3); with ``plan.defer_down`` also x += the deferred sums, which are zeroed;
+    with ``plan.merge_in_o`` attn is merged from the attention splits' partials ``buf.part`` / ``buf.lse``."""
     residual_proj_kernel[(cdiv(cfg.hidden_size, plan.o_rows()) * plan.o_split,)](
-        layer, buf.attn, w.wo, buf.x, buf.fix, buf.proj_part, buf.proj_sem, plan.batch, cfg.hidden_size,
+        layer, buf.part if plan.merge_in_o else buf.attn, w.wo, buf.x, buf.fix, buf.proj_part, buf.proj_sem,
+        plan.batch, cfg.hidden_size,
         cfg.num_attention_heads * cfg.head_dim,
         plan.o_split, BLOCK_B=plan.block_b, BLOCK_N=plan.o_rows(), BLOCK_K=plan.k_chunk("o_proj"),
         DOT_PREC=plan.dot_prec, ROW_PREFETCH=plan.row_tiles("o_proj"), X_FIX=2 * plan.defer_down,
+        MERGE_NS=plan.n_splits if plan.merge_in_o else 0, MERGE_D=cfg.head_dim,
         **plan.layer_launch_options("o_proj"),
     )
 

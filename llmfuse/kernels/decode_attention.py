@@ -179,3 +179,65 @@ def decode_attention_kernel(
     after_previous_kernel(USE_PDL)
     attend_span(split, bh, kv_head, b, lo, hi, base, q_ptr, k_cache_ptr, v_cache_ptr, part_ptr, lse_ptr, attn_ptr,
                 sem_ptr, HQ, HKV, D, n_splits, sm_scale, BLOCK_G, BLOCK_S, BLOCK_D, BLOCK_M, MERGE_SPLITS, DOT_PREC)
+
+
+# --- splits merged by W_o (plan.merge_in_o; the fused Q/K/V + attention launch at batch 1) ---
+
+
+@jit
+def preload_block(k_cache_ptr, v_cache_ptr, base, lo, hi, slot, D, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+    """K and V [BLOCK_S, BLOCK_D] of slots ``lo + i`` in [lo, hi) but ``slot`` (zeros elsewhere): a split
+    that is one block.  Cache slots other than the step's own were written by earlier steps, so a
+    tile loads them before it waits for its Q/K/V tiles, and only the new slot after."""
+    s = lo + tl.arange(0, BLOCK_S)
+    d = tl.arange(0, BLOCK_D)
+    mask = ((s < hi) & (s != slot))[:, None] & (d < D)[None, :]
+    off = (base + s)[:, None] * D + d[None, :]
+    # evict_last: the loads a launch with PDL may make before its wait that are not a weight's
+    # (tests/llmfuse/compile_sm90.py check_pdl_order); the next step reads these slots again
+    k = tl.load(k_cache_ptr + off, mask=mask, other=0.0, eviction_policy="evict_last")
+    v = tl.load(v_cache_ptr + off, mask=mask, other=0.0, eviction_policy="evict_last")
+    return k, v
+
+
+@jit
+def attend_block(
+    split, kv_head, b, lo, hi, base, slot, k, v, q_ptr, k_cache_ptr, v_cache_ptr, part_ptr, lse_ptr,
+    HQ, HKV, D, n_splits, sm_scale,
+    BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    """The attention tile of a one-block split whose old slots :func:`preload_block` loaded (``k``, ``v``):
+    the step's own slot ``slot`` (when in [lo, hi)) and the G queries loaded now, then one softmax over
+    the block.  Writes the split's normalized partial ``out`` and its logsumexp (−inf for an empty
+    split), as :func:`attend_span`, and no count: the next launch (W_o, kernels/matvec.py
+    ``merged_chunk``) merges the splits after this launch completes."""
+    G = HQ // HKV
+    g = tl.arange(0, BLOCK_G)
+    gmask = g < G
+    d = tl.arange(0, BLOCK_D)
+    dmask = d < D
+    q_heads = kv_head * G + g
+    gd_mask = gmask[:, None] & dmask[None, :]
+    q = tl.load(q_ptr + (b * HQ + q_heads)[:, None] * D + d[None, :], mask=gd_mask, other=0.0,
+                cache_modifier=".cg")
+    slot_vec = tl.zeros_like(d) + slot  # per lane: the mask stays a tensor of booleans
+    new_mask = dmask & (slot_vec >= lo) & (slot_vec < hi)
+    k_new = tl.load(k_cache_ptr + (base + slot) * D + d, mask=new_mask, other=0.0, cache_modifier=".cg")
+    v_new = tl.load(v_cache_ptr + (base + slot) * D + d, mask=new_mask, other=0.0, cache_modifier=".cg")
+    s = lo + tl.arange(0, BLOCK_S)
+    new = (s == slot)[:, None]
+    k = tl.where(new, k_new[None, :], k)
+    v = tl.where(new, v_new[None, :], v)
+    scores = mma(q, tl.trans(k), DOT_PREC) * sm_scale
+    scores = tl.where((s < hi)[None, :], scores, float("-inf"))
+    m = tl.max(scores, axis=1)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    p = tl.exp(scores - m_safe[:, None])
+    l = tl.sum(p, axis=1)
+    acc = mma(p, v, DOT_PREC)
+    nonempty = l > 0.0
+    out = acc / tl.where(nonempty, l, 1.0)[:, None]
+    lse = tl.where(nonempty, m_safe + tl.log(tl.where(nonempty, l, 1.0)), float("-inf"))
+    row = (b * HQ + q_heads) * n_splits
+    tl.store(part_ptr + (row + split)[:, None] * D + d[None, :], out, mask=gd_mask)
+    tl.store(lse_ptr + row + split, lse, mask=gmask)

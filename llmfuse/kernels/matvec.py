@@ -38,6 +38,7 @@ import triton.language as tl
 from fusecore.backend import jit
 from fusecore.grid_sync import last_to_arrive
 from fusecore.launch_order import after_previous_kernel
+from fusecore.softmax import online_rescale
 
 SMALL_BATCH = tl.constexpr(8)  # batches up to this use row sums (CUDA cores), larger ones tl.dot
 # Deferred down-projection sums (``plan.defer_down``): W_down's K parts add their float32 partial sums
@@ -169,13 +170,57 @@ def _one_row_weights(g_ptr, w_a, w_b, row_mask, k0, k_stop, HAS_NORM: tl.constex
 
 
 @jit
-def _one_row_x(x_ptr, fix_ptr, k0, k_stop, X_FIX: tl.constexpr, BLOCK_K: tl.constexpr):
+def merged_chunk(part_ptr, lse_ptr, k0, k_stop, MERGE_NS: tl.constexpr, MERGE_D: tl.constexpr,
+                 BLOCK_K: tl.constexpr):
+    """Columns [k0, k0 + BLOCK_K) ∩ [.., k_stop) of one row of the attention output (k0 and BLOCK_K
+    multiples of the head size D), merged from its ``MERGE_NS`` split partials
+    (kernels/decode_attention.py ``attend_block``): column k is element ``k % D`` of query head
+    ``h = k // D``, whose partials are ``part[h, s, :]`` [Hq, NS, D] with logsumexps ``lse[h, s]``
+    [Hq, NS] (float32)::
+
+        x_k = Σ_s exp(lse_s − lse) part[h, s, k % D],   lse = log Σ_s exp(lse_s)
+
+    (:func:`fusecore.softmax.merge_partials`' math; an empty split has lse −inf and weight 0).  Computed
+    as [heads, D] tiles, so a logsumexp is loaded once per head, not per column; every split's loads
+    are issued before the first is used: one L2 round trip."""
+    tl.static_assert(BLOCK_K % MERGE_D == 0, "merged_chunk: chunks of whole heads")
+    HEADS: tl.constexpr = BLOCK_K // MERGE_D
+    head = k0 // MERGE_D + tl.arange(0, HEADS)
+    hmask = head * MERGE_D < k_stop
+    d = tl.arange(0, MERGE_D)
+    row = head * MERGE_NS
+    top = tl.full([HEADS], float("-inf"), dtype=tl.float32)
+    denom = tl.zeros([HEADS], dtype=tl.float32)
+    merged = tl.zeros([HEADS, MERGE_D], dtype=tl.float32)
+    for s in tl.static_range(MERGE_NS):
+        lse_s = tl.load(lse_ptr + row + s, mask=hmask, other=float("-inf"), cache_modifier=".cg")
+        part_s = tl.load(part_ptr + (row + s)[:, None] * MERGE_D + d[None, :], mask=hmask[:, None], other=0.0,
+                         cache_modifier=".cg").to(tl.float32)
+        top_new = tl.maximum(top, lse_s)
+        safe = tl.where(top_new == float("-inf"), 0.0, top_new)
+        rescale = online_rescale(top, safe)
+        weight = tl.where(lse_s == float("-inf"), 0.0, tl.exp(lse_s - safe))
+        merged = merged * rescale[:, None] + weight[:, None] * part_s
+        denom = denom * rescale + weight
+        top = top_new
+    merged = merged / tl.where(denom > 0.0, denom, 1.0)[:, None]
+    return tl.reshape(merged, [BLOCK_K])
+
+
+@jit
+def _one_row_x(x_ptr, fix_ptr, k0, k_stop, X_FIX: tl.constexpr, BLOCK_K: tl.constexpr,
+               MERGE_NS: tl.constexpr = 0, MERGE_D: tl.constexpr = 1):
     """Chunk [k0, k0 + BLOCK_K) ∩ [.., k_stop) of one x row as float32 (written by the previous instruction);
-    with ``X_FIX`` plus the deferred down-projection sums at ``fix_ptr`` (:func:`from_fixed`)."""
+    with ``X_FIX`` plus the deferred down-projection sums at ``fix_ptr`` (:func:`from_fixed`); with
+    ``MERGE_NS`` > 0 merged from the attention splits' partials at ``x_ptr`` and logsumexps at
+    ``fix_ptr`` (:func:`merged_chunk`)."""
     k = k0 + tl.arange(0, BLOCK_K)
-    xv = tl.load(x_ptr + k, mask=k < k_stop, other=0.0, cache_modifier=".cg").to(tl.float32)
-    if X_FIX:
-        xv += from_fixed(tl.load(fix_ptr + k, mask=k < k_stop, other=0, cache_modifier=".cg"))
+    if MERGE_NS > 0:
+        xv = merged_chunk(x_ptr, fix_ptr, k0, k_stop, MERGE_NS, MERGE_D, BLOCK_K)
+    else:
+        xv = tl.load(x_ptr + k, mask=k < k_stop, other=0.0, cache_modifier=".cg").to(tl.float32)
+        if X_FIX:
+            xv += from_fixed(tl.load(fix_ptr + k, mask=k < k_stop, other=0, cache_modifier=".cg"))
     return xv
 
 
@@ -192,7 +237,8 @@ def _one_row_fma(acc_a, acc_b, sumsq, wa, wb, xv, g, PAIR: tl.constexpr):
 
 @jit
 def _one_row(x_ptr, fix_ptr, g_ptr, w_a, w_b, row_mask, k_start, k_stop, HAS_NORM: tl.constexpr, PAIR: tl.constexpr,
-             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROW_PREFETCH: tl.constexpr, X_FIX: tl.constexpr):
+             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROW_PREFETCH: tl.constexpr, X_FIX: tl.constexpr,
+             MERGE_NS: tl.constexpr = 0, MERGE_D: tl.constexpr = 1):
     """Batch 1, pipelined: (Σ_k x g W[rows_a], Σ_k x g W[rows_b], Σ_k x²) over [k_start, k_stop).
 
     The next chunk's loads are issued before the current chunk is used, so a program always
@@ -205,7 +251,8 @@ def _one_row(x_ptr, fix_ptr, g_ptr, w_a, w_b, row_mask, k_start, k_stop, HAS_NOR
     are issued and before any x load: weights and norm weights are never written during a step,
     so their round trip overlaps the previous kernel's tail instead of following it (compiled
     only).  With 3 the loop keeps two chunks in flight, not one (registers for a third chunk).
-    ``X_FIX``: x is the stored x plus the deferred sums at ``fix_ptr`` (:func:`_one_row_x`)."""
+    ``X_FIX``: x is the stored x plus the deferred sums at ``fix_ptr``; ``MERGE_NS`` > 0: x merged from
+    attention split partials (:func:`_one_row_x`)."""
     acc_a = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     acc_b = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     sumsq = tl.zeros([BLOCK_K], dtype=tl.float32)
@@ -214,22 +261,22 @@ def _one_row(x_ptr, fix_ptr, g_ptr, w_a, w_b, row_mask, k_start, k_stop, HAS_NOR
         wa_1, wb_1, g_1 = _one_row_weights(g_ptr, w_a, w_b, row_mask, k_start + BLOCK_K, k_stop, HAS_NORM, PAIR,
                                            BLOCK_K)
         after_previous_kernel(True)
-        xv = _one_row_x(x_ptr, fix_ptr, k_start, k_stop, X_FIX, BLOCK_K)
-        xv_1 = _one_row_x(x_ptr, fix_ptr, k_start + BLOCK_K, k_stop, X_FIX, BLOCK_K)
+        xv = _one_row_x(x_ptr, fix_ptr, k_start, k_stop, X_FIX, BLOCK_K, MERGE_NS, MERGE_D)
+        xv_1 = _one_row_x(x_ptr, fix_ptr, k_start + BLOCK_K, k_stop, X_FIX, BLOCK_K, MERGE_NS, MERGE_D)
         for k0 in range(k_start, k_stop, BLOCK_K):
             wa_2, wb_2, g_2 = _one_row_weights(g_ptr, w_a, w_b, row_mask, k0 + 2 * BLOCK_K, k_stop, HAS_NORM, PAIR,
                                                BLOCK_K)
-            xv_2 = _one_row_x(x_ptr, fix_ptr, k0 + 2 * BLOCK_K, k_stop, X_FIX, BLOCK_K)
+            xv_2 = _one_row_x(x_ptr, fix_ptr, k0 + 2 * BLOCK_K, k_stop, X_FIX, BLOCK_K, MERGE_NS, MERGE_D)
             acc_a, acc_b, sumsq = _one_row_fma(acc_a, acc_b, sumsq, wa, wb, xv, g, PAIR)
             wa, wb, xv, g = wa_1, wb_1, xv_1, g_1
             wa_1, wb_1, xv_1, g_1 = wa_2, wb_2, xv_2, g_2
     else:
         after_previous_kernel(ROW_PREFETCH == 2)
-        xv = _one_row_x(x_ptr, fix_ptr, k_start, k_stop, X_FIX, BLOCK_K)
+        xv = _one_row_x(x_ptr, fix_ptr, k_start, k_stop, X_FIX, BLOCK_K, MERGE_NS, MERGE_D)
         for k0 in range(k_start, k_stop, BLOCK_K):
             wa_next, wb_next, g_next = _one_row_weights(g_ptr, w_a, w_b, row_mask, k0 + BLOCK_K, k_stop, HAS_NORM,
                                                         PAIR, BLOCK_K)
-            xv_next = _one_row_x(x_ptr, fix_ptr, k0 + BLOCK_K, k_stop, X_FIX, BLOCK_K)
+            xv_next = _one_row_x(x_ptr, fix_ptr, k0 + BLOCK_K, k_stop, X_FIX, BLOCK_K, MERGE_NS, MERGE_D)
             acc_a, acc_b, sumsq = _one_row_fma(acc_a, acc_b, sumsq, wa, wb, xv, g, PAIR)
             wa, wb, xv, g = wa_next, wb_next, xv_next, g_next
     sumsq_row = tl.zeros([1], dtype=tl.float32) + tl.sum(sumsq, axis=0)
@@ -241,16 +288,21 @@ def rows_dot(
     x_ptr, B, K, eps, g_ptr, w_ptr, rows, row_mask, k_start, k_stop,
     HAS_NORM: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_PREC: tl.constexpr, ROW_PREFETCH: tl.constexpr, SQ_LOAD: tl.constexpr,
+    MERGE_NS: tl.constexpr = 0, MERGE_D: tl.constexpr = 1,
 ):
     """[BLOCK_B, BLOCK_N] float32 x̂ · W[rows]ᵀ over columns [k_start, k_stop) of K (see the module
-    docstring); a part of K (split-K) only without HAS_NORM, whose scale needs all of x."""
+    docstring); a part of K (split-K) only without HAS_NORM, whose scale needs all of x.  ``MERGE_NS`` > 0
+    (one batch row, row tiles): x is the attention output merged from ``MERGE_NS`` split partials
+    [K / D, NS, D] at ``x_ptr``, followed in the same buffer by their logsumexps [K / D, NS]
+    (:func:`merged_chunk`)."""
     acc = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)
     sumsq = tl.zeros([BLOCK_B], dtype=tl.float32)
     w_rows = w_ptr + rows.to(tl.int64)[:, None] * K
     tl.static_assert((ROW_PREFETCH < 2) or (BLOCK_B == 1), "ROW_PREFETCH >= 2 (the tile's own PDL wait): batch 1 only")
+    tl.static_assert((MERGE_NS == 0) or ((BLOCK_B == 1) and (ROW_PREFETCH > 0)), "MERGE_NS: batch-1 row tiles only")
     if (BLOCK_B == 1) and ROW_PREFETCH:
-        acc, unused, sumsq = _one_row(x_ptr, x_ptr, g_ptr, w_rows, w_rows, row_mask, k_start, k_stop, HAS_NORM,
-                                      False, BLOCK_N, BLOCK_K, ROW_PREFETCH, False)
+        acc, unused, sumsq = _one_row(x_ptr, x_ptr + K * MERGE_NS, g_ptr, w_rows, w_rows, row_mask, k_start, k_stop,
+                                      HAS_NORM, False, BLOCK_N, BLOCK_K, ROW_PREFETCH, False, MERGE_NS, MERGE_D)
     else:
         g = _norm_chunk(g_ptr, k_start, k_stop, HAS_NORM, BLOCK_K)
         xs = _square_chunk(x_ptr, B, K, k_start, k_stop, SQ_LOAD, BLOCK_B, BLOCK_K)

@@ -4,7 +4,8 @@ For a tile of BLOCK_N hidden features n of layer l::
 
     x[b, n] += Σ_k a[b, k] W_l[n, k]          W stacked [L, H, K]
 
-Instruction 3 (output projection): ``a`` = the merged attention [B, Hq·D], ``W`` = W_o.
+Instruction 3 (output projection): ``a`` = the merged attention [B, Hq·D], ``W`` = W_o (with
+``plan.merge_in_o`` each tile merges the attention splits itself: ``MERGE_NS``).
 Instruction 5 (down projection):   ``a`` = the MLP activation h [B, I],   ``W`` = W_down.
 The two differ only in their operands, so they share this one tile function and kernel.
 A tile is (BLOCK_N features, one of ``split_k`` parts of K).  With ``split_k = 1`` each
@@ -56,10 +57,11 @@ def residual_proj_prefetch(tile, layer, w_ptr, H, K, split_k, BLOCK_N: tl.conste
 def residual_proj_tile(
     tile, layer, a_ptr, w_ptr, x_ptr, fix_ptr, part_ptr, sem_ptr, B, H, K, split_k,
     BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr,
-    ROW_PREFETCH: tl.constexpr, X_FIX: tl.constexpr,
+    ROW_PREFETCH: tl.constexpr, X_FIX: tl.constexpr, MERGE_NS: tl.constexpr = 0, MERGE_D: tl.constexpr = 1,
 ):
     """One tile (module docstring); ``X_FIX`` 0: add into x, 1: add into the deferred sums ``fix``,
-    2: the unsplit projection that also adds the deferred sums into x and zeroes them."""
+    2: the unsplit projection that also adds the deferred sums into x and zeroes them.  ``MERGE_NS`` > 0
+    (W_o, batch-1 row tiles): ``a`` is merged from the attention splits' partials (``matvec.rows_dot``)."""
     n_tile = tile // split_k
     k_part = tile % split_k
     n, nmask, k_start, k_stop, w_layer = residual_proj_span(tile, layer, w_ptr, H, K, split_k, BLOCK_N, BLOCK_K)
@@ -70,7 +72,7 @@ def residual_proj_tile(
         x_old = tl.load(x_ptr + x_off, mask=mask, other=0.0, cache_modifier=".cg")
         x_old += from_fixed(tl.load(fix_ptr + x_off, mask=mask, other=0, cache_modifier=".cg"))
     acc = rows_dot(a_ptr, B, K, 0.0, w_ptr, w_layer, n, nmask, k_start, k_stop, False,
-                   BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC, ROW_PREFETCH, False)
+                   BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC, ROW_PREFETCH, False, MERGE_NS, MERGE_D)
     if X_FIX == 1:
         # an integer reduction (no value returned): exact, so the parts' order cannot change the sum
         tl.atomic_add(fix_ptr + x_off, to_fixed(acc), mask=mask, sem="relaxed", scope="gpu")
@@ -108,7 +110,7 @@ def residual_proj_kernel(
     layer, a_ptr, w_ptr, x_ptr, fix_ptr, part_ptr, sem_ptr, B, H, K, split_k,
     BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr,
     ROW_PREFETCH: tl.constexpr, X_FIX: tl.constexpr,
-    USE_PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr,
+    USE_PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr, MERGE_NS: tl.constexpr = 0, MERGE_D: tl.constexpr = 1,
 ):
     if USE_PDL:
         residual_proj_prefetch(tl.program_id(0), layer, w_ptr, H, K, split_k, BLOCK_N, BLOCK_K, PREFETCH_LINES)
@@ -116,4 +118,4 @@ def residual_proj_kernel(
     if ROW_PREFETCH < 2:  # 2, 3: the tile waits itself, after its first weight loads (matvec._one_row)
         after_previous_kernel(USE_PDL)
     residual_proj_tile(tl.program_id(0), layer, a_ptr, w_ptr, x_ptr, fix_ptr, part_ptr, sem_ptr, B, H, K, split_k,
-                       BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC, ROW_PREFETCH, X_FIX)
+                       BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC, ROW_PREFETCH, X_FIX, MERGE_NS, MERGE_D)

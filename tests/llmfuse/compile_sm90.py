@@ -48,14 +48,17 @@ KERNELS = ("embed_kernel", "qkv_rope_kernel", "decode_attention_kernel", "qkv_at
 READS_BEFORE_WAIT = {"decode_attention_kernel", "qkv_attention_kernel"}
 
 
-def check_pdl_order(name: str, ptx: str, prefetches: bool, weights_early: bool, residual_early: bool = False) -> None:
+def check_pdl_order(name: str, ptx: str, prefetches: bool, weights_early: bool, residual_early: bool = False,
+                    cache_early: bool = False) -> None:
     """A kernel launched with programmatic dependent launch must not write, nor (bar the slot reads
     of READS_BEFORE_WAIT) read, device memory before ``griddepcontrol.wait``, and its weight prefetches
     (``prefetch.global.L2``) must come before it, not be sunk below it.  ``weights_early`` (ROW_PREFETCH
     2 or 3, ``plan.pdl_weights``): the first wait must follow weight loads (``evict_first``), and the only
     loads before it are those and the norm weights' — never an activation (``.cg``: x, attn, h, q) but,
     with ``residual_early`` (W_o with ``plan.defer_down``: X_FIX 2), its x and deferred-sum loads, which
-    W_down wrote two kernels back."""
+    W_down wrote two kernels back; with ``cache_early`` (the fused Q/K/V + attention launch with
+    ``plan.merge_in_o``) the attention tiles' loads of old cache slots (``evict_last``), which earlier steps
+    wrote."""
     lines = [line.strip() for line in ptx.splitlines()]
     wait = next((i for i, line in enumerate(lines) if line.startswith("griddepcontrol.wait")), None)
     if wait is None:
@@ -64,6 +67,8 @@ def check_pdl_order(name: str, ptx: str, prefetches: bool, weights_early: bool, 
     early = [line for line in lines[:wait] if re.search(r"(?<![\w.])(st\.global|atom\.|red\.|ld\.global)", line)]
     if name in READS_BEFORE_WAIT:
         early = [line for line in early if not line.startswith("ld.global.b64")]
+    if cache_early:
+        early = [line for line in early if not (re.match(r"(@%?\w+\s+)?ld\.global", line) and "evict_last" in line)]
     if weights_early:
         loads = [line for line in early if re.match(r"(@%?\w+\s+)?ld\.global", line)]
         if not any("evict_first" in line for line in loads):
@@ -87,7 +92,9 @@ class CompileInsteadOfLaunch:
 
     def __getitem__(self, grid):
         def compile_only(*args, **kwargs):
-            values = dict(zip(self.kernel.arg_names, args))
+            values = {param._param.name: param._param.default for param in self.kernel.params
+                      if param._param.default is not param._param.empty}  # the kernel's own defaults
+            values.update(zip(self.kernel.arg_names, args))
             values.update(kwargs)
             signature, constexprs, attrs = {}, {}, {}
             for index, (name, param) in enumerate(zip(self.kernel.arg_names, self.kernel.params)):
@@ -116,7 +123,8 @@ class CompileInsteadOfLaunch:
                     self.resources.append(compile_check.resources(compiled, self.name, TARGET, named))
                 if values.get("USE_PDL"):
                     check_pdl_order(self.name, compiled.asm["ptx"], values.get("PREFETCH_LINES", 0) > 0,
-                                    values.get("ROW_PREFETCH", 0) >= 2, values.get("X_FIX", 0) == 2)
+                                    values.get("ROW_PREFETCH", 0) >= 2, values.get("X_FIX", 0) == 2,
+                                    bool(values.get("MERGE_IN_O")))
                 self.compiled.add(key)
 
         return compile_only
