@@ -153,6 +153,10 @@ class DecodePlan:
     # (at most MERGE_IN_O_SPLITS) splits as they load their K chunks (kernels/matvec.py merged_chunk),
     # so no attention tile counts, reloads the partials and merges them before the launch can end.
     merge_in_o: bool = False
+    # Per-layer path, Q/K/V and attention in one launch: each attention split is one block of block_s slots
+    # (split_len <= block_s), whose tile loads the split's old cache slots into registers before its waits
+    # (not only into L2) and the step's new slot after them; merge_in_o implies it.
+    attn_preload: bool = False
 
     @property
     def row_sums(self) -> bool:
@@ -297,9 +301,11 @@ def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, 
     block_d = max(16, next_power_of_2(cfg.head_dim))
     block_g = max(16, next_power_of_2(cfg.group_size))
     pairs = batch * cfg.num_key_value_heads
-    if tuning.get("merge_in_o"):
+    if tuning.get("merge_in_o") and not tuning.get("block_s"):
         # one block per split, at most MERGE_IN_O_SPLITS of them (W_o loads every split's partial)
-        block_s = tuning.get("block_s") or max(block_s, next_power_of_2(cdiv(max_slots, MERGE_IN_O_SPLITS // 2)))
+        block_s = max(block_s, next_power_of_2(cdiv(max_slots, MERGE_IN_O_SPLITS // 2)))
+    if tuning.get("merge_in_o") or tuning.get("attn_preload"):
+        block_s = tuning.get("block_s") or block_s
         n_splits = cdiv(max_slots, block_s)
     most_splits = cdiv(max_slots, block_s)
     if n_splits is None:
@@ -461,6 +467,11 @@ def _tuned(plan: DecodePlan, tuning: dict[str, int]) -> DecodePlan:
         raise ValueError(f"merge_in_o needs batch-1 row tiles (block_b 1, row_prefetch), W_o unsplit (o_split 1), "
                          f"Q/K/V and attention in one launch (fuse_attention) and splits of one block (split_len "
                          f"<= block_s), at most {MERGE_IN_O_SPLITS} of them: {plan}")
+    if plan.merge_in_o:
+        plan = replace(plan, attn_preload=True)
+    if plan.attn_preload and not (plan.fuse_attention and plan.split_len <= plan.block_s):
+        raise ValueError(f"attn_preload needs Q/K/V and attention in one launch (fuse_attention) and splits of "
+                         f"one block (split_len <= block_s): {plan}")
     if plan.defer_down and not (plan.block_b == 1 and plan.row_prefetch and plan.o_split == 1):
         if tuning.get("defer_down"):
             raise ValueError(f"defer_down needs batch-1 row tiles (block_b 1, row_prefetch) and W_o unsplit "
@@ -624,7 +635,7 @@ def qkv_attention(w: LlamaWeights, cfg: LlamaConfig, layer: int, cache: KVCache,
         SQ_LOAD=plan.square_sum_load_qkv,
         ACQUIRE_LOADS=plan.acquire_loads,
         ATTN_PREFETCH_LINES=plan.attention_prefetch_lines(cfg, cache.k.element_size()), X_FIX=plan.defer_down,
-        MERGE_IN_O=plan.merge_in_o, **plan.layer_launch_options("qkv_attention"),
+        ATTN_PRELOAD=plan.attn_preload, MERGE_IN_O=plan.merge_in_o, **plan.layer_launch_options("qkv_attention"),
     )
 
 

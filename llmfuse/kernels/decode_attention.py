@@ -130,6 +130,18 @@ def attend_span(
     tl.store(part_ptr + (row + split)[:, None] * D + d[None, :], out, mask=gd_mask)
     tl.store(lse_ptr + row + split, lse, mask=gmask)
 
+    merge_if_last(bh, kv_head, b, part_ptr, lse_ptr, attn_ptr, sem_ptr, HQ, HKV, D, n_splits, BLOCK_D, BLOCK_M,
+                  MERGE_SPLITS)
+
+
+@jit
+def merge_if_last(bh, kv_head, b, part_ptr, lse_ptr, attn_ptr, sem_ptr, HQ, HKV, D, n_splits,
+                  BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, MERGE_SPLITS: tl.constexpr):
+    """After a split stored its partials: count it done on the (row, KV head) ``bh``'s semaphore; the
+    last split to finish merges all of them into ``attn`` and resets the semaphore (module docstring)."""
+    G = HQ // HKV
+    d = tl.arange(0, BLOCK_D)
+    dmask = d < D
     # The last split of this (row, KV head) to finish merges all of them.
     tl.debug_barrier()
     finished = tl.atomic_add(sem_ptr + bh, 1, sem="acq_rel", scope="gpu")
@@ -181,7 +193,8 @@ def decode_attention_kernel(
                 sem_ptr, HQ, HKV, D, n_splits, sm_scale, BLOCK_G, BLOCK_S, BLOCK_D, BLOCK_M, MERGE_SPLITS, DOT_PREC)
 
 
-# --- splits merged by W_o (plan.merge_in_o; the fused Q/K/V + attention launch at batch 1) ---
+# --- one-block splits, old slots loaded before the waits (plan.attn_preload; the fused Q/K/V + attention
+# launch at batch 1), merged as above or by W_o (plan.merge_in_o) ---
 
 
 @jit
@@ -202,15 +215,17 @@ def preload_block(k_cache_ptr, v_cache_ptr, base, lo, hi, slot, D, BLOCK_S: tl.c
 
 @jit
 def attend_block(
-    split, kv_head, b, lo, hi, base, slot, k, v, q_ptr, k_cache_ptr, v_cache_ptr, part_ptr, lse_ptr,
-    HQ, HKV, D, n_splits, sm_scale,
-    BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PREC: tl.constexpr,
+    split, bh, kv_head, b, lo, hi, base, slot, k, v, q_ptr, k_cache_ptr, v_cache_ptr, part_ptr, lse_ptr,
+    attn_ptr, sem_ptr, HQ, HKV, D, n_splits, sm_scale,
+    BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+    MERGE_SPLITS: tl.constexpr, DOT_PREC: tl.constexpr, MERGE_IN_O: tl.constexpr,
 ):
     """The attention tile of a one-block split whose old slots :func:`preload_block` loaded (``k``, ``v``):
     the step's own slot ``slot`` (when in [lo, hi)) and the G queries loaded now, then one softmax over
     the block.  Writes the split's normalized partial ``out`` and its logsumexp (−inf for an empty
-    split), as :func:`attend_span`, and no count: the next launch (W_o, kernels/matvec.py
-    ``merged_chunk``) merges the splits after this launch completes."""
+    split), as :func:`attend_span`; then, as it, counts itself done and merges the splits if last
+    (:func:`merge_if_last`), or with ``MERGE_IN_O`` takes no count: the next launch (W_o,
+    kernels/matvec.py ``merged_chunk``) merges the splits after this launch completes."""
     G = HQ // HKV
     g = tl.arange(0, BLOCK_G)
     gmask = g < G
@@ -241,3 +256,6 @@ def attend_block(
     row = (b * HQ + q_heads) * n_splits
     tl.store(part_ptr + (row + split)[:, None] * D + d[None, :], out, mask=gd_mask)
     tl.store(lse_ptr + row + split, lse, mask=gmask)
+    if not MERGE_IN_O:
+        merge_if_last(bh, kv_head, b, part_ptr, lse_ptr, attn_ptr, sem_ptr, HQ, HKV, D, n_splits, BLOCK_D, BLOCK_M,
+                      MERGE_SPLITS)

@@ -16,11 +16,10 @@ lower index, which the GPU dispatches first (the forward-progress order that dec
 look-back scans rely on), so the grid need not be co-resident; under the interpreter the
 programs run in index order and every wait ends at once.  The looped kernel uses the same
 two helpers between its first two stages.
-With ``MERGE_IN_O`` (``plan.merge_in_o``) a split is one block: its tile loads the split's cache
-slots bar the step's own into registers before its waits (earlier steps wrote them), the new slot and
-the queries after, and stores its partial and logsumexp without a count: W_o's tiles merge the splits
-(kernels/matvec.py ``merged_chunk``), so no tile waits for a count, loads the partials and merges them
-before this launch can end.
+With ``ATTN_PRELOAD`` (``plan.attn_preload``) a split is one block: its tile loads the split's cache
+slots bar the step's own into registers before its waits (earlier steps wrote them), and the new slot
+and the queries after; with ``MERGE_IN_O`` (``plan.merge_in_o``) it also stores its partial and
+logsumexp without a count: W_o's tiles merge the splits (kernels/matvec.py ``merged_chunk``).
 Bytes: those of the two instructions; the counts are (1 + Hkv) int32.
 """
 
@@ -64,7 +63,8 @@ def qkv_attention_kernel(
     BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     MERGE_SPLITS: tl.constexpr, DOT_PREC: tl.constexpr, ROW_PREFETCH: tl.constexpr, QKV_SPLIT: tl.constexpr,
     SQ_LOAD: tl.constexpr, ACQUIRE_LOADS: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr,
-    ATTN_PREFETCH_LINES: tl.constexpr, X_FIX: tl.constexpr, MERGE_IN_O: tl.constexpr = False,
+    ATTN_PREFETCH_LINES: tl.constexpr, X_FIX: tl.constexpr, ATTN_PRELOAD: tl.constexpr = False,
+    MERGE_IN_O: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     qkv_tiles = (HQ + 2 * HKV) * tl.cdiv(D // 2, BLOCK_P) * QKV_SPLIT
@@ -85,9 +85,9 @@ def qkv_attention_kernel(
         # launch's Q/K/V tiles (bar the new slot, which L2 keeps coherent): into L2 before the waits
         split, bh, kv_head, b, lo, hi, base = attention_span(pid - qkv_tiles, layer, kv_start_ptr, slot_ptr, B, HKV,
                                                             S, n_splits, split_len)
-        if MERGE_IN_O:
-            # one block per split: its old slots into registers before the waits, the new one after;
-            # the partials are merged by W_o's tiles (kernels/decode_attention.py attend_block)
+        if ATTN_PRELOAD:
+            # one block per split: its old slots into registers before the waits, the new one after
+            # (kernels/decode_attention.py attend_block)
             slot = tl.load(slot_ptr)
             k_old, v_old = preload_block(k_cache_ptr, v_cache_ptr, base, lo, hi, slot, D, BLOCK_S, BLOCK_D)
         else:
@@ -95,9 +95,10 @@ def qkv_attention_kernel(
         after_previous_kernel(USE_PDL)
         wait_qkv_group(pid - qkv_tiles, layer, count_ptr, HQ, HKV, D, n_splits, max_polls, timeout_ptr,
                        BLOCK_P, QKV_SPLIT, ACQUIRE_LOADS, 0)  # back-to-back polls, as timed
-        if MERGE_IN_O:
-            attend_block(split, kv_head, b, lo, hi, base, slot, k_old, v_old, q_ptr, k_cache_ptr, v_cache_ptr,
-                         part_ptr, lse_ptr, HQ, HKV, D, n_splits, sm_scale, BLOCK_G, BLOCK_S, BLOCK_D, DOT_PREC)
+        if ATTN_PRELOAD:
+            attend_block(split, bh, kv_head, b, lo, hi, base, slot, k_old, v_old, q_ptr, k_cache_ptr, v_cache_ptr,
+                         part_ptr, lse_ptr, attn_ptr, sem_ptr, HQ, HKV, D, n_splits, sm_scale, BLOCK_G, BLOCK_S,
+                         BLOCK_D, BLOCK_M, MERGE_SPLITS, DOT_PREC, MERGE_IN_O)
         else:
             attend_span(split, bh, kv_head, b, lo, hi, base, q_ptr, k_cache_ptr, v_cache_ptr, part_ptr, lse_ptr,
                         attn_ptr, sem_ptr, HQ, HKV, D, n_splits, sm_scale, BLOCK_G, BLOCK_S, BLOCK_D, BLOCK_M,

@@ -57,7 +57,7 @@ def check_pdl_order(name: str, ptx: str, prefetches: bool, weights_early: bool, 
     loads before it are those and the norm weights' — never an activation (``.cg``: x, attn, h, q) but,
     with ``residual_early`` (W_o with ``plan.defer_down``: X_FIX 2), its x and deferred-sum loads, which
     W_down wrote two kernels back; with ``cache_early`` (the fused Q/K/V + attention launch with
-    ``plan.merge_in_o``) the attention tiles' loads of old cache slots (``evict_last``), which earlier steps
+    ``plan.attn_preload``) the attention tiles' loads of old cache slots (``evict_last``), which earlier steps
     wrote."""
     lines = [line.strip() for line in ptx.splitlines()]
     wait = next((i for i, line in enumerate(lines) if line.startswith("griddepcontrol.wait")), None)
@@ -124,7 +124,7 @@ class CompileInsteadOfLaunch:
                 if values.get("USE_PDL"):
                     check_pdl_order(self.name, compiled.asm["ptx"], values.get("PREFETCH_LINES", 0) > 0,
                                     values.get("ROW_PREFETCH", 0) >= 2, values.get("X_FIX", 0) == 2,
-                                    bool(values.get("MERGE_IN_O")))
+                                    bool(values.get("ATTN_PRELOAD")))
                 self.compiled.add(key)
 
         return compile_only

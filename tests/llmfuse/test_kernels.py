@@ -179,21 +179,24 @@ def test_qkv_and_attention_in_one_launch_equal_two_launches(batch, dtype, tuning
     assert not ops.looped_timed_out(buf2)
 
 
-# kv_start: the row's first valid slot (13: every split but the slot's own empty); block_s: slots per split
-@pytest.mark.parametrize("dtype, kv_start, block_s", [(torch.float32, 0, 8), (torch.bfloat16, 4, 8),
-                                                       (torch.float32, 13, 8), (torch.bfloat16, 2, 4),
-                                                       (torch.float32, 9, 32)])
-def test_attention_splits_merged_by_o_proj(dtype, kv_start, block_s, gen):
-    """``merge_in_o``: the fused launch's attention tiles (one block per split, old slots loaded before
-    their waits) store partials and logsumexps without a count, and W_o's tiles merge them as they load
-    their K chunks.  Both layers of the config, against the float64 oracle of each instruction: the
-    cache append, each split's partial and logsumexp (−inf exactly for the empty ones) and x after W_o;
-    no count, no wait given up, and the merged attention never written."""
+# kv_start: the row's first valid slot (13: every split but the slot's own empty); block_s: slots per split;
+# merge_in_o: W_o merges the splits (else the last split to finish, as without attn_preload)
+@pytest.mark.parametrize("dtype, kv_start, block_s, merge_in_o", [
+    (torch.float32, 0, 8, True), (torch.bfloat16, 4, 8, True), (torch.float32, 13, 8, True),
+    (torch.bfloat16, 2, 4, True), (torch.float32, 9, 32, True), (torch.float32, 0, 8, False),
+    (torch.bfloat16, 13, 8, False), (torch.float32, 2, 4, False)])
+def test_attention_splits_preloaded_and_merged(dtype, kv_start, block_s, merge_in_o, gen):
+    """``attn_preload``: the fused launch's attention tiles (one block per split) load the old slots before
+    their waits and the new one after; with ``merge_in_o`` they store partials and logsumexps without a
+    count and W_o's tiles merge them as they load their K chunks, else the last split to finish merges
+    them into ``attn``.  Both layers of the config, against the float64 oracle of each instruction: the
+    cache append, each split's partial and logsumexp (−inf exactly for the empty ones), the merged
+    attention (never written with ``merge_in_o``) and x after W_o; every count reset, no wait given up."""
     if fusecore.COMPILED:
         block_s = max(16, block_s)  # tl.dot's operands are >= 16 wide on the GPU
     cfg, w64, wk, plan, buf, cache, slot, _ = _setup(1, dtype, gen, tuning={
-        "fuse_attention": True, "merge_in_o": True, "block_s": block_s})
-    assert plan.merge_in_o and plan.split_len <= plan.block_s == block_s
+        "fuse_attention": True, "block_s": block_s, "merge_in_o" if merge_in_o else "attn_preload": True})
+    assert plan.attn_preload and plan.merge_in_o == merge_in_o and plan.split_len <= plan.block_s == block_s
     assert plan.n_splits == -(-SLOTS // block_s)
     buf.kv_start.fill_(kv_start)
     inv_freq = cfg.rope_inv_freq().to(buf.x.device)
@@ -220,26 +223,32 @@ def test_attention_splits_merged_by_o_proj(dtype, kv_start, block_s, gen):
             out = torch.einsum("hs,hsd->hd", weights, v_all[0].repeat_interleave(cfg.group_size, 0)[:, lo:hi])
             assert_close(lse, torch.logsumexp(scores, dim=1).float(), dtype, name=f"split {s} lse")
             assert_close(buf.part[0, :, s].cpu(), out.float(), dtype, name=f"split {s} partial")
-        ops.o_proj(wk, cfg, layer, buf, plan)
         attn = ref.attention_step(buf.q.cpu().double()[:, None], k_all, v_all, torch.tensor([slot]),
                                   torch.tensor([kv_start]))
+        if merge_in_o:
+            torch.testing.assert_close(buf.attn, torch.full_like(buf.attn, poison_value(torch.float32)), rtol=0,
+                                       atol=0, equal_nan=True, msg="the merged attention is never written")
+        else:
+            assert_close(buf.attn.cpu().reshape(1, -1), attn[:, 0], dtype, name="merged attention")
+        ops.o_proj(wk, cfg, layer, buf, plan)
         expected = ref.o_proj_step(w64, layer, attn[:, 0], x0)
         assert_close(buf.x.cpu().double() - x0, expected - x0, dtype, name="x after W_o")
+        buf.attn.fill_(poison_value(torch.float32))
     assert int(buf.sem.abs().sum()) == 0 and not ops.looped_timed_out(buf)
-    torch.testing.assert_close(buf.attn, torch.full_like(buf.attn, poison_value(torch.float32)), rtol=0, atol=0,
-                               equal_nan=True, msg="the merged attention is never written")
 
 
-def test_merge_in_o_step_equals_the_default_step_within_rounding(gen):
-    """A whole step with ``merge_in_o`` (three splits; two on the GPU) against the plan without it: the same logits but
-    for float32 rounding, the same bits on a repeat; bad plans are refused at the boundary."""
+def test_preload_and_merge_in_o_steps_equal_the_default_step_within_rounding(gen):
+    """A whole step with ``merge_in_o`` (three splits; two on the GPU) and with ``attn_preload`` alone against
+    the plan without them: the same logits but for float32 rounding, the same bits on a repeat; bad plans
+    are refused at the boundary."""
     device = torch.device(test_device())
     w = random_weights(CFG, dtype=torch.float32, generator=gen, std=0.1).to(device=device)
     shape = ref.KVCache.empty(CFG, 1, SLOTS, dtype=torch.float32, device="cpu").k.shape
     tokens, state = torch.tensor([5], device=device), torch.randn(2, *shape, generator=gen).to(device)
     logits = []
     block_s = 16 if fusecore.COMPILED else 8  # tl.dot's operands are >= 16 wide on the GPU
-    for tuning in ({}, {"merge_in_o": True, "block_s": block_s}, {"merge_in_o": True, "block_s": block_s}):
+    for tuning in ({}, {"merge_in_o": True, "block_s": block_s}, {"merge_in_o": True, "block_s": block_s},
+                   {"attn_preload": True, "block_s": block_s}):
         plan = ops.make_plan(CFG, 1, SLOTS, torch.float32, device, fuse_attention=True, **tuning)
         assert plan.n_splits == -(-SLOTS // block_s) or not plan.merge_in_o
         buf = ops.DecodeBuffers.allocate(CFG, plan, torch.float32, device)
@@ -250,6 +259,7 @@ def test_merge_in_o_step_equals_the_default_step_within_rounding(gen):
                        write_logits=True)
         logits.append(buf.logits.clone())
     assert_close(logits[1].cpu(), logits[0].cpu(), torch.float32, name="merge_in_o logits")
+    assert_close(logits[3].cpu(), logits[0].cpu(), torch.float32, name="attn_preload logits")
     assert torch.equal(logits[1], logits[2])
     cpu = torch.device("cpu")
     for bad in ({"merge_in_o": True}, {"merge_in_o": True, "fuse_attention": True, "row_prefetch": False},
@@ -259,6 +269,12 @@ def test_merge_in_o_step_equals_the_default_step_within_rounding(gen):
             ops.make_plan(CFG, 1, SLOTS, torch.float32, cpu, **bad)
     with pytest.raises(ValueError, match="merge_in_o needs"):
         ops.make_plan(CFG, 3, SLOTS, torch.float32, cpu, merge_in_o=True, fuse_attention=True, block_s=16)
+    with pytest.raises(ValueError, match="attn_preload needs"):
+        ops.make_plan(CFG, 1, SLOTS, torch.float32, cpu, attn_preload=True)
+    with pytest.raises(ValueError, match="attn_preload needs"):
+        ops.make_plan(CFG, 1, SLOTS, torch.float32, cpu, attn_preload=True, fuse_attention=True, split_len=64)
+    # batch 3's tensor-core tiles preload too (the merge by the last split is batch-independent)
+    assert ops.make_plan(CFG, 3, SLOTS, torch.float32, cpu, attn_preload=True, fuse_attention=True).attn_preload
 
 
 # split_k: the down projection's K parts; mlp_split: gate/up K parts (16-column chunks, none empty);
