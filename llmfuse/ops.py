@@ -418,6 +418,13 @@ def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, 
                          # them faster (29: 0.7668 against 0.7693; 32: 0.7704 against 0.7715)
                          "acquire_loads": one_row,
                          "pdl_weights_o": 2 * one_row, "defer_down": one_row and tiles["down"] * split_k <= 8 * sms,
+                         # session 54 (H200, ab_step, batch 1, CUDA graph, interleaved pairs): the attention
+                         # tiles' old cache slots loaded before their waits, where the fused launch fits one
+                         # wave and its splits are already one block each — Llama-3.2-1B 0.7585 / 0.7594 /
+                         # 0.7588 / 0.7598 ms against 0.7636 / 0.7636 / 0.7635 (call 3: 0.7603 / 0.7617 /
+                         # 0.7623 against 0.7647 / 0.7653 / 0.7663); Llama-3.1-8B (456 programs: two waves)
+                         # 4.335-4.336 against 4.196, so not there
+                         "attn_preload": wide_qkv and plan.split_len <= plan.block_s,
                          "square_sum_load": int(plan.block_b == 16),
                          "square_sum_load_qkv": int(plan.block_b == 16)})
     for option in ("acquire_loads", "looped_acquire_loads", "pdl", "looped_pdl", "poll_sleep_ns", "wait_prefetch",
@@ -469,6 +476,9 @@ def _tuned(plan: DecodePlan, tuning: dict[str, int]) -> DecodePlan:
                          f"<= block_s), at most {MERGE_IN_O_SPLITS} of them: {plan}")
     if plan.merge_in_o:
         plan = replace(plan, attn_preload=True)
+    if plan.attn_preload and not (plan.fuse_attention and plan.split_len <= plan.block_s) and not (
+            tuning.get("attn_preload") or tuning.get("merge_in_o")):
+        plan = replace(plan, attn_preload=False)  # the default, where the other tuning fields leave no room for it
     if plan.attn_preload and not (plan.fuse_attention and plan.split_len <= plan.block_s):
         raise ValueError(f"attn_preload needs Q/K/V and attention in one launch (fuse_attention) and splits of "
                          f"one block (split_len <= block_s): {plan}")

@@ -511,6 +511,12 @@ def test_batch1_gpu_defaults_follow_their_reasons(monkeypatch):
         large.block_k, large.block_k, 128, large.block_k)
     # W_down's parts add into the deferred sums where its tiles fit one wave at 8 per SM (1B: 1024, 8B: 2048)
     assert (small.tiles(llama_1b)["down"], small.defer_down, large.defer_down) == (1024, True, False)
+    # attention splits preloaded where the fused launch is one wave of one-block splits (1B: 192 + 72
+    # programs of 64 slots; 8B: 384 + 72, two waves) (session 54)
+    assert (small.attn_preload, small.split_len, small.block_s, large.attn_preload) == (True, 64, 64, False)
+    # a default that other tuning leaves no room for gives way
+    assert not ops.make_plan(llama_1b, 1, 520, torch.bfloat16, cuda, fuse_attention=False).attn_preload
+    assert not ops.make_plan(llama_1b, 1, 520, torch.bfloat16, cuda, n_splits=4).attn_preload
     for plan in (small, large):
         assert plan.pdl and plan.attn_prefetch and plan.wait_prefetch == 0 and plan.fuse_attention
         assert plan.pdl_weights == 1 and plan.pdl_weights_o == 2
