@@ -8,6 +8,7 @@ import torch
 from llm_testing import LLAMA3_ROPE, tiny_hf_model
 
 import llmfuse
+from fusecore.testing import test_device
 from llmfuse.config import LlamaConfig
 from llmfuse.weights import CheckpointError, weights_from_hf_model
 
@@ -61,8 +62,9 @@ def test_checkpoint_loads_like_the_model(tmp_path, shard):
         assert (tmp_path / "model.safetensors.index.json").is_file()
     else:
         model.save_pretrained(tmp_path)
-    loaded = llmfuse.from_pretrained(tmp_path, device="cpu", dtype=torch.float32)
-    direct = weights_from_hf_model(model, loaded.config, dtype=torch.float32, device="cpu")
+    # on the device the kernels run on: compiled, a model on the CPU is refused at load
+    loaded = llmfuse.from_pretrained(tmp_path, device=test_device(), dtype=torch.float32)
+    direct = weights_from_hf_model(model, loaded.config, dtype=torch.float32, device=test_device())
     for name in ("embed", "wqkv", "wo", "attn_norm", "w_gate_up", "w_down", "mlp_norm", "final_norm", "lm_head"):
         assert torch.equal(getattr(loaded.weights, name), getattr(direct, name)), name
     assert (loaded.weights.lm_head.data_ptr() == loaded.weights.embed.data_ptr()) == (shard is None)
