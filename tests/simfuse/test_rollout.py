@@ -185,11 +185,11 @@ def _state_row_offsets_kernel(out_ptr, n, BLOCK: tl.constexpr):
         tl.store(out_ptr + row * BLOCK + tl.arange(0, BLOCK), state_row(row, n, idx))
 
 
-def test_state_rows_are_addressed_in_int64():
+def test_state_rows_are_addressed_in_int64(device):
     """The classic rollout's state rows sit ``row · n`` apart: past 715 827 882 envs that product leaves int32
-    (``n`` itself still arrives as an int32), so it is formed in int64 — checked on the offsets, under the
-    interpreter, which wraps int32 arithmetic as the GPU does."""
+    (``n`` itself still arrives as an int32), so it is formed in int64 — checked on the offsets, compiled or
+    under the interpreter (which wraps int32 arithmetic as the GPU does)."""
     for n in (5, 2**30 + 7, 2**31 - 1):
-        out = torch.full((4 * 4,), -1, dtype=torch.int64)
+        out = torch.full((4 * 4,), -1, dtype=torch.int64, device=device)
         _state_row_offsets_kernel[(1,)](out, n, BLOCK=4)
         assert out.tolist() == [row * n + i for row in range(4) for i in range(4)], n
