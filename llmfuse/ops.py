@@ -157,13 +157,6 @@ class DecodePlan:
     # (split_len <= block_s), whose tile loads the split's old cache slots into registers before its waits
     # (not only into L2) and the step's new slot after them; merge_in_o implies it.
     attn_preload: bool = False
-    # Per-layer path, batch-1 row tiles, Q/K/V and attention in one launch, splits of one block: the residual
-    # stream is the embedding in x plus int64 fixed-point sums in ``fix`` (matvec.to_fixed: exact, order-free)
-    # for the whole step.  The attention splits store their partials without a count (as merge_in_o); W_o's
-    # tiles, which may split K (o_split: whole heads per part), merge the splits of their own heads and add
-    # into fix, as W_down's K parts do in every layer; the Q/K/V, gate/up and LM-head tiles read x + fix.
-    # Nothing is merged at the end of the Q/K/V + attention launch, and no tile folds fix back into x.
-    fixed_residual: bool = False
 
     @property
     def row_sums(self) -> bool:
@@ -251,7 +244,6 @@ class DecodePlan:
 
 
 MERGE_IN_O_SPLITS = 8  # most attention splits W_o's tiles merge (plan.merge_in_o): every split's partial is loaded
-FIXED_RESIDUAL_SPLITS = 16  # the same with plan.fixed_residual, whose W_o tiles load only their own heads' partials
 
 
 def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, device: torch.device,
@@ -309,13 +301,10 @@ def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, 
     block_d = max(16, next_power_of_2(cfg.head_dim))
     block_g = max(16, next_power_of_2(cfg.group_size))
     pairs = batch * cfg.num_key_value_heads
-    if tuning.get("fixed_residual") and not tuning.get("block_s"):
-        # one block per split, at most FIXED_RESIDUAL_SPLITS of them (W_o loads its heads' partials of every split)
-        block_s = max(block_s, next_power_of_2(cdiv(max_slots, FIXED_RESIDUAL_SPLITS)))
-    elif tuning.get("merge_in_o") and not tuning.get("block_s"):
+    if tuning.get("merge_in_o") and not tuning.get("block_s"):
         # one block per split, at most MERGE_IN_O_SPLITS of them (W_o loads every split's partial)
         block_s = max(block_s, next_power_of_2(cdiv(max_slots, MERGE_IN_O_SPLITS // 2)))
-    if tuning.get("merge_in_o") or tuning.get("attn_preload") or tuning.get("fixed_residual"):
+    if tuning.get("merge_in_o") or tuning.get("attn_preload"):
         block_s = tuning.get("block_s") or block_s
         n_splits = cdiv(max_slots, block_s)
     most_splits = cdiv(max_slots, block_s)
@@ -442,12 +431,12 @@ def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, 
                    "attn_prefetch", "pdl_weights", "pdl_weights_o"):
         if tuning.get(option) and not compiled:
             raise ValueError(f"{option}={tuning[option]!r} needs the compiled kernels on a CUDA device (sm_90+)")
-    return _tuned(plan, tuning, cfg.head_dim) if tuning else plan
+    return _tuned(plan, tuning) if tuning else plan
 
 
-def _tuned(plan: DecodePlan, tuning: dict[str, int], head_dim: int | None = None) -> DecodePlan:
+def _tuned(plan: DecodePlan, tuning: dict[str, int]) -> DecodePlan:
     """``plan`` with the fields in ``tuning`` replaced; a TypeError names an unknown field, a
-    ValueError a value the kernels cannot run (``head_dim``: the model's, when known)."""
+    ValueError a value the kernels cannot run."""
     known = {f.name for f in fields(DecodePlan)} - {"batch", "max_slots"}
     for name, value in tuning.items():
         if name not in known:
@@ -480,19 +469,8 @@ def _tuned(plan: DecodePlan, tuning: dict[str, int], head_dim: int | None = None
     for name in ("split_k", "o_split", "qkv_split", "mlp_split"):
         if getattr(plan, name) < 1:
             raise ValueError(f"{name} must be >= 1, got {getattr(plan, name)}")
-    if plan.fixed_residual:
-        if not (plan.block_b == 1 and plan.row_prefetch and plan.fuse_attention and plan.split_len <= plan.block_s
-                and plan.n_splits <= FIXED_RESIDUAL_SPLITS):
-            raise ValueError(f"fixed_residual needs batch-1 row tiles (block_b 1, row_prefetch), Q/K/V and attention "
-                             f"in one launch (fuse_attention) and splits of one block (split_len <= block_s), at "
-                             f"most {FIXED_RESIDUAL_SPLITS} of them: {plan}")
-        if head_dim and plan.k_chunk("o_proj") % head_dim != 0:
-            raise ValueError(f"fixed_residual needs W_o chunks of whole heads (block_k_o or block_k a multiple of "
-                             f"the head size): {plan}")
-        plan = replace(plan, merge_in_o=True, defer_down=True)
-    if plan.merge_in_o and not plan.fixed_residual and not (
-            plan.block_b == 1 and plan.row_prefetch and plan.o_split == 1 and plan.fuse_attention
-            and plan.split_len <= plan.block_s and plan.n_splits <= MERGE_IN_O_SPLITS):
+    if plan.merge_in_o and not (plan.block_b == 1 and plan.row_prefetch and plan.o_split == 1 and plan.fuse_attention
+                                and plan.split_len <= plan.block_s and plan.n_splits <= MERGE_IN_O_SPLITS):
         raise ValueError(f"merge_in_o needs batch-1 row tiles (block_b 1, row_prefetch), W_o unsplit (o_split 1), "
                          f"Q/K/V and attention in one launch (fuse_attention) and splits of one block (split_len "
                          f"<= block_s), at most {MERGE_IN_O_SPLITS} of them: {plan}")
@@ -504,8 +482,7 @@ def _tuned(plan: DecodePlan, tuning: dict[str, int], head_dim: int | None = None
     if plan.attn_preload and not (plan.fuse_attention and plan.split_len <= plan.block_s):
         raise ValueError(f"attn_preload needs Q/K/V and attention in one launch (fuse_attention) and splits of "
                          f"one block (split_len <= block_s): {plan}")
-    if plan.defer_down and not (plan.block_b == 1 and plan.row_prefetch
-                                and (plan.o_split == 1 or plan.fixed_residual)):
+    if plan.defer_down and not (plan.block_b == 1 and plan.row_prefetch and plan.o_split == 1):
         if tuning.get("defer_down"):
             raise ValueError(f"defer_down needs batch-1 row tiles (block_b 1, row_prefetch) and W_o unsplit "
                              f"(o_split 1): {plan}")
@@ -680,8 +657,7 @@ def o_proj(w: LlamaWeights, cfg: LlamaConfig, layer: int, buf: DecodeBuffers, pl
         plan.batch, cfg.hidden_size,
         cfg.num_attention_heads * cfg.head_dim,
         plan.o_split, BLOCK_B=plan.block_b, BLOCK_N=plan.o_rows(), BLOCK_K=plan.k_chunk("o_proj"),
-        DOT_PREC=plan.dot_prec, ROW_PREFETCH=plan.row_tiles("o_proj"),
-        X_FIX=1 if plan.fixed_residual else 2 * plan.defer_down,
+        DOT_PREC=plan.dot_prec, ROW_PREFETCH=plan.row_tiles("o_proj"), X_FIX=2 * plan.defer_down,
         MERGE_NS=plan.n_splits if plan.merge_in_o else 0, MERGE_D=cfg.head_dim,
         **plan.layer_launch_options("o_proj"),
     )
@@ -690,11 +666,11 @@ def o_proj(w: LlamaWeights, cfg: LlamaConfig, layer: int, buf: DecodeBuffers, pl
 def gate_up(w: LlamaWeights, cfg: LlamaConfig, layer: int, buf: DecodeBuffers, plan: DecodePlan) -> None:
     grid = (plan.tiles(cfg)["gate_up"],)
     gate_up_kernel[grid](
-        layer, buf.x, buf.fix, w.mlp_norm, w.w_gate_up, buf.h, buf.pair_part, buf.pair_sq, buf.pair_sem, plan.batch,
+        layer, buf.x, w.mlp_norm, w.w_gate_up, buf.h, buf.pair_part, buf.pair_sq, buf.pair_sem, plan.batch,
         cfg.hidden_size, cfg.intermediate_size, cfg.rms_norm_eps,
         BLOCK_B=plan.block_b, BLOCK_N=plan.block_n, BLOCK_K=plan.k_chunk("gate_up"),
         DOT_PREC=plan.dot_prec, ROW_PREFETCH=plan.row_tiles("gate_up"), SQ_LOAD=plan.square_sum_load,
-        MLP_SPLIT=plan.mlp_split, X_FIX=plan.fixed_residual,
+        MLP_SPLIT=plan.mlp_split,
         **plan.layer_launch_options("gate_up"),
     )
 
@@ -706,8 +682,7 @@ def down_proj(w: LlamaWeights, cfg: LlamaConfig, layer: int, buf: DecodeBuffers,
         cfg.intermediate_size, plan.split_k,
         BLOCK_B=plan.block_b, BLOCK_N=plan.block_n, BLOCK_K=plan.k_chunk("down"),
         DOT_PREC=plan.dot_prec, ROW_PREFETCH=plan.row_tiles("down"),
-        X_FIX=int(plan.defer_down and (layer < cfg.num_hidden_layers - 1 or plan.fixed_residual)),
-        **plan.layer_launch_options("down"),
+        X_FIX=int(plan.defer_down and layer < cfg.num_hidden_layers - 1), **plan.layer_launch_options("down"),
     )
 
 
@@ -717,12 +692,11 @@ def lm_head(w: LlamaWeights, cfg: LlamaConfig, buf: DecodeBuffers, plan: DecodeP
     1/T from ``buf.seed`` and ``buf.inv_temperature``); the logits themselves when ``write_logits``."""
     tiles = plan.tiles(cfg)["lm_head"]
     lm_head_kernel[(tiles,)](
-        buf.x, buf.fix, w.final_norm, w.lm_head, buf.logits, buf.best, buf.best_idx, buf.seed, buf.inv_temperature,
-        buf.slot,
+        buf.x, w.final_norm, w.lm_head, buf.logits, buf.best, buf.best_idx, buf.seed, buf.inv_temperature, buf.slot,
         plan.batch, cfg.hidden_size, cfg.vocab_size, tiles, cfg.rms_norm_eps,
         WRITE_LOGITS=write_logits, SAMPLE=sample, BLOCK_B=plan.block_b, BLOCK_N=plan.block_v, BLOCK_K=plan.block_k,
         DOT_PREC=plan.dot_prec, ROW_PREFETCH=plan.row_tiles("lm_head"), SQ_LOAD=plan.square_sum_load,
-        X_FIX=plan.fixed_residual, **plan.layer_launch_options("lm_head"),
+        **plan.layer_launch_options("lm_head"),
     )
 
 

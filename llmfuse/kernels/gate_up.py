@@ -40,18 +40,16 @@ def gate_up_prefetch(tile, layer, w_ptr, H, I, BLOCK_N: tl.constexpr, BLOCK_K: t
 
 @jit
 def gate_up_tile(
-    tile, layer, x_ptr, fix_ptr, norm_ptr, w_ptr, h_ptr, part_ptr, sq_ptr, sem_ptr, B, H, I, eps,
+    tile, layer, x_ptr, norm_ptr, w_ptr, h_ptr, part_ptr, sq_ptr, sem_ptr, B, H, I, eps,
     BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr,
-    ROW_PREFETCH: tl.constexpr, MLP_SPLIT: tl.constexpr, SQ_LOAD: tl.constexpr, X_FIX: tl.constexpr = False,
+    ROW_PREFETCH: tl.constexpr, MLP_SPLIT: tl.constexpr, SQ_LOAD: tl.constexpr,
 ):
-    """One tile (module docstring); ``X_FIX``: x is the stored x plus the fixed-point sums at ``fix_ptr``
-    (``plan.fixed_residual``; batch-1 row tiles)."""
     block = tile // MLP_SPLIT
     n, nmask, w_layer = gate_up_span(tile, layer, w_ptr, H, I, BLOCK_N, MLP_SPLIT)
     g_layer = norm_ptr + (tl.full([], 0, tl.int64) + layer) * H
-    last, gate, up = rows_dot_pair_split(x_ptr, fix_ptr, B, H, eps, g_layer, w_layer, n, n + I, nmask,
+    last, gate, up = rows_dot_pair_split(x_ptr, x_ptr, B, H, eps, g_layer, w_layer, n, n + I, nmask,
                                          tile % MLP_SPLIT, 2 * I, block, part_ptr, sq_ptr, sem_ptr, MLP_SPLIT, BLOCK_B,
-                                         BLOCK_N, BLOCK_K, DOT_PREC, ROW_PREFETCH, SQ_LOAD, X_FIX)
+                                         BLOCK_N, BLOCK_K, DOT_PREC, ROW_PREFETCH, SQ_LOAD, False)
     if last:
         h = gate / (1.0 + tl.exp(-gate)) * up
         b = tl.arange(0, BLOCK_B)
@@ -62,15 +60,15 @@ def gate_up_tile(
 # Sizes that change from call to call are not specialized: one compile serves them all.
 @jit(do_not_specialize=["layer"])
 def gate_up_kernel(
-    layer, x_ptr, fix_ptr, norm_ptr, w_ptr, h_ptr, part_ptr, sq_ptr, sem_ptr, B, H, I, eps,
+    layer, x_ptr, norm_ptr, w_ptr, h_ptr, part_ptr, sq_ptr, sem_ptr, B, H, I, eps,
     BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr,
     ROW_PREFETCH: tl.constexpr, MLP_SPLIT: tl.constexpr, SQ_LOAD: tl.constexpr,
-    USE_PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr, X_FIX: tl.constexpr = False,
+    USE_PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr,
 ):
     if USE_PDL:
         gate_up_prefetch(tl.program_id(0), layer, w_ptr, H, I, BLOCK_N, BLOCK_K, MLP_SPLIT, PREFETCH_LINES)
     tl.static_assert(USE_PDL or (ROW_PREFETCH < 2), "ROW_PREFETCH >= 2 is the PDL wait inside the tile")
     if ROW_PREFETCH < 2:  # 2, 3: the tile waits itself, after its first weight loads (matvec._one_row)
         after_previous_kernel(USE_PDL)
-    gate_up_tile(tl.program_id(0), layer, x_ptr, fix_ptr, norm_ptr, w_ptr, h_ptr, part_ptr, sq_ptr, sem_ptr, B, H, I,
-                 eps, BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC, ROW_PREFETCH, MLP_SPLIT, SQ_LOAD, X_FIX)
+    gate_up_tile(tl.program_id(0), layer, x_ptr, norm_ptr, w_ptr, h_ptr, part_ptr, sq_ptr, sem_ptr, B, H, I, eps,
+                 BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC, ROW_PREFETCH, MLP_SPLIT, SQ_LOAD)

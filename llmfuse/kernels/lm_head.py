@@ -37,18 +37,15 @@ def lm_head_prefetch(tile, w_ptr, H, V, BLOCK_N: tl.constexpr, PREFETCH_LINES: t
 
 @jit
 def lm_head_tile(
-    tile, x_ptr, fix_ptr, norm_ptr, w_ptr, logits_ptr, best_ptr, best_idx_ptr, seed_ptr, inv_temp_ptr, slot_ptr,
+    tile, x_ptr, norm_ptr, w_ptr, logits_ptr, best_ptr, best_idx_ptr, seed_ptr, inv_temp_ptr, slot_ptr,
     B, H, V, n_tiles, eps,
     WRITE_LOGITS: tl.constexpr, SAMPLE: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr, ROW_PREFETCH: tl.constexpr, SQ_LOAD: tl.constexpr,
-    X_FIX: tl.constexpr = False,
 ):
-    """One tile (module docstring); ``X_FIX``: x is the stored x plus the fixed-point sums at ``fix_ptr``
-    (``plan.fixed_residual``; batch-1 row tiles)."""
     n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = n < V
-    logits = rows_dot(x_ptr, fix_ptr, B, H, eps, norm_ptr, w_ptr, n, nmask, 0, H, True, BLOCK_B, BLOCK_N, BLOCK_K,
-                      DOT_PREC, ROW_PREFETCH, SQ_LOAD, X_FIX=X_FIX)
+    logits = rows_dot(x_ptr, B, H, eps, norm_ptr, w_ptr, n, nmask, 0, H, True, BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC,
+                      ROW_PREFETCH, SQ_LOAD)
     b = tl.arange(0, BLOCK_B)
     bmask = b < B
     if WRITE_LOGITS:
@@ -69,21 +66,21 @@ def lm_head_tile(
 
 @jit
 def lm_head_kernel(
-    x_ptr, fix_ptr, norm_ptr, w_ptr, logits_ptr, best_ptr, best_idx_ptr, seed_ptr, inv_temp_ptr, slot_ptr,
+    x_ptr, norm_ptr, w_ptr, logits_ptr, best_ptr, best_idx_ptr, seed_ptr, inv_temp_ptr, slot_ptr,
     B, H, V, n_tiles, eps,
     WRITE_LOGITS: tl.constexpr, SAMPLE: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr, ROW_PREFETCH: tl.constexpr, SQ_LOAD: tl.constexpr,
     USE_PDL: tl.constexpr,
-    PREFETCH_LINES: tl.constexpr, X_FIX: tl.constexpr = False,
+    PREFETCH_LINES: tl.constexpr,
 ):
     if USE_PDL:
         lm_head_prefetch(tl.program_id(0), w_ptr, H, V, BLOCK_N, PREFETCH_LINES)
     tl.static_assert(USE_PDL or (ROW_PREFETCH < 2), "ROW_PREFETCH >= 2 is the PDL wait inside the tile")
     if ROW_PREFETCH < 2:  # 2, 3: the tile waits itself, after its first weight loads (matvec._one_row)
         after_previous_kernel(USE_PDL)
-    lm_head_tile(tl.program_id(0), x_ptr, fix_ptr, norm_ptr, w_ptr, logits_ptr, best_ptr, best_idx_ptr, seed_ptr,
+    lm_head_tile(tl.program_id(0), x_ptr, norm_ptr, w_ptr, logits_ptr, best_ptr, best_idx_ptr, seed_ptr,
                  inv_temp_ptr, slot_ptr, B, H, V, n_tiles, eps, WRITE_LOGITS, SAMPLE, BLOCK_B, BLOCK_N, BLOCK_K,
-                 DOT_PREC, ROW_PREFETCH, SQ_LOAD, X_FIX)
+                 DOT_PREC, ROW_PREFETCH, SQ_LOAD)
 
 
 @jit

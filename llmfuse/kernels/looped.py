@@ -147,9 +147,9 @@ def looped_decode_kernel(
             if L * 5 < stop_stage:
                 lm_head_prefetch(pid - L * per_layer, head_ptr, H, V, BLOCK_V, WAIT_PREFETCH)
                 wait_for(done + 3 * DONE_STRIDE, L * down_tiles, max_polls, timeout_ptr, ACQUIRE_LOADS, POLL_SLEEP)
-                lm_head_tile(pid - L * per_layer, x_ptr, x_ptr, final_norm_ptr, head_ptr, logits_ptr, best_ptr,
-                             best_idx_ptr, seed_ptr, inv_temp_ptr, slot_ptr, B, H, V, n_vocab_tiles, eps,
-                             WRITE_LOGITS, SAMPLE, BLOCK_B, BLOCK_V, BLOCK_K, DOT_PREC, ROW_PREFETCH, SQ_LOAD)
+                lm_head_tile(pid - L * per_layer, x_ptr, final_norm_ptr, head_ptr, logits_ptr, best_ptr, best_idx_ptr,
+                             seed_ptr, inv_temp_ptr, slot_ptr, B, H, V, n_vocab_tiles, eps, WRITE_LOGITS, SAMPLE,
+                             BLOCK_B, BLOCK_V, BLOCK_K, DOT_PREC, ROW_PREFETCH, SQ_LOAD)
         elif tile < qkv_tiles:
             if stage < stop_stage:
                 qkv_prefetch(tile, layer, wqkv_ptr, H, HQ, HKV, D, BLOCK_P, BLOCK_K, QKV_SPLIT, WAIT_PREFETCH)
@@ -187,9 +187,10 @@ def looped_decode_kernel(
                                  BLOCK_K, MLP_SPLIT, WAIT_PREFETCH)
                 wait_for(done + DONE_STRIDE, (layer + 1) * o_tiles, max_polls, timeout_ptr, ACQUIRE_LOADS,
                          POLL_SLEEP)
-                gate_up_tile(tile - qkv_tiles - attn_tiles - o_tiles, layer, x_ptr, x_ptr, mlp_norm_ptr,
-                             w_gate_up_ptr, h_ptr, pair_part_ptr, pair_sq_ptr, pair_sem_ptr, B, H, I, eps, BLOCK_B,
-                             BLOCK_N, BLOCK_K, DOT_PREC, ROW_PREFETCH, MLP_SPLIT, SQ_LOAD)
+                gate_up_tile(tile - qkv_tiles - attn_tiles - o_tiles, layer, x_ptr, mlp_norm_ptr, w_gate_up_ptr, h_ptr,
+                             pair_part_ptr, pair_sq_ptr, pair_sem_ptr, B, H, I, eps, BLOCK_B, BLOCK_N, BLOCK_K,
+                             DOT_PREC,
+                             ROW_PREFETCH, MLP_SPLIT, SQ_LOAD)
                 signal(done + 2 * DONE_STRIDE)
         else:
             if stage + 4 < stop_stage:
@@ -234,9 +235,9 @@ def looped_decode_kernel(
                                 ACQUIRE_LOADS, POLL_SLEEP)
             if stage + 3 < stop_stage:
                 for tile in range(pid, mlp_tiles, nprog):
-                    gate_up_tile(tile, layer, x_ptr, x_ptr, mlp_norm_ptr, w_gate_up_ptr, h_ptr, pair_part_ptr,
-                                 pair_sq_ptr, pair_sem_ptr, B, H, I, eps, BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC,
-                                 ROW_PREFETCH, MLP_SPLIT, SQ_LOAD)
+                    gate_up_tile(tile, layer, x_ptr, mlp_norm_ptr, w_gate_up_ptr, h_ptr, pair_part_ptr, pair_sq_ptr,
+                                 pair_sem_ptr, B, H, I, eps, BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC, ROW_PREFETCH,
+                                 MLP_SPLIT, SQ_LOAD)
                 sink = _barrier(counter_ptr, layer * 4 + 2, pid, nprog, sink, w_down_ptr + layer64 * down_size,
                                 down_size, 0, max_polls, timeout_ptr, PREFETCH, PREFETCH_BLOCK,
                                 ACQUIRE_LOADS, POLL_SLEEP)
@@ -253,8 +254,9 @@ def looped_decode_kernel(
                                     timeout_ptr, PREFETCH, PREFETCH_BLOCK, ACQUIRE_LOADS, POLL_SLEEP)
         if L * 5 < stop_stage:
             for tile in range(pid, n_vocab_tiles, nprog):
-                lm_head_tile(tile, x_ptr, x_ptr, final_norm_ptr, head_ptr, logits_ptr, best_ptr, best_idx_ptr,
-                             seed_ptr, inv_temp_ptr, slot_ptr, B, H, V, n_vocab_tiles, eps, WRITE_LOGITS, SAMPLE,
-                             BLOCK_B, BLOCK_V, BLOCK_K, DOT_PREC, ROW_PREFETCH, SQ_LOAD)
+                lm_head_tile(tile, x_ptr, final_norm_ptr, head_ptr, logits_ptr, best_ptr, best_idx_ptr, seed_ptr,
+                             inv_temp_ptr, slot_ptr, B, H, V, n_vocab_tiles, eps, WRITE_LOGITS, SAMPLE, BLOCK_B,
+                             BLOCK_V,
+                             BLOCK_K, DOT_PREC, ROW_PREFETCH, SQ_LOAD)
         if stop_stage < 0:  # never true: keeps the prefetch loads from being optimized away
             tl.store(timeout_ptr + 1, sink.to(tl.int32))

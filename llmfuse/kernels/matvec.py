@@ -285,30 +285,24 @@ def _one_row(x_ptr, fix_ptr, g_ptr, w_a, w_b, row_mask, k_start, k_stop, HAS_NOR
 
 @jit
 def rows_dot(
-    x_ptr, fix_ptr, B, K, eps, g_ptr, w_ptr, rows, row_mask, k_start, k_stop,
+    x_ptr, B, K, eps, g_ptr, w_ptr, rows, row_mask, k_start, k_stop,
     HAS_NORM: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_PREC: tl.constexpr, ROW_PREFETCH: tl.constexpr, SQ_LOAD: tl.constexpr,
-    MERGE_NS: tl.constexpr = 0, MERGE_D: tl.constexpr = 1, X_FIX: tl.constexpr = False,
+    MERGE_NS: tl.constexpr = 0, MERGE_D: tl.constexpr = 1,
 ):
     """[BLOCK_B, BLOCK_N] float32 x̂ · W[rows]ᵀ over columns [k_start, k_stop) of K (see the module
     docstring); a part of K (split-K) only without HAS_NORM, whose scale needs all of x.  ``MERGE_NS`` > 0
     (one batch row, row tiles): x is the attention output merged from ``MERGE_NS`` split partials
     [K / D, NS, D] at ``x_ptr``, followed in the same buffer by their logsumexps [K / D, NS]
-    (:func:`merged_chunk`).  ``X_FIX`` (one batch row, row tiles): x is the stored x plus the fixed-point
-    sums at ``fix_ptr`` (:func:`_one_row_x`); ``fix_ptr`` is read only then."""
+    (:func:`merged_chunk`)."""
     acc = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)
     sumsq = tl.zeros([BLOCK_B], dtype=tl.float32)
     w_rows = w_ptr + rows.to(tl.int64)[:, None] * K
     tl.static_assert((ROW_PREFETCH < 2) or (BLOCK_B == 1), "ROW_PREFETCH >= 2 (the tile's own PDL wait): batch 1 only")
     tl.static_assert((MERGE_NS == 0) or ((BLOCK_B == 1) and (ROW_PREFETCH > 0)), "MERGE_NS: batch-1 row tiles only")
-    tl.static_assert((not X_FIX) or ((BLOCK_B == 1) and (ROW_PREFETCH > 0) and (MERGE_NS == 0)),
-                     "X_FIX: batch-1 row tiles of a stored x only")
-    if (BLOCK_B == 1) and ROW_PREFETCH and (MERGE_NS > 0):
+    if (BLOCK_B == 1) and ROW_PREFETCH:
         acc, unused, sumsq = _one_row(x_ptr, x_ptr + K * MERGE_NS, g_ptr, w_rows, w_rows, row_mask, k_start, k_stop,
                                       HAS_NORM, False, BLOCK_N, BLOCK_K, ROW_PREFETCH, False, MERGE_NS, MERGE_D)
-    elif (BLOCK_B == 1) and ROW_PREFETCH:
-        acc, unused, sumsq = _one_row(x_ptr, fix_ptr, g_ptr, w_rows, w_rows, row_mask, k_start, k_stop,
-                                      HAS_NORM, False, BLOCK_N, BLOCK_K, ROW_PREFETCH, X_FIX)
     else:
         g = _norm_chunk(g_ptr, k_start, k_stop, HAS_NORM, BLOCK_K)
         xs = _square_chunk(x_ptr, B, K, k_start, k_stop, SQ_LOAD, BLOCK_B, BLOCK_K)

@@ -71,7 +71,7 @@ def residual_proj_tile(
     if X_FIX == 2:  # the residual as of two kernels back: issued now, used after the K loop
         x_old = tl.load(x_ptr + x_off, mask=mask, other=0.0, cache_modifier=".cg")
         x_old += from_fixed(tl.load(fix_ptr + x_off, mask=mask, other=0, cache_modifier=".cg"))
-    acc = rows_dot(a_ptr, a_ptr, B, K, 0.0, w_ptr, w_layer, n, nmask, k_start, k_stop, False,
+    acc = rows_dot(a_ptr, B, K, 0.0, w_ptr, w_layer, n, nmask, k_start, k_stop, False,
                    BLOCK_B, BLOCK_N, BLOCK_K, DOT_PREC, ROW_PREFETCH, False, MERGE_NS, MERGE_D)
     if X_FIX == 1:
         # an integer reduction (no value returned): exact, so the parts' order cannot change the sum
