@@ -434,6 +434,9 @@ def make_plan(cfg: LlamaConfig, batch: int, max_slots: int, dtype: torch.dtype, 
     return _tuned(plan, tuning) if tuning else plan
 
 
+_BOOL_FIELDS = {f.name: f.type in (bool, "bool") for f in fields(DecodePlan)}
+
+
 def _tuned(plan: DecodePlan, tuning: dict[str, int]) -> DecodePlan:
     """``plan`` with the fields in ``tuning`` replaced; a TypeError names an unknown field, a
     ValueError a value the kernels cannot run."""
@@ -445,7 +448,9 @@ def _tuned(plan: DecodePlan, tuning: dict[str, int]) -> DecodePlan:
             raise ValueError(f"tuning field {name} must be an int >= 0, got {value!r}")
         if name in ("maxnreg", "num_stages") and not (value is None or isinstance(value, int) and value >= 0):
             raise ValueError(f"tuning field {name} must be an int >= 0, got {value!r}")
-    plan = replace(plan, **tuning)
+    # switches given as ints (0 / 1, as the plan sweeps pass them) become bools: kernels take some as constexprs
+    # that static assertions combine, which need a bool, not an int
+    plan = replace(plan, **{name: bool(value) if _BOOL_FIELDS.get(name) else value for name, value in tuning.items()})
     blocks = ("block_p", "block_n", "block_k", "block_v", "block_s")
     # 0: off / block_k / block_n
     optional = ("wait_prefetch", "block_k_qkv", "block_k_o", "block_k_gate_up", "block_k_down", "block_n_o",

@@ -362,6 +362,10 @@ def test_plan_tuning_is_checked():
         ops.make_plan(CFG, 3, SLOTS, torch.float32, cpu, block_n_o=24)
     with pytest.raises(ValueError, match="need every block >= 16"):
         ops.make_plan(CFG, 3, SLOTS, torch.float32, cpu, block_b=16, block_n_o=8)
+    # switches given as 0 / 1 (the plan sweeps' rows) are stored as bools: the kernels' static assertions
+    # combine some of them and need bools (pdl=1 at batch 8 failed to compile in session 59)
+    flags = ops.make_plan(CFG, 1, SLOTS, torch.float32, cpu, fuse_attention=1, row_prefetch=0, n_splits=2)
+    assert flags.fuse_attention is True and flags.row_prefetch is False and type(flags.n_splits) is int
     for gpu_only, value in (("pdl", True), ("acquire_loads", True), ("poll_sleep_ns", 128), ("wait_prefetch", 8),
                             ("attn_prefetch", True), ("pdl_weights", 1), ("pdl_weights_o", 2),
                             ("looped_acquire_loads", True), ("looped_pdl", True)):
